@@ -1,0 +1,436 @@
+"""The one typed configuration model that every stage reads.
+
+A YAML file in `configs/` is loaded into `PipelineConfig` (plain dataclasses), checked field by
+field, and resolved once: every categorical feature is bound to exactly one `TableConfig`, so the
+preprocessing, the trainer and the exporter all see the same tables, vocabularies and dims.
+
+Any problem raises `ConfigError`, whose message names the file, the field path (for example
+`categorical_features[3].dim`) and what to change. `load_config` never touches TensorFlow, TFX or
+Beam, so a bad file is rejected in well under a second, before any work starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import yaml
+
+COMBINERS = ("mean", "sum", "sqrtn")
+INPUT_FORMATS = ("csv", "tfrecord")
+MODEL_TYPES = ("dlrm",)
+OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with the field and the fix in its message."""
+
+
+@dataclass
+class VocabularyOptions:
+    """How a vocabulary is built from the training split."""
+
+    top_k: Optional[int] = None  # keep the k most frequent values; None keeps all
+    min_frequency: int = 1  # drop values seen fewer times
+    num_oov_buckets: int = 1  # out-of-vocabulary values hash into this many rows after the vocabulary
+
+
+@dataclass
+class InputConfig:
+    path: str = ""  # file, directory or glob; relative paths are relative to the config file
+    format: str = "csv"  # csv | tfrecord (gzipped or plain TFRecord of tf.Example)
+    train_buckets: int = 4  # ExampleGen hash split: train gets train_buckets / (train+eval)
+    eval_buckets: int = 1
+
+
+@dataclass
+class DenseFeature:
+    name: str = ""
+    column: Optional[str] = None  # source column; defaults to name
+    fill_value: float = 0.0  # used when the value is missing or NaN
+
+
+@dataclass
+class CategoricalFeature:
+    name: str = ""
+    column: Optional[str] = None  # source column; defaults to name
+    table: Optional[str] = None  # a table from `tables`; defaults to a table of its own named after the feature
+    dim: Optional[int] = None  # embedding dim; for a table of its own, or must equal the shared table's dim
+    combiner: Optional[str] = None  # mean | sum | sqrtn; for a table of its own
+    separator: Optional[str] = None  # multi-hot: split the raw string on this separator
+    max_length: Optional[int] = None  # multi-hot: keep at most this many values per example
+    vocabulary: Optional[VocabularyOptions] = None  # for a table of its own
+
+    @property
+    def source(self) -> str:
+        return self.column or self.name
+
+
+@dataclass
+class TableConfig:
+    """One embedding table and its vocabulary; features that share it share both."""
+
+    name: str = ""
+    dim: Optional[int] = None
+    combiner: Optional[str] = None
+    vocabulary: Optional[VocabularyOptions] = None
+    features: List[str] = field(default_factory=list)  # filled in by resolution, not by the user
+
+
+@dataclass
+class CategoricalDefaults:
+    dim: int = 16
+    combiner: str = "mean"
+    vocabulary: VocabularyOptions = field(default_factory=VocabularyOptions)
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "adagrad"  # sgd | adagrad | adam | ftrl
+    learning_rate: float = 0.05
+    clipnorm: Optional[float] = None
+    initial_accumulator_value: float = 0.1  # adagrad / ftrl
+    beta_1: float = 0.9  # adam
+    beta_2: float = 0.999  # adam
+    epsilon: float = 1e-7  # adam
+    l1_regularization_strength: float = 0.0  # ftrl
+    l2_regularization_strength: float = 0.0  # ftrl
+
+
+@dataclass
+class TrainingConfig:
+    model: str = "dlrm"
+    batch_size: int = 256  # global batch size
+    train_steps: int = 1000
+    eval_steps: int = 50
+    bottom_mlp: List[int] = field(default_factory=lambda: [64, 16])
+    top_mlp: List[int] = field(default_factory=lambda: [64, 32])
+    embedding_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig("adagrad", 0.05))
+    dense_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig("adam", 0.001))
+    seed: int = 42
+
+
+@dataclass
+class ExportConfig:
+    parity_tolerance: float = 1e-5  # max |trained - serving| click probability on the parity sample
+    parity_sample_size: int = 512  # eval examples scored by both models before the export is accepted
+
+
+@dataclass
+class BeamConfig:
+    direct_running_mode: str = "multi_processing"  # in_memory | multi_threading | multi_processing
+    direct_num_workers: int = 0  # 0: one per core
+    extra_args: List[str] = field(default_factory=list)  # e.g. --runner=DataflowRunner --project=...
+
+
+@dataclass
+class PipelineConfig:
+    name: str = "tpu-embedding-demo"
+    input: InputConfig = field(default_factory=InputConfig)
+    label: str = "label"
+    dense_features: List[DenseFeature] = field(default_factory=list)
+    categorical_defaults: CategoricalDefaults = field(default_factory=CategoricalDefaults)
+    categorical_features: List[CategoricalFeature] = field(default_factory=list)
+    tables: List[TableConfig] = field(default_factory=list)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+    beam: BeamConfig = field(default_factory=BeamConfig)
+    source_file: Optional[str] = None  # where it was loaded from; not a YAML field
+
+    # --- derived views, valid after resolve() ---
+    def table(self, name: str) -> TableConfig:
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def feature_table(self, feature: CategoricalFeature) -> TableConfig:
+        return self.table(feature.table or feature.name)
+
+    def beam_pipeline_args(self) -> List[str]:
+        args = [
+            "--runner=DirectRunner",  # named explicitly: newer Beam would pick Prism and download it
+            f"--direct_running_mode={self.beam.direct_running_mode}",
+            f"--direct_num_workers={self.beam.direct_num_workers}",
+        ]
+        if any(a.startswith("--runner") for a in self.beam.extra_args):
+            args = []
+        return args + list(self.beam.extra_args)
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("source_file")
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading: YAML -> dataclasses with type checks that name the field.
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _type_name(args[0]) + " or null"
+    if origin in (list, List):
+        return "a list of " + _type_name(typing.get_args(tp)[0])
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true/false"}.get(tp, str(tp))
+
+
+def _convert(value: Any, tp: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _convert(value, args[0], path)
+    if origin in (list, List):
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}")
+        return [_convert(v, typing.get_args(tp)[0], f"{path}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping of fields, got {value!r}")
+        return _build(tp, value, path)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: expected a string, got {value!r} (quote it in YAML)")
+        return value
+    raise TypeError(f"unsupported config type {tp}")  # a bug in this module, not in the YAML
+
+
+_USER_HIDDEN_FIELDS = {(TableConfig, "features"), (PipelineConfig, "source_file")}
+
+
+def _build(cls: Any, data: Dict[str, Any], path: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if (cls, f.name) not in _USER_HIDDEN_FIELDS]
+    kwargs = {}
+    for key, value in data.items():
+        where = f"{path}.{key}" if path else str(key)
+        if key not in names:
+            raise ConfigError(f"{where}: unknown field; allowed fields here are: {', '.join(names)}")
+        kwargs[key] = _convert(value, hints[key], where)
+    return cls(**kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Cross-field checks and resolution of features onto tables.
+
+
+def _check_positive(value: Optional[float], path: str, what: str) -> None:
+    if value is not None and value <= 0:
+        raise ConfigError(f"{path}: must be positive, got {value} ({what})")
+
+
+def _check_choice(value: Optional[str], choices: tuple, path: str) -> None:
+    if value is not None and value not in choices:
+        raise ConfigError(f"{path}: {value!r} is not one of {', '.join(choices)}")
+
+
+def _check_vocabulary(v: Optional[VocabularyOptions], path: str) -> None:
+    if v is None:
+        return
+    _check_positive(v.top_k, f"{path}.top_k", "keep at least one value, or remove top_k to keep all")
+    _check_positive(v.min_frequency, f"{path}.min_frequency", "use 1 to keep every value seen")
+    _check_positive(v.num_oov_buckets, f"{path}.num_oov_buckets", "at least one row for unseen values")
+
+
+def _check_optimizer(o: OptimizerConfig, path: str) -> None:
+    _check_choice(o.name, OPTIMIZERS, f"{path}.name")
+    _check_positive(o.learning_rate, f"{path}.learning_rate", "set a positive learning rate")
+    _check_positive(o.clipnorm, f"{path}.clipnorm", "set a positive clipping norm or remove it")
+
+
+def resolve(cfg: PipelineConfig) -> PipelineConfig:
+    """Checks cross-field rules and binds every categorical feature to one table (in place)."""
+    if not cfg.input.path:
+        raise ConfigError("input.path: missing; set the CSV or TFRecord file, directory or glob to read")
+    _check_choice(cfg.input.format, INPUT_FORMATS, "input.format")
+    _check_positive(cfg.input.train_buckets, "input.train_buckets", "hash buckets for the train split")
+    _check_positive(cfg.input.eval_buckets, "input.eval_buckets", "hash buckets for the eval split")
+    if not cfg.label:
+        raise ConfigError("label: missing; name the column that holds the 0/1 click label")
+    if not cfg.categorical_features:
+        raise ConfigError("categorical_features: empty; list at least one categorical feature")
+
+    seen: Dict[str, str] = {}
+
+    def claim(name: str, path: str) -> None:
+        if not name:
+            raise ConfigError(f"{path}.name: missing; give every feature a name")
+        if name in seen:
+            raise ConfigError(f"{path}.name: {name!r} is already used by {seen[name]}; feature names must be unique")
+        if name == cfg.label:
+            raise ConfigError(f"{path}.name: {name!r} is the label column; remove it from the features")
+        seen[name] = path
+
+    for i, d in enumerate(cfg.dense_features):
+        claim(d.name, f"dense_features[{i}]")
+
+    defaults = cfg.categorical_defaults
+    _check_positive(defaults.dim, "categorical_defaults.dim", "set a positive embedding dimension")
+    _check_choice(defaults.combiner, COMBINERS, "categorical_defaults.combiner")
+    _check_vocabulary(defaults.vocabulary, "categorical_defaults.vocabulary")
+
+    declared: Dict[str, int] = {}
+    for i, t in enumerate(cfg.tables):
+        path = f"tables[{i}]"
+        if not t.name:
+            raise ConfigError(f"{path}.name: missing; give every table a name")
+        if t.name in declared:
+            raise ConfigError(f"{path}.name: table {t.name!r} is declared twice (also tables[{declared[t.name]}])")
+        declared[t.name] = i
+        _check_positive(t.dim, f"{path}.dim", "set a positive embedding dimension")
+        _check_choice(t.combiner, COMBINERS, f"{path}.combiner")
+        _check_vocabulary(t.vocabulary, f"{path}.vocabulary")
+        t.features = []
+
+    implicit: List[TableConfig] = []
+    origins: Dict[tuple, str] = {}  # (table, attr) -> the feature field that set it, for messages
+    for i, f in enumerate(cfg.categorical_features):
+        path = f"categorical_features[{i}]"
+        claim(f.name, path)
+        _check_positive(f.dim, f"{path}.dim", "set a positive embedding dimension")
+        _check_choice(f.combiner, COMBINERS, f"{path}.combiner")
+        _check_vocabulary(f.vocabulary, f"{path}.vocabulary")
+        _check_positive(f.max_length, f"{path}.max_length", "keep at least one value per example")
+        if f.separator == "":
+            raise ConfigError(f"{path}.separator: empty; set the multi-hot separator (e.g. '|') or remove it")
+        if f.max_length is not None and f.separator is None:
+            raise ConfigError(f"{path}.max_length: only applies to multi-hot features; set separator too")
+        if f.table is not None:
+            if f.table not in declared:
+                known = ", ".join(sorted(declared)) or "none declared"
+                raise ConfigError(
+                    f"{path}.table: {f.table!r} is not in tables ({known}); declare it under tables "
+                    "or remove the field to give the feature a table of its own"
+                )
+            t = cfg.tables[declared[f.table]]
+            tpath = f"tables[{declared[f.table]}]"
+            if f.vocabulary is not None:
+                raise ConfigError(
+                    f"{path}.vocabulary: {f.name!r} uses table {t.name!r}, whose vocabulary is shared; "
+                    f"set the options under {tpath}.vocabulary instead"
+                )
+            for attr in ("dim", "combiner"):
+                mine, theirs = getattr(f, attr), getattr(t, attr)
+                if mine is None:
+                    continue
+                if theirs is None:
+                    setattr(t, attr, mine)
+                    origins[(t.name, attr)] = f"{path}.{attr}"
+                elif mine != theirs:
+                    origin = origins.get((t.name, attr), f"{tpath}.{attr}")
+                    raise ConfigError(
+                        f"{path}.{attr}: {mine!r} conflicts with {theirs!r} from {origin} for shared "
+                        f"table {t.name!r}; features sharing a table must agree"
+                    )
+            t.features.append(f.name)
+        else:
+            if f.name in declared:
+                raise ConfigError(
+                    f"{path}.table: a table named {f.name!r} is declared under tables; set table: {f.name} "
+                    "to use it, or rename the feature"
+                )
+            implicit.append(
+                TableConfig(
+                    name=f.name,
+                    dim=f.dim,
+                    combiner=f.combiner,
+                    vocabulary=f.vocabulary,
+                    features=[f.name],
+                )
+            )
+    for t in cfg.tables:
+        if not t.features:
+            raise ConfigError(f"tables: table {t.name!r} is used by no feature; remove it or point a feature at it")
+    cfg.tables = list(cfg.tables) + implicit
+    for t in cfg.tables:
+        t.dim = t.dim if t.dim is not None else defaults.dim
+        t.combiner = t.combiner or defaults.combiner
+        t.vocabulary = t.vocabulary or dataclasses.replace(defaults.vocabulary)
+
+    tr = cfg.training
+    _check_choice(tr.model, MODEL_TYPES, "training.model")
+    for name in ("batch_size", "train_steps", "eval_steps"):
+        _check_positive(getattr(tr, name), f"training.{name}", "set a positive integer")
+    for name in ("bottom_mlp", "top_mlp"):
+        for j, width in enumerate(getattr(tr, name)):
+            _check_positive(width, f"training.{name}[{j}]", "layer widths are positive")
+    if not tr.bottom_mlp:
+        raise ConfigError("training.bottom_mlp: empty; list at least one layer width")
+    _check_optimizer(tr.embedding_optimizer, "training.embedding_optimizer")
+    _check_optimizer(tr.dense_optimizer, "training.dense_optimizer")
+    _check_positive(cfg.export.parity_tolerance, "export.parity_tolerance", "e.g. 1e-5")
+    _check_positive(cfg.export.parity_sample_size, "export.parity_sample_size", "e.g. 512")
+    _check_choice(
+        cfg.beam.direct_running_mode, ("in_memory", "multi_threading", "multi_processing"), "beam.direct_running_mode"
+    )
+    if cfg.beam.direct_num_workers < 0:
+        raise ConfigError("beam.direct_num_workers: must be 0 (one per core) or a positive count")
+    return cfg
+
+
+def parse_config(data: Any, source: str = "<config>") -> PipelineConfig:
+    """Builds and resolves a config from already-parsed YAML data."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of fields, got {type(data).__name__}")
+    try:
+        cfg = _build(PipelineConfig, data, "")
+        cfg.source_file = source
+        return resolve(cfg)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def load_config(path: str) -> PipelineConfig:
+    """Loads `path` (YAML), checks it and makes input.path absolute (relative to the file)."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"{path}: configuration file not found; pass an existing YAML file with --config")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e}); save the configuration as UTF-8") from None
+    if data is None:
+        raise ConfigError(f"{path}: the file is empty; see configs/README.md for the fields")
+    cfg = parse_config(data, path)
+    if "://" not in cfg.input.path and not os.path.isabs(cfg.input.path):
+        cfg.input.path = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), cfg.input.path))
+    return cfg
+
+
+def config_from_json(text: str) -> PipelineConfig:
+    """Inverse of `PipelineConfig.to_json` (how the config travels to TFX executors)."""
+    data = json.loads(text)
+    # resolved tables carry `features`; re-resolution recomputes them, so drop implicit tables.
+    explicit = {f.get("table") for f in data.get("categorical_features", []) if f.get("table")}
+    data["tables"] = [
+        {k: v for k, v in t.items() if k != "features"} for t in data.get("tables", []) if t["name"] in explicit
+    ]
+    return parse_config(data, "<serialized config>")
