@@ -111,6 +111,7 @@ class TrainingConfig:
     embedding_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig("adagrad", 0.05))
     dense_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig("adam", 0.001))
     seed: int = 42
+    tpu: Optional[str] = None  # TPU name or grpc:// address: train under TPUStrategy; None: CPU/GPU
 
 
 @dataclass

@@ -28,6 +28,8 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from components.metrics import roc_auc
+
 NUM_DENSE = 13
 NUM_CATEGORICAL = 26
 # Criteo Kaggle display-advertising cardinalities of C1..C26.
@@ -155,19 +157,6 @@ def generate_chunk(spec: GeneratorSpec, chunk_index: int, n: int) -> Tuple[Dict[
         cols[f"C{c + 1}"] = text
     prob = 1.0 / (1.0 + np.exp(-logit))
     return cols, prob
-
-
-def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """AUC by the rank-sum (Mann-Whitney) statistic, ties counted half."""
-    from scipy.stats import rankdata
-
-    labels = np.asarray(labels).astype(bool)
-    pos = int(labels.sum())
-    neg = len(labels) - pos
-    if pos == 0 or neg == 0:
-        return float("nan")
-    ranks = rankdata(scores)
-    return float((ranks[labels].sum() - pos * (pos + 1) / 2.0) / (pos * neg))
 
 
 def column_names() -> List[str]:

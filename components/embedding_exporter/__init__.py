@@ -1,0 +1,1 @@
+"""Export: trained embedding tables to a verified CPU serving SavedModel."""

@@ -1,0 +1,43 @@
+"""EmbeddingExporter: wires its spec to the executor; outputs a Model the standard Pusher takes."""
+from __future__ import annotations
+
+from tfx.dsl.components.base import base_component, executor_spec
+from tfx.types import ComponentSpec, channel_utils, standard_artifacts
+from tfx.types.component_spec import ChannelParameter, ExecutionParameter
+
+from components.config import PipelineConfig
+from components.embedding_exporter import executor
+
+
+class EmbeddingExporterSpec(ComponentSpec):
+    PARAMETERS = {executor.CONFIG_KEY: ExecutionParameter(type=str)}
+    INPUTS = {
+        executor.MODEL_KEY: ChannelParameter(type=standard_artifacts.Model),
+        executor.EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples),
+    }
+    OUTPUTS = {
+        executor.SERVING_MODEL_KEY: ChannelParameter(type=standard_artifacts.Model),
+        executor.BLESSING_KEY: ChannelParameter(type=standard_artifacts.ModelBlessing),
+    }
+
+
+class EmbeddingExporter(base_component.BaseComponent):
+    """Converts the trained model into a CPU serving SavedModel over raw features, verified by parity.
+
+    `blessing` is set only when the parity check passed (otherwise the execution fails), so the
+    standard Pusher pushes only verified models.
+    """
+
+    SPEC_CLASS = EmbeddingExporterSpec
+    EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
+
+    def __init__(self, model, examples, config: PipelineConfig):
+        super().__init__(
+            spec=EmbeddingExporterSpec(
+                model=model,
+                examples=examples,
+                config_json=config.to_json(),
+                serving_model=channel_utils.as_channel([standard_artifacts.Model()]),
+                blessing=channel_utils.as_channel([standard_artifacts.ModelBlessing()]),
+            )
+        )

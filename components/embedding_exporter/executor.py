@@ -1,0 +1,43 @@
+"""TFX executor of EmbeddingExporter."""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List
+
+from tfx import types
+from tfx.dsl.components.base import base_executor
+from tfx.types import artifact_utils
+from tfx.utils import io_utils
+
+from components.config import config_from_json
+from components.embedding_exporter.export import export_serving_model
+
+MODEL_KEY = "model"
+EXAMPLES_KEY = "examples"
+SERVING_MODEL_KEY = "serving_model"
+BLESSING_KEY = "blessing"
+CONFIG_KEY = "config_json"
+
+
+class Executor(base_executor.BaseExecutor):
+    def Do(
+        self,
+        input_dict: Dict[str, List[types.Artifact]],
+        output_dict: Dict[str, List[types.Artifact]],
+        exec_properties: Dict[str, Any],
+    ) -> None:
+        cfg = config_from_json(exec_properties[CONFIG_KEY])
+        model = artifact_utils.get_single_instance(input_dict[MODEL_KEY])
+        examples = artifact_utils.get_single_instance(input_dict[EXAMPLES_KEY])
+        serving = artifact_utils.get_single_instance(output_dict[SERVING_MODEL_KEY])
+        blessing = artifact_utils.get_single_instance(output_dict[BLESSING_KEY])
+        eval_pattern = io_utils.all_files_pattern(artifact_utils.get_split_uri([examples], "eval"))
+        # Raises ExportRefused (the execution fails, nothing is published or pushed) on any mismatch.
+        report = export_serving_model(cfg, model.uri, eval_pattern, serving.uri)
+        parity = report["parity"]
+        serving.set_float_custom_property("parity_max_abs_diff", parity["max_abs_diff"])
+        blessing.set_int_custom_property("blessed", 1)
+        blessing.set_string_custom_property("current_model", serving.uri)
+        blessing.set_float_custom_property("parity_max_abs_diff", parity["max_abs_diff"])
+        blessing.set_int_custom_property("parity_examples", parity["examples"])
+        io_utils.write_string_file(os.path.join(blessing.uri, "BLESSED"), "")

@@ -1,0 +1,139 @@
+"""The CPU serving graph: raw feature values in, click probability out.
+
+`RawFeatureTransform` applies, with TensorFlow ops, the same rules preprocessing applies with
+pyarrow (see `components.embedding_preprocess.features`): multi-hot splitting, empty and invalid
+tokens dropped, truncation to `max_length`, vocabulary lookup with OOV hashing
+(`tf.lookup.StaticVocabularyTable` = farmhash Fingerprint64 buckets, as preprocessing uses), and
+dense fill of missing/NaN values. Vocabulary files become SavedModel assets.
+
+`ServingModule` wraps the transform and a `RankingModel` built without optimizer (so no slot
+variables exist) and exposes two signatures:
+- `serving_default(examples)`: a batch of serialized tf.Examples with the raw columns as
+  ExampleGen stored them;
+- `serve_features(**columns)`: one tensor per raw column for JSON/REST clients: categorical
+  columns as strings (multi-hot values joined by the separator, '' when missing), dense columns
+  as float32 (NaN when missing).
+Both return {"probabilities": float32 [batch, 1]}.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict
+
+import components  # noqa: F401
+import tensorflow as tf
+
+from components.embedding_preprocess import features as F
+
+_DTYPES = {F.KIND_BYTES: tf.string, F.KIND_INT: tf.int64, F.KIND_FLOAT: tf.float32}
+
+
+def _valid_tokens(tokens: tf.RaggedTensor) -> tf.Tensor:
+    """Non-empty, valid UTF-8, no line break: the rules of `features.extract_tokens`."""
+    flat = tokens.flat_values
+    nonempty = tf.strings.length(flat) > 0
+    utf8 = tf.equal(tf.strings.unicode_transcode(flat, "UTF-8", "UTF-8", errors="ignore"), flat)
+    no_break = tf.logical_not(tf.strings.regex_full_match(flat, "(?s).*[\r\n].*"))
+    return tokens.with_flat_values(nonempty & utf8 & no_break)
+
+
+class RawFeatureTransform(tf.Module):
+    """Raw columns -> model inputs (dense float32 [B,1], categorical int64 SparseTensor [B, None])."""
+
+    def __init__(self, manifest: Dict[str, Any], vocabulary_dir: str):
+        super().__init__(name="raw_feature_transform")
+        self._manifest = manifest
+        self.kinds = manifest["raw_feature_kinds"]
+        self.tables = {}
+        for name, v in manifest["vocabularies"].items():
+            initializer = tf.lookup.TextFileInitializer(
+                os.path.join(vocabulary_dir, v["file"]),
+                key_dtype=tf.string,
+                key_index=tf.lookup.TextFileIndex.WHOLE_LINE,
+                value_dtype=tf.int64,
+                value_index=tf.lookup.TextFileIndex.LINE_NUMBER,
+            )
+            self.tables[name] = tf.lookup.StaticVocabularyTable(initializer, v["num_oov_buckets"])
+
+    def raw_columns(self):
+        m = self._manifest
+        cols = [d["column"] for d in m["dense_features"]] + [f["column"] for f in m["categorical_features"]]
+        return list(dict.fromkeys(cols))
+
+    def example_spec(self) -> Dict[str, Any]:
+        return {c: tf.io.VarLenFeature(_DTYPES[self.kinds[c]]) for c in self.raw_columns()}
+
+    def from_examples(self, serialized: tf.Tensor) -> Dict[str, Any]:
+        parsed = tf.io.parse_example(serialized, self.example_spec())
+        return self._to_model_inputs({c: tf.RaggedTensor.from_sparse(parsed[c]) for c in parsed})
+
+    def from_feature_tensors(self, columns: Dict[str, tf.Tensor]) -> Dict[str, Any]:
+        """One value per row: strings for categorical ('' = missing), floats for dense (NaN = missing)."""
+        ragged = {}
+        for c, t in columns.items():
+            if t.dtype == tf.string:
+                present = tf.strings.length(t) > 0
+            else:
+                present = tf.logical_not(tf.math.is_nan(t))
+            ragged[c] = tf.ragged.boolean_mask(tf.expand_dims(t, 1), tf.expand_dims(present, 1))
+        return self._to_model_inputs(ragged, from_json=True)
+
+    def _tokens(self, values: tf.RaggedTensor, f: Dict[str, Any], from_json: bool) -> tf.RaggedTensor:
+        kind = F.KIND_BYTES if from_json else self.kinds[f["column"]]
+        if kind == F.KIND_FLOAT:  # floats are invalid categorical values: no tokens
+            return tf.ragged.boolean_mask(tf.strings.as_string(values), tf.zeros_like(values, tf.bool))
+        if kind == F.KIND_INT:
+            values = tf.strings.as_string(values)
+        if f["separator"] is not None:
+            values = tf.strings.split(values, f["separator"]).merge_dims(1, 2)
+        values = tf.ragged.boolean_mask(values, _valid_tokens(values))
+        if f["max_length"] is not None:
+            values = values[:, : f["max_length"]]
+        return values
+
+    def _to_model_inputs(self, raw: Dict[str, tf.RaggedTensor], from_json: bool = False) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        for d in self._manifest["dense_features"]:
+            values = raw[d["column"]]
+            kind = F.KIND_FLOAT if from_json else self.kinds[d["column"]]
+            if kind == F.KIND_BYTES:  # non-numeric column: every value is filled
+                first = tf.fill([values.nrows(), 1], tf.constant(float("nan"), tf.float32))
+            else:
+                first = tf.cast(values[:, :1], tf.float32).to_tensor(default_value=float("nan"), shape=[None, 1])
+            out[d["name"]] = tf.where(tf.math.is_nan(first), tf.constant(d["fill_value"], tf.float32), first)
+        for f in self._manifest["categorical_features"]:
+            tokens = self._tokens(raw[f["column"]], f, from_json)
+            ids = tf.ragged.map_flat_values(self.tables[f["table"]].lookup, tokens)
+            out[f["name"]] = ids.to_sparse()
+        return out
+
+
+class ServingModule(tf.Module):
+    """What the serving SavedModel holds: the raw-feature transform and the CPU model."""
+
+    def __init__(self, model: tf.keras.Model, transform: RawFeatureTransform):
+        super().__init__(name="serving_module")
+        self.model = model
+        self.transform = transform
+        columns = transform.raw_columns()
+        dense_columns = {d["column"] for d in transform._manifest["dense_features"]}
+        feature_spec = {
+            c: tf.TensorSpec([None], tf.float32 if c in dense_columns else tf.string, name=c) for c in columns
+        }
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+        def serve_examples(examples):
+            return {"probabilities": self.model(self.transform.from_examples(examples))}
+
+        @tf.function(input_signature=[feature_spec])
+        def serve_features(columns):
+            return {"probabilities": self.model(self.transform.from_feature_tensors(columns))}
+
+        self.serve_examples = serve_examples
+        self.serve_features = serve_features
+
+    def signatures(self) -> Dict[str, Any]:
+        return {
+            "serving_default": self.serve_examples.get_concrete_function(),
+            "serve_features": self.serve_features.get_concrete_function(),
+        }

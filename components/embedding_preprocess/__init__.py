@@ -1,0 +1,1 @@
+"""Preprocessing: vocabularies, embedding IDs and statistics (Apache Beam)."""

@@ -1,0 +1,248 @@
+"""The preprocessing Beam pipeline: vocabularies, transformed examples and statistics.
+
+Two passes over the data, both batched through tfx_bsl's C++ tf.Example -> Arrow decoder:
+1. Count: per batch, `pyarrow.compute.value_counts` pre-aggregates each vocabulary's tokens, then
+   `CombinePerKey(sum)` adds the partial counts (Beam lifts it into a combiner before the
+   shuffle). Each vocabulary is then ordered and written (one file per vocabulary, as
+   tf.Transform's vocabulary analyzer also does).
+2. Transform: every split is mapped through the vocabularies (a side input) into tf.Examples of
+   int64 IDs and filled float32 dense values, written as gzipped TFRecords, and counted into the
+   statistics on the way.
+Nothing here is runner-specific: `beam_pipeline_args` alone pick DirectRunner, Dataflow, Flink...
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+
+from components.config import PipelineConfig
+from components.embedding_preprocess import features as F
+from components.embedding_preprocess import vocabulary as V
+
+TRANSFORMED_PREFIX = "transformed_examples"
+STATS_FILE_PREFIX = "_partial_statistics"
+BATCH_SIZE = 1024
+
+
+# ----------------------------------------------------------------------------------------------
+# Statistics: a flat dict of numbers; keys under "max/" merge by max, everything else by sum.
+
+
+def merge_stats(accumulators: Iterable[Dict[str, float]]) -> Dict[str, float]:
+    out: Dict[str, float] = {}
+    for acc in accumulators:
+        for k, v in acc.items():
+            if k.startswith("max/"):
+                out[k] = max(out.get(k, v), v)
+            else:
+                out[k] = out.get(k, 0) + v
+    return out
+
+
+class MergeStatsFn(beam.CombineFn):
+    def create_accumulator(self) -> Dict[str, float]:
+        return {}
+
+    def add_input(self, acc, element):
+        return merge_stats([acc, element])
+
+    def merge_accumulators(self, accumulators):
+        return merge_stats(accumulators)
+
+    def extract_output(self, acc):
+        return acc
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+class _DecodeExamples(beam.DoFn):
+    """Batches of serialized tf.Examples -> Arrow RecordBatches (schema inferred per batch)."""
+
+    def setup(self):
+        from tfx_bsl.coders import example_coder
+
+        self._decoder = example_coder.ExamplesToRecordBatchDecoder()
+
+    def process(self, batch: List[bytes]):
+        yield self._decoder.DecodeBatch(batch)
+
+
+def _column(rb: pa.RecordBatch, name: str) -> Optional[pa.Array]:
+    i = rb.schema.get_field_index(name)
+    return rb.column(i) if i >= 0 else None
+
+
+class _CountTokens(beam.DoFn):
+    """Per batch: ((vocabulary, token), count) pairs, already aggregated within the batch."""
+
+    def __init__(self, config_json: str):
+        self._config_json = config_json
+
+    def setup(self):
+        from components.config import config_from_json
+
+        self._cfg = config_from_json(self._config_json)
+
+    def process(self, rb: pa.RecordBatch):
+        import pyarrow.compute as pc
+
+        per_vocab: Dict[str, List[pa.Array]] = {}
+        for f in self._cfg.categorical_features:
+            toks = F.extract_tokens(_column(rb, f.source), rb.num_rows, f.separator, f.max_length)
+            if len(toks.values):
+                per_vocab.setdefault(self._cfg.feature_table(f).name, []).append(toks.values)
+        for vocab, arrays in per_vocab.items():
+            counts = pc.value_counts(pa.concat_arrays(arrays))
+            for token, count in zip(counts.field(0).to_pylist(), counts.field(1).to_pylist()):
+                yield (vocab, token), count
+
+
+def _write_vocabulary(item: Tuple[str, Iterable[Tuple[bytes, int]]], out_dir: str, options_json: str):
+    name, counts = item
+    from components.config import VocabularyOptions
+
+    options = VocabularyOptions(**json.loads(options_json)[name])
+    counts = list(counts)
+    entries = V.order_vocabulary(counts, options)
+    V.write_vocabulary(out_dir, name, entries)
+    yield name, [t for t, _ in entries]
+    yield beam.pvalue.TaggedOutput("stats", {f"vocab/{name}/distinct": len(counts)})
+
+
+def make_lookups(cfg: PipelineConfig, vocabularies: Dict[str, List[bytes]]) -> Dict[str, V.VocabularyLookup]:
+    return {
+        t.name: V.VocabularyLookup(vocabularies.get(t.name, []), t.vocabulary.num_oov_buckets) for t in cfg.tables
+    }
+
+
+def transform_record_batch(
+    cfg: PipelineConfig, lookups: Dict[str, V.VocabularyLookup], rb: pa.RecordBatch, split: str
+) -> Tuple[Optional[pa.RecordBatch], np.ndarray, Dict[str, float]]:
+    """Raw RecordBatch -> (transformed RecordBatch of the labelled rows or None, kept-row mask, stats).
+
+    The transformed batch has the label and every dense feature as one float32 per row and every
+    categorical feature as a list of int64 embedding IDs: what the trainer reads.
+    """
+    n = rb.num_rows
+    stats: Counter = Counter()
+    stats[f"{split}/examples_read"] += n
+    for i, name in enumerate(rb.schema.names):
+        stats[f"kind/{name}/{F.kind_of(rb.column(i))}"] += 1
+    label = F.extract_label(_column(rb, cfg.label), n)
+    keep = ~np.isnan(label)
+    kept = int(keep.sum())
+    stats[f"{split}/dropped/missing_label"] += n - kept
+    stats[f"{split}/positives"] += float(label[keep].sum())
+    ones = np.ones(kept, np.int64)
+    columns: Dict[str, pa.Array] = {cfg.label: _as_list_array(label[keep], ones)}
+    for d in cfg.dense_features:
+        dense = F.extract_dense(_column(rb, d.source), n, d.fill_value)
+        stats[f"{split}/dense/{d.name}/missing"] += int(dense.missing)
+        for reason, c in dense.invalid.items():
+            stats[f"{split}/dense/{d.name}/invalid/{reason}"] += c
+        columns[d.name] = _as_list_array(dense.values[keep], ones)
+    for f in cfg.categorical_features:
+        toks = F.extract_tokens(_column(rb, f.source), n, f.separator, f.max_length)
+        ids, oov = lookups[cfg.feature_table(f).name].lookup(toks.values.to_pylist())
+        per_row = toks.ids_per_row()
+        prefix = f"{split}/feature/{f.name}"
+        stats[f"{prefix}/present"] += int(np.count_nonzero(per_row))
+        stats[f"{prefix}/ids"] += int(len(ids))
+        stats[f"{prefix}/oov"] += oov
+        stats[f"{prefix}/truncated"] += toks.truncated
+        stats[f"max/{prefix}/ids_per_example"] = int(per_row.max()) if n else 0
+        for reason, c in toks.invalid.items():
+            stats[f"{prefix}/invalid/{reason}"] += c
+        columns[f.name] = _as_list_array(ids[keep[toks.row]], per_row[keep])
+    out = pa.RecordBatch.from_arrays(list(columns.values()), list(columns.keys())) if kept else None
+    return out, keep, dict(stats)
+
+
+class _TransformBatch(beam.DoFn):
+    """One RecordBatch -> transformed tf.Examples, plus a statistics partial (tagged output)."""
+
+    def __init__(self, config_json: str, split: str):
+        self._config_json = config_json
+        self._split = split
+
+    def setup(self):
+        from tfx_bsl.coders import example_coder
+
+        from components.config import config_from_json
+
+        self._cfg = config_from_json(self._config_json)
+        self._encoder = example_coder.RecordBatchToExamplesEncoder()
+        self._lookups: Optional[Dict[str, V.VocabularyLookup]] = None
+
+    def process(self, rb: pa.RecordBatch, vocabularies: Dict[str, List[bytes]]):
+        if self._lookups is None:
+            self._lookups = make_lookups(self._cfg, vocabularies)
+        out, _, stats = transform_record_batch(self._cfg, self._lookups, rb, self._split)
+        if out is not None:
+            yield from self._encoder.encode(out)
+        yield beam.pvalue.TaggedOutput("stats", stats)
+
+
+def _as_list_array(values: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+
+@beam.ptransform_fn
+def _ReadRecordBatches(pipeline, file_pattern: str):  # pylint: disable=invalid-name
+    return (
+        pipeline
+        | "Read" >> beam.io.ReadFromTFRecord(file_pattern)
+        | "Batch" >> beam.BatchElements(min_batch_size=BATCH_SIZE, max_batch_size=BATCH_SIZE)
+        | "Decode" >> beam.ParDo(_DecodeExamples())
+    )
+
+
+def build_pipeline(
+    pipeline: beam.Pipeline,
+    cfg: PipelineConfig,
+    split_patterns: Dict[str, str],
+    vocabulary_dir: str,
+    transformed_dirs: Dict[str, str],
+    stats_dir: str,
+) -> None:
+    """Adds the preprocessing transforms to `pipeline`. The vocabulary is computed on 'train'."""
+    config_json = cfg.to_json()
+    options_json = json.dumps({t.name: t.vocabulary.__dict__ for t in cfg.tables})
+    batches = {
+        split: pipeline | f"ReadRecordBatches[{split}]" >> _ReadRecordBatches(pattern)
+        for split, pattern in split_patterns.items()
+    }
+    vocab_results = (
+        batches["train"]
+        | "CountTokens" >> beam.ParDo(_CountTokens(config_json))
+        | "SumCounts" >> beam.CombinePerKey(sum)
+        | "KeyByVocabulary" >> beam.Map(lambda kv: (kv[0][0], (kv[0][1], kv[1])))
+        | "GroupByVocabulary" >> beam.GroupByKey()
+        | "WriteVocabularies"
+        >> beam.FlatMap(_write_vocabulary, vocabulary_dir, options_json).with_outputs("stats", main="vocab")
+    )
+    vocabularies = beam.pvalue.AsDict(vocab_results.vocab)
+    partial_stats = [vocab_results.stats]
+    for split, rbs in batches.items():
+        result = rbs | f"Transform[{split}]" >> beam.ParDo(
+            _TransformBatch(config_json, split), vocabularies
+        ).with_outputs("stats", main="examples")
+        _ = result.examples | f"Write[{split}]" >> beam.io.WriteToTFRecord(
+            os.path.join(transformed_dirs[split], TRANSFORMED_PREFIX), file_name_suffix=".gz"
+        )
+        partial_stats.append(result.stats)
+    _ = (
+        partial_stats
+        | "FlattenStats" >> beam.Flatten()
+        | "MergeStats" >> beam.CombineGlobally(MergeStatsFn())
+        | "StatsToJson" >> beam.Map(lambda s: json.dumps(s, sort_keys=True))
+        | "WriteStats" >> beam.io.WriteToText(os.path.join(stats_dir, STATS_FILE_PREFIX), shard_name_template="")
+    )

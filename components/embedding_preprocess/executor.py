@@ -1,0 +1,55 @@
+"""TFX executor of EmbeddingPreprocess: reads artifacts, calls `run_preprocessing`, writes artifacts."""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List
+
+from tfx import types
+from tfx.dsl.components.base import base_beam_executor
+from tfx.types import artifact_utils
+from tfx.utils import io_utils
+
+from components.config import config_from_json
+from components.embedding_preprocess.run import run_preprocessing
+
+EXAMPLES_KEY = "examples"
+TRANSFORMED_EXAMPLES_KEY = "transformed_examples"
+VOCABULARY_KEY = "vocabulary"
+STATISTICS_KEY = "statistics"
+CONFIG_KEY = "config_json"
+SPLITS = ("train", "eval")
+
+
+class Executor(base_beam_executor.BaseBeamExecutor):
+    def Do(
+        self,
+        input_dict: Dict[str, List[types.Artifact]],
+        output_dict: Dict[str, List[types.Artifact]],
+        exec_properties: Dict[str, Any],
+    ) -> None:
+        cfg = config_from_json(exec_properties[CONFIG_KEY])
+        examples = artifact_utils.get_single_instance(input_dict[EXAMPLES_KEY])
+        available = artifact_utils.decode_split_names(examples.split_names)
+        missing = [s for s in SPLITS if s not in available]
+        if missing:
+            raise ValueError(f"input examples lack split(s) {missing}; ExampleGen must produce {list(SPLITS)}")
+        patterns = {
+            s: io_utils.all_files_pattern(artifact_utils.get_split_uri([examples], s)) for s in SPLITS
+        }
+        transformed = artifact_utils.get_single_instance(output_dict[TRANSFORMED_EXAMPLES_KEY])
+        transformed.split_names = artifact_utils.encode_split_names(list(SPLITS))
+        vocabulary = artifact_utils.get_single_instance(output_dict[VOCABULARY_KEY])
+        statistics = artifact_utils.get_single_instance(output_dict[STATISTICS_KEY])
+        stats = run_preprocessing(
+            self._make_beam_pipeline(),
+            cfg,
+            patterns,
+            vocabulary_dir=vocabulary.uri,
+            transformed_dirs={s: os.path.join(transformed.uri, f"Split-{s}") for s in SPLITS},
+            statistics_dir=statistics.uri,
+        )
+        vocabulary.set_string_custom_property("tables", ",".join(t.name for t in cfg.tables))
+        for s in SPLITS:
+            statistics.set_int_custom_property(f"{s}_examples_read", stats["splits"][s]["examples_read"])
+            transformed.set_int_custom_property(f"{s}_examples", stats["splits"][s]["examples_written"])
+        transformed.set_string_custom_property("vocabulary_uri", vocabulary.uri)

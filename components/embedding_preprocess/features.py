@@ -1,0 +1,172 @@
+"""Turning raw tf.Example columns (as Arrow record batches) into tokens, dense values and labels.
+
+Pure functions over pyarrow arrays: no Beam, no TensorFlow. The serving graph in
+`components.embedding_exporter.serving` applies the same rules with TensorFlow ops; the tests hold
+the two against each other. The rules:
+
+- A categorical cell may be bytes (split on the feature's separator when it has one), int64
+  (written as its decimal string, e.g. a CSV column of numeric IDs) or missing.
+- Empty strings are not tokens. Tokens that are not valid UTF-8, or that hold a line break (they
+  could not be stored one per line in a vocabulary file), are invalid: counted, never looked up.
+- Multi-hot lists keep their first `max_length` valid tokens; the rest are counted as truncated.
+- A dense cell takes its first value; missing or NaN values become the feature's fill value.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+# Raw kinds of a tf.Example feature, as recorded in the vocabulary manifest for the serving graph.
+KIND_BYTES = "bytes"
+KIND_INT = "int64"
+KIND_FLOAT = "float"
+KIND_NONE = "none"  # every value in the batch was missing
+
+INVALID_NOT_UTF8 = "not_utf8"
+INVALID_LINE_BREAK = "line_break"
+INVALID_FLOAT_IN_CATEGORICAL = "float_in_categorical"
+INVALID_NAN = "nan"
+INVALID_MULTI_VALUED = "multi_valued_dense"
+INVALID_NOT_NUMERIC = "not_numeric"
+
+
+def kind_of(arr: Optional[pa.Array]) -> str:
+    if arr is None:
+        return KIND_NONE
+    t = arr.type
+    while pa.types.is_list(t) or pa.types.is_large_list(t):
+        t = t.value_type
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_string(t):
+        return KIND_BYTES
+    if pa.types.is_integer(t):
+        return KIND_INT
+    if pa.types.is_floating(t):
+        return KIND_FLOAT
+    return KIND_NONE
+
+
+@dataclass
+class Tokens:
+    """The valid tokens of one categorical feature over a batch, in row order."""
+
+    row: np.ndarray  # int64 row index of each token (ascending)
+    values: pa.Array  # binary tokens
+    num_rows: int
+    truncated: int = 0  # tokens dropped by max_length
+    invalid: Dict[str, int] = field(default_factory=dict)
+
+    def ids_per_row(self) -> np.ndarray:
+        return np.bincount(self.row, minlength=self.num_rows)
+
+
+def _flatten(arr: pa.Array):
+    """(row index of each value, values) of a list array."""
+    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+        return np.asarray(pc.list_parent_indices(arr)).astype(np.int64), arr.flatten()
+    return np.arange(len(arr), dtype=np.int64), arr
+
+
+def extract_tokens(
+    arr: Optional[pa.Array], num_rows: int, separator: Optional[str], max_length: Optional[int]
+) -> Tokens:
+    if arr is None or kind_of(arr) == KIND_NONE:
+        return Tokens(np.zeros(0, np.int64), pa.array([], pa.binary()), num_rows)
+    invalid: Dict[str, int] = {}
+    row, values = _flatten(arr)
+    kind = kind_of(arr)
+    if kind == KIND_FLOAT:
+        invalid[INVALID_FLOAT_IN_CATEGORICAL] = len(values) - values.null_count
+        return Tokens(np.zeros(0, np.int64), pa.array([], pa.binary()), num_rows, invalid=invalid)
+    if kind == KIND_INT:
+        values = pc.cast(pc.cast(values, pa.string()), pa.binary())
+    elif not pa.types.is_binary(values.type):
+        values = pc.cast(values, pa.binary())
+    if separator is not None:
+        parts = pc.split_pattern(values, separator)
+        row = row[np.asarray(pc.list_parent_indices(parts))]
+        values = parts.flatten()
+    keep = np.asarray(pc.fill_null(pc.greater(pc.binary_length(values), 0), False))
+    bad_utf8 = _invalid_utf8_mask(values)
+    bad_break = np.asarray(
+        pc.fill_null(pc.or_(pc.match_substring(values, "\n"), pc.match_substring(values, "\r")), False)
+    )
+    n_utf8 = int(np.count_nonzero(keep & bad_utf8))
+    n_break = int(np.count_nonzero(keep & bad_break & ~bad_utf8))
+    if n_utf8:
+        invalid[INVALID_NOT_UTF8] = n_utf8
+    if n_break:
+        invalid[INVALID_LINE_BREAK] = n_break
+    keep &= ~bad_utf8 & ~bad_break
+    row = row[keep]
+    values = values.filter(pa.array(keep))
+    truncated = 0
+    if max_length is not None and len(row):
+        # position of each token within its row: rows are ascending, so subtract the row's first index
+        first = np.searchsorted(row, row, side="left")
+        position = np.arange(len(row)) - first
+        within = position < max_length
+        truncated = int(len(row) - np.count_nonzero(within))
+        if truncated:
+            row = row[within]
+            values = values.filter(pa.array(within))
+    return Tokens(row, values, num_rows, truncated, invalid)
+
+
+def _invalid_utf8_mask(values: pa.Array) -> np.ndarray:
+    try:
+        pc.cast(values, pa.string())
+        return np.zeros(len(values), dtype=bool)
+    except pa.ArrowInvalid:
+        # rare: find the culprits one by one (Arrow has no per-element UTF-8 check for binary)
+        out = np.zeros(len(values), dtype=bool)
+        for i, v in enumerate(values.to_pylist()):
+            if v is not None:
+                try:
+                    v.decode("utf-8")
+                except UnicodeDecodeError:
+                    out[i] = True
+        return out
+
+
+@dataclass
+class DenseValues:
+    values: np.ndarray  # float32, one per row, missing/NaN filled
+    missing: int = 0
+    invalid: Dict[str, int] = field(default_factory=dict)
+
+
+def extract_dense(arr: Optional[pa.Array], num_rows: int, fill_value: float) -> DenseValues:
+    out = np.full(num_rows, fill_value, dtype=np.float32)
+    if arr is None or kind_of(arr) == KIND_NONE:
+        return DenseValues(out, missing=num_rows)
+    invalid: Dict[str, int] = {}
+    kind = kind_of(arr)
+    row, values = _flatten(arr)
+    if kind == KIND_BYTES:
+        invalid[INVALID_NOT_NUMERIC] = len(values) - values.null_count
+        return DenseValues(out, missing=num_rows, invalid=invalid)
+    vals = np.asarray(pc.cast(values, pa.float32(), safe=False).to_numpy(zero_copy_only=False), dtype=np.float32)
+    if len(row):
+        first = np.searchsorted(row, row, side="left") == np.arange(len(row))
+        multi = int(len(row) - np.count_nonzero(first))
+        if multi:
+            invalid[INVALID_MULTI_VALUED] = multi
+        row, vals = row[first], vals[first]
+        nan = np.isnan(vals)
+        if nan.any():
+            invalid[INVALID_NAN] = int(nan.sum())
+            row, vals = row[~nan], vals[~nan]
+        out[row] = vals
+    return DenseValues(out, missing=num_rows - len(row), invalid=invalid)
+
+
+def extract_label(arr: Optional[pa.Array], num_rows: int) -> np.ndarray:
+    """Label of each row as float32, NaN where missing (such rows are dropped and counted)."""
+    if arr is None or kind_of(arr) in (KIND_NONE, KIND_BYTES):
+        return np.full(num_rows, np.nan, dtype=np.float32)
+    dense = extract_dense(arr, num_rows, float("nan"))
+    return dense.values

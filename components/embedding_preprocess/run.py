@@ -1,0 +1,189 @@
+"""Runs the preprocessing pipeline and writes its manifest and statistics.
+
+`run_preprocessing` is what both the TFX executor and (later) the standalone CLI call; it takes a
+ready `beam.Pipeline` so the caller decides the runner and its arguments.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List
+
+import apache_beam as beam
+
+from components.config import PipelineConfig
+from components.embedding_preprocess import beam_pipeline
+from components.embedding_preprocess import features as F
+from components.embedding_preprocess import vocabulary as V
+
+MANIFEST_FILE = "manifest.json"
+STATISTICS_FILE = "statistics.json"
+EMBEDDING_MANIFEST_FILE = "embedding_manifest.json"  # copy beside the transformed examples, for the trainer
+MANIFEST_VERSION = 1
+STATISTICS_VERSION = 1
+
+
+def _gfile():
+    import tensorflow as tf
+
+    return tf.io.gfile
+
+
+def _write_json(path: str, obj: Any) -> None:
+    with _gfile().GFile(path, "w") as fh:
+        fh.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: str) -> Any:
+    with _gfile().GFile(path, "r") as fh:
+        return json.loads(fh.read())
+
+
+def _raw_kinds(cfg: PipelineConfig, raw: Dict[str, float]) -> Dict[str, str]:
+    """The tf.Example kind of every configured column, as ExampleGen stored it."""
+    seen: Dict[str, set] = {}
+    for key in raw:
+        if key.startswith("kind/"):
+            _, column, kind = key.split("/", 2)
+            if kind != F.KIND_NONE:
+                seen.setdefault(column, set()).add(kind)
+    kinds = {}
+    defaults = [(cfg.label, F.KIND_FLOAT)]
+    defaults += [(d.source, F.KIND_FLOAT) for d in cfg.dense_features]
+    defaults += [(f.source, F.KIND_BYTES) for f in cfg.categorical_features]
+    for column, default in defaults:
+        found = seen.get(column, set())
+        if len(found) > 1:
+            raise ValueError(
+                f"column {column!r} holds values of several types ({', '.join(sorted(found))}) across "
+                "examples; store one type per column"
+            )
+        kinds[column] = found.pop() if found else default
+    return kinds
+
+
+def build_manifest(cfg: PipelineConfig, raw: Dict[str, float], vocabulary_dir: str) -> Dict[str, Any]:
+    vocabularies = {}
+    for t in cfg.tables:
+        size = len(V.read_vocabulary(vocabulary_dir, t.name))
+        vocabularies[t.name] = {
+            "file": os.path.basename(V.vocabulary_file(vocabulary_dir, t.name)),
+            "counts_file": os.path.basename(V.counts_file(vocabulary_dir, t.name)),
+            "size": size,
+            "distinct_before_pruning": int(raw.get(f"vocab/{t.name}/distinct", 0)),
+            "num_oov_buckets": t.vocabulary.num_oov_buckets,
+            "rows": size + t.vocabulary.num_oov_buckets,
+            "dim": t.dim,
+            "combiner": t.combiner,
+            "features": list(t.features),
+        }
+    return {
+        "version": MANIFEST_VERSION,
+        "vocabulary_dir": vocabulary_dir,
+        "label": cfg.label,
+        "raw_feature_kinds": _raw_kinds(cfg, raw),
+        "dense_features": [{"name": d.name, "column": d.source, "fill_value": d.fill_value} for d in cfg.dense_features],
+        "categorical_features": [
+            {
+                "name": f.name,
+                "column": f.source,
+                "table": cfg.feature_table(f).name,
+                "separator": f.separator,
+                "max_length": f.max_length,
+            }
+            for f in cfg.categorical_features
+        ],
+        "vocabularies": vocabularies,
+    }
+
+
+def build_statistics(cfg: PipelineConfig, raw: Dict[str, float], manifest: Dict[str, Any], splits: List[str]):
+    def g(key: str) -> float:
+        return raw.get(key, 0)
+
+    out: Dict[str, Any] = {"version": STATISTICS_VERSION, "splits": {}, "features": {}, "dense_features": {}, "tables": {}}
+    for s in splits:
+        read = int(g(f"{s}/examples_read"))
+        dropped = int(g(f"{s}/dropped/missing_label"))
+        kept = read - dropped
+        out["splits"][s] = {
+            "examples_read": read,
+            "examples_dropped": {"missing_label": dropped},
+            "examples_written": kept,
+            "positive_rate": g(f"{s}/positives") / kept if kept else None,
+        }
+    for f in cfg.categorical_features:
+        per_split = {}
+        for s in splits:
+            p = f"{s}/feature/{f.name}"
+            read = g(f"{s}/examples_read")
+            ids = g(f"{p}/ids")
+            per_split[s] = {
+                "examples_present": int(g(f"{p}/present")),
+                "present_rate": g(f"{p}/present") / read if read else None,
+                "ids": int(ids),
+                "ids_per_example_mean": ids / read if read else None,
+                "ids_per_example_max": int(raw.get(f"max/{p}/ids_per_example", 0)),
+                "truncated_ids": int(g(f"{p}/truncated")),
+                "oov_ids": int(g(f"{p}/oov")),
+                "oov_rate": g(f"{p}/oov") / ids if ids else None,
+                "invalid_values": {
+                    k.rsplit("/", 1)[1]: int(v) for k, v in sorted(raw.items()) if k.startswith(f"{p}/invalid/")
+                },
+            }
+        out["features"][f.name] = {"table": cfg.feature_table(f).name, "splits": per_split}
+    for d in cfg.dense_features:
+        out["dense_features"][d.name] = {
+            s: {
+                "missing": int(g(f"{s}/dense/{d.name}/missing")),
+                "invalid_values": {
+                    k.rsplit("/", 1)[1]: int(v)
+                    for k, v in sorted(raw.items())
+                    if k.startswith(f"{s}/dense/{d.name}/invalid/")
+                },
+            }
+            for s in splits
+        }
+    for name, v in manifest["vocabularies"].items():
+        out["tables"][name] = {
+            "distinct_values": v["distinct_before_pruning"],
+            "vocabulary_size": v["size"],
+            "rows": v["rows"],
+            "dim": v["dim"],
+            "features": v["features"],
+            # float32 weights only; optimizer slots are added by the trainer's plan
+            "weight_bytes": v["rows"] * v["dim"] * 4,
+        }
+    return out
+
+
+def run_preprocessing(
+    pipeline: beam.Pipeline,
+    cfg: PipelineConfig,
+    split_patterns: Dict[str, str],
+    vocabulary_dir: str,
+    transformed_dirs: Dict[str, str],
+    statistics_dir: str,
+) -> Dict[str, Any]:
+    """Runs Beam, then writes manifest.json (vocabulary dir, and a copy beside the transformed
+    examples) and statistics.json. Returns the statistics."""
+    if "train" not in split_patterns:
+        raise ValueError(f"preprocessing needs a 'train' split to build vocabularies; got {sorted(split_patterns)}")
+    for d in [vocabulary_dir, statistics_dir, *transformed_dirs.values()]:
+        _gfile().makedirs(d)
+    with pipeline as p:
+        beam_pipeline.build_pipeline(p, cfg, split_patterns, vocabulary_dir, transformed_dirs, statistics_dir)
+    partial = os.path.join(statistics_dir, beam_pipeline.STATS_FILE_PREFIX)
+    with _gfile().GFile(partial) as fh:
+        raw = json.loads(fh.read())
+    _gfile().remove(partial)
+    for t in cfg.tables:  # a vocabulary no train example fed still gets (empty) files
+        if not _gfile().exists(V.vocabulary_file(vocabulary_dir, t.name)):
+            V.write_vocabulary(vocabulary_dir, t.name, [])
+    manifest = build_manifest(cfg, raw, vocabulary_dir)
+    stats = build_statistics(cfg, raw, manifest, sorted(split_patterns))
+    _write_json(os.path.join(vocabulary_dir, MANIFEST_FILE), manifest)
+    _write_json(os.path.join(statistics_dir, STATISTICS_FILE), stats)
+    root = os.path.dirname(next(iter(transformed_dirs.values())).rstrip("/"))
+    _write_json(os.path.join(root, EMBEDDING_MANIFEST_FILE), manifest)
+    return stats

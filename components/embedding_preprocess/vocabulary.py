@@ -1,0 +1,97 @@
+"""Vocabularies: ordering, pruning, files on disk, and token -> embedding-ID lookup.
+
+File formats (read by standard tools):
+- `<name>.txt`: one token per line, most frequent first (row i of the table is line i). Loadable
+  by `tf.lookup.TextFileInitializer(..., key_index=TextFileIndex.WHOLE_LINE,
+  value_index=TextFileIndex.LINE_NUMBER)`, which is what the serving graph does.
+- `<name>.counts.txt`: `<count> <token>` per line in the same order, tf.Transform's
+  `store_frequency=True` convention.
+IDs: token at line i -> i; any other valid token -> size + fingerprint64(token) % num_oov_buckets,
+the same bucket `tf.lookup.StaticVocabularyTable` (FastHashSpec, i.e. farmhash Fingerprint64)
+assigns in the serving graph.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+import farmhash  # pyfarmhash: the same Fingerprint64 TensorFlow's to_hash_bucket_fast uses
+import numpy as np
+import pandas as pd
+
+from components.config import VocabularyOptions
+
+
+def order_vocabulary(counts: Iterable[Tuple[bytes, int]], options: VocabularyOptions) -> List[Tuple[bytes, int]]:
+    """Count descending, ties by token bytes ascending; then min_frequency, then top_k."""
+    ordered = sorted(counts, key=lambda tc: (-tc[1], tc[0]))
+    kept = [tc for tc in ordered if tc[1] >= options.min_frequency]
+    if options.top_k is not None:
+        kept = kept[: options.top_k]
+    return kept
+
+
+def vocabulary_file(directory: str, name: str) -> str:
+    return os.path.join(directory, f"{name}.txt")
+
+
+def counts_file(directory: str, name: str) -> str:
+    return os.path.join(directory, f"{name}.counts.txt")
+
+
+def write_vocabulary(directory: str, name: str, entries: Sequence[Tuple[bytes, int]]) -> None:
+    """Writes both files through Beam's filesystems (local, GCS, ...), byte-identical per input."""
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.create(vocabulary_file(directory, name)) as fh:
+        fh.write(b"".join(t + b"\n" for t, _ in entries))
+    with FileSystems.create(counts_file(directory, name)) as fh:
+        fh.write(b"".join(b"%d %s\n" % (c, t) for t, c in entries))
+
+
+def read_vocabulary(directory: str, name: str) -> List[bytes]:
+    import tensorflow as tf  # gfile reads local and remote paths alike
+
+    with tf.io.gfile.GFile(vocabulary_file(directory, name), "rb") as fh:
+        data = fh.read()
+    return data.split(b"\n")[:-1] if data else []
+
+
+def oov_bucket(token: bytes, num_oov_buckets: int) -> int:
+    return farmhash.fingerprint64(token.decode("utf-8")) % num_oov_buckets
+
+
+class VocabularyLookup:
+    """Maps tokens to embedding IDs, vectorised (a pandas hash index built once per vocabulary)."""
+
+    def __init__(self, tokens: Sequence[bytes], num_oov_buckets: int):
+        self.size = len(tokens)
+        self.num_oov_buckets = num_oov_buckets
+        self._index = pd.Index(list(tokens), dtype=object)
+
+    @property
+    def rows(self) -> int:
+        return self.size + self.num_oov_buckets
+
+    def lookup(self, tokens: Sequence[bytes]) -> Tuple[np.ndarray, int]:
+        """IDs of `tokens` and how many of them were out of vocabulary."""
+        if len(tokens) == 0:
+            return np.zeros(0, dtype=np.int64), 0
+        ids = self._index.get_indexer(pd.Index(list(tokens), dtype=object)).astype(np.int64)
+        missing = np.flatnonzero(ids < 0)
+        if len(missing):
+            if self.num_oov_buckets == 1:
+                ids[missing] = self.size
+            else:
+                ids[missing] = [self.size + oov_bucket(tokens[i], self.num_oov_buckets) for i in missing]
+        return ids, int(len(missing))
+
+
+def pooled(ids_per_row: np.ndarray, ids: np.ndarray) -> List[List[int]]:
+    """Splits flat IDs into per-row lists (rows in order)."""
+    bounds = np.cumsum(ids_per_row)[:-1]
+    return [a.tolist() for a in np.split(ids, bounds)]
+
+
+def table_rows(size: int, options: Optional[VocabularyOptions]) -> int:
+    return size + (options.num_oov_buckets if options else 1)

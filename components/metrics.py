@@ -1,0 +1,24 @@
+"""Exact evaluation metrics on numpy arrays (no threshold buckets, unlike Keras' AUC)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """AUC by the rank-sum (Mann-Whitney) statistic, ties counted half."""
+    from scipy.stats import rankdata
+
+    scores = np.asarray(scores, dtype=np.float64).ravel()
+    labels = np.asarray(labels).ravel().astype(bool)
+    pos = int(labels.sum())
+    neg = len(labels) - pos
+    if pos == 0 or neg == 0:
+        return float("nan")
+    ranks = rankdata(scores)
+    return float((ranks[labels].sum() - pos * (pos + 1) / 2.0) / (pos * neg))
+
+
+def log_loss(probs: np.ndarray, labels: np.ndarray, eps: float = 1e-7) -> float:
+    p = np.clip(np.asarray(probs, dtype=np.float64).ravel(), eps, 1 - eps)
+    y = np.asarray(labels, dtype=np.float64).ravel()
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))

@@ -1,0 +1,95 @@
+"""`create_pipeline(config, ...)`: the whole product as one TFX pipeline.
+
+Imports are narrow (`from tfx import v1` costs about a minute on 2 cores: it loads every component).
+"""
+from __future__ import annotations
+
+import glob
+import os
+from typing import List, Optional, Tuple
+
+from components.config import ConfigError, PipelineConfig
+
+TRAINER_RUN_FN = "components.embedding_trainer.trainer_module.run_fn"
+PIPELINE_ROOT = "pipeline_root"
+METADATA_FILE = "metadata.sqlite"
+SERVING_DIR = "serving"
+
+
+def input_location(cfg: PipelineConfig) -> Tuple[str, str]:
+    """(input_base directory, file pattern) for ExampleGen; a clear error if nothing matches."""
+    path = cfg.input.path
+    remote = "://" in path
+    if not remote and os.path.isdir(path):
+        base, pattern = path, "*.csv" if cfg.input.format == "csv" else "*"
+    else:
+        base, pattern = os.path.dirname(path), os.path.basename(path)
+    if not remote:
+        matches = [m for m in glob.glob(os.path.join(base, pattern)) if os.path.isfile(m)]
+        if not matches:
+            raise ConfigError(
+                f"{cfg.source_file}: input.path: {path!r} matches no file; generate the data "
+                "(python -m components.synthetic_data) or point input.path at a CSV/TFRecord file, "
+                "directory or glob"
+            )
+    return base, pattern
+
+
+def create_pipeline(
+    cfg: PipelineConfig,
+    pipeline_root: str,
+    metadata_path: Optional[str],
+    serving_dir: str,
+    beam_pipeline_args: Optional[List[str]] = None,
+):
+    from tfx.components.example_gen.csv_example_gen.component import CsvExampleGen
+    from tfx.components.example_gen.import_example_gen.component import ImportExampleGen
+    from tfx.components.pusher.component import Pusher
+    from tfx.components.trainer.component import Trainer
+    from tfx.orchestration import metadata, pipeline
+    from tfx.proto import example_gen_pb2, pusher_pb2, trainer_pb2
+
+    from components.embedding_exporter.component import EmbeddingExporter
+    from components.embedding_preprocess.component import EmbeddingPreprocess
+    from components.embedding_trainer.trainer_module import CONFIG_KEY
+
+    base, pattern = input_location(cfg)
+    input_config = example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern=pattern)])
+    output_config = example_gen_pb2.Output(
+        split_config=example_gen_pb2.SplitConfig(
+            splits=[
+                example_gen_pb2.SplitConfig.Split(name="train", hash_buckets=cfg.input.train_buckets),
+                example_gen_pb2.SplitConfig.Split(name="eval", hash_buckets=cfg.input.eval_buckets),
+            ]
+        )
+    )
+    gen_cls = CsvExampleGen if cfg.input.format == "csv" else ImportExampleGen
+    example_gen = gen_cls(input_base=base, input_config=input_config, output_config=output_config)
+    preprocess = EmbeddingPreprocess(examples=example_gen.outputs["examples"], config=cfg)
+    trainer = Trainer(
+        run_fn=TRAINER_RUN_FN,
+        examples=preprocess.outputs["transformed_examples"],
+        train_args=trainer_pb2.TrainArgs(num_steps=cfg.training.train_steps),
+        eval_args=trainer_pb2.EvalArgs(num_steps=cfg.training.eval_steps),
+        custom_config={CONFIG_KEY: cfg.to_json()},
+    )
+    exporter = EmbeddingExporter(
+        model=trainer.outputs["model"], examples=example_gen.outputs["examples"], config=cfg
+    )
+    pusher = Pusher(
+        model=exporter.outputs["serving_model"],
+        model_blessing=exporter.outputs["blessing"],
+        push_destination=pusher_pb2.PushDestination(
+            filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=serving_dir)
+        ),
+    )
+    return pipeline.Pipeline(
+        pipeline_name=cfg.name,
+        pipeline_root=pipeline_root,
+        components=[example_gen, preprocess, trainer, exporter, pusher],
+        enable_cache=False,
+        metadata_connection_config=(
+            metadata.sqlite_metadata_connection_config(metadata_path) if metadata_path else None
+        ),
+        beam_pipeline_args=beam_pipeline_args if beam_pipeline_args is not None else cfg.beam_pipeline_args(),
+    )
