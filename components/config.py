@@ -52,6 +52,10 @@ class DenseFeature:
     column: Optional[str] = None  # source column; defaults to name
     fill_value: float = 0.0  # used when the value is missing or NaN
 
+    @property
+    def source(self) -> str:
+        return self.column or self.name
+
 
 @dataclass
 class CategoricalFeature:
