@@ -93,6 +93,10 @@ class _CountTokens(beam.DoFn):
     def process(self, rb: pa.RecordBatch):
         import pyarrow.compute as pc
 
+        # Rows without a label are dropped (and counted by the transform pass): they feed no vocabulary.
+        labelled = ~np.isnan(F.extract_label(_column(rb, self._cfg.label), rb.num_rows))
+        if not labelled.all():
+            rb = rb.filter(pa.array(labelled))
         per_vocab: Dict[str, List[pa.Array]] = {}
         for f in self._cfg.categorical_features:
             toks = F.extract_tokens(_column(rb, f.source), rb.num_rows, f.separator, f.max_length)

@@ -6,6 +6,8 @@ from typing import Any, Dict, List
 
 from tfx import types
 from tfx.dsl.components.base import base_beam_executor
+from tfx.components.util import examples_utils
+from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils
 from tfx.utils import io_utils
 
@@ -38,6 +40,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         }
         transformed = artifact_utils.get_single_instance(output_dict[TRANSFORMED_EXAMPLES_KEY])
         transformed.split_names = artifact_utils.encode_split_names(list(SPLITS))
+        examples_utils.set_payload_format(transformed, example_gen_pb2.PayloadFormat.FORMAT_TF_EXAMPLE)
         vocabulary = artifact_utils.get_single_instance(output_dict[VOCABULARY_KEY])
         statistics = artifact_utils.get_single_instance(output_dict[STATISTICS_KEY])
         stats = run_preprocessing(

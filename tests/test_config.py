@@ -1,0 +1,162 @@
+"""Configuration: loading, resolution of shared tables, and every bad-configuration case."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from components.config import ConfigError, config_from_json, load_config, parse_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO = os.path.join(REPO, "configs", "demo.yaml")
+
+
+def minimal(**overrides):
+    data = {
+        "input": {"path": "data.csv"},
+        "label": "label",
+        "dense_features": [{"name": "I1"}],
+        "categorical_features": [{"name": "C1"}, {"name": "C2", "dim": 8, "combiner": "sum"}],
+    }
+    data.update(overrides)
+    return data
+
+
+def error_of(data) -> str:
+    with pytest.raises(ConfigError) as e:
+        parse_config(data, "test.yaml")
+    return str(e.value)
+
+
+def test_demo_config_loads_and_resolves_tables():
+    cfg = load_config(DEMO)
+    assert len(cfg.categorical_features) == 26 and len(cfg.dense_features) == 13
+    shared = cfg.table("shared_c3_c4")
+    assert shared.features == ["C3", "C4"] and shared.vocabulary.num_oov_buckets == 8
+    assert cfg.feature_table(cfg.categorical_features[0]).name == "C1"
+    assert len(cfg.tables) == 25  # 24 features of their own + one shared table
+    assert os.path.isabs(cfg.input.path) and cfg.input.path.endswith("data/demo/criteo_like.csv")
+    assert {f.name: f.max_length for f in cfg.categorical_features if f.separator}["C3"] == 5
+
+
+def test_defaults_and_per_feature_overrides():
+    cfg = parse_config(minimal(categorical_defaults={"dim": 4}))
+    assert cfg.table("C1").dim == 4 and cfg.table("C1").combiner == "mean"
+    assert cfg.table("C2").dim == 8 and cfg.table("C2").combiner == "sum"
+
+
+def test_shared_table_takes_dim_from_features():
+    cfg = parse_config(
+        minimal(
+            tables=[{"name": "t"}],
+            categorical_features=[{"name": "A", "table": "t", "dim": 8}, {"name": "B", "table": "t"}],
+        )
+    )
+    assert cfg.table("t").dim == 8 and cfg.table("t").features == ["A", "B"]
+
+
+def test_json_round_trip_is_identical():
+    cfg = load_config(DEMO)
+    again = config_from_json(cfg.to_json())
+    assert again.to_dict() == cfg.to_dict()
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ({"bogus": 1}, "bogus: unknown field"),
+        ({"training": {"batch_sise": 3}}, "training.batch_sise: unknown field"),
+        ({"training": {"batch_size": "big"}}, "training.batch_size: expected an integer, got 'big'"),
+        ({"training": {"batch_size": True}}, "training.batch_size: expected an integer"),
+        ({"training": {"train_steps": 0}}, "training.train_steps: must be positive"),
+        ({"label": 3}, "label: expected a string"),
+        ({"dense_features": {"name": "x"}}, "dense_features: expected a list"),
+        ({"categorical_features": [{"name": "C1", "dim": 0}]}, "categorical_features[0].dim: must be positive"),
+        ({"categorical_features": [{"name": "C1", "dim": -3}]}, "categorical_features[0].dim: must be positive"),
+        ({"categorical_defaults": {"dim": 0}}, "categorical_defaults.dim: must be positive"),
+        ({"tables": [{"name": "t", "dim": -1}], "categorical_features": [{"name": "a", "table": "t"}]},
+         "tables[0].dim: must be positive"),
+        ({"categorical_features": [{"name": "C1", "table": "nope"}]},
+         "categorical_features[0].table: 'nope' is not in tables"),
+        ({"tables": [{"name": "t", "dim": 8}],
+          "categorical_features": [{"name": "a", "table": "t"}, {"name": "b", "table": "t", "dim": 16}]},
+         "categorical_features[1].dim: 16 conflicts with 8 from tables[0].dim"),
+        ({"tables": [{"name": "t"}],
+          "categorical_features": [{"name": "a", "table": "t", "dim": 4}, {"name": "b", "table": "t", "dim": 16}]},
+         "categorical_features[1].dim: 16 conflicts with 4 from categorical_features[0].dim"),
+        ({"tables": [{"name": "t"}],
+          "categorical_features": [{"name": "a", "table": "t", "combiner": "sum"},
+                                   {"name": "b", "table": "t", "combiner": "mean"}]},
+         "categorical_features[1].combiner: 'mean' conflicts with 'sum'"),
+        ({"tables": [{"name": "t"}], "categorical_features": [{"name": "a", "table": "t", "vocabulary": {}}]},
+         "set the options under tables[0].vocabulary"),
+        ({"tables": [{"name": "t"}], "categorical_features": [{"name": "a"}]}, "table 't' is used by no feature"),
+        ({"categorical_features": [{"name": "C1", "combiner": "max"}]},
+         "categorical_features[0].combiner: 'max' is not one of mean, sum, sqrtn"),
+        ({"categorical_features": [{"name": "C1", "max_length": 3}]}, "only applies to multi-hot features"),
+        ({"categorical_features": [{"name": "C1", "vocabulary": {"num_oov_buckets": 0}}]},
+         "categorical_features[0].vocabulary.num_oov_buckets: must be positive"),
+        ({"categorical_features": [{"name": "C1"}, {"name": "C1"}]}, "'C1' is already used by categorical_features[0]"),
+        ({"categorical_features": []}, "categorical_features: empty"),
+        ({"input": {"path": ""}}, "input.path: missing"),
+        ({"input": {"path": "x", "format": "parquet"}}, "input.format: 'parquet' is not one of csv, tfrecord"),
+        ({"training": {"embedding_optimizer": {"name": "rmsprop"}}},
+         "training.embedding_optimizer.name: 'rmsprop' is not one of sgd, adagrad, adam, ftrl"),
+        ({"training": {"dense_optimizer": {"learning_rate": -1}}}, "training.dense_optimizer.learning_rate"),
+    ],
+)
+def test_bad_configuration_names_the_field(overrides, expected):
+    message = error_of(minimal(**overrides))
+    assert message.startswith("test.yaml: ")
+    assert expected in message
+
+
+def test_top_level_must_be_mapping():
+    assert "top level must be a mapping" in error_of([1, 2])
+
+
+def test_missing_file_and_invalid_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="configuration file not found"):
+        load_config(str(tmp_path / "absent.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("input: {path: [unclosed\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(str(bad))
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    with pytest.raises(ConfigError, match="the file is empty"):
+        load_config(str(empty))
+
+
+def _cli(*args, cwd=REPO):
+    env = dict(os.environ, PYTHONPATH=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_cli_bad_configs_exit_2_with_one_message(tmp_path):
+    cases = {
+        "missing": (str(tmp_path / "nope.yaml"), "configuration file not found"),
+        "yaml": ("input: [", "invalid YAML"),
+        "unknown": ("input: {path: x.csv}\ncategorical_features: [{name: C1, colour: red}]\n",
+                    "categorical_features[0].colour: unknown field"),
+        "type": ("input: {path: x.csv}\ncategorical_features: [{name: C1, dim: sixteen}]\n",
+                 "categorical_features[0].dim: expected an integer"),
+        "table": ("input: {path: x.csv}\ncategorical_features: [{name: C1, table: t9}]\n", "'t9' is not in tables"),
+        "no_input_file": ("input: {path: nothing_here/*.csv}\ncategorical_features: [{name: C1}]\n",
+                          "matches no file"),
+    }
+    for name, (content, expected) in cases.items():
+        if name == "missing":
+            path = content
+        else:
+            path = str(tmp_path / f"{name}.yaml")
+            with open(path, "w") as fh:
+                fh.write(textwrap.dedent(content))
+        r = _cli("run", "--config", path, "--output-dir", str(tmp_path / "out"))
+        assert r.returncode == 2, (name, r.stderr)
+        assert expected in r.stderr, (name, r.stderr)
+        assert "Traceback" not in r.stderr, (name, r.stderr)
+        assert not (tmp_path / "out").exists(), name  # stopped before any work

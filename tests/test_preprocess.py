@@ -1,0 +1,267 @@
+"""Preprocessing on hand-made tf.Examples: vocabularies against an independent count, embedding IDs,
+bad values counted by reason, and the serving graph's transform agreeing with preprocessing."""
+import gzip
+import json
+import math
+import os
+import struct
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import components  # noqa: F401
+import tensorflow as tf
+
+from components.config import parse_config
+from components.embedding_preprocess import vocabulary as V
+from components.embedding_preprocess.run import run_preprocessing
+
+CONFIG = {
+    "input": {"path": "unused.csv"},
+    "label": "label",
+    "dense_features": [{"name": "I1", "fill_value": -1.0}, {"name": "I2"}],
+    "tables": [{"name": "shared", "dim": 4, "vocabulary": {"num_oov_buckets": 5}}],
+    "categorical_features": [
+        {"name": "C1", "table": "shared"},
+        {"name": "C2", "separator": "|", "max_length": 2, "dim": 4, "vocabulary": {"min_frequency": 2}},
+        {"name": "C3", "dim": 4, "vocabulary": {"top_k": 2}},
+        {"name": "C4", "column": "C4raw", "table": "shared"},
+    ],
+}
+
+# (label, I1, I2, C1, C2, C3, C4raw); None = feature absent, [] = present but empty
+ROWS = [
+    (1, [0.5], [3], [b"a"], [b"x|y|z"], [7], [b"b"]),
+    (0, [float("nan")], [], [b"a"], [b"x||y"], [7], [b"a"]),
+    (0, None, [5], [b"b"], [b"y"], [8], [b""]),
+    (1, [2.0, 3.0], [1], [b"bad\xff"], [b"x"], [9], [b"line\nbreak"]),
+    (None, [1.0], [1], [b"a"], [b"x|y"], [7], [b"c"]),  # no label: dropped and counted
+    (0, [4.0], [2], [], None, [], [b"c"]),
+    (1, [1.5], [0], [b"c"], [b"|z|x|y"], [8], [b"a"]),
+]
+EVAL_ROWS = [
+    (0, [1.0], [1], [b"unseen1"], [b"x|q"], [99], [b"a"]),
+    (1, [], [2], [b"b"], [b"y|y|y"], [8], [b"unseen2"]),
+]
+
+
+KINDS = {"label": "int", "I1": "float", "I2": "int", "C1": "bytes", "C2": "bytes", "C3": "int", "C4raw": "bytes"}
+
+
+def _feature(values, kind):
+    if kind == "bytes":
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=values))
+    if kind == "float":
+        return tf.train.Feature(float_list=tf.train.FloatList(value=values))
+    return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+
+
+def _example(row) -> bytes:
+    feats = {}
+    for (name, kind), v in zip(KINDS.items(), row):
+        if name == "label" and v is not None:
+            v = [v]
+        if v is not None:  # None: the feature is absent; []: present with no value
+            feats[name] = _feature(v, kind)
+    return tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString()
+
+
+def _write_tfrecord_gz(path, records):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with tf.io.TFRecordWriter(path, options="GZIP") as w:
+        for r in records:
+            w.write(r)
+
+
+# ---- an independent, plain-Python statement of the token rules -------------------------------------
+def expected_tokens(values, separator, max_length):
+    if values is None:
+        return []
+    out = []
+    for v in values:
+        v = str(v).encode() if isinstance(v, int) else v
+        parts = v.split(separator.encode()) if separator else [v]
+        for p in parts:
+            if not p:
+                continue
+            try:
+                p.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            if b"\n" in p or b"\r" in p:
+                continue
+            out.append(p)
+    return out[:max_length] if max_length else out
+
+
+COLUMN = {"C1": 3, "C2": 4, "C3": 5, "C4": 6}
+SPEC = {"C1": (None, None), "C2": ("|", 2), "C3": (None, None), "C4": (None, None)}
+
+
+def independent_vocab(table_features, rows, min_frequency=1, top_k=None):
+    counts = Counter()
+    for row in rows:
+        if row[0] is None:  # dropped rows feed no vocabulary
+            continue
+        for f in table_features:
+            counts.update(expected_tokens(row[COLUMN[f]], *SPEC[f]))
+    ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    ordered = [kv for kv in ordered if kv[1] >= min_frequency]
+    return ordered[:top_k] if top_k else ordered
+
+
+@pytest.fixture(scope="module")
+def preprocessed(tmp_path_factory):
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    root = tmp_path_factory.mktemp("pre")
+    _write_tfrecord_gz(str(root / "raw/Split-train/data.gz"), [_example(r) for r in ROWS])
+    _write_tfrecord_gz(str(root / "raw/Split-eval/data.gz"), [_example(r) for r in EVAL_ROWS])
+    cfg = parse_config(json.loads(json.dumps(CONFIG)))
+    pipeline = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"]))
+    stats = run_preprocessing(
+        pipeline,
+        cfg,
+        {s: str(root / f"raw/Split-{s}/*") for s in ("train", "eval")},
+        str(root / "vocab"),
+        {s: str(root / f"tx/Split-{s}") for s in ("train", "eval")},
+        str(root / "stats"),
+    )
+    return cfg, root, stats
+
+
+def _read_counts(path):
+    out = []
+    with open(path, "rb") as fh:
+        for line in fh.read().split(b"\n")[:-1]:
+            count, token = line.split(b" ", 1)
+            out.append((token, int(count)))
+    return out
+
+
+def test_vocabularies_equal_independent_count(preprocessed):
+    cfg, root, _ = preprocessed
+    expected = {
+        "shared": independent_vocab(["C1", "C4"], ROWS),
+        "C2": independent_vocab(["C2"], ROWS, min_frequency=2),
+        "C3": independent_vocab(["C3"], ROWS, top_k=2),
+    }
+    for name, entries in expected.items():
+        assert V.read_vocabulary(str(root / "vocab"), name) == [t for t, _ in entries], name
+        assert _read_counts(str(root / "vocab" / f"{name}.counts.txt")) == entries, name
+    assert expected["shared"] == [(b"a", 4), (b"b", 2), (b"c", 2)]  # the unlabelled row does not count
+    manifest = json.loads((root / "vocab" / "manifest.json").read_text())
+    assert manifest["vocabularies"]["shared"]["features"] == ["C1", "C4"]
+    assert manifest["vocabularies"]["shared"]["rows"] == len(expected["shared"]) + 5
+    assert manifest["raw_feature_kinds"] == {
+        "label": "int64", "I1": "float", "I2": "int64", "C1": "bytes", "C2": "bytes", "C3": "int64", "C4raw": "bytes"
+    }
+    assert manifest["vocabularies"]["C3"]["distinct_before_pruning"] == 3
+
+
+def test_text_file_initializer_reads_vocabulary(preprocessed):
+    _, root, _ = preprocessed
+    init = tf.lookup.TextFileInitializer(
+        str(root / "vocab" / "shared.txt"), tf.string, tf.lookup.TextFileIndex.WHOLE_LINE,
+        tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER,
+    )
+    table = tf.lookup.StaticHashTable(init, -1)
+    tokens = V.read_vocabulary(str(root / "vocab"), "shared")
+    assert table.lookup(tf.constant(tokens)).numpy().tolist() == list(range(len(tokens)))
+
+
+def _transformed(root, split):
+    files = tf.io.gfile.glob(str(root / f"tx/Split-{split}/*"))
+    spec = {
+        "label": tf.io.FixedLenFeature([1], tf.float32),
+        "I1": tf.io.FixedLenFeature([1], tf.float32),
+        "I2": tf.io.FixedLenFeature([1], tf.float32),
+        **{c: tf.io.VarLenFeature(tf.int64) for c in COLUMN},
+    }
+    out = []
+    for rec in tf.data.TFRecordDataset(files, compression_type="GZIP"):
+        p = tf.io.parse_single_example(rec, spec)
+        out.append({k: (tf.sparse.to_dense(v).numpy().tolist() if isinstance(v, tf.SparseTensor) else
+                        float(v.numpy()[0])) for k, v in p.items()})
+    return out
+
+
+def _expected_ids(cfg, root, rows):
+    tables = {t.name: t for t in cfg.tables}
+    vocab = {n: V.read_vocabulary(str(root / "vocab"), n) for n in tables}
+    out = []
+    for row in rows:
+        if row[0] is None:
+            continue
+        rec = {"label": float(row[0])}
+        i1 = row[1] or []
+        i1 = [v for v in i1[:1] if not math.isnan(v)]
+        rec["I1"] = i1[0] if i1 else -1.0
+        rec["I2"] = float(row[2][0]) if row[2] else 0.0
+        for f in COLUMN:
+            t = cfg.feature_table(next(x for x in cfg.categorical_features if x.name == f))
+            ids = []
+            for tok in expected_tokens(row[COLUMN[f]], *SPEC[f]):
+                if tok in vocab[t.name]:
+                    ids.append(vocab[t.name].index(tok))
+                else:
+                    ids.append(len(vocab[t.name]) + V.oov_bucket(tok, t.vocabulary.num_oov_buckets))
+            rec[f] = ids
+        out.append(rec)
+    return out
+
+
+def _canon(records):
+    return sorted(json.dumps(r, sort_keys=True) for r in records)
+
+
+@pytest.mark.parametrize("split, rows", [("train", ROWS), ("eval", EVAL_ROWS)])
+def test_transformed_examples_hold_expected_ids(preprocessed, split, rows):
+    cfg, root, _ = preprocessed
+    assert _canon(_transformed(root, split)) == _canon(_expected_ids(cfg, root, rows))
+
+
+def test_oov_hash_matches_tensorflow():
+    tokens = [b"unseen1", b"unseen2", b"\xc3\xa9t\xc3\xa9", b"x" * 300]
+    for buckets in (1, 5, 1000):
+        ours = [V.oov_bucket(t, buckets) for t in tokens]
+        theirs = tf.strings.to_hash_bucket_fast(tokens, buckets).numpy().tolist()
+        assert ours == theirs
+
+
+def test_statistics_count_bad_values_by_reason(preprocessed):
+    _, root, stats = preprocessed
+    assert stats == json.loads((root / "stats" / "statistics.json").read_text())
+    train = stats["splits"]["train"]
+    assert train["examples_read"] == 7 and train["examples_dropped"] == {"missing_label": 1}
+    assert train["examples_written"] == 6
+    c1 = stats["features"]["C1"]["splits"]["train"]
+    assert c1["invalid_values"] == {"not_utf8": 1}
+    assert stats["features"]["C4"]["splits"]["train"]["invalid_values"] == {"line_break": 1}
+    c2 = stats["features"]["C2"]["splits"]["train"]
+    assert c2["truncated_ids"] == 2  # "x|y|z" and "|z|x|y" each lose one token to max_length 2
+    assert c2["ids_per_example_max"] == 2
+    assert stats["dense_features"]["I1"]["train"]["invalid_values"] == {"multi_valued_dense": 1, "nan": 1}
+    assert stats["dense_features"]["I1"]["train"]["missing"] == 2  # absent + NaN
+    ev = stats["features"]["C1"]["splits"]["eval"]
+    assert ev["oov_ids"] == 1 and ev["ids"] == 2
+
+
+def test_serving_transform_matches_preprocessing(preprocessed):
+    """The serving graph's raw-feature transform gives the same IDs and dense values."""
+    from components.embedding_exporter.serving import RawFeatureTransform
+
+    cfg, root, _ = preprocessed
+    manifest = json.loads((root / "vocab" / "manifest.json").read_text())
+    transform = RawFeatureTransform(manifest, str(root / "vocab"))
+    rows = [r for r in ROWS + EVAL_ROWS if r[0] is not None]
+    inputs = transform.from_examples(tf.constant([_example(r) for r in rows]))
+    expected = _expected_ids(cfg, root, ROWS) + _expected_ids(cfg, root, EVAL_ROWS)
+    for i, exp in enumerate(expected):
+        for f in COLUMN:
+            got = tf.sparse.to_dense(tf.sparse.slice(inputs[f], [i, 0], [1, 100])).numpy().ravel().tolist()
+            assert got[: len(exp[f])] == exp[f], (i, f)
+            assert all(g == 0 for g in got[len(exp[f]):]) and len(inputs[f].values.numpy()[inputs[f].indices.numpy()[:, 0] == i]) == len(exp[f])
+        assert float(inputs["I1"][i, 0]) == pytest.approx(exp["I1"]) and float(inputs["I2"][i, 0]) == exp["I2"]
