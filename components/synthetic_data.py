@@ -55,6 +55,7 @@ class GeneratorSpec:
     signal_dense: Tuple[int, ...] = (0, 2, 4, 8)
     signal_max_cardinality: int = 700  # categorical features up to this cardinality carry per-value effects
     signal_multi_hot: int = 23  # this multi-hot feature's mean token effect also enters the logit
+    signal_hot_ranks: int = 64  # ... counting only its this-many most frequent values
     effect_scale: float = 0.5
     bias: float = -1.4  # about 25-30% positives, as in Criteo
 
@@ -150,7 +151,8 @@ def generate_chunk(spec: GeneratorSpec, chunk_index: int, n: int) -> Tuple[Dict[
                 [MULTI_HOT_SEPARATOR.join(tokens[bounds[i] : bounds[i + 1]]) for i in range(n)], dtype=object
             )
             if c == spec.signal_multi_hot:
-                eff = value_effect(c, ranks, spec.effect_scale)
+                # only the hot values carry signal: a long tail seen once cannot be learned by anyone
+                eff = np.where(ranks < spec.signal_hot_ranks, value_effect(c, ranks, 2 * spec.effect_scale), 0.0)
                 mean_eff = np.add.reduceat(eff, bounds[:-1]) / lengths
                 logit += np.where(missing, 0.0, mean_eff)
         text[missing] = ""

@@ -61,9 +61,27 @@ def restore_serving_model(model_uri: str, manifest: Dict[str, Any], cfg: Pipelin
     return model, path
 
 
-def saved_variable_names(saved_model_dir: str) -> List[str]:
+def saved_variable_shapes(saved_model_dir: str) -> Dict[str, List[int]]:
+    """Every variable a SavedModel holds, with its shape (the object graph entry excluded)."""
     reader = tf.train.load_checkpoint(os.path.join(saved_model_dir, "variables", "variables"))
-    return sorted(reader.get_variable_to_shape_map())
+    shapes = reader.get_variable_to_shape_map()
+    shapes.pop("_CHECKPOINTABLE_OBJECT_GRAPH", None)
+    return shapes
+
+
+def check_no_optimizer_state(saved_model_dir: str, model: tf.keras.Model) -> int:
+    """The SavedModel must hold exactly the model's weights: slot variables would be extra entries
+    (Keras saves them under opaque positional names, so counting and shapes are the real check)."""
+    saved = saved_variable_shapes(saved_model_dir)
+    named_slots = [n for n in saved if any(m in n for m in SLOT_MARKERS)]
+    expected = sorted(tuple(v.shape.as_list()) for v in model.variables)
+    got = sorted(tuple(s) for s in saved.values())
+    if named_slots or got != expected:
+        raise ExportRefused(
+            f"serving model holds {len(got)} variables but the model has {len(expected)} weights "
+            f"(slot-like names: {named_slots[:5]}); optimizer state must not be exported"
+        )
+    return len(got)
 
 
 def export_serving_model(
@@ -101,10 +119,7 @@ def export_serving_model(
         tf.io.gfile.rmtree(tmp_dir)
     tf.saved_model.save(module, tmp_dir, signatures=module.signatures())
 
-    names = saved_variable_names(tmp_dir)
-    slots = [n for n in names if any(m in n for m in SLOT_MARKERS)]
-    if slots:
-        raise ExportRefused(f"serving model would hold optimizer slot variables: {slots[:5]}")
+    num_variables = check_no_optimizer_state(tmp_dir, model)
 
     trained = tf.saved_model.load(os.path.join(model_uri, SERVING_DIR))
     serving = tf.saved_model.load(tmp_dir)
@@ -119,7 +134,7 @@ def export_serving_model(
             name: {"rows": v["rows"], "dim": v["dim"], "bytes": v["rows"] * v["dim"] * 4}
             for name, v in manifest["vocabularies"].items()
         },
-        "serving_variables": len(names),
+        "serving_variables": num_variables,
         "parity": {
             "examples": int(len(diff)),
             "max_abs_diff": max_diff,
