@@ -1,13 +1,10 @@
 """Preprocessing on hand-made tf.Examples: vocabularies against an independent count, embedding IDs,
 bad values counted by reason, and the serving graph's transform agreeing with preprocessing."""
-import gzip
 import json
 import math
 import os
-import struct
 from collections import Counter
 
-import numpy as np
 import pytest
 
 import components  # noqa: F401

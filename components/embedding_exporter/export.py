@@ -22,6 +22,7 @@ from components.config import PipelineConfig
 from components.embedding_exporter.serving import RawFeatureTransform, ServingModule
 from components.embedding_preprocess import beam_pipeline
 from components.embedding_preprocess import vocabulary as V
+from components.embedding_preprocess.run import EMBEDDING_MANIFEST_FILE, read_json
 from components.embedding_trainer import trainer_module
 from components.embedding_trainer.input import parse_batch
 
@@ -91,8 +92,7 @@ def export_serving_model(
     output_uri: str,
 ) -> Dict[str, Any]:
     """Writes `output_uri/Format-Serving` and `output_uri/export_report.json`; returns the report."""
-    with tf.io.gfile.GFile(os.path.join(model_uri, "embedding_manifest.json")) as fh:
-        manifest = json.loads(fh.read())
+    manifest = read_json(os.path.join(model_uri, EMBEDDING_MANIFEST_FILE))
     vocab_dir = manifest["vocabulary_dir"]
     raw = read_raw_examples(raw_eval_pattern, cfg.export.parity_sample_size)
 

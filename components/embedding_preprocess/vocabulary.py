@@ -13,7 +13,7 @@ assigns in the serving graph.
 from __future__ import annotations
 
 import os
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, Sequence, Tuple
 
 import farmhash  # pyfarmhash: the same Fingerprint64 TensorFlow's to_hash_bucket_fast uses
 import numpy as np
@@ -85,13 +85,3 @@ class VocabularyLookup:
             else:
                 ids[missing] = [self.size + oov_bucket(tokens[i], self.num_oov_buckets) for i in missing]
         return ids, int(len(missing))
-
-
-def pooled(ids_per_row: np.ndarray, ids: np.ndarray) -> List[List[int]]:
-    """Splits flat IDs into per-row lists (rows in order)."""
-    bounds = np.cumsum(ids_per_row)[:-1]
-    return [a.tolist() for a in np.split(ids, bounds)]
-
-
-def table_rows(size: int, options: Optional[VocabularyOptions]) -> int:
-    return size + (options.num_oov_buckets if options else 1)

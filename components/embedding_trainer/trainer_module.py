@@ -19,7 +19,7 @@ import tensorflow as tf
 from absl import logging
 
 from components.config import PipelineConfig, config_from_json
-from components.embedding_preprocess.run import EMBEDDING_MANIFEST_FILE
+from components.embedding_preprocess.run import EMBEDDING_MANIFEST_FILE, read_json
 from components.embedding_trainer.input import make_dataset, parse_batch
 from components.embedding_trainer.model import RankingModel, keras_optimizer
 from components.metrics import log_loss, roc_auc
@@ -32,8 +32,7 @@ EVAL_METRICS_FILE = "eval_metrics.json"
 def read_manifest_for(train_files) -> Dict[str, Any]:
     """The manifest preprocessing wrote beside the transformed examples (<uri>/Split-train/*)."""
     root = os.path.dirname(os.path.dirname(train_files[0]))
-    with tf.io.gfile.GFile(os.path.join(root, EMBEDDING_MANIFEST_FILE)) as fh:
-        return json.loads(fh.read())
+    return read_json(os.path.join(root, EMBEDDING_MANIFEST_FILE))
 
 
 def distribution_strategy(cfg: PipelineConfig) -> tf.distribute.Strategy:
