@@ -148,3 +148,26 @@ def test_serving_model_has_no_slots_and_json_signature_agrees(pipeline_run):
     }
     by_feature = model.signatures["serve_features"](**tensors)["probabilities"].numpy()
     np.testing.assert_allclose(by_feature, by_example, atol=1e-6, rtol=0)
+
+
+def test_export_refuses_a_serving_graph_that_differs(pipeline_run, tmp_path):
+    """A serving graph that preprocesses differently (here: C3 truncated to 1 value instead of 5)
+    is refused, and nothing is left where a pusher would look."""
+    import shutil
+
+    from components.embedding_exporter.export import SERVING_DIR, ExportRefused, export_serving_model
+
+    cfg, out, _, _ = pipeline_run
+    model_uri = glob.glob(str(out / "pipeline_root" / "Trainer" / "model" / "*"))[0]
+    tampered = tmp_path / "model"
+    shutil.copytree(model_uri, tampered)
+    manifest = json.loads((tampered / "embedding_manifest.json").read_text())
+    for f in manifest["categorical_features"]:
+        if f["name"] == "C3":
+            f["max_length"] = 1
+    (tampered / "embedding_manifest.json").write_text(json.dumps(manifest))
+    eval_pattern = glob.glob(str(out / "pipeline_root" / "CsvExampleGen" / "examples" / "*" / "Split-eval"))[0] + "/*"
+    with pytest.raises(ExportRefused, match="differs from the trained model"):
+        export_serving_model(cfg, str(tampered), eval_pattern, str(tmp_path / "serving"))
+    assert not os.path.exists(tmp_path / "serving" / SERVING_DIR)
+    assert os.listdir(tmp_path / "serving") == []
