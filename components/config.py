@@ -125,6 +125,15 @@ class ExportConfig:
 
 
 @dataclass
+class StatisticsConfig:
+    """Embedding-ID statistics that size TPU embedding tables (preprocessing)."""
+
+    shard_counts: List[int] = field(default_factory=lambda: [8, 32, 128])  # SparseCores or hosts to model
+    headroom: float = 0.2  # suggested SparseCore limits = busiest observed shard-batch x (1 + headroom)
+    top_values: int = 10  # hottest values listed per vocabulary
+
+
+@dataclass
 class BeamConfig:
     direct_running_mode: str = "multi_processing"  # in_memory | multi_threading | multi_processing
     direct_num_workers: int = 0  # 0: one per core
@@ -142,6 +151,7 @@ class PipelineConfig:
     tables: List[TableConfig] = field(default_factory=list)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    statistics: StatisticsConfig = field(default_factory=StatisticsConfig)
     beam: BeamConfig = field(default_factory=BeamConfig)
     source_file: Optional[str] = None  # where it was loaded from; not a YAML field
 
@@ -391,6 +401,12 @@ def resolve(cfg: PipelineConfig) -> PipelineConfig:
     _check_optimizer(tr.dense_optimizer, "training.dense_optimizer")
     _check_positive(cfg.export.parity_tolerance, "export.parity_tolerance", "e.g. 1e-5")
     _check_positive(cfg.export.parity_sample_size, "export.parity_sample_size", "e.g. 512")
+    st = cfg.statistics
+    for j, n in enumerate(st.shard_counts):
+        _check_positive(n, f"statistics.shard_counts[{j}]", "number of SparseCores or hosts to model")
+    if st.headroom < 0:
+        raise ConfigError(f"statistics.headroom: must be 0 or more, got {st.headroom} (e.g. 0.2 for 20%)")
+    _check_positive(st.top_values, "statistics.top_values", "how many hottest values to list")
     _check_choice(
         cfg.beam.direct_running_mode, ("in_memory", "multi_threading", "multi_processing"), "beam.direct_running_mode"
     )

@@ -239,7 +239,12 @@ def test_statistics_count_bad_values_by_reason(preprocessed):
     assert stats["features"]["C4"]["splits"]["train"]["invalid_values"] == {"line_break": 1}
     c2 = stats["features"]["C2"]["splits"]["train"]
     assert c2["truncated_ids"] == 2  # "x|y|z" and "|z|x|y" each lose one token to max_length 2
-    assert c2["ids_per_example_max"] == 2
+    assert c2["ids_per_example"]["max"] == 2
+    # per-example ID counts of the 6 labelled rows: 2, 2, 1, 1, 0 (absent), 2
+    assert c2["ids_per_example"]["histogram"] == [1, 2, 3]
+    # smallest value with at least q of the examples at or below it
+    assert c2["ids_per_example"]["p50"] == 1 and c2["ids_per_example"]["p90"] == 2
+    assert c2["ids_per_example"]["mean"] == pytest.approx(8 / 6)
     assert stats["dense_features"]["I1"]["train"]["invalid_values"] == {"multi_valued_dense": 1, "nan": 1}
     assert stats["dense_features"]["I1"]["train"]["missing"] == 2  # absent + NaN
     ev = stats["features"]["C1"]["splits"]["eval"]
@@ -262,3 +267,17 @@ def test_serving_transform_matches_preprocessing(preprocessed):
             assert got[: len(exp[f])] == exp[f], (i, f)
             assert all(g == 0 for g in got[len(exp[f]):]) and len(inputs[f].values.numpy()[inputs[f].indices.numpy()[:, 0] == i]) == len(exp[f])
         assert float(inputs["I1"][i, 0]) == pytest.approx(exp["I1"]) and float(inputs["I2"][i, 0]) == exp["I2"]
+
+
+def test_table_statistics_are_consistent(preprocessed):
+    cfg, root, stats = preprocessed
+    shared = stats["tables"]["shared"]
+    ids = sum(stats["features"][f]["splits"]["train"]["ids"] for f in ("C1", "C4"))
+    for n, per in shared["shards"].items():
+        for strategy in ("div", "mod"):
+            assert sum(per[strategy]["load_per_shard"]) == ids  # every train ID lands on one shard
+            assert len(per[strategy]["load_per_shard"]) == int(n)
+    assert shared["vocabulary"]["distinct_values"] == 3 and shared["vocabulary"]["occurrences"] == ids
+    assert shared["memory"]["total_bytes"] == shared["rows"] * 4 * 4 * 2  # dim 4, adagrad: 1 slot
+    # 7 rows with the default batch size of 256: no full batch, so no per-batch maxima are claimed
+    assert shared["batches"]["full_batches"] == 0 and shared["batches"]["ids_per_batch_max"] is None

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import apache_beam as beam
 import numpy as np
@@ -23,37 +23,24 @@ import pyarrow as pa
 
 from components.config import PipelineConfig
 from components.embedding_preprocess import features as F
+from components.embedding_preprocess import statistics as S
 from components.embedding_preprocess import vocabulary as V
 
 TRANSFORMED_PREFIX = "transformed_examples"
 STATS_FILE_PREFIX = "_partial_statistics"
-BATCH_SIZE = 1024
-
-
-# ----------------------------------------------------------------------------------------------
-# Statistics: a flat dict of numbers; keys under "max/" merge by max, everything else by sum.
-
-
-def merge_stats(accumulators: Iterable[Dict[str, float]]) -> Dict[str, float]:
-    out: Dict[str, float] = {}
-    for acc in accumulators:
-        for k, v in acc.items():
-            if k.startswith("max/"):
-                out[k] = max(out.get(k, v), v)
-            else:
-                out[k] = out.get(k, 0) + v
-    return out
 
 
 class MergeStatsFn(beam.CombineFn):
-    def create_accumulator(self) -> Dict[str, float]:
+    """Merges statistics partials (see `statistics.merge_stats` for the rules)."""
+
+    def create_accumulator(self) -> Dict[str, Any]:
         return {}
 
     def add_input(self, acc, element):
-        return merge_stats([acc, element])
+        return S.merge_stats([acc, element])
 
     def merge_accumulators(self, accumulators):
-        return merge_stats(accumulators)
+        return S.merge_stats(accumulators)
 
     def extract_output(self, acc):
         return acc
@@ -108,16 +95,20 @@ class _CountTokens(beam.DoFn):
                 yield (vocab, token), count
 
 
-def _write_vocabulary(item: Tuple[str, Iterable[Tuple[bytes, int]]], out_dir: str, options_json: str):
+def _write_vocabulary(
+    item: Tuple[str, Iterable[Tuple[bytes, int]]], out_dir: str, options_json: str, top_values: int
+):
     name, counts = item
     from components.config import VocabularyOptions
 
     options = VocabularyOptions(**json.loads(options_json)[name])
-    counts = list(counts)
-    entries = V.order_vocabulary(counts, options)
+    everything = V.order_vocabulary(counts, VocabularyOptions())  # all values, for coverage and skew
+    entries = V.order_vocabulary(everything, options)
     V.write_vocabulary(out_dir, name, entries)
     yield name, [t for t, _ in entries]
-    yield beam.pvalue.TaggedOutput("stats", {f"vocab/{name}/distinct": len(counts)})
+    yield beam.pvalue.TaggedOutput(
+        "stats", S.vocabulary_stats(name, [c for _, c in everything], len(entries), everything[:top_values])
+    )
 
 
 def make_lookups(cfg: PipelineConfig, vocabularies: Dict[str, List[bytes]]) -> Dict[str, V.VocabularyLookup]:
@@ -134,37 +125,51 @@ def transform_record_batch(
     The transformed batch has the label and every dense feature as one float32 per row and every
     categorical feature as a list of int64 embedding IDs: what the trainer reads.
     """
-    n = rb.num_rows
     stats: Counter = Counter()
-    stats[f"{split}/examples_read"] += n
+    stats[f"{split}/examples_read"] += rb.num_rows
     for i, name in enumerate(rb.schema.names):
         stats[f"kind/{name}/{F.kind_of(rb.column(i))}"] += 1
-    label = F.extract_label(_column(rb, cfg.label), n)
+    label = F.extract_label(_column(rb, cfg.label), rb.num_rows)
     keep = ~np.isnan(label)
-    kept = int(keep.sum())
-    stats[f"{split}/dropped/missing_label"] += n - kept
+    # Rows without a label are dropped (counted here); every other statistic describes the kept rows,
+    # which are what training reads.
+    rb_all, rb = rb, rb.filter(pa.array(keep)) if not keep.all() else rb
+    n = kept = rb.num_rows
+    stats[f"{split}/dropped/missing_label"] += rb_all.num_rows - kept
     stats[f"{split}/positives"] += float(label[keep].sum())
-    ones = np.ones(kept, np.int64)
+    ones = np.ones(n, np.int64)
     columns: Dict[str, pa.Array] = {cfg.label: _as_list_array(label[keep], ones)}
     for d in cfg.dense_features:
         dense = F.extract_dense(_column(rb, d.source), n, d.fill_value)
         stats[f"{split}/dense/{d.name}/missing"] += int(dense.missing)
         for reason, c in dense.invalid.items():
             stats[f"{split}/dense/{d.name}/invalid/{reason}"] += c
-        columns[d.name] = _as_list_array(dense.values[keep], ones)
+        columns[d.name] = _as_list_array(dense.values, ones)
+    table_ids: Dict[str, List[np.ndarray]] = {}
     for f in cfg.categorical_features:
+        table = cfg.feature_table(f).name
         toks = F.extract_tokens(_column(rb, f.source), n, f.separator, f.max_length)
-        ids, oov = lookups[cfg.feature_table(f).name].lookup(toks.values.to_pylist())
+        ids, oov = lookups[table].lookup(toks.values.to_pylist())
         per_row = toks.ids_per_row()
         prefix = f"{split}/feature/{f.name}"
+        stats[f"vec/{prefix}/ids_per_example_histogram"] = np.bincount(per_row).astype(np.int64)
         stats[f"{prefix}/present"] += int(np.count_nonzero(per_row))
         stats[f"{prefix}/ids"] += int(len(ids))
         stats[f"{prefix}/oov"] += oov
         stats[f"{prefix}/truncated"] += toks.truncated
-        stats[f"max/{prefix}/ids_per_example"] = int(per_row.max()) if n else 0
         for reason, c in toks.invalid.items():
             stats[f"{prefix}/invalid/{reason}"] += c
-        columns[f.name] = _as_list_array(ids[keep[toks.row]], per_row[keep])
+        table_ids.setdefault(table, []).append(ids)
+        columns[f.name] = _as_list_array(ids, per_row)
+    if split == "train":  # batch and shard statistics size the tables: computed on what training reads
+        full = kept == cfg.training.batch_size
+        stats["train/partial_batches"] += 0 if full else 1
+        for table, parts in table_ids.items():
+            ids = np.concatenate(parts)
+            for k, v in S.batch_table_stats(
+                split, table, ids, lookups[table].rows, cfg.statistics.shard_counts, full
+            ).items():
+                stats[k] = v
     out = pa.RecordBatch.from_arrays(list(columns.values()), list(columns.keys())) if kept else None
     return out, keep, dict(stats)
 
@@ -200,11 +205,12 @@ def _as_list_array(values: np.ndarray, lengths: np.ndarray) -> pa.Array:
 
 
 @beam.ptransform_fn
-def _ReadRecordBatches(pipeline, file_pattern: str):  # pylint: disable=invalid-name
+def _ReadRecordBatches(pipeline, file_pattern: str, batch_size: int):  # pylint: disable=invalid-name
+    # Batches of the training batch size, so per-batch statistics are those of a training step.
     return (
         pipeline
         | "Read" >> beam.io.ReadFromTFRecord(file_pattern)
-        | "Batch" >> beam.BatchElements(min_batch_size=BATCH_SIZE, max_batch_size=BATCH_SIZE)
+        | "Batch" >> beam.BatchElements(min_batch_size=batch_size, max_batch_size=batch_size)
         | "Decode" >> beam.ParDo(_DecodeExamples())
     )
 
@@ -221,7 +227,7 @@ def build_pipeline(
     config_json = cfg.to_json()
     options_json = json.dumps({t.name: t.vocabulary.__dict__ for t in cfg.tables})
     batches = {
-        split: pipeline | f"ReadRecordBatches[{split}]" >> _ReadRecordBatches(pattern)
+        split: pipeline | f"ReadRecordBatches[{split}]" >> _ReadRecordBatches(pattern, cfg.training.batch_size)
         for split, pattern in split_patterns.items()
     }
     vocab_results = (
@@ -231,7 +237,9 @@ def build_pipeline(
         | "KeyByVocabulary" >> beam.Map(lambda kv: (kv[0][0], (kv[0][1], kv[1])))
         | "GroupByVocabulary" >> beam.GroupByKey()
         | "WriteVocabularies"
-        >> beam.FlatMap(_write_vocabulary, vocabulary_dir, options_json).with_outputs("stats", main="vocab")
+        >> beam.FlatMap(_write_vocabulary, vocabulary_dir, options_json, cfg.statistics.top_values).with_outputs(
+            "stats", main="vocab"
+        )
     )
     vocabularies = beam.pvalue.AsDict(vocab_results.vocab)
     partial_stats = [vocab_results.stats]
@@ -247,6 +255,6 @@ def build_pipeline(
         partial_stats
         | "FlattenStats" >> beam.Flatten()
         | "MergeStats" >> beam.CombineGlobally(MergeStatsFn())
-        | "StatsToJson" >> beam.Map(lambda s: json.dumps(s, sort_keys=True))
+        | "StatsToJson" >> beam.Map(lambda s: json.dumps(S.jsonable(s), sort_keys=True))
         | "WriteStats" >> beam.io.WriteToText(os.path.join(stats_dir, STATS_FILE_PREFIX), shard_name_template="")
     )

@@ -14,13 +14,13 @@ import apache_beam as beam
 from components.config import PipelineConfig
 from components.embedding_preprocess import beam_pipeline
 from components.embedding_preprocess import features as F
+from components.embedding_preprocess import statistics as S
 from components.embedding_preprocess import vocabulary as V
 
 MANIFEST_FILE = "manifest.json"
 STATISTICS_FILE = "statistics.json"
 EMBEDDING_MANIFEST_FILE = "embedding_manifest.json"  # copy beside the transformed examples, for the trainer
 MANIFEST_VERSION = 1
-STATISTICS_VERSION = 1
 
 
 def _gfile():
@@ -70,7 +70,7 @@ def build_manifest(cfg: PipelineConfig, raw: Dict[str, float], vocabulary_dir: s
             "file": os.path.basename(V.vocabulary_file(vocabulary_dir, t.name)),
             "counts_file": os.path.basename(V.counts_file(vocabulary_dir, t.name)),
             "size": size,
-            "distinct_before_pruning": int(raw.get(f"vocab/{t.name}/distinct", 0)),
+            "distinct_before_pruning": raw.get(f"info/vocab/{t.name}", {}).get("distinct_values", 0),
             "num_oov_buckets": t.vocabulary.num_oov_buckets,
             "rows": size + t.vocabulary.num_oov_buckets,
             "dim": t.dim,
@@ -97,11 +97,21 @@ def build_manifest(cfg: PipelineConfig, raw: Dict[str, float], vocabulary_dir: s
     }
 
 
-def build_statistics(cfg: PipelineConfig, raw: Dict[str, float], manifest: Dict[str, Any], splits: List[str]):
+def build_statistics(cfg: PipelineConfig, raw: Dict[str, Any], manifest: Dict[str, Any], splits: List[str]):
+    """The versioned statistics.json: per split, per feature, per dense feature and per table."""
+
     def g(key: str) -> float:
         return raw.get(key, 0)
 
-    out: Dict[str, Any] = {"version": STATISTICS_VERSION, "splits": {}, "features": {}, "dense_features": {}, "tables": {}}
+    out: Dict[str, Any] = {
+        "version": S.STATISTICS_VERSION,
+        "global_batch_size": cfg.training.batch_size,
+        "shard_counts": list(cfg.statistics.shard_counts),
+        "splits": {},
+        "features": {},
+        "dense_features": {},
+        "tables": {},
+    }
     for s in splits:
         read = int(g(f"{s}/examples_read"))
         dropped = int(g(f"{s}/dropped/missing_label"))
@@ -116,14 +126,13 @@ def build_statistics(cfg: PipelineConfig, raw: Dict[str, float], manifest: Dict[
         per_split = {}
         for s in splits:
             p = f"{s}/feature/{f.name}"
-            read = g(f"{s}/examples_read")
+            read = g(f"{s}/examples_read") - g(f"{s}/dropped/missing_label")  # kept rows
             ids = g(f"{p}/ids")
             per_split[s] = {
                 "examples_present": int(g(f"{p}/present")),
                 "present_rate": g(f"{p}/present") / read if read else None,
                 "ids": int(ids),
-                "ids_per_example_mean": ids / read if read else None,
-                "ids_per_example_max": int(raw.get(f"max/{p}/ids_per_example", 0)),
+                "ids_per_example": S.pooling_summary(list(raw.get(f"vec/{p}/ids_per_example_histogram", []))),
                 "truncated_ids": int(g(f"{p}/truncated")),
                 "oov_ids": int(g(f"{p}/oov")),
                 "oov_rate": g(f"{p}/oov") / ids if ids else None,
@@ -144,16 +153,34 @@ def build_statistics(cfg: PipelineConfig, raw: Dict[str, float], manifest: Dict[
             }
             for s in splits
         }
+    slots = S.OPTIMIZER_SLOTS[cfg.training.embedding_optimizer.name]
     for name, v in manifest["vocabularies"].items():
+        p = f"train/table/{name}"
+        batches = g(f"{p}/batches")
         out["tables"][name] = {
+            "features": v["features"],
             "distinct_values": v["distinct_before_pruning"],
             "vocabulary_size": v["size"],
             "rows": v["rows"],
             "dim": v["dim"],
-            "features": v["features"],
-            # float32 weights only; optimizer slots are added by the trainer's plan
-            "weight_bytes": v["rows"] * v["dim"] * 4,
+            "vocabulary": raw.get(f"info/vocab/{name}", {}),
+            "batches": {
+                "full_batches": int(batches),
+                "ids_per_batch_mean": g(f"{p}/batch_ids") / batches if batches else None,
+                "ids_per_batch_max": raw.get(f"max/{p}/batch_ids"),
+                "unique_ids_per_batch_mean": g(f"{p}/batch_unique_ids") / batches if batches else None,
+                "unique_ids_per_batch_max": raw.get(f"max/{p}/batch_unique_ids"),
+            },
+            "shards": S.shard_summary(raw, "train", name, cfg.statistics.shard_counts, cfg.statistics.headroom),
+            "memory": {
+                "weight_bytes": v["rows"] * v["dim"] * 4,
+                "optimizer": cfg.training.embedding_optimizer.name,
+                "slots_per_row": slots,
+                # rows x dim x 4 bytes x (1 + optimizer slots)
+                "total_bytes": v["rows"] * v["dim"] * 4 * (1 + slots),
+            },
         }
+    out["train_partial_batches"] = int(g("train/partial_batches"))
     return out
 
 

@@ -1,0 +1,167 @@
+"""Embedding-ID statistics: partial sums computed per batch in Beam, merged, then summarised.
+
+Partials are flat dicts. The key prefix says how two partials merge:
+- `max/...`: maximum;  `vec/...`: element-wise sum of numpy vectors (zero-padded to the longer);
+- `info/...`: values computed once per key (per vocabulary), taken as they are;
+- anything else: sum.
+The summary (`summarize`) is the versioned `statistics.json` the trainer reads and the HTML report
+renders. Everything is exact: counts over all rows, no sampling.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+STATISTICS_VERSION = 2
+SHARDING_STRATEGIES = ("div", "mod")
+# Slot variables per embedding row for each optimizer (TF's TPU embedding optimizers).
+OPTIMIZER_SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2, "ftrl": 2}
+
+
+def merge_stats(accumulators: Iterable[Dict[str, Any]]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for acc in accumulators:
+        for k, v in acc.items():
+            if k not in out:
+                out[k] = v.copy() if isinstance(v, np.ndarray) else v
+            elif k.startswith("max/"):
+                out[k] = max(out[k], v)
+            elif k.startswith("vec/"):
+                a, b = out[k], v
+                if len(a) < len(b):
+                    a, b = b.copy(), a
+                a[: len(b)] += b
+                out[k] = a
+            elif k.startswith("info/"):
+                continue
+            else:
+                out[k] = out[k] + v
+    return out
+
+
+def jsonable(stats: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in stats.items()}
+
+
+def div_shard(ids: np.ndarray, rows: int, shards: int) -> np.ndarray:
+    """`div` sharding: contiguous blocks of ceil(rows / shards) rows."""
+    return ids // max(1, math.ceil(rows / shards))
+
+
+def mod_shard(ids: np.ndarray, shards: int) -> np.ndarray:
+    """`mod` sharding: row r on shard r % shards (as SparseCore and Estimator `mod` do)."""
+    return ids % shards
+
+
+def batch_table_stats(
+    split: str, table: str, ids: np.ndarray, rows: int, shard_counts: Sequence[int], full_batch: bool
+) -> Dict[str, Any]:
+    """Statistics of one table's IDs in one batch (all features of the table together)."""
+    p = f"{split}/table/{table}"
+    unique = np.unique(ids)
+    out: Dict[str, Any] = {}
+    for n in shard_counts:
+        for strategy in SHARDING_STRATEGIES:
+            shard_of = div_shard if strategy == "div" else (lambda x, r, s: mod_shard(x, s))
+            load = np.bincount(shard_of(ids, rows, n), minlength=n).astype(np.int64)
+            out[f"vec/{p}/{strategy}/{n}/load"] = load  # whole-data load per shard
+            if full_batch:
+                out[f"max/{p}/{strategy}/{n}/max_ids_per_shard"] = int(load.max()) if len(ids) else 0
+                uload = np.bincount(shard_of(unique, rows, n), minlength=n)
+                out[f"max/{p}/{strategy}/{n}/max_unique_ids_per_shard"] = int(uload.max()) if len(unique) else 0
+    if full_batch:
+        out[f"{p}/batches"] = 1
+        out[f"{p}/batch_ids"] = int(len(ids))
+        out[f"{p}/batch_unique_ids"] = int(len(unique))
+        out[f"max/{p}/batch_ids"] = int(len(ids))
+        out[f"max/{p}/batch_unique_ids"] = int(len(unique))
+    return out
+
+
+def vocabulary_stats(name: str, ordered_counts: Sequence[int], kept: int, top: Sequence[Tuple[bytes, int]]):
+    """Coverage curve, hottest values and skew of one vocabulary (counts in descending order)."""
+    counts = np.asarray(ordered_counts, dtype=np.int64)
+    total = int(counts.sum())
+    cum = np.cumsum(counts)
+    coverage = {}
+    n = 1
+    while n < len(counts):
+        coverage[str(n)] = float(cum[n - 1] / total)
+        n *= 2
+    if len(counts):
+        coverage[str(len(counts))] = 1.0
+    asc = np.sort(counts)
+    k = np.arange(1, len(asc) + 1)
+    gini = float((2 * np.sum(k * asc) / (len(asc) * total)) - (len(asc) + 1) / len(asc)) if total else 0.0
+    top1 = max(1, len(counts) // 100)
+    return {
+        f"info/vocab/{name}": {
+            "distinct_values": int(len(counts)),
+            "occurrences": total,
+            "vocabulary_size": int(kept),
+            "covered_by_vocabulary": float(cum[kept - 1] / total) if kept and total else 0.0,
+            "coverage_curve": coverage,
+            "hottest_values": [
+                {"value": t.decode("utf-8", "replace"), "count": int(c), "share": c / total} for t, c in top
+            ],
+            "skew": {"gini": gini, "top_1pct_share": float(cum[top1 - 1] / total) if total else 0.0},
+        }
+    }
+
+
+def _percentile(hist: List[int], q: float) -> Optional[int]:
+    """Exact q-quantile (lower) of a histogram whose index is the value."""
+    total = sum(hist)
+    if not total:
+        return None
+    target = q * total
+    running = 0
+    for value, count in enumerate(hist):
+        running += count
+        if running >= target:
+            return value
+    return len(hist) - 1
+
+
+def pooling_summary(hist: List[int]) -> Dict[str, Any]:
+    total = sum(hist)
+    return {
+        "mean": sum(i * c for i, c in enumerate(hist)) / total if total else None,
+        "max": max((i for i, c in enumerate(hist) if c), default=0),
+        "p50": _percentile(hist, 0.5),
+        "p90": _percentile(hist, 0.9),
+        "p99": _percentile(hist, 0.99),
+        "histogram": hist,
+    }
+
+
+def shard_summary(raw: Dict[str, Any], split: str, table: str, shard_counts, headroom: float) -> Dict[str, Any]:
+    p = f"{split}/table/{table}"
+    out: Dict[str, Any] = {}
+    for n in shard_counts:
+        per: Dict[str, Any] = {}
+        for strategy in SHARDING_STRATEGIES:
+            load = np.asarray(raw.get(f"vec/{p}/{strategy}/{n}/load", [0] * n), dtype=np.float64)
+            mean = load.sum() / n
+            per[strategy] = {
+                "load_per_shard": load.astype(int).tolist(),
+                "max_over_mean_load": float(load.max() / mean) if mean else None,
+                "max_ids_per_shard_per_batch": raw.get(f"max/{p}/{strategy}/{n}/max_ids_per_shard"),
+                "max_unique_ids_per_shard_per_batch": raw.get(f"max/{p}/{strategy}/{n}/max_unique_ids_per_shard"),
+            }
+        mod = per["mod"]
+        # SparseCore shards rows with `mod`; its per-table limits bound what one SparseCore gets in a batch.
+        per["suggested_sparsecore_limits"] = {
+            "max_ids_per_table": _with_headroom(mod["max_ids_per_shard_per_batch"], headroom),
+            "max_unique_ids_per_table": _with_headroom(mod["max_unique_ids_per_shard_per_batch"], headroom),
+            "headroom": headroom,
+            "basis": "busiest SparseCore in any full batch of the train split under mod sharding",
+        }
+        out[str(n)] = per
+    return out
+
+
+def _with_headroom(value: Optional[int], headroom: float) -> Optional[int]:
+    return None if value is None else int(math.ceil(value * (1.0 + headroom)))

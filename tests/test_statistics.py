@@ -1,0 +1,63 @@
+"""Embedding-ID statistics against independent plain-Python computations."""
+import math
+
+import numpy as np
+import pytest
+
+from components.embedding_preprocess import statistics as S
+
+
+def test_batch_table_stats_div_and_mod():
+    ids = np.array([0, 1, 1, 5, 9])
+    out = S.batch_table_stats("train", "t", ids, rows=10, shard_counts=[2, 3], full_batch=True)
+    for n in (2, 3):
+        block = math.ceil(10 / n)
+        for strategy, shard in (("div", lambda i: i // block), ("mod", lambda i: i % n)):
+            load = [sum(1 for i in ids if shard(i) == s) for s in range(n)]
+            uload = [sum(1 for i in set(ids.tolist()) if shard(i) == s) for s in range(n)]
+            assert out[f"vec/train/table/t/{strategy}/{n}/load"].tolist() == load
+            assert out[f"max/train/table/t/{strategy}/{n}/max_ids_per_shard"] == max(load)
+            assert out[f"max/train/table/t/{strategy}/{n}/max_unique_ids_per_shard"] == max(uload)
+    assert out["train/table/t/batch_ids"] == 5 and out["train/table/t/batch_unique_ids"] == 4
+    partial = S.batch_table_stats("train", "t", ids, 10, [2], full_batch=False)
+    assert not any(k.startswith("max/") for k in partial)  # a partial batch says nothing about a step
+
+
+def test_hot_rows_load_first_shard_under_div_but_spread_under_mod():
+    rng = np.random.default_rng(0)
+    ids = np.minimum(rng.zipf(1.3, 100000) - 1, 9999)  # frequency-ordered vocabulary: hot rows first
+    raw = S.batch_table_stats("train", "t", ids, rows=10000, shard_counts=[8], full_batch=True)
+    summary = S.shard_summary(raw, "train", "t", [8], headroom=0.2)["8"]
+    # div puts the whole hot head on shard 0 (~7x the mean here); mod spreads all but the hottest row
+    assert summary["div"]["max_over_mean_load"] > 6
+    assert summary["mod"]["max_over_mean_load"] < summary["div"]["max_over_mean_load"] / 2
+    limits = summary["suggested_sparsecore_limits"]
+    assert limits["max_ids_per_table"] == math.ceil(summary["mod"]["max_ids_per_shard_per_batch"] * 1.2)
+
+
+def test_vocabulary_stats_coverage_and_skew():
+    counts = [8, 4, 2, 1, 1]
+    top = [(b"a", 8), (b"b", 4)]
+    info = S.vocabulary_stats("v", counts, kept=3, top=top)["info/vocab/v"]
+    assert info["coverage_curve"] == {"1": 0.5, "2": 0.75, "4": 15 / 16, "5": 1.0}
+    assert info["covered_by_vocabulary"] == 14 / 16
+    assert info["hottest_values"][0] == {"value": "a", "count": 8, "share": 0.5}
+    diffs = sum(abs(a - b) for a in counts for b in counts)
+    gini = diffs / (2 * len(counts) ** 2 * np.mean(counts))
+    assert info["skew"]["gini"] == pytest.approx(gini)
+
+
+def test_merge_rules():
+    a = {"n": 1, "max/m": 3, "vec/v": np.array([1, 2]), "info/x": {"k": 1}}
+    b = {"n": 2, "max/m": 5, "vec/v": np.array([1, 1, 1]), "info/x": {"k": 1}}
+    m = S.merge_stats([a, b])
+    assert m["n"] == 3 and m["max/m"] == 5 and m["vec/v"].tolist() == [2, 3, 1] and m["info/x"] == {"k": 1}
+    assert a["vec/v"].tolist() == [1, 2]  # inputs are not modified
+
+
+def test_pooling_summary_percentiles():
+    hist = [0, 50, 40, 9, 1]  # 50 examples with 1 ID, 40 with 2, ...
+    s = S.pooling_summary(hist)
+    values = sorted(v for v, c in enumerate(hist) for _ in range(c))
+    assert s["p50"] == values[49] and s["p90"] == values[89] and s["p99"] == values[98]
+    assert s["max"] == 4 and s["mean"] == pytest.approx(np.mean(values))
