@@ -281,3 +281,25 @@ def test_table_statistics_are_consistent(preprocessed):
     assert shared["memory"]["total_bytes"] == shared["rows"] * 4 * 4 * 2  # dim 4, adagrad: 1 slot
     # 7 rows with the default batch size of 256: no full batch, so no per-batch maxima are claimed
     assert shared["batches"]["full_batches"] == 0 and shared["batches"]["ids_per_batch_max"] is None
+
+
+def test_html_report_renders_every_table_and_feature(preprocessed):
+    from html.parser import HTMLParser
+
+    cfg, root, stats = preprocessed
+    text = (root / "stats" / "statistics.html").read_text()
+
+    class Collect(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.tags = []
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.append(tag)
+
+    parser = Collect()
+    parser.feed(text)
+    assert parser.tags.count("svg") >= len(stats["tables"]) * (1 + len(stats["shard_counts"]))
+    for name in list(stats["tables"]) + list(stats["features"]):
+        assert f"{name}" in text
+    assert "not_utf8: 1" in text and "line_break: 1" in text

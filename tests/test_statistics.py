@@ -39,7 +39,9 @@ def test_vocabulary_stats_coverage_and_skew():
     counts = [8, 4, 2, 1, 1]
     top = [(b"a", 8), (b"b", 4)]
     info = S.vocabulary_stats("v", counts, kept=3, top=top)["info/vocab/v"]
-    assert info["coverage_curve"] == {"1": 0.5, "2": 0.75, "4": 15 / 16, "5": 1.0}
+    assert info["coverage_curve"] == [
+        {"top": 1, "share": 0.5}, {"top": 2, "share": 0.75}, {"top": 4, "share": 15 / 16}, {"top": 5, "share": 1.0}
+    ]
     assert info["covered_by_vocabulary"] == 14 / 16
     assert info["hottest_values"][0] == {"value": "a", "count": 8, "share": 0.5}
     diffs = sum(abs(a - b) for a in counts for b in counts)

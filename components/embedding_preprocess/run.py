@@ -15,10 +15,12 @@ from components.config import PipelineConfig
 from components.embedding_preprocess import beam_pipeline
 from components.embedding_preprocess import features as F
 from components.embedding_preprocess import statistics as S
+from components.embedding_preprocess.report import render_html
 from components.embedding_preprocess import vocabulary as V
 
 MANIFEST_FILE = "manifest.json"
 STATISTICS_FILE = "statistics.json"
+REPORT_FILE = "statistics.html"
 EMBEDDING_MANIFEST_FILE = "embedding_manifest.json"  # copy beside the transformed examples, for the trainer
 MANIFEST_VERSION = 1
 
@@ -211,6 +213,8 @@ def run_preprocessing(
     stats = build_statistics(cfg, raw, manifest, sorted(split_patterns))
     _write_json(os.path.join(vocabulary_dir, MANIFEST_FILE), manifest)
     _write_json(os.path.join(statistics_dir, STATISTICS_FILE), stats)
+    with _gfile().GFile(os.path.join(statistics_dir, REPORT_FILE), "w") as fh:
+        fh.write(render_html(stats, f"Embedding-ID statistics: {cfg.name}"))
     root = os.path.dirname(next(iter(transformed_dirs.values())).rstrip("/"))
     _write_json(os.path.join(root, EMBEDDING_MANIFEST_FILE), manifest)
     return stats

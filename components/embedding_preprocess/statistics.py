@@ -85,13 +85,13 @@ def vocabulary_stats(name: str, ordered_counts: Sequence[int], kept: int, top: S
     counts = np.asarray(ordered_counts, dtype=np.int64)
     total = int(counts.sum())
     cum = np.cumsum(counts)
-    coverage = {}
+    coverage = []  # share of all occurrences covered by the N most frequent values, N = 1, 2, 4, ...
     n = 1
     while n < len(counts):
-        coverage[str(n)] = float(cum[n - 1] / total)
+        coverage.append({"top": n, "share": float(cum[n - 1] / total)})
         n *= 2
     if len(counts):
-        coverage[str(len(counts))] = 1.0
+        coverage.append({"top": int(len(counts)), "share": 1.0})
     asc = np.sort(counts)
     k = np.arange(1, len(asc) + 1)
     gini = float((2 * np.sum(k * asc) / (len(asc) * total)) - (len(asc) + 1) / len(asc)) if total else 0.0
