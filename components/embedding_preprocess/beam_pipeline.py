@@ -215,6 +215,26 @@ def _ReadRecordBatches(pipeline, file_pattern: str, batch_size: int):  # pylint:
     )
 
 
+def read_sources(
+    pipeline: beam.Pipeline, cfg: PipelineConfig, split_patterns: Dict[str, str], input_format: str
+) -> Tuple[Dict[str, beam.PCollection], List[beam.PCollection]]:
+    """Per split, a PCollection of RecordBatches; plus statistics partials of the input itself."""
+    batches, input_stats = {}, []
+    for split, pattern in split_patterns.items():
+        if input_format == "tfrecord":
+            batches[split] = pipeline | f"ReadRecordBatches[{split}]" >> _ReadRecordBatches(
+                pattern, cfg.training.batch_size
+            )
+        else:
+            from components.embedding_preprocess.csv_input import ReadCsvRecordBatches, read_header
+
+            batches[split], stats = pipeline | f"ReadCsv[{split}]" >> ReadCsvRecordBatches(
+                pattern, read_header(pattern), cfg
+            )
+            input_stats.append(stats)
+    return batches, input_stats
+
+
 def build_pipeline(
     pipeline: beam.Pipeline,
     cfg: PipelineConfig,
@@ -222,14 +242,14 @@ def build_pipeline(
     vocabulary_dir: str,
     transformed_dirs: Dict[str, str],
     stats_dir: str,
+    input_format: str = "tfrecord",
 ) -> None:
-    """Adds the preprocessing transforms to `pipeline`. The vocabulary is computed on 'train'."""
+    """Adds the preprocessing transforms to `pipeline`. The vocabulary is computed on 'train'.
+
+    `input_format` is `tfrecord` (tf.Examples, as ExampleGen writes them) or `csv` (the CLI)."""
     config_json = cfg.to_json()
     options_json = json.dumps({t.name: t.vocabulary.__dict__ for t in cfg.tables})
-    batches = {
-        split: pipeline | f"ReadRecordBatches[{split}]" >> _ReadRecordBatches(pattern, cfg.training.batch_size)
-        for split, pattern in split_patterns.items()
-    }
+    batches, input_stats = read_sources(pipeline, cfg, split_patterns, input_format)
     vocab_results = (
         batches["train"]
         | "CountTokens" >> beam.ParDo(_CountTokens(config_json))
@@ -242,7 +262,7 @@ def build_pipeline(
         )
     )
     vocabularies = beam.pvalue.AsDict(vocab_results.vocab)
-    partial_stats = [vocab_results.stats]
+    partial_stats = [vocab_results.stats] + input_stats
     for split, rbs in batches.items():
         result = rbs | f"Transform[{split}]" >> beam.ParDo(
             _TransformBatch(config_json, split), vocabularies

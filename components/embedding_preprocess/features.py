@@ -64,10 +64,14 @@ class Tokens:
 
 
 def _flatten(arr: pa.Array):
-    """(row index of each value, values) of a list array."""
+    """(row index of each value, values) of a list array, or of a flat array (nulls = missing)."""
     if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
         return np.asarray(pc.list_parent_indices(arr)).astype(np.int64), arr.flatten()
-    return np.arange(len(arr), dtype=np.int64), arr
+    rows = np.arange(len(arr), dtype=np.int64)
+    if arr.null_count:
+        valid = np.asarray(pc.is_valid(arr))
+        return rows[valid], arr.filter(pa.array(valid))
+    return rows, arr
 
 
 def extract_tokens(

@@ -80,7 +80,7 @@ def bar_chart(series: List[Tuple[str, Sequence[float], str]], title: str, xlabel
 def _table(headers: List[str], rows: List[List[Any]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{_fmt(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f"<div style='overflow-x:auto'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
 
 
 def render_html(stats: Dict[str, Any], title: str = "Embedding-ID statistics") -> str:

@@ -183,6 +183,10 @@ def build_statistics(cfg: PipelineConfig, raw: Dict[str, Any], manifest: Dict[st
             },
         }
     out["train_partial_batches"] = int(g("train/partial_batches"))
+    out["input"] = {
+        "malformed_rows": int(g("input/malformed_rows")),
+        "not_numeric": {k.rsplit("/", 1)[1]: int(v) for k, v in sorted(raw.items()) if k.startswith("input/not_numeric/")},
+    }
     return out
 
 
@@ -193,6 +197,7 @@ def run_preprocessing(
     vocabulary_dir: str,
     transformed_dirs: Dict[str, str],
     statistics_dir: str,
+    input_format: str = "tfrecord",
 ) -> Dict[str, Any]:
     """Runs Beam, then writes manifest.json (vocabulary dir, and a copy beside the transformed
     examples) and statistics.json. Returns the statistics."""
@@ -201,7 +206,9 @@ def run_preprocessing(
     for d in [vocabulary_dir, statistics_dir, *transformed_dirs.values()]:
         _gfile().makedirs(d)
     with pipeline as p:
-        beam_pipeline.build_pipeline(p, cfg, split_patterns, vocabulary_dir, transformed_dirs, statistics_dir)
+        beam_pipeline.build_pipeline(
+            p, cfg, split_patterns, vocabulary_dir, transformed_dirs, statistics_dir, input_format
+        )
     partial = os.path.join(statistics_dir, beam_pipeline.STATS_FILE_PREFIX)
     with _gfile().GFile(partial) as fh:
         raw = json.loads(fh.read())

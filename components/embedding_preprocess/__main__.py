@@ -1,0 +1,103 @@
+"""Standalone preprocessing, the same Beam transforms without a TFX pipeline.
+
+    python -m components.embedding_preprocess --config FILE --input PATH --output DIR \\
+        [--eval-input PATH] [--format csv|tfrecord] [--overwrite] [beam pipeline args...]
+
+Writes DIR/vocabulary/ (vocabulary files + manifest.json), DIR/statistics/ (statistics.json and
+statistics.html) and DIR/transformed/Split-<split>/ (gzipped TFRecords of embedding IDs). Local
+output is written under DIR.partial and renamed at the end, so a failed run leaves no DIR that a
+later step could trust. Unrecognised arguments are Beam pipeline arguments (e.g.
+`--runner=DataflowRunner --project=... --temp_location=gs://...`); without them the config's
+`beam:` settings apply. Exit status: 0 done, 2 bad configuration or input, 1 a failed run.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from typing import List, Optional
+
+import components  # noqa: F401
+from components.config import ConfigError, load_config
+
+
+def _pattern(path: str) -> str:
+    if "://" not in path and os.path.isdir(path):
+        return os.path.join(path, "*")
+    return path
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m components.embedding_preprocess", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--input", required=True, help="train split: file, directory or glob")
+    parser.add_argument("--eval-input", help="optional eval split, transformed with the train vocabularies")
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--format", choices=("csv", "tfrecord"), help="default: the config's input.format")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+    args, beam_args = parser.parse_known_args(argv)
+
+    from apache_beam.io.filesystems import FileSystems
+
+    from components.embedding_preprocess.csv_input import InputError, check_columns, read_header
+
+    try:
+        cfg = load_config(args.config)
+        fmt = args.format or cfg.input.format
+        patterns = {"train": _pattern(args.input)}
+        if args.eval_input:
+            patterns["eval"] = _pattern(args.eval_input)
+        for split, pattern in patterns.items():
+            if not FileSystems.match([pattern])[0].metadata_list:
+                raise InputError(f"--{'input' if split == 'train' else 'eval-input'} {pattern!r} matches no file")
+            if fmt == "csv":
+                check_columns(cfg, read_header(pattern), pattern)
+        remote = "://" in args.output
+        if not remote and os.path.exists(args.output) and os.listdir(args.output) and not args.overwrite:
+            raise InputError(f"--output {args.output!r} exists and is not empty; pass --overwrite or another directory")
+    except (ConfigError, InputError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from components.embedding_preprocess.run import run_preprocessing
+
+    work = args.output if remote else args.output.rstrip("/") + ".partial"
+    if not remote and os.path.exists(work):
+        shutil.rmtree(work)
+    options = PipelineOptions(cfg.beam_pipeline_args() + beam_args)
+    start = time.time()
+    try:
+        stats = run_preprocessing(
+            beam.Pipeline(options=options),
+            cfg,
+            patterns,
+            vocabulary_dir=os.path.join(work, "vocabulary"),
+            transformed_dirs={s: os.path.join(work, "transformed", f"Split-{s}") for s in patterns},
+            statistics_dir=os.path.join(work, "statistics"),
+            input_format=fmt,
+        )
+    except Exception:
+        if not remote:
+            shutil.rmtree(work, ignore_errors=True)
+        raise
+    if not remote:
+        if os.path.exists(args.output):
+            shutil.rmtree(args.output)
+        os.replace(work, args.output)
+    seconds = time.time() - start
+    read = {s: v["examples_read"] for s, v in stats["splits"].items()}
+    print(f"preprocessed {read} rows in {seconds:.1f}s ({sum(read.values()) / seconds:,.0f} rows/s)")
+    print(f"dropped: { {s: v['examples_dropped'] for s, v in stats['splits'].items()} }; input: {stats['input']}")
+    sizes = {t: v["vocabulary_size"] for t, v in stats["tables"].items()}
+    print(f"vocabularies ({len(sizes)}): {sizes}")
+    print(f"output: {args.output} (statistics/statistics.html is the report)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
