@@ -8,25 +8,30 @@ from components.embedding_preprocess import statistics as S
 
 
 def test_batch_table_stats_div_and_mod():
-    ids = np.array([0, 1, 1, 5, 9])
-    out = S.batch_table_stats("train", "t", ids, rows=10, shard_counts=[2, 3], full_batch=True)
+    batches = [[0, 1, 1, 5, 9], [2, 2, 7], [9, 9]]  # the last batch is partial
+    ids = np.array([i for b in batches for i in b])
+    batch_of = np.array([k for k, b in enumerate(batches) for _ in b])
+    out = S.batch_table_stats("train", "t", ids, batch_of, np.array([True, True, False]), 10, [2, 3])
     for n in (2, 3):
         block = math.ceil(10 / n)
         for strategy, shard in (("div", lambda i: i // block), ("mod", lambda i: i % n)):
             load = [sum(1 for i in ids if shard(i) == s) for s in range(n)]
-            uload = [sum(1 for i in set(ids.tolist()) if shard(i) == s) for s in range(n)]
-            assert out[f"vec/train/table/t/{strategy}/{n}/load"].tolist() == load
-            assert out[f"max/train/table/t/{strategy}/{n}/max_ids_per_shard"] == max(load)
-            assert out[f"max/train/table/t/{strategy}/{n}/max_unique_ids_per_shard"] == max(uload)
-    assert out["train/table/t/batch_ids"] == 5 and out["train/table/t/batch_unique_ids"] == 4
-    partial = S.batch_table_stats("train", "t", ids, 10, [2], full_batch=False)
+            assert out[f"vec/train/table/t/{strategy}/{n}/load"].tolist() == load  # partial batch included
+            per_batch = [[sum(1 for i in b if shard(i) == s) for s in range(n)] for b in batches[:2]]
+            uniq = [[sum(1 for i in set(b) if shard(i) == s) for s in range(n)] for b in batches[:2]]
+            assert out[f"max/train/table/t/{strategy}/{n}/max_ids_per_shard"] == max(map(max, per_batch))
+            assert out[f"max/train/table/t/{strategy}/{n}/max_unique_ids_per_shard"] == max(map(max, uniq))
+    assert out["train/table/t/batches"] == 2
+    assert out["train/table/t/batch_ids"] == 8 and out["max/train/table/t/batch_ids"] == 5
+    assert out["train/table/t/batch_unique_ids"] == 4 + 2 and out["max/train/table/t/batch_unique_ids"] == 4
+    partial = S.batch_table_stats("train", "t", ids, batch_of, np.array([False] * 3), 10, [2])
     assert not any(k.startswith("max/") for k in partial)  # a partial batch says nothing about a step
 
 
 def test_hot_rows_load_first_shard_under_div_but_spread_under_mod():
     rng = np.random.default_rng(0)
     ids = np.minimum(rng.zipf(1.3, 100000) - 1, 9999)  # frequency-ordered vocabulary: hot rows first
-    raw = S.batch_table_stats("train", "t", ids, rows=10000, shard_counts=[8], full_batch=True)
+    raw = S.batch_table_stats("train", "t", ids, np.zeros(len(ids), np.int64), np.array([True]), 10000, [8])
     summary = S.shard_summary(raw, "train", "t", [8], headroom=0.2)["8"]
     # div puts the whole hot head on shard 0 (~7x the mean here); mod spreads all but the hottest row
     assert summary["div"]["max_over_mean_load"] > 6

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import apache_beam as beam
 import numpy as np
@@ -66,8 +66,23 @@ def _column(rb: pa.RecordBatch, name: str) -> Optional[pa.Array]:
     return rb.column(i) if i >= 0 else None
 
 
+def _count_values(tokens: pa.Array, counts: Optional[pa.Array] = None) -> Tuple[pa.Array, pa.Array]:
+    """(distinct tokens, their summed counts), vectorised in Arrow."""
+    if counts is None:
+        counts = pa.array(np.ones(len(tokens), np.int64))
+    grouped = pa.table({"t": tokens, "c": counts}).group_by("t").aggregate([("c", "sum")])
+    return grouped.column("t").combine_chunks(), grouped.column("c_sum").combine_chunks()
+
+
 class _CountTokens(beam.DoFn):
-    """Per batch: ((vocabulary, token), count) pairs, already aggregated within the batch."""
+    """Counts each vocabulary's tokens over a whole bundle before anything is shuffled.
+
+    Tokens are buffered per vocabulary and reduced with Arrow's group-by whenever the buffer grows
+    past `FLUSH_TOKENS` and at the end of the bundle; one (vocabulary, (tokens, counts)) partial per
+    vocabulary and bundle is emitted, so shuffle volume is bounded by distinct values per bundle.
+    """
+
+    FLUSH_TOKENS = 2_000_000
 
     def __init__(self, config_json: str):
         self._config_json = config_json
@@ -77,30 +92,69 @@ class _CountTokens(beam.DoFn):
 
         self._cfg = config_from_json(self._config_json)
 
-    def process(self, rb: pa.RecordBatch):
-        import pyarrow.compute as pc
+    def start_bundle(self):
+        self._buffer: Dict[str, List[pa.Array]] = {}
+        self._partial: Dict[str, Tuple[pa.Array, pa.Array]] = {}
+        self._buffered = 0
 
+    def process(self, rb: pa.RecordBatch):
         # Rows without a label are dropped (and counted by the transform pass): they feed no vocabulary.
         labelled = ~np.isnan(F.extract_label(_column(rb, self._cfg.label), rb.num_rows))
         if not labelled.all():
             rb = rb.filter(pa.array(labelled))
-        per_vocab: Dict[str, List[pa.Array]] = {}
         for f in self._cfg.categorical_features:
             toks = F.extract_tokens(_column(rb, f.source), rb.num_rows, f.separator, f.max_length)
             if len(toks.values):
-                per_vocab.setdefault(self._cfg.feature_table(f).name, []).append(toks.values)
-        for vocab, arrays in per_vocab.items():
-            counts = pc.value_counts(pa.concat_arrays(arrays))
-            for token, count in zip(counts.field(0).to_pylist(), counts.field(1).to_pylist()):
-                yield (vocab, token), count
+                self._buffer.setdefault(self._cfg.feature_table(f).name, []).append(toks.values)
+                self._buffered += len(toks.values)
+        if self._buffered > self.FLUSH_TOKENS:
+            self._reduce()
+
+    def _reduce(self):
+        for vocab, arrays in self._buffer.items():
+            tokens, counts = _count_values(pa.concat_arrays(arrays))
+            if vocab in self._partial:
+                old_t, old_c = self._partial[vocab]
+                tokens, counts = _count_values(pa.concat_arrays([old_t, tokens]), pa.concat_arrays([old_c, counts]))
+            self._partial[vocab] = (tokens, counts)
+        self._buffer, self._buffered = {}, 0
+
+    def finish_bundle(self):
+        from apache_beam.transforms.window import GlobalWindow
+        from apache_beam.utils.timestamp import MIN_TIMESTAMP
+        from apache_beam.utils.windowed_value import WindowedValue
+
+        self._reduce()
+        for vocab, partial in self._partial.items():
+            yield WindowedValue((vocab, partial), MIN_TIMESTAMP, [GlobalWindow()])
 
 
-def _write_vocabulary(
-    item: Tuple[str, Iterable[Tuple[bytes, int]]], out_dir: str, options_json: str, top_values: int
-):
-    name, counts = item
+class _MergeCountsFn(beam.CombineFn):
+    """Adds (tokens, counts) partials of one vocabulary; lifted before the shuffle by Beam."""
+
+    def create_accumulator(self):
+        return None
+
+    def add_input(self, acc, partial):
+        return self.merge_accumulators([acc, partial])
+
+    def merge_accumulators(self, accumulators):
+        parts = [a for a in accumulators if a is not None]
+        if not parts:
+            return None
+        if len(parts) == 1:
+            return parts[0]
+        return _count_values(pa.concat_arrays([t for t, _ in parts]), pa.concat_arrays([c for _, c in parts]))
+
+    def extract_output(self, acc):
+        return acc
+
+
+def _write_vocabulary(item: Tuple[str, Tuple[pa.Array, pa.Array]], out_dir: str, options_json: str, top_values: int):
+    name, (tokens, token_counts) = item
     from components.config import VocabularyOptions
 
+    counts = zip(tokens.to_pylist(), token_counts.to_pylist())
     options = VocabularyOptions(**json.loads(options_json)[name])
     everything = V.order_vocabulary(counts, VocabularyOptions())  # all values, for coverage and skew
     entries = V.order_vocabulary(everything, options)
@@ -109,6 +163,12 @@ def _write_vocabulary(
     yield beam.pvalue.TaggedOutput(
         "stats", S.vocabulary_stats(name, [c for _, c in everything], len(entries), everything[:top_values])
     )
+
+
+def read_batch_rows(batch_size: int) -> int:
+    """Rows per RecordBatch read: a multiple of the training batch size (per-batch statistics slice
+    it into consecutive training batches), large enough that Arrow work dominates per-batch overhead."""
+    return batch_size * max(1, -(-4096 // batch_size))
 
 
 def make_lookups(cfg: PipelineConfig, vocabularies: Dict[str, List[bytes]]) -> Dict[str, V.VocabularyLookup]:
@@ -145,11 +205,11 @@ def transform_record_batch(
         for reason, c in dense.invalid.items():
             stats[f"{split}/dense/{d.name}/invalid/{reason}"] += c
         columns[d.name] = _as_list_array(dense.values, ones)
-    table_ids: Dict[str, List[np.ndarray]] = {}
+    table_ids: Dict[str, List[Tuple[np.ndarray, np.ndarray]]] = {}
     for f in cfg.categorical_features:
         table = cfg.feature_table(f).name
         toks = F.extract_tokens(_column(rb, f.source), n, f.separator, f.max_length)
-        ids, oov = lookups[table].lookup(toks.values.to_pylist())
+        ids, oov = lookups[table].lookup(toks.values)
         per_row = toks.ids_per_row()
         prefix = f"{split}/feature/{f.name}"
         stats[f"vec/{prefix}/ids_per_example_histogram"] = np.bincount(per_row).astype(np.int64)
@@ -159,15 +219,18 @@ def transform_record_batch(
         stats[f"{prefix}/truncated"] += toks.truncated
         for reason, c in toks.invalid.items():
             stats[f"{prefix}/invalid/{reason}"] += c
-        table_ids.setdefault(table, []).append(ids)
+        table_ids.setdefault(table, []).append((ids, toks.row))
         columns[f.name] = _as_list_array(ids, per_row)
     if split == "train":  # batch and shard statistics size the tables: computed on what training reads
-        full = kept == cfg.training.batch_size
-        stats["train/partial_batches"] += 0 if full else 1
+        bs = cfg.training.batch_size
+        num_batches = -(-n // bs)
+        batch_is_full = np.array([min(bs, n - k * bs) == bs for k in range(num_batches)], dtype=bool)
+        stats["train/partial_batches"] += int(num_batches - batch_is_full.sum())
         for table, parts in table_ids.items():
-            ids = np.concatenate(parts)
+            ids = np.concatenate([i for i, _ in parts])
+            batch_of_id = np.concatenate([r for _, r in parts]) // bs
             for k, v in S.batch_table_stats(
-                split, table, ids, lookups[table].rows, cfg.statistics.shard_counts, full
+                split, table, ids, batch_of_id, batch_is_full, lookups[table].rows, cfg.statistics.shard_counts
             ).items():
                 stats[k] = v
     out = pa.RecordBatch.from_arrays(list(columns.values()), list(columns.keys())) if kept else None
@@ -206,11 +269,10 @@ def _as_list_array(values: np.ndarray, lengths: np.ndarray) -> pa.Array:
 
 @beam.ptransform_fn
 def _ReadRecordBatches(pipeline, file_pattern: str, batch_size: int):  # pylint: disable=invalid-name
-    # Batches of the training batch size, so per-batch statistics are those of a training step.
     return (
         pipeline
         | "Read" >> beam.io.ReadFromTFRecord(file_pattern)
-        | "Batch" >> beam.BatchElements(min_batch_size=batch_size, max_batch_size=batch_size)
+        | "Batch" >> beam.BatchElements(min_batch_size=read_batch_rows(batch_size), max_batch_size=read_batch_rows(batch_size))
         | "Decode" >> beam.ParDo(_DecodeExamples())
     )
 
@@ -253,9 +315,7 @@ def build_pipeline(
     vocab_results = (
         batches["train"]
         | "CountTokens" >> beam.ParDo(_CountTokens(config_json))
-        | "SumCounts" >> beam.CombinePerKey(sum)
-        | "KeyByVocabulary" >> beam.Map(lambda kv: (kv[0][0], (kv[0][1], kv[1])))
-        | "GroupByVocabulary" >> beam.GroupByKey()
+        | "SumCounts" >> beam.CombinePerKey(_MergeCountsFn())
         | "WriteVocabularies"
         >> beam.FlatMap(_write_vocabulary, vocabulary_dir, options_json, cfg.statistics.top_values).with_outputs(
             "stats", main="vocab"

@@ -111,11 +111,14 @@ def _to_float(col: pa.Array):
 @beam.ptransform_fn
 def ReadCsvRecordBatches(pipeline, pattern: str, header: List[str], cfg: PipelineConfig):  # pylint: disable=invalid-name
     """Returns (record batches, statistics partials)."""
+    from components.embedding_preprocess.beam_pipeline import read_batch_rows
+
+    rows = read_batch_rows(cfg.training.batch_size)
     result = (
         pipeline
         | "ReadLines" >> beam.io.ReadFromText(pattern, skip_header_lines=1, coder=beam.coders.BytesCoder())
         | "DropBlank" >> beam.Filter(lambda line: bool(line.strip(b"\r\n")))
-        | "Batch" >> beam.BatchElements(min_batch_size=cfg.training.batch_size, max_batch_size=cfg.training.batch_size)
+        | "Batch" >> beam.BatchElements(min_batch_size=rows, max_batch_size=rows)
         | "Parse" >> beam.ParDo(_LinesToRecordBatch(header, cfg.to_json())).with_outputs("stats", main="batches")
     )
     return result.batches, result.stats

@@ -56,27 +56,45 @@ def mod_shard(ids: np.ndarray, shards: int) -> np.ndarray:
 
 
 def batch_table_stats(
-    split: str, table: str, ids: np.ndarray, rows: int, shard_counts: Sequence[int], full_batch: bool
+    split: str,
+    table: str,
+    ids: np.ndarray,
+    batch_of_id: np.ndarray,
+    batch_is_full: np.ndarray,
+    rows: int,
+    shard_counts: Sequence[int],
 ) -> Dict[str, Any]:
-    """Statistics of one table's IDs in one batch (all features of the table together)."""
+    """Statistics of one table's IDs (all its features together) over consecutive training batches.
+
+    `batch_of_id[i]` is the batch of `ids[i]`; only full batches (`batch_is_full`) count towards
+    per-batch figures (a partial batch says nothing about a training step), every ID counts towards
+    the whole-data load per shard. Vectorised over batches: one bincount per (strategy, shards).
+    """
     p = f"{split}/table/{table}"
-    unique = np.unique(ids)
+    num_batches = len(batch_is_full)
+    full = batch_is_full[batch_of_id] if len(ids) else np.zeros(0, bool)
+    ids_full, batch_full = ids[full], batch_of_id[full]
+    # unique (batch, id) pairs of the full batches
+    pairs = np.unique(batch_full.astype(np.int64) * rows + ids_full)
+    u_batch, u_ids = pairs // rows, pairs % rows
+    ids_per_batch = np.bincount(batch_full, minlength=num_batches)[batch_is_full]
+    unique_per_batch = np.bincount(u_batch, minlength=num_batches)[batch_is_full]
     out: Dict[str, Any] = {}
     for n in shard_counts:
         for strategy in SHARDING_STRATEGIES:
-            shard_of = div_shard if strategy == "div" else (lambda x, r, s: mod_shard(x, s))
-            load = np.bincount(shard_of(ids, rows, n), minlength=n).astype(np.int64)
-            out[f"vec/{p}/{strategy}/{n}/load"] = load  # whole-data load per shard
-            if full_batch:
-                out[f"max/{p}/{strategy}/{n}/max_ids_per_shard"] = int(load.max()) if len(ids) else 0
-                uload = np.bincount(shard_of(unique, rows, n), minlength=n)
-                out[f"max/{p}/{strategy}/{n}/max_unique_ids_per_shard"] = int(uload.max()) if len(unique) else 0
-    if full_batch:
-        out[f"{p}/batches"] = 1
-        out[f"{p}/batch_ids"] = int(len(ids))
-        out[f"{p}/batch_unique_ids"] = int(len(unique))
-        out[f"max/{p}/batch_ids"] = int(len(ids))
-        out[f"max/{p}/batch_unique_ids"] = int(len(unique))
+            shard_of = (lambda x: div_shard(x, rows, n)) if strategy == "div" else (lambda x: mod_shard(x, n))
+            out[f"vec/{p}/{strategy}/{n}/load"] = np.bincount(shard_of(ids), minlength=n).astype(np.int64)
+            if batch_is_full.any():
+                per = np.bincount(batch_full * n + shard_of(ids_full), minlength=num_batches * n)
+                uper = np.bincount(u_batch * n + shard_of(u_ids), minlength=num_batches * n)
+                out[f"max/{p}/{strategy}/{n}/max_ids_per_shard"] = int(per.max())
+                out[f"max/{p}/{strategy}/{n}/max_unique_ids_per_shard"] = int(uper.max())
+    if batch_is_full.any():
+        out[f"{p}/batches"] = int(batch_is_full.sum())
+        out[f"{p}/batch_ids"] = int(ids_per_batch.sum())
+        out[f"{p}/batch_unique_ids"] = int(unique_per_batch.sum())
+        out[f"max/{p}/batch_ids"] = int(ids_per_batch.max())
+        out[f"max/{p}/batch_unique_ids"] = int(unique_per_batch.max())
     return out
 
 

@@ -18,6 +18,7 @@ from typing import Iterable, List, Sequence, Tuple
 import farmhash  # pyfarmhash: the same Fingerprint64 TensorFlow's to_hash_bucket_fast uses
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from components.config import VocabularyOptions
 
@@ -73,11 +74,15 @@ class VocabularyLookup:
     def rows(self) -> int:
         return self.size + self.num_oov_buckets
 
-    def lookup(self, tokens: Sequence[bytes]) -> Tuple[np.ndarray, int]:
-        """IDs of `tokens` and how many of them were out of vocabulary."""
+    def lookup(self, tokens) -> Tuple[np.ndarray, int]:
+        """IDs of `tokens` (a pyarrow binary array or a sequence of bytes) and how many were OOV."""
         if len(tokens) == 0:
             return np.zeros(0, dtype=np.int64), 0
-        ids = self._index.get_indexer(pd.Index(list(tokens), dtype=object)).astype(np.int64)
+        if isinstance(tokens, pa.Array):
+            tokens = tokens.to_numpy(zero_copy_only=False)  # object array of bytes
+        else:
+            tokens = np.asarray(list(tokens), dtype=object)
+        ids = self._index.get_indexer(tokens).astype(np.int64)
         missing = np.flatnonzero(ids < 0)
         if len(missing):
             if self.num_oov_buckets == 1:
