@@ -92,3 +92,18 @@ def test_cli_refuses_bad_input_before_beam(data, tmp_path, capsys):
     assert "exists and is not empty" in capsys.readouterr().err
     assert main(["--config", str(tmp_path / "nope.yaml"), "--input", "x", "--output", "y"]) == 2
     assert not (tmp_path / "o.partial").exists()
+
+
+def test_cli_analyze_only_gives_the_same_vocabularies(data):
+    full, only = data / "out", data / "analyze"
+    if not full.exists():
+        assert main(["--config", str(data / "cfg.yaml"), "--input", str(data / "bad.csv"), "--output", str(full), *BEAM]) == 0
+    rc = main(["--config", str(data / "cfg.yaml"), "--input", str(data / "bad.csv"), "--output", str(only),
+               "--analyze-only", *BEAM])
+    assert rc == 0 and not (only / "transformed").exists()
+    for vocab in ("shared_c3_c4", "C1", "C26"):
+        assert (only / "vocabulary" / f"{vocab}.counts.txt").read_bytes() == (
+            full / "vocabulary" / f"{vocab}.counts.txt").read_bytes()
+    stats = json.loads((only / "statistics" / "statistics.json").read_text())
+    assert stats["splits"]["train"]["examples_read"] == 605
+    assert stats["splits"]["train"]["examples_dropped"] == {"missing_label": 1}

@@ -37,6 +37,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--output", required=True)
     parser.add_argument("--format", choices=("csv", "tfrecord"), help="default: the config's input.format")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+    parser.add_argument(
+        "--analyze-only", action="store_true", help="vocabularies and their statistics only: no transformed examples"
+    )
     args, beam_args = parser.parse_known_args(argv)
 
     from apache_beam.io.filesystems import FileSystems
@@ -77,7 +80,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             cfg,
             patterns,
             vocabulary_dir=os.path.join(work, "vocabulary"),
-            transformed_dirs={s: os.path.join(work, "transformed", f"Split-{s}") for s in patterns},
+            transformed_dirs=None
+            if args.analyze_only
+            else {s: os.path.join(work, "transformed", f"Split-{s}") for s in patterns},
             statistics_dir=os.path.join(work, "statistics"),
             input_format=fmt,
         )

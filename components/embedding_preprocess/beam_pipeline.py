@@ -84,8 +84,9 @@ class _CountTokens(beam.DoFn):
 
     FLUSH_TOKENS = 2_000_000
 
-    def __init__(self, config_json: str):
+    def __init__(self, config_json: str, count_rows: bool = False):
         self._config_json = config_json
+        self._count_rows = count_rows  # analysis only: no transform pass counts the rows
 
     def setup(self):
         from components.config import config_from_json
@@ -96,12 +97,15 @@ class _CountTokens(beam.DoFn):
         self._buffer: Dict[str, List[pa.Array]] = {}
         self._partial: Dict[str, Tuple[pa.Array, pa.Array]] = {}
         self._buffered = 0
+        self._rows = [0, 0]  # read, dropped for a missing label
 
     def process(self, rb: pa.RecordBatch):
         # Rows without a label are dropped (and counted by the transform pass): they feed no vocabulary.
         labelled = ~np.isnan(F.extract_label(_column(rb, self._cfg.label), rb.num_rows))
+        self._rows[0] += rb.num_rows
         if not labelled.all():
             rb = rb.filter(pa.array(labelled))
+            self._rows[1] += int((~labelled).sum())
         for f in self._cfg.categorical_features:
             toks = F.extract_tokens(_column(rb, f.source), rb.num_rows, f.separator, f.max_length)
             if len(toks.values):
@@ -127,6 +131,9 @@ class _CountTokens(beam.DoFn):
         self._reduce()
         for vocab, partial in self._partial.items():
             yield WindowedValue((vocab, partial), MIN_TIMESTAMP, [GlobalWindow()])
+        if self._count_rows:
+            rows = {"train/examples_read": self._rows[0], "train/dropped/missing_label": self._rows[1]}
+            yield beam.pvalue.TaggedOutput("stats", WindowedValue(rows, MIN_TIMESTAMP, [GlobalWindow()]))
 
 
 class _MergeCountsFn(beam.CombineFn):
@@ -302,19 +309,22 @@ def build_pipeline(
     cfg: PipelineConfig,
     split_patterns: Dict[str, str],
     vocabulary_dir: str,
-    transformed_dirs: Dict[str, str],
+    transformed_dirs: Optional[Dict[str, str]],
     stats_dir: str,
     input_format: str = "tfrecord",
 ) -> None:
     """Adds the preprocessing transforms to `pipeline`. The vocabulary is computed on 'train'.
 
-    `input_format` is `tfrecord` (tf.Examples, as ExampleGen writes them) or `csv` (the CLI)."""
+    `input_format` is `tfrecord` (tf.Examples, as ExampleGen writes them) or `csv` (the CLI).
+    `transformed_dirs=None` analyses only: vocabularies and their statistics, no transform pass."""
     config_json = cfg.to_json()
     options_json = json.dumps({t.name: t.vocabulary.__dict__ for t in cfg.tables})
     batches, input_stats = read_sources(pipeline, cfg, split_patterns, input_format)
+    counted = batches["train"] | "CountTokens" >> beam.ParDo(
+        _CountTokens(config_json, count_rows=transformed_dirs is None)
+    ).with_outputs("stats", main="counts")
     vocab_results = (
-        batches["train"]
-        | "CountTokens" >> beam.ParDo(_CountTokens(config_json))
+        counted.counts
         | "SumCounts" >> beam.CombinePerKey(_MergeCountsFn())
         | "WriteVocabularies"
         >> beam.FlatMap(_write_vocabulary, vocabulary_dir, options_json, cfg.statistics.top_values).with_outputs(
@@ -322,8 +332,8 @@ def build_pipeline(
         )
     )
     vocabularies = beam.pvalue.AsDict(vocab_results.vocab)
-    partial_stats = [vocab_results.stats] + input_stats
-    for split, rbs in batches.items():
+    partial_stats = [vocab_results.stats, counted.stats] + input_stats
+    for split, rbs in batches.items() if transformed_dirs is not None else []:
         result = rbs | f"Transform[{split}]" >> beam.ParDo(
             _TransformBatch(config_json, split), vocabularies
         ).with_outputs("stats", main="examples")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import apache_beam as beam
 
@@ -195,15 +195,17 @@ def run_preprocessing(
     cfg: PipelineConfig,
     split_patterns: Dict[str, str],
     vocabulary_dir: str,
-    transformed_dirs: Dict[str, str],
+    transformed_dirs: Optional[Dict[str, str]],
     statistics_dir: str,
     input_format: str = "tfrecord",
 ) -> Dict[str, Any]:
     """Runs Beam, then writes manifest.json (vocabulary dir, and a copy beside the transformed
-    examples) and statistics.json. Returns the statistics."""
+    examples), statistics.json and statistics.html. Returns the statistics.
+
+    `transformed_dirs=None` analyses only (vocabularies and their statistics, row counts)."""
     if "train" not in split_patterns:
         raise ValueError(f"preprocessing needs a 'train' split to build vocabularies; got {sorted(split_patterns)}")
-    for d in [vocabulary_dir, statistics_dir, *transformed_dirs.values()]:
+    for d in [vocabulary_dir, statistics_dir, *(transformed_dirs or {}).values()]:
         _gfile().makedirs(d)
     with pipeline as p:
         beam_pipeline.build_pipeline(
@@ -217,11 +219,12 @@ def run_preprocessing(
         if not _gfile().exists(V.vocabulary_file(vocabulary_dir, t.name)):
             V.write_vocabulary(vocabulary_dir, t.name, [])
     manifest = build_manifest(cfg, raw, vocabulary_dir)
-    stats = build_statistics(cfg, raw, manifest, sorted(split_patterns))
+    stats = build_statistics(cfg, raw, manifest, sorted(split_patterns) if transformed_dirs else ["train"])
     _write_json(os.path.join(vocabulary_dir, MANIFEST_FILE), manifest)
     _write_json(os.path.join(statistics_dir, STATISTICS_FILE), stats)
     with _gfile().GFile(os.path.join(statistics_dir, REPORT_FILE), "w") as fh:
         fh.write(render_html(stats, f"Embedding-ID statistics: {cfg.name}"))
-    root = os.path.dirname(next(iter(transformed_dirs.values())).rstrip("/"))
-    _write_json(os.path.join(root, EMBEDDING_MANIFEST_FILE), manifest)
+    if transformed_dirs:
+        root = os.path.dirname(next(iter(transformed_dirs.values())).rstrip("/"))
+        _write_json(os.path.join(root, EMBEDDING_MANIFEST_FILE), manifest)
     return stats
