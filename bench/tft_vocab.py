@@ -25,7 +25,10 @@ CATEGORICAL = [f"C{c + 1}" for c in range(NUM_CATEGORICAL)]
 
 
 def preprocessing_fn(inputs):
-    for c in CATEGORICAL:
+    # Self-contained: Beam workers unpickle this function without this module's globals.
+    import tensorflow_transform as tft
+
+    for c in [f"C{i + 1}" for i in range(26)]:
         tft.vocabulary(inputs[c], vocab_filename=c, store_frequency=True)
     return {"C1": inputs["C1"]}
 
