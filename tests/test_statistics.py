@@ -68,3 +68,21 @@ def test_pooling_summary_percentiles():
     values = sorted(v for v, c in enumerate(hist) for _ in range(c))
     assert s["p50"] == values[49] and s["p90"] == values[89] and s["p99"] == values[98]
     assert s["max"] == 4 and s["mean"] == pytest.approx(np.mean(values))
+
+
+def test_arrow_ordering_equals_python_ordering():
+    import random
+
+    import pyarrow as pa
+
+    from components.config import VocabularyOptions
+    from components.embedding_preprocess import vocabulary as V
+
+    rng = random.Random(3)
+    counts = {bytes(rng.choice(b"ab\xff\x00z") for _ in range(rng.randint(1, 4))): rng.randint(1, 5) for _ in range(400)}
+    items = list(counts.items())
+    tokens, cnts = V.order_arrays(pa.array([t for t, _ in items], pa.binary()), pa.array([c for _, c in items]))
+    for options in (VocabularyOptions(), VocabularyOptions(min_frequency=3), VocabularyOptions(top_k=10, min_frequency=2)):
+        expected = V.order_vocabulary(items, options)
+        kept = V.prune(cnts, options)
+        assert list(zip(tokens.to_pylist()[:kept], cnts.to_pylist()[:kept])) == expected

@@ -158,18 +158,17 @@ class _MergeCountsFn(beam.CombineFn):
 
 
 def _write_vocabulary(item: Tuple[str, Tuple[pa.Array, pa.Array]], out_dir: str, options_json: str, top_values: int):
-    name, (tokens, token_counts) = item
     from components.config import VocabularyOptions
 
-    counts = zip(tokens.to_pylist(), token_counts.to_pylist())
+    name, (tokens, counts) = item
     options = VocabularyOptions(**json.loads(options_json)[name])
-    everything = V.order_vocabulary(counts, VocabularyOptions())  # all values, for coverage and skew
-    entries = V.order_vocabulary(everything, options)
+    tokens, counts = V.order_arrays(tokens, counts)  # every value, for coverage and skew
+    kept = V.prune(counts, options)
+    entries = list(zip(tokens.slice(0, kept).to_pylist(), counts.slice(0, kept).to_pylist()))
     V.write_vocabulary(out_dir, name, entries)
     yield name, [t for t, _ in entries]
-    yield beam.pvalue.TaggedOutput(
-        "stats", S.vocabulary_stats(name, [c for _, c in everything], len(entries), everything[:top_values])
-    )
+    top = list(zip(tokens.slice(0, top_values).to_pylist(), counts.slice(0, top_values).to_pylist()))
+    yield beam.pvalue.TaggedOutput("stats", S.vocabulary_stats(name, counts.to_numpy(), kept, top))
 
 
 def read_batch_rows(batch_size: int) -> int:
@@ -284,24 +283,15 @@ def _ReadRecordBatches(pipeline, file_pattern: str, batch_size: int):  # pylint:
     )
 
 
-def read_sources(
-    pipeline: beam.Pipeline, cfg: PipelineConfig, split_patterns: Dict[str, str], input_format: str
-) -> Tuple[Dict[str, beam.PCollection], List[beam.PCollection]]:
-    """Per split, a PCollection of RecordBatches; plus statistics partials of the input itself."""
-    batches, input_stats = {}, []
-    for split, pattern in split_patterns.items():
-        if input_format == "tfrecord":
-            batches[split] = pipeline | f"ReadRecordBatches[{split}]" >> _ReadRecordBatches(
-                pattern, cfg.training.batch_size
-            )
-        else:
-            from components.embedding_preprocess.csv_input import ReadCsvRecordBatches, read_header
+def read_source(
+    pipeline: beam.Pipeline, cfg: PipelineConfig, label: str, pattern: str, input_format: str
+) -> Tuple[beam.PCollection, Optional[beam.PCollection]]:
+    """RecordBatches of one input, plus statistics partials of the input itself (CSV only)."""
+    if input_format == "tfrecord":
+        return pipeline | label >> _ReadRecordBatches(pattern, cfg.training.batch_size), None
+    from components.embedding_preprocess.csv_input import ReadCsvRecordBatches, read_header
 
-            batches[split], stats = pipeline | f"ReadCsv[{split}]" >> ReadCsvRecordBatches(
-                pattern, read_header(pattern), cfg
-            )
-            input_stats.append(stats)
-    return batches, input_stats
+    return pipeline | label >> ReadCsvRecordBatches(pattern, read_header(pattern), cfg)
 
 
 def build_pipeline(
@@ -319,9 +309,13 @@ def build_pipeline(
     `transformed_dirs=None` analyses only: vocabularies and their statistics, no transform pass."""
     config_json = cfg.to_json()
     options_json = json.dumps({t.name: t.vocabulary.__dict__ for t in cfg.tables})
-    batches, input_stats = read_sources(pipeline, cfg, split_patterns, input_format)
-    counted = batches["train"] | "CountTokens" >> beam.ParDo(
-        _CountTokens(config_json, count_rows=transformed_dirs is None)
+    # The train split is read twice (to count, then to transform) rather than shared: a shared
+    # PCollection with a side-input consumer is held whole in the local runner's memory.
+    analyze_only = transformed_dirs is None
+    train, train_input_stats = read_source(pipeline, cfg, "ReadForVocabulary", split_patterns["train"], input_format)
+    input_stats = [train_input_stats] if analyze_only and train_input_stats is not None else []
+    counted = train | "CountTokens" >> beam.ParDo(
+        _CountTokens(config_json, count_rows=analyze_only)
     ).with_outputs("stats", main="counts")
     vocab_results = (
         counted.counts
@@ -332,8 +326,11 @@ def build_pipeline(
         )
     )
     vocabularies = beam.pvalue.AsDict(vocab_results.vocab)
-    partial_stats = [vocab_results.stats, counted.stats] + input_stats
-    for split, rbs in batches.items() if transformed_dirs is not None else []:
+    partial_stats = [vocab_results.stats, counted.stats]
+    for split, pattern in split_patterns.items() if not analyze_only else []:
+        rbs, stats = read_source(pipeline, cfg, f"ReadForTransform[{split}]", pattern, input_format)
+        if stats is not None:
+            input_stats.append(stats)
         result = rbs | f"Transform[{split}]" >> beam.ParDo(
             _TransformBatch(config_json, split), vocabularies
         ).with_outputs("stats", main="examples")
@@ -341,6 +338,7 @@ def build_pipeline(
             os.path.join(transformed_dirs[split], TRANSFORMED_PREFIX), file_name_suffix=".gz"
         )
         partial_stats.append(result.stats)
+    partial_stats += input_stats
     _ = (
         partial_stats
         | "FlattenStats" >> beam.Flatten()

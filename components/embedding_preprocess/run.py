@@ -10,6 +10,7 @@ import os
 from typing import Any, Dict, List, Optional
 
 import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
 
 from components.config import PipelineConfig
 from components.embedding_preprocess import beam_pipeline
@@ -25,20 +26,27 @@ EMBEDDING_MANIFEST_FILE = "embedding_manifest.json"  # copy beside the transform
 MANIFEST_VERSION = 1
 
 
-def _gfile():
-    import tensorflow as tf
+# Beam's FileSystems reach local disk, GCS, S3, HDFS alike, without importing TensorFlow (which
+# costs ~20 s of start-up in every process that imports it).
 
-    return tf.io.gfile
+
+def write_text(path: str, text: str) -> None:
+    with FileSystems.create(path) as fh:
+        fh.write(text.encode("utf-8"))
 
 
 def _write_json(path: str, obj: Any) -> None:
-    with _gfile().GFile(path, "w") as fh:
-        fh.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def read_json(path: str) -> Any:
-    with _gfile().GFile(path, "r") as fh:
-        return json.loads(fh.read())
+    with FileSystems.open(path) as fh:
+        return json.loads(fh.read().decode("utf-8"))
+
+
+def _makedirs(path: str) -> None:
+    if not FileSystems.exists(path):
+        FileSystems.mkdirs(path)
 
 
 def _raw_kinds(cfg: PipelineConfig, raw: Dict[str, float]) -> Dict[str, str]:
@@ -206,24 +214,22 @@ def run_preprocessing(
     if "train" not in split_patterns:
         raise ValueError(f"preprocessing needs a 'train' split to build vocabularies; got {sorted(split_patterns)}")
     for d in [vocabulary_dir, statistics_dir, *(transformed_dirs or {}).values()]:
-        _gfile().makedirs(d)
+        _makedirs(d)
     with pipeline as p:
         beam_pipeline.build_pipeline(
             p, cfg, split_patterns, vocabulary_dir, transformed_dirs, statistics_dir, input_format
         )
     partial = os.path.join(statistics_dir, beam_pipeline.STATS_FILE_PREFIX)
-    with _gfile().GFile(partial) as fh:
-        raw = json.loads(fh.read())
-    _gfile().remove(partial)
+    raw = read_json(partial)
+    FileSystems.delete([partial])
     for t in cfg.tables:  # a vocabulary no train example fed still gets (empty) files
-        if not _gfile().exists(V.vocabulary_file(vocabulary_dir, t.name)):
+        if not FileSystems.exists(V.vocabulary_file(vocabulary_dir, t.name)):
             V.write_vocabulary(vocabulary_dir, t.name, [])
     manifest = build_manifest(cfg, raw, vocabulary_dir)
     stats = build_statistics(cfg, raw, manifest, sorted(split_patterns) if transformed_dirs else ["train"])
     _write_json(os.path.join(vocabulary_dir, MANIFEST_FILE), manifest)
     _write_json(os.path.join(statistics_dir, STATISTICS_FILE), stats)
-    with _gfile().GFile(os.path.join(statistics_dir, REPORT_FILE), "w") as fh:
-        fh.write(render_html(stats, f"Embedding-ID statistics: {cfg.name}"))
+    write_text(os.path.join(statistics_dir, REPORT_FILE), render_html(stats, f"Embedding-ID statistics: {cfg.name}"))
     if transformed_dirs:
         root = os.path.dirname(next(iter(transformed_dirs.values())).rstrip("/"))
         _write_json(os.path.join(root, EMBEDDING_MANIFEST_FILE), manifest)

@@ -19,6 +19,7 @@ import farmhash  # pyfarmhash: the same Fingerprint64 TensorFlow's to_hash_bucke
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from components.config import VocabularyOptions
 
@@ -30,6 +31,20 @@ def order_vocabulary(counts: Iterable[Tuple[bytes, int]], options: VocabularyOpt
     if options.top_k is not None:
         kept = kept[: options.top_k]
     return kept
+
+
+def order_arrays(tokens: pa.Array, counts: pa.Array) -> Tuple[pa.Array, pa.Array]:
+    """`order_vocabulary`'s order (count descending, then bytes ascending), vectorised in Arrow."""
+    table = pa.table({"t": tokens, "c": counts})
+    order = pc.sort_indices(table, sort_keys=[("c", "descending"), ("t", "ascending")])
+    table = table.take(order)
+    return table.column("t").combine_chunks(), table.column("c").combine_chunks()
+
+
+def prune(counts: pa.Array, options: VocabularyOptions) -> int:
+    """How many of the ordered entries the options keep (min_frequency, then top_k)."""
+    kept = int(pc.sum(pc.greater_equal(counts, options.min_frequency)).as_py() or 0)
+    return min(kept, options.top_k) if options.top_k is not None else kept
 
 
 def vocabulary_file(directory: str, name: str) -> str:
@@ -51,9 +66,9 @@ def write_vocabulary(directory: str, name: str, entries: Sequence[Tuple[bytes, i
 
 
 def read_vocabulary(directory: str, name: str) -> List[bytes]:
-    import tensorflow as tf  # gfile reads local and remote paths alike
+    from apache_beam.io.filesystems import FileSystems
 
-    with tf.io.gfile.GFile(vocabulary_file(directory, name), "rb") as fh:
+    with FileSystems.open(vocabulary_file(directory, name)) as fh:
         data = fh.read()
     return data.split(b"\n")[:-1] if data else []
 
