@@ -1,13 +1,14 @@
 """The preprocessing Beam pipeline: vocabularies, transformed examples and statistics.
 
-Two passes over the data, both batched through tfx_bsl's C++ tf.Example -> Arrow decoder:
-1. Count: per batch, `pyarrow.compute.value_counts` pre-aggregates each vocabulary's tokens, then
-   `CombinePerKey(sum)` adds the partial counts (Beam lifts it into a combiner before the
-   shuffle). Each vocabulary is then ordered and written (one file per vocabulary, as
-   tf.Transform's vocabulary analyzer also does).
-2. Transform: every split is mapped through the vocabularies (a side input) into tf.Examples of
-   int64 IDs and filled float32 dense values, written as gzipped TFRecords, and counted into the
-   statistics on the way.
+Two passes over the data, on Arrow RecordBatches (tf.Examples decoded by tfx_bsl's C++ decoder,
+or CSV byte ranges parsed by pyarrow, see csv_input.py):
+1. Count: each bundle's tokens are counted per vocabulary with Arrow's group-by before anything
+   is shuffled; the per-bundle partials are added by `CombinePerKey(_MergeCountsFn)` (lifted by
+   Beam before the shuffle). Each vocabulary is then ordered with an Arrow sort and written (one
+   file per vocabulary, as tf.Transform's vocabulary analyzer also does).
+2. Transform (unless analysing only): every split is read again and mapped through the
+   vocabularies (a side input) into tf.Examples of int64 IDs and filled float32 dense values,
+   written as gzipped TFRecords, and counted into the statistics on the way.
 Nothing here is runner-specific: `beam_pipeline_args` alone pick DirectRunner, Dataflow, Flink...
 """
 from __future__ import annotations
