@@ -25,7 +25,10 @@ from components.config import VocabularyOptions
 
 
 def order_vocabulary(counts: Iterable[Tuple[bytes, int]], options: VocabularyOptions) -> List[Tuple[bytes, int]]:
-    """Count descending, ties by token bytes ascending; then min_frequency, then top_k."""
+    """Count descending, ties by token bytes ascending; then min_frequency, then top_k.
+
+    The plain-Python statement of the order; the pipeline uses `order_arrays` + `prune`, which the
+    tests hold against this."""
     ordered = sorted(counts, key=lambda tc: (-tc[1], tc[0]))
     kept = [tc for tc in ordered if tc[1] >= options.min_frequency]
     if options.top_k is not None:
