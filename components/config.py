@@ -36,6 +36,7 @@ class VocabularyOptions:
     top_k: Optional[int] = None  # keep the k most frequent values; None keeps all
     min_frequency: int = 1  # drop values seen fewer times
     num_oov_buckets: int = 1  # out-of-vocabulary values hash into this many rows after the vocabulary
+    weight_column: Optional[str] = None  # count each value by this numeric column's value (tft's `weights`)
 
 
 @dataclass
@@ -165,6 +166,9 @@ class PipelineConfig:
     def feature_table(self, feature: CategoricalFeature) -> TableConfig:
         return self.table(feature.table or feature.name)
 
+    def weight_columns(self) -> List[str]:
+        return sorted({t.vocabulary.weight_column for t in self.tables if t.vocabulary.weight_column})
+
     def beam_pipeline_args(self) -> List[str]:
         args = [
             "--runner=DirectRunner",  # named explicitly: newer Beam would pick Prism and download it
@@ -271,6 +275,8 @@ def _check_vocabulary(v: Optional[VocabularyOptions], path: str) -> None:
     _check_positive(v.top_k, f"{path}.top_k", "keep at least one value, or remove top_k to keep all")
     _check_positive(v.min_frequency, f"{path}.min_frequency", "use 1 to keep every value seen")
     _check_positive(v.num_oov_buckets, f"{path}.num_oov_buckets", "at least one row for unseen values")
+    if v.weight_column == "":
+        raise ConfigError(f"{path}.weight_column: empty; name a numeric column or remove the field")
 
 
 def _check_optimizer(o: OptimizerConfig, path: str) -> None:

@@ -303,3 +303,29 @@ def test_html_report_renders_every_table_and_feature(preprocessed):
     for name in list(stats["tables"]) + list(stats["features"]):
         assert f"{name}" in text
     assert "not_utf8: 1" in text and "line_break: 1" in text
+
+
+def test_weighted_vocabulary(tmp_path):
+    """`weight_column`: a value counts by its rows' weights (tf.Transform's `weights`)."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    rows = [(1, [2.0], [0], [b"a"], [b"x"], [1], [b"a"]), (0, [0.5], [0], [b"b"], [b"x"], [1], [b"b"]),
+            (1, [0.5], [0], [b"b"], [b"y"], [1], [b"c"]), (1, None, [0], [b"c"], [b"y"], [1], [b"c"])]
+    _write_tfrecord_gz(str(tmp_path / "raw/Split-train/d.gz"), [_example(r) for r in rows])
+    config = json.loads(json.dumps(CONFIG))
+    config["tables"][0]["vocabulary"] = {"weight_column": "I1", "min_frequency": 1}
+    cfg = parse_config(config)
+    pipeline = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"]))
+    run_preprocessing(pipeline, cfg, {"train": str(tmp_path / "raw/Split-train/*")}, str(tmp_path / "v"),
+                      None, str(tmp_path / "s"))
+    # weights by row: 2.0, 0.5, 0.5, missing -> 0. C1 and C4 share the weighted table:
+    # a: 2.0 + 2.0 = 4.0; b: 0.5 + 0.5 (row 1) + 0.5 (C1 of row 2) = 1.5;
+    # c: 0.5 (C4 of row 2) + 0 + 0 (row 3 has no weight) = 0.5 -> below min_frequency 1
+    assert _read_counts_float(str(tmp_path / "v" / "shared.counts.txt")) == [(b"a", 4.0), (b"b", 1.5)]
+    assert V.read_vocabulary(str(tmp_path / "v"), "C2") == [b"x", b"y"]  # unweighted: 2 each, x first by bytes
+
+
+def _read_counts_float(path):
+    with open(path, "rb") as fh:
+        return [(line.split(b" ", 1)[1], float(line.split(b" ", 1)[0])) for line in fh.read().split(b"\n") if line]

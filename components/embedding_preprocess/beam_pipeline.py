@@ -68,7 +68,7 @@ def _column(rb: pa.RecordBatch, name: str) -> Optional[pa.Array]:
 
 
 def _count_values(tokens: pa.Array, counts: Optional[pa.Array] = None) -> Tuple[pa.Array, pa.Array]:
-    """(distinct tokens, their summed counts), vectorised in Arrow."""
+    """(distinct tokens, their summed counts or weights), vectorised in Arrow."""
     if counts is None:
         counts = pa.array(np.ones(len(tokens), np.int64))
     grouped = pa.table({"t": tokens, "c": counts}).group_by("t").aggregate([("c", "sum")])
@@ -95,7 +95,7 @@ class _CountTokens(beam.DoFn):
         self._cfg = config_from_json(self._config_json)
 
     def start_bundle(self):
-        self._buffer: Dict[str, List[pa.Array]] = {}
+        self._buffer: Dict[str, List[Tuple[pa.Array, Optional[np.ndarray]]]] = {}
         self._partial: Dict[str, Tuple[pa.Array, pa.Array]] = {}
         self._buffered = 0
         self._rows = [0, 0]  # read, dropped for a missing label
@@ -107,17 +107,24 @@ class _CountTokens(beam.DoFn):
         if not labelled.all():
             rb = rb.filter(pa.array(labelled))
             self._rows[1] += int((~labelled).sum())
+        weights = {  # a missing or NaN weight counts as 0
+            c: F.extract_dense(_column(rb, c), rb.num_rows, 0.0).values.astype(np.float64)
+            for c in self._cfg.weight_columns()
+        }
         for f in self._cfg.categorical_features:
+            table = self._cfg.feature_table(f)
             toks = F.extract_tokens(_column(rb, f.source), rb.num_rows, f.separator, f.max_length)
             if len(toks.values):
-                self._buffer.setdefault(self._cfg.feature_table(f).name, []).append(toks.values)
+                w = weights[table.vocabulary.weight_column][toks.row] if table.vocabulary.weight_column else None
+                self._buffer.setdefault(table.name, []).append((toks.values, w))
                 self._buffered += len(toks.values)
         if self._buffered > self.FLUSH_TOKENS:
             self._reduce()
 
     def _reduce(self):
-        for vocab, arrays in self._buffer.items():
-            tokens, counts = _count_values(pa.concat_arrays(arrays))
+        for vocab, parts in self._buffer.items():
+            weights = None if parts[0][1] is None else pa.array(np.concatenate([w for _, w in parts]))
+            tokens, counts = _count_values(pa.concat_arrays([t for t, _ in parts]), weights)
             if vocab in self._partial:
                 old_t, old_c = self._partial[vocab]
                 tokens, counts = _count_values(pa.concat_arrays([old_t, tokens]), pa.concat_arrays([old_c, counts]))

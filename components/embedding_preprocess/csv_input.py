@@ -41,6 +41,7 @@ def read_header(pattern: str) -> List[str]:
 
 def check_columns(cfg: PipelineConfig, header: List[str], source: str) -> None:
     wanted = [cfg.label] + [d.source for d in cfg.dense_features] + [f.source for f in cfg.categorical_features]
+    wanted += cfg.weight_columns()
     missing = [c for c in dict.fromkeys(wanted) if c not in header]
     if missing:
         raise InputError(
@@ -98,7 +99,7 @@ class _LinesToRecordBatch(beam.DoFn):
         from components.config import config_from_json
 
         cfg = config_from_json(self._config_json)
-        numeric = {cfg.label} | {d.source for d in cfg.dense_features}
+        numeric = {cfg.label} | {d.source for d in cfg.dense_features} | set(cfg.weight_columns())
         self._numeric = [c for c in self._header if c in numeric]
         self._csv = csv
         self._convert = csv.ConvertOptions(

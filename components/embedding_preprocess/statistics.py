@@ -100,8 +100,10 @@ def batch_table_stats(
 
 def vocabulary_stats(name: str, ordered_counts: Sequence[int], kept: int, top: Sequence[Tuple[bytes, int]]):
     """Coverage curve, hottest values and skew of one vocabulary (counts in descending order)."""
-    counts = np.asarray(ordered_counts, dtype=np.int64)
-    total = int(counts.sum())
+    counts = np.asarray(ordered_counts)  # int64, or float64 for weighted vocabularies
+    if counts.dtype.kind not in "if":
+        counts = counts.astype(np.int64)
+    total = counts.sum().item() if len(counts) else 0
     cum = np.cumsum(counts)
     coverage = []  # share of all occurrences covered by the N most frequent values, N = 1, 2, 4, ...
     n = 1
@@ -122,7 +124,7 @@ def vocabulary_stats(name: str, ordered_counts: Sequence[int], kept: int, top: S
             "covered_by_vocabulary": float(cum[kept - 1] / total) if kept and total else 0.0,
             "coverage_curve": coverage,
             "hottest_values": [
-                {"value": t.decode("utf-8", "replace"), "count": int(c), "share": c / total} for t, c in top
+                {"value": t.decode("utf-8", "replace"), "count": c, "share": c / total} for t, c in top
             ],
             "skew": {"gini": gini, "top_1pct_share": float(cum[top1 - 1] / total) if total else 0.0},
         }

@@ -65,7 +65,8 @@ def write_vocabulary(directory: str, name: str, entries: Sequence[Tuple[bytes, i
     with FileSystems.create(vocabulary_file(directory, name)) as fh:
         fh.write(b"".join(t + b"\n" for t, _ in entries))
     with FileSystems.create(counts_file(directory, name)) as fh:
-        fh.write(b"".join(b"%d %s\n" % (c, t) for t, c in entries))
+        # integer counts, or weighted counts (floats, repr: exact and shortest) with weight_column
+        fh.write(b"".join(b"%s %s\n" % (repr(c).encode(), t) for t, c in entries))
 
 
 def read_vocabulary(directory: str, name: str) -> List[bytes]:
