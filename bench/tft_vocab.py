@@ -13,7 +13,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import components  # noqa: E402,F401  (legacy Keras before TensorFlow)
 import apache_beam as beam  # noqa: E402
 import tensorflow as tf  # noqa: E402
-import tensorflow_transform as tft  # noqa: E402
 import tensorflow_transform.beam as tft_beam  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 from tensorflow_transform.tf_metadata import schema_utils  # noqa: E402

@@ -283,10 +283,11 @@ def _as_list_array(values: np.ndarray, lengths: np.ndarray) -> pa.Array:
 
 @beam.ptransform_fn
 def _ReadRecordBatches(pipeline, file_pattern: str, batch_size: int):  # pylint: disable=invalid-name
+    rows = read_batch_rows(batch_size)
     return (
         pipeline
         | "Read" >> beam.io.ReadFromTFRecord(file_pattern)
-        | "Batch" >> beam.BatchElements(min_batch_size=read_batch_rows(batch_size), max_batch_size=read_batch_rows(batch_size))
+        | "Batch" >> beam.BatchElements(min_batch_size=rows, max_batch_size=rows)
         | "Decode" >> beam.ParDo(_DecodeExamples())
     )
 

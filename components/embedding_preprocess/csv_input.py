@@ -87,7 +87,9 @@ def _compressed(path: str) -> bool:
     return path.endswith((".gz", ".bz2", ".zst", ".deflate"))
 
 
-class _LinesToRecordBatch(beam.DoFn):
+class _ParseCsvRange(beam.DoFn):
+    """One byte range of a CSV file -> RecordBatches of `rows` rows, plus input statistics."""
+
     def __init__(self, header: List[str], config_json: str, rows: int):
         self._header = header
         self._config_json = config_json
@@ -167,6 +169,6 @@ def ReadCsvRecordBatches(pipeline, pattern: str, header: List[str], cfg: Pipelin
         pipeline
         | "Ranges" >> beam.Create(split_ranges(pattern, CHUNK_BYTES))
         | "Spread" >> beam.Reshuffle()
-        | "Parse" >> beam.ParDo(_LinesToRecordBatch(header, cfg.to_json(), rows)).with_outputs("stats", main="batches")
+        | "Parse" >> beam.ParDo(_ParseCsvRange(header, cfg.to_json(), rows)).with_outputs("stats", main="batches")
     )
     return result.batches, result.stats
