@@ -135,6 +135,15 @@ class StatisticsConfig:
 
 
 @dataclass
+class TransformedExamplesConfig:
+    """How preprocessing writes the transformed examples the trainer reads."""
+
+    # none: plain TFRecords (default: gzip at Beam's fixed level 6 costs about a third of the
+    # preprocessing CPU, and every training host pays again to inflate them); gzip: ~4.8x smaller.
+    compression: str = "none"
+
+
+@dataclass
 class BeamConfig:
     direct_running_mode: str = "multi_processing"  # in_memory | multi_threading | multi_processing
     direct_num_workers: int = 0  # 0: one per core
@@ -153,6 +162,7 @@ class PipelineConfig:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     statistics: StatisticsConfig = field(default_factory=StatisticsConfig)
+    transformed_examples: TransformedExamplesConfig = field(default_factory=TransformedExamplesConfig)
     beam: BeamConfig = field(default_factory=BeamConfig)
     source_file: Optional[str] = None  # where it was loaded from; not a YAML field
 
@@ -413,6 +423,7 @@ def resolve(cfg: PipelineConfig) -> PipelineConfig:
     if st.headroom < 0:
         raise ConfigError(f"statistics.headroom: must be 0 or more, got {st.headroom} (e.g. 0.2 for 20%)")
     _check_positive(st.top_values, "statistics.top_values", "how many hottest values to list")
+    _check_choice(cfg.transformed_examples.compression, ("none", "gzip"), "transformed_examples.compression")
     _check_choice(
         cfg.beam.direct_running_mode, ("in_memory", "multi_threading", "multi_processing"), "beam.direct_running_mode"
     )

@@ -22,6 +22,7 @@ import tensorflow as tf
 from components.config import load_config
 from components.embedding_preprocess import vocabulary as V
 from components.synthetic_data import GeneratorSpec, ensure_dataset
+from components.tfrecords import compression_type
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = 50_000
@@ -108,7 +109,7 @@ def test_pushed_model_scores_raw_examples_like_trained_model(pipeline_run, tmp_p
     trained_dir = glob.glob(str(out / "pipeline_root" / "Trainer" / "model" / "*" / "Format-Serving"))[0]
     trained = tf.saved_model.load(trained_dir)
     tx_files = glob.glob(str(out / "pipeline_root" / "EmbeddingPreprocess" / "transformed_examples" / "*" / "Split-eval" / "*"))
-    tx = [r.numpy() for r in tf.data.TFRecordDataset(sorted(tx_files), compression_type="GZIP")]
+    tx = [r.numpy() for r in tf.data.TFRecordDataset(sorted(tx_files), compression_type=compression_type(tx_files))]
     scores = trained.signatures["serving_default"](examples=tf.constant(tx))["probabilities"].numpy().ravel()
     # Beam does not keep row order, so compare the two score multisets (every eval row is labelled here).
     assert len(serving) == len(scores)

@@ -13,6 +13,7 @@ import tensorflow as tf
 from components.config import parse_config
 from components.embedding_preprocess import vocabulary as V
 from components.embedding_preprocess.run import run_preprocessing
+from components.tfrecords import compression_type
 
 CONFIG = {
     "input": {"path": "unused.csv"},
@@ -25,6 +26,7 @@ CONFIG = {
         {"name": "C3", "dim": 4, "vocabulary": {"top_k": 2}},
         {"name": "C4", "column": "C4raw", "table": "shared"},
     ],
+    "transformed_examples": {"compression": "gzip"},  # the e2e test covers the default (plain TFRecords)
 }
 
 # (label, I1, I2, C1, C2, C3, C4raw); None = feature absent, [] = present but empty
@@ -171,6 +173,7 @@ def test_text_file_initializer_reads_vocabulary(preprocessed):
 
 def _transformed(root, split):
     files = tf.io.gfile.glob(str(root / f"tx/Split-{split}/*"))
+    assert files and all(f.endswith(".gz") for f in files), files
     spec = {
         "label": tf.io.FixedLenFeature([1], tf.float32),
         "I1": tf.io.FixedLenFeature([1], tf.float32),
@@ -178,7 +181,7 @@ def _transformed(root, split):
         **{c: tf.io.VarLenFeature(tf.int64) for c in COLUMN},
     }
     out = []
-    for rec in tf.data.TFRecordDataset(files, compression_type="GZIP"):
+    for rec in tf.data.TFRecordDataset(files, compression_type=compression_type(files)):
         p = tf.io.parse_single_example(rec, spec)
         out.append({k: (tf.sparse.to_dense(v).numpy().tolist() if isinstance(v, tf.SparseTensor) else
                         float(v.numpy()[0])) for k, v in p.items()})

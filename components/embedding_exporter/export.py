@@ -40,7 +40,9 @@ def read_raw_examples(file_pattern: str, limit: int) -> List[bytes]:
     if not files:
         raise ExportRefused(f"no eval examples match {file_pattern}; cannot verify the export")
     out: List[bytes] = []
-    for record in tf.data.TFRecordDataset(files, compression_type="GZIP").take(limit):
+    from components.tfrecords import compression_type
+
+    for record in tf.data.TFRecordDataset(files, compression_type=compression_type(files)).take(limit):
         out.append(record.numpy())
     return out
 

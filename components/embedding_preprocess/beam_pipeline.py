@@ -7,20 +7,23 @@ or CSV byte ranges parsed by pyarrow, see csv_input.py):
    Beam before the shuffle). Each vocabulary is then ordered with an Arrow sort and written (one
    file per vocabulary, as tf.Transform's vocabulary analyzer also does).
 2. Transform (unless analysing only): every split is read again and mapped through the
-   vocabularies (a side input) into tf.Examples of int64 IDs and filled float32 dense values,
-   written as gzipped TFRecords, and counted into the statistics on the way.
+   vocabularies (read from the written files once per worker process; the side input only carries
+   their sizes) into tf.Examples of int64 IDs and filled float32 dense values, written as TFRecords
+   (gzipped when `transformed_examples.compression: gzip`), and counted into the statistics on the way.
 Nothing here is runner-specific: `beam_pipeline_args` alone pick DirectRunner, Dataflow, Flink...
 """
 from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections import Counter
 from typing import Any, Dict, List, Optional, Tuple
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from components.config import PipelineConfig
 from components.embedding_preprocess import features as F
@@ -69,8 +72,9 @@ def _column(rb: pa.RecordBatch, name: str) -> Optional[pa.Array]:
 
 def _count_values(tokens: pa.Array, counts: Optional[pa.Array] = None) -> Tuple[pa.Array, pa.Array]:
     """(distinct tokens, their summed counts or weights), vectorised in Arrow."""
-    if counts is None:
-        counts = pa.array(np.ones(len(tokens), np.int64))
+    if counts is None:  # plain occurrences: Arrow's hash count, ~1.5x faster than a group-by sum
+        vc = pc.value_counts(tokens)
+        return vc.field("values"), vc.field("counts")
     grouped = pa.table({"t": tokens, "c": counts}).group_by("t").aggregate([("c", "sum")])
     return grouped.column("t").combine_chunks(), grouped.column("c_sum").combine_chunks()
 
@@ -172,9 +176,8 @@ def _write_vocabulary(item: Tuple[str, Tuple[pa.Array, pa.Array]], out_dir: str,
     options = VocabularyOptions(**json.loads(options_json)[name])
     tokens, counts = V.order_arrays(tokens, counts)  # every value, for coverage and skew
     kept = V.prune(counts, options)
-    entries = list(zip(tokens.slice(0, kept).to_pylist(), counts.slice(0, kept).to_pylist()))
-    V.write_vocabulary(out_dir, name, entries)
-    yield name, [t for t, _ in entries]
+    V.write_vocabulary_arrays(out_dir, name, tokens.slice(0, kept), counts.slice(0, kept))
+    yield name, kept  # the transform pass reads the files; this only says they are written
     top = list(zip(tokens.slice(0, top_values).to_pylist(), counts.slice(0, top_values).to_pylist()))
     yield beam.pvalue.TaggedOutput("stats", S.vocabulary_stats(name, counts.to_numpy(), kept, top))
 
@@ -189,6 +192,31 @@ def make_lookups(cfg: PipelineConfig, vocabularies: Dict[str, List[bytes]]) -> D
     return {
         t.name: V.VocabularyLookup(vocabularies.get(t.name, []), t.vocabulary.num_oov_buckets) for t in cfg.tables
     }
+
+
+# Lookups built in this worker process, by vocabulary directory: every transform DoFn (one per
+# split) and every bundle of a process share one copy instead of each receiving the vocabularies
+# through a side input (which the portable runners re-send per bundle).
+# Keyed by a per-pipeline run id too, so that a later run into the same directory never sees them.
+_LOOKUP_CACHE: Dict[Tuple[str, str], Dict[str, V.VocabularyLookup]] = {}
+
+
+def load_lookups(
+    cfg: PipelineConfig, vocabulary_dir: str, sizes: Dict[str, int], run_id: str = ""
+) -> Dict[str, V.VocabularyLookup]:
+    """Lookups over the vocabulary files just written; `sizes` (from the writer) guards against stale files."""
+    key = (vocabulary_dir, run_id)
+    if key not in _LOOKUP_CACHE:
+        vocabularies = {name: V.read_vocabulary(vocabulary_dir, name) for name in sizes}
+        for name, size in sizes.items():
+            if len(vocabularies[name]) != size:
+                raise RuntimeError(
+                    f"{V.vocabulary_file(vocabulary_dir, name)} has {len(vocabularies[name])} tokens, the writer "
+                    f"wrote {size}: another run is writing to the same output directory"
+                )
+        _LOOKUP_CACHE.clear()  # one run per process at a time: earlier runs' lookups are no longer needed
+        _LOOKUP_CACHE[key] = make_lookups(cfg, vocabularies)
+    return _LOOKUP_CACHE[key]
 
 
 def transform_record_batch(
@@ -254,9 +282,11 @@ def transform_record_batch(
 class _TransformBatch(beam.DoFn):
     """One RecordBatch -> transformed tf.Examples, plus a statistics partial (tagged output)."""
 
-    def __init__(self, config_json: str, split: str):
+    def __init__(self, config_json: str, split: str, vocabulary_dir: str, run_id: str):
         self._config_json = config_json
         self._split = split
+        self._vocabulary_dir = vocabulary_dir
+        self._run_id = run_id
 
     def setup(self):
         from tfx_bsl.coders import example_coder
@@ -267,9 +297,9 @@ class _TransformBatch(beam.DoFn):
         self._encoder = example_coder.RecordBatchToExamplesEncoder()
         self._lookups: Optional[Dict[str, V.VocabularyLookup]] = None
 
-    def process(self, rb: pa.RecordBatch, vocabularies: Dict[str, List[bytes]]):
+    def process(self, rb: pa.RecordBatch, vocabulary_sizes: Dict[str, int]):
         if self._lookups is None:
-            self._lookups = make_lookups(self._cfg, vocabularies)
+            self._lookups = load_lookups(self._cfg, self._vocabulary_dir, vocabulary_sizes, self._run_id)
         out, _, stats = transform_record_batch(self._cfg, self._lookups, rb, self._split)
         if out is not None:
             yield from self._encoder.encode(out)
@@ -334,17 +364,19 @@ def build_pipeline(
             "stats", main="vocab"
         )
     )
-    vocabularies = beam.pvalue.AsDict(vocab_results.vocab)
+    vocabulary_sizes = beam.pvalue.AsDict(vocab_results.vocab)
+    run_id = uuid.uuid4().hex
     partial_stats = [vocab_results.stats, counted.stats]
     for split, pattern in split_patterns.items() if not analyze_only else []:
         rbs, stats = read_source(pipeline, cfg, f"ReadForTransform[{split}]", pattern, input_format)
         if stats is not None:
             input_stats.append(stats)
         result = rbs | f"Transform[{split}]" >> beam.ParDo(
-            _TransformBatch(config_json, split), vocabularies
+            _TransformBatch(config_json, split, vocabulary_dir, run_id), vocabulary_sizes
         ).with_outputs("stats", main="examples")
         _ = result.examples | f"Write[{split}]" >> beam.io.WriteToTFRecord(
-            os.path.join(transformed_dirs[split], TRANSFORMED_PREFIX), file_name_suffix=".gz"
+            os.path.join(transformed_dirs[split], TRANSFORMED_PREFIX),
+            file_name_suffix=".gz" if cfg.transformed_examples.compression == "gzip" else "",
         )
         partial_stats.append(result.stats)
     partial_stats += input_stats

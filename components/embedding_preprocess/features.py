@@ -95,9 +95,7 @@ def extract_tokens(
         values = parts.flatten()
     keep = np.asarray(pc.fill_null(pc.greater(pc.binary_length(values), 0), False))
     bad_utf8 = _invalid_utf8_mask(values)
-    bad_break = np.asarray(
-        pc.fill_null(pc.or_(pc.match_substring(values, "\n"), pc.match_substring(values, "\r")), False)
-    )
+    bad_break = _line_break_mask(values)
     n_utf8 = int(np.count_nonzero(keep & bad_utf8))
     n_break = int(np.count_nonzero(keep & bad_break & ~bad_utf8))
     if n_utf8:
@@ -118,6 +116,21 @@ def extract_tokens(
             row = row[within]
             values = values.filter(pa.array(within))
     return Tokens(row, values, num_rows, truncated, invalid)
+
+
+def _line_break_mask(values: pa.Array) -> np.ndarray:
+    """Which tokens hold a line break. One numpy scan of the data buffer decides the common case
+    (none anywhere); only then is each token checked."""
+    data = values.buffers()[2] if len(values) else None
+    if data is None or data.size == 0:
+        return np.zeros(len(values), dtype=bool)
+    offsets = np.frombuffer(values.buffers()[1], np.int32, len(values) + 1, values.offset * 4)
+    raw = np.frombuffer(data, np.uint8)[offsets[0] : offsets[-1]]  # this (maybe sliced) array's bytes only
+    if not ((raw == 10) | (raw == 13)).any():
+        return np.zeros(len(values), dtype=bool)
+    return np.asarray(
+        pc.fill_null(pc.or_(pc.match_substring(values, "\n"), pc.match_substring(values, "\r")), False)
+    )
 
 
 def _invalid_utf8_mask(values: pa.Array) -> np.ndarray:

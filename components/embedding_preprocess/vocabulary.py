@@ -60,13 +60,37 @@ def counts_file(directory: str, name: str) -> str:
 
 def write_vocabulary(directory: str, name: str, entries: Sequence[Tuple[bytes, int]]) -> None:
     """Writes both files through Beam's filesystems (local, GCS, ...), byte-identical per input."""
+    write_vocabulary_arrays(
+        directory,
+        name,
+        pa.array([t for t, _ in entries], pa.binary()),
+        pa.array([c for _, c in entries], pa.float64() if any(isinstance(c, float) for _, c in entries) else pa.int64()),
+    )
+
+
+def _lines(values: pa.Array) -> bytes:
+    """`b"".join(v + b"\n" for v in values)`, done by Arrow: a million-line vocabulary takes
+    milliseconds instead of seconds of Python string work."""
+    if len(values) == 0:
+        return b""
+    joined = pc.binary_join_element_wise(pc.cast(values, pa.binary()), pa.scalar(b"", pa.binary()), b"\n")
+    offsets = np.frombuffer(joined.buffers()[1], np.int32, len(joined) + 1, joined.offset * 4)
+    return joined.buffers()[2].to_pybytes()[offsets[0] : offsets[-1]]
+
+
+def write_vocabulary_arrays(directory: str, name: str, tokens: pa.Array, counts: pa.Array) -> None:
+    """`write_vocabulary` for ordered Arrow arrays: tokens (binary) and their counts."""
     from apache_beam.io.filesystems import FileSystems
 
     with FileSystems.create(vocabulary_file(directory, name)) as fh:
-        fh.write(b"".join(t + b"\n" for t, _ in entries))
+        fh.write(_lines(tokens))
+    if pa.types.is_integer(counts.type):
+        count_text = pc.cast(counts, pa.string())  # Arrow's decimal text equals Python's str(int)
+    else:  # weighted counts (weight_column): Python's repr, exact and shortest
+        count_text = pa.array([repr(float(c)) for c in counts.to_pylist()], pa.string())
     with FileSystems.create(counts_file(directory, name)) as fh:
-        # integer counts, or weighted counts (floats, repr: exact and shortest) with weight_column
-        fh.write(b"".join(b"%s %s\n" % (repr(c).encode(), t) for t, c in entries))
+        # tf.Transform's store_frequency convention: "<count> <token>"
+        fh.write(_lines(pc.binary_join_element_wise(pc.cast(count_text, pa.binary()), tokens, b" ")))
 
 
 def read_vocabulary(directory: str, name: str) -> List[bytes]:

@@ -34,8 +34,11 @@ def make_dataset(
     training: bool,
     seed: int = 0,
 ) -> tf.data.Dataset:
+    from components.tfrecords import compression_type
+
+    compression = compression_type([f for p in file_patterns for f in tf.io.gfile.glob(p)])
     files = tf.data.Dataset.list_files(file_patterns, shuffle=training, seed=seed)
-    ds = tf.data.TFRecordDataset(files, compression_type="GZIP", num_parallel_reads=tf.data.AUTOTUNE)
+    ds = tf.data.TFRecordDataset(files, compression_type=compression, num_parallel_reads=tf.data.AUTOTUNE)
     if training:
         ds = ds.shuffle(16 * batch_size, seed=seed, reshuffle_each_iteration=True).repeat()
     ds = ds.batch(batch_size, drop_remainder=training)
