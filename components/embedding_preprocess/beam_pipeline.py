@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from components import tfrecords
 from components.config import PipelineConfig
 from components.embedding_preprocess import features as F
 from components.embedding_preprocess import statistics as S
@@ -280,7 +281,8 @@ def transform_record_batch(
 
 
 class _TransformBatch(beam.DoFn):
-    """One RecordBatch -> transformed tf.Examples, plus a statistics partial (tagged output)."""
+    """One RecordBatch -> its transformed tf.Examples as one block of framed TFRecords, plus a
+    statistics partial (tagged output)."""
 
     def __init__(self, config_json: str, split: str, vocabulary_dir: str, run_id: str):
         self._config_json = config_json
@@ -302,7 +304,7 @@ class _TransformBatch(beam.DoFn):
             self._lookups = load_lookups(self._cfg, self._vocabulary_dir, vocabulary_sizes, self._run_id)
         out, _, stats = transform_record_batch(self._cfg, self._lookups, rb, self._split)
         if out is not None:
-            yield from self._encoder.encode(out)
+            yield tfrecords.frame(self._encoder.encode(out))  # one element per batch, see tfrecords.py
         yield beam.pvalue.TaggedOutput("stats", stats)
 
 
@@ -374,9 +376,11 @@ def build_pipeline(
         result = rbs | f"Transform[{split}]" >> beam.ParDo(
             _TransformBatch(config_json, split, vocabulary_dir, run_id), vocabulary_sizes
         ).with_outputs("stats", main="examples")
-        _ = result.examples | f"Write[{split}]" >> beam.io.WriteToTFRecord(
-            os.path.join(transformed_dirs[split], TRANSFORMED_PREFIX),
-            file_name_suffix=".gz" if cfg.transformed_examples.compression == "gzip" else "",
+        _ = result.examples | f"Write[{split}]" >> beam.io.Write(
+            tfrecords.FramedTFRecordSink(
+                os.path.join(transformed_dirs[split], TRANSFORMED_PREFIX),
+                file_name_suffix=".gz" if cfg.transformed_examples.compression == "gzip" else "",
+            )
         )
         partial_stats.append(result.stats)
     partial_stats += input_stats

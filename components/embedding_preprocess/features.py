@@ -168,11 +168,12 @@ def extract_dense(arr: Optional[pa.Array], num_rows: int, fill_value: float) -> 
         return DenseValues(out, missing=num_rows, invalid=invalid)
     vals = np.asarray(pc.cast(values, pa.float32(), safe=False).to_numpy(zero_copy_only=False), dtype=np.float32)
     if len(row):
-        first = np.searchsorted(row, row, side="left") == np.arange(len(row))
-        multi = int(len(row) - np.count_nonzero(first))
-        if multi:
-            invalid[INVALID_MULTI_VALUED] = multi
-        row, vals = row[first], vals[first]
+        if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):  # flat columns hold one value per row
+            first = np.searchsorted(row, row, side="left") == np.arange(len(row))
+            multi = int(len(row) - np.count_nonzero(first))
+            if multi:
+                invalid[INVALID_MULTI_VALUED] = multi
+            row, vals = row[first], vals[first]
         nan = np.isnan(vals)
         if nan.any():
             invalid[INVALID_NAN] = int(nan.sum())
