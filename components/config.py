@@ -147,6 +147,10 @@ class TransformedExamplesConfig:
 class BeamConfig:
     direct_running_mode: str = "multi_processing"  # in_memory | multi_threading | multi_processing
     direct_num_workers: int = 0  # 0: one per core
+    # CombinePerKey hot-key fan-out for the token counts (intermediate keys per feature); >1 helps
+    # runners with many bundles (Dataflow, Flink, Spark) where a large feature's partials would
+    # otherwise all be merged by one worker. 0 or 1: off.
+    hot_key_fanout: int = 0
     extra_args: List[str] = field(default_factory=list)  # e.g. --runner=DataflowRunner --project=...
 
 
@@ -427,6 +431,8 @@ def resolve(cfg: PipelineConfig) -> PipelineConfig:
     _check_choice(
         cfg.beam.direct_running_mode, ("in_memory", "multi_threading", "multi_processing"), "beam.direct_running_mode"
     )
+    if cfg.beam.hot_key_fanout < 0:
+        raise ConfigError("beam.hot_key_fanout: must be 0 (off) or a positive number of intermediate keys")
     if cfg.beam.direct_num_workers < 0:
         raise ConfigError("beam.direct_num_workers: must be 0 (one per core) or a positive count")
     return cfg

@@ -27,6 +27,7 @@ CONFIG = {
         {"name": "C4", "column": "C4raw", "table": "shared"},
     ],
     "transformed_examples": {"compression": "gzip"},  # the e2e test covers the default (plain TFRecords)
+    "beam": {"hot_key_fanout": 3},  # the e2e test covers the default (no fan-out)
 }
 
 # (label, I1, I2, C1, C2, C3, C4raw); None = feature absent, [] = present but empty
@@ -36,11 +37,11 @@ ROWS = [
     (0, None, [5], [b"b"], [b"y"], [8], [b""]),
     (1, [2.0, 3.0], [1], [b"bad\xff"], [b"x"], [9], [b"line\nbreak"]),
     (None, [1.0], [1], [b"a"], [b"x|y"], [7], [b"c"]),  # no label: dropped and counted
-    (0, [4.0], [2], [], None, [], [b"c"]),
+    (0, [4.0], [2], [], None, [-1], [b"c"]),  # -1: a negative integer ID is invalid
     (1, [1.5], [0], [b"c"], [b"|z|x|y"], [8], [b"a"]),
 ]
 EVAL_ROWS = [
-    (0, [1.0], [1], [b"unseen1"], [b"x|q"], [99], [b"a"]),
+    (0, [1.0], [1], [b"unseen1"], [b"x|q"], [-7, 99], [b"a"]),
     (1, [], [2], [b"b"], [b"y|y|y"], [8], [b"unseen2"]),
 ]
 
@@ -79,6 +80,8 @@ def expected_tokens(values, separator, max_length):
         return []
     out = []
     for v in values:
+        if isinstance(v, int) and v < 0:
+            continue
         v = str(v).encode() if isinstance(v, int) else v
         parts = v.split(separator.encode()) if separator else [v]
         for p in parts:
@@ -240,6 +243,8 @@ def test_statistics_count_bad_values_by_reason(preprocessed):
     c1 = stats["features"]["C1"]["splits"]["train"]
     assert c1["invalid_values"] == {"not_utf8": 1}
     assert stats["features"]["C4"]["splits"]["train"]["invalid_values"] == {"line_break": 1}
+    assert stats["features"]["C3"]["splits"]["train"]["invalid_values"] == {"negative_int": 1}
+    assert stats["features"]["C3"]["splits"]["eval"]["invalid_values"] == {"negative_int": 1}
     c2 = stats["features"]["C2"]["splits"]["train"]
     assert c2["truncated_ids"] == 2  # "x|y|z" and "|z|x|y" each lose one token to max_length 2
     assert c2["ids_per_example"]["max"] == 2
@@ -270,6 +275,41 @@ def test_serving_transform_matches_preprocessing(preprocessed):
             assert got[: len(exp[f])] == exp[f], (i, f)
             assert all(g == 0 for g in got[len(exp[f]):]) and len(inputs[f].values.numpy()[inputs[f].indices.numpy()[:, 0] == i]) == len(exp[f])
         assert float(inputs["I1"][i, 0]) == pytest.approx(exp["I1"]) and float(inputs["I2"][i, 0]) == exp["I2"]
+
+
+def test_shared_table_features_have_their_own_value_statistics(preprocessed):
+    _, _, stats = preprocessed
+    for f in ("C1", "C4"):  # the two features of table "shared", each on its own values
+        counts = independent_vocab([f], ROWS)
+        total = sum(c for _, c in counts)
+        values = stats["features"][f]["values"]
+        assert values["distinct_values"] == len(counts) and values["occurrences"] == total, f
+        assert [(h["value"].encode(), h["count"]) for h in values["hottest_values"]] == counts[:10], f
+        assert values["coverage_curve"][0] == {"top": 1, "share": counts[0][1] / total}, f
+    # the table adds both up
+    assert stats["tables"]["shared"]["vocabulary"]["occurrences"] == sum(
+        stats["features"][f]["values"]["occurrences"] for f in ("C1", "C4")
+    )
+    # a feature with a table of its own shows the table's distribution
+    own = stats["tables"]["C3"]["vocabulary"]
+    assert stats["features"]["C3"]["values"] == {k: own[k] for k in stats["features"]["C3"]["values"]}
+    assert stats["features"]["C3"]["values"]["distinct_values"] == 3
+
+
+def test_json_signature_applies_integer_rules(preprocessed):
+    """An integer column sent as JSON strings: "-1" is invalid (no ID) as in preprocessing."""
+    from components.embedding_exporter.serving import RawFeatureTransform
+
+    _, root, _ = preprocessed
+    manifest = json.loads((root / "vocab" / "manifest.json").read_text())
+    transform = RawFeatureTransform(manifest, str(root / "vocab"))
+    columns = {
+        "I1": tf.constant([1.0, 1.0]), "I2": tf.constant([1.0, 1.0]), "C1": tf.constant([b"a", b"a"]),
+        "C2": tf.constant([b"x", b"x"]), "C3": tf.constant([b"-1", b"7"]), "C4raw": tf.constant([b"a", b"a"]),
+    }
+    c3 = transform.from_feature_tensors(columns)["C3"]
+    assert c3.indices.numpy()[:, 0].tolist() == [1]  # row 0 has no ID
+    assert c3.values.numpy().tolist() == [V.read_vocabulary(str(root / "vocab"), "C3").index(b"7")]
 
 
 def test_table_statistics_are_consistent(preprocessed):

@@ -79,11 +79,14 @@ class RawFeatureTransform(tf.Module):
         return self._to_model_inputs(ragged, from_json=True)
 
     def _tokens(self, values: tf.RaggedTensor, f: Dict[str, Any], from_json: bool) -> tf.RaggedTensor:
-        kind = F.KIND_BYTES if from_json else self.kinds[f["column"]]
+        raw_kind = self.kinds[f["column"]]
+        kind = F.KIND_BYTES if from_json else raw_kind
         if kind == F.KIND_FLOAT:  # floats are invalid categorical values: no tokens
             return tf.ragged.boolean_mask(tf.strings.as_string(values), tf.zeros_like(values, tf.bool))
-        if kind == F.KIND_INT:
-            values = tf.strings.as_string(values)
+        if kind == F.KIND_INT:  # negative integers are invalid (features.extract_tokens)
+            values = tf.strings.as_string(tf.ragged.boolean_mask(values, values >= 0))
+        elif raw_kind == F.KIND_INT:  # the same rule for integer columns sent as JSON strings
+            values = tf.ragged.boolean_mask(values, tf.logical_not(tf.strings.regex_full_match(values, "-[0-9]+")))
         if f["separator"] is not None:
             values = tf.strings.split(values, f["separator"]).merge_dims(1, 2)
         values = tf.ragged.boolean_mask(values, _valid_tokens(values))

@@ -2,10 +2,11 @@
 
 Two passes over the data, on Arrow RecordBatches (tf.Examples decoded by tfx_bsl's C++ decoder,
 or CSV byte ranges parsed by pyarrow, see csv_input.py):
-1. Count: each bundle's tokens are counted per vocabulary with Arrow's group-by before anything
+1. Count: each bundle's tokens are counted per feature with Arrow's hash counting before anything
    is shuffled; the per-bundle partials are added by `CombinePerKey(_MergeCountsFn)` (lifted by
-   Beam before the shuffle). Each vocabulary is then ordered with an Arrow sort and written (one
-   file per vocabulary, as tf.Transform's vocabulary analyzer also does).
+   Beam before the shuffle, with hot-key fan-out when `beam.hot_key_fanout` > 1), and the features
+   of a shared table are added up per table. Each vocabulary is then ordered with an Arrow sort and
+   written (one file per vocabulary, as tf.Transform's vocabulary analyzer also does).
 2. Transform (unless analysing only): every split is read again and mapped through the
    vocabularies (read from the written files once per worker process; the side input only carries
    their sizes) into tf.Examples of int64 IDs and filled float32 dense values, written as TFRecords
@@ -81,11 +82,11 @@ def _count_values(tokens: pa.Array, counts: Optional[pa.Array] = None) -> Tuple[
 
 
 class _CountTokens(beam.DoFn):
-    """Counts each vocabulary's tokens over a whole bundle before anything is shuffled.
+    """Counts each feature's tokens over a whole bundle before anything is shuffled.
 
-    Tokens are buffered per vocabulary and reduced with Arrow's group-by whenever the buffer grows
-    past `FLUSH_TOKENS` and at the end of the bundle; one (vocabulary, (tokens, counts)) partial per
-    vocabulary and bundle is emitted, so shuffle volume is bounded by distinct values per bundle.
+    Tokens are buffered per feature and reduced with Arrow's group-by whenever the buffer grows
+    past `FLUSH_TOKENS` and at the end of the bundle; one (feature, (tokens, counts)) partial per
+    feature and bundle is emitted, so shuffle volume is bounded by distinct values per bundle.
     """
 
     FLUSH_TOKENS = 2_000_000
@@ -116,12 +117,12 @@ class _CountTokens(beam.DoFn):
             c: F.extract_dense(_column(rb, c), rb.num_rows, 0.0).values.astype(np.float64)
             for c in self._cfg.weight_columns()
         }
-        for f in self._cfg.categorical_features:
+        for f in self._cfg.categorical_features:  # counted per feature; shared tables add theirs up later
             table = self._cfg.feature_table(f)
             toks = F.extract_tokens(_column(rb, f.source), rb.num_rows, f.separator, f.max_length)
             if len(toks.values):
                 w = weights[table.vocabulary.weight_column][toks.row] if table.vocabulary.weight_column else None
-                self._buffer.setdefault(table.name, []).append((toks.values, w))
+                self._buffer.setdefault(f.name, []).append((toks.values, w))
                 self._buffered += len(toks.values)
         if self._buffered > self.FLUSH_TOKENS:
             self._reduce()
@@ -181,6 +182,22 @@ def _write_vocabulary(item: Tuple[str, Tuple[pa.Array, pa.Array]], out_dir: str,
     yield name, kept  # the transform pass reads the files; this only says they are written
     top = list(zip(tokens.slice(0, top_values).to_pylist(), counts.slice(0, top_values).to_pylist()))
     yield beam.pvalue.TaggedOutput("stats", S.vocabulary_stats(name, counts.to_numpy(), kept, top))
+
+
+def _feature_value_stats(item: Tuple[str, Tuple[pa.Array, pa.Array]], top_values: int):
+    """Coverage, hottest values and skew of one feature of a shared table, on its own values."""
+    name, (tokens, counts) = item
+    tokens, counts = V.order_arrays(tokens, counts)
+    top = list(zip(tokens.slice(0, top_values).to_pylist(), counts.slice(0, top_values).to_pylist()))
+    yield S.feature_value_stats(name, counts.to_numpy(), top)
+
+
+def _merge_counts(label: str, fanout: int) -> beam.PTransform:
+    """CombinePerKey of (tokens, counts) partials: lifted (pre-combined per bundle before the
+    shuffle) and, with `fanout` > 1, spread over `fanout` intermediate keys per key first, so a
+    runner with many bundles does not merge all of a large feature's partials on one worker."""
+    combine = beam.CombinePerKey(_MergeCountsFn())
+    return label >> (combine.with_hot_key_fanout(fanout) if fanout > 1 else combine)
 
 
 def read_batch_rows(batch_size: int) -> int:
@@ -358,9 +375,29 @@ def build_pipeline(
     counted = train | "CountTokens" >> beam.ParDo(
         _CountTokens(config_json, count_rows=analyze_only)
     ).with_outputs("stats", main="counts")
+    # Counts per feature; a table's vocabulary is the sum of its features' counts. Features with a
+    # table of their own go straight to it; features of shared tables also get statistics of their
+    # own values, then are added up per table.
+    feature_counts = counted.counts | _merge_counts("SumCountsPerFeature", cfg.beam.hot_key_fanout)
+    table_of = {f.name: cfg.feature_table(f).name for f in cfg.categorical_features}
+    shared = {f.name for f in cfg.categorical_features if len(cfg.feature_table(f).features) > 1}
+    own_table_counts = (
+        feature_counts
+        | "OwnTables" >> beam.Filter(lambda kv, s: kv[0] not in s, shared)
+        | "OwnTableName" >> beam.Map(lambda kv, t: (t[kv[0]], kv[1]), table_of)
+    )
+    shared_counts = feature_counts | "SharedTableFeatures" >> beam.Filter(lambda kv, s: kv[0] in s, shared)
+    feature_value_stats = shared_counts | "SharedFeatureValueStats" >> beam.FlatMap(
+        _feature_value_stats, cfg.statistics.top_values
+    )
+    shared_table_counts = (
+        shared_counts
+        | "SharedTableName" >> beam.Map(lambda kv, t: (t[kv[0]], kv[1]), table_of)
+        | _merge_counts("SumCountsPerSharedTable", 0)
+    )
     vocab_results = (
-        counted.counts
-        | "SumCounts" >> beam.CombinePerKey(_MergeCountsFn())
+        (own_table_counts, shared_table_counts)
+        | "TableCounts" >> beam.Flatten()
         | "WriteVocabularies"
         >> beam.FlatMap(_write_vocabulary, vocabulary_dir, options_json, cfg.statistics.top_values).with_outputs(
             "stats", main="vocab"
@@ -368,7 +405,7 @@ def build_pipeline(
     )
     vocabulary_sizes = beam.pvalue.AsDict(vocab_results.vocab)
     run_id = uuid.uuid4().hex
-    partial_stats = [vocab_results.stats, counted.stats]
+    partial_stats = [vocab_results.stats, counted.stats, feature_value_stats]
     for split, pattern in split_patterns.items() if not analyze_only else []:
         rbs, stats = read_source(pipeline, cfg, f"ReadForTransform[{split}]", pattern, input_format)
         if stats is not None:

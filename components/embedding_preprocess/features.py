@@ -5,7 +5,10 @@ Pure functions over pyarrow arrays: no Beam, no TensorFlow. The serving graph in
 the two against each other. The rules:
 
 - A categorical cell may be bytes (split on the feature's separator when it has one), int64
-  (written as its decimal string, e.g. a CSV column of numeric IDs) or missing.
+  (written as its decimal string, e.g. a column of numeric IDs) or missing. Negative int64 values
+  are invalid (counted, never looked up): they are sentinels (-1 for missing) or overflowed hashes.
+  Any non-negative int64 is a valid key: keys are looked up in the vocabulary, never used as row
+  indices, so no value is too large.
 - Empty strings are not tokens. Tokens that are not valid UTF-8, or that hold a line break (they
   could not be stored one per line in a vocabulary file), are invalid: counted, never looked up.
 - Multi-hot lists keep their first `max_length` valid tokens; the rest are counted as truncated.
@@ -29,6 +32,7 @@ KIND_NONE = "none"  # every value in the batch was missing
 INVALID_NOT_UTF8 = "not_utf8"
 INVALID_LINE_BREAK = "line_break"
 INVALID_FLOAT_IN_CATEGORICAL = "float_in_categorical"
+INVALID_NEGATIVE_INT = "negative_int"
 INVALID_NAN = "nan"
 INVALID_MULTI_VALUED = "multi_valued_dense"
 INVALID_NOT_NUMERIC = "not_numeric"
@@ -86,6 +90,12 @@ def extract_tokens(
         invalid[INVALID_FLOAT_IN_CATEGORICAL] = len(values) - values.null_count
         return Tokens(np.zeros(0, np.int64), pa.array([], pa.binary()), num_rows, invalid=invalid)
     if kind == KIND_INT:
+        # Integer categorical values are vocabulary keys (their decimal text); a negative one is
+        # almost always a sentinel for "missing" (-1) or an overflowed hash, so it is invalid.
+        negative = np.asarray(pc.fill_null(pc.less(values, 0), False))
+        if negative.any():
+            invalid[INVALID_NEGATIVE_INT] = int(negative.sum())
+            row, values = row[~negative], values.filter(pa.array(~negative))
         values = pc.cast(pc.cast(values, pa.string()), pa.binary())
     elif not pa.types.is_binary(values.type):
         values = pc.cast(values, pa.binary())

@@ -164,8 +164,16 @@ def render_html(stats: Dict[str, Any], title: str = "Embedding-ID statistics") -
         if train:
             charts.append(bar_chart([("examples", train["ids_per_example"]["histogram"], "#1f77b4")],
                                     "IDs per example (train)", "IDs"))
+        values = f.get("values") or {}
+        shared = len(stats["tables"].get(f["table"], {}).get("features", [])) > 1
+        if shared and values.get("coverage_curve"):  # a table of its own: the table's chart above is the feature's
+            points = [(0.0, 0.0)] + [(math.log2(c["top"]) + 1, c["share"]) for c in values["coverage_curve"]]
+            charts.append(line_chart(points, "coverage of this feature's occurrences by its top N values", "1+log2 N"))
+        hottest = ", ".join(f"{html.escape(h['value'])} ({h['share']:.1%})" for h in values.get("hottest_values", []))
         parts += [
             f"<section><h3>{html.escape(name)} → table {html.escape(f['table'])}</h3>",
+            f"<p>{values.get('distinct_values', '–')} distinct values, gini "
+            f"{_fmt((values.get('skew') or {}).get('gini'))}; hottest: {hottest or '–'}</p>",
             _table(["split", "present", "IDs/example", "p50", "p90", "p99", "max", "truncated", "OOV rate", "invalid"], rows),
             *charts,
             "</section>",

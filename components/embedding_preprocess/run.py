@@ -150,7 +150,14 @@ def build_statistics(cfg: PipelineConfig, raw: Dict[str, Any], manifest: Dict[st
                     k.rsplit("/", 1)[1]: int(v) for k, v in sorted(raw.items()) if k.startswith(f"{p}/invalid/")
                 },
             }
-        out["features"][f.name] = {"table": cfg.feature_table(f).name, "splits": per_split}
+        table = cfg.feature_table(f)
+        # The feature's own value distribution on the train split (exact): for a feature with a table
+        # of its own it is the table's; a feature of a shared table has its own counts.
+        if len(table.features) > 1:
+            values = raw.get(f"info/feature_values/{f.name}", {})
+        else:
+            values = {k: v for k, v in raw.get(f"info/vocab/{table.name}", {}).items() if k in S.DISTRIBUTION_KEYS}
+        out["features"][f.name] = {"table": table.name, "values": values, "splits": per_split}
     for d in cfg.dense_features:
         out["dense_features"][d.name] = {
             s: {

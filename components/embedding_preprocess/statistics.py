@@ -14,7 +14,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-STATISTICS_VERSION = 2
+STATISTICS_VERSION = 3  # 3: per-feature value distribution (features.<f>.values)
 SHARDING_STRATEGIES = ("div", "mod")
 # Slot variables per embedding row for each optimizer (TF's TPU embedding optimizers).
 OPTIMIZER_SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2, "ftrl": 2}
@@ -98,8 +98,11 @@ def batch_table_stats(
     return out
 
 
-def vocabulary_stats(name: str, ordered_counts: Sequence[int], kept: int, top: Sequence[Tuple[bytes, int]]):
-    """Coverage curve, hottest values and skew of one vocabulary (counts in descending order)."""
+DISTRIBUTION_KEYS = ("distinct_values", "occurrences", "coverage_curve", "hottest_values", "skew")
+
+
+def distribution_stats(ordered_counts: Sequence[int], top: Sequence[Tuple[bytes, int]]) -> Dict[str, Any]:
+    """Distinct values, coverage curve, hottest values and skew of counts in descending order."""
     counts = np.asarray(ordered_counts)  # int64, or float64 for weighted vocabularies
     if counts.dtype.kind not in "if":
         counts = counts.astype(np.int64)
@@ -117,18 +120,27 @@ def vocabulary_stats(name: str, ordered_counts: Sequence[int], kept: int, top: S
     gini = float((2 * np.sum(k * asc) / (len(asc) * total)) - (len(asc) + 1) / len(asc)) if total else 0.0
     top1 = max(1, len(counts) // 100)
     return {
-        f"info/vocab/{name}": {
-            "distinct_values": int(len(counts)),
-            "occurrences": total,
-            "vocabulary_size": int(kept),
-            "covered_by_vocabulary": float(cum[kept - 1] / total) if kept and total else 0.0,
-            "coverage_curve": coverage,
-            "hottest_values": [
-                {"value": t.decode("utf-8", "replace"), "count": c, "share": c / total} for t, c in top
-            ],
-            "skew": {"gini": gini, "top_1pct_share": float(cum[top1 - 1] / total) if total else 0.0},
-        }
+        "distinct_values": int(len(counts)),
+        "occurrences": total,
+        "coverage_curve": coverage,
+        "hottest_values": [{"value": t.decode("utf-8", "replace"), "count": c, "share": c / total} for t, c in top],
+        "skew": {"gini": gini, "top_1pct_share": float(cum[top1 - 1] / total) if total else 0.0},
     }
+
+
+def vocabulary_stats(name: str, ordered_counts: Sequence[int], kept: int, top: Sequence[Tuple[bytes, int]]):
+    """`distribution_stats` of one vocabulary's values, plus its size after pruning and the share of
+    occurrences the kept values cover."""
+    out = distribution_stats(ordered_counts, top)
+    cum_kept = float(np.sum(np.asarray(ordered_counts)[:kept])) if kept else 0.0
+    out["vocabulary_size"] = int(kept)
+    out["covered_by_vocabulary"] = cum_kept / out["occurrences"] if out["occurrences"] else 0.0
+    return {f"info/vocab/{name}": out}
+
+
+def feature_value_stats(feature: str, ordered_counts: Sequence[int], top: Sequence[Tuple[bytes, int]]):
+    """`distribution_stats` of one feature's own values (features sharing a table; see beam_pipeline)."""
+    return {f"info/feature_values/{feature}": distribution_stats(ordered_counts, top)}
 
 
 def _percentile(hist: List[int], q: float) -> Optional[int]:
