@@ -89,7 +89,7 @@ class _CountTokens(beam.DoFn):
     feature and bundle is emitted, so shuffle volume is bounded by distinct values per bundle.
     """
 
-    FLUSH_TOKENS = 2_000_000
+    FLUSH_TOKENS = 8_000_000
 
     def __init__(self, config_json: str, count_rows: bool = False):
         self._config_json = config_json
