@@ -23,6 +23,8 @@ COMBINERS = ("mean", "sum", "sqrtn")
 INPUT_FORMATS = ("csv", "tfrecord")
 MODEL_TYPES = ("dlrm",)
 OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
+SCHEDULES = ("constant", "exponential", "cosine")
+DIM_RULES = ("config", "fourth_root")
 
 
 class ConfigError(ValueError):
@@ -83,6 +85,7 @@ class TableConfig:
     combiner: Optional[str] = None
     vocabulary: Optional[VocabularyOptions] = None
     features: List[str] = field(default_factory=list)  # filled in by resolution, not by the user
+    dim_explicit: bool = False  # filled in by resolution: dim set on the table or a feature, not by default
 
 
 @dataclass
@@ -93,16 +96,51 @@ class CategoricalDefaults:
 
 
 @dataclass
+class ScheduleConfig:
+    """Learning rate as a function of the step: `learning_rate` x decay, after an optional linear warm-up."""
+
+    name: str = "constant"  # constant | exponential | cosine
+    warmup_steps: int = 0  # linear ramp from 0 to learning_rate over these steps
+    decay_steps: int = 1000  # exponential: rate^(step/decay_steps); cosine: to alpha over decay_steps
+    decay_rate: float = 0.96  # exponential
+    alpha: float = 0.0  # cosine: final fraction of the learning rate
+
+
+@dataclass
 class OptimizerConfig:
     name: str = "adagrad"  # sgd | adagrad | adam | ftrl
     learning_rate: float = 0.05
-    clipnorm: Optional[float] = None
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    clipnorm: Optional[float] = None  # dense optimizer only (TPU embedding optimizers cannot clip by norm)
+    clipvalue: Optional[float] = None  # clip each gradient value to [-clipvalue, clipvalue]
     initial_accumulator_value: float = 0.1  # adagrad / ftrl
     beta_1: float = 0.9  # adam
     beta_2: float = 0.999  # adam
     epsilon: float = 1e-7  # adam
     l1_regularization_strength: float = 0.0  # ftrl
     l2_regularization_strength: float = 0.0  # ftrl
+
+
+@dataclass
+class TopologyConfig:
+    """The TPU slice the embedding plan is sized for (defaults: a v5e-8 slice)."""
+
+    num_chips: int = 8
+    hbm_gib_per_chip: float = 16.0
+    sparse_cores_per_chip: int = 4  # SparseCores per chip (v5p: 4, v6e: 2); used for SparseCore limits
+    usable_hbm_fraction: float = 0.7  # share of HBM the embedding tables may take (the rest: dense part, activations)
+
+
+@dataclass
+class EmbeddingConfig:
+    """How tables become TPU embedding configs (the embedding plan)."""
+
+    # Tables with more rows than this go to TPU embedding (sharded over the chips); smaller ones are
+    # Keras embeddings on the TensorCore, as tensorflow-recommenders' PartialTPUEmbedding places them.
+    # 0: every table in TPU embedding; null: none.
+    size_threshold: Optional[int] = 0
+    dim_rule: str = "config"  # config: the configured dim; fourth_root: tables without an explicit dim get 8*ceil(6*rows^0.25/8)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
 
 
 @dataclass
@@ -117,6 +155,7 @@ class TrainingConfig:
     dense_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig("adam", 0.001))
     seed: int = 42
     tpu: Optional[str] = None  # TPU name or grpc:// address: train under TPUStrategy; None: CPU/GPU
+    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
 
 
 @dataclass
@@ -254,7 +293,7 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     raise TypeError(f"unsupported config type {tp}")  # a bug in this module, not in the YAML
 
 
-_USER_HIDDEN_FIELDS = {(TableConfig, "features"), (PipelineConfig, "source_file")}
+_USER_HIDDEN_FIELDS = {(TableConfig, "features"), (TableConfig, "dim_explicit"), (PipelineConfig, "source_file")}
 
 
 def _build(cls: Any, data: Dict[str, Any], path: str) -> Any:
@@ -297,6 +336,16 @@ def _check_optimizer(o: OptimizerConfig, path: str) -> None:
     _check_choice(o.name, OPTIMIZERS, f"{path}.name")
     _check_positive(o.learning_rate, f"{path}.learning_rate", "set a positive learning rate")
     _check_positive(o.clipnorm, f"{path}.clipnorm", "set a positive clipping norm or remove it")
+    _check_positive(o.clipvalue, f"{path}.clipvalue", "set a positive clipping limit or remove it")
+    sc = o.schedule
+    _check_choice(sc.name, SCHEDULES, f"{path}.schedule.name")
+    if sc.warmup_steps < 0:
+        raise ConfigError(f"{path}.schedule.warmup_steps: must be 0 or more, got {sc.warmup_steps}")
+    _check_positive(sc.decay_steps, f"{path}.schedule.decay_steps", "steps over which the rate decays")
+    if not 0 < sc.decay_rate <= 1:
+        raise ConfigError(f"{path}.schedule.decay_rate: must be in (0, 1], got {sc.decay_rate}")
+    if not 0 <= sc.alpha <= 1:
+        raise ConfigError(f"{path}.schedule.alpha: must be in [0, 1], got {sc.alpha}")
 
 
 def resolve(cfg: PipelineConfig) -> PipelineConfig:
@@ -404,6 +453,7 @@ def resolve(cfg: PipelineConfig) -> PipelineConfig:
             raise ConfigError(f"tables: table {t.name!r} is used by no feature; remove it or point a feature at it")
     cfg.tables = list(cfg.tables) + implicit
     for t in cfg.tables:
+        t.dim_explicit = t.dim is not None
         t.dim = t.dim if t.dim is not None else defaults.dim
         t.combiner = t.combiner or defaults.combiner
         t.vocabulary = t.vocabulary or dataclasses.replace(defaults.vocabulary)
@@ -418,6 +468,19 @@ def resolve(cfg: PipelineConfig) -> PipelineConfig:
     if not tr.bottom_mlp:
         raise ConfigError("training.bottom_mlp: empty; list at least one layer width")
     _check_optimizer(tr.embedding_optimizer, "training.embedding_optimizer")
+    if tr.embedding_optimizer.clipnorm is not None:
+        raise ConfigError(
+            "training.embedding_optimizer.clipnorm: TPU embedding optimizers cannot clip by norm (the "
+            "tables are updated on the TPU, row by row); use clipvalue instead"
+        )
+    emb = tr.embedding
+    if emb.size_threshold is not None and emb.size_threshold < 0:
+        raise ConfigError("training.embedding.size_threshold: must be 0 (all tables in TPU embedding), a row count, or null")
+    _check_choice(emb.dim_rule, DIM_RULES, "training.embedding.dim_rule")
+    for name in ("num_chips", "hbm_gib_per_chip", "sparse_cores_per_chip"):
+        _check_positive(getattr(emb.topology, name), f"training.embedding.topology.{name}", "describe the TPU slice")
+    if not 0 < emb.topology.usable_hbm_fraction <= 1:
+        raise ConfigError("training.embedding.topology.usable_hbm_fraction: must be in (0, 1], e.g. 0.7")
     _check_optimizer(tr.dense_optimizer, "training.dense_optimizer")
     _check_positive(cfg.export.parity_tolerance, "export.parity_tolerance", "e.g. 1e-5")
     _check_positive(cfg.export.parity_sample_size, "export.parity_sample_size", "e.g. 512")
@@ -474,7 +537,10 @@ def config_from_json(text: str) -> PipelineConfig:
     data = json.loads(text)
     # resolved tables carry `features`; re-resolution recomputes them, so drop implicit tables.
     explicit = {f.get("table") for f in data.get("categorical_features", []) if f.get("table")}
+    # A dim filled in from categorical_defaults is dropped too, so that it stays "not explicit".
     data["tables"] = [
-        {k: v for k, v in t.items() if k != "features"} for t in data.get("tables", []) if t["name"] in explicit
+        {k: v for k, v in t.items() if k not in ("features", "dim_explicit") and (k != "dim" or t.get("dim_explicit", True))}
+        for t in data.get("tables", [])
+        if t["name"] in explicit
     ]
     return parse_config(data, "<serialized config>")

@@ -1,0 +1,308 @@
+"""The embedding plan: the TPU embedding configuration derived from the config and the statistics.
+
+`derive_plan(cfg, manifest, statistics)` is a plain function returning a JSON-able dict (written
+as `embedding_plan.json` beside the model), and `table_configs(plan)` / `feature_configs(plan)`
+render it into `tf.tpu.experimental.embedding.TableConfig` / `FeatureConfig` objects. Nothing in
+the plan is guessed by the user: rows come from the vocabulary manifest (vocabulary + OOV
+buckets), SparseCore limits and sequence lengths from the embedding-ID statistics, memory from
+rows x dim x 4 bytes x (1 + optimizer slots).
+
+Rules (documented in configs/README.md):
+- dim: the configured dim; with `training.embedding.dim_rule: fourth_root`, tables without an
+  explicit dim get 8 * ceil(6 * rows^0.25 / 8) (the 6 x fourth-root rule of thumb, rounded up to
+  a multiple of 8 for TPU lanes), capped at 256.
+- initializer: truncated normal, stddev 1/sqrt(dim).
+- placement: rows > `size_threshold` -> `tpu_embedding` (sharded over all chips), otherwise
+  `tensor_core` (a Keras embedding replicated on every chip), as PartialTPUEmbedding decides.
+- SparseCore limits: the statistics' suggestion for num_chips x sparse_cores_per_chip shards
+  (busiest SparseCore in any full batch, with headroom); `SparseCoreEmbeddingConfig` exists from
+  TensorFlow 2.17, so on 2.16 they are reported in the plan and not passed.
+- memory: TPU-embedding tables are sharded over the chips (per chip = total / chips, each shard
+  rounded up to whole rows); TensorCore tables are replicated on every chip. A plan whose per-chip
+  total exceeds hbm_gib_per_chip x usable_hbm_fraction is refused with the tables that take most.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Optional
+
+import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
+import tensorflow as tf
+
+from components.config import OptimizerConfig, PipelineConfig
+
+PLAN_VERSION = 1
+PLAN_FILE = "embedding_plan.json"
+OPTIMIZER_SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2, "ftrl": 2}
+MAX_RULE_DIM = 256
+
+
+class PlanError(ValueError):
+    """The embedding plan cannot be built (does not fit, inconsistent inputs); says what to change."""
+
+
+def fourth_root_dim(rows: int) -> int:
+    return int(min(MAX_RULE_DIM, 8 * math.ceil(6 * max(rows, 1) ** 0.25 / 8)))
+
+
+def optimizer_spec(o: OptimizerConfig) -> Dict[str, Any]:
+    spec: Dict[str, Any] = {"name": o.name, "learning_rate": o.learning_rate, "schedule": dict(vars(o.schedule))}
+    if o.clipvalue is not None:
+        spec["clipvalue"] = o.clipvalue
+    if o.clipnorm is not None:
+        spec["clipnorm"] = o.clipnorm
+    if o.name in ("adagrad", "ftrl"):
+        spec["initial_accumulator_value"] = o.initial_accumulator_value
+    if o.name == "adam":
+        spec.update(beta_1=o.beta_1, beta_2=o.beta_2, epsilon=o.epsilon)
+    if o.name == "ftrl":
+        spec.update(
+            l1_regularization_strength=o.l1_regularization_strength,
+            l2_regularization_strength=o.l2_regularization_strength,
+        )
+    return spec
+
+
+def _sparsecore_available() -> bool:
+    return hasattr(tf.tpu.experimental.embedding, "SparseCoreEmbeddingConfig")
+
+
+def derive_plan(
+    cfg: PipelineConfig, manifest: Dict[str, Any], statistics: Optional[Dict[str, Any]] = None
+) -> Dict[str, Any]:
+    """The plan for `cfg`'s tables, sized by the vocabulary `manifest` and (optionally) the statistics."""
+    emb = cfg.training.embedding
+    topo = emb.topology
+    statistics = statistics or {}
+    num_sc = topo.num_chips * topo.sparse_cores_per_chip
+    slots = OPTIMIZER_SLOTS[cfg.training.embedding_optimizer.name]
+    opt = optimizer_spec(cfg.training.embedding_optimizer)
+    tables: Dict[str, Any] = {}
+    for t in cfg.tables:
+        v = manifest["vocabularies"].get(t.name)
+        if v is None:
+            raise PlanError(f"table {t.name!r} has no vocabulary in the manifest; rerun preprocessing with this config")
+        rows = int(v["rows"])
+        if emb.dim_rule == "fourth_root" and not t.dim_explicit:
+            dim, dim_source = fourth_root_dim(rows), "fourth_root rule"
+        else:
+            dim, dim_source = int(t.dim), "config"
+        placement = "tpu_embedding" if emb.size_threshold is not None and rows > emb.size_threshold else "tensor_core"
+        weight_bytes = rows * dim * 4
+        total = weight_bytes * (1 + slots)
+        if placement == "tpu_embedding":
+            per_chip = math.ceil(rows / topo.num_chips) * dim * 4 * (1 + slots)
+        else:
+            per_chip = total  # replicated
+        stats_table = statistics.get("tables", {}).get(t.name, {})
+        shard_stats = stats_table.get("shards", {}).get(str(num_sc))
+        limits: Dict[str, Any]
+        if shard_stats:
+            s = shard_stats["suggested_sparsecore_limits"]
+            limits = {
+                "max_ids_per_table": s["max_ids_per_table"],
+                "max_unique_ids_per_table": s["max_unique_ids_per_table"],
+                "source": f"statistics: {s['basis']}, {num_sc} SparseCores, headroom {s['headroom']}",
+            }
+        else:
+            limits = {
+                "max_ids_per_table": None,
+                "max_unique_ids_per_table": None,
+                "source": (
+                    f"no statistics for {num_sc} shards (num_chips x sparse_cores_per_chip); add {num_sc} to "
+                    "statistics.shard_counts and rerun preprocessing"
+                ),
+            }
+        tables[t.name] = {
+            "rows": rows,
+            "vocabulary_size": int(v["size"]),
+            "num_oov_buckets": int(v["num_oov_buckets"]),
+            "dim": dim,
+            "dim_source": dim_source,
+            "combiner": t.combiner,
+            "initializer": {"name": "truncated_normal", "mean": 0.0, "stddev": 1.0 / math.sqrt(dim)},
+            "optimizer": opt,
+            "placement": placement,
+            "features": list(t.features),
+            "sparsecore_limits": limits,
+            "memory": {
+                "weight_bytes": weight_bytes,
+                "slots_per_row": slots,
+                "total_bytes": total,
+                "per_chip_bytes": per_chip,
+            },
+        }
+    features: Dict[str, Any] = {}
+    for f in cfg.categorical_features:
+        table = cfg.feature_table(f).name
+        fstats = statistics.get("features", {}).get(f.name, {}).get("splits", {}).get("train", {})
+        pooling = fstats.get("ids_per_example", {})
+        features[f.name] = {
+            "table": table,
+            # Features are pooled by their table's combiner; a sequence feature (max_sequence_length
+            # > 0) would keep one vector per position. None of this product's models use sequences.
+            "max_sequence_length": 0,
+            "ids_per_example": {k: pooling.get(k) for k in ("mean", "p99", "max")} if pooling else None,
+        }
+    budget = int(topo.hbm_gib_per_chip * (1 << 30) * topo.usable_hbm_fraction)
+    per_chip_total = sum(t["memory"]["per_chip_bytes"] for t in tables.values())
+    plan = {
+        "version": PLAN_VERSION,
+        "global_batch_size": cfg.training.batch_size,
+        "size_threshold": emb.size_threshold,
+        "topology": {
+            "num_chips": topo.num_chips,
+            "hbm_gib_per_chip": topo.hbm_gib_per_chip,
+            "sparse_cores_per_chip": topo.sparse_cores_per_chip,
+            "num_sparse_cores": num_sc,
+            "usable_hbm_fraction": topo.usable_hbm_fraction,
+        },
+        "tables": tables,
+        "features": features,
+        "memory": {
+            "total_bytes": sum(t["memory"]["total_bytes"] for t in tables.values()),
+            "per_chip_bytes": per_chip_total,
+            "budget_per_chip_bytes": budget,
+            "fits": per_chip_total <= budget,
+        },
+        "sparse_core_config": {
+            "available_in_tensorflow": _sparsecore_available(),
+            "note": (
+                "passed to SparseCoreEmbeddingConfig"
+                if _sparsecore_available()
+                else "tf.tpu.experimental.embedding.SparseCoreEmbeddingConfig needs TensorFlow 2.17+; the "
+                "limits above are reported, not passed (TensorFlow 2.16 sizes SparseCore buffers itself)"
+            ),
+        },
+    }
+    if per_chip_total > budget:
+        biggest = sorted(tables.items(), key=lambda kv: -kv[1]["memory"]["per_chip_bytes"])[:3]
+        names = ", ".join(f"{n} ({t['memory']['per_chip_bytes'] / 2**30:.2f} GiB/chip, {t['placement']})" for n, t in biggest)
+        raise PlanError(
+            f"embedding tables need {per_chip_total / 2**30:.2f} GiB per chip but "
+            f"training.embedding.topology allows {budget / 2**30:.2f} GiB ({topo.hbm_gib_per_chip} GiB x "
+            f"{topo.usable_hbm_fraction} on each of {topo.num_chips} chips); largest: {names}. Use more chips, "
+            "smaller dims, a vocabulary top_k/min_frequency, or a lower size_threshold so large tables are sharded"
+        )
+    return plan
+
+
+# ---- rendering into TensorFlow objects ---------------------------------------------------------
+
+
+class WarmupDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warm-up to `learning_rate`, then constant / exponential / cosine decay (ScheduleConfig)."""
+
+    def __init__(self, learning_rate: float, schedule: Dict[str, Any]):
+        self.learning_rate = learning_rate
+        self.schedule = dict(schedule)
+
+    def __call__(self, step):
+        sc = self.schedule
+        step = tf.cast(step, tf.float32)
+        lr = tf.constant(self.learning_rate, tf.float32)
+        if sc["warmup_steps"]:
+            lr = lr * tf.minimum(1.0, (step + 1.0) / float(sc["warmup_steps"]))
+        t = tf.maximum(0.0, step - float(sc["warmup_steps"]))
+        if sc["name"] == "exponential":
+            lr = lr * tf.pow(float(sc["decay_rate"]), t / float(sc["decay_steps"]))
+        elif sc["name"] == "cosine":
+            frac = tf.minimum(1.0, t / float(sc["decay_steps"]))
+            lr = lr * ((1.0 - sc["alpha"]) * 0.5 * (1.0 + tf.cos(math.pi * frac)) + sc["alpha"])
+        return lr
+
+    def get_config(self):
+        return {"learning_rate": self.learning_rate, "schedule": self.schedule}
+
+
+def learning_rate(spec: Dict[str, Any]):
+    """A float, or a `WarmupDecay` schedule, for an optimizer spec's learning rate and schedule."""
+    sc = spec["schedule"]
+    if sc["name"] == "constant" and not sc["warmup_steps"]:
+        return float(spec["learning_rate"])
+    return WarmupDecay(spec["learning_rate"], sc)
+
+
+def keras_optimizer(spec: Dict[str, Any]):
+    """The Keras (legacy) optimizer for a spec: what CPU/GPU training uses, and what TFRS's layer
+    translates for TPU (`translate_keras_optimizer`), so checkpoints stay compatible."""
+    kw: Dict[str, Any] = {"learning_rate": learning_rate(spec)}
+    for k in ("clipnorm", "clipvalue"):
+        if spec.get(k) is not None:
+            kw[k] = spec[k]
+    legacy = tf.keras.optimizers.legacy
+    name = spec["name"]
+    if name == "sgd":
+        return legacy.SGD(**kw)
+    if name == "adagrad":
+        return legacy.Adagrad(initial_accumulator_value=spec["initial_accumulator_value"], **kw)
+    if name == "adam":
+        return legacy.Adam(beta_1=spec["beta_1"], beta_2=spec["beta_2"], epsilon=spec["epsilon"], **kw)
+    if name == "ftrl":
+        return legacy.Ftrl(
+            initial_accumulator_value=spec["initial_accumulator_value"],
+            l1_regularization_strength=spec["l1_regularization_strength"],
+            l2_regularization_strength=spec["l2_regularization_strength"],
+            **kw,
+        )
+    raise PlanError(f"optimizer {name!r} is not one of sgd, adagrad, adam, ftrl")
+
+
+def tpu_optimizer(spec: Dict[str, Any], step_fn=None):
+    """The `tf.tpu.experimental.embedding` optimizer for a spec (what TPUEmbedding applies in HBM).
+
+    `step_fn` returns the current step (e.g. `lambda: optimizer.iterations`) for a scheduled
+    learning rate; the TPU optimizers take a callable learning rate. Gradient clipping maps to
+    `clipvalue` (which the TPU API implements with gradient accumulation)."""
+    emb = tf.tpu.experimental.embedding
+    lr = learning_rate(spec)
+    if not isinstance(lr, float):
+        if step_fn is None:
+            raise PlanError("a learning-rate schedule on TPU needs the step: pass step_fn")
+        schedule = lr
+        lr = lambda: schedule(step_fn())  # noqa: E731
+    clip = spec.get("clipvalue")
+    kw: Dict[str, Any] = {"learning_rate": lr}
+    if clip is not None:
+        kw["clipvalue"] = (-clip, clip)
+    name = spec["name"]
+    if name == "sgd":
+        return emb.SGD(**kw)
+    if name == "adagrad":
+        return emb.Adagrad(initial_accumulator_value=spec["initial_accumulator_value"], **kw)
+    if name == "adam":
+        return emb.Adam(beta_1=spec["beta_1"], beta_2=spec["beta_2"], epsilon=spec["epsilon"], **kw)
+    if name == "ftrl":
+        return emb.FTRL(
+            initial_accumulator_value=spec["initial_accumulator_value"],
+            l1_regularization_strength=spec["l1_regularization_strength"],
+            l2_regularization_strength=spec["l2_regularization_strength"],
+            **kw,
+        )
+    raise PlanError(f"optimizer {name!r} is not one of sgd, adagrad, adam, ftrl")
+
+
+def table_configs(plan: Dict[str, Any]) -> Dict[str, Any]:
+    """name -> TableConfig for every table in the plan (the optimizer is set on the layer)."""
+    out = {}
+    for name, t in plan["tables"].items():
+        init = t["initializer"]
+        out[name] = tf.tpu.experimental.embedding.TableConfig(
+            vocabulary_size=t["rows"],
+            dim=t["dim"],
+            combiner=t["combiner"],
+            initializer=tf.initializers.TruncatedNormal(mean=init["mean"], stddev=init["stddev"]),
+            name=name,
+        )
+    return out
+
+
+def feature_configs(plan: Dict[str, Any], tables: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """feature -> FeatureConfig (shared tables are the same TableConfig object)."""
+    tables = tables or table_configs(plan)
+    return {
+        name: tf.tpu.experimental.embedding.FeatureConfig(
+            table=tables[f["table"]], max_sequence_length=f["max_sequence_length"], name=name
+        )
+        for name, f in plan["features"].items()
+    }

@@ -1,0 +1,141 @@
+"""Embedding plan: derivation from config + statistics, rendering to TF configs, optimizer mapping."""
+import math
+
+import pytest
+
+import components  # noqa: F401
+import tensorflow as tf
+import tensorflow_recommenders as tfrs
+
+from components.config import OptimizerConfig, ScheduleConfig, parse_config
+from components.embedding_trainer import plan as P
+
+
+def _config(**training):
+    return parse_config({
+        "input": {"path": "unused.csv"},
+        "label": "label",
+        "tables": [{"name": "shared", "dim": 8}],
+        "categorical_features": [
+            {"name": "A", "table": "shared"},
+            {"name": "B", "table": "shared"},
+            {"name": "big"},  # dim from categorical_defaults (16): not explicit
+            {"name": "small", "dim": 4},
+        ],
+        "training": {"embedding": {"size_threshold": 1000, "topology": {"num_chips": 2, "sparse_cores_per_chip": 4}},
+                     **training},
+    })
+
+
+MANIFEST = {"vocabularies": {
+    "shared": {"rows": 5001, "size": 5000, "num_oov_buckets": 1},
+    "big": {"rows": 100_010, "size": 100_000, "num_oov_buckets": 10},
+    "small": {"rows": 11, "size": 10, "num_oov_buckets": 1},
+}}
+
+
+def _statistics():
+    limits = {"max_ids_per_table": 120, "max_unique_ids_per_table": 60, "headroom": 0.2, "basis": "busiest"}
+    return {
+        "tables": {"big": {"shards": {"8": {"suggested_sparsecore_limits": limits}}}},
+        "features": {"A": {"splits": {"train": {"ids_per_example": {"mean": 1.5, "p99": 3, "max": 4}}}}},
+    }
+
+
+def test_plan_places_sizes_and_limits_tables():
+    cfg = _config()
+    plan = P.derive_plan(cfg, MANIFEST, _statistics())
+    t = plan["tables"]
+    assert t["big"]["placement"] == "tpu_embedding" and t["shared"]["placement"] == "tpu_embedding"
+    assert t["small"]["placement"] == "tensor_core"  # 11 rows <= size_threshold 1000
+    assert (t["shared"]["dim"], t["big"]["dim"], t["small"]["dim"]) == (8, 16, 4)
+    assert t["big"]["initializer"]["stddev"] == pytest.approx(1 / math.sqrt(16))
+    assert plan["features"]["A"]["table"] == plan["features"]["B"]["table"] == "shared"
+    assert t["shared"]["features"] == ["A", "B"]
+    # adagrad (the default embedding optimizer): one slot; big is sharded over 2 chips, small replicated
+    assert t["big"]["memory"]["total_bytes"] == 100_010 * 16 * 4 * 2
+    assert t["big"]["memory"]["per_chip_bytes"] == 50_005 * 16 * 4 * 2
+    assert t["small"]["memory"]["per_chip_bytes"] == 11 * 4 * 4 * 2
+    # SparseCore limits come from the statistics for 2 chips x 4 SparseCores = 8 shards
+    assert t["big"]["sparsecore_limits"]["max_ids_per_table"] == 120
+    assert t["big"]["sparsecore_limits"]["max_unique_ids_per_table"] == 60
+    assert t["shared"]["sparsecore_limits"]["max_ids_per_table"] is None
+    assert "statistics.shard_counts" in t["shared"]["sparsecore_limits"]["source"]
+    assert plan["sparse_core_config"]["available_in_tensorflow"] is False  # TF 2.16
+    assert plan["features"]["A"]["ids_per_example"] == {"mean": 1.5, "p99": 3, "max": 4}
+    assert plan["memory"]["fits"] and plan["memory"]["per_chip_bytes"] == sum(
+        x["memory"]["per_chip_bytes"] for x in t.values()
+    )
+
+
+def test_fourth_root_rule_only_replaces_implicit_dims():
+    plan = P.derive_plan(_config(embedding={"dim_rule": "fourth_root"}), MANIFEST)
+    assert plan["tables"]["big"]["dim"] == P.fourth_root_dim(100_010) == 8 * math.ceil(6 * 100_010 ** 0.25 / 8)
+    assert plan["tables"]["big"]["dim_source"] == "fourth_root rule"
+    assert plan["tables"]["shared"]["dim"] == 8 and plan["tables"]["small"]["dim"] == 4  # explicit
+    assert P.fourth_root_dim(10 ** 12) == P.MAX_RULE_DIM
+
+
+def test_size_threshold_extremes():
+    all_tpu = P.derive_plan(_config(embedding={"size_threshold": 0}), MANIFEST)
+    assert {t["placement"] for t in all_tpu["tables"].values()} == {"tpu_embedding"}
+    none_tpu = P.derive_plan(_config(embedding={"size_threshold": None}), MANIFEST)
+    assert {t["placement"] for t in none_tpu["tables"].values()} == {"tensor_core"}
+
+
+def test_plan_that_cannot_fit_is_refused_naming_the_tables():
+    cfg = _config(embedding={"topology": {"num_chips": 1, "hbm_gib_per_chip": 0.01}})
+    with pytest.raises(P.PlanError, match=r"per chip.*largest: big"):
+        P.derive_plan(cfg, MANIFEST)
+
+
+def test_missing_vocabulary_is_refused():
+    with pytest.raises(P.PlanError, match="'small' has no vocabulary"):
+        P.derive_plan(_config(), {"vocabularies": {k: v for k, v in MANIFEST["vocabularies"].items() if k != "small"}})
+
+
+def test_table_and_feature_configs_render_the_plan():
+    plan = P.derive_plan(_config(), MANIFEST)
+    features = P.feature_configs(plan)
+    assert features["A"].table is features["B"].table  # one shared TableConfig object
+    assert features["big"].table.vocabulary_size == 100_010 and features["big"].table.dim == 16
+    assert features["A"].table.combiner == "mean" and features["A"].max_sequence_length == 0
+
+
+@pytest.mark.parametrize("name", ["sgd", "adagrad", "adam", "ftrl"])
+def test_optimizer_mapping_matches_tfrs_translation(name):
+    """Our TPU optimizer equals what TFRS derives from our Keras optimizer: checkpoints stay compatible."""
+    spec = P.optimizer_spec(OptimizerConfig(name=name, learning_rate=0.25, initial_accumulator_value=0.3))
+    keras = P.keras_optimizer(spec)
+    ours = P.tpu_optimizer(spec)
+    theirs = tfrs.layers.embedding.tpu_embedding_layer.translate_keras_optimizer(keras)
+    assert type(ours) is type(theirs)
+    assert ours.learning_rate == pytest.approx(float(keras.learning_rate.numpy()))
+    assert type(keras).__name__.lower() == name
+    for attr in ("initial_accumulator_value", "beta_1", "beta_2", "epsilon", "l1_regularization_strength"):
+        if hasattr(theirs, attr):
+            assert getattr(ours, attr) == pytest.approx(getattr(theirs, attr)), attr
+
+
+def test_clipping_and_schedules_map_to_both_apis():
+    opt = OptimizerConfig(
+        name="adagrad", learning_rate=0.1, clipvalue=2.0,
+        schedule=ScheduleConfig(name="exponential", warmup_steps=10, decay_steps=100, decay_rate=0.5),
+    )
+    spec = P.optimizer_spec(opt)
+    keras = P.keras_optimizer(spec)
+    assert keras.clipvalue == 2.0
+    sched = keras.learning_rate
+    assert float(sched(0)) == pytest.approx(0.1 / 10)  # warm-up
+    assert float(sched(9)) == pytest.approx(0.1)
+    assert float(sched(110)) == pytest.approx(0.1 * 0.5)  # 100 steps after warm-up: one halving
+    step = tf.Variable(110, dtype=tf.int64)
+    tpu = P.tpu_optimizer(spec, step_fn=lambda: step)
+    assert (tpu.clip_gradient_min, tpu.clip_gradient_max) == (-2.0, 2.0)
+    assert float(tpu.learning_rate()) == pytest.approx(0.05)
+    with pytest.raises(P.PlanError, match="step_fn"):
+        P.tpu_optimizer(spec)
+    cosine = P.learning_rate(P.optimizer_spec(OptimizerConfig(
+        learning_rate=1.0, schedule=ScheduleConfig(name="cosine", decay_steps=10, alpha=0.1))))
+    assert float(cosine(0)) == pytest.approx(1.0) and float(cosine(10)) == pytest.approx(0.1)
+    assert float(cosine(5)) == pytest.approx(0.1 + 0.9 * 0.5)
