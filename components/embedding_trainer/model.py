@@ -21,25 +21,11 @@ EMBEDDING_LAYER_NAME = "embedding"
 
 
 def keras_optimizer(cfg: OptimizerConfig) -> tf.keras.optimizers.legacy.Optimizer:
-    """Keras (legacy) optimizer for a config; TFRS translates these to TPU embedding optimizers."""
-    kw: Dict[str, Any] = {"learning_rate": cfg.learning_rate}
-    if cfg.clipnorm is not None:
-        kw["clipnorm"] = cfg.clipnorm
-    legacy = tf.keras.optimizers.legacy
-    if cfg.name == "sgd":
-        return legacy.SGD(**kw)
-    if cfg.name == "adagrad":
-        return legacy.Adagrad(initial_accumulator_value=cfg.initial_accumulator_value, **kw)
-    if cfg.name == "adam":
-        return legacy.Adam(beta_1=cfg.beta_1, beta_2=cfg.beta_2, epsilon=cfg.epsilon, **kw)
-    if cfg.name == "ftrl":
-        return legacy.Ftrl(
-            initial_accumulator_value=cfg.initial_accumulator_value,
-            l1_regularization_strength=cfg.l1_regularization_strength,
-            l2_regularization_strength=cfg.l2_regularization_strength,
-            **kw,
-        )
-    raise ValueError(f"optimizer {cfg.name!r} is not one of sgd, adagrad, adam, ftrl")
+    """Keras (legacy) optimizer for a config, with its clipping and learning-rate schedule (see
+    `plan.keras_optimizer`); TFRS translates these to TPU embedding optimizers."""
+    from components.embedding_trainer import plan
+
+    return plan.keras_optimizer(plan.optimizer_spec(cfg))
 
 
 def feature_configs(manifest: Dict[str, Any]) -> Dict[str, tf.tpu.experimental.embedding.FeatureConfig]:
