@@ -12,11 +12,7 @@ import struct
 from typing import Iterable, Sequence
 
 import google_crc32c  # C (hardware-accelerated) CRC32C; a dependency of the Google Cloud clients
-
-try:
-    from apache_beam.io import filebasedsink
-except ImportError:  # pragma: no cover - Beam is always installed with the project
-    filebasedsink = None
+from apache_beam.io import filebasedsink
 
 
 def compression_type(files: Sequence[str]) -> str:

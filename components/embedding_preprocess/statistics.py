@@ -101,8 +101,11 @@ def batch_table_stats(
 DISTRIBUTION_KEYS = ("distinct_values", "occurrences", "coverage_curve", "hottest_values", "skew")
 
 
-def distribution_stats(ordered_counts: Sequence[int], top: Sequence[Tuple[bytes, int]]) -> Dict[str, Any]:
-    """Distinct values, coverage curve, hottest values and skew of counts in descending order."""
+def distribution_stats(
+    ordered_counts: Sequence[int], top: Sequence[Tuple[bytes, int]], kept: Optional[int] = None
+) -> Dict[str, Any]:
+    """Distinct values, coverage curve, hottest values and skew of counts in descending order; with
+    `kept` (a vocabulary of the first `kept` values) also its size and the share of occurrences it covers."""
     counts = np.asarray(ordered_counts)  # int64, or float64 for weighted vocabularies
     if counts.dtype.kind not in "if":
         counts = counts.astype(np.int64)
@@ -119,23 +122,22 @@ def distribution_stats(ordered_counts: Sequence[int], top: Sequence[Tuple[bytes,
     k = np.arange(1, len(asc) + 1)
     gini = float((2 * np.sum(k * asc) / (len(asc) * total)) - (len(asc) + 1) / len(asc)) if total else 0.0
     top1 = max(1, len(counts) // 100)
-    return {
+    out = {
         "distinct_values": int(len(counts)),
         "occurrences": total,
         "coverage_curve": coverage,
         "hottest_values": [{"value": t.decode("utf-8", "replace"), "count": c, "share": c / total} for t, c in top],
         "skew": {"gini": gini, "top_1pct_share": float(cum[top1 - 1] / total) if total else 0.0},
     }
+    if kept is not None:
+        out["vocabulary_size"] = int(kept)
+        out["covered_by_vocabulary"] = float(cum[kept - 1] / total) if kept and total else 0.0
+    return out
 
 
 def vocabulary_stats(name: str, ordered_counts: Sequence[int], kept: int, top: Sequence[Tuple[bytes, int]]):
-    """`distribution_stats` of one vocabulary's values, plus its size after pruning and the share of
-    occurrences the kept values cover."""
-    out = distribution_stats(ordered_counts, top)
-    cum_kept = float(np.sum(np.asarray(ordered_counts)[:kept])) if kept else 0.0
-    out["vocabulary_size"] = int(kept)
-    out["covered_by_vocabulary"] = cum_kept / out["occurrences"] if out["occurrences"] else 0.0
-    return {f"info/vocab/{name}": out}
+    """`distribution_stats` of one vocabulary's values, with its size after pruning and coverage."""
+    return {f"info/vocab/{name}": distribution_stats(ordered_counts, top, kept)}
 
 
 def feature_value_stats(feature: str, ordered_counts: Sequence[int], top: Sequence[Tuple[bytes, int]]):

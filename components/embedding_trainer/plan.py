@@ -30,10 +30,18 @@ import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
 
 from components.config import OptimizerConfig, PipelineConfig
+from components.embedding_preprocess.statistics import OPTIMIZER_SLOTS
 
 PLAN_VERSION = 1
 PLAN_FILE = "embedding_plan.json"
-OPTIMIZER_SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2, "ftrl": 2}
+# Each optimizer's hyperparameters beyond the learning rate and clipping; the Keras (legacy) and the
+# TPU embedding optimizers take them under the same names.
+HYPERPARAMETERS = {
+    "sgd": (),
+    "adagrad": ("initial_accumulator_value",),
+    "adam": ("beta_1", "beta_2", "epsilon"),
+    "ftrl": ("initial_accumulator_value", "l1_regularization_strength", "l2_regularization_strength"),
+}
 MAX_RULE_DIM = 256
 
 
@@ -51,16 +59,15 @@ def optimizer_spec(o: OptimizerConfig) -> Dict[str, Any]:
         spec["clipvalue"] = o.clipvalue
     if o.clipnorm is not None:
         spec["clipnorm"] = o.clipnorm
-    if o.name in ("adagrad", "ftrl"):
-        spec["initial_accumulator_value"] = o.initial_accumulator_value
-    if o.name == "adam":
-        spec.update(beta_1=o.beta_1, beta_2=o.beta_2, epsilon=o.epsilon)
-    if o.name == "ftrl":
-        spec.update(
-            l1_regularization_strength=o.l1_regularization_strength,
-            l2_regularization_strength=o.l2_regularization_strength,
-        )
+    spec.update({k: getattr(o, k) for k in HYPERPARAMETERS[o.name]})
     return spec
+
+
+def _build_optimizer(classes: Dict[str, Any], spec: Dict[str, Any], kw: Dict[str, Any]):
+    name = spec["name"]
+    if name not in classes:
+        raise PlanError(f"optimizer {name!r} is not one of {', '.join(classes)}")
+    return classes[name](**kw, **{k: spec[k] for k in HYPERPARAMETERS[name]})
 
 
 def _sparsecore_available() -> bool:
@@ -231,21 +238,8 @@ def keras_optimizer(spec: Dict[str, Any]):
         if spec.get(k) is not None:
             kw[k] = spec[k]
     legacy = tf.keras.optimizers.legacy
-    name = spec["name"]
-    if name == "sgd":
-        return legacy.SGD(**kw)
-    if name == "adagrad":
-        return legacy.Adagrad(initial_accumulator_value=spec["initial_accumulator_value"], **kw)
-    if name == "adam":
-        return legacy.Adam(beta_1=spec["beta_1"], beta_2=spec["beta_2"], epsilon=spec["epsilon"], **kw)
-    if name == "ftrl":
-        return legacy.Ftrl(
-            initial_accumulator_value=spec["initial_accumulator_value"],
-            l1_regularization_strength=spec["l1_regularization_strength"],
-            l2_regularization_strength=spec["l2_regularization_strength"],
-            **kw,
-        )
-    raise PlanError(f"optimizer {name!r} is not one of sgd, adagrad, adam, ftrl")
+    classes = {"sgd": legacy.SGD, "adagrad": legacy.Adagrad, "adam": legacy.Adam, "ftrl": legacy.Ftrl}
+    return _build_optimizer(classes, spec, kw)
 
 
 def tpu_optimizer(spec: Dict[str, Any], step_fn=None):
@@ -265,21 +259,8 @@ def tpu_optimizer(spec: Dict[str, Any], step_fn=None):
     kw: Dict[str, Any] = {"learning_rate": lr}
     if clip is not None:
         kw["clipvalue"] = (-clip, clip)
-    name = spec["name"]
-    if name == "sgd":
-        return emb.SGD(**kw)
-    if name == "adagrad":
-        return emb.Adagrad(initial_accumulator_value=spec["initial_accumulator_value"], **kw)
-    if name == "adam":
-        return emb.Adam(beta_1=spec["beta_1"], beta_2=spec["beta_2"], epsilon=spec["epsilon"], **kw)
-    if name == "ftrl":
-        return emb.FTRL(
-            initial_accumulator_value=spec["initial_accumulator_value"],
-            l1_regularization_strength=spec["l1_regularization_strength"],
-            l2_regularization_strength=spec["l2_regularization_strength"],
-            **kw,
-        )
-    raise PlanError(f"optimizer {name!r} is not one of sgd, adagrad, adam, ftrl")
+    classes = {"sgd": emb.SGD, "adagrad": emb.Adagrad, "adam": emb.Adam, "ftrl": emb.FTRL}
+    return _build_optimizer(classes, spec, kw)
 
 
 def table_configs(plan: Dict[str, Any]) -> Dict[str, Any]:
