@@ -21,7 +21,7 @@ import yaml
 
 COMBINERS = ("mean", "sum", "sqrtn")
 INPUT_FORMATS = ("csv", "tfrecord")
-MODEL_TYPES = ("dlrm",)
+MODEL_TYPES = ("dlrm", "dcn_v2")
 OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
 SCHEDULES = ("constant", "exponential", "cosine")
 DIM_RULES = ("config", "fourth_root")
@@ -145,8 +145,10 @@ class EmbeddingConfig:
 
 @dataclass
 class TrainingConfig:
-    model: str = "dlrm"
-    batch_size: int = 256  # global batch size
+    model: str = "dlrm"  # dlrm (dot interaction) | dcn_v2 (cross layers)
+    batch_size: int = 256  # global batch size (split evenly over the replicas)
+    cross_layers: int = 3  # dcn_v2: number of cross layers
+    cross_projection_dim: Optional[int] = None  # dcn_v2: low-rank cross layers of this rank; null: full rank
     train_steps: int = 1000
     eval_steps: int = 50
     bottom_mlp: List[int] = field(default_factory=lambda: [64, 16])
@@ -155,6 +157,10 @@ class TrainingConfig:
     dense_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig("adam", 0.001))
     seed: int = 42
     tpu: Optional[str] = None  # TPU name or grpc:// address: train under TPUStrategy; None: CPU/GPU
+    # Where checkpoints of an unfinished run are kept (e.g. gs://...); null: <pipeline root>/Trainer/training_state/<key>
+    checkpoint_dir: Optional[str] = None
+    checkpoint_every_steps: int = 500  # checkpoint every this many steps (and at the end); a restarted run resumes
+    steps_per_execution: int = 1  # training steps per tf.function call (Keras compile); divides checkpoint_every_steps
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
 
 
@@ -460,8 +466,17 @@ def resolve(cfg: PipelineConfig) -> PipelineConfig:
 
     tr = cfg.training
     _check_choice(tr.model, MODEL_TYPES, "training.model")
-    for name in ("batch_size", "train_steps", "eval_steps"):
+    for name in ("batch_size", "train_steps", "eval_steps", "checkpoint_every_steps", "steps_per_execution"):
         _check_positive(getattr(tr, name), f"training.{name}", "set a positive integer")
+    if tr.checkpoint_every_steps % tr.steps_per_execution or tr.train_steps % tr.steps_per_execution:
+        raise ConfigError(
+            f"training.steps_per_execution: {tr.steps_per_execution} must divide checkpoint_every_steps "
+            f"({tr.checkpoint_every_steps}) and train_steps ({tr.train_steps}) so checkpoints fall on whole executions"
+        )
+    if tr.model == "dcn_v2":
+        _check_positive(tr.cross_layers, "training.cross_layers", "set at least one cross layer")
+        if tr.cross_projection_dim is not None:
+            _check_positive(tr.cross_projection_dim, "training.cross_projection_dim", "set a positive rank or null")
     for name in ("bottom_mlp", "top_mlp"):
         for j, width in enumerate(getattr(tr, name)):
             _check_positive(width, f"training.{name}[{j}]", "layer widths are positive")

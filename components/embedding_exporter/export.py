@@ -23,6 +23,7 @@ from components.embedding_exporter.serving import RawFeatureTransform, ServingMo
 from components.embedding_preprocess import beam_pipeline
 from components.embedding_preprocess import vocabulary as V
 from components.embedding_preprocess.run import EMBEDDING_MANIFEST_FILE, read_json
+from components.embedding_trainer import plan as P
 from components.embedding_trainer import trainer_module
 from components.embedding_trainer.input import parse_batch
 
@@ -48,7 +49,10 @@ def read_raw_examples(file_pattern: str, limit: int) -> List[bytes]:
 
 
 def restore_serving_model(model_uri: str, manifest: Dict[str, Any], cfg: PipelineConfig, sample_features):
-    model = trainer_module.build_model(manifest, cfg, for_training=False)
+    plan_path = os.path.join(model_uri, P.PLAN_FILE)
+    if not tf.io.gfile.exists(plan_path):
+        raise ExportRefused(f"no embedding plan at {plan_path}; the Model artifact is not from this trainer")
+    model = trainer_module.build_model(trainer_module.read_plan(model_uri), manifest, cfg, for_training=False)
     model(sample_features)  # creates the variables so the restore can be checked
     ckpt_dir = os.path.join(model_uri, trainer_module.CHECKPOINT_DIR)
     path = tf.train.latest_checkpoint(ckpt_dir)
@@ -133,8 +137,8 @@ def export_serving_model(
         "checkpoint": ckpt_path,
         "layout": "A (one logical table per table config, TPUEmbedding / CPU training)",
         "tables": {
-            name: {"rows": v["rows"], "dim": v["dim"], "bytes": v["rows"] * v["dim"] * 4}
-            for name, v in manifest["vocabularies"].items()
+            name: {"rows": v["rows"], "dim": v["dim"], "bytes": v["rows"] * v["dim"] * 4, "placement": v["placement"]}
+            for name, v in trainer_module.read_plan(model_uri)["tables"].items()
         },
         "serving_variables": num_variables,
         "parity": {

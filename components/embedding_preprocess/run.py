@@ -23,6 +23,9 @@ MANIFEST_FILE = "manifest.json"
 STATISTICS_FILE = "statistics.json"
 REPORT_FILE = "statistics.html"
 EMBEDDING_MANIFEST_FILE = "embedding_manifest.json"  # copy beside the transformed examples, for the trainer
+# Copy of statistics.json beside the transformed examples: TFX's standard Trainer takes only the
+# examples artifact, and the embedding plan sizes SparseCore limits from these statistics.
+EMBEDDING_STATISTICS_FILE = "embedding_statistics.json"
 MANIFEST_VERSION = 1
 
 
@@ -214,8 +217,8 @@ def run_preprocessing(
     statistics_dir: str,
     input_format: str = "tfrecord",
 ) -> Dict[str, Any]:
-    """Runs Beam, then writes manifest.json (vocabulary dir, and a copy beside the transformed
-    examples), statistics.json and statistics.html. Returns the statistics.
+    """Runs Beam, then writes manifest.json (vocabulary dir), statistics.json and statistics.html,
+    and copies of the manifest and statistics beside the transformed examples (for the trainer). Returns the statistics.
 
     `transformed_dirs=None` analyses only (vocabularies and their statistics, row counts)."""
     if "train" not in split_patterns:
@@ -239,5 +242,6 @@ def run_preprocessing(
     write_text(os.path.join(statistics_dir, REPORT_FILE), render_html(stats, f"Embedding-ID statistics: {cfg.name}"))
     if transformed_dirs:
         root = os.path.dirname(next(iter(transformed_dirs.values())).rstrip("/"))
+        _write_json(os.path.join(root, EMBEDDING_STATISTICS_FILE), stats)
         _write_json(os.path.join(root, EMBEDDING_MANIFEST_FILE), manifest)
     return stats

@@ -1,48 +1,32 @@
-"""DLRM-style ranking model whose embeddings go through tensorflow-recommenders' TPUEmbedding.
+"""Ranking models (DLRM, DCN-v2) whose embeddings follow the embedding plan.
 
-The model is built from the preprocessing manifest (one source of truth for table rows, dims,
-combiners and which features share a table) and the training config. Under `TPUStrategy` the
-TFRS layer builds TF's `TPUEmbedding` (tables in TPU HBM); anywhere else it builds
-`TPUEmbeddingForServing` (plain variables): the same model, checkpoint-compatible, as long as Keras
-optimizers are used (the TFRS layer docstring explains why).
+Tables the plan places in `tpu_embedding` go through tensorflow-recommenders' `TPUEmbedding`: under
+`TPUStrategy` it builds TF's `TPUEmbedding` (tables sharded in TPU HBM, the step's lookups done by
+the TPU embedding engine); anywhere else it builds `TPUEmbeddingForServing` (plain variables), so
+the CPU/GPU model is the same model and checkpoint-compatible. Tables the plan places on the
+`tensor_core` (at most `size_threshold` rows) are ordinary variables replicated on every replica
+and looked up in the step, as tensorflow-recommenders' `PartialTPUEmbedding` does. That layer's
+Keras path only accepts dense single-valued IDs, so `TensorCoreTable` below does the same lookup
+for SparseTensor IDs with the table's combiner (`tf.nn.safe_embedding_lookup_sparse`, the CPU
+lookup TF's own embedding code uses; empty rows give zeros, as on TPU).
+
+Both models share the inputs (a float32 [batch, 1] tensor per dense feature, an int64 SparseTensor
+[batch, None] of IDs per categorical feature) and the output (click probability [batch, 1]):
+- `dlrm`: bottom MLP on the dense features, dot interaction of the bottom output with every pooled
+  embedding (tables of another width are projected), top MLP on [bottom, interactions];
+- `dcn_v2`: the bottom output and the embeddings concatenated, `cross_layers` DCN-v2 cross layers
+  (tfrs.layers.dcn.Cross, low-rank when `cross_projection_dim` is set), then the top MLP.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, List, Optional
 
 import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
-from components.config import OptimizerConfig, TrainingConfig
-
-EMBEDDING_LAYER_NAME = "embedding"
-
-
-def keras_optimizer(cfg: OptimizerConfig) -> tf.keras.optimizers.legacy.Optimizer:
-    """Keras (legacy) optimizer for a config, with its clipping and learning-rate schedule (see
-    `plan.keras_optimizer`); TFRS translates these to TPU embedding optimizers."""
-    from components.embedding_trainer import plan
-
-    return plan.keras_optimizer(plan.optimizer_spec(cfg))
-
-
-def feature_configs(manifest: Dict[str, Any]) -> Dict[str, tf.tpu.experimental.embedding.FeatureConfig]:
-    """One TableConfig per vocabulary (rows = vocabulary + OOV buckets), one FeatureConfig per feature."""
-    tables = {}
-    for name, v in manifest["vocabularies"].items():
-        tables[name] = tf.tpu.experimental.embedding.TableConfig(
-            vocabulary_size=v["rows"],
-            dim=v["dim"],
-            combiner=v["combiner"],
-            initializer=tf.initializers.TruncatedNormal(stddev=1.0 / math.sqrt(v["dim"])),
-            name=name,
-        )
-    return {
-        f["name"]: tf.tpu.experimental.embedding.FeatureConfig(table=tables[f["table"]], name=f["name"])
-        for f in manifest["categorical_features"]
-    }
+from components.config import TrainingConfig
+from components.embedding_trainer import plan as P
 
 
 def _mlp(widths: List[int], name: str, last_activation: Optional[str] = "relu") -> tf.keras.Sequential:
@@ -53,40 +37,88 @@ def _mlp(widths: List[int], name: str, last_activation: Optional[str] = "relu") 
     return tf.keras.Sequential(layers, name=name)
 
 
-class RankingModel(tf.keras.Model):
-    """DLRM: bottom MLP on dense features, TPU embeddings, dot interaction, top MLP -> click probability.
+class TensorCoreTable(tf.keras.layers.Layer):
+    """A small table kept on the TensorCore: [rows, dim] variable, pooled lookup of SparseTensor IDs."""
 
-    Inputs: a dict with one float32 [batch, 1] tensor per dense feature and one int64 SparseTensor
-    [batch, None] of embedding IDs per categorical feature. Output: probability [batch, 1].
-    `embedding_optimizer=None` builds the serving variant (no optimizer slot variables).
-    """
+    def __init__(self, table: Dict[str, Any], name: str):
+        super().__init__(name=f"table_{name}")
+        self.rows, self.dim, self.combiner = table["rows"], table["dim"], table["combiner"]
+        init = table["initializer"]
+        self._initializer = tf.initializers.TruncatedNormal(mean=init["mean"], stddev=init["stddev"])
+
+    def build(self, input_shape=None):
+        self.embeddings = self.add_weight(
+            name="embeddings", shape=[self.rows, self.dim], initializer=self._initializer, trainable=True
+        )
+        super().build(input_shape)
+
+    def call(self, ids: tf.SparseTensor) -> tf.Tensor:
+        return tf.nn.safe_embedding_lookup_sparse(self.embeddings, ids, combiner=self.combiner)
+
+
+class RankingModel(tf.keras.Model):
+    """DLRM or DCN-v2 over the plan's tables. `embedding_optimizer=None` builds the serving variant
+    (no optimizer, so no slot variables). `tpu_embedding_optimizer` overrides what the TPU embedding
+    layer applies in HBM (needed when clipping, which TFRS cannot translate from Keras)."""
 
     def __init__(
         self,
+        plan: Dict[str, Any],
         manifest: Dict[str, Any],
         training: TrainingConfig,
         embedding_optimizer: Optional[tf.keras.optimizers.legacy.Optimizer] = None,
         dense_optimizer: Optional[tf.keras.optimizers.legacy.Optimizer] = None,
+        tpu_embedding_optimizer: Any = None,
     ):
         super().__init__(name="ranking_model")
+        self.model_type = training.model
         self.dense_names = [d["name"] for d in manifest["dense_features"]]
         self.categorical_names = [f["name"] for f in manifest["categorical_features"]]
-        self._feature_config = feature_configs(manifest)
         self.embedding_optimizer = embedding_optimizer
         self.dense_optimizer = dense_optimizer
-        self.embedding_layer = tfrs.layers.embedding.TPUEmbedding(
-            self._feature_config, optimizer=embedding_optimizer
-        )
-        interaction_dim = training.bottom_mlp[-1]
-        self.bottom_mlp = _mlp(training.bottom_mlp, "bottom_mlp")
-        # DotInteraction needs one width: tables of another dim are projected (no bias).
-        self.projections = {
-            name: tf.keras.layers.Dense(interaction_dim, use_bias=False, name=f"project_{name}")
-            for name, fc in self._feature_config.items()
-            if fc.table.dim != interaction_dim
+        tables = plan["tables"]
+        self.feature_table = {n: plan["features"][n]["table"] for n in self.categorical_names}
+        self.feature_dim = {n: tables[t]["dim"] for n, t in self.feature_table.items()}
+        tpu_features = [n for n in self.categorical_names if tables[self.feature_table[n]]["placement"] == "tpu_embedding"]
+        self.tpu_feature_names = tpu_features
+        self.embedding_layer = None
+        if tpu_features:
+            configs = P.feature_configs(plan)
+            self.embedding_layer = tfrs.layers.embedding.TPUEmbedding(
+                {n: configs[n] for n in tpu_features},
+                optimizer=tpu_embedding_optimizer or embedding_optimizer,
+            )
+        # One layer per TensorCore table; features of a shared table use the same layer.
+        self.tensor_core_tables = {
+            name: TensorCoreTable(t, name) for name, t in tables.items() if t["placement"] == "tensor_core"
+            and any(self.feature_table[n] == name for n in self.categorical_names)
         }
-        self.interaction = tfrs.layers.feature_interaction.DotInteraction(self_interaction=False)
+        self.bottom_mlp = _mlp(training.bottom_mlp, "bottom_mlp")
+        self.projections: Dict[str, tf.keras.layers.Layer] = {}
+        if self.model_type == "dlrm":
+            # DotInteraction needs one width: tables of another dim are projected (no bias).
+            width = training.bottom_mlp[-1]
+            self.projections = {
+                n: tf.keras.layers.Dense(width, use_bias=False, name=f"project_{n}")
+                for n in self.categorical_names if self.feature_dim[n] != width
+            }
+            self.interaction = tfrs.layers.feature_interaction.DotInteraction(self_interaction=False)
+        else:
+            self.cross = [
+                tfrs.layers.dcn.Cross(projection_dim=training.cross_projection_dim, name=f"cross_{i}")
+                for i in range(training.cross_layers)
+            ]
         self.top_mlp = _mlp(list(training.top_mlp) + [1], "top_mlp", last_activation=None)
+
+    def embed(self, inputs: Dict[str, Any]) -> Dict[str, tf.Tensor]:
+        """Pooled [batch, dim] vector per categorical feature."""
+        out: Dict[str, tf.Tensor] = {}
+        if self.embedding_layer is not None:
+            out.update(self.embedding_layer({n: inputs[n] for n in self.tpu_feature_names}))
+        for n in self.categorical_names:
+            if n not in out:
+                out[n] = self.tensor_core_tables[self.feature_table[n]](inputs[n])
+        return out
 
     def call(self, inputs: Dict[str, Any], training: bool = False) -> tf.Tensor:
         if self.dense_names:
@@ -97,21 +129,32 @@ class RankingModel(tf.keras.Model):
             first = inputs[self.categorical_names[0]]
             dense = tf.zeros([tf.shape(first, out_type=tf.int64)[0], 1])
         bottom = self.bottom_mlp(dense)
-        embedded = self.embedding_layer({n: inputs[n] for n in self.categorical_names})
-        vectors = [bottom] + [
-            self.projections[n](embedded[n]) if n in self.projections else embedded[n]
-            for n in self.categorical_names
-        ]
-        interactions = self.interaction(vectors)
-        logit = self.top_mlp(tf.concat([bottom, interactions], axis=1))
-        return tf.sigmoid(logit)
+        embedded = self.embed(inputs)
+        if self.model_type == "dlrm":
+            vectors = [bottom] + [
+                self.projections[n](embedded[n]) if n in self.projections else embedded[n]
+                for n in self.categorical_names
+            ]
+            top_input = tf.concat([bottom, self.interaction(vectors)], axis=1)
+        else:
+            x0 = tf.concat([bottom] + [embedded[n] for n in self.categorical_names], axis=1)
+            x = x0
+            for layer in self.cross:
+                x = layer(x0, x)
+            top_input = x
+        return tf.sigmoid(self.top_mlp(top_input))
 
     def embedding_variable_ids(self) -> set:
-        return {id(v) for v in self.embedding_layer.trainable_variables}
+        ids = {id(v) for t in self.tensor_core_tables.values() for v in t.trainable_variables}
+        if self.embedding_layer is not None:
+            ids |= {id(v) for v in self.embedding_layer.trainable_variables}
+        return ids
 
     def train_step(self, data):
         """Separate optimizers for embeddings and the dense part (TFRS layer docstring pattern:
-        works under TPUStrategy, where the layer exposes a stand-in trainable variable, and on CPU)."""
+        under TPUStrategy the TPU layer exposes a stand-in trainable variable whose gradient
+        applies its optimizer in HBM; TensorCore tables and CPU tables get the Keras embedding
+        optimizer)."""
         features, labels = data
         with tf.GradientTape() as tape:
             probs = self(features, training=True)

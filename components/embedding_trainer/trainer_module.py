@@ -4,14 +4,27 @@ What it leaves in the Model artifact (the exporter needs nothing else):
 - `Format-Serving/`: the trained model as a SavedModel whose `serving_default` takes serialized
   *transformed* tf.Examples (embedding IDs) and returns the click probability;
 - `checkpoints/`: the final training checkpoint (model weights and optimizer slots);
-- `embedding_manifest.json`: the preprocessing manifest (tables, vocabulary location);
-- `eval_metrics.json`: exact AUC and log loss on the whole eval split.
+- `embedding_plan.json`: the embedding plan the model was built from (tables, dims, placement,
+  optimizer, SparseCore limits, memory), with `vocabulary_dir`, the vocabularies' location;
+- `embedding_manifest.json`: the preprocessing manifest (features, vocabularies, OOV buckets);
+- `tpu_rules.json`: the TPU-rules check of the input and model (see tpu_rules.py);
+- `eval_metrics.json`: exact AUC and log loss on the whole eval split;
+- `training_run.json`: steps, the step a resumed run started from, the steps checkpointed.
+
+Training checkpoints every `training.checkpoint_every_steps` into a state directory that outlives
+the execution (`training.checkpoint_dir`, or `<pipeline root>/Trainer/training_state/<key>` where
+the key fingerprints the config and the input examples). A run killed mid-training and started
+again with the same config and examples restores the last checkpoint, fast-forwards the input to
+the same position and trains only the remaining steps, so it ends with the same number of steps.
+The state directory is removed once the Model artifact is complete.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import components  # noqa: F401
 import numpy as np
@@ -19,23 +32,44 @@ import tensorflow as tf
 from absl import logging
 
 from components.config import PipelineConfig, config_from_json
-from components.embedding_preprocess.run import EMBEDDING_MANIFEST_FILE, read_json
+from components.embedding_preprocess.run import EMBEDDING_MANIFEST_FILE, EMBEDDING_STATISTICS_FILE, read_json
+from components.embedding_trainer import plan as P
 from components.embedding_trainer.input import make_dataset, parse_batch
-from components.embedding_trainer.model import RankingModel, keras_optimizer
+from components.embedding_trainer.model import RankingModel
+from components.embedding_trainer.tpu_rules import check_tpu_rules
 from components.metrics import log_loss, roc_auc
 
 CONFIG_KEY = "config_json"
 CHECKPOINT_DIR = "checkpoints"
 EVAL_METRICS_FILE = "eval_metrics.json"
+TPU_RULES_FILE = "tpu_rules.json"
+TRAINING_RUN_FILE = "training_run.json"
+STATE_DIR = "training_state"
+
+
+def examples_root(train_files) -> str:
+    """The transformed-examples artifact directory (<uri>/Split-train/* -> <uri>)."""
+    return os.path.dirname(os.path.dirname(train_files[0]))
 
 
 def read_manifest_for(train_files) -> Dict[str, Any]:
-    """The manifest preprocessing wrote beside the transformed examples (<uri>/Split-train/*)."""
-    root = os.path.dirname(os.path.dirname(train_files[0]))
-    return read_json(os.path.join(root, EMBEDDING_MANIFEST_FILE))
+    """The manifest preprocessing wrote beside the transformed examples."""
+    return read_json(os.path.join(examples_root(train_files), EMBEDDING_MANIFEST_FILE))
+
+
+def read_statistics_for(train_files) -> Optional[Dict[str, Any]]:
+    """The statistics preprocessing copied beside the transformed examples (None for examples
+    written before the copy existed: the plan then reports SparseCore limits as unknown)."""
+    path = os.path.join(examples_root(train_files), EMBEDDING_STATISTICS_FILE)
+    return read_json(path) if tf.io.gfile.exists(path) else None
+
+
+def read_plan(model_uri: str) -> Dict[str, Any]:
+    return read_json(os.path.join(model_uri, P.PLAN_FILE))
 
 
 def distribution_strategy(cfg: PipelineConfig) -> tf.distribute.Strategy:
+    """TPUStrategy when a TPU is configured, MirroredStrategy on several GPUs, else the default."""
     if cfg.training.tpu:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=cfg.training.tpu)
         tf.config.experimental_connect_to_cluster(resolver)
@@ -46,11 +80,22 @@ def distribution_strategy(cfg: PipelineConfig) -> tf.distribute.Strategy:
     return tf.distribute.get_strategy()
 
 
-def build_model(manifest: Dict[str, Any], cfg: PipelineConfig, for_training: bool) -> RankingModel:
+def build_model(plan: Dict[str, Any], manifest: Dict[str, Any], cfg: PipelineConfig, for_training: bool,
+                on_tpu: bool = False) -> RankingModel:
+    """The ranking model for a plan; `for_training=False` builds it without optimizers (serving)."""
     t = cfg.training
-    if for_training:
-        return RankingModel(manifest, t, keras_optimizer(t.embedding_optimizer), keras_optimizer(t.dense_optimizer))
-    return RankingModel(manifest, t)
+    if not for_training:
+        return RankingModel(plan, manifest, t)
+    spec = P.optimizer_spec(t.embedding_optimizer)
+    embedding_optimizer = P.keras_optimizer(spec)
+    tpu_opt = None
+    if on_tpu and spec.get("clipvalue") is not None:
+        # TFRS cannot translate a clipping Keras optimizer; give the TPU layer the equivalent
+        # TPU optimizer directly (same slots, so checkpoints stay compatible).
+        tpu_opt = P.tpu_optimizer(spec, step_fn=lambda: embedding_optimizer.iterations)
+    return RankingModel(
+        plan, manifest, t, embedding_optimizer, P.keras_optimizer(P.optimizer_spec(t.dense_optimizer)), tpu_opt
+    )
 
 
 def transformed_serving_function(model: RankingModel, manifest: Dict[str, Any]):
@@ -71,40 +116,136 @@ def evaluate(model: RankingModel, dataset: tf.data.Dataset) -> Dict[str, float]:
     return {"auc": roc_auc(p, y), "log_loss": log_loss(p, y), "examples": int(len(y)), "positive_rate": float(y.mean())}
 
 
+def state_dir(cfg: PipelineConfig, model_uri: str, train_files) -> str:
+    """Where checkpoints of an unfinished run live: stable across executions of the same training."""
+    if cfg.training.checkpoint_dir:
+        return cfg.training.checkpoint_dir
+    key = hashlib.sha256((cfg.to_json() + "\n" + examples_root(train_files)).encode()).hexdigest()[:16]
+    return os.path.join(os.path.dirname(os.path.dirname(model_uri.rstrip("/"))), STATE_DIR, key)
+
+
+class _Checkpointer(tf.keras.callbacks.Callback):
+    """Saves every `checkpoint_every_steps` (the epoch length) and stops at exactly `total_steps`."""
+
+    def __init__(self, manager: tf.train.CheckpointManager, step: tf.Variable, total_steps: int):
+        super().__init__()
+        self.manager, self.step, self.total_steps = manager, step, total_steps
+        self.saved_steps = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.step.numpy()) >= self.total_steps:
+            self.model.stop_training = True
+
+    def on_epoch_end(self, epoch, logs=None):
+        n = int(self.step.numpy())
+        self.manager.save(checkpoint_number=n)
+        self.saved_steps.append(n)
+        logging.info("checkpoint at step %d: %s", n, self.manager.latest_checkpoint)
+
+
+def train(cfg: PipelineConfig, plan: Dict[str, Any], manifest: Dict[str, Any], train_files, eval_files,
+          state: str, log_dir: Optional[str] = None, train_steps: Optional[int] = None):
+    """Builds, checks, trains (resuming from `state` when it holds a checkpoint) and evaluates.
+    Returns (model, eval metrics, TPU-rules report, training-run record)."""
+    t = cfg.training
+    tf.keras.utils.set_random_seed(t.seed)
+    steps = train_steps or t.train_steps
+    every = t.checkpoint_every_steps
+    strategy = distribution_strategy(cfg)
+    on_tpu = isinstance(strategy, tf.distribute.TPUStrategy)
+    replicas = strategy.num_replicas_in_sync
+    if t.batch_size % replicas:
+        raise ValueError(f"training.batch_size {t.batch_size} must be a multiple of the {replicas} replicas")
+    per_replica = t.batch_size // replicas
+    with strategy.scope():
+        model = build_model(plan, manifest, cfg, for_training=True, on_tpu=on_tpu)
+        model.compile(
+            optimizer=model.dense_optimizer,
+            loss=tf.keras.losses.BinaryCrossentropy(),
+            steps_per_execution=t.steps_per_execution,
+        )
+    # The check runs on the host with the model's CPU twin; on a TPU the same input feeds the step.
+    check_model = model if not on_tpu else build_model(plan, manifest, cfg, for_training=False)
+    rules = check_tpu_rules(check_model, plan, make_dataset(train_files, manifest, per_replica, training=True, seed=t.seed))
+
+    step = model.dense_optimizer.iterations  # one dense update per training step
+    ckpt = tf.train.Checkpoint(model=model)
+    manager = tf.train.CheckpointManager(ckpt, state, max_to_keep=2)
+    start, resumed_from = 0, manager.latest_checkpoint
+    if resumed_from:
+        ckpt.restore(resumed_from).assert_existing_objects_matched()
+        start = int(step.numpy())
+        logging.info("resuming from %s at step %d of %d", resumed_from, start, steps)
+    if start > steps:
+        raise ValueError(f"checkpoint in {state} is at step {start}, beyond train_steps {steps}; remove it or raise train_steps")
+
+    def train_input(ctx: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
+        ds = make_dataset(train_files, manifest, per_replica, training=True, seed=t.seed, skip_batches=start)
+        return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id) if ctx and ctx.num_input_pipelines > 1 else ds
+
+    if on_tpu:
+        # Sparse features stay on the host for the TPU embedding enqueue.
+        options = tf.distribute.InputOptions(experimental_fetch_to_device=False)
+        train_ds = strategy.distribute_datasets_from_function(train_input, options)
+    elif replicas > 1:
+        train_ds = strategy.distribute_datasets_from_function(train_input)
+    else:
+        train_ds = train_input()
+    checkpointer = _Checkpointer(manager, step, steps)
+    callbacks = [checkpointer]
+    if log_dir:
+        callbacks.append(tf.keras.callbacks.TensorBoard(log_dir=log_dir))
+    if start < steps:
+        model.fit(
+            train_ds,
+            initial_epoch=start // every,
+            epochs=math.ceil(steps / every),
+            steps_per_epoch=every,
+            callbacks=callbacks,
+            verbose=2,
+        )
+    elif manager.latest_checkpoint is None:
+        raise ValueError("nothing to train")
+    final_step = int(step.numpy())
+    if final_step != steps:
+        raise RuntimeError(f"training ended at step {final_step}, expected {steps}")
+    eval_ds = make_dataset(eval_files, manifest, t.batch_size, training=False)
+    run = {
+        "final_step": final_step,
+        "resumed_from_step": start,
+        "resumed_from_checkpoint": resumed_from,
+        "checkpoint_steps": checkpointer.saved_steps,
+        "state_dir": state,
+        "replicas": replicas,
+        "per_replica_batch_size": per_replica,
+        "strategy": type(strategy).__name__,
+    }
+    return model, evaluate(model, eval_ds), rules, run
+
+
 def run_fn(fn_args) -> None:
     cfg = config_from_json(fn_args.custom_config[CONFIG_KEY])
     manifest = read_manifest_for(fn_args.train_files)
-    tf.keras.utils.set_random_seed(cfg.training.seed)
+    plan = P.derive_plan(cfg, manifest, read_statistics_for(fn_args.train_files))
+    plan["vocabulary_dir"] = manifest["vocabulary_dir"]
     model_root = os.path.dirname(fn_args.serving_model_dir.rstrip("/"))
-    strategy = distribution_strategy(cfg)
-    batch = cfg.training.batch_size
-    train_ds = make_dataset(fn_args.train_files, manifest, batch, training=True, seed=cfg.training.seed)
-    eval_ds = make_dataset(fn_args.eval_files, manifest, batch, training=False)
-    if isinstance(strategy, tf.distribute.TPUStrategy):
-        # Sparse features must stay on the host for the TPU embedding enqueue.
-        options = tf.distribute.InputOptions(experimental_fetch_to_device=False)
-        train_ds = strategy.experimental_distribute_dataset(train_ds, options)
-    with strategy.scope():
-        model = build_model(manifest, cfg, for_training=True)
-        model.compile(optimizer=model.dense_optimizer, loss=tf.keras.losses.BinaryCrossentropy())
-    steps = fn_args.train_steps or cfg.training.train_steps
-    model.fit(
-        train_ds,
-        epochs=1,
-        steps_per_epoch=steps,
-        callbacks=[tf.keras.callbacks.TensorBoard(log_dir=fn_args.model_run_dir)],
-        verbose=2,
+    state = state_dir(cfg, model_root, fn_args.train_files)
+    model, metrics, rules, run = train(
+        cfg, plan, manifest, fn_args.train_files, fn_args.eval_files, state,
+        log_dir=fn_args.model_run_dir, train_steps=fn_args.train_steps,
     )
-    ckpt = tf.train.Checkpoint(model=model, step=tf.Variable(steps, dtype=tf.int64))
-    manager = tf.train.CheckpointManager(ckpt, os.path.join(model_root, CHECKPOINT_DIR), max_to_keep=1)
-    manager.save(checkpoint_number=steps)
-    metrics = evaluate(model, eval_ds)
     logging.info("eval metrics: %s", metrics)
+    # The final state (weights and optimizer slots) goes into the artifact; the state dir is removed below.
+    final = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), os.path.join(model_root, CHECKPOINT_DIR), 1)
+    final.save(checkpoint_number=int(model.dense_optimizer.iterations.numpy()))
     tf.saved_model.save(
         model,
         fn_args.serving_model_dir,
         signatures={"serving_default": transformed_serving_function(model, manifest)},
     )
-    for name, obj in ((EMBEDDING_MANIFEST_FILE, manifest), (EVAL_METRICS_FILE, metrics)):
+    for name, obj in ((EMBEDDING_MANIFEST_FILE, manifest), (P.PLAN_FILE, plan), (EVAL_METRICS_FILE, metrics),
+                      (TPU_RULES_FILE, rules), (TRAINING_RUN_FILE, run)):
         with tf.io.gfile.GFile(os.path.join(model_root, name), "w") as fh:
             fh.write(json.dumps(obj, indent=2, sort_keys=True))
+    if not cfg.training.checkpoint_dir and tf.io.gfile.exists(state):
+        tf.io.gfile.rmtree(state)

@@ -1,0 +1,269 @@
+"""The trainer's run_fn on small generated data: the Model artifact, a fresh-process restore that
+predicts identically, resume after a run killed mid-training, DCN-v2, and the TPU-rules check."""
+import glob
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import yaml
+
+import components  # noqa: F401
+import tensorflow as tf
+
+from components.config import parse_config
+from components.embedding_trainer import plan as P
+from components.embedding_trainer import trainer_module as tm
+from components.embedding_trainer.input import make_dataset
+from components.embedding_trainer.tpu_rules import TPURulesError, check_tpu_rules
+from components.synthetic_data import GeneratorSpec, write_csv
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = [min(c, 3000) for c in GeneratorSpec().cardinalities]
+
+
+def _config(root, **training):
+    with open(os.path.join(REPO, "configs", "demo.yaml")) as fh:
+        raw = yaml.safe_load(fh)
+    raw["input"]["path"] = str(root / "train.csv")
+    raw["training"].update({
+        "batch_size": 64, "train_steps": 40, "checkpoint_every_steps": 10,
+        # Tables up to 400 rows on the TensorCore, the rest in TPU embedding: both placements.
+        "embedding": {"size_threshold": 400},
+    })
+    raw["training"].update(training)
+    return parse_config(raw)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from components.embedding_preprocess.run import run_preprocessing
+
+    root = tmp_path_factory.mktemp("trainer")
+    write_csv(GeneratorSpec(rows=3000, seed=11, cardinalities=SMALL), str(root / "train.csv"))
+    write_csv(GeneratorSpec(rows=600, seed=12, cardinalities=SMALL), str(root / "eval.csv"))
+    cfg = _config(root)
+    run_preprocessing(
+        beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"])),
+        cfg,
+        {"train": str(root / "train.csv"), "eval": str(root / "eval.csv")},
+        str(root / "vocab"),
+        {s: str(root / "tx" / f"Split-{s}") for s in ("train", "eval")},
+        str(root / "stats"),
+        input_format="csv",
+    )
+    return root
+
+
+def _fn_args(root, cfg, execution):
+    model_uri = root / "Trainer" / "model" / str(execution)
+    return SimpleNamespace(
+        custom_config={tm.CONFIG_KEY: cfg.to_json()},
+        train_files=[str(root / "tx" / "Split-train" / "*")],
+        eval_files=[str(root / "tx" / "Split-eval" / "*")],
+        serving_model_dir=str(model_uri / "Format-Serving"),
+        model_run_dir=str(root / "Trainer" / "model_run" / str(execution)),
+        train_steps=None,
+    )
+
+
+def _eval_examples(root, n=200):
+    files = sorted(glob.glob(str(root / "tx" / "Split-eval" / "*")))
+    return [r.numpy() for r in tf.data.TFRecordDataset(files).take(n)]
+
+
+@pytest.fixture(scope="module")
+def trained(data):
+    cfg = _config(data)
+    fn_args = _fn_args(data, cfg, 1)
+    tm.run_fn(fn_args)
+    return cfg, os.path.dirname(fn_args.serving_model_dir)
+
+
+def test_model_artifact_holds_plan_checkpoint_and_reports(trained, data):
+    cfg, model_uri = trained
+    plan = tm.read_plan(model_uri)
+    placements = {t["placement"] for t in plan["tables"].values()}
+    assert placements == {"tpu_embedding", "tensor_core"}, plan["tables"]
+    assert plan["vocabulary_dir"] == str(data / "vocab")
+    assert os.path.isfile(os.path.join(plan["vocabulary_dir"], "manifest.json"))
+    rules = json.load(open(os.path.join(model_uri, tm.TPU_RULES_FILE)))
+    assert rules["passed"] and rules["batches_checked"] == 2 and not rules["violations"]
+    metrics = json.load(open(os.path.join(model_uri, tm.EVAL_METRICS_FILE)))
+    assert metrics["examples"] == 600 and 0.5 < metrics["auc"] <= 1.0
+    run = json.load(open(os.path.join(model_uri, tm.TRAINING_RUN_FILE)))
+    assert run["final_step"] == 40 and run["resumed_from_step"] == 0
+    assert run["checkpoint_steps"] == [10, 20, 30, 40]
+    # The final checkpoint: every table at its planned shape, Adagrad slots for TensorCore tables too
+    # (they are trained by the embedding optimizer, not the dense one).
+    reader = tf.train.load_checkpoint(os.path.join(model_uri, tm.CHECKPOINT_DIR))
+    shapes = reader.get_variable_to_shape_map()
+    assert reader.get_tensor("model/dense_optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE") == 40
+    for name, t in plan["tables"].items():
+        matches = [k for k, s in shapes.items() if s == [t["rows"], t["dim"]] and "OPTIMIZER_SLOT" not in k]
+        assert matches, (name, t["rows"], t["dim"])
+    tc = [k for k in shapes if k.startswith("model/tensor_core_tables/") and "OPTIMIZER_SLOT" in k]
+    assert tc and all("embedding_optimizer" in k for k in tc), tc
+    # Nothing of an unfinished run is left behind.
+    assert not glob.glob(str(data / "Trainer" / tm.STATE_DIR / "*" / "checkpoint"))
+
+
+def _predict_in_fresh_process(model_uri, examples_path, cfg):
+    script = textwrap.dedent(f"""
+        import json, sys
+        import numpy as np
+        import components
+        import tensorflow as tf
+        from components.config import config_from_json
+        from components.embedding_trainer import trainer_module as tm
+        from components.embedding_trainer.input import parse_batch
+        model_uri = {model_uri!r}
+        examples = tf.constant(np.load({examples_path!r}, allow_pickle=True))
+        cfg = config_from_json(open(sys.argv[1]).read())
+        saved = tf.saved_model.load(model_uri + "/Format-Serving")
+        p_saved = saved.signatures["serving_default"](examples=examples)["probabilities"].numpy()
+        manifest = json.load(open(model_uri + "/embedding_manifest.json"))
+        model = tm.build_model(tm.read_plan(model_uri), manifest, cfg, for_training=False)
+        features, _ = parse_batch(examples, manifest)
+        model(features)
+        tf.train.Checkpoint(model=model).restore(tf.train.latest_checkpoint(model_uri + "/checkpoints")).expect_partial()
+        p_ckpt = model(features).numpy()
+        np.save(sys.argv[2], np.stack([p_saved.ravel(), p_ckpt.ravel()]))
+    """)
+    cfg_path = examples_path + ".cfg.json"
+    out = examples_path + ".out.npy"
+    with open(cfg_path, "w") as fh:
+        fh.write(cfg.to_json())
+    proc = subprocess.run([sys.executable, "-c", script, cfg_path, out], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return np.load(out)
+
+
+@pytest.mark.parametrize("model_type", ["dlrm", "dcn_v2"])
+def test_restore_in_fresh_process_predicts_identically(model_type, trained, data, tmp_path):
+    if model_type == "dlrm":
+        cfg, model_uri = trained
+    else:
+        cfg = _config(data, model="dcn_v2", cross_layers=2, steps_per_execution=5, train_steps=20)
+        fn_args = _fn_args(data, cfg, 7)
+        tm.run_fn(fn_args)
+        model_uri = os.path.dirname(fn_args.serving_model_dir)
+    examples = _eval_examples(data)
+    path = str(tmp_path / "examples.npy")
+    np.save(path, np.array(examples, dtype=object), allow_pickle=True)
+    p_saved, p_ckpt = _predict_in_fresh_process(model_uri, path, cfg)
+    here = tf.saved_model.load(os.path.join(model_uri, "Format-Serving"))
+    p_here = here.signatures["serving_default"](examples=tf.constant(examples))["probabilities"].numpy().ravel()
+    assert len(p_here) == 200 and p_here.std() > 0  # not a constant model
+    np.testing.assert_array_equal(p_saved, p_here)
+    np.testing.assert_allclose(p_ckpt, p_here, rtol=0, atol=1e-6)
+
+
+def test_killed_run_resumes_and_ends_with_the_same_steps(data, tmp_path):
+    cfg = _config(data, train_steps=40, checkpoint_every_steps=10, seed=3)
+    cfg_path = tmp_path / "cfg.json"
+    cfg_path.write_text(cfg.to_json())
+    # The first execution is SIGKILLed (no cleanup) right after its step-20 checkpoint.
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        from types import SimpleNamespace
+        import components
+        from components.embedding_trainer import trainer_module as tm
+        original = tm._Checkpointer.on_epoch_end
+        def kill_after_20(self, epoch, logs=None):
+            original(self, epoch, logs)
+            if int(self.step.numpy()) == 20:
+                os.kill(os.getpid(), signal.SIGKILL)
+        tm._Checkpointer.on_epoch_end = kill_after_20
+        root = {str(data)!r}
+        tm.run_fn(SimpleNamespace(
+            custom_config={{tm.CONFIG_KEY: open(sys.argv[1]).read()}},
+            train_files=[root + "/tx/Split-train/*"], eval_files=[root + "/tx/Split-eval/*"],
+            serving_model_dir=root + "/Trainer/model/21/Format-Serving",
+            model_run_dir=root + "/Trainer/model_run/21", train_steps=None))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script, str(cfg_path)], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    states = glob.glob(str(data / "Trainer" / tm.STATE_DIR / "*"))
+    assert len(states) == 1
+    assert tf.train.latest_checkpoint(states[0]).endswith("ckpt-20")
+    assert not os.path.exists(data / "Trainer" / "model" / "21" / "Format-Serving")
+
+    # Started again (a new execution, as TFX would): resumes at 20 and trains the remaining 20 steps.
+    resumed = _fn_args(data, cfg, 22)
+    tm.run_fn(resumed)
+    resumed_uri = os.path.dirname(resumed.serving_model_dir)
+    run = json.load(open(os.path.join(resumed_uri, tm.TRAINING_RUN_FILE)))
+    assert run["resumed_from_step"] == 20 and run["final_step"] == 40
+    assert run["checkpoint_steps"] == [30, 40]
+    assert not os.path.exists(states[0])  # the state of the finished run is removed
+
+    # An uninterrupted run of the same training sees the same batches and ends with the same model.
+    straight = _fn_args(data, cfg, 23)
+    tm.run_fn(straight)
+    straight_uri = os.path.dirname(straight.serving_model_dir)
+    assert json.load(open(os.path.join(straight_uri, tm.TRAINING_RUN_FILE)))["resumed_from_step"] == 0
+    a = tf.train.load_checkpoint(os.path.join(resumed_uri, tm.CHECKPOINT_DIR))
+    b = tf.train.load_checkpoint(os.path.join(straight_uri, tm.CHECKPOINT_DIR))
+    names = [n for n in a.get_variable_to_shape_map() if n != "_CHECKPOINTABLE_OBJECT_GRAPH"]
+    assert names
+    for n in names:
+        np.testing.assert_allclose(a.get_tensor(n), b.get_tensor(n), rtol=1e-5, atol=1e-6, err_msg=n)
+
+
+def _check_inputs(data, trained):
+    cfg, model_uri = trained
+    plan = tm.read_plan(model_uri)
+    manifest = json.load(open(os.path.join(model_uri, "embedding_manifest.json")))
+    model = tm.build_model(plan, manifest, cfg, for_training=False)
+    return plan, manifest, model, [str(data / "tx" / "Split-train" / "*")]
+
+
+def test_tpu_rules_pass_on_training_input(data, trained):
+    plan, manifest, model, files = _check_inputs(data, trained)
+    report = check_tpu_rules(model, plan, make_dataset(files, manifest, 32, training=True))
+    assert report["passed"] and report["batches_checked"] == 2
+
+
+def test_tpu_rules_name_each_violation(data, trained):
+    plan, manifest, model, files = _check_inputs(data, trained)
+    # IDs beyond a table's rows (examples from another preprocessing run): names feature and table.
+    shrunk = json.loads(json.dumps(plan))
+    shrunk["tables"]["C2"]["rows"] = 3
+    with pytest.raises(TPURulesError, match=r"feature 'C2': ID \d+ outside table 'C2' bounds \[0, 3\)"):
+        check_tpu_rules(model, shrunk, make_dataset(files, manifest, 32, training=True))
+    # Eval-style input (no drop_remainder): dynamic batch dimension.
+    report = check_tpu_rules(model, plan, make_dataset(files, manifest, 32, training=False), raise_on_violation=False)
+    assert not report["passed"]
+    assert any("no static batch dimension" in v and "'C1'" in v for v in report["violations"])
+    # A string feature in the input.
+    strings = make_dataset(files, manifest, 32, training=True).map(
+        lambda f, y: ({**f, "I1": tf.strings.as_string(f["I1"])}, y))
+    with pytest.raises(TPURulesError, match="feature 'I1' is a string tensor"):
+        check_tpu_rules(model, plan, strings)
+
+
+def test_tpu_rules_find_string_ops_in_the_step(data, trained):
+    plan, manifest, _, files = _check_inputs(data, trained)
+    cfg, _ = trained
+
+    class LooksUpStrings(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.inner = tm.build_model(plan, manifest, cfg, for_training=False)
+
+        def call(self, x, training=False):
+            x = dict(x)
+            x["C1"] = tf.SparseTensor(x["C1"].indices, tf.strings.to_number(
+                tf.strings.as_string(x["C1"].values), tf.int64), x["C1"].dense_shape)
+            return self.inner(x)
+
+    with pytest.raises(TPURulesError, match=r"op .*\((AsString|StringToNumber)\) handles strings in the step"):
+        check_tpu_rules(LooksUpStrings(), plan, make_dataset(files, manifest, 32, training=True))
