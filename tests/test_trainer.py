@@ -111,6 +111,8 @@ def test_model_artifact_holds_plan_checkpoint_and_reports(trained, data):
         assert matches, (name, t["rows"], t["dim"])
     tc = [k for k in shapes if k.startswith("model/tensor_core_tables/") and "OPTIMIZER_SLOT" in k]
     assert tc and all("embedding_optimizer" in k for k in tc), tc
+    # TensorBoard logs in the ModelRun directory.
+    assert glob.glob(str(data / "Trainer" / "model_run" / "1" / "train" / "events.out.tfevents.*"))
     # Nothing of an unfinished run is left behind.
     assert not glob.glob(str(data / "Trainer" / tm.STATE_DIR / "*" / "checkpoint"))
 
