@@ -104,6 +104,11 @@ def test_json_round_trip_is_identical():
         ({"training": {"embedding_optimizer": {"name": "rmsprop"}}},
          "training.embedding_optimizer.name: 'rmsprop' is not one of sgd, adagrad, adam, ftrl"),
         ({"training": {"dense_optimizer": {"learning_rate": -1}}}, "training.dense_optimizer.learning_rate"),
+        ({"training": {"model": "wide_deep"}}, "training.model: 'wide_deep' is not one of dlrm, dcn_v2"),
+        ({"training": {"model": "dcn_v2", "cross_layers": 0}}, "training.cross_layers: must be positive"),
+        ({"training": {"checkpoint_every_steps": 0}}, "training.checkpoint_every_steps: must be positive"),
+        ({"training": {"train_steps": 100, "checkpoint_every_steps": 50, "steps_per_execution": 30}},
+         "training.steps_per_execution: 30 must divide checkpoint_every_steps (50) and train_steps (100)"),
     ],
 )
 def test_bad_configuration_names_the_field(overrides, expected):
