@@ -38,7 +38,6 @@ import components  # noqa: E402,F401
 import tensorflow as tf  # noqa: E402
 import tensorflow_recommenders as tfrs  # noqa: E402
 
-from components.config import load_config  # noqa: E402
 from components.embedding_trainer import plan as P  # noqa: E402
 from components.embedding_trainer import trainer_module as tm  # noqa: E402
 from components.embedding_trainer.input import make_dataset  # noqa: E402

@@ -16,7 +16,6 @@ import components  # noqa: F401
 import tensorflow as tf
 
 from components.config import parse_config
-from components.embedding_trainer import plan as P
 from components.embedding_trainer import trainer_module as tm
 from components.embedding_trainer.input import make_dataset
 from components.embedding_trainer.tpu_rules import TPURulesError, check_tpu_rules
