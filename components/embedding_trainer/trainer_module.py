@@ -204,8 +204,6 @@ def train(cfg: PipelineConfig, plan: Dict[str, Any], manifest: Dict[str, Any], t
             callbacks=callbacks,
             verbose=2,
         )
-    elif manager.latest_checkpoint is None:
-        raise ValueError("nothing to train")
     final_step = int(step.numpy())
     if final_step != steps:
         raise RuntimeError(f"training ended at step {final_step}, expected {steps}")
