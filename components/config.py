@@ -153,6 +153,7 @@ class TrainingConfig:
     eval_steps: int = 50
     bottom_mlp: List[int] = field(default_factory=lambda: [64, 16])
     top_mlp: List[int] = field(default_factory=lambda: [64, 32])
+    dropout: float = 0.0  # dropout rate after each hidden top-MLP layer in training (0: none)
     embedding_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig("adagrad", 0.05))
     dense_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig("adam", 0.001))
     seed: int = 42
@@ -480,6 +481,8 @@ def resolve(cfg: PipelineConfig) -> PipelineConfig:
     for name in ("bottom_mlp", "top_mlp"):
         for j, width in enumerate(getattr(tr, name)):
             _check_positive(width, f"training.{name}[{j}]", "layer widths are positive")
+    if not 0.0 <= tr.dropout < 1.0:
+        raise ConfigError(f"training.dropout: {tr.dropout} is not a rate in [0, 1); set e.g. 0.3, or 0 for none")
     if not tr.bottom_mlp:
         raise ConfigError("training.bottom_mlp: empty; list at least one layer width")
     _check_optimizer(tr.embedding_optimizer, "training.embedding_optimizer")

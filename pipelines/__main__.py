@@ -19,7 +19,7 @@ import components  # noqa: F401
 from components.config import ConfigError, PipelineConfig, load_config
 from pipelines.pipeline import METADATA_FILE, PIPELINE_ROOT, SERVING_DIR, create_pipeline, input_location
 
-DEMO_ROWS = 50_000
+DEMO_ROWS = 375_000
 
 
 def _latest(pattern: str) -> Optional[str]:

@@ -106,6 +106,7 @@ def test_json_round_trip_is_identical():
         ({"training": {"dense_optimizer": {"learning_rate": -1}}}, "training.dense_optimizer.learning_rate"),
         ({"training": {"model": "wide_deep"}}, "training.model: 'wide_deep' is not one of dlrm, dcn_v2"),
         ({"training": {"model": "dcn_v2", "cross_layers": 0}}, "training.cross_layers: must be positive"),
+        ({"training": {"dropout": 1.0}}, "training.dropout: 1.0 is not a rate in [0, 1)"),
         ({"training": {"checkpoint_every_steps": 0}}, "training.checkpoint_every_steps: must be positive"),
         ({"training": {"train_steps": 100, "checkpoint_every_steps": 50, "steps_per_execution": 30}},
          "training.steps_per_execution: 30 must divide checkpoint_every_steps (50) and train_steps (100)"),

@@ -16,8 +16,10 @@ import components  # noqa: F401
 import tensorflow as tf
 
 from components.config import parse_config
+from components.embedding_trainer import plan as P
 from components.embedding_trainer import trainer_module as tm
-from components.embedding_trainer.input import make_dataset
+from components.embedding_trainer.input import PAD_ID, make_dataset, to_dense_ids
+from components.embedding_trainer.model import TensorCoreTable
 from components.embedding_trainer.tpu_rules import TPURulesError, check_tpu_rules
 from components.synthetic_data import GeneratorSpec, write_csv
 
@@ -227,10 +229,49 @@ def _check_inputs(data, trained):
     return plan, manifest, model, [str(data / "tx" / "Split-train" / "*")]
 
 
+def _tpu_input(files, manifest, plan, training=True, batch_size=32):
+    return make_dataset(files, manifest, batch_size, training=training, dense_id_widths=P.dense_id_widths(plan))
+
+
 def test_tpu_rules_pass_on_training_input(data, trained):
     plan, manifest, model, files = _check_inputs(data, trained)
-    report = check_tpu_rules(model, plan, make_dataset(files, manifest, 32, training=True))
+    widths = P.dense_id_widths(plan)
+    on_core = {n for n, f in plan["features"].items() if plan["tables"][f["table"]]["placement"] == "tensor_core"}
+    assert set(widths) == on_core and 0 < len(on_core) < len(plan["features"])
+    # Widths: one ID for single-valued features (statistics), at most max_length for multi-hot ones.
+    assert all(widths[n] == 1 for n in on_core if n not in ("C3", "C12", "C16", "C24"))
+    assert all(1 < widths[n] <= {"C3": 5, "C12": 5, "C16": 4, "C24": 5}[n] for n in on_core & {"C3", "C12", "C16", "C24"})
+    report = check_tpu_rules(model, plan, _tpu_input(files, manifest, plan))
     assert report["passed"] and report["batches_checked"] == 2
+    # The same features as SparseTensors: each TensorCore-table feature is named.
+    report = check_tpu_rules(model, plan, make_dataset(files, manifest, 32, training=True), raise_on_violation=False)
+    flagged = {v.split("'")[1] for v in report["violations"] if "is a SparseTensor" in v}
+    assert flagged == set(widths), report["violations"]
+
+
+def test_padded_dense_ids_pool_like_sparse_lookup(data, trained):
+    """The TPU step's padded dense IDs and the host's SparseTensors give the same vectors, for every
+    combiner, empty rows (zeros) included, and the trained model scores both forms alike."""
+    ids = tf.sparse.from_dense(tf.constant([[3, 1, 0], [0, 0, 0], [2, 0, 0], [4, 4, 1]], tf.int64))
+    ids = tf.SparseTensor(ids.indices, ids.values - 1, ids.dense_shape)  # ID 0 is a real row
+    ids = tf.sparse.retain(ids, ids.values >= 0)
+    dense = to_dense_ids(ids, 3)
+    assert dense.numpy()[1].tolist() == [PAD_ID] * 3
+    for combiner in ("mean", "sum", "sqrtn"):
+        table = TensorCoreTable({"rows": 5, "dim": 4, "combiner": combiner,
+                                 "initializer": {"mean": 0.0, "stddev": 1.0}}, f"t_{combiner}")
+        np.testing.assert_allclose(table(dense).numpy(), table(ids).numpy(), rtol=1e-6, atol=1e-7, err_msg=combiner)
+    assert not np.any(table(dense).numpy()[1])
+    # Rows longer than the width keep their first IDs.
+    assert to_dense_ids(ids, 1).numpy().ravel().tolist() == [2, PAD_ID, 1, 3]
+
+    plan, manifest, _, _ = _check_inputs(data, trained)
+    cfg, model_uri = trained
+    model = tm.build_model(plan, manifest, cfg, for_training=False)
+    eval_files = [str(data / "tx" / "Split-eval" / "*")]
+    sparse_batch, _ = next(iter(make_dataset(eval_files, manifest, 128, training=False)))
+    dense_batch, _ = next(iter(_tpu_input(eval_files, manifest, plan, training=False, batch_size=128)))
+    np.testing.assert_allclose(model(dense_batch).numpy(), model(sparse_batch).numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_tpu_rules_name_each_violation(data, trained):
@@ -239,13 +280,13 @@ def test_tpu_rules_name_each_violation(data, trained):
     shrunk = json.loads(json.dumps(plan))
     shrunk["tables"]["C2"]["rows"] = 3
     with pytest.raises(TPURulesError, match=r"feature 'C2': ID \d+ outside table 'C2' bounds \[0, 3\)"):
-        check_tpu_rules(model, shrunk, make_dataset(files, manifest, 32, training=True))
+        check_tpu_rules(model, shrunk, _tpu_input(files, manifest, plan))
     # Eval-style input (no drop_remainder): dynamic batch dimension.
-    report = check_tpu_rules(model, plan, make_dataset(files, manifest, 32, training=False), raise_on_violation=False)
+    report = check_tpu_rules(model, plan, _tpu_input(files, manifest, plan, training=False), raise_on_violation=False)
     assert not report["passed"]
     assert any("no static batch dimension" in v and "'C1'" in v for v in report["violations"])
     # A string feature in the input.
-    strings = make_dataset(files, manifest, 32, training=True).map(
+    strings = _tpu_input(files, manifest, plan).map(
         lambda f, y: ({**f, "I1": tf.strings.as_string(f["I1"])}, y))
     with pytest.raises(TPURulesError, match="feature 'I1' is a string tensor"):
         check_tpu_rules(model, plan, strings)
@@ -267,4 +308,4 @@ def test_tpu_rules_find_string_ops_in_the_step(data, trained):
             return self.inner(x)
 
     with pytest.raises(TPURulesError, match=r"op .*\((AsString|StringToNumber)\) handles strings in the step"):
-        check_tpu_rules(LooksUpStrings(), plan, make_dataset(files, manifest, 32, training=True))
+        check_tpu_rules(LooksUpStrings(), plan, _tpu_input(files, manifest, plan))

@@ -48,11 +48,18 @@ def read_raw_examples(file_pattern: str, limit: int) -> List[bytes]:
     return out
 
 
-def restore_serving_model(model_uri: str, manifest: Dict[str, Any], cfg: PipelineConfig, sample_features):
+def read_model_plan(model_uri: str) -> Dict[str, Any]:
+    """The embedding plan the Model artifact was trained with (the exporter trusts nothing else)."""
     plan_path = os.path.join(model_uri, P.PLAN_FILE)
     if not tf.io.gfile.exists(plan_path):
         raise ExportRefused(f"no embedding plan at {plan_path}; the Model artifact is not from this trainer")
-    model = trainer_module.build_model(trainer_module.read_plan(model_uri), manifest, cfg, for_training=False)
+    return trainer_module.read_plan(model_uri)
+
+
+def restore_serving_model(
+    model_uri: str, plan: Dict[str, Any], manifest: Dict[str, Any], cfg: PipelineConfig, sample_features
+):
+    model = trainer_module.build_model(plan, manifest, cfg, for_training=False)
     model(sample_features)  # creates the variables so the restore can be checked
     ckpt_dir = os.path.join(model_uri, trainer_module.CHECKPOINT_DIR)
     path = tf.train.latest_checkpoint(ckpt_dir)
@@ -98,6 +105,7 @@ def export_serving_model(
     output_uri: str,
 ) -> Dict[str, Any]:
     """Writes `output_uri/Format-Serving` and `output_uri/export_report.json`; returns the report."""
+    plan = read_model_plan(model_uri)
     manifest = read_json(os.path.join(model_uri, EMBEDDING_MANIFEST_FILE))
     vocab_dir = manifest["vocabulary_dir"]
     raw = read_raw_examples(raw_eval_pattern, cfg.export.parity_sample_size)
@@ -116,7 +124,7 @@ def export_serving_model(
     raw_labelled = [r for r, k in zip(raw, keep) if k]
     sample_features, _ = parse_batch(tf.constant(transformed_serialized[:8]), manifest)
 
-    model, ckpt_path = restore_serving_model(model_uri, manifest, cfg, sample_features)
+    model, ckpt_path = restore_serving_model(model_uri, plan, manifest, cfg, sample_features)
     module = ServingModule(model, RawFeatureTransform(manifest, vocab_dir))
 
     final_dir = os.path.join(output_uri, SERVING_DIR)
@@ -138,7 +146,7 @@ def export_serving_model(
         "layout": "A (one logical table per table config, TPUEmbedding / CPU training)",
         "tables": {
             name: {"rows": v["rows"], "dim": v["dim"], "bytes": v["rows"] * v["dim"] * 4, "placement": v["placement"]}
-            for name, v in trainer_module.read_plan(model_uri)["tables"].items()
+            for name, v in plan["tables"].items()
         },
         "serving_variables": num_variables,
         "parity": {

@@ -3,6 +3,12 @@
 Categorical features arrive as int64 SparseTensors of embedding IDs (no string work in the step),
 dense features as float32 [batch, 1], the label as float32 [batch, 1]. Training batches have a
 static size (`drop_remainder=True`), as TPUs require.
+
+Features of TensorCore tables can instead be fed as padded dense IDs ([batch, width] int64, PAD_ID
+where a row has fewer IDs): a SparseTensor's values have a different length in every batch, which
+the TPU step (compiled by XLA for fixed shapes) cannot take, while the TPU embedding engine takes
+SparseTensors from the host. `dense_id_widths` (from the plan) selects them; the trainer uses it on
+every platform, so CPU runs feed the TPU step's exact input.
 """
 from __future__ import annotations
 
@@ -10,6 +16,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import components  # noqa: F401
 import tensorflow as tf
+
+PAD_ID = -1  # padding of dense ID rows; TensorCoreTable and the TPU-rules check skip it
 
 
 def feature_spec(manifest: Dict[str, Any]) -> Dict[str, Any]:
@@ -21,16 +29,35 @@ def feature_spec(manifest: Dict[str, Any]) -> Dict[str, Any]:
     return spec
 
 
+def to_dense_ids(ids: tf.SparseTensor, width: int) -> tf.Tensor:
+    """[batch, width] int64 IDs, each row's first `width` IDs, PAD_ID after them."""
+    batch = tf.shape(ids, out_type=tf.int64)[0]
+    kept = tf.sparse.slice(ids, [0, 0], tf.stack([batch, tf.constant(width, tf.int64)]))
+    kept = tf.sparse.reset_shape(kept, tf.stack([batch, tf.constant(width, tf.int64)]))
+    dense = tf.sparse.to_dense(kept, default_value=PAD_ID)
+    dense.set_shape([ids.shape[0], width])
+    return dense
+
+
 def parse_batch(
-    serialized: tf.Tensor, manifest: Dict[str, Any], static_batch: Optional[int] = None
+    serialized: tf.Tensor,
+    manifest: Dict[str, Any],
+    static_batch: Optional[int] = None,
+    dense_id_widths: Optional[Dict[str, int]] = None,
 ) -> Tuple[Dict[str, Any], tf.Tensor]:
     """(features, label) of a batch of serialized examples. With `static_batch`, every tensor,
     SparseTensors included (parse_example leaves their dense shape unknown), gets that static batch
-    dimension, as the TPU step requires."""
+    dimension, as the TPU step requires. Features named in `dense_id_widths` come as padded dense
+    IDs of that width."""
     parsed = tf.io.parse_example(serialized, feature_spec(manifest))
+    for name, width in (dense_id_widths or {}).items():
+        parsed[name] = to_dense_ids(parsed[name], width)
     if static_batch is not None:
-        for t in parsed.values():
-            t.set_shape([static_batch] + ([None] if isinstance(t, tf.SparseTensor) else [1]))
+        for name, t in parsed.items():
+            if isinstance(t, tf.SparseTensor):
+                t.set_shape([static_batch, None])
+            else:
+                t.set_shape([static_batch, t.shape[1]])
     label = parsed.pop(manifest["label"])
     return parsed, label
 
@@ -42,12 +69,14 @@ def make_dataset(
     training: bool,
     seed: int = 0,
     skip_batches: int = 0,
+    dense_id_widths: Optional[Dict[str, int]] = None,
 ) -> tf.data.Dataset:
     """Batches of (features, label). `batch_size` is per replica when distributed. Training input
     repeats, shuffles (seeded) and has a static batch size; `skip_batches` fast-forwards a resumed
     run to where the killed run stopped (the same batch order as an uninterrupted run; skipped
     batches are read but not parsed). Files are read in parallel, parsing is vectorised per batch
-    (`tf.io.parse_example`) and runs in parallel with training (AUTOTUNE)."""
+    (`tf.io.parse_example`) and runs in parallel with training (AUTOTUNE). `dense_id_widths`:
+    features fed as padded dense IDs (see the module docstring)."""
     from components.tfrecords import compression_type
 
     compression = compression_type([f for p in file_patterns for f in tf.io.gfile.glob(p)])
@@ -68,5 +97,5 @@ def make_dataset(
     if skip_batches:
         ds = ds.skip(skip_batches)
     static = batch_size if training else None
-    ds = ds.map(lambda s: parse_batch(s, manifest, static), num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.map(lambda s: parse_batch(s, manifest, static, dense_id_widths), num_parallel_calls=tf.data.AUTOTUNE)
     return ds.prefetch(tf.data.AUTOTUNE)

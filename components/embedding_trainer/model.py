@@ -16,6 +16,7 @@ Both models share the inputs (a float32 [batch, 1] tensor per dense feature, an 
   embedding (tables of another width are projected), top MLP on [bottom, interactions];
 - `dcn_v2`: the bottom output and the embeddings concatenated, `cross_layers` DCN-v2 cross layers
   (tfrs.layers.dcn.Cross, low-rank when `cross_projection_dim` is set), then the top MLP.
+`dropout` (training only) follows each hidden top-MLP layer; its masks are stateless in the step.
 """
 from __future__ import annotations
 
@@ -29,11 +30,36 @@ from components.config import TrainingConfig
 from components.embedding_trainer import plan as P
 
 
-def _mlp(widths: List[int], name: str, last_activation: Optional[str] = "relu") -> tf.keras.Sequential:
-    layers = [
-        tf.keras.layers.Dense(w, activation="relu" if i < len(widths) - 1 else last_activation)
-        for i, w in enumerate(widths)
-    ]
+class StepDropout(tf.keras.layers.Layer):
+    """Dropout whose mask is a function of (seed, layer, replica, training step): stateless, so a
+    run resumed from a checkpoint draws the same masks as an uninterrupted one (Keras' Dropout keeps
+    its random state outside the checkpoint). `step_fn` returns the step counter; RankingModel
+    points it at the dense optimizer's `iterations`."""
+
+    def __init__(self, rate: float, seed: int, **kwargs):
+        super().__init__(**kwargs)
+        self.rate, self.seed = rate, seed
+        self.step_fn = None
+
+    def call(self, x, training=False):
+        if not training or not self.rate:
+            return x
+        replica = tf.distribute.get_replica_context()
+        replica_id = replica.replica_id_in_sync_group if replica is not None else 0
+        step = tf.cast(self.step_fn(), tf.int64) if self.step_fn is not None else tf.constant(0, tf.int64)
+        key = tf.cast(self.seed, tf.int64) * 1_000_003 + tf.cast(replica_id, tf.int64)
+        return tf.nn.experimental.stateless_dropout(x, self.rate, seed=tf.stack([key, step]))
+
+
+def _mlp(
+    widths: List[int], name: str, last_activation: Optional[str] = "relu", dropout: float = 0.0, seed: int = 0
+) -> tf.keras.Sequential:
+    layers: List[tf.keras.layers.Layer] = []
+    for i, w in enumerate(widths):
+        last = i == len(widths) - 1
+        layers.append(tf.keras.layers.Dense(w, activation=last_activation if last else "relu"))
+        if dropout and not last:
+            layers.append(StepDropout(dropout, seed=seed * 100 + i, name=f"{name}_dropout_{i}"))
     return tf.keras.Sequential(layers, name=name)
 
 
@@ -52,8 +78,24 @@ class TensorCoreTable(tf.keras.layers.Layer):
         )
         super().build(input_shape)
 
-    def call(self, ids: tf.SparseTensor) -> tf.Tensor:
-        return tf.nn.safe_embedding_lookup_sparse(self.embeddings, ids, combiner=self.combiner)
+    def call(self, ids) -> tf.Tensor:
+        if isinstance(ids, tf.SparseTensor):
+            return tf.nn.safe_embedding_lookup_sparse(self.embeddings, ids, combiner=self.combiner)
+        # Padded dense IDs ([batch, width], PAD_ID < 0 as padding: the TPU step's static form).
+        # Hand-written because no Keras/TF lookup pools padded rows by a combiner; it matches
+        # safe_embedding_lookup_sparse (negative IDs skipped, empty rows give zeros).
+        ids = tf.convert_to_tensor(ids)
+        if ids.shape.rank == 1:
+            ids = tf.expand_dims(ids, 1)
+        mask = tf.cast(ids >= 0, self.embeddings.dtype)
+        vectors = tf.gather(self.embeddings, tf.maximum(ids, 0)) * mask[..., None]
+        total = tf.reduce_sum(vectors, axis=1)
+        if self.combiner == "sum":
+            return total
+        count = tf.reduce_sum(mask, axis=1, keepdims=True)
+        if self.combiner == "mean":
+            return tf.math.divide_no_nan(total, count)
+        return tf.math.divide_no_nan(total, tf.sqrt(count))  # sqrtn
 
 
 class RankingModel(tf.keras.Model):
@@ -108,7 +150,13 @@ class RankingModel(tf.keras.Model):
                 tfrs.layers.dcn.Cross(projection_dim=training.cross_projection_dim, name=f"cross_{i}")
                 for i in range(training.cross_layers)
             ]
-        self.top_mlp = _mlp(list(training.top_mlp) + [1], "top_mlp", last_activation=None)
+        self.top_mlp = _mlp(
+            list(training.top_mlp) + [1], "top_mlp", last_activation=None, dropout=training.dropout, seed=training.seed
+        )
+        if dense_optimizer is not None:
+            for layer in self.top_mlp.layers:
+                if isinstance(layer, StepDropout):
+                    layer.step_fn = lambda: self.dense_optimizer.iterations
 
     def embed(self, inputs: Dict[str, Any]) -> Dict[str, tf.Tensor]:
         """Pooled [batch, dim] vector per categorical feature."""
@@ -142,7 +190,7 @@ class RankingModel(tf.keras.Model):
             for layer in self.cross:
                 x = layer(x0, x)
             top_input = x
-        return tf.sigmoid(self.top_mlp(top_input))
+        return tf.sigmoid(self.top_mlp(top_input, training=training))
 
     def embedding_variable_ids(self) -> set:
         ids = {id(v) for t in self.tensor_core_tables.values() for v in t.trainable_variables}

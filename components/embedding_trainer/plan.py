@@ -74,6 +74,16 @@ def _sparsecore_available() -> bool:
     return hasattr(tf.tpu.experimental.embedding, "SparseCoreEmbeddingConfig")
 
 
+def _dense_width(max_length: Optional[int], observed_max: Optional[float]) -> Optional[int]:
+    """Static width of a TensorCore-table feature's padded dense IDs (the TPU step's input form):
+    the configured `max_length` (preprocessing keeps no more), else the most IDs any train example
+    had (statistics), else unknown (the trainer then asks for `max_length`)."""
+    if observed_max is not None:
+        observed = max(1, int(observed_max))
+        return min(observed, max_length) if max_length else observed
+    return max_length or None
+
+
 def derive_plan(
     cfg: PipelineConfig, manifest: Dict[str, Any], statistics: Optional[Dict[str, Any]] = None
 ) -> Dict[str, Any]:
@@ -150,6 +160,8 @@ def derive_plan(
             # > 0) would keep one vector per position. None of this product's models use sequences.
             "max_sequence_length": 0,
             "ids_per_example": {k: pooling.get(k) for k in ("mean", "p99", "max")} if pooling else None,
+            "dense_width": _dense_width(f.max_length, pooling.get("max"))
+            if tables[table]["placement"] == "tensor_core" else None,
         }
     budget = int(topo.hbm_gib_per_chip * (1 << 30) * topo.usable_hbm_fraction)
     per_chip_total = sum(t["memory"]["per_chip_bytes"] for t in tables.values())
@@ -287,3 +299,19 @@ def feature_configs(plan: Dict[str, Any], tables: Optional[Dict[str, Any]] = Non
         )
         for name, f in plan["features"].items()
     }
+
+
+def dense_id_widths(plan: Dict[str, Any]) -> Dict[str, int]:
+    """{feature: width} of the features fed as padded dense IDs (those of TensorCore tables)."""
+    out: Dict[str, int] = {}
+    for name, f in plan["features"].items():
+        if plan["tables"][f["table"]]["placement"] != "tensor_core":
+            continue
+        if not f.get("dense_width"):
+            raise ValueError(
+                f"categorical_features: {name!r} uses TensorCore table {f['table']!r}, whose TPU step input "
+                "needs a static number of IDs per example; set max_length for it (or train from "
+                "preprocessing output that carries embedding_statistics.json)"
+            )
+        out[name] = int(f["dense_width"])
+    return out

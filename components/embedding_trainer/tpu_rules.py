@@ -7,6 +7,7 @@ them on the machine the pipeline is developed on:
 
 - static shapes: every input has a known batch dimension (batches built with `drop_remainder`),
   dense features a fully known shape, IDs a known rank;
+- TensorCore-table features as padded dense IDs (a SparseTensor's value count varies per batch);
 - IDs within table bounds: every categorical ID in the checked batches is in [0, rows) of the
   table the plan gives its feature (rows = vocabulary + OOV buckets); the TPU embedding engine
   does not bounds-check, so an out-of-range ID would read another table's row or another shard;
@@ -23,6 +24,8 @@ from typing import Any, Dict, List
 import components  # noqa: F401
 import numpy as np
 import tensorflow as tf
+
+from components.embedding_trainer.input import PAD_ID
 
 # Ops whose string tensors are metadata of the graph itself, not data flowing through the step.
 _METADATA_OPS = {"NoOp", "Const", "Assert", "PrintV2", "StringFormat", "VarHandleOp", "ReadVariableOp",
@@ -58,11 +61,20 @@ def _id_violations(features: Dict[str, Any], plan: Dict[str, Any]) -> List[str]:
             out.append(f"feature {name!r} (table {f['table']!r}) is missing from the input")
             continue
         t = features[name]
+        placement = plan["tables"][f["table"]]["placement"]
+        if isinstance(t, tf.SparseTensor) and placement == "tensor_core":
+            out.append(
+                f"feature {name!r} (TensorCore table {f['table']!r}) is a SparseTensor: its value count changes "
+                "per batch, which the XLA-compiled step cannot take; feed padded dense IDs "
+                "(make_dataset(dense_id_widths=plan.dense_id_widths(plan)))"
+            )
         ids = t.values if isinstance(t, tf.SparseTensor) else t
         if ids.dtype not in (tf.int32, tf.int64):
             out.append(f"feature {name!r} carries {ids.dtype.name} IDs; embedding IDs must be int32/int64")
             continue
         ids = np.asarray(ids.numpy()).ravel()
+        if not isinstance(t, tf.SparseTensor):
+            ids = ids[ids != PAD_ID]  # padding of dense ID rows
         if ids.size == 0:
             continue
         rows = plan["tables"][f["table"]]["rows"]
@@ -113,7 +125,10 @@ def check_tpu_rules(model: tf.keras.Model, plan: Dict[str, Any], dataset: tf.dat
     report = {
         "passed": not violations,
         "batches_checked": checked,
-        "rules": ["static batch and dense shapes", "IDs within table bounds", "no string tensors in the step"],
+        "rules": [
+            "static batch and dense shapes", "TensorCore-table features as padded dense IDs",
+            "IDs within table bounds", "no string tensors in the step",
+        ],
         "violations": sorted(set(violations)),
     }
     if violations and raise_on_violation:

@@ -166,7 +166,12 @@ def train(cfg: PipelineConfig, plan: Dict[str, Any], manifest: Dict[str, Any], t
         )
     # The check runs on the host with the model's CPU twin; on a TPU the same input feeds the step.
     check_model = model if not on_tpu else build_model(plan, manifest, cfg, for_training=False)
-    rules = check_tpu_rules(check_model, plan, make_dataset(train_files, manifest, per_replica, training=True, seed=t.seed))
+    # TensorCore-table features are fed as padded dense IDs on every platform: the TPU step's input.
+    widths = P.dense_id_widths(plan)
+    rules = check_tpu_rules(
+        check_model, plan,
+        make_dataset(train_files, manifest, per_replica, training=True, seed=t.seed, dense_id_widths=widths),
+    )
 
     step = model.dense_optimizer.iterations  # one dense update per training step
     ckpt = tf.train.Checkpoint(model=model)
@@ -180,7 +185,9 @@ def train(cfg: PipelineConfig, plan: Dict[str, Any], manifest: Dict[str, Any], t
         raise ValueError(f"checkpoint in {state} is at step {start}, beyond train_steps {steps}; remove it or raise train_steps")
 
     def train_input(ctx: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
-        ds = make_dataset(train_files, manifest, per_replica, training=True, seed=t.seed, skip_batches=start)
+        ds = make_dataset(
+            train_files, manifest, per_replica, training=True, seed=t.seed, skip_batches=start, dense_id_widths=widths
+        )
         return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id) if ctx and ctx.num_input_pipelines > 1 else ds
 
     if on_tpu:
