@@ -1,7 +1,8 @@
 """The real pipeline (LocalDagRunner, Beam multi-processing) on generated data, end to end.
 
-Asserts: vocabularies equal an independent count over ExampleGen's train split; eval AUC well above
-chance and within reach of the generator's best achievable AUC; the pushed serving model, loaded
+Runs `configs/demo.yaml` (the default config) on the demo's amount of data (DEMO_ROWS, another seed).
+Asserts: vocabularies equal an independent count over ExampleGen's train split; eval AUC within
+0.02 of the generator's best achievable AUC (the AUC of the true click probability); the pushed serving model, loaded
 in a fresh process, scores the raw eval examples as the trained model scores the same examples
 after preprocessing (within 1e-5); the serving model holds no optimizer slot variables.
 """
@@ -23,9 +24,10 @@ from components.config import load_config
 from components.embedding_preprocess import vocabulary as V
 from components.synthetic_data import GeneratorSpec, ensure_dataset
 from components.tfrecords import compression_type
+from pipelines.__main__ import DEMO_ROWS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ROWS = 50_000
+ROWS = DEMO_ROWS  # the default config is tuned for this much data (300k train rows)
 
 
 @pytest.fixture(scope="module")
@@ -72,11 +74,10 @@ def test_vocabularies_equal_independent_count(pipeline_run):
     assert summary["rows_read"]["train"] + summary["rows_read"]["eval"] == ROWS
 
 
-def test_eval_auc_within_reach_of_best(pipeline_run):
+def test_eval_auc_within_0_02_of_best(pipeline_run):
     _, _, summary, meta = pipeline_run
     auc, best = summary["eval_auc"], meta["best_achievable_auc"]
-    assert auc > 0.7, summary
-    assert auc > best - 0.1, (auc, best)
+    assert auc > best - 0.02, (auc, best)
 
 
 SCORE_IN_FRESH_PROCESS = r"""
