@@ -83,6 +83,23 @@ def test_size_threshold_extremes():
     assert {t["placement"] for t in none_tpu["tables"].values()} == {"tensor_core"}
 
 
+def test_dense_id_widths_of_tensor_core_features():
+    """TensorCore-table features get a static width for the TPU step: max_length, else the most IDs
+    per train example (statistics); a feature with neither is refused with the fix named."""
+    stats = _statistics()
+    stats["features"]["small"] = {"splits": {"train": {"ids_per_example": {"mean": 1.0, "p99": 1, "max": 1}}}}
+    stats["features"]["A"]["splits"]["train"]["ids_per_example"]["max"] = 7
+    plan = P.derive_plan(_config(embedding={"size_threshold": None}), MANIFEST, stats)
+    with pytest.raises(ValueError, match="'B' uses TensorCore table 'shared'.*set max_length"):
+        P.dense_id_widths(plan)  # B has no statistics and no max_length
+    stats["features"]["B"] = {"splits": {"train": {"ids_per_example": {"mean": 1.0, "p99": 1, "max": 0}}}}
+    stats["features"]["big"] = stats["features"]["small"]
+    plan = P.derive_plan(_config(embedding={"size_threshold": None}), MANIFEST, stats)
+    assert P.dense_id_widths(plan) == {"A": 7, "B": 1, "big": 1, "small": 1}  # an all-empty feature: width 1
+    # Only TensorCore tables are padded; TPU-embedding features stay SparseTensors.
+    assert set(P.dense_id_widths(P.derive_plan(_config(), MANIFEST, stats))) == {"small"}
+
+
 def test_plan_that_cannot_fit_is_refused_naming_the_tables():
     cfg = _config(embedding={"topology": {"num_chips": 1, "hbm_gib_per_chip": 0.01}})
     with pytest.raises(P.PlanError, match=r"per chip.*largest: big"):
