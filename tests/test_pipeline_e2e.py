@@ -125,10 +125,14 @@ def test_serving_model_has_no_slots_and_json_signature_agrees(pipeline_run):
     shapes = sorted(saved_variable_shapes(pushed).values())
     manifest = json.loads(open(glob.glob(str(out / "pipeline_root" / "Trainer" / "model" / "*" / "embedding_manifest.json"))[0]).read())
     tables = sorted([v["rows"], v["dim"]] for v in manifest["vocabularies"].values())
-    # exactly one variable per table, plus kernel and bias of each dense layer (all tables have the
-    # interaction dim, so no projections): any optimizer slot would be one variable more
+    # exactly one variable per table, plus kernel and bias of each dense layer, plus each DCN-v2
+    # cross layer's (low rank: U kernel, V kernel and bias; full rank: kernel and bias); a DLRM with
+    # every table at the interaction dim has no projections. Any optimizer slot would be one more.
     t = cfg.training
-    assert len(shapes) == len(tables) + 2 * (len(t.bottom_mlp) + len(t.top_mlp) + 1)
+    dense = 2 * (len(t.bottom_mlp) + len(t.top_mlp) + 1)
+    if t.model == "dcn_v2":
+        dense += t.cross_layers * (3 if t.cross_projection_dim else 2)
+    assert len(shapes) == len(tables) + dense
     for table_shape in tables:
         assert table_shape in shapes
     model = tf.saved_model.load(pushed)
