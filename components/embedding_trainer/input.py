@@ -31,9 +31,8 @@ def feature_spec(manifest: Dict[str, Any]) -> Dict[str, Any]:
 
 def to_dense_ids(ids: tf.SparseTensor, width: int) -> tf.Tensor:
     """[batch, width] int64 IDs, each row's first `width` IDs, PAD_ID after them."""
-    batch = tf.shape(ids, out_type=tf.int64)[0]
-    kept = tf.sparse.slice(ids, [0, 0], tf.stack([batch, tf.constant(width, tf.int64)]))
-    kept = tf.sparse.reset_shape(kept, tf.stack([batch, tf.constant(width, tf.int64)]))
+    shape = tf.stack([tf.shape(ids, out_type=tf.int64)[0], tf.constant(width, tf.int64)])
+    kept = tf.sparse.reset_shape(tf.sparse.slice(ids, [0, 0], shape), shape)
     dense = tf.sparse.to_dense(kept, default_value=PAD_ID)
     dense.set_shape([ids.shape[0], width])
     return dense

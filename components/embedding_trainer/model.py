@@ -7,11 +7,13 @@ the CPU/GPU model is the same model and checkpoint-compatible. Tables the plan p
 `tensor_core` (at most `size_threshold` rows) are ordinary variables replicated on every replica
 and looked up in the step, as tensorflow-recommenders' `PartialTPUEmbedding` does. That layer's
 Keras path only accepts dense single-valued IDs, so `TensorCoreTable` below does the same lookup
-for SparseTensor IDs with the table's combiner (`tf.nn.safe_embedding_lookup_sparse`, the CPU
-lookup TF's own embedding code uses; empty rows give zeros, as on TPU).
+with the table's combiner for SparseTensor IDs (`tf.nn.safe_embedding_lookup_sparse`, the CPU
+lookup TF's own embedding code uses; empty rows give zeros, as on TPU) and for padded dense IDs
+(the trainer's input for these tables, static-shaped for the TPU step; see input.py).
 
 Both models share the inputs (a float32 [batch, 1] tensor per dense feature, an int64 SparseTensor
-[batch, None] of IDs per categorical feature) and the output (click probability [batch, 1]):
+[batch, None] or padded [batch, width] IDs per categorical feature) and the output (click
+probability [batch, 1]):
 - `dlrm`: bottom MLP on the dense features, dot interaction of the bottom output with every pooled
   embedding (tables of another width are projected), top MLP on [bottom, interactions];
 - `dcn_v2`: the bottom output and the embeddings concatenated, `cross_layers` DCN-v2 cross layers
