@@ -1,0 +1,447 @@
+"""Trained embedding tables, in every layout TPU training leaves them, read back as logical tables.
+
+Layouts (see shared notes "tpu-embedding.md" and README "Export"):
+- A: one logical table per table config (`TPUEmbedding` on TPU v2-v4, and CPU/GPU training): the
+  checkpoint key holds the [rows, dim] table as is.
+- B: SparseCore (`TPUEmbeddingV2`): tables with the same padded dim and optimizer are stacked into
+  one variable named by joining their names with '_'; rows padded to a multiple of
+  8 x num_sparse_cores, columns to a multiple of 8; rows mod-sharded over the N SparseCores with a
+  per-table rotation. The per-table `SparseCoreTableLayout` comes from the checkpoint's
+  `_sparse_core_table_layouts` record when present (TensorFlow >= 2.17 writes it), else it is
+  recomputed with TensorFlow's own stacking function and the rules of tpu_embedding_v3.py from
+  the plan's tables and the training topology.
+- C: host-partitioned tables (`partition_strategy` div or mod): either one key saved as slices of
+  the full table (how partitioned and sharded variables save) or one key per partition
+  (`<table>/part_<i>`). With `mod`, partition i holds logical rows i, i+P, i+2P, ...; with `div`, a
+  contiguous block (the first rows % P partitions one row longer, TensorFlow's rule).
+
+Every table is read on its own, and B and C tables one shard/partition at a time with
+`RestoreV2` slice reads, so peak memory stays near the largest single table (TensorFlow's own
+`unshuffle_from_sc_to_cpu` needs the whole stacked variable in memory: a stack of many tables
+would cost several times the largest one). Any disagreement between the checkpoint and the plan
+(a missing table, rows that disagree with the vocabulary, an inconsistent layout) raises
+`LayoutError` naming the table, the key and what was expected.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import components  # noqa: F401
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
+
+ATTR = "/.ATTRIBUTES/VARIABLE_VALUE"
+TPU_PREFIX = "model/embedding_layer/_tpu_embedding/"
+TENSOR_CORE_PREFIX = "model/tensor_core_tables/"
+# tpu_embedding_v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY (TensorFlow's name for the record).
+SPARSECORE_LAYOUTS_KEY = "_sparse_core_table_layouts"
+LAYOUT_RECORD_KEY = TPU_PREFIX + SPARSECORE_LAYOUTS_KEY + ATTR
+KINDS = ("auto", "A", "B", "C")
+STRATEGIES = ("div", "mod")
+
+
+class LayoutError(ValueError):
+    """The checkpoint's tables cannot be read as the plan describes them; says which and why."""
+
+
+def escape_name(name: str) -> str:
+    """A trackable name as it appears in object-based checkpoint keys (TensorFlow's escaping)."""
+    return name.replace(".", "..").replace("/", ".S")
+
+
+def table_key(table: str, placement: str) -> str:
+    """Layout-A checkpoint key of a table of this product's RankingModel."""
+    if placement == "tensor_core":
+        return f"{TENSOR_CORE_PREFIX}{escape_name(table)}/embeddings{ATTR}"
+    return f"{TPU_PREFIX}{escape_name(table)}{ATTR}"
+
+
+@dataclass
+class LayoutOptions:
+    """What the checkpoint cannot say about itself (config `export.layout` or CLI options)."""
+
+    kind: str = "auto"  # auto | A | B | C
+    partition_strategy: Optional[str] = None  # C: div | mod
+    num_partitions: Optional[int] = None  # C with one sliced key per table: how many partitions
+    table_keys: Dict[str, str] = field(default_factory=dict)  # table -> checkpoint key (other trainers)
+    num_sparse_cores: Optional[int] = None  # B without a record: overrides the plan's topology
+    sparse_cores_per_chip: Optional[int] = None
+
+
+@dataclass
+class TableSource:
+    table: str
+    kind: str  # A | B | C
+    key: str
+    rows: int
+    dim: int
+    source: str  # how the layout was determined, for the report
+    shard: Optional[Dict[str, int]] = None  # B: num_sparse_cores, offset, size, rotation, padded_cols, stacked_rows
+    partitions: Optional[List[Tuple[str, int]]] = None  # C: (key, rows) per partition (same key when sliced)
+    strategy: Optional[str] = None  # C
+
+
+def restore_rows(prefix: str, key: str, full_shape: List[int], start: int, count: int, dtype=tf.float32) -> np.ndarray:
+    """Rows [start, start+count) of a saved tensor, read without loading the rest (RestoreV2 slice)."""
+    spec = " ".join(str(int(d)) for d in full_shape) + f" {int(start)},{int(count)}" + ":-" * (len(full_shape) - 1)
+    return tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[key], shape_and_slices=[spec], dtypes=[dtype])[0].numpy()
+
+
+def div_partition_sizes(rows: int, parts: int) -> List[int]:
+    """Rows per partition under `div` (and, equally, the count of r % parts == i under `mod`)."""
+    return [rows // parts + (1 if i < rows % parts else 0) for i in range(parts)]
+
+
+# ---- layout B ------------------------------------------------------------------------------------
+
+
+def parse_layout_record(record: bytes) -> Dict[str, sparse_core_layout_pb2.SparseCoreTableLayout]:
+    layouts = sparse_core_layout_pb2.SparseCoreTableLayouts()
+    layouts.ParseFromString(record)
+    return {t.table_name: t for t in layouts.tables}
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def recompute_sparse_core_layouts(
+    tables: List[Dict[str, Any]], num_replicas: int, sparse_cores_per_chip: int
+) -> Dict[str, sparse_core_layout_pb2.SparseCoreTableLayout]:
+    """SparseCoreTableLayouts as TPUEmbeddingV2 (TF 2.16, tpu_embedding_v3.py) lays tables out.
+
+    `tables`: in the order TPUEmbeddingV2 sees them (first appearance over the features sorted by
+    name), each {name, rows, dim, group, samples}: `group` equal for equal optimizers and
+    quantization, `samples` = IDs per replica batch (per-replica batch x the table's features).
+    Stacking is TensorFlow's own C++ `stack_tables`; padding (`_round_table_sizes`), offsets and
+    rotations (`_stack_tables_with_same_table_dim_and_optimizer`) follow the Python code there.
+    """
+    from tensorflow.python.tpu import _pywrap_tpu_embedding
+
+    n = num_replicas * sparse_cores_per_chip
+    padded = {t["name"]: (_round_up(t["rows"], 8 * n), _round_up(t["dim"], 8)) for t in tables}
+    groups: Dict[Any, int] = {}
+    group_ids = [groups.setdefault((padded[t["name"]][1], t["group"]), len(groups)) for t in tables]
+    stacks = _pywrap_tpu_embedding.stack_tables(
+        [padded[t["name"]][0] for t in tables],
+        [padded[t["name"]][1] for t in tables],
+        [int(t["samples"]) for t in tables],
+        group_ids,
+        [t["name"] for t in tables],
+        num_replicas,
+    )
+    by_name = {t["name"]: t for t in tables}
+    out = {}
+    for stack in stacks:
+        stacked_name = "_".join(stack)
+        total = sum(padded[name][0] for name in stack)
+        offset = 0
+        for index, name in enumerate(stack):
+            p_rows, p_cols = padded[name]
+            layout = sparse_core_layout_pb2.SparseCoreTableLayout(
+                table_name=name,
+                stacked_table_name=stacked_name,
+                num_sparse_cores=n,
+                num_partitions=num_replicas,
+                total_rows_per_sparse_core_shard=total // n,
+                unsharded_shape=[by_name[name]["rows"], by_name[name]["dim"]],
+                unsharded_padded_shape=[p_rows, p_cols],
+                sparse_core_shard_row_offset=offset // n,
+                sparse_core_shard_rotation=sparse_cores_per_chip * index,
+            )
+            out[name] = layout
+            offset += p_rows
+    return out
+
+
+def stack_table_to_shards(table: np.ndarray, layout) -> Dict[int, np.ndarray]:
+    """The forward map (logical table -> this table's rows in each SparseCore shard), for tests
+    and benchmarks that build layout-B checkpoints: TensorFlow's `map_indices_in_shard` places
+    each row; rows and columns are zero-padded to the layout's padded shape."""
+    from tensorflow.python.tpu import tpu_embedding_v3_utils
+
+    n = layout.num_sparse_cores
+    p_rows, p_cols = layout.unsharded_padded_shape
+    padded = np.zeros((p_rows, p_cols), table.dtype)
+    padded[: table.shape[0], : table.shape[1]] = table
+    shard, pos = tpu_embedding_v3_utils.map_indices_in_shard(
+        n, 0, layout.sparse_core_shard_rotation, tf.range(p_rows, dtype=tf.int64)
+    )
+    shard, pos = shard.numpy(), pos.numpy()
+    size = p_rows // n
+    out = {s: np.zeros((size, p_cols), table.dtype) for s in range(n)}
+    for s in range(n):
+        rows = np.nonzero(shard == s)[0]
+        out[s][pos[rows]] = padded[rows]
+    return out
+
+
+# ---- reading -------------------------------------------------------------------------------------
+
+
+class CheckpointTables:
+    """The plan's tables in a training checkpoint: locate each (and its layout), then read each."""
+
+    def __init__(self, checkpoint_prefix: str, plan: Dict[str, Any], options: Optional[LayoutOptions] = None):
+        self.prefix = checkpoint_prefix
+        self.plan = plan
+        self.options = options or LayoutOptions()
+        reader = tf.train.load_checkpoint(checkpoint_prefix)
+        self.shapes: Dict[str, List[int]] = reader.get_variable_to_shape_map()
+        self.dtypes = reader.get_variable_to_dtype_map()
+        self._reader = reader
+        self._record: Optional[Dict[str, Any]] = None
+        if LAYOUT_RECORD_KEY in self.shapes:
+            raw = reader.get_tensor(LAYOUT_RECORD_KEY)
+            raw = raw.item() if hasattr(raw, "item") else raw
+            if raw:
+                self._record = parse_layout_record(raw)
+        self._recomputed: Optional[Dict[str, Any]] = None
+        self._recompute_note = ""
+        self.sources = {name: self._locate(name, t) for name, t in plan["tables"].items()}
+
+    # -- locating --
+    def _check_options(self) -> None:
+        o = self.options
+        if o.kind not in KINDS:
+            raise LayoutError(f"export.layout.kind: {o.kind!r} is not one of {', '.join(KINDS)}")
+        if o.partition_strategy is not None and o.partition_strategy not in STRATEGIES:
+            raise LayoutError(f"export.layout.partition_strategy: {o.partition_strategy!r} is not div or mod")
+
+    def _locate(self, name: str, t: Dict[str, Any]) -> TableSource:
+        self._check_options()
+        o = self.options
+        rows, dim, placement = int(t["rows"]), int(t["dim"]), t["placement"]
+        key = o.table_keys.get(name) or table_key(name, placement)
+        base = key[: -len(ATTR)] if key.endswith(ATTR) else key
+        part_re = re.compile(re.escape(base) + r"/part_(\d+)(" + re.escape(ATTR) + ")?$")
+        parts = sorted(
+            ((int(m.group(1)), k) for k in self.shapes if (m := part_re.match(k))), key=lambda p: p[0]
+        )
+        want_c = o.kind == "C" or (o.kind == "auto" and (parts or o.partition_strategy is not None))
+        if o.kind in ("auto", "B") and placement == "tpu_embedding" and key not in self.shapes and not parts:
+            if self._record is not None and name in self._record:
+                return self._source_b(name, rows, dim, self._record[name], "checkpoint record _sparse_core_table_layouts")
+            if self._record is None and self._stacked_keys():
+                layouts = self._recompute()
+                if name in layouts:
+                    return self._source_b(name, rows, dim, layouts[name], self._recompute_note)
+        if o.kind == "B" and placement == "tpu_embedding":
+            raise LayoutError(
+                f"table {name!r}: export.layout.kind is B but the checkpoint {self.prefix} has no stacked "
+                f"SparseCore variable holding it (stacked keys: {sorted(self._stacked_keys())[:5]})"
+            )
+        if want_c and (parts or key in self.shapes):
+            return self._source_c(name, rows, dim, key, parts)
+        if key in self.shapes:
+            return self._source_a(name, rows, dim, key)
+        looked = [key, f"{base}/part_<i>"]
+        if placement == "tpu_embedding":
+            looked.append("a stacked SparseCore variable under " + TPU_PREFIX)
+        raise LayoutError(
+            f"table {name!r} is missing from checkpoint {self.prefix} (looked for {', '.join(looked)}); "
+            "the checkpoint is not from a model trained with this plan, or set export.layout.table_keys"
+        )
+
+    def _check_shape(self, name: str, key: str, shape: List[int], rows: int, dim: int) -> None:
+        if len(shape) != 2 or shape[1] != dim:
+            raise LayoutError(f"table {name!r}: checkpoint key {key} has shape {shape}, expected [{rows}, {dim}] (dim {dim})")
+        if shape[0] != rows:
+            raise LayoutError(
+                f"table {name!r}: checkpoint key {key} has {shape[0]} rows but the vocabulary has {rows} "
+                "(vocabulary entries + OOV buckets); the model was trained with another vocabulary"
+            )
+
+    def _source_a(self, name, rows, dim, key) -> TableSource:
+        self._check_shape(name, key, self.shapes[key], rows, dim)
+        return TableSource(name, "A", key, rows, dim, "one logical table per table config")
+
+    def _source_c(self, name, rows, dim, key, parts) -> TableSource:
+        strategy = self.options.partition_strategy
+        if strategy is None:
+            raise LayoutError(
+                f"table {name!r} is saved in {len(parts) or '?'} host partitions ({key}); set "
+                "export.layout.partition_strategy (CLI --partition-strategy) to div or mod, the strategy "
+                "training used: it cannot be read from the checkpoint"
+            )
+        if parts:
+            if [i for i, _ in parts] != list(range(len(parts))):
+                raise LayoutError(f"table {name!r}: partitions {[i for i, _ in parts]} are not 0..{len(parts) - 1}")
+            sizes = [self.shapes[k][0] for _, k in parts]
+            for _, k in parts:
+                if len(self.shapes[k]) != 2 or self.shapes[k][1] != dim:
+                    raise LayoutError(f"table {name!r}: partition {k} has shape {self.shapes[k]}, expected [*, {dim}]")
+            if sum(sizes) != rows:
+                raise LayoutError(
+                    f"table {name!r}: its {len(parts)} partitions hold {sum(sizes)} rows but the vocabulary "
+                    f"has {rows} (vocabulary entries + OOV buckets)"
+                )
+            if sizes != div_partition_sizes(rows, len(parts)):
+                raise LayoutError(
+                    f"table {name!r}: partition sizes {sizes} are not how {strategy} partitioning splits {rows} "
+                    f"rows over {len(parts)} hosts ({div_partition_sizes(rows, len(parts))}); inconsistent layout"
+                )
+            partitions = [(k, s) for (_, k), s in zip(parts, sizes)]
+            where = f"{len(parts)} partition keys {parts[0][1]}..."
+        else:
+            n = self.options.num_partitions
+            if not n and strategy == "div":
+                n = 1  # div slices in order are the table itself; the slice count does not matter
+            if not n:
+                raise LayoutError(
+                    f"table {name!r}: key {key} holds the table as partition slices; set "
+                    "export.layout.num_partitions (CLI --num-partitions) to the number of hosts it was split over"
+                )
+            self._check_shape(name, key, self.shapes[key], rows, dim)
+            partitions = [(key, s) for s in div_partition_sizes(rows, n)]
+            where = f"{n} slices of {key}"
+        return TableSource(
+            name, "C", key, rows, dim, f"host-partitioned ({strategy}, {where})", partitions=partitions, strategy=strategy
+        )
+
+    def _stacked_keys(self) -> List[str]:
+        """Variables directly under the TPU embedding object that are not a plan table's own key."""
+        own = {table_key(n, "tpu_embedding") for n in self.plan["tables"]}
+        return [
+            k for k in self.shapes if k not in own and
+            k.startswith(TPU_PREFIX) and k.endswith(ATTR) and "/" not in k[len(TPU_PREFIX): -len(ATTR)]
+            and k != LAYOUT_RECORD_KEY and not k[len(TPU_PREFIX): -len(ATTR)].startswith(SPARSECORE_LAYOUTS_KEY)
+        ]
+
+    def _recompute(self) -> Dict[str, Any]:
+        if self._recomputed is not None:
+            return self._recomputed
+        topo = self.plan.get("topology", {})
+        run = self.plan.get("checkpoint_layout") or {}
+        per_chip = self.options.sparse_cores_per_chip or run.get("sparse_cores_per_chip") or topo.get("sparse_cores_per_chip")
+        if self.options.num_sparse_cores:
+            replicas = self.options.num_sparse_cores // per_chip
+        else:
+            replicas = run.get("num_replicas") or topo.get("num_chips")
+        per_replica = run.get("per_replica_batch_size") or (self.plan["global_batch_size"] // max(replicas, 1))
+        tpu_tables = [n for n, t in self.plan["tables"].items() if t["placement"] == "tpu_embedding"]
+        order: List[str] = []
+        for fname in sorted(self.plan["features"]):  # nest.flatten order of the feature dict
+            tname = self.plan["features"][fname]["table"]
+            if tname in tpu_tables and tname not in order:
+                order.append(tname)
+        samples = {n: 0 for n in order}
+        for f in self.plan["features"].values():
+            if f["table"] in samples:
+                samples[f["table"]] += per_replica
+        import json
+
+        tables = [
+            {
+                "name": n,
+                "rows": int(self.plan["tables"][n]["rows"]),
+                "dim": int(self.plan["tables"][n]["dim"]),
+                "group": json.dumps(self.plan["tables"][n].get("optimizer"), sort_keys=True),
+                "samples": samples[n],
+            }
+            for n in order
+        ]
+        self._recomputed = recompute_sparse_core_layouts(tables, int(replicas), int(per_chip))
+        self._recompute_note = (
+            f"recomputed (no _sparse_core_table_layouts record): TensorFlow's stack_tables over "
+            f"{replicas} replicas x {per_chip} SparseCores per chip, per-replica batch {per_replica}"
+        )
+        expected = {TPU_PREFIX + escape_name(l.stacked_table_name) + ATTR for l in self._recomputed.values()}
+        present = set(self._stacked_keys())
+        if not expected <= present:
+            raise LayoutError(
+                f"layout inconsistent: the recomputed SparseCore stacks {sorted(expected - present)} are not in "
+                f"checkpoint {self.prefix} (it has {sorted(present)[:6]}); the topology used for the recompute "
+                f"({replicas} replicas x {per_chip} SparseCores per chip) must be the one training ran on: set "
+                "export.layout.num_sparse_cores / sparse_cores_per_chip"
+            )
+        return self._recomputed
+
+    def _source_b(self, name, rows, dim, layout, how) -> TableSource:
+        key = TPU_PREFIX + escape_name(layout.stacked_table_name) + ATTR
+        if key not in self.shapes:
+            raise LayoutError(f"table {name!r}: its stacked variable {key} (from the layout) is not in the checkpoint")
+        n = int(layout.num_sparse_cores)
+        p_rows, p_cols = (int(x) for x in layout.unsharded_padded_shape)
+        u_rows, u_cols = (int(x) for x in layout.unsharded_shape)
+        stacked = self.shapes[key]
+        per_shard = int(layout.total_rows_per_sparse_core_shard)
+        size = p_rows // n if n else 0
+        problems = []
+        if (u_rows, u_cols) != (rows, dim):
+            problems.append(f"the layout's unsharded shape [{u_rows}, {u_cols}] is not the plan's [{rows}, {dim}]")
+        if n <= 0 or p_rows % n or p_rows < u_rows or p_cols < u_cols:
+            problems.append(f"padded shape [{p_rows}, {p_cols}] does not hold [{u_rows}, {u_cols}] in {n} equal shards")
+        if list(stacked) != [n * per_shard, p_cols]:
+            problems.append(f"stacked variable shape {stacked} is not [{n} x {per_shard}, {p_cols}]")
+        if layout.sparse_core_shard_row_offset + size > per_shard:
+            problems.append(f"rows {layout.sparse_core_shard_row_offset}+{size} overrun the {per_shard}-row shard")
+        if problems:
+            hint = ""
+            if "recomputed" in how:
+                hint = (
+                    f" ({how}: the topology must be the one training ran on; set export.layout.num_sparse_cores"
+                    " and sparse_cores_per_chip)"
+                )
+            raise LayoutError(f"table {name!r} in {key}: layout inconsistent: " + "; ".join(problems) + hint)
+        shard = {
+            "num_sparse_cores": n, "offset": int(layout.sparse_core_shard_row_offset), "size": size,
+            "rotation": int(layout.sparse_core_shard_rotation), "padded_cols": p_cols, "stacked_rows": n * per_shard,
+        }
+        return TableSource(name, "B", key, rows, dim, f"SparseCore stack {layout.stacked_table_name} ({how})", shard=shard)
+
+    # -- reading --
+    def read(self, name: str) -> np.ndarray:
+        """The logical [rows, dim] float32 table (row i = vocabulary entry i, then OOV buckets)."""
+        s = self.sources[name]
+        if s.kind == "A":
+            table = self._reader.get_tensor(s.key)
+        elif s.kind == "B":
+            table = self._read_b(s)
+        else:
+            table = self._read_c(s)
+        if table.shape != (s.rows, s.dim):
+            raise LayoutError(f"table {name!r}: read {table.shape} from {s.key}, expected ({s.rows}, {s.dim})")
+        return np.asarray(table, dtype=np.float32)
+
+    def _read_b(self, s: TableSource) -> np.ndarray:
+        # Inverse of the forward map p = ((r % N) + rotation) % N, position offset + r // N
+        # (tpu_embedding_v3_utils.map_indices_in_shard), one shard at a time.
+        sh = s.shard
+        n, size, rot = sh["num_sparse_cores"], sh["size"], sh["rotation"]
+        per_shard = sh["stacked_rows"] // n
+        out = np.empty((size, n, s.dim), np.float32)
+        full = [sh["stacked_rows"], sh["padded_cols"]]
+        for p in range(n):
+            piece = restore_rows(self.prefix, s.key, full, p * per_shard + sh["offset"], size)
+            out[:, (p - rot) % n, :] = piece[:, : s.dim]
+        return out.reshape(size * n, s.dim)[: s.rows]
+
+    def _read_c(self, s: TableSource) -> np.ndarray:
+        n = len(s.partitions)
+        out = np.empty((s.rows, s.dim), np.float32)
+        start = 0
+        for i, (key, size) in enumerate(s.partitions):
+            if self.shapes[key][0] != size:  # one partition's slice of a sliced key
+                block = restore_rows(self.prefix, key, self.shapes[key], start, size)
+            else:
+                block = self._reader.get_tensor(key)
+            if s.strategy == "mod":
+                out[i::n] = block
+            else:
+                out[start: start + size] = block
+            start += size
+        return out
+
+    def summary(self) -> Dict[str, Any]:
+        kinds = sorted({s.kind for s in self.sources.values()})
+        return {
+            "kinds": kinds,
+            "detected": "; ".join(
+                f"{k}: {sum(1 for s in self.sources.values() if s.kind == k)} tables" for k in kinds
+            ),
+            "tables": {n: {"layout": s.kind, "key": s.key, "source": s.source} for n, s in self.sources.items()},
+        }

@@ -1,0 +1,265 @@
+"""Exporter: trained tables read back exactly from layouts A, B (SparseCore) and C (host partitions).
+
+Layout-B checkpoints are built from known tables with TensorFlow's own SparseCore code (stacking:
+`_pywrap_tpu_embedding.stack_tables`; row placement: `tpu_embedding_v3_utils.map_indices_in_shard`;
+the record: `sparse_core_layout_pb2`) and, where the record is present, the recovered tables are
+cross-checked against TensorFlow's own `TPUEmbeddingForServing` restore and its
+`unshuffle_from_sc_to_cpu` / `remove_padding_from_sc`. Layout-C checkpoints are written by
+TensorFlow 1 partitioned variables and checked against TensorFlow's partitioned `embedding_lookup`
+with the same `partition_strategy`.
+"""
+from __future__ import annotations
+
+import os
+
+import components  # noqa: F401
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
+from tensorflow.python.tpu import tpu_embedding_v3_utils
+
+from components.embedding_exporter import layouts as L
+
+
+def _plan(tables, topology=(2, 4), batch=64):
+    """tables: {name: (rows, dim, placement)}; one feature per table, named f_<table>."""
+    return {
+        "global_batch_size": batch,
+        "topology": {"num_chips": topology[0], "sparse_cores_per_chip": topology[1]},
+        "tables": {
+            n: {"rows": r, "dim": d, "placement": p, "optimizer": {"name": "adagrad", "learning_rate": 0.1}}
+            for n, (r, d, p) in tables.items()
+        },
+        "features": {f"f_{n}": {"table": n} for n in tables},
+    }
+
+
+def _known(rows, dim, seed):
+    return np.random.default_rng(seed).normal(size=(rows, dim)).astype(np.float32)
+
+
+def _stacked_tensors(values, layouts):
+    """{stacked name: [N x rows per shard, padded cols]} built shard by shard from the forward map."""
+    stacks = {}
+    for name, layout in layouts.items():
+        stacks.setdefault(layout.stacked_table_name, []).append(name)
+    out = {}
+    for stacked, names in stacks.items():
+        first = layouts[names[0]]
+        n, per_shard, cols = first.num_sparse_cores, first.total_rows_per_sparse_core_shard, first.unsharded_padded_shape[1]
+        full = np.full((n, per_shard, cols), np.nan, np.float32)  # NaN: any row not written shows up
+        for name in names:
+            layout = layouts[name]
+            size = layout.unsharded_padded_shape[0] // n
+            for shard, rows in L.stack_table_to_shards(values[name], layout).items():
+                full[shard, layout.sparse_core_shard_row_offset: layout.sparse_core_shard_row_offset + size] = rows
+        assert not np.isnan(full).any()
+        out[stacked] = full.reshape(n * per_shard, cols)
+    return out
+
+
+def _write_b(tmp_path, values, layouts, with_record):
+    emb = tf.train.Checkpoint()
+    for stacked, value in _stacked_tensors(values, layouts).items():
+        setattr(emb, stacked, tf.Variable(value))
+    if with_record:
+        record = sparse_core_layout_pb2.SparseCoreTableLayouts(tables=list(layouts.values()))
+        setattr(emb, L.SPARSECORE_LAYOUTS_KEY, tf.Variable(record.SerializeToString()))
+    root = tf.train.Checkpoint(model=tf.train.Checkpoint(embedding_layer=tf.train.Checkpoint(_tpu_embedding=emb)))
+    return root.write(os.path.join(str(tmp_path), "ckpt"))
+
+
+TABLES_B = {  # several dims (so several stacks), uneven row counts, one table smaller than 8 x N
+    "users": (1000, 16, "tpu_embedding"),
+    "items": (357, 16, "tpu_embedding"),
+    "tags": (50, 8, "tpu_embedding"),
+    "cats": (77, 12, "tpu_embedding"),
+    "ads": (2049, 8, "tpu_embedding"),
+}
+
+
+def _b_layouts(plan, replicas, per_chip):
+    tables = [
+        {"name": n, "rows": t["rows"], "dim": t["dim"], "group": "adagrad", "samples": 32}
+        for n, t in sorted(plan["tables"].items())
+    ]
+    return L.recompute_sparse_core_layouts(tables, replicas, per_chip)
+
+
+@pytest.mark.parametrize("replicas,per_chip", [(1, 4), (2, 4), (4, 2)])
+def test_layout_b_with_record_recovers_tables_exactly(tmp_path, replicas, per_chip):
+    plan = _plan(TABLES_B, (replicas, per_chip))
+    values = {n: _known(t[0], t[1], i) for i, (n, t) in enumerate(TABLES_B.items())}
+    layouts = _b_layouts(plan, replicas, per_chip)
+    stacks = {l.stacked_table_name for l in layouts.values()}
+    assert len(stacks) >= 2  # dims 16 and 12 (padded to 16) stack apart from dim 8
+    # Rotations are sparse_cores_per_chip x (index in stack): a real shift once N > per_chip.
+    assert any(l.sparse_core_shard_rotation % (replicas * per_chip) for l in layouts.values()) == (replicas > 1)
+    path = _write_b(tmp_path, values, layouts, with_record=True)
+
+    tables = L.CheckpointTables(path, plan)
+    assert {s.kind for s in tables.sources.values()} == {"B"}
+    assert all("record" in s.source for s in tables.sources.values())
+    reader = tf.train.load_checkpoint(path)
+    for name, want in values.items():
+        got = tables.read(name)
+        np.testing.assert_array_equal(got, want)
+        # TensorFlow's own inverse on the whole stacked variable agrees.
+        layout = layouts[name]
+        stacked = reader.get_tensor(L.TPU_PREFIX + layout.stacked_table_name + L.ATTR)
+        tf_table = tpu_embedding_v3_utils.remove_padding_from_sc(
+            tpu_embedding_v3_utils.unshuffle_from_sc_to_cpu(
+                tf.constant(stacked), layout.num_sparse_cores, layout.sparse_core_shard_row_offset,
+                layout.unsharded_padded_shape[0] // layout.num_sparse_cores, layout.sparse_core_shard_rotation,
+            ),
+            tuple(layout.unsharded_shape),
+        )
+        np.testing.assert_array_equal(got, tf_table.numpy())
+
+
+def test_layout_b_matches_tensorflows_own_serving_restore(tmp_path):
+    plan = _plan(TABLES_B, (2, 4))
+    values = {n: _known(t[0], t[1], 10 + i) for i, (n, t) in enumerate(TABLES_B.items())}
+    layouts = _b_layouts(plan, 2, 4)
+    path = _write_b(tmp_path, values, layouts, with_record=True)
+    configs = {
+        n: tf.tpu.experimental.embedding.TableConfig(vocabulary_size=r, dim=d, name=n) for n, (r, d, _) in TABLES_B.items()
+    }
+    features = {f"f_{n}": tf.tpu.experimental.embedding.FeatureConfig(table=c) for n, c in configs.items()}
+    mid = tf.tpu.experimental.embedding.TPUEmbeddingForServing(features, optimizer=None)
+    tf.train.Checkpoint(model=tf.train.Checkpoint(embedding_layer=tf.train.Checkpoint(_tpu_embedding=mid))).restore(path)
+    mid.build()  # TensorFlow restores the stacked tables from the record at creation
+    ours = L.CheckpointTables(path, plan)
+    for config, var in mid.embedding_tables.items():
+        np.testing.assert_array_equal(ours.read(config.name), var.numpy())
+        np.testing.assert_array_equal(var.numpy(), values[config.name])
+
+
+def test_layout_b_without_record_is_recomputed_from_the_topology(tmp_path):
+    plan = _plan(TABLES_B, (2, 4), batch=64)
+    # The recompute's inputs: per-replica batch 32 per feature (64 over 2 replicas), as written here.
+    values = {n: _known(t[0], t[1], 20 + i) for i, (n, t) in enumerate(TABLES_B.items())}
+    tables_in = []
+    for fname in sorted(plan["features"]):
+        n = plan["features"][fname]["table"]
+        tables_in.append({"name": n, "rows": TABLES_B[n][0], "dim": TABLES_B[n][1], "samples": 32,
+                          "group": '{"learning_rate": 0.1, "name": "adagrad"}'})
+    layouts = L.recompute_sparse_core_layouts(tables_in, 2, 4)
+    path = _write_b(tmp_path, values, layouts, with_record=False)
+    tables = L.CheckpointTables(path, plan)
+    assert all("recomputed" in s.source for s in tables.sources.values())
+    for name, want in values.items():
+        np.testing.assert_array_equal(tables.read(name), want)
+    # The wrong topology gives other stacks/padding: refused, not misread.
+    wrong = _plan(TABLES_B, (4, 4), batch=64)
+    with pytest.raises(L.LayoutError, match="layout inconsistent.*topology"):
+        L.CheckpointTables(path, wrong)
+
+
+def test_layout_b_handmade_rotation_and_offsets(tmp_path):
+    """A layout not produced by the stacking rules (rotation 3, table second in its stack)."""
+    n = 4
+    a, b = _known(30, 8, 1), _known(45, 8, 2)
+    la = sparse_core_layout_pb2.SparseCoreTableLayout(
+        table_name="a", stacked_table_name="b_a", num_sparse_cores=n, num_partitions=1,
+        total_rows_per_sparse_core_shard=(48 + 32) // n, unsharded_shape=[30, 8], unsharded_padded_shape=[32, 8],
+        sparse_core_shard_row_offset=48 // n, sparse_core_shard_rotation=3,
+    )
+    lb = sparse_core_layout_pb2.SparseCoreTableLayout(
+        table_name="b", stacked_table_name="b_a", num_sparse_cores=n, num_partitions=1,
+        total_rows_per_sparse_core_shard=(48 + 32) // n, unsharded_shape=[45, 8], unsharded_padded_shape=[48, 8],
+        sparse_core_shard_row_offset=0, sparse_core_shard_rotation=0,
+    )
+    path = _write_b(tmp_path, {"a": a, "b": b}, {"a": la, "b": lb}, with_record=True)
+    plan = _plan({"a": (30, 8, "tpu_embedding"), "b": (45, 8, "tpu_embedding")}, (1, 4))
+    tables = L.CheckpointTables(path, plan)
+    np.testing.assert_array_equal(tables.read("a"), a)
+    np.testing.assert_array_equal(tables.read("b"), b)
+    # A record whose table disagrees with the plan's vocabulary is refused.
+    bad = _plan({"a": (31, 8, "tpu_embedding"), "b": (45, 8, "tpu_embedding")}, (1, 4))
+    with pytest.raises(L.LayoutError, match="'a'.*unsharded shape"):
+        L.CheckpointTables(path, bad)
+
+
+@pytest.mark.parametrize("strategy", ["div", "mod"])
+@pytest.mark.parametrize("rows,parts", [(103, 4), (64, 8), (5, 3)])
+def test_layout_c_sliced_key_matches_tensorflows_partitioned_lookup(tmp_path, strategy, rows, parts):
+    dim, key = 6, "input_layer/t_embedding/embedding_weights"
+    want = _known(rows, dim, rows + parts)
+    graph = tf.Graph()
+    with graph.as_default():
+        var = tf.compat.v1.get_variable(
+            key, shape=[rows, dim], partitioner=tf.compat.v1.fixed_size_partitioner(parts),
+            initializer=tf.compat.v1.zeros_initializer(),
+        )
+        pieces = list(var)
+        sizes = L.div_partition_sizes(rows, parts)
+        assert [p.shape[0] for p in pieces] == sizes
+        starts = np.cumsum([0] + sizes)
+        ids = tf.constant(np.arange(rows), tf.int64)
+        lookup = tf.compat.v1.nn.embedding_lookup(pieces, ids, partition_strategy=strategy)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            # Train-time semantics: place logical rows where TensorFlow's lookup will find them.
+            for i, p in enumerate(pieces):
+                sess.run(p.assign(want[i::parts] if strategy == "mod" else want[starts[i]: starts[i + 1]]))
+            np.testing.assert_array_equal(sess.run(lookup), want)
+            path = tf.compat.v1.train.Saver().save(sess, os.path.join(str(tmp_path), "model.ckpt"))
+    plan = _plan({"t": (rows, dim, "tpu_embedding")})
+    opts = L.LayoutOptions(partition_strategy=strategy, num_partitions=parts, table_keys={"t": key})
+    tables = L.CheckpointTables(path, plan, opts)
+    assert tables.sources["t"].kind == "C"
+    np.testing.assert_array_equal(tables.read("t"), want)
+    if strategy == "mod" and parts > 1 and rows > parts:
+        # Reading the saved tensor as one table (what a layout-unaware exporter does) is wrong for mod.
+        assert not np.array_equal(tf.train.load_checkpoint(path).get_tensor(key), want)
+
+
+@pytest.mark.parametrize("strategy", ["div", "mod"])
+def test_layout_c_partition_keys(tmp_path, strategy):
+    rows, dim, parts = 103, 4, 4
+    want = _known(rows, dim, 5)
+    sizes = L.div_partition_sizes(rows, parts)
+    starts = np.cumsum([0] + sizes)
+    blocks = [want[i::parts] if strategy == "mod" else want[starts[i]: starts[i + 1]] for i in range(parts)]
+    base = L.table_key("t", "tpu_embedding")[: -len(L.ATTR)]
+    prefix = os.path.join(str(tmp_path), "ckpt")
+    names = [f"{base}/part_{i}{L.ATTR}" for i in range(parts)]
+    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * parts, tensors=[tf.constant(b) for b in blocks])
+    plan = _plan({"t": (rows, dim, "tpu_embedding")})
+    tables = L.CheckpointTables(prefix, plan, L.LayoutOptions(partition_strategy=strategy))
+    np.testing.assert_array_equal(tables.read("t"), want)
+    with pytest.raises(L.LayoutError, match="partition_strategy"):
+        L.CheckpointTables(prefix, plan)  # the strategy cannot be read from the checkpoint
+    # Uneven partitions that no strategy produces are an inconsistent layout.
+    odd = os.path.join(str(tmp_path), "odd")
+    tf.raw_ops.SaveV2(prefix=odd, tensor_names=names[:2], shape_and_slices=["", ""],
+                      tensors=[tf.constant(want[:100]), tf.constant(want[100:])])
+    with pytest.raises(L.LayoutError, match="inconsistent layout"):
+        L.CheckpointTables(odd, plan, L.LayoutOptions(partition_strategy=strategy))
+
+
+def test_layout_a_and_refusals(tmp_path):
+    users, small = _known(40, 8, 1), _known(5, 8, 2)
+    prefix = os.path.join(str(tmp_path), "ckpt")
+    tf.raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=[L.table_key("users", "tpu_embedding"), L.table_key("small", "tensor_core")],
+        shape_and_slices=["", ""], tensors=[tf.constant(users), tf.constant(small)],
+    )
+    plan = _plan({"users": (40, 8, "tpu_embedding"), "small": (5, 8, "tensor_core")})
+    tables = L.CheckpointTables(prefix, plan)
+    assert tables.summary()["kinds"] == ["A"]
+    np.testing.assert_array_equal(tables.read("users"), users)
+    np.testing.assert_array_equal(tables.read("small"), small)
+    with pytest.raises(L.LayoutError, match="'users'.*40 rows but the vocabulary has 41"):
+        L.CheckpointTables(prefix, _plan({"users": (41, 8, "tpu_embedding"), "small": (5, 8, "tensor_core")}))
+    with pytest.raises(L.LayoutError, match="'items' is missing"):
+        L.CheckpointTables(prefix, _plan({"users": (40, 8, "tpu_embedding"), "items": (9, 8, "tpu_embedding")}))
+    with pytest.raises(L.LayoutError, match="'users'.*shape \\[40, 8\\], expected \\[40, 16\\]"):
+        L.CheckpointTables(prefix, _plan({"users": (40, 16, "tpu_embedding"), "small": (5, 8, "tensor_core")}))
+    with pytest.raises(L.LayoutError, match="kind is B"):
+        L.CheckpointTables(prefix, plan, L.LayoutOptions(kind="B"))
+    with pytest.raises(L.LayoutError, match="num_partitions"):
+        L.CheckpointTables(prefix, plan, L.LayoutOptions(kind="C", partition_strategy="mod"))
