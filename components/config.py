@@ -166,9 +166,27 @@ class TrainingConfig:
 
 
 @dataclass
+class ExportLayoutConfig:
+    """How the training checkpoint holds its tables, where the checkpoint cannot say (README "Export")."""
+
+    kind: str = "auto"  # auto | A | B | C (auto: detected per table from the checkpoint and the plan)
+    partition_strategy: Optional[str] = None  # C: div | mod, as training partitioned the tables
+    num_partitions: Optional[int] = None  # C, tables saved as slices of one key: the host count
+    num_sparse_cores: Optional[int] = None  # B without a layout record: overrides the plan's topology
+    sparse_cores_per_chip: Optional[int] = None
+    table_keys: Dict[str, str] = field(default_factory=dict)  # table -> checkpoint key (other trainers)
+
+
+@dataclass
 class ExportConfig:
     parity_tolerance: float = 1e-5  # max |trained - serving| click probability on the parity sample
     parity_sample_size: int = 512  # eval examples scored by both models before the export is accepted
+    table_dtype: str = "float32"  # float32 | float16 | int8 (per-row scale): the serving model's tables
+    compare_compression: bool = True  # report size and AUC change of float16 and int8 even if not chosen
+    max_auc_drop: float = 0.005  # a compressed serving model losing more eval AUC is refused
+    auc_sample_size: int = 20000  # eval examples the AUC (and its change under compression) is measured on
+    write_tables: bool = True  # also write each table as a row-aligned .npy with a manifest
+    layout: ExportLayoutConfig = field(default_factory=ExportLayoutConfig)
 
 
 @dataclass
@@ -261,6 +279,8 @@ def _type_name(tp: Any) -> str:
         return "a list of " + _type_name(typing.get_args(tp)[0])
     if dataclasses.is_dataclass(tp):
         return "a mapping"
+    if origin in (dict, Dict):
+        return "a mapping of " + _type_name(typing.get_args(tp)[1])
     return {int: "an integer", float: "a number", str: "a string", bool: "true/false"}.get(tp, str(tp))
 
 
@@ -275,6 +295,12 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}")
         return [_convert(v, typing.get_args(tp)[0], f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin in (dict, Dict):
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}")
+        return {str(k): _convert(v, typing.get_args(tp)[1], f"{path}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         if value is None:
             value = {}
@@ -502,6 +528,17 @@ def resolve(cfg: PipelineConfig) -> PipelineConfig:
     _check_optimizer(tr.dense_optimizer, "training.dense_optimizer")
     _check_positive(cfg.export.parity_tolerance, "export.parity_tolerance", "e.g. 1e-5")
     _check_positive(cfg.export.parity_sample_size, "export.parity_sample_size", "e.g. 512")
+    _check_choice(cfg.export.table_dtype, ("float32", "float16", "int8"), "export.table_dtype")
+    _check_positive(cfg.export.auc_sample_size, "export.auc_sample_size", "e.g. 20000")
+    if not 0 <= cfg.export.max_auc_drop < 1:
+        raise ConfigError(f"export.max_auc_drop: {cfg.export.max_auc_drop} is not in [0, 1); e.g. 0.005")
+    lay = cfg.export.layout
+    _check_choice(lay.kind, ("auto", "A", "B", "C"), "export.layout.kind")
+    _check_choice(lay.partition_strategy, ("div", "mod"), "export.layout.partition_strategy")
+    for name in ("num_partitions", "num_sparse_cores", "sparse_cores_per_chip"):
+        _check_positive(getattr(lay, name), f"export.layout.{name}", "leave it unset when not needed")
+    if lay.kind == "C" and lay.partition_strategy is None:
+        raise ConfigError("export.layout.kind: C needs export.layout.partition_strategy (div or mod, as in training)")
     st = cfg.statistics
     for j, n in enumerate(st.shard_counts):
         _check_positive(n, f"statistics.shard_counts[{j}]", "number of SparseCores or hosts to model")

@@ -1,24 +1,35 @@
-"""Checkpoint -> verified CPU serving SavedModel.
+"""Training checkpoint (layout A, B or C) -> verified CPU serving SavedModel, tables and report.
 
-`export_serving_model` rebuilds the ranking model without optimizer (so no slot variables exist),
-restores the trained tables and dense weights from the training checkpoint (every serving variable
-must be matched), wraps it with the raw-feature transform, writes the SavedModel to a temporary
-directory, and only after the parity check passes moves it into place. The parity check scores a
-sample of raw eval examples with the loaded serving model and, after preprocessing the same rows
-with the preprocessing code, with the trainer's own SavedModel; a difference above the tolerance
-refuses the export.
+`export_serving_model`:
+1. locates every table of the plan in the checkpoint and its layout (layouts.py); a missing table,
+   rows that disagree with the vocabulary or an inconsistent layout refuse the export;
+2. builds the serving model (RankingModel with plain `ServingTable`s, no optimizer, so no slot
+   variables), restores the dense network from the checkpoint (every dense weight must match) and
+   converts the tables one at a time into it (and into `tables/` as row-aligned arrays);
+3. writes the SavedModel (raw-feature transform + model, two signatures, serving.py) to a staging
+   directory and scores a sample of raw eval examples with it, and the same rows preprocessed by
+   the preprocessing code with the trainer's own SavedModel: a difference above
+   `export.parity_tolerance` refuses the export;
+4. with `export.table_dtype` float16/int8 (or `compare_compression`), builds the compressed models
+   from the verified float32 tables and measures their eval AUC change; a chosen compression losing
+   more than `export.max_auc_drop` is refused;
+5. only then moves the serving model, the tables and `export_report.json` into place. A refused or
+   failed export leaves nothing where a pusher or a later step would look.
 """
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List
+import time
+from typing import Any, Dict, List, Optional
 
 import components  # noqa: F401
 import numpy as np
 import tensorflow as tf
 
-from components.config import PipelineConfig
+from components.config import ExportLayoutConfig, PipelineConfig
+from components.embedding_exporter import layouts as L
+from components.embedding_exporter import tables as T
 from components.embedding_exporter.serving import RawFeatureTransform, ServingModule
 from components.embedding_preprocess import beam_pipeline
 from components.embedding_preprocess import vocabulary as V
@@ -26,10 +37,14 @@ from components.embedding_preprocess.run import EMBEDDING_MANIFEST_FILE, read_js
 from components.embedding_trainer import plan as P
 from components.embedding_trainer import trainer_module
 from components.embedding_trainer.input import parse_batch
+from components.embedding_trainer.model import RankingModel
+from components.metrics import roc_auc
 
 SERVING_DIR = "Format-Serving"
 REPORT_FILE = "export_report.json"
+STAGING_DIR = "_incomplete_export"
 SLOT_MARKERS = ("OPTIMIZER_SLOT", "accumulator", "momenta", "velocities", "linears")
+SCORE_BATCH = 1024
 
 
 class ExportRefused(RuntimeError):
@@ -56,25 +71,6 @@ def read_model_plan(model_uri: str) -> Dict[str, Any]:
     return trainer_module.read_plan(model_uri)
 
 
-def restore_serving_model(
-    model_uri: str, plan: Dict[str, Any], manifest: Dict[str, Any], cfg: PipelineConfig, sample_features
-):
-    model = trainer_module.build_model(plan, manifest, cfg, for_training=False)
-    model(sample_features)  # creates the variables so the restore can be checked
-    ckpt_dir = os.path.join(model_uri, trainer_module.CHECKPOINT_DIR)
-    path = tf.train.latest_checkpoint(ckpt_dir)
-    if path is None:
-        raise ExportRefused(f"no training checkpoint in {ckpt_dir}")
-    try:
-        # A table whose row count disagrees with its vocabulary fails here with both shapes named.
-        status = tf.train.Checkpoint(model=model).restore(path)
-        status.assert_existing_objects_matched()
-    except (AssertionError, ValueError, tf.errors.InvalidArgumentError) as e:
-        raise ExportRefused(f"checkpoint {path} does not match the model the vocabularies describe: {e}") from None
-    status.expect_partial()  # optimizer slots are in the checkpoint and deliberately not restored
-    return model, path
-
-
 def saved_variable_shapes(saved_model_dir: str) -> Dict[str, List[int]]:
     """Every variable a SavedModel holds, with its shape (the object graph entry excluded)."""
     reader = tf.train.load_checkpoint(os.path.join(saved_model_dir, "variables", "variables"))
@@ -98,74 +94,311 @@ def check_no_optimizer_state(saved_model_dir: str, model: tf.keras.Model) -> int
     return len(got)
 
 
+
+def layout_options(c: ExportLayoutConfig) -> L.LayoutOptions:
+    return L.LayoutOptions(
+        kind=c.kind, partition_strategy=c.partition_strategy, num_partitions=c.num_partitions,
+        table_keys=dict(c.table_keys), num_sparse_cores=c.num_sparse_cores, sparse_cores_per_chip=c.sparse_cores_per_chip,
+    )
+
+
+def latest_checkpoint(model_uri: str) -> str:
+    ckpt_dir = os.path.join(model_uri, trainer_module.CHECKPOINT_DIR)
+    path = tf.train.latest_checkpoint(ckpt_dir)
+    if path is None:
+        raise ExportRefused(f"no training checkpoint in {ckpt_dir}")
+    return path
+
+
+def build_serving_model(plan, manifest, cfg: PipelineConfig, table_dtype: str, sample_features) -> RankingModel:
+    """The CPU serving model: plain tables of `table_dtype`, no optimizer (so no slot variables)."""
+    model = RankingModel(plan, manifest, cfg.training, serving_table_dtype=table_dtype)
+    model(sample_features)  # creates the variables
+    return model
+
+
+def _dense_parts(model: RankingModel) -> Dict[str, Any]:
+    """The model's non-embedding sublayers under their checkpoint names (model.py attributes)."""
+    parts: Dict[str, Any] = {"bottom_mlp": model.bottom_mlp, "top_mlp": model.top_mlp}
+    if model.projections:
+        parts["projections"] = model.projections
+    if model.model_type != "dlrm":
+        parts["cross"] = model.cross
+    return parts
+
+
+def dense_variables(model: RankingModel) -> List[tf.Variable]:
+    out: List[tf.Variable] = []
+    for name, part in sorted(_dense_parts(model).items()):
+        if name == "projections":
+            out += [v for k in sorted(part) for v in part[k].variables]
+        elif name == "cross":
+            out += [v for layer in part for v in layer.variables]
+        else:
+            out += list(part.variables)
+    return out
+
+
+def restore_dense(model: RankingModel, checkpoint_path: str) -> int:
+    """Restores the dense network (not the tables, which layouts.py converts) from the checkpoint;
+    every dense weight must be found with its shape. Returns how many were restored."""
+    mirror = tf.train.Checkpoint(model=tf.train.Checkpoint(**_dense_parts(model)))
+    try:
+        status = mirror.restore(checkpoint_path)
+        status.assert_existing_objects_matched()
+    except (AssertionError, ValueError, tf.errors.InvalidArgumentError) as e:
+        raise ExportRefused(
+            f"checkpoint {checkpoint_path} does not hold this model's dense network "
+            f"({cfg_hint(model)}): {e}"
+        ) from None
+    status.expect_partial()  # tables come from the layout reader; optimizer slots are not exported
+    return len(dense_variables(model))
+
+
+def cfg_hint(model: RankingModel) -> str:
+    return f"model {model.model_type}; check training.model, bottom_mlp, top_mlp and cross_layers match the training run"
+
+
+def score(fn, serialized: List[bytes], batch: int = SCORE_BATCH) -> np.ndarray:
+    out = [fn(examples=tf.constant(serialized[i: i + batch]))["probabilities"].numpy().ravel()
+           for i in range(0, len(serialized), batch)]
+    return np.concatenate(out) if out else np.zeros([0], np.float32)
+
+
+def _dir_bytes(path: str) -> int:
+    total = 0
+    for root, _, files in tf.io.gfile.walk(path):
+        total += sum(tf.io.gfile.stat(os.path.join(root, f)).length for f in files)
+    return total
+
+
+def _checkpoint_bytes(checkpoint_path: str) -> int:
+    return sum(tf.io.gfile.stat(f).length for f in tf.io.gfile.glob(checkpoint_path + ".*"))
+
+
+def _move(src: str, dst: str) -> None:
+    if tf.io.gfile.exists(dst):
+        if tf.io.gfile.isdir(dst):
+            tf.io.gfile.rmtree(dst)
+        else:
+            tf.io.gfile.remove(dst)
+    tf.io.gfile.rename(src, dst)
+
+
 def export_serving_model(
     cfg: PipelineConfig,
     model_uri: str,
     raw_eval_pattern: str,
     output_uri: str,
+    checkpoint_path: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """Writes `output_uri/Format-Serving` and `output_uri/export_report.json`; returns the report."""
+    """Writes `output_uri/Format-Serving`, `output_uri/tables/` (export.write_tables) and
+    `output_uri/export_report.json`; returns the report. Raises ExportRefused, writing nothing there."""
+    e = cfg.export
     plan = read_model_plan(model_uri)
     manifest = read_json(os.path.join(model_uri, EMBEDDING_MANIFEST_FILE))
     vocab_dir = manifest["vocabulary_dir"]
-    raw = read_raw_examples(raw_eval_pattern, cfg.export.parity_sample_size)
+    checkpoint_path = checkpoint_path or latest_checkpoint(model_uri)
+    try:
+        tables = L.CheckpointTables(checkpoint_path, plan, layout_options(e.layout))
+    except L.LayoutError as err:
+        raise ExportRefused(f"checkpoint {checkpoint_path}: {err}") from None
 
-    # The same rows through the preprocessing code path, for the trained model.
+    # Eval rows, raw (for the serving model) and through the preprocessing code (for the trained one).
     from tfx_bsl.coders import example_coder
 
+    raw = read_raw_examples(raw_eval_pattern, max(e.parity_sample_size, e.auc_sample_size))
     vocabularies = {name: V.read_vocabulary(vocab_dir, name) for name in manifest["vocabularies"]}
     rb = example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(raw)
     transformed, keep, _ = beam_pipeline.transform_record_batch(
-        cfg, beam_pipeline.make_lookups(cfg, vocabularies), rb, "parity"
+        cfg, beam_pipeline.make_lookups(cfg, vocabularies), rb, "export"
     )
     if transformed is None:
-        raise ExportRefused("no labelled eval example in the parity sample")
+        raise ExportRefused(f"no labelled eval example among the {len(raw)} read from {raw_eval_pattern}")
+    labels = np.asarray(transformed.column(transformed.schema.get_field_index(cfg.label)).flatten())
     transformed_serialized = example_coder.RecordBatchToExamplesEncoder().encode(transformed)
     raw_labelled = [r for r, k in zip(raw, keep) if k]
+    n_parity = min(e.parity_sample_size, len(raw_labelled))
     sample_features, _ = parse_batch(tf.constant(transformed_serialized[:8]), manifest)
 
-    model, ckpt_path = restore_serving_model(model_uri, plan, manifest, cfg, sample_features)
-    module = ServingModule(model, RawFeatureTransform(manifest, vocab_dir))
-
-    final_dir = os.path.join(output_uri, SERVING_DIR)
-    tmp_dir = os.path.join(output_uri, "_incomplete_" + SERVING_DIR)
-    if tf.io.gfile.exists(tmp_dir):
-        tf.io.gfile.rmtree(tmp_dir)
-    tf.saved_model.save(module, tmp_dir, signatures=module.signatures())
-
-    num_variables = check_no_optimizer_state(tmp_dir, model)
-
-    trained = tf.saved_model.load(os.path.join(model_uri, SERVING_DIR))
-    serving = tf.saved_model.load(tmp_dir)
-    p_trained = trained.signatures["serving_default"](examples=tf.constant(transformed_serialized))["probabilities"]
-    p_serving = serving.signatures["serving_default"](examples=tf.constant(raw_labelled))["probabilities"]
-    diff = np.abs(p_trained.numpy().ravel() - p_serving.numpy().ravel())
-    max_diff = float(diff.max())
-    report = {
-        "checkpoint": ckpt_path,
-        "layout": "A (one logical table per table config, TPUEmbedding / CPU training)",
-        "tables": {
-            name: {"rows": v["rows"], "dim": v["dim"], "bytes": v["rows"] * v["dim"] * 4, "placement": v["placement"]}
-            for name, v in plan["tables"].items()
-        },
-        "serving_variables": num_variables,
-        "parity": {
-            "examples": int(len(diff)),
-            "max_abs_diff": max_diff,
-            "tolerance": cfg.export.parity_tolerance,
-            "passed": bool(max_diff <= cfg.export.parity_tolerance),
-        },
-        "signatures": ["serving_default", "serve_features"],
-    }
-    if not report["parity"]["passed"]:
-        tf.io.gfile.rmtree(tmp_dir)
-        raise ExportRefused(
-            f"serving model differs from the trained model by {max_diff:.3g} > tolerance "
-            f"{cfg.export.parity_tolerance:g} on {len(diff)} eval examples; nothing exported"
+    staging = os.path.join(output_uri, STAGING_DIR)
+    if tf.io.gfile.exists(staging):
+        tf.io.gfile.rmtree(staging)
+    tf.io.gfile.makedirs(staging)
+    try:
+        report = _export(
+            cfg, plan, manifest, tables, checkpoint_path, sample_features, staging,
+            raw_labelled, transformed_serialized, labels, n_parity, model_uri,
         )
-    if tf.io.gfile.exists(final_dir):
-        tf.io.gfile.rmtree(final_dir)
-    tf.io.gfile.rename(tmp_dir, final_dir)
-    with tf.io.gfile.GFile(os.path.join(output_uri, REPORT_FILE), "w") as fh:
-        fh.write(json.dumps(report, indent=2, sort_keys=True))
-    return report
+        for name in (SERVING_DIR, T.TABLES_DIR):
+            if tf.io.gfile.exists(os.path.join(staging, name)):
+                _move(os.path.join(staging, name), os.path.join(output_uri, name))
+        with tf.io.gfile.GFile(os.path.join(output_uri, REPORT_FILE), "w") as fh:
+            fh.write(json.dumps(report, indent=2, sort_keys=True))
+        return report
+    finally:
+        if tf.io.gfile.exists(staging):
+            tf.io.gfile.rmtree(staging)
+
+
+def _export(cfg, plan, manifest, tables: L.CheckpointTables, checkpoint_path, sample_features, staging,
+            raw_labelled, transformed_serialized, labels, n_parity, model_uri) -> Dict[str, Any]:
+    e = cfg.export
+    vocab_dir = manifest["vocabulary_dir"]
+    chosen = e.table_dtype
+    model = build_serving_model(plan, manifest, cfg, "float32", sample_features)
+    num_dense = restore_dense(model, checkpoint_path)
+    writer = T.TableWriter(staging, manifest, vocab_dir) if e.write_tables else None
+
+    # Tables one at a time: read (layout-aware), check, into the model, and to its file.
+    table_report: Dict[str, Any] = {}
+    start = time.perf_counter()
+    for name, source in tables.sources.items():
+        if name not in model.serving_tables:
+            continue
+        t0 = time.perf_counter()
+        values = tables.read(name)
+        if not np.isfinite(values).all():
+            raise ExportRefused(f"table {name!r} holds NaN or infinite values (checkpoint {checkpoint_path}); training diverged")
+        model.serving_tables[name].embeddings.assign(values)
+        if writer is not None and chosen == "float32":
+            writer.write(name, plan["tables"][name], values, None)
+        padded = source.shard["stacked_rows"] // source.shard["num_sparse_cores"] if source.kind == "B" else None
+        slots = plan["tables"][name].get("memory", {}).get("slots_per_row", 0)
+        trained_weights = (
+            source.shard["size"] * source.shard["num_sparse_cores"] * source.shard["padded_cols"] * 4
+            if padded else values.nbytes
+        )
+        table_report[name] = {
+            "rows": source.rows,
+            "dim": source.dim,
+            "placement": plan["tables"][name]["placement"],
+            "layout": source.kind,
+            "checkpoint_key": source.key,
+            "layout_source": source.source,
+            "trained_bytes": int(trained_weights * (1 + slots)),  # weights (with any padding) + slots
+            "float32_bytes": int(values.nbytes),
+            "seconds": round(time.perf_counter() - t0, 4),
+        }
+        del values
+    convert_seconds = time.perf_counter() - start
+
+    # The float32 serving model, written and loaded back, against the trainer's own SavedModel.
+    f32_dir = os.path.join(staging, SERVING_DIR if chosen == "float32" else "_float32_check")
+    module = ServingModule(model, RawFeatureTransform(manifest, vocab_dir))
+    tf.saved_model.save(module, f32_dir, signatures=module.signatures())
+    num_variables = check_no_optimizer_state(f32_dir, model)
+    trained = tf.saved_model.load(os.path.join(model_uri, SERVING_DIR))
+    serving = tf.saved_model.load(f32_dir)
+    p_trained = score(trained.signatures["serving_default"], transformed_serialized)
+    p_float32 = score(serving.signatures["serving_default"], raw_labelled)
+    diff = np.abs(p_trained[:n_parity] - p_float32[:n_parity])
+    max_diff = float(diff.max())
+    parity = {
+        "examples": int(n_parity),
+        "max_abs_diff": max_diff,
+        "tolerance": e.parity_tolerance,
+        "passed": bool(max_diff <= e.parity_tolerance),
+        "compared": "trainer's SavedModel on preprocessed rows vs float32 serving model on the raw rows",
+    }
+    if not parity["passed"]:
+        worst = int(diff.argmax())
+        raise ExportRefused(
+            f"serving model differs from the trained model by {max_diff:.3g} > tolerance {e.parity_tolerance:g} "
+            f"on {n_parity} eval examples (worst: example {worst}, trained {p_trained[worst]:.6f}, serving "
+            f"{p_float32[worst]:.6f}); nothing exported"
+        )
+    auc_trained, auc_float32 = roc_auc(p_trained, labels), roc_auc(p_float32, labels)
+    compression: Dict[str, Any] = {
+        "float32": {"table_bytes": sum(t["float32_bytes"] for t in table_report.values()), "eval_auc": auc_float32,
+                    "auc_change": 0.0, "max_abs_diff_vs_float32": 0.0},
+    }
+    variants = [d for d in ("float16", "int8") if d == chosen or e.compare_compression]
+    for dtype in variants:
+        compression[dtype] = _compressed_variant(
+            cfg, plan, manifest, model, dtype, sample_features, staging, raw_labelled, labels,
+            p_float32, auc_float32, writer if dtype == chosen else None, save=dtype == chosen,
+        )
+        if dtype == chosen:
+            num_variables = compression[dtype].pop("serving_variables")
+            drop = auc_float32 - compression[dtype]["eval_auc"]
+            if drop > e.max_auc_drop:
+                raise ExportRefused(
+                    f"export.table_dtype {dtype} loses {drop:.4f} eval AUC ({auc_float32:.4f} -> "
+                    f"{compression[dtype]['eval_auc']:.4f} on {len(labels)} examples) > export.max_auc_drop "
+                    f"{e.max_auc_drop}; use float16/float32 or raise max_auc_drop"
+                )
+    for name, t in table_report.items():
+        t["serving_bytes"] = compression[chosen].get("tables", {}).get(name, t["float32_bytes"])
+    for d in compression.values():
+        d.pop("tables", None)
+    if chosen != "float32":
+        tf.io.gfile.rmtree(f32_dir)
+    tables_manifest = writer.finish() if writer is not None else None
+    trained_bytes = sum(t["trained_bytes"] for t in table_report.values())
+    serving_bytes = sum(t["serving_bytes"] for t in table_report.values())
+    return {
+        "checkpoint": checkpoint_path,
+        "layout": tables.summary(),
+        "tables": table_report,
+        "conversion": {
+            "tables": len(table_report),
+            "seconds": round(convert_seconds, 3),
+            "trained_table_bytes": trained_bytes,
+            "serving_table_bytes": serving_bytes,
+            "checkpoint_file_bytes": _checkpoint_bytes(checkpoint_path),
+            "serving_model_bytes": _dir_bytes(os.path.join(staging, SERVING_DIR)),
+        },
+        "table_dtype": chosen,
+        "compression": compression,
+        "serving_variables": num_variables,
+        "dense_variables_restored": num_dense,
+        "parity": parity,
+        "eval_auc": {"examples": int(len(labels)), "trained_model": auc_trained, "serving_float32": auc_float32,
+                     "serving": compression[chosen]["eval_auc"]},
+        "signatures": ["serving_default", "serve_features"],
+        "tables_manifest": os.path.join(T.TABLES_DIR, T.TABLES_MANIFEST) if tables_manifest else None,
+    }
+
+
+def _compressed_variant(cfg, plan, manifest, model32: RankingModel, dtype: str, sample_features, staging,
+                        raw_labelled, labels, p_float32, auc_float32, writer, save: bool) -> Dict[str, Any]:
+    """The serving model with `dtype` tables (from the verified float32 ones): size and AUC change."""
+    variant = build_serving_model(plan, manifest, cfg, dtype, sample_features)
+    for dst, src in zip(dense_variables(variant), dense_variables(model32)):
+        dst.assign(src)
+    sizes: Dict[str, int] = {}
+    max_err = 0.0
+    for name, table in variant.serving_tables.items():
+        values = model32.serving_tables[name].embeddings.numpy()
+        try:
+            stored, scale = T.compress(values, dtype, name)
+        except T.CompressionError as err:
+            raise ExportRefused(str(err)) from None
+        max_err = max(max_err, float(np.abs(T.decompress(stored, scale) - values).max()) if values.size else 0.0)
+        table.embeddings.assign(stored)
+        if scale is not None:
+            table.scale.assign(scale)
+        sizes[name] = T.stored_bytes(stored, scale)
+        if writer is not None:
+            writer.write(name, plan["tables"][name], stored, scale)
+    module = ServingModule(variant, RawFeatureTransform(manifest, manifest["vocabulary_dir"]))
+    out: Dict[str, Any] = {}
+    if save:
+        path = os.path.join(staging, SERVING_DIR)
+        tf.saved_model.save(module, path, signatures=module.signatures())
+        out["serving_variables"] = check_no_optimizer_state(path, variant)
+        fn = tf.saved_model.load(path).signatures["serving_default"]
+    else:
+        fn = module.serve_examples
+    p = score(fn, raw_labelled)
+    auc = roc_auc(p, labels)
+    out.update({
+        "table_bytes": sum(sizes.values()),
+        "tables": sizes,
+        "eval_auc": auc,
+        "auc_change": auc - auc_float32,
+        "max_abs_diff_vs_float32": float(np.abs(p - p_float32).max()),
+        "max_table_value_error": max_err,
+    })
+    return out

@@ -100,6 +100,44 @@ class TensorCoreTable(tf.keras.layers.Layer):
         return tf.math.divide_no_nan(total, tf.sqrt(count))  # sqrtn
 
 
+TABLE_DTYPES = ("float32", "float16", "int8")
+
+
+class ServingTable(tf.keras.layers.Layer):
+    """A trained table held for CPU serving: float32, float16, or int8 with a float32 scale per row
+    (row r = int8 row x scale[r]). Looks up SparseTensor IDs with the table's combiner, as
+    TPUEmbeddingForServing does (safe_embedding_lookup_sparse); compressed tables are gathered for
+    the batch's unique IDs and dequantized before combining, so the combiner runs in float32."""
+
+    def __init__(self, table: Dict[str, Any], name: str, storage: str = "float32"):
+        super().__init__(name=f"serving_table_{name}")
+        if storage not in TABLE_DTYPES:
+            raise ValueError(f"table dtype {storage!r} is not one of {', '.join(TABLE_DTYPES)}")
+        self.rows, self.dim, self.combiner, self.storage = table["rows"], table["dim"], table["combiner"], storage
+
+    def build(self, input_shape=None):
+        self.embeddings = self.add_weight(
+            name="embeddings", shape=[self.rows, self.dim], dtype=tf.as_dtype(self.storage),
+            initializer="zeros", trainable=False,
+        )
+        self.scale = None
+        if self.storage == "int8":
+            self.scale = self.add_weight(name="scale", shape=[self.rows], initializer="ones", trainable=False)
+        super().build(input_shape)
+
+    def call(self, ids) -> tf.Tensor:
+        if not isinstance(ids, tf.SparseTensor):
+            raise TypeError(f"{self.name}: serving lookups take SparseTensor IDs (the raw-feature transform's output)")
+        if self.storage == "float32":
+            return tf.nn.safe_embedding_lookup_sparse(self.embeddings, ids, combiner=self.combiner)
+        unique, position = tf.unique(ids.values)
+        rows = tf.cast(tf.gather(self.embeddings, unique), tf.float32)
+        if self.scale is not None:
+            rows = rows * tf.gather(self.scale, unique)[:, None]
+        local = tf.SparseTensor(ids.indices, tf.cast(position, tf.int64), ids.dense_shape)
+        return tf.nn.safe_embedding_lookup_sparse(rows, local, combiner=self.combiner)
+
+
 class RankingModel(tf.keras.Model):
     """DLRM or DCN-v2 over the plan's tables. `embedding_optimizer=None` builds the serving variant
     (no optimizer, so no slot variables). `tpu_embedding_optimizer` overrides what the TPU embedding
@@ -113,6 +151,8 @@ class RankingModel(tf.keras.Model):
         embedding_optimizer: Optional[tf.keras.optimizers.legacy.Optimizer] = None,
         dense_optimizer: Optional[tf.keras.optimizers.legacy.Optimizer] = None,
         tpu_embedding_optimizer: Any = None,
+        serving_table_dtype: Optional[str] = None,
+        tpu_output_batch: Optional[int] = None,
     ):
         super().__init__(name="ranking_model")
         self.model_type = training.model
@@ -124,10 +164,20 @@ class RankingModel(tf.keras.Model):
         self.feature_table = {n: plan["features"][n]["table"] for n in self.categorical_names}
         self.feature_dim = {n: tables[t]["dim"] for n, t in self.feature_table.items()}
         tpu_features = [n for n in self.categorical_names if tables[self.feature_table[n]]["placement"] == "tpu_embedding"]
-        self.tpu_feature_names = tpu_features
         self.embedding_layer = None
+        self.serving_tables: Dict[str, ServingTable] = {}
+        if serving_table_dtype is not None:
+            # The exporter's CPU serving model: every table a plain (optionally compressed) variable.
+            self.serving_tables = {
+                name: ServingTable(t, name, serving_table_dtype) for name, t in tables.items()
+                if any(self.feature_table[n] == name for n in self.categorical_names)
+            }
+            tpu_features = []
+        self.tpu_feature_names = tpu_features
         if tpu_features:
-            configs = P.feature_configs(plan)
+            # On a TPU the features' output shape is the static per-replica batch (TPUEmbeddingV2
+            # sizes its SparseCore stacks from it); elsewhere it stays unset.
+            configs = P.feature_configs(plan, output_batch=tpu_output_batch)
             self.embedding_layer = tfrs.layers.embedding.TPUEmbedding(
                 {n: configs[n] for n in tpu_features},
                 optimizer=tpu_embedding_optimizer or embedding_optimizer,
@@ -136,7 +186,7 @@ class RankingModel(tf.keras.Model):
         self.tensor_core_tables = {
             name: TensorCoreTable(t, name) for name, t in tables.items() if t["placement"] == "tensor_core"
             and any(self.feature_table[n] == name for n in self.categorical_names)
-        }
+        } if serving_table_dtype is None else {}
         self.bottom_mlp = _mlp(training.bottom_mlp, "bottom_mlp")
         self.projections: Dict[str, tf.keras.layers.Layer] = {}
         if self.model_type == "dlrm":
@@ -163,6 +213,8 @@ class RankingModel(tf.keras.Model):
     def embed(self, inputs: Dict[str, Any]) -> Dict[str, tf.Tensor]:
         """Pooled [batch, dim] vector per categorical feature."""
         out: Dict[str, tf.Tensor] = {}
+        if self.serving_tables:
+            return {n: self.serving_tables[self.feature_table[n]](inputs[n]) for n in self.categorical_names}
         if self.embedding_layer is not None:
             out.update(self.embedding_layer({n: inputs[n] for n in self.tpu_feature_names}))
         for n in self.categorical_names:

@@ -290,12 +290,16 @@ def table_configs(plan: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def feature_configs(plan: Dict[str, Any], tables: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """feature -> FeatureConfig (shared tables are the same TableConfig object)."""
+def feature_configs(
+    plan: Dict[str, Any], tables: Optional[Dict[str, Any]] = None, output_batch: Optional[int] = None
+) -> Dict[str, Any]:
+    """feature -> FeatureConfig (shared tables are the same TableConfig object). `output_batch`:
+    the static per-replica batch a TPU step sees (FeatureConfig.output_shape)."""
     tables = tables or table_configs(plan)
     return {
         name: tf.tpu.experimental.embedding.FeatureConfig(
-            table=tables[f["table"]], max_sequence_length=f["max_sequence_length"], name=name
+            table=tables[f["table"]], max_sequence_length=f["max_sequence_length"], name=name,
+            output_shape=[output_batch] if output_batch else None,
         )
         for name, f in plan["features"].items()
     }

@@ -44,6 +44,7 @@ CHECKPOINT_DIR = "checkpoints"
 EVAL_METRICS_FILE = "eval_metrics.json"
 TPU_RULES_FILE = "tpu_rules.json"
 TRAINING_RUN_FILE = "training_run.json"
+CONFIG_FILE = "pipeline_config.json"
 STATE_DIR = "training_state"
 
 
@@ -80,8 +81,25 @@ def distribution_strategy(cfg: PipelineConfig) -> tf.distribute.Strategy:
     return tf.distribute.get_strategy()
 
 
+def checkpoint_layout(strategy: tf.distribute.Strategy, per_replica: int) -> Dict[str, Any]:
+    """How this run's checkpoint will hold the TPU-embedding tables (recorded in the plan, so the
+    exporter can recompute a SparseCore layout that TensorFlow 2.16 does not save)."""
+    if not isinstance(strategy, tf.distribute.TPUStrategy):
+        return {"kind": "A", "embedding_api": "TPUEmbeddingForServing (CPU/GPU variables)"}
+    hw = strategy.extended.tpu_hardware_feature
+    v2 = hw.embedding_feature == tf.tpu.experimental.HardwareFeature.EmbeddingFeature.V2
+    return {
+        "kind": "B" if v2 else "A",
+        "embedding_api": "TPUEmbeddingV2 (SparseCore)" if v2 else "TPUEmbedding",
+        "num_replicas": strategy.num_replicas_in_sync,
+        # TPUEmbeddingV2 falls back to 4 when the hardware does not say (tpu_embedding_v3.py).
+        "sparse_cores_per_chip": int(getattr(hw, "num_embedding_devices_per_chip", 0) or 4),
+        "per_replica_batch_size": per_replica,
+    }
+
+
 def build_model(plan: Dict[str, Any], manifest: Dict[str, Any], cfg: PipelineConfig, for_training: bool,
-                on_tpu: bool = False) -> RankingModel:
+                on_tpu: bool = False, per_replica_batch: Optional[int] = None) -> RankingModel:
     """The ranking model for a plan; `for_training=False` builds it without optimizers (serving)."""
     t = cfg.training
     if not for_training:
@@ -94,7 +112,8 @@ def build_model(plan: Dict[str, Any], manifest: Dict[str, Any], cfg: PipelineCon
         # TPU optimizer directly (same slots, so checkpoints stay compatible).
         tpu_opt = P.tpu_optimizer(spec, step_fn=lambda: embedding_optimizer.iterations)
     return RankingModel(
-        plan, manifest, t, embedding_optimizer, P.keras_optimizer(P.optimizer_spec(t.dense_optimizer)), tpu_opt
+        plan, manifest, t, embedding_optimizer, P.keras_optimizer(P.optimizer_spec(t.dense_optimizer)), tpu_opt,
+        tpu_output_batch=per_replica_batch if on_tpu else None,
     )
 
 
@@ -157,8 +176,9 @@ def train(cfg: PipelineConfig, plan: Dict[str, Any], manifest: Dict[str, Any], t
     if t.batch_size % replicas:
         raise ValueError(f"training.batch_size {t.batch_size} must be a multiple of the {replicas} replicas")
     per_replica = t.batch_size // replicas
+    plan["checkpoint_layout"] = checkpoint_layout(strategy, per_replica)
     with strategy.scope():
-        model = build_model(plan, manifest, cfg, for_training=True, on_tpu=on_tpu)
+        model = build_model(plan, manifest, cfg, for_training=True, on_tpu=on_tpu, per_replica_batch=per_replica)
         model.compile(
             optimizer=model.dense_optimizer,
             loss=tf.keras.losses.BinaryCrossentropy(),
@@ -248,8 +268,9 @@ def run_fn(fn_args) -> None:
         fn_args.serving_model_dir,
         signatures={"serving_default": transformed_serving_function(model, manifest)},
     )
+    # The config travels with the model so the standalone exporter CLI can rebuild it without one.
     for name, obj in ((EMBEDDING_MANIFEST_FILE, manifest), (P.PLAN_FILE, plan), (EVAL_METRICS_FILE, metrics),
-                      (TPU_RULES_FILE, rules), (TRAINING_RUN_FILE, run)):
+                      (TPU_RULES_FILE, rules), (TRAINING_RUN_FILE, run), (CONFIG_FILE, json.loads(cfg.to_json()))):
         with tf.io.gfile.GFile(os.path.join(model_root, name), "w") as fh:
             fh.write(json.dumps(obj, indent=2, sort_keys=True))
     if not cfg.training.checkpoint_dir and tf.io.gfile.exists(state):
