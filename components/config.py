@@ -526,19 +526,7 @@ def resolve(cfg: PipelineConfig) -> PipelineConfig:
     if not 0 < emb.topology.usable_hbm_fraction <= 1:
         raise ConfigError("training.embedding.topology.usable_hbm_fraction: must be in (0, 1], e.g. 0.7")
     _check_optimizer(tr.dense_optimizer, "training.dense_optimizer")
-    _check_positive(cfg.export.parity_tolerance, "export.parity_tolerance", "e.g. 1e-5")
-    _check_positive(cfg.export.parity_sample_size, "export.parity_sample_size", "e.g. 512")
-    _check_choice(cfg.export.table_dtype, ("float32", "float16", "int8"), "export.table_dtype")
-    _check_positive(cfg.export.auc_sample_size, "export.auc_sample_size", "e.g. 20000")
-    if not 0 <= cfg.export.max_auc_drop < 1:
-        raise ConfigError(f"export.max_auc_drop: {cfg.export.max_auc_drop} is not in [0, 1); e.g. 0.005")
-    lay = cfg.export.layout
-    _check_choice(lay.kind, ("auto", "A", "B", "C"), "export.layout.kind")
-    _check_choice(lay.partition_strategy, ("div", "mod"), "export.layout.partition_strategy")
-    for name in ("num_partitions", "num_sparse_cores", "sparse_cores_per_chip"):
-        _check_positive(getattr(lay, name), f"export.layout.{name}", "leave it unset when not needed")
-    if lay.kind == "C" and lay.partition_strategy is None:
-        raise ConfigError("export.layout.kind: C needs export.layout.partition_strategy (div or mod, as in training)")
+    check_export_config(cfg.export)
     st = cfg.statistics
     for j, n in enumerate(st.shard_counts):
         _check_positive(n, f"statistics.shard_counts[{j}]", "number of SparseCores or hosts to model")
@@ -554,6 +542,23 @@ def resolve(cfg: PipelineConfig) -> PipelineConfig:
     if cfg.beam.direct_num_workers < 0:
         raise ConfigError("beam.direct_num_workers: must be 0 (one per core) or a positive count")
     return cfg
+
+
+def check_export_config(e: ExportConfig) -> None:
+    """The `export` section's checks (also run by the exporter CLI after its overrides)."""
+    _check_positive(e.parity_tolerance, "export.parity_tolerance", "e.g. 1e-5")
+    _check_positive(e.parity_sample_size, "export.parity_sample_size", "e.g. 512")
+    _check_choice(e.table_dtype, ("float32", "float16", "int8"), "export.table_dtype")
+    _check_positive(e.auc_sample_size, "export.auc_sample_size", "e.g. 20000")
+    if not 0 <= e.max_auc_drop < 1:
+        raise ConfigError(f"export.max_auc_drop: {e.max_auc_drop} is not in [0, 1); e.g. 0.005")
+    lay = e.layout
+    _check_choice(lay.kind, ("auto", "A", "B", "C"), "export.layout.kind")
+    _check_choice(lay.partition_strategy, ("div", "mod"), "export.layout.partition_strategy")
+    for name in ("num_partitions", "num_sparse_cores", "sparse_cores_per_chip"):
+        _check_positive(getattr(lay, name), f"export.layout.{name}", "leave it unset when not needed")
+    if lay.kind == "C" and lay.partition_strategy is None:
+        raise ConfigError("export.layout.kind: C needs export.layout.partition_strategy (div or mod, as in training)")
 
 
 def parse_config(data: Any, source: str = "<config>") -> PipelineConfig:

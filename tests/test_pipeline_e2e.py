@@ -15,37 +15,16 @@ from collections import Counter
 
 import numpy as np
 import pytest
-import yaml
 
 import components  # noqa: F401
 import tensorflow as tf
 
-from components.config import load_config
 from components.embedding_preprocess import vocabulary as V
-from components.synthetic_data import GeneratorSpec, ensure_dataset
 from components.tfrecords import compression_type
 from pipelines.__main__ import DEMO_ROWS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ROWS = DEMO_ROWS  # the default config is tuned for this much data (300k train rows)
-
-
-@pytest.fixture(scope="module")
-def pipeline_run(tmp_path_factory):
-    from pipelines.__main__ import run
-
-    root = tmp_path_factory.mktemp("e2e")
-    data = root / "data" / "criteo_like.csv"
-    meta = ensure_dataset(str(data), GeneratorSpec(rows=ROWS, seed=99))
-    with open(os.path.join(REPO, "configs", "demo.yaml")) as fh:
-        raw = yaml.safe_load(fh)
-    raw["input"]["path"] = str(data)
-    raw["beam"]["direct_num_workers"] = 2
-    cfg_path = root / "e2e.yaml"
-    cfg_path.write_text(yaml.safe_dump(raw))
-    cfg = load_config(str(cfg_path))
-    summary = run(cfg, str(root / "out"))
-    return cfg, root / "out", summary, meta
+ROWS = DEMO_ROWS  # the default config is tuned for this much data (300k train rows); see conftest.pipeline_run
 
 
 def _raw_examples(out, split):

@@ -30,7 +30,7 @@ import tensorflow as tf
 from components.config import ExportLayoutConfig, PipelineConfig
 from components.embedding_exporter import layouts as L
 from components.embedding_exporter import tables as T
-from components.embedding_exporter.serving import RawFeatureTransform, ServingModule
+from components.embedding_exporter.serving import RawFeatureTransform, ServingModule, save_serving_model
 from components.embedding_preprocess import beam_pipeline
 from components.embedding_preprocess import vocabulary as V
 from components.embedding_preprocess.run import EMBEDDING_MANIFEST_FILE, read_json
@@ -176,6 +176,17 @@ def _checkpoint_bytes(checkpoint_path: str) -> int:
     return sum(tf.io.gfile.stat(f).length for f in tf.io.gfile.glob(checkpoint_path + ".*"))
 
 
+class _Clock:
+    def __init__(self):
+        self.laps: Dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = round(now - self._t, 2)
+        self._t = now
+
+
 def _move(src: str, dst: str) -> None:
     if tf.io.gfile.exists(dst):
         if tf.io.gfile.isdir(dst):
@@ -246,6 +257,7 @@ def _export(cfg, plan, manifest, tables: L.CheckpointTables, checkpoint_path, sa
     e = cfg.export
     vocab_dir = manifest["vocabulary_dir"]
     chosen = e.table_dtype
+    clock = _Clock()
     model = build_serving_model(plan, manifest, cfg, "float32", sample_features)
     num_dense = restore_dense(model, checkpoint_path)
     writer = T.TableWriter(staging, manifest, vocab_dir) if e.write_tables else None
@@ -282,16 +294,19 @@ def _export(cfg, plan, manifest, tables: L.CheckpointTables, checkpoint_path, sa
         }
         del values
     convert_seconds = time.perf_counter() - start
+    clock.lap("build model, restore dense, convert tables")
 
     # The float32 serving model, written and loaded back, against the trainer's own SavedModel.
     f32_dir = os.path.join(staging, SERVING_DIR if chosen == "float32" else "_float32_check")
     module = ServingModule(model, RawFeatureTransform(manifest, vocab_dir))
-    tf.saved_model.save(module, f32_dir, signatures=module.signatures())
+    save_serving_model(module, f32_dir)
     num_variables = check_no_optimizer_state(f32_dir, model)
+    clock.lap("save float32 serving model")
     trained = tf.saved_model.load(os.path.join(model_uri, SERVING_DIR))
     serving = tf.saved_model.load(f32_dir)
     p_trained = score(trained.signatures["serving_default"], transformed_serialized)
     p_float32 = score(serving.signatures["serving_default"], raw_labelled)
+    clock.lap("load and score trained and serving models")
     diff = np.abs(p_trained[:n_parity] - p_float32[:n_parity])
     max_diff = float(diff.max())
     parity = {
@@ -319,6 +334,7 @@ def _export(cfg, plan, manifest, tables: L.CheckpointTables, checkpoint_path, sa
             cfg, plan, manifest, model, dtype, sample_features, staging, raw_labelled, labels,
             p_float32, auc_float32, writer if dtype == chosen else None, save=dtype == chosen,
         )
+        clock.lap(f"{dtype} variant")
         if dtype == chosen:
             num_variables = compression[dtype].pop("serving_variables")
             drop = auc_float32 - compression[dtype]["eval_auc"]
@@ -358,6 +374,7 @@ def _export(cfg, plan, manifest, tables: L.CheckpointTables, checkpoint_path, sa
                      "serving": compression[chosen]["eval_auc"]},
         "signatures": ["serving_default", "serve_features"],
         "tables_manifest": os.path.join(T.TABLES_DIR, T.TABLES_MANIFEST) if tables_manifest else None,
+        "seconds": clock.laps,
     }
 
 
@@ -386,7 +403,7 @@ def _compressed_variant(cfg, plan, manifest, model32: RankingModel, dtype: str, 
     out: Dict[str, Any] = {}
     if save:
         path = os.path.join(staging, SERVING_DIR)
-        tf.saved_model.save(module, path, signatures=module.signatures())
+        save_serving_model(module, path)
         out["serving_variables"] = check_no_optimizer_state(path, variant)
         fn = tf.saved_model.load(path).signatures["serving_default"]
     else:

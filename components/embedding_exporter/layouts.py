@@ -221,7 +221,10 @@ class CheckpointTables:
         parts = sorted(
             ((int(m.group(1)), k) for k in self.shapes if (m := part_re.match(k))), key=lambda p: p[0]
         )
-        want_c = o.kind == "C" or (o.kind == "auto" and (parts or o.partition_strategy is not None))
+        # Host partitioning applies to sharded tables (TPU-embedding ones, or tables named in
+        # table_keys); TensorCore tables are replicated, so saved whole.
+        sharded = placement == "tpu_embedding" or name in o.table_keys
+        want_c = bool(parts) or (sharded and (o.kind == "C" or (o.kind == "auto" and o.partition_strategy is not None)))
         if o.kind in ("auto", "B") and placement == "tpu_embedding" and key not in self.shapes and not parts:
             if self._record is not None and name in self._record:
                 return self._source_b(name, rows, dim, self._record[name], "checkpoint record _sparse_core_table_layouts")

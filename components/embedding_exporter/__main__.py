@@ -1,0 +1,97 @@
+"""Standalone exporter: the pipeline's conversion, outside a pipeline.
+
+    python -m components.embedding_exporter --model MODEL_DIR --output OUT_DIR --examples 'EVAL_GLOB' \
+        [--config FILE] [--checkpoint PREFIX] [--table-dtype float32|float16|int8] [--no-tables] \
+        [--layout auto|A|B|C] [--partition-strategy div|mod] [--num-partitions N] \
+        [--num-sparse-cores N] [--sparse-cores-per-chip N] [--table-key TABLE=CHECKPOINT_KEY ...]
+
+MODEL_DIR is a Model artifact of this product's trainer (embedding_plan.json, embedding_manifest.json,
+checkpoints/, Format-Serving/). The config defaults to the one the trainer stored beside the model
+(pipeline_config.json); options override its `export` section. EVAL_GLOB: raw eval tf.Examples as
+ExampleGen wrote them (e.g. .../CsvExampleGen/examples/<id>/Split-eval/*), used for the parity
+check and the AUC figures. Exit status 0: exported; 2: bad arguments or config; 3: export refused
+(the reason is printed; nothing is written under OUT_DIR).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import components  # noqa: F401
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m components.embedding_exporter", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="Model artifact directory written by this product's trainer")
+    p.add_argument("--output", required=True, help="where Format-Serving/, tables/ and export_report.json go")
+    p.add_argument("--examples", required=True, help="file pattern of raw eval tf.Example TFRecords (parity, AUC)")
+    p.add_argument("--config", help="pipeline YAML (default: MODEL_DIR/pipeline_config.json)")
+    p.add_argument("--checkpoint", help="checkpoint prefix (default: the latest in MODEL_DIR/checkpoints)")
+    p.add_argument("--table-dtype", choices=("float32", "float16", "int8"), help="tables of the serving model")
+    p.add_argument("--no-tables", action="store_true", help="do not write tables/ (row-aligned arrays)")
+    p.add_argument("--layout", choices=("auto", "A", "B", "C"), help="checkpoint table layout (default auto)")
+    p.add_argument("--partition-strategy", choices=("div", "mod"), help="layout C: how training partitioned tables")
+    p.add_argument("--num-partitions", type=int, help="layout C with one sliced key per table: host count")
+    p.add_argument("--num-sparse-cores", type=int, help="layout B without a layout record: total SparseCores")
+    p.add_argument("--sparse-cores-per-chip", type=int, help="layout B without a layout record")
+    p.add_argument("--table-key", action="append", default=[], metavar="TABLE=KEY",
+                   help="checkpoint key of a table saved by another trainer (repeatable)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    from components.config import ConfigError, check_export_config, config_from_json, load_config
+    from components.embedding_exporter.export import ExportRefused, export_serving_model
+    from components.embedding_trainer.trainer_module import CONFIG_FILE
+
+    try:
+        if args.config:
+            cfg = load_config(args.config)
+        else:
+            path = os.path.join(args.model, CONFIG_FILE)
+            if not os.path.exists(path):
+                raise ConfigError(f"--config: not given and {path} does not exist (models trained before it was written); pass the pipeline YAML")
+            with open(path, encoding="utf-8") as fh:
+                cfg = config_from_json(fh.read())
+        e = cfg.export
+        if args.table_dtype:
+            e.table_dtype = args.table_dtype
+        if args.no_tables:
+            e.write_tables = False
+        lay = e.layout
+        for opt, name in (("layout", "kind"), ("partition_strategy", "partition_strategy"),
+                          ("num_partitions", "num_partitions"), ("num_sparse_cores", "num_sparse_cores"),
+                          ("sparse_cores_per_chip", "sparse_cores_per_chip")):
+            if getattr(args, opt) is not None:
+                setattr(lay, name, getattr(args, opt))
+        for item in args.table_key:
+            table, sep, key = item.partition("=")
+            if not sep or not table or not key:
+                raise ConfigError(f"--table-key {item!r}: expected TABLE=CHECKPOINT_KEY")
+            lay.table_keys[table] = key
+        check_export_config(e)  # the overrides get the config's own checks
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
+        report = export_serving_model(cfg, args.model, args.examples, args.output, checkpoint_path=args.checkpoint)
+    except ExportRefused as err:
+        print(f"export refused: {err}", file=sys.stderr)
+        return 3
+    summary = {
+        "output": args.output,
+        "layout": report["layout"]["detected"],
+        "table_dtype": report["table_dtype"],
+        "parity": report["parity"],
+        "eval_auc": report["eval_auc"],
+        "bytes": report["conversion"],
+    }
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

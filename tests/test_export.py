@@ -1,0 +1,297 @@
+"""Exporter on the demo pipeline's trained model: every checkpoint layout gives the same, verified
+serving model; compression; the tables on their own; refusals; the standalone CLI.
+
+The layout-B and -C checkpoints are the pipeline's own checkpoint rewritten key by key: its tables
+re-laid out as SparseCore stacks (TensorFlow's stacking function and row placement, with and
+without the `_sparse_core_table_layouts` record) or as div/mod host partitions, every dense weight
+copied unchanged. The exporter must recover each table bit for bit and pass the parity check.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import components  # noqa: F401
+import tensorflow as tf
+from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
+
+from components.embedding_exporter import layouts as L
+from components.embedding_exporter import tables as T
+from components.embedding_exporter.export import REPORT_FILE, SERVING_DIR, ExportRefused, export_serving_model
+
+
+def _paths(out):
+    root = out / "pipeline_root"
+    model = glob.glob(str(root / "Trainer" / "model" / "*"))[0]
+    eval_pattern = glob.glob(str(root / "CsvExampleGen" / "examples" / "*" / "Split-eval"))[0] + "/*"
+    return model, eval_pattern
+
+
+def _fast(cfg, **export):
+    """The pipeline config with a cheaper export (no compression comparison, 2000 AUC examples)."""
+    import copy
+
+    c = copy.deepcopy(cfg)
+    c.export.compare_compression = False
+    c.export.auc_sample_size = 2000
+    for k, v in export.items():
+        setattr(c.export, k, v)
+    return c
+
+
+def _relayout(model_uri, dst, kind, replicas=2, per_chip=4, record=True, strategy="mod", parts=3, sliced=False):
+    """Copies the Model artifact with its checkpoint's TPU-embedding tables in layout B or C."""
+    shutil.copytree(model_uri, dst)
+    ckpt_dir = os.path.join(dst, "checkpoints")
+    src = tf.train.latest_checkpoint(os.path.join(model_uri, "checkpoints"))
+    for f in glob.glob(os.path.join(ckpt_dir, "*")):
+        os.remove(f)
+    plan = json.load(open(os.path.join(model_uri, "embedding_plan.json")))
+    reader = tf.train.load_checkpoint(src)
+    dtypes = reader.get_variable_to_dtype_map()
+    tpu = {n: t for n, t in plan["tables"].items() if t["placement"] == "tpu_embedding"}
+    table_keys = {L.table_key(n, "tpu_embedding") for n in tpu}
+    slot_prefixes = tuple(k[: -len(L.ATTR)] + "/.OPTIMIZER_SLOT" for k in table_keys)
+    names, specs, tensors = [], [], []
+    for key in dtypes:
+        if key in table_keys or key.startswith(slot_prefixes):
+            continue
+        names.append(key)
+        specs.append("")
+        tensors.append(tf.constant(reader.get_tensor(key), dtype=dtypes[key]))
+    values = {n: reader.get_tensor(L.table_key(n, "tpu_embedding")) for n in tpu}
+    if kind == "B":
+        order = []
+        for f in sorted(plan["features"]):
+            t = plan["features"][f]["table"]
+            if t in tpu and t not in order:
+                order.append(t)
+        per_replica = plan["global_batch_size"] // replicas
+        samples = {t: per_replica * sum(1 for f in plan["features"].values() if f["table"] == t) for t in order}
+        layouts = L.recompute_sparse_core_layouts(
+            [{"name": t, "rows": tpu[t]["rows"], "dim": tpu[t]["dim"], "samples": samples[t],
+              "group": json.dumps(tpu[t]["optimizer"], sort_keys=True)} for t in order],
+            replicas, per_chip,
+        )
+        stacks = {}
+        for t, layout in layouts.items():
+            stacks.setdefault(layout.stacked_table_name, []).append(t)
+        for stacked, members in stacks.items():
+            first = layouts[members[0]]
+            n, per_shard, cols = first.num_sparse_cores, first.total_rows_per_sparse_core_shard, first.unsharded_padded_shape[1]
+            full = np.zeros((n, per_shard, cols), np.float32)
+            for t in members:
+                lo = layouts[t].sparse_core_shard_row_offset
+                for shard, rows in L.stack_table_to_shards(values[t], layouts[t]).items():
+                    full[shard, lo: lo + rows.shape[0]] = rows
+            names.append(L.TPU_PREFIX + L.escape_name(stacked) + L.ATTR)
+            specs.append("")
+            tensors.append(tf.constant(full.reshape(n * per_shard, cols)))
+        if record:
+            proto = sparse_core_layout_pb2.SparseCoreTableLayouts(tables=list(layouts.values()))
+            names.append(L.LAYOUT_RECORD_KEY)
+            specs.append("")
+            tensors.append(tf.constant(proto.SerializeToString()))
+        else:
+            plan["checkpoint_layout"] = {"kind": "B", "num_replicas": replicas, "sparse_cores_per_chip": per_chip,
+                                         "per_replica_batch_size": per_replica}
+            json.dump(plan, open(os.path.join(dst, "embedding_plan.json"), "w"))
+    else:
+        for t, table in values.items():
+            rows = table.shape[0]
+            sizes = L.div_partition_sizes(rows, parts)
+            starts = np.cumsum([0] + sizes)
+            blocks = [table[i::parts] if strategy == "mod" else table[starts[i]: starts[i + 1]] for i in range(parts)]
+            base = L.table_key(t, "tpu_embedding")
+            for i, block in enumerate(blocks):
+                if sliced:  # one key saved as slices of the full [rows, dim] table
+                    names.append(base)
+                    specs.append(f"{rows} {table.shape[1]} {starts[i]},{sizes[i]}:-")
+                else:
+                    names.append(base[: -len(L.ATTR)] + f"/part_{i}" + L.ATTR)
+                    specs.append("")
+                tensors.append(tf.constant(block))
+    prefix = os.path.join(ckpt_dir, "ckpt-1")
+    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=specs, tensors=tensors)
+    with open(os.path.join(ckpt_dir, "checkpoint"), "w") as fh:
+        fh.write('model_checkpoint_path: "ckpt-1"\nall_model_checkpoint_paths: "ckpt-1"\n')
+    return values
+
+
+@pytest.fixture(scope="module")
+def layout_a_export(pipeline_run, tmp_path_factory):
+    cfg, out, _, _ = pipeline_run
+    model, eval_pattern = _paths(out)
+    dst = tmp_path_factory.mktemp("export_a")
+    report = export_serving_model(_fast(cfg), model, eval_pattern, str(dst))
+    return dst, report
+
+
+def test_layout_a_export_report_and_table_files(pipeline_run, layout_a_export):
+    cfg, out, _, _ = pipeline_run
+    model, _ = _paths(out)
+    dst, report = layout_a_export
+    assert report["layout"]["kinds"] == ["A"]
+    assert report["parity"]["passed"] and report["parity"]["max_abs_diff"] <= 1e-5
+    assert abs(report["eval_auc"]["trained_model"] - report["eval_auc"]["serving_float32"]) < 1e-6
+    assert json.loads((dst / REPORT_FILE).read_text())["parity"] == report["parity"]
+    manifest = json.loads((dst / T.TABLES_DIR / T.TABLES_MANIFEST).read_text())["tables"]
+    plan = json.load(open(os.path.join(model, "embedding_plan.json")))
+    assert set(manifest) == set(plan["tables"])
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(model, "checkpoints")))
+    for name, entry in manifest.items():
+        values = np.load(dst / T.TABLES_DIR / entry["files"]["values"])
+        placement = plan["tables"][name]["placement"]
+        np.testing.assert_array_equal(values, reader.get_tensor(L.table_key(name, placement)))
+        vocab = (dst / T.TABLES_DIR / entry["vocabulary_file"]).read_text(encoding="utf-8").splitlines()
+        # row-aligned: vocabulary entries, then the OOV buckets
+        assert len(vocab) == entry["vocabulary_size"] and entry["rows"] == len(vocab) + entry["num_oov_buckets"]
+        assert entry["features"] == plan["tables"][name]["features"] and entry["dtype"] == "float32"
+    assert report["conversion"]["serving_table_bytes"] == sum(
+        t["rows"] * t["dim"] * 4 for t in plan["tables"].values()
+    )
+
+
+@pytest.mark.parametrize(
+    "kind,options,expect",
+    [
+        ("B", dict(record=True), "record"),
+        ("B", dict(record=False), "recomputed"),
+        ("C", dict(strategy="mod", parts=3), "mod"),
+        ("C", dict(strategy="div", parts=4, sliced=True), "div"),
+    ],
+    ids=["B-record", "B-recomputed", "C-mod-parts", "C-div-sliced"],
+)
+def test_every_layout_exports_the_same_verified_model(pipeline_run, layout_a_export, tmp_path, kind, options, expect):
+    cfg, out, _, _ = pipeline_run
+    model, eval_pattern = _paths(out)
+    relaid = tmp_path / "model"
+    _relayout(model, str(relaid), kind, **options)
+    export_opts = {}
+    if kind == "C":
+        export_opts = {"layout": type(cfg.export.layout)(partition_strategy=options["strategy"],
+                                                        num_partitions=options.get("parts") if options.get("sliced") else None)}
+    report = export_serving_model(_fast(cfg, **export_opts), str(relaid), eval_pattern, str(tmp_path / "out"))
+    tpu_layouts = {r["layout"] for n, r in report["tables"].items() if r["placement"] == "tpu_embedding"}
+    assert tpu_layouts == {kind}
+    assert all(expect in r["layout_source"] for r in report["tables"].values() if r["placement"] == "tpu_embedding")
+    assert report["parity"]["passed"] and report["parity"]["max_abs_diff"] <= 1e-5
+    a_dir, a_report = layout_a_export
+    assert report["eval_auc"]["serving_float32"] == a_report["eval_auc"]["serving_float32"]
+    for name, entry in json.loads((tmp_path / "out" / T.TABLES_DIR / T.TABLES_MANIFEST).read_text())["tables"].items():
+        np.testing.assert_array_equal(
+            np.load(tmp_path / "out" / T.TABLES_DIR / entry["files"]["values"]),
+            np.load(a_dir / T.TABLES_DIR / entry["files"]["values"]),
+        )
+    if kind == "B":  # padding counted in what training held
+        b = [r for r in report["tables"].values() if r["layout"] == "B"]
+        assert sum(r["trained_bytes"] for r in b) > sum(a_report["tables"][n]["trained_bytes"] for n, r in report["tables"].items() if r["layout"] == "B")
+
+
+def test_int8_serving_model_and_compression_report(pipeline_run, tmp_path):
+    cfg, out, _, _ = pipeline_run
+    model, eval_pattern = _paths(out)
+    c = _fast(cfg, table_dtype="int8", compare_compression=True)
+    report = export_serving_model(c, model, eval_pattern, str(tmp_path))
+    comp = report["compression"]
+    assert set(comp) == {"float32", "float16", "int8"}
+    plan = json.load(open(os.path.join(model, "embedding_plan.json")))
+    assert comp["int8"]["table_bytes"] == sum(t["rows"] * (t["dim"] + 4) for t in plan["tables"].values())  # + scale
+    assert comp["float16"]["table_bytes"] == comp["float32"]["table_bytes"] // 2
+    for d in ("float16", "int8"):
+        assert abs(comp[d]["auc_change"]) < c.export.max_auc_drop
+        assert comp[d]["auc_change"] == pytest.approx(comp[d]["eval_auc"] - comp["float32"]["eval_auc"])
+    assert report["eval_auc"]["serving"] == comp["int8"]["eval_auc"]
+    # The written serving model holds int8 tables with their scales, and no float32 copy.
+    from components.embedding_exporter.export import saved_variable_shapes
+
+    reader = tf.train.load_checkpoint(os.path.join(str(tmp_path), SERVING_DIR, "variables", "variables"))
+    dtypes = reader.get_variable_to_dtype_map()
+    int8_tables = [k for k, d in dtypes.items() if d == tf.int8]
+    assert len(int8_tables) == len(plan["tables"])
+    assert len(saved_variable_shapes(os.path.join(str(tmp_path), SERVING_DIR))) == report["serving_variables"]
+    manifest = json.loads((tmp_path / T.TABLES_DIR / T.TABLES_MANIFEST).read_text())["tables"]
+    entry = next(iter(manifest.values()))
+    values = np.load(tmp_path / T.TABLES_DIR / entry["files"]["values"])
+    scale = np.load(tmp_path / T.TABLES_DIR / entry["files"]["scale"])
+    assert values.dtype == np.int8 and scale.shape == (entry["rows"],) and entry["dtype"] == "int8"
+    assert not os.path.exists(tmp_path / "_incomplete_export")
+
+
+def _assert_nothing_written(out_dir):
+    assert not os.path.exists(out_dir) or os.listdir(out_dir) == []
+
+
+def test_refusals_name_the_table_and_write_nothing(pipeline_run, tmp_path):
+    cfg, out, _, _ = pipeline_run
+    model, eval_pattern = _paths(out)
+    plan = json.load(open(os.path.join(model, "embedding_plan.json")))
+    big = sorted((n for n, t in plan["tables"].items() if t["placement"] == "tpu_embedding"))[0]
+
+    # rows disagree with the vocabulary: the plan (from the vocabulary) says one row more
+    tampered = tmp_path / "rows"
+    shutil.copytree(model, tampered)
+    p = json.loads((tampered / "embedding_plan.json").read_text())
+    p["tables"][big]["rows"] += 1
+    (tampered / "embedding_plan.json").write_text(json.dumps(p))
+    with pytest.raises(ExportRefused, match=f"'{big}'.*rows but the vocabulary has"):
+        export_serving_model(_fast(cfg), str(tampered), eval_pattern, str(tmp_path / "o1"))
+    _assert_nothing_written(tmp_path / "o1")
+
+    # a table missing from the checkpoint
+    missing = tmp_path / "missing"
+    _relayout(model, str(missing), "C", strategy="mod", parts=2)
+    for f in glob.glob(str(missing / "checkpoints" / "*")):
+        os.remove(f)
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(model, "checkpoints")))
+    keep = [k for k in reader.get_variable_to_dtype_map() if not k.startswith(L.table_key(big, "tpu_embedding")[: -len(L.ATTR)])]
+    tf.raw_ops.SaveV2(prefix=str(missing / "checkpoints" / "ckpt-1"), tensor_names=keep, shape_and_slices=[""] * len(keep),
+                      tensors=[tf.constant(reader.get_tensor(k)) for k in keep])
+    (missing / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
+    with pytest.raises(ExportRefused, match=f"table '{big}' is missing"):
+        export_serving_model(_fast(cfg), str(missing), eval_pattern, str(tmp_path / "o2"))
+    _assert_nothing_written(tmp_path / "o2")
+
+    # an inconsistent SparseCore layout: the record describes another slice than the stacks
+    incons = tmp_path / "incons"
+    _relayout(model, str(incons), "B", record=False)
+    plan_b = json.loads((incons / "embedding_plan.json").read_text())
+    plan_b["checkpoint_layout"]["num_replicas"] = 4
+    (incons / "embedding_plan.json").write_text(json.dumps(plan_b))
+    with pytest.raises(ExportRefused, match="layout inconsistent"):
+        export_serving_model(_fast(cfg), str(incons), eval_pattern, str(tmp_path / "o3"))
+    _assert_nothing_written(tmp_path / "o3")
+
+    # host partitions without the strategy that made them
+    parts = tmp_path / "parts"
+    _relayout(model, str(parts), "C", strategy="mod", parts=3)
+    with pytest.raises(ExportRefused, match="partition_strategy"):
+        export_serving_model(_fast(cfg), str(parts), eval_pattern, str(tmp_path / "o4"))
+    _assert_nothing_written(tmp_path / "o4")
+
+
+def test_cli_runs_the_same_conversion_and_reports_errors(pipeline_run, tmp_path, capsys):
+    from components.embedding_exporter.__main__ import main
+
+    cfg, out, _, _ = pipeline_run
+    model, eval_pattern = _paths(out)
+    assert os.path.exists(os.path.join(model, "pipeline_config.json"))  # the trainer stores its config
+    code = main(["--model", model, "--output", str(tmp_path / "cli"), "--examples", eval_pattern,
+                 "--table-dtype", "float16", "--no-tables"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["table_dtype"] == "float16" and summary["parity"]["passed"]
+    assert os.path.isdir(tmp_path / "cli" / SERVING_DIR) and not os.path.exists(tmp_path / "cli" / T.TABLES_DIR)
+    assert main(["--model", model, "--output", str(tmp_path / "x"), "--examples", eval_pattern,
+                 "--table-key", "no-equals-sign"]) == 2
+    assert "TABLE=CHECKPOINT_KEY" in capsys.readouterr().err
+    assert main(["--model", model, "--output", str(tmp_path / "y"), "--examples", eval_pattern,
+                 "--layout", "C"]) == 2  # C needs a partition strategy
+    assert main(["--model", model, "--output", str(tmp_path / "z"), "--examples", str(tmp_path / "none*")]) == 3
+    assert "no eval examples match" in capsys.readouterr().err
+    _assert_nothing_written(tmp_path / "z")
