@@ -263,3 +263,30 @@ def test_layout_a_and_refusals(tmp_path):
         L.CheckpointTables(prefix, plan, L.LayoutOptions(kind="B"))
     with pytest.raises(L.LayoutError, match="num_partitions"):
         L.CheckpointTables(prefix, plan, L.LayoutOptions(kind="C", partition_strategy="mod"))
+
+
+def test_layout_b_saved_in_per_device_slices(tmp_path):
+    """TPUEmbeddingV2 saves each stacked variable as one slice per TPU device (its sharded
+    saveable); those are read with RestoreV2 slice reads instead of the memory map."""
+    replicas, per_chip = 2, 4
+    plan = _plan(TABLES_B, (replicas, per_chip))
+    values = {n: _known(t[0], t[1], 30 + i) for i, (n, t) in enumerate(TABLES_B.items())}
+    layouts = _b_layouts(plan, replicas, per_chip)
+    names, specs, tensors = [], [], []
+    for stacked, full in _stacked_tensors(values, layouts).items():
+        rows_per_device = full.shape[0] // replicas
+        for d in range(replicas):
+            names.append(L.TPU_PREFIX + stacked + L.ATTR)
+            specs.append(f"{full.shape[0]} {full.shape[1]} {d * rows_per_device},{rows_per_device}:-")
+            tensors.append(tf.constant(full[d * rows_per_device: (d + 1) * rows_per_device]))
+    record = sparse_core_layout_pb2.SparseCoreTableLayouts(tables=list(layouts.values()))
+    names.append(L.LAYOUT_RECORD_KEY)
+    specs.append("")
+    tensors.append(tf.constant(record.SerializeToString()))
+    prefix = os.path.join(str(tmp_path), "ckpt")
+    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=specs, tensors=tensors)
+    tables = L.CheckpointTables(prefix, plan)
+    assert tables.index.ok
+    for name, want in values.items():
+        assert tables.index.rows(tables.sources[name].key, [1, 1]) is None  # sliced: not mapped
+        np.testing.assert_array_equal(tables.read(name), want)

@@ -24,6 +24,7 @@ would cost several times the largest one). Any disagreement between the checkpoi
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
@@ -93,6 +94,98 @@ def restore_rows(prefix: str, key: str, full_shape: List[int], start: int, count
 def div_partition_sizes(rows: int, parts: int) -> List[int]:
     """Rows per partition under `div` (and, equally, the count of r % parts == i under `mod`)."""
     return [rows // parts + (1 if i < rows % parts else 0) for i in range(parts)]
+
+
+class BundleIndex:
+    """Where each saved tensor's bytes are in a checkpoint's data files, from its `.index` file.
+
+    Hand-written because TensorFlow exposes no Python API for it, and `RestoreV2` slice reads of a
+    tensor saved whole read the whole tensor for every slice (tensor_bundle.cc GetSliceValue): 32
+    SparseCore shard reads of a stacked table would read the stack 32 times. With the offsets, a
+    tensor saved whole is memory-mapped and only the rows wanted are read. The index is a
+    TensorFlow table (LevelDB format: blocks of prefix-compressed entries, a block index, a
+    48-byte footer) mapping tensor names to `BundleEntryProto`s. Any surprise (a compressed block,
+    another format) makes `entry` return None, and the caller falls back to RestoreV2."""
+
+    MAGIC = 0xDB4775248B80FB57
+
+    def __init__(self, prefix: str):
+        from tensorflow.core.protobuf import tensor_bundle_pb2
+
+        self.prefix = prefix
+        self.entries: Dict[str, Any] = {}
+        self.num_shards = 1
+        self.ok = False
+        try:
+            with tf.io.gfile.GFile(prefix + ".index", "rb") as fh:
+                data = fh.read()
+            if int.from_bytes(data[-8:], "little") != self.MAGIC:
+                return
+            pos = len(data) - 48
+            _, pos = self._handle(data, pos)  # metaindex
+            index, _ = self._handle(data, pos)
+            for _, handle in self._block(data, *index):
+                block, _ = self._handle(handle, 0)
+                for key, value in self._block(data, *block):
+                    if key == b"":
+                        header = tensor_bundle_pb2.BundleHeaderProto.FromString(value)
+                        if header.endianness != 0:  # big-endian data: leave it to TensorFlow
+                            return
+                        self.num_shards = header.num_shards or 1
+                    else:
+                        self.entries[key.decode("utf-8", "replace")] = tensor_bundle_pb2.BundleEntryProto.FromString(value)
+            self.ok = True
+        except Exception:  # noqa: BLE001  (any parse problem: fall back to TensorFlow's reader)
+            self.entries, self.ok = {}, False
+
+    @staticmethod
+    def _varint(data: bytes, pos: int) -> Tuple[int, int]:
+        result = shift = 0
+        while True:
+            b = data[pos]
+            pos += 1
+            result |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return result, pos
+            shift += 7
+
+    def _handle(self, data: bytes, pos: int) -> Tuple[Tuple[int, int], int]:
+        offset, pos = self._varint(data, pos)
+        size, pos = self._varint(data, pos)
+        return (offset, size), pos
+
+    def _block(self, data: bytes, offset: int, size: int):
+        if data[offset + size] != 0:  # compression type byte after the block: 0 = none
+            raise ValueError("compressed index block")
+        block = data[offset: offset + size]
+        num_restarts = int.from_bytes(block[-4:], "little")
+        end = len(block) - 4 - 4 * num_restarts
+        pos, key = 0, b""
+        while pos < end:
+            shared, pos = self._varint(block, pos)
+            unshared, pos = self._varint(block, pos)
+            vlen, pos = self._varint(block, pos)
+            key = key[:shared] + block[pos: pos + unshared]
+            pos += unshared
+            yield key, block[pos: pos + vlen]
+            pos += vlen
+
+    def entry(self, key: str):
+        """The entry of a tensor saved whole as float32, else None."""
+        e = self.entries.get(key) if self.ok else None
+        if e is None or e.slices or e.dtype != tf.float32.as_datatype_enum:
+            return None
+        return e
+
+    def rows(self, key: str, shape: List[int]) -> Optional[np.ndarray]:
+        """A read-only memory map of a whole-saved float32 [rows, cols] tensor, or None."""
+        e = self.entry(key)
+        if e is None or int(np.prod(shape)) * 4 != e.size:
+            return None
+        path = f"{self.prefix}.data-{e.shard_id:05d}-of-{self.num_shards:05d}"
+        if not os.path.exists(path):  # remote file systems: TensorFlow's reader
+            return None
+        return np.memmap(path, dtype="<f4", mode="r", offset=e.offset, shape=tuple(shape))
 
 
 # ---- layout B ------------------------------------------------------------------------------------
@@ -193,6 +286,7 @@ class CheckpointTables:
         self.shapes: Dict[str, List[int]] = reader.get_variable_to_shape_map()
         self.dtypes = reader.get_variable_to_dtype_map()
         self._reader = reader
+        self.index = BundleIndex(checkpoint_prefix)
         self._record: Optional[Dict[str, Any]] = None
         if LAYOUT_RECORD_KEY in self.shapes:
             raw = reader.get_tensor(LAYOUT_RECORD_KEY)
@@ -225,10 +319,14 @@ class CheckpointTables:
         # table_keys); TensorCore tables are replicated, so saved whole.
         sharded = placement == "tpu_embedding" or name in o.table_keys
         want_c = bool(parts) or (sharded and (o.kind == "C" or (o.kind == "auto" and o.partition_strategy is not None)))
-        if o.kind in ("auto", "B") and placement == "tpu_embedding" and key not in self.shapes and not parts:
+        if o.kind in ("auto", "B") and placement == "tpu_embedding" and not parts and not want_c:
+            # A stack of one table is named like the table, so the record (or the recorded
+            # layout kind) decides before the table's own key does.
             if self._record is not None and name in self._record:
                 return self._source_b(name, rows, dim, self._record[name], "checkpoint record _sparse_core_table_layouts")
-            if self._record is None and self._stacked_keys():
+            trained_b = o.kind == "B" or (self.plan.get("checkpoint_layout") or {}).get("kind") == "B"
+            own_fits = key in self.shapes and list(self.shapes[key]) == [rows, dim]
+            if self._record is None and not own_fits and (trained_b or (key not in self.shapes and self._stacked_keys(foreign=True))):
                 layouts = self._recompute()
                 if name in layouts:
                     return self._source_b(name, rows, dim, layouts[name], self._recompute_note)
@@ -305,9 +403,10 @@ class CheckpointTables:
             name, "C", key, rows, dim, f"host-partitioned ({strategy}, {where})", partitions=partitions, strategy=strategy
         )
 
-    def _stacked_keys(self) -> List[str]:
-        """Variables directly under the TPU embedding object that are not a plan table's own key."""
-        own = {table_key(n, "tpu_embedding") for n in self.plan["tables"]}
+    def _stacked_keys(self, foreign: bool = False) -> List[str]:
+        """Variables directly under the TPU embedding object (`foreign`: other than a plan table's
+        own key; a one-table stack has the table's name)."""
+        own = {table_key(n, "tpu_embedding") for n in self.plan["tables"]} if foreign else set()
         return [
             k for k in self.shapes if k not in own and
             k.startswith(TPU_PREFIX) and k.endswith(ATTR) and "/" not in k[len(TPU_PREFIX): -len(ATTR)]
@@ -401,7 +500,8 @@ class CheckpointTables:
         """The logical [rows, dim] float32 table (row i = vocabulary entry i, then OOV buckets)."""
         s = self.sources[name]
         if s.kind == "A":
-            table = self._reader.get_tensor(s.key)
+            mapped = self.index.rows(s.key, [s.rows, s.dim])
+            table = np.array(mapped) if mapped is not None else self._reader.get_tensor(s.key)
         elif s.kind == "B":
             table = self._read_b(s)
         else:
@@ -418,9 +518,13 @@ class CheckpointTables:
         per_shard = sh["stacked_rows"] // n
         out = np.empty((size, n, s.dim), np.float32)
         full = [sh["stacked_rows"], sh["padded_cols"]]
+        mapped = self.index.rows(s.key, full)  # saved whole: read only this table's rows
         for p in range(n):
-            piece = restore_rows(self.prefix, s.key, full, p * per_shard + sh["offset"], size)
-            out[:, (p - rot) % n, :] = piece[:, : s.dim]
+            lo = p * per_shard + sh["offset"]
+            if mapped is not None:
+                out[:, (p - rot) % n, :] = mapped[lo: lo + size, : s.dim]
+            else:  # saved in slices (per TPU device, as TPUEmbeddingV2 saves): RestoreV2 reads one
+                out[:, (p - rot) % n, :] = restore_rows(self.prefix, s.key, full, lo, size)[:, : s.dim]
         return out.reshape(size * n, s.dim)[: s.rows]
 
     def _read_c(self, s: TableSource) -> np.ndarray:

@@ -1,0 +1,361 @@
+"""Exporter benchmark: table conversion throughput and peak memory, and serving latency.
+
+    .venv/bin/python bench/export_bench.py conversion [--gib 2.0] [--repeats 3]
+    .venv/bin/python bench/export_bench.py latency [--model DIR --examples GLOB]   # after `make demo`
+
+conversion: generated tables (4 tables, dims 64/64/128/32, `--gib` GiB of float32 in all) are saved
+twice in the same run: as a SparseCore layout-B checkpoint (stacked by dim, rows padded and
+mod-sharded over 32 SparseCores with rotations, with the layout record) and as a layout-A
+checkpoint. Each contender runs in a fresh child process, alternating, `--repeats` times:
+- copy (the baseline): the checkpoint's data file read into numpy and written out again with
+  np.save: a plain numpy copy of the same bytes, file to file;
+- convert B / convert A: the exporter's `CheckpointTables.read` (slice reads, un-rotating and
+  un-padding the shards for B) of every table, each written as the row-aligned .npy the exporter
+  writes (`tables/<table>.npy`), one table at a time.
+Throughput = bytes moved / wall seconds (copy: the data file's bytes; convert: the logical tables'
+bytes, padding not counted). Peak memory = the child's peak RSS above its RSS before the work,
+next to the largest single table. Target: convert B within 2x of copy (copy GB/s / convert GB/s <= 2).
+
+latency: the demo's trained model (default: the newest Model artifact under output/demo) exported
+with the exporter (float32 tables), loaded from disk; per batch size 1, 64, 1024, p50/p99 of single
+calls on CPU for: the serving SavedModel on raw serialized tf.Examples (parsing, vocabulary lookup,
+model), the trained Keras model (rebuilt, restored, in a tf.function) on the same rows already
+preprocessed and parsed, and the trainer's SavedModel on the preprocessed serialized rows.
+Results go to bench/results/export_<part>.json and print as markdown tables.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import glob
+import json
+import os
+import resource
+import shutil
+import statistics as st
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+
+RESULTS = os.path.join(REPO, "bench", "results")
+TABLE_DIMS = {"t_users": 64, "t_items": 64, "t_queries": 128, "t_tags": 32}
+NUM_CHIPS, SC_PER_CHIP = 8, 4
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class _AnonSampler:
+    """Peak anonymous (heap) RSS, sampled every millisecond: memory-mapped checkpoint pages are
+    file-backed page cache the kernel can drop, so they are reported apart (VmHWM counts them)."""
+
+    def __init__(self):
+        import threading
+
+        self.peak = self._anon()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _anon() -> int:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    def _run(self):
+        while not self._stop.wait(0.001):
+            self.peak = max(self.peak, self._anon())
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak, self._anon())
+
+
+def _reset_peak_rss() -> bool:
+    """Linux: writing 5 to clear_refs resets the peak RSS (VmHWM), so imports do not count."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss_bytes() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+# ---- conversion ----------------------------------------------------------------------------------
+
+
+def _plan(rows):
+    return {
+        "global_batch_size": 1024,
+        "topology": {"num_chips": NUM_CHIPS, "sparse_cores_per_chip": SC_PER_CHIP},
+        "tables": {n: {"rows": rows[n], "dim": d, "placement": "tpu_embedding", "combiner": "mean",
+                       "optimizer": {"name": "adagrad"}, "features": [f"f_{n}"]} for n, d in TABLE_DIMS.items()},
+        "features": {f"f_{n}": {"table": n} for n in TABLE_DIMS},
+    }
+
+
+def build_checkpoints(work: str, gib: float) -> dict:
+    import tensorflow as tf
+    from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
+
+    from components.embedding_exporter import layouts as L
+
+    per_table = gib * 2**30 / len(TABLE_DIMS)
+    rows = {n: int(per_table // (d * 4)) + 3 for n, d in TABLE_DIMS.items()}  # +3: uneven, padded
+    plan = _plan(rows)
+    layouts = L.recompute_sparse_core_layouts(
+        [{"name": n, "rows": rows[n], "dim": d, "group": "adagrad", "samples": 128} for n, d in TABLE_DIMS.items()],
+        NUM_CHIPS, SC_PER_CHIP,
+    )
+    rng = np.random.default_rng(0)
+    stacks, a_names, a_tensors = {}, [], []
+    for name, layout in layouts.items():
+        stacks.setdefault(layout.stacked_table_name, []).append(name)
+    b_names, b_tensors = [], []
+    for stacked, members in stacks.items():
+        first = layouts[members[0]]
+        n, per_shard, cols = first.num_sparse_cores, first.total_rows_per_sparse_core_shard, first.unsharded_padded_shape[1]
+        full = np.zeros((n, per_shard, cols), np.float32)
+        for name in members:
+            values = rng.standard_normal((rows[name], TABLE_DIMS[name]), dtype=np.float32)
+            lo = layouts[name].sparse_core_shard_row_offset
+            for shard, part in L.stack_table_to_shards(values, layouts[name]).items():
+                full[shard, lo: lo + part.shape[0]] = part
+            a_names.append(L.table_key(name, "tpu_embedding"))
+            a_tensors.append(values)
+        b_names.append(L.TPU_PREFIX + L.escape_name(stacked) + L.ATTR)
+        b_tensors.append(full.reshape(n * per_shard, cols))
+    record = sparse_core_layout_pb2.SparseCoreTableLayouts(tables=list(layouts.values())).SerializeToString()
+    prefixes = {"B": os.path.join(work, "ckpt_b", "ckpt"), "A": os.path.join(work, "ckpt_a", "ckpt")}
+    tf.raw_ops.SaveV2(prefix=prefixes["B"], tensor_names=b_names + [L.LAYOUT_RECORD_KEY], shape_and_slices=[""] * (len(b_names) + 1),
+                      tensors=[tf.constant(t) for t in b_tensors] + [tf.constant(record)])
+    tf.raw_ops.SaveV2(prefix=prefixes["A"], tensor_names=a_names, shape_and_slices=[""] * len(a_names),
+                      tensors=[tf.constant(t) for t in a_tensors])
+    with open(os.path.join(work, "plan.json"), "w") as fh:
+        json.dump(plan, fh)
+    return {
+        "prefixes": prefixes,
+        "table_bytes": sum(rows[n] * d * 4 for n, d in TABLE_DIMS.items()),
+        "largest_table_bytes": max(rows[n] * d * 4 for n, d in TABLE_DIMS.items()),
+        "stacked_bytes": int(sum(t.nbytes for t in b_tensors)),
+        "rows": rows,
+        "stacks": {s: m for s, m in stacks.items()},
+        "num_sparse_cores": NUM_CHIPS * SC_PER_CHIP,
+    }
+
+
+def child(mode: str, work: str, out: str) -> None:
+    """One contender, in a fresh process; prints a JSON line."""
+    import tensorflow as tf  # noqa: F401  (imported before the RSS baseline, as the exporter has it)
+
+    from components.embedding_exporter import layouts as L
+
+    plan = json.load(open(os.path.join(work, "plan.json")))
+    os.makedirs(out, exist_ok=True)
+    gc.collect()
+    base = _rss_bytes()
+    if not _reset_peak_rss():
+        raise RuntimeError("cannot reset the peak RSS (/proc/self/clear_refs); the peak would include imports")
+    anon_base = _AnonSampler._anon()
+    sampler = _AnonSampler()
+    t0 = time.perf_counter()
+    moved = 0
+    if mode == "copy":
+        for data in sorted(glob.glob(os.path.join(work, "ckpt_b", "ckpt.data-*"))):
+            array = np.fromfile(data, dtype=np.uint8)
+            np.save(os.path.join(out, os.path.basename(data) + ".npy"), array)
+            moved += array.nbytes
+            del array
+    else:
+        prefix = os.path.join(work, f"ckpt_{mode[-1].lower()}", "ckpt")
+        tables = L.CheckpointTables(prefix, plan)
+        for name in plan["tables"]:
+            values = tables.read(name)
+            np.save(os.path.join(out, f"{name}.npy"), values)
+            moved += values.nbytes
+            del values
+    seconds = time.perf_counter() - t0
+    anon_peak = sampler.stop()
+    print(json.dumps({"mode": mode, "seconds": seconds, "bytes": moved, "peak_extra_bytes": anon_peak - anon_base,
+                      "peak_extra_rss_bytes": _peak_rss_bytes() - base}))
+
+
+def run_conversion(args) -> dict:
+    work = tempfile.mkdtemp(prefix="export_bench_", dir=args.workdir)
+    try:
+        t = time.perf_counter()
+        info = build_checkpoints(work, args.gib)
+        print(f"built checkpoints in {time.perf_counter() - t:.0f} s: {info['table_bytes'] / 2**30:.2f} GiB of tables", flush=True)
+        gc.collect()
+        # Machine reference: an in-memory numpy copy of the largest table's bytes.
+        a = np.ones(info["largest_table_bytes"] // 4, np.float32)
+        b = np.empty_like(a)
+        best = min(_timed(lambda: np.copyto(b, a)) for _ in range(3))
+        memcpy_gbps = a.nbytes / best / 1e9
+        del a, b
+        runs = {"copy": [], "convert B": [], "convert A": []}
+        for r in range(args.repeats):
+            for mode in runs:
+                out = os.path.join(work, "out")
+                proc = subprocess.run([sys.executable, __file__, "_child", mode, work, out],
+                                      capture_output=True, text=True, check=False)
+                if proc.returncode != 0:
+                    raise RuntimeError(proc.stderr[-3000:])
+                res = json.loads(proc.stdout.strip().splitlines()[-1])
+                shutil.rmtree(out, ignore_errors=True)
+                res["gbps"] = res["bytes"] / res["seconds"] / 1e9
+                runs[mode].append(res)
+                print(f"repeat {r + 1} {mode}: {res['gbps']:.2f} GB/s, peak heap +{res['peak_extra_bytes'] / 2**20:.0f} MiB, "
+                      f"peak RSS incl. mapped file pages +{res['peak_extra_rss_bytes'] / 2**20:.0f} MiB", flush=True)
+        summary = {}
+        for mode, rs in runs.items():
+            g = [x["gbps"] for x in rs]
+            summary[mode] = {"best_gbps": max(g), "median_gbps": st.median(g),
+                             "peak_extra_bytes": max(x["peak_extra_bytes"] for x in rs),
+                             "peak_extra_rss_bytes": max(x["peak_extra_rss_bytes"] for x in rs), "bytes": rs[0]["bytes"]}
+        result = {
+            "machine": {"cpus": os.cpu_count(), "memcpy_gbps": memcpy_gbps},
+            "tables": info,
+            "runs": runs,
+            "summary": summary,
+            "copy_over_convert_B": {"best": summary["copy"]["best_gbps"] / summary["convert B"]["best_gbps"],
+                                    "median": summary["copy"]["median_gbps"] / summary["convert B"]["median_gbps"]},
+            "peak_over_largest_table_B": summary["convert B"]["peak_extra_bytes"] / info["largest_table_bytes"],
+        }
+        return result
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+# ---- latency -------------------------------------------------------------------------------------
+
+
+def run_latency(args) -> dict:
+    import tensorflow as tf
+
+    from components.config import config_from_json, load_config
+    from components.embedding_exporter.export import ExportRefused, _dense_parts, export_serving_model  # noqa: F401
+    from components.embedding_preprocess import beam_pipeline
+    from components.embedding_preprocess import vocabulary as V
+    from components.embedding_preprocess.run import read_json
+    from components.embedding_trainer import trainer_module as tm
+    from components.embedding_trainer.input import parse_batch
+
+    model_dir = args.model or max(glob.glob(os.path.join(REPO, "output/demo/pipeline_root/Trainer/model/*")), key=os.path.getmtime)
+    examples = args.examples or glob.glob(os.path.join(REPO, "output/demo/pipeline_root/CsvExampleGen/examples/*/Split-eval"))[0] + "/*"
+    cfg_file = os.path.join(model_dir, tm.CONFIG_FILE)
+    cfg = config_from_json(open(cfg_file).read()) if os.path.exists(cfg_file) else load_config(os.path.join(REPO, "configs/demo.yaml"))
+    cfg.export.compare_compression = False
+    cfg.export.auc_sample_size = 2048
+    out = tempfile.mkdtemp(prefix="export_latency_")
+    try:
+        report = export_serving_model(cfg, model_dir, examples, out)
+        serving = tf.saved_model.load(os.path.join(out, "Format-Serving")).signatures["serving_default"]
+        trained_sm = tf.saved_model.load(os.path.join(model_dir, "Format-Serving")).signatures["serving_default"]
+        manifest = read_json(os.path.join(model_dir, "embedding_manifest.json"))
+        plan = tm.read_plan(model_dir)
+        keras_model = tm.build_model(plan, manifest, cfg, for_training=False)
+
+        from tfx_bsl.coders import example_coder
+
+        from components.embedding_exporter.export import read_raw_examples
+
+        raw = read_raw_examples(examples, 2048)
+        vocabs = {n: V.read_vocabulary(manifest["vocabulary_dir"], n) for n in manifest["vocabularies"]}
+        rb = example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(raw)
+        transformed, keep, _ = beam_pipeline.transform_record_batch(cfg, beam_pipeline.make_lookups(cfg, vocabs), rb, "bench")
+        raw = [r for r, k in zip(raw, keep) if k]
+        tx = example_coder.RecordBatchToExamplesEncoder().encode(transformed)
+        features, _ = parse_batch(tf.constant(tx[:8]), manifest)
+        keras_model(features)
+        tf.train.Checkpoint(model=keras_model).restore(tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))).expect_partial()
+        keras_fn = tf.function(lambda f: keras_model(f), reduce_retracing=True)
+        rows = []
+        for batch in (1, 64, 1024):
+            calls = {1: args.calls, 64: max(args.calls // 2, 50), 1024: max(args.calls // 10, 30)}[batch]
+            raw_b, tx_b = tf.constant(raw[:batch]), tf.constant(tx[:batch])
+            feats_b, _ = parse_batch(tx_b, manifest)
+            contenders = {
+                "serving SavedModel, raw tf.Examples": lambda: serving(examples=raw_b),
+                "trained Keras model, preprocessed + parsed": lambda: keras_fn(feats_b),
+                "trainer's SavedModel, preprocessed tf.Examples": lambda: trained_sm(examples=tx_b),
+            }
+            for name, fn in contenders.items():
+                for _ in range(10):
+                    fn()
+                times = []
+                for _ in range(calls):
+                    t = time.perf_counter()
+                    fn()
+                    times.append((time.perf_counter() - t) * 1e3)
+                rows.append({"batch": batch, "model": name, "calls": calls,
+                             "p50_ms": float(np.percentile(times, 50)), "p99_ms": float(np.percentile(times, 99))})
+                print(f"batch {batch:5d} {name}: p50 {rows[-1]['p50_ms']:.2f} ms, p99 {rows[-1]['p99_ms']:.2f} ms", flush=True)
+        return {"model": model_dir, "parity": report["parity"], "rows": rows, "machine": {"cpus": os.cpu_count()}}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_child":
+        child(*sys.argv[2:5])
+        return
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("part", choices=("conversion", "latency"))
+    p.add_argument("--gib", type=float, default=2.0, help="conversion: GiB of float32 tables")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--workdir", default=None, help="conversion: where the checkpoints go (default: the temp dir)")
+    p.add_argument("--model", help="latency: Model artifact dir (default: newest under output/demo)")
+    p.add_argument("--examples", help="latency: raw eval tf.Example file pattern")
+    p.add_argument("--calls", type=int, default=300, help="latency: timed calls at batch 1")
+    args = p.parse_args()
+    result = run_conversion(args) if args.part == "conversion" else run_latency(args)
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, f"export_{args.part}.json"), "w") as fh:
+        json.dump(result, fh, indent=2)
+    if args.part == "conversion":
+        print("\n| contender | best GB/s | median GB/s | peak heap | peak RSS (incl. mapped checkpoint pages) |")
+        print("| --- | --- | --- | --- | --- |")
+        for mode, s in result["summary"].items():
+            print(f"| {mode} | {s['best_gbps']:.2f} | {s['median_gbps']:.2f} | {s['peak_extra_bytes'] / 2**20:.0f} MiB | "
+                  f"{s['peak_extra_rss_bytes'] / 2**20:.0f} MiB |")
+        print(f"\ncopy / convert B: {result['copy_over_convert_B']['best']:.2f} (best), "
+              f"{result['copy_over_convert_B']['median']:.2f} (median); largest table "
+              f"{result['tables']['largest_table_bytes'] / 2**20:.0f} MiB; in-memory copy {result['machine']['memcpy_gbps']:.1f} GB/s")
+    else:
+        print("\n| batch | model | p50 ms | p99 ms |")
+        print("| --- | --- | --- | --- |")
+        for r in result["rows"]:
+            print(f"| {r['batch']} | {r['model']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
