@@ -56,6 +56,11 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
         "eval_log_loss": metrics["log_loss"] if metrics else None,
         "best_achievable_auc": meta["best_achievable_auc"] if meta else None,
         "export_parity": report["parity"] if report else None,
+        "export_layout": report["layout"]["detected"] if report and "layout" in report else None,
+        "export_compression": {
+            d: {"table_bytes": v["table_bytes"], "auc_change": v["auc_change"]}
+            for d, v in report.get("compression", {}).items()
+        } if report else None,
     }
 
 
@@ -79,6 +84,10 @@ def print_summary(s: Dict[str, Any]) -> None:
             f"export parity:        {verdict}: max |trained - serving| = {p['max_abs_diff']:.2e} "
             f"on {p['examples']} raw eval examples (tolerance {p['tolerance']:g})"
         )
+    if s.get("export_layout"):
+        print(f"export tables:        layout {s['export_layout']}; " + ", ".join(
+            f"{d} {v['table_bytes'] / 1e6:.1f} MB (AUC {v['auc_change']:+.5f})" for d, v in (s["export_compression"] or {}).items()
+        ))
 
 
 def run(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:

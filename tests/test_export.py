@@ -137,11 +137,13 @@ def test_layout_a_export_report_and_table_files(pipeline_run, layout_a_export):
     model, _ = _paths(out)
     dst, report = layout_a_export
     assert report["layout"]["kinds"] == ["A"]
+    plan = json.load(open(os.path.join(model, "embedding_plan.json")))
+    if "checkpoint_layout" in plan:  # recorded by the trainer (DEV runs may reuse older models)
+        assert plan["checkpoint_layout"]["kind"] == "A"  # trained on CPU
     assert report["parity"]["passed"] and report["parity"]["max_abs_diff"] <= 1e-5
     assert abs(report["eval_auc"]["trained_model"] - report["eval_auc"]["serving_float32"]) < 1e-6
     assert json.loads((dst / REPORT_FILE).read_text())["parity"] == report["parity"]
     manifest = json.loads((dst / T.TABLES_DIR / T.TABLES_MANIFEST).read_text())["tables"]
-    plan = json.load(open(os.path.join(model, "embedding_plan.json")))
     assert set(manifest) == set(plan["tables"])
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(model, "checkpoints")))
     for name, entry in manifest.items():

@@ -36,6 +36,9 @@ class Executor(base_executor.BaseExecutor):
         report = export_serving_model(cfg, model.uri, eval_pattern, serving.uri)
         parity = report["parity"]
         serving.set_float_custom_property("parity_max_abs_diff", parity["max_abs_diff"])
+        serving.set_string_custom_property("table_layouts", ",".join(report["layout"]["kinds"]))
+        serving.set_string_custom_property("table_dtype", report["table_dtype"])
+        serving.set_float_custom_property("eval_auc", report["eval_auc"]["serving"])
         blessing.set_int_custom_property("blessed", 1)
         blessing.set_string_custom_property("current_model", serving.uri)
         blessing.set_float_custom_property("parity_max_abs_diff", parity["max_abs_diff"])
