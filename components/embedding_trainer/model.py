@@ -141,7 +141,10 @@ class ServingTable(tf.keras.layers.Layer):
 class RankingModel(tf.keras.Model):
     """DLRM or DCN-v2 over the plan's tables. `embedding_optimizer=None` builds the serving variant
     (no optimizer, so no slot variables). `tpu_embedding_optimizer` overrides what the TPU embedding
-    layer applies in HBM (needed when clipping, which TFRS cannot translate from Keras)."""
+    layer applies in HBM (needed when clipping, which TFRS cannot translate from Keras).
+    `serving_table_dtype` (the exporter's model) holds every table as a plain `ServingTable` of that
+    dtype instead of the TFRS layer and TensorCore tables; the dense network is the same.
+    `tpu_output_batch`: the static per-replica batch, set as the features' output shape on TPU."""
 
     def __init__(
         self,
