@@ -86,7 +86,8 @@ def print_summary(s: Dict[str, Any]) -> None:
         )
     if s.get("export_layout"):
         print(f"export tables:        layout {s['export_layout']}; " + ", ".join(
-            f"{d} {v['table_bytes'] / 1e6:.1f} MB (AUC {v['auc_change']:+.5f})" for d, v in (s["export_compression"] or {}).items()
+            f"{d} {v['table_bytes'] / 1e6:.1f} MB (AUC {v['auc_change']:+.1e})"
+            for d, v in sorted((s["export_compression"] or {}).items(), key=lambda kv: -kv[1]["table_bytes"])
         ))
 
 
