@@ -207,7 +207,10 @@ def export_serving_model(
     `output_uri/export_report.json`; returns the report. Raises ExportRefused, writing nothing there."""
     e = cfg.export
     plan = read_model_plan(model_uri)
-    manifest = read_json(os.path.join(model_uri, EMBEDDING_MANIFEST_FILE))
+    manifest_path = os.path.join(model_uri, EMBEDDING_MANIFEST_FILE)
+    if not tf.io.gfile.exists(manifest_path):
+        raise ExportRefused(f"no vocabulary manifest at {manifest_path}; the Model artifact is not from this trainer")
+    manifest = read_json(manifest_path)
     vocab_dir = manifest["vocabulary_dir"]
     checkpoint_path = checkpoint_path or latest_checkpoint(model_uri)
     try:
@@ -244,6 +247,8 @@ def export_serving_model(
         for name in (SERVING_DIR, T.TABLES_DIR):
             if tf.io.gfile.exists(os.path.join(staging, name)):
                 _move(os.path.join(staging, name), os.path.join(output_uri, name))
+            elif tf.io.gfile.exists(os.path.join(output_uri, name)):  # a previous export's: stale now
+                tf.io.gfile.rmtree(os.path.join(output_uri, name))
         with tf.io.gfile.GFile(os.path.join(output_uri, REPORT_FILE), "w") as fh:
             fh.write(json.dumps(report, indent=2, sort_keys=True))
         return report
