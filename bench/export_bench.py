@@ -132,23 +132,15 @@ def build_checkpoints(work: str, gib: float) -> dict:
         NUM_CHIPS, SC_PER_CHIP,
     )
     rng = np.random.default_rng(0)
-    stacks, a_names, a_tensors = {}, [], []
+    values = {n: rng.standard_normal((rows[n], d), dtype=np.float32) for n, d in TABLE_DIMS.items()}
+    a_names = [L.table_key(n, "tpu_embedding") for n in values]
+    a_tensors = list(values.values())
+    stacked = L.stacked_variables(values, layouts)
+    b_names = [L.TPU_PREFIX + L.escape_name(name) + L.ATTR for name in stacked]
+    b_tensors = list(stacked.values())
+    stacks = {}
     for name, layout in layouts.items():
         stacks.setdefault(layout.stacked_table_name, []).append(name)
-    b_names, b_tensors = [], []
-    for stacked, members in stacks.items():
-        first = layouts[members[0]]
-        n, per_shard, cols = first.num_sparse_cores, first.total_rows_per_sparse_core_shard, first.unsharded_padded_shape[1]
-        full = np.zeros((n, per_shard, cols), np.float32)
-        for name in members:
-            values = rng.standard_normal((rows[name], TABLE_DIMS[name]), dtype=np.float32)
-            lo = layouts[name].sparse_core_shard_row_offset
-            for shard, part in L.stack_table_to_shards(values, layouts[name]).items():
-                full[shard, lo: lo + part.shape[0]] = part
-            a_names.append(L.table_key(name, "tpu_embedding"))
-            a_tensors.append(values)
-        b_names.append(L.TPU_PREFIX + L.escape_name(stacked) + L.ATTR)
-        b_tensors.append(full.reshape(n * per_shard, cols))
     record = sparse_core_layout_pb2.SparseCoreTableLayouts(tables=list(layouts.values())).SerializeToString()
     prefixes = {"B": os.path.join(work, "ckpt_b", "ckpt"), "A": os.path.join(work, "ckpt_a", "ckpt")}
     tf.raw_ops.SaveV2(prefix=prefixes["B"], tensor_names=b_names + [L.LAYOUT_RECORD_KEY], shape_and_slices=[""] * (len(b_names) + 1),
@@ -163,7 +155,7 @@ def build_checkpoints(work: str, gib: float) -> dict:
         "largest_table_bytes": max(rows[n] * d * 4 for n, d in TABLE_DIMS.items()),
         "stacked_bytes": int(sum(t.nbytes for t in b_tensors)),
         "rows": rows,
-        "stacks": {s: m for s, m in stacks.items()},
+        "stacks": stacks,
         "num_sparse_cores": NUM_CHIPS * SC_PER_CHIP,
     }
 
@@ -271,7 +263,7 @@ def run_latency(args) -> dict:
     import tensorflow as tf
 
     from components.config import config_from_json, load_config
-    from components.embedding_exporter.export import ExportRefused, _dense_parts, export_serving_model  # noqa: F401
+    from components.embedding_exporter.export import export_serving_model
     from components.embedding_preprocess import beam_pipeline
     from components.embedding_preprocess import vocabulary as V
     from components.embedding_preprocess.run import read_json

@@ -165,6 +165,11 @@ class TrainingConfig:
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
 
 
+TABLE_DTYPES = ("float32", "float16", "int8")  # serving table storage (export.table_dtype)
+LAYOUT_KINDS = ("auto", "A", "B", "C")  # checkpoint table layouts (README "Export")
+PARTITION_STRATEGIES = ("div", "mod")
+
+
 @dataclass
 class ExportLayoutConfig:
     """How the training checkpoint holds its tables, where the checkpoint cannot say (README "Export")."""
@@ -548,13 +553,13 @@ def check_export_config(e: ExportConfig) -> None:
     """The `export` section's checks (also run by the exporter CLI after its overrides)."""
     _check_positive(e.parity_tolerance, "export.parity_tolerance", "e.g. 1e-5")
     _check_positive(e.parity_sample_size, "export.parity_sample_size", "e.g. 512")
-    _check_choice(e.table_dtype, ("float32", "float16", "int8"), "export.table_dtype")
+    _check_choice(e.table_dtype, TABLE_DTYPES, "export.table_dtype")
     _check_positive(e.auc_sample_size, "export.auc_sample_size", "e.g. 20000")
     if not 0 <= e.max_auc_drop < 1:
         raise ConfigError(f"export.max_auc_drop: {e.max_auc_drop} is not in [0, 1); e.g. 0.005")
     lay = e.layout
-    _check_choice(lay.kind, ("auto", "A", "B", "C"), "export.layout.kind")
-    _check_choice(lay.partition_strategy, ("div", "mod"), "export.layout.partition_strategy")
+    _check_choice(lay.kind, LAYOUT_KINDS, "export.layout.kind")
+    _check_choice(lay.partition_strategy, PARTITION_STRATEGIES, "export.layout.partition_strategy")
     for name in ("num_partitions", "num_sparse_cores", "sparse_cores_per_chip"):
         _check_positive(getattr(lay, name), f"export.layout.{name}", "leave it unset when not needed")
     if lay.kind == "C" and lay.partition_strategy is None:

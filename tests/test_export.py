@@ -78,20 +78,10 @@ def _relayout(model_uri, dst, kind, replicas=2, per_chip=4, record=True, strateg
               "group": json.dumps(tpu[t]["optimizer"], sort_keys=True)} for t in order],
             replicas, per_chip,
         )
-        stacks = {}
-        for t, layout in layouts.items():
-            stacks.setdefault(layout.stacked_table_name, []).append(t)
-        for stacked, members in stacks.items():
-            first = layouts[members[0]]
-            n, per_shard, cols = first.num_sparse_cores, first.total_rows_per_sparse_core_shard, first.unsharded_padded_shape[1]
-            full = np.zeros((n, per_shard, cols), np.float32)
-            for t in members:
-                lo = layouts[t].sparse_core_shard_row_offset
-                for shard, rows in L.stack_table_to_shards(values[t], layouts[t]).items():
-                    full[shard, lo: lo + rows.shape[0]] = rows
+        for stacked, value in L.stacked_variables(values, layouts).items():
             names.append(L.TPU_PREFIX + L.escape_name(stacked) + L.ATTR)
             specs.append("")
-            tensors.append(tf.constant(full.reshape(n * per_shard, cols)))
+            tensors.append(tf.constant(value))
         if record:
             proto = sparse_core_layout_pb2.SparseCoreTableLayouts(tables=list(layouts.values()))
             names.append(L.LAYOUT_RECORD_KEY)

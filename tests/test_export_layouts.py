@@ -19,6 +19,7 @@ import tensorflow as tf
 from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
 from tensorflow.python.tpu import tpu_embedding_v3_utils
 
+from components.config import ExportLayoutConfig
 from components.embedding_exporter import layouts as L
 
 
@@ -39,29 +40,9 @@ def _known(rows, dim, seed):
     return np.random.default_rng(seed).normal(size=(rows, dim)).astype(np.float32)
 
 
-def _stacked_tensors(values, layouts):
-    """{stacked name: [N x rows per shard, padded cols]} built shard by shard from the forward map."""
-    stacks = {}
-    for name, layout in layouts.items():
-        stacks.setdefault(layout.stacked_table_name, []).append(name)
-    out = {}
-    for stacked, names in stacks.items():
-        first = layouts[names[0]]
-        n, per_shard, cols = first.num_sparse_cores, first.total_rows_per_sparse_core_shard, first.unsharded_padded_shape[1]
-        full = np.full((n, per_shard, cols), np.nan, np.float32)  # NaN: any row not written shows up
-        for name in names:
-            layout = layouts[name]
-            size = layout.unsharded_padded_shape[0] // n
-            for shard, rows in L.stack_table_to_shards(values[name], layout).items():
-                full[shard, layout.sparse_core_shard_row_offset: layout.sparse_core_shard_row_offset + size] = rows
-        assert not np.isnan(full).any()
-        out[stacked] = full.reshape(n * per_shard, cols)
-    return out
-
-
 def _write_b(tmp_path, values, layouts, with_record):
     emb = tf.train.Checkpoint()
-    for stacked, value in _stacked_tensors(values, layouts).items():
+    for stacked, value in L.stacked_variables(values, layouts).items():
         setattr(emb, stacked, tf.Variable(value))
     if with_record:
         record = sparse_core_layout_pb2.SparseCoreTableLayouts(tables=list(layouts.values()))
@@ -207,7 +188,7 @@ def test_layout_c_sliced_key_matches_tensorflows_partitioned_lookup(tmp_path, st
             np.testing.assert_array_equal(sess.run(lookup), want)
             path = tf.compat.v1.train.Saver().save(sess, os.path.join(str(tmp_path), "model.ckpt"))
     plan = _plan({"t": (rows, dim, "tpu_embedding")})
-    opts = L.LayoutOptions(partition_strategy=strategy, num_partitions=parts, table_keys={"t": key})
+    opts = ExportLayoutConfig(partition_strategy=strategy, num_partitions=parts, table_keys={"t": key})
     tables = L.CheckpointTables(path, plan, opts)
     assert tables.sources["t"].kind == "C"
     np.testing.assert_array_equal(tables.read("t"), want)
@@ -228,7 +209,7 @@ def test_layout_c_partition_keys(tmp_path, strategy):
     names = [f"{base}/part_{i}{L.ATTR}" for i in range(parts)]
     tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * parts, tensors=[tf.constant(b) for b in blocks])
     plan = _plan({"t": (rows, dim, "tpu_embedding")})
-    tables = L.CheckpointTables(prefix, plan, L.LayoutOptions(partition_strategy=strategy))
+    tables = L.CheckpointTables(prefix, plan, ExportLayoutConfig(partition_strategy=strategy))
     np.testing.assert_array_equal(tables.read("t"), want)
     with pytest.raises(L.LayoutError, match="partition_strategy"):
         L.CheckpointTables(prefix, plan)  # the strategy cannot be read from the checkpoint
@@ -237,7 +218,7 @@ def test_layout_c_partition_keys(tmp_path, strategy):
     tf.raw_ops.SaveV2(prefix=odd, tensor_names=names[:2], shape_and_slices=["", ""],
                       tensors=[tf.constant(want[:100]), tf.constant(want[100:])])
     with pytest.raises(L.LayoutError, match="inconsistent layout"):
-        L.CheckpointTables(odd, plan, L.LayoutOptions(partition_strategy=strategy))
+        L.CheckpointTables(odd, plan, ExportLayoutConfig(partition_strategy=strategy))
 
 
 def test_layout_a_and_refusals(tmp_path):
@@ -260,9 +241,9 @@ def test_layout_a_and_refusals(tmp_path):
     with pytest.raises(L.LayoutError, match="'users'.*shape \\[40, 8\\], expected \\[40, 16\\]"):
         L.CheckpointTables(prefix, _plan({"users": (40, 16, "tpu_embedding"), "small": (5, 8, "tensor_core")}))
     with pytest.raises(L.LayoutError, match="kind is B"):
-        L.CheckpointTables(prefix, plan, L.LayoutOptions(kind="B"))
+        L.CheckpointTables(prefix, plan, ExportLayoutConfig(kind="B"))
     with pytest.raises(L.LayoutError, match="num_partitions"):
-        L.CheckpointTables(prefix, plan, L.LayoutOptions(kind="C", partition_strategy="mod"))
+        L.CheckpointTables(prefix, plan, ExportLayoutConfig(kind="C", partition_strategy="mod"))
 
 
 def test_layout_b_saved_in_per_device_slices(tmp_path):
@@ -273,7 +254,7 @@ def test_layout_b_saved_in_per_device_slices(tmp_path):
     values = {n: _known(t[0], t[1], 30 + i) for i, (n, t) in enumerate(TABLES_B.items())}
     layouts = _b_layouts(plan, replicas, per_chip)
     names, specs, tensors = [], [], []
-    for stacked, full in _stacked_tensors(values, layouts).items():
+    for stacked, full in L.stacked_variables(values, layouts).items():
         rows_per_device = full.shape[0] // replicas
         for d in range(replicas):
             names.append(L.TPU_PREFIX + stacked + L.ATTR)

@@ -23,16 +23,18 @@ import components  # noqa: F401
 
 
 def _parser() -> argparse.ArgumentParser:
+    from components.config import LAYOUT_KINDS, PARTITION_STRATEGIES, TABLE_DTYPES
+
     p = argparse.ArgumentParser(prog="python -m components.embedding_exporter", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="Model artifact directory written by this product's trainer")
     p.add_argument("--output", required=True, help="where Format-Serving/, tables/ and export_report.json go")
     p.add_argument("--examples", required=True, help="file pattern of raw eval tf.Example TFRecords (parity, AUC)")
     p.add_argument("--config", help="pipeline YAML (default: MODEL_DIR/pipeline_config.json)")
     p.add_argument("--checkpoint", help="checkpoint prefix (default: the latest in MODEL_DIR/checkpoints)")
-    p.add_argument("--table-dtype", choices=("float32", "float16", "int8"), help="tables of the serving model")
+    p.add_argument("--table-dtype", choices=TABLE_DTYPES, help="tables of the serving model")
     p.add_argument("--no-tables", action="store_true", help="do not write tables/ (row-aligned arrays)")
-    p.add_argument("--layout", choices=("auto", "A", "B", "C"), help="checkpoint table layout (default auto)")
-    p.add_argument("--partition-strategy", choices=("div", "mod"), help="layout C: how training partitioned tables")
+    p.add_argument("--layout", choices=LAYOUT_KINDS, help="checkpoint table layout (default auto)")
+    p.add_argument("--partition-strategy", choices=PARTITION_STRATEGIES, help="layout C: how training partitioned tables")
     p.add_argument("--num-partitions", type=int, help="layout C with one sliced key per table: host count")
     p.add_argument("--num-sparse-cores", type=int, help="layout B without a layout record: total SparseCores")
     p.add_argument("--sparse-cores-per-chip", type=int, help="layout B without a layout record")

@@ -27,7 +27,7 @@ import components  # noqa: F401
 import numpy as np
 import tensorflow as tf
 
-from components.config import ExportLayoutConfig, PipelineConfig
+from components.config import PipelineConfig
 from components.embedding_exporter import layouts as L
 from components.embedding_exporter import tables as T
 from components.embedding_exporter.serving import RawFeatureTransform, ServingModule, save_serving_model
@@ -93,13 +93,6 @@ def check_no_optimizer_state(saved_model_dir: str, model: tf.keras.Model) -> int
         )
     return len(got)
 
-
-
-def layout_options(c: ExportLayoutConfig) -> L.LayoutOptions:
-    return L.LayoutOptions(
-        kind=c.kind, partition_strategy=c.partition_strategy, num_partitions=c.num_partitions,
-        table_keys=dict(c.table_keys), num_sparse_cores=c.num_sparse_cores, sparse_cores_per_chip=c.sparse_cores_per_chip,
-    )
 
 
 def latest_checkpoint(model_uri: str) -> str:
@@ -214,7 +207,7 @@ def export_serving_model(
     vocab_dir = manifest["vocabulary_dir"]
     checkpoint_path = checkpoint_path or latest_checkpoint(model_uri)
     try:
-        tables = L.CheckpointTables(checkpoint_path, plan, layout_options(e.layout))
+        tables = L.CheckpointTables(checkpoint_path, plan, e.layout)
     except L.LayoutError as err:
         raise ExportRefused(f"checkpoint {checkpoint_path}: {err}") from None
 
@@ -280,11 +273,10 @@ def _export(cfg, plan, manifest, tables: L.CheckpointTables, checkpoint_path, sa
         model.serving_tables[name].embeddings.assign(values)
         if writer is not None and chosen == "float32":
             writer.write(name, plan["tables"][name], values, None)
-        padded = source.shard["stacked_rows"] // source.shard["num_sparse_cores"] if source.kind == "B" else None
         slots = plan["tables"][name].get("memory", {}).get("slots_per_row", 0)
-        trained_weights = (
+        trained_weights = (  # B: with the row and column padding the SparseCores held
             source.shard["size"] * source.shard["num_sparse_cores"] * source.shard["padded_cols"] * 4
-            if padded else values.nbytes
+            if source.kind == "B" else values.nbytes
         )
         table_report[name] = {
             "rows": source.rows,

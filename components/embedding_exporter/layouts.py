@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 import components  # noqa: F401
@@ -34,14 +35,14 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
 
+from components.config import ExportLayoutConfig
+
 ATTR = "/.ATTRIBUTES/VARIABLE_VALUE"
 TPU_PREFIX = "model/embedding_layer/_tpu_embedding/"
 TENSOR_CORE_PREFIX = "model/tensor_core_tables/"
 # tpu_embedding_v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY (TensorFlow's name for the record).
 SPARSECORE_LAYOUTS_KEY = "_sparse_core_table_layouts"
 LAYOUT_RECORD_KEY = TPU_PREFIX + SPARSECORE_LAYOUTS_KEY + ATTR
-KINDS = ("auto", "A", "B", "C")
-STRATEGIES = ("div", "mod")
 
 
 class LayoutError(ValueError):
@@ -58,18 +59,6 @@ def table_key(table: str, placement: str) -> str:
     if placement == "tensor_core":
         return f"{TENSOR_CORE_PREFIX}{escape_name(table)}/embeddings{ATTR}"
     return f"{TPU_PREFIX}{escape_name(table)}{ATTR}"
-
-
-@dataclass
-class LayoutOptions:
-    """What the checkpoint cannot say about itself (config `export.layout` or CLI options)."""
-
-    kind: str = "auto"  # auto | A | B | C
-    partition_strategy: Optional[str] = None  # C: div | mod
-    num_partitions: Optional[int] = None  # C with one sliced key per table: how many partitions
-    table_keys: Dict[str, str] = field(default_factory=dict)  # table -> checkpoint key (other trainers)
-    num_sparse_cores: Optional[int] = None  # B without a record: overrides the plan's topology
-    sparse_cores_per_chip: Optional[int] = None
 
 
 @dataclass
@@ -272,16 +261,39 @@ def stack_table_to_shards(table: np.ndarray, layout) -> Dict[int, np.ndarray]:
     return out
 
 
+def stacked_variables(values: Dict[str, np.ndarray], layouts: Dict[str, Any]) -> Dict[str, np.ndarray]:
+    """{stacked variable name: [N x rows per shard, padded cols]}: the layout-B checkpoint values
+    of `values` (logical tables) under `layouts`, for tests and benchmarks. Every row of every
+    shard must come from some table's padded rows, or the layouts do not describe whole stacks."""
+    stacks: Dict[str, List[str]] = {}
+    for name, layout in layouts.items():
+        stacks.setdefault(layout.stacked_table_name, []).append(name)
+    out = {}
+    for stacked, names in stacks.items():
+        first = layouts[names[0]]
+        n, per_shard, cols = first.num_sparse_cores, first.total_rows_per_sparse_core_shard, first.unsharded_padded_shape[1]
+        full = np.full((n, per_shard, cols), np.nan, np.float32)  # NaN: any row not written shows up
+        for name in names:
+            lo = layouts[name].sparse_core_shard_row_offset
+            for shard, rows in stack_table_to_shards(values[name], layouts[name]).items():
+                full[shard, lo: lo + rows.shape[0]] = rows
+        if np.isnan(full).any():
+            raise ValueError(f"layouts of {names} leave rows of the stacked variable {stacked} unwritten")
+        out[stacked] = full.reshape(n * per_shard, cols)
+    return out
+
+
 # ---- reading -------------------------------------------------------------------------------------
 
 
 class CheckpointTables:
     """The plan's tables in a training checkpoint: locate each (and its layout), then read each."""
 
-    def __init__(self, checkpoint_prefix: str, plan: Dict[str, Any], options: Optional[LayoutOptions] = None):
+    def __init__(self, checkpoint_prefix: str, plan: Dict[str, Any], options: Optional[ExportLayoutConfig] = None):
+        """`options`: the config's `export.layout` (checked there): what the checkpoint cannot say."""
         self.prefix = checkpoint_prefix
         self.plan = plan
-        self.options = options or LayoutOptions()
+        self.options = options or ExportLayoutConfig()
         reader = tf.train.load_checkpoint(checkpoint_prefix)
         self.shapes: Dict[str, List[int]] = reader.get_variable_to_shape_map()
         self.dtypes = reader.get_variable_to_dtype_map()
@@ -298,15 +310,7 @@ class CheckpointTables:
         self.sources = {name: self._locate(name, t) for name, t in plan["tables"].items()}
 
     # -- locating --
-    def _check_options(self) -> None:
-        o = self.options
-        if o.kind not in KINDS:
-            raise LayoutError(f"export.layout.kind: {o.kind!r} is not one of {', '.join(KINDS)}")
-        if o.partition_strategy is not None and o.partition_strategy not in STRATEGIES:
-            raise LayoutError(f"export.layout.partition_strategy: {o.partition_strategy!r} is not div or mod")
-
     def _locate(self, name: str, t: Dict[str, Any]) -> TableSource:
-        self._check_options()
         o = self.options
         rows, dim, placement = int(t["rows"]), int(t["dim"]), t["placement"]
         key = o.table_keys.get(name) or table_key(name, placement)
@@ -434,8 +438,6 @@ class CheckpointTables:
         for f in self.plan["features"].values():
             if f["table"] in samples:
                 samples[f["table"]] += per_replica
-        import json
-
         tables = [
             {
                 "name": n,

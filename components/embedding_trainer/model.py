@@ -28,7 +28,7 @@ import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
-from components.config import TrainingConfig
+from components.config import TABLE_DTYPES, TrainingConfig
 from components.embedding_trainer import plan as P
 
 
@@ -98,9 +98,6 @@ class TensorCoreTable(tf.keras.layers.Layer):
         if self.combiner == "mean":
             return tf.math.divide_no_nan(total, count)
         return tf.math.divide_no_nan(total, tf.sqrt(count))  # sqrtn
-
-
-TABLE_DTYPES = ("float32", "float16", "int8")
 
 
 class ServingTable(tf.keras.layers.Layer):
