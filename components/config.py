@@ -223,6 +223,63 @@ class BeamConfig:
     extra_args: List[str] = field(default_factory=list)  # e.g. --runner=DataflowRunner --project=...
 
 
+KFP_RUNNERS = {"direct": "DirectRunner", "dataflow": "DataflowRunner", "flink": "FlinkRunner", "spark": "SparkRunner"}
+# Beam options each runner cannot start without (checked at compile time, not when the task runs).
+KFP_RUNNER_REQUIRED = {
+    "dataflow": ("project", "region", "temp_location"),
+    "flink": ("flink_master",),
+    "spark": ("spark_master_url",),
+}
+TOLERATION_OPERATORS = ("Equal", "Exists")
+TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+@dataclass
+class KubeflowBeamConfig:
+    """Beam for the pipeline's Beam components (ExampleGen, EmbeddingPreprocess) on Kubeflow."""
+
+    runner: str = "direct"  # direct (inside the task's pod) | dataflow | flink | spark
+    args: List[str] = field(default_factory=list)  # Beam options, e.g. --project=... --region=...; not --runner
+
+
+@dataclass
+class TolerationConfig:
+    key: str = ""
+    operator: str = "Equal"  # Equal | Exists
+    value: Optional[str] = None
+    effect: Optional[str] = None  # NoSchedule | PreferNoSchedule | NoExecute; null: all
+
+
+@dataclass
+class KubeflowComponentConfig:
+    """What one component's task asks of the cluster."""
+
+    cpu: Optional[float] = None  # CPU limit (cores)
+    memory_gb: Optional[float] = None  # memory limit (GB)
+    cpu_request: Optional[float] = None
+    memory_request_gb: Optional[float] = None
+    # Open-source KFP: a Kubernetes resource name (nvidia.com/gpu, google.com/tpu);
+    # Vertex AI: a Vertex accelerator type (NVIDIA_TESLA_T4, NVIDIA_L4, ...).
+    accelerator_type: Optional[str] = None
+    accelerator_count: int = 1
+    # Open-source KFP only (Kubernetes platform spec; Vertex ignores it): e.g. a GKE TPU node pool's
+    # cloud.google.com/gke-tpu-accelerator / cloud.google.com/gke-tpu-topology labels.
+    node_selector: Dict[str, str] = field(default_factory=dict)
+    tolerations: List[TolerationConfig] = field(default_factory=list)
+
+
+@dataclass
+class KubeflowConfig:
+    """Compiling for Kubeflow Pipelines (`python -m pipelines compile`; README "Kubeflow")."""
+
+    pipeline_root: Optional[str] = None  # where artifacts go (gs://...); --pipeline-root overrides
+    serving_dir: Optional[str] = None  # the Pusher's destination; null: <pipeline_root>/serving
+    beam: KubeflowBeamConfig = field(default_factory=KubeflowBeamConfig)
+    # Component id (as in the pipeline: CsvExampleGen or ImportExampleGen, EmbeddingPreprocess,
+    # Trainer, EmbeddingExporter, Pusher) -> what its task asks for.
+    components: Dict[str, KubeflowComponentConfig] = field(default_factory=dict)
+
+
 @dataclass
 class PipelineConfig:
     name: str = "tpu-embedding-demo"
@@ -237,6 +294,7 @@ class PipelineConfig:
     statistics: StatisticsConfig = field(default_factory=StatisticsConfig)
     transformed_examples: TransformedExamplesConfig = field(default_factory=TransformedExamplesConfig)
     beam: BeamConfig = field(default_factory=BeamConfig)
+    kubeflow: KubeflowConfig = field(default_factory=KubeflowConfig)
     source_file: Optional[str] = None  # where it was loaded from; not a YAML field
 
     # --- derived views, valid after resolve() ---
@@ -261,6 +319,22 @@ class PipelineConfig:
         if any(a.startswith("--runner") for a in self.beam.extra_args):
             args = []
         return args + list(self.beam.extra_args)
+
+    def component_ids(self) -> List[str]:
+        """The pipeline's component ids, in order (the names tasks have on Kubeflow)."""
+        gen = "CsvExampleGen" if self.input.format == "csv" else "ImportExampleGen"
+        return [gen, "EmbeddingPreprocess", "Trainer", "EmbeddingExporter", "Pusher"]
+
+    def kubeflow_beam_args(self, image: str) -> List[str]:
+        """Beam options of the Beam components on Kubeflow (from `kubeflow.beam`)."""
+        kb = self.kubeflow.beam
+        args = [f"--runner={KFP_RUNNERS[kb.runner]}"]
+        if kb.runner == "direct":
+            args += ["--direct_running_mode=multi_processing", "--direct_num_workers=0"]
+        if kb.runner == "dataflow" and not any(a.startswith("--sdk_container_image") for a in kb.args):
+            # Dataflow workers run the project's transforms, so they need the project's image.
+            args.append(f"--sdk_container_image={image}")
+        return args + list(kb.args)
 
     def to_dict(self) -> Dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -546,7 +620,60 @@ def resolve(cfg: PipelineConfig) -> PipelineConfig:
         raise ConfigError("beam.hot_key_fanout: must be 0 (off) or a positive number of intermediate keys")
     if cfg.beam.direct_num_workers < 0:
         raise ConfigError("beam.direct_num_workers: must be 0 (one per core) or a positive count")
+    check_kubeflow_config(cfg)
     return cfg
+
+
+def _beam_option_names(args: List[str]) -> List[str]:
+    return [a[2:].split("=", 1)[0] for a in args if a.startswith("--")]
+
+
+def check_kubeflow_config(cfg: PipelineConfig) -> None:
+    kf = cfg.kubeflow
+    for name in ("pipeline_root", "serving_dir"):
+        value = getattr(kf, name)
+        if value is not None and not value.strip():
+            raise ConfigError(f"kubeflow.{name}: empty; set a gs:// path or remove the field")
+    _check_choice(kf.beam.runner, tuple(KFP_RUNNERS), "kubeflow.beam.runner")
+    for j, a in enumerate(kf.beam.args):
+        if not a.startswith("--"):
+            raise ConfigError(f"kubeflow.beam.args[{j}]: {a!r} is not a Beam option; write it as --name=value")
+        if a.startswith("--runner"):
+            raise ConfigError(
+                f"kubeflow.beam.args[{j}]: set the runner with kubeflow.beam.runner "
+                f"({', '.join(KFP_RUNNERS)}), not {a!r}"
+            )
+    given = set(_beam_option_names(kf.beam.args))
+    missing = [o for o in KFP_RUNNER_REQUIRED.get(kf.beam.runner, ()) if o not in given]
+    if missing:
+        raise ConfigError(
+            f"kubeflow.beam.args: the {kf.beam.runner} runner needs "
+            + ", ".join(f"--{o}=..." for o in missing)
+        )
+    ids = cfg.component_ids()
+    for cid, c in kf.components.items():
+        path = f"kubeflow.components.{cid}"
+        if cid not in ids:
+            raise ConfigError(f"{path}: no component has this id; the pipeline's components are {', '.join(ids)}")
+        for name in ("cpu", "memory_gb", "cpu_request", "memory_request_gb", "accelerator_count"):
+            _check_positive(getattr(c, name), f"{path}.{name}", "a positive amount, or leave it unset")
+        if c.cpu_request and c.cpu and c.cpu_request > c.cpu:
+            raise ConfigError(f"{path}.cpu_request: {c.cpu_request} is more than the limit cpu: {c.cpu}")
+        if c.memory_request_gb and c.memory_gb and c.memory_request_gb > c.memory_gb:
+            raise ConfigError(f"{path}.memory_request_gb: {c.memory_request_gb} is more than memory_gb: {c.memory_gb}")
+        if c.accelerator_type is not None and not c.accelerator_type.strip():
+            raise ConfigError(f"{path}.accelerator_type: empty; name the accelerator or remove the field")
+        for k, v in c.node_selector.items():
+            if not k or not isinstance(v, str):
+                raise ConfigError(f"{path}.node_selector.{k}: labels are non-empty keys with string values (quote numbers)")
+        for j, t in enumerate(c.tolerations):
+            tp = f"{path}.tolerations[{j}]"
+            _check_choice(t.operator, TOLERATION_OPERATORS, f"{tp}.operator")
+            _check_choice(t.effect, TOLERATION_EFFECTS, f"{tp}.effect")
+            if t.operator == "Exists" and t.value is not None:
+                raise ConfigError(f"{tp}.value: operator Exists takes no value; remove it or use Equal")
+            if t.operator == "Equal" and not t.key:
+                raise ConfigError(f"{tp}.key: operator Equal needs a key")
 
 
 def check_export_config(e: ExportConfig) -> None:

@@ -1,5 +1,7 @@
 """CLI: `python -m pipelines run --config FILE --output-dir DIR` (also `tpu-embedding-pipeline`).
 
+`compile --config FILE --image IMAGE --output pipeline.yaml` writes the Kubeflow Pipelines v2 spec
+(`.json`: a Vertex PipelineJob) and nothing else; see pipelines/kubeflow.py and README "Kubeflow".
 `run` executes the pipeline with TFX's LocalDagRunner (ML Metadata in SQLite under DIR, Beam on
 the local FnApiRunner with multi-processing unless the config says otherwise) and prints a summary.
 `demo` first generates the embedded default dataset when it is missing, then runs.
@@ -111,6 +113,21 @@ def run(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
     return summary
 
 
+def compile_command(args) -> int:
+    from pipelines.kubeflow import compile_pipeline
+
+    try:
+        cfg = load_config(args.config)
+        input_location(cfg)
+        job = compile_pipeline(cfg, args.image, args.output, pipeline_root=args.pipeline_root)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    tasks = job["pipelineSpec"]["root"]["dag"]["tasks"]
+    print(f"compiled {len(tasks)} tasks ({', '.join(tasks)}) to {args.output}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -119,7 +136,14 @@ def main(argv=None) -> int:
         sp.add_argument("--config", required=(name == "run"), default="configs/demo.yaml")
         sp.add_argument("--output-dir", required=(name == "run"), default="output/demo")
     sp.add_argument("--rows", type=int, default=DEMO_ROWS, help="rows of the generated demo dataset")
+    cp = sub.add_parser("compile", help="write the Kubeflow Pipelines v2 spec (.yaml) or Vertex PipelineJob (.json)")
+    cp.add_argument("--config", required=True)
+    cp.add_argument("--image", required=True, help="container image with the project installed (docker/Dockerfile)")
+    cp.add_argument("--output", required=True, help="pipeline.yaml (KFP PipelineSpec) or pipeline.json (Vertex PipelineJob)")
+    cp.add_argument("--pipeline-root", default=None, help="overrides kubeflow.pipeline_root (e.g. gs://BUCKET/root)")
     args = parser.parse_args(argv)
+    if args.command == "compile":
+        return compile_command(args)
     try:
         cfg = load_config(args.config)
         if args.command == "demo":

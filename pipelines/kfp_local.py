@@ -1,0 +1,278 @@
+"""Runs a compiled KFP v2 pipeline spec locally, the way KFP's driver and launcher run it.
+
+`python -m pipelines.kfp_local --spec pipeline.yaml --work-dir DIR [--mode oss|vertex]`
+
+No cluster can be reached from the development machine, and `kfp.local` (kfp 2.5) runs neither
+TFX-compiled containers nor DAGs, so this harness does the orchestrator's part by hand. For each
+task of the root DAG, in dependency order, it:
+
+1. builds the task's ExecutorInput JSON: parameter values (constants or pipeline parameters),
+   input artifacts from the upstream tasks' outputs (uri, name and the metadata the upstream
+   executor reported), output artifacts with fresh URIs under the pipeline root, and the output
+   file path;
+2. substitutes it for `{{$}}` in the container's command and args (any other placeholder is
+   refused: the spec would need something this harness does not emulate);
+3. runs that command in a subprocess with the project's Python environment instead of the image
+   (the command's leading `python` becomes this interpreter), with the container's env, and
+4. reads the executor's output file and passes the reported artifacts downstream.
+
+Two modes, the two ways KFP backends hand artifacts to a task:
+- `vertex`: input artifacts typed (as Vertex AI Pipelines passes them); the container's
+  `lifecycle.preCacheCheck` hook (the TFX ExampleGen driver) runs before the executor, as on Vertex.
+- `oss`: input artifacts untyped (`instanceSchema: ""`, as open-source KFP v2 passes them;
+  tensorflow/tfx#7768); lifecycle hooks are ignored, as open-source KFP ignores them; the output
+  file lives in a per-task local directory, like the launcher's `/tmp/kfp_outputs`.
+
+What this does not emulate: images (the project's environment stands in for the image), resource
+requests and node selectors (recorded, not enforced), caching, retries, MLMD, and Kubernetes.
+"""
+from __future__ import annotations
+
+import argparse
+import graphlib
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any, Dict, List, Optional
+
+MODES = ("vertex", "oss")
+UNTYPED = {"instanceSchema": ""}  # what open-source KFP v2 passes as an input artifact's type
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class HarnessError(RuntimeError):
+    pass
+
+
+def parse_pipeline_spec(spec: Dict[str, Any]):
+    """Strict parse into KFP's PipelineSpec proto (unknown fields are errors)."""
+    from google.protobuf import json_format
+    from kfp.pipeline_spec import pipeline_spec_pb2
+
+    return json_format.ParseDict(spec, pipeline_spec_pb2.PipelineSpec(), ignore_unknown_fields=False)
+
+
+def task_order(spec: Dict[str, Any]) -> List[str]:
+    """The root DAG's tasks in dependency order (ties broken by name, so the order is stable)."""
+    tasks = spec["root"]["dag"]["tasks"]
+    graph = {}
+    for name, t in tasks.items():
+        deps = set(t.get("dependentTasks", []))
+        for a in t.get("inputs", {}).get("artifacts", {}).values():
+            if "taskOutputArtifact" in a:
+                deps.add(a["taskOutputArtifact"]["producerTask"])
+        graph[name] = deps
+    sorter = graphlib.TopologicalSorter(graph)
+    sorter.prepare()
+    order = []
+    while sorter.is_active():
+        ready = sorted(sorter.get_ready())
+        order.extend(ready)
+        sorter.done(*ready)
+    return order
+
+
+def _substitute(items: List[str], executor_input_json: str, where: str) -> List[str]:
+    out = []
+    for item in items:
+        replaced = item.replace("{{$}}", executor_input_json)
+        rest = replaced.replace(executor_input_json, "") if "{{$}}" in item else replaced
+        if "{{$" in rest:
+            raise HarnessError(f"{where}: placeholder in {item[:80]!r} is not emulated (only {{{{$}}}} is)")
+        out.append(replaced)
+    return out
+
+
+def _local_command(cmd: List[str]) -> List[str]:
+    if cmd and cmd[0] in ("python", "python3"):
+        return [sys.executable] + cmd[1:]
+    return cmd
+
+
+class LocalKfpRun:
+    """One execution of a compiled pipeline spec. `run()` returns a per-task record."""
+
+    def __init__(self, compiled_path: str, work_dir: str, mode: str = "oss", pipeline_root: Optional[str] = None,
+                 env: Optional[Dict[str, str]] = None, parameter_values: Optional[Dict[str, Any]] = None):
+        from pipelines.kubeflow import load_compiled
+
+        if mode not in MODES:
+            raise HarnessError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+        loaded = load_compiled(compiled_path)
+        self.spec = loaded["pipeline_spec"]
+        parse_pipeline_spec(self.spec)  # refuse a spec KFP would refuse
+        self.platform_spec = loaded["platform_spec"]
+        self.mode = mode
+        self.work_dir = os.path.abspath(work_dir)
+        rc = loaded["runtime_config"]
+        # The compiled root (gcsOutputDirectory / defaultPipelineRoot), unless told otherwise; it must be
+        # local here. (The compiled config's own paths, e.g. the Pusher's serving_dir, are not moved.)
+        self.pipeline_root = pipeline_root or loaded["pipeline_root"]
+        if not self.pipeline_root or "://" in self.pipeline_root:
+            raise HarnessError(
+                f"pipeline root {self.pipeline_root!r} is not a local directory; compile with a local "
+                "--pipeline-root (and a local input.path) to run the spec here"
+            )
+        self.params = dict(rc.get("parameterValues", {}))
+        self.params.update(parameter_values or {})
+        self.job_id = f"{self.spec['pipelineInfo']['name']}-{uuid.uuid4().hex[:8]}"
+        self.env = dict(os.environ)
+        self.env.update({"TF_USE_LEGACY_KERAS": "1", "PYTHONPATH": os.pathsep.join(
+            p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p)})
+        self.env.update(env or {})
+        self.outputs: Dict[str, Dict[str, List[Dict[str, Any]]]] = {}
+
+    # --- ExecutorInput ---------------------------------------------------------------------
+    def _parameter(self, task: str, name: str, binding: Dict[str, Any]) -> Any:
+        if "runtimeValue" in binding:
+            return binding["runtimeValue"]["constant"]
+        if "componentInputParameter" in binding:
+            key = binding["componentInputParameter"]
+            if key in self.params:
+                return self.params[key]
+            default = self.spec["root"].get("inputDefinitions", {}).get("parameters", {}).get(key, {})
+            if "defaultValue" in default:
+                return default["defaultValue"]
+            raise HarnessError(f"task {task}: parameter {name!r} needs pipeline parameter {key!r}, which has no value")
+        raise HarnessError(f"task {task}: parameter {name!r} binding {sorted(binding)} is not emulated")
+
+    def _artifact_uri(self, task: str, key: str, task_uid: str) -> str:
+        if self.mode == "vertex":  # {root}/{project number}/{job}/{task}_{uid}/{output}
+            return os.path.join(self.pipeline_root, "123456789", self.job_id, f"{task}_{task_uid}", key)
+        return os.path.join(self.pipeline_root, self.job_id, task, key)  # open-source KFP: {root}/{run}/{task}/{output}
+
+    def executor_input(self, task: str, task_uid: str) -> Dict[str, Any]:
+        t = self.spec["root"]["dag"]["tasks"][task]
+        for unsupported in ("triggerPolicy", "iteratorPolicy", "parameterIterator", "artifactIterator"):
+            if unsupported in t:
+                raise HarnessError(f"task {task}: {unsupported} is not emulated")
+        comp = self.spec["components"][t["componentRef"]["name"]]
+        declared_inputs = comp.get("inputDefinitions", {}).get("artifacts", {})
+        params = {n: self._parameter(task, n, b) for n, b in t.get("inputs", {}).get("parameters", {}).items()}
+        in_artifacts = {}
+        for name, binding in t.get("inputs", {}).get("artifacts", {}).items():
+            if "taskOutputArtifact" not in binding:
+                raise HarnessError(f"task {task}: input artifact {name!r} binding {sorted(binding)} is not emulated")
+            src = binding["taskOutputArtifact"]
+            produced = self.outputs[src["producerTask"]][src["outputArtifactKey"]]
+            arts = []
+            for a in produced:
+                a = json.loads(json.dumps(a))
+                a["type"] = dict(declared_inputs[name]["artifactType"]) if self.mode == "vertex" else dict(UNTYPED)
+                arts.append(a)
+            in_artifacts[name] = {"artifacts": arts}
+        out_artifacts = {}
+        for key, d in comp.get("outputDefinitions", {}).get("artifacts", {}).items():
+            art_id = uuid.uuid4().int % (10 ** 12)
+            out_artifacts[key] = {"artifacts": [{
+                "name": (f"projects/123456789/locations/local/metadataStores/default/artifacts/{art_id}"
+                         if self.mode == "vertex" else str(art_id)),
+                "uri": self._artifact_uri(task, key, task_uid),
+                "type": dict(d["artifactType"]),  # both backends type outputs from the component spec
+                "metadata": {},
+            }]}
+        if self.mode == "vertex":
+            output_file = os.path.join(os.path.dirname(self._artifact_uri(task, "x", task_uid)), "executor_output.json")
+        else:  # the launcher's pod-local /tmp/kfp_outputs/output_metadata.json
+            output_file = os.path.join(self.work_dir, "pods", f"{task}-{task_uid}", "tmp", "kfp_outputs",
+                                       "output_metadata.json")
+        return {
+            "inputs": {"parameterValues": params, "artifacts": in_artifacts},
+            "outputs": {"artifacts": out_artifacts, "outputFile": output_file},
+        }
+
+    # --- running ---------------------------------------------------------------------------
+    def _exec(self, task: str, cmd: List[str], log_path: str) -> float:
+        start = time.time()
+        with open(log_path, "ab") as log:
+            log.write(("$ " + " ".join(c if len(c) < 200 else c[:60] + "...'" for c in cmd) + "\n").encode())
+            log.flush()
+            rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=self._task_env,
+                                 cwd=os.path.dirname(log_path))
+        if rc != 0:
+            with open(log_path, "rb") as fh:
+                tail = fh.read()[-4000:].decode(errors="replace")
+            raise HarnessError(f"task {task} failed (exit {rc}); log {log_path}; last lines:\n{tail}")
+        return time.time() - start
+
+    def run_task(self, task: str) -> Dict[str, Any]:
+        t = self.spec["root"]["dag"]["tasks"][task]
+        comp = self.spec["components"][t["componentRef"]["name"]]
+        executor = self.spec["deploymentSpec"]["executors"][comp["executorLabel"]]
+        if "container" not in executor:
+            raise HarnessError(f"task {task}: executor kind {sorted(executor)} is not emulated (containers only)")
+        container = executor["container"]
+        uid = uuid.uuid4().hex[:8]
+        ei = self.executor_input(task, uid)
+        ei_json = json.dumps(ei)
+        os.makedirs(os.path.dirname(ei["outputs"]["outputFile"]), exist_ok=True)
+        log_dir = os.path.join(self.work_dir, "logs")
+        os.makedirs(log_dir, exist_ok=True)
+        log_path = os.path.join(log_dir, f"{task}.log")
+        self._task_env = dict(self.env)
+        self._task_env.update({e["name"]: e.get("value", "") for e in container.get("env", [])})
+        record = {"task": task, "image": container.get("image"), "resources": container.get("resources", {}),
+                  "executor_input": ei, "log": log_path, "seconds": {}}
+        hook = container.get("lifecycle", {}).get("preCacheCheck")
+        if hook and self.mode == "vertex":
+            cmd = _local_command(_substitute(hook.get("command", []) + hook.get("args", []), ei_json, f"{task} preCacheCheck"))
+            record["seconds"]["pre_cache_check"] = round(self._exec(task, cmd, log_path), 1)
+        cmd = _local_command(_substitute(container.get("command", []) + container.get("args", []), ei_json, task))
+        record["seconds"]["executor"] = round(self._exec(task, cmd, log_path), 1)
+        self.outputs[task] = self._collect_outputs(task, ei)
+        record["outputs"] = self.outputs[task]
+        return record
+
+    def _collect_outputs(self, task: str, ei: Dict[str, Any]) -> Dict[str, List[Dict[str, Any]]]:
+        """What the launcher records: the provisioned output artifacts, updated with the metadata
+        (and any uri / name) the executor reported in its output file."""
+        out_file = ei["outputs"]["outputFile"]
+        reported: Dict[str, Any] = {}
+        if os.path.isfile(out_file):
+            with open(out_file, encoding="utf-8") as fh:
+                reported = json.load(fh).get("artifacts", {})
+        result = {}
+        for key, provisioned in ei["outputs"]["artifacts"].items():
+            arts = [dict(a) for a in provisioned["artifacts"]]
+            got = reported.get(key, {}).get("artifacts", [])
+            if got:
+                if len(got) != len(arts):
+                    raise HarnessError(f"task {task}: output {key!r}: executor reported {len(got)} artifacts, expected {len(arts)}")
+                for a, g in zip(arts, got):
+                    a["metadata"] = g.get("metadata", {})
+                    a["uri"] = g.get("uri") or a["uri"]
+            result[key] = arts
+        return result
+
+    def run(self, log=print) -> List[Dict[str, Any]]:
+        records = []
+        for task in task_order(self.spec):
+            log(f"[kfp-local {self.mode}] {task} ...")
+            rec = self.run_task(task)
+            log(f"[kfp-local {self.mode}] {task} done in {sum(rec['seconds'].values()):.0f} s")
+            records.append(rec)
+        with open(os.path.join(self.work_dir, "run.json"), "w", encoding="utf-8") as fh:
+            json.dump({"mode": self.mode, "job_id": self.job_id, "tasks": records}, fh, indent=1, sort_keys=True)
+        return records
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipelines.kfp_local", description=__doc__.split("\n")[0])
+    parser.add_argument("--spec", required=True, help="compiled pipeline (.yaml PipelineSpec or .json PipelineJob)")
+    parser.add_argument("--work-dir", required=True, help="local pipeline root, logs and executor files")
+    parser.add_argument("--mode", choices=MODES, default="oss")
+    parser.add_argument("--pipeline-root", default=None, help="default: the compiled pipeline root (must be local)")
+    args = parser.parse_args(argv)
+    try:
+        LocalKfpRun(args.spec, args.work_dir, args.mode, pipeline_root=args.pipeline_root).run()
+    except HarnessError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""Compiles the pipeline for Kubeflow Pipelines v2 (open-source KFP and Vertex AI Pipelines).
+
+`compile_pipeline(cfg, image, output)` builds the same TFX pipeline as the local run
+(`pipelines.pipeline.create_pipeline`) and compiles it with TFX's `KubeflowV2DagRunner`:
+
+- `.yaml` / `.yml`: the bare PipelineSpec (what the open-source KFP UI and `kfp.Client` upload),
+  followed by a Kubernetes platform-spec document when a component has node selectors or
+  tolerations (TFX 1.16 cannot express them; KFP's own kfp-kubernetes extension writes the same
+  document). `.json`: a Vertex PipelineJob (Vertex ignores Kubernetes settings).
+- Pipeline spec schema 2.1, so that every task's args carry `--json_serialized_inputs_spec_args`:
+  the project's entrypoint (`pipelines.kfp_entrypoint`, the image's command for every task) uses
+  it to restore the input artifact types open-source KFP leaves empty (tensorflow/tfx#7768).
+- Per-component CPU / memory / accelerator from `kubeflow.components.<id>`; Beam options from
+  `kubeflow.beam`, given to the Beam components (ExampleGen, EmbeddingPreprocess) only.
+
+Compiling writes the output file and nothing else: no metadata store, nothing under the pipeline
+root (the Trainer names its `run_fn` by import path, so TFX builds no wheel), and the output
+appears whole (written beside it, then renamed) or not at all.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any, Dict, List, Optional
+
+from components.config import ConfigError, PipelineConfig
+
+ENTRYPOINT = ["python", "-m", "pipelines.kfp_entrypoint"]
+OUTPUT_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def _resource_spec(c) -> Any:
+    from kfp.pipeline_spec import pipeline_spec_pb2
+
+    spec = pipeline_spec_pb2.PipelineDeploymentConfig.PipelineContainerSpec.ResourceSpec()
+    if c.cpu:
+        spec.cpu_limit = c.cpu
+    if c.memory_gb:
+        spec.memory_limit = c.memory_gb
+    if c.cpu_request:
+        spec.cpu_request = c.cpu_request
+    if c.memory_request_gb:
+        spec.memory_request = c.memory_request_gb
+    if c.accelerator_type:
+        spec.accelerator.type = c.accelerator_type
+        spec.accelerator.count = c.accelerator_count
+    return spec
+
+
+def _has_resources(c) -> bool:
+    return any((c.cpu, c.memory_gb, c.cpu_request, c.memory_request_gb, c.accelerator_type))
+
+
+def kubernetes_platform_spec(cfg: PipelineConfig) -> Optional[Dict[str, Any]]:
+    """The KFP PlatformSpec document (kfp-kubernetes' `KubernetesExecutorConfig` per executor) for
+    components with node selectors or tolerations; None when there are none."""
+    executors = {}
+    for cid, c in sorted(cfg.kubeflow.components.items()):
+        entry: Dict[str, Any] = {}
+        if c.node_selector:
+            entry["nodeSelector"] = {"labels": dict(sorted(c.node_selector.items()))}
+        if c.tolerations:
+            entry["tolerations"] = [
+                {k: v for k, v in (("key", t.key), ("operator", t.operator), ("value", t.value), ("effect", t.effect)) if v}
+                for t in c.tolerations
+            ]
+        if entry:
+            executors[f"{cid}_executor"] = entry  # TFX names every component's executor <id>_executor
+    if not executors:
+        return None
+    return {"platforms": {"kubernetes": {"deploymentSpec": {"executors": executors}}}}
+
+
+def build_pipeline(cfg: PipelineConfig, image: str, pipeline_root: str):
+    """The TFX pipeline with Kubeflow settings applied (no metadata connection: KFP brings its own)."""
+    from pipelines.pipeline import create_pipeline
+
+    serving_dir = cfg.kubeflow.serving_dir or pipeline_root.rstrip("/") + "/serving"
+    p = create_pipeline(cfg, pipeline_root=pipeline_root, metadata_path=None, serving_dir=serving_dir,
+                        beam_pipeline_args=[])
+    beam_args = cfg.kubeflow_beam_args(image)
+    by_id = {c.id: c for c in p.components}
+    for c in p.components:
+        if hasattr(c, "with_beam_pipeline_args"):  # BaseBeamComponent: ExampleGen, EmbeddingPreprocess
+            c.with_beam_pipeline_args(beam_args)
+    for cid, res in cfg.kubeflow.components.items():
+        if _has_resources(res):
+            by_id[cid].with_platform_config(_resource_spec(res))
+    return p
+
+
+def compile_pipeline(cfg: PipelineConfig, image: str, output: str, pipeline_root: Optional[str] = None) -> Dict[str, Any]:
+    """Compiles to `output` (.yaml: PipelineSpec [+ platform spec]; .json: Vertex PipelineJob).
+    Returns the PipelineJob dict TFX built."""
+    from tfx.orchestration.kubeflow.v2 import kubeflow_v2_dag_runner as v2
+    import yaml
+
+    if not image or not image.strip():
+        raise ConfigError("--image: empty; give the container image that has the project installed (docker/Dockerfile)")
+    if not output.endswith(OUTPUT_SUFFIXES):
+        raise ConfigError(f"--output: {output!r} must end in .yaml (KFP PipelineSpec) or .json (Vertex PipelineJob)")
+    root = pipeline_root or cfg.kubeflow.pipeline_root
+    if not root:
+        raise ConfigError(
+            f"{cfg.source_file}: kubeflow.pipeline_root: not set; set it (e.g. gs://BUCKET/tpu-embedding) "
+            "or pass --pipeline-root"
+        )
+    p = build_pipeline(cfg, image, root)
+    runner = v2.KubeflowV2DagRunner(
+        config=v2.KubeflowV2DagRunnerConfig(default_image=image, default_commands=list(ENTRYPOINT),
+                                            use_pipeline_spec_2_1=True),
+        output_filename=os.path.basename(output),
+    )
+    job = runner.run(p, write_out=False)
+    # TFX puts the pipeline root only into a PipelineJob's runtimeConfig; the bare PipelineSpec that
+    # open-source KFP uploads would otherwise run under KFP's default root (minio://), which
+    # TensorFlow's file system cannot write. KFP's own compiler sets defaultPipelineRoot the same way.
+    job["pipelineSpec"]["defaultPipelineRoot"] = root
+    platform = kubernetes_platform_spec(cfg)
+    if output.endswith(".json"):
+        text = json.dumps(job, sort_keys=True, indent=1) + "\n"
+    else:
+        spec = job["pipelineSpec"]
+        header = (
+            f"# PIPELINE DEFINITION\n# Name: {spec['pipelineInfo']['name']}\n"
+            f"# Compiled by `python -m pipelines compile` ({spec.get('sdkVersion', 'tfx')}, schema {spec['schemaVersion']})\n"
+        )
+        docs = [spec] + ([platform] if platform else [])
+        text = header + yaml.safe_dump_all(docs, sort_keys=True)
+    out_dir = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(out_dir):
+        raise ConfigError(f"--output: directory {out_dir} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(output) + ".", dir=out_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, output)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return job
+
+
+def load_compiled(path: str) -> Dict[str, Any]:
+    """{'pipeline_spec', 'platform_spec' (or None), 'runtime_config', 'pipeline_root'} of a compiled file."""
+    import yaml
+
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    if path.endswith(".json"):
+        job = json.loads(text)
+        rc = job.get("runtimeConfig", {})
+        return {"pipeline_spec": job["pipelineSpec"], "platform_spec": None, "runtime_config": rc,
+                "pipeline_root": rc.get("gcsOutputDirectory") or job["pipelineSpec"].get("defaultPipelineRoot")}
+    docs: List[Any] = [d for d in yaml.safe_load_all(text) if d is not None]
+    platform = next((d for d in docs[1:] if "platforms" in d), None)
+    return {"pipeline_spec": docs[0], "platform_spec": platform, "runtime_config": {},
+            "pipeline_root": docs[0].get("defaultPipelineRoot")}
