@@ -1,0 +1,317 @@
+"""Kubeflow Pipelines: compiling, the task entrypoint, and the compiled spec run like KFP runs it.
+
+- The compiled spec of `configs/kubeflow.yaml` equals a golden copy (normalised for versions and
+  the embedded config), parses strictly into KFP's PipelineSpec / PlatformSpec / PipelineJob protos,
+  and compiling writes nothing but the output file.
+- The whole pipeline, compiled with a local pipeline root, runs task by task through
+  `pipelines.kfp_local` (ExecutorInput JSON per task, the container command in a subprocess) with
+  inputs typed as Vertex passes them and untyped as open-source KFP passes them; both end with a
+  serving model that scores raw examples exactly as the local (LocalDagRunner) run's does.
+"""
+import copy
+import glob
+import json
+import os
+
+import numpy as np
+import pytest
+import yaml
+
+import components  # noqa: F401
+from components.config import ConfigError, config_from_json, load_config, parse_config
+from components.embedding_trainer.trainer_module import CONFIG_KEY
+from pipelines import kfp_entrypoint
+from pipelines.kfp_local import HarnessError, LocalKfpRun, _substitute, parse_pipeline_spec, task_order
+from pipelines.kubeflow import load_compiled
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GOLDEN = os.path.join(REPO, "tests", "golden", "kubeflow_pipeline.yaml")
+IMAGE = "REGISTRY/tpu-embedding-tfx:TAG"
+CONFIG_PARAMS = ("config_json", "custom_config")
+
+
+def _compile(argv, cwd):
+    from pipelines.__main__ import main
+
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return main(["compile"] + argv)
+    finally:
+        os.chdir(old)
+
+
+def normalise(spec):
+    """The compiled spec without what changes with versions or the config's contents: the TFX
+    version, and the pipeline config JSON each task carries (checked separately)."""
+    spec = copy.deepcopy(spec)
+    spec["sdkVersion"] = "tfx-<version>"
+    for task in spec["root"]["dag"]["tasks"].values():
+        for name, binding in task.get("inputs", {}).get("parameters", {}).items():
+            if name in CONFIG_PARAMS:
+                binding["runtimeValue"]["constant"] = "<pipeline config JSON>"
+    return spec
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    d = tmp_path_factory.mktemp("compile")
+    before = set(os.listdir(d))
+    assert _compile(["--config", os.path.join(REPO, "configs", "kubeflow.yaml"), "--image", IMAGE,
+                     "--output", "pipeline.yaml"], d) == 0
+    assert set(os.listdir(d)) - before == {"pipeline.yaml"}  # nothing else written (no wheel, no metadata)
+    assert _compile(["--config", os.path.join(REPO, "configs", "kubeflow.yaml"), "--image", IMAGE,
+                     "--output", "pipeline.json"], d) == 0
+    assert set(os.listdir(d)) - before == {"pipeline.yaml", "pipeline.json"}
+    return load_compiled(str(d / "pipeline.yaml")), load_compiled(str(d / "pipeline.json")), d
+
+
+def test_compiled_spec_matches_golden(compiled):
+    spec = compiled[0]
+    docs = [normalise(spec["pipeline_spec"]), spec["platform_spec"]]
+    text = yaml.safe_dump_all(docs, sort_keys=True)
+    if os.environ.get("UPDATE_GOLDEN"):
+        os.makedirs(os.path.dirname(GOLDEN), exist_ok=True)
+        with open(GOLDEN, "w", encoding="utf-8") as fh:
+            fh.write("# Normalised output of: python -m pipelines compile --config configs/kubeflow.yaml "
+                     f"--image {IMAGE} --output pipeline.yaml\n# Regenerate: UPDATE_GOLDEN=1 pytest tests/test_kubeflow.py -k golden\n")
+            fh.write(text)
+    with open(GOLDEN, encoding="utf-8") as fh:
+        golden = [d for d in yaml.safe_load_all(fh) if d is not None]
+    assert docs == golden, "compiled spec differs from tests/golden/kubeflow_pipeline.yaml (UPDATE_GOLDEN=1 to accept)"
+
+
+def test_compiled_spec_parses_strictly_and_carries_the_config(compiled):
+    from google.protobuf import json_format
+    from kfp.pipeline_spec import pipeline_spec_pb2
+
+    spec_yaml, job_json, _ = compiled
+    proto = parse_pipeline_spec(spec_yaml["pipeline_spec"])
+    assert proto.schema_version == "2.1.0"
+    assert proto.default_pipeline_root == "gs://YOUR_BUCKET/tpu-embedding/root"
+    json_format.ParseDict(spec_yaml["platform_spec"], pipeline_spec_pb2.PlatformSpec(), ignore_unknown_fields=False)
+    job = pipeline_spec_pb2.PipelineJob()
+    with open(compiled[2] / "pipeline.json", encoding="utf-8") as fh:
+        json_format.Parse(fh.read(), job, ignore_unknown_fields=False)
+    assert job.runtime_config.gcs_output_directory == "gs://YOUR_BUCKET/tpu-embedding/root"
+    assert job_json["pipeline_spec"]["root"] == spec_yaml["pipeline_spec"]["root"]
+
+    cfg = load_config(os.path.join(REPO, "configs", "kubeflow.yaml"))
+    spec = spec_yaml["pipeline_spec"]
+    tasks = spec["root"]["dag"]["tasks"]
+    assert task_order(spec) == ["CsvExampleGen", "EmbeddingPreprocess", "Trainer", "EmbeddingExporter", "Pusher"]
+    shipped = tasks["EmbeddingPreprocess"]["inputs"]["parameters"]["config_json"]["runtimeValue"]["constant"]
+    assert config_from_json(shipped).to_dict() == cfg.to_dict()
+    trainer_cc = json.loads(tasks["Trainer"]["inputs"]["parameters"]["custom_config"]["runtimeValue"]["constant"])
+    assert config_from_json(trainer_cc[CONFIG_KEY]).to_dict() == cfg.to_dict()
+
+    executors = spec["deploymentSpec"]["executors"]
+    for label, ex in executors.items():
+        c = ex["container"]
+        assert c["image"] == IMAGE and c["command"] == ["python", "-m", "pipelines.kfp_entrypoint"], label
+        assert "--json_serialized_inputs_spec_args" in c["args"], label
+    beam = [a for a in executors["EmbeddingPreprocess_executor"]["container"]["args"] if a.startswith("--") and "=" in a]
+    assert beam[0] == "--runner=DataflowRunner" and f"--sdk_container_image={IMAGE}" in beam
+    assert "--project=YOUR_PROJECT" in beam and "--region=us-central1" in beam
+    assert executors["CsvExampleGen_executor"]["container"]["args"][-len(beam):] == beam
+    # The Trainer and the exporter are not Beam components: no Beam flags on their command lines.
+    for label in ("Trainer_executor", "EmbeddingExporter_executor", "Pusher_executor"):
+        assert not any(a.startswith("--runner") for a in executors[label]["container"]["args"]), label
+    res = executors["Trainer_executor"]["container"]["resources"]
+    assert res["cpuLimit"] == 24.0 and res["memoryLimit"] == 96.0
+    assert res["accelerator"] == {"type": "google.com/tpu", "count": "4"}
+    k8s = spec_yaml["platform_spec"]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert set(k8s) == {"Trainer_executor"}
+    assert k8s["Trainer_executor"]["nodeSelector"]["labels"]["cloud.google.com/gke-tpu-topology"] == "2x2"
+    pusher = json.loads(tasks["Pusher"]["inputs"]["parameters"]["push_destination"]["runtimeValue"]["constant"])
+    assert pusher["filesystem"]["base_directory"] == "gs://YOUR_BUCKET/tpu-embedding/serving"
+
+
+def _kubeflow_raw():
+    with open(os.path.join(REPO, "configs", "kubeflow.yaml"), encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d["kubeflow"]["beam"]["args"].pop(0), "kubeflow.beam.args: the dataflow runner needs --project"),
+    (lambda d: d["kubeflow"]["beam"]["args"].append("--runner=DirectRunner"), "set the runner with kubeflow.beam.runner"),
+    (lambda d: d["kubeflow"]["beam"].update(runner="prism"), "kubeflow.beam.runner: 'prism' is not one of"),
+    (lambda d: d["kubeflow"]["components"].update(Transform={"cpu": 1}), "kubeflow.components.Transform: no component"),
+    (lambda d: d["kubeflow"]["components"]["Trainer"].update(cpu=-2), "kubeflow.components.Trainer.cpu: must be positive"),
+    (lambda d: d["kubeflow"]["components"]["Trainer"].update(memory="96G"), "kubeflow.components.Trainer.memory: unknown field"),
+    (lambda d: d["kubeflow"]["components"]["Trainer"].update(cpu_request=32), "cpu_request: 32.0 is more than the limit"),
+    (lambda d: d["kubeflow"]["components"]["Trainer"]["tolerations"][0].update(value="x"), "operator Exists takes no value"),
+    (lambda d: d["kubeflow"]["components"]["Trainer"]["node_selector"].update(pool=3), "node_selector.pool: expected a string"),
+])
+def test_bad_kubeflow_config_names_the_field(mutate, message):
+    d = _kubeflow_raw()
+    mutate(d)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.").replace("+", r"\+")):
+        parse_config(d, "kubeflow.yaml")
+
+
+def test_compile_refusals_write_nothing(tmp_path, capsys):
+    cfg = str(tmp_path / "k.yaml")
+    d = _kubeflow_raw()
+    d["kubeflow"].pop("pipeline_root")
+    with open(cfg, "w") as fh:
+        yaml.safe_dump(d, fh)
+    assert _compile(["--config", cfg, "--image", IMAGE, "--output", "p.yaml"], tmp_path) == 2
+    assert "kubeflow.pipeline_root: not set" in capsys.readouterr().err
+    assert _compile(["--config", cfg, "--image", IMAGE, "--output", "p.txt", "--pipeline-root", "gs://b/r"], tmp_path) == 2
+    assert "must end in .yaml" in capsys.readouterr().err
+    assert _compile(["--config", cfg, "--image", " ", "--output", "p.yaml", "--pipeline-root", "gs://b/r"], tmp_path) == 2
+    assert "--image: empty" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["k.yaml"]
+
+
+def _artifact(type_schema, uri="gs://b/x"):
+    a = {"uri": uri, "metadata": {"span": 0.0}}
+    if type_schema is not None:
+        a["type"] = type_schema
+    return {"artifacts": [a]}
+
+
+def test_entrypoint_restores_untyped_inputs_only():
+    spec = {"artifacts": {
+        "examples": {"artifactType": {"instanceSchema": "title: tfx.Examples\ntype: object\n"}},
+        "model": {"artifactType": {"instanceSchema": "title: tfx.Model\ntype: object\n"}},
+        "vocab": {"artifactType": {"instanceSchema": "title: components.EmbeddingVocabulary\ntype: object\n"}},
+        "stats": {"artifactType": {"instanceSchema": "title: components.EmbeddingStatistics\ntype: object\n"}},
+    }}
+    typed = {"schemaTitle": "tfx.Model"}
+    ei = {"inputs": {"artifacts": {
+        "examples": _artifact({"instanceSchema": ""}),  # open-source KFP v2 (tensorflow/tfx#7768)
+        "model": _artifact(typed),                      # Vertex: left alone
+        "vocab": _artifact(None),                       # no type at all
+        "stats": _artifact({"schemaTitle": "system.Artifact"}),  # KFP's generic type
+    }}}
+    assert kfp_entrypoint.restore_input_types(ei, spec) == ["examples", "vocab", "stats"]
+    got = {k: kfp_entrypoint.artifact_type_title(v["artifacts"][0]["type"]) for k, v in ei["inputs"]["artifacts"].items()}
+    assert got == {"examples": "tfx.Examples", "model": "tfx.Model", "vocab": "components.EmbeddingVocabulary",
+                   "stats": "components.EmbeddingStatistics"}
+    assert ei["inputs"]["artifacts"]["examples"]["artifacts"][0]["metadata"] == {"span": 0.0}  # nothing else touched
+
+    # TFX's own parser now takes them (it imports the class named by the type).
+    from google.protobuf import json_format
+    from kfp.pipeline_spec import pipeline_spec_pb2
+    from tfx.orchestration.kubeflow.v2.container import kubeflow_v2_entrypoint_utils as utils
+
+    pb = json_format.ParseDict(ei, pipeline_spec_pb2.ExecutorInput())
+    parsed = utils.parse_raw_artifact_dict(pb.inputs.artifacts)
+    assert type(parsed["vocab"][0]).__name__ == "EmbeddingVocabulary"
+    assert parsed["examples"][0].type_name == "Examples"
+
+    with pytest.raises(ValueError, match="input artifact 'extra'.*has no type"):
+        kfp_entrypoint.restore_input_types({"inputs": {"artifacts": {"extra": _artifact({"instanceSchema": ""})}}}, spec)
+
+
+def test_stock_tfx_entrypoint_fails_on_untyped_inputs():
+    """What the entrypoint is for: TFX 1.16's own parser on an input as open-source KFP passes it."""
+    from google.protobuf import json_format
+    from kfp.pipeline_spec import pipeline_spec_pb2
+    from tfx.orchestration.kubeflow.v2.container import kubeflow_v2_entrypoint_utils as utils
+
+    pb = json_format.ParseDict({"inputs": {"artifacts": {"examples": _artifact({"instanceSchema": ""})}}},
+                               pipeline_spec_pb2.ExecutorInput())
+    with pytest.raises(AttributeError, match="'NoneType' object has no attribute 'get'"):
+        utils.parse_raw_artifact_dict(pb.inputs.artifacts)
+
+
+def test_harness_refuses_placeholders_it_does_not_emulate():
+    assert _substitute(["--a", "{{$}}"], '{"x": 1}', "t") == ["--a", '{"x": 1}']
+    with pytest.raises(HarnessError, match="not emulated"):
+        _substitute(["{{$.inputs.parameters['n']}}"], "{}", "t")
+
+
+# ------------------------------------------------------------------------------------------------
+# The compiled pipeline, run task by task as KFP runs it, in both modes, against the local run.
+
+ROWS = 4000
+
+
+@pytest.fixture(scope="module")
+def kfp_runs(tmp_path_factory):
+    from components.synthetic_data import GeneratorSpec, ensure_dataset
+    from pipelines.__main__ import run
+    from pipelines.kubeflow import compile_pipeline
+
+    root = tmp_path_factory.mktemp("kfp")
+    data = root / "data" / "criteo_like.csv"
+    ensure_dataset(str(data), GeneratorSpec(rows=ROWS, seed=7))
+    with open(os.path.join(REPO, "configs", "demo.yaml"), encoding="utf-8") as fh:
+        raw = yaml.safe_load(fh)
+    raw["name"] = "kfp-local-test"
+    raw["input"]["path"] = str(data)
+    raw["training"].update(train_steps=40, eval_steps=5, batch_size=64, checkpoint_every_steps=20)
+    raw["training"]["dense_optimizer"]["schedule"]["decay_steps"] = 40
+    raw["export"].update(compare_compression=False, auc_sample_size=500, parity_sample_size=128)
+    raw["beam"].update(direct_running_mode="in_memory", direct_num_workers=1)
+    raw["kubeflow"] = {
+        "beam": {"runner": "direct", "args": ["--direct_running_mode=in_memory", "--direct_num_workers=1"]},
+        "components": {"Trainer": {"cpu": 2, "memory_gb": 4}},
+    }
+    cfg_path = root / "kfp.yaml"
+    cfg_path.write_text(yaml.safe_dump(raw))
+    cfg = load_config(str(cfg_path))
+
+    local = run(cfg, str(root / "local"))
+    runs = {}
+    for mode in ("vertex", "oss"):
+        spec = root / f"{mode}.yaml"
+        compile_pipeline(cfg, "local/tpu-embedding-tfx:test", str(spec), pipeline_root=str(root / mode / "root"))
+        harness = LocalKfpRun(str(spec), str(root / mode), mode=mode)
+        runs[mode] = harness.run(log=lambda *_: None)
+    return cfg, root, local, runs
+
+
+def _pushed(records):
+    pusher = next(r for r in records if r["task"] == "Pusher")
+    meta = pusher["outputs"]["pushed_model"][0]["metadata"]
+    assert meta["pushed"] == 1.0
+    return meta["pushed_destination"]
+
+
+def _score(model_dir, records):
+    import tensorflow as tf
+
+    model = tf.saved_model.load(model_dir)
+    return model.signatures["serving_default"](examples=tf.constant(records))["probabilities"].numpy().ravel()
+
+
+def test_kfp_runs_in_both_modes_serve_like_the_local_run(kfp_runs):
+    import tensorflow as tf
+
+    cfg, root, local, runs = kfp_runs
+    raw_files = sorted(glob.glob(str(root / "local" / "pipeline_root" / "CsvExampleGen" / "examples" / "*" / "Split-eval" / "*")))
+    records = [r.numpy() for r in tf.data.TFRecordDataset(raw_files, compression_type="GZIP")]
+    assert len(records) > 500
+    expected = _score(local["serving_model"], records)
+    for mode, records_of_run in runs.items():
+        got = _score(_pushed(records_of_run), records)
+        np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0, err_msg=mode)
+
+
+def test_kfp_runs_pass_inputs_as_each_backend_does(kfp_runs):
+    _, root, _, runs = kfp_runs
+    for mode, records in runs.items():
+        by_task = {r["task"]: r for r in records}
+        assert list(by_task) == ["CsvExampleGen", "EmbeddingPreprocess", "Trainer", "EmbeddingExporter", "Pusher"]
+        exporter_inputs = by_task["EmbeddingExporter"]["executor_input"]["inputs"]["artifacts"]
+        titles = {k: kfp_entrypoint.artifact_type_title(v["artifacts"][0]["type"]) for k, v in exporter_inputs.items()}
+        if mode == "vertex":
+            assert titles == {"examples": "tfx.Examples", "model": "tfx.Model"}
+            assert "pre_cache_check" in by_task["CsvExampleGen"]["seconds"]  # the ExampleGen driver hook ran
+        else:
+            assert titles == {"examples": "", "model": ""}
+            assert "pre_cache_check" not in by_task["CsvExampleGen"]["seconds"]
+            logs = {t: open(r["log"], encoding="utf-8", errors="replace").read() for t, r in by_task.items()}
+            assert "ExampleGen driver has not run" in logs["CsvExampleGen"]
+            assert "input artifact types restored" in logs["EmbeddingExporter"]
+        # the upstream executors' reported properties reach the downstream tasks
+        tx = by_task["EmbeddingPreprocess"]["outputs"]["transformed_examples"][0]
+        assert json.loads(tx["metadata"]["split_names"]) == ["train", "eval"]
+        blessing = by_task["EmbeddingExporter"]["outputs"]["blessing"][0]["metadata"]
+        assert blessing["blessed"] == 1.0 and blessing["parity_max_abs_diff"] <= 1e-5
+        assert all(r["resources"] == {} for t, r in by_task.items() if t != "Trainer")
+        assert by_task["Trainer"]["resources"] == {"cpuLimit": 2.0, "memoryLimit": 4.0}
