@@ -269,6 +269,23 @@ class KubeflowComponentConfig:
 
 
 @dataclass
+class VertexTrainingConfig:
+    """Train in a Vertex AI custom job (TFX's google_cloud_ai_platform Trainer), e.g. on a TPU VM.
+
+    The pipeline's Trainer task then only submits the job and waits; the job runs the same trainer
+    (run_fn) in the pipeline's image on this machine. Works from Vertex AI Pipelines and from
+    open-source KFP (the task needs credentials for Vertex AI).
+    """
+
+    project: str = ""
+    region: str = ""
+    machine_type: str = ""  # e.g. ct5lp-hightpu-4t (TPU v5e, 4 chips), n1-standard-8 with a GPU
+    accelerator_type: Optional[str] = None  # e.g. TPU_V5_LITEPOD, NVIDIA_TESLA_T4; null: none
+    accelerator_count: int = 1
+    replica_count: int = 1
+
+
+@dataclass
 class KubeflowConfig:
     """Compiling for Kubeflow Pipelines (`python -m pipelines compile`; README "Kubeflow")."""
 
@@ -278,6 +295,7 @@ class KubeflowConfig:
     # Component id (as in the pipeline: CsvExampleGen or ImportExampleGen, EmbeddingPreprocess,
     # Trainer, EmbeddingExporter, Pusher) -> what its task asks for.
     components: Dict[str, KubeflowComponentConfig] = field(default_factory=dict)
+    vertex_training: Optional[VertexTrainingConfig] = None  # set: the Trainer runs as a Vertex AI custom job
 
 
 @dataclass
@@ -650,6 +668,18 @@ def check_kubeflow_config(cfg: PipelineConfig) -> None:
             f"kubeflow.beam.args: the {kf.beam.runner} runner needs "
             + ", ".join(f"--{o}=..." for o in missing)
         )
+    vt = kf.vertex_training
+    if vt is not None:
+        for name in ("project", "region", "machine_type"):
+            if not getattr(vt, name).strip():
+                raise ConfigError(f"kubeflow.vertex_training.{name}: missing; the Vertex AI custom job needs it")
+        _check_positive(vt.accelerator_count, "kubeflow.vertex_training.accelerator_count", "chips or GPUs per replica")
+        _check_positive(vt.replica_count, "kubeflow.vertex_training.replica_count", "machines in the job")
+        if vt.accelerator_type is not None and vt.accelerator_type.startswith("TPU") and not cfg.training.tpu:
+            raise ConfigError(
+                "kubeflow.vertex_training.accelerator_type: a TPU machine, but training.tpu is not set; set "
+                "training.tpu: local (TPU VM) so the trainer uses TPUStrategy"
+            )
     ids = cfg.component_ids()
     for cid, c in kf.components.items():
         path = f"kubeflow.components.{cid}"

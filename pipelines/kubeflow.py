@@ -78,7 +78,7 @@ def build_pipeline(cfg: PipelineConfig, image: str, pipeline_root: str):
 
     serving_dir = cfg.kubeflow.serving_dir or pipeline_root.rstrip("/") + "/serving"
     p = create_pipeline(cfg, pipeline_root=pipeline_root, metadata_path=None, serving_dir=serving_dir,
-                        beam_pipeline_args=[])
+                        beam_pipeline_args=[], image=image)
     beam_args = cfg.kubeflow_beam_args(image)
     by_id = {c.id: c for c in p.components}
     for c in p.components:

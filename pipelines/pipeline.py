@@ -35,13 +35,38 @@ def input_location(cfg: PipelineConfig) -> Tuple[str, str]:
     return base, pattern
 
 
+def vertex_training_config(cfg: PipelineConfig, image: str) -> dict:
+    """custom_config keys of TFX's Vertex AI Trainer: one worker pool running `image` on the
+    configured machine (TFX sets the container's command to its own run_executor)."""
+    from tfx.extensions.google_cloud_ai_platform import constants
+    from tfx.extensions.google_cloud_ai_platform.trainer import executor as vertex_executor
+
+    vt = cfg.kubeflow.vertex_training
+    machine = {"machine_type": vt.machine_type}
+    if vt.accelerator_type:
+        machine.update(accelerator_type=vt.accelerator_type, accelerator_count=vt.accelerator_count)
+    return {
+        constants.ENABLE_VERTEX_KEY: True,
+        constants.VERTEX_REGION_KEY: vt.region,
+        vertex_executor.TRAINING_ARGS_KEY: {
+            "project": vt.project,
+            "job_spec": {"worker_pool_specs": [
+                {"machine_spec": machine, "replica_count": vt.replica_count, "container_spec": {"image_uri": image}}
+            ]},
+        },
+    }
+
+
 def create_pipeline(
     cfg: PipelineConfig,
     pipeline_root: str,
     metadata_path: Optional[str],
     serving_dir: str,
     beam_pipeline_args: Optional[List[str]] = None,
+    image: Optional[str] = None,
 ):
+    """The pipeline. `image` (Kubeflow only): the container image, needed when the config sends
+    training to a Vertex AI custom job (`kubeflow.vertex_training`)."""
     from tfx.components.example_gen.csv_example_gen.component import CsvExampleGen
     from tfx.components.example_gen.import_example_gen.component import ImportExampleGen
     from tfx.components.pusher.component import Pusher
@@ -66,12 +91,18 @@ def create_pipeline(
     gen_cls = CsvExampleGen if cfg.input.format == "csv" else ImportExampleGen
     example_gen = gen_cls(input_base=base, input_config=input_config, output_config=output_config)
     preprocess = EmbeddingPreprocess(examples=example_gen.outputs["examples"], config=cfg)
-    trainer = Trainer(
+    trainer_cls, custom_config = Trainer, {CONFIG_KEY: cfg.to_json()}
+    if image and cfg.kubeflow.vertex_training is not None:
+        from tfx.extensions.google_cloud_ai_platform.trainer.component import Trainer as VertexTrainer
+
+        trainer_cls = VertexTrainer
+        custom_config.update(vertex_training_config(cfg, image))
+    trainer = trainer_cls(
         run_fn=TRAINER_RUN_FN,
         examples=preprocess.outputs["transformed_examples"],
         train_args=trainer_pb2.TrainArgs(num_steps=cfg.training.train_steps),
         eval_args=trainer_pb2.EvalArgs(num_steps=cfg.training.eval_steps),
-        custom_config={CONFIG_KEY: cfg.to_json()},
+        custom_config=custom_config,
     )
     exporter = EmbeddingExporter(
         model=trainer.outputs["model"], examples=example_gen.outputs["examples"], config=cfg

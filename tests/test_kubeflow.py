@@ -315,3 +315,27 @@ def test_kfp_runs_pass_inputs_as_each_backend_does(kfp_runs):
         assert blessing["blessed"] == 1.0 and blessing["parity_max_abs_diff"] <= 1e-5
         assert all(r["resources"] == {} for t, r in by_task.items() if t != "Trainer")
         assert by_task["Trainer"]["resources"] == {"cpuLimit": 2.0, "memoryLimit": 4.0}
+
+
+def test_vertex_training_compiles_to_tfx_vertex_trainer(tmp_path):
+    d = _kubeflow_raw()
+    d["kubeflow"]["components"]["Trainer"] = {"cpu": 1, "memory_gb": 2}  # the task only submits and waits
+    d["kubeflow"]["vertex_training"] = {"project": "p", "region": "us-central1", "machine_type": "ct5lp-hightpu-4t",
+                                       "accelerator_type": "TPU_V5_LITEPOD", "accelerator_count": 4}
+    cfg_path = tmp_path / "v.yaml"
+    cfg_path.write_text(yaml.safe_dump(d))
+    assert _compile(["--config", str(cfg_path), "--image", IMAGE, "--output", "v.json"], tmp_path) == 0
+    spec = load_compiled(str(tmp_path / "v.json"))["pipeline_spec"]
+    args = spec["deploymentSpec"]["executors"]["Trainer_executor"]["container"]["args"]
+    assert args[1] == "tfx.extensions.google_cloud_ai_platform.trainer.executor.GenericExecutor"
+    cc = json.loads(spec["root"]["dag"]["tasks"]["Trainer"]["inputs"]["parameters"]["custom_config"]["runtimeValue"]["constant"])
+    assert cc["ai_platform_enable_vertex"] is True and cc["ai_platform_vertex_region"] == "us-central1"
+    pool = cc["ai_platform_training_args"]["job_spec"]["worker_pool_specs"][0]
+    assert pool == {"machine_spec": {"machine_type": "ct5lp-hightpu-4t", "accelerator_type": "TPU_V5_LITEPOD",
+                                     "accelerator_count": 4},
+                    "replica_count": 1, "container_spec": {"image_uri": IMAGE}}
+    assert config_from_json(cc[CONFIG_KEY]).training.tpu == "local"
+
+    d["training"].pop("tpu")
+    with pytest.raises(ConfigError, match="training.tpu is not set"):
+        parse_config(d, "v.yaml")
