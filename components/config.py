@@ -282,7 +282,7 @@ class VertexTrainingConfig:
     machine_type: str = ""  # e.g. ct5lp-hightpu-4t (TPU v5e, 4 chips), n1-standard-8 with a GPU
     accelerator_type: Optional[str] = None  # e.g. TPU_V5_LITEPOD, NVIDIA_TESLA_T4; null: none
     accelerator_count: int = 1
-    replica_count: int = 1
+    # One machine: the trainer is not a multi-worker program (no TF_CONFIG cluster, no multi-host slice).
 
 
 @dataclass
@@ -674,7 +674,6 @@ def check_kubeflow_config(cfg: PipelineConfig) -> None:
             if not getattr(vt, name).strip():
                 raise ConfigError(f"kubeflow.vertex_training.{name}: missing; the Vertex AI custom job needs it")
         _check_positive(vt.accelerator_count, "kubeflow.vertex_training.accelerator_count", "chips or GPUs per replica")
-        _check_positive(vt.replica_count, "kubeflow.vertex_training.replica_count", "machines in the job")
         if vt.accelerator_type is not None and vt.accelerator_type.startswith("TPU") and not cfg.training.tpu:
             raise ConfigError(
                 "kubeflow.vertex_training.accelerator_type: a TPU machine, but training.tpu is not set; set "

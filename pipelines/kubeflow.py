@@ -135,6 +135,9 @@ def compile_pipeline(cfg: PipelineConfig, image: str, output: str, pipeline_root
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; the spec is an ordinary file
         os.replace(tmp, output)
     except BaseException:
         if os.path.exists(tmp):

@@ -51,7 +51,7 @@ def vertex_training_config(cfg: PipelineConfig, image: str) -> dict:
         vertex_executor.TRAINING_ARGS_KEY: {
             "project": vt.project,
             "job_spec": {"worker_pool_specs": [
-                {"machine_spec": machine, "replica_count": vt.replica_count, "container_spec": {"image_uri": image}}
+                {"machine_spec": machine, "replica_count": 1, "container_spec": {"image_uri": image}}
             ]},
         },
     }

@@ -260,6 +260,7 @@ def kfp_runs(tmp_path_factory):
     for mode in ("vertex", "oss"):
         spec = root / f"{mode}.yaml"
         compile_pipeline(cfg, "local/tpu-embedding-tfx:test", str(spec), pipeline_root=str(root / mode / "root"))
+        assert not (root / mode).exists()  # compiling wrote nothing under the pipeline root
         harness = LocalKfpRun(str(spec), str(root / mode), mode=mode)
         runs[mode] = harness.run(log=lambda *_: None)
     return cfg, root, local, runs
