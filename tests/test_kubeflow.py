@@ -340,3 +340,25 @@ def test_vertex_training_compiles_to_tfx_vertex_trainer(tmp_path):
     d["training"].pop("tpu")
     with pytest.raises(ConfigError, match="training.tpu is not set"):
         parse_config(d, "v.yaml")
+
+
+def test_dockerfile_is_consistent_with_the_lock():
+    """The image cannot be built here (no Docker engine); what can be checked statically is."""
+    import re
+
+    with open(os.path.join(REPO, "docker", "Dockerfile"), encoding="utf-8") as fh:
+        docker = fh.read()
+    with open(os.path.join(REPO, "requirements.lock"), encoding="utf-8") as fh:
+        lock = fh.read()
+    tfx_version = re.search(r"^tfx==(\S+)", lock, re.M).group(1)
+    assert re.search(rf"^FROM tensorflow/tfx:{re.escape(tfx_version)}$", docker, re.M), "FROM tag != locked tfx"
+    assert re.search(r"^ENV TF_USE_LEGACY_KERAS=1\b", docker, re.M)
+    assert "--require-hashes -r requirements.lock" in docker and "--no-deps" in docker
+    for path in re.findall(r"^COPY (\S+?)/? ", docker, re.M):
+        assert os.path.exists(os.path.join(REPO, path)), path
+    # the module every compiled task runs is in a package the image installs
+    from pipelines.kubeflow import ENTRYPOINT
+
+    module = ENTRYPOINT[-1]
+    assert os.path.isfile(os.path.join(REPO, *module.split(".")) + ".py")
+    assert f"COPY {module.split('.')[0]}/" in docker
