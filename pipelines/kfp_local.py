@@ -78,11 +78,9 @@ def task_order(spec: Dict[str, Any]) -> List[str]:
 def _substitute(items: List[str], executor_input_json: str, where: str) -> List[str]:
     out = []
     for item in items:
-        replaced = item.replace("{{$}}", executor_input_json)
-        rest = replaced.replace(executor_input_json, "") if "{{$}}" in item else replaced
-        if "{{$" in rest:
+        if "{{$" in item.replace("{{$}}", ""):
             raise HarnessError(f"{where}: placeholder in {item[:80]!r} is not emulated (only {{{{$}}}} is)")
-        out.append(replaced)
+        out.append(item.replace("{{$}}", executor_input_json))
     return out
 
 
