@@ -118,7 +118,6 @@ def compile_command(args) -> int:
 
     try:
         cfg = load_config(args.config)
-        input_location(cfg)
         job = compile_pipeline(cfg, args.image, args.output, pipeline_root=args.pipeline_root)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -137,17 +137,22 @@ class LocalKfpRun:
             raise HarnessError(f"task {task}: parameter {name!r} needs pipeline parameter {key!r}, which has no value")
         raise HarnessError(f"task {task}: parameter {name!r} binding {sorted(binding)} is not emulated")
 
-    def _artifact_uri(self, task: str, key: str, task_uid: str) -> str:
-        if self.mode == "vertex":  # {root}/{project number}/{job}/{task}_{uid}/{output}
-            return os.path.join(self.pipeline_root, "123456789", self.job_id, f"{task}_{task_uid}", key)
-        return os.path.join(self.pipeline_root, self.job_id, task, key)  # open-source KFP: {root}/{run}/{task}/{output}
+    def _task_dir(self, task: str, task_uid: str) -> str:
+        """Where the task's output artifacts go: {root}/{project number}/{job}/{task}_{uid} on Vertex,
+        {root}/{run}/{task} on open-source KFP."""
+        if self.mode == "vertex":
+            return os.path.join(self.pipeline_root, "123456789", self.job_id, f"{task}_{task_uid}")
+        return os.path.join(self.pipeline_root, self.job_id, task)
+
+    def _task_and_component(self, task: str):
+        t = self.spec["root"]["dag"]["tasks"][task]
+        return t, self.spec["components"][t["componentRef"]["name"]]
 
     def executor_input(self, task: str, task_uid: str) -> Dict[str, Any]:
-        t = self.spec["root"]["dag"]["tasks"][task]
+        t, comp = self._task_and_component(task)
         for unsupported in ("triggerPolicy", "iteratorPolicy", "parameterIterator", "artifactIterator"):
             if unsupported in t:
                 raise HarnessError(f"task {task}: {unsupported} is not emulated")
-        comp = self.spec["components"][t["componentRef"]["name"]]
         declared_inputs = comp.get("inputDefinitions", {}).get("artifacts", {})
         params = {n: self._parameter(task, n, b) for n, b in t.get("inputs", {}).get("parameters", {}).items()}
         in_artifacts = {}
@@ -168,12 +173,12 @@ class LocalKfpRun:
             out_artifacts[key] = {"artifacts": [{
                 "name": (f"projects/123456789/locations/local/metadataStores/default/artifacts/{art_id}"
                          if self.mode == "vertex" else str(art_id)),
-                "uri": self._artifact_uri(task, key, task_uid),
+                "uri": os.path.join(self._task_dir(task, task_uid), key),
                 "type": dict(d["artifactType"]),  # both backends type outputs from the component spec
                 "metadata": {},
             }]}
         if self.mode == "vertex":
-            output_file = os.path.join(os.path.dirname(self._artifact_uri(task, "x", task_uid)), "executor_output.json")
+            output_file = os.path.join(self._task_dir(task, task_uid), "executor_output.json")
         else:  # the launcher's pod-local /tmp/kfp_outputs/output_metadata.json
             output_file = os.path.join(self.work_dir, "pods", f"{task}-{task_uid}", "tmp", "kfp_outputs",
                                        "output_metadata.json")
@@ -183,12 +188,12 @@ class LocalKfpRun:
         }
 
     # --- running ---------------------------------------------------------------------------
-    def _exec(self, task: str, cmd: List[str], log_path: str) -> float:
+    def _exec(self, task: str, cmd: List[str], env: Dict[str, str], log_path: str) -> float:
         start = time.time()
         with open(log_path, "ab") as log:
             log.write(("$ " + " ".join(c if len(c) < 200 else c[:60] + "...'" for c in cmd) + "\n").encode())
             log.flush()
-            rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=self._task_env,
+            rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                  cwd=os.path.dirname(log_path))
         if rc != 0:
             with open(log_path, "rb") as fh:
@@ -197,9 +202,9 @@ class LocalKfpRun:
         return time.time() - start
 
     def run_task(self, task: str) -> Dict[str, Any]:
-        t = self.spec["root"]["dag"]["tasks"][task]
-        comp = self.spec["components"][t["componentRef"]["name"]]
-        executor = self.spec["deploymentSpec"]["executors"][comp["executorLabel"]]
+        _, comp = self._task_and_component(task)
+        label = comp["executorLabel"]
+        executor = self.spec["deploymentSpec"]["executors"][label]
         if "container" not in executor:
             raise HarnessError(f"task {task}: executor kind {sorted(executor)} is not emulated (containers only)")
         container = executor["container"]
@@ -210,23 +215,25 @@ class LocalKfpRun:
         log_dir = os.path.join(self.work_dir, "logs")
         os.makedirs(log_dir, exist_ok=True)
         log_path = os.path.join(log_dir, f"{task}.log")
-        self._task_env = dict(self.env)
-        self._task_env.update({e["name"]: e.get("value", "") for e in container.get("env", [])})
+        env = dict(self.env)
+        env.update({e["name"]: e.get("value", "") for e in container.get("env", [])})
+        k8s = ((self.platform_spec or {}).get("platforms", {}).get("kubernetes", {})
+               .get("deploymentSpec", {}).get("executors", {}).get(label, {}))
         record = {"task": task, "image": container.get("image"), "resources": container.get("resources", {}),
-                  "executor_input": ei, "log": log_path, "seconds": {}}
+                  "kubernetes": k8s, "executor_input": ei, "log": log_path, "seconds": {}}
         hook = container.get("lifecycle", {}).get("preCacheCheck")
         if hook and self.mode == "vertex":
             cmd = _local_command(_substitute(hook.get("command", []) + hook.get("args", []), ei_json, f"{task} preCacheCheck"))
-            record["seconds"]["pre_cache_check"] = round(self._exec(task, cmd, log_path), 1)
+            record["seconds"]["pre_cache_check"] = round(self._exec(task, cmd, env, log_path), 1)
         cmd = _local_command(_substitute(container.get("command", []) + container.get("args", []), ei_json, task))
-        record["seconds"]["executor"] = round(self._exec(task, cmd, log_path), 1)
+        record["seconds"]["executor"] = round(self._exec(task, cmd, env, log_path), 1)
         self.outputs[task] = self._collect_outputs(task, ei)
         record["outputs"] = self.outputs[task]
         return record
 
     def _collect_outputs(self, task: str, ei: Dict[str, Any]) -> Dict[str, List[Dict[str, Any]]]:
         """What the launcher records: the provisioned output artifacts, updated with the metadata
-        (and any uri / name) the executor reported in its output file."""
+        (and uri) the executor reported in its output file."""
         out_file = ei["outputs"]["outputFile"]
         reported: Dict[str, Any] = {}
         if os.path.isfile(out_file):
