@@ -271,3 +271,57 @@ def test_layout_b_saved_in_per_device_slices(tmp_path):
     for name, want in values.items():
         assert tables.index.rows(tables.sources[name].key, [1, 1]) is None  # sliced: not mapped
         np.testing.assert_array_equal(tables.read(name), want)
+
+
+@pytest.mark.parametrize("model_type", ["dlrm", "dcn_v2"])
+def test_model_publishes_where_its_tables_are_in_a_checkpoint(tmp_path, model_type):
+    """The checkpoint keys the exporter reads (model.table_checkpoint_key, the dense parts) are the
+    ones a trained RankingModel writes, for both placements, a shared table and a table name that
+    needs escaping; the exporter reads the checkpoint back as the model holds it."""
+    from components.config import parse_config
+    from components.embedding_exporter.restore import build_serving_model, load_tables, restore_dense
+    from components.embedding_trainer import model as M
+    from components.embedding_trainer import plan as P
+    from components.embedding_trainer import trainer_module as tm
+
+    cfg = parse_config({
+        "input": {"path": "unused.csv"},
+        "label": "label",
+        "dense_features": [{"name": "I1"}],
+        "tables": [{"name": "sha.red", "dim": 8}],
+        "categorical_features": [
+            {"name": "A", "table": "sha.red"}, {"name": "B", "table": "sha.red"},
+            {"name": "big", "dim": 8}, {"name": "small", "dim": 4},
+        ],
+        "training": {"model": model_type, "bottom_mlp": [16, 8], "top_mlp": [8],
+                     "embedding": {"size_threshold": 50}},
+    })
+    manifest = {
+        "vocabularies": {"sha.red": {"rows": 101, "size": 100, "num_oov_buckets": 1},
+                         "big": {"rows": 201, "size": 200, "num_oov_buckets": 1},
+                         "small": {"rows": 11, "size": 10, "num_oov_buckets": 1}},
+        "dense_features": [{"name": "I1"}],
+        "categorical_features": [{"name": n} for n in ("A", "B", "big", "small")],
+    }
+    plan = P.derive_plan(cfg, manifest)
+    assert {t["placement"] for t in plan["tables"].values()} == {"tpu_embedding", "tensor_core"}
+    features = {"I1": tf.constant([[1.0], [2.0]])}
+    for n, rows in (("A", 101), ("B", 101), ("big", 201), ("small", 11)):
+        features[n] = tf.sparse.from_dense(tf.constant([[1, 3], [rows - 1, 0]], tf.int64))
+    model = tm.build_model(plan, manifest, cfg, for_training=True)
+    model(features)
+    path = tf.train.Checkpoint(model=model).save(os.path.join(str(tmp_path), "ckpt"))  # as the trainer saves
+    shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+    for name, t in plan["tables"].items():
+        key = M.table_checkpoint_key(name, t["placement"])
+        assert shapes.get(key) == [t["rows"], t["dim"]], (key, sorted(shapes))
+    assert L.table_key is M.table_checkpoint_key and L.TPU_PREFIX == M.TPU_EMBEDDING_CHECKPOINT_PATH + "/"
+    parts = M.dense_checkpoint_parts(model)
+    assert set(parts) <= set(M.DENSE_CHECKPOINT_PARTS) and ("cross" in parts) == (model_type == "dcn_v2")
+    for part in parts:
+        assert any(k.startswith(f"{M.CHECKPOINT_ROOT}/{part}/") for k in shapes), part
+
+    served = build_serving_model(plan, manifest, cfg, "float32", features)
+    assert restore_dense(served, path) > 0
+    load_tables(served, L.CheckpointTables(path, plan))
+    np.testing.assert_allclose(served(features).numpy(), model(features).numpy(), rtol=1e-6, atol=1e-6)

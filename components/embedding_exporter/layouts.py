@@ -21,10 +21,13 @@ Every table is read on its own, and B and C tables one shard/partition at a time
 would cost several times the largest one). Any disagreement between the checkpoint and the plan
 (a missing table, rows that disagree with the vocabulary, an inconsistent layout) raises
 `LayoutError` naming the table, the key and what was expected.
+
+Here: locating each table (which layout, which keys) and reading it. The checkpoint `.index`
+reader is checkpoint_index.py, the SparseCore layout maths sparsecore_layout.py (both re-exported),
+and the checkpoint paths of the model's tables are the model's own (embedding_trainer/model.py).
 """
 from __future__ import annotations
 
-import os
 import re
 import json
 from dataclasses import dataclass
@@ -33,32 +36,26 @@ from typing import Any, Dict, List, Optional, Tuple
 import components  # noqa: F401
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
 
 from components.config import ExportLayoutConfig
+from components.embedding_exporter.checkpoint_index import BundleIndex, restore_rows  # noqa: F401  (re-exported)
+from components.embedding_exporter.sparsecore_layout import (  # noqa: F401  (re-exported)
+    parse_layout_record, recompute_sparse_core_layouts, stack_table_to_shards, stacked_variables,
+)
+from components.embedding_trainer import model as M
 
-ATTR = "/.ATTRIBUTES/VARIABLE_VALUE"
-TPU_PREFIX = "model/embedding_layer/_tpu_embedding/"
-TENSOR_CORE_PREFIX = "model/tensor_core_tables/"
+# Where the model keeps its tables in a checkpoint: the model's own published paths (model.py).
+ATTR = M.VARIABLE_VALUE
+TPU_PREFIX = M.TPU_EMBEDDING_CHECKPOINT_PATH + "/"
+escape_name = M.checkpoint_name
+table_key = M.table_checkpoint_key  # layout-A key of a plan table
 # tpu_embedding_v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY (TensorFlow's name for the record).
 SPARSECORE_LAYOUTS_KEY = "_sparse_core_table_layouts"
-LAYOUT_RECORD_KEY = TPU_PREFIX + SPARSECORE_LAYOUTS_KEY + ATTR
+LAYOUT_RECORD_KEY = M.tpu_embedding_checkpoint_key(SPARSECORE_LAYOUTS_KEY)
 
 
 class LayoutError(ValueError):
     """The checkpoint's tables cannot be read as the plan describes them; says which and why."""
-
-
-def escape_name(name: str) -> str:
-    """A trackable name as it appears in object-based checkpoint keys (TensorFlow's escaping)."""
-    return name.replace(".", "..").replace("/", ".S")
-
-
-def table_key(table: str, placement: str) -> str:
-    """Layout-A checkpoint key of a table of this product's RankingModel."""
-    if placement == "tensor_core":
-        return f"{TENSOR_CORE_PREFIX}{escape_name(table)}/embeddings{ATTR}"
-    return f"{TPU_PREFIX}{escape_name(table)}{ATTR}"
 
 
 @dataclass
@@ -74,213 +71,9 @@ class TableSource:
     strategy: Optional[str] = None  # C
 
 
-def restore_rows(prefix: str, key: str, full_shape: List[int], start: int, count: int, dtype=tf.float32) -> np.ndarray:
-    """Rows [start, start+count) of a saved tensor, read without loading the rest (RestoreV2 slice)."""
-    spec = " ".join(str(int(d)) for d in full_shape) + f" {int(start)},{int(count)}" + ":-" * (len(full_shape) - 1)
-    return tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[key], shape_and_slices=[spec], dtypes=[dtype])[0].numpy()
-
-
 def div_partition_sizes(rows: int, parts: int) -> List[int]:
     """Rows per partition under `div` (and, equally, the count of r % parts == i under `mod`)."""
     return [rows // parts + (1 if i < rows % parts else 0) for i in range(parts)]
-
-
-class BundleIndex:
-    """Where each saved tensor's bytes are in a checkpoint's data files, from its `.index` file.
-
-    Hand-written because TensorFlow exposes no Python API for it, and `RestoreV2` slice reads of a
-    tensor saved whole read the whole tensor for every slice (tensor_bundle.cc GetSliceValue): 32
-    SparseCore shard reads of a stacked table would read the stack 32 times. With the offsets, a
-    tensor saved whole is memory-mapped and only the rows wanted are read. The index is a
-    TensorFlow table (LevelDB format: blocks of prefix-compressed entries, a block index, a
-    48-byte footer) mapping tensor names to `BundleEntryProto`s. Any surprise (a compressed block,
-    another format) makes `entry` return None, and the caller falls back to RestoreV2."""
-
-    MAGIC = 0xDB4775248B80FB57
-
-    def __init__(self, prefix: str):
-        from tensorflow.core.protobuf import tensor_bundle_pb2
-
-        self.prefix = prefix
-        self.entries: Dict[str, Any] = {}
-        self.num_shards = 1
-        self.ok = False
-        try:
-            with tf.io.gfile.GFile(prefix + ".index", "rb") as fh:
-                data = fh.read()
-            if int.from_bytes(data[-8:], "little") != self.MAGIC:
-                return
-            pos = len(data) - 48
-            _, pos = self._handle(data, pos)  # metaindex
-            index, _ = self._handle(data, pos)
-            for _, handle in self._block(data, *index):
-                block, _ = self._handle(handle, 0)
-                for key, value in self._block(data, *block):
-                    if key == b"":
-                        header = tensor_bundle_pb2.BundleHeaderProto.FromString(value)
-                        if header.endianness != 0:  # big-endian data: leave it to TensorFlow
-                            return
-                        self.num_shards = header.num_shards or 1
-                    else:
-                        self.entries[key.decode("utf-8", "replace")] = tensor_bundle_pb2.BundleEntryProto.FromString(value)
-            self.ok = True
-        except Exception:  # noqa: BLE001  (any parse problem: fall back to TensorFlow's reader)
-            self.entries, self.ok = {}, False
-
-    @staticmethod
-    def _varint(data: bytes, pos: int) -> Tuple[int, int]:
-        result = shift = 0
-        while True:
-            b = data[pos]
-            pos += 1
-            result |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return result, pos
-            shift += 7
-
-    def _handle(self, data: bytes, pos: int) -> Tuple[Tuple[int, int], int]:
-        offset, pos = self._varint(data, pos)
-        size, pos = self._varint(data, pos)
-        return (offset, size), pos
-
-    def _block(self, data: bytes, offset: int, size: int):
-        if data[offset + size] != 0:  # compression type byte after the block: 0 = none
-            raise ValueError("compressed index block")
-        block = data[offset: offset + size]
-        num_restarts = int.from_bytes(block[-4:], "little")
-        end = len(block) - 4 - 4 * num_restarts
-        pos, key = 0, b""
-        while pos < end:
-            shared, pos = self._varint(block, pos)
-            unshared, pos = self._varint(block, pos)
-            vlen, pos = self._varint(block, pos)
-            key = key[:shared] + block[pos: pos + unshared]
-            pos += unshared
-            yield key, block[pos: pos + vlen]
-            pos += vlen
-
-    def entry(self, key: str):
-        """The entry of a tensor saved whole as float32, else None."""
-        e = self.entries.get(key) if self.ok else None
-        if e is None or e.slices or e.dtype != tf.float32.as_datatype_enum:
-            return None
-        return e
-
-    def rows(self, key: str, shape: List[int]) -> Optional[np.ndarray]:
-        """A read-only memory map of a whole-saved float32 [rows, cols] tensor, or None."""
-        e = self.entry(key)
-        if e is None or int(np.prod(shape)) * 4 != e.size:
-            return None
-        path = f"{self.prefix}.data-{e.shard_id:05d}-of-{self.num_shards:05d}"
-        if not os.path.exists(path):  # remote file systems: TensorFlow's reader
-            return None
-        return np.memmap(path, dtype="<f4", mode="r", offset=e.offset, shape=tuple(shape))
-
-
-# ---- layout B ------------------------------------------------------------------------------------
-
-
-def parse_layout_record(record: bytes) -> Dict[str, sparse_core_layout_pb2.SparseCoreTableLayout]:
-    layouts = sparse_core_layout_pb2.SparseCoreTableLayouts()
-    layouts.ParseFromString(record)
-    return {t.table_name: t for t in layouts.tables}
-
-
-def _round_up(n: int, m: int) -> int:
-    return -(-n // m) * m
-
-
-def recompute_sparse_core_layouts(
-    tables: List[Dict[str, Any]], num_replicas: int, sparse_cores_per_chip: int
-) -> Dict[str, sparse_core_layout_pb2.SparseCoreTableLayout]:
-    """SparseCoreTableLayouts as TPUEmbeddingV2 (TF 2.16, tpu_embedding_v3.py) lays tables out.
-
-    `tables`: in the order TPUEmbeddingV2 sees them (first appearance over the features sorted by
-    name), each {name, rows, dim, group, samples}: `group` equal for equal optimizers and
-    quantization, `samples` = IDs per replica batch (per-replica batch x the table's features).
-    Stacking is TensorFlow's own C++ `stack_tables`; padding (`_round_table_sizes`), offsets and
-    rotations (`_stack_tables_with_same_table_dim_and_optimizer`) follow the Python code there.
-    """
-    from tensorflow.python.tpu import _pywrap_tpu_embedding
-
-    n = num_replicas * sparse_cores_per_chip
-    padded = {t["name"]: (_round_up(t["rows"], 8 * n), _round_up(t["dim"], 8)) for t in tables}
-    groups: Dict[Any, int] = {}
-    group_ids = [groups.setdefault((padded[t["name"]][1], t["group"]), len(groups)) for t in tables]
-    stacks = _pywrap_tpu_embedding.stack_tables(
-        [padded[t["name"]][0] for t in tables],
-        [padded[t["name"]][1] for t in tables],
-        [int(t["samples"]) for t in tables],
-        group_ids,
-        [t["name"] for t in tables],
-        num_replicas,
-    )
-    by_name = {t["name"]: t for t in tables}
-    out = {}
-    for stack in stacks:
-        stacked_name = "_".join(stack)
-        total = sum(padded[name][0] for name in stack)
-        offset = 0
-        for index, name in enumerate(stack):
-            p_rows, p_cols = padded[name]
-            layout = sparse_core_layout_pb2.SparseCoreTableLayout(
-                table_name=name,
-                stacked_table_name=stacked_name,
-                num_sparse_cores=n,
-                num_partitions=num_replicas,
-                total_rows_per_sparse_core_shard=total // n,
-                unsharded_shape=[by_name[name]["rows"], by_name[name]["dim"]],
-                unsharded_padded_shape=[p_rows, p_cols],
-                sparse_core_shard_row_offset=offset // n,
-                sparse_core_shard_rotation=sparse_cores_per_chip * index,
-            )
-            out[name] = layout
-            offset += p_rows
-    return out
-
-
-def stack_table_to_shards(table: np.ndarray, layout) -> Dict[int, np.ndarray]:
-    """The forward map (logical table -> this table's rows in each SparseCore shard), for tests
-    and benchmarks that build layout-B checkpoints: TensorFlow's `map_indices_in_shard` places
-    each row; rows and columns are zero-padded to the layout's padded shape."""
-    from tensorflow.python.tpu import tpu_embedding_v3_utils
-
-    n = layout.num_sparse_cores
-    p_rows, p_cols = layout.unsharded_padded_shape
-    padded = np.zeros((p_rows, p_cols), table.dtype)
-    padded[: table.shape[0], : table.shape[1]] = table
-    shard, pos = tpu_embedding_v3_utils.map_indices_in_shard(
-        n, 0, layout.sparse_core_shard_rotation, tf.range(p_rows, dtype=tf.int64)
-    )
-    shard, pos = shard.numpy(), pos.numpy()
-    size = p_rows // n
-    out = {s: np.zeros((size, p_cols), table.dtype) for s in range(n)}
-    for s in range(n):
-        rows = np.nonzero(shard == s)[0]
-        out[s][pos[rows]] = padded[rows]
-    return out
-
-
-def stacked_variables(values: Dict[str, np.ndarray], layouts: Dict[str, Any]) -> Dict[str, np.ndarray]:
-    """{stacked variable name: [N x rows per shard, padded cols]}: the layout-B checkpoint values
-    of `values` (logical tables) under `layouts`, for tests and benchmarks. Every row of every
-    shard must come from some table's padded rows, or the layouts do not describe whole stacks."""
-    stacks: Dict[str, List[str]] = {}
-    for name, layout in layouts.items():
-        stacks.setdefault(layout.stacked_table_name, []).append(name)
-    out = {}
-    for stacked, names in stacks.items():
-        first = layouts[names[0]]
-        n, per_shard, cols = first.num_sparse_cores, first.total_rows_per_sparse_core_shard, first.unsharded_padded_shape[1]
-        full = np.full((n, per_shard, cols), np.nan, np.float32)  # NaN: any row not written shows up
-        for name in names:
-            lo = layouts[name].sparse_core_shard_row_offset
-            for shard, rows in stack_table_to_shards(values[name], layouts[name]).items():
-                full[shard, lo: lo + rows.shape[0]] = rows
-        if np.isnan(full).any():
-            raise ValueError(f"layouts of {names} leave rows of the stacked variable {stacked} unwritten")
-        out[stacked] = full.reshape(n * per_shard, cols)
-    return out
 
 
 # ---- reading -------------------------------------------------------------------------------------
@@ -453,7 +246,7 @@ class CheckpointTables:
             f"recomputed (no _sparse_core_table_layouts record): TensorFlow's stack_tables over "
             f"{replicas} replicas x {per_chip} SparseCores per chip, per-replica batch {per_replica}"
         )
-        expected = {TPU_PREFIX + escape_name(l.stacked_table_name) + ATTR for l in self._recomputed.values()}
+        expected = {M.tpu_embedding_checkpoint_key(l.stacked_table_name) for l in self._recomputed.values()}
         present = set(self._stacked_keys())
         if not expected <= present:
             raise LayoutError(
@@ -465,7 +258,7 @@ class CheckpointTables:
         return self._recomputed
 
     def _source_b(self, name, rows, dim, layout, how) -> TableSource:
-        key = TPU_PREFIX + escape_name(layout.stacked_table_name) + ATTR
+        key = M.tpu_embedding_checkpoint_key(layout.stacked_table_name)
         if key not in self.shapes:
             raise LayoutError(f"table {name!r}: its stacked variable {key} (from the layout) is not in the checkpoint")
         n = int(layout.num_sparse_cores)

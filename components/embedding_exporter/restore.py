@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from components.config import ExportLayoutConfig, PipelineConfig
 from components.embedding_exporter import layouts as L
-from components.embedding_trainer.model import RankingModel
+from components.embedding_trainer.model import CHECKPOINT_ROOT, RankingModel, dense_checkpoint_parts
 
 
 class ExportRefused(RuntimeError):
@@ -31,19 +31,9 @@ def build_serving_model(plan, manifest, cfg: PipelineConfig, table_dtype: str, s
     return model
 
 
-def _dense_parts(model: RankingModel) -> Dict[str, Any]:
-    """The model's non-embedding sublayers under their checkpoint names (model.py attributes)."""
-    parts: Dict[str, Any] = {"bottom_mlp": model.bottom_mlp, "top_mlp": model.top_mlp}
-    if model.projections:
-        parts["projections"] = model.projections
-    if model.model_type != "dlrm":
-        parts["cross"] = model.cross
-    return parts
-
-
 def dense_variables(model: RankingModel) -> List[tf.Variable]:
     out: List[tf.Variable] = []
-    for name, part in sorted(_dense_parts(model).items()):
+    for name, part in sorted(dense_checkpoint_parts(model).items()):
         if name == "projections":
             out += [v for k in sorted(part) for v in part[k].variables]
         elif name == "cross":
@@ -55,8 +45,9 @@ def dense_variables(model: RankingModel) -> List[tf.Variable]:
 
 def restore_dense(model: RankingModel, checkpoint_path: str) -> int:
     """Restores the dense network (not the tables, which layouts.py converts) from the checkpoint;
-    every dense weight must be found with its shape. Returns how many were restored."""
-    mirror = tf.train.Checkpoint(model=tf.train.Checkpoint(**_dense_parts(model)))
+    every dense weight must be found with its shape. Returns how many were restored. The parts and
+    their checkpoint names are the model's (model.dense_checkpoint_parts), under its checkpoint root."""
+    mirror = tf.train.Checkpoint(**{CHECKPOINT_ROOT: tf.train.Checkpoint(**dense_checkpoint_parts(model))})
     try:
         status = mirror.restore(checkpoint_path)
         status.assert_existing_objects_matched()

@@ -313,3 +313,50 @@ class RankingModel(tf.keras.Model):
             self.embedding_optimizer.apply_gradients(emb_gv)
         self.compiled_metrics.update_state(labels, probs)
         return {m.name: m.result() for m in self.metrics}
+
+
+# ---- where the model's variables are in a training checkpoint ------------------------------------
+# The trainer saves `tf.train.Checkpoint(model=<RankingModel>)`, and object-based checkpoint keys
+# are the attribute path from that root. Readers of training checkpoints (the exporter) take the
+# paths from here, so they depend on the model's statement rather than on its attribute names.
+# tests/test_export_layouts.py checks them against a checkpoint of a real RankingModel.
+CHECKPOINT_ROOT = "model"
+VARIABLE_VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"  # suffix of a variable's value under its object path
+# Tables placed in `tpu_embedding`: the TFRS layer's mid-level API object (TPUEmbedding,
+# TPUEmbeddingV2 or TPUEmbeddingForServing) holds one variable per table, named by the table
+# (TPUEmbeddingV2: one per SparseCore stack, named by joining its tables' names with '_').
+TPU_EMBEDDING_CHECKPOINT_PATH = CHECKPOINT_ROOT + "/embedding_layer/_tpu_embedding"
+# Tables placed on the `tensor_core`: one TensorCoreTable per table, its weight `embeddings`.
+TENSOR_CORE_TABLES_CHECKPOINT_PATH = CHECKPOINT_ROOT + "/tensor_core_tables"
+# The dense network's sublayers (RankingModel attributes, so checkpoint names under the root):
+# MLPs always; `projections` only for dlrm with tables of another width; `cross` only for dcn_v2.
+DENSE_CHECKPOINT_PARTS = ("bottom_mlp", "top_mlp", "projections", "cross")
+
+
+def checkpoint_name(name: str) -> str:
+    """A name as it appears in an object-based checkpoint key (TensorFlow's escaping of '.', '/')."""
+    return name.replace(".", "..").replace("/", ".S")
+
+
+def tpu_embedding_checkpoint_key(variable: str) -> str:
+    """Key of a variable held directly by the TPU embedding object: a table, a SparseCore stack or
+    TensorFlow's `_sparse_core_table_layouts` record."""
+    return f"{TPU_EMBEDDING_CHECKPOINT_PATH}/{checkpoint_name(variable)}{VARIABLE_VALUE}"
+
+
+def table_checkpoint_key(table: str, placement: str) -> str:
+    """Key of a plan table's [rows, dim] variable as this model saves it one variable per table
+    (CPU/GPU, TPUEmbedding on TPU v2-v4); `placement`: the plan's `tpu_embedding` or `tensor_core`."""
+    if placement == "tensor_core":
+        return f"{TENSOR_CORE_TABLES_CHECKPOINT_PATH}/{checkpoint_name(table)}/embeddings{VARIABLE_VALUE}"
+    return tpu_embedding_checkpoint_key(table)
+
+
+def dense_checkpoint_parts(model: RankingModel) -> Dict[str, Any]:
+    """The model's dense sublayers that exist, under their checkpoint names (DENSE_CHECKPOINT_PARTS)."""
+    parts: Dict[str, Any] = {"bottom_mlp": model.bottom_mlp, "top_mlp": model.top_mlp}
+    if model.projections:
+        parts["projections"] = model.projections
+    if model.model_type != "dlrm":
+        parts["cross"] = model.cross
+    return parts
