@@ -34,7 +34,7 @@ from components.embedding_exporter.restore import (  # noqa: F401  (re-exported)
     ExportRefused, build_serving_model, cfg_hint, dense_variables, load_tables, open_checkpoint_tables, restore_dense,
 )
 from components.embedding_exporter.serving import RawFeatureTransform, ServingModule, save_serving_model
-from components.embedding_preprocess import beam_pipeline
+from components.embedding_preprocess import transform as preprocess_transform
 from components.embedding_preprocess import vocabulary as V
 from components.embedding_preprocess.run import EMBEDDING_MANIFEST_FILE, read_json
 from components.embedding_trainer import plan as P
@@ -164,8 +164,8 @@ def export_serving_model(
     raw = read_raw_examples(raw_eval_pattern, max(e.parity_sample_size, e.auc_sample_size))
     vocabularies = {name: V.read_vocabulary(vocab_dir, name) for name in manifest["vocabularies"]}
     rb = example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(raw)
-    transformed, keep, _ = beam_pipeline.transform_record_batch(
-        cfg, beam_pipeline.make_lookups(cfg, vocabularies), rb, "export"
+    transformed, keep, _ = preprocess_transform.transform_record_batch(
+        cfg, preprocess_transform.make_lookups(cfg, vocabularies), rb, "export"
     )
     if transformed is None:
         raise ExportRefused(f"no labelled eval example among the {len(raw)} read from {raw_eval_pattern}")

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 
 from components.config import PipelineConfig
+from components.embedding_preprocess.transform import read_batch_rows
 
 
 CHUNK_BYTES = 16 << 20
@@ -157,18 +158,30 @@ def _to_float(col: pa.Array):
         return pa.array(out, pa.float64()), bad
 
 
-@beam.ptransform_fn
-def ReadCsvRecordBatches(pipeline, pattern: str, header: List[str], cfg: PipelineConfig):  # pylint: disable=invalid-name
-    """Returns (record batches, statistics partials)."""
-    from components.embedding_preprocess.beam_pipeline import read_batch_rows
+class ReadCsvRecordBatches(beam.PTransform):
+    """PBegin -> (RecordBatches of the CSV files `pattern`, statistics partials of the input).
 
-    rows = read_batch_rows(cfg.training.batch_size)
-    # Byte ranges instead of Beam's line-per-element text source: a 1M-row file is ~60 elements,
-    # not 1M, and pyarrow's C++ parser does the line work. Reshuffle spreads ranges over workers.
-    result = (
-        pipeline
-        | "Ranges" >> beam.Create(split_ranges(pattern, CHUNK_BYTES))
-        | "Spread" >> beam.Reshuffle()
-        | "Parse" >> beam.ParDo(_ParseCsvRange(header, cfg.to_json(), rows)).with_outputs("stats", main="batches")
-    )
-    return result.batches, result.stats
+    Batches have `transform.read_batch_rows(batch_size)` rows (consecutive whole training batches)
+    and the columns of `header`, shaped as the module docstring says; the partials count malformed
+    rows and non-numeric values per byte range."""
+
+    def __init__(self, pattern: str, header: List[str], cfg: PipelineConfig):
+        super().__init__()
+        self._pattern = pattern
+        self._header = header
+        self._config_json = cfg.to_json()
+        self._rows = read_batch_rows(cfg.training.batch_size)
+
+    def expand(self, pbegin):
+        # Byte ranges instead of Beam's line-per-element text source: a 1M-row file is ~60 elements,
+        # not 1M, and pyarrow's C++ parser does the line work. Reshuffle spreads ranges over workers.
+        result = (
+            pbegin
+            | "Ranges" >> beam.Create(split_ranges(self._pattern, CHUNK_BYTES))
+            | "Spread" >> beam.Reshuffle()
+            | "Parse"
+            >> beam.ParDo(_ParseCsvRange(self._header, self._config_json, self._rows)).with_outputs(
+                "stats", main="batches"
+            )
+        )
+        return result.batches, result.stats

@@ -10,7 +10,8 @@ renders. Everything is exact: counts over all rows, no sampling.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -20,10 +21,18 @@ SHARDING_STRATEGIES = ("div", "mod")
 OPTIMIZER_SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2, "ftrl": 2}
 
 
-def merge_stats(accumulators: Iterable[Dict[str, Any]]) -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
-    for acc in accumulators:
-        for k, v in acc.items():
+@dataclass
+class StatisticsAccumulator:
+    """Statistics partials merged so far (`MergeStatsFn`'s accumulator): `values` is the merged partial.
+
+    Merges in place; every numpy vector in `values` is its own copy, so the partials added are
+    never modified."""
+
+    values: Dict[str, Any] = field(default_factory=dict)
+
+    def add(self, partial: Mapping[str, Any]) -> "StatisticsAccumulator":
+        out = self.values
+        for k, v in partial.items():
             if k not in out:
                 out[k] = v.copy() if isinstance(v, np.ndarray) else v
             elif k.startswith("max/"):
@@ -38,7 +47,20 @@ def merge_stats(accumulators: Iterable[Dict[str, Any]]) -> Dict[str, Any]:
                 continue
             else:
                 out[k] = out[k] + v
-    return out
+        return self
+
+    def merge(self, others: Iterable["StatisticsAccumulator"]) -> "StatisticsAccumulator":
+        for other in others:
+            self.add(other.values)
+        return self
+
+
+def merge_stats(partials: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
+    """The merge of statistics partials (rules in the module docstring); the partials are not modified."""
+    acc = StatisticsAccumulator()
+    for partial in partials:
+        acc.add(partial)
+    return acc.values
 
 
 def jsonable(stats: Dict[str, Any]) -> Dict[str, Any]:

@@ -1,0 +1,132 @@
+"""Raw RecordBatch -> transformed RecordBatch of embedding IDs, without Beam.
+
+What the Beam pipeline's `TransformSplit` applies to every batch of every split, and what the
+exporter applies to the eval rows it scores with the trained model (so both read the same code).
+The transformed batch has the label and every dense feature as one float32 per row and every
+categorical feature as a list of int64 embedding IDs: what the trainer reads.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import pyarrow as pa
+
+from components.config import PipelineConfig
+from components.embedding_preprocess import features as F
+from components.embedding_preprocess import statistics as S
+from components.embedding_preprocess import vocabulary as V
+
+
+def column(rb: pa.RecordBatch, name: str) -> Optional[pa.Array]:
+    """The column `name` of `rb`, or None when the batch has none (no example held the feature)."""
+    i = rb.schema.get_field_index(name)
+    return rb.column(i) if i >= 0 else None
+
+
+def as_list_array(values: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """A ListArray of `values` cut into consecutive lists of `lengths`."""
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+
+def read_batch_rows(batch_size: int) -> int:
+    """Rows per RecordBatch read: a multiple of the training batch size (per-batch statistics slice
+    it into consecutive training batches), large enough that Arrow work dominates per-batch overhead."""
+    return batch_size * max(1, -(-4096 // batch_size))
+
+
+def make_lookups(cfg: PipelineConfig, vocabularies: Dict[str, List[bytes]]) -> Dict[str, V.VocabularyLookup]:
+    """One lookup per table over its vocabulary (a table without one gets an empty vocabulary)."""
+    return {
+        t.name: V.VocabularyLookup(vocabularies.get(t.name, []), t.vocabulary.num_oov_buckets) for t in cfg.tables
+    }
+
+
+# Lookups built in this worker process, by vocabulary directory: every transform DoFn (one per
+# split) and every bundle of a process share one copy instead of each receiving the vocabularies
+# through a side input (which the portable runners re-send per bundle).
+# Keyed by a per-pipeline run id too, so that a later run into the same directory never sees them.
+_LOOKUP_CACHE: Dict[Tuple[str, str], Dict[str, V.VocabularyLookup]] = {}
+
+
+def load_lookups(
+    cfg: PipelineConfig, vocabulary_dir: str, sizes: Dict[str, int], run_id: str = ""
+) -> Dict[str, V.VocabularyLookup]:
+    """Lookups over the vocabulary files just written; `sizes` (from the writer) guards against stale files."""
+    key = (vocabulary_dir, run_id)
+    if key not in _LOOKUP_CACHE:
+        vocabularies = {name: V.read_vocabulary(vocabulary_dir, name) for name in sizes}
+        for name, size in sizes.items():
+            if len(vocabularies[name]) != size:
+                raise RuntimeError(
+                    f"{V.vocabulary_file(vocabulary_dir, name)} has {len(vocabularies[name])} tokens, the writer "
+                    f"wrote {size}: another run is writing to the same output directory"
+                )
+        _LOOKUP_CACHE.clear()  # one run per process at a time: earlier runs' lookups are no longer needed
+        _LOOKUP_CACHE[key] = make_lookups(cfg, vocabularies)
+    return _LOOKUP_CACHE[key]
+
+
+def transform_record_batch(
+    cfg: PipelineConfig, lookups: Dict[str, V.VocabularyLookup], rb: pa.RecordBatch, split: str
+) -> Tuple[Optional[pa.RecordBatch], np.ndarray, Dict[str, float]]:
+    """Raw RecordBatch -> (transformed RecordBatch of the labelled rows or None, kept-row mask, stats).
+
+    The transformed batch has the label and every dense feature as one float32 per row and every
+    categorical feature as a list of int64 embedding IDs: what the trainer reads. `stats` is the
+    batch's statistics partial (see statistics.py for how partials merge).
+    """
+    stats: Counter = Counter()
+    stats[f"{split}/examples_read"] += rb.num_rows
+    for i, name in enumerate(rb.schema.names):
+        stats[f"kind/{name}/{F.kind_of(rb.column(i))}"] += 1
+    labels = F.extract_label(column(rb, cfg.label), rb.num_rows)
+    keep = labels.keep
+    label = labels.values
+    # Rows without a usable label are dropped (counted here by reason); every other statistic
+    # describes the kept rows, which are what training reads.
+    rb = rb.filter(pa.array(keep)) if not keep.all() else rb
+    n = kept = rb.num_rows
+    stats[f"{split}/dropped/{F.DROP_MISSING_LABEL}"] += int(labels.missing.sum())
+    stats[f"{split}/dropped/{F.DROP_INVALID_LABEL}"] += int(labels.invalid.sum())
+    stats[f"{split}/positives"] += float(label[keep].sum())
+    ones = np.ones(n, np.int64)
+    columns: Dict[str, pa.Array] = {cfg.label: as_list_array(label[keep], ones)}
+    for d in cfg.dense_features:
+        dense = F.extract_dense(column(rb, d.source), n, d.fill_value)
+        stats[f"{split}/dense/{d.name}/missing"] += int(dense.missing)
+        for reason, c in dense.invalid.items():
+            stats[f"{split}/dense/{d.name}/invalid/{reason}"] += c
+        columns[d.name] = as_list_array(dense.values, ones)
+    table_ids: Dict[str, List[Tuple[np.ndarray, np.ndarray]]] = {}
+    for f in cfg.categorical_features:
+        table = cfg.feature_table(f).name
+        toks = F.extract_tokens(column(rb, f.source), n, f.separator, f.max_length)
+        ids, oov = lookups[table].lookup(toks.values)
+        per_row = toks.ids_per_row()
+        prefix = f"{split}/feature/{f.name}"
+        stats[f"vec/{prefix}/ids_per_example_histogram"] = np.bincount(per_row).astype(np.int64)
+        stats[f"{prefix}/present"] += int(np.count_nonzero(per_row))
+        stats[f"{prefix}/ids"] += int(len(ids))
+        stats[f"{prefix}/oov"] += oov
+        stats[f"{prefix}/truncated"] += toks.truncated
+        for reason, c in toks.invalid.items():
+            stats[f"{prefix}/invalid/{reason}"] += c
+        table_ids.setdefault(table, []).append((ids, toks.row))
+        columns[f.name] = as_list_array(ids, per_row)
+    if split == "train":  # batch and shard statistics size the tables: computed on what training reads
+        bs = cfg.training.batch_size
+        num_batches = -(-n // bs)
+        batch_is_full = np.array([min(bs, n - k * bs) == bs for k in range(num_batches)], dtype=bool)
+        stats["train/partial_batches"] += int(num_batches - batch_is_full.sum())
+        for table, parts in table_ids.items():
+            ids = np.concatenate([i for i, _ in parts])
+            batch_of_id = np.concatenate([r for _, r in parts]) // bs
+            for k, v in S.batch_table_stats(
+                split, table, ids, batch_of_id, batch_is_full, lookups[table].rows, cfg.statistics.shard_counts
+            ).items():
+                stats[k] = v
+    out = pa.RecordBatch.from_arrays(list(columns.values()), list(columns.keys())) if kept else None
+    return out, keep, dict(stats)
