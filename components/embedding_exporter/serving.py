@@ -1,10 +1,12 @@
 """The CPU serving graph: raw feature values in, click probability out.
 
-`RawFeatureTransform` applies, with TensorFlow ops, the same rules preprocessing applies with
-pyarrow (see `components.embedding_preprocess.features`): multi-hot splitting, empty and invalid
-tokens dropped, truncation to `max_length`, vocabulary lookup with OOV hashing
-(`tf.lookup.StaticVocabularyTable` = farmhash Fingerprint64 buckets, as preprocessing uses), and
-dense fill of missing, NaN and infinite values. Vocabulary files become SavedModel assets.
+`RawFeatureTransform` implements the rulebook (`components.rulebook`, whose case table
+`tests/test_rulebook.py` runs through this graph's two signatures and through preprocessing's
+pyarrow code) with TensorFlow ops: tokens (T1-T7: kinds, multi-hot splitting, empty and invalid
+tokens dropped, truncation to `max_length`), JSON strings (J1-J3: integer columns normalised as
+int64 values), IDs (V1-V2: `tf.lookup.StaticVocabularyTable` = farmhash Fingerprint64 buckets) and
+dense values (D1-D5: missing, NaN and infinite values filled). Vocabulary files become SavedModel
+assets.
 
 `ServingModule` wraps the transform and a `RankingModel` built without optimizer (so no slot
 variables exist) and exposes two signatures:
@@ -24,18 +26,39 @@ from typing import Any, Dict
 import components  # noqa: F401
 import tensorflow as tf
 
-from components.embedding_preprocess import features as F
+from components import rulebook as R
 
-_DTYPES = {F.KIND_BYTES: tf.string, F.KIND_INT: tf.int64, F.KIND_FLOAT: tf.float32}
+_DTYPES = {R.KIND_BYTES: tf.string, R.KIND_INT: tf.int64, R.KIND_FLOAT: tf.float32}
 
 
-def _valid_tokens(tokens: tf.RaggedTensor) -> tf.Tensor:
-    """Non-empty, valid UTF-8, no line break: the rules of `features.extract_tokens`."""
+def _valid_tokens(tokens: tf.RaggedTensor) -> tf.RaggedTensor:
+    """Rulebook T5-T6: non-empty, valid UTF-8, no line break."""
     flat = tokens.flat_values
     nonempty = tf.strings.length(flat) > 0
     utf8 = tf.equal(tf.strings.unicode_transcode(flat, "UTF-8", "UTF-8", errors="ignore"), flat)
     no_break = tf.logical_not(tf.strings.regex_full_match(flat, "(?s).*[\r\n].*"))
     return tokens.with_flat_values(nonempty & utf8 & no_break)
+
+
+def _fits_int64(digits: tf.Tensor) -> tf.Tensor:
+    """Whether decimal digits without leading zeros are at most INT64_MAX, without converting a
+    longer number (tf.strings.to_number fails on overflow): the first 18 digits and the 19th."""
+    n = tf.strings.length(digits)
+    head = tf.strings.to_number(tf.strings.substr(digits, 0, 18), tf.int64)  # never overflows
+    nineteenth = tf.strings.to_number(tf.strings.substr(tf.strings.join([digits, "0" * 19]), 18, 1), tf.int64)
+    top, last = divmod(R.INT64_MAX, 10)
+    return (n < 19) | ((n == 19) & ((head < top) | ((head == top) & (nineteenth <= last))))
+
+
+def _int_texts(values: tf.RaggedTensor) -> tf.RaggedTensor:
+    """Rulebook J2: JSON strings of an int64 column -> the decimal text preprocessing makes of the
+    int64 value each stands for (`rulebook.int_text_value`); no value, `negative_int` and
+    `not_integer` strings are dropped."""
+    values = tf.ragged.map_flat_values(tf.strings.strip, values)
+    values = tf.ragged.boolean_mask(values, tf.strings.regex_full_match(values, R.INTEGER_TEXT.decode()))
+    negative = tf.strings.regex_full_match(values, "-0*[1-9][0-9]*")
+    digits = tf.strings.regex_replace(values, "^[+-]?0*([0-9])", r"\1")  # sign and leading zeros off
+    return tf.ragged.boolean_mask(digits, tf.logical_not(negative) & tf.ragged.map_flat_values(_fits_int64, digits))
 
 
 class RawFeatureTransform(tf.Module):
@@ -80,14 +103,17 @@ class RawFeatureTransform(tf.Module):
         return self._to_model_inputs(ragged, from_json=True)
 
     def _tokens(self, values: tf.RaggedTensor, f: Dict[str, Any], from_json: bool) -> tf.RaggedTensor:
+        """Raw values (or JSON strings) of one categorical column -> its valid tokens per row:
+        rulebook T1-T7 (J1-J3)."""
         raw_kind = self.kinds[f["column"]]
-        kind = F.KIND_BYTES if from_json else raw_kind
-        if kind == F.KIND_FLOAT:  # floats are invalid categorical values: no tokens
-            return tf.ragged.boolean_mask(tf.strings.as_string(values), tf.zeros_like(values, tf.bool))
-        if kind == F.KIND_INT:  # negative integers are invalid (features.extract_tokens)
+        if raw_kind == R.KIND_FLOAT:  # T3, J3: floats are invalid categorical values: no tokens
+            return tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.string), tf.zeros([values.nrows()], tf.int64))
+        if raw_kind == R.KIND_INT and from_json:  # J2: each string stands for an int64 value
+            if f["separator"] is not None:
+                values = tf.strings.split(values, f["separator"]).merge_dims(1, 2)
+            values = _int_texts(values)
+        elif raw_kind == R.KIND_INT:  # T2: the decimal text; negative integers are invalid
             values = tf.strings.as_string(tf.ragged.boolean_mask(values, values >= 0))
-        elif raw_kind == F.KIND_INT:  # the same rule for integer columns sent as JSON strings
-            values = tf.ragged.boolean_mask(values, tf.logical_not(tf.strings.regex_full_match(values, "-[0-9]+")))
         if f["separator"] is not None:
             values = tf.strings.split(values, f["separator"]).merge_dims(1, 2)
         values = tf.ragged.boolean_mask(values, _valid_tokens(values))
@@ -99,12 +125,12 @@ class RawFeatureTransform(tf.Module):
         out: Dict[str, Any] = {}
         for d in self._manifest["dense_features"]:
             values = raw[d["column"]]
-            kind = F.KIND_FLOAT if from_json else self.kinds[d["column"]]
-            if kind == F.KIND_BYTES:  # non-numeric column: every value is filled
+            kind = R.KIND_FLOAT if from_json else self.kinds[d["column"]]
+            if kind == R.KIND_BYTES:  # D5: non-numeric column: every value is filled
                 first = tf.fill([values.nrows(), 1], tf.constant(float("nan"), tf.float32))
             else:
                 first = tf.cast(values[:, :1], tf.float32).to_tensor(default_value=float("nan"), shape=[None, 1])
-            # NaN, inf and numbers beyond float32 are filled, as features.extract_dense does.
+            # D1-D4: the first value; NaN, inf and numbers beyond float32 are filled.
             out[d["name"]] = tf.where(tf.math.is_finite(first), first, tf.constant(d["fill_value"], tf.float32))
         for f in self._manifest["categorical_features"]:
             tokens = self._tokens(raw[f["column"]], f, from_json)

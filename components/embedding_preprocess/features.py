@@ -1,21 +1,10 @@
 """Turning raw tf.Example columns (as Arrow record batches) into tokens, dense values and labels.
 
-Pure functions over pyarrow arrays: no Beam, no TensorFlow. The serving graph in
-`components.embedding_exporter.serving` applies the same rules with TensorFlow ops; the tests hold
-the two against each other. The rules:
-
-- A categorical cell may be bytes (split on the feature's separator when it has one), int64
-  (written as its decimal string, e.g. a column of numeric IDs) or missing. Negative int64 values
-  are invalid (counted, never looked up): they are sentinels (-1 for missing) or overflowed hashes.
-  Any non-negative int64 is a valid key: keys are looked up in the vocabulary, never used as row
-  indices, so no value is too large.
-- Empty strings are not tokens. Tokens that are not valid UTF-8, or that hold a line break (they
-  could not be stored one per line in a vocabulary file), are invalid: counted, never looked up.
-- Multi-hot lists keep their first `max_length` valid tokens; the rest are counted as truncated.
-- A dense cell takes its first value; missing, NaN and infinite values (including numbers beyond
-  float32, e.g. 1e39 or 1e400) become the feature's fill value; NaN and infinite ones are counted.
-- The label is binary: one value per row, 0 or 1. A row without one is dropped as `missing_label`,
-  a row whose label is anything else (2, -1, 0.5, text, several values) as `invalid_label`.
+Pure functions over pyarrow arrays: no Beam, no TensorFlow. They implement the rulebook,
+`components.rulebook` (rules T1-T7 for tokens, D1-D5 for dense values, L1 for labels; its module
+docstring states them and its case table is what `tests/test_rulebook.py` runs through this module
+and through the serving graph, `components.embedding_exporter.serving`). The kinds and the reasons
+are the rulebook's constants, importable from here under the same names.
 """
 from __future__ import annotations
 
@@ -26,20 +15,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-# Raw kinds of a tf.Example feature, as recorded in the vocabulary manifest for the serving graph.
-KIND_BYTES = "bytes"
-KIND_INT = "int64"
-KIND_FLOAT = "float"
-KIND_NONE = "none"  # every value in the batch was missing
-
-INVALID_NOT_UTF8 = "not_utf8"
-INVALID_LINE_BREAK = "line_break"
-INVALID_FLOAT_IN_CATEGORICAL = "float_in_categorical"
-INVALID_NEGATIVE_INT = "negative_int"
-INVALID_NAN = "nan"
-INVALID_INFINITE = "infinite"  # inf, -inf, or a number beyond float32
-INVALID_MULTI_VALUED = "multi_valued_dense"
-INVALID_NOT_NUMERIC = "not_numeric"
+from components.rulebook import (  # noqa: F401  (re-exported: the names code imports from here)
+    DROP_INVALID_LABEL,
+    DROP_MISSING_LABEL,
+    INVALID_FLOAT_IN_CATEGORICAL,
+    INVALID_INFINITE,
+    INVALID_LINE_BREAK,
+    INVALID_MULTI_VALUED,
+    INVALID_NAN,
+    INVALID_NEGATIVE_INT,
+    INVALID_NOT_NUMERIC,
+    INVALID_NOT_UTF8,
+    KIND_BYTES,
+    KIND_FLOAT,
+    KIND_INT,
+    KIND_NONE,
+    binary_label,
+)
 
 
 def kind_of(arr: Optional[pa.Array]) -> str:
@@ -85,6 +77,7 @@ def _flatten(arr: pa.Array):
 def extract_tokens(
     arr: Optional[pa.Array], num_rows: int, separator: Optional[str], max_length: Optional[int]
 ) -> Tokens:
+    """Rulebook T1-T7 over a batch: the valid tokens, the truncated ones and the invalid ones by reason."""
     if arr is None or kind_of(arr) == KIND_NONE:
         return Tokens(np.zeros(0, np.int64), pa.array([], pa.binary()), num_rows)
     invalid: Dict[str, int] = {}
@@ -171,6 +164,7 @@ class DenseValues:
 
 
 def extract_dense(arr: Optional[pa.Array], num_rows: int, fill_value: float) -> DenseValues:
+    """Rulebook D1-D5 over a batch: one float32 per row, missing and invalid ones filled and counted."""
     out = np.full(num_rows, fill_value, dtype=np.float32)
     if arr is None or kind_of(arr) == KIND_NONE:
         return DenseValues(out, missing=num_rows)
@@ -201,10 +195,6 @@ def extract_dense(arr: Optional[pa.Array], num_rows: int, fill_value: float) -> 
     return DenseValues(out, missing=num_rows - len(row), invalid=invalid)
 
 
-DROP_MISSING_LABEL = "missing_label"
-DROP_INVALID_LABEL = "invalid_label"
-
-
 @dataclass
 class Labels:
     values: np.ndarray  # float32 0/1 where usable
@@ -217,7 +207,7 @@ class Labels:
 
 
 def extract_label(arr: Optional[pa.Array], num_rows: int) -> Labels:
-    """Each row's label (see the module docstring): rows without a usable 0/1 label are dropped."""
+    """Each row's label (rulebook L1, `rulebook.binary_label`): rows without a usable 0/1 label are dropped."""
     if arr is None or kind_of(arr) == KIND_NONE:
         none = np.ones(num_rows, bool)
         return Labels(np.zeros(num_rows, np.float32), none, ~none)
@@ -225,10 +215,8 @@ def extract_label(arr: Optional[pa.Array], num_rows: int) -> Labels:
         lengths = np.asarray(pc.fill_null(pc.list_value_length(arr), 0), dtype=np.int64)
     else:
         lengths = np.asarray(pc.is_valid(arr), dtype=np.int64)
-    missing = lengths == 0
-    if kind_of(arr) == KIND_BYTES:
-        return Labels(np.zeros(num_rows, np.float32), missing, ~missing)
-    first = extract_dense(arr, num_rows, float("nan")).values
-    binary = (first == 0.0) | (first == 1.0)
-    invalid = ~missing & ((lengths != 1) | ~binary)
-    return Labels(np.where(binary, first, 0.0).astype(np.float32), missing, invalid)
+    if kind_of(arr) == KIND_BYTES:  # text is no number: every present label is invalid
+        first = np.full(num_rows, np.nan, np.float32)
+    else:
+        first = extract_dense(arr, num_rows, float("nan")).values
+    return Labels(*binary_label(first, lengths))

@@ -6,22 +6,22 @@ File formats (read by standard tools):
   value_index=TextFileIndex.LINE_NUMBER)`, which is what the serving graph does.
 - `<name>.counts.txt`: `<count> <token>` per line in the same order, tf.Transform's
   `store_frequency=True` convention.
-IDs: token at line i -> i; any other valid token -> size + fingerprint64(token) % num_oov_buckets,
-the same bucket `tf.lookup.StaticVocabularyTable` (FastHashSpec, i.e. farmhash Fingerprint64)
-assigns in the serving graph.
+IDs: the rulebook's V1-V2 (`components.rulebook`): token at line i -> i; any other valid token ->
+size + `rulebook.oov_bucket(token)`, i.e. Fingerprint64(token) % num_oov_buckets, the same bucket
+`tf.lookup.StaticVocabularyTable` (FastHashSpec, farmhash Fingerprint64) assigns in the serving graph.
 """
 from __future__ import annotations
 
 import os
 from typing import Iterable, List, Sequence, Tuple
 
-import farmhash  # pyfarmhash: the same Fingerprint64 TensorFlow's to_hash_bucket_fast uses
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from components.config import VocabularyOptions
+from components.rulebook import oov_bucket  # V2; importable from here as before
 
 
 def order_vocabulary(counts: Iterable[Tuple[bytes, int]], options: VocabularyOptions) -> List[Tuple[bytes, int]]:
@@ -101,10 +101,6 @@ def read_vocabulary(directory: str, name: str) -> List[bytes]:
     return data.split(b"\n")[:-1] if data else []
 
 
-def oov_bucket(token: bytes, num_oov_buckets: int) -> int:
-    return farmhash.fingerprint64(token.decode("utf-8")) % num_oov_buckets
-
-
 class VocabularyLookup:
     """Maps tokens to embedding IDs, vectorised (a pandas hash index built once per vocabulary)."""
 
@@ -128,7 +124,7 @@ class VocabularyLookup:
         ids = self._index.get_indexer(tokens).astype(np.int64)
         missing = np.flatnonzero(ids < 0)
         if len(missing):
-            if self.num_oov_buckets == 1:
+            if self.num_oov_buckets == 1:  # every bucket is 0: skip the hashing
                 ids[missing] = self.size
             else:
                 ids[missing] = [self.size + oov_bucket(tokens[i], self.num_oov_buckets) for i in missing]

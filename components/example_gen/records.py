@@ -30,9 +30,10 @@ from components.config import PipelineConfig
 
 _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt, "==": operator.eq, "!=": operator.ne}
 
-# The same reasons (and the same 0/1 rule) as preprocessing's `features.extract_label`, which checks
-# again what ExampleGen wrote; this one also reads labels written as text and applies `label_rule`.
-from components.embedding_preprocess.features import DROP_INVALID_LABEL, DROP_MISSING_LABEL  # noqa: E402
+# The rulebook's label rule L1 (`components.rulebook.binary_label`), which preprocessing's
+# `features.extract_label` applies again to what ExampleGen wrote; this one also reads labels
+# written as text and applies `label_rule`.
+from components.rulebook import DROP_INVALID_LABEL, DROP_MISSING_LABEL, binary_label  # noqa: E402
 
 
 def _is_list(arr: pa.Array) -> bool:
@@ -117,10 +118,11 @@ def derive_label(cfg: PipelineConfig, column: pa.Array, num_rows: int) -> Tuple[
         ok = ~missing & ~invalid
         label = np.where(ok, _OPS[rule.op](np.nan_to_num(value), rule.value), False).astype(np.int64)
         return label, missing, invalid
-    binary = (value == 0.0) | (value == 1.0)
-    invalid = invalid | (~missing & ~binary)
-    label = np.where(binary, value, 0).astype(np.int64)
-    return label, missing, invalid
+    # `value` is NaN unless the row holds exactly one number, so rulebook L1 sees several values and
+    # text alike as no 0/1 label.
+    lengths = np.asarray(pc.fill_null(pc.list_value_length(column), 0), dtype=np.int64)
+    label, missing, invalid = binary_label(value, lengths)
+    return label.astype(np.int64), missing, invalid
 
 
 def type_rows(cfg: PipelineConfig, rb: pa.RecordBatch) -> Tuple[pa.RecordBatch, Dict[str, int]]:

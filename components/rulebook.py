@@ -1,0 +1,505 @@
+"""The rulebook: how a raw tf.Example value becomes a token and an embedding ID, a dense value or a label.
+
+The rules are stated once, here: in words (this docstring), in plain Python one row at a time
+(`row_tokens`, `json_row_tokens`, `int_text_value`, `embedding_id`, `dense_value`, `binary_label`)
+and as one table of cases (`TOKEN_CASES`, `INT_TEXT_CASES`, `DENSE_CASES`, `LABEL_CASES`,
+`OOV_CASES`: raw values in, expected tokens, IDs, values and counted reasons out). Two vectorised
+implementations follow it, and `tests/test_rulebook.py` runs every case through each of them:
+- preprocessing, in pyarrow: `components.embedding_preprocess.features` (tokens, dense values,
+  labels) and `components.embedding_preprocess.vocabulary` (IDs); ExampleGen's label check
+  (`components.example_gen.records`) calls `binary_label` from here;
+- serving, in TensorFlow: `components.embedding_exporter.serving.RawFeatureTransform`, through both
+  signatures of the saved model (`serving_default`: serialized tf.Examples; `serve_features`: one
+  JSON tensor per column).
+No TensorFlow and no Beam here, so the rules load anywhere.
+
+Raw kinds
+  R1. A tf.Example feature holds bytes, int64 or float values (`KIND_BYTES`, `KIND_INT`,
+      `KIND_FLOAT`); a column with no value in a whole batch is `KIND_NONE`. A feature absent from
+      a row, or present without values, is missing: no token, nothing counted as invalid.
+
+Categorical values -> tokens, per row and in order
+  T1. bytes: the value is the token, byte for byte (no stripping, no case folding: " a " is " a ").
+  T2. int64: the value's decimal text (`str(v)`: "7", never "07" or "+7"). A negative value is
+      invalid (`negative_int`): it is a sentinel for "missing" (-1) or an overflowed hash. Any
+      non-negative int64 is a key: looked up in the vocabulary, never used as a row index.
+  T3. float: every value is invalid (`float_in_categorical`): no tokens.
+  T4. With a separator, each text is split on it (the literal string, not a pattern).
+  T5. Empty tokens are no tokens and are not counted: "x||y" -> x, y.
+  T6. A token that is not valid UTF-8 is invalid (`not_utf8`); otherwise one holding a line break
+      ("\\n" or "\\r") is invalid (`line_break`): a vocabulary file holds one token per line.
+  T7. With `max_length`, a row keeps its first `max_length` valid tokens; the rest are counted as
+      truncated (invalid tokens take no place).
+
+JSON columns (`serve_features`: one string per row, '' = missing)
+  J1. A bytes column: the string is the row's value (T1), then T4-T7.
+  J2. An int64 column: with a separator the string is first split on it (several values). Each
+      part, stripped of ASCII whitespace (space, \\t, \\n, \\v, \\f, \\r), is empty (no value,
+      not counted) or must be an integer: an optional sign and ASCII digits. It then stands for
+      that int64 value and T2 applies: "07", " 7", "+7" -> "7"; "-0" -> "0"; "-3" -> `negative_int`
+      (whatever its size). Anything else is no int64 value and gives no token (`not_integer`):
+      "abc", "7.5", "1e3", "0x1f", "7 8", and numbers above the int64 maximum. Such a string is
+      never looked up as typed: preprocessing never saw it as a key.
+  J3. A float column: every string is `float_in_categorical` (T3).
+
+Tokens -> embedding IDs
+  V1. The token on line i of the vocabulary file (0-based) -> i.
+  V2. Any other token -> vocabulary_size + Fingerprint64(token) % num_oov_buckets: farmhash
+      Fingerprint64 of the token's bytes, what `tf.strings.to_hash_bucket_fast` and
+      `tf.lookup.StaticVocabularyTable` compute (`oov_bucket`).
+
+Dense values (one float32 per row)
+  D1. A row's value is its first value as float32; further values are counted
+      (`multi_valued_dense`) and ignored.
+  D2. A missing value -> the feature's `fill_value`, counted as missing.
+  D3. NaN (`nan`), inf and -inf (`infinite`), and numbers beyond float32 (1e39 is inf as float32,
+      also `infinite`) -> `fill_value`, counted as invalid and as missing.
+  D4. Integers become the nearest float32 (16777217 -> 16777216.0).
+  D5. A dense column stored as bytes is not numeric: every value is counted (`not_numeric`) and
+      every row filled. (ExampleGen already parsed the numeric text columns the config names into
+      float32: decimal, exponent, inf, nan.) JSON clients send dense columns as float32, NaN =
+      missing.
+
+Labels
+  L1. A row's label is its one value when that is exactly 0 or 1. A row without a value is dropped
+      as `missing_label`; any other label (2, -1, 0.5, NaN, inf, text, several values) is dropped
+      as `invalid_label` (`binary_label`). ExampleGen parses a text label to a number first (or
+      derives it with `label_rule`) and writes int64 0/1; preprocessing checks again what it wrote.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Dict, Mapping, Optional, Sequence, Tuple
+
+import farmhash  # pyfarmhash: the Fingerprint64 TensorFlow's to_hash_bucket_fast uses
+import numpy as np
+
+# R1: raw kinds of a tf.Example feature, as recorded in the vocabulary manifest for the serving graph.
+KIND_BYTES = "bytes"
+KIND_INT = "int64"
+KIND_FLOAT = "float"
+KIND_NONE = "none"  # every value in the batch was missing
+
+# Why a value is not used (counted per reason in the statistics).
+INVALID_NOT_UTF8 = "not_utf8"  # T6
+INVALID_LINE_BREAK = "line_break"  # T6
+INVALID_FLOAT_IN_CATEGORICAL = "float_in_categorical"  # T3, J3
+INVALID_NEGATIVE_INT = "negative_int"  # T2, J2
+INVALID_NOT_INTEGER = "not_integer"  # J2 (JSON strings for an int64 column only)
+INVALID_NAN = "nan"  # D3
+INVALID_INFINITE = "infinite"  # D3: inf, -inf, or a number beyond float32
+INVALID_MULTI_VALUED = "multi_valued_dense"  # D1
+INVALID_NOT_NUMERIC = "not_numeric"  # D5
+
+# L1: why a row is dropped.
+DROP_MISSING_LABEL = "missing_label"
+DROP_INVALID_LABEL = "invalid_label"
+
+INT64_MAX = 2**63 - 1
+ASCII_WHITESPACE = b" \t\n\v\f\r"  # J2: what tf.strings.strip removes
+INTEGER_TEXT = rb"[+-]?[0-9]+"  # J2
+
+
+# ---- the rules, one row at a time ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RowTokens:
+    tokens: Tuple[bytes, ...]
+    invalid: Mapping[str, int] = field(default_factory=dict)
+    truncated: int = 0
+
+
+def token_invalid_reason(token: bytes) -> Optional[str]:
+    """T6: why a non-empty token cannot be looked up, or None."""
+    try:
+        token.decode("utf-8")
+    except UnicodeDecodeError:
+        return INVALID_NOT_UTF8
+    if b"\n" in token or b"\r" in token:
+        return INVALID_LINE_BREAK
+    return None
+
+
+def row_tokens(kind: str, values: Optional[Sequence], separator: Optional[str] = None,
+               max_length: Optional[int] = None) -> RowTokens:
+    """T1-T7: the tokens of one row of a categorical column of raw `kind` (None = missing)."""
+    invalid: Counter = Counter()
+    if not values or kind == KIND_NONE:
+        return RowTokens(())
+    if kind == KIND_FLOAT:
+        return RowTokens((), {INVALID_FLOAT_IN_CATEGORICAL: len(values)})
+    out = []
+    for v in values:
+        if kind == KIND_INT:
+            if v < 0:
+                invalid[INVALID_NEGATIVE_INT] += 1
+                continue
+            v = str(v).encode()
+        for token in v.split(separator.encode()) if separator is not None else [v]:
+            if not token:
+                continue
+            reason = token_invalid_reason(token)
+            if reason:
+                invalid[reason] += 1
+            else:
+                out.append(token)
+    truncated = max(0, len(out) - max_length) if max_length is not None else 0
+    return RowTokens(tuple(out[: len(out) - truncated]), dict(invalid), truncated)
+
+
+def int_text_value(text: bytes) -> Tuple[Optional[int], Optional[str]]:
+    """J2: the int64 value a JSON string sent for an int64 column stands for, or why none.
+    (None, None): the string is empty after stripping whitespace, no value."""
+    s = text.strip(ASCII_WHITESPACE)
+    if not s:
+        return None, None
+    if not re.fullmatch(INTEGER_TEXT, s):
+        return None, INVALID_NOT_INTEGER
+    v = int(s)
+    if v < 0:
+        return None, INVALID_NEGATIVE_INT
+    if v > INT64_MAX:
+        return None, INVALID_NOT_INTEGER
+    return v, None
+
+
+def json_row_tokens(kind: str, text: bytes, separator: Optional[str] = None,
+                    max_length: Optional[int] = None) -> RowTokens:
+    """J1-J3: the tokens of one JSON string sent to `serve_features` for a column of raw `kind`."""
+    if not text:
+        return RowTokens(())
+    if kind == KIND_FLOAT:
+        return RowTokens((), {INVALID_FLOAT_IN_CATEGORICAL: 1})
+    if kind != KIND_INT:
+        return row_tokens(KIND_BYTES, [text], separator, max_length)
+    values, invalid = [], Counter()
+    for part in text.split(separator.encode()) if separator is not None else [text]:
+        v, reason = int_text_value(part)
+        if reason:
+            invalid[reason] += 1
+        elif v is not None:
+            values.append(v)
+    out = row_tokens(KIND_INT, values, separator, max_length)
+    return RowTokens(out.tokens, dict(invalid + Counter(out.invalid)), out.truncated)
+
+
+def oov_bucket(token: bytes, num_oov_buckets: int) -> int:
+    """V2: Fingerprint64(token) % num_oov_buckets (tokens are valid UTF-8, T6)."""
+    return farmhash.fingerprint64(token.decode("utf-8")) % num_oov_buckets
+
+
+def embedding_id(token: bytes, vocabulary: Sequence[bytes], num_oov_buckets: int) -> int:
+    """V1-V2: a token's row in the embedding table."""
+    if token in vocabulary:
+        return list(vocabulary).index(token)
+    return len(vocabulary) + oov_bucket(token, num_oov_buckets)
+
+
+@dataclass(frozen=True)
+class DenseRow:
+    value: float  # float32
+    missing: bool
+    invalid: Mapping[str, int] = field(default_factory=dict)
+
+
+def dense_value(kind: str, values: Optional[Sequence], fill_value: float) -> DenseRow:
+    """D1-D5: one row's dense value."""
+    fill = float(np.float32(fill_value))
+    if not values or kind == KIND_NONE:
+        return DenseRow(fill, True)
+    if kind == KIND_BYTES:
+        return DenseRow(fill, True, {INVALID_NOT_NUMERIC: len(values)})
+    invalid = {INVALID_MULTI_VALUED: len(values) - 1} if len(values) > 1 else {}
+    with np.errstate(over="ignore"):
+        v = np.float32(values[0])
+    if np.isnan(v):
+        return DenseRow(fill, True, {**invalid, INVALID_NAN: 1})
+    if np.isinf(v):
+        return DenseRow(fill, True, {**invalid, INVALID_INFINITE: 1})
+    return DenseRow(float(v), False, invalid)
+
+
+def binary_label(first: np.ndarray, counts: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """L1, vectorised (the one implementation; ExampleGen and preprocessing call it).
+
+    `first`: each row's first value as a number (NaN where it is none, e.g. text); `counts`: how
+    many values each row holds. Returns (label float32 0/1, missing, invalid) per row."""
+    first = np.asarray(first, dtype=np.float64)
+    counts = np.asarray(counts)
+    binary = (first == 0.0) | (first == 1.0)
+    missing = counts == 0
+    invalid = ~missing & ((counts != 1) | ~binary)
+    return np.where(binary, first, 0.0).astype(np.float32), missing, invalid
+
+
+# ---- the table of cases ---------------------------------------------------------------------------
+
+VOCABULARY = (b"a", b"x", b"y", b"7", b"0")  # IDs 0-4; with 5 OOV buckets, unseen tokens get 5-9
+
+
+@dataclass(frozen=True)
+class TokenCase:
+    """Raw values of one categorical column -> tokens and IDs per row, reasons counted."""
+
+    name: str
+    kind: str
+    rows: Tuple[Optional[tuple], ...]  # per row: None (feature absent) or the row's raw values
+    tokens: Tuple[Tuple[bytes, ...], ...]
+    ids: Tuple[Tuple[int, ...], ...]
+    invalid: Mapping[str, int] = field(default_factory=dict)
+    truncated: int = 0
+    separator: Optional[str] = None
+    max_length: Optional[int] = None
+    vocabulary: Tuple[bytes, ...] = VOCABULARY
+    num_oov_buckets: int = 5
+
+    def json_rows(self) -> Optional[Tuple[bytes, ...]]:
+        """The rows as a JSON client sends them to `serve_features` (one string per row, values
+        joined by the separator, '' = missing), or None where they have no such form (several
+        values without a separator). They give the same tokens (J1-J3)."""
+        out = []
+        for values in self.rows:
+            values = values or ()
+            if len(values) > 1 and self.separator is None:
+                return None
+            texts = [v if isinstance(v, bytes) else str(v).encode() for v in values]
+            out.append((self.separator or "").encode().join(texts))
+        return tuple(out)
+
+
+TOKEN_CASES: Tuple[TokenCase, ...] = (
+    TokenCase(
+        "bytes_looked_up_as_typed", KIND_BYTES,
+        rows=((b"a",), (b"zz",), None, (), (b"",), (b" a ",)),
+        tokens=((b"a",), (b"zz",), (), (), (), (b" a ",)),
+        ids=((0,), (5 + 2,), (), (), (), (5 + 4,)),
+    ),
+    TokenCase(
+        "separator_and_empty_tokens", KIND_BYTES, separator="|",
+        rows=((b"x|y",), (b"x||y",), (b"|y|",), (b"a", b"x|y")),
+        tokens=((b"x", b"y"), (b"x", b"y"), (b"y",), (b"a", b"x", b"y")),
+        ids=((1, 2), (1, 2), (2,), (0, 1, 2)),
+    ),
+    TokenCase(
+        "max_length", KIND_BYTES, separator="|", max_length=2,
+        rows=((b"x|y|z",), (b"|z|x|y",), (b"a",)),
+        tokens=((b"x", b"y"), (b"z", b"x"), (b"a",)),
+        ids=((1, 2), (5 + 2, 1), (0,)),
+        truncated=2,
+    ),
+    TokenCase(
+        "not_utf8", KIND_BYTES,
+        rows=((b"bad\xff",), (b"\xc3\xa9t\xc3\xa9",), (b"\xc3",)),
+        tokens=((), (b"\xc3\xa9t\xc3\xa9",), ()),
+        ids=((), (5 + 4,), ()),
+        invalid={INVALID_NOT_UTF8: 2},
+    ),
+    TokenCase(
+        "line_break", KIND_BYTES, separator="|",
+        rows=((b"line\nbreak",), (b"cr\rx|y",), (b"bad\xff\n|a",)),
+        tokens=((), (b"y",), (b"a",)),
+        ids=((), (2,), (0,)),
+        invalid={INVALID_LINE_BREAK: 2, INVALID_NOT_UTF8: 1},
+    ),
+    TokenCase(
+        "invalid_tokens_take_no_place", KIND_BYTES, separator="|", max_length=1,
+        rows=((b"\xff|b|a",),),
+        tokens=((b"b",),),
+        ids=((5 + 2,),),
+        invalid={INVALID_NOT_UTF8: 1},
+        truncated=1,
+    ),
+    TokenCase(
+        "int64_decimal_text", KIND_INT,
+        rows=((7,), (0,), (-1,), (INT64_MAX,), None, ()),
+        tokens=((b"7",), (b"0",), (), (b"9223372036854775807",), (), ()),
+        ids=((3,), (4,), (), (5 + 4,), (), ()),
+        invalid={INVALID_NEGATIVE_INT: 1},
+    ),
+    TokenCase(
+        "int64_several_values", KIND_INT, separator="|", max_length=2,
+        rows=((-7, 99, 8, 7),),
+        tokens=((b"99", b"8"),),
+        ids=((5 + 2, 5 + 2),),
+        invalid={INVALID_NEGATIVE_INT: 1},
+        truncated=1,
+    ),
+    TokenCase(
+        "float_in_categorical", KIND_FLOAT,
+        rows=((2.5,), None, (1.0,)),
+        tokens=((), (), ()),
+        ids=((), (), ()),
+        invalid={INVALID_FLOAT_IN_CATEGORICAL: 2},
+    ),
+    TokenCase("absent_column", KIND_NONE, rows=(None, None), tokens=((), ()), ids=((), ())),
+    TokenCase(
+        "one_oov_bucket", KIND_BYTES, vocabulary=(b"a",), num_oov_buckets=1,
+        rows=((b"a",), (b"b",), (b"c",)),
+        tokens=((b"a",), (b"b",), (b"c",)),
+        ids=((0,), (1,), (1,)),
+    ),
+    TokenCase(
+        "many_oov_buckets", KIND_BYTES, num_oov_buckets=1000,
+        rows=((b"unseen1",), (b"unseen2",), (b"x" * 300,), (b"x",)),
+        tokens=((b"unseen1",), (b"unseen2",), (b"x" * 300,), (b"x",)),
+        ids=((5 + 199,), (5 + 925,), (5 + 245,), (1,)),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class IntTextCase:
+    """J2: a JSON string sent for an int64 column (no separator) -> its token, or why none."""
+
+    text: bytes
+    token: Optional[bytes]  # the decimal text of the int64 value it stands for
+    reason: Optional[str] = None
+
+
+INT_TEXT_CASES: Tuple[IntTextCase, ...] = (
+    IntTextCase(b"7", b"7"),
+    IntTextCase(b"07", b"7"),
+    IntTextCase(b" 7", b"7"),
+    IntTextCase(b"7 \t\r\n", b"7"),
+    IntTextCase(b"+7", b"7"),
+    IntTextCase(b"+007", b"7"),
+    IntTextCase(b"00", b"0"),
+    IntTextCase(b"-0", b"0"),
+    IntTextCase(b"99", b"99"),
+    IntTextCase(b"9223372036854775807", b"9223372036854775807"),
+    IntTextCase(b"0009223372036854775807", b"9223372036854775807"),
+    IntTextCase(b"-1", None, INVALID_NEGATIVE_INT),
+    IntTextCase(b"-3", None, INVALID_NEGATIVE_INT),
+    IntTextCase(b" -07", None, INVALID_NEGATIVE_INT),
+    IntTextCase(b"-99999999999999999999", None, INVALID_NEGATIVE_INT),
+    IntTextCase(b"9223372036854775808", None, INVALID_NOT_INTEGER),
+    IntTextCase(b"9323372036854775807", None, INVALID_NOT_INTEGER),
+    IntTextCase(b"99999999999999999999", None, INVALID_NOT_INTEGER),
+    IntTextCase(b"abc", None, INVALID_NOT_INTEGER),
+    IntTextCase(b"7.5", None, INVALID_NOT_INTEGER),
+    IntTextCase(b"7.0", None, INVALID_NOT_INTEGER),
+    IntTextCase(b"1e3", None, INVALID_NOT_INTEGER),
+    IntTextCase(b"0x1f", None, INVALID_NOT_INTEGER),
+    IntTextCase(b"7 8", None, INVALID_NOT_INTEGER),
+    IntTextCase(b"+", None, INVALID_NOT_INTEGER),
+    IntTextCase(b"1_000", None, INVALID_NOT_INTEGER),
+    IntTextCase("\u0663".encode(), None, INVALID_NOT_INTEGER),  # an Arabic-Indic digit: not ASCII
+    IntTextCase(b" ", None),  # only whitespace: no value
+)
+
+
+@dataclass(frozen=True)
+class DenseCase:
+    """Raw values of one dense column -> one float32 per row, missing and reasons counted."""
+
+    name: str
+    kind: str
+    rows: Tuple[Optional[tuple], ...]
+    fill_value: float
+    values: Tuple[float, ...]
+    missing: int
+    invalid: Mapping[str, int] = field(default_factory=dict)
+
+    def json_rows(self) -> Optional[Tuple[float, ...]]:
+        """The rows as a JSON client sends them (the first value as float32, NaN = missing), or
+        None for a text column (JSON dense columns are numbers)."""
+        if self.kind == KIND_BYTES:
+            return None
+        return tuple(float(v[0]) if v else float("nan") for v in self.rows)
+
+
+NAN, INF = float("nan"), float("inf")
+
+DENSE_CASES: Tuple[DenseCase, ...] = (
+    DenseCase(
+        "non_finite_filled", KIND_FLOAT, fill_value=-1.0,
+        rows=((2.5,), (NAN,), (INF,), (-INF,), (3.4e38,), None),
+        values=(2.5, -1.0, -1.0, -1.0, 3.4e38, -1.0),  # the largest float32 magnitude is a value
+        missing=4, invalid={INVALID_NAN: 1, INVALID_INFINITE: 2},
+    ),
+    DenseCase(
+        "beyond_float32", KIND_FLOAT, fill_value=0.0,
+        rows=((1e39,), (-1e39,), ()),
+        values=(0.0, 0.0, 0.0),
+        missing=3, invalid={INVALID_INFINITE: 2},
+    ),
+    DenseCase(
+        "first_value_only", KIND_FLOAT, fill_value=0.0,
+        rows=((1.0, 2.0), (NAN, 1.0), (3.0,)),
+        values=(1.0, 0.0, 3.0),
+        missing=1, invalid={INVALID_MULTI_VALUED: 2, INVALID_NAN: 1},
+    ),
+    DenseCase(
+        "int64_as_float32", KIND_INT, fill_value=0.5,
+        rows=((3,), (-5,), None, (16777217,)),
+        values=(3.0, -5.0, 0.5, 16777216.0),
+        missing=1,
+    ),
+    DenseCase(
+        "text_not_numeric", KIND_BYTES, fill_value=1.0,
+        rows=((b"2.5",), None, (b"x", b"y")),
+        values=(1.0, 1.0, 1.0),
+        missing=3, invalid={INVALID_NOT_NUMERIC: 3},
+    ),
+)
+
+
+@dataclass(frozen=True)
+class LabelCase:
+    """One row's raw label -> its 0/1 label, or the reason the row is dropped."""
+
+    kind: str
+    values: Optional[tuple]
+    label: Optional[float]
+    reason: Optional[str] = None
+
+
+LABEL_CASES: Tuple[LabelCase, ...] = (
+    LabelCase(KIND_FLOAT, (1.0,), 1.0),
+    LabelCase(KIND_FLOAT, (0.0,), 0.0),
+    LabelCase(KIND_FLOAT, (2.0,), None, DROP_INVALID_LABEL),
+    LabelCase(KIND_FLOAT, (-1.0,), None, DROP_INVALID_LABEL),
+    LabelCase(KIND_FLOAT, (0.5,), None, DROP_INVALID_LABEL),
+    LabelCase(KIND_FLOAT, (0.0, 1.0), None, DROP_INVALID_LABEL),
+    LabelCase(KIND_FLOAT, (NAN,), None, DROP_INVALID_LABEL),
+    LabelCase(KIND_FLOAT, (INF,), None, DROP_INVALID_LABEL),
+    LabelCase(KIND_FLOAT, None, None, DROP_MISSING_LABEL),
+    LabelCase(KIND_FLOAT, (), None, DROP_MISSING_LABEL),
+    LabelCase(KIND_INT, (1,), 1.0),
+    LabelCase(KIND_INT, (3,), None, DROP_INVALID_LABEL),
+    LabelCase(KIND_INT, (0,), 0.0),
+    LabelCase(KIND_INT, (1, 1), None, DROP_INVALID_LABEL),
+    LabelCase(KIND_BYTES, (b"yes",), None, DROP_INVALID_LABEL),
+)
+
+
+@dataclass(frozen=True)
+class OovCase:
+    """V2: an out-of-vocabulary token's bucket."""
+
+    token: bytes
+    num_oov_buckets: int
+    bucket: int
+
+
+OOV_CASES: Tuple[OovCase, ...] = tuple(
+    OovCase(token, n, bucket)
+    for token, buckets in (
+        (b"unseen1", (0, 4, 199)),
+        (b"unseen2", (0, 0, 925)),
+        (b"\xc3\xa9t\xc3\xa9", (0, 4, 534)),
+        (b"x" * 300, (0, 0, 245)),
+    )
+    for n, bucket in zip((1, 5, 1000), buckets)
+)
+
+
+def tokens_by_reason(rows: Sequence[RowTokens]) -> Tuple[Dict[str, int], int]:
+    """The invalid counts (by reason) and truncated count of several rows, added up."""
+    invalid: Counter = Counter()
+    for r in rows:
+        invalid.update(r.invalid)
+    return dict(invalid), sum(r.truncated for r in rows)

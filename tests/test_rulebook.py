@@ -1,0 +1,333 @@
+"""The rulebook's table of cases (`components/rulebook.py`) run through every implementation of it:
+
+- the rulebook's own plain-Python statement of each rule;
+- preprocessing's pyarrow code (`features.extract_tokens` + `vocabulary.VocabularyLookup`,
+  `features.extract_dense`, `features.extract_label`) and ExampleGen's label check
+  (`records.derive_label`);
+- the serving graph's `RawFeatureTransform` (`from_examples` on serialized tf.Examples,
+  `from_feature_tensors` on the JSON form) and a saved serving model's two signatures
+  (`serving_default`, `serve_features`) around a probe model that returns the IDs it is given;
+- the OOV hash: farmhash in Python against `tf.strings.to_hash_bucket_fast`.
+One case, one parametrized test per implementation: a case that fails names the rule and the path."""
+from collections import Counter
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import components  # noqa: F401
+from components import rulebook as R
+from components.embedding_preprocess import features as F
+from components.embedding_preprocess import vocabulary as V
+
+TOKEN_CASES = {c.name: c for c in R.TOKEN_CASES}
+DENSE_CASES = {c.name: c for c in R.DENSE_CASES}
+INT_TEXT = "j"  # the int64 column the INT_TEXT_CASES are sent in, as JSON strings
+WIDTH = 8  # the probe model's IDs per row; no case has more
+TF_PATHS = ("from_examples", "from_feature_tensors", "serving_default", "serve_features")
+JSON_PATHS = ("from_feature_tensors", "serve_features")
+
+
+def _arrow(kind, rows, float_type=pa.float32()):
+    """A column as tfx_bsl decodes tf.Examples: a list array, null where the feature is absent."""
+    if kind == R.KIND_NONE:
+        return None
+    value_type = {R.KIND_BYTES: pa.binary(), R.KIND_INT: pa.int64(), R.KIND_FLOAT: float_type}[kind]
+    return pa.array([None if r is None else list(r) for r in rows], pa.list_(value_type))
+
+
+def _per_row(rows, values, num_rows):
+    out = [[] for _ in range(num_rows)]
+    for r, v in zip(rows, values):
+        out[r].append(v)
+    return tuple(tuple(x) for x in out)
+
+
+# ---- tokens and IDs ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", TOKEN_CASES)
+def test_token_case_reference(name):
+    case = TOKEN_CASES[name]
+    rows = [R.row_tokens(case.kind, r, case.separator, case.max_length) for r in case.rows]
+    assert tuple(r.tokens for r in rows) == case.tokens
+    assert R.tokens_by_reason(rows) == (dict(case.invalid), case.truncated)
+    ids = tuple(tuple(R.embedding_id(t, case.vocabulary, case.num_oov_buckets) for t in r) for r in case.tokens)
+    assert ids == case.ids  # V1-V2, farmhash in Python
+    json = case.json_rows()
+    if json is not None:
+        assert tuple(R.json_row_tokens(case.kind, t, case.separator, case.max_length).tokens for t in json) == case.tokens
+
+
+@pytest.mark.parametrize("name", TOKEN_CASES)
+def test_token_case_arrow(name):
+    case = TOKEN_CASES[name]
+    toks = F.extract_tokens(_arrow(case.kind, case.rows), len(case.rows), case.separator, case.max_length)
+    assert _per_row(toks.row.tolist(), toks.values.to_pylist(), len(case.rows)) == case.tokens
+    assert toks.invalid == dict(case.invalid) and toks.truncated == case.truncated
+    ids, oov = V.VocabularyLookup(case.vocabulary, case.num_oov_buckets).lookup(toks.values)
+    assert _per_row(toks.row.tolist(), ids.tolist(), len(case.rows)) == case.ids
+    assert oov == sum(t not in case.vocabulary for row in case.tokens for t in row)
+
+
+def _token_params():
+    for name, case in TOKEN_CASES.items():
+        for path in TF_PATHS:
+            if path in JSON_PATHS and case.json_rows() is None:
+                continue  # several values without a separator: no JSON form
+            yield pytest.param(name, path, id=f"{name}-{path}")
+
+
+@pytest.mark.parametrize("name, path", _token_params())
+def test_token_case_serving(served, name, path):
+    case = TOKEN_CASES[name]
+    assert served.ids(path, name, len(case.rows)) == case.ids
+
+
+@pytest.mark.parametrize("case", R.INT_TEXT_CASES, ids=lambda c: repr(c.text))
+def test_int_text_case_reference(case):
+    value, reason = R.int_text_value(case.text)
+    assert (None if value is None else str(value).encode(), reason) == (case.token, case.reason)
+    tokens = R.json_row_tokens(R.KIND_INT, case.text)
+    assert tokens.tokens == ((case.token,) if case.token else ())
+    assert dict(tokens.invalid) == ({case.reason: 1} if case.reason else {})
+
+
+@pytest.mark.parametrize("case", [c for c in R.INT_TEXT_CASES if c.token is not None], ids=lambda c: repr(c.text))
+def test_int_text_stands_for_its_int64_value_in_preprocessing(case):
+    """J2: the JSON string gives the token preprocessing makes of the int64 value it stands for."""
+    toks = F.extract_tokens(pa.array([[int(case.token)]], pa.list_(pa.int64())), 1, None, None)
+    assert toks.values.to_pylist() == [case.token]
+
+
+@pytest.mark.parametrize("path", JSON_PATHS)
+def test_int_text_cases_serving(served, path):
+    expected = tuple(
+        (R.embedding_id(c.token, R.VOCABULARY, 5),) if c.token else () for c in R.INT_TEXT_CASES
+    )
+    assert served.ids(path, INT_TEXT, len(R.INT_TEXT_CASES)) == expected
+
+
+# ---- the OOV hash --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", R.OOV_CASES, ids=lambda c: f"{c.token[:10]!r}-{c.num_oov_buckets}")
+def test_oov_case(case):
+    import tensorflow as tf
+
+    assert R.oov_bucket(case.token, case.num_oov_buckets) == case.bucket
+    assert V.oov_bucket is R.oov_bucket  # the name vocabulary code uses
+    assert tf.strings.to_hash_bucket_fast([case.token], case.num_oov_buckets).numpy().tolist() == [case.bucket]
+
+
+def test_oov_hash_matches_tensorflow():
+    """Every OOV token of the table, for every bucket count, hashed by Python and by TensorFlow."""
+    import tensorflow as tf
+
+    tokens = sorted({c.token for c in R.OOV_CASES})
+    for buckets in sorted({c.num_oov_buckets for c in R.OOV_CASES}):
+        ours = [R.oov_bucket(t, buckets) for t in tokens]
+        assert ours == tf.strings.to_hash_bucket_fast(tokens, buckets).numpy().tolist()
+
+
+# ---- dense values --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", DENSE_CASES)
+def test_dense_case_reference(name):
+    case = DENSE_CASES[name]
+    rows = [R.dense_value(case.kind, r, case.fill_value) for r in case.rows]
+    np.testing.assert_array_equal(np.float32([r.value for r in rows]), np.float32(case.values))
+    invalid = Counter()
+    for r in rows:
+        invalid.update(r.invalid)
+    assert sum(r.missing for r in rows) == case.missing and dict(invalid) == dict(case.invalid)
+
+
+@pytest.mark.parametrize("float_type", [pa.float32(), pa.float64()], ids=["float32", "float64"])
+@pytest.mark.parametrize("name", DENSE_CASES)
+def test_dense_case_arrow(name, float_type):
+    case = DENSE_CASES[name]
+    dense = F.extract_dense(_arrow(case.kind, case.rows, float_type), len(case.rows), case.fill_value)
+    np.testing.assert_array_equal(dense.values, np.float32(case.values))
+    assert dense.missing == case.missing and dense.invalid == dict(case.invalid)
+
+
+def _dense_params():
+    for name, case in DENSE_CASES.items():
+        for path in TF_PATHS:
+            if path in JSON_PATHS and case.json_rows() is None:
+                continue  # a text column: JSON dense columns are numbers
+            yield pytest.param(name, path, id=f"{name}-{path}")
+
+
+@pytest.mark.parametrize("name, path", _dense_params())
+def test_dense_case_serving(served, name, path):
+    case = DENSE_CASES[name]
+    np.testing.assert_array_equal(served.dense(path, name, len(case.rows)), np.float32(case.values))
+
+
+# ---- labels --------------------------------------------------------------------------------------
+
+LABEL_KINDS = sorted({c.kind for c in R.LABEL_CASES})
+
+
+def _label_cases(kind):
+    return [c for c in R.LABEL_CASES if c.kind == kind]
+
+
+def _check_labels(cases, label, missing, invalid):
+    assert missing.tolist() == [c.reason == R.DROP_MISSING_LABEL for c in cases]
+    assert invalid.tolist() == [c.reason == R.DROP_INVALID_LABEL for c in cases]
+    keep = ~missing & ~invalid
+    assert [float(v) for v, k in zip(label, keep) if k] == [c.label for c in cases if c.label is not None]
+
+
+@pytest.mark.parametrize("kind", LABEL_KINDS)
+def test_label_cases_preprocessing(kind):
+    """All cases of one raw kind in one batch through `features.extract_label`."""
+    cases = _label_cases(kind)
+    labels = F.extract_label(_arrow(kind, [c.values for c in cases]), len(cases))
+    _check_labels(cases, labels.values, labels.missing, labels.invalid)
+    assert labels.keep.tolist() == [c.label is not None for c in cases]
+
+
+@pytest.mark.parametrize("kind", LABEL_KINDS)
+def test_label_cases_example_gen(kind):
+    """The same cases through ExampleGen's check (no `label_rule`), which writes int64 labels."""
+    from components.example_gen.records import derive_label
+
+    cases = _label_cases(kind)
+    label, missing, invalid = derive_label(
+        SimpleNamespace(label_rule=None), _arrow(kind, [c.values for c in cases]), len(cases)
+    )
+    assert label.dtype == np.int64
+    _check_labels(cases, label, missing, invalid)
+
+
+# ---- the serving graph: one transform and one saved model for every case --------------------------
+
+
+def _feature_name(prefix, i):
+    return f"{prefix}{i}"
+
+
+class _Served:
+    """Every case's column through the four TensorFlow paths, decoded per case."""
+
+    def __init__(self, outputs, layout):
+        self.outputs = outputs  # path -> float64 [rows, columns] from the probe model
+        self.layout = layout  # feature name -> (first column, width)
+
+    def _block(self, path, feature, num_rows):
+        start, width = self.layout[feature]
+        return self.outputs[path][:num_rows, start : start + width]
+
+    def ids(self, path, case_name, num_rows):
+        feature = case_name if case_name == INT_TEXT else _feature_name("t", list(TOKEN_CASES).index(case_name))
+        return tuple(tuple(int(i) for i in row if i >= 0) for row in self._block(path, feature, num_rows))
+
+    def dense(self, path, case_name, num_rows):
+        feature = _feature_name("d", list(DENSE_CASES).index(case_name))
+        return self._block(path, feature, num_rows)[:, 0].astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    import tensorflow as tf
+
+    from components.config import parse_config
+    from components.embedding_exporter.serving import RawFeatureTransform, ServingModule, save_serving_model
+    from components.embedding_preprocess.run import build_manifest
+
+    root = tmp_path_factory.mktemp("rulebook")
+    token_cases = list(TOKEN_CASES.values())
+    dense_cases = list(DENSE_CASES.values())
+    categorical, vocabularies, kinds = [], {}, {}
+    for i, case in enumerate(token_cases):
+        name = _feature_name("t", i)
+        feature = {"name": name, "vocabulary": {"num_oov_buckets": case.num_oov_buckets}}
+        feature.update({k: v for k, v in (("separator", case.separator), ("max_length", case.max_length)) if v})
+        categorical.append(feature)
+        vocabularies[name] = case.vocabulary
+        kinds[name] = case.kind
+    categorical.append({"name": INT_TEXT, "vocabulary": {"num_oov_buckets": 5}})
+    vocabularies[INT_TEXT] = R.VOCABULARY
+    kinds[INT_TEXT] = R.KIND_INT
+    dense = [{"name": _feature_name("d", i), "fill_value": c.fill_value} for i, c in enumerate(dense_cases)]
+    kinds.update({_feature_name("d", i): c.kind for i, c in enumerate(dense_cases)})
+    cfg = parse_config({"input": {"path": "unused.csv"}, "label": "label", "dense_features": dense,
+                        "categorical_features": categorical})
+    vocab_dir = str(root / "vocab")
+    for name, tokens in vocabularies.items():
+        V.write_vocabulary(vocab_dir, name, [(t, 1) for t in tokens])
+    # the raw kinds as preprocessing records them (an all-missing column gets the default: bytes)
+    manifest = build_manifest(cfg, {f"kind/{c}/{k}": 1 for c, k in kinds.items() if k != R.KIND_NONE}, vocab_dir)
+    transform = RawFeatureTransform(manifest, vocab_dir)
+
+    num_rows = max([len(c.rows) for c in token_cases + dense_cases] + [len(R.INT_TEXT_CASES)])
+
+    def rows_of(case):
+        return list(case.rows) + [None] * (num_rows - len(case.rows))
+
+    def feature(kind, values):
+        if kind == R.KIND_BYTES:
+            return tf.train.Feature(bytes_list=tf.train.BytesList(value=values))
+        if kind == R.KIND_INT:
+            return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+        return tf.train.Feature(float_list=tf.train.FloatList(value=values))
+
+    examples = []
+    for r in range(num_rows):
+        feats = {}
+        for prefix, cases in (("t", token_cases), ("d", dense_cases)):
+            for i, case in enumerate(cases):
+                values = rows_of(case)[r]
+                if values is not None:  # None: the feature is absent; (): present with no value
+                    feats[_feature_name(prefix, i)] = feature(case.kind, list(values))
+        examples.append(tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString())
+    examples = tf.constant(examples)
+
+    columns = {}
+    for i, case in enumerate(token_cases):
+        json = case.json_rows() or ()
+        columns[_feature_name("t", i)] = tf.constant(list(json) + [b""] * (num_rows - len(json)), tf.string)
+    texts = [c.text for c in R.INT_TEXT_CASES]
+    columns[INT_TEXT] = tf.constant(texts + [b""] * (num_rows - len(texts)), tf.string)
+    for i, case in enumerate(dense_cases):
+        json = case.json_rows() or ()
+        columns[_feature_name("d", i)] = tf.constant(list(json) + [float("nan")] * (num_rows - len(json)), tf.float32)
+
+    names = [c["name"] for c in categorical] + [d["name"] for d in dense]
+    layout, start = {}, 0
+    for c in categorical:
+        layout[c["name"]] = (start, WIDTH)
+        start += WIDTH
+    for d in dense:
+        layout[d["name"]] = (start, 1)
+        start += 1
+
+    class Probe(tf.Module):
+        """A model that returns what it is given: IDs per row (-1 padded) and dense values."""
+
+        def __call__(self, inputs):
+            parts = []
+            for name in names:
+                x = inputs[name]
+                if isinstance(x, tf.SparseTensor):
+                    x = tf.RaggedTensor.from_sparse(x).to_tensor(default_value=-1, shape=[None, WIDTH])
+                parts.append(tf.cast(x, tf.float64))
+            return tf.concat(parts, axis=1)
+
+    probe = Probe()
+    outputs = {
+        "from_examples": probe(transform.from_examples(examples)).numpy(),
+        "from_feature_tensors": probe(transform.from_feature_tensors(columns)).numpy(),
+    }
+    path = str(root / "serving")
+    save_serving_model(ServingModule(probe, transform), path)
+    loaded = tf.saved_model.load(path)
+    outputs["serving_default"] = loaded.signatures["serving_default"](examples=examples)["probabilities"].numpy()
+    outputs["serve_features"] = loaded.signatures["serve_features"](**columns)["probabilities"].numpy()
+    return _Served(outputs, layout)
