@@ -1,7 +1,7 @@
-"""Preprocessing on hand-made tf.Examples: vocabularies against an independent count, embedding IDs,
-bad values counted by reason, and the serving graph's transform agreeing with preprocessing."""
+"""Preprocessing on hand-made tf.Examples: vocabularies against an independent count (of the tokens
+the rulebook's plain-Python statement gives), embedding IDs, bad values counted by reason, and the
+serving graph's transform agreeing with preprocessing. The rules case by case: tests/test_rulebook.py."""
 import json
-import math
 import os
 from collections import Counter
 
@@ -10,6 +10,7 @@ import pytest
 import components  # noqa: F401
 import tensorflow as tf
 
+from components import rulebook as R
 from components.config import parse_config
 from components.embedding_preprocess import vocabulary as V
 from components.embedding_preprocess.run import run_preprocessing
@@ -46,13 +47,14 @@ EVAL_ROWS = [
 ]
 
 
-KINDS = {"label": "int", "I1": "float", "I2": "int", "C1": "bytes", "C2": "bytes", "C3": "int", "C4raw": "bytes"}
+KINDS = {"label": R.KIND_INT, "I1": R.KIND_FLOAT, "I2": R.KIND_INT, "C1": R.KIND_BYTES, "C2": R.KIND_BYTES,
+         "C3": R.KIND_INT, "C4raw": R.KIND_BYTES}
 
 
 def _feature(values, kind):
-    if kind == "bytes":
+    if kind == R.KIND_BYTES:
         return tf.train.Feature(bytes_list=tf.train.BytesList(value=values))
-    if kind == "float":
+    if kind == R.KIND_FLOAT:
         return tf.train.Feature(float_list=tf.train.FloatList(value=values))
     return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
 
@@ -74,31 +76,13 @@ def _write_tfrecord_gz(path, records):
             w.write(r)
 
 
-# ---- an independent, plain-Python statement of the token rules -------------------------------------
-def expected_tokens(values, separator, max_length):
-    if values is None:
-        return []
-    out = []
-    for v in values:
-        if isinstance(v, int) and v < 0:
-            continue
-        v = str(v).encode() if isinstance(v, int) else v
-        parts = v.split(separator.encode()) if separator else [v]
-        for p in parts:
-            if not p:
-                continue
-            try:
-                p.decode("utf-8")
-            except UnicodeDecodeError:
-                continue
-            if b"\n" in p or b"\r" in p:
-                continue
-            out.append(p)
-    return out[:max_length] if max_length else out
-
-
 COLUMN = {"C1": 3, "C2": 4, "C3": 5, "C4": 6}
 SPEC = {"C1": (None, None), "C2": ("|", 2), "C3": (None, None), "C4": (None, None)}
+
+
+def expected_tokens(f, row):
+    """Feature `f`'s tokens in `row` by the rulebook's plain-Python statement (T1-T7)."""
+    return R.row_tokens(list(KINDS.values())[COLUMN[f]], row[COLUMN[f]], *SPEC[f]).tokens
 
 
 def independent_vocab(table_features, rows, min_frequency=1, top_k=None):
@@ -107,7 +91,7 @@ def independent_vocab(table_features, rows, min_frequency=1, top_k=None):
         if row[0] is None:  # dropped rows feed no vocabulary
             continue
         for f in table_features:
-            counts.update(expected_tokens(row[COLUMN[f]], *SPEC[f]))
+            counts.update(expected_tokens(f, row))
     ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     ordered = [kv for kv in ordered if kv[1] >= min_frequency]
     return ordered[:top_k] if top_k else ordered
@@ -199,19 +183,11 @@ def _expected_ids(cfg, root, rows):
         if row[0] is None:
             continue
         rec = {"label": float(row[0])}
-        i1 = row[1] or []
-        i1 = [v for v in i1[:1] if not math.isnan(v)]
-        rec["I1"] = i1[0] if i1 else -1.0
-        rec["I2"] = float(row[2][0]) if row[2] else 0.0
-        for f in COLUMN:
+        rec["I1"] = R.dense_value(KINDS["I1"], row[1], -1.0).value  # the rulebook's D1-D5
+        rec["I2"] = R.dense_value(KINDS["I2"], row[2], 0.0).value
+        for f in COLUMN:  # the rulebook's T1-T7 and V1-V2
             t = cfg.feature_table(next(x for x in cfg.categorical_features if x.name == f))
-            ids = []
-            for tok in expected_tokens(row[COLUMN[f]], *SPEC[f]):
-                if tok in vocab[t.name]:
-                    ids.append(vocab[t.name].index(tok))
-                else:
-                    ids.append(len(vocab[t.name]) + V.oov_bucket(tok, t.vocabulary.num_oov_buckets))
-            rec[f] = ids
+            rec[f] = [R.embedding_id(tok, vocab[t.name], t.vocabulary.num_oov_buckets) for tok in expected_tokens(f, row)]
         out.append(rec)
     return out
 
@@ -224,14 +200,6 @@ def _canon(records):
 def test_transformed_examples_hold_expected_ids(preprocessed, split, rows):
     cfg, root, _ = preprocessed
     assert _canon(_transformed(root, split)) == _canon(_expected_ids(cfg, root, rows))
-
-
-def test_oov_hash_matches_tensorflow():
-    tokens = [b"unseen1", b"unseen2", b"\xc3\xa9t\xc3\xa9", b"x" * 300]
-    for buckets in (1, 5, 1000):
-        ours = [V.oov_bucket(t, buckets) for t in tokens]
-        theirs = tf.strings.to_hash_bucket_fast(tokens, buckets).numpy().tolist()
-        assert ours == theirs
 
 
 def test_statistics_count_bad_values_by_reason(preprocessed):
@@ -296,22 +264,6 @@ def test_shared_table_features_have_their_own_value_statistics(preprocessed):
     assert stats["features"]["C3"]["values"]["distinct_values"] == 3
 
 
-def test_json_signature_applies_integer_rules(preprocessed):
-    """An integer column sent as JSON strings: "-1" is invalid (no ID) as in preprocessing."""
-    from components.embedding_exporter.serving import RawFeatureTransform
-
-    _, root, _ = preprocessed
-    manifest = json.loads((root / "vocab" / "manifest.json").read_text())
-    transform = RawFeatureTransform(manifest, str(root / "vocab"))
-    columns = {
-        "I1": tf.constant([1.0, 1.0]), "I2": tf.constant([1.0, 1.0]), "C1": tf.constant([b"a", b"a"]),
-        "C2": tf.constant([b"x", b"x"]), "C3": tf.constant([b"-1", b"7"]), "C4raw": tf.constant([b"a", b"a"]),
-    }
-    c3 = transform.from_feature_tensors(columns)["C3"]
-    assert c3.indices.numpy()[:, 0].tolist() == [1]  # row 0 has no ID
-    assert c3.values.numpy().tolist() == [V.read_vocabulary(str(root / "vocab"), "C3").index(b"7")]
-
-
 def test_table_statistics_are_consistent(preprocessed):
     cfg, root, stats = preprocessed
     shared = stats["tables"]["shared"]
@@ -374,59 +326,8 @@ def _read_counts_float(path):
         return [(line.split(b" ", 1)[1], float(line.split(b" ", 1)[0])) for line in fh.read().split(b"\n") if line]
 
 
-# One table of dense-value cases, run through preprocessing (Arrow) and the serving graph (TF):
-# (value stored in the tf.Example float_list or None, filled value, reason counted by preprocessing)
-DENSE_CASES = [
-    ([2.5], 2.5, None),
-    ([float("nan")], -1.0, "nan"),
-    ([float("inf")], -1.0, "infinite"),
-    ([float("-inf")], -1.0, "infinite"),
-    ([3.4e38], 3.4e38, None),  # the largest float32 magnitude is a value
-    (None, -1.0, "missing"),
-]
-
-
-def test_non_finite_dense_values_filled_alike_in_preprocessing_and_serving(preprocessed):
-    import numpy as np
-    import pyarrow as pa
-
-    from components.embedding_exporter.serving import RawFeatureTransform
-    from components.embedding_preprocess import features as F
-
-    _, root, _ = preprocessed
-    arr = pa.array([v for v, _, _ in DENSE_CASES], pa.list_(pa.float32()))
-    dense = F.extract_dense(arr, len(DENSE_CASES), -1.0)  # I1's fill value in CONFIG
-    assert dense.invalid == {"nan": 1, "infinite": 2} and dense.missing == 4
-    np.testing.assert_array_equal(dense.values, np.array([e for _, e, _ in DENSE_CASES], np.float32))
-    manifest = json.loads((root / "vocab" / "manifest.json").read_text())
-    transform = RawFeatureTransform(manifest, str(root / "vocab"))
-    rows = [(1, v, [1], [b"a"], [b"x"], [7], [b"a"]) for v, _, _ in DENSE_CASES]
-    served = transform.from_examples(tf.constant([_example(r) for r in rows]))["I1"].numpy().ravel()
-    np.testing.assert_array_equal(served, dense.values)
-    # A JSON client sends the same values as float32 (NaN = missing)
-    cols = {"I1": tf.constant([v[0] if v else float("nan") for v, _, _ in DENSE_CASES], tf.float32),
-            "I2": tf.constant([1.0] * len(rows)), "C1": tf.constant([b"a"] * len(rows)), "C2": tf.constant([b"x"] * len(rows)),
-            "C3": tf.constant([b"7"] * len(rows)), "C4raw": tf.constant([b"a"] * len(rows))}
-    np.testing.assert_array_equal(transform.from_feature_tensors(cols)["I1"].numpy().ravel(), dense.values)
-
-
-LABEL_CASES = [  # (label values, kept, reason)
-    ([1], True, None), ([0], True, None), ([2], False, "invalid_label"), ([-1], False, "invalid_label"),
-    ([0.5], False, "invalid_label"), ([0, 1], False, "invalid_label"), (None, False, "missing_label"),
-]
-
-
-def test_labels_must_be_binary():
-    import pyarrow as pa
-
-    from components.embedding_preprocess import features as F
-
-    labels = F.extract_label(pa.array([v for v, _, _ in LABEL_CASES], pa.list_(pa.float32())), len(LABEL_CASES))
-    assert labels.keep.tolist() == [k for _, k, _ in LABEL_CASES]
-    assert labels.invalid.tolist() == [r == "invalid_label" for _, _, r in LABEL_CASES]
-    assert labels.missing.tolist() == [r == "missing_label" for _, _, r in LABEL_CASES]
-    ints = F.extract_label(pa.array([[1], [3], [0]], pa.list_(pa.int64())), 3)
-    assert ints.keep.tolist() == [True, False, True] and ints.values.tolist()[::2] == [1.0, 0.0]
+# The dense-value, label, OOV-hash and JSON integer cases are the rulebook's table
+# (components/rulebook.py), run through preprocessing and serving by tests/test_rulebook.py.
 
 
 def test_ledger_and_health_in_statistics(preprocessed):
