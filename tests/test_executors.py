@@ -1,0 +1,191 @@
+"""Each component's executor called directly, as TFX's own executor tests do: artifacts built by
+hand, `Executor().Do(input_dict, output_dict, exec_properties)`, outputs checked. No pipeline, no
+orchestrator, no ML Metadata: the chain ExampleGen -> EmbeddingPreprocess -> TFX Trainer (with this
+project's run_fn) -> EmbeddingExporter on a small generated CSV, plus the refusals each executor
+owes its caller."""
+import json
+import os
+
+import pytest
+import yaml
+
+import components  # noqa: F401
+
+from tfx.components.trainer import executor as trainer_executor
+from tfx.dsl.components.base import base_beam_executor
+from tfx.proto import example_gen_pb2, trainer_pb2
+from tfx.types import artifact_utils, standard_artifacts, standard_component_specs as specs
+from tfx.utils import io_utils, proto_utils
+
+from components import ledger as L
+from components.artifact_types import EmbeddingStatistics, EmbeddingVocabulary
+from components.config import parse_config
+from components.errors import LedgerError
+from components.embedding_exporter import executor as export_executor
+from components.embedding_preprocess import executor as preprocess_executor
+from components.embedding_trainer.trainer_module import CONFIG_KEY as TRAINER_CONFIG_KEY
+from components.example_gen import executor as example_gen_executor
+from components.synthetic_data import GeneratorSpec, write_csv
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROWS = 2500
+RUN_FN = "components.embedding_trainer.trainer_module.run_fn"  # what pipelines/pipeline.py wires
+BEAM_ARGS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
+
+
+def _artifact(cls, uri, split_names=None):
+    a = cls()
+    a.uri = str(uri)
+    os.makedirs(a.uri, exist_ok=True)
+    if split_names is not None:
+        a.split_names = artifact_utils.encode_split_names(split_names)
+    return a
+
+
+def _config(csv_path):
+    with open(os.path.join(REPO, "configs", "demo.yaml")) as fh:
+        raw = yaml.safe_load(fh)
+    raw["input"]["path"] = str(csv_path)
+    raw["training"].update({"batch_size": 64, "train_steps": 30, "eval_steps": 5, "checkpoint_every_steps": 15})
+    return parse_config(raw)
+
+
+def _beam_context():
+    return base_beam_executor.BaseBeamExecutor.Context(beam_pipeline_args=BEAM_ARGS)
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    """The four executors run in order on hand-built artifacts: {name: artifact}."""
+    root = tmp_path_factory.mktemp("executors")
+    data = root / "input"
+    data.mkdir()
+    small = [min(c, 2000) for c in GeneratorSpec().cardinalities]
+    write_csv(GeneratorSpec(rows=ROWS, seed=5, cardinalities=small), str(data / "data.csv"))
+    cfg = _config(data / "data.csv")
+    a = {}
+
+    a["examples"] = _artifact(standard_artifacts.Examples, root / "ExampleGen")
+    input_config = example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern="data.csv")])
+    output_config = example_gen_pb2.Output(split_config=example_gen_pb2.SplitConfig(splits=[
+        example_gen_pb2.SplitConfig.Split(name="train", hash_buckets=cfg.input.train_buckets),
+        example_gen_pb2.SplitConfig.Split(name="eval", hash_buckets=cfg.input.eval_buckets),
+    ]))
+    example_gen_executor.Executor(_beam_context()).Do({}, {specs.EXAMPLES_KEY: [a["examples"]]}, {
+        specs.INPUT_BASE_KEY: str(data),
+        specs.INPUT_CONFIG_KEY: proto_utils.proto_to_json(input_config),
+        specs.OUTPUT_CONFIG_KEY: proto_utils.proto_to_json(output_config),
+        specs.OUTPUT_DATA_FORMAT_KEY: example_gen_pb2.FORMAT_TF_EXAMPLE,
+        specs.OUTPUT_FILE_FORMAT_KEY: example_gen_pb2.FORMAT_TFRECORDS_GZIP,
+        example_gen_executor.CONFIG_KEY: cfg.to_json(),
+    })
+
+    a["transformed"] = _artifact(standard_artifacts.Examples, root / "Preprocess" / "transformed")
+    a["vocabulary"] = _artifact(EmbeddingVocabulary, root / "Preprocess" / "vocabulary")
+    a["statistics"] = _artifact(EmbeddingStatistics, root / "Preprocess" / "statistics")
+    preprocess_executor.Executor(_beam_context()).Do(
+        {preprocess_executor.EXAMPLES_KEY: [a["examples"]]},
+        {
+            preprocess_executor.TRANSFORMED_EXAMPLES_KEY: [a["transformed"]],
+            preprocess_executor.VOCABULARY_KEY: [a["vocabulary"]],
+            preprocess_executor.STATISTICS_KEY: [a["statistics"]],
+        },
+        {preprocess_executor.CONFIG_KEY: cfg.to_json()},
+    )
+
+    a["model"] = _artifact(standard_artifacts.Model, root / "Trainer" / "model")
+    a["model_run"] = _artifact(standard_artifacts.ModelRun, root / "Trainer" / "model_run")
+    trainer_executor.GenericExecutor().Do(
+        {specs.EXAMPLES_KEY: [a["transformed"]]},
+        {specs.MODEL_KEY: [a["model"]], specs.MODEL_RUN_KEY: [a["model_run"]]},
+        {
+            specs.RUN_FN_KEY: RUN_FN,
+            specs.TRAIN_ARGS_KEY: proto_utils.proto_to_json(trainer_pb2.TrainArgs(num_steps=cfg.training.train_steps)),
+            specs.EVAL_ARGS_KEY: proto_utils.proto_to_json(trainer_pb2.EvalArgs(num_steps=cfg.training.eval_steps)),
+            specs.CUSTOM_CONFIG_KEY: json.dumps({TRAINER_CONFIG_KEY: cfg.to_json()}),
+        },
+    )
+
+    a["serving"] = _artifact(standard_artifacts.Model, root / "Exporter" / "serving_model")
+    a["blessing"] = _artifact(standard_artifacts.ModelBlessing, root / "Exporter" / "blessing")
+    export_executor.Executor().Do(
+        {export_executor.MODEL_KEY: [a["model"]], export_executor.EXAMPLES_KEY: [a["examples"]]},
+        {export_executor.SERVING_MODEL_KEY: [a["serving"]], export_executor.BLESSING_KEY: [a["blessing"]]},
+        {export_executor.CONFIG_KEY: cfg.to_json()},
+    )
+    return cfg, a, root
+
+
+def test_example_gen_do_writes_splits_and_a_balanced_ledger(chain):
+    _, a, _ = chain
+    examples = a["examples"]
+    assert artifact_utils.decode_split_names(examples.split_names) == ["train", "eval"]
+    ledger = json.loads(io_utils.read_string_file(os.path.join(examples.uri, L.LEDGER_FILE)))
+    stage = ledger["stages"][0]
+    assert stage["rows_in"] == ROWS and stage["balanced"]
+    train, evals = (examples.get_int_custom_property(f"{s}_rows") for s in ("train", "eval"))
+    assert {"train": train, "eval": evals} == stage["rows_out"]
+    assert train + evals == ROWS - sum(stage["malformed"].values()) - sum(stage["dropped"].values())
+    assert 0 < evals < train
+
+
+def test_preprocess_do_writes_vocabularies_statistics_and_counts(chain):
+    cfg, a, _ = chain
+    examples, transformed = a["examples"], a["transformed"]
+    for s in ("train", "eval"):
+        assert a["statistics"].get_int_custom_property(f"{s}_examples_read") == examples.get_int_custom_property(f"{s}_rows")
+        assert 0 < transformed.get_int_custom_property(f"{s}_examples") <= examples.get_int_custom_property(f"{s}_rows")
+        assert os.listdir(os.path.join(transformed.uri, f"Split-{s}"))
+    assert a["vocabulary"].get_string_custom_property("tables") == ",".join(t.name for t in cfg.tables)
+    assert transformed.get_string_custom_property("vocabulary_uri") == a["vocabulary"].uri
+    assert os.listdir(a["statistics"].uri)
+
+
+def test_trainer_do_with_run_fn_writes_the_model_artifact(chain):
+    _, a, _ = chain
+    serving_dir = os.path.join(a["model"].uri, "Format-Serving")
+    assert os.path.exists(os.path.join(serving_dir, "saved_model.pb"))
+
+
+def test_exporter_do_blesses_a_verified_serving_model(chain):
+    _, a, _ = chain
+    serving, blessing = a["serving"], a["blessing"]
+    assert os.path.exists(os.path.join(serving.uri, "Format-Serving", "saved_model.pb"))
+    assert blessing.get_int_custom_property("blessed") == 1
+    assert blessing.get_string_custom_property("current_model") == serving.uri
+    assert serving.get_float_custom_property("parity_max_abs_diff") <= 1e-5
+    assert blessing.get_int_custom_property("parity_examples") > 0
+    assert os.path.exists(os.path.join(blessing.uri, "BLESSED"))
+
+
+def test_preprocess_do_refuses_examples_without_an_eval_split(chain, tmp_path):
+    cfg, a, _ = chain
+    only_train = _artifact(standard_artifacts.Examples, a["examples"].uri, split_names=["train"])
+    outputs = {
+        preprocess_executor.TRANSFORMED_EXAMPLES_KEY: [_artifact(standard_artifacts.Examples, tmp_path / "t")],
+        preprocess_executor.VOCABULARY_KEY: [_artifact(EmbeddingVocabulary, tmp_path / "v")],
+        preprocess_executor.STATISTICS_KEY: [_artifact(EmbeddingStatistics, tmp_path / "s")],
+    }
+    with pytest.raises(ValueError, match=r"lack split\(s\) \['eval'\]"):
+        preprocess_executor.Executor(_beam_context()).Do(
+            {preprocess_executor.EXAMPLES_KEY: [only_train]}, outputs, {preprocess_executor.CONFIG_KEY: cfg.to_json()}
+        )
+    assert not any(os.listdir(tmp_path / d) for d in ("t", "v", "s"))
+
+
+def test_exporter_do_refuses_examples_whose_ledger_does_not_balance(chain, tmp_path):
+    cfg, a, _ = chain
+    examples = _artifact(standard_artifacts.Examples, tmp_path / "examples", split_names=["train", "eval"])
+    ledger = json.loads(io_utils.read_string_file(os.path.join(a["examples"].uri, L.LEDGER_FILE)))
+    ledger["stages"][0]["balanced"] = False  # as ExampleGen writes it when a row went missing
+    ledger["stages"][0]["problems"] = ["written rows: sent to the writer 2,000 != found in the output files 1,999"]
+    io_utils.write_string_file(os.path.join(examples.uri, L.LEDGER_FILE), json.dumps(ledger))
+    serving = _artifact(standard_artifacts.Model, tmp_path / "serving")
+    blessing = _artifact(standard_artifacts.ModelBlessing, tmp_path / "blessing")
+    with pytest.raises(LedgerError, match="EmbeddingExporter refuses its input.*1,999"):
+        export_executor.Executor().Do(
+            {export_executor.MODEL_KEY: [a["model"]], export_executor.EXAMPLES_KEY: [examples]},
+            {export_executor.SERVING_MODEL_KEY: [serving], export_executor.BLESSING_KEY: [blessing]},
+            {export_executor.CONFIG_KEY: cfg.to_json()},
+        )
+    assert not os.listdir(serving.uri) and not os.listdir(blessing.uri)
