@@ -1,2 +1,3 @@
 """The TFX pipeline: ExampleGen -> EmbeddingPreprocess -> Trainer -> EmbeddingExporter -> Pusher."""
 import components  # noqa: F401  (selects legacy Keras before anything imports TensorFlow)
+from pipelines import kubeflow_config  # noqa: F401  (registers the `kubeflow` section's checks with config resolution)

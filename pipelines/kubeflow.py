@@ -29,6 +29,7 @@ import tempfile
 from typing import Any, Dict, List, Optional
 
 from components.config import ConfigError, PipelineConfig
+from pipelines.kubeflow_config import kubeflow_beam_args
 
 ENTRYPOINT = ["python", "-m", "pipelines.kfp_entrypoint"]
 OUTPUT_SUFFIXES = (".yaml", ".yml", ".json")
@@ -88,7 +89,7 @@ def trainer_tpu_image(cfg: PipelineConfig, tpu_image: Optional[str]) -> Optional
     image = tpu_image or cfg.kubeflow.tpu_trainer_image
     if not image:
         raise ConfigError(
-            f"{cfg.source_file}: kubeflow.tpu_trainer_image: not set, but the Trainer trains on a TPU "
+            f"{cfg.resolved.source_file}: kubeflow.tpu_trainer_image: not set, but the Trainer trains on a TPU "
             f"({'; '.join(routes.values())}); build docker/Dockerfile.tpu (tensorflow-tpu with libtpu: "
             "the main image's tensorflow cannot reach a TPU) and set kubeflow.tpu_trainer_image or pass --tpu-image"
         )
@@ -126,7 +127,7 @@ def build_pipeline(cfg: PipelineConfig, image: str, pipeline_root: str, tpu_imag
     job_image = tpu_image if tpu_image and "vertex_job" in tpu_routes(cfg) else image
     p = create_pipeline(cfg, pipeline_root=pipeline_root, metadata_path=None, serving_dir=serving_dir,
                         beam_pipeline_args=[], image=job_image)
-    beam_args = cfg.kubeflow_beam_args(image)
+    beam_args = kubeflow_beam_args(cfg, image)
     by_id = {c.id: c for c in p.components}
     for c in p.components:
         if hasattr(c, "with_beam_pipeline_args"):  # BaseBeamComponent: ExampleGen, EmbeddingPreprocess
@@ -153,7 +154,7 @@ def compile_pipeline(cfg: PipelineConfig, image: str, output: str, pipeline_root
     root = pipeline_root or cfg.kubeflow.pipeline_root
     if not root:
         raise ConfigError(
-            f"{cfg.source_file}: kubeflow.pipeline_root: not set; set it (e.g. gs://BUCKET/tpu-embedding) "
+            f"{cfg.resolved.source_file}: kubeflow.pipeline_root: not set; set it (e.g. gs://BUCKET/tpu-embedding) "
             "or pass --pipeline-root"
         )
     trainer_image = trainer_tpu_image(cfg, tpu_image)

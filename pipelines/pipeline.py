@@ -28,7 +28,7 @@ def input_location(cfg: PipelineConfig) -> Tuple[str, str]:
         matches = [m for m in glob.glob(os.path.join(base, pattern)) if os.path.isfile(m)]
         if not matches:
             raise ConfigError(
-                f"{cfg.source_file}: input.path: {path!r} matches no file; generate the data "
+                f"{cfg.resolved.source_file}: input.path: {path!r} matches no file; generate the data "
                 "(python -m components.synthetic_data) or point input.path at a CSV/TFRecord file, "
                 "directory or glob"
             )

@@ -92,7 +92,7 @@ def build_manifest(cfg: PipelineConfig, raw: Dict[str, float], vocabulary_dir: s
             "rows": size + t.vocabulary.num_oov_buckets,
             "dim": t.dim,
             "combiner": t.combiner,
-            "features": list(t.features),
+            "features": list(cfg.resolved.table(t.name).features),
         }
     return {
         "version": MANIFEST_VERSION,
@@ -160,7 +160,7 @@ def build_statistics(cfg: PipelineConfig, raw: Dict[str, Any], manifest: Dict[st
         table = cfg.feature_table(f)
         # The feature's own value distribution on the train split (exact): for a feature with a table
         # of its own it is the table's; a feature of a shared table has its own counts.
-        if len(table.features) > 1:
+        if cfg.resolved.table(table.name).shared:
             values = raw.get(f"info/feature_values/{f.name}", {})
         else:
             values = {k: v for k, v in raw.get(f"info/vocab/{table.name}", {}).items() if k in S.DISTRIBUTION_KEYS}

@@ -102,7 +102,7 @@ def derive_plan(
         if v is None:
             raise PlanError(f"table {t.name!r} has no vocabulary in the manifest; rerun preprocessing with this config")
         rows = int(v["rows"])
-        if emb.dim_rule == "fourth_root" and not t.dim_explicit:
+        if emb.dim_rule == "fourth_root" and not cfg.resolved.table(t.name).dim_explicit:
             dim, dim_source = fourth_root_dim(rows), "fourth_root rule"
         else:
             dim, dim_source = int(t.dim), "config"
@@ -142,7 +142,7 @@ def derive_plan(
             "initializer": {"name": "truncated_normal", "mean": 0.0, "stddev": 1.0 / math.sqrt(dim)},
             "optimizer": opt,
             "placement": placement,
-            "features": list(t.features),
+            "features": list(cfg.resolved.table(t.name).features),
             "sparsecore_limits": limits,
             "memory": {
                 "weight_bytes": weight_bytes,

@@ -1,0 +1,164 @@
+"""Resolution of categorical features onto tables: every feature gets exactly one table.
+
+A feature without `table` gets a table of its own (named after it); features naming a declared
+table share it, and a dim or combiner set on one of them fills in the table's. Then every table
+takes what it still lacks from `categorical_defaults`. The bindings come back as `ResolvedTable`s.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Tuple
+
+from components.config.checks import check_choice, check_positive
+from components.config.resolved import ResolvedTable
+from components.config.schema import (
+    COMBINERS,
+    CategoricalDefaults,
+    CategoricalFeature,
+    ConfigError,
+    PipelineConfig,
+    TableConfig,
+    VocabularyOptions,
+)
+
+
+def bind_tables(cfg: PipelineConfig) -> Tuple[ResolvedTable, ...]:
+    """Checks the features and tables, completes `cfg.tables` in place (implicit tables appended,
+    dim / combiner / vocabulary filled in) and returns each table's binding, in that order."""
+    if not cfg.categorical_features:
+        raise ConfigError("categorical_features: empty; list at least one categorical feature")
+    names = _FeatureNames(cfg.label)
+    for i, d in enumerate(cfg.dense_features):
+        names.claim(d.name, f"dense_features[{i}]")
+    _check_defaults(cfg.categorical_defaults)
+    declared = _check_declared_tables(cfg.tables)
+    bound: Dict[str, List[str]] = {t.name: [] for t in cfg.tables}
+    implicit: List[TableConfig] = []
+    origins: Dict[tuple, str] = {}  # (table, attr) -> the feature field that set it, for messages
+    for i, f in enumerate(cfg.categorical_features):
+        path = f"categorical_features[{i}]"
+        names.claim(f.name, path)
+        _check_feature(f, path)
+        if f.table is not None:
+            _join_shared_table(f, path, cfg.tables, declared, origins)
+            bound[f.table].append(f.name)
+        else:
+            implicit.append(_own_table(f, path, declared))
+            bound[f.name] = [f.name]
+    for t in cfg.tables:
+        if not bound[t.name]:
+            raise ConfigError(f"tables: table {t.name!r} is used by no feature; remove it or point a feature at it")
+    cfg.tables = list(cfg.tables) + implicit
+    resolved = tuple(ResolvedTable(t.name, tuple(bound[t.name]), dim_explicit=t.dim is not None) for t in cfg.tables)
+    for t in cfg.tables:
+        _fill_defaults(t, cfg.categorical_defaults)
+    return resolved
+
+
+class _FeatureNames:
+    """Feature names claimed so far: unique across dense and categorical features, never the label."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.seen: Dict[str, str] = {}
+
+    def claim(self, name: str, path: str) -> None:
+        if not name:
+            raise ConfigError(f"{path}.name: missing; give every feature a name")
+        if name in self.seen:
+            raise ConfigError(f"{path}.name: {name!r} is already used by {self.seen[name]}; feature names must be unique")
+        if name == self.label:
+            raise ConfigError(f"{path}.name: {name!r} is the label column; remove it from the features")
+        self.seen[name] = path
+
+
+def check_vocabulary(v: Optional[VocabularyOptions], path: str) -> None:
+    if v is None:
+        return
+    check_positive(v.top_k, f"{path}.top_k", "keep at least one value, or remove top_k to keep all")
+    check_positive(v.min_frequency, f"{path}.min_frequency", "use 1 to keep every value seen")
+    check_positive(v.num_oov_buckets, f"{path}.num_oov_buckets", "at least one row for unseen values")
+    if v.weight_column == "":
+        raise ConfigError(f"{path}.weight_column: empty; name a numeric column or remove the field")
+
+
+def _check_defaults(defaults: CategoricalDefaults) -> None:
+    check_positive(defaults.dim, "categorical_defaults.dim", "set a positive embedding dimension")
+    check_choice(defaults.combiner, COMBINERS, "categorical_defaults.combiner")
+    check_vocabulary(defaults.vocabulary, "categorical_defaults.vocabulary")
+
+
+def _check_declared_tables(tables: List[TableConfig]) -> Dict[str, int]:
+    """The `tables` section's own checks; returns name -> index."""
+    declared: Dict[str, int] = {}
+    for i, t in enumerate(tables):
+        path = f"tables[{i}]"
+        if not t.name:
+            raise ConfigError(f"{path}.name: missing; give every table a name")
+        if t.name in declared:
+            raise ConfigError(f"{path}.name: table {t.name!r} is declared twice (also tables[{declared[t.name]}])")
+        declared[t.name] = i
+        check_positive(t.dim, f"{path}.dim", "set a positive embedding dimension")
+        check_choice(t.combiner, COMBINERS, f"{path}.combiner")
+        check_vocabulary(t.vocabulary, f"{path}.vocabulary")
+    return declared
+
+
+def _check_feature(f: CategoricalFeature, path: str) -> None:
+    """One categorical feature's own fields (before it is bound)."""
+    check_positive(f.dim, f"{path}.dim", "set a positive embedding dimension")
+    check_choice(f.combiner, COMBINERS, f"{path}.combiner")
+    check_vocabulary(f.vocabulary, f"{path}.vocabulary")
+    check_positive(f.max_length, f"{path}.max_length", "keep at least one value per example")
+    if f.separator == "":
+        raise ConfigError(f"{path}.separator: empty; set the multi-hot separator (e.g. '|') or remove it")
+    if f.max_length is not None and f.separator is None:
+        raise ConfigError(f"{path}.max_length: only applies to multi-hot features; set separator too")
+
+
+def _join_shared_table(
+    f: CategoricalFeature, path: str, tables: List[TableConfig], declared: Dict[str, int], origins: Dict[tuple, str]
+) -> None:
+    """Binds `f` to the declared table it names; its dim / combiner fill in the table's or must agree."""
+    if f.table not in declared:
+        known = ", ".join(sorted(declared)) or "none declared"
+        raise ConfigError(
+            f"{path}.table: {f.table!r} is not in tables ({known}); declare it under tables "
+            "or remove the field to give the feature a table of its own"
+        )
+    t = tables[declared[f.table]]
+    tpath = f"tables[{declared[f.table]}]"
+    if f.vocabulary is not None:
+        raise ConfigError(
+            f"{path}.vocabulary: {f.name!r} uses table {t.name!r}, whose vocabulary is shared; "
+            f"set the options under {tpath}.vocabulary instead"
+        )
+    for attr in ("dim", "combiner"):
+        mine, theirs = getattr(f, attr), getattr(t, attr)
+        if mine is None:
+            continue
+        if theirs is None:
+            setattr(t, attr, mine)
+            origins[(t.name, attr)] = f"{path}.{attr}"
+        elif mine != theirs:
+            origin = origins.get((t.name, attr), f"{tpath}.{attr}")
+            raise ConfigError(
+                f"{path}.{attr}: {mine!r} conflicts with {theirs!r} from {origin} for shared "
+                f"table {t.name!r}; features sharing a table must agree"
+            )
+
+
+def _own_table(f: CategoricalFeature, path: str, declared: Dict[str, int]) -> TableConfig:
+    """The implicit table of a feature without `table`."""
+    if f.name in declared:
+        raise ConfigError(
+            f"{path}.table: a table named {f.name!r} is declared under tables; set table: {f.name} "
+            "to use it, or rename the feature"
+        )
+    return TableConfig(name=f.name, dim=f.dim, combiner=f.combiner, vocabulary=f.vocabulary)
+
+
+def _fill_defaults(t: TableConfig, defaults: CategoricalDefaults) -> None:
+    t.dim = t.dim if t.dim is not None else defaults.dim
+    t.combiner = t.combiner or defaults.combiner
+    t.vocabulary = t.vocabulary or dataclasses.replace(defaults.vocabulary)

@@ -1,0 +1,151 @@
+"""Loading: YAML (or the JSON executors receive) -> a checked, resolved `PipelineConfig`.
+
+Type conversion names the field of every mismatch (`categorical_features[3].dim: expected an
+integer, got 'sixteen'`). Nothing here touches TensorFlow, TFX or Beam, so a bad file is rejected
+in well under a second, before any work starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import typing
+from typing import Any, Dict, List
+
+import yaml
+
+from components.config.schema import ConfigError, PipelineConfig
+from components.config.validation import resolve
+
+SERIALIZED_SOURCE = "<serialized config>"  # source_file of a config read by config_from_json
+_OLD_RESOLVED_KEYS = ("features", "dim_explicit")  # in each table of JSON from before ResolvedConfig
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _type_name(args[0]) + " or null"
+    if origin in (list, List):
+        return "a list of " + _type_name(typing.get_args(tp)[0])
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    if origin in (dict, Dict):
+        return "a mapping of " + _type_name(typing.get_args(tp)[1])
+    return {int: "an integer", float: "a number", str: "a string", bool: "true/false"}.get(tp, str(tp))
+
+
+def _convert(value: Any, tp: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _convert(value, args[0], path)
+    if origin in (list, List):
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}")
+        return [_convert(v, typing.get_args(tp)[0], f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin in (dict, Dict):
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}")
+        return {str(k): _convert(v, typing.get_args(tp)[1], f"{path}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping of fields, got {value!r}")
+        return _build(tp, value, path)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: expected a string, got {value!r} (quote it in YAML)")
+        return value
+    raise TypeError(f"unsupported config type {tp}")  # a bug in this module, not in the YAML
+
+
+def _build(cls: Any, data: Dict[str, Any], path: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        where = f"{path}.{key}" if path else str(key)
+        if key not in names:
+            raise ConfigError(f"{where}: unknown field; allowed fields here are: {', '.join(names)}")
+        kwargs[key] = _convert(value, hints[key], where)
+    return cls(**kwargs)
+
+
+def parse_config(data: Any, source: str = "<config>") -> PipelineConfig:
+    """Builds and resolves a config from already-parsed YAML data."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of fields, got {type(data).__name__}")
+    try:
+        return resolve(_build(PipelineConfig, data, ""), source)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def load_config(path: str) -> PipelineConfig:
+    """Loads `path` (YAML), checks it and makes input.path absolute (relative to the file)."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"{path}: configuration file not found; pass an existing YAML file with --config")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e}); save the configuration as UTF-8") from None
+    if data is None:
+        raise ConfigError(f"{path}: the file is empty; see configs/README.md for the fields")
+    cfg = parse_config(data, path)
+    if "://" not in cfg.input.path and not os.path.isabs(cfg.input.path):
+        cfg.input.path = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), cfg.input.path))
+    return cfg
+
+
+def config_to_dict(cfg: PipelineConfig) -> Dict[str, Any]:
+    """The fields as resolved (implicit tables listed, defaults filled in), and, under "resolved",
+    what resolution derived (`ResolvedConfig.to_dict`)."""
+    d = dataclasses.asdict(cfg)
+    r = cfg.__dict__.get("_resolved")
+    if r is not None:
+        d["resolved"] = r.to_dict()
+    return d
+
+
+def config_to_json(cfg: PipelineConfig) -> str:
+    return json.dumps(config_to_dict(cfg), sort_keys=True)
+
+
+def config_from_json(text: str) -> PipelineConfig:
+    """Inverse of `PipelineConfig.to_json` (how the config travels to TFX executors): the fields
+    are resolved again, which derives the same `resolved` form."""
+    data = json.loads(text)
+    resolved_tables = (data.pop("resolved", None) or {}).get("tables", {})
+    # Implicit tables are derived again, so only the tables features name are kept. A dim filled in
+    # from categorical_defaults is dropped, so that it stays "not explicit". (JSON written before the
+    # resolved form had its own section carries features / dim_explicit in each table.)
+    explicit = {f.get("table") for f in data.get("categorical_features", []) if f.get("table")}
+    tables = []
+    for t in data.get("tables", []):
+        if t["name"] not in explicit:
+            continue
+        dim_explicit = resolved_tables.get(t["name"], t).get("dim_explicit", True)
+        tables.append({k: v for k, v in t.items() if k not in _OLD_RESOLVED_KEYS and (k != "dim" or dim_explicit)})
+    data["tables"] = tables
+    return parse_config(data, SERIALIZED_SOURCE)

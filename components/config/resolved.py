@@ -1,0 +1,41 @@
+"""What resolution derives from a configuration, as frozen values (never filled into the schema).
+
+`validation.resolve` binds every categorical feature to one table and attaches a `ResolvedConfig`
+to the `PipelineConfig` it checked (`cfg.resolved`). It travels with the config's JSON (under
+"resolved", see `loading.config_to_dict`); `config_from_json` resolves again and gets the same one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+
+@dataclass(frozen=True)
+class ResolvedTable:
+    """One embedding table as resolution bound it."""
+
+    name: str
+    features: Tuple[str, ...]  # the categorical features looking up this table, in config order
+    dim_explicit: bool  # dim set on the table or one of its features (False: categorical_defaults.dim)
+
+    @property
+    def shared(self) -> bool:
+        return len(self.features) > 1
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """Every table's binding (in `PipelineConfig.tables` order) and where the config was read from."""
+
+    tables: Tuple[ResolvedTable, ...]
+    source_file: Optional[str] = None  # the YAML file, or "<serialized config>" / "<config>"; for messages
+
+    def table(self, name: str) -> ResolvedTable:
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The derived bindings (not source_file: where a config was read from is not its content)."""
+        return {"tables": {t.name: {"features": list(t.features), "dim_explicit": t.dim_explicit} for t in self.tables}}

@@ -1,0 +1,405 @@
+"""The configuration schema: one dataclass per YAML section, with the values each field allows.
+
+These are the fields a user writes (configs/README.md documents them) and nothing else: what
+resolution derives (which features share a table, whether a dim was set, where the file came from)
+is the frozen `ResolvedConfig` (`components.config.resolved`), reached as `PipelineConfig.resolved`.
+Loading is `components.config.loading`, the checks `components.config.validation`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
+if TYPE_CHECKING:
+    from components.config.resolved import ResolvedConfig
+
+# Allowed values, checked by components.config.validation.
+COMBINERS = ("mean", "sum", "sqrtn")
+INPUT_FORMATS = ("csv", "tfrecord")
+LABEL_RULE_OPS = (">=", ">", "<=", "<", "==", "!=")
+MODEL_TYPES = ("dlrm", "dcn_v2")
+OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
+SCHEDULES = ("constant", "exponential", "cosine")
+DIM_RULES = ("config", "fourth_root")
+TABLE_DTYPES = ("float32", "float16", "int8")  # serving table storage (export.table_dtype)
+LAYOUT_KINDS = ("auto", "A", "B", "C")  # checkpoint table layouts (README "Export")
+PARTITION_STRATEGIES = ("div", "mod")
+COMPRESSIONS = ("none", "gzip")  # transformed_examples.compression
+DIRECT_RUNNING_MODES = ("in_memory", "multi_threading", "multi_processing")  # beam.direct_running_mode
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with the field and the fix in its message."""
+
+
+@dataclass
+class VocabularyOptions:
+    """How a vocabulary is built from the training split."""
+
+    top_k: Optional[int] = None  # keep the k most frequent values; None keeps all
+    min_frequency: int = 1  # drop values seen fewer times
+    num_oov_buckets: int = 1  # out-of-vocabulary values hash into this many rows after the vocabulary
+    weight_column: Optional[str] = None  # count each value by this numeric column's value (tft's `weights`)
+
+
+
+@dataclass
+class LabelRule:
+    """Derives the binary label from another column: 1 where `column op value` holds, else 0."""
+
+    column: str = ""  # a numeric column of the input, e.g. rating
+    op: str = ">="  # >= | > | <= | < | == | !=
+    value: float = 0.0  # e.g. 4 for "positive when rating >= 4"
+
+
+@dataclass
+class InputConfig:
+    """The `input` section: where the examples are, how they split, and the feature-health limits."""
+
+    path: str = ""  # file, directory or glob; relative paths are relative to the config file
+    format: str = "csv"  # csv | tfrecord (gzipped or plain TFRecord of tf.Example)
+    train_buckets: int = 4  # ExampleGen hash split: train gets train_buckets / (train+eval)
+    eval_buckets: int = 1
+    # Feature health (README "Row ledger"): a feature whose share of train rows with a missing or
+    # invalid value is above max_invalid_share stops the run before training; above
+    # warn_invalid_share it is flagged in the summary and the report. allow_invalid: exempt features.
+    max_invalid_share: float = 0.5
+    warn_invalid_share: float = 0.05
+    allow_invalid: List[str] = field(default_factory=list)
+
+
+@dataclass
+class DenseFeature:
+    """A numeric feature read from one column."""
+
+    name: str = ""
+    column: Optional[str] = None  # source column; defaults to name
+    fill_value: float = 0.0  # used when the value is missing or NaN
+
+    @property
+    def source(self) -> str:
+        return self.column or self.name
+
+
+@dataclass
+class CategoricalFeature:
+    """A categorical feature, embedded through its table (its own, or a shared one from `tables`)."""
+
+    name: str = ""
+    column: Optional[str] = None  # source column; defaults to name
+    table: Optional[str] = None  # a table from `tables`; defaults to a table of its own named after the feature
+    dim: Optional[int] = None  # embedding dim; for a table of its own, or must equal the shared table's dim
+    combiner: Optional[str] = None  # mean | sum | sqrtn; for a table of its own
+    separator: Optional[str] = None  # multi-hot: split the raw string on this separator
+    max_length: Optional[int] = None  # multi-hot: keep at most this many values per example
+    vocabulary: Optional[VocabularyOptions] = None  # for a table of its own
+
+    @property
+    def source(self) -> str:
+        return self.column or self.name
+
+
+@dataclass
+class TableConfig:
+    """One embedding table and its vocabulary; features that share it share both.
+
+    After resolution every table is listed (the implicit ones of features without `table` too) and
+    dim, combiner and vocabulary are filled in; its features are `PipelineConfig.resolved`'s."""
+
+    name: str = ""
+    dim: Optional[int] = None
+    combiner: Optional[str] = None
+    vocabulary: Optional[VocabularyOptions] = None
+
+
+@dataclass
+class CategoricalDefaults:
+    """Dim, combiner and vocabulary of tables that do not set them."""
+
+    dim: int = 16
+    combiner: str = "mean"
+    vocabulary: VocabularyOptions = field(default_factory=VocabularyOptions)
+
+
+@dataclass
+class ScheduleConfig:
+    """Learning rate as a function of the step: `learning_rate` x decay, after an optional linear warm-up."""
+
+    name: str = "constant"  # constant | exponential | cosine
+    warmup_steps: int = 0  # linear ramp from 0 to learning_rate over these steps
+    decay_steps: int = 1000  # exponential: rate^(step/decay_steps); cosine: to alpha over decay_steps
+    decay_rate: float = 0.96  # exponential
+    alpha: float = 0.0  # cosine: final fraction of the learning rate
+
+
+@dataclass
+class OptimizerConfig:
+    """An optimizer (training.embedding_optimizer / training.dense_optimizer) and its schedule."""
+
+    name: str = "adagrad"  # sgd | adagrad | adam | ftrl
+    learning_rate: float = 0.05
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    clipnorm: Optional[float] = None  # dense optimizer only (TPU embedding optimizers cannot clip by norm)
+    clipvalue: Optional[float] = None  # clip each gradient value to [-clipvalue, clipvalue]
+    initial_accumulator_value: float = 0.1  # adagrad / ftrl
+    beta_1: float = 0.9  # adam
+    beta_2: float = 0.999  # adam
+    epsilon: float = 1e-7  # adam
+    l1_regularization_strength: float = 0.0  # ftrl
+    l2_regularization_strength: float = 0.0  # ftrl
+    # adam, embedding optimizer: update only the rows looked up in a step (the TPU embedding Adam's
+    # default; CPU/GPU follow the same rule). false: every row's moments decay every step.
+    lazy_adam: bool = True
+
+
+@dataclass
+class TopologyConfig:
+    """The TPU slice the embedding plan is sized for (defaults: a v5e-8 slice)."""
+
+    num_chips: int = 8
+    hbm_gib_per_chip: float = 16.0
+    sparse_cores_per_chip: int = 4  # SparseCores per chip (v5p: 4, v6e: 2); used for SparseCore limits
+    usable_hbm_fraction: float = 0.7  # share of HBM the embedding tables may take (the rest: dense part, activations)
+
+
+@dataclass
+class EmbeddingConfig:
+    """How tables become TPU embedding configs (the embedding plan)."""
+
+    # Tables with more rows than this go to TPU embedding (sharded over the chips); smaller ones are
+    # Keras embeddings on the TensorCore, as tensorflow-recommenders' PartialTPUEmbedding places them.
+    # 0: every table in TPU embedding; null: none.
+    size_threshold: Optional[int] = 0
+    dim_rule: str = "config"  # config: the configured dim; fourth_root: tables without an explicit dim get 8*ceil(6*rows^0.25/8)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+
+
+@dataclass
+class TrainingConfig:
+    """The `training` section: the model, its optimizers, steps, checkpoints and the embedding plan."""
+
+    model: str = "dlrm"  # dlrm (dot interaction) | dcn_v2 (cross layers)
+    batch_size: int = 256  # global batch size (split evenly over the replicas)
+    cross_layers: int = 3  # dcn_v2: number of cross layers
+    cross_projection_dim: Optional[int] = None  # dcn_v2: low-rank cross layers of this rank; null: full rank
+    train_steps: int = 1000
+    eval_steps: int = 50
+    bottom_mlp: List[int] = field(default_factory=lambda: [64, 16])
+    top_mlp: List[int] = field(default_factory=lambda: [64, 32])
+    dropout: float = 0.0  # dropout rate after each hidden top-MLP layer in training (0: none)
+    embedding_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig("adagrad", 0.05))
+    dense_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig("adam", 0.001))
+    seed: int = 42
+    tpu: Optional[str] = None  # TPU name or grpc:// address: train under TPUStrategy; None: CPU/GPU
+    # Where checkpoints of an unfinished run are kept (e.g. gs://...); null: <pipeline root>/Trainer/training_state/<key>
+    checkpoint_dir: Optional[str] = None
+    checkpoint_every_steps: int = 500  # checkpoint every this many steps (and at the end); a restarted run resumes
+    steps_per_execution: int = 1  # training steps per tf.function call (Keras compile); divides checkpoint_every_steps
+    # TPU only: overlap the embedding lookups with the TensorCore step (faster; the lookups then see
+    # tables one step old, so results differ slightly from CPU/GPU and from false). CPU/GPU ignore it.
+    pipeline_execution_with_tensor_core: bool = False
+    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+
+
+
+
+@dataclass
+class ExportLayoutConfig:
+    """How the training checkpoint holds its tables, where the checkpoint cannot say (README "Export")."""
+
+    kind: str = "auto"  # auto | A | B | C (auto: detected per table from the checkpoint and the plan)
+    partition_strategy: Optional[str] = None  # C: div | mod, as training partitioned the tables
+    num_partitions: Optional[int] = None  # C, tables saved as slices of one key: the host count
+    num_sparse_cores: Optional[int] = None  # B without a layout record: overrides the plan's topology
+    sparse_cores_per_chip: Optional[int] = None
+    table_keys: Dict[str, str] = field(default_factory=dict)  # table -> checkpoint key (other trainers)
+
+
+@dataclass
+class ExportConfig:
+    """The `export` section: how the serving model is checked, compressed and written."""
+
+    parity_tolerance: float = 1e-5  # max |trained - serving| click probability on the parity sample
+    parity_sample_size: int = 512  # eval examples scored by both models before the export is accepted
+    table_dtype: str = "float32"  # float32 | float16 | int8 (per-row scale): the serving model's tables
+    compare_compression: bool = True  # report size and AUC change of float16 and int8 even if not chosen
+    max_auc_drop: float = 0.005  # a compressed serving model losing more eval AUC is refused
+    auc_sample_size: int = 20000  # eval examples the AUC (and its change under compression) is measured on
+    write_tables: bool = True  # also write each table as a row-aligned .npy with a manifest
+    layout: ExportLayoutConfig = field(default_factory=ExportLayoutConfig)
+
+
+@dataclass
+class StatisticsConfig:
+    """Embedding-ID statistics that size TPU embedding tables (preprocessing)."""
+
+    shard_counts: List[int] = field(default_factory=lambda: [8, 32, 128])  # SparseCores or hosts to model
+    headroom: float = 0.2  # suggested SparseCore limits = busiest observed shard-batch x (1 + headroom)
+    top_values: int = 10  # hottest values listed per vocabulary
+
+
+@dataclass
+class TransformedExamplesConfig:
+    """How preprocessing writes the transformed examples the trainer reads."""
+
+    # none: plain TFRecords (default: gzip at Beam's fixed level 6 costs about a third of the
+    # preprocessing CPU, and every training host pays again to inflate them); gzip: ~4.8x smaller.
+    compression: str = "none"
+
+
+@dataclass
+class BeamConfig:
+    """Beam of a local run (the `beam` section); `PipelineConfig.beam_pipeline_args` turns it into options."""
+
+    direct_running_mode: str = "multi_processing"  # in_memory | multi_threading | multi_processing
+    direct_num_workers: int = 0  # 0: one per core
+    # CombinePerKey hot-key fan-out for the token counts (intermediate keys per feature); >1 helps
+    # runners with many bundles (Dataflow, Flink, Spark) where a large feature's partials would
+    # otherwise all be merged by one worker. 0 or 1: off.
+    hot_key_fanout: int = 0
+    extra_args: List[str] = field(default_factory=list)  # e.g. --runner=DataflowRunner --project=...
+
+
+@dataclass
+class KubeflowBeamConfig:
+    """Beam for the pipeline's Beam components (ExampleGen, EmbeddingPreprocess) on Kubeflow."""
+
+    runner: str = "direct"  # direct (inside the task's pod) | dataflow | flink | spark
+    args: List[str] = field(default_factory=list)  # Beam options, e.g. --project=... --region=...; not --runner
+
+
+@dataclass
+class TolerationConfig:
+    """A Kubernetes toleration of one component's task (open-source KFP only)."""
+
+    key: str = ""
+    operator: str = "Equal"  # Equal | Exists
+    value: Optional[str] = None
+    effect: Optional[str] = None  # NoSchedule | PreferNoSchedule | NoExecute; null: all
+
+
+@dataclass
+class KubeflowComponentConfig:
+    """What one component's task asks of the cluster."""
+
+    cpu: Optional[float] = None  # CPU limit (cores)
+    memory_gb: Optional[float] = None  # memory limit (GB)
+    cpu_request: Optional[float] = None
+    memory_request_gb: Optional[float] = None
+    # Open-source KFP: a Kubernetes resource name (nvidia.com/gpu, google.com/tpu);
+    # Vertex AI: a Vertex accelerator type (NVIDIA_TESLA_T4, NVIDIA_L4, ...).
+    accelerator_type: Optional[str] = None
+    accelerator_count: int = 1
+    # Open-source KFP only (Kubernetes platform spec; Vertex ignores it): e.g. a GKE TPU node pool's
+    # cloud.google.com/gke-tpu-accelerator / cloud.google.com/gke-tpu-topology labels.
+    node_selector: Dict[str, str] = field(default_factory=dict)
+    tolerations: List[TolerationConfig] = field(default_factory=list)
+
+
+@dataclass
+class VertexTrainingConfig:
+    """Train in a Vertex AI custom job (TFX's google_cloud_ai_platform Trainer), e.g. on a TPU VM.
+
+    The pipeline's Trainer task then only submits the job and waits; the job runs the same trainer
+    (run_fn) in the pipeline's image on this machine. Works from Vertex AI Pipelines and from
+    open-source KFP (the task needs credentials for Vertex AI).
+    """
+
+    project: str = ""
+    region: str = ""
+    machine_type: str = ""  # e.g. ct5lp-hightpu-4t (TPU v5e, 4 chips), n1-standard-8 with a GPU
+    accelerator_type: Optional[str] = None  # e.g. TPU_V5_LITEPOD, NVIDIA_TESLA_T4; null: none
+    accelerator_count: int = 1
+    # One machine: the trainer is not a multi-worker program (no TF_CONFIG cluster, no multi-host slice).
+
+
+@dataclass
+class KubeflowConfig:
+    """Compiling for Kubeflow Pipelines (`python -m pipelines compile`; README "Kubeflow")."""
+
+    pipeline_root: Optional[str] = None  # where artifacts go (gs://...); --pipeline-root overrides
+    serving_dir: Optional[str] = None  # the Pusher's destination; null: <pipeline_root>/serving
+    beam: KubeflowBeamConfig = field(default_factory=KubeflowBeamConfig)
+    # Component id (as in the pipeline: EmbeddingExampleGen, EmbeddingPreprocess,
+    # Trainer, EmbeddingExporter, Pusher) -> what its task asks for.
+    components: Dict[str, KubeflowComponentConfig] = field(default_factory=dict)
+    vertex_training: Optional[VertexTrainingConfig] = None  # set: the Trainer runs as a Vertex AI custom job
+    # The image that trains on a TPU route (TPU resources on components.Trainer, or a TPU
+    # vertex_training): one built from docker/Dockerfile.tpu. `compile --tpu-image` overrides it.
+    tpu_trainer_image: Optional[str] = None
+
+
+
+
+@dataclass
+class PipelineConfig:
+    """A whole configuration file. Loaded and resolved by `components.config.load_config`,
+    `parse_config` or `config_from_json`; only a resolved config has `resolved`."""
+
+    name: str = "tpu-embedding-demo"
+    input: InputConfig = field(default_factory=InputConfig)
+    label: str = "label"
+    label_rule: Optional[LabelRule] = None  # derive the label from another column (else: the label column, 0/1)
+    dense_features: List[DenseFeature] = field(default_factory=list)
+    categorical_defaults: CategoricalDefaults = field(default_factory=CategoricalDefaults)
+    categorical_features: List[CategoricalFeature] = field(default_factory=list)
+    tables: List[TableConfig] = field(default_factory=list)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+    statistics: StatisticsConfig = field(default_factory=StatisticsConfig)
+    transformed_examples: TransformedExamplesConfig = field(default_factory=TransformedExamplesConfig)
+    beam: BeamConfig = field(default_factory=BeamConfig)
+    kubeflow: KubeflowConfig = field(default_factory=KubeflowConfig)
+
+    @property
+    def resolved(self) -> ResolvedConfig:
+        """What resolution derived: each table's features and dim origin, the source file."""
+        r = self.__dict__.get("_resolved")  # set once by validation.resolve; not a dataclass field
+        if r is None:
+            raise RuntimeError("this PipelineConfig was not resolved; build it with load_config, parse_config or config_from_json")
+        return r
+
+    # --- derived views, valid after resolution ---
+    def table(self, name: str) -> TableConfig:
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def feature_table(self, feature: CategoricalFeature) -> TableConfig:
+        return self.table(feature.table or feature.name)
+
+    def label_source(self) -> str:
+        """The input column the label is read from (the rule's column when the label is derived)."""
+        return self.label_rule.column if self.label_rule is not None else self.label
+
+    def numeric_columns(self) -> List[str]:
+        """Input columns typed as numbers at ingestion: dense features, vocabulary weights and the
+        label's source. A column named both numeric and categorical is refused when loading."""
+        cols = [self.label_source()] + [d.source for d in self.dense_features] + self.weight_columns()
+        return list(dict.fromkeys(cols))
+
+    def categorical_columns(self) -> List[str]:
+        return list(dict.fromkeys(f.source for f in self.categorical_features))
+
+    def weight_columns(self) -> List[str]:
+        return sorted({t.vocabulary.weight_column for t in self.tables if t.vocabulary.weight_column})
+
+    def beam_pipeline_args(self) -> List[str]:
+        """Beam options of a local run from the `beam` section (components.config.beam_args)."""
+        from components.config.beam_args import local_beam_args
+
+        return local_beam_args(self.beam)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The fields, plus the resolved form under "resolved" (components.config.loading)."""
+        from components.config.loading import config_to_dict
+
+        return config_to_dict(self)
+
+    def to_json(self) -> str:
+        """What `config_from_json` reads back (how the config travels to TFX executors)."""
+        from components.config.loading import config_to_json
+
+        return config_to_json(self)

@@ -1,0 +1,224 @@
+"""Resolution: the cross-field checks of every section, in order, and the binding of features to tables.
+
+`resolve` runs one small check per section (input, label, features and tables, training and its
+optimizers, export, statistics, Beam), then the checks other packages register (pipelines/
+registers the `kubeflow` section's: which runners and component ids exist is the pipeline's
+knowledge). The first problem raises `ConfigError` naming the field and the fix; a config that
+passes gets its frozen `ResolvedConfig`.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional
+
+from components.config.binding import bind_tables
+from components.config.checks import check_choice, check_positive
+from components.config.resolved import ResolvedConfig
+from components.config.schema import (
+    COMPRESSIONS,
+    DIM_RULES,
+    DIRECT_RUNNING_MODES,
+    INPUT_FORMATS,
+    LABEL_RULE_OPS,
+    LAYOUT_KINDS,
+    MODEL_TYPES,
+    OPTIMIZERS,
+    PARTITION_STRATEGIES,
+    SCHEDULES,
+    TABLE_DTYPES,
+    ConfigError,
+    ExportConfig,
+    OptimizerConfig,
+    PipelineConfig,
+)
+
+Check = Callable[[PipelineConfig], None]
+_REGISTERED: Dict[str, Check] = {}
+
+
+def register_check(name: str, check: Check) -> None:
+    """Adds a check `resolve` runs after the sections of this package (registering a name again
+    replaces its check). pipelines/kubeflow_config.py registers "kubeflow" when pipelines/ loads."""
+    _REGISTERED[name] = check
+
+
+def resolve(cfg: PipelineConfig, source_file: Optional[str] = None) -> PipelineConfig:
+    """Checks every section and binds every categorical feature to one table (completing
+    `cfg.tables` in place); attaches the derived `ResolvedConfig` as `cfg.resolved`."""
+    for check in (_check_input, _check_label, _check_input_health, _check_label_rule):
+        check(cfg)
+    tables = bind_tables(cfg)
+    for check in (
+        _check_allow_invalid,
+        _check_column_roles,
+        _check_training,
+        _check_embedding_optimizer,
+        _check_embedding_plan,
+        _check_dense_optimizer,
+        lambda c: check_export_config(c.export),
+        _check_statistics,
+        _check_transformed_examples,
+        _check_beam,
+        *_REGISTERED.values(),
+    ):
+        check(cfg)
+    cfg._resolved = ResolvedConfig(tables=tables, source_file=source_file)  # PipelineConfig.resolved
+    return cfg
+
+
+def _check_input(cfg: PipelineConfig) -> None:
+    if not cfg.input.path:
+        raise ConfigError("input.path: missing; set the CSV or TFRecord file, directory or glob to read")
+    check_choice(cfg.input.format, INPUT_FORMATS, "input.format")
+    check_positive(cfg.input.train_buckets, "input.train_buckets", "hash buckets for the train split")
+    check_positive(cfg.input.eval_buckets, "input.eval_buckets", "hash buckets for the eval split")
+
+
+def _check_label(cfg: PipelineConfig) -> None:
+    if not cfg.label:
+        raise ConfigError("label: missing; name the column that holds the 0/1 click label")
+
+
+def _check_input_health(cfg: PipelineConfig) -> None:
+    i = cfg.input
+    for name in ("max_invalid_share", "warn_invalid_share"):
+        if not 0 <= getattr(i, name) <= 1:
+            raise ConfigError(f"input.{name}: {getattr(i, name)} is not a share in [0, 1]; e.g. 0.5")
+    if i.warn_invalid_share > i.max_invalid_share:
+        raise ConfigError(
+            f"input.warn_invalid_share: {i.warn_invalid_share} is above input.max_invalid_share "
+            f"({i.max_invalid_share}); the warning level must not exceed the stop level"
+        )
+
+
+def _check_label_rule(cfg: PipelineConfig) -> None:
+    rule = cfg.label_rule
+    if rule is None:
+        return
+    if not rule.column:
+        raise ConfigError("label_rule.column: missing; name the numeric column the label is derived from")
+    if rule.column == cfg.label:
+        raise ConfigError(
+            f"label_rule.column: {rule.column!r} is also the label's name; the derived label "
+            "is written under `label`, so give it another name (e.g. label: clicked)"
+        )
+    check_choice(rule.op, LABEL_RULE_OPS, "label_rule.op")
+
+
+def _check_allow_invalid(cfg: PipelineConfig) -> None:
+    names = {d.name for d in cfg.dense_features} | {f.name for f in cfg.categorical_features}
+    for j, name in enumerate(cfg.input.allow_invalid):
+        if name not in names:
+            raise ConfigError(
+                f"input.allow_invalid[{j}]: {name!r} is not a dense or categorical feature; "
+                f"features are: {', '.join(sorted(names))}"
+            )
+
+
+def _check_column_roles(cfg: PipelineConfig) -> None:
+    both = sorted(set(cfg.numeric_columns()) & set(cfg.categorical_columns()))
+    if both:
+        raise ConfigError(
+            f"categorical_features: column(s) {both} are also read as numbers (dense feature, label or "
+            "vocabulary weight); ingestion types each column once, so read it in one role only"
+        )
+
+
+def _check_training(cfg: PipelineConfig) -> None:
+    tr = cfg.training
+    check_choice(tr.model, MODEL_TYPES, "training.model")
+    for name in ("batch_size", "train_steps", "eval_steps", "checkpoint_every_steps", "steps_per_execution"):
+        check_positive(getattr(tr, name), f"training.{name}", "set a positive integer")
+    if tr.checkpoint_every_steps % tr.steps_per_execution or tr.train_steps % tr.steps_per_execution:
+        raise ConfigError(
+            f"training.steps_per_execution: {tr.steps_per_execution} must divide checkpoint_every_steps "
+            f"({tr.checkpoint_every_steps}) and train_steps ({tr.train_steps}) so checkpoints fall on whole executions"
+        )
+    if tr.model == "dcn_v2":
+        check_positive(tr.cross_layers, "training.cross_layers", "set at least one cross layer")
+        if tr.cross_projection_dim is not None:
+            check_positive(tr.cross_projection_dim, "training.cross_projection_dim", "set a positive rank or null")
+    for name in ("bottom_mlp", "top_mlp"):
+        for j, width in enumerate(getattr(tr, name)):
+            check_positive(width, f"training.{name}[{j}]", "layer widths are positive")
+    if not 0.0 <= tr.dropout < 1.0:
+        raise ConfigError(f"training.dropout: {tr.dropout} is not a rate in [0, 1); set e.g. 0.3, or 0 for none")
+    if not tr.bottom_mlp:
+        raise ConfigError("training.bottom_mlp: empty; list at least one layer width")
+
+
+def _check_optimizer(o: OptimizerConfig, path: str) -> None:
+    check_choice(o.name, OPTIMIZERS, f"{path}.name")
+    check_positive(o.learning_rate, f"{path}.learning_rate", "set a positive learning rate")
+    check_positive(o.clipnorm, f"{path}.clipnorm", "set a positive clipping norm or remove it")
+    check_positive(o.clipvalue, f"{path}.clipvalue", "set a positive clipping limit or remove it")
+    sc = o.schedule
+    check_choice(sc.name, SCHEDULES, f"{path}.schedule.name")
+    if sc.warmup_steps < 0:
+        raise ConfigError(f"{path}.schedule.warmup_steps: must be 0 or more, got {sc.warmup_steps}")
+    check_positive(sc.decay_steps, f"{path}.schedule.decay_steps", "steps over which the rate decays")
+    if not 0 < sc.decay_rate <= 1:
+        raise ConfigError(f"{path}.schedule.decay_rate: must be in (0, 1], got {sc.decay_rate}")
+    if not 0 <= sc.alpha <= 1:
+        raise ConfigError(f"{path}.schedule.alpha: must be in [0, 1], got {sc.alpha}")
+
+
+def _check_embedding_optimizer(cfg: PipelineConfig) -> None:
+    _check_optimizer(cfg.training.embedding_optimizer, "training.embedding_optimizer")
+    if cfg.training.embedding_optimizer.clipnorm is not None:
+        raise ConfigError(
+            "training.embedding_optimizer.clipnorm: TPU embedding optimizers cannot clip by norm (the "
+            "tables are updated on the TPU, row by row); use clipvalue instead"
+        )
+
+
+def _check_embedding_plan(cfg: PipelineConfig) -> None:
+    emb = cfg.training.embedding
+    if emb.size_threshold is not None and emb.size_threshold < 0:
+        raise ConfigError("training.embedding.size_threshold: must be 0 (all tables in TPU embedding), a row count, or null")
+    check_choice(emb.dim_rule, DIM_RULES, "training.embedding.dim_rule")
+    for name in ("num_chips", "hbm_gib_per_chip", "sparse_cores_per_chip"):
+        check_positive(getattr(emb.topology, name), f"training.embedding.topology.{name}", "describe the TPU slice")
+    if not 0 < emb.topology.usable_hbm_fraction <= 1:
+        raise ConfigError("training.embedding.topology.usable_hbm_fraction: must be in (0, 1], e.g. 0.7")
+
+
+def _check_dense_optimizer(cfg: PipelineConfig) -> None:
+    _check_optimizer(cfg.training.dense_optimizer, "training.dense_optimizer")
+
+
+def check_export_config(e: ExportConfig) -> None:
+    """The `export` section's checks (also run by the exporter CLI after its overrides)."""
+    check_positive(e.parity_tolerance, "export.parity_tolerance", "e.g. 1e-5")
+    check_positive(e.parity_sample_size, "export.parity_sample_size", "e.g. 512")
+    check_choice(e.table_dtype, TABLE_DTYPES, "export.table_dtype")
+    check_positive(e.auc_sample_size, "export.auc_sample_size", "e.g. 20000")
+    if not 0 <= e.max_auc_drop < 1:
+        raise ConfigError(f"export.max_auc_drop: {e.max_auc_drop} is not in [0, 1); e.g. 0.005")
+    lay = e.layout
+    check_choice(lay.kind, LAYOUT_KINDS, "export.layout.kind")
+    check_choice(lay.partition_strategy, PARTITION_STRATEGIES, "export.layout.partition_strategy")
+    for name in ("num_partitions", "num_sparse_cores", "sparse_cores_per_chip"):
+        check_positive(getattr(lay, name), f"export.layout.{name}", "leave it unset when not needed")
+    if lay.kind == "C" and lay.partition_strategy is None:
+        raise ConfigError("export.layout.kind: C needs export.layout.partition_strategy (div or mod, as in training)")
+
+
+def _check_statistics(cfg: PipelineConfig) -> None:
+    st = cfg.statistics
+    for j, n in enumerate(st.shard_counts):
+        check_positive(n, f"statistics.shard_counts[{j}]", "number of SparseCores or hosts to model")
+    if st.headroom < 0:
+        raise ConfigError(f"statistics.headroom: must be 0 or more, got {st.headroom} (e.g. 0.2 for 20%)")
+    check_positive(st.top_values, "statistics.top_values", "how many hottest values to list")
+
+
+def _check_transformed_examples(cfg: PipelineConfig) -> None:
+    check_choice(cfg.transformed_examples.compression, COMPRESSIONS, "transformed_examples.compression")
+
+
+def _check_beam(cfg: PipelineConfig) -> None:
+    check_choice(cfg.beam.direct_running_mode, DIRECT_RUNNING_MODES, "beam.direct_running_mode")
+    if cfg.beam.hot_key_fanout < 0:
+        raise ConfigError("beam.hot_key_fanout: must be 0 (off) or a positive number of intermediate keys")
+    if cfg.beam.direct_num_workers < 0:
+        raise ConfigError("beam.direct_num_workers: must be 0 (one per core) or a positive count")

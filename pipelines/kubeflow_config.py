@@ -1,0 +1,126 @@
+"""The `kubeflow` section as the compiled pipeline needs it: its checks and the Beam options of tasks.
+
+Which runners a Beam task can use, which options each needs, and which component ids the pipeline
+has are the pipeline's knowledge, so they live here, beside pipelines/kubeflow.py; the section's
+fields are `components.config.KubeflowConfig`. Loading pipelines/ registers `check_kubeflow_config`
+with the configuration's resolution, so `load_config` / `parse_config` refuse a bad `kubeflow`
+section (naming the field) before anything is compiled. Imports nothing heavy (no TFX, no KFP).
+"""
+from __future__ import annotations
+
+from typing import List
+
+from components.config import (
+    ConfigError,
+    KubeflowComponentConfig,
+    KubeflowConfig,
+    PipelineConfig,
+    check_choice,
+    check_positive,
+    register_check,
+)
+
+KFP_RUNNERS = {"direct": "DirectRunner", "dataflow": "DataflowRunner", "flink": "FlinkRunner", "spark": "SparkRunner"}
+# Beam options each runner cannot start without (checked at compile time, not when the task runs).
+KFP_RUNNER_REQUIRED = {
+    "dataflow": ("project", "region", "temp_location"),
+    "flink": ("flink_master",),
+    "spark": ("spark_master_url",),
+}
+TOLERATION_OPERATORS = ("Equal", "Exists")
+TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+# The pipeline's component ids, in order (pipelines.pipeline.create_pipeline; the names tasks have on Kubeflow).
+COMPONENT_IDS = ("EmbeddingExampleGen", "EmbeddingPreprocess", "Trainer", "EmbeddingExporter", "Pusher")
+
+
+def kubeflow_beam_args(cfg: PipelineConfig, image: str) -> List[str]:
+    """Beam options of the Beam components on Kubeflow (from `kubeflow.beam`)."""
+    kb = cfg.kubeflow.beam
+    args = [f"--runner={KFP_RUNNERS[kb.runner]}"]
+    if kb.runner == "direct":
+        args += ["--direct_running_mode=multi_processing", "--direct_num_workers=0"]
+    if kb.runner == "dataflow" and not any(a.startswith("--sdk_container_image") for a in kb.args):
+        # Dataflow workers run the project's transforms, so they need the project's image.
+        args.append(f"--sdk_container_image={image}")
+    return args + list(kb.args)
+
+
+def check_kubeflow_config(cfg: PipelineConfig) -> None:
+    """The `kubeflow` section's checks (run by the configuration's resolution once registered)."""
+    kf = cfg.kubeflow
+    _check_locations(kf)
+    _check_beam(kf)
+    _check_vertex_training(cfg)
+    for cid, c in kf.components.items():
+        _check_component(cid, c)
+
+
+def _check_locations(kf: KubeflowConfig) -> None:
+    for name in ("pipeline_root", "serving_dir"):
+        value = getattr(kf, name)
+        if value is not None and not value.strip():
+            raise ConfigError(f"kubeflow.{name}: empty; set a gs:// path or remove the field")
+    if kf.tpu_trainer_image is not None and not kf.tpu_trainer_image.strip():
+        raise ConfigError("kubeflow.tpu_trainer_image: empty; name an image built from docker/Dockerfile.tpu or remove the field")
+
+
+def _check_beam(kf: KubeflowConfig) -> None:
+    check_choice(kf.beam.runner, tuple(KFP_RUNNERS), "kubeflow.beam.runner")
+    for j, a in enumerate(kf.beam.args):
+        if not a.startswith("--"):
+            raise ConfigError(f"kubeflow.beam.args[{j}]: {a!r} is not a Beam option; write it as --name=value")
+        if a.startswith("--runner"):
+            raise ConfigError(
+                f"kubeflow.beam.args[{j}]: set the runner with kubeflow.beam.runner "
+                f"({', '.join(KFP_RUNNERS)}), not {a!r}"
+            )
+    given = {a[2:].split("=", 1)[0] for a in kf.beam.args}
+    missing = [o for o in KFP_RUNNER_REQUIRED.get(kf.beam.runner, ()) if o not in given]
+    if missing:
+        raise ConfigError(
+            f"kubeflow.beam.args: the {kf.beam.runner} runner needs "
+            + ", ".join(f"--{o}=..." for o in missing)
+        )
+
+
+def _check_vertex_training(cfg: PipelineConfig) -> None:
+    vt = cfg.kubeflow.vertex_training
+    if vt is None:
+        return
+    for name in ("project", "region", "machine_type"):
+        if not getattr(vt, name).strip():
+            raise ConfigError(f"kubeflow.vertex_training.{name}: missing; the Vertex AI custom job needs it")
+    check_positive(vt.accelerator_count, "kubeflow.vertex_training.accelerator_count", "chips or GPUs per replica")
+    if vt.accelerator_type is not None and vt.accelerator_type.startswith("TPU") and not cfg.training.tpu:
+        raise ConfigError(
+            "kubeflow.vertex_training.accelerator_type: a TPU machine, but training.tpu is not set; set "
+            "training.tpu: local (TPU VM) so the trainer uses TPUStrategy"
+        )
+
+
+def _check_component(cid: str, c: KubeflowComponentConfig) -> None:
+    path = f"kubeflow.components.{cid}"
+    if cid not in COMPONENT_IDS:
+        raise ConfigError(f"{path}: no component has this id; the pipeline's components are {', '.join(COMPONENT_IDS)}")
+    for name in ("cpu", "memory_gb", "cpu_request", "memory_request_gb", "accelerator_count"):
+        check_positive(getattr(c, name), f"{path}.{name}", "a positive amount, or leave it unset")
+    if c.cpu_request and c.cpu and c.cpu_request > c.cpu:
+        raise ConfigError(f"{path}.cpu_request: {c.cpu_request} is more than the limit cpu: {c.cpu}")
+    if c.memory_request_gb and c.memory_gb and c.memory_request_gb > c.memory_gb:
+        raise ConfigError(f"{path}.memory_request_gb: {c.memory_request_gb} is more than memory_gb: {c.memory_gb}")
+    if c.accelerator_type is not None and not c.accelerator_type.strip():
+        raise ConfigError(f"{path}.accelerator_type: empty; name the accelerator or remove the field")
+    for k, v in c.node_selector.items():
+        if not k or not isinstance(v, str):
+            raise ConfigError(f"{path}.node_selector.{k}: labels are non-empty keys with string values (quote numbers)")
+    for j, t in enumerate(c.tolerations):
+        tp = f"{path}.tolerations[{j}]"
+        check_choice(t.operator, TOLERATION_OPERATORS, f"{tp}.operator")
+        check_choice(t.effect, TOLERATION_EFFECTS, f"{tp}.effect")
+        if t.operator == "Exists" and t.value is not None:
+            raise ConfigError(f"{tp}.value: operator Exists takes no value; remove it or use Equal")
+        if t.operator == "Equal" and not t.key:
+            raise ConfigError(f"{tp}.key: operator Equal needs a key")
+
+
+register_check("kubeflow", check_kubeflow_config)
