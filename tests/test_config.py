@@ -1,4 +1,6 @@
 """Configuration: loading, resolution of shared tables, and every bad-configuration case."""
+import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -6,7 +8,7 @@ import textwrap
 
 import pytest
 
-from components.config import ConfigError, config_from_json, load_config, parse_config
+from components.config import ConfigError, PipelineConfig, config_from_json, load_config, parse_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "configs", "demo.yaml")
@@ -60,6 +62,41 @@ def test_json_round_trip_is_identical():
     cfg = load_config(DEMO)
     again = config_from_json(cfg.to_json())
     assert again.to_dict() == cfg.to_dict()
+
+
+def test_resolved_form_is_frozen_and_travels_with_the_json():
+    cfg = parse_config(
+        minimal(
+            tables=[{"name": "t"}, {"name": "u", "dim": 4}],
+            categorical_features=[{"name": "A", "table": "t"}, {"name": "B", "table": "t"},
+                                  {"name": "C", "dim": 8}, {"name": "D"}, {"name": "E", "table": "u"}],
+        ),
+        "r.yaml",
+    )
+    r = cfg.resolved
+    assert r.source_file == "r.yaml"
+    assert [(t.name, t.features, t.dim_explicit) for t in r.tables] == [
+        ("t", ("A", "B"), False), ("u", ("E",), True), ("C", ("C",), True), ("D", ("D",), False)]
+    assert [t.name for t in cfg.tables] == [t.name for t in r.tables] and cfg.table("t").dim == 16
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.tables[0].dim_explicit = True
+    assert not hasattr(cfg.table("t"), "features") and "features" not in cfg.to_dict()["tables"][0]
+    again = config_from_json(cfg.to_json())
+    assert again.resolved.tables == r.tables and again.resolved.source_file == "<serialized config>"
+    # JSON written before the resolved form had its own section (features / dim_explicit per table)
+    old = json.loads(cfg.to_json())
+    for t in old["tables"]:
+        t.update(old["resolved"]["tables"][t["name"]])
+    del old["resolved"]
+    assert config_from_json(json.dumps(old)).to_dict() == cfg.to_dict()
+    with pytest.raises(RuntimeError, match="not resolved"):
+        PipelineConfig().resolved
+
+
+def test_kubeflow_section_is_checked_once_pipelines_is_loaded():
+    import pipelines  # noqa: F401  (registers pipelines.kubeflow_config.check_kubeflow_config)
+
+    assert "kubeflow.beam.runner: 'prism' is not one of" in error_of(minimal(kubeflow={"beam": {"runner": "prism"}}))
 
 
 @pytest.mark.parametrize(
