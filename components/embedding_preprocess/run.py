@@ -15,8 +15,9 @@ from apache_beam.io.filesystems import FileSystems
 from components import ledger as L
 from components import row_counts
 from components.beam_runtime import ensure_local_runner_safe
-from components.config import PipelineConfig
+from components.config import CategoricalFeature, PipelineConfig
 from components.embedding_preprocess import beam_pipeline
+from components.embedding_preprocess.counting import shared_table_features
 from components.embedding_preprocess.health import check_health, feature_health
 from components.embedding_preprocess import features as F
 from components.embedding_preprocess import statistics as S
@@ -92,7 +93,7 @@ def build_manifest(cfg: PipelineConfig, raw: Dict[str, float], vocabulary_dir: s
             "rows": size + t.vocabulary.num_oov_buckets,
             "dim": t.dim,
             "combiner": t.combiner,
-            "features": list(cfg.resolved.table(t.name).features),
+            "features": list(t.features),
         }
     return {
         "version": MANIFEST_VERSION,
@@ -114,102 +115,134 @@ def build_manifest(cfg: PipelineConfig, raw: Dict[str, float], vocabulary_dir: s
     }
 
 
-def build_statistics(cfg: PipelineConfig, raw: Dict[str, Any], manifest: Dict[str, Any], splits: List[str]):
-    """The versioned statistics.json: per split, per feature, per dense feature and per table."""
-
-    def g(key: str) -> float:
-        return raw.get(key, 0)
-
-    out: Dict[str, Any] = {
+def build_statistics(
+    cfg: PipelineConfig, raw: Dict[str, Any], manifest: Dict[str, Any], splits: List[str]
+) -> Dict[str, Any]:
+    """The versioned statistics.json from the merged partials `raw`: per split, per feature, per
+    dense feature and per table (the manifest's vocabularies)."""
+    split_stats = {s: _split_statistics(raw, s) for s in splits}
+    shared = set(shared_table_features(cfg))  # the pipeline describes these features' own values
+    return {
         "version": S.STATISTICS_VERSION,
         "global_batch_size": cfg.training.batch_size,
         "shard_counts": list(cfg.statistics.shard_counts),
-        "splits": {},
-        "features": {},
-        "dense_features": {},
-        "tables": {},
+        "splits": split_stats,
+        "features": {
+            f.name: _feature_statistics(cfg, raw, f, split_stats, f.name in shared) for f in cfg.categorical_features
+        },
+        "dense_features": {d.name: {s: _dense_statistics(raw, s, d.name) for s in splits} for d in cfg.dense_features},
+        "tables": {name: _table_statistics(cfg, raw, name, v) for name, v in manifest["vocabularies"].items()},
+        "train_partial_batches": int(raw.get("train/partial_batches", 0)),
+        "input": {
+            "malformed_rows": int(raw.get("input/malformed_rows", 0)),
+            "not_numeric": _by_reason(raw, "input/not_numeric/"),
+        },
     }
-    for s in splits:
-        read = int(g(f"{s}/examples_read"))
-        dropped = {r: int(g(f"{s}/dropped/{r}")) for r in (F.DROP_MISSING_LABEL, F.DROP_INVALID_LABEL)}
-        kept = read - sum(dropped.values())
-        out["splits"][s] = {
-            "examples_read": read,
-            "examples_dropped": dropped,
-            "examples_written": kept,
-            "positive_rate": g(f"{s}/positives") / kept if kept else None,
-        }
-    for f in cfg.categorical_features:
-        per_split = {}
-        for s in splits:
-            p = f"{s}/feature/{f.name}"
-            read = out["splits"][s]["examples_written"]  # kept rows
-            ids = g(f"{p}/ids")
-            per_split[s] = {
-                "examples_present": int(g(f"{p}/present")),
-                "present_rate": g(f"{p}/present") / read if read else None,
-                "ids": int(ids),
-                "ids_per_example": S.pooling_summary(list(raw.get(f"vec/{p}/ids_per_example_histogram", []))),
-                "truncated_ids": int(g(f"{p}/truncated")),
-                "oov_ids": int(g(f"{p}/oov")),
-                "oov_rate": g(f"{p}/oov") / ids if ids else None,
-                "invalid_values": {
-                    k.rsplit("/", 1)[1]: int(v) for k, v in sorted(raw.items()) if k.startswith(f"{p}/invalid/")
-                },
-            }
-        table = cfg.feature_table(f)
-        # The feature's own value distribution on the train split (exact): for a feature with a table
-        # of its own it is the table's; a feature of a shared table has its own counts.
-        if cfg.resolved.table(table.name).shared:
-            values = raw.get(f"info/feature_values/{f.name}", {})
-        else:
-            values = {k: v for k, v in raw.get(f"info/vocab/{table.name}", {}).items() if k in S.DISTRIBUTION_KEYS}
-        out["features"][f.name] = {"table": table.name, "values": values, "splits": per_split}
-    for d in cfg.dense_features:
-        out["dense_features"][d.name] = {
-            s: {
-                "missing": int(g(f"{s}/dense/{d.name}/missing")),
-                "invalid_values": {
-                    k.rsplit("/", 1)[1]: int(v)
-                    for k, v in sorted(raw.items())
-                    if k.startswith(f"{s}/dense/{d.name}/invalid/")
-                },
-            }
-            for s in splits
-        }
-    slots = S.OPTIMIZER_SLOTS[cfg.training.embedding_optimizer.name]
-    for name, v in manifest["vocabularies"].items():
-        p = f"train/table/{name}"
-        batches = g(f"{p}/batches")
-        out["tables"][name] = {
-            "features": v["features"],
-            "distinct_values": v["distinct_before_pruning"],
-            "vocabulary_size": v["size"],
-            "rows": v["rows"],
-            "dim": v["dim"],
-            "vocabulary": raw.get(f"info/vocab/{name}", {}),
-            "batches": {
-                "full_batches": int(batches),
-                "ids_per_batch_mean": g(f"{p}/batch_ids") / batches if batches else None,
-                "ids_per_batch_max": raw.get(f"max/{p}/batch_ids"),
-                "unique_ids_per_batch_mean": g(f"{p}/batch_unique_ids") / batches if batches else None,
-                "unique_ids_per_batch_max": raw.get(f"max/{p}/batch_unique_ids"),
-            },
-            "shards": S.shard_summary(raw, "train", name, cfg.statistics.shard_counts, cfg.statistics.headroom),
-            "memory": {
-                "weight_bytes": v["rows"] * v["dim"] * 4,
-                "optimizer": cfg.training.embedding_optimizer.name,
-                "slots_per_row": slots,
-                # rows x dim x 4 bytes x (1 + optimizer slots)
-                "total_bytes": v["rows"] * v["dim"] * 4 * (1 + slots),
-            },
-        }
-    out["train_partial_batches"] = int(g("train/partial_batches"))
-    out["input"] = {
-        "malformed_rows": int(g("input/malformed_rows")),
-        "not_numeric": {k.rsplit("/", 1)[1]: int(v) for k, v in sorted(raw.items()) if k.startswith("input/not_numeric/")},
+
+
+def _by_reason(raw: Dict[str, Any], prefix: str) -> Dict[str, int]:
+    """`{reason: count}` of the counters `<prefix><reason>`."""
+    return {k.rsplit("/", 1)[1]: int(v) for k, v in sorted(raw.items()) if k.startswith(prefix)}
+
+
+def _split_statistics(raw: Dict[str, Any], split: str) -> Dict[str, Any]:
+    """Rows read, dropped by reason and written (the labelled ones), and the positive rate."""
+    read = int(raw.get(f"{split}/examples_read", 0))
+    dropped = {r: int(raw.get(f"{split}/dropped/{r}", 0)) for r in (F.DROP_MISSING_LABEL, F.DROP_INVALID_LABEL)}
+    kept = read - sum(dropped.values())
+    return {
+        "examples_read": read,
+        "examples_dropped": dropped,
+        "examples_written": kept,
+        "positive_rate": raw.get(f"{split}/positives", 0) / kept if kept else None,
     }
-    return out
+
+
+def _feature_split_statistics(raw: Dict[str, Any], split: str, feature: str, kept: int) -> Dict[str, Any]:
+    """One categorical feature on one split's `kept` rows: presence, IDs per example, OOV, invalid values."""
+    p = f"{split}/feature/{feature}"
+    present, ids, oov = raw.get(f"{p}/present", 0), raw.get(f"{p}/ids", 0), raw.get(f"{p}/oov", 0)
+    return {
+        "examples_present": int(present),
+        "present_rate": present / kept if kept else None,
+        "ids": int(ids),
+        "ids_per_example": S.pooling_summary(list(raw.get(f"vec/{p}/ids_per_example_histogram", []))),
+        "truncated_ids": int(raw.get(f"{p}/truncated", 0)),
+        "oov_ids": int(oov),
+        "oov_rate": oov / ids if ids else None,
+        "invalid_values": _by_reason(raw, f"{p}/invalid/"),
+    }
+
+
+def _feature_statistics(
+    cfg: PipelineConfig,
+    raw: Dict[str, Any],
+    feature: CategoricalFeature,
+    split_stats: Dict[str, Dict[str, Any]],
+    shared_table: bool,
+) -> Dict[str, Any]:
+    """One categorical feature: its table, its own value distribution (train) and its statistics per split."""
+    table = cfg.feature_table(feature).name
+    # The feature's own value distribution on the train split (exact): for a feature with a table
+    # of its own it is the table's; a feature of a shared table has its own counts.
+    if shared_table:
+        values = raw.get(f"info/feature_values/{feature.name}", {})
+    else:
+        values = {k: v for k, v in raw.get(f"info/vocab/{table}", {}).items() if k in S.DISTRIBUTION_KEYS}
+    splits = {
+        s: _feature_split_statistics(raw, s, feature.name, v["examples_written"]) for s, v in split_stats.items()
+    }
+    return {"table": table, "values": values, "splits": splits}
+
+
+def _dense_statistics(raw: Dict[str, Any], split: str, feature: str) -> Dict[str, Any]:
+    """One dense feature on one split: values missing (filled), invalid ones by reason."""
+    return {
+        "missing": int(raw.get(f"{split}/dense/{feature}/missing", 0)),
+        "invalid_values": _by_reason(raw, f"{split}/dense/{feature}/invalid/"),
+    }
+
+
+def _table_batch_statistics(raw: Dict[str, Any], table: str) -> Dict[str, Any]:
+    """IDs and unique IDs per full training batch of the train split (mean and max)."""
+    p = f"train/table/{table}"
+    batches = raw.get(f"{p}/batches", 0)
+    return {
+        "full_batches": int(batches),
+        "ids_per_batch_mean": raw.get(f"{p}/batch_ids", 0) / batches if batches else None,
+        "ids_per_batch_max": raw.get(f"max/{p}/batch_ids"),
+        "unique_ids_per_batch_mean": raw.get(f"{p}/batch_unique_ids", 0) / batches if batches else None,
+        "unique_ids_per_batch_max": raw.get(f"max/{p}/batch_unique_ids"),
+    }
+
+
+def _table_memory(cfg: PipelineConfig, vocabulary: Dict[str, Any]) -> Dict[str, Any]:
+    """Bytes of a table's weights and of its optimizer slots: rows x dim x 4 bytes x (1 + slots)."""
+    optimizer = cfg.training.embedding_optimizer.name
+    slots = S.OPTIMIZER_SLOTS[optimizer]
+    weight_bytes = vocabulary["rows"] * vocabulary["dim"] * 4
+    return {
+        "weight_bytes": weight_bytes,
+        "optimizer": optimizer,
+        "slots_per_row": slots,
+        "total_bytes": weight_bytes * (1 + slots),
+    }
+
+
+def _table_statistics(cfg: PipelineConfig, raw: Dict[str, Any], name: str, vocabulary: Dict[str, Any]) -> Dict[str, Any]:
+    """One table: its vocabulary (the manifest's entry and its value distribution), per-batch and
+    per-shard ID counts on the train split, and its memory."""
+    return {
+        "features": vocabulary["features"],
+        "distinct_values": vocabulary["distinct_before_pruning"],
+        "vocabulary_size": vocabulary["size"],
+        "rows": vocabulary["rows"],
+        "dim": vocabulary["dim"],
+        "vocabulary": raw.get(f"info/vocab/{name}", {}),
+        "batches": _table_batch_statistics(raw, name),
+        "shards": S.shard_summary(raw, "train", name, cfg.statistics.shard_counts, cfg.statistics.headroom),
+        "memory": _table_memory(cfg, vocabulary),
+    }
 
 
 def _csv_data_rows(pattern: str) -> int:

@@ -1,0 +1,328 @@
+"""The preprocessing PTransforms and CombineFns, each on its own, on small hand-built inputs.
+
+Each named PTransform of beam_pipeline.py (and csv_input.py's reader) runs in a `TestPipeline` and is
+checked with `assert_that`; the CombineFns are also driven by hand through create/add/merge/extract.
+Expected values are counted by hand from `ROWS` (the module docstring of beam_pipeline.py says how
+the transforms chain; tests/test_preprocess.py runs the whole chain)."""
+import ast
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from components import tfrecords
+from components.config import parse_config
+from components.embedding_preprocess import beam_pipeline as B
+from components.embedding_preprocess import statistics as S
+from components.embedding_preprocess import vocabulary as V
+from components.embedding_preprocess.counting import FeatureValueCounter, ValueCounts, shared_table_features
+from components.embedding_preprocess.csv_input import ReadCsvRecordBatches
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CONFIG = {
+    "input": {"path": "unused.csv"},
+    "label": "label",
+    "dense_features": [{"name": "I1", "fill_value": -1.0}],
+    "tables": [{"name": "shared", "dim": 4, "vocabulary": {"num_oov_buckets": 1}}],
+    "categorical_features": [
+        {"name": "C1", "table": "shared"},
+        {"name": "C2", "column": "C2raw", "table": "shared"},
+        {"name": "C3", "separator": "|", "dim": 4, "vocabulary": {"min_frequency": 2, "num_oov_buckets": 1}},
+    ],
+    "training": {"batch_size": 2},
+    "statistics": {"shard_counts": [2], "top_values": 2},
+}
+COLUMNS = [("label", pa.int64()), ("I1", pa.float32()), ("C1", pa.binary()), ("C2raw", pa.binary()), ("C3", pa.binary())]
+# (label, I1, C1, C2raw, C3); None: the feature is absent from the example
+ROWS = [
+    (1, 0.5, b"a", b"b", b"x|y"),
+    (0, None, b"a", b"a", b"x"),
+    (None, 2.0, b"a", b"c", b"z"),  # no label: dropped, feeds no vocabulary
+    (1, 1.0, b"b", None, b"x|y|y"),
+]
+# Counted by hand over the labelled rows (0, 1, 3)
+FEATURE_COUNTS = {"C1": {b"a": 2, b"b": 1}, "C2": {b"b": 1, b"a": 1}, "C3": {b"x": 3, b"y": 3}}
+TABLE_COUNTS = {"shared": {b"a": 3, b"b": 2}, "C3": {b"x": 3, b"y": 3}}
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return parse_config(json.loads(json.dumps(CONFIG)))
+
+
+def record_batch(rows) -> pa.RecordBatch:
+    """Rows shaped as tfx_bsl's tf.Example decoder gives them: one list column per feature."""
+    arrays = [pa.array([None if r[i] is None else [r[i]] for r in rows], pa.list_(t)) for i, (_, t) in enumerate(COLUMNS)]
+    return pa.RecordBatch.from_arrays(arrays, [name for name, _ in COLUMNS])
+
+
+def counts(tokens, weights=None) -> ValueCounts:
+    return ValueCounts.of(pa.array(tokens, pa.binary()), None if weights is None else pa.array(weights))
+
+
+def as_dicts(pcoll, label="AsDicts"):
+    """(key, ValueCounts) -> (key, {value: count}): comparable whatever the order of the values."""
+    return pcoll | label >> beam.MapTuple(lambda key, vc: (key, vc.as_dict()))
+
+
+def unframe(block: bytes):
+    """The records of a block of framed TFRecords (tfrecords.frame's inverse; CRCs not checked)."""
+    out, pos = [], 0
+    while pos < len(block):
+        (n,) = struct.unpack("<Q", block[pos : pos + 8])
+        out.append(block[pos + 12 : pos + 12 + n])
+        pos += 12 + n + 4
+    return out
+
+
+# ---- CombineFns, by hand ------------------------------------------------------------------------
+
+
+def test_merge_counts_fn_create_add_merge_extract():
+    fn = B.MergeCountsFn()
+    assert fn.extract_output(fn.create_accumulator()) is None  # nothing counted
+    a = fn.add_input(fn.create_accumulator(), counts([b"a", b"b", b"a"]))
+    a = fn.add_input(a, counts([b"c"]))
+    b = fn.add_input(fn.create_accumulator(), counts([b"a", b"c", b"d"]))
+    merged = fn.merge_accumulators([fn.create_accumulator(), a, b])
+    assert fn.extract_output(merged).as_dict() == {b"a": 3, b"b": 1, b"c": 2, b"d": 1}
+    assert fn.extract_output(fn.merge_accumulators([fn.create_accumulator()])) is None
+
+
+def test_merge_counts_fn_adds_weights():
+    fn = B.MergeCountsFn()
+    acc = fn.add_input(fn.create_accumulator(), counts([b"a", b"b", b"a"], [0.5, 2.0, 1.0]))
+    acc = fn.merge_accumulators([acc, fn.add_input(fn.create_accumulator(), counts([b"b"], [0.25]))])
+    assert fn.extract_output(acc).as_dict() == {b"a": 1.5, b"b": 2.25}
+
+
+def test_merge_stats_fn_create_add_merge_extract():
+    fn = B.MergeStatsFn()
+    p1 = {"n": 1, "max/m": 3, "vec/v": np.array([1, 2]), "info/x": {"k": 1}}
+    p2 = {"n": 2, "max/m": 5, "vec/v": np.array([1, 1, 1]), "info/x": {"k": 2}}
+    p3 = {"n": 4, "only": 7.5}
+    a = fn.add_input(fn.add_input(fn.create_accumulator(), p1), p2)
+    b = fn.add_input(fn.create_accumulator(), p3)
+    out = fn.extract_output(fn.merge_accumulators([a, b, fn.create_accumulator()]))
+    assert S.jsonable(out) == {"n": 7, "max/m": 5, "vec/v": [2, 3, 1], "info/x": {"k": 1}, "only": 7.5}
+    assert p1["vec/v"].tolist() == [1, 2] and p2["vec/v"].tolist() == [1, 1, 1]  # partials untouched
+    assert fn.extract_output(fn.create_accumulator()) == {}
+
+
+def test_feature_value_counter_drops_unlabelled_rows_and_flushes_the_same(cfg):
+    results = []
+    for flush in (FeatureValueCounter.flush_tokens, 1):  # 1: reduce after every batch
+        counter = FeatureValueCounter(cfg, flush_tokens=flush)
+        counter.add(record_batch(ROWS[:2]))
+        counter.add(record_batch(ROWS[2:]))
+        results.append({k: v.as_dict() for k, v in counter.result().items()})
+        assert (counter.rows.read, counter.rows.missing_label, counter.rows.invalid_label) == (4, 1, 0)
+    assert results[0] == results[1] == FEATURE_COUNTS
+    assert shared_table_features(cfg) == ["C1", "C2"]
+
+
+# ---- CombineFns and PTransforms in a TestPipeline -----------------------------------------------
+
+
+@pytest.mark.parametrize("fanout", [0, 3])
+def test_merge_counts_fn_per_key_in_pipeline(fanout):
+    with BeamTestPipeline() as p:
+        combine = beam.CombinePerKey(B.MergeCountsFn())
+        summed = (
+            p
+            | beam.Create([("f", counts([b"a", b"b"])), ("f", counts([b"a"])), ("g", counts([b"z"]))])
+            | (combine.with_hot_key_fanout(fanout) if fanout else combine)
+        )
+        assert_that(as_dicts(summed), equal_to([("f", {b"a": 2, b"b": 1}), ("g", {b"z": 1})]))
+
+
+@pytest.mark.parametrize("fanout", [0, 3])
+def test_count_values(fanout):
+    config = json.loads(json.dumps(CONFIG))
+    config["beam"] = {"hot_key_fanout": fanout}
+    with BeamTestPipeline() as p:
+        counted = (
+            p | beam.Create([record_batch(ROWS[:2]), record_batch(ROWS[2:])]) | B.CountValues(parse_config(config), count_rows=True)
+        )
+        assert_that(as_dicts(counted.counts), equal_to(sorted(FEATURE_COUNTS.items())), label="Counts")
+        rows = counted.rows | beam.CombineGlobally(B.MergeStatsFn())
+        expected_rows = {"train/examples_read": 4, "train/dropped/missing_label": 1, "train/dropped/invalid_label": 0}
+        assert_that(rows, equal_to([expected_rows]), label="Rows")
+
+
+def test_count_values_counts_no_rows_unless_asked(cfg):
+    with BeamTestPipeline() as p:
+        counted = p | beam.Create([record_batch(ROWS)]) | B.CountValues(cfg)
+        assert_that(counted.rows, equal_to([]), label="NoRows")
+        assert_that(as_dicts(counted.counts), equal_to(sorted(FEATURE_COUNTS.items())), label="Counts")
+
+
+def test_sum_per_table_adds_up_shared_tables(cfg):
+    feature_counts = [(name, counts([t for t, c in d.items() for _ in range(c)])) for name, d in FEATURE_COUNTS.items()]
+    with BeamTestPipeline() as p:
+        tables = p | beam.Create(feature_counts) | B.SumPerTable(cfg)
+        assert_that(as_dicts(tables), equal_to(sorted(TABLE_COUNTS.items())))
+
+
+def test_feature_value_statistics_describe_features_of_shared_tables_only(cfg):
+    feature_counts = [(name, counts([t for t, c in d.items() for _ in range(c)])) for name, d in FEATURE_COUNTS.items()]
+    with BeamTestPipeline() as p:
+        stats = p | beam.Create(feature_counts) | B.FeatureValueStatistics(cfg)
+        summary = stats | beam.FlatMap(
+            lambda s: [(k, v["distinct_values"], v["occurrences"], v["hottest_values"][0]["value"]) for k, v in s.items()]
+        )
+        assert_that(summary, equal_to([("info/feature_values/C1", 2, 3, "a"), ("info/feature_values/C2", 2, 2, "a")]))
+
+
+def test_write_vocabularies(cfg, tmp_path):
+    table_counts = [
+        ("shared", counts([b"a", b"q", b"b", b"a", b"b", b"a"])),
+        ("C3", counts([b"y", b"x", b"z", b"x", b"y"])),  # min_frequency 2: z is pruned
+    ]
+    with BeamTestPipeline() as p:
+        written = p | beam.Create(table_counts) | B.WriteVocabularies(cfg, str(tmp_path))
+        assert_that(written.sizes, equal_to([("shared", 3), ("C3", 2)]), label="Sizes")
+        summary = written.stats | beam.FlatMap(
+            lambda s: [(k, v["distinct_values"], v["vocabulary_size"], v["occurrences"]) for k, v in s.items()]
+        )
+        assert_that(summary, equal_to([("info/vocab/shared", 3, 3, 6), ("info/vocab/C3", 3, 2, 5)]), label="Stats")
+    assert V.read_vocabulary(str(tmp_path), "shared") == [b"a", b"b", b"q"]
+    assert V.read_vocabulary(str(tmp_path), "C3") == [b"x", b"y"]
+    assert (tmp_path / "C3.counts.txt").read_bytes() == b"2 x\n2 y\n"
+
+
+def test_transform_split(cfg, tmp_path):
+    from tfx_bsl.coders import example_coder
+
+    V.write_vocabulary(str(tmp_path), "shared", [(b"a", 3)])  # b is out of vocabulary: ID 1 (one OOV bucket)
+    V.write_vocabulary(str(tmp_path), "C3", [(b"x", 3), (b"y", 3)])
+
+    def check_examples(blocks):
+        records = [r for block in blocks for r in unframe(block)]
+        got = example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(records).to_pydict()
+        assert got["C1"] == [[0], [0], [1]]
+        assert got["C2"] == [[1], [0], []]
+        assert got["C3"] == [[0, 1], [0], [0, 1, 1]]
+        assert got["label"] == [[1.0], [0.0], [1.0]]
+        assert got["I1"] == [[0.5], [-1.0], [1.0]]  # absent: the fill value
+
+    expected_stats = {
+        "train/examples_read": 4,
+        "train/dropped/missing_label": 1,
+        "train/positives": 2.0,
+        "train/dense/I1/missing": 1,
+        "train/feature/C1/ids": 3,
+        "train/feature/C1/oov": 1,
+        "train/feature/C2/present": 2,
+        "train/feature/C2/oov": 1,
+        "train/feature/C3/ids": 6,
+        "train/partial_batches": 1,  # 3 kept rows in batches of 2
+        "train/table/shared/batches": 1,
+        "max/train/table/shared/batch_unique_ids": 2,  # first batch: a (x3) and b
+    }
+    with BeamTestPipeline() as p:
+        sizes = p | "Sizes" >> beam.Create([("shared", 1), ("C3", 2)])
+        transformed = (
+            p | "Batches" >> beam.Create([record_batch(ROWS)]) | B.TransformSplit(cfg, "train", str(tmp_path), sizes)
+        )
+        assert_that(transformed.examples, check_examples, label="Examples")
+        merged = transformed.stats | B.MergeStatistics() | beam.Map(lambda s: {k: s[k] for k in expected_stats})
+        assert_that(merged, equal_to([expected_stats]), label="Stats")
+
+
+def test_transform_split_refuses_vocabulary_files_of_another_size(cfg, tmp_path):
+    V.write_vocabulary(str(tmp_path), "shared", [(b"a", 3)])
+    with pytest.raises(Exception, match="another run is writing"):
+        with BeamTestPipeline() as p:
+            sizes = p | "Sizes" >> beam.Create([("shared", 2)])  # the writer said 2
+            _ = p | "Batches" >> beam.Create([record_batch(ROWS)]) | B.TransformSplit(cfg, "eval", str(tmp_path), sizes)
+
+
+def test_merge_statistics():
+    partials = [{"n": 1, "vec/h": np.array([1, 0, 2])}, {"n": 2, "max/m": 4}, {"max/m": 9, "vec/h": np.array([1])}]
+    with BeamTestPipeline() as p:
+        merged = p | beam.Create(partials) | B.MergeStatistics() | beam.Map(S.jsonable)
+        assert_that(merged, equal_to([{"n": 3, "max/m": 9, "vec/h": [2, 0, 2]}]))
+
+
+def test_merge_statistics_of_nothing_is_empty():
+    with BeamTestPipeline() as p:
+        merged = p | beam.Create([], reshuffle=False) | B.MergeStatistics()
+        assert_that(merged, equal_to([{}]))
+
+
+def test_write_statistics(tmp_path):
+    with BeamTestPipeline() as p:
+        _ = p | beam.Create([{"n": 2, "vec/h": np.array([3, 1])}]) | B.WriteStatistics(str(tmp_path))
+    assert (tmp_path / B.STATS_FILE_PREFIX).read_text() == '{"n": 2, "vec/h": [3, 1]}\n'
+
+
+def test_read_record_batches_and_write_transformed_examples(cfg, tmp_path):
+    from tfx_bsl.coders import example_coder
+
+    examples = example_coder.RecordBatchToExamplesEncoder().encode(record_batch(ROWS))
+    with BeamTestPipeline() as p:
+        blocks = p | beam.Create([tfrecords.frame(examples[:3]), tfrecords.frame(examples[3:])])
+        _ = blocks | B.WriteTransformedExamples(str(tmp_path / "tx"), "gzip")
+    files = sorted(os.listdir(tmp_path / "tx"))
+    assert files and all(f.startswith(B.TRANSFORMED_PREFIX) and f.endswith(".gz") for f in files)
+
+    def check(batches):
+        rows = sorted(r for rb in batches for r in zip(rb.to_pydict()["C1"], rb.to_pydict()["C3"]))
+        assert rows == sorted(([r[2]], [r[4]]) for r in ROWS)
+
+    with BeamTestPipeline() as p:
+        batches = p | B.ReadRecordBatches(str(tmp_path / "tx" / "*"), cfg.training.batch_size)
+        assert_that(batches, check)
+
+
+def test_read_csv_record_batches_counts_bad_rows(cfg, tmp_path):
+    path = tmp_path / "in.csv"
+    path.write_bytes(b"label,I1,C1,C2raw,C3\n1,0.5,a,b,x|y\n0,abc,a,a,x\n1,2\n,1.0,b,,z\n")
+    header = ["label", "I1", "C1", "C2raw", "C3"]
+
+    def check(batches):
+        got = {k: [v for rb in batches for v in rb.to_pydict()[k]] for k in ("label", "I1", "C1")}
+        assert got == {"label": [1.0, 0.0, None], "I1": [0.5, None, 1.0], "C1": [b"a", b"a", b"b"]}
+
+    with BeamTestPipeline() as p:
+        batches, stats = p | ReadCsvRecordBatches(str(path), header, cfg)
+        assert_that(batches, check, label="Batches")
+        merged = stats | B.MergeStatistics()
+        assert_that(merged, equal_to([{"input/malformed_rows": 1, "input/not_numeric/I1": 1}]), label="Stats")
+
+
+# ---- module structure ---------------------------------------------------------------------------
+
+
+def _imports(module_file: str):
+    tree = ast.parse(open(os.path.join(REPO, "components", "embedding_preprocess", module_file)).read())
+    for node in ast.walk(tree):  # function-local imports included
+        if isinstance(node, ast.ImportFrom):
+            yield node.module or ""
+            yield from (f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+
+
+@pytest.mark.parametrize("module_file", ["csv_input.py", "transform.py", "counting.py", "statistics.py"])
+def test_no_module_below_the_pipeline_imports_it(module_file):
+    assert not [m for m in _imports(module_file) if "beam_pipeline" in m]
+
+
+def test_transform_and_counting_do_not_import_beam():
+    code = (
+        "import sys; import components.embedding_preprocess.transform, components.embedding_preprocess.counting; "
+        "print([m for m in sys.modules if m.startswith('apache_beam')])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
