@@ -93,7 +93,7 @@ def build_manifest(cfg: PipelineConfig, raw: Dict[str, float], vocabulary_dir: s
             "rows": size + t.vocabulary.num_oov_buckets,
             "dim": t.dim,
             "combiner": t.combiner,
-            "features": list(t.features),
+            "features": list(cfg.resolved.table(t.name).features),
         }
     return {
         "version": MANIFEST_VERSION,
