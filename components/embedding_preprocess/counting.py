@@ -6,7 +6,6 @@ with `vocabulary.weight_column`); `FeatureValueCounter` counts a run of RecordBa
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -29,9 +28,9 @@ def count_values(tokens: pa.Array, counts: Optional[pa.Array] = None) -> Tuple[p
 
 
 def shared_table_features(cfg: PipelineConfig) -> List[str]:
-    """The categorical features whose table also serves another feature (their counts are added up)."""
-    per_table = Counter(cfg.feature_table(f).name for f in cfg.categorical_features)
-    return [f.name for f in cfg.categorical_features if per_table[cfg.feature_table(f).name] > 1]
+    """The categorical features whose table also serves another feature (their counts are added up),
+    as the config's resolution bound them."""
+    return [f.name for f in cfg.categorical_features if cfg.resolved.table(cfg.feature_table(f).name).shared]
 
 
 @dataclass
