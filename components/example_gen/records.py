@@ -12,7 +12,8 @@ and returns the RecordBatch ExampleGen writes, plus counts:
   is missing.
 - the label: one number per row; with `label_rule` derived from the rule's column. A row whose label
   is missing is dropped as `missing_label`; one whose label is not exactly 0 or 1 (e.g. 2, -1, 0.5,
-  "yes", several values) as `invalid_label`. The label is written as int64 0/1.
+  "yes", several values) as `invalid_label` (the rulebook's L1, `components.rulebook.binary_label`).
+  The label is written as int64 0/1.
 - missing configured columns are counted per column (`cells/missing/<column>`); other columns pass
   through unchanged (CSV: as text).
 """
