@@ -150,6 +150,14 @@ def row_tokens(kind: str, values: Optional[Sequence], separator: Optional[str] =
     return RowTokens(tuple(out[: len(out) - truncated]), dict(invalid), truncated)
 
 
+def tokens_by_reason(rows: Sequence[RowTokens]) -> Tuple[Dict[str, int], int]:
+    """The invalid counts (by reason) and truncated count of several rows, added up."""
+    invalid: Counter = Counter()
+    for r in rows:
+        invalid.update(r.invalid)
+    return dict(invalid), sum(r.truncated for r in rows)
+
+
 def int_text_value(text: bytes) -> Tuple[Optional[int], Optional[str]]:
     """J2: the int64 value a JSON string sent for an int64 column stands for, or why none.
     (None, None): the string is empty after stripping whitespace, no value."""
@@ -496,10 +504,3 @@ OOV_CASES: Tuple[OovCase, ...] = tuple(
     for n, bucket in zip((1, 5, 1000), buckets)
 )
 
-
-def tokens_by_reason(rows: Sequence[RowTokens]) -> Tuple[Dict[str, int], int]:
-    """The invalid counts (by reason) and truncated count of several rows, added up."""
-    invalid: Counter = Counter()
-    for r in rows:
-        invalid.update(r.invalid)
-    return dict(invalid), sum(r.truncated for r in rows)

@@ -24,6 +24,7 @@ from components.embedding_preprocess import vocabulary as V
 TOKEN_CASES = {c.name: c for c in R.TOKEN_CASES}
 DENSE_CASES = {c.name: c for c in R.DENSE_CASES}
 INT_TEXT = "j"  # the int64 column the INT_TEXT_CASES are sent in, as JSON strings
+INT_TEXT_OOV_BUCKETS = 5  # its vocabulary is R.VOCABULARY
 WIDTH = 8  # the probe model's IDs per row; no case has more
 TF_PATHS = ("from_examples", "from_feature_tensors", "serving_default", "serve_features")
 JSON_PATHS = ("from_feature_tensors", "serve_features")
@@ -104,7 +105,7 @@ def test_int_text_stands_for_its_int64_value_in_preprocessing(case):
 @pytest.mark.parametrize("path", JSON_PATHS)
 def test_int_text_cases_serving(served, path):
     expected = tuple(
-        (R.embedding_id(c.token, R.VOCABULARY, 5),) if c.token else () for c in R.INT_TEXT_CASES
+        (R.embedding_id(c.token, R.VOCABULARY, INT_TEXT_OOV_BUCKETS),) if c.token else () for c in R.INT_TEXT_CASES
     )
     assert served.ids(path, INT_TEXT, len(R.INT_TEXT_CASES)) == expected
 
@@ -252,7 +253,7 @@ def served(tmp_path_factory):
         categorical.append(feature)
         vocabularies[name] = case.vocabulary
         kinds[name] = case.kind
-    categorical.append({"name": INT_TEXT, "vocabulary": {"num_oov_buckets": 5}})
+    categorical.append({"name": INT_TEXT, "vocabulary": {"num_oov_buckets": INT_TEXT_OOV_BUCKETS}})
     vocabularies[INT_TEXT] = R.VOCABULARY
     kinds[INT_TEXT] = R.KIND_INT
     dense = [{"name": _feature_name("d", i), "fill_value": c.fill_value} for i, c in enumerate(dense_cases)]
