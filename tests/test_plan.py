@@ -7,6 +7,9 @@ import components  # noqa: F401
 import tensorflow as tf
 
 from components.config import OptimizerConfig, ScheduleConfig, parse_config
+from components.contracts.manifest import VocabularyEntry, VocabularyManifest
+from components.contracts.plan import EmbeddingPlan
+from components.contracts.statistics import EmbeddingStatistics
 from components.embedding_trainer import plan as P
 
 
@@ -26,11 +29,21 @@ def _config(**training):
     })
 
 
-MANIFEST = {"vocabularies": {
+VOCABULARIES = {
     "shared": {"rows": 5001, "size": 5000, "num_oov_buckets": 1},
     "big": {"rows": 100_010, "size": 100_000, "num_oov_buckets": 10},
     "small": {"rows": 11, "size": 10, "num_oov_buckets": 1},
-}}
+}
+
+
+def _manifest(vocabularies=VOCABULARIES) -> VocabularyManifest:
+    """A manifest with only what the plan reads (rows, size, OOV buckets) set."""
+    entries = {n: VocabularyEntry(f"{n}.txt", f"{n}.counts.txt", v["size"], v["size"], v["num_oov_buckets"],
+                                  v["rows"], None, "mean", ()) for n, v in vocabularies.items()}
+    return VocabularyManifest("unused", "label", {}, (), (), entries)
+
+
+MANIFEST = _manifest()
 
 
 def _statistics():
@@ -41,9 +54,14 @@ def _statistics():
     }
 
 
+def _typed(stats) -> EmbeddingStatistics:
+    """The statistics sections the plan reads, as the typed statistics."""
+    return EmbeddingStatistics(64, (8,), {}, stats["features"], {}, stats["tables"], 0, {})
+
+
 def test_plan_places_sizes_and_limits_tables():
     cfg = _config()
-    plan = P.derive_plan(cfg, MANIFEST, _statistics())
+    plan = P.derive_plan(cfg, MANIFEST, _typed(_statistics())).to_dict()  # the JSON form the artifact holds
     t = plan["tables"]
     assert t["big"]["placement"] == "tpu_embedding" and t["shared"]["placement"] == "tpu_embedding"
     assert t["small"]["placement"] == "tensor_core"  # 11 rows <= size_threshold 1000
@@ -68,7 +86,7 @@ def test_plan_places_sizes_and_limits_tables():
 
 
 def test_fourth_root_rule_only_replaces_implicit_dims():
-    plan = P.derive_plan(_config(embedding={"dim_rule": "fourth_root"}), MANIFEST)
+    plan = P.derive_plan(_config(embedding={"dim_rule": "fourth_root"}), MANIFEST).to_dict()
     assert plan["tables"]["big"]["dim"] == P.fourth_root_dim(100_010) == 8 * math.ceil(6 * 100_010 ** 0.25 / 8)
     assert plan["tables"]["big"]["dim_source"] == "fourth_root rule"
     assert plan["tables"]["shared"]["dim"] == 8 and plan["tables"]["small"]["dim"] == 4  # explicit
@@ -76,9 +94,9 @@ def test_fourth_root_rule_only_replaces_implicit_dims():
 
 
 def test_size_threshold_extremes():
-    all_tpu = P.derive_plan(_config(embedding={"size_threshold": 0}), MANIFEST)
+    all_tpu = P.derive_plan(_config(embedding={"size_threshold": 0}), MANIFEST).to_dict()
     assert {t["placement"] for t in all_tpu["tables"].values()} == {"tpu_embedding"}
-    none_tpu = P.derive_plan(_config(embedding={"size_threshold": None}), MANIFEST)
+    none_tpu = P.derive_plan(_config(embedding={"size_threshold": None}), MANIFEST).to_dict()
     assert {t["placement"] for t in none_tpu["tables"].values()} == {"tensor_core"}
 
 
@@ -88,15 +106,15 @@ def test_dense_id_widths_of_tensor_core_features():
     stats = _statistics()
     stats["features"]["small"] = {"splits": {"train": {"ids_per_example": {"mean": 1.0, "p99": 1, "max": 1}}}}
     stats["features"]["A"]["splits"]["train"]["ids_per_example"]["max"] = 7
-    plan = P.derive_plan(_config(embedding={"size_threshold": None}), MANIFEST, stats)
+    plan = P.derive_plan(_config(embedding={"size_threshold": None}), MANIFEST, _typed(stats))
     with pytest.raises(ValueError, match="'B' uses TensorCore table 'shared'.*set max_length"):
         P.dense_id_widths(plan)  # B has no statistics and no max_length
     stats["features"]["B"] = {"splits": {"train": {"ids_per_example": {"mean": 1.0, "p99": 1, "max": 0}}}}
     stats["features"]["big"] = stats["features"]["small"]
-    plan = P.derive_plan(_config(embedding={"size_threshold": None}), MANIFEST, stats)
+    plan = P.derive_plan(_config(embedding={"size_threshold": None}), MANIFEST, _typed(stats))
     assert P.dense_id_widths(plan) == {"A": 7, "B": 1, "big": 1, "small": 1}  # an all-empty feature: width 1
     # Only TensorCore tables are padded; TPU-embedding features stay SparseTensors.
-    assert set(P.dense_id_widths(P.derive_plan(_config(), MANIFEST, stats))) == {"small"}
+    assert set(P.dense_id_widths(P.derive_plan(_config(), MANIFEST, _typed(stats)))) == {"small"}
 
 
 def test_plan_that_cannot_fit_is_refused_naming_the_tables():
@@ -107,7 +125,7 @@ def test_plan_that_cannot_fit_is_refused_naming_the_tables():
 
 def test_missing_vocabulary_is_refused():
     with pytest.raises(P.PlanError, match="'small' has no vocabulary"):
-        P.derive_plan(_config(), {"vocabularies": {k: v for k, v in MANIFEST["vocabularies"].items() if k != "small"}})
+        P.derive_plan(_config(), _manifest({k: v for k, v in VOCABULARIES.items() if k != "small"}))
 
 
 def test_table_and_feature_configs_render_the_plan():
@@ -141,3 +159,20 @@ def test_clipping_and_schedules_map_to_both_apis():
         learning_rate=1.0, schedule=ScheduleConfig(name="cosine", decay_steps=10, alpha=0.1))))
     assert float(cosine(0)) == pytest.approx(1.0) and float(cosine(10)) == pytest.approx(0.1)
     assert float(cosine(5)) == pytest.approx(0.1 + 0.9 * 0.5)
+
+
+def test_plan_round_trips_through_its_json_and_refuses_other_versions():
+    plan = P.derive_plan(_config(), MANIFEST, _typed(_statistics()))
+    assert EmbeddingPlan.from_json(plan.to_json()) == plan
+    run = plan.with_run(vocabulary_dir="/vocab")
+    assert plan.vocabulary_dir is None and run.vocabulary_dir == "/vocab"  # a copy: the plan is never changed
+    assert EmbeddingPlan.from_json(run.to_json()) == run
+    assert "checkpoint_layout" not in plan.to_dict()  # set only by a training run
+    data = plan.to_dict()
+    data["version"] = 99
+    with pytest.raises(ValueError, match="version 99, this code reads version 1; retrain"):
+        EmbeddingPlan.from_dict(data, "m/embedding_plan.json")
+    del data["tables"]["big"]["rows"]
+    data["version"] = 1
+    with pytest.raises(ValueError, match="tables.big: field 'rows' missing"):
+        EmbeddingPlan.from_dict(data)

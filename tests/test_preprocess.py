@@ -12,6 +12,8 @@ import tensorflow as tf
 
 from components import rulebook as R
 from components.config import parse_config
+from components.contracts.manifest import VocabularyManifest
+from components.contracts.statistics import EmbeddingStatistics
 from components.embedding_preprocess import vocabulary as V
 from components.embedding_preprocess.run import run_preprocessing
 from components.tfrecords import compression_type
@@ -115,7 +117,8 @@ def preprocessed(tmp_path_factory):
         {s: str(root / f"tx/Split-{s}") for s in ("train", "eval")},
         str(root / "stats"),
     )
-    return cfg, root, stats
+    assert isinstance(stats, EmbeddingStatistics)
+    return cfg, root, stats.to_dict()  # the tests read the JSON form (the same as statistics.json)
 
 
 def _read_counts(path):
@@ -232,7 +235,7 @@ def test_serving_transform_matches_preprocessing(preprocessed):
     from components.embedding_exporter.serving import RawFeatureTransform
 
     cfg, root, _ = preprocessed
-    manifest = json.loads((root / "vocab" / "manifest.json").read_text())
+    manifest = VocabularyManifest.from_json((root / "vocab" / "manifest.json").read_text())
     transform = RawFeatureTransform(manifest, str(root / "vocab"))
     rows = [r for r in ROWS + EVAL_ROWS if r[0] is not None]
     inputs = transform.from_examples(tf.constant([_example(r) for r in rows]))

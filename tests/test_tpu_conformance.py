@@ -314,8 +314,7 @@ def _plan(cfg, data):
 
     train_files, _ = _files(data)
     manifest = tm.read_manifest_for(train_files)
-    plan = P.derive_plan(cfg, manifest, tm.read_statistics_for(train_files))
-    plan["vocabulary_dir"] = manifest["vocabulary_dir"]
+    plan = P.derive_plan(cfg, manifest, tm.read_statistics_for(train_files)).with_run(vocabulary_dir=manifest.vocabulary_dir)
     return plan, manifest
 
 

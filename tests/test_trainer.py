@@ -1,5 +1,6 @@
 """The trainer's run_fn on small generated data: the Model artifact, a fresh-process restore that
 predicts identically, resume after a run killed mid-training, DCN-v2, and the TPU-rules check."""
+import dataclasses
 import glob
 import json
 import os
@@ -90,7 +91,7 @@ def trained(data):
 
 def test_model_artifact_holds_plan_checkpoint_and_reports(trained, data):
     cfg, model_uri = trained
-    plan = tm.read_plan(model_uri)
+    plan = tm.read_plan(model_uri).to_dict()  # the JSON the artifact holds
     placements = {t["placement"] for t in plan["tables"].values()}
     assert placements == {"tpu_embedding", "tensor_core"}, plan["tables"]
     assert plan["vocabulary_dir"] == str(data / "vocab")
@@ -132,7 +133,7 @@ def _predict_in_fresh_process(model_uri, examples_path, cfg):
         cfg = config_from_json(open(sys.argv[1]).read())
         saved = tf.saved_model.load(model_uri + "/Format-Serving")
         p_saved = saved.signatures["serving_default"](examples=examples)["probabilities"].numpy()
-        manifest = json.load(open(model_uri + "/embedding_manifest.json"))
+        manifest = tm.VocabularyManifest.from_json(open(model_uri + "/embedding_manifest.json").read())
         model = tm.build_model(tm.read_plan(model_uri), manifest, cfg, for_training=False)
         features, _ = parse_batch(examples, manifest)
         model(features)
@@ -224,7 +225,7 @@ def test_killed_run_resumes_and_ends_with_the_same_steps(data, tmp_path):
 def _check_inputs(data, trained):
     cfg, model_uri = trained
     plan = tm.read_plan(model_uri)
-    manifest = json.load(open(os.path.join(model_uri, "embedding_manifest.json")))
+    manifest = tm.VocabularyManifest.from_json(open(os.path.join(model_uri, "embedding_manifest.json")).read())
     model = tm.build_model(plan, manifest, cfg, for_training=False)
     return plan, manifest, model, [str(data / "tx" / "Split-train" / "*")]
 
@@ -236,8 +237,8 @@ def _tpu_input(files, manifest, plan, training=True, batch_size=32):
 def test_tpu_rules_pass_on_training_input(data, trained):
     plan, manifest, model, files = _check_inputs(data, trained)
     widths = P.dense_id_widths(plan)
-    on_core = {n for n, f in plan["features"].items() if plan["tables"][f["table"]]["placement"] == "tensor_core"}
-    assert set(widths) == on_core and 0 < len(on_core) < len(plan["features"])
+    on_core = {n for n, f in plan.features.items() if plan.tables[f.table].placement == "tensor_core"}
+    assert set(widths) == on_core and 0 < len(on_core) < len(plan.features)
     # Widths: one ID for single-valued features (statistics), at most max_length for multi-hot ones.
     assert all(widths[n] == 1 for n in on_core if n not in ("C3", "C12", "C16", "C24"))
     assert all(1 < widths[n] <= {"C3": 5, "C12": 5, "C16": 4, "C24": 5}[n] for n in on_core & {"C3", "C12", "C16", "C24"})
@@ -258,8 +259,8 @@ def test_padded_dense_ids_pool_like_sparse_lookup(data, trained):
     dense = to_dense_ids(ids, 3)
     assert dense.numpy()[1].tolist() == [PAD_ID] * 3
     for combiner in ("mean", "sum", "sqrtn"):
-        table = TensorCoreTable({"rows": 5, "dim": 4, "combiner": combiner,
-                                 "initializer": {"mean": 0.0, "stddev": 1.0}}, f"t_{combiner}")
+        table = TensorCoreTable(SimpleNamespace(rows=5, dim=4, combiner=combiner,
+                                                initializer=SimpleNamespace(mean=0.0, stddev=1.0)), f"t_{combiner}")
         np.testing.assert_allclose(table(dense).numpy(), table(ids).numpy(), rtol=1e-6, atol=1e-7, err_msg=combiner)
     assert not np.any(table(dense).numpy()[1])
     # Rows longer than the width keep their first IDs.
@@ -277,8 +278,7 @@ def test_padded_dense_ids_pool_like_sparse_lookup(data, trained):
 def test_tpu_rules_name_each_violation(data, trained):
     plan, manifest, model, files = _check_inputs(data, trained)
     # IDs beyond a table's rows (examples from another preprocessing run): names feature and table.
-    shrunk = json.loads(json.dumps(plan))
-    shrunk["tables"]["C2"]["rows"] = 3
+    shrunk = dataclasses.replace(plan, tables={**plan.tables, "C2": dataclasses.replace(plan.tables["C2"], rows=3)})
     with pytest.raises(TPURulesError, match=r"feature 'C2': ID \d+ outside table 'C2' bounds \[0, 3\)"):
         check_tpu_rules(model, shrunk, _tpu_input(files, manifest, plan))
     # Eval-style input (no drop_remainder): dynamic batch dimension.

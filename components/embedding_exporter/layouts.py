@@ -38,6 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from components.config import ExportLayoutConfig
+from components.contracts.plan import CheckpointLayout, EmbeddingPlan, TablePlan
 from components.embedding_exporter.checkpoint_index import BundleIndex, restore_rows  # noqa: F401  (re-exported)
 from components.embedding_exporter.sparsecore_layout import (  # noqa: F401  (re-exported)
     parse_layout_record, recompute_sparse_core_layouts, stack_table_to_shards, stacked_variables,
@@ -82,7 +83,7 @@ def div_partition_sizes(rows: int, parts: int) -> List[int]:
 class CheckpointTables:
     """The plan's tables in a training checkpoint: locate each (and its layout), then read each."""
 
-    def __init__(self, checkpoint_prefix: str, plan: Dict[str, Any], options: Optional[ExportLayoutConfig] = None):
+    def __init__(self, checkpoint_prefix: str, plan: EmbeddingPlan, options: Optional[ExportLayoutConfig] = None):
         """`options`: the config's `export.layout` (checked there): what the checkpoint cannot say."""
         self.prefix = checkpoint_prefix
         self.plan = plan
@@ -100,12 +101,12 @@ class CheckpointTables:
                 self._record = parse_layout_record(raw)
         self._recomputed: Optional[Dict[str, Any]] = None
         self._recompute_note = ""
-        self.sources = {name: self._locate(name, t) for name, t in plan["tables"].items()}
+        self.sources = {name: self._locate(name, t) for name, t in plan.tables.items()}
 
     # -- locating --
-    def _locate(self, name: str, t: Dict[str, Any]) -> TableSource:
+    def _locate(self, name: str, t: TablePlan) -> TableSource:
         o = self.options
-        rows, dim, placement = int(t["rows"]), int(t["dim"]), t["placement"]
+        rows, dim, placement = int(t.rows), int(t.dim), t.placement
         key = o.table_keys.get(name) or table_key(name, placement)
         base = key[: -len(ATTR)] if key.endswith(ATTR) else key
         part_re = re.compile(re.escape(base) + r"/part_(\d+)(" + re.escape(ATTR) + ")?$")
@@ -121,7 +122,8 @@ class CheckpointTables:
             # layout kind) decides before the table's own key does.
             if self._record is not None and name in self._record:
                 return self._source_b(name, rows, dim, self._record[name], "checkpoint record _sparse_core_table_layouts")
-            trained_b = o.kind == "B" or (self.plan.get("checkpoint_layout") or {}).get("kind") == "B"
+            run = self.plan.checkpoint_layout
+            trained_b = o.kind == "B" or (run is not None and run.kind == "B")
             own_fits = key in self.shapes and list(self.shapes[key]) == [rows, dim]
             if self._record is None and not own_fits and (trained_b or (key not in self.shapes and self._stacked_keys(foreign=True))):
                 layouts = self._recompute()
@@ -203,7 +205,7 @@ class CheckpointTables:
     def _stacked_keys(self, foreign: bool = False) -> List[str]:
         """Variables directly under the TPU embedding object (`foreign`: other than a plan table's
         own key; a one-table stack has the table's name)."""
-        own = {table_key(n, "tpu_embedding") for n in self.plan["tables"]} if foreign else set()
+        own = {table_key(n, "tpu_embedding") for n in self.plan.tables} if foreign else set()
         return [
             k for k in self.shapes if k not in own and
             k.startswith(TPU_PREFIX) and k.endswith(ATTR) and "/" not in k[len(TPU_PREFIX): -len(ATTR)]
@@ -213,30 +215,30 @@ class CheckpointTables:
     def _recompute(self) -> Dict[str, Any]:
         if self._recomputed is not None:
             return self._recomputed
-        topo = self.plan.get("topology", {})
-        run = self.plan.get("checkpoint_layout") or {}
-        per_chip = self.options.sparse_cores_per_chip or run.get("sparse_cores_per_chip") or topo.get("sparse_cores_per_chip")
+        topo = self.plan.topology
+        run = self.plan.checkpoint_layout or CheckpointLayout(kind="A", embedding_api="unknown")
+        per_chip = self.options.sparse_cores_per_chip or run.sparse_cores_per_chip or topo.sparse_cores_per_chip
         if self.options.num_sparse_cores:
             replicas = self.options.num_sparse_cores // per_chip
         else:
-            replicas = run.get("num_replicas") or topo.get("num_chips")
-        per_replica = run.get("per_replica_batch_size") or (self.plan["global_batch_size"] // max(replicas, 1))
-        tpu_tables = [n for n, t in self.plan["tables"].items() if t["placement"] == "tpu_embedding"]
+            replicas = run.num_replicas or topo.num_chips
+        per_replica = run.per_replica_batch_size or (self.plan.global_batch_size // max(replicas, 1))
+        tpu_tables = list(self.plan.tables_placed("tpu_embedding"))
         order: List[str] = []
-        for fname in sorted(self.plan["features"]):  # nest.flatten order of the feature dict
-            tname = self.plan["features"][fname]["table"]
+        for fname in sorted(self.plan.features):  # nest.flatten order of the feature dict
+            tname = self.plan.features[fname].table
             if tname in tpu_tables and tname not in order:
                 order.append(tname)
         samples = {n: 0 for n in order}
-        for f in self.plan["features"].values():
-            if f["table"] in samples:
-                samples[f["table"]] += per_replica
+        for f in self.plan.features.values():
+            if f.table in samples:
+                samples[f.table] += per_replica
         tables = [
             {
                 "name": n,
-                "rows": int(self.plan["tables"][n]["rows"]),
-                "dim": int(self.plan["tables"][n]["dim"]),
-                "group": json.dumps(self.plan["tables"][n].get("optimizer"), sort_keys=True),
+                "rows": int(self.plan.tables[n].rows),
+                "dim": int(self.plan.tables[n].dim),
+                "group": json.dumps(dict(self.plan.tables[n].optimizer), sort_keys=True),
                 "samples": samples[n],
             }
             for n in order

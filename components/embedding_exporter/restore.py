@@ -17,6 +17,8 @@ import tensorflow as tf
 
 from components.config import ExportLayoutConfig, PipelineConfig
 from components.embedding_exporter import layouts as L
+from components.contracts.manifest import VocabularyManifest
+from components.contracts.plan import EmbeddingPlan
 from components.embedding_trainer.model import CHECKPOINT_ROOT, RankingModel, dense_checkpoint_parts
 
 
@@ -24,7 +26,7 @@ class ExportRefused(RuntimeError):
     """The export would not be the trained model; nothing was written where a pusher would look."""
 
 
-def build_serving_model(plan, manifest, cfg: PipelineConfig, table_dtype: str, sample_features) -> RankingModel:
+def build_serving_model(plan: EmbeddingPlan, manifest: VocabularyManifest, cfg: PipelineConfig, table_dtype: str, sample_features) -> RankingModel:
     """The CPU serving model: plain tables of `table_dtype`, no optimizer (so no slot variables)."""
     model = RankingModel(plan, manifest, cfg.training, serving_table_dtype=table_dtype)
     model(sample_features)  # creates the variables
@@ -65,7 +67,7 @@ def cfg_hint(model: RankingModel) -> str:
 
 
 def open_checkpoint_tables(
-    checkpoint_path: str, plan: Dict[str, Any], layout: Optional[ExportLayoutConfig] = None
+    checkpoint_path: str, plan: EmbeddingPlan, layout: Optional[ExportLayoutConfig] = None
 ) -> "L.CheckpointTables":
     """The plan's tables located in the checkpoint (layouts detected); ExportRefused if not."""
     try:
@@ -92,7 +94,7 @@ def load_tables(
 
 
 def model_from_checkpoint(
-    plan: Dict[str, Any], manifest: Dict[str, Any], cfg: PipelineConfig, checkpoint_path: str, sample_features,
+    plan: EmbeddingPlan, manifest: VocabularyManifest, cfg: PipelineConfig, checkpoint_path: str, sample_features,
     layout: Optional[ExportLayoutConfig] = None,
 ) -> RankingModel:
     """The float32 CPU model of `checkpoint_path`: dense network restored, every table converted

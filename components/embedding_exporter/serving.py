@@ -27,6 +27,7 @@ import components  # noqa: F401
 import tensorflow as tf
 
 from components import rulebook as R
+from components.contracts.manifest import CategoricalFeatureEntry, VocabularyManifest
 
 _DTYPES = {R.KIND_BYTES: tf.string, R.KIND_INT: tf.int64, R.KIND_FLOAT: tf.float32}
 
@@ -64,25 +65,26 @@ def _int_texts(values: tf.RaggedTensor) -> tf.RaggedTensor:
 class RawFeatureTransform(tf.Module):
     """Raw columns -> model inputs (dense float32 [B,1], categorical int64 SparseTensor [B, None])."""
 
-    def __init__(self, manifest: Dict[str, Any], vocabulary_dir: str):
+    def __init__(self, manifest: VocabularyManifest, vocabulary_dir: str):
         super().__init__(name="raw_feature_transform")
         self._manifest = manifest
-        self.kinds = manifest["raw_feature_kinds"]
+        self.kinds = dict(manifest.raw_feature_kinds)
         self.tables = {}
-        for name, v in manifest["vocabularies"].items():
+        for name, v in manifest.vocabularies.items():
             initializer = tf.lookup.TextFileInitializer(
-                os.path.join(vocabulary_dir, v["file"]),
+                os.path.join(vocabulary_dir, v.file),
                 key_dtype=tf.string,
                 key_index=tf.lookup.TextFileIndex.WHOLE_LINE,
                 value_dtype=tf.int64,
                 value_index=tf.lookup.TextFileIndex.LINE_NUMBER,
             )
-            self.tables[name] = tf.lookup.StaticVocabularyTable(initializer, v["num_oov_buckets"])
+            self.tables[name] = tf.lookup.StaticVocabularyTable(initializer, v.num_oov_buckets)
 
     def raw_columns(self):
-        m = self._manifest
-        cols = [d["column"] for d in m["dense_features"]] + [f["column"] for f in m["categorical_features"]]
-        return list(dict.fromkeys(cols))
+        return self._manifest.raw_columns()
+
+    def dense_columns(self):
+        return {d.column for d in self._manifest.dense_features}
 
     def example_spec(self) -> Dict[str, Any]:
         return {c: tf.io.VarLenFeature(_DTYPES[self.kinds[c]]) for c in self.raw_columns()}
@@ -102,40 +104,40 @@ class RawFeatureTransform(tf.Module):
             ragged[c] = tf.ragged.boolean_mask(tf.expand_dims(t, 1), tf.expand_dims(present, 1))
         return self._to_model_inputs(ragged, from_json=True)
 
-    def _tokens(self, values: tf.RaggedTensor, f: Dict[str, Any], from_json: bool) -> tf.RaggedTensor:
+    def _tokens(self, values: tf.RaggedTensor, f: CategoricalFeatureEntry, from_json: bool) -> tf.RaggedTensor:
         """Raw values (or JSON strings) of one categorical column -> its valid tokens per row:
         rulebook T1-T7 (J1-J3)."""
-        raw_kind = self.kinds[f["column"]]
+        raw_kind = self.kinds[f.column]
         if raw_kind == R.KIND_FLOAT:  # T3, J3: floats are invalid categorical values: no tokens
             return tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.string), tf.zeros([values.nrows()], tf.int64))
         if raw_kind == R.KIND_INT and from_json:  # J2: each string stands for an int64 value
-            if f["separator"] is not None:
-                values = tf.strings.split(values, f["separator"]).merge_dims(1, 2)
+            if f.separator is not None:
+                values = tf.strings.split(values, f.separator).merge_dims(1, 2)
             values = _int_texts(values)
         elif raw_kind == R.KIND_INT:  # T2: the decimal text; negative integers are invalid
             values = tf.strings.as_string(tf.ragged.boolean_mask(values, values >= 0))
-        if f["separator"] is not None:
-            values = tf.strings.split(values, f["separator"]).merge_dims(1, 2)
+        if f.separator is not None:
+            values = tf.strings.split(values, f.separator).merge_dims(1, 2)
         values = tf.ragged.boolean_mask(values, _valid_tokens(values))
-        if f["max_length"] is not None:
-            values = values[:, : f["max_length"]]
+        if f.max_length is not None:
+            values = values[:, : f.max_length]
         return values
 
     def _to_model_inputs(self, raw: Dict[str, tf.RaggedTensor], from_json: bool = False) -> Dict[str, Any]:
         out: Dict[str, Any] = {}
-        for d in self._manifest["dense_features"]:
-            values = raw[d["column"]]
-            kind = R.KIND_FLOAT if from_json else self.kinds[d["column"]]
+        for d in self._manifest.dense_features:
+            values = raw[d.column]
+            kind = R.KIND_FLOAT if from_json else self.kinds[d.column]
             if kind == R.KIND_BYTES:  # D5: non-numeric column: every value is filled
                 first = tf.fill([values.nrows(), 1], tf.constant(float("nan"), tf.float32))
             else:
                 first = tf.cast(values[:, :1], tf.float32).to_tensor(default_value=float("nan"), shape=[None, 1])
             # D1-D4: the first value; NaN, inf and numbers beyond float32 are filled.
-            out[d["name"]] = tf.where(tf.math.is_finite(first), first, tf.constant(d["fill_value"], tf.float32))
-        for f in self._manifest["categorical_features"]:
-            tokens = self._tokens(raw[f["column"]], f, from_json)
-            ids = tf.ragged.map_flat_values(self.tables[f["table"]].lookup, tokens)
-            out[f["name"]] = ids.to_sparse()
+            out[d.name] = tf.where(tf.math.is_finite(first), first, tf.constant(d.fill_value, tf.float32))
+        for f in self._manifest.categorical_features:
+            tokens = self._tokens(raw[f.column], f, from_json)
+            ids = tf.ragged.map_flat_values(self.tables[f.table].lookup, tokens)
+            out[f.name] = ids.to_sparse()
         return out
 
 
@@ -147,7 +149,7 @@ class ServingModule(tf.Module):
         self.model = model
         self.transform = transform
         columns = transform.raw_columns()
-        dense_columns = {d["column"] for d in transform._manifest["dense_features"]}
+        dense_columns = transform.dense_columns()
         feature_spec = {
             c: tf.TensorSpec([None], tf.float32 if c in dense_columns else tf.string, name=c) for c in columns
         }

@@ -20,8 +20,10 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-TABLES_DIR = "tables"
-TABLES_MANIFEST = "tables_manifest.json"
+from components.contracts.artifacts import TABLES_DIR
+from components.contracts.artifacts import TABLES_MANIFEST_FILE as TABLES_MANIFEST
+from components.contracts.manifest import VocabularyManifest
+from components.contracts.plan import TablePlan
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 
 
@@ -65,22 +67,22 @@ def _save_npy(path: str, array: np.ndarray) -> None:
 class TableWriter:
     """Writes each table as it is converted (one in memory at a time) and then the manifest."""
 
-    def __init__(self, output_dir: str, manifest: Dict[str, Any], vocabulary_dir: str):
+    def __init__(self, output_dir: str, manifest: VocabularyManifest, vocabulary_dir: str):
         self.dir = os.path.join(output_dir, TABLES_DIR)
         tf.io.gfile.makedirs(os.path.join(self.dir, "vocabularies"))
         self._manifest = manifest
         self._vocabulary_dir = vocabulary_dir
         self.entries: Dict[str, Any] = {}
 
-    def write(self, name: str, plan_table: Dict[str, Any], stored: np.ndarray, scale: Optional[np.ndarray]) -> Dict[str, Any]:
-        vocab = self._manifest["vocabularies"][name]
+    def write(self, name: str, plan_table: TablePlan, stored: np.ndarray, scale: Optional[np.ndarray]) -> Dict[str, Any]:
+        vocab = self._manifest.vocabulary(name)
         files = {"values": f"{name}.npy"}
         _save_npy(os.path.join(self.dir, files["values"]), stored)
         if scale is not None:
             files["scale"] = f"{name}.scale.npy"
             _save_npy(os.path.join(self.dir, files["scale"]), scale)
-        vocab_file = os.path.join("vocabularies", os.path.basename(vocab["file"]))
-        tf.io.gfile.copy(os.path.join(self._vocabulary_dir, vocab["file"]), os.path.join(self.dir, vocab_file), overwrite=True)
+        vocab_file = os.path.join("vocabularies", os.path.basename(vocab.file))
+        tf.io.gfile.copy(os.path.join(self._vocabulary_dir, vocab.file), os.path.join(self.dir, vocab_file), overwrite=True)
         entry = {
             "table": name,
             "rows": int(stored.shape[0]),
@@ -89,14 +91,14 @@ class TableWriter:
             "files": files,
             "dequantize": "values * scale[:, None]" if scale is not None else "values",
             "vocabulary_file": vocab_file,
-            "vocabulary_size": int(vocab["size"]),
-            "num_oov_buckets": int(vocab["num_oov_buckets"]),
+            "vocabulary_size": int(vocab.size),
+            "num_oov_buckets": int(vocab.num_oov_buckets),
             "oov_rule": (
                 "row of a value not in the vocabulary file = vocabulary_size + "
                 "Fingerprint64(value) % num_oov_buckets (tf.lookup.StaticVocabularyTable)"
             ),
-            "combiner": plan_table["combiner"],
-            "features": list(plan_table["features"]),
+            "combiner": plan_table.combiner,
+            "features": list(plan_table.features),
         }
         self.entries[name] = entry
         return entry

@@ -95,10 +95,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             shutil.rmtree(args.output)
         os.replace(work, args.output)
     seconds = time.time() - start
-    read = {s: v["examples_read"] for s, v in stats["splits"].items()}
+    read = {s: v["examples_read"] for s, v in stats.splits.items()}
     print(f"preprocessed {read} rows in {seconds:.1f}s ({sum(read.values()) / seconds:,.0f} rows/s)")
-    print(f"dropped: { {s: v['examples_dropped'] for s, v in stats['splits'].items()} }; input: {stats['input']}")
-    sizes = {t: v["vocabulary_size"] for t, v in stats["tables"].items()}
+    print(f"dropped: { {s: v['examples_dropped'] for s, v in stats.splits.items()} }; input: {dict(stats.input)}")
+    sizes = {t: v["vocabulary_size"] for t, v in stats.tables.items()}
     print(f"vocabularies ({len(sizes)}): {sizes}")
     print(f"output: {args.output} (statistics/statistics.html is the report)")
     return 0

@@ -61,6 +61,6 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         )
         vocabulary.set_string_custom_property("tables", ",".join(t.name for t in cfg.tables))
         for s in SPLITS:
-            statistics.set_int_custom_property(f"{s}_examples_read", stats["splits"][s]["examples_read"])
-            transformed.set_int_custom_property(f"{s}_examples", stats["splits"][s]["examples_written"])
+            statistics.set_int_custom_property(f"{s}_examples_read", stats.splits[s]["examples_read"])
+            transformed.set_int_custom_property(f"{s}_examples", stats.splits[s]["examples_written"])
         transformed.set_string_custom_property("vocabulary_uri", vocabulary.uri)

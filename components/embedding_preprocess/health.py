@@ -10,13 +10,14 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 from components.config import PipelineConfig
+from components.contracts.statistics import EmbeddingStatistics
 from components.errors import FeatureHealthError
 
 OK, WARN, STOP, ALLOWED = "ok", "warn", "stop", "allowed"
 
 
-def feature_health(cfg: PipelineConfig, stats: Dict[str, Any], split: str = "train") -> Dict[str, Any]:
-    rows = stats["splits"][split]["examples_written"]
+def feature_health(cfg: PipelineConfig, stats: EmbeddingStatistics, split: str = "train") -> Dict[str, Any]:
+    rows = stats.splits[split]["examples_written"]
     i = cfg.input
     out: Dict[str, Any] = {
         "split": split,
@@ -25,10 +26,10 @@ def feature_health(cfg: PipelineConfig, stats: Dict[str, Any], split: str = "tra
         "warn_invalid_share": i.warn_invalid_share,
         "features": {},
     }
-    stages = (stats.get("ledger") or {}).get("stages") or [{}]
+    stages = (stats.ledger or {}).get("stages") or [{}]
     ingestion = stages[0].get("cells", {}).get("not_numeric", {})
     for d in cfg.dense_features:
-        s = stats["dense_features"][d.name][split]
+        s = stats.dense_features[d.name][split]
         unusable = s["missing"]  # rows left to the fill value: missing and invalid alike
         reasons = dict(s["invalid_values"])
         reasons["missing"] = unusable - sum(reasons.values())
@@ -37,7 +38,7 @@ def feature_health(cfg: PipelineConfig, stats: Dict[str, Any], split: str = "tra
             entry["not_numeric_at_ingestion_all_splits"] = ingestion[d.source]
         out["features"][d.name] = entry
     for f in cfg.categorical_features:
-        s = stats["features"][f.name]["splits"][split]
+        s = stats.features[f.name]["splits"][split]
         unusable = rows - s["examples_present"]
         reasons = {"rows_without_a_valid_value": unusable}
         reasons.update({f"invalid_values/{k}": v for k, v in s["invalid_values"].items()})

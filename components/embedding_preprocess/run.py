@@ -5,6 +5,7 @@ ready `beam.Pipeline` so the caller decides the runner and its arguments.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any, Dict, List, Optional
@@ -16,6 +17,15 @@ from components import ledger as L
 from components import row_counts
 from components.beam_runtime import ensure_local_runner_safe
 from components.config import CategoricalFeature, PipelineConfig
+from components.contracts import artifacts as A
+from components.contracts.manifest import (
+    CategoricalFeatureEntry,
+    DenseFeatureEntry,
+    VocabularyEntry,
+    VocabularyManifest,
+)
+from components.contracts.sizing import table_memory, table_rows
+from components.contracts.statistics import EmbeddingStatistics
 from components.embedding_preprocess import beam_pipeline
 from components.embedding_preprocess.counting import shared_table_features
 from components.embedding_preprocess.health import check_health, feature_health
@@ -24,14 +34,12 @@ from components.embedding_preprocess import statistics as S
 from components.embedding_preprocess.report import render_html
 from components.embedding_preprocess import vocabulary as V
 
-MANIFEST_FILE = "manifest.json"
-STATISTICS_FILE = "statistics.json"  # version 4: + ledger, feature_health, examples_dropped by reason
-REPORT_FILE = "statistics.html"
-EMBEDDING_MANIFEST_FILE = "embedding_manifest.json"  # copy beside the transformed examples, for the trainer
-# Copy of statistics.json beside the transformed examples: TFX's standard Trainer takes only the
-# examples artifact, and the embedding plan sizes SparseCore limits from these statistics.
-EMBEDDING_STATISTICS_FILE = "embedding_statistics.json"
-MANIFEST_VERSION = 1
+# The artifacts' file names (contracts.artifacts), under the names callers of this module use.
+MANIFEST_FILE = A.VOCABULARY_MANIFEST_FILE
+STATISTICS_FILE = A.STATISTICS_FILE
+REPORT_FILE = A.STATISTICS_REPORT_FILE
+EMBEDDING_MANIFEST_FILE = A.EMBEDDING_MANIFEST_FILE
+EMBEDDING_STATISTICS_FILE = A.EMBEDDING_STATISTICS_FILE
 
 
 # Beam's FileSystems reach local disk, GCS, S3, HDFS alike, without importing TensorFlow (which
@@ -41,10 +49,6 @@ MANIFEST_VERSION = 1
 def write_text(path: str, text: str) -> None:
     with FileSystems.create(path) as fh:
         fh.write(text.encode("utf-8"))
-
-
-def _write_json(path: str, obj: Any) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def read_json(path: str) -> Any:
@@ -80,64 +84,56 @@ def _raw_kinds(cfg: PipelineConfig, raw: Dict[str, float]) -> Dict[str, str]:
     return kinds
 
 
-def build_manifest(cfg: PipelineConfig, raw: Dict[str, float], vocabulary_dir: str) -> Dict[str, Any]:
+def build_manifest(cfg: PipelineConfig, raw: Dict[str, float], vocabulary_dir: str) -> VocabularyManifest:
     vocabularies = {}
     for t in cfg.tables:
         size = len(V.read_vocabulary(vocabulary_dir, t.name))
-        vocabularies[t.name] = {
-            "file": os.path.basename(V.vocabulary_file(vocabulary_dir, t.name)),
-            "counts_file": os.path.basename(V.counts_file(vocabulary_dir, t.name)),
-            "size": size,
-            "distinct_before_pruning": raw.get(f"info/vocab/{t.name}", {}).get("distinct_values", 0),
-            "num_oov_buckets": t.vocabulary.num_oov_buckets,
-            "rows": size + t.vocabulary.num_oov_buckets,
-            "dim": t.dim,
-            "combiner": t.combiner,
-            "features": list(cfg.resolved.table(t.name).features),
-        }
-    return {
-        "version": MANIFEST_VERSION,
-        "vocabulary_dir": vocabulary_dir,
-        "label": cfg.label,
-        "raw_feature_kinds": _raw_kinds(cfg, raw),
-        "dense_features": [{"name": d.name, "column": d.source, "fill_value": d.fill_value} for d in cfg.dense_features],
-        "categorical_features": [
-            {
-                "name": f.name,
-                "column": f.source,
-                "table": cfg.feature_table(f).name,
-                "separator": f.separator,
-                "max_length": f.max_length,
-            }
+        vocabularies[t.name] = VocabularyEntry(
+            file=os.path.basename(A.vocabulary_file(vocabulary_dir, t.name)),
+            counts_file=os.path.basename(A.counts_file(vocabulary_dir, t.name)),
+            size=size,
+            distinct_before_pruning=raw.get(f"info/vocab/{t.name}", {}).get("distinct_values", 0),
+            num_oov_buckets=t.vocabulary.num_oov_buckets,
+            rows=table_rows(size, t.vocabulary.num_oov_buckets),
+            dim=t.dim,
+            combiner=t.combiner,
+            features=tuple(cfg.resolved.table(t.name).features),
+        )
+    return VocabularyManifest(
+        vocabulary_dir=vocabulary_dir,
+        label=cfg.label,
+        raw_feature_kinds=_raw_kinds(cfg, raw),
+        dense_features=tuple(DenseFeatureEntry(d.name, d.source, d.fill_value) for d in cfg.dense_features),
+        categorical_features=tuple(
+            CategoricalFeatureEntry(f.name, f.source, cfg.feature_table(f).name, f.separator, f.max_length)
             for f in cfg.categorical_features
-        ],
-        "vocabularies": vocabularies,
-    }
+        ),
+        vocabularies=vocabularies,
+    )
 
 
 def build_statistics(
-    cfg: PipelineConfig, raw: Dict[str, Any], manifest: Dict[str, Any], splits: List[str]
-) -> Dict[str, Any]:
-    """The versioned statistics.json from the merged partials `raw`: per split, per feature, per
-    dense feature and per table (the manifest's vocabularies)."""
+    cfg: PipelineConfig, raw: Dict[str, Any], manifest: VocabularyManifest, splits: List[str]
+) -> EmbeddingStatistics:
+    """The statistics from the merged partials `raw`: per split, per feature, per dense feature and
+    per table (the manifest's vocabularies); the ledger and feature health are added after."""
     split_stats = {s: _split_statistics(raw, s) for s in splits}
     shared = set(shared_table_features(cfg))  # the pipeline describes these features' own values
-    return {
-        "version": S.STATISTICS_VERSION,
-        "global_batch_size": cfg.training.batch_size,
-        "shard_counts": list(cfg.statistics.shard_counts),
-        "splits": split_stats,
-        "features": {
+    return EmbeddingStatistics(
+        global_batch_size=cfg.training.batch_size,
+        shard_counts=tuple(cfg.statistics.shard_counts),
+        splits=split_stats,
+        features={
             f.name: _feature_statistics(cfg, raw, f, split_stats, f.name in shared) for f in cfg.categorical_features
         },
-        "dense_features": {d.name: {s: _dense_statistics(raw, s, d.name) for s in splits} for d in cfg.dense_features},
-        "tables": {name: _table_statistics(cfg, raw, name, v) for name, v in manifest["vocabularies"].items()},
-        "train_partial_batches": int(raw.get("train/partial_batches", 0)),
-        "input": {
+        dense_features={d.name: {s: _dense_statistics(raw, s, d.name) for s in splits} for d in cfg.dense_features},
+        tables={name: _table_statistics(cfg, raw, name, v) for name, v in manifest.vocabularies.items()},
+        train_partial_batches=int(raw.get("train/partial_batches", 0)),
+        input={
             "malformed_rows": int(raw.get("input/malformed_rows", 0)),
             "not_numeric": _by_reason(raw, "input/not_numeric/"),
         },
-    }
+    )
 
 
 def _by_reason(raw: Dict[str, Any], prefix: str) -> Dict[str, int]:
@@ -216,28 +212,28 @@ def _table_batch_statistics(raw: Dict[str, Any], table: str) -> Dict[str, Any]:
     }
 
 
-def _table_memory(cfg: PipelineConfig, vocabulary: Dict[str, Any]) -> Dict[str, Any]:
-    """Bytes of a table's weights and of its optimizer slots: rows x dim x 4 bytes x (1 + slots)."""
+def _table_memory(cfg: PipelineConfig, vocabulary: VocabularyEntry) -> Dict[str, Any]:
+    """Bytes of a table's weights and of its optimizer slots (contracts.sizing; the placement is
+    the trainer's plan's to decide, so no per-chip figure here)."""
     optimizer = cfg.training.embedding_optimizer.name
-    slots = S.OPTIMIZER_SLOTS[optimizer]
-    weight_bytes = vocabulary["rows"] * vocabulary["dim"] * 4
+    m = table_memory(vocabulary.rows, vocabulary.dim, optimizer)
     return {
-        "weight_bytes": weight_bytes,
+        "weight_bytes": m.weight_bytes,
         "optimizer": optimizer,
-        "slots_per_row": slots,
-        "total_bytes": weight_bytes * (1 + slots),
+        "slots_per_row": m.slots_per_row,
+        "total_bytes": m.total_bytes,
     }
 
 
-def _table_statistics(cfg: PipelineConfig, raw: Dict[str, Any], name: str, vocabulary: Dict[str, Any]) -> Dict[str, Any]:
+def _table_statistics(cfg: PipelineConfig, raw: Dict[str, Any], name: str, vocabulary: VocabularyEntry) -> Dict[str, Any]:
     """One table: its vocabulary (the manifest's entry and its value distribution), per-batch and
     per-shard ID counts on the train split, and its memory."""
     return {
-        "features": vocabulary["features"],
-        "distinct_values": vocabulary["distinct_before_pruning"],
-        "vocabulary_size": vocabulary["size"],
-        "rows": vocabulary["rows"],
-        "dim": vocabulary["dim"],
+        "features": list(vocabulary.features),
+        "distinct_values": vocabulary.distinct_before_pruning,
+        "vocabulary_size": vocabulary.size,
+        "rows": vocabulary.rows,
+        "dim": vocabulary.dim,
         "vocabulary": raw.get(f"info/vocab/{name}", {}),
         "batches": _table_batch_statistics(raw, name),
         "shards": S.shard_summary(raw, "train", name, cfg.statistics.shard_counts, cfg.statistics.headroom),
@@ -254,21 +250,21 @@ def _csv_data_rows(pattern: str) -> int:
 
 def build_ledger(
     cfg: PipelineConfig,
-    stats: Dict[str, Any],
+    stats: EmbeddingStatistics,
     split_patterns: Dict[str, str],
     transformed_dirs: Dict[str, str],
     input_format: str,
     upstream_ledger: Optional[Dict[str, Any]],
 ) -> Dict[str, Any]:
     """The ledger so far (ExampleGen's stages, or the CLI's CSV reading) plus this stage's."""
-    read = {s: v["examples_read"] for s, v in stats["splits"].items()}
+    read = {s: v["examples_read"] for s, v in stats.splits.items()}
     stages = list(upstream_ledger["stages"]) if upstream_ledger else []
     upstream = dict(stages[-1]["rows_out"]) if stages else None
     if not stages and input_format == "csv":
         data_rows = {s: _csv_data_rows(p) for s, p in split_patterns.items()}
-        stages.append(L.csv_input_stage(data_rows, read, stats["input"]["malformed_rows"]))
+        stages.append(L.csv_input_stage(data_rows, read, stats.input["malformed_rows"]))
     written = {s: row_counts.count_records_in(d, L.PREPROCESS) for s, d in transformed_dirs.items()}
-    dropped = {s: v["examples_dropped"] for s, v in stats["splits"].items()}
+    dropped = {s: v["examples_dropped"] for s, v in stats.splits.items()}
     stages.append(L.preprocess_stage(read, dropped, written, upstream))
     return L.ledger(stages)
 
@@ -282,7 +278,7 @@ def run_preprocessing(
     statistics_dir: str,
     input_format: str = "tfrecord",
     upstream_ledger: Optional[Dict[str, Any]] = None,
-) -> Dict[str, Any]:
+) -> EmbeddingStatistics:
     """Runs Beam, then writes manifest.json (vocabulary dir), statistics.json and statistics.html,
     and copies of the manifest and statistics beside the transformed examples (for the trainer). Returns the statistics.
 
@@ -308,21 +304,24 @@ def run_preprocessing(
             V.write_vocabulary(vocabulary_dir, t.name, [])
     manifest = build_manifest(cfg, raw, vocabulary_dir)
     stats = build_statistics(cfg, raw, manifest, sorted(split_patterns) if transformed_dirs else ["train"])
-    stats["ledger"] = (
-        build_ledger(cfg, stats, split_patterns, transformed_dirs, input_format, upstream_ledger) if transformed_dirs else None
+    if transformed_dirs:
+        stats = dataclasses.replace(
+            stats, ledger=build_ledger(cfg, stats, split_patterns, transformed_dirs, input_format, upstream_ledger)
+        )
+        # Analysis only reads no feature presence: health needs the transform pass.
+        stats = dataclasses.replace(stats, feature_health=feature_health(cfg, stats))
+    write_text(os.path.join(vocabulary_dir, MANIFEST_FILE), manifest.to_json())
+    write_text(os.path.join(statistics_dir, STATISTICS_FILE), stats.to_json())
+    write_text(
+        os.path.join(statistics_dir, REPORT_FILE), render_html(stats.to_dict(), f"Embedding-ID statistics: {cfg.name}")
     )
-    # Analysis only reads no feature presence: health needs the transform pass.
-    stats["feature_health"] = feature_health(cfg, stats) if transformed_dirs else None
-    _write_json(os.path.join(vocabulary_dir, MANIFEST_FILE), manifest)
-    _write_json(os.path.join(statistics_dir, STATISTICS_FILE), stats)
-    write_text(os.path.join(statistics_dir, REPORT_FILE), render_html(stats, f"Embedding-ID statistics: {cfg.name}"))
     if transformed_dirs:
         root = os.path.dirname(next(iter(transformed_dirs.values())).rstrip("/"))
-        _write_json(os.path.join(root, EMBEDDING_STATISTICS_FILE), stats)
-        _write_json(os.path.join(root, EMBEDDING_MANIFEST_FILE), manifest)
-    if stats["ledger"] is not None:
-        for stage in stats["ledger"]["stages"]:
+        write_text(os.path.join(root, EMBEDDING_STATISTICS_FILE), stats.to_json())
+        write_text(os.path.join(root, EMBEDDING_MANIFEST_FILE), manifest.to_json())
+    if stats.ledger is not None:
+        for stage in stats.ledger["stages"]:
             L.check_stage(stage)
-    if stats["feature_health"] is not None:
-        check_health(stats["feature_health"])
+    if stats.feature_health is not None:
+        check_health(stats.feature_health)
     return stats

@@ -17,15 +17,17 @@ from typing import Any, Dict, List, Optional, Tuple
 import components  # noqa: F401
 import tensorflow as tf
 
+from components.contracts.manifest import VocabularyManifest
+
 PAD_ID = -1  # padding of dense ID rows; TensorCoreTable and the TPU-rules check skip it
 
 
-def feature_spec(manifest: Dict[str, Any]) -> Dict[str, Any]:
-    spec: Dict[str, Any] = {manifest["label"]: tf.io.FixedLenFeature([1], tf.float32)}
-    for d in manifest["dense_features"]:
-        spec[d["name"]] = tf.io.FixedLenFeature([1], tf.float32)
-    for f in manifest["categorical_features"]:
-        spec[f["name"]] = tf.io.VarLenFeature(tf.int64)
+def feature_spec(manifest: VocabularyManifest) -> Dict[str, Any]:
+    spec: Dict[str, Any] = {manifest.label: tf.io.FixedLenFeature([1], tf.float32)}
+    for name in manifest.dense_names:
+        spec[name] = tf.io.FixedLenFeature([1], tf.float32)
+    for name in manifest.categorical_names:
+        spec[name] = tf.io.VarLenFeature(tf.int64)
     return spec
 
 
@@ -40,7 +42,7 @@ def to_dense_ids(ids: tf.SparseTensor, width: int) -> tf.Tensor:
 
 def parse_batch(
     serialized: tf.Tensor,
-    manifest: Dict[str, Any],
+    manifest: VocabularyManifest,
     static_batch: Optional[int] = None,
     dense_id_widths: Optional[Dict[str, int]] = None,
 ) -> Tuple[Dict[str, Any], tf.Tensor]:
@@ -57,13 +59,13 @@ def parse_batch(
                 t.set_shape([static_batch, None])
             else:
                 t.set_shape([static_batch, t.shape[1]])
-    label = parsed.pop(manifest["label"])
+    label = parsed.pop(manifest.label)
     return parsed, label
 
 
 def make_dataset(
     file_patterns: List[str],
-    manifest: Dict[str, Any],
+    manifest: VocabularyManifest,
     batch_size: int,
     training: bool,
     seed: int = 0,

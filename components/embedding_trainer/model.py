@@ -29,6 +29,8 @@ import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
 from components.config import TABLE_DTYPES, TrainingConfig
+from components.contracts.manifest import VocabularyManifest
+from components.contracts.plan import EmbeddingPlan, TablePlan
 from components.embedding_trainer import optimizers as O
 from components.embedding_trainer import plan as P
 
@@ -101,11 +103,11 @@ def _mlp(
 class TensorCoreTable(tf.keras.layers.Layer):
     """A small table kept on the TensorCore: [rows, dim] variable, pooled lookup of SparseTensor IDs."""
 
-    def __init__(self, table: Dict[str, Any], name: str):
+    def __init__(self, table: TablePlan, name: str):
         super().__init__(name=f"table_{name}")
-        self.rows, self.dim, self.combiner = table["rows"], table["dim"], table["combiner"]
-        init = table["initializer"]
-        self._initializer = tf.initializers.TruncatedNormal(mean=init["mean"], stddev=init["stddev"])
+        self.rows, self.dim, self.combiner = table.rows, table.dim, table.combiner
+        init = table.initializer
+        self._initializer = tf.initializers.TruncatedNormal(mean=init.mean, stddev=init.stddev)
 
     def build(self, input_shape=None):
         self.embeddings = self.add_weight(
@@ -139,11 +141,11 @@ class ServingTable(tf.keras.layers.Layer):
     TPUEmbeddingForServing does (safe_embedding_lookup_sparse); compressed tables are gathered for
     the batch's unique IDs and dequantized before combining, so the combiner runs in float32."""
 
-    def __init__(self, table: Dict[str, Any], name: str, storage: str = "float32"):
+    def __init__(self, table: TablePlan, name: str, storage: str = "float32"):
         super().__init__(name=f"serving_table_{name}")
         if storage not in TABLE_DTYPES:
             raise ValueError(f"table dtype {storage!r} is not one of {', '.join(TABLE_DTYPES)}")
-        self.rows, self.dim, self.combiner, self.storage = table["rows"], table["dim"], table["combiner"], storage
+        self.rows, self.dim, self.combiner, self.storage = table.rows, table.dim, table.combiner, storage
 
     def build(self, input_shape=None):
         self.embeddings = self.add_weight(
@@ -181,8 +183,8 @@ class RankingModel(tf.keras.Model):
 
     def __init__(
         self,
-        plan: Dict[str, Any],
-        manifest: Dict[str, Any],
+        plan: EmbeddingPlan,
+        manifest: VocabularyManifest,
         training: TrainingConfig,
         embedding_optimizer: Optional[tf.keras.optimizers.legacy.Optimizer] = None,
         dense_optimizer: Optional[tf.keras.optimizers.legacy.Optimizer] = None,
@@ -194,15 +196,15 @@ class RankingModel(tf.keras.Model):
     ):
         super().__init__(name="ranking_model")
         self.model_type = training.model
-        self.dense_names = [d["name"] for d in manifest["dense_features"]]
-        self.categorical_names = [f["name"] for f in manifest["categorical_features"]]
+        self.dense_names = manifest.dense_names
+        self.categorical_names = manifest.categorical_names
         self.embedding_optimizer = embedding_optimizer
         self.dense_optimizer = dense_optimizer
         self.embedding_clipvalue = embedding_clipvalue
-        tables = plan["tables"]
-        self.feature_table = {n: plan["features"][n]["table"] for n in self.categorical_names}
-        self.feature_dim = {n: tables[t]["dim"] for n, t in self.feature_table.items()}
-        tpu_features = [n for n in self.categorical_names if tables[self.feature_table[n]]["placement"] == "tpu_embedding"]
+        tables = plan.tables
+        self.feature_table = {n: plan.features[n].table for n in self.categorical_names}
+        self.feature_dim = {n: tables[t].dim for n, t in self.feature_table.items()}
+        tpu_features = [n for n in self.categorical_names if tables[self.feature_table[n]].placement == "tpu_embedding"]
         self.embedding_layer = None
         self.serving_tables: Dict[str, ServingTable] = {}
         if serving_table_dtype is not None:
@@ -224,7 +226,7 @@ class RankingModel(tf.keras.Model):
             )
         # One layer per TensorCore table; features of a shared table use the same layer.
         self.tensor_core_tables = {
-            name: TensorCoreTable(t, name) for name, t in tables.items() if t["placement"] == "tensor_core"
+            name: TensorCoreTable(t, name) for name, t in tables.items() if t.placement == "tensor_core"
             and any(self.feature_table[n] == name for n in self.categorical_names)
         } if serving_table_dtype is None else {}
         self.bottom_mlp = _mlp(training.bottom_mlp, "bottom_mlp")

@@ -25,6 +25,7 @@ import components  # noqa: F401
 import numpy as np
 import tensorflow as tf
 
+from components.contracts.plan import EmbeddingPlan
 from components.embedding_trainer.input import PAD_ID
 
 # Ops whose string tensors are metadata of the graph itself, not data flowing through the step.
@@ -54,17 +55,17 @@ def _spec_violations(element_spec) -> List[str]:
     return out
 
 
-def _id_violations(features: Dict[str, Any], plan: Dict[str, Any]) -> List[str]:
+def _id_violations(features: Dict[str, Any], plan: EmbeddingPlan) -> List[str]:
     out: List[str] = []
-    for name, f in plan["features"].items():
+    for name, f in plan.features.items():
         if name not in features:
-            out.append(f"feature {name!r} (table {f['table']!r}) is missing from the input")
+            out.append(f"feature {name!r} (table {f.table!r}) is missing from the input")
             continue
         t = features[name]
-        placement = plan["tables"][f["table"]]["placement"]
+        placement = plan.tables[f.table].placement
         if isinstance(t, tf.SparseTensor) and placement == "tensor_core":
             out.append(
-                f"feature {name!r} (TensorCore table {f['table']!r}) is a SparseTensor: its value count changes "
+                f"feature {name!r} (TensorCore table {f.table!r}) is a SparseTensor: its value count changes "
                 "per batch, which the XLA-compiled step cannot take; feed padded dense IDs "
                 "(make_dataset(dense_id_widths=plan.dense_id_widths(plan)))"
             )
@@ -77,12 +78,12 @@ def _id_violations(features: Dict[str, Any], plan: Dict[str, Any]) -> List[str]:
             ids = ids[ids != PAD_ID]  # padding of dense ID rows
         if ids.size == 0:
             continue
-        rows = plan["tables"][f["table"]]["rows"]
+        rows = plan.tables[f.table].rows
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= rows:
             bad = lo if lo < 0 else hi
             out.append(
-                f"feature {name!r}: ID {bad} outside table {f['table']!r} bounds [0, {rows}); the examples and "
+                f"feature {name!r}: ID {bad} outside table {f.table!r} bounds [0, {rows}); the examples and "
                 "the vocabularies come from different preprocessing runs, or the table config changed"
             )
     return out
@@ -107,7 +108,7 @@ def _graph_string_ops(model: tf.keras.Model, features: Dict[str, Any], labels: t
     return out
 
 
-def check_tpu_rules(model: tf.keras.Model, plan: Dict[str, Any], dataset: tf.data.Dataset, batches: int = 2,
+def check_tpu_rules(model: tf.keras.Model, plan: EmbeddingPlan, dataset: tf.data.Dataset, batches: int = 2,
                     raise_on_violation: bool = True) -> Dict[str, Any]:
     """Checks `dataset` (batched (features, label) pairs as fed to training) and `model` against the
     TPU rules; returns {"passed", "batches_checked", "violations"} and raises TPURulesError (with

@@ -20,6 +20,7 @@ The state directory is removed once the Model artifact is complete.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -32,8 +33,11 @@ import tensorflow as tf
 from absl import logging
 
 from components.config import PipelineConfig, config_from_json
+from components.contracts import artifacts as A
+from components.contracts.manifest import VocabularyManifest
+from components.contracts.plan import CheckpointLayout, EmbeddingPlan
+from components.contracts.statistics import EmbeddingStatistics
 from components.ledger import check_ledger
-from components.embedding_preprocess.run import EMBEDDING_MANIFEST_FILE, EMBEDDING_STATISTICS_FILE, read_json
 from components.embedding_trainer import optimizers as O
 from components.embedding_trainer import plan as P
 from components.embedding_trainer.input import make_dataset, parse_batch
@@ -42,11 +46,12 @@ from components.embedding_trainer.tpu_rules import check_tpu_rules
 from components.metrics import log_loss, roc_auc
 
 CONFIG_KEY = "config_json"
-CHECKPOINT_DIR = "checkpoints"
-EVAL_METRICS_FILE = "eval_metrics.json"
-TPU_RULES_FILE = "tpu_rules.json"
-TRAINING_RUN_FILE = "training_run.json"
-CONFIG_FILE = "pipeline_config.json"
+# The Model artifact's files (contracts.artifacts), under the names the tests and benches use.
+CHECKPOINT_DIR = A.CHECKPOINT_DIR
+EVAL_METRICS_FILE = A.EVAL_METRICS_FILE
+TPU_RULES_FILE = A.TPU_RULES_FILE
+TRAINING_RUN_FILE = A.TRAINING_RUN_FILE
+CONFIG_FILE = A.TRAINER_CONFIG_FILE
 STATE_DIR = "training_state"
 
 
@@ -55,20 +60,27 @@ def examples_root(train_files) -> str:
     return os.path.dirname(os.path.dirname(train_files[0]))
 
 
-def read_manifest_for(train_files) -> Dict[str, Any]:
+def _read_text(path: str) -> str:
+    with tf.io.gfile.GFile(path) as fh:
+        return fh.read()
+
+
+def read_manifest_for(train_files) -> VocabularyManifest:
     """The manifest preprocessing wrote beside the transformed examples."""
-    return read_json(os.path.join(examples_root(train_files), EMBEDDING_MANIFEST_FILE))
+    path = os.path.join(examples_root(train_files), A.EMBEDDING_MANIFEST_FILE)
+    return VocabularyManifest.from_json(_read_text(path), path)
 
 
-def read_statistics_for(train_files) -> Optional[Dict[str, Any]]:
+def read_statistics_for(train_files) -> Optional[EmbeddingStatistics]:
     """The statistics preprocessing copied beside the transformed examples (None for examples
     written before the copy existed: the plan then reports SparseCore limits as unknown)."""
-    path = os.path.join(examples_root(train_files), EMBEDDING_STATISTICS_FILE)
-    return read_json(path) if tf.io.gfile.exists(path) else None
+    path = os.path.join(examples_root(train_files), A.EMBEDDING_STATISTICS_FILE)
+    return EmbeddingStatistics.from_json(_read_text(path), path) if tf.io.gfile.exists(path) else None
 
 
-def read_plan(model_uri: str) -> Dict[str, Any]:
-    return read_json(os.path.join(model_uri, P.PLAN_FILE))
+def read_plan(model_uri: str) -> EmbeddingPlan:
+    path = os.path.join(model_uri, A.PLAN_FILE)
+    return EmbeddingPlan.from_json(_read_text(path), path)
 
 
 def distribution_strategy(cfg: PipelineConfig) -> tf.distribute.Strategy:
@@ -83,21 +95,21 @@ def distribution_strategy(cfg: PipelineConfig) -> tf.distribute.Strategy:
     return tf.distribute.get_strategy()
 
 
-def checkpoint_layout(strategy: tf.distribute.Strategy, per_replica: int) -> Dict[str, Any]:
+def checkpoint_layout(strategy: tf.distribute.Strategy, per_replica: int) -> CheckpointLayout:
     """How this run's checkpoint will hold the TPU-embedding tables (recorded in the plan, so the
     exporter can recompute a SparseCore layout that TensorFlow 2.16 does not save)."""
     if not is_tpu_strategy(strategy):
-        return {"kind": "A", "embedding_api": "TPUEmbeddingForServing (CPU/GPU variables)"}
+        return CheckpointLayout(kind="A", embedding_api="TPUEmbeddingForServing (CPU/GPU variables)")
     hw = strategy.extended.tpu_hardware_feature
     v2 = hw.embedding_feature == tf.tpu.experimental.HardwareFeature.EmbeddingFeature.V2
-    return {
-        "kind": "B" if v2 else "A",
-        "embedding_api": "TPUEmbeddingV2 (SparseCore)" if v2 else "TPUEmbedding",
-        "num_replicas": strategy.num_replicas_in_sync,
+    return CheckpointLayout(
+        kind="B" if v2 else "A",
+        embedding_api="TPUEmbeddingV2 (SparseCore)" if v2 else "TPUEmbedding",
+        num_replicas=strategy.num_replicas_in_sync,
         # TPUEmbeddingV2 falls back to 4 when the hardware does not say (tpu_embedding_v3.py).
-        "sparse_cores_per_chip": int(getattr(hw, "num_embedding_devices_per_chip", 0) or 4),
-        "per_replica_batch_size": per_replica,
-    }
+        sparse_cores_per_chip=int(getattr(hw, "num_embedding_devices_per_chip", 0) or 4),
+        per_replica_batch_size=per_replica,
+    )
 
 
 def is_tpu_strategy(strategy: tf.distribute.Strategy) -> bool:
@@ -106,7 +118,7 @@ def is_tpu_strategy(strategy: tf.distribute.Strategy) -> bool:
     return isinstance(strategy, tf.distribute.TPUStrategy)
 
 
-def build_model(plan: Dict[str, Any], manifest: Dict[str, Any], cfg: PipelineConfig, for_training: bool,
+def build_model(plan: EmbeddingPlan, manifest: VocabularyManifest, cfg: PipelineConfig, for_training: bool,
                 on_tpu: bool = False, per_replica_batch: Optional[int] = None) -> RankingModel:
     """The ranking model for a plan; `for_training=False` builds it without optimizers. For
     training, the embedding optimizers of both platforms come from one spec (optimizers.py): the
@@ -128,7 +140,7 @@ def build_model(plan: Dict[str, Any], manifest: Dict[str, Any], cfg: PipelineCon
     )
 
 
-def transformed_serving_function(model: RankingModel, manifest: Dict[str, Any]):
+def transformed_serving_function(model: RankingModel, manifest: VocabularyManifest):
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
     def serve(examples):
         features, _ = parse_batch(examples, manifest)
@@ -140,7 +152,7 @@ def transformed_serving_function(model: RankingModel, manifest: Dict[str, Any]):
 class TransformedServing(tf.Module):
     """What the Trainer's SavedModel holds: the CPU model and `serving_default` on transformed examples."""
 
-    def __init__(self, model: RankingModel, manifest: Dict[str, Any]):
+    def __init__(self, model: RankingModel, manifest: VocabularyManifest):
         super().__init__(name="trainer_serving")
         self.model = model
         self.serve = transformed_serving_function(model, manifest)
@@ -185,10 +197,12 @@ class _Checkpointer(tf.keras.callbacks.Callback):
         logging.info("checkpoint at step %d: %s", n, self.manager.latest_checkpoint)
 
 
-def train(cfg: PipelineConfig, plan: Dict[str, Any], manifest: Dict[str, Any], train_files, eval_files,
+def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, train_files, eval_files,
           state: str, log_dir: Optional[str] = None, train_steps: Optional[int] = None):
     """Builds, checks and trains (resuming from `state` when it holds a checkpoint).
-    Returns (the final checkpoint's path, TPU-rules report, training-run record); `finish` does the rest."""
+    Returns (the final checkpoint's path, TPU-rules report, training-run record); the record's
+    `checkpoint_layout` is how the checkpoint holds the tables (`plan.with_run` takes it); `finish`
+    does the rest."""
     t = cfg.training
     tf.keras.utils.set_random_seed(t.seed)
     steps = train_steps or t.train_steps
@@ -199,7 +213,7 @@ def train(cfg: PipelineConfig, plan: Dict[str, Any], manifest: Dict[str, Any], t
     if t.batch_size % replicas:
         raise ValueError(f"training.batch_size {t.batch_size} must be a multiple of the {replicas} replicas")
     per_replica = t.batch_size // replicas
-    plan["checkpoint_layout"] = checkpoint_layout(strategy, per_replica)
+    layout = checkpoint_layout(strategy, per_replica)
     with strategy.scope():
         model = build_model(plan, manifest, cfg, for_training=True, on_tpu=on_tpu, per_replica_batch=per_replica)
         model.compile(
@@ -270,11 +284,12 @@ def train(cfg: PipelineConfig, plan: Dict[str, Any], manifest: Dict[str, Any], t
         "replicas": replicas,
         "per_replica_batch_size": per_replica,
         "strategy": type(strategy).__name__,
+        "checkpoint_layout": dataclasses.asdict(layout),
     }
     return final_checkpoint, rules, run
 
 
-def finish(cfg: PipelineConfig, plan: Dict[str, Any], manifest: Dict[str, Any], checkpoint_path: str,
+def finish(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, checkpoint_path: str,
            eval_files, serving_model_dir: str) -> Tuple[Dict[str, float], RankingModel]:
     """Everything after training, the same on CPU, GPU and TPU: the model is rebuilt for CPU from
     the final checkpoint (exporter's restore.py: dense weights restored, tables read in whatever
@@ -311,9 +326,8 @@ def run_fn(fn_args) -> None:
     manifest = read_manifest_for(fn_args.train_files)
     statistics = read_statistics_for(fn_args.train_files)
     # No training on rows that were lost (or invented) on the way: the ledger must add up.
-    check_ledger((statistics or {}).get("ledger"), "Trainer")
-    plan = P.derive_plan(cfg, manifest, statistics)
-    plan["vocabulary_dir"] = manifest["vocabulary_dir"]
+    check_ledger(statistics.ledger if statistics else None, "Trainer")
+    plan = P.derive_plan(cfg, manifest, statistics).with_run(vocabulary_dir=manifest.vocabulary_dir)
     model_root = os.path.dirname(fn_args.serving_model_dir.rstrip("/"))
     state = state_dir(cfg, model_root, fn_args.train_files)
     checkpoint, rules, run = train(
@@ -322,12 +336,14 @@ def run_fn(fn_args) -> None:
     )
     # The final state (weights and optimizer slots, as the training platform saved them) goes into
     # the artifact; the state dir is removed below. Evaluation and the SavedModel come from it.
+    plan = plan.with_run(checkpoint_layout=CheckpointLayout(**run["checkpoint_layout"]))
     copy_checkpoint(checkpoint, os.path.join(model_root, CHECKPOINT_DIR))
     metrics, _ = finish(cfg, plan, manifest, checkpoint, fn_args.eval_files, fn_args.serving_model_dir)
     logging.info("eval metrics: %s", metrics)
     # The config travels with the model so the standalone exporter CLI can rebuild it without one.
-    for name, obj in ((EMBEDDING_MANIFEST_FILE, manifest), (P.PLAN_FILE, plan), (EVAL_METRICS_FILE, metrics),
-                      (TPU_RULES_FILE, rules), (TRAINING_RUN_FILE, run), (CONFIG_FILE, json.loads(cfg.to_json()))):
+    for name, obj in ((A.EMBEDDING_MANIFEST_FILE, manifest.to_dict()), (A.PLAN_FILE, plan.to_dict()),
+                      (EVAL_METRICS_FILE, metrics), (TPU_RULES_FILE, rules), (TRAINING_RUN_FILE, run),
+                      (CONFIG_FILE, json.loads(cfg.to_json()))):
         with tf.io.gfile.GFile(os.path.join(model_root, name), "w") as fh:
             fh.write(json.dumps(obj, indent=2, sort_keys=True))
     if not cfg.training.checkpoint_dir and tf.io.gfile.exists(state):

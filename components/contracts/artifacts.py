@@ -1,0 +1,48 @@
+"""The file names inside the artifacts the stages hand each other: one place for each name.
+
+A stage that writes a file and a stage that reads it both take its name from here.
+"""
+from __future__ import annotations
+
+import os
+
+# EmbeddingVocabulary artifact (preprocessing): one vocabulary file per table, and the manifest.
+VOCABULARY_MANIFEST_FILE = "manifest.json"
+
+
+def vocabulary_file(directory: str, table: str) -> str:
+    """A table's vocabulary: one token per line, line i = embedding ID i."""
+    return os.path.join(directory, f"{table}.txt")
+
+
+def counts_file(directory: str, table: str) -> str:
+    """A table's vocabulary with each token's count (`count<TAB>token`), same order."""
+    return os.path.join(directory, f"{table}.counts.txt")
+
+
+# EmbeddingStatistics artifact (preprocessing).
+STATISTICS_FILE = "statistics.json"
+STATISTICS_REPORT_FILE = "statistics.html"
+
+# Beside the transformed examples: copies for TFX's standard Trainer, which takes only the examples
+# artifact (the plan sizes SparseCore limits from the statistics).
+EMBEDDING_MANIFEST_FILE = "embedding_manifest.json"
+EMBEDDING_STATISTICS_FILE = "embedding_statistics.json"
+
+# Every Examples artifact of this pipeline (ExampleGen, preprocessing): rows in/out by reason.
+LEDGER_FILE = "ledger.json"
+
+# The Trainer's Model artifact.
+PLAN_FILE = "embedding_plan.json"
+TRAINER_CONFIG_FILE = "pipeline_config.json"
+CHECKPOINT_DIR = "checkpoints"
+EVAL_METRICS_FILE = "eval_metrics.json"
+TPU_RULES_FILE = "tpu_rules.json"
+TRAINING_RUN_FILE = "training_run.json"
+
+# The exporter's serving Model artifact.
+SERVING_DIR = "Format-Serving"  # TFX's serving-model directory name (path_utils.serving_model_dir)
+EXPORT_REPORT_FILE = "export_report.json"
+EXPORT_STAGING_DIR = "_incomplete_export"
+TABLES_DIR = "tables"
+TABLES_MANIFEST_FILE = "tables_manifest.json"

@@ -1,0 +1,104 @@
+"""The vocabulary manifest: what preprocessing built, for the trainer and the exporter.
+
+Written by preprocessing as `manifest.json` in the EmbeddingVocabulary artifact (and as
+`embedding_manifest.json` beside the transformed examples); read by the trainer (input parsing,
+model features, plan rows) and the exporter (serving transform, vocabulary assets).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+import json
+
+from components.contracts._json import check_version, dumps, pick, plain
+
+MANIFEST_VERSION = 1
+
+
+@dataclass(frozen=True)
+class VocabularyEntry:
+    """One table's vocabulary: its files (in `vocabulary_dir`), size, OOV buckets and rows."""
+
+    file: str
+    counts_file: str
+    size: int
+    distinct_before_pruning: int
+    num_oov_buckets: int
+    rows: int  # size + num_oov_buckets (contracts.sizing.table_rows)
+    dim: Optional[int]
+    combiner: str
+    features: Tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DenseFeatureEntry:
+    name: str
+    column: str  # the raw column it is read from
+    fill_value: float
+
+
+@dataclass(frozen=True)
+class CategoricalFeatureEntry:
+    name: str
+    column: str
+    table: str
+    separator: Optional[str]
+    max_length: Optional[int]
+
+
+@dataclass(frozen=True)
+class VocabularyManifest:
+    """Features, their raw kinds (as ExampleGen stored them) and every table's vocabulary."""
+
+    vocabulary_dir: str
+    label: str
+    raw_feature_kinds: Mapping[str, str]  # column -> rulebook kind (bytes / int64 / float)
+    dense_features: Tuple[DenseFeatureEntry, ...]
+    categorical_features: Tuple[CategoricalFeatureEntry, ...]
+    vocabularies: Mapping[str, VocabularyEntry]
+    version: int = MANIFEST_VERSION
+
+    def vocabulary(self, table: str) -> VocabularyEntry:
+        if table not in self.vocabularies:
+            raise KeyError(f"table {table!r} has no vocabulary in the manifest (tables: {', '.join(self.vocabularies)})")
+        return self.vocabularies[table]
+
+    @property
+    def dense_names(self) -> List[str]:
+        return [d.name for d in self.dense_features]
+
+    @property
+    def categorical_names(self) -> List[str]:
+        return [f.name for f in self.categorical_features]
+
+    def raw_columns(self) -> List[str]:
+        """Every raw column the model reads (dense first), once each."""
+        cols = [d.column for d in self.dense_features] + [f.column for f in self.categorical_features]
+        return list(dict.fromkeys(cols))
+
+    def to_dict(self) -> Dict[str, Any]:
+        return plain(self)
+
+    def to_json(self) -> str:
+        return dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any], source: str = "vocabulary manifest") -> "VocabularyManifest":
+        check_version(data, MANIFEST_VERSION, source, "rerun preprocessing with this version of the pipeline")
+        vocabularies = {
+            name: pick(VocabularyEntry, v, f"{source}: vocabularies.{name}", features=tuple(v.get("features", ())))
+            for name, v in data.get("vocabularies", {}).items()
+        }
+        return pick(
+            cls, data, source,
+            raw_feature_kinds=dict(data.get("raw_feature_kinds", {})),
+            dense_features=tuple(pick(DenseFeatureEntry, d, f"{source}: dense_features") for d in data.get("dense_features", ())),
+            categorical_features=tuple(
+                pick(CategoricalFeatureEntry, f, f"{source}: categorical_features") for f in data.get("categorical_features", ())
+            ),
+            vocabularies=vocabularies,
+        )
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "vocabulary manifest") -> "VocabularyManifest":
+        return cls.from_dict(json.loads(text), source)

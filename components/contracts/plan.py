@@ -1,0 +1,346 @@
+"""The embedding plan: every table's rows, dim, placement, optimizer, SparseCore limits and memory,
+derived from the config, the vocabulary manifest and the embedding-ID statistics.
+
+`derive_plan(cfg, manifest, statistics)` returns an `EmbeddingPlan` (written as
+`embedding_plan.json` beside the model). The trainer renders it into TensorFlow objects
+(`components.embedding_trainer.plan`); the exporter reads it to find and check the trained tables.
+Nothing in the plan is guessed by the user: rows come from the vocabulary manifest (vocabulary +
+OOV buckets), SparseCore limits and sequence lengths from the statistics, memory from
+`contracts.sizing`.
+
+Rules (documented in configs/README.md):
+- dim: the configured dim; with `training.embedding.dim_rule: fourth_root`, tables without an
+  explicit dim get 8 * ceil(6 * rows^0.25 / 8) (the 6 x fourth-root rule of thumb, rounded up to
+  a multiple of 8 for TPU lanes), capped at 256.
+- initializer: truncated normal, stddev 1/sqrt(dim).
+- placement: rows > `size_threshold` -> `tpu_embedding` (sharded over all chips), otherwise
+  `tensor_core` (a Keras embedding replicated on every chip), as PartialTPUEmbedding decides.
+- SparseCore limits: the statistics' suggestion for num_chips x sparse_cores_per_chip shards
+  (busiest SparseCore in any full batch, with headroom); `SparseCoreEmbeddingConfig` exists from
+  TensorFlow 2.17, so on 2.16 they are reported in the plan and not passed.
+- memory: `contracts.sizing.table_memory`. A plan whose per-chip total exceeds hbm_gib_per_chip x
+  usable_hbm_fraction is refused with the tables that take most.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from components.config import OptimizerConfig, PipelineConfig
+from components.contracts._json import check_version, dumps, pick, plain
+from components.contracts.manifest import VocabularyManifest
+from components.contracts.sizing import TableMemory, table_memory
+from components.contracts.statistics import EmbeddingStatistics
+
+PLAN_VERSION = 1
+MAX_RULE_DIM = 256
+# Each optimizer's hyperparameters beyond the learning rate and clipping; the Keras (legacy) and the
+# TPU embedding optimizers take them under the same names.
+HYPERPARAMETERS = {
+    "sgd": (),
+    "adagrad": ("initial_accumulator_value",),
+    "adam": ("beta_1", "beta_2", "epsilon"),
+    "ftrl": ("initial_accumulator_value", "l1_regularization_strength", "l2_regularization_strength"),
+}
+
+
+class PlanError(ValueError):
+    """The embedding plan cannot be built (does not fit, inconsistent inputs); says what to change."""
+
+
+def fourth_root_dim(rows: int) -> int:
+    return int(min(MAX_RULE_DIM, 8 * math.ceil(6 * max(rows, 1) ** 0.25 / 8)))
+
+
+def optimizer_spec(o: OptimizerConfig) -> Dict[str, Any]:
+    """An optimizer config as the JSON-able spec the plan stores and the trainer's builders take."""
+    spec: Dict[str, Any] = {"name": o.name, "learning_rate": o.learning_rate, "schedule": dict(vars(o.schedule))}
+    if o.clipvalue is not None:
+        spec["clipvalue"] = o.clipvalue
+    if o.clipnorm is not None:
+        spec["clipnorm"] = o.clipnorm
+    spec.update({k: getattr(o, k) for k in HYPERPARAMETERS[o.name]})
+    if o.name == "adam":
+        spec["lazy_adam"] = o.lazy_adam  # the embedding optimizer's rule (optimizers.py); dense Adam ignores it
+    return spec
+
+
+@dataclass(frozen=True)
+class Initializer:
+    name: str
+    mean: float
+    stddev: float
+
+
+@dataclass(frozen=True)
+class SparseCoreLimits:
+    max_ids_per_table: Optional[int]
+    max_unique_ids_per_table: Optional[int]
+    source: str  # where the numbers come from, or what to do to get them
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    rows: int
+    vocabulary_size: int
+    num_oov_buckets: int
+    dim: int
+    dim_source: str
+    combiner: str
+    initializer: Initializer
+    optimizer: Mapping[str, Any]  # optimizer_spec(...) of the embedding optimizer
+    placement: str  # "tpu_embedding" (sharded) or "tensor_core" (replicated)
+    features: Tuple[str, ...]
+    sparsecore_limits: SparseCoreLimits
+    memory: TableMemory
+
+
+@dataclass(frozen=True)
+class FeaturePlan:
+    table: str
+    max_sequence_length: int
+    ids_per_example: Optional[Mapping[str, Any]]  # train split's {mean, p99, max}, when known
+    dense_width: Optional[int]  # static IDs per example of a TensorCore-table feature on TPU
+
+
+@dataclass(frozen=True)
+class Topology:
+    num_chips: int
+    hbm_gib_per_chip: float
+    sparse_cores_per_chip: int
+    num_sparse_cores: int
+    usable_hbm_fraction: float
+
+
+@dataclass(frozen=True)
+class PlanMemory:
+    total_bytes: int
+    per_chip_bytes: int
+    budget_per_chip_bytes: int
+    fits: bool
+
+
+@dataclass(frozen=True)
+class SparseCoreConfigNote:
+    available_in_tensorflow: bool
+    note: str
+
+
+@dataclass(frozen=True)
+class CheckpointLayout:
+    """How a training run's checkpoint holds the TPU-embedding tables (set by the trainer; the
+    exporter recomputes a SparseCore layout from it, which TensorFlow 2.16 does not save)."""
+
+    kind: str  # "A": one variable per table; "B": SparseCore stacked/sharded
+    embedding_api: str
+    num_replicas: Optional[int] = None
+    sparse_cores_per_chip: Optional[int] = None
+    per_replica_batch_size: Optional[int] = None
+
+
+_OPTIONAL_PLAN_FIELDS = ("checkpoint_layout", "vocabulary_dir")
+
+
+@dataclass(frozen=True)
+class EmbeddingPlan:
+    global_batch_size: int
+    size_threshold: Optional[int]
+    topology: Topology
+    tables: Mapping[str, TablePlan]
+    features: Mapping[str, FeaturePlan]
+    memory: PlanMemory
+    sparse_core_config: SparseCoreConfigNote
+    checkpoint_layout: Optional[CheckpointLayout] = None  # set by the trainer for the run
+    vocabulary_dir: Optional[str] = None  # set by the trainer: where the vocabulary files are
+    version: int = PLAN_VERSION
+
+    def table(self, name: str) -> TablePlan:
+        if name not in self.tables:
+            raise KeyError(f"table {name!r} is not in the embedding plan (tables: {', '.join(self.tables)})")
+        return self.tables[name]
+
+    def feature_table(self, feature: str) -> TablePlan:
+        return self.table(self.features[feature].table)
+
+    def tables_placed(self, placement: str) -> Dict[str, TablePlan]:
+        return {n: t for n, t in self.tables.items() if t.placement == placement}
+
+    def with_run(self, checkpoint_layout: Optional[CheckpointLayout] = None, vocabulary_dir: Optional[str] = None) -> "EmbeddingPlan":
+        """A copy with what one training run adds (the plan itself is never changed in place)."""
+        changes: Dict[str, Any] = {}
+        if checkpoint_layout is not None:
+            changes["checkpoint_layout"] = checkpoint_layout
+        if vocabulary_dir is not None:
+            changes["vocabulary_dir"] = vocabulary_dir
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return plain(self, omit_none=_OPTIONAL_PLAN_FIELDS)
+
+    def to_json(self) -> str:
+        return dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any], source: str = "embedding plan") -> "EmbeddingPlan":
+        check_version(data, PLAN_VERSION, source, "retrain the model with this version of the pipeline")
+
+        def table(name: str, t: Dict[str, Any]) -> TablePlan:
+            where = f"{source}: tables.{name}"
+            return pick(
+                TablePlan, t, where,
+                features=tuple(t.get("features", ())),
+                initializer=pick(Initializer, t.get("initializer", {}), f"{where}.initializer"),
+                sparsecore_limits=pick(SparseCoreLimits, t.get("sparsecore_limits", {}), f"{where}.sparsecore_limits"),
+                memory=pick(TableMemory, t.get("memory", {}), f"{where}.memory"),
+            )
+
+        layout = data.get("checkpoint_layout")
+        return pick(
+            cls, data, source,
+            topology=pick(Topology, data.get("topology", {}), f"{source}: topology"),
+            tables={n: table(n, t) for n, t in data.get("tables", {}).items()},
+            features={n: pick(FeaturePlan, f, f"{source}: features.{n}") for n, f in data.get("features", {}).items()},
+            memory=pick(PlanMemory, data.get("memory", {}), f"{source}: memory"),
+            sparse_core_config=pick(SparseCoreConfigNote, data.get("sparse_core_config", {}), f"{source}: sparse_core_config"),
+            checkpoint_layout=pick(CheckpointLayout, layout, f"{source}: checkpoint_layout") if layout else None,
+        )
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "embedding plan") -> "EmbeddingPlan":
+        return cls.from_dict(json.loads(text), source)
+
+
+# ---- derivation ---------------------------------------------------------------------------------
+
+
+def _dense_width(max_length: Optional[int], observed_max: Optional[float]) -> Optional[int]:
+    """Static width of a TensorCore-table feature's padded dense IDs (the TPU step's input form):
+    the configured `max_length` (preprocessing keeps no more), else the most IDs any train example
+    had (statistics), else unknown (the trainer then asks for `max_length`)."""
+    if observed_max is not None:
+        observed = max(1, int(observed_max))
+        return min(observed, max_length) if max_length else observed
+    return max_length or None
+
+
+def _sparsecore_limits(statistics: EmbeddingStatistics, table: str, num_sc: int) -> SparseCoreLimits:
+    s = statistics.suggested_sparsecore_limits(table, num_sc)
+    if s:
+        return SparseCoreLimits(
+            s["max_ids_per_table"], s["max_unique_ids_per_table"],
+            f"statistics: {s['basis']}, {num_sc} SparseCores, headroom {s['headroom']}",
+        )
+    return SparseCoreLimits(
+        None, None,
+        f"no statistics for {num_sc} shards (num_chips x sparse_cores_per_chip); add {num_sc} to "
+        "statistics.shard_counts and rerun preprocessing",
+    )
+
+
+def _table_plan(cfg: PipelineConfig, name: str, manifest: VocabularyManifest, statistics: EmbeddingStatistics) -> TablePlan:
+    emb = cfg.training.embedding
+    topo = emb.topology
+    t = cfg.table(name)
+    if name not in manifest.vocabularies:
+        raise PlanError(f"table {name!r} has no vocabulary in the manifest; rerun preprocessing with this config")
+    v = manifest.vocabularies[name]
+    rows = int(v.rows)
+    if emb.dim_rule == "fourth_root" and not cfg.resolved.table(name).dim_explicit:
+        dim, dim_source = fourth_root_dim(rows), "fourth_root rule"
+    else:
+        dim, dim_source = int(t.dim), "config"
+    placement = "tpu_embedding" if emb.size_threshold is not None and rows > emb.size_threshold else "tensor_core"
+    optimizer = cfg.training.embedding_optimizer
+    return TablePlan(
+        rows=rows,
+        vocabulary_size=int(v.size),
+        num_oov_buckets=int(v.num_oov_buckets),
+        dim=dim,
+        dim_source=dim_source,
+        combiner=t.combiner,
+        initializer=Initializer("truncated_normal", 0.0, 1.0 / math.sqrt(dim)),
+        optimizer=optimizer_spec(optimizer),
+        placement=placement,
+        features=tuple(cfg.resolved.table(name).features),
+        sparsecore_limits=_sparsecore_limits(statistics, name, topo.num_chips * topo.sparse_cores_per_chip),
+        memory=table_memory(rows, dim, optimizer.name, placement, topo.num_chips),
+    )
+
+
+def _feature_plans(cfg: PipelineConfig, tables: Mapping[str, TablePlan], statistics: EmbeddingStatistics) -> Dict[str, FeaturePlan]:
+    features: Dict[str, FeaturePlan] = {}
+    for f in cfg.categorical_features:
+        table = cfg.feature_table(f).name
+        pooling = statistics.ids_per_example(f.name, "train")
+        features[f.name] = FeaturePlan(
+            table=table,
+            # Features are pooled by their table's combiner; a sequence feature (max_sequence_length
+            # > 0) would keep one vector per position. None of this product's models use sequences.
+            max_sequence_length=0,
+            ids_per_example={k: pooling.get(k) for k in ("mean", "p99", "max")} if pooling else None,
+            dense_width=_dense_width(f.max_length, pooling.get("max")) if tables[table].placement == "tensor_core" else None,
+        )
+    return features
+
+
+def _check_fits(topo: Topology, tables: Mapping[str, TablePlan], memory: PlanMemory, hbm_gib: float, fraction: float) -> None:
+    if memory.fits:
+        return
+    biggest = sorted(tables.items(), key=lambda kv: -kv[1].memory.per_chip_bytes)[:3]
+    names = ", ".join(f"{n} ({t.memory.per_chip_bytes / 2**30:.2f} GiB/chip, {t.placement})" for n, t in biggest)
+    raise PlanError(
+        f"embedding tables need {memory.per_chip_bytes / 2**30:.2f} GiB per chip but "
+        f"training.embedding.topology allows {memory.budget_per_chip_bytes / 2**30:.2f} GiB ({hbm_gib} GiB x "
+        f"{fraction} on each of {topo.num_chips} chips); largest: {names}. Use more chips, "
+        "smaller dims, a vocabulary top_k/min_frequency, or a lower size_threshold so large tables are sharded"
+    )
+
+
+def derive_plan(
+    cfg: PipelineConfig,
+    manifest: VocabularyManifest,
+    statistics: Optional[EmbeddingStatistics] = None,
+    sparsecore_config_available: bool = False,
+) -> EmbeddingPlan:
+    """The plan for `cfg`'s tables, sized by the vocabulary `manifest` and (optionally) the statistics.
+    `sparsecore_config_available`: whether the installed TensorFlow has SparseCoreEmbeddingConfig."""
+    emb = cfg.training.embedding
+    topo_cfg = emb.topology
+    statistics = statistics or EmbeddingStatistics.empty()
+    tables = {t.name: _table_plan(cfg, t.name, manifest, statistics) for t in cfg.tables}
+    topology = Topology(
+        num_chips=topo_cfg.num_chips,
+        hbm_gib_per_chip=topo_cfg.hbm_gib_per_chip,
+        sparse_cores_per_chip=topo_cfg.sparse_cores_per_chip,
+        num_sparse_cores=topo_cfg.num_chips * topo_cfg.sparse_cores_per_chip,
+        usable_hbm_fraction=topo_cfg.usable_hbm_fraction,
+    )
+    budget = int(topo_cfg.hbm_gib_per_chip * (1 << 30) * topo_cfg.usable_hbm_fraction)
+    per_chip_total = sum(t.memory.per_chip_bytes for t in tables.values())
+    memory = PlanMemory(
+        total_bytes=sum(t.memory.total_bytes for t in tables.values()),
+        per_chip_bytes=per_chip_total,
+        budget_per_chip_bytes=budget,
+        fits=per_chip_total <= budget,
+    )
+    _check_fits(topology, tables, memory, topo_cfg.hbm_gib_per_chip, topo_cfg.usable_hbm_fraction)
+    return EmbeddingPlan(
+        global_batch_size=cfg.training.batch_size,
+        size_threshold=emb.size_threshold,
+        topology=topology,
+        tables=tables,
+        features=_feature_plans(cfg, tables, statistics),
+        memory=memory,
+        sparse_core_config=SparseCoreConfigNote(
+            available_in_tensorflow=sparsecore_config_available,
+            note=(
+                "passed to SparseCoreEmbeddingConfig"
+                if sparsecore_config_available
+                else "tf.tpu.experimental.embedding.SparseCoreEmbeddingConfig needs TensorFlow 2.17+; the "
+                "limits above are reported, not passed (TensorFlow 2.16 sizes SparseCore buffers itself)"
+            ),
+        ),
+    )
