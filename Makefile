@@ -1,13 +1,14 @@
 # Two commands do everything on a fresh clone (see README):
 #   make demo   - installs .venv from requirements.lock if needed, runs the whole pipeline on the embedded dataset
-#   make test   - installs .venv if needed, runs the test suite
+#   make test   - installs .venv if needed, runs the fast test tier (unit and small-data tests)
+#   make test-all - the whole suite: the fast tier plus the demo-sized pipeline and Kubeflow runs (CI)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export TF_USE_LEGACY_KERAS := 1
 export PYTHONWARNINGS := ignore::FutureWarning
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: venv demo test lock lock-tpu clean
+.PHONY: venv demo test test-all lock lock-tpu clean
 
 venv:
 	@VENV=$(VENV) bash scripts/bootstrap.sh
@@ -15,7 +16,11 @@ venv:
 demo: venv
 	$(PY) -m pipelines demo --config configs/demo.yaml --output-dir output/demo
 
+# Tiers: tests/conftest.py says which tests are slow and why.
 test: venv
+	$(PY) -m pytest -q -m "not slow" tests
+
+test-all: venv
 	$(PY) -m pytest -q tests
 
 # Re-resolve the lock (only when changing requirements.in; commit the result).

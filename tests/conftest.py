@@ -32,3 +32,30 @@ def pipeline_run(tmp_path_factory):
     cfg = load_config(str(cfg_path))
     summary = run(cfg, str(root / "out"))
     return cfg, root / "out", summary, meta
+
+
+# ---- test tiers ---------------------------------------------------------------------------------
+# `make test` runs the fast tier (`-m "not slow"`): unit and small-data tests, every stage's logic
+# and every executor's Do() on small inputs. `make test-all` (and CI, .ci/run) adds the slow tier:
+# the demo-sized pipeline run shared by the end-to-end and exporter tests, and the Kubeflow runs.
+# A test is slow when it needs one of these fixtures, or when it is listed below with its reason.
+SLOW_FIXTURES = {
+    "pipeline_run": "the whole pipeline on the demo's 375k rows",
+    "kfp_runs": "the compiled Kubeflow pipeline run twice through the local KFP harness",
+}
+SLOW_TESTS = {
+    "tests/test_trainer.py::test_killed_run_resumes_and_ends_with_the_same_steps": "trains three times in subprocesses",
+}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: the full tier only (make test-all); see tests/conftest.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        reasons = [why for name, why in SLOW_FIXTURES.items() if name in getattr(item, "fixturenames", ())]
+        reasons += [why for test, why in SLOW_TESTS.items() if item.nodeid.startswith(test) or path == test]
+        if reasons:
+            item.add_marker(pytest.mark.slow(reason="; ".join(reasons)))

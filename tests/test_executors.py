@@ -47,6 +47,8 @@ def _config(csv_path):
         raw = yaml.safe_load(fh)
     raw["input"]["path"] = str(csv_path)
     raw["training"].update({"batch_size": 64, "train_steps": 30, "eval_steps": 5, "checkpoint_every_steps": 15})
+    # A small export: the same conversion and parity check, fewer examples scored, no int8/float16 variants.
+    raw["export"].update(compare_compression=False, auc_sample_size=500, parity_sample_size=128)
     return parse_config(raw)
 
 
