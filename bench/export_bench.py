@@ -109,13 +109,13 @@ def _peak_rss_bytes() -> int:
 
 
 def _plan(rows):
-    return {
-        "global_batch_size": 1024,
-        "topology": {"num_chips": NUM_CHIPS, "sparse_cores_per_chip": SC_PER_CHIP},
-        "tables": {n: {"rows": rows[n], "dim": d, "placement": "tpu_embedding", "combiner": "mean",
-                       "optimizer": {"name": "adagrad"}, "features": [f"f_{n}"]} for n, d in TABLE_DIMS.items()},
-        "features": {f"f_{n}": {"table": n} for n in TABLE_DIMS},
-    }
+    from components.contracts.plan import EmbeddingPlan
+
+    return EmbeddingPlan.for_tables(
+        {n: (rows[n], d, "tpu_embedding") for n, d in TABLE_DIMS.items()},
+        global_batch_size=1024, num_chips=NUM_CHIPS, sparse_cores_per_chip=SC_PER_CHIP,
+        optimizer={"name": "adagrad", "learning_rate": 0.1},
+    )
 
 
 def build_checkpoints(work: str, gib: float) -> dict:
@@ -148,7 +148,7 @@ def build_checkpoints(work: str, gib: float) -> dict:
     tf.raw_ops.SaveV2(prefix=prefixes["A"], tensor_names=a_names, shape_and_slices=[""] * len(a_names),
                       tensors=[tf.constant(t) for t in a_tensors])
     with open(os.path.join(work, "plan.json"), "w") as fh:
-        json.dump(plan, fh)
+        fh.write(plan.to_json())
     return {
         "prefixes": prefixes,
         "table_bytes": sum(rows[n] * d * 4 for n, d in TABLE_DIMS.items()),
@@ -166,7 +166,9 @@ def child(mode: str, work: str, out: str) -> None:
 
     from components.embedding_exporter import layouts as L
 
-    plan = json.load(open(os.path.join(work, "plan.json")))
+    from components.contracts.plan import EmbeddingPlan
+
+    plan = EmbeddingPlan.from_json(open(os.path.join(work, "plan.json")).read())
     os.makedirs(out, exist_ok=True)
     gc.collect()
     base = _rss_bytes()
@@ -188,7 +190,7 @@ def child(mode: str, work: str, out: str) -> None:
     else:
         prefix = os.path.join(work, f"ckpt_{mode.split()[1].lower()}", "ckpt")
         tables = L.CheckpointTables(prefix, plan)
-        for name in plan["tables"]:
+        for name in plan.tables:
             values = tables.read(name)
             if write:
                 np.save(os.path.join(out, f"{name}.npy"), values)
@@ -266,7 +268,7 @@ def run_latency(args) -> dict:
     from components.embedding_exporter.export import export_serving_model
     from components.embedding_preprocess import beam_pipeline
     from components.embedding_preprocess import vocabulary as V
-    from components.embedding_preprocess.run import read_json
+    from components.contracts.manifest import VocabularyManifest
     from components.embedding_trainer import trainer_module as tm
     from components.embedding_trainer.input import parse_batch
 
@@ -281,7 +283,7 @@ def run_latency(args) -> dict:
         report = export_serving_model(cfg, model_dir, examples, out)
         serving = tf.saved_model.load(os.path.join(out, "Format-Serving")).signatures["serving_default"]
         trained_sm = tf.saved_model.load(os.path.join(model_dir, "Format-Serving")).signatures["serving_default"]
-        manifest = read_json(os.path.join(model_dir, "embedding_manifest.json"))
+        manifest = VocabularyManifest.from_json(open(os.path.join(model_dir, "embedding_manifest.json")).read())
         plan = tm.read_plan(model_dir)
         keras_model = tm.build_model(plan, manifest, cfg, for_training=False)
 
@@ -290,7 +292,7 @@ def run_latency(args) -> dict:
         from components.embedding_exporter.export import read_raw_examples
 
         raw = read_raw_examples(examples, 2048)
-        vocabs = {n: V.read_vocabulary(manifest["vocabulary_dir"], n) for n in manifest["vocabularies"]}
+        vocabs = {n: V.read_vocabulary(manifest.vocabulary_dir, n) for n in manifest.vocabularies}
         rb = example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(raw)
         transformed, keep, _ = beam_pipeline.transform_record_batch(cfg, beam_pipeline.make_lookups(cfg, vocabs), rb, "bench")
         raw = [r for r, k in zip(raw, keep) if k]

@@ -49,17 +49,17 @@ class PlainKerasDLRM(tf.keras.Model):
 
     def __init__(self, plan, manifest, training, embedding_optimizer, dense_optimizer):
         super().__init__()
-        self.dense_names = [d["name"] for d in manifest["dense_features"]]
-        self.features = {n: plan["features"][n]["table"] for n in (f["name"] for f in manifest["categorical_features"])}
+        self.dense_names = manifest.dense_names
+        self.features = {n: plan.features[n].table for n in manifest.categorical_names}
         self.tables = {
-            name: tf.keras.layers.Embedding(t["rows"], t["dim"], name=f"emb_{name}",
-                                            embeddings_initializer=tf.initializers.TruncatedNormal(stddev=t["initializer"]["stddev"]))
-            for name, t in plan["tables"].items()
+            name: tf.keras.layers.Embedding(t.rows, t.dim, name=f"emb_{name}",
+                                            embeddings_initializer=tf.initializers.TruncatedNormal(stddev=t.initializer.stddev))
+            for name, t in plan.tables.items()
         }
-        self.combiner = {name: t["combiner"] for name, t in plan["tables"].items()}
+        self.combiner = {name: t.combiner for name, t in plan.tables.items()}
         width = training.bottom_mlp[-1]
         self.projections = {
-            n: tf.keras.layers.Dense(width, use_bias=False) for n, t in self.features.items() if plan["tables"][t]["dim"] != width
+            n: tf.keras.layers.Dense(width, use_bias=False) for n, t in self.features.items() if plan.tables[t].dim != width
         }
         self.bottom_mlp = _mlp(training.bottom_mlp, "bottom")
         self.interaction = tfrs.layers.feature_interaction.DotInteraction(self_interaction=False)
@@ -182,7 +182,7 @@ def main() -> int:
         "batch_size": bs,
         "repeats": args.repeats,
         "cpus": os.cpu_count(),
-        "placement": sorted({tb["placement"] for tb in plan["tables"].values()}),
+        "placement": sorted({tb.placement for tb in plan.tables.values()}),
         "examples_per_second": results,
         "median": med,
         "best": best,

@@ -20,20 +20,15 @@ from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
 from tensorflow.python.tpu import tpu_embedding_v3_utils
 
 from components.config import ExportLayoutConfig
+from components.contracts.plan import EmbeddingPlan
 from components.embedding_exporter import layouts as L
 
 
 def _plan(tables, topology=(2, 4), batch=64):
     """tables: {name: (rows, dim, placement)}; one feature per table, named f_<table>."""
-    return {
-        "global_batch_size": batch,
-        "topology": {"num_chips": topology[0], "sparse_cores_per_chip": topology[1]},
-        "tables": {
-            n: {"rows": r, "dim": d, "placement": p, "optimizer": {"name": "adagrad", "learning_rate": 0.1}}
-            for n, (r, d, p) in tables.items()
-        },
-        "features": {f"f_{n}": {"table": n} for n in tables},
-    }
+    return EmbeddingPlan.for_tables(tables, global_batch_size=batch, num_chips=topology[0],
+                                    sparse_cores_per_chip=topology[1],
+                                    optimizer={"name": "adagrad", "learning_rate": 0.1})
 
 
 def _known(rows, dim, seed):
@@ -62,8 +57,8 @@ TABLES_B = {  # several dims (so several stacks), uneven row counts, one table s
 
 def _b_layouts(plan, replicas, per_chip):
     tables = [
-        {"name": n, "rows": t["rows"], "dim": t["dim"], "group": "adagrad", "samples": 32}
-        for n, t in sorted(plan["tables"].items())
+        {"name": n, "rows": t.rows, "dim": t.dim, "group": "adagrad", "samples": 32}
+        for n, t in sorted(plan.tables.items())
     ]
     return L.recompute_sparse_core_layouts(tables, replicas, per_chip)
 
@@ -122,8 +117,8 @@ def test_layout_b_without_record_is_recomputed_from_the_topology(tmp_path):
     # The recompute's inputs: per-replica batch 32 per feature (64 over 2 replicas), as written here.
     values = {n: _known(t[0], t[1], 20 + i) for i, (n, t) in enumerate(TABLES_B.items())}
     tables_in = []
-    for fname in sorted(plan["features"]):
-        n = plan["features"][fname]["table"]
+    for fname in sorted(plan.features):
+        n = plan.features[fname].table
         tables_in.append({"name": n, "rows": TABLES_B[n][0], "dim": TABLES_B[n][1], "samples": 32,
                           "group": '{"learning_rate": 0.1, "name": "adagrad"}'})
     layouts = L.recompute_sparse_core_layouts(tables_in, 2, 4)
@@ -296,15 +291,20 @@ def test_model_publishes_where_its_tables_are_in_a_checkpoint(tmp_path, model_ty
         "training": {"model": model_type, "bottom_mlp": [16, 8], "top_mlp": [8],
                      "embedding": {"size_threshold": 50}},
     })
-    manifest = {
-        "vocabularies": {"sha.red": {"rows": 101, "size": 100, "num_oov_buckets": 1},
-                         "big": {"rows": 201, "size": 200, "num_oov_buckets": 1},
-                         "small": {"rows": 11, "size": 10, "num_oov_buckets": 1}},
-        "dense_features": [{"name": "I1"}],
-        "categorical_features": [{"name": n} for n in ("A", "B", "big", "small")],
-    }
+    from components.contracts.manifest import (
+        CategoricalFeatureEntry, DenseFeatureEntry, VocabularyEntry, VocabularyManifest,
+    )
+
+    sizes = {"sha.red": 100, "big": 200, "small": 10}  # + 1 OOV bucket each
+    manifest = VocabularyManifest(
+        "unused", "label", {},
+        (DenseFeatureEntry("I1", "I1", 0.0),),
+        tuple(CategoricalFeatureEntry(n, n, cfg.feature_table(cfg.categorical_features[i]).name, None, None)
+              for i, n in enumerate(("A", "B", "big", "small"))),
+        {n: VocabularyEntry(f"{n}.txt", f"{n}.counts.txt", s, s, 1, s + 1, None, "mean", ()) for n, s in sizes.items()},
+    )
     plan = P.derive_plan(cfg, manifest)
-    assert {t["placement"] for t in plan["tables"].values()} == {"tpu_embedding", "tensor_core"}
+    assert {t.placement for t in plan.tables.values()} == {"tpu_embedding", "tensor_core"}
     features = {"I1": tf.constant([[1.0], [2.0]])}
     for n, rows in (("A", 101), ("B", 101), ("big", 201), ("small", 11)):
         features[n] = tf.sparse.from_dense(tf.constant([[1, 3], [rows - 1, 0]], tf.int64))
@@ -312,9 +312,9 @@ def test_model_publishes_where_its_tables_are_in_a_checkpoint(tmp_path, model_ty
     model(features)
     path = tf.train.Checkpoint(model=model).save(os.path.join(str(tmp_path), "ckpt"))  # as the trainer saves
     shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
-    for name, t in plan["tables"].items():
-        key = M.table_checkpoint_key(name, t["placement"])
-        assert shapes.get(key) == [t["rows"], t["dim"]], (key, sorted(shapes))
+    for name, t in plan.tables.items():
+        key = M.table_checkpoint_key(name, t.placement)
+        assert shapes.get(key) == [t.rows, t.dim], (key, sorted(shapes))
     assert L.table_key is M.table_checkpoint_key and L.TPU_PREFIX == M.TPU_EMBEDDING_CHECKPOINT_PATH + "/"
     parts = M.dense_checkpoint_parts(model)
     assert set(parts) <= set(M.DENSE_CHECKPOINT_PARTS) and ("cross" in parts) == (model_type == "dcn_v2")

@@ -135,7 +135,7 @@ class CheckpointLayout:
     exporter recomputes a SparseCore layout from it, which TensorFlow 2.16 does not save)."""
 
     kind: str  # "A": one variable per table; "B": SparseCore stacked/sharded
-    embedding_api: str
+    embedding_api: str = ""
     num_replicas: Optional[int] = None
     sparse_cores_per_chip: Optional[int] = None
     per_replica_batch_size: Optional[int] = None
@@ -176,6 +176,45 @@ class EmbeddingPlan:
         if vocabulary_dir is not None:
             changes["vocabulary_dir"] = vocabulary_dir
         return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def for_tables(
+        cls,
+        tables: Mapping[str, Tuple[int, int, str]],
+        features: Optional[Mapping[str, str]] = None,
+        global_batch_size: int = 64,
+        num_chips: int = 1,
+        sparse_cores_per_chip: int = 4,
+        optimizer: Optional[Mapping[str, Any]] = None,
+        combiner: str = "mean",
+    ) -> "EmbeddingPlan":
+        """A plan for tables this pipeline did not derive (hand-built checkpoints in tests and
+        benchmarks): `tables` {name: (rows, dim, placement)}, `features` {feature: table} (default:
+        one feature `f_<table>` per table). Sizes come from contracts.sizing; nothing is checked
+        against a memory budget."""
+        optimizer = dict(optimizer or {"name": "adagrad", "learning_rate": 0.1})
+        features = dict(features or {f"f_{n}": n for n in tables})
+        num_sc = num_chips * sparse_cores_per_chip
+        plans = {
+            n: TablePlan(
+                rows=r, vocabulary_size=r, num_oov_buckets=0, dim=d, dim_source="given", combiner=combiner,
+                initializer=Initializer("truncated_normal", 0.0, 1.0 / math.sqrt(d)), optimizer=optimizer,
+                placement=p, features=tuple(f for f, t in features.items() if t == n),
+                sparsecore_limits=SparseCoreLimits(None, None, "not measured"),
+                memory=table_memory(r, d, optimizer["name"], p, num_chips),
+            )
+            for n, (r, d, p) in tables.items()
+        }
+        per_chip = sum(t.memory.per_chip_bytes for t in plans.values())
+        return cls(
+            global_batch_size=global_batch_size,
+            size_threshold=None,
+            topology=Topology(num_chips, 0.0, sparse_cores_per_chip, num_sc, 1.0),
+            tables=plans,
+            features={f: FeaturePlan(t, 0, None, None) for f, t in features.items()},
+            memory=PlanMemory(sum(t.memory.total_bytes for t in plans.values()), per_chip, per_chip, True),
+            sparse_core_config=SparseCoreConfigNote(False, "hand-built plan"),
+        )
 
     def to_dict(self) -> Dict[str, Any]:
         return plain(self, omit_none=_OPTIONAL_PLAN_FIELDS)
