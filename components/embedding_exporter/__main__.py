@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     from components.config import ConfigError, check_export_config, config_from_json, load_config
     from components.embedding_exporter.export import ExportRefused, export_serving_model
-    from components.embedding_trainer.trainer_module import CONFIG_FILE
+    from components.contracts.artifacts import TRAINER_CONFIG_FILE as CONFIG_FILE
 
     try:
         if args.config:

@@ -1,26 +1,30 @@
 """Training checkpoint (layout A, B or C) -> verified CPU serving SavedModel, tables and report.
 
-`export_serving_model`:
-1. locates every table of the plan in the checkpoint and its layout (layouts.py); a missing table,
-   rows that disagree with the vocabulary or an inconsistent layout refuse the export;
-2. builds the serving model (RankingModel with plain `ServingTable`s, no optimizer, so no slot
-   variables), restores the dense network from the checkpoint (every dense weight must match) and
-   converts the tables one at a time into it (and into `tables/` as row-aligned arrays);
-3. writes the SavedModel (raw-feature transform + model, two signatures, serving.py) to a staging
-   directory and scores a sample of raw eval examples with it, and the same rows preprocessed by
-   the preprocessing code with the trainer's own SavedModel: a difference above
-   `export.parity_tolerance` refuses the export;
-4. with `export.table_dtype` float16/int8 (or `compare_compression`), builds the compressed models
-   from the verified float32 tables and measures their eval AUC change; a chosen compression losing
+`export_serving_model` runs these steps over one `ExportContext`, each writing only into a
+staging directory:
+1. `prepare`: the plan and vocabulary manifest of the Model artifact, every table of the plan
+   located in the checkpoint with its layout (layouts.py; a missing table, rows that disagree with
+   the vocabulary or an inconsistent layout refuse the export) and a sample of raw eval examples;
+2. `convert`: the serving model (RankingModel with plain `ServingTable`s, no optimizer, so no slot
+   variables), its dense network restored from the checkpoint (every dense weight must match) and
+   the tables converted one at a time into it (and into `tables/` as row-aligned arrays);
+3. `verify`: the SavedModel (raw-feature transform + model, two signatures, serving.py) written
+   and loaded back scores the sample raw, and the trainer's own SavedModel scores the same rows
+   preprocessed by the preprocessing code: a difference above `export.parity_tolerance` refuses
+   the export;
+4. `compress`: with `export.table_dtype` float16/int8 (or `compare_compression`), the compressed
+   models from the verified float32 tables and their eval AUC change; a chosen compression losing
    more than `export.max_auc_drop` is refused;
-5. only then moves the serving model, the tables and `export_report.json` into place. A refused or
-   failed export leaves nothing where a pusher or a later step would look.
+5. `build_report`, then `publish`: only then are the serving model, the tables and
+   `export_report.json` moved into place. A refused or failed export leaves nothing where a pusher
+   or a later step would look.
 """
 from __future__ import annotations
 
 import json
 import os
 import time
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 import components  # noqa: F401
@@ -28,6 +32,9 @@ import numpy as np
 import tensorflow as tf
 
 from components.config import PipelineConfig
+from components.contracts import artifacts as A
+from components.contracts.manifest import VocabularyManifest
+from components.contracts.plan import EmbeddingPlan
 from components.embedding_exporter import layouts as L
 from components.embedding_exporter import tables as T
 from components.embedding_exporter.restore import (  # noqa: F401  (re-exported)
@@ -36,16 +43,13 @@ from components.embedding_exporter.restore import (  # noqa: F401  (re-exported)
 from components.embedding_exporter.serving import RawFeatureTransform, ServingModule, save_serving_model
 from components.embedding_preprocess import transform as preprocess_transform
 from components.embedding_preprocess import vocabulary as V
-from components.embedding_preprocess.run import EMBEDDING_MANIFEST_FILE, read_json
-from components.embedding_trainer import plan as P
-from components.embedding_trainer import trainer_module
 from components.embedding_trainer.input import parse_batch
 from components.embedding_trainer.model import RankingModel
 from components.metrics import roc_auc
 
-SERVING_DIR = "Format-Serving"
-REPORT_FILE = "export_report.json"
-STAGING_DIR = "_incomplete_export"
+SERVING_DIR = A.SERVING_DIR
+REPORT_FILE = A.EXPORT_REPORT_FILE
+STAGING_DIR = A.EXPORT_STAGING_DIR
 SLOT_MARKERS = ("OPTIMIZER_SLOT", "accumulator", "momenta", "velocities", "linears")
 SCORE_BATCH = 1024
 
@@ -62,12 +66,25 @@ def read_raw_examples(file_pattern: str, limit: int) -> List[bytes]:
     return out
 
 
-def read_model_plan(model_uri: str) -> Dict[str, Any]:
+def _read_text(path: str) -> str:
+    with tf.io.gfile.GFile(path) as fh:
+        return fh.read()
+
+
+def read_model_plan(model_uri: str) -> EmbeddingPlan:
     """The embedding plan the Model artifact was trained with (the exporter trusts nothing else)."""
-    plan_path = os.path.join(model_uri, P.PLAN_FILE)
+    plan_path = os.path.join(model_uri, A.PLAN_FILE)
     if not tf.io.gfile.exists(plan_path):
         raise ExportRefused(f"no embedding plan at {plan_path}; the Model artifact is not from this trainer")
-    return trainer_module.read_plan(model_uri)
+    return EmbeddingPlan.from_json(_read_text(plan_path), plan_path)
+
+
+def read_model_manifest(model_uri: str) -> VocabularyManifest:
+    """The vocabulary manifest the Model artifact was trained with."""
+    path = os.path.join(model_uri, A.EMBEDDING_MANIFEST_FILE)
+    if not tf.io.gfile.exists(path):
+        raise ExportRefused(f"no vocabulary manifest at {path}; the Model artifact is not from this trainer")
+    return VocabularyManifest.from_json(_read_text(path), path)
 
 
 def saved_variable_shapes(saved_model_dir: str) -> Dict[str, List[int]]:
@@ -95,7 +112,7 @@ def check_no_optimizer_state(saved_model_dir: str, model: tf.keras.Model) -> int
 
 
 def latest_checkpoint(model_uri: str) -> str:
-    ckpt_dir = os.path.join(model_uri, trainer_module.CHECKPOINT_DIR)
+    ckpt_dir = os.path.join(model_uri, A.CHECKPOINT_DIR)
     path = tf.train.latest_checkpoint(ckpt_dir)
     if path is None:
         raise ExportRefused(f"no training checkpoint in {ckpt_dir}")
@@ -124,6 +141,9 @@ class _Clock:
         self.laps: Dict[str, float] = {}
         self._t = time.perf_counter()
 
+    def restart(self) -> None:
+        self.laps, self._t = {}, time.perf_counter()
+
     def lap(self, name: str) -> None:
         now = time.perf_counter()
         self.laps[name] = round(now - self._t, 2)
@@ -139,30 +159,63 @@ def _move(src: str, dst: str) -> None:
     tf.io.gfile.rename(src, dst)
 
 
-def export_serving_model(
-    cfg: PipelineConfig,
-    model_uri: str,
-    raw_eval_pattern: str,
-    output_uri: str,
-    checkpoint_path: Optional[str] = None,
-) -> Dict[str, Any]:
-    """Writes `output_uri/Format-Serving`, `output_uri/tables/` (export.write_tables) and
-    `output_uri/export_report.json`; returns the report. Raises ExportRefused, writing nothing there."""
-    e = cfg.export
-    plan = read_model_plan(model_uri)
-    manifest_path = os.path.join(model_uri, EMBEDDING_MANIFEST_FILE)
-    if not tf.io.gfile.exists(manifest_path):
-        raise ExportRefused(f"no vocabulary manifest at {manifest_path}; the Model artifact is not from this trainer")
-    manifest = read_json(manifest_path)
-    vocab_dir = manifest["vocabulary_dir"]
-    checkpoint_path = checkpoint_path or latest_checkpoint(model_uri)
-    tables = open_checkpoint_tables(checkpoint_path, plan, e.layout)
+# ---- the export's state and its steps ------------------------------------------------------------
 
-    # Eval rows, raw (for the serving model) and through the preprocessing code (for the trained one).
+
+@dataclass
+class EvalSample:
+    """Labelled eval rows for the checks, raw (the serving model's input) and through the
+    preprocessing code (the trained model's input), in the same order."""
+
+    raw: List[bytes]
+    transformed: List[bytes]
+    labels: np.ndarray
+    parity_examples: int  # the first this many rows are compared example by example
+    features: Dict[str, Any]  # a few rows as model features: what builds a model's variables
+
+
+@dataclass
+class ExportContext:
+    """One export: what it reads (set by `prepare`), the staging directory the steps write into,
+    and what each step leaves for the next and for the report."""
+
+    cfg: PipelineConfig
+    model_uri: str
+    plan: EmbeddingPlan
+    manifest: VocabularyManifest
+    checkpoint_path: str
+    tables: L.CheckpointTables
+    sample: EvalSample
+    staging: str
+    clock: _Clock = field(default_factory=_Clock)
+    # convert
+    model: Optional[RankingModel] = None  # the float32 serving model
+    writer: Optional[T.TableWriter] = None
+    table_report: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    convert_seconds: float = 0.0
+    dense_restored: int = 0
+    # verify
+    float32_dir: str = ""
+    serving_variables: int = 0  # of the model that is exported
+    parity: Dict[str, Any] = field(default_factory=dict)
+    p_float32: Optional[np.ndarray] = None
+    auc_trained: float = 0.0
+    auc_float32: float = 0.0
+    # compress: dtype -> size and AUC figures ("float32" set by verify)
+    compression: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def table_dtype(self) -> str:
+        return self.cfg.export.table_dtype
+
+
+def read_eval_sample(cfg: PipelineConfig, manifest: VocabularyManifest, raw_eval_pattern: str) -> EvalSample:
+    """Eval rows, raw (for the serving model) and through the preprocessing code (for the trained one)."""
     from tfx_bsl.coders import example_coder
 
+    e = cfg.export
     raw = read_raw_examples(raw_eval_pattern, max(e.parity_sample_size, e.auc_sample_size))
-    vocabularies = {name: V.read_vocabulary(vocab_dir, name) for name in manifest["vocabularies"]}
+    vocabularies = {name: V.read_vocabulary(manifest.vocabulary_dir, name) for name in manifest.vocabularies}
     rb = example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(raw)
     transformed, keep, _ = preprocess_transform.transform_record_batch(
         cfg, preprocess_transform.make_lookups(cfg, vocabularies), rb, "export"
@@ -172,59 +225,51 @@ def export_serving_model(
     labels = np.asarray(transformed.column(transformed.schema.get_field_index(cfg.label)).flatten())
     transformed_serialized = example_coder.RecordBatchToExamplesEncoder().encode(transformed)
     raw_labelled = [r for r, k in zip(raw, keep) if k]
-    n_parity = min(e.parity_sample_size, len(raw_labelled))
-    sample_features, _ = parse_batch(tf.constant(transformed_serialized[:8]), manifest)
-
-    staging = os.path.join(output_uri, STAGING_DIR)
-    if tf.io.gfile.exists(staging):
-        tf.io.gfile.rmtree(staging)
-    tf.io.gfile.makedirs(staging)
-    try:
-        report = _export(
-            cfg, plan, manifest, tables, checkpoint_path, sample_features, staging,
-            raw_labelled, transformed_serialized, labels, n_parity, model_uri,
-        )
-        for name in (SERVING_DIR, T.TABLES_DIR):
-            if tf.io.gfile.exists(os.path.join(staging, name)):
-                _move(os.path.join(staging, name), os.path.join(output_uri, name))
-            elif tf.io.gfile.exists(os.path.join(output_uri, name)):  # a previous export's: stale now
-                tf.io.gfile.rmtree(os.path.join(output_uri, name))
-        with tf.io.gfile.GFile(os.path.join(output_uri, REPORT_FILE), "w") as fh:
-            fh.write(json.dumps(report, indent=2, sort_keys=True))
-        return report
-    finally:
-        if tf.io.gfile.exists(staging):
-            tf.io.gfile.rmtree(staging)
+    features, _ = parse_batch(tf.constant(transformed_serialized[:8]), manifest)
+    return EvalSample(
+        raw=raw_labelled, transformed=transformed_serialized, labels=labels,
+        parity_examples=min(e.parity_sample_size, len(raw_labelled)), features=features,
+    )
 
 
-def _export(cfg, plan, manifest, tables: L.CheckpointTables, checkpoint_path, sample_features, staging,
-            raw_labelled, transformed_serialized, labels, n_parity, model_uri) -> Dict[str, Any]:
-    e = cfg.export
-    vocab_dir = manifest["vocabulary_dir"]
-    chosen = e.table_dtype
-    clock = _Clock()
-    model = build_serving_model(plan, manifest, cfg, "float32", sample_features)
-    num_dense = restore_dense(model, checkpoint_path)
-    writer = T.TableWriter(staging, manifest, vocab_dir) if e.write_tables else None
+def prepare(
+    cfg: PipelineConfig, model_uri: str, raw_eval_pattern: str, staging: str, checkpoint_path: Optional[str] = None
+) -> ExportContext:
+    """Reads what the export needs (plan, manifest, the checkpoint's tables located, the eval
+    sample); writes nothing. ExportRefused when the Model artifact is not one this exporter reads."""
+    plan = read_model_plan(model_uri)
+    manifest = read_model_manifest(model_uri)
+    checkpoint_path = checkpoint_path or latest_checkpoint(model_uri)
+    tables = open_checkpoint_tables(checkpoint_path, plan, cfg.export.layout)
+    sample = read_eval_sample(cfg, manifest, raw_eval_pattern)
+    return ExportContext(cfg, model_uri, plan, manifest, checkpoint_path, tables, sample, staging)
 
-    # Tables one at a time: read (layout-aware), check, into the model, and to its file.
-    table_report: Dict[str, Any] = {}
+
+def convert(ctx: ExportContext) -> None:
+    """Conversion: the float32 CPU serving model (dense network restored, then the tables one at a
+    time: read in their layout, checked, assigned) and, for float32 exports, `tables/` files."""
+    ctx.clock.restart()
+    plan, manifest = ctx.plan, ctx.manifest
+    ctx.model = build_serving_model(plan, manifest, ctx.cfg, "float32", ctx.sample.features)
+    ctx.dense_restored = restore_dense(ctx.model, ctx.checkpoint_path)
+    if ctx.cfg.export.write_tables:
+        ctx.writer = T.TableWriter(ctx.staging, manifest, manifest.vocabulary_dir)
     start = time.perf_counter()
     last = [start]  # when the previous table was done: each table's seconds include its read
 
-    def report_table(name: str, source, values: np.ndarray) -> None:
-        if writer is not None and chosen == "float32":
-            writer.write(name, plan["tables"][name], values, None)
-        slots = plan["tables"][name].get("memory", {}).get("slots_per_row", 0)
+    def report_table(name: str, source: L.TableSource, values: np.ndarray) -> None:
+        if ctx.writer is not None and ctx.table_dtype == "float32":
+            ctx.writer.write(name, plan.tables[name], values, None)
+        slots = plan.tables[name].memory.slots_per_row
         trained_weights = (  # B: with the row and column padding the SparseCores held
             source.shard["size"] * source.shard["num_sparse_cores"] * source.shard["padded_cols"] * 4
             if source.kind == "B" else values.nbytes
         )
         now = time.perf_counter()
-        table_report[name] = {
+        ctx.table_report[name] = {
             "rows": source.rows,
             "dim": source.dim,
-            "placement": plan["tables"][name]["placement"],
+            "placement": plan.tables[name].placement,
             "layout": source.kind,
             "checkpoint_key": source.key,
             "layout_source": source.source,
@@ -234,102 +279,69 @@ def _export(cfg, plan, manifest, tables: L.CheckpointTables, checkpoint_path, sa
         }
         last[0] = now
 
-    load_tables(model, tables, report_table)
-    convert_seconds = time.perf_counter() - start
-    clock.lap("build model, restore dense, convert tables")
+    load_tables(ctx.model, ctx.tables, report_table)
+    ctx.convert_seconds = time.perf_counter() - start
+    ctx.clock.lap("build model, restore dense, convert tables")
 
-    # The float32 serving model, written and loaded back, against the trainer's own SavedModel.
-    f32_dir = os.path.join(staging, SERVING_DIR if chosen == "float32" else "_float32_check")
-    module = ServingModule(model, RawFeatureTransform(manifest, vocab_dir))
-    save_serving_model(module, f32_dir)
-    num_variables = check_no_optimizer_state(f32_dir, model)
-    clock.lap("save float32 serving model")
-    trained = tf.saved_model.load(os.path.join(model_uri, SERVING_DIR))
-    serving = tf.saved_model.load(f32_dir)
-    p_trained = score(trained.signatures["serving_default"], transformed_serialized)
-    p_float32 = score(serving.signatures["serving_default"], raw_labelled)
-    clock.lap("load and score trained and serving models")
-    diff = np.abs(p_trained[:n_parity] - p_float32[:n_parity])
+
+def verify(ctx: ExportContext) -> None:
+    """Verification: the float32 serving model, written and loaded back, scores the raw eval rows
+    as the trainer's own SavedModel scores them preprocessed; ExportRefused above the tolerance."""
+    e, s = ctx.cfg.export, ctx.sample
+    ctx.float32_dir = os.path.join(ctx.staging, SERVING_DIR if ctx.table_dtype == "float32" else "_float32_check")
+    module = ServingModule(ctx.model, RawFeatureTransform(ctx.manifest, ctx.manifest.vocabulary_dir))
+    save_serving_model(module, ctx.float32_dir)
+    ctx.serving_variables = check_no_optimizer_state(ctx.float32_dir, ctx.model)
+    ctx.clock.lap("save float32 serving model")
+    trained = tf.saved_model.load(os.path.join(ctx.model_uri, SERVING_DIR))
+    serving = tf.saved_model.load(ctx.float32_dir)
+    p_trained = score(trained.signatures["serving_default"], s.transformed)
+    p_float32 = score(serving.signatures["serving_default"], s.raw)
+    ctx.clock.lap("load and score trained and serving models")
+    n = s.parity_examples
+    diff = np.abs(p_trained[:n] - p_float32[:n])
     max_diff = float(diff.max())
-    parity = {
-        "examples": int(n_parity),
+    ctx.parity = {
+        "examples": int(n),
         "max_abs_diff": max_diff,
         "tolerance": e.parity_tolerance,
         "passed": bool(max_diff <= e.parity_tolerance),
         "compared": "trainer's SavedModel on preprocessed rows vs float32 serving model on the raw rows",
     }
-    if not parity["passed"]:
+    if not ctx.parity["passed"]:
         worst = int(diff.argmax())
         raise ExportRefused(
             f"serving model differs from the trained model by {max_diff:.3g} > tolerance {e.parity_tolerance:g} "
-            f"on {n_parity} eval examples (worst: example {worst}, trained {p_trained[worst]:.6f}, serving "
+            f"on {n} eval examples (worst: example {worst}, trained {p_trained[worst]:.6f}, serving "
             f"{p_float32[worst]:.6f}); nothing exported"
         )
-    auc_trained, auc_float32 = roc_auc(p_trained, labels), roc_auc(p_float32, labels)
-    compression: Dict[str, Any] = {
-        "float32": {"table_bytes": sum(t["float32_bytes"] for t in table_report.values()), "eval_auc": auc_float32,
-                    "auc_change": 0.0, "max_abs_diff_vs_float32": 0.0},
-    }
-    variants = [d for d in ("float16", "int8") if d == chosen or e.compare_compression]
-    for dtype in variants:
-        compression[dtype] = _compressed_variant(
-            cfg, plan, manifest, model, dtype, sample_features, staging, raw_labelled, labels,
-            p_float32, auc_float32, writer if dtype == chosen else None, save=dtype == chosen,
-        )
-        clock.lap(f"{dtype} variant")
-        if dtype == chosen:
-            num_variables = compression[dtype].pop("serving_variables")
-            drop = auc_float32 - compression[dtype]["eval_auc"]
-            if drop > e.max_auc_drop:
-                raise ExportRefused(
-                    f"export.table_dtype {dtype} loses {drop:.4f} eval AUC ({auc_float32:.4f} -> "
-                    f"{compression[dtype]['eval_auc']:.4f} on {len(labels)} examples) > export.max_auc_drop "
-                    f"{e.max_auc_drop}; use float16/float32 or raise max_auc_drop"
-                )
-    for name, t in table_report.items():
-        t["serving_bytes"] = compression[chosen].get("tables", {}).get(name, t["float32_bytes"])
-    for d in compression.values():
-        d.pop("tables", None)
-    if chosen != "float32":
-        tf.io.gfile.rmtree(f32_dir)
-    tables_manifest = writer.finish() if writer is not None else None
-    trained_bytes = sum(t["trained_bytes"] for t in table_report.values())
-    serving_bytes = sum(t["serving_bytes"] for t in table_report.values())
-    return {
-        "checkpoint": checkpoint_path,
-        "layout": tables.summary(),
-        "tables": table_report,
-        "conversion": {
-            "tables": len(table_report),
-            "seconds": round(convert_seconds, 3),
-            "trained_table_bytes": trained_bytes,
-            "serving_table_bytes": serving_bytes,
-            "checkpoint_file_bytes": _checkpoint_bytes(checkpoint_path),
-            "serving_model_bytes": _dir_bytes(os.path.join(staging, SERVING_DIR)),
-        },
-        "table_dtype": chosen,
-        "compression": compression,
-        "serving_variables": num_variables,
-        "dense_variables_restored": num_dense,
-        "parity": parity,
-        "eval_auc": {"examples": int(len(labels)), "trained_model": auc_trained, "serving_float32": auc_float32,
-                     "serving": compression[chosen]["eval_auc"]},
-        "signatures": ["serving_default", "serve_features"],
-        "tables_manifest": os.path.join(T.TABLES_DIR, T.TABLES_MANIFEST) if tables_manifest else None,
-        "seconds": clock.laps,
+    ctx.p_float32 = p_float32
+    ctx.auc_trained, ctx.auc_float32 = roc_auc(p_trained, s.labels), roc_auc(p_float32, s.labels)
+    ctx.compression["float32"] = {
+        "table_bytes": sum(t["float32_bytes"] for t in ctx.table_report.values()), "eval_auc": ctx.auc_float32,
+        "auc_change": 0.0, "max_abs_diff_vs_float32": 0.0,
     }
 
 
-def _compressed_variant(cfg, plan, manifest, model32: RankingModel, dtype: str, sample_features, staging,
-                        raw_labelled, labels, p_float32, auc_float32, writer, save: bool) -> Dict[str, Any]:
-    """The serving model with `dtype` tables (from the verified float32 ones): size and AUC change."""
-    variant = build_serving_model(plan, manifest, cfg, dtype, sample_features)
-    for dst, src in zip(dense_variables(variant), dense_variables(model32)):
+def compression_variants(ctx: ExportContext) -> List[str]:
+    """The compressed variants to build: the chosen table dtype, and both with compare_compression."""
+    return [d for d in ("float16", "int8") if d == ctx.table_dtype or ctx.cfg.export.compare_compression]
+
+
+def compress(ctx: ExportContext, dtype: str) -> None:
+    """Compression: the serving model with `dtype` tables (from the verified float32 ones), its
+    size and AUC change. The chosen dtype's model is written (and its `tables/` files); losing more
+    than export.max_auc_drop refuses the export."""
+    e, s = ctx.cfg.export, ctx.sample
+    chosen = dtype == ctx.table_dtype
+    writer = ctx.writer if chosen else None
+    variant = build_serving_model(ctx.plan, ctx.manifest, ctx.cfg, dtype, s.features)
+    for dst, src in zip(dense_variables(variant), dense_variables(ctx.model)):
         dst.assign(src)
     sizes: Dict[str, int] = {}
     max_err = 0.0
     for name, table in variant.serving_tables.items():
-        values = model32.serving_tables[name].embeddings.numpy()
+        values = ctx.model.serving_tables[name].embeddings.numpy()
         try:
             stored, scale = T.compress(values, dtype, name)
         except T.CompressionError as err:
@@ -340,24 +352,107 @@ def _compressed_variant(cfg, plan, manifest, model32: RankingModel, dtype: str, 
             table.scale.assign(scale)
         sizes[name] = T.stored_bytes(stored, scale)
         if writer is not None:
-            writer.write(name, plan["tables"][name], stored, scale)
-    module = ServingModule(variant, RawFeatureTransform(manifest, manifest["vocabulary_dir"]))
-    out: Dict[str, Any] = {}
-    if save:
-        path = os.path.join(staging, SERVING_DIR)
+            writer.write(name, ctx.plan.tables[name], stored, scale)
+    module = ServingModule(variant, RawFeatureTransform(ctx.manifest, ctx.manifest.vocabulary_dir))
+    if chosen:
+        path = os.path.join(ctx.staging, SERVING_DIR)
         save_serving_model(module, path)
-        out["serving_variables"] = check_no_optimizer_state(path, variant)
+        ctx.serving_variables = check_no_optimizer_state(path, variant)
         fn = tf.saved_model.load(path).signatures["serving_default"]
     else:
         fn = module.serve_examples
-    p = score(fn, raw_labelled)
-    auc = roc_auc(p, labels)
-    out.update({
+    p = score(fn, s.raw)
+    auc = roc_auc(p, s.labels)
+    ctx.compression[dtype] = {
         "table_bytes": sum(sizes.values()),
         "tables": sizes,
         "eval_auc": auc,
-        "auc_change": auc - auc_float32,
-        "max_abs_diff_vs_float32": float(np.abs(p - p_float32).max()),
+        "auc_change": auc - ctx.auc_float32,
+        "max_abs_diff_vs_float32": float(np.abs(p - ctx.p_float32).max()),
         "max_table_value_error": max_err,
-    })
-    return out
+    }
+    ctx.clock.lap(f"{dtype} variant")
+    drop = ctx.auc_float32 - auc
+    if chosen and drop > e.max_auc_drop:
+        raise ExportRefused(
+            f"export.table_dtype {dtype} loses {drop:.4f} eval AUC ({ctx.auc_float32:.4f} -> "
+            f"{auc:.4f} on {len(s.labels)} examples) > export.max_auc_drop "
+            f"{e.max_auc_drop}; use float16/float32 or raise max_auc_drop"
+        )
+
+
+def build_report(ctx: ExportContext) -> Dict[str, Any]:
+    """The report of a verified export (and the staged `tables/` manifest; the float32 check model
+    of a compressed export removed)."""
+    chosen = ctx.table_dtype
+    for name, t in ctx.table_report.items():
+        t["serving_bytes"] = ctx.compression[chosen].get("tables", {}).get(name, t["float32_bytes"])
+    for d in ctx.compression.values():
+        d.pop("tables", None)
+    if chosen != "float32":
+        tf.io.gfile.rmtree(ctx.float32_dir)
+    tables_manifest = ctx.writer.finish() if ctx.writer is not None else None
+    trained_bytes = sum(t["trained_bytes"] for t in ctx.table_report.values())
+    serving_bytes = sum(t["serving_bytes"] for t in ctx.table_report.values())
+    return {
+        "checkpoint": ctx.checkpoint_path,
+        "layout": ctx.tables.summary(),
+        "tables": ctx.table_report,
+        "conversion": {
+            "tables": len(ctx.table_report),
+            "seconds": round(ctx.convert_seconds, 3),
+            "trained_table_bytes": trained_bytes,
+            "serving_table_bytes": serving_bytes,
+            "checkpoint_file_bytes": _checkpoint_bytes(ctx.checkpoint_path),
+            "serving_model_bytes": _dir_bytes(os.path.join(ctx.staging, SERVING_DIR)),
+        },
+        "table_dtype": chosen,
+        "compression": ctx.compression,
+        "serving_variables": ctx.serving_variables,
+        "dense_variables_restored": ctx.dense_restored,
+        "parity": ctx.parity,
+        "eval_auc": {"examples": int(len(ctx.sample.labels)), "trained_model": ctx.auc_trained,
+                     "serving_float32": ctx.auc_float32, "serving": ctx.compression[chosen]["eval_auc"]},
+        "signatures": ["serving_default", "serve_features"],
+        "tables_manifest": os.path.join(T.TABLES_DIR, T.TABLES_MANIFEST) if tables_manifest else None,
+        "seconds": ctx.clock.laps,
+    }
+
+
+def publish(ctx: ExportContext, output_uri: str, report: Dict[str, Any]) -> None:
+    """The staged serving model and tables moved into place (a previous export's stale ones
+    removed), then the report: written last, so a report means a complete export."""
+    for name in (SERVING_DIR, T.TABLES_DIR):
+        if tf.io.gfile.exists(os.path.join(ctx.staging, name)):
+            _move(os.path.join(ctx.staging, name), os.path.join(output_uri, name))
+        elif tf.io.gfile.exists(os.path.join(output_uri, name)):  # a previous export's: stale now
+            tf.io.gfile.rmtree(os.path.join(output_uri, name))
+    with tf.io.gfile.GFile(os.path.join(output_uri, REPORT_FILE), "w") as fh:
+        fh.write(json.dumps(report, indent=2, sort_keys=True))
+
+
+def export_serving_model(
+    cfg: PipelineConfig,
+    model_uri: str,
+    raw_eval_pattern: str,
+    output_uri: str,
+    checkpoint_path: Optional[str] = None,
+) -> Dict[str, Any]:
+    """Writes `output_uri/Format-Serving`, `output_uri/tables/` (export.write_tables) and
+    `output_uri/export_report.json`; returns the report. Raises ExportRefused, writing nothing there."""
+    staging = os.path.join(output_uri, STAGING_DIR)
+    ctx = prepare(cfg, model_uri, raw_eval_pattern, staging, checkpoint_path)
+    if tf.io.gfile.exists(staging):
+        tf.io.gfile.rmtree(staging)
+    tf.io.gfile.makedirs(staging)
+    try:
+        convert(ctx)
+        verify(ctx)
+        for dtype in compression_variants(ctx):
+            compress(ctx, dtype)
+        report = build_report(ctx)
+        publish(ctx, output_uri, report)
+        return report
+    finally:
+        if tf.io.gfile.exists(staging):
+            tf.io.gfile.rmtree(staging)
