@@ -15,10 +15,9 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-STATISTICS_VERSION = 4  # 3: per-feature value distribution (features.<f>.values); 4: ledger, feature_health
+from components.contracts.statistics import STATISTICS_VERSION  # noqa: F401  (re-exported)
+
 SHARDING_STRATEGIES = ("div", "mod")
-# Slot variables per embedding row for each optimizer (TF's TPU embedding optimizers).
-OPTIMIZER_SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2, "ftrl": 2}
 
 
 @dataclass
