@@ -274,7 +274,7 @@ class SumPerTable(beam.PTransform):
 
 
 class FeatureValueStatistics(beam.PTransform):
-    """(feature, ValueCounts) per feature -> statistics partials (`info/feature_values/<feature>`) of
+    """(feature, ValueCounts) per feature -> statistics partials (`partials.feature_values_info(feature)`) of
     the own values of each feature of a shared table (a feature with a table of its own is described
     by its vocabulary's statistics)."""
 
@@ -295,7 +295,7 @@ class WrittenVocabularies(NamedTuple):
     """`WriteVocabularies`' outputs."""
 
     sizes: beam.PCollection  # (table, tokens written), one per vocabulary written
-    stats: beam.PCollection  # statistics partials `info/vocab/<table>`
+    stats: beam.PCollection  # statistics partials `partials.vocabulary_info(table)`
 
 
 class WriteVocabularies(beam.PTransform):

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 from components.config import PipelineConfig
 from components.embedding_preprocess import features as F
+from components.embedding_preprocess import partials as P
 from components.embedding_preprocess.transform import column
 
 
@@ -89,9 +90,9 @@ class RowCounts:
     def as_statistics(self, split: str = "train") -> Dict[str, int]:
         """The statistics partial the transform pass would have counted for these rows."""
         return {
-            f"{split}/examples_read": self.read,
-            f"{split}/dropped/{F.DROP_MISSING_LABEL}": self.missing_label,
-            f"{split}/dropped/{F.DROP_INVALID_LABEL}": self.invalid_label,
+            P.examples_read(split): self.read,
+            P.dropped(split, F.DROP_MISSING_LABEL): self.missing_label,
+            P.dropped(split, F.DROP_INVALID_LABEL): self.invalid_label,
         }
 
 

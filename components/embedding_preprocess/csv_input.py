@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 
 from components.config import PipelineConfig
+from components.embedding_preprocess import partials as P
 from components.embedding_preprocess.transform import read_batch_rows
 
 
@@ -124,14 +125,14 @@ class _ParseCsvRange(beam.DoFn):
             parse_options=parse,
             convert_options=self._convert,
         )
-        stats: Dict[str, int] = {"input/malformed_rows": len(malformed)}
+        stats: Dict[str, int] = {P.MALFORMED_ROWS: len(malformed)}
         columns = {}
         for name in self._header:
             col = table.column(name).combine_chunks() if table.num_rows else pa.array([], pa.binary())
             if name in self._numeric:
                 col, bad = _to_float(col)
                 if bad:
-                    stats[f"input/not_numeric/{name}"] = bad
+                    stats[P.not_numeric(name)] = bad
             columns[name] = col
         batch = pa.RecordBatch.from_arrays(list(columns.values()), list(columns.keys()))
         # consecutive slices of whole training batches (statistics cut them into training batches)

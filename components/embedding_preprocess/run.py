@@ -30,6 +30,7 @@ from components.embedding_preprocess import beam_pipeline
 from components.embedding_preprocess.counting import shared_table_features
 from components.embedding_preprocess.health import check_health, feature_health
 from components.embedding_preprocess import features as F
+from components.embedding_preprocess import partials as P
 from components.embedding_preprocess import statistics as S
 from components.embedding_preprocess.report import render_html
 from components.embedding_preprocess import vocabulary as V
@@ -65,10 +66,9 @@ def _raw_kinds(cfg: PipelineConfig, raw: Dict[str, float]) -> Dict[str, str]:
     """The tf.Example kind of every configured column, as ExampleGen stored it."""
     seen: Dict[str, set] = {}
     for key in raw:
-        if key.startswith("kind/"):
-            _, column, kind = key.split("/", 2)
-            if kind != F.KIND_NONE:
-                seen.setdefault(column, set()).add(kind)
+        parsed = P.parse_raw_kind(key)
+        if parsed is not None and parsed[1] != F.KIND_NONE:
+            seen.setdefault(parsed[0], set()).add(parsed[1])
     kinds = {}
     defaults = [(cfg.label, F.KIND_FLOAT)]
     defaults += [(d.source, F.KIND_FLOAT) for d in cfg.dense_features]
@@ -92,7 +92,7 @@ def build_manifest(cfg: PipelineConfig, raw: Dict[str, float], vocabulary_dir: s
             file=os.path.basename(A.vocabulary_file(vocabulary_dir, t.name)),
             counts_file=os.path.basename(A.counts_file(vocabulary_dir, t.name)),
             size=size,
-            distinct_before_pruning=raw.get(f"info/vocab/{t.name}", {}).get("distinct_values", 0),
+            distinct_before_pruning=raw.get(P.vocabulary_info(t.name), {}).get("distinct_values", 0),
             num_oov_buckets=t.vocabulary.num_oov_buckets,
             rows=table_rows(size, t.vocabulary.num_oov_buckets),
             dim=t.dim,
@@ -128,45 +128,45 @@ def build_statistics(
         },
         dense_features={d.name: {s: _dense_statistics(raw, s, d.name) for s in splits} for d in cfg.dense_features},
         tables={name: _table_statistics(cfg, raw, name, v) for name, v in manifest.vocabularies.items()},
-        train_partial_batches=int(raw.get("train/partial_batches", 0)),
+        train_partial_batches=int(raw.get(P.partial_batches("train"), 0)),
         input={
-            "malformed_rows": int(raw.get("input/malformed_rows", 0)),
-            "not_numeric": _by_reason(raw, "input/not_numeric/"),
+            "malformed_rows": int(raw.get(P.MALFORMED_ROWS, 0)),
+            "not_numeric": _by_reason(raw, P.NOT_NUMERIC),
         },
     )
 
 
 def _by_reason(raw: Dict[str, Any], prefix: str) -> Dict[str, int]:
-    """`{reason: count}` of the counters `<prefix><reason>`."""
+    """`{reason: count}` of the counters `<prefix><reason>` (prefix: partials.NOT_NUMERIC,
+    partials.feature_invalid_prefix, partials.dense_invalid_prefix)."""
     return {k.rsplit("/", 1)[1]: int(v) for k, v in sorted(raw.items()) if k.startswith(prefix)}
 
 
 def _split_statistics(raw: Dict[str, Any], split: str) -> Dict[str, Any]:
     """Rows read, dropped by reason and written (the labelled ones), and the positive rate."""
-    read = int(raw.get(f"{split}/examples_read", 0))
-    dropped = {r: int(raw.get(f"{split}/dropped/{r}", 0)) for r in (F.DROP_MISSING_LABEL, F.DROP_INVALID_LABEL)}
+    read = int(raw.get(P.examples_read(split), 0))
+    dropped = {r: int(raw.get(P.dropped(split, r), 0)) for r in (F.DROP_MISSING_LABEL, F.DROP_INVALID_LABEL)}
     kept = read - sum(dropped.values())
     return {
         "examples_read": read,
         "examples_dropped": dropped,
         "examples_written": kept,
-        "positive_rate": raw.get(f"{split}/positives", 0) / kept if kept else None,
+        "positive_rate": raw.get(P.positives(split), 0) / kept if kept else None,
     }
 
 
 def _feature_split_statistics(raw: Dict[str, Any], split: str, feature: str, kept: int) -> Dict[str, Any]:
     """One categorical feature on one split's `kept` rows: presence, IDs per example, OOV, invalid values."""
-    p = f"{split}/feature/{feature}"
-    present, ids, oov = raw.get(f"{p}/present", 0), raw.get(f"{p}/ids", 0), raw.get(f"{p}/oov", 0)
+    present, ids, oov = (raw.get(P.feature(split, feature, what), 0) for what in ("present", "ids", "oov"))
     return {
         "examples_present": int(present),
         "present_rate": present / kept if kept else None,
         "ids": int(ids),
-        "ids_per_example": S.pooling_summary(list(raw.get(f"vec/{p}/ids_per_example_histogram", []))),
-        "truncated_ids": int(raw.get(f"{p}/truncated", 0)),
+        "ids_per_example": S.pooling_summary(list(raw.get(P.ids_per_example_histogram(split, feature), []))),
+        "truncated_ids": int(raw.get(P.feature(split, feature, "truncated"), 0)),
         "oov_ids": int(oov),
         "oov_rate": oov / ids if ids else None,
-        "invalid_values": _by_reason(raw, f"{p}/invalid/"),
+        "invalid_values": _by_reason(raw, P.feature_invalid_prefix(split, feature)),
     }
 
 
@@ -182,9 +182,9 @@ def _feature_statistics(
     # The feature's own value distribution on the train split (exact): for a feature with a table
     # of its own it is the table's; a feature of a shared table has its own counts.
     if shared_table:
-        values = raw.get(f"info/feature_values/{feature.name}", {})
+        values = raw.get(P.feature_values_info(feature.name), {})
     else:
-        values = {k: v for k, v in raw.get(f"info/vocab/{table}", {}).items() if k in S.DISTRIBUTION_KEYS}
+        values = {k: v for k, v in raw.get(P.vocabulary_info(table), {}).items() if k in S.DISTRIBUTION_KEYS}
     splits = {
         s: _feature_split_statistics(raw, s, feature.name, v["examples_written"]) for s, v in split_stats.items()
     }
@@ -194,21 +194,20 @@ def _feature_statistics(
 def _dense_statistics(raw: Dict[str, Any], split: str, feature: str) -> Dict[str, Any]:
     """One dense feature on one split: values missing (filled), invalid ones by reason."""
     return {
-        "missing": int(raw.get(f"{split}/dense/{feature}/missing", 0)),
-        "invalid_values": _by_reason(raw, f"{split}/dense/{feature}/invalid/"),
+        "missing": int(raw.get(P.dense_missing(split, feature), 0)),
+        "invalid_values": _by_reason(raw, P.dense_invalid_prefix(split, feature)),
     }
 
 
 def _table_batch_statistics(raw: Dict[str, Any], table: str) -> Dict[str, Any]:
     """IDs and unique IDs per full training batch of the train split (mean and max)."""
-    p = f"train/table/{table}"
-    batches = raw.get(f"{p}/batches", 0)
+    batches = raw.get(P.table_batch("train", table, "batches"), 0)
     return {
         "full_batches": int(batches),
-        "ids_per_batch_mean": raw.get(f"{p}/batch_ids", 0) / batches if batches else None,
-        "ids_per_batch_max": raw.get(f"max/{p}/batch_ids"),
-        "unique_ids_per_batch_mean": raw.get(f"{p}/batch_unique_ids", 0) / batches if batches else None,
-        "unique_ids_per_batch_max": raw.get(f"max/{p}/batch_unique_ids"),
+        "ids_per_batch_mean": raw.get(P.table_batch("train", table, "batch_ids"), 0) / batches if batches else None,
+        "ids_per_batch_max": raw.get(P.table_batch_max("train", table, "batch_ids")),
+        "unique_ids_per_batch_mean": raw.get(P.table_batch("train", table, "batch_unique_ids"), 0) / batches if batches else None,
+        "unique_ids_per_batch_max": raw.get(P.table_batch_max("train", table, "batch_unique_ids")),
     }
 
 
@@ -234,7 +233,7 @@ def _table_statistics(cfg: PipelineConfig, raw: Dict[str, Any], name: str, vocab
         "vocabulary_size": vocabulary.size,
         "rows": vocabulary.rows,
         "dim": vocabulary.dim,
-        "vocabulary": raw.get(f"info/vocab/{name}", {}),
+        "vocabulary": raw.get(P.vocabulary_info(name), {}),
         "batches": _table_batch_statistics(raw, name),
         "shards": S.shard_summary(raw, "train", name, cfg.statistics.shard_counts, cfg.statistics.headroom),
         "memory": _table_memory(cfg, vocabulary),

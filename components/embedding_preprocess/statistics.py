@@ -1,8 +1,9 @@
 """Embedding-ID statistics: partial sums computed per batch in Beam, merged, then summarised.
 
-Partials are flat dicts. The key prefix says how two partials merge:
-- `max/...`: maximum;  `vec/...`: element-wise sum of numpy vectors (zero-padded to the longer);
-- `info/...`: values computed once per key (per vocabulary), taken as they are;
+Partials are flat dicts whose keys partials.py defines. The key prefix says how two partials merge:
+- `max/...` (partials.MAX): maximum;  `vec/...` (partials.VEC): element-wise sum of numpy vectors
+  (zero-padded to the longer);
+- `info/...` (partials.INFO): values computed once per key (per vocabulary), taken as they are;
 - anything else: sum.
 The summary (`summarize`) is the versioned `statistics.json` the trainer reads and the HTML report
 renders. Everything is exact: counts over all rows, no sampling.
@@ -16,6 +17,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from components.contracts.statistics import STATISTICS_VERSION  # noqa: F401  (re-exported)
+from components.embedding_preprocess import partials as P
 
 SHARDING_STRATEGIES = ("div", "mod")
 
@@ -34,15 +36,15 @@ class StatisticsAccumulator:
         for k, v in partial.items():
             if k not in out:
                 out[k] = v.copy() if isinstance(v, np.ndarray) else v
-            elif k.startswith("max/"):
+            elif k.startswith(P.MAX):
                 out[k] = max(out[k], v)
-            elif k.startswith("vec/"):
+            elif k.startswith(P.VEC):
                 a, b = out[k], v
                 if len(a) < len(b):
                     a, b = b.copy(), a
                 a[: len(b)] += b
                 out[k] = a
-            elif k.startswith("info/"):
+            elif k.startswith(P.INFO):
                 continue
             else:
                 out[k] = out[k] + v
@@ -91,7 +93,6 @@ def batch_table_stats(
     per-batch figures (a partial batch says nothing about a training step), every ID counts towards
     the whole-data load per shard. Vectorised over batches: one bincount per (strategy, shards).
     """
-    p = f"{split}/table/{table}"
     num_batches = len(batch_is_full)
     full = batch_is_full[batch_of_id] if len(ids) else np.zeros(0, bool)
     ids_full, batch_full = ids[full], batch_of_id[full]
@@ -104,18 +105,18 @@ def batch_table_stats(
     for n in shard_counts:
         for strategy in SHARDING_STRATEGIES:
             shard_of = (lambda x: div_shard(x, rows, n)) if strategy == "div" else (lambda x: mod_shard(x, n))
-            out[f"vec/{p}/{strategy}/{n}/load"] = np.bincount(shard_of(ids), minlength=n).astype(np.int64)
+            out[P.shard_load(split, table, strategy, n)] = np.bincount(shard_of(ids), minlength=n).astype(np.int64)
             if batch_is_full.any():
                 per = np.bincount(batch_full * n + shard_of(ids_full), minlength=num_batches * n)
                 uper = np.bincount(u_batch * n + shard_of(u_ids), minlength=num_batches * n)
-                out[f"max/{p}/{strategy}/{n}/max_ids_per_shard"] = int(per.max())
-                out[f"max/{p}/{strategy}/{n}/max_unique_ids_per_shard"] = int(uper.max())
+                out[P.shard_max(split, table, strategy, n, "max_ids_per_shard")] = int(per.max())
+                out[P.shard_max(split, table, strategy, n, "max_unique_ids_per_shard")] = int(uper.max())
     if batch_is_full.any():
-        out[f"{p}/batches"] = int(batch_is_full.sum())
-        out[f"{p}/batch_ids"] = int(ids_per_batch.sum())
-        out[f"{p}/batch_unique_ids"] = int(unique_per_batch.sum())
-        out[f"max/{p}/batch_ids"] = int(ids_per_batch.max())
-        out[f"max/{p}/batch_unique_ids"] = int(unique_per_batch.max())
+        out[P.table_batch(split, table, "batches")] = int(batch_is_full.sum())
+        out[P.table_batch(split, table, "batch_ids")] = int(ids_per_batch.sum())
+        out[P.table_batch(split, table, "batch_unique_ids")] = int(unique_per_batch.sum())
+        out[P.table_batch_max(split, table, "batch_ids")] = int(ids_per_batch.max())
+        out[P.table_batch_max(split, table, "batch_unique_ids")] = int(unique_per_batch.max())
     return out
 
 
@@ -158,12 +159,12 @@ def distribution_stats(
 
 def vocabulary_stats(name: str, ordered_counts: Sequence[int], kept: int, top: Sequence[Tuple[bytes, int]]):
     """`distribution_stats` of one vocabulary's values, with its size after pruning and coverage."""
-    return {f"info/vocab/{name}": distribution_stats(ordered_counts, top, kept)}
+    return {P.vocabulary_info(name): distribution_stats(ordered_counts, top, kept)}
 
 
 def feature_value_stats(feature: str, ordered_counts: Sequence[int], top: Sequence[Tuple[bytes, int]]):
     """`distribution_stats` of one feature's own values (features sharing a table; see beam_pipeline)."""
-    return {f"info/feature_values/{feature}": distribution_stats(ordered_counts, top)}
+    return {P.feature_values_info(feature): distribution_stats(ordered_counts, top)}
 
 
 def _percentile(hist: List[int], q: float) -> Optional[int]:
@@ -193,18 +194,17 @@ def pooling_summary(hist: List[int]) -> Dict[str, Any]:
 
 
 def shard_summary(raw: Dict[str, Any], split: str, table: str, shard_counts, headroom: float) -> Dict[str, Any]:
-    p = f"{split}/table/{table}"
     out: Dict[str, Any] = {}
     for n in shard_counts:
         per: Dict[str, Any] = {}
         for strategy in SHARDING_STRATEGIES:
-            load = np.asarray(raw.get(f"vec/{p}/{strategy}/{n}/load", [0] * n), dtype=np.float64)
+            load = np.asarray(raw.get(P.shard_load(split, table, strategy, n), [0] * n), dtype=np.float64)
             mean = load.sum() / n
             per[strategy] = {
                 "load_per_shard": load.astype(int).tolist(),
                 "max_over_mean_load": float(load.max() / mean) if mean else None,
-                "max_ids_per_shard_per_batch": raw.get(f"max/{p}/{strategy}/{n}/max_ids_per_shard"),
-                "max_unique_ids_per_shard_per_batch": raw.get(f"max/{p}/{strategy}/{n}/max_unique_ids_per_shard"),
+                "max_ids_per_shard_per_batch": raw.get(P.shard_max(split, table, strategy, n, "max_ids_per_shard")),
+                "max_unique_ids_per_shard_per_batch": raw.get(P.shard_max(split, table, strategy, n, "max_unique_ids_per_shard")),
             }
         mod = per["mod"]
         # SparseCore shards rows with `mod`; its per-table limits bound what one SparseCore gets in a batch.

@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from components.config import PipelineConfig
 from components.embedding_preprocess import features as F
+from components.embedding_preprocess import partials as P
 from components.embedding_preprocess import statistics as S
 from components.embedding_preprocess import vocabulary as V
 
@@ -79,9 +80,9 @@ def transform_record_batch(
     batch's statistics partial (see statistics.py for how partials merge).
     """
     stats: Counter = Counter()
-    stats[f"{split}/examples_read"] += rb.num_rows
+    stats[P.examples_read(split)] += rb.num_rows
     for i, name in enumerate(rb.schema.names):
-        stats[f"kind/{name}/{F.kind_of(rb.column(i))}"] += 1
+        stats[P.raw_kind(name, F.kind_of(rb.column(i)))] += 1
     labels = F.extract_label(column(rb, cfg.label), rb.num_rows)
     keep = labels.keep
     label = labels.values
@@ -89,16 +90,16 @@ def transform_record_batch(
     # describes the kept rows, which are what training reads.
     rb = rb.filter(pa.array(keep)) if not keep.all() else rb
     n = kept = rb.num_rows
-    stats[f"{split}/dropped/{F.DROP_MISSING_LABEL}"] += int(labels.missing.sum())
-    stats[f"{split}/dropped/{F.DROP_INVALID_LABEL}"] += int(labels.invalid.sum())
-    stats[f"{split}/positives"] += float(label[keep].sum())
+    stats[P.dropped(split, F.DROP_MISSING_LABEL)] += int(labels.missing.sum())
+    stats[P.dropped(split, F.DROP_INVALID_LABEL)] += int(labels.invalid.sum())
+    stats[P.positives(split)] += float(label[keep].sum())
     ones = np.ones(n, np.int64)
     columns: Dict[str, pa.Array] = {cfg.label: as_list_array(label[keep], ones)}
     for d in cfg.dense_features:
         dense = F.extract_dense(column(rb, d.source), n, d.fill_value)
-        stats[f"{split}/dense/{d.name}/missing"] += int(dense.missing)
+        stats[P.dense_missing(split, d.name)] += int(dense.missing)
         for reason, c in dense.invalid.items():
-            stats[f"{split}/dense/{d.name}/invalid/{reason}"] += c
+            stats[P.dense_invalid(split, d.name, reason)] += c
         columns[d.name] = as_list_array(dense.values, ones)
     table_ids: Dict[str, List[Tuple[np.ndarray, np.ndarray]]] = {}
     for f in cfg.categorical_features:
@@ -106,21 +107,20 @@ def transform_record_batch(
         toks = F.extract_tokens(column(rb, f.source), n, f.separator, f.max_length)
         ids, oov = lookups[table].lookup(toks.values)
         per_row = toks.ids_per_row()
-        prefix = f"{split}/feature/{f.name}"
-        stats[f"vec/{prefix}/ids_per_example_histogram"] = np.bincount(per_row).astype(np.int64)
-        stats[f"{prefix}/present"] += int(np.count_nonzero(per_row))
-        stats[f"{prefix}/ids"] += int(len(ids))
-        stats[f"{prefix}/oov"] += oov
-        stats[f"{prefix}/truncated"] += toks.truncated
+        stats[P.ids_per_example_histogram(split, f.name)] = np.bincount(per_row).astype(np.int64)
+        stats[P.feature(split, f.name, "present")] += int(np.count_nonzero(per_row))
+        stats[P.feature(split, f.name, "ids")] += int(len(ids))
+        stats[P.feature(split, f.name, "oov")] += oov
+        stats[P.feature(split, f.name, "truncated")] += toks.truncated
         for reason, c in toks.invalid.items():
-            stats[f"{prefix}/invalid/{reason}"] += c
+            stats[P.feature_invalid(split, f.name, reason)] += c
         table_ids.setdefault(table, []).append((ids, toks.row))
         columns[f.name] = as_list_array(ids, per_row)
     if split == "train":  # batch and shard statistics size the tables: computed on what training reads
         bs = cfg.training.batch_size
         num_batches = -(-n // bs)
         batch_is_full = np.array([min(bs, n - k * bs) == bs for k in range(num_batches)], dtype=bool)
-        stats["train/partial_batches"] += int(num_batches - batch_is_full.sum())
+        stats[P.partial_batches("train")] += int(num_batches - batch_is_full.sum())
         for table, parts in table_ids.items():
             ids = np.concatenate([i for i, _ in parts])
             batch_of_id = np.concatenate([r for _, r in parts]) // bs
