@@ -43,8 +43,14 @@ SLOW_FIXTURES = {
     "pipeline_run": "the whole pipeline on the demo's 375k rows",
     "kfp_runs": "the compiled Kubeflow pipeline run twice through the local KFP harness",
 }
-SLOW_TESTS = {
-    "tests/test_trainer.py::test_killed_run_resumes_and_ends_with_the_same_steps": "trains three times in subprocesses",
+SLOW_TESTS = {  # node id (or its prefix): why it is in the full tier only
+    "tests/test_trainer.py::test_killed_run_resumes_and_ends_with_the_same_steps": "trains in killed and resumed subprocesses",
+    "tests/test_trainer.py::test_restore_in_fresh_process_predicts_identically": "restores in fresh TensorFlow processes",
+    "tests/test_tpu_conformance.py::test_checkpoint_round_trip_tpu_to_cpu_and_back": "trains three times",
+    "tests/test_tpu_conformance.py::test_clipvalue_trains_on_cpu": "a whole Trainer run for one option",
+    "tests/test_pipeline_failures.py": "runs the local pipeline",
+    "tests/test_beam_runtime.py::test_example_gen_reads_every_row_under_a_forced_short_flush": "ExampleGen under a 1 ms flush",
+    "tests/test_example_gen.py::test_records_are_the_same_bytes_in_every_process": "three fresh processes",
 }
 
 
