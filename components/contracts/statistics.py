@@ -10,7 +10,7 @@ string keys of its own.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from components.contracts._json import check_version, dumps, pick, plain

@@ -9,7 +9,7 @@ tests run exactly what a TPU run runs after `fit`.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, List, Optional
 
 import components  # noqa: F401
 import numpy as np
