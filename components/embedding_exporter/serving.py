@@ -32,13 +32,52 @@ from components.contracts.manifest import CategoricalFeatureEntry, VocabularyMan
 _DTYPES = {R.KIND_BYTES: tf.string, R.KIND_INT: tf.int64, R.KIND_FLOAT: tf.float32}
 
 
-def _valid_tokens(tokens: tf.RaggedTensor) -> tf.RaggedTensor:
-    """Rulebook T5-T6: non-empty, valid UTF-8, no line break."""
+def _keep(values: tf.RaggedTensor, mask: tf.Tensor) -> tf.RaggedTensor:
+    """The values of a [batch, None] ragged tensor where `mask` (one bool per flat value) is true,
+    row by row: what `tf.ragged.boolean_mask(values, values.with_flat_values(mask))` returns.
+    Written out because the library ops (ragged and dense boolean_mask, value_rowids), general
+    over ranks and shapes, add hundreds of graph ops per call, and tracing the two serving
+    signatures (every feature, several masks each) made up most of the export's save time;
+    this is a handful of ops on the row splits."""
+    kept_before = tf.concat([[0], tf.cumsum(tf.cast(mask, tf.int64))], 0)  # kept values before each position
+    return tf.RaggedTensor.from_row_splits(
+        tf.gather(values.flat_values, tf.where(mask)[:, 0]),
+        tf.gather(kept_before, values.row_splits),
+        validate=False,
+    )
+
+
+def _first_or_nan(values: tf.RaggedTensor) -> tf.Tensor:
+    """float32 [batch, 1]: each row's first value, NaN for an empty row (what
+    `values[:, :1].to_tensor(default_value=nan)` gives, in a handful of ops)."""
+    flat = tf.concat([tf.cast(values.flat_values, tf.float32), [float("nan")]], 0)  # [-1]: an empty row
+    starts = tf.where(values.row_lengths() > 0, values.row_starts(), tf.shape(flat, out_type=tf.int64)[0] - 1)
+    return tf.expand_dims(tf.gather(flat, starts), 1)
+
+
+def _first_n(values: tf.RaggedTensor, n: int) -> tf.RaggedTensor:
+    """The first `n` values of each row (what `values[:, :n]` gives)."""
+    index = tf.range(tf.size(values.flat_values, out_type=tf.int64))
+    row = tf.searchsorted(values.row_splits, index, side="right") - 1  # the row of each flat value
+    return _keep(values, index - tf.gather(values.row_splits, row) < n)
+
+
+def _split(values: tf.RaggedTensor, separator: str) -> tf.RaggedTensor:
+    """Every value split at `separator`, the pieces kept in their row (what
+    `tf.strings.split(values, separator).merge_dims(1, 2)` gives, without the general merge)."""
+    pieces = tf.strings.split(values.flat_values, separator)
+    return tf.RaggedTensor.from_row_splits(
+        pieces.flat_values, tf.gather(pieces.row_splits, values.row_splits), validate=False
+    )
+
+
+def _valid_tokens(tokens: tf.RaggedTensor) -> tf.Tensor:
+    """Rulebook T5-T6: non-empty, valid UTF-8, no line break (one bool per flat value)."""
     flat = tokens.flat_values
     nonempty = tf.strings.length(flat) > 0
     utf8 = tf.equal(tf.strings.unicode_transcode(flat, "UTF-8", "UTF-8", errors="ignore"), flat)
     no_break = tf.logical_not(tf.strings.regex_full_match(flat, "(?s).*[\r\n].*"))
-    return tokens.with_flat_values(nonempty & utf8 & no_break)
+    return nonempty & utf8 & no_break
 
 
 def _fits_int64(digits: tf.Tensor) -> tf.Tensor:
@@ -55,11 +94,11 @@ def _int_texts(values: tf.RaggedTensor) -> tf.RaggedTensor:
     """Rulebook J2: JSON strings of an int64 column -> the decimal text preprocessing makes of the
     int64 value each stands for (`rulebook.int_text_value`); no value, `negative_int` and
     `not_integer` strings are dropped."""
-    values = tf.ragged.map_flat_values(tf.strings.strip, values)
-    values = tf.ragged.boolean_mask(values, tf.strings.regex_full_match(values, R.INTEGER_TEXT.decode()))
-    negative = tf.strings.regex_full_match(values, "-0*[1-9][0-9]*")
-    digits = tf.strings.regex_replace(values, "^[+-]?0*([0-9])", r"\1")  # sign and leading zeros off
-    return tf.ragged.boolean_mask(digits, tf.logical_not(negative) & tf.ragged.map_flat_values(_fits_int64, digits))
+    values = values.with_flat_values(tf.strings.strip(values.flat_values))
+    values = _keep(values, tf.strings.regex_full_match(values.flat_values, R.INTEGER_TEXT.decode()))
+    negative = tf.strings.regex_full_match(values.flat_values, "-0*[1-9][0-9]*")
+    digits = tf.strings.regex_replace(values.flat_values, "^[+-]?0*([0-9])", r"\1")  # sign and leading zeros off
+    return _keep(values.with_flat_values(digits), tf.logical_not(negative) & _fits_int64(digits))
 
 
 class RawFeatureTransform(tf.Module):
@@ -87,11 +126,11 @@ class RawFeatureTransform(tf.Module):
         return {d.column for d in self._manifest.dense_features}
 
     def example_spec(self) -> Dict[str, Any]:
-        return {c: tf.io.VarLenFeature(_DTYPES[self.kinds[c]]) for c in self.raw_columns()}
+        """Every raw column as a [batch, None] ragged feature (a missing feature: an empty row)."""
+        return {c: tf.io.RaggedFeature(_DTYPES[self.kinds[c]], row_splits_dtype=tf.int64) for c in self.raw_columns()}
 
     def from_examples(self, serialized: tf.Tensor) -> Dict[str, Any]:
-        parsed = tf.io.parse_example(serialized, self.example_spec())
-        return self._to_model_inputs({c: tf.RaggedTensor.from_sparse(parsed[c]) for c in parsed})
+        return self._to_model_inputs(tf.io.parse_example(serialized, self.example_spec()))
 
     def from_feature_tensors(self, columns: Dict[str, tf.Tensor]) -> Dict[str, Any]:
         """One value per row: strings for categorical ('' = missing), floats for dense (NaN = missing)."""
@@ -101,7 +140,9 @@ class RawFeatureTransform(tf.Module):
                 present = tf.strings.length(t) > 0
             else:
                 present = tf.logical_not(tf.math.is_nan(t))
-            ragged[c] = tf.ragged.boolean_mask(tf.expand_dims(t, 1), tf.expand_dims(present, 1))
+            ragged[c] = tf.RaggedTensor.from_row_lengths(
+                tf.boolean_mask(t, present), tf.cast(present, tf.int64), validate=False
+            )
         return self._to_model_inputs(ragged, from_json=True)
 
     def _tokens(self, values: tf.RaggedTensor, f: CategoricalFeatureEntry, from_json: bool) -> tf.RaggedTensor:
@@ -112,15 +153,16 @@ class RawFeatureTransform(tf.Module):
             return tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.string), tf.zeros([values.nrows()], tf.int64))
         if raw_kind == R.KIND_INT and from_json:  # J2: each string stands for an int64 value
             if f.separator is not None:
-                values = tf.strings.split(values, f.separator).merge_dims(1, 2)
+                values = _split(values, f.separator)
             values = _int_texts(values)
         elif raw_kind == R.KIND_INT:  # T2: the decimal text; negative integers are invalid
-            values = tf.strings.as_string(tf.ragged.boolean_mask(values, values >= 0))
+            values = _keep(values, values.flat_values >= 0)
+            values = values.with_flat_values(tf.strings.as_string(values.flat_values))
         if f.separator is not None:
-            values = tf.strings.split(values, f.separator).merge_dims(1, 2)
-        values = tf.ragged.boolean_mask(values, _valid_tokens(values))
+            values = _split(values, f.separator)
+        values = _keep(values, _valid_tokens(values))
         if f.max_length is not None:
-            values = values[:, : f.max_length]
+            values = _first_n(values, f.max_length)
         return values
 
     def _to_model_inputs(self, raw: Dict[str, tf.RaggedTensor], from_json: bool = False) -> Dict[str, Any]:
@@ -131,7 +173,7 @@ class RawFeatureTransform(tf.Module):
             if kind == R.KIND_BYTES:  # D5: non-numeric column: every value is filled
                 first = tf.fill([values.nrows(), 1], tf.constant(float("nan"), tf.float32))
             else:
-                first = tf.cast(values[:, :1], tf.float32).to_tensor(default_value=float("nan"), shape=[None, 1])
+                first = _first_or_nan(values)
             # D1-D4: the first value; NaN, inf and numbers beyond float32 are filled.
             out[d.name] = tf.where(tf.math.is_finite(first), first, tf.constant(d.fill_value, tf.float32))
         for f in self._manifest.categorical_features:
@@ -168,10 +210,12 @@ class ServingModule(tf.Module):
         self.serve_features = serve_features
 
     def signatures(self) -> Dict[str, Any]:
-        return {
-            "serving_default": self.serve_examples.get_concrete_function(),
-            "serve_features": self.serve_features.get_concrete_function(),
-        }
+        """The tf.functions themselves, not concrete functions: `tf.saved_model.save` traces them
+        inside its save context, and a trace made outside it is not reused there (the save
+        context's variable policy is part of tf.function's cache key,
+        tensorflow/python/eager/polymorphic_function/function_context.py), so each signature
+        would be traced twice."""
+        return {"serving_default": self.serve_examples, "serve_features": self.serve_features}
 
 
 def save_serving_model(module: ServingModule, path: str) -> None:
