@@ -264,6 +264,12 @@ class RankingModel(tf.keras.Model):
                 out[n] = self.tensor_core_tables[self.feature_table[n]](inputs[n])
         return out
 
+    # Not converted by AutoGraph (nor, through its control status, any layer called from here): the
+    # model has no tensor-dependent Python control flow (a Python `if` on a tensor raises in a
+    # graph, so nothing can silently change), and converting the subclassed layers' code took
+    # most of the first trace of every step (13 s of 14 s on the 26-feature demo model), paid by
+    # the TPU-rules check, fit's train function, evaluation and the SavedModel signature.
+    @tf.autograph.experimental.do_not_convert
     def call(self, inputs: Dict[str, Any], training: bool = False) -> tf.Tensor:
         if self.dense_names:
             dense = tf.concat([tf.reshape(inputs[n], [-1, 1]) for n in self.dense_names], axis=1)
@@ -294,6 +300,7 @@ class RankingModel(tf.keras.Model):
             ids |= {id(v) for v in self.embedding_layer.trainable_variables}
         return ids
 
+    @tf.autograph.experimental.do_not_convert  # as `call`: no tensor-dependent Python control flow
     def train_step(self, data):
         """Separate optimizers for embeddings and the dense part (TFRS layer docstring pattern:
         under TPUStrategy the TPU layer exposes a stand-in trainable variable whose gradient
