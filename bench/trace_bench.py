@@ -1,0 +1,282 @@
+"""Graph-building (tracing) benchmark: what the trainer and the exporter pay before any example runs.
+
+    .venv/bin/python bench/trace_bench.py [--rows 3000] [--repeats 3]
+
+Every training traces the model's step (the TPU-rules check, fit's train function, evaluation, the
+trainer's SavedModel signature) and every export traces the serving model's two signatures. On the
+2-core machine these traces, not the arithmetic, were most of a small training and of an export.
+Two side-by-side comparisons on the demo config (26 categorical features, 13 dense) over generated
+data preprocessed by our Beam code (in-process DirectRunner):
+
+- step: the first trace of the forward + backward step of `RankingModel` as shipped (its `call`
+  and `train_step` are `tf.autograph.experimental.do_not_convert`) vs the baseline, the same model
+  with AutoGraph converting its `call`, `train_step` and every subclassed layer's (what tf-keras
+  does by default). AutoGraph caches conversions per process, so each contender runs in a fresh
+  child process, alternating, `--repeats` times; each child also reports its second trace (a new
+  tf.function: conversions cached) and then a whole 30-step training (`trainer_module.train`:
+  the TPU-rules check, fit, checkpoints) on the same data.
+- serving: tracing the exporter's `serving_default` transform (parse, tokens, JSON-free path, IDs)
+  as shipped (ragged values handled on their row splits: components/embedding_exporter/serving.py
+  `_keep`, `_split`, `_first_n`, `_first_or_nan`, RaggedFeature parsing) vs the baseline, the same
+  transform with TensorFlow's general ragged ops (`VarLenFeature` + `RaggedTensor.from_sparse`,
+  `tf.ragged.boolean_mask`, `tf.strings.split(...).merge_dims`, ragged slicing, `to_tensor`),
+  alternating in one process, a fresh tf.function each time. Both are run on the same 256 eval
+  rows and must give identical model inputs (checked; the bench fails otherwise).
+
+Results go to bench/results/trace.json and print as a markdown table. Targets (baseline / ours):
+training >= 2, serving transform >= 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics as st
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+RESULTS = os.path.join(REPO, "bench", "results")
+TRAIN_STEPS = 30
+
+
+def prepare(rows: int, workdir: str):
+    """Generated rows preprocessed by our Beam code: (config, train files, eval files)."""
+    import apache_beam as beam
+    import yaml
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from components.config import parse_config
+    from components.embedding_preprocess.run import run_preprocessing
+    from components.synthetic_data import GeneratorSpec, ensure_dataset
+
+    data = os.path.join(workdir, "data.csv")
+    ensure_dataset(data, GeneratorSpec(rows=rows, seed=2024))
+    with open(os.path.join(REPO, "configs", "demo.yaml")) as fh:
+        raw = yaml.safe_load(fh)
+    raw["input"]["path"] = data
+    cfg = parse_config(raw)
+    opts = PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"])
+    run_preprocessing(beam.Pipeline(options=opts), cfg, {"train": data}, os.path.join(workdir, "vocab"),
+                      {"train": os.path.join(workdir, "tx", "Split-train")}, os.path.join(workdir, "stats"),
+                      input_format="csv")
+    return cfg, data
+
+
+def _model_and_batch(workdir: str):
+    import yaml
+
+    from components.config import parse_config
+    from components.embedding_trainer import plan as P
+    from components.embedding_trainer import trainer_module as tm
+    from components.embedding_trainer.input import make_dataset
+
+    with open(os.path.join(workdir, "config.yaml")) as fh:
+        cfg = parse_config(yaml.safe_load(fh))
+    files = [os.path.join(workdir, "tx", "Split-train", "*")]
+    manifest = tm.read_manifest_for(files)
+    plan = P.derive_plan(cfg, manifest, tm.read_statistics_for(files))
+    batch = next(iter(make_dataset(files, manifest, 64, training=True, seed=1, dense_id_widths=P.dense_id_widths(plan))))
+    return cfg, plan, manifest, batch
+
+
+def child_step(workdir: str, autograph: bool) -> None:
+    """One contender of `step` and `train` in this (fresh) process: prints {"first": s,
+    "second": s, "train": s}."""
+    import components  # noqa: F401
+    import tensorflow as tf
+
+    from components.embedding_trainer import model as M
+    from components.embedding_trainer import trainer_module as tm
+
+    if autograph:  # the baseline: tf-keras' default, `call` and `train_step` converted (and the layers called)
+        M.RankingModel.call = M.RankingModel.call.__wrapped__
+        M.RankingModel.train_step = M.RankingModel.train_step.__wrapped__
+    cfg, plan, manifest, (x, y) = _model_and_batch(workdir)
+    model = tm.build_model(plan, manifest, cfg, for_training=False)
+    model(x)  # variables built eagerly, as the trainer's check does
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.keras.losses.binary_crossentropy(y, model(x, training=True)))
+        return tape.gradient(loss, model.trainable_variables)
+
+    out = {}
+    for name in ("first", "second"):
+        start = time.perf_counter()
+        tf.function(step).get_concrete_function(x, y)
+        out[name] = time.perf_counter() - start
+    # A whole small training in the same process (conversions of `call` cached by the traces
+    # above): the TPU-rules check, fit's train function for TRAIN_STEPS steps, checkpoints.
+    files = [os.path.join(workdir, "tx", "Split-train", "*")]
+    start = time.perf_counter()
+    tm.train(cfg, plan, manifest, files, files, tempfile.mkdtemp(), train_steps=TRAIN_STEPS)
+    out["train"] = time.perf_counter() - start
+    print(json.dumps(out))
+
+
+class LibraryOps:
+    """The serving transform's ragged handling with TensorFlow's general ops (the baseline)."""
+
+    def __enter__(self):
+        import tensorflow as tf
+
+        from components.embedding_exporter import serving as S
+
+        self.saved = {k: getattr(S, k) for k in ("_keep", "_split", "_first_n", "_first_or_nan")}
+        self.saved_spec = S.RawFeatureTransform.example_spec
+        self.saved_from_examples = S.RawFeatureTransform.from_examples
+        S._keep = lambda values, mask: tf.ragged.boolean_mask(values, values.with_flat_values(mask))
+        S._split = lambda values, sep: tf.strings.split(values, sep).merge_dims(1, 2)
+        S._first_n = lambda values, n: values[:, :n]
+        S._first_or_nan = lambda values: tf.cast(values[:, :1], tf.float32).to_tensor(
+            default_value=float("nan"), shape=[None, 1])
+        S.RawFeatureTransform.example_spec = lambda self: {
+            c: tf.io.VarLenFeature(S._DTYPES[self.kinds[c]]) for c in self.raw_columns()}
+        S.RawFeatureTransform.from_examples = lambda self, serialized: self._to_model_inputs({
+            c: tf.RaggedTensor.from_sparse(t) for c, t in tf.io.parse_example(serialized, self.example_spec()).items()})
+        return self
+
+    def __exit__(self, *exc):
+        from components.embedding_exporter import serving as S
+
+        for k, v in self.saved.items():
+            setattr(S, k, v)
+        S.RawFeatureTransform.example_spec = self.saved_spec
+        S.RawFeatureTransform.from_examples = self.saved_from_examples
+
+
+def serving(workdir: str, data: str, repeats: int):
+    import contextlib
+
+    import components  # noqa: F401
+    import numpy as np
+    import tensorflow as tf
+
+    from components.embedding_exporter.serving import RawFeatureTransform
+
+    _, _, manifest, _ = _model_and_batch(workdir)
+    transform = RawFeatureTransform(manifest, manifest.vocabulary_dir)
+    rows = _raw_examples(transform.kinds, data, 256)
+
+    def trace_and_run():
+        fn = tf.function(transform.from_examples, input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
+        start = time.perf_counter()
+        concrete = fn.get_concrete_function()
+        seconds = time.perf_counter() - start
+        ops = len(concrete.graph.get_operations())
+        return seconds, ops, fn(tf.constant(rows))
+
+    times = {"ours": [], "library_ops": []}
+    ops, outputs = {}, {}
+    for _ in range(repeats):
+        for name, ctx in (("ours", contextlib.nullcontext()), ("library_ops", LibraryOps())):
+            with ctx:
+                seconds, ops[name], outputs[name] = trace_and_run()
+            times[name].append(seconds)
+    for k, a in outputs["ours"].items():  # same model inputs, value for value
+        b = outputs["library_ops"][k]
+        if isinstance(a, tf.SparseTensor):
+            same = all(np.array_equal(x.numpy(), y.numpy()) for x, y in
+                       ((a.indices, b.indices), (a.values, b.values), (a.dense_shape, b.dense_shape)))
+        else:
+            same = np.array_equal(a.numpy(), b.numpy(), equal_nan=True)
+        if not same:
+            raise SystemExit(f"serving transforms differ on feature {k!r}")
+    return times, ops
+
+
+def _raw_examples(kinds, data: str, n: int):
+    """The first `n` CSV rows as tf.Examples typed as preprocessing saw them (the manifest's raw
+    kinds: bytes, int, float), missing cells left out, serialized."""
+    import csv
+
+    import tensorflow as tf
+
+    from components import rulebook as R
+
+    with open(data, newline="", encoding="utf-8") as fh:
+        rows = [r for _, r in zip(range(n), csv.DictReader(fh))]
+    out = []
+    for r in rows:
+        f = {}
+        for c, kind in kinds.items():
+            v = r.get(c, "")
+            if v == "":
+                continue
+            if kind == R.KIND_INT:
+                f[c] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v)]))
+            elif kind == R.KIND_FLOAT:
+                f[c] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(v)]))
+            else:
+                f[c] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[v.encode()]))
+        out.append(tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString())
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", type=int, default=3000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--child-step", choices=["ours", "autograph"], help=argparse.SUPPRESS)
+    ap.add_argument("--workdir", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child_step:
+        child_step(args.workdir, args.child_step == "autograph")
+        return 0
+    import yaml
+
+    workdir = tempfile.mkdtemp(prefix="trace_bench_")
+    cfg, data = prepare(args.rows, workdir)
+    with open(os.path.join(REPO, "configs", "demo.yaml")) as fh:
+        raw = yaml.safe_load(fh)
+    raw["input"]["path"] = data
+    with open(os.path.join(workdir, "config.yaml"), "w") as fh:
+        yaml.safe_dump(raw, fh)
+
+    step = {"ours": [], "autograph": []}
+    for _ in range(args.repeats):
+        for name in ("ours", "autograph"):
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child-step", name, "--workdir", workdir],
+                                 check=True, capture_output=True, text=True).stdout
+            step[name].append(json.loads(out.strip().splitlines()[-1]))
+    serve_times, serve_ops = serving(workdir, data, args.repeats)
+
+    def med(xs):
+        return round(st.median(xs), 2)
+
+    result = {
+        "rows": args.rows, "repeats": args.repeats,
+        "step_first_trace_s": {k: [round(r["first"], 2) for r in v] for k, v in step.items()},
+        "step_second_trace_s": {k: [round(r["second"], 2) for r in v] for k, v in step.items()},
+        "train_s": {k: [round(r["train"], 2) for r in v] for k, v in step.items()},
+        "serving_trace_s": {k: [round(x, 2) for x in v] for k, v in serve_times.items()},
+        "serving_graph_ops": serve_ops,
+    }
+    first = result["step_first_trace_s"]
+    result["step_ratio_first"] = round(st.median(first["autograph"]) / st.median(first["ours"]), 2)
+    result["serving_ratio"] = round(st.median(serve_times["library_ops"]) / st.median(serve_times["ours"]), 2)
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "trace.json"), "w") as fh:
+        json.dump(result, fh, indent=1)
+    print("| trace | ours (median s) | baseline (median s) | baseline / ours |")
+    print("| --- | --- | --- | --- |")
+    print(f"| model step, first in a process | {med(first['ours'])} | {med(first['autograph'])} (AutoGraph) | {result['step_ratio_first']} |")
+    second = result["step_second_trace_s"]
+    print(f"| model step, second | {med(second['ours'])} | {med(second['autograph'])} (AutoGraph) | "
+          f"{round(st.median(second['autograph']) / st.median(second['ours']), 2)} |")
+    train = result["train_s"]
+    print(f"| training, {TRAIN_STEPS} steps of 64 (after the traces above) | {med(train['ours'])} | {med(train['autograph'])} (AutoGraph) | "
+          f"{round(st.median(train['autograph']) / st.median(train['ours']), 2)} |")
+    print(f"| serving_default transform | {med(serve_times['ours'])} ({serve_ops['ours']} ops) | "
+          f"{med(serve_times['library_ops'])} ({serve_ops['library_ops']} ops, library ragged ops) | {result['serving_ratio']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
