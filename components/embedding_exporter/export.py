@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional
 import components  # noqa: F401
 import numpy as np
 import tensorflow as tf
+from tfx.utils import io_utils  # read_string_file: any filesystem TFX reads (gs://, local)
 
 from components.config import PipelineConfig
 from components.contracts import artifacts as A
@@ -66,17 +67,12 @@ def read_raw_examples(file_pattern: str, limit: int) -> List[bytes]:
     return out
 
 
-def _read_text(path: str) -> str:
-    with tf.io.gfile.GFile(path) as fh:
-        return fh.read()
-
-
 def read_model_plan(model_uri: str) -> EmbeddingPlan:
     """The embedding plan the Model artifact was trained with (the exporter trusts nothing else)."""
     plan_path = os.path.join(model_uri, A.PLAN_FILE)
     if not tf.io.gfile.exists(plan_path):
         raise ExportRefused(f"no embedding plan at {plan_path}; the Model artifact is not from this trainer")
-    return EmbeddingPlan.from_json(_read_text(plan_path), plan_path)
+    return EmbeddingPlan.from_json(io_utils.read_string_file(plan_path), plan_path)
 
 
 def read_model_manifest(model_uri: str) -> VocabularyManifest:
@@ -84,7 +80,7 @@ def read_model_manifest(model_uri: str) -> VocabularyManifest:
     path = os.path.join(model_uri, A.EMBEDDING_MANIFEST_FILE)
     if not tf.io.gfile.exists(path):
         raise ExportRefused(f"no vocabulary manifest at {path}; the Model artifact is not from this trainer")
-    return VocabularyManifest.from_json(_read_text(path), path)
+    return VocabularyManifest.from_json(io_utils.read_string_file(path), path)
 
 
 def saved_variable_shapes(saved_model_dir: str) -> Dict[str, List[int]]:

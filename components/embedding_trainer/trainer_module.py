@@ -31,6 +31,7 @@ import components  # noqa: F401
 import numpy as np
 import tensorflow as tf
 from absl import logging
+from tfx.utils import io_utils  # read_string_file: any filesystem TFX reads (gs://, local)
 
 from components.config import PipelineConfig, config_from_json
 from components.contracts import artifacts as A
@@ -60,27 +61,22 @@ def examples_root(train_files) -> str:
     return os.path.dirname(os.path.dirname(train_files[0]))
 
 
-def _read_text(path: str) -> str:
-    with tf.io.gfile.GFile(path) as fh:
-        return fh.read()
-
-
 def read_manifest_for(train_files) -> VocabularyManifest:
     """The manifest preprocessing wrote beside the transformed examples."""
     path = os.path.join(examples_root(train_files), A.EMBEDDING_MANIFEST_FILE)
-    return VocabularyManifest.from_json(_read_text(path), path)
+    return VocabularyManifest.from_json(io_utils.read_string_file(path), path)
 
 
 def read_statistics_for(train_files) -> Optional[EmbeddingStatistics]:
     """The statistics preprocessing copied beside the transformed examples (None for examples
     written before the copy existed: the plan then reports SparseCore limits as unknown)."""
     path = os.path.join(examples_root(train_files), A.EMBEDDING_STATISTICS_FILE)
-    return EmbeddingStatistics.from_json(_read_text(path), path) if tf.io.gfile.exists(path) else None
+    return EmbeddingStatistics.from_json(io_utils.read_string_file(path), path) if tf.io.gfile.exists(path) else None
 
 
 def read_plan(model_uri: str) -> EmbeddingPlan:
     path = os.path.join(model_uri, A.PLAN_FILE)
-    return EmbeddingPlan.from_json(_read_text(path), path)
+    return EmbeddingPlan.from_json(io_utils.read_string_file(path), path)
 
 
 def distribution_strategy(cfg: PipelineConfig) -> tf.distribute.Strategy:
