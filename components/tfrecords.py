@@ -3,7 +3,8 @@
 Preprocessing writes one Beam element per *batch* of records (the records already framed as
 TFRecord bytes) instead of one element per record: Beam's per-element work (windowed values,
 per-record sink calls, two pure-Python-dispatched CRCs per record) cost more than encoding the
-examples. Framing here follows the TFRecord format (tensorflow/core/lib/io/record_writer.h):
+examples. The Beam sink that writes such blocks is `beam_pipeline.FramedTFRecordSink` (this module
+stays free of Beam: the trainer and the exporter read `compression_type`). Framing here follows the TFRecord format (tensorflow/core/lib/io/record_writer.h):
 uint64 little-endian length, masked CRC32C of the length, the bytes, masked CRC32C of the bytes.
 """
 from __future__ import annotations
@@ -12,7 +13,6 @@ import struct
 from typing import Iterable, Sequence
 
 import google_crc32c  # C (hardware-accelerated) CRC32C; a dependency of the Google Cloud clients
-from apache_beam.io import filebasedsink
 
 
 def compression_type(files: Sequence[str]) -> str:
@@ -38,23 +38,3 @@ def frame(records: Iterable[bytes]) -> bytes:
         parts.append(r)
         parts.append(struct.pack("<I", _masked_crc(r)))
     return b"".join(parts)
-
-
-class FramedTFRecordSink(filebasedsink.FileBasedSink):
-    """A TFRecord sink whose elements are blocks of already framed records (see `frame`).
-
-    Beam's FileBasedSink does the sharding, temporary files and the final rename, exactly as for
-    `WriteToTFRecord`; the compression follows the suffix (`.gz`: gzip)."""
-
-    def __init__(self, file_path_prefix: str, file_name_suffix: str = ""):
-        from apache_beam import coders
-
-        super().__init__(
-            file_path_prefix=file_path_prefix,
-            coder=coders.BytesCoder(),
-            file_name_suffix=file_name_suffix,
-            mime_type="application/octet-stream",
-        )
-
-    def write_encoded_record(self, file_handle, value: bytes) -> None:
-        file_handle.write(value)

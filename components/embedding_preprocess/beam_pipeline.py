@@ -27,6 +27,7 @@ import uuid
 from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
 
 import apache_beam as beam
+from apache_beam.io import filebasedsink
 import pyarrow as pa
 
 from components import tfrecords
@@ -49,6 +50,29 @@ STATS_FILE_PREFIX = "_partial_statistics"
 # Elements: a feature's or a table's value counts, keyed by its name.
 KeyedCounts = Tuple[str, ValueCounts]
 StatisticsPartial = Dict[str, Any]
+
+
+# ---- sink ----------------------------------------------------------------------------------------
+
+
+class FramedTFRecordSink(filebasedsink.FileBasedSink):
+    """A TFRecord sink whose elements are blocks of already framed records (see `tfrecords.frame`).
+
+    Beam's FileBasedSink does the sharding, temporary files and the final rename, exactly as for
+    `WriteToTFRecord`; the compression follows the suffix (`.gz`: gzip)."""
+
+    def __init__(self, file_path_prefix: str, file_name_suffix: str = ""):
+        from apache_beam import coders
+
+        super().__init__(
+            file_path_prefix=file_path_prefix,
+            coder=coders.BytesCoder(),
+            file_name_suffix=file_name_suffix,
+            mime_type="application/octet-stream",
+        )
+
+    def write_encoded_record(self, file_handle, value: bytes) -> None:
+        file_handle.write(value)
 
 
 # ---- CombineFns --------------------------------------------------------------------------------
@@ -361,7 +385,7 @@ class WriteTransformedExamples(beam.PTransform):
 
     def expand(self, blocks):
         return blocks | "Write" >> beam.io.Write(
-            tfrecords.FramedTFRecordSink(self._prefix, file_name_suffix=self._suffix)
+            FramedTFRecordSink(self._prefix, file_name_suffix=self._suffix)
         )
 
 
