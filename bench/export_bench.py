@@ -19,10 +19,14 @@ bytes, padding not counted). Peak memory = the child's peak RSS above its RSS be
 next to the largest single table. Target: convert B within 2x of copy (copy GB/s / convert GB/s <= 2).
 
 latency: the demo's trained model (default: the newest Model artifact under output/demo) exported
-with the exporter (float32 tables), loaded from disk; per batch size 1, 64, 1024, p50/p99 of single
-calls on CPU for: the serving SavedModel on raw serialized tf.Examples (parsing, vocabulary lookup,
-model), the trained Keras model (rebuilt, restored, in a tf.function) on the same rows already
-preprocessed and parsed, and the trainer's SavedModel on the preprocessed serialized rows.
+by the exporter once per serving table dtype (`--dtypes`, default float32 float16 int8), loaded
+from disk; per batch size 1, 64, 1024, p50/p99 of single calls on CPU, the contenders alternating
+call by call, for: each serving SavedModel on raw serialized tf.Examples (parsing, vocabulary
+lookup, model), the trained Keras model (rebuilt, restored, in a tf.function) on the same rows
+already preprocessed and parsed, and the trainer's SavedModel on the preprocessed serialized rows
+(the baseline: every row has p50 and p99 over its). Also the memory each loaded serving model
+adds to the process (RSS after loading it and scoring a batch of 1024, minus RSS before).
+Target (issue 17): serving p50 <= 1.25x and p99 <= 1.5x the trainer's SavedModel at every batch.
 Results go to bench/results/export_<part>.json and print as markdown tables.
 """
 from __future__ import annotations
@@ -48,6 +52,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 RESULTS = os.path.join(REPO, "bench", "results")
+TRAINER_SM = "trainer's SavedModel, preprocessed tf.Examples"  # the latency baseline
 TABLE_DIMS = {"t_users": 64, "t_items": 64, "t_queries": 128, "t_tags": 32}
 NUM_CHIPS, SC_PER_CHIP = 8, 4
 
@@ -280,8 +285,11 @@ def run_latency(args) -> dict:
     cfg.export.auc_sample_size = 2048
     out = tempfile.mkdtemp(prefix="export_latency_")
     try:
-        report = export_serving_model(cfg, model_dir, examples, out)
-        serving = tf.saved_model.load(os.path.join(out, "Format-Serving")).signatures["serving_default"]
+        # One serving model per table dtype, each exported (and verified) by the exporter.
+        reports, servings, loaded_bytes = {}, {}, {}
+        for dtype in args.dtypes:
+            cfg.export.table_dtype = dtype
+            reports[dtype] = export_serving_model(cfg, model_dir, examples, os.path.join(out, dtype))
         trained_sm = tf.saved_model.load(os.path.join(model_dir, "Format-Serving")).signatures["serving_default"]
         manifest = VocabularyManifest.from_json(open(os.path.join(model_dir, "embedding_manifest.json")).read())
         plan = tm.read_plan(model_dir)
@@ -301,28 +309,43 @@ def run_latency(args) -> dict:
         keras_model(features)
         tf.train.Checkpoint(model=keras_model).restore(tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))).expect_partial()
         keras_fn = tf.function(lambda f: keras_model(f), reduce_retracing=True)
+        # Memory a loaded serving model adds to the process: RSS after loading it and scoring one
+        # batch of 1024 (tables, lookup tables and graph in memory), minus RSS before. Models are
+        # loaded one after the other in this process, so each figure is what that model added.
+        for dtype in args.dtypes:
+            gc.collect()
+            before = _rss_bytes()
+            servings[dtype] = tf.saved_model.load(os.path.join(out, dtype, "Format-Serving")).signatures["serving_default"]
+            servings[dtype](examples=tf.constant(raw[:1024]))
+            loaded_bytes[dtype] = _rss_bytes() - before
         rows = []
         for batch in (1, 64, 1024):
             calls = {1: args.calls, 64: max(args.calls // 2, 50), 1024: max(args.calls // 10, 30)}[batch]
             raw_b, tx_b = tf.constant(raw[:batch]), tf.constant(tx[:batch])
             feats_b, _ = parse_batch(tx_b, manifest)
-            contenders = {
-                "serving SavedModel, raw tf.Examples": lambda: serving(examples=raw_b),
+            contenders = {f"serving SavedModel ({d}), raw tf.Examples": (lambda fn=fn: fn(examples=raw_b)) for d, fn in servings.items()}
+            contenders.update({
                 "trained Keras model, preprocessed + parsed": lambda: keras_fn(feats_b),
-                "trainer's SavedModel, preprocessed tf.Examples": lambda: trained_sm(examples=tx_b),
-            }
-            for name, fn in contenders.items():
+                TRAINER_SM: lambda: trained_sm(examples=tx_b),
+            })
+            for fn in contenders.values():  # warm-up
                 for _ in range(10):
                     fn()
-                times = []
-                for _ in range(calls):
+            times = {name: [] for name in contenders}
+            for _ in range(calls):  # alternating: every contender sees the same machine state
+                for name, fn in contenders.items():
                     t = time.perf_counter()
                     fn()
-                    times.append((time.perf_counter() - t) * 1e3)
+                    times[name].append((time.perf_counter() - t) * 1e3)
+            base = times[TRAINER_SM]
+            for name, ts in times.items():
                 rows.append({"batch": batch, "model": name, "calls": calls,
-                             "p50_ms": float(np.percentile(times, 50)), "p99_ms": float(np.percentile(times, 99))})
+                             "p50_ms": float(np.percentile(ts, 50)), "p99_ms": float(np.percentile(ts, 99)),
+                             "p50_vs_trainer": float(np.percentile(ts, 50) / np.percentile(base, 50)),
+                             "p99_vs_trainer": float(np.percentile(ts, 99) / np.percentile(base, 99))})
                 print(f"batch {batch:5d} {name}: p50 {rows[-1]['p50_ms']:.2f} ms, p99 {rows[-1]['p99_ms']:.2f} ms", flush=True)
-        return {"model": model_dir, "parity": report["parity"], "rows": rows, "machine": {"cpus": os.cpu_count()}}
+        return {"model": model_dir, "parity": {d: r["parity"] for d, r in reports.items()}, "rows": rows,
+                "loaded_model_rss_bytes": loaded_bytes, "machine": {"cpus": os.cpu_count()}}
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
@@ -339,6 +362,7 @@ def main() -> None:
     p.add_argument("--model", help="latency: Model artifact dir (default: newest under output/demo)")
     p.add_argument("--examples", help="latency: raw eval tf.Example file pattern")
     p.add_argument("--calls", type=int, default=300, help="latency: timed calls at batch 1")
+    p.add_argument("--dtypes", nargs="+", default=["float32", "float16", "int8"], help="latency: serving table dtypes")
     args = p.parse_args()
     result = run_conversion(args) if args.part == "conversion" else run_latency(args)
     os.makedirs(RESULTS, exist_ok=True)
@@ -356,10 +380,13 @@ def main() -> None:
               f"{result['copy_over_convert_B_in_memory']['median']:.2f} (median); largest table "
               f"{result['tables']['largest_table_bytes'] / 2**20:.0f} MiB; in-memory copy {result['machine']['memcpy_gbps']:.1f} GB/s")
     else:
-        print("\n| batch | model | p50 ms | p99 ms |")
-        print("| --- | --- | --- | --- |")
+        print("\n| batch | model | p50 ms | p99 ms | p50 / trainer's | p99 / trainer's |")
+        print("| --- | --- | --- | --- | --- | --- |")
         for r in result["rows"]:
-            print(f"| {r['batch']} | {r['model']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
+            print(f"| {r['batch']} | {r['model']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+                  f"{r['p50_vs_trainer']:.2f} | {r['p99_vs_trainer']:.2f} |")
+        print("\nmemory added by loading each serving model (RSS after load + one batch of 1024): " + ", ".join(
+            f"{d} {b / 2**20:.0f} MiB" for d, b in result["loaded_model_rss_bytes"].items()))
 
 
 if __name__ == "__main__":

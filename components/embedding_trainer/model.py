@@ -166,6 +166,10 @@ class ServingTable(tf.keras.layers.Layer):
         rows = tf.cast(tf.gather(self.embeddings, unique), tf.float32)
         if self.scale is not None:
             rows = rows * tf.gather(self.scale, unique)[:, None]
+        # One zero row after the gathered ones: safe_embedding_lookup_sparse looks up ID 0 for rows
+        # without IDs (and zeroes their result), which fails on an empty gather: a batch in which
+        # no row has this feature, e.g. a single request without it.
+        rows = tf.concat([rows, tf.zeros([1, self.dim], tf.float32)], 0)
         local = tf.SparseTensor(ids.indices, tf.cast(position, tf.int64), ids.dense_shape)
         return tf.nn.safe_embedding_lookup_sparse(rows, local, combiner=self.combiner)
 
