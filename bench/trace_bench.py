@@ -6,7 +6,8 @@ Every training traces the model's step (the TPU-rules check, fit's train functio
 trainer's SavedModel signature) and every export traces the serving model's two signatures. On the
 2-core machine these traces, not the arithmetic, were most of a small training and of an export.
 Two side-by-side comparisons on the demo config (26 categorical features, 13 dense) over generated
-data preprocessed by our Beam code (in-process DirectRunner):
+data preprocessed by our Beam code (in-process DirectRunner; trainer_bench.prepare, the data cached
+under data/bench):
 
 - step: the first trace of the forward + backward step of `RankingModel` as shipped (its `call`
   and `train_step` are `tf.autograph.experimental.do_not_convert`) vs the baseline, the same model
@@ -45,39 +46,14 @@ RESULTS = os.path.join(REPO, "bench", "results")
 TRAIN_STEPS = 30
 
 
-def prepare(rows: int, workdir: str):
-    """Generated rows preprocessed by our Beam code: (config, train files, eval files)."""
-    import apache_beam as beam
-    import yaml
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    from components.config import parse_config
-    from components.embedding_preprocess.run import run_preprocessing
-    from components.synthetic_data import GeneratorSpec, ensure_dataset
-
-    data = os.path.join(workdir, "data.csv")
-    ensure_dataset(data, GeneratorSpec(rows=rows, seed=2024))
-    with open(os.path.join(REPO, "configs", "demo.yaml")) as fh:
-        raw = yaml.safe_load(fh)
-    raw["input"]["path"] = data
-    cfg = parse_config(raw)
-    opts = PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"])
-    run_preprocessing(beam.Pipeline(options=opts), cfg, {"train": data}, os.path.join(workdir, "vocab"),
-                      {"train": os.path.join(workdir, "tx", "Split-train")}, os.path.join(workdir, "stats"),
-                      input_format="csv")
-    return cfg, data
-
-
 def _model_and_batch(workdir: str):
-    import yaml
-
-    from components.config import parse_config
+    from components.config import config_from_json
     from components.embedding_trainer import plan as P
     from components.embedding_trainer import trainer_module as tm
     from components.embedding_trainer.input import make_dataset
 
-    with open(os.path.join(workdir, "config.yaml")) as fh:
-        cfg = parse_config(yaml.safe_load(fh))
+    with open(os.path.join(workdir, "config.json")) as fh:
+        cfg = config_from_json(fh.read())
     files = [os.path.join(workdir, "tx", "Split-train", "*")]
     manifest = tm.read_manifest_for(files)
     plan = P.derive_plan(cfg, manifest, tm.read_statistics_for(files))
@@ -229,15 +205,13 @@ def main() -> int:
     if args.child_step:
         child_step(args.workdir, args.child_step == "autograph")
         return 0
-    import yaml
+    from trainer_bench import prepare  # the same generated data and in-process preprocessing
 
     workdir = tempfile.mkdtemp(prefix="trace_bench_")
-    cfg, data = prepare(args.rows, workdir)
-    with open(os.path.join(REPO, "configs", "demo.yaml")) as fh:
-        raw = yaml.safe_load(fh)
-    raw["input"]["path"] = data
-    with open(os.path.join(workdir, "config.yaml"), "w") as fh:
-        yaml.safe_dump(raw, fh)
+    cfg, _ = prepare(args.rows, workdir, training={})  # the demo config as it is
+    data = cfg.input.path
+    with open(os.path.join(workdir, "config.json"), "w") as fh:  # what the child processes read
+        fh.write(cfg.to_json())
 
     step = {"ours": [], "autograph": []}
     for _ in range(args.repeats):
@@ -258,21 +232,21 @@ def main() -> int:
         "serving_trace_s": {k: [round(x, 2) for x in v] for k, v in serve_times.items()},
         "serving_graph_ops": serve_ops,
     }
-    first = result["step_first_trace_s"]
-    result["step_ratio_first"] = round(st.median(first["autograph"]) / st.median(first["ours"]), 2)
-    result["serving_ratio"] = round(st.median(serve_times["library_ops"]) / st.median(serve_times["ours"]), 2)
+
+    def ratio(times, baseline, ours):
+        return round(st.median(times[baseline]) / st.median(times[ours]), 2)
+
+    first, second, train = result["step_first_trace_s"], result["step_second_trace_s"], result["train_s"]
+    result["step_ratio_first"] = ratio(first, "autograph", "ours")
+    result["serving_ratio"] = ratio(serve_times, "library_ops", "ours")
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, "trace.json"), "w") as fh:
         json.dump(result, fh, indent=1)
     print("| trace | ours (median s) | baseline (median s) | baseline / ours |")
     print("| --- | --- | --- | --- |")
-    print(f"| model step, first in a process | {med(first['ours'])} | {med(first['autograph'])} (AutoGraph) | {result['step_ratio_first']} |")
-    second = result["step_second_trace_s"]
-    print(f"| model step, second | {med(second['ours'])} | {med(second['autograph'])} (AutoGraph) | "
-          f"{round(st.median(second['autograph']) / st.median(second['ours']), 2)} |")
-    train = result["train_s"]
-    print(f"| training, {TRAIN_STEPS} steps of 64 (after the traces above) | {med(train['ours'])} | {med(train['autograph'])} (AutoGraph) | "
-          f"{round(st.median(train['autograph']) / st.median(train['ours']), 2)} |")
+    for label, times in (("model step, first in a process", first), ("model step, second", second),
+                         (f"training, {TRAIN_STEPS} steps of 64 (after the traces above)", train)):
+        print(f"| {label} | {med(times['ours'])} | {med(times['autograph'])} (AutoGraph) | {ratio(times, 'autograph', 'ours')} |")
     print(f"| serving_default transform | {med(serve_times['ours'])} ({serve_ops['ours']} ops) | "
           f"{med(serve_times['library_ops'])} ({serve_ops['library_ops']} ops, library ragged ops) | {result['serving_ratio']} |")
     return 0

@@ -97,7 +97,10 @@ class PlainKerasDLRM(tf.keras.Model):
         return {}
 
 
-def prepare(rows: int, workdir: str):
+def prepare(rows: int, workdir: str, training=None):
+    """Generated rows (cached under data/bench) preprocessed by our Beam code into `workdir`, with
+    the demo config; `training` overrides its training section (default: the baseline's DLRM
+    without dropout). Returns (config, data metadata)."""
     import apache_beam as beam
     import yaml
     from apache_beam.options.pipeline_options import PipelineOptions
@@ -112,7 +115,7 @@ def prepare(rows: int, workdir: str):
         raw = yaml.safe_load(fh)
     raw["input"]["path"] = data
     # The baseline below is a DLRM without dropout: ours is measured as the same architecture.
-    raw["training"].update({"model": "dlrm", "dropout": 0.0})
+    raw["training"].update({"model": "dlrm", "dropout": 0.0} if training is None else training)
     cfg = parse_config(raw)
     opts = PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"])
     run_preprocessing(beam.Pipeline(options=opts), cfg, {"train": data}, os.path.join(workdir, "vocab"),

@@ -120,7 +120,6 @@ class RawFeatureTransform(tf.Module):
             # The vocabulary part of V1-V2; OOV buckets are computed in `_ids` for the misses only
             # (what StaticVocabularyTable.lookup computes for every token, hashing them all).
             self.tables[name] = tf.lookup.StaticHashTable(initializer, default_value=-1)
-        self.num_oov_buckets = {name: v.num_oov_buckets for name, v in manifest.vocabularies.items()}
 
     def raw_columns(self):
         return self._manifest.raw_columns()
@@ -177,7 +176,7 @@ class RawFeatureTransform(tf.Module):
         ids = table.lookup(flat)
         miss = tf.where(ids < 0)
         missed = tf.gather(flat, miss[:, 0])
-        oov = table.size() + tf.strings.to_hash_bucket_fast(missed, self.num_oov_buckets[f.table])
+        oov = table.size() + tf.strings.to_hash_bucket_fast(missed, self._manifest.vocabularies[f.table].num_oov_buckets)
         ids = tokens.with_flat_values(tf.tensor_scatter_nd_update(ids, miss, oov))
         if check:
             ids = _keep(ids, tf.tensor_scatter_nd_update(tf.ones(tf.shape(flat), tf.bool), miss, _valid_tokens(missed)))
