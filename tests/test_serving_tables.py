@@ -1,7 +1,8 @@
 """The exporter's serving tables (model.ServingTable) in every storage dtype: the pooled lookup of
-a batch equals safe_embedding_lookup_sparse over the (dequantized) table, including batches in
+a batch equals safe_embedding_lookup_sparse (what TPUEmbeddingForServing and the trainer's CPU
+model compute) over the (dequantized) table, bit for bit for float32 tables, including batches in
 which no row has an ID for the feature (a single request without it), which failed for float16
-and int8 before the compressed lookups got a zero row to fall back on."""
+and int8 when the lookup was safe_embedding_lookup_sparse itself."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -52,6 +53,8 @@ def test_pooled_lookup_matches_the_dequantized_table(storage, combiner, rows):
     want = tf.nn.safe_embedding_lookup_sparse(tf.constant(dequantized), ids, combiner=combiner).numpy()
     assert got.shape == (len(rows), DIM)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    if storage == "float32":  # the same sums in the same order: the same bits
+        np.testing.assert_array_equal(got, want)
     for r, row_ids in enumerate(rows):
         if not row_ids:
             assert not got[r].any()  # no IDs: zeros, as on the trained model

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional, Tuple
 
 import components  # noqa: F401
 import tensorflow as tf
@@ -56,13 +56,6 @@ def _first_or_nan(values: tf.RaggedTensor) -> tf.Tensor:
     return tf.expand_dims(tf.gather(flat, starts), 1)
 
 
-def _first_n(values: tf.RaggedTensor, n: int) -> tf.RaggedTensor:
-    """The first `n` values of each row (what `values[:, :n]` gives)."""
-    index = tf.range(tf.size(values.flat_values, out_type=tf.int64))
-    row = tf.searchsorted(values.row_splits, index, side="right") - 1  # the row of each flat value
-    return _keep(values, index - tf.gather(values.row_splits, row) < n)
-
-
 def _split(values: tf.RaggedTensor, separator: str) -> tf.RaggedTensor:
     """Every value split at `separator`, the pieces kept in their row (what
     `tf.strings.split(values, separator).merge_dims(1, 2)` gives, without the general merge)."""
@@ -78,6 +71,20 @@ def _valid_tokens(flat: tf.Tensor) -> tf.Tensor:
     utf8 = tf.equal(tf.strings.unicode_transcode(flat, "UTF-8", "UTF-8", errors="ignore"), flat)
     no_break = tf.logical_not(tf.strings.regex_full_match(flat, "(?s).*[\r\n].*"))
     return nonempty & utf8 & no_break
+
+
+# Rulebook T5-T6 for the commonest valid token: ASCII without line breaks (every such string is
+# valid UTF-8). RE2's own UTF-8 handling is not a validity check: it accepts encoded surrogates
+# and code points above U+10FFFF (tests/test_serving_transform.py has the cases).
+_PLAIN_ASCII = r"[\x00-\x09\x0b\x0c\x0e-\x7f]+"
+
+
+def _valid_tokens_fast(flat: tf.Tensor) -> tf.Tensor:
+    """`_valid_tokens` with one regex for plain ASCII tokens; the full checks (UTF-8 transcoding
+    the most costly) run on the others only."""
+    plain = tf.strings.regex_full_match(flat, _PLAIN_ASCII)
+    other = tf.where(tf.logical_not(plain))
+    return tf.tensor_scatter_nd_update(plain, other, _valid_tokens(tf.gather(flat, other[:, 0])))
 
 
 def _fits_int64(digits: tf.Tensor) -> tf.Tensor:
@@ -101,8 +108,28 @@ def _int_texts(values: tf.RaggedTensor) -> tf.RaggedTensor:
     return _keep(values.with_flat_values(digits), tf.logical_not(negative) & _fits_int64(digits))
 
 
+def _stack_rows(parts: List[tf.RaggedTensor]) -> tf.RaggedTensor:
+    """k ragged tensors of the same [batch, None] shape -> one of k * batch rows, part after part
+    (what `tf.concat(parts, 0)` gives, in a fixed handful of ops whatever k is)."""
+    if len(parts) == 1:
+        return parts[0]
+    splits = tf.stack([p.row_splits for p in parts])  # [k, batch + 1]
+    offsets = tf.cumsum(splits[:, -1], exclusive=True)  # where each part's values start
+    row_splits = tf.concat([tf.reshape(splits[:, :-1] + offsets[:, None], [-1]), [tf.reduce_sum(splits[:, -1])]], 0)
+    return tf.RaggedTensor.from_row_splits(tf.concat([p.flat_values for p in parts], 0), row_splits, validate=False)
+
+
 class RawFeatureTransform(tf.Module):
-    """Raw columns -> model inputs (dense float32 [B,1], categorical int64 SparseTensor [B, None])."""
+    """Raw columns -> model inputs (dense float32 [B,1], categorical int64 SparseTensor [B, None]).
+
+    Only what depends on a feature's own column, kind, separator and table runs feature by
+    feature (parsing, T1-T4, the vocabulary lookup: one op each for a plain string column); the
+    rest runs once for all features on their IDs stacked into one ragged tensor of (features x
+    batch) rows: misses, validity (T5-T6), OOV buckets (V2, one hash per bucket count), truncation
+    (T7) and the cut into per-feature SparseTensors; dense columns are stacked the same way. At
+    batch 1 the serving model's time over the trained model's was mostly per-op overhead of the
+    feature-by-feature transform this replaces (issue 17), which is kept as the test oracle:
+    `serving_reference.FeatureByFeatureTransform`."""
 
     def __init__(self, manifest: VocabularyManifest, vocabulary_dir: str):
         super().__init__(name="raw_feature_transform")
@@ -117,9 +144,10 @@ class RawFeatureTransform(tf.Module):
                 value_dtype=tf.int64,
                 value_index=tf.lookup.TextFileIndex.LINE_NUMBER,
             )
-            # The vocabulary part of V1-V2; OOV buckets are computed in `_ids` for the misses only
-            # (what StaticVocabularyTable.lookup computes for every token, hashing them all).
+            # The vocabulary part of V1-V2; OOV buckets are computed for the misses only (what
+            # StaticVocabularyTable.lookup computes for every token, hashing them all).
             self.tables[name] = tf.lookup.StaticHashTable(initializer, default_value=-1)
+        self._order = list(manifest.categorical_features)
 
     def raw_columns(self):
         return self._manifest.raw_columns()
@@ -132,28 +160,39 @@ class RawFeatureTransform(tf.Module):
         return {c: tf.io.RaggedFeature(_DTYPES[self.kinds[c]], row_splits_dtype=tf.int64) for c in self.raw_columns()}
 
     def from_examples(self, serialized: tf.Tensor) -> Dict[str, Any]:
-        return self._to_model_inputs(tf.io.parse_example(serialized, self.example_spec()))
+        parsed = tf.io.parse_example(serialized, self.example_spec())
+
+        def stacked(columns: List[str]) -> tf.RaggedTensor:
+            return _stack_rows([tf.cast(parsed[c], tf.float32) for c in columns])
+
+        return self._to_model_inputs(parsed.__getitem__, stacked, tf.shape(serialized, out_type=tf.int64)[0], False)
 
     def from_feature_tensors(self, columns: Dict[str, tf.Tensor]) -> Dict[str, Any]:
         """One value per row: strings for categorical ('' = missing), floats for dense (NaN = missing)."""
-        ragged = {}
-        for c, t in columns.items():
-            if t.dtype == tf.string:
-                present = tf.strings.length(t) > 0
-            else:
-                present = tf.logical_not(tf.math.is_nan(t))
-            ragged[c] = tf.RaggedTensor.from_row_lengths(
-                tf.boolean_mask(t, present), tf.cast(present, tf.int64), validate=False
-            )
-        return self._to_model_inputs(ragged, from_json=True)
 
-    def _tokens(self, values: tf.RaggedTensor, f: CategoricalFeatureEntry, from_json: bool):
+        def ragged(values: tf.Tensor) -> tf.RaggedTensor:
+            if values.dtype == tf.string:
+                present = tf.strings.length(values) > 0
+            else:
+                present = tf.logical_not(tf.math.is_nan(values))
+            return tf.RaggedTensor.from_row_lengths(
+                tf.boolean_mask(values, present), tf.cast(present, tf.int64), validate=False
+            )
+
+        def stacked(names: List[str]) -> tf.RaggedTensor:
+            return ragged(tf.reshape(tf.stack([columns[c] for c in names]), [-1]))  # column after column
+
+        batch = tf.shape(next(iter(columns.values())), out_type=tf.int64)[0]
+        return self._to_model_inputs(lambda c: ragged(columns[c]), stacked, batch, True)
+
+    def _tokens(self, values: tf.RaggedTensor, f: CategoricalFeatureEntry, from_json: bool) -> tf.RaggedTensor:
         """Raw values (or JSON strings) of one categorical column -> its tokens per row, rulebook
-        T1-T4 (J1-J3), and whether they still need T5-T6 (decimal texts of integers, unsplit, are
-        valid by construction). `_ids` applies T5-T7."""
+        T1-T4 (J1-J3). T5-T7 follow in `_categorical`."""
         raw_kind = self.kinds[f.column]
         if raw_kind == R.KIND_FLOAT:  # T3, J3: floats are invalid categorical values: no tokens
-            return tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.string), tf.zeros([values.nrows()], tf.int64)), False
+            return tf.RaggedTensor.from_row_splits(
+                tf.zeros([0], tf.string), tf.zeros_like(values.row_splits), validate=False
+            )
         if raw_kind == R.KIND_INT and from_json:  # J2: each string stands for an int64 value
             if f.separator is not None:
                 values = _split(values, f.separator)
@@ -163,41 +202,86 @@ class RawFeatureTransform(tf.Module):
             values = values.with_flat_values(tf.strings.as_string(values.flat_values))
         if f.separator is not None:
             values = _split(values, f.separator)
-        return values, raw_kind != R.KIND_INT or f.separator is not None
+        return values
 
-    def _ids(self, tokens: tf.RaggedTensor, f: CategoricalFeatureEntry, check: bool) -> tf.RaggedTensor:
-        """Tokens -> embedding IDs: V1 (vocabulary line), V2 (OOV bucket), T5-T6 (invalid tokens
-        dropped) and T7 (the first `max_length` valid tokens). A token found in the vocabulary is
-        valid (preprocessing counts valid tokens only), so the validity checks and the OOV hash
-        run on the tokens the vocabulary misses, not on every token: on raw eval rows of the demo
-        model they were most of the transform's time at batch 1024."""
-        table = self.tables[f.table]
-        flat = tokens.flat_values
-        ids = table.lookup(flat)
-        miss = tf.where(ids < 0)
-        missed = tf.gather(flat, miss[:, 0])
-        oov = table.size() + tf.strings.to_hash_bucket_fast(missed, self._manifest.vocabularies[f.table].num_oov_buckets)
-        ids = tokens.with_flat_values(tf.tensor_scatter_nd_update(ids, miss, oov))
-        if check:
-            ids = _keep(ids, tf.tensor_scatter_nd_update(tf.ones(tf.shape(flat), tf.bool), miss, _valid_tokens(missed)))
-        if f.max_length is not None:
-            ids = _first_n(ids, f.max_length)
-        return ids
+    def _categorical(self, column, batch: tf.Tensor, from_json: bool) -> Dict[str, tf.SparseTensor]:
+        """Every categorical feature's IDs: V1 (vocabulary line), V2 (OOV bucket), T5-T6 (invalid
+        tokens dropped) and T7 (the first `max_length` valid tokens). A token found in the
+        vocabulary is valid (preprocessing counts valid tokens only), so validity checks and OOV
+        hashing run on the tokens the vocabulary misses."""
+        order = self._order
+        n = len(order)
+        tokens = [self._tokens(column(f.column), f, from_json) for f in order]
+        ids = _stack_rows([t.with_flat_values(self.tables[f.table].lookup(t.flat_values)) for f, t in zip(order, tokens)])
+        flat, splits = ids.flat_values, ids.row_splits  # n * batch rows: feature after feature
+        bounds = tf.gather(splits, tf.range(n + 1, dtype=tf.int64) * batch)  # each feature's first ID
+        miss = tf.where(flat < 0)
+        missed = tf.gather(tf.concat([t.flat_values for t in tokens], 0), miss[:, 0])
+        feature = tf.searchsorted(bounds, miss[:, 0], side="right", out_type=tf.int64) - 1  # of each missed token
+        vocabularies = [self._manifest.vocabularies[f.table] for f in order]
+        buckets = tf.zeros_like(feature)  # one OOV bucket: the row after the vocabulary
+        bucket_counts = [v.num_oov_buckets for v in vocabularies]
+        for count in sorted(set(bucket_counts) - {1}):  # one hash per distinct bucket count
+            hashed = tf.strings.to_hash_bucket_fast(missed, count)
+            if len(set(bucket_counts)) == 1:
+                buckets = hashed
+            else:
+                buckets = tf.where(tf.gather(tf.constant(bucket_counts, tf.int64), feature) == count, hashed, buckets)
+        flat = tf.tensor_scatter_nd_update(
+            flat, miss, tf.gather(tf.constant([v.size for v in vocabularies], tf.int64), feature) + buckets
+        )
+        valid = _valid_tokens_fast(missed)
 
-    def _to_model_inputs(self, raw: Dict[str, tf.RaggedTensor], from_json: bool = False) -> Dict[str, Any]:
-        out: Dict[str, Any] = {}
+        def drop_invalid():  # T5-T6, in the rare batch that has invalid tokens
+            keep = tf.tensor_scatter_nd_update(tf.ones(tf.shape(flat), tf.bool), miss, valid)
+            kept = _keep(tf.RaggedTensor.from_row_splits(flat, splits, validate=False), keep)
+            return kept.flat_values, kept.row_splits
+
+        flat, splits = tf.cond(tf.reduce_all(valid), lambda: (flat, splits), drop_invalid)
+        # (feature, row, place in row) of every ID: RaggedTensorToSparse over [features, batch, None].
+        features = tf.range(n + 1, dtype=tf.int64) * batch
+        position = tf.RaggedTensor.from_nested_row_splits(flat, [features, splits], validate=False).to_sparse().indices
+        lengths = tf.reshape(splits[1:] - splits[:-1], [n, batch])
+        indices, values = position[:, 1:], flat
+        limits = [f.max_length for f in order]
+        if any(m is not None for m in limits):  # T7: the first max_length (valid) IDs of a row
+            limit = tf.constant([R.INT64_MAX if m is None else m for m in limits], tf.int64)
+            lengths = tf.minimum(lengths, limit[:, None])
+            kept = tf.where(position[:, 2] < tf.gather(limit, position[:, 0]))[:, 0]
+            indices, values = tf.gather(indices, kept), tf.gather(values, kept)
+        # One SparseTensor [batch, longest row] per feature, as RaggedTensor.to_sparse gives.
+        widths = tf.maximum(tf.reduce_max(lengths, axis=1), 0)  # 0 for an empty batch
+        shapes = tf.unstack(tf.stack([tf.fill([n], batch), widths], 1), num=n)
+        counts = tf.reduce_sum(lengths, axis=1)
+        return {
+            f.name: tf.SparseTensor(i, v, s)
+            for f, i, v, s in zip(order, tf.split(indices, counts, num=n), tf.split(values, counts, num=n), shapes)
+        }
+
+    def _dense(self, stacked, batch: tf.Tensor, from_json: bool) -> Dict[str, tf.Tensor]:
+        """Rulebook D1-D5 for every dense column at once."""
+        out: Dict[str, tf.Tensor] = {}
+        numeric = []
         for d in self._manifest.dense_features:
-            values = raw[d.column]
             kind = R.KIND_FLOAT if from_json else self.kinds[d.column]
             if kind == R.KIND_BYTES:  # D5: non-numeric column: every value is filled
-                first = tf.fill([values.nrows(), 1], tf.constant(float("nan"), tf.float32))
+                out[d.name] = tf.fill(tf.stack([batch, 1]), tf.constant(d.fill_value, tf.float32))
             else:
-                first = _first_or_nan(values)
+                numeric.append(d)
+        if numeric:
             # D1-D4: the first value; NaN, inf and numbers beyond float32 are filled.
-            out[d.name] = tf.where(tf.math.is_finite(first), first, tf.constant(d.fill_value, tf.float32))
-        for f in self._manifest.categorical_features:
-            tokens, check = self._tokens(raw[f.column], f, from_json)
-            out[f.name] = self._ids(tokens, f, check).to_sparse()
+            first = tf.reshape(_first_or_nan(stacked([d.column for d in numeric])), [len(numeric), -1, 1])
+            fill = tf.constant([[[d.fill_value]] for d in numeric], tf.float32)
+            filled = tf.where(tf.math.is_finite(first), first, fill)
+            out.update(zip([d.name for d in numeric], tf.unstack(filled, num=len(numeric))))
+        return {d.name: out[d.name] for d in self._manifest.dense_features}
+
+    def _to_model_inputs(self, column, stacked, batch: tf.Tensor, from_json: bool) -> Dict[str, Any]:
+        """`column(name)`: a raw column's values, [batch, None] ragged; `stacked(names)`: the float32
+        values of numeric columns, column after column, one [len(names) * batch, None] ragged."""
+        out: Dict[str, Any] = self._dense(stacked, batch, from_json)
+        if self._order:
+            out.update(self._categorical(column, batch, from_json))
         return out
 
 

@@ -1,0 +1,108 @@
+"""The serving transform as it was before issue 17: every categorical feature through its own
+ops (split, lookup, validity, truncation, to_sparse), every dense column through its own.
+
+Kept as the oracle `tests/test_serving_transform.py` compares the fused transform of
+`components.embedding_exporter.serving` against, value for value, on every rulebook case and on
+messy rows of every kind, and as the baseline `bench/trace_bench.py` and
+`bench/export_bench.py latency` measure it against. Not used by the exporter.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import components  # noqa: F401
+import tensorflow as tf
+
+from components import rulebook as R
+from components.contracts.manifest import CategoricalFeatureEntry, VocabularyManifest
+from components.embedding_exporter.serving import (
+    _DTYPES,
+    RawFeatureTransform,
+    _first_or_nan,
+    _int_texts,
+    _keep,
+    _split,
+    _valid_tokens,
+)
+
+
+def _first_n(values: tf.RaggedTensor, n: int) -> tf.RaggedTensor:
+    """The first `n` values of each row (what `values[:, :n]` gives)."""
+    index = tf.range(tf.size(values.flat_values, out_type=tf.int64))
+    row = tf.searchsorted(values.row_splits, index, side="right") - 1  # the row of each flat value
+    return _keep(values, index - tf.gather(values.row_splits, row) < n)
+
+
+
+class FeatureByFeatureTransform(RawFeatureTransform):
+    """Raw columns -> model inputs (dense float32 [B,1], categorical int64 SparseTensor [B, None]),
+    feature by feature. The vocabulary tables, columns and parsing spec are the fused transform's."""
+
+    def from_examples(self, serialized: tf.Tensor) -> Dict[str, Any]:
+        return self._to_model_inputs(tf.io.parse_example(serialized, self.example_spec()))
+
+    def from_feature_tensors(self, columns: Dict[str, tf.Tensor]) -> Dict[str, Any]:
+        """One value per row: strings for categorical ('' = missing), floats for dense (NaN = missing)."""
+        ragged = {}
+        for c, t in columns.items():
+            if t.dtype == tf.string:
+                present = tf.strings.length(t) > 0
+            else:
+                present = tf.logical_not(tf.math.is_nan(t))
+            ragged[c] = tf.RaggedTensor.from_row_lengths(
+                tf.boolean_mask(t, present), tf.cast(present, tf.int64), validate=False
+            )
+        return self._to_model_inputs(ragged, from_json=True)
+
+    def _tokens(self, values: tf.RaggedTensor, f: CategoricalFeatureEntry, from_json: bool):
+        """Raw values (or JSON strings) of one categorical column -> its tokens per row, rulebook
+        T1-T4 (J1-J3), and whether they still need T5-T6 (decimal texts of integers, unsplit, are
+        valid by construction). `_ids` applies T5-T7."""
+        raw_kind = self.kinds[f.column]
+        if raw_kind == R.KIND_FLOAT:  # T3, J3: floats are invalid categorical values: no tokens
+            return tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.string), tf.zeros([values.nrows()], tf.int64)), False
+        if raw_kind == R.KIND_INT and from_json:  # J2: each string stands for an int64 value
+            if f.separator is not None:
+                values = _split(values, f.separator)
+            values = _int_texts(values)
+        elif raw_kind == R.KIND_INT:  # T2: the decimal text; negative integers are invalid
+            values = _keep(values, values.flat_values >= 0)
+            values = values.with_flat_values(tf.strings.as_string(values.flat_values))
+        if f.separator is not None:
+            values = _split(values, f.separator)
+        return values, raw_kind != R.KIND_INT or f.separator is not None
+
+    def _ids(self, tokens: tf.RaggedTensor, f: CategoricalFeatureEntry, check: bool) -> tf.RaggedTensor:
+        """Tokens -> embedding IDs: V1 (vocabulary line), V2 (OOV bucket), T5-T6 (invalid tokens
+        dropped) and T7 (the first `max_length` valid tokens). A token found in the vocabulary is
+        valid (preprocessing counts valid tokens only), so the validity checks and the OOV hash
+        run on the tokens the vocabulary misses, not on every token: on raw eval rows of the demo
+        model they were most of the transform's time at batch 1024."""
+        table = self.tables[f.table]
+        flat = tokens.flat_values
+        ids = table.lookup(flat)
+        miss = tf.where(ids < 0)
+        missed = tf.gather(flat, miss[:, 0])
+        oov = table.size() + tf.strings.to_hash_bucket_fast(missed, self._manifest.vocabularies[f.table].num_oov_buckets)
+        ids = tokens.with_flat_values(tf.tensor_scatter_nd_update(ids, miss, oov))
+        if check:
+            ids = _keep(ids, tf.tensor_scatter_nd_update(tf.ones(tf.shape(flat), tf.bool), miss, _valid_tokens(missed)))
+        if f.max_length is not None:
+            ids = _first_n(ids, f.max_length)
+        return ids
+
+    def _to_model_inputs(self, raw: Dict[str, tf.RaggedTensor], from_json: bool = False) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        for d in self._manifest.dense_features:
+            values = raw[d.column]
+            kind = R.KIND_FLOAT if from_json else self.kinds[d.column]
+            if kind == R.KIND_BYTES:  # D5: non-numeric column: every value is filled
+                first = tf.fill([values.nrows(), 1], tf.constant(float("nan"), tf.float32))
+            else:
+                first = _first_or_nan(values)
+            # D1-D4: the first value; NaN, inf and numbers beyond float32 are filled.
+            out[d.name] = tf.where(tf.math.is_finite(first), first, tf.constant(d.fill_value, tf.float32))
+        for f in self._manifest.categorical_features:
+            tokens, check = self._tokens(raw[f.column], f, from_json)
+            out[f.name] = self._ids(tokens, f, check).to_sparse()
+        return out

@@ -1,0 +1,218 @@
+"""The serving graph's fused raw-feature transform (serving.RawFeatureTransform, issue 17) gives
+the model exactly the inputs the feature-by-feature transform it replaced gives
+(serving_reference.FeatureByFeatureTransform, kept as the oracle): the same SparseTensors (indices,
+values, dense shapes) and the same dense values, bit for bit, so the serving model scores the same.
+
+Checked on one batch holding every rulebook token case (its rows, one feature per case, so all of
+them go through the stacked path together) and on seeded messy batches: every raw kind as a
+categorical column (bytes, int64, float), separators, `max_length`, a table shared by two
+features, three OOV bucket counts, and every kind of bad value preprocessing counts (empty
+tokens, invalid UTF-8, encoded surrogates, line breaks, negative integers, floats in a
+categorical column, NaN/inf/multi-valued/non-numeric dense values, missing features), through
+both signatures' entry points (`from_examples`, `from_feature_tensors`), batch sizes 0 to 300."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+import components  # noqa: F401
+from components import rulebook as R
+from components.embedding_preprocess import vocabulary as V
+
+tf = pytest.importorskip("tensorflow")
+
+VOCAB = [b"a", b"b", b"c", b"7", b"12", b"x y", "é".encode(), b"0"]
+# Values a messy column holds: in-vocabulary, unseen, empty, invalid UTF-8 (RE2 accepts the last
+# two, UTF-8 validation does not), line breaks, non-ASCII valid, separators in odd places.
+BYTES_VALUES = VOCAB + [b"zz", b"unseen", b"", b"\xff", b"a\xc3", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80",
+                        b"a\nb", b"a\rb", "日本".encode(), b"\x00", b"|", b"a|b", b"a||c|", b"|zz|\xff|b", b" a ", b"a,b,c", b",a"]
+INT_VALUES = [0, 7, 12, -1, -12, 3, 2**63 - 1, 99]
+FEATURES = [  # (name, raw kind, separator, max_length, table, OOV buckets)
+    ("b_plain", R.KIND_BYTES, None, None, "b_plain", 1),
+    ("b_sep", R.KIND_BYTES, "|", None, "shared", 3),
+    ("b_sep_max", R.KIND_BYTES, "|", 2, "b_sep_max", 5),
+    ("b_comma_max", R.KIND_BYTES, ",", 1, "shared", 3),
+    ("i_plain", R.KIND_INT, None, None, "i_plain", 1),
+    ("i_sep_max", R.KIND_INT, "|", 2, "i_sep_max", 5),
+    ("f_cat", R.KIND_FLOAT, None, None, "f_cat", 1),
+]
+DENSE = [("d_float", R.KIND_FLOAT, -1.0), ("d_int", R.KIND_INT, -2.0), ("d_bytes", R.KIND_BYTES, 3.0),
+         ("d_float2", R.KIND_FLOAT, 0.0)]
+
+
+@pytest.fixture(scope="module")
+def transforms(tmp_path_factory):
+    from components.config import parse_config
+    from components.embedding_exporter.serving import RawFeatureTransform
+    from components.embedding_exporter.serving_reference import FeatureByFeatureTransform
+    from components.embedding_preprocess.run import build_manifest
+
+    root = tmp_path_factory.mktemp("serving_transform")
+    categorical = []
+    for name, _, sep, max_length, table, oov in FEATURES:
+        f = {"name": name}
+        f.update({k: v for k, v in (("separator", sep), ("max_length", max_length)) if v})
+        if table == "shared":
+            f["table"] = "shared"
+        else:
+            f["vocabulary"] = {"num_oov_buckets": oov}
+        categorical.append(f)
+    # the rulebook's token cases, one feature each, beside the messy columns
+    for i, case in enumerate(R.TOKEN_CASES):
+        f = {"name": f"case{i}", "vocabulary": {"num_oov_buckets": case.num_oov_buckets}}
+        f.update({k: v for k, v in (("separator", case.separator), ("max_length", case.max_length)) if v})
+        categorical.append(f)
+    cfg = parse_config({
+        "input": {"path": "unused.csv"}, "label": "label",
+        "dense_features": [{"name": n, "fill_value": fill} for n, _, fill in DENSE],
+        "categorical_features": categorical,
+        "tables": [{"name": "shared", "vocabulary": {"num_oov_buckets": 3}}],
+    })
+    vocab_dir = str(root / "vocab")
+    for t in cfg.tables:
+        case = next((c for i, c in enumerate(R.TOKEN_CASES) if t.name == f"case{i}"), None)
+        tokens = list(case.vocabulary) if case else VOCAB
+        V.write_vocabulary(vocab_dir, t.name, [(tok, 1) for tok in tokens])
+    kinds = {name: kind for name, kind, *_ in FEATURES}
+    kinds.update({name: kind for name, kind, _ in DENSE})
+    kinds.update({f"case{i}": c.kind for i, c in enumerate(R.TOKEN_CASES)})
+    manifest = build_manifest(cfg, {f"kind/{c}/{k}": 1 for c, k in kinds.items() if k != R.KIND_NONE}, vocab_dir)
+    return RawFeatureTransform(manifest, vocab_dir), FeatureByFeatureTransform(manifest, vocab_dir), kinds
+
+
+def _feature(kind, values):
+    if kind == R.KIND_BYTES:
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=values))
+    if kind == R.KIND_INT:
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+    return tf.train.Feature(float_list=tf.train.FloatList(value=values))
+
+
+def _messy_rows(rng: random.Random, n: int):
+    """n rows: column -> list of raw values (absent when the column is left out)."""
+    rows = []
+    for _ in range(n):
+        row = {}
+        for name, kind, *_ in FEATURES:
+            if rng.random() < 0.15:
+                continue  # absent
+            k = rng.choice([0, 1, 1, 1, 2, 3, 5])
+            if kind == R.KIND_BYTES:
+                row[name] = [rng.choice(BYTES_VALUES) for _ in range(k)]
+            elif kind == R.KIND_INT:
+                row[name] = [rng.choice(INT_VALUES) for _ in range(k)]
+            else:
+                row[name] = [rng.choice([0.5, -1.0, 7.0]) for _ in range(k)]
+        for name, kind, _ in DENSE:
+            if rng.random() < 0.2:
+                continue
+            k = rng.choice([0, 1, 1, 1, 2])
+            if kind == R.KIND_FLOAT:
+                row[name] = [rng.choice([0.0, 1.5, -3.25, float("nan"), float("inf"), -float("inf"), 3e38]) for _ in range(k)]
+            elif kind == R.KIND_INT:
+                row[name] = [rng.choice([0, 5, -7, 2**40]) for _ in range(k)]
+            else:
+                row[name] = [rng.choice([b"1.5", b"x", b""]) for _ in range(k)]
+        rows.append(row)
+    return rows
+
+
+def _case_rows():
+    """Every rulebook token case's rows, side by side (one feature per case), padded with absent rows."""
+    n = max(len(c.rows) for c in R.TOKEN_CASES)
+    rows = [dict() for _ in range(n)]
+    for i, case in enumerate(R.TOKEN_CASES):
+        for r, values in enumerate(case.rows):
+            if values is not None:
+                rows[r][f"case{i}"] = list(values)
+    return rows
+
+
+def _examples(rows, kinds):
+    return tf.constant([
+        tf.train.Example(features=tf.train.Features(
+            feature={c: _feature(kinds[c], v) for c, v in row.items()})).SerializeToString()
+        for row in rows
+    ], tf.string)
+
+
+def _json_columns(rows, transform):
+    """The JSON form of rows: one string per categorical cell (values joined by the separator),
+    one float per dense cell (the first value; NaN when missing). Cells of several values
+    without a separator have no JSON form: only the first value is sent."""
+    seps = {f.column: f.separator for f in transform._manifest.categorical_features}
+    dense = transform.dense_columns()
+    columns = {}
+    for c in transform.raw_columns():
+        if c in dense:
+            columns[c] = tf.constant(
+                [float(row[c][0]) if row.get(c) and not isinstance(row[c][0], bytes) else float("nan") for row in rows],
+                tf.float32, shape=[len(rows)])
+            continue
+        cells = []
+        for row in rows:
+            values = [v if isinstance(v, bytes) else str(v).encode() for v in row.get(c, [])]
+            cells.append((seps[c] or "").encode().join(values) if seps[c] else (values[0] if values else b""))
+        columns[c] = tf.constant(cells, tf.string, shape=[len(rows)])
+    return columns
+
+
+def _assert_same(got, want, where):
+    assert set(got) == set(want)
+    for k in want:
+        a, b = got[k], want[k]
+        if isinstance(b, tf.SparseTensor):
+            assert isinstance(a, tf.SparseTensor), (where, k)
+            for part in ("indices", "values", "dense_shape"):
+                np.testing.assert_array_equal(getattr(a, part).numpy(), getattr(b, part).numpy(), err_msg=f"{where} {k} {part}")
+        else:
+            assert a.dtype == b.dtype and a.shape == b.shape, (where, k)
+            np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=f"{where} {k}")
+
+
+@pytest.mark.parametrize("batch,seed", [(0, 0), (1, 1), (1, 2), (3, 3), (64, 4), (300, 5)])
+def test_fused_transform_gives_the_feature_by_feature_inputs(transforms, batch, seed):
+    fused, reference, kinds = transforms
+    rows = _messy_rows(random.Random(seed), batch)
+    if seed == 5:  # one batch with the rulebook's cases too
+        for row, case_row in zip(rows, _case_rows()):
+            row.update(case_row)
+    examples = _examples(rows, kinds)
+    _assert_same(fused.from_examples(examples), reference.from_examples(examples), f"examples batch {batch}")
+    columns = _json_columns(rows, fused)
+    _assert_same(fused.from_feature_tensors(columns), reference.from_feature_tensors(columns), f"json batch {batch}")
+
+
+def test_rulebook_cases_all_in_one_batch(transforms):
+    fused, reference, kinds = transforms
+    examples = _examples(_case_rows(), kinds)
+    _assert_same(fused.from_examples(examples), reference.from_examples(examples), "rulebook cases")
+
+
+def test_batches_without_invalid_tokens_take_the_fast_branch_and_agree(transforms):
+    """No invalid token in the batch: the graph skips the compaction branch; same inputs."""
+    fused, reference, kinds = transforms
+    rows = [{"b_plain": [b"a"], "b_sep_max": [b"a|b|c|zz"], "i_sep_max": [7, 12, 3], "d_float": [1.0]}, {}]
+    examples = _examples(rows, kinds)
+    _assert_same(fused.from_examples(examples), reference.from_examples(examples), "fast branch")
+
+
+@pytest.mark.parametrize("token", [
+    b"", b"a", b"abc", b" ", b"\x00", b"\x7f", b"a\nb", b"\n", b"a\r", b"\t", b"\xff", b"a\xc3", b"\xc0\x80",
+    b"\xed\xa0\x80", b"\xed\x9f\xbf", b"\xf4\x90\x80\x80", b"\xf4\x8f\xbf\xbf", b"\xf8\x88\x80\x80\x80",
+    "é".encode(), "日本".encode(), "😀".encode(), "\u2028".encode(), b"\xef\xbf\xbf", b"\xef\xbf\xbd",
+])
+def test_fast_validity_check_agrees_with_the_full_one(token):
+    """Rulebook T5-T6: the ASCII shortcut gives what the full check (and Python's UTF-8 decoder)
+    gives; encoded surrogates and code points above U+10FFFF, which RE2 alone accepts, are invalid."""
+    from components.embedding_exporter.serving import _valid_tokens, _valid_tokens_fast
+
+    try:
+        token.decode("utf-8")
+        python = bool(token) and b"\n" not in token and b"\r" not in token
+    except UnicodeDecodeError:
+        python = False
+    t = tf.constant([token, b"a", token])
+    assert _valid_tokens_fast(t).numpy().tolist() == _valid_tokens(t).numpy().tolist() == [python, True, python]
