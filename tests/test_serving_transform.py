@@ -28,7 +28,7 @@ VOCAB = [b"a", b"b", b"c", b"7", b"12", b"x y", "é".encode(), b"0"]
 # two, UTF-8 validation does not), line breaks, non-ASCII valid, separators in odd places.
 BYTES_VALUES = VOCAB + [b"zz", b"unseen", b"", b"\xff", b"a\xc3", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80",
                         b"a\nb", b"a\rb", "日本".encode(), b"\x00", b"|", b"a|b", b"a||c|", b"|zz|\xff|b", b" a ", b"a,b,c", b",a"]
-INT_VALUES = [0, 7, 12, -1, -12, 3, 2**63 - 1, 99]
+INT_VALUES = [0, 7, 12, -1, -12, 3, 2**63 - 1, -(2**63), 99, 101, 110]
 FEATURES = [  # (name, raw kind, separator, max_length, table, OOV buckets)
     ("b_plain", R.KIND_BYTES, None, None, "b_plain", 1),
     ("b_sep", R.KIND_BYTES, "|", None, "shared", 3),
@@ -37,7 +37,12 @@ FEATURES = [  # (name, raw kind, separator, max_length, table, OOV buckets)
     ("i_plain", R.KIND_INT, None, None, "i_plain", 1),
     ("i_sep_max", R.KIND_INT, "|", 2, "i_sep_max", 5),
     ("f_cat", R.KIND_FLOAT, None, None, "f_cat", 1),
+    ("i_shared", R.KIND_INT, None, None, "shared", 3),  # int64 column, table shared with strings
+    ("i_digit_sep", R.KIND_INT, "1", None, "i_digit_sep", 2),  # a separator that splits decimal texts
 ]
+# Looked up by int64 value; the others by string (i_digit_sep: its separator splits decimal texts;
+# the rulebook's int cases: their vocabulary has non-integer lines).
+INTEGER_TABLES = {"i_plain", "i_sep_max"}
 DENSE = [("d_float", R.KIND_FLOAT, -1.0), ("d_int", R.KIND_INT, -2.0), ("d_bytes", R.KIND_BYTES, 3.0),
          ("d_float2", R.KIND_FLOAT, 0.0)]
 
@@ -73,13 +78,20 @@ def transforms(tmp_path_factory):
     vocab_dir = str(root / "vocab")
     for t in cfg.tables:
         case = next((c for i, c in enumerate(R.TOKEN_CASES) if t.name == f"case{i}"), None)
-        tokens = list(case.vocabulary) if case else VOCAB
+        if case:
+            tokens = list(case.vocabulary)
+        elif t.name in INTEGER_TABLES:  # what preprocessing writes for int64 columns: decimal texts
+            tokens = [b"7", b"0", b"12", b"9223372036854775807", b"10", b"101"]
+        else:
+            tokens = VOCAB + [b"9223372036854775807", b"10", b"101"]
         V.write_vocabulary(vocab_dir, t.name, [(tok, 1) for tok in tokens])
     kinds = {name: kind for name, kind, *_ in FEATURES}
     kinds.update({name: kind for name, kind, _ in DENSE})
     kinds.update({f"case{i}": c.kind for i, c in enumerate(R.TOKEN_CASES)})
     manifest = build_manifest(cfg, {f"kind/{c}/{k}": 1 for c, k in kinds.items() if k != R.KIND_NONE}, vocab_dir)
-    return RawFeatureTransform(manifest, vocab_dir), FeatureByFeatureTransform(manifest, vocab_dir), kinds
+    fused = RawFeatureTransform(manifest, vocab_dir)
+    assert fused.integer_tables == INTEGER_TABLES
+    return fused, FeatureByFeatureTransform(manifest, vocab_dir), kinds
 
 
 def _feature(kind, values):

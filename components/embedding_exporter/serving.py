@@ -108,6 +108,18 @@ def _int_texts(values: tf.RaggedTensor) -> tf.RaggedTensor:
     return _keep(values.with_flat_values(digits), tf.logical_not(negative) & _fits_int64(digits))
 
 
+def _decimal_int64_lines(path: str) -> bool:
+    """Whether every line of a vocabulary file is a text T2 makes of an int64 value (decimal
+    digits, no sign, no leading zero, at most INT64_MAX): then a table keyed by the int64 values
+    maps each value to the line number the string table maps its text to."""
+    with tf.io.gfile.GFile(path, "rb") as fh:
+        lines = fh.read().split(b"\n")[:-1]
+    return all(
+        line.isdigit() and (line == b"0" or line[:1] != b"0") and (len(line) < 19 or int(line) <= R.INT64_MAX)
+        for line in lines
+    )
+
+
 def _stack_rows(parts: List[tf.RaggedTensor]) -> tf.RaggedTensor:
     """k ragged tensors of the same [batch, None] shape -> one of k * batch rows, part after part
     (what `tf.concat(parts, 0)` gives, in a fixed handful of ops whatever k is)."""
@@ -131,23 +143,40 @@ class RawFeatureTransform(tf.Module):
     feature-by-feature transform this replaces (issue 17), which is kept as the test oracle:
     `serving_reference.FeatureByFeatureTransform`."""
 
-    def __init__(self, manifest: VocabularyManifest, vocabulary_dir: str):
+    def __init__(self, manifest: VocabularyManifest, vocabulary_dir: str, integer_tables: bool = True):
         super().__init__(name="raw_feature_transform")
         self._manifest = manifest
         self.kinds = dict(manifest.raw_feature_kinds)
+        features_of: Dict[str, List[CategoricalFeatureEntry]] = {}
+        for f in manifest.categorical_features:
+            features_of.setdefault(f.table, []).append(f)
+        # Tables looked up by int64 value: every feature of the table reads an int64 column, and no
+        # separator has a digit (so T2's decimal text is never split, and T1-T4 leave the value
+        # as it is). Their vocabulary lines are the decimal texts of those values (T2).
+        # Checked against the file: the table must map each value to the line its text has.
+        self.integer_tables = {
+            t for t, fs in features_of.items()
+            if integer_tables and all(
+                self.kinds[f.column] == R.KIND_INT and not any(c.isdigit() for c in f.separator or "") for f in fs)
+            and _decimal_int64_lines(os.path.join(vocabulary_dir, manifest.vocabularies[t].file))
+        }
         self.tables = {}
         for name, v in manifest.vocabularies.items():
             initializer = tf.lookup.TextFileInitializer(
                 os.path.join(vocabulary_dir, v.file),
-                key_dtype=tf.string,
+                key_dtype=tf.int64 if name in self.integer_tables else tf.string,
                 key_index=tf.lookup.TextFileIndex.WHOLE_LINE,
                 value_dtype=tf.int64,
                 value_index=tf.lookup.TextFileIndex.LINE_NUMBER,
             )
             # The vocabulary part of V1-V2; OOV buckets are computed for the misses only (what
-            # StaticVocabularyTable.lookup computes for every token, hashing them all).
-            self.tables[name] = tf.lookup.StaticHashTable(initializer, default_value=-1)
-        self._order = list(manifest.categorical_features)
+            # StaticVocabularyTable.lookup computes for every token, hashing them all). Anonymous:
+            # in eager mode a table named after its file is shared with every other table of that
+            # file in the process, whatever its key dtype.
+            self.tables[name] = tf.lookup.StaticHashTable(initializer, default_value=-1, experimental_is_anonymous=True)
+        # Stacked in this order: features of string tables, then of integer tables.
+        self._order = [f for f in manifest.categorical_features if f.table not in self.integer_tables]
+        self._order += [f for f in manifest.categorical_features if f.table in self.integer_tables]
 
     def raw_columns(self):
         return self._manifest.raw_columns()
@@ -187,17 +216,25 @@ class RawFeatureTransform(tf.Module):
 
     def _tokens(self, values: tf.RaggedTensor, f: CategoricalFeatureEntry, from_json: bool) -> tf.RaggedTensor:
         """Raw values (or JSON strings) of one categorical column -> its tokens per row, rulebook
-        T1-T4 (J1-J3). T5-T7 follow in `_categorical`."""
+        T1-T4 (J1-J3): strings, or int64 values for a feature of an integer table (negative
+        values kept: they miss the table and `_categorical` drops them, T2). T5-T7 follow in
+        `_categorical`."""
         raw_kind = self.kinds[f.column]
         if raw_kind == R.KIND_FLOAT:  # T3, J3: floats are invalid categorical values: no tokens
             return tf.RaggedTensor.from_row_splits(
                 tf.zeros([0], tf.string), tf.zeros_like(values.row_splits), validate=False
             )
+        integer_table = f.table in self.integer_tables
         if raw_kind == R.KIND_INT and from_json:  # J2: each string stands for an int64 value
             if f.separator is not None:
                 values = _split(values, f.separator)
             values = _int_texts(values)
-        elif raw_kind == R.KIND_INT:  # T2: the decimal text; negative integers are invalid
+            if integer_table:  # the value itself (_int_texts checked that it fits int64)
+                return values.with_flat_values(tf.strings.to_number(values.flat_values, tf.int64))
+        elif raw_kind == R.KIND_INT:
+            if integer_table:
+                return values
+            # T2: the decimal text; negative integers are invalid
             values = _keep(values, values.flat_values >= 0)
             values = values.with_flat_values(tf.strings.as_string(values.flat_values))
         if f.separator is not None:
@@ -216,7 +253,19 @@ class RawFeatureTransform(tf.Module):
         flat, splits = ids.flat_values, ids.row_splits  # n * batch rows: feature after feature
         bounds = tf.gather(splits, tf.range(n + 1, dtype=tf.int64) * batch)  # each feature's first ID
         miss = tf.where(flat < 0)
-        missed = tf.gather(tf.concat([t.flat_values for t in tokens], 0), miss[:, 0])
+        # The missed tokens as text (what OOV hashing and T5-T6 read): strings, then the decimal
+        # texts of integer tables' missed values; a negative value's text is empty, so T5 drops it.
+        n_strings = sum(f.table not in self.integer_tables for f in order)
+        strings, integers = [t.flat_values for t in tokens[:n_strings]], [t.flat_values for t in tokens[n_strings:]]
+        first_integer = bounds[n_strings]
+        in_strings = tf.reduce_sum(tf.cast(miss[:, 0] < first_integer, tf.int32))
+        missed = []
+        if strings:
+            missed.append(tf.gather(tf.concat(strings, 0), miss[:in_strings, 0]))
+        if integers:
+            values = tf.gather(tf.concat(integers, 0), miss[in_strings:, 0] - first_integer)
+            missed.append(tf.where(values >= 0, tf.strings.as_string(values), ""))
+        missed = tf.concat(missed, 0) if len(missed) > 1 else missed[0]
         feature = tf.searchsorted(bounds, miss[:, 0], side="right", out_type=tf.int64) - 1  # of each missed token
         vocabularies = [self._manifest.vocabularies[f.table] for f in order]
         buckets = tf.zeros_like(feature)  # one OOV bucket: the row after the vocabulary

@@ -36,7 +36,11 @@ def _first_n(values: tf.RaggedTensor, n: int) -> tf.RaggedTensor:
 
 class FeatureByFeatureTransform(RawFeatureTransform):
     """Raw columns -> model inputs (dense float32 [B,1], categorical int64 SparseTensor [B, None]),
-    feature by feature. The vocabulary tables, columns and parsing spec are the fused transform's."""
+    feature by feature. The columns and parsing spec are the fused transform's; every table is
+    looked up by string, as before."""
+
+    def __init__(self, manifest: VocabularyManifest, vocabulary_dir: str):
+        super().__init__(manifest, vocabulary_dir, integer_tables=False)
 
     def from_examples(self, serialized: tf.Tensor) -> Dict[str, Any]:
         return self._to_model_inputs(tf.io.parse_example(serialized, self.example_spec()))
