@@ -290,22 +290,23 @@ class RawFeatureTransform(tf.Module):
         # (feature, row, place in row) of every ID: RaggedTensorToSparse over [features, batch, None].
         features = tf.range(n + 1, dtype=tf.int64) * batch
         position = tf.RaggedTensor.from_nested_row_splits(flat, [features, splits], validate=False).to_sparse().indices
+        bounds = tf.gather(splits, features)
         lengths = tf.reshape(splits[1:] - splits[:-1], [n, batch])
-        indices, values = position[:, 1:], flat
         limits = [f.max_length for f in order]
-        if any(m is not None for m in limits):  # T7: the first max_length (valid) IDs of a row
-            limit = tf.constant([R.INT64_MAX if m is None else m for m in limits], tf.int64)
-            lengths = tf.minimum(lengths, limit[:, None])
-            kept = tf.where(position[:, 2] < tf.gather(limit, position[:, 0]))[:, 0]
-            indices, values = tf.gather(indices, kept), tf.gather(values, kept)
-        # One SparseTensor [batch, longest row] per feature, as RaggedTensor.to_sparse gives.
+        if any(m is not None for m in limits):  # T7 in the shapes
+            lengths = tf.minimum(lengths, tf.constant([R.INT64_MAX if m is None else m for m in limits], tf.int64)[:, None])
+        # One SparseTensor [batch, longest row] per feature, as RaggedTensor.to_sparse gives; the
+        # cut per feature keeps T7 off features without max_length, and lets both cores work.
         widths = tf.maximum(tf.reduce_max(lengths, axis=1), 0)  # 0 for an empty batch
         shapes = tf.unstack(tf.stack([tf.fill([n], batch), widths], 1), num=n)
-        counts = tf.reduce_sum(lengths, axis=1)
-        return {
-            f.name: tf.SparseTensor(i, v, s)
-            for f, i, v, s in zip(order, tf.split(indices, counts, num=n), tf.split(values, counts, num=n), shapes)
-        }
+        out = {}
+        pieces = zip(order, tf.split(position, bounds[1:] - bounds[:-1], num=n), tf.split(flat, bounds[1:] - bounds[:-1], num=n), shapes)
+        for f, where, ids, shape in pieces:
+            if f.max_length is not None:  # T7: the first max_length (valid) IDs of a row
+                kept = tf.where(where[:, 2] < f.max_length)[:, 0]
+                where, ids = tf.gather(where, kept), tf.gather(ids, kept)
+            out[f.name] = tf.SparseTensor(where[:, 1:], ids, shape)
+        return out
 
     def _dense(self, stacked, batch: tf.Tensor, from_json: bool) -> Dict[str, tf.Tensor]:
         """Rulebook D1-D5 for every dense column at once."""
