@@ -297,7 +297,8 @@ class RawFeatureTransform(tf.Module):
             lengths = tf.minimum(lengths, tf.constant([R.INT64_MAX if m is None else m for m in limits], tf.int64)[:, None])
         # One SparseTensor [batch, longest row] per feature, as RaggedTensor.to_sparse gives; the
         # cut per feature keeps T7 off features without max_length, and lets both cores work.
-        widths = tf.maximum(tf.reduce_max(lengths, axis=1), 0)  # 0 for an empty batch
+        # int32: Eigen reduces int64 rows several times slower (0.1 ms of 26 x 1024 at batch 1024)
+        widths = tf.cast(tf.maximum(tf.reduce_max(tf.cast(lengths, tf.int32), axis=1), 0), tf.int64)  # 0: empty batch
         shapes = tf.unstack(tf.stack([tf.fill([n], batch), widths], 1), num=n)
         out = {}
         pieces = zip(order, tf.split(position, bounds[1:] - bounds[:-1], num=n), tf.split(flat, bounds[1:] - bounds[:-1], num=n), shapes)
