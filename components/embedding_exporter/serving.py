@@ -108,6 +108,13 @@ def _int_texts(values: tf.RaggedTensor) -> tf.RaggedTensor:
     return _keep(values.with_flat_values(digits), tf.logical_not(negative) & _fits_int64(digits))
 
 
+# Categorical features are cut into this many shards, each fused on its own: the shards' ops are
+# independent, so two inter-op threads can run them side by side. Measured on the 2-core machine
+# (A/B in one process, the demo's 26 features): 5-10% faster at batch 1024, 3-4% slower at batch
+# 1 and 64 (twice the fused ops).
+_SHARDS = 2
+
+
 def _decimal_int64_lines(path: str) -> bool:
     """Whether every line of a vocabulary file is a text T2 makes of an int64 value (decimal
     digits, no sign, no leading zero, at most INT64_MAX): then a table keyed by the int64 values
@@ -241,12 +248,11 @@ class RawFeatureTransform(tf.Module):
             values = _split(values, f.separator)
         return values
 
-    def _categorical(self, column, batch: tf.Tensor, from_json: bool) -> Dict[str, tf.SparseTensor]:
+    def _categorical(self, column, batch: tf.Tensor, from_json: bool, order) -> Dict[str, tf.SparseTensor]:
         """Every categorical feature's IDs: V1 (vocabulary line), V2 (OOV bucket), T5-T6 (invalid
         tokens dropped) and T7 (the first `max_length` valid tokens). A token found in the
         vocabulary is valid (preprocessing counts valid tokens only), so validity checks and OOV
         hashing run on the tokens the vocabulary misses."""
-        order = self._order
         n = len(order)
         tokens = [self._tokens(column(f.column), f, from_json) for f in order]
         ids = _stack_rows([t.with_flat_values(self.tables[f.table].lookup(t.flat_values)) for f, t in zip(order, tokens)])
@@ -331,8 +337,9 @@ class RawFeatureTransform(tf.Module):
         """`column(name)`: a raw column's values, [batch, None] ragged; `stacked(names)`: the float32
         values of numeric columns, column after column, one [len(names) * batch, None] ragged."""
         out: Dict[str, Any] = self._dense(stacked, batch, from_json)
-        if self._order:
-            out.update(self._categorical(column, batch, from_json))
+        for shard in (self._order[i::_SHARDS] for i in range(_SHARDS)):
+            if shard:
+                out.update(self._categorical(column, batch, from_json, shard))
         return out
 
 
