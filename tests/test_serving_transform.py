@@ -184,6 +184,26 @@ def _assert_same(got, want, where):
             np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=f"{where} {k}")
 
 
+def _scores(inputs, manifest):
+    """A click score from model inputs through the serving model's own pooling (ServingTable, every
+    table seeded) and a fixed mix of the pooled vectors and dense values: what the serving model
+    would score, without training one."""
+    from types import SimpleNamespace
+
+    from components.embedding_trainer.model import ServingTable
+
+    total = 0.0
+    for i, f in enumerate(manifest.categorical_features):
+        v = manifest.vocabularies[f.table]
+        layer = ServingTable(SimpleNamespace(rows=v.rows, dim=3, combiner=("mean", "sum", "sqrtn")[i % 3]), f.table)
+        layer.build()
+        layer.embeddings.assign(np.random.default_rng(i).normal(size=(v.rows, 3)).astype(np.float32))
+        total += tf.reduce_sum(layer(inputs[f.name]) * (i + 1.0), axis=1)
+    for i, d in enumerate(manifest.dense_features):
+        total += inputs[d.name][:, 0] * 0.01 * (i + 1)
+    return tf.sigmoid(total).numpy()
+
+
 @pytest.mark.parametrize("batch,seed", [(0, 0), (1, 1), (1, 2), (3, 3), (64, 4), (300, 5)])
 def test_fused_transform_gives_the_feature_by_feature_inputs(transforms, batch, seed):
     fused, reference, kinds = transforms
@@ -192,7 +212,9 @@ def test_fused_transform_gives_the_feature_by_feature_inputs(transforms, batch, 
         for row, case_row in zip(rows, _case_rows()):
             row.update(case_row)
     examples = _examples(rows, kinds)
-    _assert_same(fused.from_examples(examples), reference.from_examples(examples), f"examples batch {batch}")
+    got, want = fused.from_examples(examples), reference.from_examples(examples)
+    _assert_same(got, want, f"examples batch {batch}")
+    np.testing.assert_array_equal(_scores(got, fused._manifest), _scores(want, fused._manifest))  # so: the same scores
     columns = _json_columns(rows, fused)
     _assert_same(fused.from_feature_tensors(columns), reference.from_feature_tensors(columns), f"json batch {batch}")
 
