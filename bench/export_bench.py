@@ -28,8 +28,8 @@ no-op signatures of the same inputs beside them: a loaded signature's Python cal
 per input before any graph runs, which TF Serving's C++ server does not pay),
 the trained Keras model (rebuilt, restored, in a tf.function) on the same rows
 already preprocessed and parsed, and the trainer's SavedModel on the preprocessed serialized rows
-(the baseline: every row has p50 and p99 over its). Also the memory each loaded serving model
-adds to the process (RSS after loading it and scoring a batch of 1024, minus RSS before).
+(the baseline: every row has p50 and p99 over its). Also each serving model's memory, in a fresh
+process per model: RSS growth on loading it, on its first batch of 1024, and over 50 more.
 Target (issue 17): serving p50 <= 1.25x and p99 <= 1.5x the trainer's SavedModel at every batch.
 Results go to bench/results/export_<part>.json and print as markdown tables.
 """
@@ -316,15 +316,14 @@ def run_latency(args) -> dict:
         keras_model(features)
         tf.train.Checkpoint(model=keras_model).restore(tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))).expect_partial()
         keras_fn = tf.function(lambda f: keras_model(f), reduce_retracing=True)
-        # Memory a loaded serving model adds to the process: RSS after loading it and scoring one
-        # batch of 1024 (tables, lookup tables and graph in memory), minus RSS before. Models are
-        # loaded one after the other in this process, so each figure is what that model added.
+        # Memory of each serving model, each in a fresh process (`_memory_child`): in one process
+        # the figures depended on the load order and the allocator's state (int8, loaded last,
+        # "added" 18 to 104 MiB from run to run).
         for dtype in args.dtypes:
-            gc.collect()
-            before = _rss_bytes()
+            proc = subprocess.run([sys.executable, __file__, "_memory_child", os.path.join(out, dtype, "Format-Serving"),
+                                   examples], check=True, capture_output=True, text=True)
+            loaded_bytes[dtype] = json.loads(proc.stdout.strip().splitlines()[-1])
             servings[dtype] = tf.saved_model.load(os.path.join(out, dtype, "Format-Serving")).signatures["serving_default"]
-            servings[dtype](examples=tf.constant(raw[:1024]))
-            loaded_bytes[dtype] = _rss_bytes() - before
         # The JSON signature (float32 model): one value per raw column and row, as a REST client
         # sends them (categorical: the cell's text, '' when missing; dense: the value, NaN).
         json_fn, json_columns = None, {}
@@ -396,9 +395,31 @@ def run_latency(args) -> dict:
         shutil.rmtree(out, ignore_errors=True)
 
 
+def memory_child(saved_model: str, examples: str) -> None:
+    """RSS of a fresh process before loading a serving model, after loading it, after its first
+    batch of 1024 raw rows and after 50 more (the steady state), printed as JSON (bytes)."""
+    import tensorflow as tf
+
+    from components.embedding_exporter.export import read_raw_examples
+
+    raw = tf.constant(read_raw_examples(examples, 1024))
+    gc.collect()
+    start = _rss_bytes()
+    fn = tf.saved_model.load(saved_model).signatures["serving_default"]
+    loaded = _rss_bytes()
+    fn(examples=raw)
+    first = _rss_bytes()
+    for _ in range(50):
+        fn(examples=raw)
+    print(json.dumps({"load": loaded - start, "first_batch": first - loaded, "after_50_batches": _rss_bytes() - first}))
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_child":
         child(*sys.argv[2:5])
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "_memory_child":
+        memory_child(*sys.argv[2:4])
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("part", choices=("conversion", "latency"))
@@ -431,8 +452,10 @@ def main() -> None:
         for r in result["rows"]:
             print(f"| {r['batch']} | {r['model']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
                   f"{r['p50_vs_trainer']:.2f} | {r['p99_vs_trainer']:.2f} |")
-        print("\nmemory added by loading each serving model (RSS after load + one batch of 1024): " + ", ".join(
-            f"{d} {b / 2**20:.0f} MiB" for d, b in result["loaded_model_rss_bytes"].items()))
+        print("\nmemory of each serving model, each in a fresh process (RSS growth, MiB: load / first batch of 1024 / "
+              "50 more batches): " + ", ".join(
+                  f"{d} {m['load'] / 2**20:.0f} / {m['first_batch'] / 2**20:.0f} / {m['after_50_batches'] / 2**20:.0f}"
+                  for d, m in result["loaded_model_rss_bytes"].items()))
 
 
 if __name__ == "__main__":
