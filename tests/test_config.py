@@ -203,3 +203,44 @@ def test_cli_bad_configs_exit_2_with_one_message(tmp_path):
         assert expected in r.stderr, (name, r.stderr)
         assert "Traceback" not in r.stderr, (name, r.stderr)
         assert not (tmp_path / "out").exists(), name  # stopped before any work
+
+
+# ---- table initializers and safe lookups (issue 18, item 5) --------------------------------------
+
+
+def test_initializer_defaults_and_overrides_resolve_per_table():
+    cfg = parse_config(minimal(
+        categorical_defaults={"initializer": {"name": "random_uniform", "maxval": 0.2}},
+        tables=[{"name": "t", "initializer": {"name": "zeros"}}],
+        categorical_features=[{"name": "C1", "table": "t"}, {"name": "C2"},
+                              {"name": "C3", "initializer": {"name": "random_normal", "stddev": 0.5}}],
+    ))
+    assert cfg.table("t").initializer.name == "zeros"
+    assert (cfg.table("C2").initializer.name, cfg.table("C2").initializer.maxval) == ("random_uniform", 0.2)
+    assert (cfg.table("C3").initializer.name, cfg.table("C3").initializer.stddev) == ("random_normal", 0.5)
+    assert parse_config(minimal()).table("C1").initializer.name == "truncated_normal"  # the seeds' default
+
+
+@pytest.mark.parametrize("init,message", [
+    ({"name": "glorot"}, "categorical_features[0].initializer.name: 'glorot' is not one of"),
+    ({"name": "zeros", "stddev": 0.1}, "initializer.stddev: zeros takes no parameters; remove stddev"),
+    ({"name": "random_uniform", "mean": 0.0}, "initializer.mean: random_uniform takes minval, maxval; remove mean"),
+    ({"name": "truncated_normal", "minval": -1.0}, "initializer.minval: truncated_normal takes mean, stddev"),
+    ({"name": "random_normal", "stddev": 0.0}, "initializer.stddev: 0.0; a standard deviation must be positive"),
+    ({"name": "random_uniform", "minval": 1.0, "maxval": 1.0}, "initializer: minval 1.0 is not below maxval 1.0"),
+    ({"name": "random_uniform", "minval": 0.5}, "table 'C1': initializer random_uniform from 0.5 to 0.25 is empty"),
+])
+def test_bad_initializers_name_the_field(init, message):
+    assert message in error_of(minimal(categorical_features=[{"name": "C1", "initializer": init}]))
+
+
+def test_initializer_of_a_shared_table_is_set_on_the_table():
+    msg = error_of(minimal(tables=[{"name": "t"}], categorical_features=[
+        {"name": "C1", "table": "t", "initializer": {"name": "zeros"}}]))
+    assert "categorical_features[0].initializer: 'C1' uses table 't', whose initializer is shared" in msg
+    assert "set the options under tables[0].initializer instead" in msg
+
+
+def test_use_safe_embedding_lookup_must_be_a_boolean():
+    msg = error_of(minimal(categorical_features=[{"name": "C1", "use_safe_embedding_lookup": "no"}]))
+    assert "categorical_features[0].use_safe_embedding_lookup" in msg

@@ -176,3 +176,48 @@ def test_plan_round_trips_through_its_json_and_refuses_other_versions():
     data["version"] = 1
     with pytest.raises(ValueError, match="tables.big: field 'rows' missing"):
         EmbeddingPlan.from_dict(data)
+
+
+def test_initializers_and_safe_lookups_reach_the_tpu_configs_and_the_keras_tables():
+    """Issue 18, item 5: the table initializer in the plan (defaults filled in, through its JSON),
+    on TableConfig and on the TensorCore tables; use_safe_embedding_lookup on FeatureConfig."""
+    from components.embedding_trainer.model import TensorCoreTable
+
+    cfg = parse_config({
+        "input": {"path": "unused.csv"}, "label": "label",
+        "tables": [{"name": "shared", "dim": 8, "initializer": {"name": "random_uniform", "minval": 0.1}}],
+        "categorical_features": [
+            {"name": "A", "table": "shared", "use_safe_embedding_lookup": False},
+            {"name": "B", "table": "shared"},
+            {"name": "big", "initializer": {"name": "zeros"}},
+            {"name": "small", "dim": 4, "initializer": {"name": "random_normal", "mean": 1.0}},
+        ],
+        "training": {"embedding": {"size_threshold": 1000}},
+    })
+    plan = EmbeddingPlan.from_json(P.derive_plan(cfg, MANIFEST).to_json())
+    init = {n: t.initializer for n, t in plan.tables.items()}
+    assert (init["shared"].name, init["shared"].minval, init["shared"].maxval) == ("random_uniform", 0.1, 1 / math.sqrt(8))
+    assert init["big"].name == "zeros" and init["big"].stddev is None
+    assert (init["small"].name, init["small"].mean, init["small"].stddev) == ("random_normal", 1.0, 0.5)
+    on_tpu = P.feature_configs(plan, on_tpu=True)
+    assert [on_tpu[n].validate_weights_and_indices for n in ("A", "B", "big")] == [False, True, True]
+    features = P.feature_configs(plan)  # CPU/GPU: TF 2.16's unchecked CPU lookup drops empty trailing rows
+    assert all(f.validate_weights_and_indices for f in features.values())
+    assert isinstance(features["big"].table.initializer, tf.initializers.Zeros)
+    uniform = features["A"].table.initializer
+    assert isinstance(uniform, tf.initializers.RandomUniform) and (uniform.minval, uniform.maxval) == (0.1, 1 / math.sqrt(8))
+    values = features["A"].table.initializer([1000, 8], tf.float32).numpy()
+    assert values.min() >= 0.1 and values.max() <= 1 / math.sqrt(8)
+    # the TensorCore table (small: 11 rows) starts from the same initializer
+    layer = TensorCoreTable(plan.tables["small"], "small")
+    layer.build()
+    assert abs(float(tf.reduce_mean(layer.embeddings)) - 1.0) < 0.2
+    # an old plan without the new fields still loads (the seeds' default, validation on)
+    data = P.derive_plan(_config(), MANIFEST).to_dict()
+    for t in data["tables"].values():
+        t["initializer"] = {"name": "truncated_normal", "mean": 0.0, "stddev": 0.25}
+    for f in data["features"].values():
+        f.pop("validate_weights_and_indices", None)
+    old = EmbeddingPlan.from_dict(data)
+    assert all(f.validate_weights_and_indices for f in old.features.values())
+    assert old.tables["big"].initializer.stddev == 0.25

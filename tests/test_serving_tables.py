@@ -58,3 +58,19 @@ def test_pooled_lookup_matches_the_dequantized_table(storage, combiner, rows):
     for r, row_ids in enumerate(rows):
         if not row_ids:
             assert not got[r].any()  # no IDs: zeros, as on the trained model
+
+
+@pytest.mark.parametrize("combiner", ["mean", "sum", "sqrtn"])
+@pytest.mark.parametrize("rows", [[[]], [[3, 7], [], [7]], [[0], [49, 49, 1], []]], ids=["no-ids", "some-empty", "last-empty"])
+def test_tensor_core_table_without_safe_lookup_pools_valid_ids_alike(combiner, rows):
+    """use_safe_embedding_lookup: false skips safe_embedding_lookup_sparse's checks; on valid IDs
+    (all preprocessing emits) the result is the same, bit for bit, empty and trailing rows
+    included (plain embedding_lookup_sparse drops trailing rows without IDs)."""
+    from components.contracts.plan import Initializer
+    from components.embedding_trainer.model import TensorCoreTable
+
+    layer = TensorCoreTable(SimpleNamespace(rows=ROWS, dim=DIM, combiner=combiner,
+                                            initializer=Initializer("random_normal", 0.0, 1.0)), "t")
+    layer.build()
+    ids = _ids(rows)
+    np.testing.assert_array_equal(layer(ids, safe=False).numpy(), layer(ids, safe=True).numpy())

@@ -17,6 +17,7 @@ import components  # noqa: F401
 import tensorflow as tf
 
 from components.config import parse_config
+from components.contracts.plan import Initializer
 from components.embedding_trainer import plan as P
 from components.embedding_trainer import trainer_module as tm
 from components.embedding_trainer.input import PAD_ID, make_dataset, to_dense_ids
@@ -29,6 +30,10 @@ SMALL = [min(c, 3000) for c in GeneratorSpec().cardinalities]
 
 
 def _config(root, **training):
+    return parse_config(_raw_config(root, **training))
+
+
+def _raw_config(root, **training):
     with open(os.path.join(REPO, "configs", "demo.yaml")) as fh:
         raw = yaml.safe_load(fh)
     raw["input"]["path"] = str(root / "train.csv")
@@ -38,7 +43,7 @@ def _config(root, **training):
         "embedding": {"size_threshold": 400},
     })
     raw["training"].update(training)
-    return parse_config(raw)
+    return raw
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +265,7 @@ def test_padded_dense_ids_pool_like_sparse_lookup(data, trained):
     assert dense.numpy()[1].tolist() == [PAD_ID] * 3
     for combiner in ("mean", "sum", "sqrtn"):
         table = TensorCoreTable(SimpleNamespace(rows=5, dim=4, combiner=combiner,
-                                                initializer=SimpleNamespace(mean=0.0, stddev=1.0)), f"t_{combiner}")
+                                                initializer=Initializer("truncated_normal", 0.0, 1.0)), f"t_{combiner}")
         np.testing.assert_allclose(table(dense).numpy(), table(ids).numpy(), rtol=1e-6, atol=1e-7, err_msg=combiner)
     assert not np.any(table(dense).numpy()[1])
     # Rows longer than the width keep their first IDs.
@@ -313,3 +318,51 @@ def test_tpu_rules_find_string_ops_in_the_step(data, trained):
 
     with pytest.raises(TPURulesError, match=r"op .*\((AsString|StringToNumber)\) handles strings in the step"):
         check_tpu_rules(LooksUpStrings(), plan, _tpu_input(files, manifest, plan))
+
+
+def test_configured_initializers_and_unsafe_lookups_train_on_cpu(data, tmp_path):
+    """Issue 18, item 5: tables with configured initializers (zeros, uniform, normal) in both
+    placements start from them in the model the trainer builds, and a short CPU training run with
+    `use_safe_embedding_lookup: false` on some features trains and writes its checkpoint."""
+    from components.contracts.manifest import VocabularyManifest
+
+    raw = _raw_config(data, train_steps=8, checkpoint_every_steps=8)
+    manifest = VocabularyManifest.from_json((data / "vocab" / "manifest.json").read_text())
+    placement = {n: t.placement for n, t in P.derive_plan(parse_config(raw), manifest).tables.items()}
+    own = [f["name"] for f in raw["categorical_features"] if "table" not in f]
+    tpu = next(n for n in own if placement[n] == "tpu_embedding")  # a table in each placement
+    core = next(n for n in own if placement[n] == "tensor_core")
+    for f in raw["categorical_features"]:
+        if f["name"] == tpu:
+            f["initializer"] = {"name": "zeros"}
+        if f["name"] == core:
+            f["initializer"] = {"name": "random_uniform", "minval": 0.25, "maxval": 0.5}
+        if f["name"] in ("C3", core, "C9"):
+            f["use_safe_embedding_lookup"] = False
+    raw["tables"][0]["initializer"] = {"name": "random_normal", "mean": 2.0, "stddev": 0.01}  # shared_c3_c4
+    cfg = parse_config(raw)
+    plan = P.derive_plan(cfg, manifest)
+    model = tm.build_model(plan, manifest, cfg, for_training=True)
+    features, _ = next(iter(make_dataset(
+        [str(data / "tx" / "Split-train" / "*")], manifest, 64, training=False)))
+    model(features)
+    def table(name):  # the model's variable holding the table (rows x dim), whatever its placement
+        rows = plan.tables[name].rows
+        found = [v.numpy() for v in model.variables
+                 if name in v.name and v.shape.rank == 2 and v.shape[0] == rows and "slot" not in v.name.lower()
+                 and "accumulator" not in v.name.lower()]
+        assert found, [v.name for v in model.variables if name in v.name]
+        return found[0]
+
+    assert not table(tpu).any()
+    assert table(core).min() >= 0.25 and table(core).max() <= 0.5
+    assert abs(float(table("shared_c3_c4").mean()) - 2.0) < 0.01
+    assert not plan.features["C3"].validate_weights_and_indices and plan.features["C4"].validate_weights_and_indices
+    fn_args = _fn_args(tmp_path, cfg, 1)
+    fn_args.train_files = [str(data / "tx" / "Split-train" / "*")]
+    fn_args.eval_files = [str(data / "tx" / "Split-eval" / "*")]
+    tm.run_fn(fn_args)
+    run = json.load(open(os.path.join(os.path.dirname(fn_args.serving_model_dir), tm.TRAINING_RUN_FILE)))
+    assert run["final_step"] == 8
+    written = tm.read_plan(os.path.dirname(fn_args.serving_model_dir))
+    assert written.tables[core].initializer.minval == 0.25 and not written.features["C9"].validate_weights_and_indices

@@ -57,6 +57,7 @@ from components.config.schema import (
     TransformedExamplesConfig,
     VertexTrainingConfig,
     VocabularyOptions,
+    InitializerOptions,
 )
 from components.config.validation import check_export_config, register_check, resolve
 
@@ -67,7 +68,7 @@ __all__ = [
     "ExportConfig", "ExportLayoutConfig", "InputConfig", "KubeflowBeamConfig", "KubeflowComponentConfig",
     "KubeflowConfig", "LabelRule", "OptimizerConfig", "PipelineConfig", "ResolvedConfig", "ResolvedTable",
     "ScheduleConfig", "StatisticsConfig", "TableConfig", "TolerationConfig", "TopologyConfig", "TrainingConfig",
-    "TransformedExamplesConfig", "VertexTrainingConfig", "VocabularyOptions",
+    "TransformedExamplesConfig", "VertexTrainingConfig", "VocabularyOptions", "InitializerOptions",
     "check_choice", "check_export_config", "check_positive", "config_from_json", "load_config", "parse_config",
     "register_check", "resolve",
 ]

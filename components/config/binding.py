@@ -13,9 +13,11 @@ from components.config.checks import check_choice, check_positive
 from components.config.resolved import ResolvedTable
 from components.config.schema import (
     COMBINERS,
+    INITIALIZERS,
     CategoricalDefaults,
     CategoricalFeature,
     ConfigError,
+    InitializerOptions,
     PipelineConfig,
     TableConfig,
     VocabularyOptions,
@@ -52,7 +54,23 @@ def bind_tables(cfg: PipelineConfig) -> Tuple[ResolvedTable, ...]:
     resolved = tuple(ResolvedTable(t.name, tuple(bound[t.name]), dim_explicit=t.dim is not None) for t in cfg.tables)
     for t in cfg.tables:
         _fill_defaults(t, cfg.categorical_defaults)
+        _check_uniform_range(t)
     return resolved
+
+
+def _check_uniform_range(t: TableConfig) -> None:
+    """A random_uniform range with one end left to its default (+-1/sqrt(dim)) must still be a range."""
+    init = t.initializer
+    if init is None or init.name != "random_uniform" or t.dim is None:
+        return
+    scale = 1.0 / t.dim ** 0.5
+    low = init.minval if init.minval is not None else -scale
+    high = init.maxval if init.maxval is not None else scale
+    if not low < high:
+        raise ConfigError(
+            f"table {t.name!r}: initializer random_uniform from {low!r} to {high!r} is empty (an unset end is "
+            f"+-1/sqrt(dim) = {scale:.4g} for dim {t.dim}); set both minval and maxval"
+        )
 
 
 class _FeatureNames:
@@ -82,10 +100,28 @@ def check_vocabulary(v: Optional[VocabularyOptions], path: str) -> None:
         raise ConfigError(f"{path}.weight_column: empty; name a numeric column or remove the field")
 
 
+def check_initializer(init: Optional[InitializerOptions], path: str) -> None:
+    """An initializer's kind and the fields that kind takes (the others must be left unset)."""
+    if init is None:
+        return
+    check_choice(init.name, INITIALIZERS, f"{path}.name")
+    takes = {"truncated_normal": ("mean", "stddev"), "random_normal": ("mean", "stddev"),
+             "random_uniform": ("minval", "maxval"), "zeros": ()}[init.name]
+    for attr in ("mean", "stddev", "minval", "maxval"):
+        if getattr(init, attr) is not None and attr not in takes:
+            uses = f"takes {', '.join(takes)}" if takes else "takes no parameters"
+            raise ConfigError(f"{path}.{attr}: {init.name} {uses}; remove {attr} or change name")
+    if init.stddev is not None and not init.stddev > 0:
+        raise ConfigError(f"{path}.stddev: {init.stddev!r}; a standard deviation must be positive")
+    if init.minval is not None and init.maxval is not None and not init.minval < init.maxval:
+        raise ConfigError(f"{path}: minval {init.minval!r} is not below maxval {init.maxval!r}")
+
+
 def _check_defaults(defaults: CategoricalDefaults) -> None:
     check_positive(defaults.dim, "categorical_defaults.dim", "set a positive embedding dimension")
     check_choice(defaults.combiner, COMBINERS, "categorical_defaults.combiner")
     check_vocabulary(defaults.vocabulary, "categorical_defaults.vocabulary")
+    check_initializer(defaults.initializer, "categorical_defaults.initializer")
 
 
 def _check_declared_tables(tables: List[TableConfig]) -> Dict[str, int]:
@@ -101,6 +137,7 @@ def _check_declared_tables(tables: List[TableConfig]) -> Dict[str, int]:
         check_positive(t.dim, f"{path}.dim", "set a positive embedding dimension")
         check_choice(t.combiner, COMBINERS, f"{path}.combiner")
         check_vocabulary(t.vocabulary, f"{path}.vocabulary")
+        check_initializer(t.initializer, f"{path}.initializer")
     return declared
 
 
@@ -109,6 +146,9 @@ def _check_feature(f: CategoricalFeature, path: str) -> None:
     check_positive(f.dim, f"{path}.dim", "set a positive embedding dimension")
     check_choice(f.combiner, COMBINERS, f"{path}.combiner")
     check_vocabulary(f.vocabulary, f"{path}.vocabulary")
+    check_initializer(f.initializer, f"{path}.initializer")
+    if not isinstance(f.use_safe_embedding_lookup, bool):
+        raise ConfigError(f"{path}.use_safe_embedding_lookup: {f.use_safe_embedding_lookup!r}; use true or false")
     check_positive(f.max_length, f"{path}.max_length", "keep at least one value per example")
     if f.separator == "":
         raise ConfigError(f"{path}.separator: empty; set the multi-hot separator (e.g. '|') or remove it")
@@ -128,11 +168,12 @@ def _join_shared_table(
         )
     t = tables[declared[f.table]]
     tpath = f"tables[{declared[f.table]}]"
-    if f.vocabulary is not None:
-        raise ConfigError(
-            f"{path}.vocabulary: {f.name!r} uses table {t.name!r}, whose vocabulary is shared; "
-            f"set the options under {tpath}.vocabulary instead"
-        )
+    for attr in ("vocabulary", "initializer"):
+        if getattr(f, attr) is not None:
+            raise ConfigError(
+                f"{path}.{attr}: {f.name!r} uses table {t.name!r}, whose {attr} is shared; "
+                f"set the options under {tpath}.{attr} instead"
+            )
     for attr in ("dim", "combiner"):
         mine, theirs = getattr(f, attr), getattr(t, attr)
         if mine is None:
@@ -155,10 +196,11 @@ def _own_table(f: CategoricalFeature, path: str, declared: Dict[str, int]) -> Ta
             f"{path}.table: a table named {f.name!r} is declared under tables; set table: {f.name} "
             "to use it, or rename the feature"
         )
-    return TableConfig(name=f.name, dim=f.dim, combiner=f.combiner, vocabulary=f.vocabulary)
+    return TableConfig(name=f.name, dim=f.dim, combiner=f.combiner, vocabulary=f.vocabulary, initializer=f.initializer)
 
 
 def _fill_defaults(t: TableConfig, defaults: CategoricalDefaults) -> None:
     t.dim = t.dim if t.dim is not None else defaults.dim
     t.combiner = t.combiner or defaults.combiner
     t.vocabulary = t.vocabulary or dataclasses.replace(defaults.vocabulary)
+    t.initializer = t.initializer or dataclasses.replace(defaults.initializer)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 # Allowed values, checked by components.config.validation.
 COMBINERS = ("mean", "sum", "sqrtn")
+INITIALIZERS = ("truncated_normal", "random_normal", "random_uniform", "zeros")
 INPUT_FORMATS = ("csv", "tfrecord")
 LABEL_RULE_OPS = (">=", ">", "<=", "<", "==", "!=")
 MODEL_TYPES = ("dlrm", "dcn_v2")
@@ -83,6 +84,18 @@ class DenseFeature:
 
 
 @dataclass
+class InitializerOptions:
+    """How a table's rows start (`TableConfig.initializer` on TPU, the Keras initializer elsewhere).
+    Unset fields take the seeds' default: truncated normal, mean 0, stddev 1/sqrt(dim)."""
+
+    name: str = "truncated_normal"  # truncated_normal | random_normal | random_uniform | zeros
+    mean: Optional[float] = None  # normal kinds; default 0
+    stddev: Optional[float] = None  # normal kinds; default 1/sqrt(dim)
+    minval: Optional[float] = None  # random_uniform; default -1/sqrt(dim)
+    maxval: Optional[float] = None  # random_uniform; default 1/sqrt(dim)
+
+
+@dataclass
 class CategoricalFeature:
     """A categorical feature, embedded through its table (its own, or a shared one from `tables`)."""
 
@@ -94,6 +107,11 @@ class CategoricalFeature:
     separator: Optional[str] = None  # multi-hot: split the raw string on this separator
     max_length: Optional[int] = None  # multi-hot: keep at most this many values per example
     vocabulary: Optional[VocabularyOptions] = None  # for a table of its own
+    initializer: Optional[InitializerOptions] = None  # for a table of its own
+    # The seeds' `use_safe_embedding_lookup` (TF2: FeatureConfig.validate_weights_and_indices):
+    # false skips the checks for negative IDs and weights on TPU and in TensorCore tables' CPU/GPU
+    # lookups (rows without IDs still pool to zeros). Preprocessing never emits a negative ID.
+    use_safe_embedding_lookup: bool = True
 
     @property
     def source(self) -> str:
@@ -111,15 +129,17 @@ class TableConfig:
     dim: Optional[int] = None
     combiner: Optional[str] = None
     vocabulary: Optional[VocabularyOptions] = None
+    initializer: Optional[InitializerOptions] = None
 
 
 @dataclass
 class CategoricalDefaults:
-    """Dim, combiner and vocabulary of tables that do not set them."""
+    """Dim, combiner, vocabulary and initializer of tables that do not set them."""
 
     dim: int = 16
     combiner: str = "mean"
     vocabulary: VocabularyOptions = field(default_factory=VocabularyOptions)
+    initializer: InitializerOptions = field(default_factory=InitializerOptions)
 
 
 @dataclass

@@ -12,7 +12,8 @@ Rules (documented in configs/README.md):
 - dim: the configured dim; with `training.embedding.dim_rule: fourth_root`, tables without an
   explicit dim get 8 * ceil(6 * rows^0.25 / 8) (the 6 x fourth-root rule of thumb, rounded up to
   a multiple of 8 for TPU lanes), capped at 256.
-- initializer: truncated normal, stddev 1/sqrt(dim).
+- initializer: the table's (`tables[].initializer`, `categorical_defaults.initializer`), unset
+  fields filled in; by default the seeds' truncated normal, mean 0, stddev 1/sqrt(dim).
 - placement: rows > `size_threshold` -> `tpu_embedding` (sharded over all chips), otherwise
   `tensor_core` (a Keras embedding replicated on every chip), as PartialTPUEmbedding decides.
 - SparseCore limits: the statistics' suggestion for num_chips x sparse_cores_per_chip shards
@@ -70,9 +71,29 @@ def optimizer_spec(o: OptimizerConfig) -> Dict[str, Any]:
 
 @dataclass(frozen=True)
 class Initializer:
+    """A table's initializer, its defaults filled in: truncated_normal / random_normal (mean,
+    stddev), random_uniform (minval, maxval) or zeros."""
+
     name: str
-    mean: float
-    stddev: float
+    mean: Optional[float] = None
+    stddev: Optional[float] = None
+    minval: Optional[float] = None
+    maxval: Optional[float] = None
+
+    @classmethod
+    def from_options(cls, options: Any, dim: int) -> "Initializer":
+        """From the config's InitializerOptions (None: the seeds' default), for a table of `dim`."""
+        scale = 1.0 / math.sqrt(dim)
+        name = options.name if options is not None else "truncated_normal"
+        if name in ("truncated_normal", "random_normal"):
+            mean = options.mean if options is not None and options.mean is not None else 0.0
+            stddev = options.stddev if options is not None and options.stddev is not None else scale
+            return cls(name, mean=float(mean), stddev=float(stddev))
+        if name == "random_uniform":
+            low = options.minval if options.minval is not None else -scale
+            high = options.maxval if options.maxval is not None else scale
+            return cls(name, minval=float(low), maxval=float(high))
+        return cls(name)
 
 
 @dataclass(frozen=True)
@@ -104,6 +125,7 @@ class FeaturePlan:
     max_sequence_length: int
     ids_per_example: Optional[Mapping[str, Any]]  # train split's {mean, p99, max}, when known
     dense_width: Optional[int]  # static IDs per example of a TensorCore-table feature on TPU
+    validate_weights_and_indices: bool = True  # the config's use_safe_embedding_lookup
 
 
 @dataclass(frozen=True)
@@ -198,7 +220,7 @@ class EmbeddingPlan:
         plans = {
             n: TablePlan(
                 rows=r, vocabulary_size=r, num_oov_buckets=0, dim=d, dim_source="given", combiner=combiner,
-                initializer=Initializer("truncated_normal", 0.0, 1.0 / math.sqrt(d)), optimizer=optimizer,
+                initializer=Initializer.from_options(None, d), optimizer=optimizer,
                 placement=p, features=tuple(f for f, t in features.items() if t == n),
                 sparsecore_limits=SparseCoreLimits(None, None, "not measured"),
                 memory=table_memory(r, d, optimizer["name"], p, num_chips),
@@ -300,7 +322,7 @@ def _table_plan(cfg: PipelineConfig, name: str, manifest: VocabularyManifest, st
         dim=dim,
         dim_source=dim_source,
         combiner=t.combiner,
-        initializer=Initializer("truncated_normal", 0.0, 1.0 / math.sqrt(dim)),
+        initializer=Initializer.from_options(t.initializer, dim),
         optimizer=optimizer_spec(optimizer),
         placement=placement,
         features=tuple(cfg.resolved.table(name).features),
@@ -321,6 +343,7 @@ def _feature_plans(cfg: PipelineConfig, tables: Mapping[str, TablePlan], statist
             max_sequence_length=0,
             ids_per_example={k: pooling.get(k) for k in ("mean", "p99", "max")} if pooling else None,
             dense_width=_dense_width(f.max_length, pooling.get("max")) if tables[table].placement == "tensor_core" else None,
+            validate_weights_and_indices=f.use_safe_embedding_lookup,
         )
     return features
 

@@ -106,8 +106,7 @@ class TensorCoreTable(tf.keras.layers.Layer):
     def __init__(self, table: TablePlan, name: str):
         super().__init__(name=f"table_{name}")
         self.rows, self.dim, self.combiner = table.rows, table.dim, table.combiner
-        init = table.initializer
-        self._initializer = tf.initializers.TruncatedNormal(mean=init.mean, stddev=init.stddev)
+        self._initializer = P.tf_initializer(table.initializer)
 
     def build(self, input_shape=None):
         self.embeddings = self.add_weight(
@@ -115,8 +114,12 @@ class TensorCoreTable(tf.keras.layers.Layer):
         )
         super().build(input_shape)
 
-    def call(self, ids) -> tf.Tensor:
+    def call(self, ids, safe: bool = True) -> tf.Tensor:
+        """`safe` (the feature's use_safe_embedding_lookup): SparseTensor IDs through
+        safe_embedding_lookup_sparse (negative IDs dropped), else pooled as given."""
         if isinstance(ids, tf.SparseTensor):
+            if not safe:
+                return pool_sparse(self.embeddings, ids, self.combiner)
             return tf.nn.safe_embedding_lookup_sparse(self.embeddings, ids, combiner=self.combiner)
         # Padded dense IDs ([batch, width], PAD_ID < 0 as padding: the TPU step's static form).
         # Hand-written because no Keras/TF lookup pools padded rows by a combiner; it matches
@@ -135,6 +138,18 @@ class TensorCoreTable(tf.keras.layers.Layer):
         return tf.math.divide_no_nan(total, tf.sqrt(count))  # sqrtn
 
 
+_POOL = {"mean": tf.sparse.segment_mean, "sum": tf.sparse.segment_sum, "sqrtn": tf.sparse.segment_sqrt_n}
+
+
+def pool_sparse(rows: tf.Tensor, ids: tf.SparseTensor, combiner: str, positions: Optional[tf.Tensor] = None) -> tf.Tensor:
+    """[batch, dim]: each batch row's IDs (row-major SparseTensor, no negative ID) looked up in
+    `rows` and combined, zeros for a row without IDs: safe_embedding_lookup_sparse's result for
+    valid IDs, bit for bit (the same sums in the same order), in one sparse segment op.
+    `positions`: the rows of `rows` to use instead of the IDs themselves."""
+    return _POOL[combiner](rows, ids.values if positions is None else positions, ids.indices[:, 0],
+                           num_segments=ids.dense_shape[0])
+
+
 class ServingTable(tf.keras.layers.Layer):
     """A trained table held for CPU serving: float32, float16, or int8 with a float32 scale per row
     (row r = int8 row x scale[r]). Pools SparseTensor IDs with the table's combiner: what
@@ -145,8 +160,6 @@ class ServingTable(tf.keras.layers.Layer):
     model's ops at batch 1 (issue 17). The IDs are the raw-feature transform's: non-negative, in
     row-major order. Compressed tables are gathered for the batch's unique IDs and dequantized
     before pooling, so the combiner runs in float32."""
-
-    _POOL = {"mean": tf.sparse.segment_mean, "sum": tf.sparse.segment_sum, "sqrtn": tf.sparse.segment_sqrt_n}
 
     def __init__(self, table: TablePlan, name: str, storage: str = "float32"):
         super().__init__(name=f"serving_table_{name}")
@@ -167,15 +180,13 @@ class ServingTable(tf.keras.layers.Layer):
     def call(self, ids) -> tf.Tensor:
         if not isinstance(ids, tf.SparseTensor):
             raise TypeError(f"{self.name}: serving lookups take SparseTensor IDs (the raw-feature transform's output)")
-        pool = self._POOL[self.combiner]
-        rows_of_ids, batch = ids.indices[:, 0], ids.dense_shape[0]
         if self.storage == "float32":
-            return pool(self.embeddings, ids.values, rows_of_ids, num_segments=batch)
+            return pool_sparse(self.embeddings, ids, self.combiner)
         unique, position = tf.unique(ids.values)
         rows = tf.cast(tf.gather(self.embeddings, unique), tf.float32)
         if self.scale is not None:
             rows = rows * tf.gather(self.scale, unique)[:, None]
-        return pool(rows, position, rows_of_ids, num_segments=batch)
+        return pool_sparse(rows, ids, self.combiner, positions=position)
 
 
 class RankingModel(tf.keras.Model):
@@ -212,6 +223,7 @@ class RankingModel(tf.keras.Model):
         tables = plan.tables
         self.feature_table = {n: plan.features[n].table for n in self.categorical_names}
         self.feature_dim = {n: tables[t].dim for n, t in self.feature_table.items()}
+        self.feature_safe = {n: plan.features[n].validate_weights_and_indices for n in self.categorical_names}
         tpu_features = [n for n in self.categorical_names if tables[self.feature_table[n]].placement == "tpu_embedding"]
         self.embedding_layer = None
         self.serving_tables: Dict[str, ServingTable] = {}
@@ -226,7 +238,7 @@ class RankingModel(tf.keras.Model):
         if tpu_features:
             # On a TPU the features' output shape is the static per-replica batch (TPUEmbeddingV2
             # sizes its SparseCore stacks from it); elsewhere it stays unset.
-            configs = P.feature_configs(plan, output_batch=tpu_output_batch)
+            configs = P.feature_configs(plan, output_batch=tpu_output_batch, on_tpu=tpu_output_batch is not None)
             self.embedding_layer = EmbeddingLayer(
                 {n: configs[n] for n in tpu_features},
                 optimizer=tpu_embedding_optimizer,
@@ -269,7 +281,7 @@ class RankingModel(tf.keras.Model):
             out.update(self.embedding_layer({n: inputs[n] for n in self.tpu_feature_names}))
         for n in self.categorical_names:
             if n not in out:
-                out[n] = self.tensor_core_tables[self.feature_table[n]](inputs[n])
+                out[n] = self.tensor_core_tables[self.feature_table[n]](inputs[n], safe=self.feature_safe[n])
         return out
 
     # Not converted by AutoGraph (nor, through its control status, any layer called from here): the

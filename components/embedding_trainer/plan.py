@@ -97,31 +97,52 @@ def keras_optimizer(spec: Dict[str, Any]):
     return build_optimizer(classes, spec, kw)
 
 
+def tf_initializer(init):
+    """The Keras initializer of a plan's `Initializer`: what TableConfig gets on TPU and the
+    TensorCore and serving tables elsewhere."""
+    if init.name == "truncated_normal":
+        return tf.initializers.TruncatedNormal(mean=init.mean, stddev=init.stddev)
+    if init.name == "random_normal":
+        return tf.initializers.RandomNormal(mean=init.mean, stddev=init.stddev)
+    if init.name == "random_uniform":
+        return tf.initializers.RandomUniform(minval=init.minval, maxval=init.maxval)
+    if init.name == "zeros":
+        return tf.initializers.Zeros()
+    raise ValueError(f"initializer {init.name!r} is not one of truncated_normal, random_normal, random_uniform, zeros")
+
+
 def table_configs(plan: EmbeddingPlan) -> Dict[str, Any]:
     """name -> TableConfig for every table in the plan (the optimizer is set on the layer)."""
     out = {}
     for name, t in plan.tables.items():
-        init = t.initializer
         out[name] = tf.tpu.experimental.embedding.TableConfig(
             vocabulary_size=t.rows,
             dim=t.dim,
             combiner=t.combiner,
-            initializer=tf.initializers.TruncatedNormal(mean=init.mean, stddev=init.stddev),
+            initializer=tf_initializer(t.initializer),
             name=name,
         )
     return out
 
 
 def feature_configs(
-    plan: EmbeddingPlan, tables: Optional[Dict[str, Any]] = None, output_batch: Optional[int] = None
+    plan: EmbeddingPlan, tables: Optional[Dict[str, Any]] = None, output_batch: Optional[int] = None,
+    on_tpu: bool = False,
 ) -> Dict[str, Any]:
     """feature -> FeatureConfig (shared tables are the same TableConfig object). `output_batch`:
-    the static per-replica batch a TPU step sees (FeatureConfig.output_shape)."""
+    the static per-replica batch a TPU step sees (FeatureConfig.output_shape).
+
+    `validate_weights_and_indices` (the config's use_safe_embedding_lookup) is passed as planned
+    only for a TPU (`on_tpu`); elsewhere it stays on: without it TensorFlow 2.16's CPU lookups
+    (tpu_embedding_for_serving.cpu_embedding_lookup -> embedding_lookup_sparse_v2, no
+    num_segments) drop the trailing rows of a batch that have no IDs, and the pooled output no
+    longer has the batch's rows (tests/test_trainer.py: [63, 16] for a batch of 64)."""
     tables = tables or table_configs(plan)
     return {
         name: tf.tpu.experimental.embedding.FeatureConfig(
             table=tables[f.table], max_sequence_length=f.max_sequence_length, name=name,
             output_shape=[output_batch] if output_batch else None,
+            validate_weights_and_indices=f.validate_weights_and_indices or not on_tpu,
         )
         for name, f in plan.features.items()
     }
