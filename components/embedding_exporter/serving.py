@@ -119,12 +119,12 @@ def _decimal_int64_lines(path: str) -> bool:
     """Whether every line of a vocabulary file is a text T2 makes of an int64 value (decimal
     digits, no sign, no leading zero, at most INT64_MAX): then a table keyed by the int64 values
     maps each value to the line number the string table maps its text to."""
-    with tf.io.gfile.GFile(path, "rb") as fh:
-        lines = fh.read().split(b"\n")[:-1]
-    return all(
-        line.isdigit() and (line == b"0" or line[:1] != b"0") and (len(line) < 19 or int(line) <= R.INT64_MAX)
-        for line in lines
-    )
+    with tf.io.gfile.GFile(path, "rb") as fh:  # line by line: a vocabulary can be gigabytes
+        for line in fh:
+            line = line.rstrip(b"\n")
+            if not (line.isdigit() and (line == b"0" or line[:1] != b"0") and (len(line) < 19 or int(line) <= R.INT64_MAX)):
+                return False
+    return True
 
 
 def _stack_rows(parts: List[tf.RaggedTensor]) -> tf.RaggedTensor:
