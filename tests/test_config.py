@@ -244,3 +244,59 @@ def test_initializer_of_a_shared_table_is_set_on_the_table():
 def test_use_safe_embedding_lookup_must_be_a_boolean():
     msg = error_of(minimal(categorical_features=[{"name": "C1", "use_safe_embedding_lookup": "no"}]))
     assert "categorical_features[0].use_safe_embedding_lookup" in msg
+
+
+# ---- per-table optimizers and the embedding gradient multiplier (issue 18, item 2) -------------
+
+
+def test_table_optimizer_inherits_unless_it_names_another():
+    from components.config import table_optimizer
+
+    cfg = parse_config(minimal(
+        training={"embedding_optimizer": {"name": "adagrad", "learning_rate": 0.05, "clipvalue": 1.0,
+                                          "initial_accumulator_value": 0.2}},
+        tables=[{"name": "t", "optimizer": {"learning_rate": 0.5, "schedule": {"name": "cosine", "decay_steps": 10}}}],
+        categorical_features=[{"name": "C1", "table": "t"}, {"name": "C2", "optimizer": {"name": "sgd", "learning_rate": 1.5}},
+                              {"name": "C3"}]))
+    t = table_optimizer(cfg, "t")  # same optimizer: the set fields over training.embedding_optimizer
+    assert (t.name, t.learning_rate, t.clipvalue, t.initial_accumulator_value, t.schedule.name) == (
+        "adagrad", 0.5, 1.0, 0.2, "cosine")
+    c2 = table_optimizer(cfg, "C2")  # another optimizer: nothing inherited
+    assert (c2.name, c2.learning_rate, c2.clipvalue, c2.schedule.name) == ("sgd", 1.5, None, "constant")
+    assert table_optimizer(cfg, "C3") == cfg.training.embedding_optimizer
+    again = config_from_json(cfg.to_json())  # the override travels to the executors (implicit tables too)
+    assert table_optimizer(again, "C2") == c2 and table_optimizer(again, "t") == t
+
+
+@pytest.mark.parametrize("feature, message", [
+    ({"name": "C1", "optimizer": {"name": "adam"}},
+     "categorical_features[0].optimizer.learning_rate: missing; a table whose optimizer (adam) differs"),
+    ({"name": "C1", "optimizer": {"name": "rmsprop", "learning_rate": 0.1}},
+     "categorical_features[0].optimizer.name: 'rmsprop' is not one of"),
+    ({"name": "C1", "optimizer": {"learning_rate": -1.0}}, "categorical_features[0].optimizer.learning_rate: must be positive"),
+    ({"name": "C1", "optimizer": {"clipvalue": 0.0}}, "categorical_features[0].optimizer.clipvalue: must be positive"),
+    ({"name": "C1", "optimizer": {"clipnorm": 1.0}}, "categorical_features[0].optimizer.clipnorm: unknown field"),
+    ({"name": "C1", "optimizer": {"schedule": {"name": "exponential", "decay_rate": 2.0}}},
+     "categorical_features[0].optimizer.schedule.decay_rate: must be in (0, 1]"),
+])
+def test_bad_table_optimizers_name_the_field(feature, message):
+    assert message in error_of(minimal(categorical_features=[feature]))
+
+
+def test_optimizer_of_a_shared_table_is_set_on_the_table():
+    msg = error_of(minimal(tables=[{"name": "t", "optimizer": {"learning_rate": 0.1}}], categorical_features=[
+        {"name": "C1", "table": "t", "optimizer": {"learning_rate": 0.2}}]))
+    assert "categorical_features[0].optimizer: 'C1' uses table 't', whose optimizer is shared" in msg
+    msg = error_of(minimal(tables=[{"name": "t", "optimizer": {"name": "ftrl"}}],
+                           categorical_features=[{"name": "C1", "table": "t"}]))
+    assert "tables[0].optimizer.learning_rate: missing" in msg
+
+
+@pytest.mark.parametrize("multiplier, message", [
+    ({"value": 0.0}, "training.embedding_gradient_multiplier.value: must be a positive number"),
+    ({"value": float("inf")}, "training.embedding_gradient_multiplier.value: must be a positive number"),
+    ({"schedule": {"name": "linear"}}, "training.embedding_gradient_multiplier.schedule.name: 'linear' is not one of"),
+    ({"schedule": {"warmup_steps": -1}}, "training.embedding_gradient_multiplier.schedule.warmup_steps: must be 0 or more"),
+])
+def test_bad_gradient_multiplier_names_the_field(multiplier, message):
+    assert message in error_of(minimal(training={"embedding_gradient_multiplier": multiplier}))

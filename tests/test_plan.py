@@ -221,3 +221,43 @@ def test_initializers_and_safe_lookups_reach_the_tpu_configs_and_the_keras_table
     old = EmbeddingPlan.from_dict(data)
     assert all(f.validate_weights_and_indices for f in old.features.values())
     assert old.tables["big"].initializer.stddev == 0.25
+
+
+def test_table_optimizers_and_gradient_multiplier_in_the_plan():
+    """Issue 18, item 2: each table's optimizer spec in the plan (merged over
+    training.embedding_optimizer, through its JSON), its memory counting that optimizer's slots,
+    the gradient multiplier recorded; a plan written before the multiplier existed still loads."""
+    from components.embedding_trainer import trainer_module as tm
+
+    cfg = parse_config({
+        "input": {"path": "unused.csv"}, "label": "label",
+        "tables": [{"name": "shared", "dim": 8, "optimizer": {"name": "adam", "learning_rate": 0.01}}],
+        "categorical_features": [
+            {"name": "A", "table": "shared"}, {"name": "B", "table": "shared"},
+            {"name": "big", "optimizer": {"name": "sgd", "learning_rate": 0.5}},
+            {"name": "small", "dim": 4, "optimizer": {"learning_rate": 0.2}},
+        ],
+        "training": {"embedding": {"size_threshold": 1000}, "embedding_optimizer": {"name": "adagrad", "learning_rate": 0.05},
+                     "embedding_gradient_multiplier": {"value": 2.0, "schedule": {"name": "exponential", "decay_steps": 10,
+                                                                                  "decay_rate": 0.5}}},
+    })
+    plan = EmbeddingPlan.from_json(P.derive_plan(cfg, MANIFEST).to_json())
+    spec = {n: t.optimizer for n, t in plan.tables.items()}
+    assert (spec["shared"]["name"], spec["shared"]["learning_rate"], spec["shared"]["beta_1"]) == ("adam", 0.01, 0.9)
+    assert (spec["big"]["name"], spec["small"]["name"], spec["small"]["learning_rate"]) == ("sgd", "adagrad", 0.2)
+    assert spec["small"]["initial_accumulator_value"] == 0.1  # inherited from training.embedding_optimizer
+    assert [plan.tables[n].memory.slots_per_row for n in ("shared", "big", "small")] == [2, 0, 1]
+    multiplier = P.gradient_multiplier(plan.embedding_gradient_multiplier)
+    assert [float(multiplier(s)) for s in (0, 10, 20)] == pytest.approx([2.0, 1.0, 0.5])
+    # One optimizer pair per distinct spec; tables with the default spec keep the layer's.
+    default = P.optimizer_spec(cfg.training.embedding_optimizer)
+    opts = tm.table_optimizers(plan, default)
+    assert sorted(opts) == ["big", "shared", "small"] and len({id(o) for o in opts.values()}) == 3
+    assert tm.table_optimizers(plan, dict(plan.tables["small"].optimizer)).keys() == {"big", "shared"}
+    configs = P.table_configs(plan, {n: o.tpu for n, o in opts.items()})
+    assert isinstance(configs["shared"].optimizer, tf.tpu.experimental.embedding.Adam)
+    assert isinstance(configs["big"].optimizer, tf.tpu.experimental.embedding.SGD)
+    assert P.table_configs(plan)["big"].optimizer is None  # no override given: the layer's optimizer
+    old = plan.to_dict()
+    del old["embedding_gradient_multiplier"]
+    assert EmbeddingPlan.from_dict(old).embedding_gradient_multiplier is None

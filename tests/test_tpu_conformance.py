@@ -269,12 +269,28 @@ def test_wrong_argument_fails_the_bind():
              pipeline_execution_with_tensor_core=False)  # ours (model.EmbeddingLayer)
 
 
+def _round_trip_config(data, **training):  # noqa: F811
+    """The demo-derived config plus a TPU-embedding table (C12) with an Adagrad of its own and an
+    embedding gradient multiplier with a warm-up (issue 18, item 2)."""
+    from components.config import parse_config
+    from tests.test_trainer import _raw_config
+
+    raw = _raw_config(data, embedding_gradient_multiplier={"value": 0.5, "schedule": {"warmup_steps": 15}}, **training)
+    next(f for f in raw["categorical_features"] if f["name"] == "C12")["optimizer"] = {
+        "name": "adagrad", "learning_rate": 0.1, "clipvalue": 0.2}
+    return parse_config(raw)
+
+
 def test_checkpoint_round_trip_tpu_to_cpu_and_back(tpu_branch, data, tmp_path, monkeypatch):  # noqa: F811
     """A run checkpointed on the TPU branch resumes on CPU, and a CPU checkpoint resumes on the TPU
     branch: same keys for tables and optimizer slots (the TPU optimizer creates its slots through
-    the Keras optimizer), lazy Adam with clipping so every embedding option is in the checkpoint."""
+    the Keras optimizer), lazy Adam with clipping so every embedding option is in the checkpoint,
+    and a table with an optimizer of its own (its slots under table_embedding_optimizers, its step
+    count carried across platforms)."""
     optimizer = {"name": "adam", "learning_rate": 0.01, "clipvalue": 0.5, "lazy_adam": True}
     state = str(tmp_path / "state")
+    _config = _round_trip_config  # noqa: F811
+    table_iter = "model/table_embedding_optimizers/C12/iter/.ATTRIBUTES/VARIABLE_VALUE"
 
     def keys(prefix):
         return {k for k in tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
@@ -288,6 +304,8 @@ def test_checkpoint_round_trip_tpu_to_cpu_and_back(tpu_branch, data, tmp_path, m
     assert "TPUEmbedding.apply_gradients" in rec.names()
     tpu_keys = keys(tpu_ckpt)
     assert any("/.OPTIMIZER_SLOT/model/embedding_optimizer/m/" in k for k in tpu_keys), sorted(tpu_keys)[:5]
+    assert any("C12/.OPTIMIZER_SLOT/model/table_embedding_optimizers/C12/accumulator/" in k for k in tpu_keys)
+    assert tf.train.load_checkpoint(tpu_ckpt).get_tensor(table_iter) == 10  # counted on TPU, where the engine updates
 
     # Resume on CPU (the real, non-TPU branch): restore must match every object, then train on.
     cpu = _config(data, train_steps=20, checkpoint_every_steps=10, checkpoint_dir=state, embedding_optimizer=optimizer)
@@ -303,6 +321,8 @@ def test_checkpoint_round_trip_tpu_to_cpu_and_back(tpu_branch, data, tmp_path, m
     back_ckpt, _, run = tm.train(back, *_plan(back, data), *_files(data), state)
     assert run["resumed_from_step"] == 20 and run["strategy"] == "RecordingStrategy"
     assert keys(back_ckpt) == tpu_keys
+    assert tf.train.load_checkpoint(cpu_ckpt).get_tensor(table_iter) == 20
+    assert tf.train.load_checkpoint(back_ckpt).get_tensor(table_iter) == 30
 
 
 def _files(data):
@@ -342,3 +362,14 @@ def test_artifact_checkpoint_is_found_after_the_artifact_moves(tmp_path):
     found = tf.train.latest_checkpoint(str(tmp_path / "moved" / "checkpoints"))
     assert found == str(tmp_path / "moved" / "checkpoints" / os.path.basename(prefix))
     assert tf.train.load_checkpoint(found).get_tensor("v/.ATTRIBUTES/VARIABLE_VALUE") == 3.0
+
+
+def test_sparsecore_refuses_a_table_optimizer_it_would_ignore(tpu_branch, data, tmp_path):  # noqa: F811
+    """A table's own optimizer gets the same SparseCore check as training.embedding_optimizer:
+    TF 2.16's TPUEmbeddingV2 would drop C12's clipvalue, so the run stops naming the table."""
+    from components.embedding_trainer.optimizers import EmbeddingOptimizerError
+
+    tpu_branch(Feature.V2)
+    cfg = _round_trip_config(data, tpu="local", train_steps=10, checkpoint_every_steps=10)
+    with pytest.raises(EmbeddingOptimizerError, match=r"the optimizer of table 'C12'\.clipvalue: SparseCore"):
+        tm.train(cfg, *_plan(cfg, data), *_files(data), str(tmp_path / "state"))

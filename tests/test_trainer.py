@@ -366,3 +366,69 @@ def test_configured_initializers_and_unsafe_lookups_train_on_cpu(data, tmp_path)
     assert run["final_step"] == 8
     written = tm.read_plan(os.path.dirname(fn_args.serving_model_dir))
     assert written.tables[core].initializer.minval == 0.25 and not written.features["C9"].validate_weights_and_indices
+
+
+def test_per_table_optimizers_and_gradient_multiplier_update_as_documented(data):
+    """Issue 18, item 2, on CPU: one training step of the model the trainer builds. Tables with an
+    optimizer of their own (one TensorCore table and one TPU-embedding table sharing an SGD
+    override, one TPU-embedding table on Adagrad) move by exactly their optimizer's rule applied
+    to the gradient times the embedding gradient multiplier (gradients taken without it, before
+    the step); the other tables keep training.embedding_optimizer (FTRL here), slots live under
+    their own optimizer, the TPU layer's TableConfigs carry the per-table TPU optimizers, and every
+    embedding optimizer counted the step."""
+    from components.contracts.manifest import VocabularyManifest
+
+    raw = _raw_config(data, dropout=0.0, embedding_gradient_multiplier={"value": 0.5})
+    manifest = VocabularyManifest.from_json((data / "vocab" / "manifest.json").read_text())
+    placement = {n: t.placement for n, t in P.derive_plan(parse_config(raw), manifest).tables.items()}
+    own = [f["name"] for f in raw["categorical_features"] if "table" not in f]
+    tpus = [n for n in own if placement[n] == "tpu_embedding"]
+    core = next(n for n in own if placement[n] == "tensor_core")
+    sgd_tpu, adagrad_tpu = tpus[:2]
+    default = next(n for n in own if n not in (core, sgd_tpu, adagrad_tpu))
+    overrides = {core: {"name": "sgd", "learning_rate": 0.3}, sgd_tpu: {"name": "sgd", "learning_rate": 0.3},
+                 adagrad_tpu: {"name": "adagrad", "learning_rate": 0.2, "initial_accumulator_value": 0.5}}
+    for f in raw["categorical_features"]:
+        if f["name"] in overrides:
+            f["optimizer"] = overrides[f["name"]]
+    cfg = parse_config(raw)
+    train_files = [str(data / "tx" / "Split-train" / "*")]
+    plan = P.derive_plan(cfg, manifest, tm.read_statistics_for(train_files))
+    assert plan.tables[core].optimizer["name"] == "sgd" and plan.tables[default].optimizer["name"] == "ftrl"
+    assert plan.tables[adagrad_tpu].memory.slots_per_row == 1 and plan.tables[sgd_tpu].memory.slots_per_row == 0
+    model = tm.build_model(plan, manifest, cfg, for_training=True)
+    model.compile(optimizer=model.dense_optimizer, loss=tf.keras.losses.BinaryCrossentropy())
+    features, labels = next(iter(make_dataset(
+        train_files, manifest, 64, training=True, seed=3,
+        dense_id_widths=P.dense_id_widths(plan))))
+    model(features)
+    mid = model.embedding_layer._tpu_embedding
+    var = {n: mid._variables[n]["parameters"] for n in (sgd_tpu, adagrad_tpu, default) if n in mid._variables}
+    var[core] = model.tensor_core_tables[core].embeddings
+    if default not in var:
+        var[default] = model.tensor_core_tables[default].embeddings
+    with tf.GradientTape() as tape:  # no multiplier outside training
+        loss = model.compiled_loss(labels, model(features, training=False))
+    grads = dict(zip(var, (tf.convert_to_tensor(g).numpy() for g in tape.gradient(loss, list(var.values())))))
+    before = {n: v.numpy().copy() for n, v in var.items()}
+    model.train_step((features, labels))
+    after = {n: v.numpy() for n, v in var.items()}
+
+    for n in (core, sgd_tpu):
+        np.testing.assert_allclose(after[n], before[n] - 0.3 * 0.5 * grads[n], atol=1e-6)
+    g = 0.5 * grads[adagrad_tpu]
+    accumulator = 0.5 + g * g
+    np.testing.assert_allclose(after[adagrad_tpu], before[adagrad_tpu] - 0.2 * g / (np.sqrt(accumulator) + 1e-7), atol=1e-6)
+    table_opts = model._table_optimizer
+    assert table_opts[core] is table_opts[sgd_tpu] and table_opts[adagrad_tpu] is not table_opts[core]
+    np.testing.assert_allclose(table_opts[adagrad_tpu].keras.get_slot(var[adagrad_tpu], "accumulator").numpy(),
+                               accumulator, rtol=1e-6)
+    assert model.embedding_optimizer.get_slot(var[default], "accumulator") is not None  # FTRL's
+    assert not (after[default] == before[default]).all()
+    for opt in [model.embedding_optimizer] + list(model.table_embedding_optimizers.values()):
+        assert int(opt.iterations.numpy()) == 1
+    tables = {f.table.name: f.table for f in model.embedding_layer._feature_config.values()}
+    assert tables[sgd_tpu].optimizer is table_opts[sgd_tpu].tpu
+    assert isinstance(tables[adagrad_tpu].optimizer, tf.tpu.experimental.embedding.Adagrad)
+    assert tables[adagrad_tpu].optimizer.learning_rate == pytest.approx(0.2)
+    assert isinstance(tables["shared_c3_c4"].optimizer, tf.tpu.experimental.embedding.FTRL)  # the layer's, as TF fills it in

@@ -17,6 +17,7 @@ Any problem raises `ConfigError`, whose message names the file, the field path (
 `categorical_features[3].dim`) and what to change. `load_config` never touches TensorFlow, TFX or
 Beam, so a bad file is rejected in well under a second, before any work starts.
 """
+from components.config.binding import table_optimizer
 from components.config.checks import check_choice, check_positive
 from components.config.loading import config_from_json, load_config, parse_config
 from components.config.resolved import ResolvedConfig, ResolvedTable
@@ -41,12 +42,14 @@ from components.config.schema import (
     EmbeddingConfig,
     ExportConfig,
     ExportLayoutConfig,
+    GradientMultiplierConfig,
     InputConfig,
     KubeflowBeamConfig,
     KubeflowComponentConfig,
     KubeflowConfig,
     LabelRule,
     OptimizerConfig,
+    OptimizerOverride,
     PipelineConfig,
     ScheduleConfig,
     StatisticsConfig,
@@ -65,10 +68,10 @@ __all__ = [
     "COMBINERS", "COMPRESSIONS", "DIM_RULES", "DIRECT_RUNNING_MODES", "INPUT_FORMATS", "LABEL_RULE_OPS",
     "LAYOUT_KINDS", "MODEL_TYPES", "OPTIMIZERS", "PARTITION_STRATEGIES", "SCHEDULES", "TABLE_DTYPES",
     "BeamConfig", "CategoricalDefaults", "CategoricalFeature", "ConfigError", "DenseFeature", "EmbeddingConfig",
-    "ExportConfig", "ExportLayoutConfig", "InputConfig", "KubeflowBeamConfig", "KubeflowComponentConfig",
-    "KubeflowConfig", "LabelRule", "OptimizerConfig", "PipelineConfig", "ResolvedConfig", "ResolvedTable",
+    "ExportConfig", "ExportLayoutConfig", "GradientMultiplierConfig", "InputConfig", "KubeflowBeamConfig", "KubeflowComponentConfig",
+    "KubeflowConfig", "LabelRule", "OptimizerConfig", "OptimizerOverride", "PipelineConfig", "ResolvedConfig", "ResolvedTable",
     "ScheduleConfig", "StatisticsConfig", "TableConfig", "TolerationConfig", "TopologyConfig", "TrainingConfig",
     "TransformedExamplesConfig", "VertexTrainingConfig", "VocabularyOptions", "InitializerOptions",
     "check_choice", "check_export_config", "check_positive", "config_from_json", "load_config", "parse_config",
-    "register_check", "resolve",
+    "register_check", "resolve", "table_optimizer",
 ]

@@ -14,10 +14,13 @@ from components.config.resolved import ResolvedTable
 from components.config.schema import (
     COMBINERS,
     INITIALIZERS,
+    OPTIMIZERS,
     CategoricalDefaults,
     CategoricalFeature,
     ConfigError,
     InitializerOptions,
+    OptimizerConfig,
+    OptimizerOverride,
     PipelineConfig,
     TableConfig,
     VocabularyOptions,
@@ -168,7 +171,7 @@ def _join_shared_table(
         )
     t = tables[declared[f.table]]
     tpath = f"tables[{declared[f.table]}]"
-    for attr in ("vocabulary", "initializer"):
+    for attr in ("vocabulary", "initializer", "optimizer"):
         if getattr(f, attr) is not None:
             raise ConfigError(
                 f"{path}.{attr}: {f.name!r} uses table {t.name!r}, whose {attr} is shared; "
@@ -196,7 +199,10 @@ def _own_table(f: CategoricalFeature, path: str, declared: Dict[str, int]) -> Ta
             f"{path}.table: a table named {f.name!r} is declared under tables; set table: {f.name} "
             "to use it, or rename the feature"
         )
-    return TableConfig(name=f.name, dim=f.dim, combiner=f.combiner, vocabulary=f.vocabulary, initializer=f.initializer)
+    return TableConfig(
+        name=f.name, dim=f.dim, combiner=f.combiner, vocabulary=f.vocabulary, initializer=f.initializer,
+        optimizer=f.optimizer,
+    )
 
 
 def _fill_defaults(t: TableConfig, defaults: CategoricalDefaults) -> None:
@@ -204,3 +210,40 @@ def _fill_defaults(t: TableConfig, defaults: CategoricalDefaults) -> None:
     t.combiner = t.combiner or defaults.combiner
     t.vocabulary = t.vocabulary or dataclasses.replace(defaults.vocabulary)
     t.initializer = t.initializer or dataclasses.replace(defaults.initializer)
+
+
+def merge_optimizer(base: OptimizerConfig, override: Optional[OptimizerOverride], path: str) -> OptimizerConfig:
+    """A table's embedding optimizer: `base` (training.embedding_optimizer) with the override's set
+    fields; an override naming another optimizer starts from that optimizer's defaults instead
+    (nothing inherited: hyperparameters and rates of one optimizer mean nothing to another) and
+    must set its learning rate."""
+    if override is None:
+        return base
+    check_choice(override.name, OPTIMIZERS, f"{path}.name")
+    fields = {k: v for k, v in dataclasses.asdict(override).items() if v is not None}
+    if "schedule" in fields:
+        fields["schedule"] = override.schedule
+    if override.name is None or override.name == base.name:
+        return dataclasses.replace(base, **fields)
+    if override.learning_rate is None:
+        raise ConfigError(
+            f"{path}.learning_rate: missing; a table whose optimizer ({override.name}) differs from "
+            f"training.embedding_optimizer ({base.name}) inherits nothing from it, so set its learning_rate"
+        )
+    return OptimizerConfig(**fields)
+
+
+def table_optimizer(cfg: PipelineConfig, table: str) -> OptimizerConfig:
+    """The embedding optimizer of a (resolved) table: its override merged over training.embedding_optimizer."""
+    return merge_optimizer(cfg.training.embedding_optimizer, cfg.table(table).optimizer, optimizer_path(cfg, table))
+
+
+def optimizer_path(cfg: PipelineConfig, table: str) -> str:
+    """Where a table's optimizer override is written: tables[i].optimizer, or the feature's own."""
+    for i, f in enumerate(cfg.categorical_features):
+        if f.table is None and f.name == table:
+            return f"categorical_features[{i}].optimizer"
+    for i, t in enumerate(cfg.tables):
+        if t.name == table:
+            return f"tables[{i}].optimizer"
+    return f"table {table!r} optimizer"

@@ -108,6 +108,7 @@ class CategoricalFeature:
     max_length: Optional[int] = None  # multi-hot: keep at most this many values per example
     vocabulary: Optional[VocabularyOptions] = None  # for a table of its own
     initializer: Optional[InitializerOptions] = None  # for a table of its own
+    optimizer: Optional[OptimizerOverride] = None  # for a table of its own
     # The seeds' `use_safe_embedding_lookup` (TF2: FeatureConfig.validate_weights_and_indices):
     # false skips the checks for negative IDs and weights on TPU and in TensorCore tables' CPU/GPU
     # lookups (rows without IDs still pool to zeros). Preprocessing never emits a negative ID.
@@ -130,6 +131,7 @@ class TableConfig:
     combiner: Optional[str] = None
     vocabulary: Optional[VocabularyOptions] = None
     initializer: Optional[InitializerOptions] = None
+    optimizer: Optional[OptimizerOverride] = None  # this table's embedding optimizer; null: training.embedding_optimizer
 
 
 @dataclass
@@ -174,6 +176,36 @@ class OptimizerConfig:
 
 
 @dataclass
+class OptimizerOverride:
+    """A table's own embedding optimizer (`tables[].optimizer`, or `optimizer` on a feature with a
+    table of its own): TF2's `TableConfig.optimizer`, the seeds' per-column `learning_rate_fn`.
+    Fields left unset take `training.embedding_optimizer`'s when `name` is unset or the same;
+    naming another optimizer inherits nothing (that optimizer's defaults) and needs a learning_rate.
+    Merged by `components.config.binding.table_optimizer`."""
+
+    name: Optional[str] = None
+    learning_rate: Optional[float] = None
+    schedule: Optional[ScheduleConfig] = None
+    clipvalue: Optional[float] = None
+    initial_accumulator_value: Optional[float] = None
+    beta_1: Optional[float] = None
+    beta_2: Optional[float] = None
+    epsilon: Optional[float] = None
+    l1_regularization_strength: Optional[float] = None
+    l2_regularization_strength: Optional[float] = None
+    lazy_adam: Optional[bool] = None
+
+
+@dataclass
+class GradientMultiplierConfig:
+    """The seeds' `experimental_gradient_multiplier_fn`: every embedding gradient multiplied by
+    `value` x the schedule's factor at the step (the same warm-up / decay shapes as a learning rate)."""
+
+    value: float = 1.0
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+
+
+@dataclass
 class TopologyConfig:
     """The TPU slice the embedding plan is sized for (defaults: a v5e-8 slice)."""
 
@@ -210,6 +242,9 @@ class TrainingConfig:
     dropout: float = 0.0  # dropout rate after each hidden top-MLP layer in training (0: none)
     embedding_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig("adagrad", 0.05))
     dense_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig("adam", 0.001))
+    # Every embedding gradient times this factor (a schedule of the step) on CPU/GPU and TPU alike;
+    # null: none. Applied to each feature's pooled-vector gradient, so before clipping.
+    embedding_gradient_multiplier: Optional[GradientMultiplierConfig] = None
     seed: int = 42
     tpu: Optional[str] = None  # TPU name or grpc:// address: train under TPUStrategy; None: CPU/GPU
     # Where checkpoints of an unfinished run are kept (e.g. gs://...); null: <pipeline root>/Trainer/training_state/<key>

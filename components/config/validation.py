@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Optional
 
-from components.config.binding import bind_tables
+from components.config.binding import bind_tables, optimizer_path, table_optimizer
 from components.config.checks import check_choice, check_positive
 from components.config.resolved import ResolvedConfig
 from components.config.schema import (
@@ -151,15 +151,18 @@ def _check_optimizer(o: OptimizerConfig, path: str) -> None:
     check_positive(o.learning_rate, f"{path}.learning_rate", "set a positive learning rate")
     check_positive(o.clipnorm, f"{path}.clipnorm", "set a positive clipping norm or remove it")
     check_positive(o.clipvalue, f"{path}.clipvalue", "set a positive clipping limit or remove it")
-    sc = o.schedule
-    check_choice(sc.name, SCHEDULES, f"{path}.schedule.name")
+    _check_schedule(o.schedule, f"{path}.schedule")
+
+
+def _check_schedule(sc, path: str) -> None:
+    check_choice(sc.name, SCHEDULES, f"{path}.name")
     if sc.warmup_steps < 0:
-        raise ConfigError(f"{path}.schedule.warmup_steps: must be 0 or more, got {sc.warmup_steps}")
-    check_positive(sc.decay_steps, f"{path}.schedule.decay_steps", "steps over which the rate decays")
+        raise ConfigError(f"{path}.warmup_steps: must be 0 or more, got {sc.warmup_steps}")
+    check_positive(sc.decay_steps, f"{path}.decay_steps", "steps over which the rate decays")
     if not 0 < sc.decay_rate <= 1:
-        raise ConfigError(f"{path}.schedule.decay_rate: must be in (0, 1], got {sc.decay_rate}")
+        raise ConfigError(f"{path}.decay_rate: must be in (0, 1], got {sc.decay_rate}")
     if not 0 <= sc.alpha <= 1:
-        raise ConfigError(f"{path}.schedule.alpha: must be in [0, 1], got {sc.alpha}")
+        raise ConfigError(f"{path}.alpha: must be in [0, 1], got {sc.alpha}")
 
 
 def _check_embedding_optimizer(cfg: PipelineConfig) -> None:
@@ -169,6 +172,15 @@ def _check_embedding_optimizer(cfg: PipelineConfig) -> None:
             "training.embedding_optimizer.clipnorm: TPU embedding optimizers cannot clip by norm (the "
             "tables are updated on the TPU, row by row); use clipvalue instead"
         )
+    for t in cfg.tables:
+        if t.optimizer is not None:
+            _check_optimizer(table_optimizer(cfg, t.name), optimizer_path(cfg, t.name))
+    m = cfg.training.embedding_gradient_multiplier
+    if m is not None:
+        path = "training.embedding_gradient_multiplier"
+        if not (m.value > 0 and m.value < float("inf")):
+            raise ConfigError(f"{path}.value: must be a positive number, got {m.value} (1.0 leaves gradients as they are)")
+        _check_schedule(m.schedule, f"{path}.schedule")
 
 
 def _check_embedding_plan(cfg: PipelineConfig) -> None:

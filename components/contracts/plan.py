@@ -12,6 +12,8 @@ Rules (documented in configs/README.md):
 - dim: the configured dim; with `training.embedding.dim_rule: fourth_root`, tables without an
   explicit dim get 8 * ceil(6 * rows^0.25 / 8) (the 6 x fourth-root rule of thumb, rounded up to
   a multiple of 8 for TPU lanes), capped at 256.
+- optimizer: the table's (`tables[].optimizer` merged over `training.embedding_optimizer`,
+  config.binding.table_optimizer); memory counts that optimizer's slots.
 - initializer: the table's (`tables[].initializer`, `categorical_defaults.initializer`), unset
   fields filled in; by default the seeds' truncated normal, mean 0, stddev 1/sqrt(dim).
 - placement: rows > `size_threshold` -> `tpu_embedding` (sharded over all chips), otherwise
@@ -30,7 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from components.config import OptimizerConfig, PipelineConfig
+from components.config import OptimizerConfig, PipelineConfig, table_optimizer
 from components.contracts._json import check_version, dumps, pick, plain
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.sizing import TableMemory, table_memory
@@ -163,7 +165,7 @@ class CheckpointLayout:
     per_replica_batch_size: Optional[int] = None
 
 
-_OPTIONAL_PLAN_FIELDS = ("checkpoint_layout", "vocabulary_dir")
+_OPTIONAL_PLAN_FIELDS = ("checkpoint_layout", "vocabulary_dir", "embedding_gradient_multiplier")
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,8 @@ class EmbeddingPlan:
     sparse_core_config: SparseCoreConfigNote
     checkpoint_layout: Optional[CheckpointLayout] = None  # set by the trainer for the run
     vocabulary_dir: Optional[str] = None  # set by the trainer: where the vocabulary files are
+    # {value, schedule}: every embedding gradient's factor at a step (training.embedding_gradient_multiplier)
+    embedding_gradient_multiplier: Optional[Mapping[str, Any]] = None
     version: int = PLAN_VERSION
 
     def table(self, name: str) -> TablePlan:
@@ -314,7 +318,7 @@ def _table_plan(cfg: PipelineConfig, name: str, manifest: VocabularyManifest, st
     else:
         dim, dim_source = int(t.dim), "config"
     placement = "tpu_embedding" if emb.size_threshold is not None and rows > emb.size_threshold else "tensor_core"
-    optimizer = cfg.training.embedding_optimizer
+    optimizer = table_optimizer(cfg, name)  # tables[].optimizer over training.embedding_optimizer
     return TablePlan(
         rows=rows,
         vocabulary_size=int(v.size),
@@ -346,6 +350,11 @@ def _feature_plans(cfg: PipelineConfig, tables: Mapping[str, TablePlan], statist
             validate_weights_and_indices=f.use_safe_embedding_lookup,
         )
     return features
+
+
+def _gradient_multiplier(cfg: PipelineConfig) -> Optional[Dict[str, Any]]:
+    m = cfg.training.embedding_gradient_multiplier
+    return None if m is None else {"value": m.value, "schedule": dict(vars(m.schedule))}
 
 
 def _check_fits(topo: Topology, tables: Mapping[str, TablePlan], memory: PlanMemory, hbm_gib: float, fraction: float) -> None:
@@ -396,6 +405,7 @@ def derive_plan(
         tables=tables,
         features=_feature_plans(cfg, tables, statistics),
         memory=memory,
+        embedding_gradient_multiplier=_gradient_multiplier(cfg),
         sparse_core_config=SparseCoreConfigNote(
             available_in_tensorflow=sparsecore_config_available,
             note=(

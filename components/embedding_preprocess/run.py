@@ -16,7 +16,7 @@ from apache_beam.io.filesystems import FileSystems
 from components import ledger as L
 from components import row_counts
 from components.beam_runtime import ensure_local_runner_safe
-from components.config import CategoricalFeature, PipelineConfig
+from components.config import CategoricalFeature, PipelineConfig, table_optimizer
 from components.contracts import artifacts as A
 from components.contracts.manifest import (
     CategoricalFeatureEntry,
@@ -211,10 +211,11 @@ def _table_batch_statistics(raw: Dict[str, Any], table: str) -> Dict[str, Any]:
     }
 
 
-def _table_memory(cfg: PipelineConfig, vocabulary: VocabularyEntry) -> Dict[str, Any]:
-    """Bytes of a table's weights and of its optimizer slots (contracts.sizing; the placement is
-    the trainer's plan's to decide, so no per-chip figure here)."""
-    optimizer = cfg.training.embedding_optimizer.name
+def _table_memory(cfg: PipelineConfig, name: str, vocabulary: VocabularyEntry) -> Dict[str, Any]:
+    """Bytes of a table's weights and of its optimizer's slots (the table's own optimizer, or
+    training.embedding_optimizer; contracts.sizing; the placement is the trainer's plan's to
+    decide, so no per-chip figure here)."""
+    optimizer = table_optimizer(cfg, name).name
     m = table_memory(vocabulary.rows, vocabulary.dim, optimizer)
     return {
         "weight_bytes": m.weight_bytes,
@@ -236,7 +237,7 @@ def _table_statistics(cfg: PipelineConfig, raw: Dict[str, Any], name: str, vocab
         "vocabulary": raw.get(P.vocabulary_info(name), {}),
         "batches": _table_batch_statistics(raw, name),
         "shards": S.shard_summary(raw, "train", name, cfg.statistics.shard_counts, cfg.statistics.headroom),
-        "memory": _table_memory(cfg, vocabulary),
+        "memory": _table_memory(cfg, name, vocabulary),
     }
 
 

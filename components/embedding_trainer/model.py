@@ -22,7 +22,7 @@ probability [batch, 1]):
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
@@ -57,6 +57,9 @@ class EmbeddingLayer(tfrs.layers.embedding.TPUEmbedding):
                     "sparse_core_embedding_config needs TensorFlow >= 2.17; TF 2.16's TPUEmbeddingV2 takes no SparseCore config"
                 )
             O.check_sparsecore_optimizer(self._optimizer)
+            for table in {id(f.table): f.table for f in tf.nest.flatten(self._feature_config)}.values():
+                if table.optimizer is not None:  # a table's own optimizer (tables[].optimizer)
+                    O.check_sparsecore_optimizer(table.optimizer, f"the optimizer of table {table.name!r}")
             return tf.tpu.experimental.embedding.TPUEmbeddingV2(
                 feature_config=self._feature_config,
                 optimizer=self._optimizer,
@@ -189,6 +192,27 @@ class ServingTable(tf.keras.layers.Layer):
         return pool_sparse(rows, ids, self.combiner, positions=position)
 
 
+class TableOptimizer(NamedTuple):
+    """The embedding optimizer of tables with one of their own (tables[].optimizer): the Keras
+    optimizer (CPU/GPU update, slot owner, checkpoint key `table_embedding_optimizers/<key>`), the
+    TPU one (TableConfig.optimizer) and the clipping limit. Tables with equal specs share one."""
+
+    key: str
+    keras: Any
+    tpu: Any
+    clipvalue: Optional[float]
+
+
+@tf.custom_gradient
+def _scale_gradient(x, factor):
+    """x unchanged; its gradient times `factor` (the embedding gradient multiplier)."""
+
+    def grad(dy):
+        return dy * tf.cast(factor, dy.dtype), None
+
+    return tf.identity(x), grad
+
+
 class RankingModel(tf.keras.Model):
     """DLRM or DCN-v2 over the plan's tables. `embedding_optimizer=None` builds the serving variant
     (no optimizer, so no slot variables). `tpu_embedding_optimizer`: the `tf.tpu.experimental.embedding`
@@ -198,7 +222,14 @@ class RankingModel(tf.keras.Model):
     clips them (optimizers.clip_embedding_gradients) before the Keras optimizer applies them.
     `serving_table_dtype` (the exporter's model) holds every table as a plain `ServingTable` of that
     dtype instead of the TFRS layer and TensorCore tables; the dense network is the same.
-    `tpu_output_batch`: the static per-replica batch, set as the features' output shape on TPU."""
+    `tpu_output_batch`: the static per-replica batch, set as the features' output shape on TPU.
+    `table_optimizers` {table: TableOptimizer}: tables updated by an optimizer of their own instead
+    of `embedding_optimizer` / `tpu_embedding_optimizer`. Every embedding optimizer counts every
+    training step (one with nothing to apply in a step, e.g. on a TPU where the engine updates the
+    tables, advances its `iterations` itself), so schedules, Adam's bias correction and a checkpoint
+    resumed on the other platform see the same step. `gradient_multiplier` (plan.gradient_multiplier):
+    each feature's pooled-vector gradient times its value at the step, in training; the table
+    gradients (sums of those) scale with it on every platform, before clipping."""
 
     def __init__(
         self,
@@ -212,6 +243,8 @@ class RankingModel(tf.keras.Model):
         tpu_output_batch: Optional[int] = None,
         embedding_clipvalue: Optional[float] = None,
         pipeline_execution_with_tensor_core: bool = False,
+        table_optimizers: Optional[Dict[str, TableOptimizer]] = None,
+        gradient_multiplier: Any = None,
     ):
         super().__init__(name="ranking_model")
         self.model_type = training.model
@@ -220,6 +253,12 @@ class RankingModel(tf.keras.Model):
         self.embedding_optimizer = embedding_optimizer
         self.dense_optimizer = dense_optimizer
         self.embedding_clipvalue = embedding_clipvalue
+        table_optimizers = dict(table_optimizers or {})
+        # Tracked once each, under their keys (checkpoint: model/table_embedding_optimizers/<key>);
+        # the table -> TableOptimizer map itself is not tracked (it would reach them twice).
+        self.table_embedding_optimizers = {o.key: o.keras for o in table_optimizers.values()}
+        self._table_optimizer = tf.Module()._no_dependency(table_optimizers)  # pylint: disable=protected-access
+        self.gradient_multiplier = gradient_multiplier
         tables = plan.tables
         self.feature_table = {n: plan.features[n].table for n in self.categorical_names}
         self.feature_dim = {n: tables[t].dim for n, t in self.feature_table.items()}
@@ -238,7 +277,10 @@ class RankingModel(tf.keras.Model):
         if tpu_features:
             # On a TPU the features' output shape is the static per-replica batch (TPUEmbeddingV2
             # sizes its SparseCore stacks from it); elsewhere it stays unset.
-            configs = P.feature_configs(plan, output_batch=tpu_output_batch, on_tpu=tpu_output_batch is not None)
+            configs = P.feature_configs(
+                plan, output_batch=tpu_output_batch, on_tpu=tpu_output_batch is not None,
+                table_optimizers={n: o.tpu for n, o in table_optimizers.items()},
+            )
             self.embedding_layer = EmbeddingLayer(
                 {n: configs[n] for n in tpu_features},
                 optimizer=tpu_embedding_optimizer,
@@ -272,7 +314,7 @@ class RankingModel(tf.keras.Model):
                 if isinstance(layer, StepDropout):
                     layer.step_fn = lambda: self.dense_optimizer.iterations
 
-    def embed(self, inputs: Dict[str, Any]) -> Dict[str, tf.Tensor]:
+    def embed(self, inputs: Dict[str, Any], training: bool = False) -> Dict[str, tf.Tensor]:
         """Pooled [batch, dim] vector per categorical feature."""
         out: Dict[str, tf.Tensor] = {}
         if self.serving_tables:
@@ -282,6 +324,12 @@ class RankingModel(tf.keras.Model):
         for n in self.categorical_names:
             if n not in out:
                 out[n] = self.tensor_core_tables[self.feature_table[n]](inputs[n], safe=self.feature_safe[n])
+        if training and self.gradient_multiplier is not None and self.dense_optimizer is not None:
+            # The seeds' experimental_gradient_multiplier_fn, exact on every platform: a table's
+            # gradient is a sum of its features' pooled-vector gradients (the TPU engine receives
+            # these activation gradients), so scaling them scales it.
+            factor = self.gradient_multiplier(self.dense_optimizer.iterations)
+            out = {n: _scale_gradient(v, factor) for n, v in out.items()}
         return out
 
     # Not converted by AutoGraph (nor, through its control status, any layer called from here): the
@@ -299,7 +347,7 @@ class RankingModel(tf.keras.Model):
             first = inputs[self.categorical_names[0]]
             dense = tf.zeros([tf.shape(first, out_type=tf.int64)[0], 1])
         bottom = self.bottom_mlp(dense)
-        embedded = self.embed(inputs)
+        embedded = self.embed(inputs, training=training)
         if self.model_type == "dlrm":
             vectors = [bottom] + [
                 self.projections[n](embedded[n]) if n in self.projections else embedded[n]
@@ -320,6 +368,35 @@ class RankingModel(tf.keras.Model):
             ids |= {id(v) for v in self.embedding_layer.trainable_variables}
         return ids
 
+    def _variable_tables(self) -> Dict[int, str]:
+        """id(table variable) -> plan table, for the tables updated here (TensorCore tables; TPU
+        embedding tables off a TPU, where they are the mid-level API's plain variables). On a TPU
+        the TPU layer's trainable variable is TFRS's stand-in and maps to no table."""
+        out = {id(t.embeddings): name for name, t in self.tensor_core_tables.items()}
+        if self.embedding_layer is not None:
+            variables = getattr(self.embedding_layer._tpu_embedding, "_variables", {})  # pylint: disable=protected-access
+            for name, slots in variables.items():
+                if name in self.feature_table.values() and "parameters" in slots:
+                    out[id(slots["parameters"])] = name
+        return out
+
+    def _apply_embedding_gradients(self, emb_gv) -> None:
+        """Each embedding optimizer applies its tables' gradients (clipped by its limit); one with
+        none this step still counts the step."""
+        tables = self._variable_tables() if self._table_optimizer else {}
+        groups: Dict[str, list] = {"": []}
+        for g, v in emb_gv:
+            o = self._table_optimizer.get(tables.get(id(v)))
+            groups.setdefault(o.key if o else "", []).append((g, v))
+        optimizers = {"": (self.embedding_optimizer, self.embedding_clipvalue)}
+        optimizers.update({o.key: (o.keras, o.clipvalue) for o in self._table_optimizer.values()})
+        for key, (optimizer, clipvalue) in optimizers.items():
+            gv = groups.get(key)
+            if gv:
+                optimizer.apply_gradients(O.clip_embedding_gradients(gv, clipvalue))
+            else:
+                optimizer.iterations.assign_add(1)
+
     @tf.autograph.experimental.do_not_convert  # as `call`: no tensor-dependent Python control flow
     def train_step(self, data):
         """Separate optimizers for embeddings and the dense part (TFRS layer docstring pattern:
@@ -334,12 +411,9 @@ class RankingModel(tf.keras.Model):
         grads = tape.gradient(loss, variables)
         emb_ids = self.embedding_variable_ids()
         dense_gv = [(g, v) for g, v in zip(grads, variables) if id(v) not in emb_ids and g is not None]
-        emb_gv = O.clip_embedding_gradients(
-            [(g, v) for g, v in zip(grads, variables) if id(v) in emb_ids and g is not None], self.embedding_clipvalue
-        )
+        emb_gv = [(g, v) for g, v in zip(grads, variables) if id(v) in emb_ids and g is not None]
         self.dense_optimizer.apply_gradients(dense_gv)
-        if emb_gv:
-            self.embedding_optimizer.apply_gradients(emb_gv)
+        self._apply_embedding_gradients(emb_gv)
         self.compiled_metrics.update_state(labels, probs)
         return {m.name: m.result() for m in self.metrics}
 

@@ -145,17 +145,18 @@ def tpu_optimizer(spec: Dict[str, Any], learning_rate, step_fn: Callable[[], tf.
     return P.build_optimizer(classes, spec, kw)
 
 
-def check_sparsecore_optimizer(opt) -> None:
+def check_sparsecore_optimizer(opt, where: str = "training.embedding_optimizer") -> None:
     """Refuses settings TF 2.16's TPUEmbeddingV2 would silently ignore (tpu_embedding_v3.py's
-    apply_gradients passes no clipping limits and no laziness flag to the SparseCore kernels)."""
+    apply_gradients passes no clipping limits and no laziness flag to the SparseCore kernels).
+    `where`: the config field the optimizer comes from (a table's own optimizer names its table)."""
     if getattr(opt, "clip_gradient_min", None) is not None or getattr(opt, "clip_gradient_max", None) is not None:
         raise EmbeddingOptimizerError(
-            "training.embedding_optimizer.clipvalue: SparseCore (TPUEmbeddingV2 in TensorFlow 2.16) does not "
+            f"{where}.clipvalue: SparseCore (TPUEmbeddingV2 in TensorFlow 2.16) does not "
             "clip embedding gradients; remove clipvalue, or train on TPU v2-v4 (TPUEmbedding) or CPU/GPU"
         )
     if isinstance(opt, tf.tpu.experimental.embedding.Adam) and not opt.lazy_adam:
         raise EmbeddingOptimizerError(
-            "training.embedding_optimizer.lazy_adam: false is not available on SparseCore (TPUEmbeddingV2 in "
+            f"{where}.lazy_adam: false is not available on SparseCore (TPUEmbeddingV2 in "
             "TensorFlow 2.16 updates only the looked-up rows); set lazy_adam: true"
         )
 

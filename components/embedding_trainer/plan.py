@@ -111,8 +111,11 @@ def tf_initializer(init):
     raise ValueError(f"initializer {init.name!r} is not one of truncated_normal, random_normal, random_uniform, zeros")
 
 
-def table_configs(plan: EmbeddingPlan) -> Dict[str, Any]:
-    """name -> TableConfig for every table in the plan (the optimizer is set on the layer)."""
+def table_configs(plan: EmbeddingPlan, table_optimizers: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """name -> TableConfig for every table in the plan. `table_optimizers`: {table: TPU embedding
+    optimizer} of the tables with an optimizer of their own (TableConfig.optimizer); the others
+    take the layer's."""
+    table_optimizers = table_optimizers or {}
     out = {}
     for name, t in plan.tables.items():
         out[name] = tf.tpu.experimental.embedding.TableConfig(
@@ -120,14 +123,23 @@ def table_configs(plan: EmbeddingPlan) -> Dict[str, Any]:
             dim=t.dim,
             combiner=t.combiner,
             initializer=tf_initializer(t.initializer),
+            optimizer=table_optimizers.get(name),
             name=name,
         )
     return out
 
 
+def gradient_multiplier(spec: Optional[Dict[str, Any]]):
+    """The embedding gradients' factor as a function of the step (`WarmupDecay` of the plan's
+    {value, schedule}), or None."""
+    if not spec:
+        return None
+    return WarmupDecay(float(spec["value"]), spec["schedule"])
+
+
 def feature_configs(
     plan: EmbeddingPlan, tables: Optional[Dict[str, Any]] = None, output_batch: Optional[int] = None,
-    on_tpu: bool = False,
+    on_tpu: bool = False, table_optimizers: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
     """feature -> FeatureConfig (shared tables are the same TableConfig object). `output_batch`:
     the static per-replica batch a TPU step sees (FeatureConfig.output_shape).
@@ -137,7 +149,7 @@ def feature_configs(
     (tpu_embedding_for_serving.cpu_embedding_lookup -> embedding_lookup_sparse_v2, no
     num_segments) drop the trailing rows of a batch that have no IDs, and the pooled output no
     longer has the batch's rows (tests/test_trainer.py: [63, 16] for a batch of 64)."""
-    tables = tables or table_configs(plan)
+    tables = tables or table_configs(plan, table_optimizers)
     return {
         name: tf.tpu.experimental.embedding.FeatureConfig(
             table=tables[f.table], max_sequence_length=f.max_sequence_length, name=name,

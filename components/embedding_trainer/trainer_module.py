@@ -42,7 +42,7 @@ from components.ledger import check_ledger
 from components.embedding_trainer import optimizers as O
 from components.embedding_trainer import plan as P
 from components.embedding_trainer.input import make_dataset, parse_batch
-from components.embedding_trainer.model import RankingModel
+from components.embedding_trainer.model import RankingModel, TableOptimizer
 from components.embedding_trainer.tpu_rules import check_tpu_rules
 from components.metrics import log_loss, roc_auc
 
@@ -124,16 +124,43 @@ def build_model(plan: EmbeddingPlan, manifest: VocabularyManifest, cfg: Pipeline
     if not for_training:
         return RankingModel(plan, manifest, t)
     spec = P.optimizer_spec(t.embedding_optimizer)
-    rate = P.learning_rate(spec)
-    keras_embedding = O.keras_optimizer(spec, rate)
-    keras_embedding.iterations  # noqa: B018  created now, in the strategy's scope, not inside the first step
-    tpu_embedding = O.tpu_optimizer(spec, rate, step_fn=lambda: keras_embedding.iterations, keras_opt=keras_embedding)
+    keras_embedding, tpu_embedding = embedding_optimizers(spec)
     return RankingModel(
         plan, manifest, t, keras_embedding, P.keras_optimizer(P.optimizer_spec(t.dense_optimizer)), tpu_embedding,
         tpu_output_batch=per_replica_batch if on_tpu else None,
         embedding_clipvalue=spec.get("clipvalue"),
         pipeline_execution_with_tensor_core=t.pipeline_execution_with_tensor_core,
+        table_optimizers=table_optimizers(plan, spec),
+        gradient_multiplier=P.gradient_multiplier(plan.embedding_gradient_multiplier),
     )
+
+
+def embedding_optimizers(spec: Dict[str, Any]):
+    """(Keras, TPU) embedding optimizers of one spec: the Keras one updates CPU/GPU and TensorCore
+    tables and owns the slots; the TPU one's learning rate follows the Keras one's step."""
+    rate = P.learning_rate(spec)
+    keras_opt = O.keras_optimizer(spec, rate)
+    keras_opt.iterations  # noqa: B018  created now, in the strategy's scope, not inside the first step
+    return keras_opt, O.tpu_optimizer(spec, rate, step_fn=lambda: keras_opt.iterations, keras_opt=keras_opt)
+
+
+def table_optimizers(plan: EmbeddingPlan, default_spec: Dict[str, Any]) -> Dict[str, TableOptimizer]:
+    """{table: TableOptimizer} for the plan's tables whose optimizer differs from `default_spec`.
+    Tables with equal specs share one pair (TPUEmbeddingV2 stacks tables whose TPU optimizers are
+    equal, and the exporter's layout reader groups them by spec); the pair's key is the first such
+    table's name."""
+    by_spec: Dict[str, TableOptimizer] = {}
+    out: Dict[str, TableOptimizer] = {}
+    for name in sorted(plan.tables):
+        spec = dict(plan.tables[name].optimizer)
+        if spec == default_spec:
+            continue
+        key = json.dumps(spec, sort_keys=True)
+        if key not in by_spec:
+            keras_opt, tpu_opt = embedding_optimizers(spec)
+            by_spec[key] = TableOptimizer(name, keras_opt, tpu_opt, spec.get("clipvalue"))
+        out[name] = by_spec[key]
+    return out
 
 
 def transformed_serving_function(model: RankingModel, manifest: VocabularyManifest):
