@@ -46,7 +46,15 @@ Tokens -> embedding IDs
   V1. The token on line i of the vocabulary file (0-based) -> i.
   V2. Any other token -> vocabulary_size + Fingerprint64(token) % num_oov_buckets: farmhash
       Fingerprint64 of the token's bytes, what `tf.strings.to_hash_bucket_fast` and
-      `tf.lookup.StaticVocabularyTable` compute (`oov_bucket`).
+      `tf.lookup.StaticVocabularyTable` compute (`oov_bucket`). A vocabulary given as a list or
+      a file (`vocabulary.kind: list | file`) is V1-V2 with its lines in the given order.
+  V3. A hashed column (`kind: hashed`, no vocabulary): every token -> Fingerprint64(token) %
+      num_buckets, V2 with an empty vocabulary (TF's categorical_column_with_hash_bucket).
+  V4. An identity column (`kind: identity`): a token that is the decimal text of an integer i,
+      0 <= i < num_buckets, written as T2 writes int64 values (no sign, no leading zero: "7",
+      not "07" or "+7") -> row i (`identity_id`). Any other token -> `default_value` when the
+      config sets one (counted as oov), else no ID: dropped and counted, `out_of_range` (an
+      integer text >= num_buckets) or `not_an_id` (any other text: "07", "-3", "abc").
 
 Dense values (one float32 per row)
   D1. A row's value is its first value as float32; further values are counted
@@ -88,6 +96,8 @@ INVALID_LINE_BREAK = "line_break"  # T6
 INVALID_FLOAT_IN_CATEGORICAL = "float_in_categorical"  # T3, J3
 INVALID_NEGATIVE_INT = "negative_int"  # T2, J2
 INVALID_NOT_INTEGER = "not_integer"  # J2 (JSON strings for an int64 column only)
+INVALID_OUT_OF_RANGE = "out_of_range"  # V4: an integer ID >= num_buckets, no default_value
+INVALID_NOT_AN_ID = "not_an_id"  # V4: not the canonical text of a non-negative integer, no default_value
 INVALID_NAN = "nan"  # D3
 INVALID_INFINITE = "infinite"  # D3: inf, -inf, or a number beyond float32
 INVALID_MULTI_VALUED = "multi_valued_dense"  # D1
@@ -204,6 +214,21 @@ def embedding_id(token: bytes, vocabulary: Sequence[bytes], num_oov_buckets: int
     if token in vocabulary:
         return list(vocabulary).index(token)
     return len(vocabulary) + oov_bucket(token, num_oov_buckets)
+
+
+IDENTITY_TEXT = rb"0|[1-9][0-9]*"  # V4: the texts T2 gives non-negative int64 values
+
+
+def identity_id(token: bytes, num_buckets: int, default_value: Optional[int] = None) -> Tuple[Optional[int], Optional[str]]:
+    """V4: (row, None) for an ID of an identity table; (default_value, None) for any other token
+    when set; else (None, reason): `out_of_range` or `not_an_id`."""
+    if re.fullmatch(IDENTITY_TEXT, token):
+        if int(token) < num_buckets:
+            return int(token), None
+        reason = INVALID_OUT_OF_RANGE
+    else:
+        reason = INVALID_NOT_AN_ID
+    return (default_value, None) if default_value is not None else (None, reason)
 
 
 @dataclass(frozen=True)
@@ -504,3 +529,34 @@ OOV_CASES: Tuple[OovCase, ...] = tuple(
     for n, bucket in zip((1, 5, 1000), buckets)
 )
 
+
+
+@dataclass(frozen=True)
+class IdentityCase:
+    """V4: a token of an identity column with `num_buckets` rows (and a default row or none)."""
+
+    token: bytes
+    num_buckets: int
+    default_value: Optional[int]
+    row: Optional[int]
+    reason: Optional[str] = None
+
+
+IDENTITY_CASES: Tuple[IdentityCase, ...] = tuple(
+    IdentityCase(token, 10, default, row if row is not None else default, None if row is not None or default is not None else reason)
+    for token, row, reason in (
+        (b"0", 0, None),
+        (b"7", 7, None),
+        (b"9", 9, None),
+        (b"10", None, INVALID_OUT_OF_RANGE),
+        (b"99999999999999999999999", None, INVALID_OUT_OF_RANGE),  # beyond int64: still an integer text
+        (b"07", None, INVALID_NOT_AN_ID),
+        (b"+7", None, INVALID_NOT_AN_ID),
+        (b"-1", None, INVALID_NOT_AN_ID),  # a bytes column's text; an int64 -1 is negative_int first (T2)
+        (b" 7", None, INVALID_NOT_AN_ID),
+        (b"7.0", None, INVALID_NOT_AN_ID),
+        (b"abc", None, INVALID_NOT_AN_ID),
+        (b"\xd9\xa3", None, INVALID_NOT_AN_ID),  # Arabic-Indic digit three: not an ASCII digit
+    )
+    for default in (None, 3)
+)

@@ -110,6 +110,73 @@ def test_int_text_cases_serving(served, path):
     assert served.ids(path, INT_TEXT, len(R.INT_TEXT_CASES)) == expected
 
 
+# ---- column kinds: hashed (V3) and identity (V4) --------------------------------------------------
+
+HASH_BUCKETS = 1000
+IDENTITY = {d: [c for c in R.IDENTITY_CASES if c.default_value == d] for d in (None, 3)}
+INT_IDENTITY = (0, 7, 9, 10, -1, 12345678901234)  # an int64 column: T2 first (-1: negative_int), then V4
+# column -> (raw kind, vocabulary options, one value per row)
+KIND_COLUMNS = {
+    "hashed": (R.KIND_BYTES, {"kind": "hashed", "num_buckets": HASH_BUCKETS}, sorted({c.token for c in R.OOV_CASES})),
+    "identity": (R.KIND_BYTES, {"kind": "identity", "num_buckets": 10}, [c.token for c in IDENTITY[None]]),
+    "identity_default": (R.KIND_BYTES, {"kind": "identity", "num_buckets": 10, "default_value": 3},
+                         [c.token for c in IDENTITY[3]]),
+    "identity_int": (R.KIND_INT, {"kind": "identity", "num_buckets": 10}, list(INT_IDENTITY)),
+}
+
+
+def _kind_expected(name):
+    """Each row's IDs by the rulebook's plain Python (V3: oov_bucket; V4: identity_id after T2)."""
+    kind, options, rows = KIND_COLUMNS[name]
+    out = []
+    for value in rows:
+        tokens = R.row_tokens(kind, [value]).tokens
+        if options["kind"] == "hashed":
+            out.append(tuple(R.oov_bucket(t, options["num_buckets"]) for t in tokens))
+        else:
+            ids = [R.identity_id(t, options["num_buckets"], options.get("default_value"))[0] for t in tokens]
+            out.append(tuple(i for i in ids if i is not None))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("default", [None, 3])
+def test_identity_case_reference(default):
+    for c in IDENTITY[default]:
+        assert R.identity_id(c.token, c.num_buckets, c.default_value) == (c.row, c.reason), c
+
+
+@pytest.mark.parametrize("name", KIND_COLUMNS)
+def test_column_kind_arrow(name):
+    """Preprocessing's Arrow path (extract_tokens with the table's id_filter, the table's lookup)
+    gives the rulebook's IDs and counts the rulebook's reasons."""
+    from components.config import VocabularyOptions
+    from components.embedding_preprocess.transform import make_lookups
+
+    kind, options, rows = KIND_COLUMNS[name]
+    cfg = SimpleNamespace(tables=[SimpleNamespace(name=name, vocabulary=VocabularyOptions(**options))])
+    lookup = make_lookups(cfg, {})[name]
+    toks = F.extract_tokens(_arrow(kind, [[v] for v in rows]), len(rows), None, None, getattr(lookup, "id_filter", None))
+    ids, oov = lookup.lookup(toks.values)
+    assert _per_row(toks.row.tolist(), ids.tolist(), len(rows)) == _kind_expected(name)
+    expected = Counter()
+    for v in rows:
+        for t in R.row_tokens(kind, [v]).tokens:
+            if options["kind"] == "identity":
+                _, reason = R.identity_id(t, options["num_buckets"], options.get("default_value"))
+                expected[reason] += reason is not None
+    for v in rows:  # T2's reasons (negative_int) come first
+        expected.update(dict(R.row_tokens(kind, [v]).invalid))
+    assert toks.invalid == {k: c for k, c in expected.items() if c}
+    if options["kind"] == "identity" and options.get("default_value") is not None:
+        assert oov == sum(c.row == 3 and c.token != b"3" for c in IDENTITY[3])
+
+
+@pytest.mark.parametrize("name", KIND_COLUMNS)
+@pytest.mark.parametrize("path", TF_PATHS)
+def test_column_kind_serving(served, name, path):
+    assert served.ids(path, name, len(KIND_COLUMNS[name][2])) == _kind_expected(name)
+
+
 # ---- the OOV hash --------------------------------------------------------------------------------
 
 
@@ -226,7 +293,8 @@ class _Served:
         return self.outputs[path][:num_rows, start : start + width]
 
     def ids(self, path, case_name, num_rows):
-        feature = case_name if case_name == INT_TEXT else _feature_name("t", list(TOKEN_CASES).index(case_name))
+        feature = case_name if case_name == INT_TEXT or case_name in KIND_COLUMNS else _feature_name(
+            "t", list(TOKEN_CASES).index(case_name))
         return tuple(tuple(int(i) for i in row if i >= 0) for row in self._block(path, feature, num_rows))
 
     def dense(self, path, case_name, num_rows):
@@ -256,6 +324,10 @@ def served(tmp_path_factory):
     categorical.append({"name": INT_TEXT, "vocabulary": {"num_oov_buckets": INT_TEXT_OOV_BUCKETS}})
     vocabularies[INT_TEXT] = R.VOCABULARY
     kinds[INT_TEXT] = R.KIND_INT
+    for name, (kind, vocabulary, _) in KIND_COLUMNS.items():
+        categorical.append({"name": name, "vocabulary": vocabulary})
+        vocabularies[name] = ()
+        kinds[name] = kind
     dense = [{"name": _feature_name("d", i), "fill_value": c.fill_value} for i, c in enumerate(dense_cases)]
     kinds.update({_feature_name("d", i): c.kind for i, c in enumerate(dense_cases)})
     cfg = parse_config({"input": {"path": "unused.csv"}, "label": "label", "dense_features": dense,
@@ -267,7 +339,8 @@ def served(tmp_path_factory):
     manifest = build_manifest(cfg, {f"kind/{c}/{k}": 1 for c, k in kinds.items() if k != R.KIND_NONE}, vocab_dir)
     transform = RawFeatureTransform(manifest, vocab_dir)
 
-    num_rows = max([len(c.rows) for c in token_cases + dense_cases] + [len(R.INT_TEXT_CASES)])
+    num_rows = max([len(c.rows) for c in token_cases + dense_cases] + [len(R.INT_TEXT_CASES)]
+                   + [len(rows) for _, _, rows in KIND_COLUMNS.values()])
 
     def rows_of(case):
         return list(case.rows) + [None] * (num_rows - len(case.rows))
@@ -287,6 +360,9 @@ def served(tmp_path_factory):
                 values = rows_of(case)[r]
                 if values is not None:  # None: the feature is absent; (): present with no value
                     feats[_feature_name(prefix, i)] = feature(case.kind, list(values))
+        for name, (kind, _, rows) in KIND_COLUMNS.items():
+            if r < len(rows):
+                feats[name] = feature(kind, [rows[r]])
         examples.append(tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString())
     examples = tf.constant(examples)
 
@@ -296,6 +372,9 @@ def served(tmp_path_factory):
         columns[_feature_name("t", i)] = tf.constant(list(json) + [b""] * (num_rows - len(json)), tf.string)
     texts = [c.text for c in R.INT_TEXT_CASES]
     columns[INT_TEXT] = tf.constant(texts + [b""] * (num_rows - len(texts)), tf.string)
+    for name, (kind, _, rows) in KIND_COLUMNS.items():  # JSON: one string per row (J1, J2)
+        texts = [str(v).encode() if kind == R.KIND_INT else v for v in rows]
+        columns[name] = tf.constant(texts + [b""] * (num_rows - len(texts)), tf.string)
     for i, case in enumerate(dense_cases):
         json = case.json_rows() or ()
         columns[_feature_name("d", i)] = tf.constant(list(json) + [float("nan")] * (num_rows - len(json)), tf.float32)

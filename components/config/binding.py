@@ -10,11 +10,13 @@ import dataclasses
 from typing import Dict, List, Optional, Tuple
 
 from components.config.checks import check_choice, check_positive
+from components.rulebook import token_invalid_reason
 from components.config.resolved import ResolvedTable
 from components.config.schema import (
     COMBINERS,
     INITIALIZERS,
     OPTIMIZERS,
+    VOCABULARY_KINDS,
     CategoricalDefaults,
     CategoricalFeature,
     ConfigError,
@@ -93,14 +95,61 @@ class _FeatureNames:
         self.seen[name] = path
 
 
+# The fields each vocabulary kind takes (the others must be left at their defaults).
+_VOCABULARY_FIELDS = {
+    "counted": ("top_k", "min_frequency", "num_oov_buckets", "weight_column"),
+    "list": ("values", "num_oov_buckets"),
+    "file": ("file", "num_oov_buckets"),
+    "hashed": ("num_buckets",),
+    "identity": ("num_buckets", "default_value"),
+}
+
+
 def check_vocabulary(v: Optional[VocabularyOptions], path: str) -> None:
     if v is None:
         return
+    check_choice(v.kind, VOCABULARY_KINDS, f"{path}.kind")
+    defaults = VocabularyOptions()
+    takes = _VOCABULARY_FIELDS[v.kind]
+    for attr in ("top_k", "min_frequency", "num_oov_buckets", "weight_column", "values", "file", "num_buckets",
+                 "default_value"):
+        if attr not in takes and getattr(v, attr) != getattr(defaults, attr):
+            raise ConfigError(f"{path}.{attr}: a {v.kind} vocabulary takes {', '.join(takes)}; remove {attr} or change kind")
     check_positive(v.top_k, f"{path}.top_k", "keep at least one value, or remove top_k to keep all")
     check_positive(v.min_frequency, f"{path}.min_frequency", "use 1 to keep every value seen")
     check_positive(v.num_oov_buckets, f"{path}.num_oov_buckets", "at least one row for unseen values")
     if v.weight_column == "":
         raise ConfigError(f"{path}.weight_column: empty; name a numeric column or remove the field")
+    if v.kind in ("hashed", "identity"):
+        if v.num_buckets is None:
+            raise ConfigError(f"{path}.num_buckets: missing; a {v.kind} column needs its number of rows")
+        check_positive(v.num_buckets, f"{path}.num_buckets", "the table's rows")
+    if v.default_value is not None and not 0 <= v.default_value < v.num_buckets:
+        raise ConfigError(
+            f"{path}.default_value: {v.default_value} is not a row of the table (0 to {v.num_buckets - 1}); "
+            "set a row for out-of-range IDs, or remove it to drop them"
+        )
+    if v.kind == "list":
+        if not v.values:
+            raise ConfigError(f"{path}.values: missing or empty; list the vocabulary, one value per row")
+        check_vocabulary_values([t.encode("utf-8") for t in v.values], f"{path}.values", "item")
+    if v.kind == "file" and not v.file:
+        raise ConfigError(f"{path}.file: missing; name the vocabulary file (one value per line)")
+
+
+def check_vocabulary_values(tokens: List[bytes], where: str, unit: str) -> None:
+    """A given vocabulary's values must be tokens (rulebook T5-T6: non-empty, UTF-8, no line
+    break) and distinct; `unit` names a position in `where` ("item" of a list, "line" of a file)."""
+    seen: Dict[bytes, int] = {}
+    for i, token in enumerate(tokens):
+        reason = "empty" if not token else token_invalid_reason(token)
+        if reason is not None:
+            raise ConfigError(f"{where}: {unit} {i + (unit == 'line')} ({token[:40]!r}) is not a token ({reason}); "
+                              "every value must be non-empty UTF-8 text without line breaks")
+        if token in seen:
+            raise ConfigError(f"{where}: {unit} {i + (unit == 'line')} repeats {token[:40]!r} ({unit} "
+                              f"{seen[token] + (unit == 'line')}); each value may appear once")
+        seen[token] = i
 
 
 def check_initializer(init: Optional[InitializerOptions], path: str) -> None:

@@ -113,8 +113,17 @@ def load_config(path: str) -> PipelineConfig:
     if data is None:
         raise ConfigError(f"{path}: the file is empty; see configs/README.md for the fields")
     cfg = parse_config(data, path)
-    if "://" not in cfg.input.path and not os.path.isabs(cfg.input.path):
-        cfg.input.path = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), cfg.input.path))
+    here = os.path.dirname(os.path.abspath(path))
+
+    def absolute(p: str) -> str:
+        return p if "://" in p or os.path.isabs(p) else os.path.normpath(os.path.join(here, p))
+
+    cfg.input.path = absolute(cfg.input.path)
+    # Given vocabulary files, like input.path, are relative to the config file.
+    options = [t.vocabulary for t in cfg.tables] + [f.vocabulary for f in cfg.categorical_features]
+    for v in options + [cfg.categorical_defaults.vocabulary]:
+        if v is not None and v.file:
+            v.file = absolute(v.file)
     return cfg
 
 

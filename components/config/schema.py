@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 # Allowed values, checked by components.config.validation.
 COMBINERS = ("mean", "sum", "sqrtn")
+VOCABULARY_KINDS = ("counted", "list", "file", "hashed", "identity")
 INITIALIZERS = ("truncated_normal", "random_normal", "random_uniform", "zeros")
 INPUT_FORMATS = ("csv", "tfrecord")
 LABEL_RULE_OPS = (">=", ">", "<=", "<", "==", "!=")
@@ -36,12 +37,19 @@ class ConfigError(ValueError):
 
 @dataclass
 class VocabularyOptions:
-    """How a vocabulary is built from the training split."""
+    """How a table's values become rows (the column kind, rulebook V1-V4): a vocabulary counted on
+    the training split (`counted`, the default), one given as a list (`list`) or a file (`file`),
+    hashing without a vocabulary (`hashed`), or integer IDs used as rows (`identity`)."""
 
-    top_k: Optional[int] = None  # keep the k most frequent values; None keeps all
-    min_frequency: int = 1  # drop values seen fewer times
-    num_oov_buckets: int = 1  # out-of-vocabulary values hash into this many rows after the vocabulary
-    weight_column: Optional[str] = None  # count each value by this numeric column's value (tft's `weights`)
+    kind: str = "counted"  # counted | list | file | hashed | identity
+    top_k: Optional[int] = None  # counted: keep the k most frequent values; None keeps all
+    min_frequency: int = 1  # counted: drop values seen fewer times
+    num_oov_buckets: int = 1  # counted, list, file: out-of-vocabulary values hash into this many rows after the vocabulary
+    weight_column: Optional[str] = None  # counted: count each value by this numeric column's value (tft's `weights`)
+    values: Optional[List[str]] = None  # list: the vocabulary, row i = values[i]
+    file: Optional[str] = None  # file: a vocabulary file, one value per line (relative to the config file)
+    num_buckets: Optional[int] = None  # hashed: rows (Fingerprint64 % num_buckets); identity: IDs 0..num_buckets-1
+    default_value: Optional[int] = None  # identity: the row of out-of-range / non-integer values; null: dropped, counted
 
 
 

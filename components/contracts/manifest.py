@@ -28,6 +28,10 @@ class VocabularyEntry:
     dim: Optional[int]
     combiner: str
     features: Tuple[str, ...]
+    # rulebook V1-V4: counted / list / file (the vocabulary file's lines), hashed (size 0,
+    # num_oov_buckets = num_buckets), identity (size = num_buckets IDs, no file lines, no OOV rows)
+    kind: str = "counted"
+    default_value: Optional[int] = None  # identity: the row of tokens that are no IDs; None: dropped
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,23 @@ def _int_texts(values: tf.RaggedTensor) -> tf.RaggedTensor:
     return _keep(values.with_flat_values(digits), tf.logical_not(negative) & _fits_int64(digits))
 
 
+def identity_ids(flat: tf.Tensor, num_buckets: int) -> tf.Tensor:
+    """Rulebook V4 for an identity table: each token (int64 value, or text) -> its row when it is
+    an ID 0 <= i < num_buckets (text: `rulebook.IDENTITY_TEXT`, no sign or leading zero), else -1
+    (what a vocabulary miss is; `_categorical` then gives it the default row or drops it)."""
+    if flat.dtype == tf.int64:
+        return tf.where((flat >= 0) & (flat < num_buckets), flat, -1)
+    text = tf.strings.regex_full_match(flat, R.IDENTITY_TEXT.decode())
+    short = text & (tf.strings.length(flat) <= 18)  # at most 18 digits always fit int64
+    values = tf.strings.to_number(tf.where(short, flat, "0"), tf.int64)
+    return tf.where(short & (values < num_buckets), values, -1)
+
+
+def vocabulary_lines(v) -> int:
+    """Lines of a table's vocabulary file (hashed and identity tables have none, V3-V4)."""
+    return 0 if v.kind in ("hashed", "identity") else v.size
+
+
 # Categorical features are cut into this many shards, each fused on its own: the shards' ops are
 # independent, so two inter-op threads can run them side by side. Measured on the 2-core machine
 # (A/B in one process, the demo's 26 features): 5-10% faster at batch 1024, 3-4% slower at batch
@@ -169,6 +186,8 @@ class RawFeatureTransform(tf.Module):
         }
         self.tables = {}
         for name, v in manifest.vocabularies.items():
+            if not vocabulary_lines(v):  # nothing to look up (TextFileInitializer fails on an empty file)
+                continue
             initializer = tf.lookup.TextFileInitializer(
                 os.path.join(vocabulary_dir, v.file),
                 key_dtype=tf.int64 if name in self.integer_tables else tf.string,
@@ -181,9 +200,24 @@ class RawFeatureTransform(tf.Module):
             # in eager mode a table named after its file is shared with every other table of that
             # file in the process, whatever its key dtype.
             self.tables[name] = tf.lookup.StaticHashTable(initializer, default_value=-1, experimental_is_anonymous=True)
+        # Per table, what a token that misses its vocabulary gets (V2-V4): the first OOV row
+        # (size; default_value for an identity table), the number of OOV buckets, and whether
+        # it is dropped instead (an identity table without default_value).
+        self._miss_row = {t: (v.default_value or 0) if v.kind == "identity" else v.size for t, v in manifest.vocabularies.items()}
+        self._miss_buckets = {t: 1 if v.kind == "identity" else v.num_oov_buckets for t, v in manifest.vocabularies.items()}
+        self._miss_dropped = {t: v.kind == "identity" and v.default_value is None for t, v in manifest.vocabularies.items()}
         # Stacked in this order: features of string tables, then of integer tables.
         self._order = [f for f in manifest.categorical_features if f.table not in self.integer_tables]
         self._order += [f for f in manifest.categorical_features if f.table in self.integer_tables]
+
+    def lookup(self, table: str, flat: tf.Tensor) -> tf.Tensor:
+        """A table's rows of tokens found in it (V1, V4), -1 for the others."""
+        v = self._manifest.vocabularies[table]
+        if v.kind == "identity":
+            return identity_ids(flat, v.size)  # an identity table's size is its num_buckets
+        if table not in self.tables:  # no vocabulary lines: every token misses
+            return tf.fill(tf.shape(flat, out_type=tf.int64), tf.constant(-1, tf.int64))
+        return self.tables[table].lookup(flat)
 
     def raw_columns(self):
         return self._manifest.raw_columns()
@@ -255,7 +289,7 @@ class RawFeatureTransform(tf.Module):
         hashing run on the tokens the vocabulary misses."""
         n = len(order)
         tokens = [self._tokens(column(f.column), f, from_json) for f in order]
-        ids = _stack_rows([t.with_flat_values(self.tables[f.table].lookup(t.flat_values)) for f, t in zip(order, tokens)])
+        ids = _stack_rows([t.with_flat_values(self.lookup(f.table, t.flat_values)) for f, t in zip(order, tokens)])
         flat, splits = ids.flat_values, ids.row_splits  # n * batch rows: feature after feature
         bounds = tf.gather(splits, tf.range(n + 1, dtype=tf.int64) * batch)  # each feature's first ID
         miss = tf.where(flat < 0)
@@ -273,9 +307,8 @@ class RawFeatureTransform(tf.Module):
             missed.append(tf.where(values >= 0, tf.strings.as_string(values), ""))
         missed = tf.concat(missed, 0) if len(missed) > 1 else missed[0]
         feature = tf.searchsorted(bounds, miss[:, 0], side="right", out_type=tf.int64) - 1  # of each missed token
-        vocabularies = [self._manifest.vocabularies[f.table] for f in order]
         buckets = tf.zeros_like(feature)  # one OOV bucket: the row after the vocabulary
-        bucket_counts = [v.num_oov_buckets for v in vocabularies]
+        bucket_counts = [self._miss_buckets[f.table] for f in order]
         for count in sorted(set(bucket_counts) - {1}):  # one hash per distinct bucket count
             hashed = tf.strings.to_hash_bucket_fast(missed, count)
             if len(set(bucket_counts)) == 1:
@@ -283,9 +316,12 @@ class RawFeatureTransform(tf.Module):
             else:
                 buckets = tf.where(tf.gather(tf.constant(bucket_counts, tf.int64), feature) == count, hashed, buckets)
         flat = tf.tensor_scatter_nd_update(
-            flat, miss, tf.gather(tf.constant([v.size for v in vocabularies], tf.int64), feature) + buckets
+            flat, miss, tf.gather(tf.constant([self._miss_row[f.table] for f in order], tf.int64), feature) + buckets
         )
         valid = _valid_tokens_fast(missed)
+        dropped = [self._miss_dropped[f.table] for f in order]
+        if any(dropped):  # V4: an identity table without default_value drops its misses, before T7
+            valid &= tf.logical_not(tf.gather(tf.constant(dropped), feature))
 
         def drop_invalid():  # T5-T6, in the rare batch that has invalid tokens
             keep = tf.tensor_scatter_nd_update(tf.ones(tf.shape(flat), tf.bool), miss, valid)

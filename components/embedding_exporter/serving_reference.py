@@ -82,15 +82,23 @@ class FeatureByFeatureTransform(RawFeatureTransform):
         valid (preprocessing counts valid tokens only), so the validity checks and the OOV hash
         run on the tokens the vocabulary misses, not on every token: on raw eval rows of the demo
         model they were most of the transform's time at batch 1024."""
-        table = self.tables[f.table]
+        v = self._manifest.vocabularies[f.table]
         flat = tokens.flat_values
-        ids = table.lookup(flat)
+        ids = self.lookup(f.table, flat)
         miss = tf.where(ids < 0)
         missed = tf.gather(flat, miss[:, 0])
-        oov = table.size() + tf.strings.to_hash_bucket_fast(missed, self._manifest.vocabularies[f.table].num_oov_buckets)
+        if v.kind == "identity":  # V4: the default row, or dropped (checked with T5-T6, before T7)
+            oov = tf.fill(tf.shape(missed, out_type=tf.int64), tf.constant(v.default_value or 0, tf.int64))
+            if v.default_value is None:
+                check = True
+        else:
+            oov = v.size + tf.strings.to_hash_bucket_fast(missed, v.num_oov_buckets)
         ids = tokens.with_flat_values(tf.tensor_scatter_nd_update(ids, miss, oov))
         if check:
-            ids = _keep(ids, tf.tensor_scatter_nd_update(tf.ones(tf.shape(flat), tf.bool), miss, _valid_tokens(missed)))
+            valid = _valid_tokens(missed) if missed.dtype == tf.string else tf.ones(tf.shape(missed), tf.bool)
+            if v.kind == "identity" and v.default_value is None:
+                valid = tf.zeros(tf.shape(missed), tf.bool)
+            ids = _keep(ids, tf.tensor_scatter_nd_update(tf.ones(tf.shape(flat), tf.bool), miss, valid))
         if f.max_length is not None:
             ids = _first_n(ids, f.max_length)
         return ids

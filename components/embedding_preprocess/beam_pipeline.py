@@ -29,6 +29,7 @@ from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tu
 import apache_beam as beam
 from apache_beam.io import filebasedsink
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from components import tfrecords
 from components.config import PipelineConfig
@@ -171,11 +172,29 @@ def _write_vocabulary(item: KeyedCounts, out_dir: str, options_json: str, top_va
     name, counted = item
     options = VocabularyOptions(**json.loads(options_json)[name])
     tokens, counts = V.order_arrays(counted.values, counted.counts)  # every value, for coverage and skew
-    kept = V.prune(counts, options)
-    V.write_vocabulary_arrays(out_dir, name, tokens.slice(0, kept), counts.slice(0, kept))
+    given = V.given_vocabulary(options)
+    covered = None
+    if given is not None:  # list / file: the given lines in their order, with the counts seen
+        given_tokens = pa.array(given, pa.binary())
+        where = pc.index_in(given_tokens, value_set=tokens)
+        seen = pc.fill_null(pc.take(counts, where), 0)
+        V.write_vocabulary_arrays(out_dir, name, given_tokens, pc.cast(seen, counts.type))
+        kept = len(given)
+        covered = pc.sum(seen).as_py() or 0
+    elif options.kind in ("hashed", "identity"):  # no vocabulary (V3, V4): empty files
+        V.write_vocabulary_arrays(out_dir, name, tokens.slice(0, 0), counts.slice(0, 0))
+        kept = 0
+        if options.kind == "identity":  # occurrences that are IDs of the table
+            lookup = V.IdentityLookup(options.num_buckets, None)
+            covered = pc.sum(counts.filter(pa.array(lookup.id_filter(tokens)[0]))).as_py() or 0
+        else:
+            covered = pc.sum(counts).as_py() or 0  # every token has a row
+    else:
+        kept = V.prune(counts, options)
+        V.write_vocabulary_arrays(out_dir, name, tokens.slice(0, kept), counts.slice(0, kept))
     yield name, kept  # the transform pass reads the files; this only says they are written
     yield beam.pvalue.TaggedOutput(
-        "stats", S.vocabulary_stats(name, counts.to_numpy(), kept, _top(tokens, counts, top_values))
+        "stats", S.vocabulary_stats(name, counts.to_numpy(), kept, _top(tokens, counts, top_values), covered)
     )
 
 

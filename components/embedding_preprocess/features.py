@@ -9,7 +9,7 @@ are the rulebook's constants, importable from here under the same names.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -75,9 +75,12 @@ def _flatten(arr: pa.Array):
 
 
 def extract_tokens(
-    arr: Optional[pa.Array], num_rows: int, separator: Optional[str], max_length: Optional[int]
+    arr: Optional[pa.Array], num_rows: int, separator: Optional[str], max_length: Optional[int],
+    id_filter: Optional[Callable[[pa.Array], Tuple[np.ndarray, Dict[str, int]]]] = None,
 ) -> Tokens:
-    """Rulebook T1-T7 over a batch: the valid tokens, the truncated ones and the invalid ones by reason."""
+    """Rulebook T1-T7 over a batch: the valid tokens, the truncated ones and the invalid ones by reason.
+    `id_filter(tokens) -> (keep, dropped by reason)`: the table's own rule (an identity column's
+    tokens that are no IDs, V4), applied with T5-T6, before T7."""
     if arr is None or kind_of(arr) == KIND_NONE:
         return Tokens(np.zeros(0, np.int64), pa.array([], pa.binary()), num_rows)
     invalid: Dict[str, int] = {}
@@ -112,6 +115,12 @@ def extract_tokens(
     keep &= ~bad_utf8 & ~bad_break
     row = row[keep]
     values = values.filter(pa.array(keep))
+    if id_filter is not None and len(values):
+        ids_kept, dropped = id_filter(values)
+        for reason, count in dropped.items():
+            invalid[reason] = invalid.get(reason, 0) + count
+        if not ids_kept.all():
+            row, values = row[ids_kept], values.filter(pa.array(ids_kept))
     truncated = 0
     if max_length is not None and len(row):
         # position of each token within its row: rows are ascending, so subtract the row's first index

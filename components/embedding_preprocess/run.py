@@ -87,14 +87,16 @@ def _raw_kinds(cfg: PipelineConfig, raw: Dict[str, float]) -> Dict[str, str]:
 def build_manifest(cfg: PipelineConfig, raw: Dict[str, float], vocabulary_dir: str) -> VocabularyManifest:
     vocabularies = {}
     for t in cfg.tables:
-        size = len(V.read_vocabulary(vocabulary_dir, t.name))
+        size, num_oov_buckets = V.table_layout(t.vocabulary, len(V.read_vocabulary(vocabulary_dir, t.name)))
         vocabularies[t.name] = VocabularyEntry(
             file=os.path.basename(A.vocabulary_file(vocabulary_dir, t.name)),
             counts_file=os.path.basename(A.counts_file(vocabulary_dir, t.name)),
             size=size,
             distinct_before_pruning=raw.get(P.vocabulary_info(t.name), {}).get("distinct_values", 0),
-            num_oov_buckets=t.vocabulary.num_oov_buckets,
-            rows=table_rows(size, t.vocabulary.num_oov_buckets),
+            num_oov_buckets=num_oov_buckets,
+            rows=table_rows(size, num_oov_buckets),
+            kind=t.vocabulary.kind,
+            default_value=t.vocabulary.default_value,
             dim=t.dim,
             combiner=t.combiner,
             features=tuple(cfg.resolved.table(t.name).features),
@@ -290,6 +292,8 @@ def run_preprocessing(
     ensure_local_runner_safe(list(pipeline.options.get_all_options(drop_default=True).get("experiments") or []))
     if "train" not in split_patterns:
         raise ValueError(f"preprocessing needs a 'train' split to build vocabularies; got {sorted(split_patterns)}")
+    for t in cfg.tables:  # given vocabulary files are read and checked before Beam starts
+        V.given_vocabulary(t.vocabulary)
     for d in [vocabulary_dir, statistics_dir, *(transformed_dirs or {}).values()]:
         _makedirs(d)
     with pipeline as p:
@@ -299,9 +303,9 @@ def run_preprocessing(
     partial = os.path.join(statistics_dir, beam_pipeline.STATS_FILE_PREFIX)
     raw = read_json(partial)
     FileSystems.delete([partial])
-    for t in cfg.tables:  # a vocabulary no train example fed still gets (empty) files
+    for t in cfg.tables:  # a vocabulary no train example fed still gets its files (a given one its lines)
         if not FileSystems.exists(V.vocabulary_file(vocabulary_dir, t.name)):
-            V.write_vocabulary(vocabulary_dir, t.name, [])
+            V.write_vocabulary(vocabulary_dir, t.name, [(tok, 0) for tok in V.given_vocabulary(t.vocabulary) or []])
     manifest = build_manifest(cfg, raw, vocabulary_dir)
     stats = build_statistics(cfg, raw, manifest, sorted(split_patterns) if transformed_dirs else ["train"])
     if transformed_dirs:

@@ -157,9 +157,16 @@ def distribution_stats(
     return out
 
 
-def vocabulary_stats(name: str, ordered_counts: Sequence[int], kept: int, top: Sequence[Tuple[bytes, int]]):
-    """`distribution_stats` of one vocabulary's values, with its size after pruning and coverage."""
-    return {P.vocabulary_info(name): distribution_stats(ordered_counts, top, kept)}
+def vocabulary_stats(name: str, ordered_counts: Sequence[int], kept: int, top: Sequence[Tuple[bytes, int]],
+                     covered: Optional[float] = None):
+    """`distribution_stats` of one vocabulary's values, with its size after pruning and coverage.
+    `covered`: the occurrences the table gives rows of their own when that is not its `kept` most
+    frequent values (a given vocabulary, a hashed or identity column)."""
+    out = distribution_stats(ordered_counts, top, kept)
+    if covered is not None:
+        total = out["occurrences"]
+        out["covered_by_vocabulary"] = float(covered / total) if total else 0.0
+    return {P.vocabulary_info(name): out}
 
 
 def feature_value_stats(feature: str, ordered_counts: Sequence[int], top: Sequence[Tuple[bytes, int]]):

@@ -39,10 +39,20 @@ def read_batch_rows(batch_size: int) -> int:
 
 
 def make_lookups(cfg: PipelineConfig, vocabularies: Dict[str, List[bytes]]) -> Dict[str, V.VocabularyLookup]:
-    """One lookup per table over its vocabulary (a table without one gets an empty vocabulary)."""
-    return {
-        t.name: V.VocabularyLookup(vocabularies.get(t.name, []), t.vocabulary.num_oov_buckets) for t in cfg.tables
-    }
+    """One lookup per table: its vocabulary (a counted table without one gets an empty
+    vocabulary; a given one is the config's, whatever the train split fed), a hashed table's
+    empty vocabulary and num_buckets OOV rows (V3), or an identity table's IDs (V4)."""
+    out: Dict[str, V.VocabularyLookup] = {}
+    for t in cfg.tables:
+        v = t.vocabulary
+        if v.kind == "identity":
+            out[t.name] = V.IdentityLookup(v.num_buckets, v.default_value)
+            continue
+        tokens = V.given_vocabulary(v)
+        tokens = tokens if tokens is not None else vocabularies.get(t.name, []) if v.kind == "counted" else []
+        size, oov = V.table_layout(v, len(tokens))
+        out[t.name] = V.VocabularyLookup(tokens, oov)
+    return out
 
 
 # Lookups built in this worker process, by vocabulary directory: every transform DoFn (one per
@@ -104,8 +114,9 @@ def transform_record_batch(
     table_ids: Dict[str, List[Tuple[np.ndarray, np.ndarray]]] = {}
     for f in cfg.categorical_features:
         table = cfg.feature_table(f).name
-        toks = F.extract_tokens(column(rb, f.source), n, f.separator, f.max_length)
-        ids, oov = lookups[table].lookup(toks.values)
+        lookup = lookups[table]
+        toks = F.extract_tokens(column(rb, f.source), n, f.separator, f.max_length, getattr(lookup, "id_filter", None))
+        ids, oov = lookup.lookup(toks.values)
         per_row = toks.ids_per_row()
         stats[P.ids_per_example_histogram(split, f.name)] = np.bincount(per_row).astype(np.int64)
         stats[P.feature(split, f.name, "present")] += int(np.count_nonzero(per_row))

@@ -13,14 +13,16 @@ size + `rulebook.oov_bucket(token)`, i.e. Fingerprint64(token) % num_oov_buckets
 from __future__ import annotations
 
 import os
-from typing import Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from components.config import VocabularyOptions
+from components.config import ConfigError, VocabularyOptions
+from components.config.binding import check_vocabulary_values
+from components.rulebook import IDENTITY_TEXT, INVALID_NOT_AN_ID, INVALID_OUT_OF_RANGE
 from components.rulebook import oov_bucket  # V2; importable from here as before
 
 
@@ -129,3 +131,92 @@ class VocabularyLookup:
             else:
                 ids[missing] = [self.size + oov_bucket(tokens[i], self.num_oov_buckets) for i in missing]
         return ids, int(len(missing))
+
+
+# ---- column kinds other than a counted vocabulary (rulebook V1-V4) -------------------------------
+
+
+def given_vocabulary(options: VocabularyOptions) -> Optional[List[bytes]]:
+    """The tokens of a vocabulary given in the config (`kind: list`) or as a file (`kind: file`,
+    one token per line; a trailing CR of a line and the last line break are not part of the
+    token), checked (T5-T6, distinct) with the file and line named; None for other kinds."""
+    if options.kind == "list":
+        return [t.encode("utf-8") for t in options.values]
+    if options.kind != "file":
+        return None
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        with FileSystems.open(options.file) as fh:
+            data = fh.read()
+    except Exception as e:  # noqa: BLE001  (any filesystem's "not found" / permission error)
+        raise ConfigError(f"vocabulary.file: {options.file} cannot be read ({type(e).__name__}: {e}); "
+                          "give an existing vocabulary file, one value per line") from None
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    tokens = [line[:-1] if line.endswith(b"\r") else line for line in lines]
+    if not tokens:
+        raise ConfigError(f"vocabulary.file: {options.file} is empty; list one value per line")
+    check_vocabulary_values(tokens, f"vocabulary file {options.file}", "line")
+    return tokens
+
+
+def table_layout(options: VocabularyOptions, vocabulary_size: int) -> Tuple[int, int]:
+    """(size, num_oov_buckets) of a table whose vocabulary file has `vocabulary_size` lines: rows
+    are size + num_oov_buckets. Hashed: no vocabulary, num_buckets hash rows (V3); identity: the
+    num_buckets IDs, no OOV rows (V4)."""
+    if options.kind == "hashed":
+        return 0, int(options.num_buckets)
+    if options.kind == "identity":
+        return int(options.num_buckets), 0
+    return vocabulary_size, options.num_oov_buckets
+
+
+class IdentityLookup:
+    """V4 over a batch: tokens that are IDs of an identity column with `num_buckets` rows map to
+    themselves; the others to `default_value` (counted as oov), or, without one, `id_filter`
+    removes them before truncation (T7), counted `out_of_range` / `not_an_id`."""
+
+    def __init__(self, num_buckets: int, default_value: Optional[int]):
+        self.size = num_buckets
+        self.num_oov_buckets = 0
+        self.default_value = default_value
+
+    @property
+    def rows(self) -> int:
+        return self.size
+
+    def _ids(self, tokens: pa.Array) -> Tuple[np.ndarray, np.ndarray]:
+        """(ids with -1 where not an ID, whether each token is an integer text at all)."""
+        tokens = tokens if isinstance(tokens, pa.Array) else pa.array(list(tokens), pa.binary())
+        integer = np.asarray(pc.fill_null(pc.match_substring_regex(tokens, f"^(?:{IDENTITY_TEXT.decode()})$"), False))
+        # at most 18 digits always fit int64; longer integer texts exceed any table
+        short = integer & (np.asarray(pc.binary_length(tokens)) <= 18)
+        ids = np.full(len(tokens), -1, np.int64)
+        if short.any():
+            values = pc.cast(pc.cast(tokens.filter(pa.array(short)), pa.string()), pa.int64()).to_numpy()
+            ids[short] = np.where(values < self.size, values, -1)
+        return ids, integer
+
+    def id_filter(self, tokens: pa.Array) -> Tuple[np.ndarray, Dict[str, int]]:
+        """(which tokens are kept, dropped ones by reason): everything is kept with a default row."""
+        if self.default_value is not None or len(tokens) == 0:
+            return np.ones(len(tokens), bool), {}
+        ids, integer = self._ids(tokens)
+        keep = ids >= 0
+        reasons = {INVALID_OUT_OF_RANGE: int(np.count_nonzero(~keep & integer)),
+                   INVALID_NOT_AN_ID: int(np.count_nonzero(~keep & ~integer))}
+        return keep, {r: c for r, c in reasons.items() if c}
+
+    def lookup(self, tokens) -> Tuple[np.ndarray, int]:
+        """IDs of `tokens` and how many went to the default row."""
+        if len(tokens) == 0:
+            return np.zeros(0, dtype=np.int64), 0
+        ids, _ = self._ids(tokens)
+        missing = ids < 0
+        if missing.any():
+            if self.default_value is None:
+                raise ValueError("identity tokens that are no IDs reach the lookup; extract_tokens' id_filter removes them")
+            ids[missing] = self.default_value
+        return ids, int(np.count_nonzero(missing))
