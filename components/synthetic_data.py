@@ -58,6 +58,13 @@ class GeneratorSpec:
     signal_hot_ranks: int = 64  # ... counting only its this-many most frequent values
     effect_scale: float = 0.5
     bias: float = -1.4  # about 25-30% positives, as in Criteo
+    # Extra columns for the column kinds, sequences and weights (issue 18), off by default (the
+    # demo's columns stay Criteo's): `item_id` (integer IDs 0..item_cardinality-1, for identity
+    # columns; IDs >= 1000 are out of range for a 1000-bucket table), `history` (the 1..10 item IDs
+    # a user clicked before, '|'-separated, most recent first; the candidate item in it raises the
+    # click probability) and `weight` (a positive number per row, for weighted IDs).
+    extra_columns: bool = False
+    item_cardinality: int = 1200
 
     def __post_init__(self) -> None:
         if len(self.cardinalities) != NUM_CATEGORICAL:
@@ -157,12 +164,38 @@ def generate_chunk(spec: GeneratorSpec, chunk_index: int, n: int) -> Tuple[Dict[
                 logit += np.where(missing, 0.0, mean_eff)
         text[missing] = ""
         cols[f"C{c + 1}"] = text
+    if spec.extra_columns:
+        logit += _extra_columns(spec, chunk_index, n, cols)
     prob = 1.0 / (1.0 + np.exp(-logit))
     return cols, prob
 
 
-def column_names() -> List[str]:
-    return ["label"] + [f"I{j + 1}" for j in range(NUM_DENSE)] + [f"C{c + 1}" for c in range(NUM_CATEGORICAL)]
+EXTRA_COLUMNS = ("item_id", "history", "weight")
+HISTORY_MAX = 10
+
+
+def _extra_columns(spec: GeneratorSpec, chunk_index: int, n: int, cols: Dict[str, np.ndarray]) -> np.ndarray:
+    """`item_id`, `history`, `weight` (GeneratorSpec.extra_columns) into `cols`; returns their logit
+    part. Their own random stream, so the other columns are the same with or without them."""
+    rng = np.random.default_rng([spec.seed, chunk_index, 11])
+    item = zipf_ranks(rng, spec.item_cardinality, n, spec.zipf_exponent)
+    lengths = rng.integers(1, HISTORY_MAX + 1, n)
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    clicked = zipf_ranks(rng, spec.item_cardinality, int(bounds[-1]), spec.zipf_exponent)
+    # half the users clicked the candidate before (somewhere in their history)
+    again = rng.random(n) < 0.5
+    place = bounds[:-1] + (rng.random(n) * lengths).astype(np.int64)
+    clicked[place[again]] = item[again]
+    cols["item_id"] = item.astype(str).astype(object)
+    cols["history"] = np.array(
+        [MULTI_HOT_SEPARATOR.join(clicked[bounds[i] : bounds[i + 1]].astype(str)) for i in range(n)], dtype=object)
+    cols["weight"] = np.round(rng.uniform(0.5, 2.0, n), 3).astype(str).astype(object)
+    return np.where(item < 1000, value_effect(100, item, spec.effect_scale), 0.0) + np.where(again, 0.8, -0.2)
+
+
+def column_names(spec: Optional[GeneratorSpec] = None) -> List[str]:
+    extra = list(EXTRA_COLUMNS) if spec is not None and spec.extra_columns else []
+    return ["label"] + [f"I{j + 1}" for j in range(NUM_DENSE)] + [f"C{c + 1}" for c in range(NUM_CATEGORICAL)] + extra
 
 
 def write_csv(spec: GeneratorSpec, path: str, log: Optional[callable] = None) -> Dict:
@@ -172,7 +205,7 @@ def write_csv(spec: GeneratorSpec, path: str, log: Optional[callable] = None) ->
     step would trust.
     """
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    names = column_names()
+    names = column_names(spec)
     tmp = path + ".partial"
     probs, labels = [], []
     start = time.time()
@@ -229,12 +262,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--max-cardinality", type=int, default=None, help="cap every feature's cardinality (default: Criteo's)"
     )
     p.add_argument("--zipf-exponent", type=float, default=1.1)
+    p.add_argument("--extra-columns", action="store_true",
+                   help="add item_id, history and weight (configs/features.yaml reads them)")
     args = p.parse_args(argv)
     cards = list(CRITEO_CARDINALITIES)
     if args.max_cardinality:
         cards = [min(c, args.max_cardinality) for c in cards]
     try:
-        spec = GeneratorSpec(rows=args.rows, seed=args.seed, cardinalities=cards, zipf_exponent=args.zipf_exponent)
+        spec = GeneratorSpec(rows=args.rows, seed=args.seed, cardinalities=cards, zipf_exponent=args.zipf_exponent,
+                             extra_columns=args.extra_columns)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -65,6 +65,12 @@ def chain(tmp_path_factory):
     small = [min(c, 2000) for c in GeneratorSpec().cardinalities]
     write_csv(GeneratorSpec(rows=ROWS, seed=5, cardinalities=small), str(data / "data.csv"))
     cfg = _config(data / "data.csv")
+    return cfg, run_chain(root, cfg, data), root
+
+
+def run_chain(root, cfg, data):
+    """ExampleGen (on the CSV files in `data`) -> Preprocess -> Trainer -> Exporter under `root`;
+    returns {name: artifact}."""
     a = {}
 
     a["examples"] = _artifact(standard_artifacts.Examples, root / "ExampleGen")
@@ -115,7 +121,7 @@ def chain(tmp_path_factory):
         {export_executor.SERVING_MODEL_KEY: [a["serving"]], export_executor.BLESSING_KEY: [a["blessing"]]},
         {export_executor.CONFIG_KEY: cfg.to_json()},
     )
-    return cfg, a, root
+    return a
 
 
 def test_example_gen_do_writes_splits_and_a_balanced_ledger(chain):

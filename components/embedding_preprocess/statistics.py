@@ -162,10 +162,12 @@ def vocabulary_stats(name: str, ordered_counts: Sequence[int], kept: int, top: S
     """`distribution_stats` of one vocabulary's values, with its size after pruning and coverage.
     `covered`: the occurrences the table gives rows of their own when that is not its `kept` most
     frequent values (a given vocabulary, a hashed or identity column)."""
-    out = distribution_stats(ordered_counts, top, kept)
-    if covered is not None:
-        total = out["occurrences"]
-        out["covered_by_vocabulary"] = float(covered / total) if total else 0.0
+    if covered is None:
+        return {P.vocabulary_info(name): distribution_stats(ordered_counts, top, kept)}
+    out = distribution_stats(ordered_counts, top)
+    total = out["occurrences"]
+    out["vocabulary_size"] = int(kept)
+    out["covered_by_vocabulary"] = float(covered / total) if total else 0.0
     return {P.vocabulary_info(name): out}
 
 

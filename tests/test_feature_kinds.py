@@ -1,0 +1,125 @@
+"""Issue 18 end to end: configs/features.yaml (identity, hashed, list and file vocabularies, a
+shared identity table fed by a multi-hot history, per-table optimizers, the embedding gradient
+multiplier, a configured initializer) through every executor on generated data with the extra
+columns: ExampleGen -> Preprocess -> Trainer (run_fn) -> Exporter, which blesses only on parity
+of the serving model on raw examples with the trained model."""
+import json
+import os
+
+import numpy as np
+import pytest
+import yaml
+
+import components  # noqa: F401
+import tensorflow as tf
+
+from components.config import parse_config
+from components.contracts.manifest import VocabularyManifest
+from components.contracts.plan import EmbeddingPlan
+from components.contracts.statistics import EmbeddingStatistics
+from components.synthetic_data import GeneratorSpec, token_of, write_csv
+from tests.test_executors import run_chain
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROWS = 3000
+
+
+def _config(csv_path):
+    path = os.path.join(REPO, "configs", "features.yaml")
+    with open(path) as fh:
+        raw = yaml.safe_load(fh)
+    raw["input"]["path"] = str(csv_path)
+    for f in raw["categorical_features"]:  # the given file, relative to configs/
+        v = f.get("vocabulary") or {}
+        if v.get("kind") == "file":
+            v["file"] = os.path.join(REPO, "configs", v["file"])
+    raw["training"].update({"batch_size": 64, "train_steps": 40, "eval_steps": 5, "checkpoint_every_steps": 20,
+                            "embedding_gradient_multiplier": {"value": 1.0, "schedule": {"warmup_steps": 10}}})
+    raw["export"].update(compare_compression=False, auc_sample_size=500, parity_sample_size=256)
+    raw["beam"] = {"direct_running_mode": "in_memory", "direct_num_workers": 1}
+    return parse_config(raw)
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    root = tmp_path_factory.mktemp("feature_kinds")
+    data = root / "input"
+    data.mkdir()
+    small = [min(c, 2000) for c in GeneratorSpec().cardinalities]
+    write_csv(GeneratorSpec(rows=ROWS, seed=9, cardinalities=small, extra_columns=True), str(data / "data.csv"))
+    cfg = _config(data / "data.csv")
+    return cfg, run_chain(root, cfg, data)
+
+
+def _manifest(a):
+    return VocabularyManifest.from_json(open(os.path.join(a["vocabulary"].uri, "manifest.json")).read())
+
+
+def test_manifest_and_vocabulary_files_follow_each_kind(chain):
+    cfg, a = chain
+    m = _manifest(a)
+    v = m.vocabularies
+    assert (v["items"].kind, v["items"].size, v["items"].num_oov_buckets, v["items"].rows, v["items"].default_value) == (
+        "identity", 1000, 0, 1000, 0)
+    assert (v["C4"].kind, v["C4"].size, v["C4"].rows) == ("hashed", 0, 2000)
+    assert (v["C9"].kind, v["C9"].size, v["C9"].rows) == ("list", 8, 10)
+    assert (v["C10"].kind, v["C10"].size, v["C10"].rows) == ("file", 40, 41)
+    lines = open(os.path.join(a["vocabulary"].uri, v["C9"].file), "rb").read().split(b"\n")[:-1]
+    assert lines == [t.encode() for t in cfg.table("C9").vocabulary.values]  # the given order, not by count
+    lines = open(os.path.join(a["vocabulary"].uri, v["C10"].file), "rb").read().split(b"\n")[:-1]
+    assert lines == [t.encode() for t in token_of(9, np.arange(40))]
+    for empty in ("items", "C4"):
+        assert open(os.path.join(a["vocabulary"].uri, v[empty].file), "rb").read() == b""
+    assert v["C2"].kind == "counted" and v["C2"].size > 0
+
+
+def test_statistics_count_each_kind(chain):
+    _, a = chain
+    stats = EmbeddingStatistics.from_json(open(os.path.join(a["statistics"].uri, "statistics.json")).read())
+    d = stats.to_dict()
+    item = d["features"]["item"]["splits"]["train"]
+    # item_id holds IDs up to 1199: those >= 1000 go to the default row, counted as oov
+    assert item["oov_ids"] > 0 and item["invalid_values"] == {}
+    assert d["tables"]["C4"]["vocabulary"]["covered_by_vocabulary"] == 1.0  # every hashed value has a row
+    c9 = d["tables"]["C9"]["vocabulary"]
+    assert c9["vocabulary_size"] == 8 and c9["covered_by_vocabulary"] > 0.5  # C9's few values are its top ranks
+    assert d["tables"]["items"]["memory"]["optimizer"] == "adagrad"  # the table's own optimizer's slots
+    assert d["tables"]["C2"]["memory"]["optimizer"] == "ftrl"
+
+
+def test_plan_carries_table_optimizers_and_the_multiplier(chain):
+    _, a = chain
+    plan = EmbeddingPlan.from_json(open(os.path.join(a["model"].uri, "embedding_plan.json")).read())
+    assert plan.tables["items"].optimizer["name"] == "adagrad" and plan.tables["items"].rows == 1000
+    assert plan.tables["C1"].optimizer["learning_rate"] == 0.2 and plan.tables["C1"].optimizer["name"] == "ftrl"
+    assert plan.embedding_gradient_multiplier["schedule"]["warmup_steps"] == 10
+    assert plan.tables["C12"].initializer.name == "random_uniform"
+    reader = tf.train.load_checkpoint(os.path.join(a["model"].uri, "checkpoints"))
+    keys = reader.get_variable_to_shape_map()
+    assert any("table_embedding_optimizers/C1/" in k for k in keys)  # C1's FTRL at its own rate
+    assert any("table_embedding_optimizers/items/accumulator" in k for k in keys)
+
+
+def test_exporter_blesses_on_parity_with_every_kind(chain):
+    _, a = chain
+    blessing, serving = a["blessing"], a["serving"]
+    assert blessing.get_int_custom_property("blessed") == 1
+    assert serving.get_float_custom_property("parity_max_abs_diff") <= 1e-5
+    assert blessing.get_int_custom_property("parity_examples") > 0
+
+
+def test_serving_model_maps_raw_ids_like_preprocessing(chain):
+    """The serving model on raw JSON columns: an in-range item ID, one beyond num_buckets (the
+    default row) and a non-integer text score as the rulebook says (default row 0 = '0')."""
+    cfg, a = chain
+    loaded = tf.saved_model.load(os.path.join(a["serving"].uri, "Format-Serving"))
+    fn = loaded.signatures["serve_features"]
+    m = _manifest(a)
+    columns = {}
+    for name, spec in fn.structured_input_signature[1].items():
+        columns[name] = tf.constant([""] * 4) if spec.dtype == tf.string else tf.constant([float("nan")] * 4)
+    columns["item_id"] = tf.constant(["0", "5000", "abc", "7"])
+    probs = fn(**columns)["probabilities"].numpy()[:, 0]
+    assert probs[0] == pytest.approx(probs[1], abs=1e-7) == pytest.approx(probs[2], abs=1e-7)
+    assert m.vocabularies["items"].default_value == 0
+    assert np.isfinite(probs).all()
