@@ -300,3 +300,60 @@ def test_optimizer_of_a_shared_table_is_set_on_the_table():
 ])
 def test_bad_gradient_multiplier_names_the_field(multiplier, message):
     assert message in error_of(minimal(training={"embedding_gradient_multiplier": multiplier}))
+
+
+# ---- column kinds (issue 18, item 4) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("vocabulary, message", [
+    ({"kind": "bucketized"}, "categorical_features[0].vocabulary.kind: 'bucketized' is not one of"),
+    ({"kind": "hashed"}, "vocabulary.num_buckets: missing; a hashed column needs its number of rows"),
+    ({"kind": "identity", "num_buckets": 0}, "vocabulary.num_buckets: must be positive"),
+    ({"kind": "identity", "num_buckets": 10, "default_value": 10},
+     "vocabulary.default_value: 10 is not a row of the table (0 to 9)"),
+    ({"kind": "hashed", "num_buckets": 10, "top_k": 5}, "vocabulary.top_k: vocabulary kind hashed takes num_buckets; remove top_k"),
+    ({"kind": "identity", "num_buckets": 10, "num_oov_buckets": 3}, "vocabulary.num_oov_buckets: vocabulary kind identity takes"),
+    ({"kind": "counted", "num_buckets": 10}, "vocabulary.num_buckets: vocabulary kind counted takes top_k"),
+    ({"default_value": 1}, "vocabulary.default_value: vocabulary kind counted takes"),
+    ({"kind": "list"}, "vocabulary.values: missing or empty"),
+    ({"kind": "list", "values": ["a", "b", "a"]}, "vocabulary.values: item 2 repeats b'a' (item 0); each value may appear once"),
+    ({"kind": "list", "values": ["a", ""]}, "vocabulary.values: item 1 (b'') is not a token (empty)"),
+    ({"kind": "list", "values": ["a\nb"]}, "vocabulary.values: item 0 (b'a\\nb') is not a token (line_break)"),
+    ({"kind": "list", "values": [7]}, "vocabulary.values[0]: expected a string, got 7"),
+    ({"kind": "file"}, "vocabulary.file: missing; name the vocabulary file"),
+    ({"kind": "file", "file": "v.txt", "min_frequency": 2}, "vocabulary.min_frequency: vocabulary kind file takes file"),
+])
+def test_bad_column_kinds_name_the_field(vocabulary, message):
+    assert message in error_of(minimal(categorical_features=[{"name": "C1", "vocabulary": vocabulary}]))
+
+
+def test_given_vocabulary_file_is_checked_naming_file_and_line(tmp_path):
+    from components.config import VocabularyOptions
+    from components.embedding_preprocess.vocabulary import given_vocabulary
+
+    def check(data):
+        path = tmp_path / "v.txt"
+        path.write_bytes(data)
+        return given_vocabulary(VocabularyOptions(kind="file", file=str(path)))
+
+    assert check(b"a\r\nb\r\n") == [b"a", b"b"]  # CRLF and the last line break are not part of a value
+    assert check(b"a\nb") == [b"a", b"b"]
+    for data, message in ((b"a\n\nb\n", "line 2 (b'') is not a token (empty)"),
+                          (b"a\nb\na\n", "line 3 repeats b'a' (line 1)"),
+                          (b"a\n\xff\n", "line 2 (b'\\xff') is not a token (not_utf8)"),
+                          (b"", "is empty; list one value per line")):
+        with pytest.raises(ConfigError, match=".*") as e:
+            check(data)
+        assert message in str(e.value) and "v.txt" in str(e.value)
+    with pytest.raises(ConfigError, match="cannot be read"):
+        given_vocabulary(VocabularyOptions(kind="file", file=str(tmp_path / "missing.txt")))
+
+
+def test_vocabulary_file_is_relative_to_the_config_file(tmp_path):
+    (tmp_path / "vocab").mkdir()
+    (tmp_path / "vocab" / "c1.txt").write_text("a\nb\n")
+    data = minimal(categorical_features=[{"name": "C1", "vocabulary": {"kind": "file", "file": "vocab/c1.txt"}}])
+    (tmp_path / "cfg.yaml").write_text(json.dumps(data))
+    cfg = load_config(str(tmp_path / "cfg.yaml"))
+    assert cfg.table("C1").vocabulary.file == str(tmp_path / "vocab" / "c1.txt")
+    assert config_from_json(cfg.to_json()).table("C1").vocabulary.file == str(tmp_path / "vocab" / "c1.txt")

@@ -122,20 +122,25 @@ KIND_COLUMNS = {
     "identity_default": (R.KIND_BYTES, {"kind": "identity", "num_buckets": 10, "default_value": 3},
                          [c.token for c in IDENTITY[3]]),
     "identity_int": (R.KIND_INT, {"kind": "identity", "num_buckets": 10}, list(INT_IDENTITY)),
+    # multi-hot, max_length 2: tokens that are no IDs are dropped before T7 takes the first two
+    "identity_multi": (R.KIND_BYTES, {"kind": "identity", "num_buckets": 10},
+                       [b"12|3|abc|4|5", b"x|y|8", b"1|2|3", b"|07|", b"9"]),
 }
+MULTI = {"identity_multi": ("|", 2)}  # column -> (separator, max_length)
 
 
 def _kind_expected(name):
     """Each row's IDs by the rulebook's plain Python (V3: oov_bucket; V4: identity_id after T2)."""
     kind, options, rows = KIND_COLUMNS[name]
     out = []
+    separator, max_length = MULTI.get(name, (None, None))
     for value in rows:
-        tokens = R.row_tokens(kind, [value]).tokens
+        tokens = R.row_tokens(kind, [value], separator).tokens
         if options["kind"] == "hashed":
             out.append(tuple(R.oov_bucket(t, options["num_buckets"]) for t in tokens))
         else:
             ids = [R.identity_id(t, options["num_buckets"], options.get("default_value"))[0] for t in tokens]
-            out.append(tuple(i for i in ids if i is not None))
+            out.append(tuple(i for i in ids if i is not None)[:max_length])  # V4 drops take no place in T7
     return tuple(out)
 
 
@@ -155,12 +160,14 @@ def test_column_kind_arrow(name):
     kind, options, rows = KIND_COLUMNS[name]
     cfg = SimpleNamespace(tables=[SimpleNamespace(name=name, vocabulary=VocabularyOptions(**options))])
     lookup = make_lookups(cfg, {})[name]
-    toks = F.extract_tokens(_arrow(kind, [[v] for v in rows]), len(rows), None, None, getattr(lookup, "id_filter", None))
+    separator, max_length = MULTI.get(name, (None, None))
+    toks = F.extract_tokens(_arrow(kind, [[v] for v in rows]), len(rows), separator, max_length,
+                            getattr(lookup, "id_filter", None))
     ids, oov = lookup.lookup(toks.values)
     assert _per_row(toks.row.tolist(), ids.tolist(), len(rows)) == _kind_expected(name)
     expected = Counter()
     for v in rows:
-        for t in R.row_tokens(kind, [v]).tokens:
+        for t in R.row_tokens(kind, [v], separator).tokens:
             if options["kind"] == "identity":
                 _, reason = R.identity_id(t, options["num_buckets"], options.get("default_value"))
                 expected[reason] += reason is not None
@@ -325,7 +332,8 @@ def served(tmp_path_factory):
     vocabularies[INT_TEXT] = R.VOCABULARY
     kinds[INT_TEXT] = R.KIND_INT
     for name, (kind, vocabulary, _) in KIND_COLUMNS.items():
-        categorical.append({"name": name, "vocabulary": vocabulary})
+        separator, max_length = MULTI.get(name, (None, None))
+        categorical.append({"name": name, "vocabulary": vocabulary, "separator": separator, "max_length": max_length})
         vocabularies[name] = ()
         kinds[name] = kind
     dense = [{"name": _feature_name("d", i), "fill_value": c.fill_value} for i, c in enumerate(dense_cases)]

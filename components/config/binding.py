@@ -114,7 +114,7 @@ def check_vocabulary(v: Optional[VocabularyOptions], path: str) -> None:
     for attr in ("top_k", "min_frequency", "num_oov_buckets", "weight_column", "values", "file", "num_buckets",
                  "default_value"):
         if attr not in takes and getattr(v, attr) != getattr(defaults, attr):
-            raise ConfigError(f"{path}.{attr}: a {v.kind} vocabulary takes {', '.join(takes)}; remove {attr} or change kind")
+            raise ConfigError(f"{path}.{attr}: vocabulary kind {v.kind} takes {', '.join(takes)}; remove {attr} or change kind")
     check_positive(v.top_k, f"{path}.top_k", "keep at least one value, or remove top_k to keep all")
     check_positive(v.min_frequency, f"{path}.min_frequency", "use 1 to keep every value seen")
     check_positive(v.num_oov_buckets, f"{path}.num_oov_buckets", "at least one row for unseen values")
