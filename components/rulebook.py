@@ -56,6 +56,13 @@ Tokens -> embedding IDs
       config sets one (counted as oov), else no ID: dropped and counted, `out_of_range` (an
       integer text >= num_buckets) or `not_an_id` (any other text: "07", "-3", "abc").
 
+Weighted IDs (a categorical feature's `weight_column`)
+  W1. Each ID of a row weighs the row's weight: the first value of the weight column as float32
+      (D1, D4). A row whose weight is missing, NaN, infinite or negative keeps none of its
+      tokens: each valid one is counted `invalid_weight` (checked with T5-T6, before T7). The
+      combiner then pools sum(w x) / sum(w) (mean), sum(w x) (sum) or sum(w x) / sqrt(sum(w^2))
+      (sqrtn); a row whose weights sum to 0 pools to zeros (`row_weight`).
+
 Dense values (one float32 per row)
   D1. A row's value is its first value as float32; further values are counted
       (`multi_valued_dense`) and ignored.
@@ -97,6 +104,7 @@ INVALID_FLOAT_IN_CATEGORICAL = "float_in_categorical"  # T3, J3
 INVALID_NEGATIVE_INT = "negative_int"  # T2, J2
 INVALID_NOT_INTEGER = "not_integer"  # J2 (JSON strings for an int64 column only)
 INVALID_OUT_OF_RANGE = "out_of_range"  # V4: an integer ID >= num_buckets, no default_value
+INVALID_WEIGHT = "invalid_weight"  # W1: the row's weight is missing, NaN, infinite or negative
 INVALID_NOT_AN_ID = "not_an_id"  # V4: not the canonical text of a non-negative integer, no default_value
 INVALID_NAN = "nan"  # D3
 INVALID_INFINITE = "infinite"  # D3: inf, -inf, or a number beyond float32
@@ -229,6 +237,30 @@ def identity_id(token: bytes, num_buckets: int, default_value: Optional[int] = N
     else:
         reason = INVALID_NOT_AN_ID
     return (default_value, None) if default_value is not None else (None, reason)
+
+
+def row_weight(kind: str, values: Optional[Sequence]) -> Optional[float]:
+    """W1: a row's ID weight (float32), or None when the row's tokens are dropped."""
+    if not values or kind not in (KIND_INT, KIND_FLOAT):
+        return None
+    with np.errstate(over="ignore"):
+        w = np.float32(values[0])
+    return float(w) if np.isfinite(w) and w >= 0 else None
+
+
+WEIGHT_CASES: Tuple[Tuple[str, Optional[Tuple], Optional[float]], ...] = (
+    (KIND_FLOAT, (0.5,), 0.5),
+    (KIND_FLOAT, (2.0, 9.0), 2.0),  # D1: the first value
+    (KIND_FLOAT, (0.0,), 0.0),
+    (KIND_INT, (3,), 3.0),
+    (KIND_FLOAT, (-1.0,), None),
+    (KIND_FLOAT, (float("nan"),), None),
+    (KIND_FLOAT, (float("inf"),), None),
+    (KIND_FLOAT, (1e39,), None),  # beyond float32: inf
+    (KIND_FLOAT, None, None),  # missing
+    (KIND_FLOAT, (), None),
+    (KIND_BYTES, (b"0.5",), None),  # text: not numeric (ExampleGen parses configured numeric text)
+)
 
 
 @dataclass(frozen=True)

@@ -357,3 +357,20 @@ def test_vocabulary_file_is_relative_to_the_config_file(tmp_path):
     cfg = load_config(str(tmp_path / "cfg.yaml"))
     assert cfg.table("C1").vocabulary.file == str(tmp_path / "vocab" / "c1.txt")
     assert config_from_json(cfg.to_json()).table("C1").vocabulary.file == str(tmp_path / "vocab" / "c1.txt")
+
+
+# ---- weighted IDs (issue 18, item 3) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("feature, message", [
+    ({"name": "C1", "weight_column": ""}, "categorical_features[0].weight_column: empty"),
+    ({"name": "C1", "weight_column": "C1"}, "categorical_features[0].weight_column: 'C1' is the feature's own column"),
+    ({"name": "C1", "weight_column": "C2"}, "column(s) ['C2'] are also read as numbers"),
+])
+def test_bad_weight_columns_name_the_field(feature, message):
+    assert message in error_of(minimal(categorical_features=[feature, {"name": "C2"}]))
+
+
+def test_weight_column_is_read_as_a_number():
+    cfg = parse_config(minimal(categorical_features=[{"name": "C1", "weight_column": "w"}, {"name": "C2"}]))
+    assert "w" in cfg.numeric_columns() and cfg.weight_columns() == ["w"]

@@ -19,6 +19,7 @@ import pytest
 import components  # noqa: F401
 from components import rulebook as R
 from components.embedding_preprocess import features as F
+from components.contracts.manifest import weights_key
 from components.embedding_preprocess import vocabulary as V
 
 TOKEN_CASES = {c.name: c for c in R.TOKEN_CASES}
@@ -127,6 +128,16 @@ KIND_COLUMNS = {
                        [b"12|3|abc|4|5", b"x|y|8", b"1|2|3", b"|07|", b"9"]),
 }
 MULTI = {"identity_multi": ("|", 2)}  # column -> (separator, max_length)
+# W1 in serving: a weighted feature ("weighted": tokens a|x, vocabulary R.VOCABULARY) weighed by a
+# float column ("w") holding the float weight cases (a tf.Example column has one kind).
+WEIGHTED, WEIGHT_COLUMN = "weighted", "w"
+FLOAT_WEIGHTS = [(values, weight) for kind, values, weight in R.WEIGHT_CASES if kind == R.KIND_FLOAT]
+
+
+def _weighted_expected():
+    """(IDs per row, weight per row) by the rulebook: a|x -> (0, 1) when the row is weighed."""
+    ids = tuple(() if w is None else (0, 1) for _, w in FLOAT_WEIGHTS)
+    return ids, [w for _, w in FLOAT_WEIGHTS]
 
 
 def _kind_expected(name):
@@ -182,6 +193,28 @@ def test_column_kind_arrow(name):
 @pytest.mark.parametrize("path", TF_PATHS)
 def test_column_kind_serving(served, name, path):
     assert served.ids(path, name, len(KIND_COLUMNS[name][2])) == _kind_expected(name)
+
+
+@pytest.mark.parametrize("kind, values, weight", R.WEIGHT_CASES, ids=lambda v: repr(v))
+def test_weight_case_arrow(kind, values, weight):
+    """W1 in preprocessing: the row's weight, or its tokens dropped and counted."""
+    t = {R.KIND_FLOAT: pa.float32(), R.KIND_INT: pa.int64(), R.KIND_BYTES: pa.binary()}[kind]
+    w = F.extract_weights(pa.array([None if values is None else list(values)], pa.list_(t)), 1)
+    assert R.row_weight(kind, values) == weight and (np.isnan(w[0]) if weight is None else w[0] == weight)
+    toks = F.extract_tokens(_arrow(R.KIND_BYTES, [[b"a|x"]]), 1, "|", None, row_weights=w)
+    assert toks.values.to_pylist() == ([] if weight is None else [b"a", b"x"])
+    assert toks.invalid == ({} if weight is not None else {R.INVALID_WEIGHT: 2})
+
+
+@pytest.mark.parametrize("path", TF_PATHS)
+def test_weighted_ids_serving(served, path):
+    ids, weights = _weighted_expected()
+    assert served.ids(path, WEIGHTED, len(ids)) == ids
+    start, width = served.layout[weights_key(WEIGHTED)]
+    got = served.outputs[path][: len(ids), start : start + width]
+    for row, (i, w) in enumerate(zip(ids, weights)):
+        if w is not None:
+            assert got[row, :2].tolist() == [np.float32(w)] * 2, (row, got[row])
 
 
 # ---- the OOV hash --------------------------------------------------------------------------------
@@ -300,7 +333,7 @@ class _Served:
         return self.outputs[path][:num_rows, start : start + width]
 
     def ids(self, path, case_name, num_rows):
-        feature = case_name if case_name == INT_TEXT or case_name in KIND_COLUMNS else _feature_name(
+        feature = case_name if case_name in (INT_TEXT, WEIGHTED) or case_name in KIND_COLUMNS else _feature_name(
             "t", list(TOKEN_CASES).index(case_name))
         return tuple(tuple(int(i) for i in row if i >= 0) for row in self._block(path, feature, num_rows))
 
@@ -336,6 +369,10 @@ def served(tmp_path_factory):
         categorical.append({"name": name, "vocabulary": vocabulary, "separator": separator, "max_length": max_length})
         vocabularies[name] = ()
         kinds[name] = kind
+    categorical.append({"name": WEIGHTED, "weight_column": WEIGHT_COLUMN, "separator": "|",
+                        "vocabulary": {"num_oov_buckets": 1}})
+    vocabularies[WEIGHTED] = R.VOCABULARY
+    kinds[WEIGHTED], kinds[WEIGHT_COLUMN] = R.KIND_BYTES, R.KIND_FLOAT
     dense = [{"name": _feature_name("d", i), "fill_value": c.fill_value} for i, c in enumerate(dense_cases)]
     kinds.update({_feature_name("d", i): c.kind for i, c in enumerate(dense_cases)})
     cfg = parse_config({"input": {"path": "unused.csv"}, "label": "label", "dense_features": dense,
@@ -348,7 +385,7 @@ def served(tmp_path_factory):
     transform = RawFeatureTransform(manifest, vocab_dir)
 
     num_rows = max([len(c.rows) for c in token_cases + dense_cases] + [len(R.INT_TEXT_CASES)]
-                   + [len(rows) for _, _, rows in KIND_COLUMNS.values()])
+                   + [len(rows) for _, _, rows in KIND_COLUMNS.values()] + [len(FLOAT_WEIGHTS)])
 
     def rows_of(case):
         return list(case.rows) + [None] * (num_rows - len(case.rows))
@@ -371,6 +408,10 @@ def served(tmp_path_factory):
         for name, (kind, _, rows) in KIND_COLUMNS.items():
             if r < len(rows):
                 feats[name] = feature(kind, [rows[r]])
+        if r < len(FLOAT_WEIGHTS):
+            feats[WEIGHTED] = feature(R.KIND_BYTES, [b"a|x"])
+            if FLOAT_WEIGHTS[r][0] is not None:
+                feats[WEIGHT_COLUMN] = feature(R.KIND_FLOAT, list(FLOAT_WEIGHTS[r][0]))
         examples.append(tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString())
     examples = tf.constant(examples)
 
@@ -380,6 +421,10 @@ def served(tmp_path_factory):
         columns[_feature_name("t", i)] = tf.constant(list(json) + [b""] * (num_rows - len(json)), tf.string)
     texts = [c.text for c in R.INT_TEXT_CASES]
     columns[INT_TEXT] = tf.constant(texts + [b""] * (num_rows - len(texts)), tf.string)
+    pad = num_rows - len(FLOAT_WEIGHTS)
+    columns[WEIGHTED] = tf.constant([b"a|x"] * len(FLOAT_WEIGHTS) + [b""] * pad, tf.string)
+    columns[WEIGHT_COLUMN] = tf.constant([v[0] if v else float("nan") for v, _ in FLOAT_WEIGHTS] + [float("nan")] * pad,
+                                         tf.float32)
     for name, (kind, _, rows) in KIND_COLUMNS.items():  # JSON: one string per row (J1, J2)
         texts = [str(v).encode() if kind == R.KIND_INT else v for v in rows]
         columns[name] = tf.constant(texts + [b""] * (num_rows - len(texts)), tf.string)
@@ -395,6 +440,9 @@ def served(tmp_path_factory):
     for d in dense:
         layout[d["name"]] = (start, 1)
         start += 1
+    names.append(weights_key(WEIGHTED))
+    layout[weights_key(WEIGHTED)] = (start, WIDTH)
+    start += WIDTH
 
     class Probe(tf.Module):
         """A model that returns what it is given: IDs per row (-1 padded) and dense values."""

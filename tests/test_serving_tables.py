@@ -74,3 +74,38 @@ def test_tensor_core_table_without_safe_lookup_pools_valid_ids_alike(combiner, r
     layer.build()
     ids = _ids(rows)
     np.testing.assert_array_equal(layer(ids, safe=False).numpy(), layer(ids, safe=True).numpy())
+
+
+@pytest.mark.parametrize("combiner", ["mean", "sum", "sqrtn"])
+def test_weighted_pooling_matches_tensorflow_on_every_path(combiner):
+    """Issue 18, item 3: weighted IDs pooled by the serving tables (pool_sparse, every dtype's
+    path) and by TensorCore tables (sparse, unchecked sparse, padded dense) as TensorFlow's
+    safe_embedding_lookup_sparse weighs them (the CPU lookup of TPUEmbeddingForServing); a row
+    whose weights sum to 0 and a row without IDs pool to zeros."""
+    import numpy as np
+    import tensorflow as tf
+
+    from components.contracts.plan import EmbeddingPlan
+    from components.embedding_trainer.input import to_dense_ids
+    from components.embedding_trainer.model import ServingTable, TensorCoreTable, pool_sparse
+
+    rng = np.random.default_rng(0)
+    table = tf.constant(rng.normal(size=(7, 3)).astype(np.float32))
+    indices = [[0, 0], [0, 1], [0, 2], [1, 0], [3, 0], [3, 1]]  # row 2 has no IDs
+    ids = tf.SparseTensor(indices, tf.constant([1, 4, 1, 6, 2, 5], tf.int64), [4, 3])
+    weights = tf.SparseTensor(indices, tf.constant([0.5, 2.0, 1.5, 3.0, 0.0, 0.0]), [4, 3])  # row 3 sums to 0
+    expected = tf.nn.safe_embedding_lookup_sparse(table, ids, weights, combiner=combiner).numpy()
+    assert np.allclose(expected[2:], 0.0)
+    np.testing.assert_allclose(pool_sparse(table, ids, combiner, weights=weights).numpy(), expected, atol=1e-6)
+    plan = EmbeddingPlan.for_tables({"t": (7, 3, "tensor_core")}, combiner=combiner)
+    core = TensorCoreTable(plan.tables["t"], "t")
+    core.build()
+    core.embeddings.assign(table)
+    for got in (core(ids, weights=weights), core(ids, safe=False, weights=weights),
+                core(to_dense_ids(ids, 3), weights=to_dense_ids(weights, 3))):
+        np.testing.assert_allclose(got.numpy(), expected, atol=1e-6)
+    for storage in ("float32", "float16"):
+        serving = ServingTable(plan.tables["t"], "t", storage)
+        serving.build()
+        serving.embeddings.assign(tf.cast(table, storage))
+        np.testing.assert_allclose(serving(ids, weights=weights).numpy(), expected, atol=1e-2 if storage == "float16" else 1e-6)

@@ -204,6 +204,10 @@ def _check_feature(f: CategoricalFeature, path: str) -> None:
     check_positive(f.max_length, f"{path}.max_length", "keep at least one value per example")
     if f.separator == "":
         raise ConfigError(f"{path}.separator: empty; set the multi-hot separator (e.g. '|') or remove it")
+    if f.weight_column == "":
+        raise ConfigError(f"{path}.weight_column: empty; name the numeric column that weighs this feature's IDs or remove it")
+    if f.weight_column is not None and f.weight_column == f.source:
+        raise ConfigError(f"{path}.weight_column: {f.weight_column!r} is the feature's own column; name another, numeric column")
     if f.max_length is not None and f.separator is None:
         raise ConfigError(f"{path}.max_length: only applies to multi-hot features; set separator too")
 

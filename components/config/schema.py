@@ -121,6 +121,11 @@ class CategoricalFeature:
     # false skips the checks for negative IDs and weights on TPU and in TensorCore tables' CPU/GPU
     # lookups (rows without IDs still pool to zeros). Preprocessing never emits a negative ID.
     use_safe_embedding_lookup: bool = True
+    # Weighted IDs (the seeds' weighted_categorical_column; the `weights` of an embedding lookup):
+    # a numeric column whose first value in a row is the weight of each of the row's IDs (rulebook
+    # W1). The table's combiner then pools sum(w x) / sum(w) (mean), sum(w x) (sum) or
+    # sum(w x) / sqrt(sum(w^2)) (sqrtn).
+    weight_column: Optional[str] = None
 
     @property
     def source(self) -> str:
@@ -447,7 +452,9 @@ class PipelineConfig:
         return list(dict.fromkeys(f.source for f in self.categorical_features))
 
     def weight_columns(self) -> List[str]:
-        return sorted({t.vocabulary.weight_column for t in self.tables if t.vocabulary.weight_column})
+        """Numeric columns that weigh values: vocabulary counts' and features' IDs'."""
+        counts = {t.vocabulary.weight_column for t in self.tables if t.vocabulary.weight_column}
+        return sorted(counts | {f.weight_column for f in self.categorical_features if f.weight_column})
 
     def beam_pipeline_args(self) -> List[str]:
         """Beam options of a local run from the `beam` section (components.config.beam_args)."""

@@ -119,7 +119,7 @@ def _check_column_roles(cfg: PipelineConfig) -> None:
     if both:
         raise ConfigError(
             f"categorical_features: column(s) {both} are also read as numbers (dense feature, label or "
-            "vocabulary weight); ingestion types each column once, so read it in one role only"
+            "vocabulary or ID weight); ingestion types each column once, so read it in one role only"
         )
 
 

@@ -41,6 +41,14 @@ class DenseFeatureEntry:
     fill_value: float
 
 
+WEIGHTS_SUFFIX = "__weights"  # a weighted feature's ID weights in the transformed examples: <feature>__weights
+
+
+def weights_key(feature: str) -> str:
+    """Where a weighted feature's ID weights travel (transformed examples, model inputs)."""
+    return feature + WEIGHTS_SUFFIX
+
+
 @dataclass(frozen=True)
 class CategoricalFeatureEntry:
     name: str
@@ -48,6 +56,7 @@ class CategoricalFeatureEntry:
     table: str
     separator: Optional[str]
     max_length: Optional[int]
+    weight_column: Optional[str] = None  # W1: the numeric column weighing each row's IDs
 
 
 @dataclass(frozen=True)
@@ -75,9 +84,15 @@ class VocabularyManifest:
     def categorical_names(self) -> List[str]:
         return [f.name for f in self.categorical_features]
 
+    @property
+    def weighted_names(self) -> List[str]:
+        """Categorical features whose IDs carry weights (`weights_key(name)` beside their IDs)."""
+        return [f.name for f in self.categorical_features if f.weight_column]
+
     def raw_columns(self) -> List[str]:
-        """Every raw column the model reads (dense first), once each."""
+        """Every raw column the model reads (dense first, then categorical, then ID weights), once each."""
         cols = [d.column for d in self.dense_features] + [f.column for f in self.categorical_features]
+        cols += [f.weight_column for f in self.categorical_features if f.weight_column]
         return list(dict.fromkeys(cols))
 
     def to_dict(self) -> Dict[str, Any]:

@@ -28,7 +28,7 @@ import components  # noqa: F401
 import tensorflow as tf
 
 from components import rulebook as R
-from components.contracts.manifest import CategoricalFeatureEntry, VocabularyManifest
+from components.contracts.manifest import CategoricalFeatureEntry, VocabularyManifest, weights_key
 
 _DTYPES = {R.KIND_BYTES: tf.string, R.KIND_INT: tf.int64, R.KIND_FLOAT: tf.float32}
 
@@ -223,7 +223,18 @@ class RawFeatureTransform(tf.Module):
         return self._manifest.raw_columns()
 
     def dense_columns(self):
-        return {d.column for d in self._manifest.dense_features}
+        """Numeric columns: dense features and ID weights (float32 in the JSON signature)."""
+        return {d.column for d in self._manifest.dense_features} | {
+            f.weight_column for f in self._manifest.categorical_features if f.weight_column}
+
+    def _row_weights(self, column, f: CategoricalFeatureEntry, from_json: bool) -> tf.Tensor:
+        """W1: float32 [batch], each row's ID weight (its weight column's first value), NaN where
+        the row's tokens are dropped (missing, NaN, infinite, negative, or a text column)."""
+        values = column(f.weight_column)
+        if not from_json and self.kinds[f.weight_column] == R.KIND_BYTES:  # not numeric
+            return tf.fill(tf.reshape(values.nrows(), [1]), float("nan"))
+        w = _first_or_nan(values)[:, 0]
+        return tf.where(tf.math.is_finite(w) & (w >= 0), w, float("nan"))
 
     def example_spec(self) -> Dict[str, Any]:
         """Every raw column as a [batch, None] ragged feature (a missing feature: an empty row)."""
@@ -289,6 +300,12 @@ class RawFeatureTransform(tf.Module):
         hashing run on the tokens the vocabulary misses."""
         n = len(order)
         tokens = [self._tokens(column(f.column), f, from_json) for f in order]
+        row_weights = {}
+        for i, f in enumerate(order):
+            if f.weight_column:  # W1: a row without a usable weight keeps no token
+                row_weights[f.name] = self._row_weights(column, f, from_json)
+                weighed = tf.logical_not(tf.math.is_nan(row_weights[f.name]))
+                tokens[i] = _keep(tokens[i], tf.repeat(weighed, tokens[i].row_lengths()))
         ids = _stack_rows([t.with_flat_values(self.lookup(f.table, t.flat_values)) for f, t in zip(order, tokens)])
         flat, splits = ids.flat_values, ids.row_splits  # n * batch rows: feature after feature
         bounds = tf.gather(splits, tf.range(n + 1, dtype=tf.int64) * batch)  # each feature's first ID
@@ -349,6 +366,8 @@ class RawFeatureTransform(tf.Module):
                 kept = tf.where(where[:, 2] < f.max_length)[:, 0]
                 where, ids = tf.gather(where, kept), tf.gather(ids, kept)
             out[f.name] = tf.SparseTensor(where[:, 1:], ids, shape)
+            if f.weight_column:  # each ID weighs its row's weight
+                out[weights_key(f.name)] = tf.SparseTensor(where[:, 1:], tf.gather(row_weights[f.name], where[:, 1]), shape)
         return out
 
     def _dense(self, stacked, batch: tf.Tensor, from_json: bool) -> Dict[str, tf.Tensor]:

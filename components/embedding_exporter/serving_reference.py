@@ -104,6 +104,9 @@ class FeatureByFeatureTransform(RawFeatureTransform):
         return ids
 
     def _to_model_inputs(self, raw: Dict[str, tf.RaggedTensor], from_json: bool = False) -> Dict[str, Any]:
+        if self._manifest.weighted_names:
+            raise NotImplementedError("the feature-by-feature reference has no weighted IDs (W1); "
+                                      "tests/test_rulebook.py checks RawFeatureTransform's weights")
         out: Dict[str, Any] = {}
         for d in self._manifest.dense_features:
             values = raw[d.column]

@@ -26,6 +26,7 @@ from components.rulebook import (  # noqa: F401  (re-exported: the names code im
     INVALID_NEGATIVE_INT,
     INVALID_NOT_NUMERIC,
     INVALID_NOT_UTF8,
+    INVALID_WEIGHT,
     KIND_BYTES,
     KIND_FLOAT,
     KIND_INT,
@@ -77,10 +78,12 @@ def _flatten(arr: pa.Array):
 def extract_tokens(
     arr: Optional[pa.Array], num_rows: int, separator: Optional[str], max_length: Optional[int],
     id_filter: Optional[Callable[[pa.Array], Tuple[np.ndarray, Dict[str, int]]]] = None,
+    row_weights: Optional[np.ndarray] = None,
 ) -> Tokens:
     """Rulebook T1-T7 over a batch: the valid tokens, the truncated ones and the invalid ones by reason.
     `id_filter(tokens) -> (keep, dropped by reason)`: the table's own rule (an identity column's
-    tokens that are no IDs, V4), applied with T5-T6, before T7."""
+    tokens that are no IDs, V4), applied with T5-T6, before T7. `row_weights` (`extract_weights`,
+    a weighted feature's): rows whose weight is NaN keep no token (W1, `invalid_weight`)."""
     if arr is None or kind_of(arr) == KIND_NONE:
         return Tokens(np.zeros(0, np.int64), pa.array([], pa.binary()), num_rows)
     invalid: Dict[str, int] = {}
@@ -115,6 +118,11 @@ def extract_tokens(
     keep &= ~bad_utf8 & ~bad_break
     row = row[keep]
     values = values.filter(pa.array(keep))
+    if row_weights is not None and len(values):
+        weighed = ~np.isnan(row_weights[row])
+        if not weighed.all():
+            invalid[INVALID_WEIGHT] = int(np.count_nonzero(~weighed))
+            row, values = row[weighed], values.filter(pa.array(weighed))
     if id_filter is not None and len(values):
         ids_kept, dropped = id_filter(values)
         for reason, count in dropped.items():
@@ -202,6 +210,14 @@ def extract_dense(arr: Optional[pa.Array], num_rows: int, fill_value: float) -> 
             row, vals = row[ok], vals[ok]
         out[row] = vals
     return DenseValues(out, missing=num_rows - len(row), invalid=invalid)
+
+
+def extract_weights(arr: Optional[pa.Array], num_rows: int) -> np.ndarray:
+    """Rulebook W1 over a batch: each row's ID weight (float32), NaN where the row's tokens are
+    dropped (missing, NaN, infinite or negative weight)."""
+    w = extract_dense(arr, num_rows, float("nan")).values
+    w[~np.isfinite(w) | (w < 0)] = np.nan
+    return w
 
 
 @dataclass

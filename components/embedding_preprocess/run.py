@@ -73,6 +73,7 @@ def _raw_kinds(cfg: PipelineConfig, raw: Dict[str, float]) -> Dict[str, str]:
     defaults = [(cfg.label, F.KIND_FLOAT)]
     defaults += [(d.source, F.KIND_FLOAT) for d in cfg.dense_features]
     defaults += [(f.source, F.KIND_BYTES) for f in cfg.categorical_features]
+    defaults += [(f.weight_column, F.KIND_FLOAT) for f in cfg.categorical_features if f.weight_column]
     for column, default in defaults:
         found = seen.get(column, set())
         if len(found) > 1:
@@ -107,7 +108,8 @@ def build_manifest(cfg: PipelineConfig, raw: Dict[str, float], vocabulary_dir: s
         raw_feature_kinds=_raw_kinds(cfg, raw),
         dense_features=tuple(DenseFeatureEntry(d.name, d.source, d.fill_value) for d in cfg.dense_features),
         categorical_features=tuple(
-            CategoricalFeatureEntry(f.name, f.source, cfg.feature_table(f).name, f.separator, f.max_length)
+            CategoricalFeatureEntry(f.name, f.source, cfg.feature_table(f).name, f.separator, f.max_length,
+                                    f.weight_column)
             for f in cfg.categorical_features
         ),
         vocabularies=vocabularies,

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from components.config import PipelineConfig
+from components.contracts.manifest import weights_key
 from components.embedding_preprocess import features as F
 from components.embedding_preprocess import partials as P
 from components.embedding_preprocess import statistics as S
@@ -115,7 +116,9 @@ def transform_record_batch(
     for f in cfg.categorical_features:
         table = cfg.feature_table(f).name
         lookup = lookups[table]
-        toks = F.extract_tokens(column(rb, f.source), n, f.separator, f.max_length, getattr(lookup, "id_filter", None))
+        weights = F.extract_weights(column(rb, f.weight_column), n) if f.weight_column else None
+        toks = F.extract_tokens(column(rb, f.source), n, f.separator, f.max_length, getattr(lookup, "id_filter", None),
+                                weights)
         ids, oov = lookup.lookup(toks.values)
         per_row = toks.ids_per_row()
         stats[P.ids_per_example_histogram(split, f.name)] = np.bincount(per_row).astype(np.int64)
@@ -127,6 +130,8 @@ def transform_record_batch(
             stats[P.feature_invalid(split, f.name, reason)] += c
         table_ids.setdefault(table, []).append((ids, toks.row))
         columns[f.name] = as_list_array(ids, per_row)
+        if weights is not None:  # W1: each ID weighs its row's weight
+            columns[weights_key(f.name)] = as_list_array(weights[toks.row].astype(np.float32), per_row)
     if split == "train":  # batch and shard statistics size the tables: computed on what training reads
         bs = cfg.training.batch_size
         num_batches = -(-n // bs)

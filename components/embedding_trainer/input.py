@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import components  # noqa: F401
 import tensorflow as tf
 
-from components.contracts.manifest import VocabularyManifest
+from components.contracts.manifest import VocabularyManifest, weights_key
 
 PAD_ID = -1  # padding of dense ID rows; TensorCoreTable and the TPU-rules check skip it
 
@@ -28,14 +28,17 @@ def feature_spec(manifest: VocabularyManifest) -> Dict[str, Any]:
         spec[name] = tf.io.FixedLenFeature([1], tf.float32)
     for name in manifest.categorical_names:
         spec[name] = tf.io.VarLenFeature(tf.int64)
+    for name in manifest.weighted_names:  # W1: one weight per ID, the same positions
+        spec[weights_key(name)] = tf.io.VarLenFeature(tf.float32)
     return spec
 
 
 def to_dense_ids(ids: tf.SparseTensor, width: int) -> tf.Tensor:
-    """[batch, width] int64 IDs, each row's first `width` IDs, PAD_ID after them."""
+    """[batch, width] int64 IDs, each row's first `width` IDs, PAD_ID after them (float weights:
+    0 after them)."""
     shape = tf.stack([tf.shape(ids, out_type=tf.int64)[0], tf.constant(width, tf.int64)])
     kept = tf.sparse.reset_shape(tf.sparse.slice(ids, [0, 0], shape), shape)
-    dense = tf.sparse.to_dense(kept, default_value=PAD_ID)
+    dense = tf.sparse.to_dense(kept, default_value=PAD_ID if ids.dtype == tf.int64 else 0.0)
     dense.set_shape([ids.shape[0], width])
     return dense
 
@@ -53,6 +56,8 @@ def parse_batch(
     parsed = tf.io.parse_example(serialized, feature_spec(manifest))
     for name, width in (dense_id_widths or {}).items():
         parsed[name] = to_dense_ids(parsed[name], width)
+        if weights_key(name) in parsed:
+            parsed[weights_key(name)] = to_dense_ids(parsed[weights_key(name)], width)
     if static_batch is not None:
         for name, t in parsed.items():
             if isinstance(t, tf.SparseTensor):

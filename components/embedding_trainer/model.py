@@ -29,7 +29,7 @@ import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
 from components.config import TABLE_DTYPES, TrainingConfig
-from components.contracts.manifest import VocabularyManifest
+from components.contracts.manifest import VocabularyManifest, weights_key
 from components.contracts.plan import EmbeddingPlan, TablePlan
 from components.embedding_trainer import optimizers as O
 from components.embedding_trainer import plan as P
@@ -117,13 +117,14 @@ class TensorCoreTable(tf.keras.layers.Layer):
         )
         super().build(input_shape)
 
-    def call(self, ids, safe: bool = True) -> tf.Tensor:
+    def call(self, ids, safe: bool = True, weights=None) -> tf.Tensor:
         """`safe` (the feature's use_safe_embedding_lookup): SparseTensor IDs through
-        safe_embedding_lookup_sparse (negative IDs dropped), else pooled as given."""
+        safe_embedding_lookup_sparse (negative IDs dropped), else pooled as given. `weights`
+        (a weighted feature's, W1): one per ID, in the IDs' form (SparseTensor / padded)."""
         if isinstance(ids, tf.SparseTensor):
             if not safe:
-                return pool_sparse(self.embeddings, ids, self.combiner)
-            return tf.nn.safe_embedding_lookup_sparse(self.embeddings, ids, combiner=self.combiner)
+                return pool_sparse(self.embeddings, ids, self.combiner, weights=weights)
+            return tf.nn.safe_embedding_lookup_sparse(self.embeddings, ids, weights, combiner=self.combiner)
         # Padded dense IDs ([batch, width], PAD_ID < 0 as padding: the TPU step's static form).
         # Hand-written because no Keras/TF lookup pools padded rows by a combiner; it matches
         # safe_embedding_lookup_sparse (negative IDs skipped, empty rows give zeros).
@@ -131,26 +132,40 @@ class TensorCoreTable(tf.keras.layers.Layer):
         if ids.shape.rank == 1:
             ids = tf.expand_dims(ids, 1)
         mask = tf.cast(ids >= 0, self.embeddings.dtype)
+        if weights is not None:  # padded weights are 0
+            weights = tf.convert_to_tensor(weights)
+            mask = mask * tf.reshape(weights, tf.shape(mask))
         vectors = tf.gather(self.embeddings, tf.maximum(ids, 0)) * mask[..., None]
         total = tf.reduce_sum(vectors, axis=1)
         if self.combiner == "sum":
             return total
-        count = tf.reduce_sum(mask, axis=1, keepdims=True)
         if self.combiner == "mean":
-            return tf.math.divide_no_nan(total, count)
-        return tf.math.divide_no_nan(total, tf.sqrt(count))  # sqrtn
+            return tf.math.divide_no_nan(total, tf.reduce_sum(mask, axis=1, keepdims=True))
+        return tf.math.divide_no_nan(total, tf.sqrt(tf.reduce_sum(mask * mask, axis=1, keepdims=True)))  # sqrtn
 
 
 _POOL = {"mean": tf.sparse.segment_mean, "sum": tf.sparse.segment_sum, "sqrtn": tf.sparse.segment_sqrt_n}
 
 
-def pool_sparse(rows: tf.Tensor, ids: tf.SparseTensor, combiner: str, positions: Optional[tf.Tensor] = None) -> tf.Tensor:
+def pool_sparse(rows: tf.Tensor, ids: tf.SparseTensor, combiner: str, positions: Optional[tf.Tensor] = None,
+                weights: Optional[tf.SparseTensor] = None) -> tf.Tensor:
     """[batch, dim]: each batch row's IDs (row-major SparseTensor, no negative ID) looked up in
     `rows` and combined, zeros for a row without IDs: safe_embedding_lookup_sparse's result for
     valid IDs, bit for bit (the same sums in the same order), in one sparse segment op.
-    `positions`: the rows of `rows` to use instead of the IDs themselves."""
-    return _POOL[combiner](rows, ids.values if positions is None else positions, ids.indices[:, 0],
-                           num_segments=ids.dense_shape[0])
+    `positions`: the rows of `rows` to use instead of the IDs themselves. `weights` (W1, one per
+    ID): sum(w x) / sum(w), sum(w x), sum(w x) / sqrt(sum(w^2)), as embedding_lookup_sparse
+    weighs (div_no_nan: a row whose weights sum to 0 pools to zeros)."""
+    where = ids.values if positions is None else positions
+    segments, n = ids.indices[:, 0], ids.dense_shape[0]
+    if weights is None:
+        return _POOL[combiner](rows, where, segments, num_segments=n)
+    w = tf.cast(weights.values, rows.dtype)
+    total = tf.math.unsorted_segment_sum(tf.gather(rows, where) * w[:, None], segments, n)
+    if combiner == "sum":
+        return total
+    if combiner == "mean":
+        return tf.math.divide_no_nan(total, tf.math.unsorted_segment_sum(w, segments, n)[:, None])
+    return tf.math.divide_no_nan(total, tf.sqrt(tf.math.unsorted_segment_sum(w * w, segments, n))[:, None])
 
 
 class ServingTable(tf.keras.layers.Layer):
@@ -180,16 +195,16 @@ class ServingTable(tf.keras.layers.Layer):
             self.scale = self.add_weight(name="scale", shape=[self.rows], initializer="ones", trainable=False)
         super().build(input_shape)
 
-    def call(self, ids) -> tf.Tensor:
+    def call(self, ids, weights=None) -> tf.Tensor:
         if not isinstance(ids, tf.SparseTensor):
             raise TypeError(f"{self.name}: serving lookups take SparseTensor IDs (the raw-feature transform's output)")
         if self.storage == "float32":
-            return pool_sparse(self.embeddings, ids, self.combiner)
+            return pool_sparse(self.embeddings, ids, self.combiner, weights=weights)
         unique, position = tf.unique(ids.values)
         rows = tf.cast(tf.gather(self.embeddings, unique), tf.float32)
         if self.scale is not None:
             rows = rows * tf.gather(self.scale, unique)[:, None]
-        return pool_sparse(rows, ids, self.combiner, positions=position)
+        return pool_sparse(rows, ids, self.combiner, positions=position, weights=weights)
 
 
 class TableOptimizer(NamedTuple):
@@ -317,13 +332,18 @@ class RankingModel(tf.keras.Model):
     def embed(self, inputs: Dict[str, Any], training: bool = False) -> Dict[str, tf.Tensor]:
         """Pooled [batch, dim] vector per categorical feature."""
         out: Dict[str, tf.Tensor] = {}
+        weights = {n: inputs.get(weights_key(n)) for n in self.categorical_names}  # W1; None: unweighted
         if self.serving_tables:
-            return {n: self.serving_tables[self.feature_table[n]](inputs[n]) for n in self.categorical_names}
+            return {n: self.serving_tables[self.feature_table[n]](inputs[n], weights=weights[n])
+                    for n in self.categorical_names}
         if self.embedding_layer is not None:
-            out.update(self.embedding_layer({n: inputs[n] for n in self.tpu_feature_names}))
+            tpu = self.tpu_feature_names
+            tpu_weights = {n: weights[n] for n in tpu} if any(weights[n] is not None for n in tpu) else None
+            out.update(self.embedding_layer({n: inputs[n] for n in tpu}, tpu_weights))
         for n in self.categorical_names:
             if n not in out:
-                out[n] = self.tensor_core_tables[self.feature_table[n]](inputs[n], safe=self.feature_safe[n])
+                out[n] = self.tensor_core_tables[self.feature_table[n]](
+                    inputs[n], safe=self.feature_safe[n], weights=weights[n])
         if training and self.gradient_multiplier is not None and self.dense_optimizer is not None:
             # The seeds' experimental_gradient_multiplier_fn, exact on every platform: a table's
             # gradient is a sum of its features' pooled-vector gradients (the TPU engine receives
