@@ -374,3 +374,25 @@ def test_bad_weight_columns_name_the_field(feature, message):
 def test_weight_column_is_read_as_a_number():
     cfg = parse_config(minimal(categorical_features=[{"name": "C1", "weight_column": "w"}, {"name": "C2"}]))
     assert "w" in cfg.numeric_columns() and cfg.weight_columns() == ["w"]
+
+
+# ---- sequence features (issue 18, item 1) ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("features, message", [
+    ([{"name": "C1", "sequence": {"pooling": "max"}}], "categorical_features[0].sequence.pooling: 'max' is not one of"),
+    ([{"name": "C1", "sequence": {"length": 0}}], "categorical_features[0].sequence.length: must be positive"),
+    ([{"name": "C1", "sequence": {"percentile": "p75"}}], "sequence.percentile: 'p75' is not one of"),
+    ([{"name": "C1", "combiner": "sum", "sequence": {}}],
+     "categorical_features[0].combiner: 'C1' is a sequence feature, whose positions are pooled by sequence.pooling"),
+    ([{"name": "C1", "weight_column": "w", "sequence": {}}], "categorical_features[0].weight_column: a sequence feature"),
+    ([{"name": "C1", "sequence": {"pooling": "attention"}}], "sequence.query: attention pooling needs the candidate"),
+    ([{"name": "C1", "sequence": {"pooling": "mean", "query": "C2"}}, {"name": "C2"}], "only attention takes one"),
+    ([{"name": "C1", "sequence": {"pooling": "attention", "query": "C9"}}], "sequence.query: 'C9' is not another categorical"),
+    ([{"name": "C1", "sequence": {"pooling": "attention", "query": "C2"}}, {"name": "C2", "sequence": {}}],
+     "sequence.query: 'C2' is a sequence feature"),
+    ([{"name": "C1", "sequence": {"pooling": "attention", "query": "C2"}}, {"name": "C2", "dim": 8}],
+     "sequence.query: 'C2' has dim 8, 'C1' dim 16"),
+])
+def test_bad_sequence_features_name_the_field(features, message):
+    assert message in error_of(minimal(categorical_features=features))

@@ -33,6 +33,8 @@ def _config(csv_path):
         v = f.get("vocabulary") or {}
         if v.get("kind") == "file":
             v["file"] = os.path.join(REPO, "configs", v["file"])
+    # size_threshold 100: the items table (1000 rows, the attention sequence's) in TPU embedding
+    raw["training"]["embedding"] = {"size_threshold": 100}
     raw["training"].update({"batch_size": 64, "train_steps": 40, "eval_steps": 5, "checkpoint_every_steps": 20,
                             "embedding_gradient_multiplier": {"value": 1.0, "schedule": {"warmup_steps": 10}}})
     raw["export"].update(compare_compression=False, auc_sample_size=500, parity_sample_size=256)
@@ -94,6 +96,13 @@ def test_plan_carries_table_optimizers_and_the_multiplier(chain):
     assert plan.tables["C1"].optimizer["learning_rate"] == 0.2 and plan.tables["C1"].optimizer["name"] == "ftrl"
     assert plan.embedding_gradient_multiplier["schedule"]["warmup_steps"] == 10
     assert plan.tables["C12"].initializer.name == "random_uniform"
+    history, c12 = plan.features["history"], plan.features["C12"]  # sequence features (item 1)
+    assert (c12.max_sequence_length, c12.sequence_pooling, c12.sequence_length_source) == (3, "mean", "config")
+    assert plan.tables["items"].placement == "tpu_embedding"  # history: through the TPU layer's sequence lookup
+    assert history.sequence_pooling == "attention" and history.sequence_query == "item"
+    assert 1 <= history.max_sequence_length <= 10 and history.sequence_length_source.startswith("statistics: train p90")
+    assert any("model/sequence_pooling/history/" in k for k in
+               tf.train.load_checkpoint(os.path.join(a["model"].uri, "checkpoints")).get_variable_to_shape_map())
     reader = tf.train.load_checkpoint(os.path.join(a["model"].uri, "checkpoints"))
     keys = reader.get_variable_to_shape_map()
     assert any("table_embedding_optimizers/C1/" in k for k in keys)  # C1's FTRL at its own rate

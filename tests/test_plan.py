@@ -261,3 +261,37 @@ def test_table_optimizers_and_gradient_multiplier_in_the_plan():
     old = plan.to_dict()
     del old["embedding_gradient_multiplier"]
     assert EmbeddingPlan.from_dict(old).embedding_gradient_multiplier is None
+
+
+def test_sequence_length_from_config_or_statistics():
+    """Issue 18, item 1: a sequence feature's max_sequence_length is its configured length, else
+    the train split's percentile of IDs per example (rounded up, capped by max_length); the plan
+    records where it came from; without either the plan is refused, naming the feature. The
+    TPU FeatureConfig keeps the length and leaves output_shape unset (TF 2.16 ignores the length
+    when it is set); a TensorCore sequence feature is fed padded to its length."""
+    def cfg(sequence, max_length=None):
+        a = {"name": "A", "table": "shared", "separator": "|", "sequence": sequence}
+        if max_length:
+            a["max_length"] = max_length
+        return parse_config({
+            "input": {"path": "unused.csv"}, "label": "label", "tables": [{"name": "shared", "dim": 8}],
+            "categorical_features": [a, {"name": "B", "table": "shared"}, {"name": "big"}, {"name": "small", "dim": 4}],
+            "training": {"embedding": {"size_threshold": 1000}},
+        })
+
+    stats = _statistics()
+    stats["features"]["A"]["splits"]["train"]["ids_per_example"].update({"p50": 1, "p90": 2.5})
+    plan = P.derive_plan(cfg({"length": 7}), MANIFEST, _typed(stats))
+    assert (plan.features["A"].max_sequence_length, plan.features["A"].sequence_length_source) == (7, "config")
+    plan = P.derive_plan(cfg({"percentile": "p90"}), MANIFEST, _typed(stats))
+    assert plan.features["A"].max_sequence_length == 3 and "p90" in plan.features["A"].sequence_length_source
+    assert P.derive_plan(cfg({"percentile": "max"}, max_length=2), MANIFEST, _typed(stats)).features["A"].max_sequence_length == 2
+    assert plan.features["B"].max_sequence_length == 0 and plan.features["B"].sequence_pooling is None
+    with pytest.raises(ValueError, match="sequence feature 'A' has no sequence.length and no statistics"):
+        P.derive_plan(cfg({}), MANIFEST)
+    on_tpu = P.feature_configs(EmbeddingPlan.from_json(plan.to_json()), output_batch=32, on_tpu=True)
+    assert (on_tpu["A"].max_sequence_length, on_tpu["A"].output_shape) == (3, None)
+    assert on_tpu["B"].output_shape == [32]
+    small = P.derive_plan(cfg({"length": 5}), _manifest({**VOCABULARIES, "shared": {"rows": 11, "size": 10, "num_oov_buckets": 1}}),
+                          _typed(stats))
+    assert small.tables["shared"].placement == "tensor_core" and small.features["A"].dense_width == 5

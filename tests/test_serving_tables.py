@@ -109,3 +109,49 @@ def test_weighted_pooling_matches_tensorflow_on_every_path(combiner):
         serving.build()
         serving.embeddings.assign(tf.cast(table, storage))
         np.testing.assert_allclose(serving(ids, weights=weights).numpy(), expected, atol=1e-2 if storage == "float16" else 1e-6)
+
+
+def test_sequence_lookups_and_pooling():
+    """Issue 18, item 1: a sequence feature's [batch, length, dim] lookup from TensorCore and
+    serving tables (sparse and padded IDs) equals TPUEmbeddingForServing's CPU sequence lookup
+    (first `length` IDs, zeros after); mean pooling averages a row's positions; attention weighs
+    only real positions (a padding position's key never counts) and gives zeros for an empty row."""
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.python.tpu import tpu_embedding_for_serving as serving_lib
+
+    from components.contracts.plan import EmbeddingPlan
+    from components.embedding_trainer.input import to_dense_ids
+    from components.embedding_trainer.model import SequencePooling, ServingTable, TensorCoreTable, sequence_mask
+
+    rng = np.random.default_rng(1)
+    table = tf.constant(rng.normal(size=(9, 4)).astype(np.float32))
+    ids = tf.SparseTensor([[0, 0], [0, 1], [0, 2], [0, 3], [1, 0], [3, 0], [3, 1]],
+                          tf.constant([1, 2, 3, 8, 5, 7, 7], tf.int64), [4, 4])  # row 0 longer than 3; row 2 empty
+    config = tf.tpu.experimental.embedding.FeatureConfig(
+        table=tf.tpu.experimental.embedding.TableConfig(9, 4, name="t"), max_sequence_length=3)
+    expected = serving_lib._embedding_lookup_for_sparse_tensor(ids, None, tf.Variable(table), config).numpy()
+    assert expected.shape == (4, 3, 4)
+    plan = EmbeddingPlan.for_tables({"t": (9, 4, "tensor_core")})
+    core = TensorCoreTable(plan.tables["t"], "t")
+    core.build()
+    core.embeddings.assign(table)
+    serving = ServingTable(plan.tables["t"], "t")
+    serving.build()
+    serving.embeddings.assign(table)
+    for got in (core(ids, sequence_length=3), core(to_dense_ids(ids, 3), sequence_length=3), serving(ids, sequence_length=3)):
+        np.testing.assert_allclose(got.numpy(), expected, atol=1e-7)
+    mask = sequence_mask(ids, 3)
+    assert mask.numpy().tolist() == [[1, 1, 1], [1, 0, 0], [0, 0, 0], [1, 1, 0]]
+    mean = SequencePooling("mean", "m")(tf.constant(expected), mask).numpy()
+    np.testing.assert_allclose(mean[0], table.numpy()[[1, 2, 3]].mean(0), atol=1e-6)
+    np.testing.assert_allclose(mean[2], 0.0)
+    attention = SequencePooling("attention", "a")
+    query = tf.constant(rng.normal(size=(4, 4)).astype(np.float32))
+    pooled = attention(tf.constant(expected), mask, query=query).numpy()
+    np.testing.assert_allclose(pooled[1], table.numpy()[5], atol=1e-6)  # one real position: its key
+    np.testing.assert_allclose(pooled[2], 0.0)
+    np.testing.assert_allclose(pooled[3], table.numpy()[7], atol=1e-6)  # the same item twice
+    changed = expected.copy()
+    changed[1, 1:] = 100.0  # padding positions of row 1: never attended
+    np.testing.assert_allclose(attention(tf.constant(changed), mask, query=query).numpy()[1], pooled[1], atol=1e-6)

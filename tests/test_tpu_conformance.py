@@ -375,7 +375,7 @@ def test_sparsecore_refuses_a_table_optimizer_it_would_ignore(tpu_branch, data, 
         tm.train(cfg, *_plan(cfg, data), *_files(data), str(tmp_path / "state"))
 
 
-def test_weighted_ids_reach_the_tpu_enqueue(tpu_branch, data, tmp_path):  # noqa: F811
+def test_weighted_and_sequence_features_on_the_tpu_branch(tpu_branch, data, tmp_path):  # noqa: F811
     """Issue 18, item 3: a weighted feature of a TPU-embedding table (C12, weighed by the numeric
     column I2) gives the TPU layer its weights: the enqueue is bound with a weights structure
     holding C12's per-ID weights beside its IDs (None for the unweighted features), and the whole
@@ -388,6 +388,8 @@ def test_weighted_ids_reach_the_tpu_enqueue(tpu_branch, data, tmp_path):  # noqa
     for f in raw["categorical_features"]:
         if f["name"] in ("C12", "C1"):
             f["weight_column"] = "I2"
+        if f["name"] == "C24":  # and a sequence feature (item 1), attending from C26
+            f["sequence"] = {"length": 4, "pooling": "attention", "query": "C26"}
     cfg = parse_config(raw)
     # preprocessing output of the module's data has no weights: rerun it for this config
     import apache_beam as beam
@@ -407,4 +409,8 @@ def test_weighted_ids_reach_the_tpu_enqueue(tpu_branch, data, tmp_path):  # noqa
     assert enqueues and all(c["in_run"] for c in enqueues)
     weights = [c["values"].get("weights") for c in enqueues]
     assert any(w is not None and w.get("C12") is not None and w.get("C24") is None for w in weights), weights[:1]
+    init = next(c for c in rec.calls if c["call"] == "TPUEmbedding.__init__")["values"]["feature_config"]
+    # the sequence keeps max_sequence_length; output_shape unset, or TF 2.16 would ignore the length
+    assert (init["C24"].max_sequence_length, init["C24"].output_shape) == (4, None)
+    assert init["C12"].output_shape == [64]
     assert os.path.exists(os.path.join(os.path.dirname(fn_args.serving_model_dir), tm.EVAL_METRICS_FILE))

@@ -16,6 +16,8 @@ from components.config.schema import (
     COMBINERS,
     INITIALIZERS,
     OPTIMIZERS,
+    SEQUENCE_PERCENTILES,
+    SEQUENCE_POOLINGS,
     VOCABULARY_KINDS,
     CategoricalDefaults,
     CategoricalFeature,
@@ -208,6 +210,20 @@ def _check_feature(f: CategoricalFeature, path: str) -> None:
         raise ConfigError(f"{path}.weight_column: empty; name the numeric column that weighs this feature's IDs or remove it")
     if f.weight_column is not None and f.weight_column == f.source:
         raise ConfigError(f"{path}.weight_column: {f.weight_column!r} is the feature's own column; name another, numeric column")
+    if f.sequence is not None:
+        q = f.sequence
+        check_positive(q.length, f"{path}.sequence.length", "positions kept per example")
+        check_choice(q.percentile, SEQUENCE_PERCENTILES, f"{path}.sequence.percentile")
+        check_choice(q.pooling, SEQUENCE_POOLINGS, f"{path}.sequence.pooling")
+        if f.combiner is not None:
+            raise ConfigError(f"{path}.combiner: {f.name!r} is a sequence feature, whose positions are pooled by "
+                              "sequence.pooling, not by a combiner; remove combiner")
+        if f.weight_column is not None:
+            raise ConfigError(f"{path}.weight_column: a sequence feature keeps one vector per position; weights "
+                              "apply to pooled features only")
+        if (q.pooling == "attention") != (q.query is not None):
+            raise ConfigError(f"{path}.sequence.query: attention pooling needs the candidate feature it attends "
+                              "from (query), and only attention takes one")
     if f.max_length is not None and f.separator is None:
         raise ConfigError(f"{path}.max_length: only applies to multi-hot features; set separator too")
 

@@ -103,6 +103,22 @@ class InitializerOptions:
     maxval: Optional[float] = None  # random_uniform; default 1/sqrt(dim)
 
 
+SEQUENCE_POOLINGS = ("mean", "attention")
+SEQUENCE_PERCENTILES = ("p50", "p90", "p99", "max")
+
+
+@dataclass
+class SequenceOptions:
+    """A sequence feature (the seeds' max_sequence_length / sequence_categorical_column_*): its
+    lookup keeps one vector per position, [batch, length, dim] (the first `length` IDs of a row,
+    zeros after them), and the model pools the positions with `pooling`."""
+
+    length: Optional[int] = None  # max_sequence_length; null: the train split's `percentile` of IDs per example
+    percentile: str = "p99"  # p50 | p90 | p99 | max (when length is null)
+    pooling: str = "mean"  # mean (over the row's positions) | attention (DIN-style, against `query`)
+    query: Optional[str] = None  # attention: the candidate feature (not a sequence; the same dim)
+
+
 @dataclass
 class CategoricalFeature:
     """A categorical feature, embedded through its table (its own, or a shared one from `tables`)."""
@@ -126,6 +142,7 @@ class CategoricalFeature:
     # W1). The table's combiner then pools sum(w x) / sum(w) (mean), sum(w x) (sum) or
     # sum(w x) / sqrt(sum(w^2)) (sqrtn).
     weight_column: Optional[str] = None
+    sequence: Optional[SequenceOptions] = None  # a sequence feature (positions kept); null: pooled by the combiner
 
     @property
     def source(self) -> str:

@@ -49,6 +49,7 @@ def resolve(cfg: PipelineConfig, source_file: Optional[str] = None) -> PipelineC
     tables = bind_tables(cfg)
     for check in (
         _check_allow_invalid,
+        _check_sequences,
         _check_column_roles,
         _check_training,
         _check_embedding_optimizer,
@@ -112,6 +113,26 @@ def _check_allow_invalid(cfg: PipelineConfig) -> None:
                 f"input.allow_invalid[{j}]: {name!r} is not a dense or categorical feature; "
                 f"features are: {', '.join(sorted(names))}"
             )
+
+
+def _check_sequences(cfg: PipelineConfig) -> None:
+    """An attention query is another, pooled categorical feature of the sequence's dim."""
+    by_name = {f.name: f for f in cfg.categorical_features}
+    for i, f in enumerate(cfg.categorical_features):
+        q = f.sequence
+        if q is None or q.query is None:
+            continue
+        path = f"categorical_features[{i}].sequence.query"
+        other = by_name.get(q.query)
+        if other is None or other is f:
+            raise ConfigError(f"{path}: {q.query!r} is not another categorical feature; name the candidate "
+                              f"feature the sequence attends from (features: {', '.join(by_name)})")
+        if other.sequence is not None:
+            raise ConfigError(f"{path}: {q.query!r} is a sequence feature; the query must be one pooled vector")
+        mine, theirs = cfg.feature_table(f).dim, cfg.feature_table(other).dim
+        if mine != theirs:
+            raise ConfigError(f"{path}: {q.query!r} has dim {theirs}, {f.name!r} dim {mine}; attention compares "
+                              "the two vectors, so give their tables one dim (or share a table)")
 
 
 def _check_column_roles(cfg: PipelineConfig) -> None:

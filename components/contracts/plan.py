@@ -128,6 +128,11 @@ class FeaturePlan:
     ids_per_example: Optional[Mapping[str, Any]]  # train split's {mean, p99, max}, when known
     dense_width: Optional[int]  # static IDs per example of a TensorCore-table feature on TPU
     validate_weights_and_indices: bool = True  # the config's use_safe_embedding_lookup
+    # A sequence feature (max_sequence_length > 0): how its positions are pooled (mean | attention),
+    # the attention's candidate feature, and where the length came from.
+    sequence_pooling: Optional[str] = None
+    sequence_query: Optional[str] = None
+    sequence_length_source: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -340,16 +345,44 @@ def _feature_plans(cfg: PipelineConfig, tables: Mapping[str, TablePlan], statist
     for f in cfg.categorical_features:
         table = cfg.feature_table(f).name
         pooling = statistics.ids_per_example(f.name, "train")
+        length, source = _sequence_length(f, pooling)
+        width = None
+        if tables[table].placement == "tensor_core":
+            width = length or _dense_width(f.max_length, pooling.get("max"))
         features[f.name] = FeaturePlan(
             table=table,
-            # Features are pooled by their table's combiner; a sequence feature (max_sequence_length
-            # > 0) would keep one vector per position. None of this product's models use sequences.
-            max_sequence_length=0,
+            # Features are pooled by their table's combiner; a sequence feature keeps one vector per
+            # position (max_sequence_length > 0), pooled by the model's sequence layer.
+            max_sequence_length=length,
             ids_per_example={k: pooling.get(k) for k in ("mean", "p99", "max")} if pooling else None,
-            dense_width=_dense_width(f.max_length, pooling.get("max")) if tables[table].placement == "tensor_core" else None,
+            dense_width=width,
             validate_weights_and_indices=f.use_safe_embedding_lookup,
+            sequence_pooling=f.sequence.pooling if f.sequence else None,
+            sequence_query=f.sequence.query if f.sequence else None,
+            sequence_length_source=source,
         )
     return features
+
+
+def _sequence_length(f, pooling: Mapping[str, Any]) -> Tuple[int, Optional[str]]:
+    """(max_sequence_length, where it came from) of a sequence feature; (0, None) otherwise: the
+    configured length, else the train split's percentile of IDs per example (at least 1, at most
+    max_length)."""
+    q = f.sequence
+    if q is None:
+        return 0, None
+    if q.length is not None:
+        return int(q.length), "config"
+    value = (pooling or {}).get(q.percentile)
+    if value is None:
+        raise PlanError(
+            f"categorical_features: sequence feature {f.name!r} has no sequence.length and no statistics of its "
+            "IDs per example; set sequence.length or train from preprocessing output with embedding_statistics.json"
+        )
+    length = max(1, int(math.ceil(value)))
+    if f.max_length:
+        length = min(length, int(f.max_length))
+    return length, f"statistics: train {q.percentile} of IDs per example ({value})"
 
 
 def _gradient_multiplier(cfg: PipelineConfig) -> Optional[Dict[str, Any]]:

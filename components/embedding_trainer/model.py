@@ -117,10 +117,13 @@ class TensorCoreTable(tf.keras.layers.Layer):
         )
         super().build(input_shape)
 
-    def call(self, ids, safe: bool = True, weights=None) -> tf.Tensor:
+    def call(self, ids, safe: bool = True, weights=None, sequence_length: int = 0) -> tf.Tensor:
         """`safe` (the feature's use_safe_embedding_lookup): SparseTensor IDs through
         safe_embedding_lookup_sparse (negative IDs dropped), else pooled as given. `weights`
-        (a weighted feature's, W1): one per ID, in the IDs' form (SparseTensor / padded)."""
+        (a weighted feature's, W1): one per ID, in the IDs' form (SparseTensor / padded).
+        `sequence_length` (a sequence feature's): [batch, length, dim], one vector per position."""
+        if sequence_length:
+            return sequence_positions(self.embeddings, ids, sequence_length)
         if isinstance(ids, tf.SparseTensor):
             if not safe:
                 return pool_sparse(self.embeddings, ids, self.combiner, weights=weights)
@@ -142,6 +145,51 @@ class TensorCoreTable(tf.keras.layers.Layer):
         if self.combiner == "mean":
             return tf.math.divide_no_nan(total, tf.reduce_sum(mask, axis=1, keepdims=True))
         return tf.math.divide_no_nan(total, tf.sqrt(tf.reduce_sum(mask * mask, axis=1, keepdims=True)))  # sqrtn
+
+
+def sequence_positions(rows: tf.Tensor, ids, length: int, weights=None) -> tf.Tensor:
+    """[batch, length, dim]: a sequence feature's first `length` IDs looked up in `rows`, one
+    vector per position, zeros after a row's last ID (what TPUEmbeddingForServing's CPU lookup of
+    a feature with max_sequence_length gives). `ids`: a row-major SparseTensor or padded dense IDs."""
+    from components.embedding_trainer.input import to_dense_ids  # model <-> input: no cycle at import
+
+    dense = to_dense_ids(ids, length) if isinstance(ids, tf.SparseTensor) else tf.convert_to_tensor(ids)[:, :length]
+    mask = tf.cast(dense >= 0, rows.dtype)
+    return tf.gather(rows, tf.maximum(dense, 0)) * mask[..., None]
+
+
+def sequence_mask(ids, length: int) -> tf.Tensor:
+    """float32 [batch, length]: 1 where a sequence feature's row has an ID at that position."""
+    from components.embedding_trainer.input import to_dense_ids
+
+    dense = to_dense_ids(ids, length) if isinstance(ids, tf.SparseTensor) else tf.convert_to_tensor(ids)[:, :length]
+    return tf.cast(dense >= 0, tf.float32)
+
+
+class SequencePooling(tf.keras.layers.Layer):
+    """A sequence feature's [batch, length, dim] vectors -> [batch, dim]. `mean`: the mean over the
+    row's positions (zeros for an empty row). `attention` (target attention in the style of DIN,
+    Zhou et al. 2018): each position's score is an MLP of [query, key, query - key, query * key],
+    softmax-normalised over the row's positions; the output is the score-weighted sum of keys, so
+    a user's past items count by their relevance to the candidate. Hand-written: neither Keras 2
+    nor TFRS 0.7.7 has a masked target-attention pooling."""
+
+    def __init__(self, pooling: str, name: str, hidden: int = 32):
+        super().__init__(name=name)
+        self.pooling = pooling
+        if pooling == "attention":
+            self.score = tf.keras.Sequential(
+                [tf.keras.layers.Dense(hidden, activation="relu"), tf.keras.layers.Dense(1)], name="score")
+
+    def call(self, keys: tf.Tensor, mask: tf.Tensor, query: Optional[tf.Tensor] = None) -> tf.Tensor:
+        if self.pooling == "mean":
+            return tf.math.divide_no_nan(tf.reduce_sum(keys * mask[..., None], 1), tf.reduce_sum(mask, 1, keepdims=True))
+        q = tf.broadcast_to(query[:, None, :], tf.shape(keys))
+        scores = tf.squeeze(self.score(tf.concat([q, keys, q - keys, q * keys], -1)), -1)
+        scores = scores - tf.stop_gradient(tf.reduce_max(scores, 1, keepdims=True))  # numerically safe exp
+        e = tf.exp(scores) * mask
+        attention = tf.math.divide_no_nan(e, tf.reduce_sum(e, 1, keepdims=True))  # an empty row: zeros
+        return tf.reduce_sum(attention[..., None] * keys, 1)
 
 
 _POOL = {"mean": tf.sparse.segment_mean, "sum": tf.sparse.segment_sum, "sqrtn": tf.sparse.segment_sqrt_n}
@@ -195,7 +243,12 @@ class ServingTable(tf.keras.layers.Layer):
             self.scale = self.add_weight(name="scale", shape=[self.rows], initializer="ones", trainable=False)
         super().build(input_shape)
 
-    def call(self, ids, weights=None) -> tf.Tensor:
+    def call(self, ids, weights=None, sequence_length: int = 0) -> tf.Tensor:
+        if sequence_length:  # a sequence feature: [batch, length, dim] (float32, dequantized)
+            rows = tf.cast(self.embeddings, tf.float32)
+            if self.scale is not None:
+                rows = rows * self.scale[:, None]
+            return sequence_positions(rows, ids, sequence_length)
         if not isinstance(ids, tf.SparseTensor):
             raise TypeError(f"{self.name}: serving lookups take SparseTensor IDs (the raw-feature transform's output)")
         if self.storage == "float32":
@@ -306,6 +359,12 @@ class RankingModel(tf.keras.Model):
             name: TensorCoreTable(t, name) for name, t in tables.items() if t.placement == "tensor_core"
             and any(self.feature_table[n] == name for n in self.categorical_names)
         } if serving_table_dtype is None else {}
+        # Sequence features: one vector per position (max_sequence_length), pooled by their layer.
+        self.sequence_length = {n: plan.features[n].max_sequence_length for n in self.categorical_names
+                                if plan.features[n].max_sequence_length}
+        self.sequence_query = {n: plan.features[n].sequence_query for n in self.sequence_length}
+        self.sequence_pooling = {n: SequencePooling(plan.features[n].sequence_pooling or "mean", f"sequence_{n}")
+                                 for n in self.sequence_length}
         self.bottom_mlp = _mlp(training.bottom_mlp, "bottom_mlp")
         self.projections: Dict[str, tf.keras.layers.Layer] = {}
         if self.model_type == "dlrm":
@@ -334,8 +393,10 @@ class RankingModel(tf.keras.Model):
         out: Dict[str, tf.Tensor] = {}
         weights = {n: inputs.get(weights_key(n)) for n in self.categorical_names}  # W1; None: unweighted
         if self.serving_tables:
-            return {n: self.serving_tables[self.feature_table[n]](inputs[n], weights=weights[n])
-                    for n in self.categorical_names}
+            for n in self.categorical_names:
+                table = self.serving_tables[self.feature_table[n]]
+                out[n] = table(inputs[n], weights=weights[n], sequence_length=self.sequence_length.get(n, 0))
+            return self._pool_sequences(out, inputs)
         if self.embedding_layer is not None:
             tpu = self.tpu_feature_names
             tpu_weights = {n: weights[n] for n in tpu} if any(weights[n] is not None for n in tpu) else None
@@ -343,14 +404,25 @@ class RankingModel(tf.keras.Model):
         for n in self.categorical_names:
             if n not in out:
                 out[n] = self.tensor_core_tables[self.feature_table[n]](
-                    inputs[n], safe=self.feature_safe[n], weights=weights[n])
+                    inputs[n], safe=self.feature_safe[n], weights=weights[n],
+                    sequence_length=self.sequence_length.get(n, 0))
         if training and self.gradient_multiplier is not None and self.dense_optimizer is not None:
             # The seeds' experimental_gradient_multiplier_fn, exact on every platform: a table's
-            # gradient is a sum of its features' pooled-vector gradients (the TPU engine receives
-            # these activation gradients), so scaling them scales it.
+            # gradient is a sum of its features' pooled-vector (or position-vector) gradients (the
+            # TPU engine receives these activation gradients), so scaling them scales it.
             factor = self.gradient_multiplier(self.dense_optimizer.iterations)
             out = {n: _scale_gradient(v, factor) for n, v in out.items()}
-        return out
+        return self._pool_sequences(out, inputs)
+
+    def _pool_sequences(self, out: Dict[str, tf.Tensor], inputs: Dict[str, Any]) -> Dict[str, tf.Tensor]:
+        """Sequence features' [batch, length, dim] vectors -> [batch, dim] by their pooling layer
+        (attention against its query feature's pooled vector)."""
+        pooled = dict(out)
+        for n, length in self.sequence_length.items():
+            query = self.sequence_query.get(n)
+            pooled[n] = self.sequence_pooling[n](out[n], sequence_mask(inputs[n], length),
+                                                 query=out[query] if query else None)
+        return pooled
 
     # Not converted by AutoGraph (nor, through its control status, any layer called from here): the
     # model has no tensor-dependent Python control flow (a Python `if` on a tensor raises in a
@@ -453,7 +525,7 @@ TPU_EMBEDDING_CHECKPOINT_PATH = CHECKPOINT_ROOT + "/embedding_layer/_tpu_embeddi
 TENSOR_CORE_TABLES_CHECKPOINT_PATH = CHECKPOINT_ROOT + "/tensor_core_tables"
 # The dense network's sublayers (RankingModel attributes, so checkpoint names under the root):
 # MLPs always; `projections` only for dlrm with tables of another width; `cross` only for dcn_v2.
-DENSE_CHECKPOINT_PARTS = ("bottom_mlp", "top_mlp", "projections", "cross")
+DENSE_CHECKPOINT_PARTS = ("bottom_mlp", "top_mlp", "projections", "cross", "sequence_pooling")
 
 
 def checkpoint_name(name: str) -> str:
@@ -482,4 +554,6 @@ def dense_checkpoint_parts(model: RankingModel) -> Dict[str, Any]:
         parts["projections"] = model.projections
     if model.model_type != "dlrm":
         parts["cross"] = model.cross
+    if model.sequence_pooling:
+        parts["sequence_pooling"] = model.sequence_pooling
     return parts

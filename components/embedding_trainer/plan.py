@@ -153,7 +153,10 @@ def feature_configs(
     return {
         name: tf.tpu.experimental.embedding.FeatureConfig(
             table=tables[f.table], max_sequence_length=f.max_sequence_length, name=name,
-            output_shape=[output_batch] if output_batch else None,
+            # A sequence feature leaves output_shape unset: with it set, TF 2.16 ignores
+            # max_sequence_length (tpu_embedding_v2.py, _get_output_shape); the shape is then
+            # detected from the static-batch input as [batch, max_sequence_length].
+            output_shape=[output_batch] if output_batch and not f.max_sequence_length else None,
             validate_weights_and_indices=f.validate_weights_and_indices or not on_tpu,
         )
         for name, f in plan.features.items()
