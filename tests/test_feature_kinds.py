@@ -83,6 +83,9 @@ def test_statistics_count_each_kind(chain):
     # item_id holds IDs up to 1199: those >= 1000 go to the default row, counted as oov
     assert item["oov_ids"] > 0 and item["invalid_values"] == {}
     assert d["tables"]["C4"]["vocabulary"]["covered_by_vocabulary"] == 1.0  # every hashed value has a row
+    assert [d["tables"][t]["kind"] for t in ("items", "C4", "C9", "C10", "C2")] == ["identity", "hashed", "list", "file", "counted"]
+    report = open(os.path.join(a["statistics"].uri, "statistics.html")).read()
+    assert "<td>identity</td>" in report and "<td>hashed</td>" in report
     c9 = d["tables"]["C9"]["vocabulary"]
     assert c9["vocabulary_size"] == 8 and c9["covered_by_vocabulary"] > 0.5  # C9's few values are its top ranks
     assert d["tables"]["items"]["memory"]["optimizer"] == "adagrad"  # the table's own optimizer's slots

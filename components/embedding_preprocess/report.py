@@ -116,7 +116,8 @@ def render_html(stats: Dict[str, Any], title: str = "Embedding-ID statistics") -
         voc = t.get("vocabulary") or {}
         rows.append(
             [
-                name, ", ".join(t["features"]), t["distinct_values"], t["vocabulary_size"], t["rows"], t["dim"],
+                name, t.get("kind", "counted"), ", ".join(t["features"]), t["distinct_values"], t["vocabulary_size"],
+                t["rows"], t["dim"],
                 voc.get("covered_by_vocabulary"), (voc.get("skew") or {}).get("gini"),
                 t["batches"]["ids_per_batch_mean"], t["batches"]["ids_per_batch_max"],
                 t["batches"]["unique_ids_per_batch_mean"], t["batches"]["unique_ids_per_batch_max"],
@@ -131,7 +132,7 @@ def render_html(stats: Dict[str, Any], title: str = "Embedding-ID statistics") -
         f"<p>Shard columns are for {largest} shards; suggested SparseCore limits carry the configured "
         "headroom. Memory is rows × dim × 4 bytes × (1 + optimizer slots).</p>",
         _table(
-            ["table", "features", "distinct", "vocab", "rows", "dim", "coverage", "gini", "IDs/batch",
+            ["table", "kind", "features", "distinct", "vocab", "rows", "dim", "coverage", "gini", "IDs/batch",
              "max IDs/batch", "unique/batch", "max unique/batch", "div max/mean", "mod max/mean",
              "max_ids_per_table", "max_unique_ids_per_table", "MiB"],
             rows,

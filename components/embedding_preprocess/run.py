@@ -234,6 +234,7 @@ def _table_statistics(cfg: PipelineConfig, raw: Dict[str, Any], name: str, vocab
     per-shard ID counts on the train split, and its memory."""
     return {
         "features": list(vocabulary.features),
+        "kind": vocabulary.kind,  # the column kind (vocabulary.kind: counted, list, file, hashed, identity)
         "distinct_values": vocabulary.distinct_before_pruning,
         "vocabulary_size": vocabulary.size,
         "rows": vocabulary.rows,
