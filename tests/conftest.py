@@ -48,6 +48,7 @@ SLOW_TESTS = {  # node id (or its prefix): why it is in the full tier only
     "tests/test_trainer.py::test_restore_in_fresh_process_predicts_identically": "restores in fresh TensorFlow processes",
     "tests/test_tpu_conformance.py::test_checkpoint_round_trip_tpu_to_cpu_and_back": "trains three times",
     "tests/test_tpu_conformance.py::test_clipvalue_trains_on_cpu": "a whole Trainer run for one option",
+    "tests/test_feature_kinds.py::test_pipeline_runs_the_features_config_and_pushes": "a whole local pipeline run",
     "tests/test_pipeline_failures.py": "runs the local pipeline",
     "tests/test_beam_runtime.py::test_example_gen_reads_every_row_under_a_forced_short_flush": "ExampleGen under a 1 ms flush",
     "tests/test_example_gen.py::test_records_are_the_same_bytes_in_every_process": "three fresh processes",
