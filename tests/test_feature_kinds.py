@@ -99,6 +99,7 @@ def test_plan_carries_table_optimizers_and_the_multiplier(chain):
     assert plan.tables["C1"].optimizer["learning_rate"] == 0.2 and plan.tables["C1"].optimizer["name"] == "ftrl"
     assert plan.embedding_gradient_multiplier["schedule"]["warmup_steps"] == 10
     assert plan.tables["C12"].initializer.name == "random_uniform"
+    assert not plan.features["C14"].validate_weights_and_indices  # item 5, also in the parity run
     history, c12 = plan.features["history"], plan.features["C12"]  # sequence features (item 1)
     assert (c12.max_sequence_length, c12.sequence_pooling, c12.sequence_length_source) == (3, "mean", "config")
     assert plan.tables["items"].placement == "tpu_embedding"  # history: through the TPU layer's sequence lookup
