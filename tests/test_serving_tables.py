@@ -155,3 +155,24 @@ def test_sequence_lookups_and_pooling():
     changed = expected.copy()
     changed[1, 1:] = 100.0  # padding positions of row 1: never attended
     np.testing.assert_allclose(attention(tf.constant(changed), mask, query=query).numpy()[1], pooled[1], atol=1e-6)
+
+
+def test_sequence_lengths_from_the_host_mask_like_the_ids():
+    """The TPU step's sequence mask comes from lengths computed in the input pipeline (no sparse
+    ops on the TPU); it equals the mask taken from the IDs."""
+    import numpy as np
+    import tensorflow as tf
+
+    from components.contracts.manifest import VocabularyManifest, CategoricalFeatureEntry
+    from components.embedding_trainer.input import length_key, parse_batch
+    from components.embedding_trainer.model import sequence_mask
+
+    rows = [[1, 2, 3, 4], [5], [], [7, 7]]
+    examples = [tf.train.Example(features=tf.train.Features(feature={
+        "s": tf.train.Feature(int64_list=tf.train.Int64List(value=r)),
+        "label": tf.train.Feature(float_list=tf.train.FloatList(value=[0.0]))})).SerializeToString() for r in rows]
+    manifest = VocabularyManifest("unused", "label", {}, (), (CategoricalFeatureEntry("s", "s", "t", None, None),), {})
+    features, _ = parse_batch(tf.constant(examples), manifest, static_batch=4, sequence_lengths={"s": 3})
+    assert features[length_key("s")].numpy().tolist() == [3, 1, 0, 2] and features[length_key("s")].shape == [4]
+    np.testing.assert_array_equal(sequence_mask(features["s"], 3, features[length_key("s")]).numpy(),
+                                  sequence_mask(features["s"], 3).numpy())

@@ -20,6 +20,12 @@ import tensorflow as tf
 from components.contracts.manifest import VocabularyManifest, weights_key
 
 PAD_ID = -1  # padding of dense ID rows; TensorCoreTable and the TPU-rules check skip it
+LENGTH_SUFFIX = "__length"  # a sequence feature's positions per row, computed on the host
+
+
+def length_key(feature: str) -> str:
+    """Where a sequence feature's [batch] int32 lengths (IDs per row, at most its length) travel."""
+    return feature + LENGTH_SUFFIX
 
 
 def feature_spec(manifest: VocabularyManifest) -> Dict[str, Any]:
@@ -48,12 +54,20 @@ def parse_batch(
     manifest: VocabularyManifest,
     static_batch: Optional[int] = None,
     dense_id_widths: Optional[Dict[str, int]] = None,
+    sequence_lengths: Optional[Dict[str, int]] = None,
 ) -> Tuple[Dict[str, Any], tf.Tensor]:
     """(features, label) of a batch of serialized examples. With `static_batch`, every tensor,
     SparseTensors included (parse_example leaves their dense shape unknown), gets that static batch
     dimension, as the TPU step requires. Features named in `dense_id_widths` come as padded dense
-    IDs of that width."""
+    IDs of that width. Features named in `sequence_lengths` ({feature: max_sequence_length}) also
+    get `length_key(feature)`: each row's positions, a dense [batch] tensor the model masks with
+    (computed here, on the host: sparse ops have no place in a TPU step)."""
     parsed = tf.io.parse_example(serialized, feature_spec(manifest))
+    rows = tf.shape(serialized)[0]
+    for name, length in (sequence_lengths or {}).items():
+        ids = parsed[name]
+        counts = tf.math.bincount(tf.cast(ids.indices[:, 0], tf.int32), minlength=rows, maxlength=rows)
+        parsed[length_key(name)] = tf.minimum(counts, length)
     for name, width in (dense_id_widths or {}).items():
         parsed[name] = to_dense_ids(parsed[name], width)
         if weights_key(name) in parsed:
@@ -62,6 +76,8 @@ def parse_batch(
         for name, t in parsed.items():
             if isinstance(t, tf.SparseTensor):
                 t.set_shape([static_batch, None])
+            elif t.shape.rank == 1:  # sequence lengths
+                t.set_shape([static_batch])
             else:
                 t.set_shape([static_batch, t.shape[1]])
     label = parsed.pop(manifest.label)
@@ -76,13 +92,15 @@ def make_dataset(
     seed: int = 0,
     skip_batches: int = 0,
     dense_id_widths: Optional[Dict[str, int]] = None,
+    sequence_lengths: Optional[Dict[str, int]] = None,
 ) -> tf.data.Dataset:
     """Batches of (features, label). `batch_size` is per replica when distributed. Training input
     repeats, shuffles (seeded) and has a static batch size; `skip_batches` fast-forwards a resumed
     run to where the killed run stopped (the same batch order as an uninterrupted run; skipped
     batches are read but not parsed). Files are read in parallel, parsing is vectorised per batch
     (`tf.io.parse_example`) and runs in parallel with training (AUTOTUNE). `dense_id_widths`:
-    features fed as padded dense IDs (see the module docstring)."""
+    features fed as padded dense IDs (see the module docstring); `sequence_lengths`: sequence
+    features whose row lengths come with the batch (`parse_batch`)."""
     from components.tfrecords import compression_type
 
     compression = compression_type([f for p in file_patterns for f in tf.io.gfile.glob(p)])
@@ -103,5 +121,6 @@ def make_dataset(
     if skip_batches:
         ds = ds.skip(skip_batches)
     static = batch_size if training else None
-    ds = ds.map(lambda s: parse_batch(s, manifest, static, dense_id_widths), num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.map(lambda s: parse_batch(s, manifest, static, dense_id_widths, sequence_lengths),
+                num_parallel_calls=tf.data.AUTOTUNE)
     return ds.prefetch(tf.data.AUTOTUNE)

@@ -32,6 +32,7 @@ from components.config import TABLE_DTYPES, TrainingConfig
 from components.contracts.manifest import VocabularyManifest, weights_key
 from components.contracts.plan import EmbeddingPlan, TablePlan
 from components.embedding_trainer import optimizers as O
+from components.embedding_trainer.input import length_key, to_dense_ids
 from components.embedding_trainer import plan as P
 
 _V2 = tf.tpu.experimental.HardwareFeature.EmbeddingFeature.V2
@@ -147,21 +148,21 @@ class TensorCoreTable(tf.keras.layers.Layer):
         return tf.math.divide_no_nan(total, tf.sqrt(tf.reduce_sum(mask * mask, axis=1, keepdims=True)))  # sqrtn
 
 
-def sequence_positions(rows: tf.Tensor, ids, length: int, weights=None) -> tf.Tensor:
+def sequence_positions(rows: tf.Tensor, ids, length: int) -> tf.Tensor:
     """[batch, length, dim]: a sequence feature's first `length` IDs looked up in `rows`, one
     vector per position, zeros after a row's last ID (what TPUEmbeddingForServing's CPU lookup of
     a feature with max_sequence_length gives). `ids`: a row-major SparseTensor or padded dense IDs."""
-    from components.embedding_trainer.input import to_dense_ids  # model <-> input: no cycle at import
-
     dense = to_dense_ids(ids, length) if isinstance(ids, tf.SparseTensor) else tf.convert_to_tensor(ids)[:, :length]
     mask = tf.cast(dense >= 0, rows.dtype)
     return tf.gather(rows, tf.maximum(dense, 0)) * mask[..., None]
 
 
-def sequence_mask(ids, length: int) -> tf.Tensor:
-    """float32 [batch, length]: 1 where a sequence feature's row has an ID at that position."""
-    from components.embedding_trainer.input import to_dense_ids
-
+def sequence_mask(ids, length: int, lengths: Optional[tf.Tensor] = None) -> tf.Tensor:
+    """float32 [batch, length]: 1 where a sequence feature's row has an ID at that position.
+    `lengths` ([batch], the input's `length_key`, computed on the host): the mask from them alone,
+    without sparse ops (the TPU step's form)."""
+    if lengths is not None:
+        return tf.cast(tf.range(length)[None, :] < tf.cast(lengths, tf.int32)[:, None], tf.float32)
     dense = to_dense_ids(ids, length) if isinstance(ids, tf.SparseTensor) else tf.convert_to_tensor(ids)[:, :length]
     return tf.cast(dense >= 0, tf.float32)
 
@@ -420,8 +421,8 @@ class RankingModel(tf.keras.Model):
         pooled = dict(out)
         for n, length in self.sequence_length.items():
             query = self.sequence_query.get(n)
-            pooled[n] = self.sequence_pooling[n](out[n], sequence_mask(inputs[n], length),
-                                                 query=out[query] if query else None)
+            mask = sequence_mask(inputs[n], length, inputs.get(length_key(n)))
+            pooled[n] = self.sequence_pooling[n](out[n], mask, query=out[query] if query else None)
         return pooled
 
     # Not converted by AutoGraph (nor, through its control status, any layer called from here): the

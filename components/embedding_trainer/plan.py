@@ -163,6 +163,11 @@ def feature_configs(
     }
 
 
+def sequence_lengths(plan: EmbeddingPlan) -> Dict[str, int]:
+    """{feature: max_sequence_length} of the plan's sequence features."""
+    return {n: f.max_sequence_length for n, f in plan.features.items() if f.max_sequence_length}
+
+
 def dense_id_widths(plan: EmbeddingPlan) -> Dict[str, int]:
     """{feature: width} of the features fed as padded dense IDs (those of TensorCore tables)."""
     out: Dict[str, int] = {}

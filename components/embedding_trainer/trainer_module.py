@@ -251,7 +251,8 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
     widths = P.dense_id_widths(plan)
     rules = check_tpu_rules(
         check_model, plan,
-        make_dataset(train_files, manifest, per_replica, training=True, seed=t.seed, dense_id_widths=widths),
+        make_dataset(train_files, manifest, per_replica, training=True, seed=t.seed, dense_id_widths=widths,
+                     sequence_lengths=P.sequence_lengths(plan)),
     )
 
     step = model.dense_optimizer.iterations  # one dense update per training step
@@ -267,7 +268,8 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
 
     def train_input(ctx: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
         ds = make_dataset(
-            train_files, manifest, per_replica, training=True, seed=t.seed, skip_batches=start, dense_id_widths=widths
+            train_files, manifest, per_replica, training=True, seed=t.seed, skip_batches=start, dense_id_widths=widths,
+            sequence_lengths=P.sequence_lengths(plan),
         )
         return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id) if ctx and ctx.num_input_pipelines > 1 else ds
 
