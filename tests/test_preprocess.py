@@ -342,3 +342,34 @@ def test_ledger_and_health_in_statistics(preprocessed):
     assert stage["dropped"]["train"] == {"missing_label": 1, "invalid_label": 0}
     health = stats["feature_health"]
     assert health["rows"] == 6 and health["features"]["C1"]["unusable_rows"] == 2  # [] and b"bad\xff"
+
+
+def test_given_vocabulary_of_a_feature_the_train_split_never_feeds(tmp_path):
+    """Issue 18, item 4: a list vocabulary is the table's rows even when no train example holds
+    the feature: the eval split's values get their given rows (not OOV rows), and the vocabulary
+    artifact holds the given lines, which later readers (transform pass, exporter) use."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    def example(label, color=None):
+        feats = {"label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))}
+        if color is not None:
+            feats["color"] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[color]))
+        return tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString()
+
+    _write_tfrecord_gz(str(tmp_path / "raw/Split-train/d.gz"), [example(i % 2) for i in range(6)])
+    _write_tfrecord_gz(str(tmp_path / "raw/Split-eval/d.gz"), [example(0, b"blue"), example(1, b"red"), example(0, b"teal")])
+    cfg = parse_config({"input": {"path": "unused", "allow_invalid": ["color"]}, "label": "label", "categorical_features": [
+        {"name": "color", "vocabulary": {"kind": "list", "values": ["red", "green", "blue"], "num_oov_buckets": 1}}]})
+    run_preprocessing(
+        beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"])), cfg,
+        {s: str(tmp_path / f"raw/Split-{s}/*") for s in ("train", "eval")}, str(tmp_path / "vocab"),
+        {s: str(tmp_path / f"tx/Split-{s}") for s in ("train", "eval")}, str(tmp_path / "stats"),
+    )
+    assert (tmp_path / "vocab" / "color.txt").read_bytes() == b"red\ngreen\nblue\n"
+    from components.tfrecords import compression_type
+
+    files = sorted(str(p) for p in (tmp_path / "tx" / "Split-eval").iterdir())
+    ids = [tf.train.Example.FromString(r.numpy()).features.feature["color"].int64_list.value[:]
+           for r in tf.data.TFRecordDataset(files, compression_type=compression_type(files))]
+    assert sorted(ids) == [[0], [2], [3]]  # red, blue, and teal in the OOV row after the three

@@ -172,14 +172,13 @@ def _write_vocabulary(item: KeyedCounts, out_dir: str, options_json: str, top_va
     name, counted = item
     options = VocabularyOptions(**json.loads(options_json)[name])
     tokens, counts = V.order_arrays(counted.values, counted.counts)  # every value, for coverage and skew
-    given = V.given_vocabulary(options)
     covered = None
-    if given is not None:  # list / file: the given lines in their order, with the counts seen
-        given_tokens = pa.array(given, pa.binary())
+    if options.kind in V.GIVEN_KINDS:  # list / file (written before the pipeline): its lines, with the counts seen
+        given_tokens = pa.array(V.read_vocabulary(out_dir, name), pa.binary())
         where = pc.index_in(given_tokens, value_set=tokens)
         seen = pc.fill_null(pc.take(counts, where), 0)
         V.write_vocabulary_arrays(out_dir, name, given_tokens, pc.cast(seen, counts.type))
-        kept = len(given)
+        kept = len(given_tokens)
         covered = pc.sum(seen).as_py() or 0
     elif options.kind in ("hashed", "identity"):  # no vocabulary (V3, V4): empty files
         V.write_vocabulary_arrays(out_dir, name, tokens.slice(0, 0), counts.slice(0, 0))

@@ -295,10 +295,14 @@ def run_preprocessing(
     ensure_local_runner_safe(list(pipeline.options.get_all_options(drop_default=True).get("experiments") or []))
     if "train" not in split_patterns:
         raise ValueError(f"preprocessing needs a 'train' split to build vocabularies; got {sorted(split_patterns)}")
-    for t in cfg.tables:  # given vocabulary files are read and checked before Beam starts
-        V.given_vocabulary(t.vocabulary)
+    # Given vocabularies (list / file) are read and checked before Beam starts, and written into
+    # the vocabulary directory: every later reader (the transform pass, the exporter) reads this
+    # copy, never the config's file (which a Kubeflow task may not reach).
+    given = {t.name: V.given_vocabulary(t.vocabulary) for t in cfg.tables if t.vocabulary.kind in V.GIVEN_KINDS}
     for d in [vocabulary_dir, statistics_dir, *(transformed_dirs or {}).values()]:
         _makedirs(d)
+    for name, tokens in given.items():  # counts 0 until the vocabulary writer counts the train split
+        V.write_vocabulary(vocabulary_dir, name, [(tok, 0) for tok in tokens])
     with pipeline as p:
         beam_pipeline.build_pipeline(
             p, cfg, split_patterns, vocabulary_dir, transformed_dirs, statistics_dir, input_format
@@ -306,9 +310,9 @@ def run_preprocessing(
     partial = os.path.join(statistics_dir, beam_pipeline.STATS_FILE_PREFIX)
     raw = read_json(partial)
     FileSystems.delete([partial])
-    for t in cfg.tables:  # a vocabulary no train example fed still gets its files (a given one its lines)
+    for t in cfg.tables:  # a vocabulary no train example fed still gets (empty) files
         if not FileSystems.exists(V.vocabulary_file(vocabulary_dir, t.name)):
-            V.write_vocabulary(vocabulary_dir, t.name, [(tok, 0) for tok in V.given_vocabulary(t.vocabulary) or []])
+            V.write_vocabulary(vocabulary_dir, t.name, [])
     manifest = build_manifest(cfg, raw, vocabulary_dir)
     stats = build_statistics(cfg, raw, manifest, sorted(split_patterns) if transformed_dirs else ["train"])
     if transformed_dirs:

@@ -40,18 +40,17 @@ def read_batch_rows(batch_size: int) -> int:
 
 
 def make_lookups(cfg: PipelineConfig, vocabularies: Dict[str, List[bytes]]) -> Dict[str, V.VocabularyLookup]:
-    """One lookup per table: its vocabulary (a counted table without one gets an empty
-    vocabulary; a given one is the config's, whatever the train split fed), a hashed table's
-    empty vocabulary and num_buckets OOV rows (V3), or an identity table's IDs (V4)."""
+    """One lookup per table: its vocabulary as written in the vocabulary directory (counted, or
+    the given lines of a list / file vocabulary; a table without one gets an empty vocabulary),
+    a hashed table's num_buckets OOV rows (V3), or an identity table's IDs (V4)."""
     out: Dict[str, V.VocabularyLookup] = {}
     for t in cfg.tables:
         v = t.vocabulary
         if v.kind == "identity":
             out[t.name] = V.IdentityLookup(v.num_buckets, v.default_value)
             continue
-        tokens = V.given_vocabulary(v)
-        tokens = tokens if tokens is not None else vocabularies.get(t.name, []) if v.kind == "counted" else []
-        size, oov = V.table_layout(v, len(tokens))
+        tokens = vocabularies.get(t.name, [])
+        _, oov = V.table_layout(v, len(tokens))
         out[t.name] = V.VocabularyLookup(tokens, oov)
     return out
 
@@ -69,7 +68,10 @@ def load_lookups(
     """Lookups over the vocabulary files just written; `sizes` (from the writer) guards against stale files."""
     key = (vocabulary_dir, run_id)
     if key not in _LOOKUP_CACHE:
-        vocabularies = {name: V.read_vocabulary(vocabulary_dir, name) for name in sizes}
+        # Given vocabularies were written before the pipeline (run_preprocessing), also for a
+        # table the train split never fed (then absent from `sizes`).
+        given = [t.name for t in cfg.tables if t.vocabulary.kind in V.GIVEN_KINDS]
+        vocabularies = {name: V.read_vocabulary(vocabulary_dir, name) for name in [*sizes, *given]}
         for name, size in sizes.items():
             if len(vocabularies[name]) != size:
                 raise RuntimeError(

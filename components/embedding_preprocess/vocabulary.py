@@ -136,6 +136,9 @@ class VocabularyLookup:
 # ---- column kinds other than a counted vocabulary (rulebook V1-V4) -------------------------------
 
 
+GIVEN_KINDS = ("list", "file")  # vocabularies given by the config, written before the pipeline runs
+
+
 def given_vocabulary(options: VocabularyOptions) -> Optional[List[bytes]]:
     """The tokens of a vocabulary given in the config (`kind: list`) or as a file (`kind: file`,
     one token per line; a trailing CR of a line and the last line break are not part of the
