@@ -50,7 +50,8 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
     root = os.path.join(output_dir, PIPELINE_ROOT)
     stats = _read(_latest(os.path.join(root, "EmbeddingPreprocess", "statistics", "*", "statistics.json")))
     metrics = _read(_latest(os.path.join(root, "Trainer", "model", "*", "eval_metrics.json")))
-    report = _read(_latest(os.path.join(root, "EmbeddingExporter", "serving_model", "*", "export_report.json")))
+    report_path = _latest(os.path.join(root, "EmbeddingExporter", "serving_model", "*", "export_report.json"))
+    report = _read(report_path)
     pushed = sorted(glob.glob(os.path.join(output_dir, SERVING_DIR, "*")))
     meta = _read(cfg.input.path + ".meta.json") if os.path.isfile(cfg.input.path) else None
     health = (stats or {}).get("feature_health") or {}
@@ -65,6 +66,14 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
         "rows_dropped": {s: v["examples_dropped"] for s, v in stats["splits"].items()} if stats else None,
         "vocabulary_sizes": {t: v["vocabulary_size"] for t, v in stats["tables"].items()} if stats else None,
         "eval_auc": metrics["auc"] if metrics else None,
+        "baseline_auc": (metrics.get("baseline") or {}).get("auc") if metrics else None,
+        "validation": {
+            "blessed": report["validation"]["blessed"],
+            "checks": [{k: c.get(k) for k in ("name", "passed", "model_auc", "reference_auc", "margin", "reason")}
+                       for c in report["validation"]["checks"]],
+            "reasons": report["validation"]["reasons"],
+        } if report and "validation" in report else None,
+        "serving_model_this_run": os.path.dirname(report_path) if report_path else None,
         "eval_log_loss": metrics["log_loss"] if metrics else None,
         "best_achievable_auc": meta["best_achievable_auc"] if meta else None,
         "export_parity": report["parity"] if report else None,
@@ -96,6 +105,16 @@ def print_summary(s: Dict[str, Any]) -> None:
         best = s["best_achievable_auc"]
         extra = f" (best achievable on this data: {best:.4f})" if best else ""
         print(f"eval AUC:             {s['eval_auc']:.4f}{extra}; log loss {s['eval_log_loss']:.4f}")
+    if s.get("baseline_auc") is not None:
+        print(f"baseline AUC:         {s['baseline_auc']:.4f} (logistic regression on the same features and eval split)")
+    v = s.get("validation")
+    if v:
+        verdict = "blessed, pushed" if v["blessed"] else "NOT BLESSED: kept, not pushed"
+        print(f"validation gate:      {verdict}")
+        for c in v["checks"]:
+            print(f"  {c['name'] + ':':<20}{'passed' if c['passed'] else 'FAILED'}: {c['reason']}")
+        if not v["blessed"]:
+            print(f"  the refused model:  {s['serving_model_this_run']}")
     if s["export_parity"]:
         p = s["export_parity"]
         verdict = "passed" if p["passed"] else "FAILED"

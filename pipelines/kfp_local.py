@@ -25,6 +25,8 @@ Two modes, the two ways KFP backends hand artifacts to a task:
 
 What this does not emulate: images (the project's environment stands in for the image), resource
 requests and node selectors (recorded, not enforced), caching, retries, MLMD, and Kubernetes.
+Resolver tasks (the exporter's last blessed model: an MLMD query) find nothing here, as on a
+pipeline's first run.
 """
 from __future__ import annotations
 
@@ -205,6 +207,12 @@ class LocalKfpRun:
         _, comp = self._task_and_component(task)
         label = comp["executorLabel"]
         executor = self.spec["deploymentSpec"]["executors"][label]
+        if "resolver" in executor:
+            # A resolver task queries ML Metadata (the last blessed model): this harness keeps no
+            # MLMD, so every query finds nothing, as on a pipeline's first run.
+            queries = executor["resolver"].get("outputArtifactQueries", {})
+            self.outputs[task] = {key: [] for key in queries}
+            return {"task": task, "resolver": queries, "outputs": self.outputs[task], "seconds": {}}
         if "container" not in executor:
             raise HarnessError(f"task {task}: executor kind {sorted(executor)} is not emulated (containers only)")
         container = executor["container"]

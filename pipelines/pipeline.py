@@ -14,6 +14,7 @@ TRAINER_RUN_FN = "components.embedding_trainer.trainer_module.run_fn"
 PIPELINE_ROOT = "pipeline_root"
 METADATA_FILE = "metadata.sqlite"
 SERVING_DIR = "serving"
+LAST_BLESSED_RESOLVER = "latest_blessed_model_resolver"
 
 
 def input_location(cfg: PipelineConfig) -> Tuple[str, str]:
@@ -70,7 +71,10 @@ def create_pipeline(
     from tfx.components.pusher.component import Pusher
     from tfx.components.trainer.component import Trainer
     from tfx.orchestration import metadata, pipeline
+    from tfx.dsl.components.common.resolver import Resolver
+    from tfx.dsl.input_resolution.strategies.latest_blessed_model_strategy import LatestBlessedModelStrategy
     from tfx.proto import example_gen_pb2, pusher_pb2, trainer_pb2
+    from tfx.types import Channel, standard_artifacts
 
     from components.embedding_exporter.component import EmbeddingExporter
     from components.embedding_preprocess.component import EmbeddingPreprocess
@@ -102,8 +106,16 @@ def create_pipeline(
         eval_args=trainer_pb2.EvalArgs(num_steps=cfg.training.eval_steps),
         custom_config=custom_config,
     )
+    # The last blessed model, for the exporter's validation gate (TFX's resolver of Evaluator's
+    # baseline). The strategy returns the Trainer Model a blessing's current_model_id names.
+    last_blessed = Resolver(
+        strategy_class=LatestBlessedModelStrategy,
+        model=Channel(type=standard_artifacts.Model),
+        model_blessing=Channel(type=standard_artifacts.ModelBlessing),
+    ).with_id(LAST_BLESSED_RESOLVER)
     exporter = EmbeddingExporter(
-        model=trainer.outputs["model"], examples=example_gen.outputs["examples"], config=cfg
+        model=trainer.outputs["model"], examples=example_gen.outputs["examples"], config=cfg,
+        last_blessed_model=last_blessed.outputs["model"], last_blessing=last_blessed.outputs["model_blessing"],
     )
     pusher = Pusher(
         model=exporter.outputs["serving_model"],
@@ -115,7 +127,7 @@ def create_pipeline(
     return pipeline.Pipeline(
         pipeline_name=cfg.name,
         pipeline_root=pipeline_root,
-        components=[example_gen, preprocess, trainer, exporter, pusher],
+        components=[example_gen, preprocess, trainer, last_blessed, exporter, pusher],
         enable_cache=False,
         metadata_connection_config=(
             metadata.sqlite_metadata_connection_config(metadata_path) if metadata_path else None

@@ -34,6 +34,11 @@ def pipeline_run(tmp_path_factory):
     return cfg, root / "out", summary, meta
 
 
+# A few dozen training steps make no model worth comparing with anything: configs of tests that
+# are not about the validation gate leave the baseline out and the gate open (the gate and the
+# baseline have their own tests: tests/test_validation_gate.py).
+NO_GATE = {"baseline": {"enabled": False}, "baseline_margin": None, "regression_margin": None}
+
 # ---- test tiers ---------------------------------------------------------------------------------
 # `make test` runs the fast tier (`-m "not slow"`): unit and small-data tests, every stage's logic
 # and every executor's Do() on small inputs. `make test-all` (and CI, .ci/run) adds the slow tier:

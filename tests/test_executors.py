@@ -49,6 +49,8 @@ def _config(csv_path):
     raw["training"].update({"batch_size": 64, "train_steps": 30, "eval_steps": 5, "checkpoint_every_steps": 15})
     # A small export: the same conversion and parity check, fewer examples scored, no int8/float16 variants.
     raw["export"].update(compare_compression=False, auc_sample_size=500, parity_sample_size=128)
+    # The baseline is fitted (the Trainer's Do is tested with it); a 30-step model is not held to it.
+    raw["validation"] = {"baseline_margin": None}
     return parse_config(raw)
 
 
@@ -160,7 +162,16 @@ def test_exporter_do_blesses_a_verified_serving_model(chain):
     serving, blessing = a["serving"], a["blessing"]
     assert os.path.exists(os.path.join(serving.uri, "Format-Serving", "saved_model.pb"))
     assert blessing.get_int_custom_property("blessed") == 1
-    assert blessing.get_string_custom_property("current_model") == serving.uri
+    # TFX's names (LatestBlessedModelStrategy resolves the Trainer Model by current_model_id),
+    # and the serving model blessed, which the next run's exporter compares with.
+    assert blessing.get_string_custom_property("current_model") == a["model"].uri
+    assert blessing.get_int_custom_property("current_model_id") == a["model"].id
+    assert blessing.get_string_custom_property("serving_model") == serving.uri
+    metrics = json.load(open(os.path.join(a["model"].uri, "eval_metrics.json")))
+    assert metrics["baseline"]["model"] == "logistic_regression" and 0 <= metrics["baseline"]["auc"] <= 1
+    validation = json.load(open(os.path.join(serving.uri, "export_report.json")))["validation"]
+    assert validation["blessed"] and validation["baseline"] == metrics["baseline"]
+    assert [c["name"] for c in validation["checks"]] == ["last_blessed"] and validation["checks"][0]["skipped"]
     assert serving.get_float_custom_property("parity_max_abs_diff") <= 1e-5
     assert blessing.get_int_custom_property("parity_examples") > 0
     assert os.path.exists(os.path.join(blessing.uri, "BLESSED"))

@@ -18,6 +18,7 @@ from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
 from components.contracts.statistics import EmbeddingStatistics
 from components.synthetic_data import GeneratorSpec, token_of, write_csv
+from tests.conftest import NO_GATE
 from tests.test_executors import run_chain
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,6 +40,7 @@ def _config(csv_path):
                             "embedding_gradient_multiplier": {"value": 1.0, "schedule": {"warmup_steps": 10}}})
     raw["export"].update(compare_compression=False, auc_sample_size=500, parity_sample_size=256)
     raw["beam"] = {"direct_running_mode": "in_memory", "direct_num_workers": 1}
+    raw["validation"] = dict(NO_GATE)
     return parse_config(raw)
 
 
@@ -157,6 +159,7 @@ def test_pipeline_runs_the_features_config_and_pushes(tmp_path):
             v["file"] = os.path.join(REPO, "configs", v["file"])
     raw["training"].update({"batch_size": 64, "train_steps": 40, "checkpoint_every_steps": 20, "eval_steps": 5})
     raw["beam"] = {"direct_running_mode": "in_memory", "direct_num_workers": 1}
+    raw["validation"] = dict(NO_GATE)
     cfg = tmp_path / "features.yaml"
     cfg.write_text(yaml.safe_dump(raw))
     r = subprocess.run([sys.executable, "-m", "pipelines", "run", "--config", str(cfg), "--output-dir", str(tmp_path / "out")],

@@ -17,9 +17,12 @@ import numpy as np
 import pytest
 import yaml
 
+from tests.conftest import NO_GATE
+
 import components  # noqa: F401
 from components.config import ConfigError, config_from_json, load_config, parse_config
 from components.embedding_trainer.trainer_module import CONFIG_KEY
+from pipelines.pipeline import LAST_BLESSED_RESOLVER as RESOLVER
 from pipelines import kfp_entrypoint
 from pipelines.kfp_local import HarnessError, LocalKfpRun, _substitute, parse_pipeline_spec, task_order
 from pipelines.kubeflow import load_compiled
@@ -100,7 +103,15 @@ def test_compiled_spec_parses_strictly_and_carries_the_config(compiled):
     cfg = load_config(os.path.join(REPO, "configs", "kubeflow.yaml"))
     spec = spec_yaml["pipeline_spec"]
     tasks = spec["root"]["dag"]["tasks"]
-    assert task_order(spec) == ["EmbeddingExampleGen", "EmbeddingPreprocess", "Trainer", "EmbeddingExporter", "Pusher"]
+    resolvers = [RESOLVER + "-model-blessing-resolver", RESOLVER + "-model-resolver"]
+    assert [t for t in task_order(spec) if t not in resolvers] == [
+        "EmbeddingExampleGen", "EmbeddingPreprocess", "Trainer", "EmbeddingExporter", "Pusher"]
+    # The exporter's last blessed model: TFX's LatestBlessedModelStrategy as two MLMD queries.
+    queries = {r: executors_q["resolver"]["outputArtifactQueries"] for r, executors_q in (
+        (r, spec["deploymentSpec"]["executors"][r + "_executor"]) for r in resolvers)}
+    assert "metadata.blessed.number_value=1" in queries[resolvers[0]]["model_blessing"]["filter"]
+    assert "current_model_id" in queries[resolvers[1]]["model"]["filter"]
+    assert tasks["EmbeddingExporter"]["inputs"]["artifacts"]["last_blessing"]["taskOutputArtifact"]["producerTask"] == resolvers[0]
     shipped = tasks["EmbeddingPreprocess"]["inputs"]["parameters"]["config_json"]["runtimeValue"]["constant"]
     assert config_from_json(shipped).to_dict() == cfg.to_dict()
     trainer_cc = json.loads(tasks["Trainer"]["inputs"]["parameters"]["custom_config"]["runtimeValue"]["constant"])
@@ -108,6 +119,8 @@ def test_compiled_spec_parses_strictly_and_carries_the_config(compiled):
 
     executors = spec["deploymentSpec"]["executors"]
     for label, ex in executors.items():
+        if "resolver" in ex:
+            continue
         c = ex["container"]
         assert c["image"] == (TPU_IMAGE if label == "Trainer_executor" else IMAGE), label
         assert c["command"] == ["python", "-m", "pipelines.kfp_entrypoint"], label
@@ -258,6 +271,7 @@ def kfp_runs(tmp_path_factory):
     raw["training"]["dense_optimizer"]["schedule"]["decay_steps"] = 40
     raw["export"].update(compare_compression=False, auc_sample_size=500, parity_sample_size=128)
     raw["beam"].update(direct_running_mode="in_memory", direct_num_workers=1)
+    raw["validation"] = dict(NO_GATE)
     raw["kubeflow"] = {
         "beam": {"runner": "direct", "args": ["--direct_running_mode=in_memory", "--direct_num_workers=1"]},
         "components": {"Trainer": {"cpu": 2, "memory_gb": 4}},
@@ -372,7 +386,7 @@ def test_vertex_training_compiles_to_tfx_vertex_trainer(tmp_path):
                     tmp_path) == 0
     spec = load_compiled(str(tmp_path / "v.json"))["pipeline_spec"]
     # the Trainer task only submits the job and waits (no TPU in its pod): the main image, like every task
-    assert {ex["container"]["image"] for ex in spec["deploymentSpec"]["executors"].values()} == {IMAGE}
+    assert {ex["container"]["image"] for ex in spec["deploymentSpec"]["executors"].values() if "container" in ex} == {IMAGE}
     args = spec["deploymentSpec"]["executors"]["Trainer_executor"]["container"]["args"]
     assert args[1] == "tfx.extensions.google_cloud_ai_platform.trainer.executor.GenericExecutor"
     cc = json.loads(spec["root"]["dag"]["tasks"]["Trainer"]["inputs"]["parameters"]["custom_config"]["runtimeValue"]["constant"])
@@ -399,7 +413,7 @@ def _compile_raw(d, tmp_path, *argv):
     if rc:
         return rc, None
     executors = load_compiled(str(out))["pipeline_spec"]["deploymentSpec"]["executors"]
-    return rc, {label: ex["container"]["image"] for label, ex in executors.items()}
+    return rc, {label: ex["container"]["image"] for label, ex in executors.items() if "container" in ex}
 
 
 def test_tpu_trainer_route_trains_in_the_tpu_image(tmp_path):

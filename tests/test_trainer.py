@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import yaml
 
+from tests.conftest import NO_GATE
+
 import components  # noqa: F401
 import tensorflow as tf
 
@@ -43,6 +45,7 @@ def _raw_config(root, **training):
         "embedding": {"size_threshold": 400},
     })
     raw["training"].update(training)
+    raw["validation"] = dict(NO_GATE)
     return raw
 
 

@@ -316,6 +316,30 @@ class ExportConfig:
 
 
 @dataclass
+class BaselineConfig:
+    """`validation.baseline`: the logistic regression the trainer fits beside the model (one weight
+    per embedding row, one per dense feature, a bias) on the same transformed batches."""
+
+    enabled: bool = True
+    # FTRL: the usual optimizer of wide linear models (per-coordinate rates, L2 on rare rows).
+    optimizer: OptimizerConfig = field(
+        default_factory=lambda: OptimizerConfig("ftrl", 0.1, l2_regularization_strength=1.0))
+    train_steps: Optional[int] = None  # default: as many steps as the model (training.train_steps)
+
+
+@dataclass
+class ValidationConfig:
+    """The `validation` section: when a trained model is blessed (and so pushed)."""
+
+    baseline: BaselineConfig = field(default_factory=BaselineConfig)
+    # Blessed only when the model's eval AUC >= the baseline's - baseline_margin (null: no check) ...
+    baseline_margin: Optional[float] = 0.0
+    # ... and its serving model's AUC >= the last blessed serving model's on the same raw eval rows
+    # - regression_margin (null: no check).
+    regression_margin: Optional[float] = 0.002
+
+
+@dataclass
 class StatisticsConfig:
     """Embedding-ID statistics that size TPU embedding tables (preprocessing)."""
 
@@ -432,6 +456,7 @@ class PipelineConfig:
     tables: List[TableConfig] = field(default_factory=list)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
     statistics: StatisticsConfig = field(default_factory=StatisticsConfig)
     transformed_examples: TransformedExamplesConfig = field(default_factory=TransformedExamplesConfig)
     beam: BeamConfig = field(default_factory=BeamConfig)

@@ -56,6 +56,7 @@ def resolve(cfg: PipelineConfig, source_file: Optional[str] = None) -> PipelineC
         _check_embedding_plan,
         _check_dense_optimizer,
         lambda c: check_export_config(c.export),
+        _check_validation,
         _check_statistics,
         _check_transformed_examples,
         _check_beam,
@@ -234,6 +235,19 @@ def check_export_config(e: ExportConfig) -> None:
         check_positive(getattr(lay, name), f"export.layout.{name}", "leave it unset when not needed")
     if lay.kind == "C" and lay.partition_strategy is None:
         raise ConfigError("export.layout.kind: C needs export.layout.partition_strategy (div or mod, as in training)")
+
+
+def _check_validation(cfg: PipelineConfig) -> None:
+    v = cfg.validation
+    _check_optimizer(v.baseline.optimizer, "validation.baseline.optimizer")
+    check_positive(v.baseline.train_steps, "validation.baseline.train_steps", "leave it unset for training.train_steps")
+    for name in ("baseline_margin", "regression_margin"):
+        m = getattr(v, name)
+        if m is not None and not (isinstance(m, (int, float)) and -1 < m < 1):
+            raise ConfigError(f"validation.{name}: {m!r} is not an AUC difference in (-1, 1); e.g. 0.002, or null for no check")
+    if v.baseline_margin is not None and not v.baseline.enabled:
+        raise ConfigError("validation.baseline_margin: the baseline is disabled (validation.baseline.enabled: false); "
+                          "set baseline_margin: null or enable the baseline")
 
 
 def _check_statistics(cfg: PipelineConfig) -> None:

@@ -14,6 +14,8 @@ class EmbeddingExporterSpec(ComponentSpec):
     INPUTS = {
         executor.MODEL_KEY: ChannelParameter(type=standard_artifacts.Model),
         executor.EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples),
+        executor.LAST_MODEL_KEY: ChannelParameter(type=standard_artifacts.Model, optional=True),
+        executor.LAST_BLESSING_KEY: ChannelParameter(type=standard_artifacts.ModelBlessing, optional=True),
     }
     OUTPUTS = {
         executor.SERVING_MODEL_KEY: ChannelParameter(type=standard_artifacts.Model),
@@ -22,20 +24,25 @@ class EmbeddingExporterSpec(ComponentSpec):
 
 
 class EmbeddingExporter(base_component.BaseComponent):
-    """Converts the trained model into a CPU serving SavedModel over raw features, verified by parity.
+    """Converts the trained model into a CPU serving SavedModel over raw features, verified by parity,
+    and decides whether it is blessed (gate.py).
 
-    `blessing` is set only when the parity check passed (otherwise the execution fails), so the
-    standard Pusher pushes only verified models.
+    A parity failure fails the execution (nothing published). A model that passes parity but not
+    the validation gate (the trainer's baseline; the last blessed model, given by a Resolver as
+    `last_blessed_model` / `last_blessing`) is published with a NOT_BLESSED blessing, which the
+    standard Pusher does not push.
     """
 
     SPEC_CLASS = EmbeddingExporterSpec
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
 
-    def __init__(self, model, examples, config: PipelineConfig):
+    def __init__(self, model, examples, config: PipelineConfig, last_blessed_model=None, last_blessing=None):
         super().__init__(
             spec=EmbeddingExporterSpec(
                 model=model,
                 examples=examples,
+                last_blessed_model=last_blessed_model,
+                last_blessing=last_blessing,
                 config_json=config.to_json(),
                 serving_model=channel_utils.as_channel([standard_artifacts.Model()]),
                 blessing=channel_utils.as_channel([standard_artifacts.ModelBlessing()]),

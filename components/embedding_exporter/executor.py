@@ -11,7 +11,10 @@ from tfx.types import artifact_utils
 from tfx.dsl.io import fileio
 from tfx.utils import io_utils
 
+from absl import logging
+
 from components import ledger as L
+from components.embedding_exporter import gate
 
 from components.config import config_from_json
 from components.embedding_exporter.export import export_serving_model
@@ -20,6 +23,9 @@ MODEL_KEY = "model"
 EXAMPLES_KEY = "examples"
 SERVING_MODEL_KEY = "serving_model"
 BLESSING_KEY = "blessing"
+LAST_MODEL_KEY = "last_blessed_model"  # optional: the Resolver's latest blessed (Trainer) Model
+LAST_BLESSING_KEY = "last_blessing"  # optional: its blessing
+SERVING_MODEL_PROPERTY = "serving_model"  # the blessing's: the serving Model artifact it blesses
 CONFIG_KEY = "config_json"
 
 
@@ -40,15 +46,34 @@ class Executor(base_executor.BaseExecutor):
         ledger_path = os.path.join(examples.uri, L.LEDGER_FILE)
         if fileio.exists(ledger_path):
             L.check_ledger(json.loads(io_utils.read_string_file(ledger_path)), "EmbeddingExporter")
+        # The last blessed model (the pipeline's Resolver, LatestBlessedModelStrategy): its blessing
+        # names the serving model it blessed.
+        last = input_dict.get(LAST_BLESSING_KEY) or []
+        previous_serving = None
+        if last:
+            uri = last[0].get_string_custom_property(SERVING_MODEL_PROPERTY)
+            previous_serving = gate.serving_dir_of(uri) if uri else None
         # Raises ExportRefused (the execution fails, nothing is published or pushed) on any mismatch.
-        report = export_serving_model(cfg, model.uri, eval_pattern, serving.uri)
+        report = export_serving_model(cfg, model.uri, eval_pattern, serving.uri, previous_serving_dir=previous_serving)
         parity = report["parity"]
         serving.set_float_custom_property("parity_max_abs_diff", parity["max_abs_diff"])
         serving.set_string_custom_property("table_layouts", ",".join(report["layout"]["kinds"]))
         serving.set_string_custom_property("table_dtype", report["table_dtype"])
         serving.set_float_custom_property("eval_auc", report["eval_auc"]["serving"])
-        blessing.set_int_custom_property("blessed", 1)
-        blessing.set_string_custom_property("current_model", serving.uri)
+        decision = report["validation"]
+        blessed = bool(decision["blessed"])
+        # TFX's blessing properties (Evaluator's names): LatestBlessedModelStrategy matches
+        # `current_model_id` with the Model it resolves (the Trainer's).
+        blessing.set_int_custom_property("blessed", int(blessed))
+        blessing.set_int_custom_property("current_model_id", model.id)
+        blessing.set_string_custom_property("current_model", model.uri)
+        blessing.set_string_custom_property(SERVING_MODEL_PROPERTY, serving.uri)
         blessing.set_float_custom_property("parity_max_abs_diff", parity["max_abs_diff"])
         blessing.set_int_custom_property("parity_examples", parity["examples"])
-        io_utils.write_string_file(os.path.join(blessing.uri, "BLESSED"), "")
+        for c in decision["checks"]:
+            if "model_auc" in c:
+                blessing.set_float_custom_property(f"{c['name']}_reference_auc", c["reference_auc"])
+        if not blessed:
+            blessing.set_string_custom_property("not_blessed_reason", "; ".join(decision["reasons"]))
+            logging.warning("model not blessed (kept, not pushed): %s", "; ".join(decision["reasons"]))
+        io_utils.write_string_file(os.path.join(blessing.uri, "BLESSED" if blessed else "NOT_BLESSED"), "")

@@ -36,6 +36,7 @@ from components.config import PipelineConfig
 from components.contracts import artifacts as A
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
+from components.embedding_exporter import gate as G
 from components.embedding_exporter import layouts as L
 from components.embedding_exporter import tables as T
 from components.embedding_exporter.restore import (  # noqa: F401  (re-exported)
@@ -415,6 +416,27 @@ def build_report(ctx: ExportContext) -> Dict[str, Any]:
     }
 
 
+def validate(ctx: ExportContext, previous_serving_dir: Optional[str]) -> Dict[str, Any]:
+    """The gate's decision (gate.py) with the figures it used."""
+    metrics_path = os.path.join(ctx.model_uri, A.EVAL_METRICS_FILE)
+    metrics = json.loads(tf.io.gfile.GFile(metrics_path).read()) if tf.io.gfile.exists(metrics_path) else None
+    previous = None
+    if previous_serving_dir is not None and ctx.cfg.validation.regression_margin is not None:
+        try:
+            previous = G.score_previous(previous_serving_dir, ctx.sample.raw, ctx.sample.labels)
+        except (OSError, ValueError, tf.errors.OpError) as err:
+            raise ExportRefused(
+                f"the last blessed serving model {previous_serving_dir} cannot be loaded and scored ({err}); the new "
+                "model cannot be compared with it: restore that model, or set validation.regression_margin: null "
+                "for this run") from None
+        ctx.clock.lap("score the last blessed model")
+    decision = G.decide(ctx.cfg, metrics, ctx.compression[ctx.table_dtype]["eval_auc"], previous)
+    decision["model_eval_auc"] = metrics.get("auc") if metrics else None
+    decision["baseline"] = metrics.get("baseline") if metrics else None
+    decision["last_blessed"] = previous
+    return decision
+
+
 def publish(ctx: ExportContext, output_uri: str, report: Dict[str, Any]) -> None:
     """The staged serving model and tables moved into place (a previous export's stale ones
     removed), then the report: written last, so a report means a complete export."""
@@ -433,9 +455,13 @@ def export_serving_model(
     raw_eval_pattern: str,
     output_uri: str,
     checkpoint_path: Optional[str] = None,
+    previous_serving_dir: Optional[str] = None,
 ) -> Dict[str, Any]:
     """Writes `output_uri/Format-Serving`, `output_uri/tables/` (export.write_tables) and
-    `output_uri/export_report.json`; returns the report. Raises ExportRefused, writing nothing there."""
+    `output_uri/export_report.json`; returns the report. Raises ExportRefused, writing nothing there.
+    The report's `validation` is the gate's decision (gate.py): against the trainer's baseline and,
+    given `previous_serving_dir` (the last blessed serving model), against that model scored on the
+    same raw eval rows. A refused model is exported all the same; the caller withholds the blessing."""
     staging = os.path.join(output_uri, STAGING_DIR)
     ctx = prepare(cfg, model_uri, raw_eval_pattern, staging, checkpoint_path)
     if tf.io.gfile.exists(staging):
@@ -447,6 +473,7 @@ def export_serving_model(
         for dtype in compression_variants(ctx):
             compress(ctx, dtype)
         report = build_report(ctx)
+        report["validation"] = validate(ctx, previous_serving_dir)
         publish(ctx, output_uri, report)
         return report
     finally:

@@ -282,6 +282,13 @@ def _scale_gradient(x, factor):
     return tf.identity(x), grad
 
 
+def dense_input(inputs: Dict[str, Any], names) -> tf.Tensor:
+    """[batch, len(names)] float32: the dense features, signed log1p (counts are heavy-tailed;
+    inside the model so serving does the same). The baseline (baseline.py) reads them so too."""
+    dense = tf.concat([tf.reshape(inputs[n], [-1, 1]) for n in names], axis=1)
+    return tf.sign(dense) * tf.math.log1p(tf.abs(dense))
+
+
 class RankingModel(tf.keras.Model):
     """DLRM or DCN-v2 over the plan's tables. `embedding_optimizer=None` builds the serving variant
     (no optimizer, so no slot variables). `tpu_embedding_optimizer`: the `tf.tpu.experimental.embedding`
@@ -433,9 +440,7 @@ class RankingModel(tf.keras.Model):
     @tf.autograph.experimental.do_not_convert
     def call(self, inputs: Dict[str, Any], training: bool = False) -> tf.Tensor:
         if self.dense_names:
-            dense = tf.concat([tf.reshape(inputs[n], [-1, 1]) for n in self.dense_names], axis=1)
-            # Counts are heavy-tailed: signed log1p, inside the model so serving does the same.
-            dense = tf.sign(dense) * tf.math.log1p(tf.abs(dense))
+            dense = dense_input(inputs, self.dense_names)
         else:
             first = inputs[self.categorical_names[0]]
             dense = tf.zeros([tf.shape(first, out_type=tf.int64)[0], 1])

@@ -8,7 +8,8 @@ What it leaves in the Model artifact (the exporter needs nothing else):
   optimizer, SparseCore limits, memory), with `vocabulary_dir`, the vocabularies' location;
 - `embedding_manifest.json`: the preprocessing manifest (features, vocabularies, OOV buckets);
 - `tpu_rules.json`: the TPU-rules check of the input and model (see tpu_rules.py);
-- `eval_metrics.json`: exact AUC and log loss on the whole eval split;
+- `eval_metrics.json`: exact AUC and log loss on the whole eval split, and under `baseline` the
+  same for the logistic regression fitted beside the model (baseline.py; `validation.baseline`);
 - `training_run.json`: steps, the step a resumed run started from, the steps checkpointed.
 
 Training checkpoints every `training.checkpoint_every_steps` into a state directory that outlives
@@ -364,6 +365,12 @@ def run_fn(fn_args) -> None:
     plan = plan.with_run(checkpoint_layout=CheckpointLayout(**run["checkpoint_layout"]))
     copy_checkpoint(checkpoint, os.path.join(model_root, CHECKPOINT_DIR))
     metrics, _ = finish(cfg, plan, manifest, checkpoint, fn_args.eval_files, fn_args.serving_model_dir)
+    if cfg.validation.baseline.enabled:
+        # The validation gate's reference (exporter): a logistic regression on the same batches.
+        from components.embedding_trainer.baseline import train_baseline
+
+        metrics["baseline"] = train_baseline(cfg, plan, manifest, fn_args.train_files, fn_args.eval_files,
+                                             steps=fn_args.train_steps)
     logging.info("eval metrics: %s", metrics)
     # The config travels with the model so the standalone exporter CLI can rebuild it without one.
     for name, obj in ((A.EMBEDDING_MANIFEST_FILE, manifest.to_dict()), (A.PLAN_FILE, plan.to_dict()),

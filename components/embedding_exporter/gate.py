@@ -1,0 +1,82 @@
+"""The validation gate: whether an exported model is blessed (and so pushed by TFX's Pusher).
+
+Two checks, each with its figures in the export report's `validation` section:
+- `baseline`: the model's eval AUC (the trainer's, exact on the whole eval split) against the
+  logistic regression the trainer fitted beside it on the same split (`eval_metrics.json`'s
+  `baseline`), less `validation.baseline_margin`;
+- `last_blessed`: the new serving model's AUC against the last blessed serving model's (found by
+  the pipeline's Resolver with TFX's LatestBlessedModelStrategy), both scored by the exporter on the
+  same raw eval rows of this run, less `validation.regression_margin`. The first model of a
+  pipeline has nothing to compare with: the check is recorded as skipped.
+
+A refused model is still exported and kept (its artifact, report and `NOT_BLESSED` blessing); only
+the push is withheld. TFMA's Evaluator would need an EvalConfig over the serving signature and a
+second full pass over the eval split; the exporter already scores both models on the same rows.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import tensorflow as tf
+
+from components.config import PipelineConfig
+
+SERVING_DIR = "Format-Serving"
+
+
+def serving_dir_of(serving_model_uri: str) -> str:
+    return f"{serving_model_uri.rstrip('/')}/{SERVING_DIR}"
+
+
+def score_previous(previous_serving_dir: str, raw: List[bytes], labels) -> Dict[str, Any]:
+    """The last blessed serving model's AUC on this run's raw eval rows."""
+    from components.embedding_exporter.export import score
+    from components.metrics import roc_auc
+
+    loaded = tf.saved_model.load(previous_serving_dir)
+    probs = score(loaded.signatures["serving_default"], raw)
+    return {"serving_dir": previous_serving_dir, "examples": int(len(labels)), "eval_auc": roc_auc(probs, labels)}
+
+
+def decide(cfg: PipelineConfig, model_metrics: Optional[Dict[str, Any]], serving_auc: float,
+           previous: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """The `validation` section: {blessed, checks: [...], reasons: [...]}. `model_metrics`: the
+    trainer's eval_metrics.json; `serving_auc`: the new serving model's AUC on the rows `previous`
+    (score_previous's result, None for a pipeline's first model) was scored on."""
+    v = cfg.validation
+    checks: List[Dict[str, Any]] = []
+    if v.baseline_margin is not None:
+        base = (model_metrics or {}).get("baseline")
+        if base is None:
+            checks.append({"name": "baseline", "passed": False, "reason": (
+                "the Trainer's eval_metrics.json has no baseline (a model trained before validation.baseline "
+                "existed, or with it disabled); retrain, or set validation.baseline_margin: null")})
+        else:
+            model_auc, ref = float(model_metrics["auc"]), float(base["auc"])
+            ok = model_auc >= ref - v.baseline_margin
+            checks.append({
+                "name": "baseline", "passed": ok, "model_auc": model_auc, "reference_auc": ref,
+                "margin": v.baseline_margin, "examples": base.get("examples"),
+                "reason": (f"eval AUC {model_auc:.4f} {'>=' if ok else '<'} baseline ({base['model']}) "
+                           f"{ref:.4f} - margin {v.baseline_margin}"),
+            })
+    if v.regression_margin is not None:
+        if previous is None:
+            checks.append({"name": "last_blessed", "passed": True, "skipped": True,
+                           "reason": "no blessed model before this one"})
+        else:
+            prev = float(previous["eval_auc"])
+            ok = serving_auc >= prev - v.regression_margin
+            checks.append({
+                "name": "last_blessed", "passed": ok, "model_auc": serving_auc, "reference_auc": prev,
+                "margin": v.regression_margin, "examples": previous["examples"],
+                "reference_model": previous["serving_dir"],
+                "reason": (f"serving AUC {serving_auc:.4f} {'>=' if ok else '<'} last blessed model's {prev:.4f} "
+                           f"on the same {previous['examples']} eval rows - margin {v.regression_margin}"),
+            })
+    blessed = all(c["passed"] for c in checks)
+    return {
+        "blessed": blessed,
+        "checks": checks,
+        "reasons": [c["reason"] for c in checks if not c["passed"]],
+    }
