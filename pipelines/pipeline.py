@@ -102,7 +102,8 @@ def create_pipeline(
     trainer = trainer_cls(
         run_fn=TRAINER_RUN_FN,
         examples=preprocess.outputs["transformed_examples"],
-        train_args=trainer_pb2.TrainArgs(num_steps=cfg.training.train_steps),
+        # Unset train_steps: the run_fn derives the length from training.epochs and the row count.
+        train_args=trainer_pb2.TrainArgs(num_steps=cfg.training.train_steps or 0),
         eval_args=trainer_pb2.EvalArgs(num_steps=cfg.training.eval_steps),
         custom_config=custom_config,
     )

@@ -39,6 +39,14 @@ def pipeline_run(tmp_path_factory):
 # baseline have their own tests: tests/test_validation_gate.py).
 NO_GATE = {"baseline": {"enabled": False}, "baseline_margin": None, "regression_margin": None}
 
+@pytest.fixture(scope="session")
+def chain(tmp_path_factory):
+    """ExampleGen -> Preprocess -> Trainer -> Exporter executors on a small CSV (test_executors)."""
+    from tests.test_executors import make_chain
+
+    return make_chain(tmp_path_factory)
+
+
 # ---- test tiers ---------------------------------------------------------------------------------
 # `make test` runs the fast tier (`-m "not slow"`): unit and small-data tests, every stage's logic
 # and every executor's Do() on small inputs. `make test-all` (and CI, .ci/run) adds the slow tier:

@@ -58,9 +58,9 @@ def _beam_context():
     return base_beam_executor.BaseBeamExecutor.Context(beam_pipeline_args=BEAM_ARGS)
 
 
-@pytest.fixture(scope="module")
-def chain(tmp_path_factory):
-    """The four executors run in order on hand-built artifacts: {name: artifact}."""
+def make_chain(tmp_path_factory):
+    """The four executors run in order on hand-built artifacts: (config, {name: artifact}, root);
+    the session's `chain` fixture (tests/conftest.py), shared with tests/test_validation_gate.py."""
     root = tmp_path_factory.mktemp("executors")
     data = root / "input"
     data.mkdir()

@@ -261,16 +261,21 @@ class EmbeddingConfig:
 class TrainingConfig:
     """The `training` section: the model, its optimizers, steps, checkpoints and the embedding plan."""
 
-    model: str = "dlrm"  # dlrm (dot interaction) | dcn_v2 (cross layers)
+    # The defaults (model, embedding optimizer, epochs) were chosen on two real public datasets
+    # with configs that state only their schema (README "Defaults on real data").
+    model: str = "dcn_v2"  # dcn_v2 (cross layers) | dlrm (dot interaction)
     batch_size: int = 256  # global batch size (split evenly over the replicas)
     cross_layers: int = 3  # dcn_v2: number of cross layers
     cross_projection_dim: Optional[int] = None  # dcn_v2: low-rank cross layers of this rank; null: full rank
-    train_steps: int = 1000
+    # Training length: train_steps when set; else `epochs` passes over the train split (its row
+    # count from the preprocessing statistics), rounded up to whole steps_per_execution.
+    train_steps: Optional[int] = None
+    epochs: float = 5.0
     eval_steps: int = 50
     bottom_mlp: List[int] = field(default_factory=lambda: [64, 16])
     top_mlp: List[int] = field(default_factory=lambda: [64, 32])
     dropout: float = 0.0  # dropout rate after each hidden top-MLP layer in training (0: none)
-    embedding_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig("adagrad", 0.05))
+    embedding_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig("adagrad", 1.0))
     dense_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig("adam", 0.001))
     # Every embedding gradient times this factor (a schedule of the step) on CPU/GPU and TPU alike;
     # null: none. Applied to each feature's pooled-vector gradient, so before clipping.
@@ -321,10 +326,15 @@ class BaselineConfig:
     per embedding row, one per dense feature, a bias) on the same transformed batches."""
 
     enabled: bool = True
-    # FTRL: the usual optimizer of wide linear models (per-coordinate rates, L2 on rare rows).
+    # FTRL: the usual optimizer of wide linear models (per-coordinate rates). The defaults came
+    # within 0.003-0.012 AUC of scikit-learn's converged fit on the public datasets (README).
     optimizer: OptimizerConfig = field(
-        default_factory=lambda: OptimizerConfig("ftrl", 0.1, l2_regularization_strength=1.0))
-    train_steps: Optional[int] = None  # default: as many steps as the model (training.train_steps)
+        default_factory=lambda: OptimizerConfig("ftrl", 1.0, l2_regularization_strength=0.01))
+    # Length: train_steps when set; else `epochs` over the train split, between the model's steps
+    # and max_steps_ratio times them (the baseline stays cheap next to the model).
+    train_steps: Optional[int] = None
+    epochs: float = 8.0
+    max_steps_ratio: float = 4.0
 
 
 @dataclass

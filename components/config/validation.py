@@ -150,7 +150,8 @@ def _check_training(cfg: PipelineConfig) -> None:
     check_choice(tr.model, MODEL_TYPES, "training.model")
     for name in ("batch_size", "train_steps", "eval_steps", "checkpoint_every_steps", "steps_per_execution"):
         check_positive(getattr(tr, name), f"training.{name}", "set a positive integer")
-    if tr.checkpoint_every_steps % tr.steps_per_execution or tr.train_steps % tr.steps_per_execution:
+    check_positive(tr.epochs, "training.epochs", "passes over the train split when train_steps is unset, e.g. 3")
+    if tr.checkpoint_every_steps % tr.steps_per_execution or (tr.train_steps or 0) % tr.steps_per_execution:
         raise ConfigError(
             f"training.steps_per_execution: {tr.steps_per_execution} must divide checkpoint_every_steps "
             f"({tr.checkpoint_every_steps}) and train_steps ({tr.train_steps}) so checkpoints fall on whole executions"
@@ -240,7 +241,9 @@ def check_export_config(e: ExportConfig) -> None:
 def _check_validation(cfg: PipelineConfig) -> None:
     v = cfg.validation
     _check_optimizer(v.baseline.optimizer, "validation.baseline.optimizer")
-    check_positive(v.baseline.train_steps, "validation.baseline.train_steps", "leave it unset for training.train_steps")
+    check_positive(v.baseline.train_steps, "validation.baseline.train_steps", "leave it unset to use epochs")
+    check_positive(v.baseline.epochs, "validation.baseline.epochs", "passes over the train split, e.g. 8")
+    check_positive(v.baseline.max_steps_ratio, "validation.baseline.max_steps_ratio", "e.g. 4")
     for name in ("baseline_margin", "regression_margin"):
         m = getattr(v, name)
         if m is not None and not (isinstance(m, (int, float)) and -1 < m < 1):

@@ -15,6 +15,7 @@ Its eval AUC is what `validation.baseline_margin` compares the model with (the e
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Dict, Optional
 
@@ -110,18 +111,31 @@ class LinearBaseline(tf.Module):
         return out
 
 
+def baseline_steps(cfg: PipelineConfig, model_steps: int, train_rows: Optional[int]) -> int:
+    """validation.baseline.train_steps when set; else validation.baseline.epochs over the train
+    split (when its row count is known), at most max_steps_ratio x the model's steps and at least
+    the model's."""
+    b = cfg.validation.baseline
+    if b.train_steps:
+        return int(b.train_steps)
+    if not train_rows:
+        return int(model_steps)
+    wanted = math.ceil(b.epochs * train_rows / cfg.training.batch_size)
+    return int(max(model_steps, min(wanted, b.max_steps_ratio * model_steps)))
+
+
 def train_baseline(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, train_files,
-                   eval_files, steps: Optional[int] = None) -> Dict[str, Any]:
+                   eval_files, model_steps: int, train_rows: Optional[int] = None) -> Dict[str, Any]:
     """Fits the baseline and scores it on the eval split: the `baseline` entry of eval_metrics.json."""
     b = cfg.validation.baseline
-    steps = int(b.train_steps or steps or cfg.training.train_steps)
+    steps = baseline_steps(cfg, model_steps, train_rows)
     start = time.time()
     tf.keras.utils.set_random_seed(cfg.training.seed)
     spec = optimizer_spec(b.optimizer)
     with tf.device("/cpu:0"):
         model = LinearBaseline(plan, manifest)
         opt = P.keras_optimizer(spec)
-        variables = list(model.trainable_variables)
+        variables = [v for v in model.trainable_variables if v is not model.w_dense or model.dense_names]
 
         def step(features, label):
             with tf.GradientTape() as tape:
@@ -148,7 +162,7 @@ def train_baseline(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: Vocabular
             losses.append(float(run(iterator, tf.constant(k))))
             done += k
         scores, labels = [], []
-        score = tf.function(lambda f: tf.sigmoid(model.logits(f)))
+        score = tf.function(lambda f: tf.sigmoid(model.logits(f)), reduce_retracing=True)
         for f, y in make_dataset(eval_files, manifest, EVAL_BATCH, training=False):
             scores.append(score(f).numpy())
             labels.append(y.numpy())

@@ -30,6 +30,26 @@ from components.contracts.plan import derive_plan as _derive_plan
 from components.contracts.statistics import EmbeddingStatistics
 
 
+def training_steps(cfg: PipelineConfig, statistics: Optional[EmbeddingStatistics],
+                   train_steps: Optional[int] = None) -> Dict[str, Any]:
+    """{steps, source}: the run's length. `train_steps` (the Trainer's TrainArgs) or
+    training.train_steps when set; else training.epochs passes over the train split, whose row
+    count the preprocessing statistics give, rounded up to whole steps_per_execution."""
+    t = cfg.training
+    if train_steps or t.train_steps:
+        return {"steps": int(train_steps or t.train_steps), "source": "training.train_steps"}
+    rows = ((statistics.splits if statistics else {}).get("train") or {}).get("examples_written")
+    if not rows:
+        raise ValueError(
+            "training.train_steps is unset and the train split's row count is unknown (no preprocessing "
+            "statistics beside the examples); set training.train_steps")
+    per = t.steps_per_execution
+    steps = max(1, math.ceil(t.epochs * rows / t.batch_size))
+    steps = math.ceil(steps / per) * per
+    return {"steps": steps, "source": f"training.epochs {t.epochs:g} x {rows} train rows / batch {t.batch_size}",
+            "train_rows": int(rows)}
+
+
 def build_optimizer(classes: Dict[str, Any], spec: Dict[str, Any], kw: Dict[str, Any]):
     name = spec["name"]
     if name not in classes:

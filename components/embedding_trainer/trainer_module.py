@@ -230,6 +230,8 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
     t = cfg.training
     tf.keras.utils.set_random_seed(t.seed)
     steps = train_steps or t.train_steps
+    if not steps:
+        raise ValueError("no training length: pass train_steps (run_fn derives it: plan.training_steps)")
     every = t.checkpoint_every_steps
     strategy = distribution_strategy(cfg)
     on_tpu = is_tpu_strategy(strategy)
@@ -356,10 +358,12 @@ def run_fn(fn_args) -> None:
     plan = P.derive_plan(cfg, manifest, statistics).with_run(vocabulary_dir=manifest.vocabulary_dir)
     model_root = os.path.dirname(fn_args.serving_model_dir.rstrip("/"))
     state = state_dir(cfg, model_root, fn_args.train_files)
+    length = P.training_steps(cfg, statistics, fn_args.train_steps)
     checkpoint, rules, run = train(
         cfg, plan, manifest, fn_args.train_files, fn_args.eval_files, state,
-        log_dir=fn_args.model_run_dir, train_steps=fn_args.train_steps,
+        log_dir=fn_args.model_run_dir, train_steps=length["steps"],
     )
+    run["length"] = length
     # The final state (weights and optimizer slots, as the training platform saved them) goes into
     # the artifact; the state dir is removed below. Evaluation and the SavedModel come from it.
     plan = plan.with_run(checkpoint_layout=CheckpointLayout(**run["checkpoint_layout"]))
@@ -370,7 +374,7 @@ def run_fn(fn_args) -> None:
         from components.embedding_trainer.baseline import train_baseline
 
         metrics["baseline"] = train_baseline(cfg, plan, manifest, fn_args.train_files, fn_args.eval_files,
-                                             steps=fn_args.train_steps)
+                                             model_steps=length["steps"], train_rows=length.get("train_rows"))
     logging.info("eval metrics: %s", metrics)
     # The config travels with the model so the standalone exporter CLI can rebuild it without one.
     for name, obj in ((A.EMBEDDING_MANIFEST_FILE, manifest.to_dict()), (A.PLAN_FILE, plan.to_dict()),
