@@ -20,8 +20,7 @@ from typing import Any, Dict, List, Optional
 import tensorflow as tf
 
 from components.config import PipelineConfig
-
-SERVING_DIR = "Format-Serving"
+from components.contracts.artifacts import SERVING_DIR
 
 
 def serving_dir_of(serving_model_uri: str) -> str:

@@ -6,10 +6,11 @@ share weights, as they share embeddings), pooled per feature with the feature's 
 weights exactly as its embedding is (`safe_embedding_lookup_sparse`: empty rows give 0; a sequence
 feature is a bag of its IDs, mean-pooled), one weight per dense feature (signed log1p, the model's
 own dense input: model.dense_input) and a bias. Trained with its own optimizer (FTRL by default)
-on the training batches the model reads, for as many steps, then scored exactly on the whole eval
-split. Written by hand: TF 2.16 has no linear Keras model over SparseTensors of IDs (the estimator
-LinearClassifier is gone from Keras 2.16's tf.compat paths the Trainer uses), and this one costs
-one [rows, 1] gather per feature: a small share of the model's step.
+on the training batches the model reads (`validation.baseline.epochs` over the train split, between
+the model's steps and `max_steps_ratio` times them: baseline_steps), then scored exactly on the
+whole eval split. Written by hand: TF 2.16 has no linear Keras model over SparseTensors of IDs (the
+estimator LinearClassifier is gone from Keras 2.16's tf.compat paths the Trainer uses), and this
+one costs one gather and a few segment sums per step: a small share of the model's step.
 
 Its eval AUC is what `validation.baseline_margin` compares the model with (the exporter's gate).
 """

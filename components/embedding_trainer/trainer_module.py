@@ -10,7 +10,8 @@ What it leaves in the Model artifact (the exporter needs nothing else):
 - `tpu_rules.json`: the TPU-rules check of the input and model (see tpu_rules.py);
 - `eval_metrics.json`: exact AUC and log loss on the whole eval split, and under `baseline` the
   same for the logistic regression fitted beside the model (baseline.py; `validation.baseline`);
-- `training_run.json`: steps, the step a resumed run started from, the steps checkpointed.
+- `training_run.json`: steps (and under `length` where their number came from: train_steps, or
+  training.epochs over the train rows), the step a resumed run started from, the steps checkpointed.
 
 Training checkpoints every `training.checkpoint_every_steps` into a state directory that outlives
 the execution (`training.checkpoint_dir`, or `<pipeline root>/Trainer/training_state/<key>` where
