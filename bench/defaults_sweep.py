@@ -1,0 +1,55 @@
+"""The candidate sweep behind the training defaults (README "Defaults on real data").
+
+    .venv/bin/python bench/defaults_sweep.py OUTPUT_DIR CONFIG '{"training": {...}}' ['{...}' ...]
+
+OUTPUT_DIR: a finished `pipelines run` of CONFIG (its newest transformed examples, manifest and
+statistics are reused: only the Trainer's `train` and `finish` run, once per candidate). Each
+candidate is a JSON mapping of config sections to fields merged over CONFIG, e.g.
+'{"training": {"embedding_optimizer": {"name": "adagrad", "learning_rate": 1.0}, "epochs": 5}}';
+'{}' is the config as it is. Prints one RESULT line per candidate: eval AUC (exact, whole eval
+split), steps, seconds. Written as run for the README's figures, then kept so anyone can rerun them.
+"""
+import glob
+import json
+import os
+import sys
+import tempfile
+import time
+
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import components  # noqa: E402,F401
+
+from components.config import parse_config  # noqa: E402
+from components.contracts.plan import CheckpointLayout  # noqa: E402
+from components.embedding_trainer import plan as P  # noqa: E402
+from components.embedding_trainer import trainer_module as T  # noqa: E402
+
+
+def main(output_dir: str, config_path: str, candidates) -> None:
+    root = os.path.join(output_dir, "pipeline_root", "EmbeddingPreprocess", "transformed_examples")
+    tx = sorted(glob.glob(os.path.join(root, "*")), key=lambda p: int(os.path.basename(p)))[-1]
+    train, evals = [os.path.join(tx, "Split-train", "*")], [os.path.join(tx, "Split-eval", "*")]
+    manifest, stats = T.read_manifest_for(train), T.read_statistics_for(train)
+    for spec in candidates:
+        with open(config_path, encoding="utf-8") as fh:
+            raw = yaml.safe_load(fh)
+        raw["input"]["path"] = os.path.abspath(os.path.join(os.path.dirname(config_path), raw["input"]["path"]))
+        for section, fields in json.loads(spec).items():
+            raw.setdefault(section, {}).update(fields)
+        cfg = parse_config(raw)
+        plan = P.derive_plan(cfg, manifest, stats).with_run(vocabulary_dir=manifest.vocabulary_dir)
+        length = P.training_steps(cfg, stats)
+        work = tempfile.mkdtemp(prefix="sweep-")
+        start = time.time()
+        ckpt, _, run = T.train(cfg, plan, manifest, train, evals, os.path.join(work, "state"), train_steps=length["steps"])
+        plan = plan.with_run(checkpoint_layout=CheckpointLayout(**run["checkpoint_layout"]))
+        metrics, _ = T.finish(cfg, plan, manifest, ckpt, evals, os.path.join(work, "serving"))
+        print(f"RESULT {spec} auc {metrics['auc']:.4f} steps {length['steps']} seconds {time.time() - start:.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 4:
+        raise SystemExit(__doc__)
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])
