@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from typing import List, Optional, Tuple
 
 from components.config import ConfigError, PipelineConfig
@@ -17,21 +18,37 @@ SERVING_DIR = "serving"
 LAST_BLESSED_RESOLVER = "latest_blessed_model_resolver"
 
 
+SPAN_SPEC = re.compile(r"\{(SPAN(:\d+)?|VERSION(:\d+)?|YYYY|MM|DD)\}")
+
+
 def input_location(cfg: PipelineConfig) -> Tuple[str, str]:
-    """(input_base directory, file pattern) for ExampleGen; a clear error if nothing matches."""
+    """(input_base directory, file pattern) for ExampleGen; a clear error if nothing matches.
+
+    A path with TFX's span specs (`{SPAN}`, `{SPAN:n}`, `{YYYY}{MM}{DD}`, `{VERSION}`) is a span
+    input: ExampleGen's driver picks the latest span (README "Continuous training"); the base is
+    the directory above the first part with a spec. A pattern naming directories reads their
+    `*.csv` files (csv) or every file (tfrecord)."""
     path = cfg.input.path
     remote = "://" in path
-    if not remote and os.path.isdir(path):
-        base, pattern = path, "*.csv" if cfg.input.format == "csv" else "*"
+    files = "*.csv" if cfg.input.format == "csv" else "*"
+    if SPAN_SPEC.search(path):
+        parts = path.rstrip("/").split("/")
+        first = next(i for i, p in enumerate(parts) if SPAN_SPEC.search(p))
+        base, pattern = "/".join(parts[:first]) or "/", "/".join(parts[first:])
+    elif not remote and os.path.isdir(path):
+        base, pattern = path, files
     else:
         base, pattern = os.path.dirname(path), os.path.basename(path)
     if not remote:
-        matches = [m for m in glob.glob(os.path.join(base, pattern)) if os.path.isfile(m)]
+        as_glob = os.path.join(base, SPAN_SPEC.sub("*", pattern))
+        if SPAN_SPEC.search(pattern) and any(os.path.isdir(m) for m in glob.glob(as_glob)):
+            pattern, as_glob = pattern + "/" + files, os.path.join(as_glob, files)
+        matches = [m for m in glob.glob(as_glob) if os.path.isfile(m)]
         if not matches:
             raise ConfigError(
                 f"{cfg.resolved.source_file}: input.path: {path!r} matches no file; generate the data "
                 "(python -m components.synthetic_data) or point input.path at a CSV/TFRecord file, "
-                "directory or glob"
+                "directory, glob or span pattern ({SPAN})"
             )
     return base, pattern
 
@@ -93,6 +110,14 @@ def create_pipeline(
     )
     example_gen = EmbeddingExampleGen(cfg, input_base=base, input_config=input_config, output_config=output_config)
     preprocess = EmbeddingPreprocess(examples=example_gen.outputs["examples"], config=cfg)
+    # The last blessed model (TFX's resolver of Evaluator's baseline): the Trainer warm-starts from
+    # it and measures drift against it (continuous), the exporter's validation gate compares with
+    # it. The strategy returns the Trainer Model a blessing's current_model_id names.
+    last_blessed = Resolver(
+        strategy_class=LatestBlessedModelStrategy,
+        model=Channel(type=standard_artifacts.Model),
+        model_blessing=Channel(type=standard_artifacts.ModelBlessing),
+    ).with_id(LAST_BLESSED_RESOLVER)
     trainer_cls, custom_config = Trainer, {CONFIG_KEY: cfg.to_json()}
     if image and cfg.kubeflow.vertex_training is not None:
         from tfx.extensions.google_cloud_ai_platform.trainer.component import Trainer as VertexTrainer
@@ -102,18 +127,12 @@ def create_pipeline(
     trainer = trainer_cls(
         run_fn=TRAINER_RUN_FN,
         examples=preprocess.outputs["transformed_examples"],
+        base_model=last_blessed.outputs["model"],
         # Unset train_steps: the run_fn derives the length from training.epochs and the row count.
         train_args=trainer_pb2.TrainArgs(num_steps=cfg.training.train_steps or 0),
         eval_args=trainer_pb2.EvalArgs(num_steps=cfg.training.eval_steps),
         custom_config=custom_config,
     )
-    # The last blessed model, for the exporter's validation gate (TFX's resolver of Evaluator's
-    # baseline). The strategy returns the Trainer Model a blessing's current_model_id names.
-    last_blessed = Resolver(
-        strategy_class=LatestBlessedModelStrategy,
-        model=Channel(type=standard_artifacts.Model),
-        model_blessing=Channel(type=standard_artifacts.ModelBlessing),
-    ).with_id(LAST_BLESSED_RESOLVER)
     exporter = EmbeddingExporter(
         model=trainer.outputs["model"], examples=example_gen.outputs["examples"], config=cfg,
         last_blessed_model=last_blessed.outputs["model"], last_blessing=last_blessed.outputs["model_blessing"],
@@ -128,7 +147,7 @@ def create_pipeline(
     return pipeline.Pipeline(
         pipeline_name=cfg.name,
         pipeline_root=pipeline_root,
-        components=[example_gen, preprocess, trainer, last_blessed, exporter, pusher],
+        components=[example_gen, preprocess, last_blessed, trainer, exporter, pusher],
         enable_cache=False,
         metadata_connection_config=(
             metadata.sqlite_metadata_connection_config(metadata_path) if metadata_path else None

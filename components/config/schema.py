@@ -350,6 +350,32 @@ class ValidationConfig:
 
 
 @dataclass
+class DriftLimits:
+    """`continuous.drift`: how far this run's data may move from the last blessed model's before the
+    Trainer stops the run (null: no limit). Measured on the train split (trainer warm_start.py)."""
+
+    # Per table: share of its in-vocabulary occurrences on tokens the previous vocabulary lacked.
+    max_new_token_share: Optional[float] = 0.5
+    # Per table: share of the new vocabulary's tokens that the previous vocabulary held.
+    min_vocabulary_overlap: Optional[float] = None
+    # Per feature: relative change of the mean IDs per example, |new - old| / old.
+    max_ids_per_example_change: Optional[float] = 1.0
+    # Per dense feature: |mean change| of the model's input (signed log1p), in the previous run's
+    # standard deviations.
+    max_dense_mean_shift: Optional[float] = 3.0
+
+
+@dataclass
+class ContinuousConfig:
+    """The `continuous` section: daily retraining on spans (README "Continuous training")."""
+
+    # Start from the last blessed model (TFX's Resolver): embedding rows carried by token, OOV
+    # buckets when their count is unchanged, dense weights and optimizer slots where shapes match.
+    warm_start: bool = True
+    drift: DriftLimits = field(default_factory=DriftLimits)
+
+
+@dataclass
 class StatisticsConfig:
     """Embedding-ID statistics that size TPU embedding tables (preprocessing)."""
 
@@ -467,6 +493,7 @@ class PipelineConfig:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
+    continuous: ContinuousConfig = field(default_factory=ContinuousConfig)
     statistics: StatisticsConfig = field(default_factory=StatisticsConfig)
     transformed_examples: TransformedExamplesConfig = field(default_factory=TransformedExamplesConfig)
     beam: BeamConfig = field(default_factory=BeamConfig)

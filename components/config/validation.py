@@ -57,6 +57,7 @@ def resolve(cfg: PipelineConfig, source_file: Optional[str] = None) -> PipelineC
         _check_dense_optimizer,
         lambda c: check_export_config(c.export),
         _check_validation,
+        _check_continuous,
         _check_statistics,
         _check_transformed_examples,
         _check_beam,
@@ -251,6 +252,18 @@ def _check_validation(cfg: PipelineConfig) -> None:
     if v.baseline_margin is not None and not v.baseline.enabled:
         raise ConfigError("validation.baseline_margin: the baseline is disabled (validation.baseline.enabled: false); "
                           "set baseline_margin: null or enable the baseline")
+
+
+def _check_continuous(cfg: PipelineConfig) -> None:
+    d = cfg.continuous.drift
+    for name, high in (("max_new_token_share", 1.0), ("min_vocabulary_overlap", 1.0),
+                       ("max_ids_per_example_change", None), ("max_dense_mean_shift", None)):
+        v = getattr(d, name)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0 and (high is None or v <= high)):
+            limit = f"in [0, {high}]" if high is not None else "a number >= 0"
+            raise ConfigError(f"continuous.drift.{name}: {v!r} is not {limit}; or null for no limit")
 
 
 def _check_statistics(cfg: PipelineConfig) -> None:

@@ -39,6 +39,7 @@ CHECKPOINT_DIR = "checkpoints"
 EVAL_METRICS_FILE = "eval_metrics.json"
 TPU_RULES_FILE = "tpu_rules.json"
 TRAINING_RUN_FILE = "training_run.json"
+CONTINUOUS_FILE = "continuous.json"  # the last blessed model it started from, carry-over, drift
 
 # The exporter's serving Model artifact.
 SERVING_DIR = "Format-Serving"  # TFX's serving-model directory name (path_utils.serving_model_dir)

@@ -121,6 +121,11 @@ def dense_missing(split: str, feature: str) -> str:
     return _join(split, "dense", feature, "missing")
 
 
+def dense_sum(split: str, feature: str, power: int) -> str:
+    """Sum of the model's dense input (signed log1p of the filled value) to `power` 1 or 2."""
+    return _join(split, "dense", feature, f"input_sum_{power}")
+
+
 def dense_invalid_prefix(split: str, feature: str) -> str:
     """The prefix of `dense_invalid` keys (`<prefix><reason>`)."""
     return _join(split, "dense", feature, "invalid") + SEP

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any, Dict, List, Optional
 
@@ -130,7 +131,10 @@ def build_statistics(
         features={
             f.name: _feature_statistics(cfg, raw, f, split_stats, f.name in shared) for f in cfg.categorical_features
         },
-        dense_features={d.name: {s: _dense_statistics(raw, s, d.name) for s in splits} for d in cfg.dense_features},
+        dense_features={
+            d.name: {s: _dense_statistics(raw, s, d.name, split_stats[s]["examples_written"]) for s in splits}
+            for d in cfg.dense_features
+        },
         tables={name: _table_statistics(cfg, raw, name, v) for name, v in manifest.vocabularies.items()},
         train_partial_batches=int(raw.get(P.partial_batches("train"), 0)),
         input={
@@ -195,11 +199,18 @@ def _feature_statistics(
     return {"table": table, "values": values, "splits": splits}
 
 
-def _dense_statistics(raw: Dict[str, Any], split: str, feature: str) -> Dict[str, Any]:
-    """One dense feature on one split: values missing (filled), invalid ones by reason."""
+def _dense_statistics(raw: Dict[str, Any], split: str, feature: str, rows: int) -> Dict[str, Any]:
+    """One dense feature on one split: values missing (filled), invalid ones by reason, and the
+    mean and standard deviation of the model's input (signed log1p of the filled values; rounded
+    to 9 significant digits: Beam adds the partial sums in any order)."""
+    s1, s2 = float(raw.get(P.dense_sum(split, feature, 1), 0.0)), float(raw.get(P.dense_sum(split, feature, 2), 0.0))
+    mean = s1 / rows if rows else 0.0
+    std = math.sqrt(max(s2 / rows - mean * mean, 0.0)) if rows else 0.0
     return {
         "missing": int(raw.get(P.dense_missing(split, feature), 0)),
         "invalid_values": _by_reason(raw, P.dense_invalid_prefix(split, feature)),
+        "input_mean": float(f"{mean:.9g}"),
+        "input_std": float(f"{std:.9g}"),
     }
 
 

@@ -111,6 +111,10 @@ def transform_record_batch(
     for d in cfg.dense_features:
         dense = F.extract_dense(column(rb, d.source), n, d.fill_value)
         stats[P.dense_missing(split, d.name)] += int(dense.missing)
+        # Mean and spread of what the model reads (model.dense_input), for drift between runs.
+        model_input = np.sign(dense.values.astype(np.float64)) * np.log1p(np.abs(dense.values.astype(np.float64)))
+        stats[P.dense_sum(split, d.name, 1)] += float(model_input.sum())
+        stats[P.dense_sum(split, d.name, 2)] += float(np.square(model_input).sum())
         for reason, c in dense.invalid.items():
             stats[P.dense_invalid(split, d.name, reason)] += c
         columns[d.name] = as_list_array(dense.values, ones)

@@ -22,7 +22,7 @@ probability [batch, 1]):
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
@@ -478,17 +478,37 @@ class RankingModel(tf.keras.Model):
                     out[id(slots["parameters"])] = name
         return out
 
+    def _embedding_optimizer_groups(self, items, variable=lambda item: item[1]) -> Dict[str, list]:
+        """`items` (gradient-variable pairs, or what `variable` maps to a table variable) grouped
+        by the key of the embedding optimizer that updates them ("" for `embedding_optimizer`)."""
+        tables = self._variable_tables() if self._table_optimizer else {}
+        groups: Dict[str, list] = {"": []}
+        for item in items:
+            o = self._table_optimizer.get(tables.get(id(variable(item))))
+            groups.setdefault(o.key if o else "", []).append(item)
+        return groups
+
+    def _embedding_optimizers(self) -> Dict[str, Tuple[Any, Optional[float]]]:
+        optimizers = {"": (self.embedding_optimizer, self.embedding_clipvalue)}
+        optimizers.update({o.key: (o.keras, o.clipvalue) for o in self._table_optimizer.values()})
+        return optimizers
+
+    def create_optimizer_slots(self) -> None:
+        """Every optimizer's slots, step counter and hyperparameters for the built model's
+        variables, as the first training step would create them (warm_start.py writes a whole
+        training checkpoint before training). Keras' `_create_all_weights` is idempotent."""
+        variables = self.trainable_variables
+        emb = self.embedding_variable_ids()
+        self.dense_optimizer._create_all_weights([v for v in variables if id(v) not in emb])  # pylint: disable=protected-access
+        groups = self._embedding_optimizer_groups([v for v in variables if id(v) in emb], variable=lambda v: v)
+        for key, (optimizer, _) in self._embedding_optimizers().items():
+            optimizer._create_all_weights(groups.get(key, []))  # pylint: disable=protected-access
+
     def _apply_embedding_gradients(self, emb_gv) -> None:
         """Each embedding optimizer applies its tables' gradients (clipped by its limit); one with
         none this step still counts the step."""
-        tables = self._variable_tables() if self._table_optimizer else {}
-        groups: Dict[str, list] = {"": []}
-        for g, v in emb_gv:
-            o = self._table_optimizer.get(tables.get(id(v)))
-            groups.setdefault(o.key if o else "", []).append((g, v))
-        optimizers = {"": (self.embedding_optimizer, self.embedding_clipvalue)}
-        optimizers.update({o.key: (o.keras, o.clipvalue) for o in self._table_optimizer.values()})
-        for key, (optimizer, clipvalue) in optimizers.items():
+        groups = self._embedding_optimizer_groups(emb_gv)
+        for key, (optimizer, clipvalue) in self._embedding_optimizers().items():
             gv = groups.get(key)
             if gv:
                 optimizer.apply_gradients(O.clip_embedding_gradients(gv, clipvalue))

@@ -223,8 +223,10 @@ class _Checkpointer(tf.keras.callbacks.Callback):
 
 
 def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, train_files, eval_files,
-          state: str, log_dir: Optional[str] = None, train_steps: Optional[int] = None):
-    """Builds, checks and trains (resuming from `state` when it holds a checkpoint).
+          state: str, log_dir: Optional[str] = None, train_steps: Optional[int] = None, warm_from=None):
+    """Builds, checks and trains (resuming from `state` when it holds a checkpoint; else, given
+    `warm_from` (warm_start.PreviousModel), starting from the last blessed model's weights: the
+    record's `warm_start` says what carried over).
     Returns (the final checkpoint's path, TPU-rules report, training-run record); the record's
     `checkpoint_layout` is how the checkpoint holds the tables (`plan.with_run` takes it); `finish`
     does the rest."""
@@ -267,6 +269,24 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
         ckpt.restore(resumed_from).assert_existing_objects_matched()
         start = int(step.numpy())
         logging.info("resuming from %s at step %d of %d", resumed_from, start, steps)
+    warm_report = None
+    if not resumed_from and warm_from is not None:
+        # The previous model's weights in this model's checkpoint, written by a host twin and
+        # restored as a resumed run restores its own (warm_start.py).
+        from components.embedding_trainer.warm_start import warm_start_checkpoint
+
+        with tf.device("/cpu:0"):
+            twin = build_model(plan, manifest, cfg, for_training=True)
+            sample, _ = next(iter(make_dataset(train_files, manifest, per_replica, training=False, dense_id_widths=widths,
+                                               sequence_lengths=P.sequence_lengths(plan))))
+            twin(sample)
+            twin.create_optimizer_slots()
+            warm_prefix = os.path.join(state, "warm_start", "ckpt")
+            warm_report = warm_start_checkpoint(warm_from, cfg, plan, manifest, twin, warm_prefix)
+        del twin
+        ckpt.restore(warm_prefix).assert_existing_objects_matched()
+        if int(step.numpy()) != 0:
+            raise RuntimeError(f"warm start restored step {int(step.numpy())}; expected a fresh step counter")
     if start > steps:
         raise ValueError(f"checkpoint in {state} is at step {start}, beyond train_steps {steps}; remove it or raise train_steps")
 
@@ -314,6 +334,7 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
         "per_replica_batch_size": per_replica,
         "strategy": type(strategy).__name__,
         "checkpoint_layout": dataclasses.asdict(layout),
+        "warm_start": warm_report,
     }
     return final_checkpoint, rules, run
 
@@ -350,6 +371,28 @@ def copy_checkpoint(checkpoint_path: str, directory: str) -> str:
     return os.path.join(directory, base)
 
 
+def continuous_start(cfg: PipelineConfig, base_model: Optional[str], manifest: VocabularyManifest,
+                     statistics: Optional[EmbeddingStatistics]) -> Dict[str, Any]:
+    """Before training: the last blessed model (TFX's `base_model`, from the pipeline's Resolver)
+    and the drift from its data, which stops the run past `continuous.drift` (warm_start.py).
+    Returns the record of `continuous.json`, with `previous` (the model to start from) when
+    warm-starting."""
+    if not base_model:
+        return {"base_model": None, "drift": None, "note": "no blessed model yet: trained from scratch"}
+    from components.embedding_trainer import warm_start as W
+
+    prev = W.previous_model(base_model)
+    figures = W.drift(prev, manifest, statistics)
+    logging.info("drift from %s: %s", prev.uri, json.dumps(figures, sort_keys=True))
+    W.check_drift(figures, cfg, prev.uri)
+    out: Dict[str, Any] = {"base_model": prev.uri, "drift": figures}
+    if cfg.continuous.warm_start:
+        out["previous"] = prev
+    else:
+        out["note"] = "continuous.warm_start is false: trained from scratch"
+    return out
+
+
 def run_fn(fn_args) -> None:
     cfg = config_from_json(fn_args.custom_config[CONFIG_KEY])
     manifest = read_manifest_for(fn_args.train_files)
@@ -360,10 +403,12 @@ def run_fn(fn_args) -> None:
     model_root = os.path.dirname(fn_args.serving_model_dir.rstrip("/"))
     state = state_dir(cfg, model_root, fn_args.train_files)
     length = P.training_steps(cfg, statistics, fn_args.train_steps)
+    continuous = continuous_start(cfg, getattr(fn_args, "base_model", None), manifest, statistics)
     checkpoint, rules, run = train(
         cfg, plan, manifest, fn_args.train_files, fn_args.eval_files, state,
-        log_dir=fn_args.model_run_dir, train_steps=length["steps"],
+        log_dir=fn_args.model_run_dir, train_steps=length["steps"], warm_from=continuous.pop("previous", None),
     )
+    continuous["warm_start"] = run.pop("warm_start")
     run["length"] = length
     # The final state (weights and optimizer slots, as the training platform saved them) goes into
     # the artifact; the state dir is removed below. Evaluation and the SavedModel come from it.
@@ -380,7 +425,11 @@ def run_fn(fn_args) -> None:
     # The config travels with the model so the standalone exporter CLI can rebuild it without one.
     for name, obj in ((A.EMBEDDING_MANIFEST_FILE, manifest.to_dict()), (A.PLAN_FILE, plan.to_dict()),
                       (EVAL_METRICS_FILE, metrics), (TPU_RULES_FILE, rules), (TRAINING_RUN_FILE, run),
-                      (CONFIG_FILE, json.loads(cfg.to_json()))):
+                      (CONFIG_FILE, json.loads(cfg.to_json())), (A.CONTINUOUS_FILE, continuous),
+                      # The next run's drift reference (warm_start.drift).
+                      (A.EMBEDDING_STATISTICS_FILE, statistics.to_dict() if statistics else None)):
+        if obj is None:
+            continue
         with tf.io.gfile.GFile(os.path.join(model_root, name), "w") as fh:
             fh.write(json.dumps(obj, indent=2, sort_keys=True))
     if not cfg.training.checkpoint_dir and tf.io.gfile.exists(state):

@@ -1,0 +1,354 @@
+"""Continuous training: a run warm-started from the last blessed model, and the drift between them.
+
+The pipeline's Resolver hands the Trainer the last blessed Trainer Model (`base_model`). Its
+artifact holds everything needed (trainer_module): the final checkpoint, the plan, the manifest
+(its `vocabulary_dir` names the previous vocabularies) and, from this version on, the statistics.
+
+Warm start = one training checkpoint in *this* run's model, written before training and restored
+by `train` as a resumed run restores its own (so the same restore path serves every platform):
+- an embedding row whose token is in both vocabularies of a table (same name, same dim) is the
+  previous row of that token; a token new to the table keeps its fresh initial row; the previous
+  tokens absent now are counted (and the most frequent listed) as dropped;
+- OOV buckets are carried when the table has as many as before (the bucket of a token is
+  Fingerprint64(token) % buckets, so the same count means the same tokens share it); hashed tables
+  likewise; identity tables keep the IDs both runs hold;
+- the table's optimizer slots go with its rows when the previous checkpoint holds them under the
+  same name (same optimizer) in one variable per table (layout A: CPU/GPU and TPUEmbedding);
+- every other weight (the dense network, its optimizer slots) is carried when its name and shape
+  are unchanged; optimizer step counters and hyperparameters stay fresh (this run's config and
+  length rule).
+The previous tables are read with the exporter's layout reader, so a model trained on any layout
+(SparseCore stacks, host partitions) starts this one; only its slots need layout A.
+
+Drift (`continuous.drift` limits, checked before training): per table, the share of the new
+vocabulary the previous one held and the share of in-vocabulary train occurrences on tokens it
+lacked; per feature, the mean IDs per example; per dense feature, the mean of the model's input in
+the previous run's standard deviations. A limit crossed stops the run (DriftStop) naming the
+feature, both figures and the config field.
+"""
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import components  # noqa: F401
+import numpy as np
+import tensorflow as tf
+from tfx.utils import io_utils
+
+from components.config import PipelineConfig
+from components.contracts import artifacts as A
+from components.contracts.manifest import VocabularyEntry, VocabularyManifest
+from components.contracts.plan import EmbeddingPlan
+from components.contracts.statistics import EmbeddingStatistics
+from components.embedding_trainer import model as M
+
+TOKEN_KINDS = ("counted", "list", "file")  # vocabularies whose rows are tokens (manifest kind)
+# Kept fresh: optimizer step counters and hyperparameters (this run's config), the save counter.
+OPTIMIZER_STATE = ("model/dense_optimizer/", "model/embedding_optimizer/", "model/table_embedding_optimizers/",
+                   "save_counter/")
+OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+TOP_DROPPED = 5
+
+
+class DriftStop(RuntimeError):
+    """This run's data moved further from the last blessed model's than `continuous.drift` allows."""
+
+
+class WarmStartError(RuntimeError):
+    """The last blessed model cannot start this run; says what is missing and the way out."""
+
+
+@dataclass
+class PreviousModel:
+    uri: str
+    plan: EmbeddingPlan
+    manifest: VocabularyManifest
+    checkpoint: str
+    statistics: Optional[EmbeddingStatistics]
+
+
+def previous_model(base_model: str) -> PreviousModel:
+    """The last blessed Trainer Model from TFX's `fn_args.base_model` (its serving directory) or
+    its artifact directory."""
+    uri = base_model.rstrip("/")
+    if os.path.basename(uri) == A.SERVING_DIR:
+        uri = os.path.dirname(uri)
+    way_out = "set continuous.warm_start: false to train from scratch"
+
+    def read(name: str) -> Optional[str]:
+        path = os.path.join(uri, name)
+        return io_utils.read_string_file(path) if tf.io.gfile.exists(path) else None
+
+    plan_text, manifest_text = read(A.PLAN_FILE), read(A.EMBEDDING_MANIFEST_FILE)
+    checkpoint = tf.train.latest_checkpoint(os.path.join(uri, A.CHECKPOINT_DIR))
+    if plan_text is None or manifest_text is None or checkpoint is None:
+        raise WarmStartError(f"last blessed model {uri}: no plan, manifest or checkpoint (a Trainer Model of this pipeline?); {way_out}")
+    stats_text = read(A.EMBEDDING_STATISTICS_FILE)
+    return PreviousModel(
+        uri=uri,
+        plan=EmbeddingPlan.from_json(plan_text, os.path.join(uri, A.PLAN_FILE)),
+        manifest=VocabularyManifest.from_json(manifest_text, os.path.join(uri, A.EMBEDDING_MANIFEST_FILE)),
+        checkpoint=checkpoint,
+        statistics=EmbeddingStatistics.from_json(stats_text, A.EMBEDDING_STATISTICS_FILE) if stats_text else None,
+    )
+
+
+# ---- vocabularies ---------------------------------------------------------------------------------
+
+
+def read_lines(path: str) -> List[bytes]:
+    with tf.io.gfile.GFile(path, "rb") as fh:
+        data = fh.read()
+    return data.split(b"\n")[:-1] if data else []
+
+
+def table_tokens(manifest: VocabularyManifest, table: str) -> Optional[List[bytes]]:
+    """The table's vocabulary (line i = row i), None for hashed and identity tables (no tokens)."""
+    entry = manifest.vocabulary(table)
+    if entry.kind not in TOKEN_KINDS:
+        return None
+    path = os.path.join(manifest.vocabulary_dir, entry.file)
+    if not tf.io.gfile.exists(path):
+        raise WarmStartError(f"vocabulary of table {table!r} is gone: {path}; the last blessed model's preprocessing "
+                             "output must stay readable for a warm start (or set continuous.warm_start: false)")
+    return read_lines(path)
+
+
+def table_counts(manifest: VocabularyManifest, table: str) -> Optional[Dict[bytes, float]]:
+    """{token: train-split count} of a token vocabulary (`<count> <token>` lines), None if absent."""
+    entry = manifest.vocabulary(table)
+    path = os.path.join(manifest.vocabulary_dir, entry.counts_file)
+    if entry.kind not in TOKEN_KINDS or not tf.io.gfile.exists(path):
+        return None
+    out: Dict[bytes, float] = {}
+    for line in read_lines(path):
+        count, _, token = line.partition(b" ")
+        out[token] = float(count)
+    return out
+
+
+@dataclass
+class RowMap:
+    """Rows of this run's table taken from the previous one: new[i] <- old[i]."""
+
+    new: np.ndarray
+    old: np.ndarray
+    report: Dict[str, Any]
+
+
+def row_map(old: VocabularyEntry, old_tokens: Optional[List[bytes]], new: VocabularyEntry,
+            new_tokens: Optional[List[bytes]]) -> RowMap:
+    """Which rows carry over between two vocabularies of one table (module docstring's rules)."""
+    new_rows: List[int] = []
+    old_rows: List[int] = []
+    report: Dict[str, Any] = {"kind": new.kind, "rows": new.rows, "previous_rows": old.rows}
+    if new.kind in TOKEN_KINDS and old.kind in TOKEN_KINDS:
+        index = {t: i for i, t in enumerate(old_tokens)}
+        for i, t in enumerate(new_tokens):
+            j = index.get(t)
+            if j is not None:
+                new_rows.append(i)
+                old_rows.append(j)
+        carried = len(new_rows)
+        present = set(new_tokens)
+        dropped = [t for t in old_tokens if t not in present]  # most frequent first (vocabulary order)
+        report.update(tokens_carried=carried, tokens_new=len(new_tokens) - carried, tokens_dropped=len(dropped),
+                      dropped_examples=[t.decode("utf-8", "replace") for t in dropped[:TOP_DROPPED]])
+    elif new.kind == old.kind == "identity":
+        n = min(old.size, new.size)
+        new_rows, old_rows = list(range(n)), list(range(n))
+        report.update(ids_carried=n)
+    elif new.kind != old.kind:
+        report.update(fresh=f"vocabulary kind changed from {old.kind} to {new.kind}")
+    same_family = (new.kind in TOKEN_KINDS and old.kind in TOKEN_KINDS) or new.kind == old.kind
+    if same_family and (new.num_oov_buckets or old.num_oov_buckets):
+        if new.num_oov_buckets == old.num_oov_buckets:
+            new_rows += [new.size + b for b in range(new.num_oov_buckets)]
+            old_rows += [old.size + b for b in range(old.num_oov_buckets)]
+            report["oov_buckets"] = f"{new.num_oov_buckets} carried"
+        else:
+            report["oov_buckets"] = f"fresh: {old.num_oov_buckets} buckets before, {new.num_oov_buckets} now"
+    report["rows_carried"] = len(new_rows)
+    return RowMap(np.asarray(new_rows, np.int64), np.asarray(old_rows, np.int64), report)
+
+
+# ---- the warm-start checkpoint -------------------------------------------------------------------
+
+
+def table_key_prefixes(plan: EmbeddingPlan) -> Dict[str, str]:
+    """{table: its variable's object path} (a table's slots hang under it: `.OPTIMIZER_SLOT/...`)."""
+    return {t: M.table_checkpoint_key(t, p.placement)[: -len(M.VARIABLE_VALUE)] for t, p in plan.tables.items()}
+
+
+def warm_start_checkpoint(prev: PreviousModel, cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest,
+                          fresh: M.RankingModel, out_prefix: str) -> Dict[str, Any]:
+    """Writes at `out_prefix` a training checkpoint of `fresh` (this run's model, built, its
+    optimizer slots created, on the host) holding the previous model's weights where they carry
+    over (module docstring). Returns the carry-over report. One table (and its slots) is in memory
+    at a time: each is written as its own checkpoint shard, and the shards are merged."""
+    from components.embedding_exporter.restore import open_checkpoint_tables
+
+    work = tempfile.mkdtemp(prefix="warm_start_")
+    # `save`, not `write`: the trainer's checkpoint object has a save counter to bind too.
+    fresh_prefix = tf.train.Checkpoint(**{M.CHECKPOINT_ROOT: fresh}).save(os.path.join(work, "fresh"))
+    new_reader = tf.train.load_checkpoint(fresh_prefix)
+    old_reader = tf.train.load_checkpoint(prev.checkpoint)
+    new_shapes, new_dtypes = new_reader.get_variable_to_shape_map(), new_reader.get_variable_to_dtype_map()
+    old_shapes = old_reader.get_variable_to_shape_map()
+    old_tables = open_checkpoint_tables(prev.checkpoint, prev.plan)
+    new_prefixes, old_prefixes = table_key_prefixes(plan), table_key_prefixes(prev.plan)
+
+    groups: Dict[str, List[str]] = {}  # table ("" for the rest) -> its keys
+    for key in sorted(new_shapes):
+        table = next((t for t, p in new_prefixes.items() if key.startswith(p + "/")), "")
+        groups.setdefault(table, []).append(key)
+
+    report: Dict[str, Any] = {"from_model": prev.uri, "from_checkpoint": prev.checkpoint, "tables": {}}
+    shards: List[str] = []
+    for table, keys in sorted(groups.items()):
+        values: Dict[str, np.ndarray] = {}
+        if table:
+            values, report["tables"][table] = _carry_table(table, keys, prev, manifest, plan, new_reader, old_reader,
+                                                         old_shapes, old_tables, new_prefixes[table], old_prefixes.get(table))
+        else:
+            values, report["dense"] = _carry_rest(keys, new_reader, old_reader, old_shapes)
+        shard = os.path.join(work, f"shard_{len(shards)}")
+        names = sorted(values)
+        tf.raw_ops.SaveV2(prefix=shard, tensor_names=names, shape_and_slices=[""] * len(names),
+                          tensors=[tf.constant(values[n], dtype=new_dtypes[n]) for n in names])
+        shards.append(shard)
+        del values
+    tf.io.gfile.makedirs(os.path.dirname(out_prefix))
+    tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=shards, destination_prefix=out_prefix, delete_old_dirs=True)
+    tf.io.gfile.rmtree(work)
+    totals = [t for t in report["tables"].values()]
+    report["rows_carried"] = int(sum(t.get("rows_carried", 0) for t in totals))
+    report["rows"] = int(sum(t["rows"] for t in totals))
+    return report
+
+
+def _carry_table(table, keys, prev, manifest, plan, new_reader, old_reader, old_shapes, old_tables, new_prefix, old_prefix):
+    values = {k: new_reader.get_tensor(k) for k in keys}
+    new_entry, rows, dim = manifest.vocabulary(table), plan.tables[table].rows, plan.tables[table].dim
+    if table not in prev.plan.tables or table not in prev.manifest.vocabularies:
+        return values, {"rows": rows, "rows_carried": 0, "fresh": "table new in this run"}
+    old_plan_table, old_entry = prev.plan.tables[table], prev.manifest.vocabulary(table)
+    if old_plan_table.dim != dim:
+        return values, {"rows": rows, "rows_carried": 0, "fresh": f"dim changed from {old_plan_table.dim} to {dim}"}
+    mapping = row_map(old_entry, table_tokens(prev.manifest, table), new_entry, table_tokens(manifest, table))
+    report = dict(mapping.report, slots_carried=[], slots_fresh=[])
+    for key in keys:
+        suffix = key[len(new_prefix):]
+        if suffix == M.VARIABLE_VALUE:
+            old = old_tables.read(table)
+        else:
+            old_key = (old_prefix or "") + suffix
+            slot = suffix.split("/")[-3] if suffix.count("/") >= 3 else suffix
+            if old_prefix is None or old_shapes.get(old_key) != [old_entry.rows, dim]:
+                report["slots_fresh"].append(slot)
+                continue
+            old = old_reader.get_tensor(old_key)
+            report["slots_carried"].append(slot)
+        if len(mapping.new):
+            values[key][mapping.new] = old[mapping.old]
+        del old
+    return values, report
+
+
+def _carry_rest(keys, new_reader, old_reader, old_shapes):
+    values, carried, fresh = {}, 0, []
+    for key in keys:
+        value = new_reader.get_tensor(key)
+        if key != OBJECT_GRAPH_KEY and not key.startswith(OPTIMIZER_STATE) and old_shapes.get(key) == list(np.shape(value)):
+            value = old_reader.get_tensor(key)
+            carried += 1
+        elif key != OBJECT_GRAPH_KEY and not key.startswith(OPTIMIZER_STATE):
+            fresh.append(key.replace(M.VARIABLE_VALUE, ""))
+        values[key] = value
+    return values, {"weights_carried": carried, "weights_fresh": fresh}
+
+
+# ---- drift ----------------------------------------------------------------------------------------
+
+
+def drift(prev: PreviousModel, manifest: VocabularyManifest, statistics: Optional[EmbeddingStatistics]) -> Dict[str, Any]:
+    """This run's data against the previous model's (module docstring); figures only."""
+    out: Dict[str, Any] = {"tables": {}, "features": {}, "dense_features": {}}
+    for table, entry in sorted(manifest.vocabularies.items()):
+        if table not in prev.manifest.vocabularies or entry.kind not in TOKEN_KINDS:
+            continue
+        old = set(table_tokens(prev.manifest, table) or ())
+        new = table_tokens(manifest, table) or []
+        counts = table_counts(manifest, table)
+        row: Dict[str, Any] = {"vocabulary_overlap": _share(sum(t in old for t in new), len(new))}
+        if counts:
+            total = sum(counts.values())
+            row["new_token_share"] = _share(sum(c for t, c in counts.items() if t not in old), total)
+        out["tables"][table] = row
+    old_stats = prev.statistics
+    if statistics is None or old_stats is None:
+        out["unknown"] = "the last blessed model has no statistics copy (trained before continuous training)" \
+            if statistics is not None else "this run has no statistics"
+        return out
+    for name, f in sorted(statistics.features.items()):
+        before = old_stats.features.get(name)
+        if not before:
+            continue
+        a, b = _ids_mean(before), _ids_mean(f)
+        if a is not None and b is not None:
+            out["features"][name] = {"ids_per_example": b, "previous": a,
+                                     "change": abs(b - a) / a if a > 0 else (0.0 if b == 0 else math.inf)}
+    for name, d in sorted(statistics.dense_features.items()):
+        before = old_stats.dense_features.get(name, {}).get("train", {})
+        now = d.get("train", {})
+        if "input_mean" in before and "input_mean" in now:
+            std = before.get("input_std", 0.0)
+            delta = abs(now["input_mean"] - before["input_mean"])
+            out["dense_features"][name] = {"mean": now["input_mean"], "previous": before["input_mean"],
+                                           "shift_in_std": delta / std if std > 0 else (0.0 if delta == 0 else math.inf)}
+    return out
+
+
+def _ids_mean(feature: Dict[str, Any]) -> Optional[float]:
+    train = feature.get("splits", {}).get("train", {})
+    return train.get("ids_per_example", {}).get("mean")
+
+
+def _share(part: float, whole: float) -> float:
+    return float(part) / whole if whole else 0.0
+
+
+def drift_violations(figures: Dict[str, Any], cfg: PipelineConfig) -> List[str]:
+    """Each `continuous.drift` limit this run crosses, as a sentence naming the figure and the field."""
+    d = cfg.continuous.drift
+    out: List[str] = []
+    for table, row in figures["tables"].items():
+        if d.max_new_token_share is not None and row.get("new_token_share", 0.0) > d.max_new_token_share:
+            out.append(f"table {table!r}: {row['new_token_share']:.3f} of occurrences on tokens new to the vocabulary "
+                       f"> continuous.drift.max_new_token_share {d.max_new_token_share}")
+        if d.min_vocabulary_overlap is not None and row["vocabulary_overlap"] < d.min_vocabulary_overlap:
+            out.append(f"table {table!r}: vocabulary overlap {row['vocabulary_overlap']:.3f} "
+                       f"< continuous.drift.min_vocabulary_overlap {d.min_vocabulary_overlap}")
+    for name, row in figures["features"].items():
+        if d.max_ids_per_example_change is not None and row["change"] > d.max_ids_per_example_change:
+            out.append(f"feature {name!r}: IDs per example {row['previous']:.3f} -> {row['ids_per_example']:.3f} "
+                       f"(change {row['change']:.2f} > continuous.drift.max_ids_per_example_change {d.max_ids_per_example_change})")
+    for name, row in figures["dense_features"].items():
+        if d.max_dense_mean_shift is not None and row["shift_in_std"] > d.max_dense_mean_shift:
+            out.append(f"dense feature {name!r}: mean input {row['previous']:.4f} -> {row['mean']:.4f} "
+                       f"({row['shift_in_std']:.2f} std > continuous.drift.max_dense_mean_shift {d.max_dense_mean_shift})")
+    return out
+
+
+def check_drift(figures: Dict[str, Any], cfg: PipelineConfig, prev_uri: str) -> None:
+    violations = drift_violations(figures, cfg)
+    if violations:
+        raise DriftStop(
+            f"the data drifted from the last blessed model's ({prev_uri}) beyond continuous.drift: "
+            + "; ".join(violations)
+            + ". Check the input (a broken upstream job?); if the change is real, raise the limit (or null) for this run"
+        )

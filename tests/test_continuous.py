@@ -1,0 +1,218 @@
+"""Continuous training (components/embedding_trainer/warm_start.py): rows carried by token across a
+hand-made vocabulary change, the drift figures and the limits that stop a run."""
+import dataclasses
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from components.config import ConfigError, parse_config
+from components.config.schema import ContinuousConfig, DriftLimits
+from components.contracts.manifest import VocabularyEntry, VocabularyManifest
+from components.embedding_trainer import model as M
+from components.embedding_trainer import plan as P
+from components.embedding_trainer import warm_start as W
+from components.embedding_trainer.input import make_dataset
+from components.embedding_trainer.trainer_module import build_model
+
+
+def entry(kind="counted", size=4, oov=1, **kw):
+    return VocabularyEntry(file="t.txt", counts_file="t.counts.txt", size=size, distinct_before_pruning=size,
+                           num_oov_buckets=oov, rows=size + oov, dim=4, combiner="mean", features=("f",), kind=kind, **kw)
+
+
+# ---- row maps: one table of hand-made vocabulary changes --------------------------------------------
+ROW_MAP_CASES = [
+    # (old entry, old tokens, new entry, new tokens, expected {new row: old row})
+    ("reordered, one dropped, one new, OOV carried",
+     entry(size=3, oov=2), [b"a", b"b", b"c"], entry(size=3, oov=2), [b"c", b"x", b"a"],
+     {0: 2, 2: 0, 3: 3, 4: 4}),
+    ("OOV bucket count changed: buckets fresh",
+     entry(size=2, oov=1), [b"a", b"b"], entry(size=3, oov=2), [b"b", b"a", b"z"], {0: 1, 1: 0}),
+    ("grown vocabulary: OOV rows move with the size",
+     entry(size=1, oov=2), [b"a"], entry(size=3, oov=2), [b"n", b"a", b"m"], {1: 0, 3: 1, 4: 2}),
+    ("identity: the IDs both hold", entry("identity", size=3, oov=0), None, entry("identity", size=5, oov=0), None,
+     {0: 0, 1: 1, 2: 2}),
+    ("hashed, same buckets: every row", entry("hashed", size=0, oov=3), None, entry("hashed", size=0, oov=3), None,
+     {0: 0, 1: 1, 2: 2}),
+    ("hashed, other buckets: nothing", entry("hashed", size=0, oov=3), None, entry("hashed", size=0, oov=4), None, {}),
+    ("counted became hashed: nothing", entry(size=2, oov=1), [b"a", b"b"], entry("hashed", size=0, oov=1), None, {}),
+]
+
+
+@pytest.mark.parametrize("case", ROW_MAP_CASES, ids=[c[0] for c in ROW_MAP_CASES])
+def test_row_map(case):
+    _, old, old_tokens, new, new_tokens, expected = case
+    m = W.row_map(old, old_tokens, new, new_tokens)
+    assert dict(zip(m.new.tolist(), m.old.tolist())) == expected
+    assert m.report["rows_carried"] == len(expected)
+
+
+def test_row_map_reports_dropped_tokens_most_frequent_first():
+    m = W.row_map(entry(size=3), [b"a", b"b", b"c"], entry(size=2), [b"c", b"d"])
+    assert (m.report["tokens_carried"], m.report["tokens_new"], m.report["tokens_dropped"]) == (1, 1, 2)
+    assert m.report["dropped_examples"] == ["a", "b"]
+
+
+# ---- the warm-start checkpoint on a real trained model ----------------------------------------------
+
+
+def _changed_manifest(prev: W.PreviousModel, directory) -> VocabularyManifest:
+    """The previous manifest with two tables' vocabularies changed by hand: C1 (its own table)
+    reversed, its first token dropped and two new tokens; shared_c3_c4 (C3 and C4) with every
+    other token dropped and one new token first. Other tables unchanged."""
+    directory = str(directory)
+    shutil.copytree(prev.manifest.vocabulary_dir, directory)
+    vocabularies = dict(prev.manifest.vocabularies)
+    edits = {
+        "C1": lambda toks: [b"new-one"] + list(reversed(toks[1:])) + [b"new-two"],
+        "shared_c3_c4": lambda toks: [b"new-shared"] + toks[::2],
+    }
+    for table, edit in edits.items():
+        e = vocabularies[table]
+        toks = edit(W.table_tokens(prev.manifest, table))
+        with open(os.path.join(directory, e.file), "wb") as fh:
+            fh.write(b"".join(t + b"\n" for t in toks))
+        with open(os.path.join(directory, e.counts_file), "wb") as fh:
+            fh.write(b"".join(b"5 " + t + b"\n" for t in toks))
+        vocabularies[table] = dataclasses.replace(e, size=len(toks), rows=len(toks) + e.num_oov_buckets)
+    return dataclasses.replace(prev.manifest, vocabulary_dir=directory, vocabularies=vocabularies)
+
+
+@pytest.fixture(scope="module")
+def warm(chain, tmp_path_factory):
+    cfg, a, _ = chain
+    prev = W.previous_model(a["model"].uri)
+    root = tmp_path_factory.mktemp("warm")
+    manifest = _changed_manifest(prev, root / "vocabulary")
+    plan = P.derive_plan(cfg, manifest, prev.statistics)
+    twin = build_model(plan, manifest, cfg, for_training=True)
+    train_files = tf.io.gfile.glob(os.path.join(a["transformed"].uri, "Split-train", "*"))
+    sample, _ = next(iter(make_dataset(train_files, prev.manifest, 8, training=False,
+                                       dense_id_widths=P.dense_id_widths(plan), sequence_lengths=P.sequence_lengths(plan))))
+    sample = _ids_within(sample, manifest, plan)  # the previous IDs, folded into the smaller tables
+    twin(sample)
+    twin.create_optimizer_slots()
+    fresh_reader = tf.train.load_checkpoint(tf.train.Checkpoint(model=twin).write(str(root / "fresh" / "ckpt")))
+    fresh = {k: fresh_reader.get_tensor(k) for k in fresh_reader.get_variable_to_shape_map()}
+    prefix = str(root / "warm" / "ckpt")
+    report = W.warm_start_checkpoint(prev, cfg, plan, manifest, twin, prefix)
+    warm.prefix, warm.sample = prefix, sample
+    return prev, manifest, plan, fresh, tf.train.load_checkpoint(prefix), report
+
+
+def _ids_within(sample, manifest, plan):
+    out = dict(sample)
+    for f in manifest.categorical_features:
+        rows = plan.tables[f.table].rows
+        x = out[f.name]
+        if isinstance(x, tf.SparseTensor):
+            out[f.name] = tf.SparseTensor(x.indices, x.values % rows, x.dense_shape)
+        else:
+            out[f.name] = tf.where(x >= 0, x % rows, x)
+    return out
+
+
+def _rows_by_token(manifest, table):
+    return {t: i for i, t in enumerate(W.table_tokens(manifest, table))}
+
+
+@pytest.mark.parametrize("table", ["C1", "shared_c3_c4", "C2"])
+def test_warm_start_carries_rows_and_slots_by_token(warm, table):
+    prev, manifest, plan, fresh, out, report = warm
+    old_reader = tf.train.load_checkpoint(prev.checkpoint)
+    placement = plan.tables[table].placement
+    key = M.table_checkpoint_key(table, placement)
+    old_key = M.table_checkpoint_key(table, prev.plan.tables[table].placement)
+    old_rows, new_rows = _rows_by_token(prev.manifest, table), _rows_by_token(manifest, table)
+    e_old, e_new = prev.manifest.vocabulary(table), manifest.vocabulary(table)
+    slot_keys = [k for k in fresh if k.startswith(key[: -len(M.VARIABLE_VALUE)] + "/.OPTIMIZER_SLOT/")]
+    assert slot_keys, "the demo's FTRL has two slots per table"
+    for k in [key] + slot_keys:
+        old = old_reader.get_tensor(old_key[: -len(M.VARIABLE_VALUE)] + k[len(key) - len(M.VARIABLE_VALUE):])
+        got = out.get_tensor(k)
+        assert got.shape == (e_new.rows, plan.tables[table].dim)
+        for token, i in new_rows.items():
+            want = old[old_rows[token]] if token in old_rows else fresh[k][i]
+            np.testing.assert_array_equal(got[i], want, err_msg=f"{k} row of {token!r}")
+        for b in range(e_new.num_oov_buckets):  # same bucket count: each bucket's row carried
+            np.testing.assert_array_equal(got[e_new.size + b], old[e_old.size + b])
+    r = report["tables"][table]
+    assert r["tokens_carried"] == len(set(old_rows) & set(new_rows))
+    assert r["tokens_dropped"] == len(set(old_rows) - set(new_rows))
+    assert r["slots_fresh"] == [] and len(r["slots_carried"]) == len(slot_keys)
+
+
+def test_warm_start_carries_the_dense_network_and_leaves_optimizer_counters_fresh(warm):
+    prev, _, _, fresh, out, report = warm
+    old = tf.train.load_checkpoint(prev.checkpoint)
+    dense = [k for k in fresh if k.startswith("model/bottom_mlp/") or k.startswith("model/cross/")]
+    assert dense
+    for k in dense:  # weights and their Adam slots: same names and shapes
+        np.testing.assert_array_equal(out.get_tensor(k), old.get_tensor(k))
+    assert report["dense"]["weights_fresh"] == []
+    assert int(out.get_tensor("model/dense_optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE")) == 0
+    assert int(old.get_tensor("model/dense_optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE")) > 0
+
+
+def test_warm_start_checkpoint_restores_into_a_new_training_model(warm, chain):
+    """The checkpoint is this run's model's own: a fresh training model (slots created as its
+    first step would) consumes every value, and its tables hold the carried rows."""
+    cfg, _, _ = chain
+    _, manifest, plan, _, out, _ = warm
+    model = build_model(plan, manifest, cfg, for_training=True)
+    model(globals()["warm"].sample)
+    model.create_optimizer_slots()
+    # Every object of the model (slots included) bound; `write` saves no save_counter (the root's own).
+    tf.train.Checkpoint(model=model).restore(globals()["warm"].prefix).assert_existing_objects_matched()
+    np.testing.assert_array_equal(model.tensor_core_tables["C1"].embeddings.numpy(),
+                                  out.get_tensor(M.table_checkpoint_key("C1", "tensor_core")))
+    assert int(model.dense_optimizer.iterations.numpy()) == 0
+
+
+# ---- drift -------------------------------------------------------------------------------------------
+
+
+def test_drift_figures_and_the_limits_that_stop_a_run(warm, chain):
+    cfg, _, _ = chain
+    prev, manifest, _, _, _, _ = warm
+    figures = W.drift(prev, manifest, prev.statistics)
+    c1 = figures["tables"]["C1"]
+    n_old = prev.manifest.vocabulary("C1").size
+    assert c1["vocabulary_overlap"] == pytest.approx((n_old - 1) / (n_old + 1))
+    assert c1["new_token_share"] == pytest.approx(2 / (n_old + 1))  # the hand-made counts are all 5
+    assert figures["tables"]["C2"] == {"vocabulary_overlap": 1.0, "new_token_share": 0.0}
+    assert all(f["change"] == 0.0 for f in figures["features"].values())
+    assert W.drift_violations(figures, cfg) == []
+    strict = dataclasses.replace(cfg, continuous=ContinuousConfig(drift=DriftLimits(max_new_token_share=0.001)))
+    with pytest.raises(W.DriftStop, match=r"table 'C1': 0\.0\d+ of occurrences on tokens new .*max_new_token_share 0\.001"):
+        W.check_drift(figures, strict, prev.uri)
+
+
+def test_drift_of_dense_features_and_ids_per_example():
+    figures = {"tables": {}, "features": {"f": {"ids_per_example": 3.0, "previous": 1.0, "change": 2.0}},
+               "dense_features": {"d": {"mean": 2.0, "previous": 0.5, "shift_in_std": 5.0}}}
+    cfg = parse_config({"name": "t", "input": {"path": "x.csv"}, "dense_features": [{"name": "d"}],
+                        "categorical_features": [{"name": "f"}]})
+    v = W.drift_violations(figures, cfg)
+    assert len(v) == 2 and "feature 'f'" in v[0] and "max_ids_per_example_change 1.0" in v[0]
+    assert "dense feature 'd'" in v[1] and "max_dense_mean_shift 3.0" in v[1]
+    off = parse_config({"name": "t", "input": {"path": "x.csv"}, "dense_features": [{"name": "d"}],
+                        "categorical_features": [{"name": "f"}],
+                        "continuous": {"drift": {"max_ids_per_example_change": None, "max_dense_mean_shift": None}}})
+    assert W.drift_violations(figures, off) == []
+
+
+@pytest.mark.parametrize("bad", [{"max_new_token_share": 1.5}, {"min_vocabulary_overlap": -0.1},
+                                 {"max_dense_mean_shift": "high"}, {"max_ids_per_example_change": True}])
+def test_drift_limits_are_checked(bad):
+    with pytest.raises(ConfigError, match=f"continuous.drift.{list(bad)[0]}"):
+        parse_config({"name": "t", "input": {"path": "x.csv"}, "categorical_features": [{"name": "f"}],
+                      "continuous": {"drift": bad}})
+
+
+def test_a_model_without_its_files_cannot_start_a_run(tmp_path):
+    with pytest.raises(W.WarmStartError, match="continuous.warm_start: false"):
+        W.previous_model(str(tmp_path / "Format-Serving"))
