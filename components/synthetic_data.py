@@ -38,6 +38,7 @@ CRITEO_CARDINALITIES = [
     27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
 ]  # fmt: skip
 MULTI_HOT_SEPARATOR = "|"
+DRIFT_MIN_CARDINALITY = 1000  # features this large drift with GeneratorSpec.id_shift; smaller ones stay
 CHUNK_ROWS = 100_000
 
 
@@ -65,6 +66,11 @@ class GeneratorSpec:
     # click probability) and `weight` (a positive number per row, for weighted IDs).
     extra_columns: bool = False
     item_cardinality: int = 1200
+    # Drifting IDs (daily spans, README "Continuous training"): each categorical feature of at least
+    # DRIFT_MIN_CARDINALITY values draws token ranks shifted by id_shift, so its id_shift most frequent
+    # values of the unshifted data fade out, every other value becomes more frequent and new values
+    # enter the tail. A value's label effect goes with the value (its token), not its rank.
+    id_shift: int = 0
 
     def __post_init__(self) -> None:
         if len(self.cardinalities) != NUM_CATEGORICAL:
@@ -73,6 +79,8 @@ class GeneratorSpec:
             raise ValueError("cardinalities: every cardinality must be at least 1")
         if self.rows < 1:
             raise ValueError("rows: must be at least 1")
+        if self.id_shift < 0:
+            raise ValueError("id_shift: must be >= 0")
         self.multi_hot = {int(k): int(v) for k, v in self.multi_hot.items()}
 
 
@@ -143,15 +151,16 @@ def generate_chunk(spec: GeneratorSpec, chunk_index: int, n: int) -> Tuple[Dict[
         card = spec.cardinalities[c]
         missing = rng.random(n) < spec.categorical_missing_rate
         max_len = spec.multi_hot.get(c)
+        shift = spec.id_shift if card >= DRIFT_MIN_CARDINALITY else 0
         if max_len is None:
-            ranks = zipf_ranks(rng, card, n, spec.zipf_exponent)
+            ranks = zipf_ranks(rng, card, n, spec.zipf_exponent) + shift
             text = token_of(c, ranks).astype(object)
             if card <= spec.signal_max_cardinality:
                 logit += np.where(missing, 0.0, value_effect(c, ranks, spec.effect_scale))
         else:
             lengths = rng.integers(1, max_len + 1, n)
             total = int(lengths.sum())
-            ranks = zipf_ranks(rng, card, total, spec.zipf_exponent)
+            ranks = zipf_ranks(rng, card, total, spec.zipf_exponent) + shift
             tokens = token_of(c, ranks)
             bounds = np.concatenate([[0], np.cumsum(lengths)])
             text = np.array(
@@ -264,13 +273,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--zipf-exponent", type=float, default=1.1)
     p.add_argument("--extra-columns", action="store_true",
                    help="add item_id, history and weight (configs/features.yaml reads them)")
+    p.add_argument("--id-shift", type=int, default=0,
+                   help="shift every large feature's token ranks by this much (a later day of drifting IDs)")
     args = p.parse_args(argv)
     cards = list(CRITEO_CARDINALITIES)
     if args.max_cardinality:
         cards = [min(c, args.max_cardinality) for c in cards]
     try:
         spec = GeneratorSpec(rows=args.rows, seed=args.seed, cardinalities=cards, zipf_exponent=args.zipf_exponent,
-                             extra_columns=args.extra_columns)
+                             extra_columns=args.extra_columns, id_shift=args.id_shift)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -50,6 +50,7 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
     root = os.path.join(output_dir, PIPELINE_ROOT)
     stats = _read(_latest(os.path.join(root, "EmbeddingPreprocess", "statistics", "*", "statistics.json")))
     metrics = _read(_latest(os.path.join(root, "Trainer", "model", "*", "eval_metrics.json")))
+    continuous = _read(_latest(os.path.join(root, "Trainer", "model", "*", "continuous.json")))
     report_path = _latest(os.path.join(root, "EmbeddingExporter", "serving_model", "*", "export_report.json"))
     report = _read(report_path)
     pushed = sorted(glob.glob(os.path.join(output_dir, SERVING_DIR, "*")))
@@ -65,6 +66,7 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
         "rows_read": {s: v["examples_read"] for s, v in stats["splits"].items()} if stats else None,
         "rows_dropped": {s: v["examples_dropped"] for s, v in stats["splits"].items()} if stats else None,
         "vocabulary_sizes": {t: v["vocabulary_size"] for t, v in stats["tables"].items()} if stats else None,
+        "continuous": continuous_summary(continuous),
         "eval_auc": metrics["auc"] if metrics else None,
         "baseline_auc": (metrics.get("baseline") or {}).get("auc") if metrics else None,
         "validation": {
@@ -85,6 +87,71 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
     }
 
 
+def continuous_summary(c: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The Trainer's continuous.json in brief: what the warm start carried, the largest drift."""
+    if not c:
+        return None
+    out: Dict[str, Any] = {"base_model": c.get("base_model"), "note": c.get("note")}
+    w = c.get("warm_start")
+    if w:
+        tables = w["tables"].values()
+        out["warm_start"] = {
+            "rows_carried": w["rows_carried"], "rows": w["rows"],
+            "tokens_carried": sum(t.get("tokens_carried", 0) for t in tables),
+            "tokens_new": sum(t.get("tokens_new", 0) for t in tables),
+            "tokens_dropped": sum(t.get("tokens_dropped", 0) for t in tables),
+            "tables_with_slots": sum(1 for t in tables if t.get("slots_carried")),
+            "tables": len(w["tables"]),
+            "dense_weights_carried": w["dense"]["weights_carried"],
+            "dense_weights_fresh": len(w["dense"]["weights_fresh"]),
+        }
+    d = c.get("drift")
+    if d:
+        def worst(rows, key, lowest=False):
+            items = [(v[key], k) for k, v in rows.items() if v.get(key) is not None]
+            if not items:
+                return None
+            value, name = (min if lowest else max)(items)
+            return {"name": name, "value": value}
+
+        out["drift"] = {
+            "new_token_share": worst(d["tables"], "new_token_share"),
+            "vocabulary_overlap": worst(d["tables"], "vocabulary_overlap", lowest=True),
+            "ids_per_example_change": worst(d["features"], "change"),
+            "dense_mean_shift_in_std": worst(d["dense_features"], "shift_in_std"),
+            "unknown": d.get("unknown"),
+        }
+    return out
+
+
+def print_continuous(c: Optional[Dict[str, Any]], indent: str = "") -> None:
+    if not c:
+        return
+    if not c.get("base_model"):
+        print(f"{indent}warm start:           none ({c.get('note')})")
+        return
+    w = c.get("warm_start")
+    if w:
+        print(f"{indent}warm start:           from {c['base_model']}")
+        print(f"{indent}  embedding rows:     {w['rows_carried']} of {w['rows']} carried by token; tokens "
+              f"{w['tokens_carried']} carried, {w['tokens_new']} new, {w['tokens_dropped']} dropped; "
+              f"optimizer slots carried in {w['tables_with_slots']} of {w['tables']} tables")
+        print(f"{indent}  dense weights:      {w['dense_weights_carried']} carried, {w['dense_weights_fresh']} fresh")
+    else:
+        print(f"{indent}warm start:           none ({c.get('note')}); drift measured against {c['base_model']}")
+    d = c.get("drift") or {}
+    parts = []
+    for key, label in (("new_token_share", "new-token share"), ("vocabulary_overlap", "lowest vocabulary overlap"),
+                       ("ids_per_example_change", "IDs/example change"), ("dense_mean_shift_in_std", "dense mean shift (std)")):
+        v = d.get(key)
+        if v:
+            parts.append(f"{label} {v['value']:.3f} ({v['name']})")
+    if parts:
+        print(f"{indent}drift:                " + "; ".join(parts))
+    if d.get("unknown"):
+        print(f"{indent}drift:                partly unknown: {d['unknown']}")
+
+
 def print_summary(s: Dict[str, Any]) -> None:
     print("\n=== pipeline summary ===")
     print(f"serving model:        {s['serving_model']}")
@@ -101,6 +168,7 @@ def print_summary(s: Dict[str, Any]) -> None:
         sizes = s["vocabulary_sizes"]
         print(f"vocabularies:         {len(sizes)} tables, {sum(sizes.values())} entries in all")
         print("                      " + ", ".join(f"{k}={v}" for k, v in sizes.items()))
+    print_continuous(s.get("continuous"))
     if s["eval_auc"] is not None:
         best = s["best_achievable_auc"]
         extra = f" (best achievable on this data: {best:.4f})" if best else ""
@@ -251,6 +319,30 @@ def compile_command(args) -> int:
     return 0
 
 
+def continuous_command(args) -> int:
+    from pipelines.continuous import run_spans, span_config
+
+    try:
+        cfg = span_config(args.config, args.data_dir, args.output_dir)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        summaries = run_spans(cfg, args.data_dir, args.output_dir, args.spans, args.rows, args.id_shift)
+    except RunFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print("\n=== spans ===")
+    for s in summaries:
+        v, c = s.get("validation") or {}, s.get("continuous") or {}
+        w = c.get("warm_start")
+        carried = f"{w['rows_carried']}/{w['rows']} rows" if w else "from scratch"
+        base = f", baseline {s['baseline_auc']:.4f}" if s.get("baseline_auc") is not None else ""
+        print(f"span {s['span']}: warm start {carried}; model AUC {s['eval_auc']:.4f}{base}; "
+              f"{'blessed, pushed' if v.get('blessed') else 'not blessed, not pushed'}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -259,6 +351,13 @@ def main(argv=None) -> int:
         sp.add_argument("--config", required=(name == "run"), default="configs/demo.yaml")
         sp.add_argument("--output-dir", required=(name == "run"), default="output/demo")
     sp.add_argument("--rows", type=int, default=DEMO_ROWS, help="rows of the generated demo dataset")
+    cs = sub.add_parser("continuous", help="daily spans with drifting IDs, one warm-started run per span (README)")
+    cs.add_argument("--config", default="configs/demo.yaml", help="the config whose input becomes the spans")
+    cs.add_argument("--output-dir", default="output/continuous")
+    cs.add_argument("--data-dir", default="data/continuous", help="where the spans are written (span-1, span-2, ...)")
+    cs.add_argument("--spans", type=int, default=3)
+    cs.add_argument("--rows", type=int, default=100_000, help="rows per span")
+    cs.add_argument("--id-shift", type=int, default=20, help="how far the IDs drift per day (token ranks)")
     cp = sub.add_parser("compile", help="write the Kubeflow Pipelines v2 spec (.yaml) or Vertex PipelineJob (.json)")
     cp.add_argument("--config", required=True)
     cp.add_argument("--image", required=True, help="container image with the project installed (docker/Dockerfile)")
@@ -269,6 +368,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "compile":
         return compile_command(args)
+    if args.command == "continuous":
+        return continuous_command(args)
     try:
         cfg = load_config(args.config)
         if args.command == "demo":

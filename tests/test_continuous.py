@@ -1,6 +1,7 @@
 """Continuous training (components/embedding_trainer/warm_start.py): rows carried by token across a
 hand-made vocabulary change, the drift figures and the limits that stop a run."""
 import dataclasses
+import json
 import os
 import shutil
 
@@ -216,3 +217,53 @@ def test_drift_limits_are_checked(bad):
 def test_a_model_without_its_files_cannot_start_a_run(tmp_path):
     with pytest.raises(W.WarmStartError, match="continuous.warm_start: false"):
         W.previous_model(str(tmp_path / "Format-Serving"))
+
+
+# ---- the three-span demo, end to end (slow tier) -----------------------------------------------------
+
+
+def test_three_daily_spans_warm_start_gate_and_a_drift_stop(tmp_path):
+    """`python -m pipelines continuous` on small spans: span 1 from scratch, spans 2-3 warm-started
+    from the last blessed model with drift measured and the gate comparing with it; then a fourth
+    day whose IDs jumped stops at the Trainer under a strict limit and pushes nothing."""
+    from pipelines.__main__ import RunFailed, run
+    from pipelines.continuous import run_spans, span_config, write_span
+
+    out, data = str(tmp_path / "out"), str(tmp_path / "data")
+    small = {
+        "training": {"train_steps": 120, "checkpoint_every_steps": 60, "batch_size": 128},
+        "export": {"compare_compression": False, "auc_sample_size": 1500, "parity_sample_size": 64},
+        "beam": {"direct_num_workers": 1},
+        # 120 steps make no model worth holding to the baseline; the regression check stays on.
+        "validation": {"baseline_margin": 0.1, "regression_margin": 0.05},
+    }
+    cfg = span_config(os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "demo.yaml"), data, out, small)
+    spans = run_spans(cfg, data, out, spans=3, rows=5000, id_shift=20, max_cardinality=5000)
+    assert spans[0]["continuous"]["base_model"] is None
+    for s in spans:
+        assert all(stage["balanced"] for stage in s["ledger"]["stages"])
+        assert s["validation"]["blessed"], s["validation"]
+    blessed_trainer_models = []
+    for day, s in enumerate(spans[1:], start=2):
+        c = s["continuous"]
+        assert "/Trainer/model/" in c["base_model"]
+        assert c["base_model"] not in blessed_trainer_models  # the latest blessed, a new one each day
+        blessed_trainer_models.append(c["base_model"])
+        w = c["warm_start"]
+        assert 0 < w["rows_carried"] < w["rows"]
+        assert w["tokens_new"] > 0 and w["tokens_dropped"] > 0  # the shifted IDs
+        assert w["tables_with_slots"] == w["tables"] and w["dense_weights_fresh"] == 0
+        assert 0 < c["drift"]["new_token_share"]["value"] < 0.5
+        gate = {g["name"]: g for g in s["validation"]["checks"]}
+        assert gate["last_blessed"]["reference_auc"] is not None
+    with open(os.path.join(blessed_trainer_models[-1], "continuous.json")) as fh:
+        assert json.load(fh)["warm_start"]["from_model"] == blessed_trainer_models[0]
+
+    # Day 4: the IDs jumped (a broken upstream job); a strict limit stops the run at the Trainer.
+    pushed_before = sorted(os.listdir(os.path.join(out, "serving")))
+    write_span(data, 4, 5000, id_shift=400, seed=7, max_cardinality=5000)
+    strict = span_config(os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "demo.yaml"), data, out,
+                         dict(small, continuous={"drift": {"max_new_token_share": 0.05}}))
+    with pytest.raises(RunFailed, match=r"Trainer failed: DriftStop: .*max_new_token_share 0\.05"):
+        run(strict, out, quiet=True)
+    assert sorted(os.listdir(os.path.join(out, "serving"))) == pushed_before

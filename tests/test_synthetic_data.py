@@ -60,3 +60,20 @@ def test_tokens_distinct_per_rank_and_large_cardinalities_cheap():
     rng = np.random.default_rng(0)
     r = sd.zipf_ranks(rng, 10_000_000, 100000, 1.1)
     assert r.min() >= 0 and r.max() < 10_000_000 and np.mean(r == 0) > 0.05
+
+
+def test_id_shift_drifts_large_features_only_and_keeps_each_values_effect():
+    """A later day (id_shift k): a large feature's value at rank r is the unshifted value of rank
+    r + k, so the k most frequent values fade; small features (the label's main signal) stay."""
+    base = sd.GeneratorSpec(rows=3000, seed=3)
+    day = sd.GeneratorSpec(rows=3000, seed=3, id_shift=7)
+    cols0, p0 = sd.generate_chunk(base, 0, 3000)
+    cols1, p1 = sd.generate_chunk(day, 0, 3000)
+    c1 = 0  # C1: 1460 values >= DRIFT_MIN_CARDINALITY
+    ranks = np.arange(base.cardinalities[c1] + 7)
+    faded = set(sd.token_of(c1, ranks[:7]))
+    assert faded & set(cols0["C1"]) and not faded & set(cols1["C1"])
+    assert set(cols1["C1"]) - {""} <= set(sd.token_of(c1, ranks[7:]))
+    small = [f"C{c + 1}" for c, n in enumerate(base.cardinalities) if n < sd.DRIFT_MIN_CARDINALITY]
+    assert small and all((cols0[c] == cols1[c]).all() for c in small)
+    assert not np.allclose(p0, p1)  # C1's values carry no effect, but the multi-hot C24's do

@@ -11,7 +11,12 @@ What it leaves in the Model artifact (the exporter needs nothing else):
 - `eval_metrics.json`: exact AUC and log loss on the whole eval split, and under `baseline` the
   same for the logistic regression fitted beside the model (baseline.py; `validation.baseline`);
 - `training_run.json`: steps (and under `length` where their number came from: train_steps, or
-  training.epochs over the train rows), the step a resumed run started from, the steps checkpointed.
+  training.epochs over the train rows), the step a resumed run started from, the steps checkpointed;
+- `continuous.json`: the last blessed model the run started from (TFX's `base_model`, from the
+  pipeline's Resolver), what its warm start carried over, and the drift from that model's data
+  (warm_start.py; a drift past `continuous.drift` stops the run before training);
+- `embedding_statistics.json`: preprocessing's statistics of the training data (the next run's
+  drift reference).
 
 Training checkpoints every `training.checkpoint_every_steps` into a state directory that outlives
 the execution (`training.checkpoint_dir`, or `<pipeline root>/Trainer/training_state/<key>` where
