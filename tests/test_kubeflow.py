@@ -356,10 +356,12 @@ def test_kfp_runs_pass_inputs_as_each_backend_does(kfp_runs):
         by_task = {r["task"]: r for r in records if "resolver" not in r}
         assert list(by_task) == ["EmbeddingExampleGen", "EmbeddingPreprocess", "Trainer", "EmbeddingExporter", "Pusher"]
         # The last blessed model's resolver tasks: the harness keeps no MLMD, so they find nothing
-        # (a first run) and the exporter gets its optional inputs empty.
+        # (a first run) and the exporter gets its optional inputs empty ...
         assert sorted(r["task"] for r in resolvers) == [RESOLVER + "-model-blessing-resolver", RESOLVER + "-model-resolver"]
         exporter_inputs = by_task["EmbeddingExporter"]["executor_input"]["inputs"]["artifacts"]
         assert exporter_inputs["last_blessing"]["artifacts"] == [] and exporter_inputs["last_blessed_model"]["artifacts"] == []
+        # ... and so does the Trainer's base_model (no warm start, no drift reference).
+        assert by_task["Trainer"]["executor_input"]["inputs"]["artifacts"]["base_model"]["artifacts"] == []
         titles = {k: kfp_entrypoint.artifact_type_title(v["artifacts"][0]["type"])
                   for k, v in exporter_inputs.items() if v["artifacts"]}
         if mode == "vertex":
