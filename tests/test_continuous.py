@@ -219,6 +219,23 @@ def test_a_model_without_its_files_cannot_start_a_run(tmp_path):
         W.previous_model(str(tmp_path / "Format-Serving"))
 
 
+def test_span_input_paths(tmp_path):
+    """`input.path` with TFX's span spec: ExampleGen's base and pattern; a folder per span reads its
+    CSV files; nothing matching is the usual config error."""
+    from pipelines.pipeline import input_location
+
+    def cfg(path):
+        return parse_config({"name": "t", "input": {"path": path}, "categorical_features": [{"name": "f"}]})
+
+    with pytest.raises(ConfigError, match=r"matches no file.*\{SPAN\}"):
+        input_location(cfg(str(tmp_path / "days" / "span-{SPAN}")))
+    for day in (1, 2):
+        (tmp_path / "days" / f"span-{day}").mkdir(parents=True)
+        (tmp_path / "days" / f"span-{day}" / "data.csv").write_text("label,f\n1,a\n")
+    assert input_location(cfg(str(tmp_path / "days" / "span-{SPAN}"))) == (str(tmp_path / "days"), "span-{SPAN}/*.csv")
+    assert input_location(cfg(str(tmp_path / "days" / "span-{SPAN}" / "*.csv"))) == (str(tmp_path / "days"), "span-{SPAN}/*.csv")
+
+
 # ---- the three-span demo, end to end (slow tier) -----------------------------------------------------
 
 
@@ -258,6 +275,8 @@ def test_three_daily_spans_warm_start_gate_and_a_drift_stop(tmp_path):
         assert gate["last_blessed"]["reference_auc"] is not None
     with open(os.path.join(blessed_trainer_models[-1], "continuous.json")) as fh:
         assert json.load(fh)["warm_start"]["from_model"] == blessed_trainer_models[0]
+    with open(os.path.join(spans[-1]["serving_model_this_run"], "export_report.json")) as fh:
+        assert json.load(fh)["continuous"]["base_model"] == blessed_trainer_models[-1]  # the report has it too
 
     # Day 4: the IDs jumped (a broken upstream job); a strict limit stops the run at the Trainer.
     pushed_before = sorted(os.listdir(os.path.join(out, "serving")))

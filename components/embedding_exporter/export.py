@@ -416,10 +416,13 @@ def build_report(ctx: ExportContext) -> Dict[str, Any]:
     }
 
 
+def read_json_if_exists(path: str) -> Optional[Any]:
+    return json.loads(tf.io.gfile.GFile(path).read()) if tf.io.gfile.exists(path) else None
+
+
 def validate(ctx: ExportContext, previous_serving_dir: Optional[str]) -> Dict[str, Any]:
     """The gate's decision (gate.py) with the figures it used."""
-    metrics_path = os.path.join(ctx.model_uri, A.EVAL_METRICS_FILE)
-    metrics = json.loads(tf.io.gfile.GFile(metrics_path).read()) if tf.io.gfile.exists(metrics_path) else None
+    metrics = read_json_if_exists(os.path.join(ctx.model_uri, A.EVAL_METRICS_FILE))
     previous = None
     if previous_serving_dir is not None and ctx.cfg.validation.regression_margin is not None:
         try:
@@ -461,7 +464,8 @@ def export_serving_model(
     `output_uri/export_report.json`; returns the report. Raises ExportRefused, writing nothing there.
     The report's `validation` is the gate's decision (gate.py): against the trainer's baseline and,
     given `previous_serving_dir` (the last blessed serving model), against that model scored on the
-    same raw eval rows. A refused model is exported all the same; the caller withholds the blessing."""
+    same raw eval rows; `continuous` is the Trainer's continuous.json (warm start and drift; null
+    for a model trained before it existed). A refused model is exported all the same; the caller withholds the blessing."""
     staging = os.path.join(output_uri, STAGING_DIR)
     ctx = prepare(cfg, model_uri, raw_eval_pattern, staging, checkpoint_path)
     if tf.io.gfile.exists(staging):
@@ -474,6 +478,7 @@ def export_serving_model(
             compress(ctx, dtype)
         report = build_report(ctx)
         report["validation"] = validate(ctx, previous_serving_dir)
+        report["continuous"] = read_json_if_exists(os.path.join(ctx.model_uri, A.CONTINUOUS_FILE))
         publish(ctx, output_uri, report)
         return report
     finally:
