@@ -8,13 +8,17 @@ export TF_USE_LEGACY_KERAS := 1
 export PYTHONWARNINGS := ignore::FutureWarning
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: venv demo test test-all lock lock-tpu clean
+.PHONY: venv demo continuous test test-all lock lock-tpu clean
 
 venv:
 	@VENV=$(VENV) bash scripts/bootstrap.sh
 
 demo: venv
 	$(PY) -m pipelines demo --config configs/demo.yaml --output-dir output/demo
+
+# Three daily spans with drifting IDs, one warm-started pipeline run each (README "Continuous training").
+continuous: venv
+	$(PY) -m pipelines continuous --config configs/demo.yaml --output-dir output/continuous --data-dir data/continuous
 
 # Tiers: tests/conftest.py says which tests are slow and why.
 test: venv

@@ -323,7 +323,8 @@ def continuous_command(args) -> int:
     from pipelines.continuous import run_spans, span_config
 
     try:
-        cfg = span_config(args.config, args.data_dir, args.output_dir)
+        cfg = span_config(args.config, args.data_dir, args.output_dir,
+                          {"continuous": {"warm_start": False}} if args.cold else None)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -358,6 +359,8 @@ def main(argv=None) -> int:
     cs.add_argument("--spans", type=int, default=3)
     cs.add_argument("--rows", type=int, default=100_000, help="rows per span")
     cs.add_argument("--id-shift", type=int, default=20, help="how far the IDs drift per day (token ranks)")
+    cs.add_argument("--cold", action="store_true",
+                    help="continuous.warm_start: false (every span from scratch; drift and gate as usual), to compare")
     cp = sub.add_parser("compile", help="write the Kubeflow Pipelines v2 spec (.yaml) or Vertex PipelineJob (.json)")
     cp.add_argument("--config", required=True)
     cp.add_argument("--image", required=True, help="container image with the project installed (docker/Dockerfile)")
