@@ -249,7 +249,7 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}" if not isinstance(e, (InputError, LedgerError, FeatureHealthError)) else (text[0] if text else type(e).__name__)
 
 
-def run(cfg: PipelineConfig, output_dir: str, quiet: bool = False) -> Dict[str, Any]:
+def run(cfg: PipelineConfig, output_dir: str, quiet: bool = False, span: Optional[int] = None) -> Dict[str, Any]:
     """Runs the pipeline with LocalDagRunner. With `quiet`, everything TFX, Beam and TensorFlow log
     (worker processes included) goes to <output_dir>/pipeline.log, the terminal shows one line per
     component, and a failure raises RunFailed with one line naming the component and the cause."""
@@ -261,12 +261,13 @@ def run(cfg: PipelineConfig, output_dir: str, quiet: bool = False) -> Dict[str, 
     output_dir = os.path.abspath(output_dir)
     os.makedirs(output_dir, exist_ok=True)
     if quiet:
-        return _run_logged(cfg, output_dir)
+        return _run_logged(cfg, output_dir, span)
     p = create_pipeline(
         cfg,
         pipeline_root=os.path.join(output_dir, PIPELINE_ROOT),
         metadata_path=os.path.join(output_dir, METADATA_FILE),
         serving_dir=os.path.join(output_dir, SERVING_DIR),
+        span=span,
     )
     start = time.time()
     LocalDagRunner().run(p)
@@ -277,7 +278,7 @@ def run(cfg: PipelineConfig, output_dir: str, quiet: bool = False) -> Dict[str, 
     return summary
 
 
-def _run_logged(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
+def _run_logged(cfg: PipelineConfig, output_dir: str, span: Optional[int] = None) -> Dict[str, Any]:
     log_path = os.path.join(output_dir, LOG_FILE)
     terminal = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     progress = _Progress(terminal)
@@ -291,7 +292,7 @@ def _run_logged(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
     root.setLevel(min(old_level or logging.INFO, logging.INFO))
     print(f"running {cfg.name}; full log: {log_path}", file=terminal, flush=True)
     try:
-        return run(cfg, output_dir)
+        return run(cfg, output_dir, span=span)
     except Exception as e:  # noqa: BLE001 - every failure becomes one line; the traceback is in the log
         logging.exception("pipeline run failed")
         where = failed_component(e) or progress.current or "the pipeline"

@@ -2,8 +2,9 @@
 
 `python -m pipelines continuous` (README "Continuous training"): for day 1..N it writes that day's
 span (`<data dir>/span-<day>/data.csv`: the generator with a new seed and the IDs shifted by
-`id_shift` per day), then runs the pipeline whose input is `<data dir>/span-{SPAN}` (ExampleGen's
-driver takes the latest span) into one output directory, so ML Metadata links the days: each run's
+`id_shift` per day), then runs the pipeline whose input is `<data dir>/span-{SPAN}` on that span
+(ExampleGen's driver, with a static RangeConfig; without one it takes the latest span) into one
+output directory, so ML Metadata links the days: each run's
 Resolver finds the last blessed model, the Trainer warm-starts from it and measures the drift, and
 the exporter's gate compares the new model with it on the new eval rows. Prints per span what
 carried over, the drift, both AUCs, the gate's decision and what was pushed.
@@ -56,7 +57,7 @@ def run_spans(cfg: PipelineConfig, data_dir: str, output_dir: str, spans: int, r
     for day in range(1, spans + 1):
         meta = write_span(data_dir, day, rows, id_shift, seed, max_cardinality)
         print(f"\n=== span {day}: {meta['rows']} rows, IDs shifted by {id_shift * (day - 1)} ===", flush=True)
-        summary = run(cfg, output_dir, quiet=quiet)
+        summary = run(cfg, output_dir, quiet=quiet, span=day)  # this day's span, even when later ones exist
         summary.update(span=day, rows=meta["rows"])
         out.append(summary)
         print_span(summary)

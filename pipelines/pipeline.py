@@ -82,9 +82,11 @@ def create_pipeline(
     serving_dir: str,
     beam_pipeline_args: Optional[List[str]] = None,
     image: Optional[str] = None,
+    span: Optional[int] = None,
 ):
     """The pipeline. `image` (Kubeflow only): the container image, needed when the config sends
-    training to a Vertex AI custom job (`kubeflow.vertex_training`)."""
+    training to a Vertex AI custom job (`kubeflow.vertex_training`). `span`: with a span input,
+    read this span (TFX's RangeConfig static range) instead of the latest."""
     from tfx.components.pusher.component import Pusher
     from tfx.components.trainer.component import Trainer
     from tfx.orchestration import metadata, pipeline
@@ -108,7 +110,14 @@ def create_pipeline(
             ]
         )
     )
-    example_gen = EmbeddingExampleGen(cfg, input_base=base, input_config=input_config, output_config=output_config)
+    range_config = None
+    if span is not None:
+        from tfx.proto import range_config_pb2
+
+        range_config = range_config_pb2.RangeConfig(
+            static_range=range_config_pb2.StaticRange(start_span_number=span, end_span_number=span))
+    example_gen = EmbeddingExampleGen(cfg, input_base=base, input_config=input_config, output_config=output_config,
+                                      range_config=range_config)
     preprocess = EmbeddingPreprocess(examples=example_gen.outputs["examples"], config=cfg)
     # The last blessed model (TFX's resolver of Evaluator's baseline): the Trainer warm-starts from
     # it and measures drift against it (continuous), the exporter's validation gate compares with
