@@ -49,6 +49,8 @@ def _read(path: Optional[str]) -> Optional[Dict[str, Any]]:
 def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
     root = os.path.join(output_dir, PIPELINE_ROOT)
     stats = _read(_latest(os.path.join(root, "EmbeddingPreprocess", "statistics", "*", "statistics.json")))
+    gen = _read(_latest(os.path.join(root, "EmbeddingExampleGen", "examples", "*", "ledger.json")))
+    gen_stage = (gen or {}).get("stages", [{}])[0]
     metrics = _read(_latest(os.path.join(root, "Trainer", "model", "*", "eval_metrics.json")))
     continuous = _read(_latest(os.path.join(root, "Trainer", "model", "*", "continuous.json")))
     report_path = _latest(os.path.join(root, "EmbeddingExporter", "serving_model", "*", "export_report.json"))
@@ -62,6 +64,7 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
             n: {"share": e["share"], "status": e["status"], "reasons": {k: v for k, v in e["reasons"].items() if v}}
             for n, e in health.get("features", {}).items() if e["status"] != "ok"
         },
+        "input": {"span": gen_stage.get("span"), "files": len(gen_stage.get("files", []))} if gen else None,
         "serving_model": pushed[-1] if pushed else None,
         "rows_read": {s: v["examples_read"] for s, v in stats["splits"].items()} if stats else None,
         "rows_dropped": {s: v["examples_dropped"] for s, v in stats["splits"].items()} if stats else None,
@@ -155,6 +158,8 @@ def print_continuous(c: Optional[Dict[str, Any]], indent: str = "") -> None:
 def print_summary(s: Dict[str, Any]) -> None:
     print("\n=== pipeline summary ===")
     print(f"serving model:        {s['serving_model']}")
+    if (s.get("input") or {}).get("span"):
+        print(f"input:                span {s['input']['span']} ({s['input']['files']} files)")
     if s["rows_read"]:
         print(f"rows read:            {s['rows_read']}  (dropped: {s['rows_dropped']})")
     for stage in (s.get("ledger") or {}).get("stages", []):

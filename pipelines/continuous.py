@@ -67,7 +67,7 @@ def run_spans(cfg: PipelineConfig, data_dir: str, output_dir: str, spans: int, r
 def print_span(s: Dict[str, Any]) -> None:
     from pipelines.__main__ import print_continuous
 
-    print(f"--- span {s['span']} ---")
+    print(f"--- span {s['span']} (ExampleGen read span {(s.get('input') or {}).get('span')}) ---")
     print_continuous(s.get("continuous"))
     base = s.get("baseline_auc")
     print(f"AUC:                  model {s['eval_auc']:.4f}" + (f", baseline {base:.4f}" if base is not None else ""))

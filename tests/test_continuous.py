@@ -255,9 +255,13 @@ def test_three_daily_spans_warm_start_gate_and_a_drift_stop(tmp_path):
         "validation": {"baseline_margin": 0.1, "regression_margin": 0.05},
     }
     cfg = span_config(os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "demo.yaml"), data, out, small)
+    # Day 4's span (its IDs jumped: a broken upstream job) is there from the start: each day's run
+    # reads its own span all the same (pinned), and the last run below, unpinned, reads the latest.
+    write_span(data, 4, 5000, id_shift=400, seed=7, max_cardinality=5000)
     spans = run_spans(cfg, data, out, spans=3, rows=5000, id_shift=20, max_cardinality=5000)
     assert spans[0]["continuous"]["base_model"] is None
-    for s in spans:
+    for day, s in enumerate(spans, start=1):
+        assert s["input"]["span"] == day  # pinned: later spans exist when a day is rerun
         assert all(stage["balanced"] for stage in s["ledger"]["stages"])
         assert s["validation"]["blessed"], s["validation"]
     blessed_trainer_models = []
@@ -278,9 +282,8 @@ def test_three_daily_spans_warm_start_gate_and_a_drift_stop(tmp_path):
     with open(os.path.join(spans[-1]["serving_model_this_run"], "export_report.json")) as fh:
         assert json.load(fh)["continuous"]["base_model"] == blessed_trainer_models[-1]  # the report has it too
 
-    # Day 4: the IDs jumped (a broken upstream job); a strict limit stops the run at the Trainer.
+    # Day 4 (the latest span): a strict limit stops the run at the Trainer.
     pushed_before = sorted(os.listdir(os.path.join(out, "serving")))
-    write_span(data, 4, 5000, id_shift=400, seed=7, max_cardinality=5000)
     strict = span_config(os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "demo.yaml"), data, out,
                          dict(small, continuous={"drift": {"max_new_token_share": 0.05}}))
     with pytest.raises(RunFailed, match=r"Trainer failed: DriftStop: .*max_new_token_share 0\.05"):

@@ -78,6 +78,9 @@ class Executor(BaseExampleGenExecutor):
         splits = artifact_utils.decode_split_names(examples.split_names)
         written = {s: row_counts.count_records_in(artifact_utils.get_split_uri([examples], s), L.EXAMPLE_GEN) for s in splits}
         stage = L.example_gen_stage(counts, written)
+        # What was read: the files, and the span TFX's driver resolved (span inputs; 0 otherwise).
+        stage["files"] = files
+        stage["span"] = int(exec_properties.get("span") or 0)
         write_text(os.path.join(examples.uri, L.LEDGER_FILE), L.to_json(L.ledger([stage])))
         examples.set_int_custom_property("input_rows", stage["rows_in"])
         for s, n in written.items():
