@@ -107,6 +107,7 @@ def continuous_summary(c: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
             "tables": len(w["tables"]),
             "dense_weights_carried": w["dense"]["weights_carried"],
             "dense_weights_fresh": len(w["dense"]["weights_fresh"]),
+            "dense_slots_carried": w["dense"].get("slots_carried", 0),
         }
     d = c.get("drift")
     if d:
@@ -139,7 +140,8 @@ def print_continuous(c: Optional[Dict[str, Any]], indent: str = "") -> None:
         print(f"{indent}  embedding rows:     {w['rows_carried']} of {w['rows']} carried by token; tokens "
               f"{w['tokens_carried']} carried, {w['tokens_new']} new, {w['tokens_dropped']} dropped; "
               f"optimizer slots carried in {w['tables_with_slots']} of {w['tables']} tables")
-        print(f"{indent}  dense weights:      {w['dense_weights_carried']} carried, {w['dense_weights_fresh']} fresh")
+        print(f"{indent}  dense weights:      {w['dense_weights_carried']} carried, {w['dense_weights_fresh']} fresh; "
+              f"their optimizer slots: {w['dense_slots_carried']} carried")
     else:
         print(f"{indent}warm start:           none ({c.get('note')}); drift measured against {c['base_model']}")
     d = c.get("drift") or {}
@@ -329,8 +331,8 @@ def continuous_command(args) -> int:
     from pipelines.continuous import run_spans, span_config
 
     try:
-        cfg = span_config(args.config, args.data_dir, args.output_dir,
-                          {"continuous": {"warm_start": False}} if args.cold else None)
+        continuous = dict({"warm_start": False} if args.cold else {}, **({"carry_slots": False} if args.no_slots else {}))
+        cfg = span_config(args.config, args.data_dir, args.output_dir, {"continuous": continuous} if continuous else None)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -367,6 +369,8 @@ def main(argv=None) -> int:
     cs.add_argument("--id-shift", type=int, default=20, help="how far the IDs drift per day (token ranks)")
     cs.add_argument("--cold", action="store_true",
                     help="continuous.warm_start: false (every span from scratch; drift and gate as usual), to compare")
+    cs.add_argument("--no-slots", action="store_true",
+                    help="continuous.carry_slots: false (warm start carries weights, not optimizer slots), to compare")
     cp = sub.add_parser("compile", help="write the Kubeflow Pipelines v2 spec (.yaml) or Vertex PipelineJob (.json)")
     cp.add_argument("--config", required=True)
     cp.add_argument("--image", required=True, help="container image with the project installed (docker/Dockerfile)")

@@ -100,7 +100,7 @@ def warm(chain, tmp_path_factory):
     fresh = {k: fresh_reader.get_tensor(k) for k in fresh_reader.get_variable_to_shape_map()}
     prefix = str(root / "warm" / "ckpt")
     report = W.warm_start_checkpoint(prev, cfg, plan, manifest, twin, prefix)
-    warm.prefix, warm.sample = prefix, sample
+    warm.prefix, warm.sample, warm.twin, warm.root = prefix, sample, twin, root
     return prev, manifest, plan, fresh, tf.train.load_checkpoint(prefix), report
 
 
@@ -156,6 +156,25 @@ def test_warm_start_carries_the_dense_network_and_leaves_optimizer_counters_fres
     assert report["dense"]["weights_fresh"] == []
     assert int(out.get_tensor("model/dense_optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE")) == 0
     assert int(old.get_tensor("model/dense_optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE")) > 0
+
+
+def test_carry_slots_false_carries_weights_and_leaves_every_slot_fresh(warm, chain):
+    cfg, _, _ = chain
+    prev, manifest, plan, fresh, carried, _ = warm
+    fix = globals()["warm"]
+    prefix = str(fix.root / "noslots" / "ckpt")
+    report = W.warm_start_checkpoint(prev, dataclasses.replace(cfg, continuous=ContinuousConfig(carry_slots=False)),
+                                     plan, manifest, fix.twin, prefix)
+    out = tf.train.load_checkpoint(prefix)
+    slots = [k for k in fresh if W.SLOT_MARK in k]
+    weights = [k for k in fresh if W.SLOT_MARK not in k and k.startswith(("model/tensor_core_tables/", "model/bottom_mlp/"))]
+    assert slots and weights
+    for k in slots:
+        np.testing.assert_array_equal(out.get_tensor(k), fresh[k], err_msg=k)
+    for k in weights:  # the same weights as with slots carried
+        np.testing.assert_array_equal(out.get_tensor(k), carried.get_tensor(k), err_msg=k)
+    assert report["dense"]["slots_carried"] == 0 and report["dense"]["slots_fresh"] > 0
+    assert all(t.get("slots_carried") == [] for t in report["tables"].values())
 
 
 def test_warm_start_checkpoint_restores_into_a_new_training_model(warm, chain):

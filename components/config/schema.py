@@ -372,6 +372,9 @@ class ContinuousConfig:
     # Start from the last blessed model (TFX's Resolver): embedding rows carried by token, OOV
     # buckets when their count is unchanged, dense weights and optimizer slots where shapes match.
     warm_start: bool = True
+    # With warm_start: also carry the optimizer slots (embedding accumulators with their rows, the
+    # dense network's moments). false: weights only, every slot fresh.
+    carry_slots: bool = True
     drift: DriftLimits = field(default_factory=DriftLimits)
 
 

@@ -14,6 +14,7 @@ by `train` as a resumed run restores its own (so the same restore path serves ev
   likewise; identity tables keep the IDs both runs hold;
 - the table's optimizer slots go with its rows when the previous checkpoint holds them under the
   same name (same optimizer) in one variable per table (layout A: CPU/GPU and TPUEmbedding);
+  `continuous.carry_slots: false` keeps every slot fresh (the weights still carry over);
 - every other weight (the dense network, its optimizer slots) is carried when its name and shape
   are unchanged; optimizer step counters and hyperparameters stay fresh (this run's config and
   length rule).
@@ -51,6 +52,7 @@ TOKEN_KINDS = ("counted", "list", "file")  # vocabularies whose rows are tokens 
 OPTIMIZER_STATE = ("model/dense_optimizer/", "model/embedding_optimizer/", "model/table_embedding_optimizers/",
                    "save_counter/")
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+SLOT_MARK = "/.OPTIMIZER_SLOT/"  # object-based checkpoints' key of a variable's optimizer slot
 TOP_DROPPED = 5
 
 
@@ -213,9 +215,10 @@ def warm_start_checkpoint(prev: PreviousModel, cfg: PipelineConfig, plan: Embedd
         values: Dict[str, np.ndarray] = {}
         if table:
             values, report["tables"][table] = _carry_table(table, keys, prev, manifest, plan, new_reader, old_reader,
-                                                         old_shapes, old_tables, new_prefixes[table], old_prefixes.get(table))
+                                                         old_shapes, old_tables, new_prefixes[table], old_prefixes.get(table),
+                                                         carry_slots=cfg.continuous.carry_slots)
         else:
-            values, report["dense"] = _carry_rest(keys, new_reader, old_reader, old_shapes)
+            values, report["dense"] = _carry_rest(keys, new_reader, old_reader, old_shapes, cfg.continuous.carry_slots)
         shard = os.path.join(work, f"shard_{len(shards)}")
         names = sorted(values)
         tf.raw_ops.SaveV2(prefix=shard, tensor_names=names, shape_and_slices=[""] * len(names),
@@ -231,7 +234,8 @@ def warm_start_checkpoint(prev: PreviousModel, cfg: PipelineConfig, plan: Embedd
     return report
 
 
-def _carry_table(table, keys, prev, manifest, plan, new_reader, old_reader, old_shapes, old_tables, new_prefix, old_prefix):
+def _carry_table(table, keys, prev, manifest, plan, new_reader, old_reader, old_shapes, old_tables, new_prefix, old_prefix,
+                 carry_slots=True):
     values = {k: new_reader.get_tensor(k) for k in keys}
     new_entry, rows, dim = manifest.vocabulary(table), plan.tables[table].rows, plan.tables[table].dim
     if table not in prev.plan.tables or table not in prev.manifest.vocabularies:
@@ -248,7 +252,7 @@ def _carry_table(table, keys, prev, manifest, plan, new_reader, old_reader, old_
         else:
             old_key = (old_prefix or "") + suffix
             slot = suffix.split("/")[-3] if suffix.count("/") >= 3 else suffix
-            if old_prefix is None or old_shapes.get(old_key) != [old_entry.rows, dim]:
+            if not carry_slots or old_prefix is None or old_shapes.get(old_key) != [old_entry.rows, dim]:
                 report["slots_fresh"].append(slot)
                 continue
             old = old_reader.get_tensor(old_key)
@@ -259,17 +263,24 @@ def _carry_table(table, keys, prev, manifest, plan, new_reader, old_reader, old_
     return values, report
 
 
-def _carry_rest(keys, new_reader, old_reader, old_shapes):
-    values, carried, fresh = {}, 0, []
+def _carry_rest(keys, new_reader, old_reader, old_shapes, carry_slots=True):
+    """Everything but the tables: the dense network's weights and their optimizer slots carried
+    where name and shape are unchanged; optimizer counters and hyperparameters fresh."""
+    values: Dict[str, np.ndarray] = {}
+    report: Dict[str, Any] = {"weights_carried": 0, "slots_carried": 0, "slots_fresh": 0, "weights_fresh": []}
     for key in keys:
         value = new_reader.get_tensor(key)
-        if key != OBJECT_GRAPH_KEY and not key.startswith(OPTIMIZER_STATE) and old_shapes.get(key) == list(np.shape(value)):
-            value = old_reader.get_tensor(key)
-            carried += 1
-        elif key != OBJECT_GRAPH_KEY and not key.startswith(OPTIMIZER_STATE):
-            fresh.append(key.replace(M.VARIABLE_VALUE, ""))
+        if key != OBJECT_GRAPH_KEY and not key.startswith(OPTIMIZER_STATE):
+            slot = SLOT_MARK in key
+            if (carry_slots or not slot) and old_shapes.get(key) == list(np.shape(value)):
+                value = old_reader.get_tensor(key)
+                report["slots_carried" if slot else "weights_carried"] += 1
+            elif slot:
+                report["slots_fresh"] += 1
+            else:
+                report["weights_fresh"].append(key.replace(M.VARIABLE_VALUE, ""))
         values[key] = value
-    return values, {"weights_carried": carried, "weights_fresh": fresh}
+    return values, report
 
 
 # ---- drift ----------------------------------------------------------------------------------------
