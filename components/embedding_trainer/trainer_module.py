@@ -275,6 +275,10 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
         start = int(step.numpy())
         logging.info("resuming from %s at step %d of %d", resumed_from, start, steps)
     warm_report = None
+    warm_report_path = os.path.join(state, "warm_start", "report.json")
+    if resumed_from and warm_from is not None and tf.io.gfile.exists(warm_report_path):
+        # A killed run that had warm-started: its checkpoint holds the carried weights already.
+        warm_report = dict(json.loads(io_utils.read_string_file(warm_report_path)), resumed_from=resumed_from)
     if not resumed_from and warm_from is not None:
         # The previous model's weights in this model's checkpoint, written by a host twin and
         # restored as a resumed run restores its own (warm_start.py).
@@ -289,6 +293,8 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
             warm_prefix = os.path.join(state, "warm_start", "ckpt")
             warm_report = warm_start_checkpoint(warm_from, cfg, plan, manifest, twin, warm_prefix)
         del twin
+        with tf.io.gfile.GFile(warm_report_path, "w") as fh:  # for a resumed execution's record
+            fh.write(json.dumps(warm_report, sort_keys=True))
         ckpt.restore(warm_prefix).assert_existing_objects_matched()
         if int(step.numpy()) != 0:
             raise RuntimeError(f"warm start restored step {int(step.numpy())}; expected a fresh step counter")
