@@ -308,3 +308,11 @@ def test_three_daily_spans_warm_start_gate_and_a_drift_stop(tmp_path):
     with pytest.raises(RunFailed, match=r"Trainer failed: DriftStop: .*max_new_token_share 0\.05"):
         run(strict, out, quiet=True)
     assert sorted(os.listdir(os.path.join(out, "serving"))) == pushed_before
+
+
+def test_drift_without_the_previous_vocabulary_says_which_tables_are_unknown(warm, tmp_path):
+    prev, manifest, _, _, _, _ = warm
+    gone = dataclasses.replace(prev, manifest=dataclasses.replace(prev.manifest, vocabulary_dir=str(tmp_path / "gone")))
+    figures = W.drift(gone, manifest, prev.statistics)
+    assert figures["tables"] == {} and "C1" in figures["unknown_tables"]
+    assert "vocabulary of table 'C1' is gone" in figures["unknown_tables"]["C1"]

@@ -292,7 +292,11 @@ def drift(prev: PreviousModel, manifest: VocabularyManifest, statistics: Optiona
     for table, entry in sorted(manifest.vocabularies.items()):
         if table not in prev.manifest.vocabularies or entry.kind not in TOKEN_KINDS:
             continue
-        old = set(table_tokens(prev.manifest, table) or ())
+        try:
+            old = set(table_tokens(prev.manifest, table) or ())
+        except WarmStartError as err:  # the old vocabulary is gone: this table's drift is unknown
+            out.setdefault("unknown_tables", {})[table] = str(err)
+            continue
         new = table_tokens(manifest, table) or []
         counts = table_counts(manifest, table)
         row: Dict[str, Any] = {"vocabulary_overlap": _share(sum(t in old for t in new), len(new))}
