@@ -10,19 +10,15 @@ the same examples built independently (tests/test_validation_gate._one_hot: one 
 row, mean over a feature's IDs, the dense features signed-log1p). Prints one RESULT line each:
 exact eval AUC on the whole eval split, seconds.
 """
-import glob
 import os
 import sys
 import time
 
-import yaml
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import components  # noqa: E402,F401
 
-from components.config import parse_config  # noqa: E402
+from bench.defaults_sweep import config_with, finished_run  # noqa: E402
 from components.embedding_trainer import plan as P  # noqa: E402
-from components.embedding_trainer import trainer_module as T  # noqa: E402
 from components.embedding_trainer.baseline import train_baseline  # noqa: E402
 from components.metrics import roc_auc  # noqa: E402
 from tests.test_validation_gate import _one_hot  # noqa: E402  (the test's independent design matrix)
@@ -31,14 +27,8 @@ from tests.test_validation_gate import _one_hot  # noqa: E402  (the test's indep
 def main(output_dir: str, config_path: str, cs) -> None:
     from sklearn.linear_model import LogisticRegression
 
-    root = os.path.join(output_dir, "pipeline_root", "EmbeddingPreprocess", "transformed_examples")
-    tx = sorted(glob.glob(os.path.join(root, "*")), key=lambda p: int(os.path.basename(p)))[-1]
-    train, evals = [os.path.join(tx, "Split-train", "*")], [os.path.join(tx, "Split-eval", "*")]
-    manifest, stats = T.read_manifest_for(train), T.read_statistics_for(train)
-    with open(config_path, encoding="utf-8") as fh:
-        raw = yaml.safe_load(fh)
-    raw["input"]["path"] = os.path.abspath(os.path.join(os.path.dirname(config_path), raw["input"]["path"]))
-    cfg = parse_config(raw)
+    train, evals, manifest, stats = finished_run(output_dir)
+    cfg = config_with(config_path)
     plan = P.derive_plan(cfg, manifest, stats)
     length = P.training_steps(cfg, stats)
     start = time.time()

@@ -27,18 +27,28 @@ from components.embedding_trainer import plan as P  # noqa: E402
 from components.embedding_trainer import trainer_module as T  # noqa: E402
 
 
-def main(output_dir: str, config_path: str, candidates) -> None:
+def finished_run(output_dir: str):
+    """(train pattern, eval pattern, manifest, statistics) of a finished run's newest transformed examples."""
     root = os.path.join(output_dir, "pipeline_root", "EmbeddingPreprocess", "transformed_examples")
     tx = sorted(glob.glob(os.path.join(root, "*")), key=lambda p: int(os.path.basename(p)))[-1]
     train, evals = [os.path.join(tx, "Split-train", "*")], [os.path.join(tx, "Split-eval", "*")]
-    manifest, stats = T.read_manifest_for(train), T.read_statistics_for(train)
+    return train, evals, T.read_manifest_for(train), T.read_statistics_for(train)
+
+
+def config_with(config_path: str, overrides=None):
+    """CONFIG with its input path made absolute and `overrides` ({section: fields}) merged in."""
+    with open(config_path, encoding="utf-8") as fh:
+        raw = yaml.safe_load(fh)
+    raw["input"]["path"] = os.path.abspath(os.path.join(os.path.dirname(config_path), raw["input"]["path"]))
+    for section, fields in (overrides or {}).items():
+        raw.setdefault(section, {}).update(fields)
+    return parse_config(raw)
+
+
+def main(output_dir: str, config_path: str, candidates) -> None:
+    train, evals, manifest, stats = finished_run(output_dir)
     for spec in candidates:
-        with open(config_path, encoding="utf-8") as fh:
-            raw = yaml.safe_load(fh)
-        raw["input"]["path"] = os.path.abspath(os.path.join(os.path.dirname(config_path), raw["input"]["path"]))
-        for section, fields in json.loads(spec).items():
-            raw.setdefault(section, {}).update(fields)
-        cfg = parse_config(raw)
+        cfg = config_with(config_path, json.loads(spec))
         plan = P.derive_plan(cfg, manifest, stats).with_run(vocabulary_dir=manifest.vocabulary_dir)
         length = P.training_steps(cfg, stats)
         work = tempfile.mkdtemp(prefix="sweep-")

@@ -112,7 +112,8 @@ def transform_record_batch(
         dense = F.extract_dense(column(rb, d.source), n, d.fill_value)
         stats[P.dense_missing(split, d.name)] += int(dense.missing)
         # Mean and spread of what the model reads (model.dense_input), for drift between runs.
-        model_input = np.sign(dense.values.astype(np.float64)) * np.log1p(np.abs(dense.values.astype(np.float64)))
+        values = dense.values.astype(np.float64)
+        model_input = np.sign(values) * np.log1p(np.abs(values))
         stats[P.dense_sum(split, d.name, 1)] += float(model_input.sum())
         stats[P.dense_sum(split, d.name, 2)] += float(np.square(model_input).sum())
         for reason, c in dense.invalid.items():
