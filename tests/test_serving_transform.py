@@ -250,3 +250,68 @@ def test_fast_validity_check_agrees_with_the_full_one(token):
         python = False
     t = tf.constant([token, b"a", token])
     assert _valid_tokens_fast(t).numpy().tolist() == _valid_tokens(t).numpy().tolist() == [python, True, python]
+
+
+def _stacks_and_groups(manifest, storage):
+    """The serving model's tables as RankingModel(stack_serving_tables=True) holds them (one
+    ServingTables of dim 3, seeded; int8 with scales) and its fusion groups: one per combiner
+    (tables take mean, sum, sqrtn in turn), every feature in one."""
+    from types import SimpleNamespace
+
+    from components.embedding_trainer.model import FusedChunk, ServingTables
+
+    combiners = ("mean", "sum", "sqrtn")
+    specs = {t: SimpleNamespace(rows=v.rows, dim=3, combiner=combiners[i % 3])
+             for i, (t, v) in enumerate(sorted(manifest.vocabularies.items()))}
+    stack = ServingTables(specs, "stack", storage)
+    for i, (t, spec) in enumerate(specs.items()):
+        values = np.random.default_rng(i).normal(size=(spec.rows, 3)).astype(np.float32)
+        if storage == "int8":
+            scale = np.abs(values).max(axis=1) / 127 + 1e-3
+            stack.assign(t, np.round(values / scale[:, None]).astype(np.int8), scale.astype(np.float32))
+        else:
+            stack.assign(t, values.astype(storage))
+    groups = {}
+    for f in manifest.categorical_features:
+        groups.setdefault(specs[f.table].combiner, []).append(f)
+    return stack, [FusedChunk("stack", c, tuple(f.name for f in fs), tuple(stack.offsets[f.table] for f in fs))
+                   for c, fs in groups.items()]
+
+
+@pytest.mark.parametrize("storage", ["float32", "float16", "int8"])
+@pytest.mark.parametrize("batch,seed", [(0, 0), (1, 1), (3, 3), (64, 4), (300, 5)])
+def test_fused_ids_pool_exactly_as_per_feature_sparse_tensors(transforms, storage, batch, seed):
+    """The serving model's fused path (`RawFeatureTransform.fuse`: a chunk's IDs offset into the
+    stacked tables, one segment per feature and batch row, T7 applied; `ServingTables.pool_fused`:
+    one segment op per chunk) pools every feature bit for bit as the per-feature SparseTensors do
+    through `ServingTables.lookup`, on the messy batches and the rulebook cases, both entry points,
+    every table dtype: offsets, shared tables, max_length, empty rows and batches included."""
+    from components.embedding_exporter.serving import RawFeatureTransform
+    from components.embedding_trainer.model import BATCH_KEY, fused_key
+
+    per_feature = transforms[0]
+    manifest, kinds = per_feature._manifest, transforms[2]
+    stack, groups = _stacks_and_groups(manifest, storage)
+    fused = RawFeatureTransform(manifest, manifest.vocabulary_dir)
+    chunks = fused.fuse(groups)
+    assert sorted(n for c in chunks for n in c.features) == sorted(f.name for f in manifest.categorical_features)
+    rows = _messy_rows(random.Random(seed), batch)
+    if seed == 5:
+        for row, case_row in zip(rows, _case_rows()):
+            row.update(case_row)
+    examples = _examples(rows, kinds)
+    columns = _json_columns(rows, fused)
+    for got, want, where in ((fused.from_examples(examples), per_feature.from_examples(examples), "examples"),
+                             (fused.from_feature_tensors(columns), per_feature.from_feature_tensors(columns), "json")):
+        assert not any(f.name in got for f in manifest.categorical_features)  # no per-feature SparseTensor left
+        assert int(got[BATCH_KEY]) == batch
+        for i, chunk in enumerate(chunks):
+            pooled = stack.pool_fused(got[fused_key(i, "rows")], got[fused_key(i, "segments")], len(chunk.features),
+                                      got[BATCH_KEY], chunk.combiner)
+            assert pooled.shape == (len(chunk.features), batch, 3)
+            for name, vectors in zip(chunk.features, tf.unstack(pooled, num=len(chunk.features))):
+                table = next(f.table for f in manifest.categorical_features if f.name == name)
+                np.testing.assert_array_equal(vectors.numpy(), stack.lookup(table, want[name]).numpy(),
+                                              err_msg=f"{where} {storage} batch {batch} {name}")
+        for d in manifest.dense_features:
+            np.testing.assert_array_equal(got[d.name].numpy(), want[d.name].numpy())

@@ -337,16 +337,14 @@ def compress(ctx: ExportContext, dtype: str) -> None:
         dst.assign(src)
     sizes: Dict[str, int] = {}
     max_err = 0.0
-    for name, table in variant.serving_tables.items():
-        values = ctx.model.serving_tables[name].embeddings.numpy()
+    for name, stack in variant.serving_tables.items():
+        values = ctx.model.serving_tables[name].read(name)
         try:
             stored, scale = T.compress(values, dtype, name)
         except T.CompressionError as err:
             raise ExportRefused(str(err)) from None
         max_err = max(max_err, float(np.abs(T.decompress(stored, scale) - values).max()) if values.size else 0.0)
-        table.embeddings.assign(stored)
-        if scale is not None:
-            table.scale.assign(scale)
+        stack.assign(name, stored, scale)
         sizes[name] = T.stored_bytes(stored, scale)
         if writer is not None:
             writer.write(name, ctx.plan.tables[name], stored, scale)

@@ -26,9 +26,12 @@ class ExportRefused(RuntimeError):
     """The export would not be the trained model; nothing was written where a pusher would look."""
 
 
-def build_serving_model(plan: EmbeddingPlan, manifest: VocabularyManifest, cfg: PipelineConfig, table_dtype: str, sample_features) -> RankingModel:
-    """The CPU serving model: plain tables of `table_dtype`, no optimizer (so no slot variables)."""
-    model = RankingModel(plan, manifest, cfg.training, serving_table_dtype=table_dtype)
+def build_serving_model(plan: EmbeddingPlan, manifest: VocabularyManifest, cfg: PipelineConfig, table_dtype: str,
+                        sample_features, stacked: bool = True) -> RankingModel:
+    """The CPU serving model: plain tables of `table_dtype`, no optimizer (so no slot variables);
+    `stacked`: the tables of one dim in one variable (what the serving transform's fused inputs
+    pool from), else one variable per table (the Trainer's SavedModel)."""
+    model = RankingModel(plan, manifest, cfg.training, serving_table_dtype=table_dtype, stack_serving_tables=stacked)
     model(sample_features)  # creates the variables
     return model
 
@@ -87,7 +90,7 @@ def load_tables(
             continue
         values = tables.read(name)
         check_finite(name, values, tables.prefix)
-        model.serving_tables[name].embeddings.assign(values)
+        model.serving_tables[name].assign(name, values)
         if on_table is not None:
             on_table(name, source, values)
         del values
@@ -95,12 +98,13 @@ def load_tables(
 
 def model_from_checkpoint(
     plan: EmbeddingPlan, manifest: VocabularyManifest, cfg: PipelineConfig, checkpoint_path: str, sample_features,
-    layout: Optional[ExportLayoutConfig] = None,
+    layout: Optional[ExportLayoutConfig] = None, stacked: bool = False,
 ) -> RankingModel:
     """The float32 CPU model of `checkpoint_path`: dense network restored, every table converted
-    from its training layout. Raises ExportRefused naming what does not match or is not finite."""
+    from its training layout (`stacked`: see build_serving_model). Raises ExportRefused naming what
+    does not match or is not finite."""
     tables = open_checkpoint_tables(checkpoint_path, plan, layout)
-    model = build_serving_model(plan, manifest, cfg, "float32", sample_features)
+    model = build_serving_model(plan, manifest, cfg, "float32", sample_features, stacked=stacked)
     restore_dense(model, checkpoint_path)
     load_tables(model, tables)
     return model

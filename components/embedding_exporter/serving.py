@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from components import rulebook as R
 from components.contracts.manifest import CategoricalFeatureEntry, VocabularyManifest, weights_key
+from components.embedding_trainer.model import BATCH_KEY, fused_key
 
 _DTYPES = {R.KIND_BYTES: tf.string, R.KIND_INT: tf.int64, R.KIND_FLOAT: tf.float32}
 
@@ -207,8 +208,33 @@ class RawFeatureTransform(tf.Module):
         self._miss_buckets = {t: 1 if v.kind == "identity" else v.num_oov_buckets for t, v in manifest.vocabularies.items()}
         self._miss_dropped = {t: v.kind == "identity" and v.default_value is None for t, v in manifest.vocabularies.items()}
         # Stacked in this order: features of string tables, then of integer tables.
-        self._order = [f for f in manifest.categorical_features if f.table not in self.integer_tables]
-        self._order += [f for f in manifest.categorical_features if f.table in self.integer_tables]
+        self._order = self._ordered(manifest.categorical_features)
+        # Chunks of features whose IDs go to the model fused (set by `fuse`), with their entries.
+        self._chunks: List[Tuple[Any, List[CategoricalFeatureEntry]]] = self._no_dependency([])
+
+    def _ordered(self, features) -> List[CategoricalFeatureEntry]:
+        """Features of string tables, then of integer tables (the order `_categorical` stacks)."""
+        return [f for f in features if f.table not in self.integer_tables] + [
+            f for f in features if f.table in self.integer_tables]
+
+    def fuse(self, groups) -> list:
+        """Features the model pools together (`RankingModel.serving_fusion_groups`: stack, combiner,
+        features, table offsets) cut into the chunks this transform fuses, each chunk's features in
+        its stacking order; from then on their IDs leave as one (rows, segments) pair per chunk
+        (`model.fused_key`) instead of a SparseTensor per feature. Returns the chunks, for
+        `RankingModel.set_serving_chunks`."""
+        entries = {f.name: f for f in self._manifest.categorical_features}
+        chunks = []
+        for group in groups:
+            offset = dict(zip(group.features, group.offsets))
+            # limited features (max_length) first, so T7 runs over a prefix of the chunk's IDs
+            ordered = self._ordered(sorted((entries[n] for n in group.features), key=lambda f: f.max_length is None))
+            for part in (ordered[i::_SHARDS] for i in range(_SHARDS)):
+                if part:
+                    chunks.append((group._replace(features=tuple(f.name for f in part),
+                                                  offsets=tuple(offset[f.name] for f in part)), part))
+        self._chunks = self._no_dependency(chunks)
+        return [c for c, _ in chunks]
 
     def lookup(self, table: str, flat: tf.Tensor) -> tf.Tensor:
         """A table's rows of tokens found in it (V1, V4), -1 for the others."""
@@ -293,11 +319,12 @@ class RawFeatureTransform(tf.Module):
             values = _split(values, f.separator)
         return values
 
-    def _categorical(self, column, batch: tf.Tensor, from_json: bool, order) -> Dict[str, tf.SparseTensor]:
+    def _categorical(self, column, batch: tf.Tensor, from_json: bool, order, fused=None) -> Dict[str, tf.SparseTensor]:
         """Every categorical feature's IDs: V1 (vocabulary line), V2 (OOV bucket), T5-T6 (invalid
         tokens dropped) and T7 (the first `max_length` valid tokens). A token found in the
         vocabulary is valid (preprocessing counts valid tokens only), so validity checks and OOV
-        hashing run on the tokens the vocabulary misses."""
+        hashing run on the tokens the vocabulary misses. `fused` ((chunk index, chunk), `fuse`):
+        the IDs leave as the chunk's (rows, segments) instead of a SparseTensor per feature."""
         n = len(order)
         tokens = [self._tokens(column(f.column), f, from_json) for f in order]
         row_weights = {}
@@ -346,12 +373,14 @@ class RawFeatureTransform(tf.Module):
             return kept.flat_values, kept.row_splits
 
         flat, splits = tf.cond(tf.reduce_all(valid), lambda: (flat, splits), drop_invalid)
+        limits = [f.max_length for f in order]
+        if fused is not None:
+            return self._fused_ids(flat, splits, batch, limits, *fused)
         # (feature, row, place in row) of every ID: RaggedTensorToSparse over [features, batch, None].
         features = tf.range(n + 1, dtype=tf.int64) * batch
         position = tf.RaggedTensor.from_nested_row_splits(flat, [features, splits], validate=False).to_sparse().indices
         bounds = tf.gather(splits, features)
         lengths = tf.reshape(splits[1:] - splits[:-1], [n, batch])
-        limits = [f.max_length for f in order]
         if any(m is not None for m in limits):  # T7 in the shapes
             lengths = tf.minimum(lengths, tf.constant([R.INT64_MAX if m is None else m for m in limits], tf.int64)[:, None])
         # One SparseTensor [batch, longest row] per feature, as RaggedTensor.to_sparse gives; the
@@ -369,6 +398,30 @@ class RawFeatureTransform(tf.Module):
             if f.weight_column:  # each ID weighs its row's weight
                 out[weights_key(f.name)] = tf.SparseTensor(where[:, 1:], tf.gather(row_weights[f.name], where[:, 1]), shape)
         return out
+
+    @staticmethod
+    def _fused_ids(flat: tf.Tensor, splits: tf.Tensor, batch: tf.Tensor, limits, index: int, chunk) -> Dict[str, tf.Tensor]:
+        """A chunk's IDs (`flat`, rows of `splits`: feature after feature, batch rows each) as the
+        model's fused inputs: each ID's row in its stack (ID + its table's offset) and its segment
+        (feature x batch + batch row), T7 applied; in row-major order, as a SparseTensor per
+        feature would hold them."""
+        position = tf.RaggedTensor.from_row_splits(flat, splits, validate=False).to_sparse().indices  # (segment, place)
+        segments = position[:, 0]
+
+        def per_row(values) -> tf.Tensor:  # one value per feature -> one per (feature, batch row) segment
+            return tf.reshape(tf.tile(tf.constant(values, tf.int64)[:, None], tf.stack([1, batch])), [-1])
+
+        limited = [i for i, m in enumerate(limits) if m is not None]
+        if limited:  # T7: the first max_length (valid) IDs of a row, over the features up to the last limited one
+            k = limited[-1] + 1  # `fuse` puts the limited features first where it can
+            end = splits[k * batch]
+            cap = tf.gather(per_row([R.INT64_MAX if m is None else m for m in limits[:k]]), segments[:end])
+            kept = tf.where(position[:end, 1] < cap)[:, 0]
+            flat = tf.concat([tf.gather(flat, kept), flat[end:]], 0)
+            segments = tf.concat([tf.gather(segments, kept), segments[end:]], 0)
+        if any(chunk.offsets):
+            flat = flat + tf.gather(per_row(chunk.offsets), segments)
+        return {fused_key(index, "rows"): flat, fused_key(index, "segments"): segments}
 
     def _dense(self, stacked, batch: tf.Tensor, from_json: bool) -> Dict[str, tf.Tensor]:
         """Rulebook D1-D5 for every dense column at once."""
@@ -392,7 +445,13 @@ class RawFeatureTransform(tf.Module):
         """`column(name)`: a raw column's values, [batch, None] ragged; `stacked(names)`: the float32
         values of numeric columns, column after column, one [len(names) * batch, None] ragged."""
         out: Dict[str, Any] = self._dense(stacked, batch, from_json)
-        for shard in (self._order[i::_SHARDS] for i in range(_SHARDS)):
+        for i, (chunk, features) in enumerate(self._chunks):
+            out.update(self._categorical(column, batch, from_json, features, fused=(i, chunk)))
+        if self._chunks:
+            out[BATCH_KEY] = batch
+        fused = {n for chunk, _ in self._chunks for n in chunk.features}
+        rest = [f for f in self._order if f.name not in fused]
+        for shard in (rest[i::_SHARDS] for i in range(_SHARDS)):
             if shard:
                 out.update(self._categorical(column, batch, from_json, shard))
         return out
@@ -405,6 +464,9 @@ class ServingModule(tf.Module):
         super().__init__(name="serving_module")
         self.model = model
         self.transform = transform
+        if getattr(model, "stack_serving_tables", False):
+            # Stacked tables: features pooled together take their IDs fused (one segment op per chunk).
+            model.set_serving_chunks(transform.fuse(model.serving_fusion_groups()))
         columns = transform.raw_columns()
         dense_columns = transform.dense_columns()
         feature_spec = {

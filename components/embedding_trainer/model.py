@@ -217,22 +217,57 @@ def pool_sparse(rows: tf.Tensor, ids: tf.SparseTensor, combiner: str, positions:
     return tf.math.divide_no_nan(total, tf.sqrt(tf.math.unsorted_segment_sum(w * w, segments, n))[:, None])
 
 
-class ServingTable(tf.keras.layers.Layer):
-    """A trained table held for CPU serving: float32, float16, or int8 with a float32 scale per row
-    (row r = int8 row x scale[r]). Pools SparseTensor IDs with the table's combiner: what
-    TPUEmbeddingForServing computes (safe_embedding_lookup_sparse: the rows of a batch row's IDs
-    summed in order, divided by their count or its square root; zeros for a row without IDs), as
-    one sparse segment reduction over the table instead of safe_embedding_lookup_sparse's ~25 ops
-    per feature (SparseFillEmptyRows, unique, masks, reshapes), which were a third of the serving
-    model's ops at batch 1 (issue 17). The IDs are the raw-feature transform's: non-negative, in
-    row-major order. Compressed tables are gathered for the batch's unique IDs and dequantized
-    before pooling, so the combiner runs in float32."""
+class FusedChunk(NamedTuple):
+    """Serving features pooled by one segment op: a stack of `RankingModel.serving_stacks`, their
+    combiner, the features (their order is the segments' order) and each one's table offset."""
 
-    def __init__(self, table: TablePlan, name: str, storage: str = "float32"):
-        super().__init__(name=f"serving_table_{name}")
+    stack: str
+    combiner: str
+    features: Tuple[str, ...]
+    offsets: Tuple[int, ...]
+
+
+BATCH_KEY = "__batch"  # int64 scalar: the batch size, with fused inputs
+
+
+def fused_key(chunk: int, part: str) -> str:
+    """Input key of a fused chunk's `rows` (IDs offset into the stack) or `segments`."""
+    return f"__fused_{chunk}_{part}"
+
+
+class ServingTables(tf.keras.layers.Layer):
+    """Trained tables of one dim held for CPU serving, stacked row-wise in one variable (table after
+    table, `offsets` each table's first row): float32, float16, or int8 with a float32 scale per
+    row (row r = int8 row x scale[r]). Two lookups, each what TPUEmbeddingForServing computes
+    (safe_embedding_lookup_sparse: the rows of a batch row's IDs summed in order, divided by their
+    count or its square root; zeros for a row without IDs):
+    - `lookup(table, ids)`: one feature's SparseTensor IDs pooled with the table's combiner, one
+      sparse segment reduction instead of safe_embedding_lookup_sparse's ~25 ops per feature
+      (SparseFillEmptyRows, unique, masks, reshapes), which were a third of the serving model's
+      ops at batch 1 (issue 17);
+    - `pool_fused(rows, segments, ...)`: many features at once, their IDs already offset into the
+      stack and each (feature, batch row) a segment: one segment op for all of them instead of one
+      per feature (and the per-feature SparseTensors the raw-feature transform no longer cuts).
+      A segment's sum runs over its rows in the same order either way, so the two are bit-identical
+      for float32 tables (tests/test_serving_tables.py).
+    Stacked because a graph op cannot gather from several variables at once. Compressed tables
+    are gathered for the batch's unique rows and dequantized before pooling, so the combiner runs
+    in float32."""
+
+    def __init__(self, tables: Dict[str, Any], name: str, storage: str = "float32"):
+        super().__init__(name=name)
         if storage not in TABLE_DTYPES:
             raise ValueError(f"table dtype {storage!r} is not one of {', '.join(TABLE_DTYPES)}")
-        self.rows, self.dim, self.combiner, self.storage = table.rows, table.dim, table.combiner, storage
+        dims = {t.dim for t in tables.values()}
+        if len(dims) != 1:
+            raise ValueError(f"{name}: stacked tables need one dim, got {sorted(dims)}")
+        self.dim, self.storage = dims.pop(), storage
+        self.combiners = {n: t.combiner for n, t in tables.items()}
+        self.table_rows = {n: t.rows for n, t in tables.items()}
+        self.offsets, total = {}, 0
+        for n, t in tables.items():
+            self.offsets[n], total = total, total + t.rows
+        self.rows = total
 
     def build(self, input_shape=None):
         self.embeddings = self.add_weight(
@@ -244,21 +279,76 @@ class ServingTable(tf.keras.layers.Layer):
             self.scale = self.add_weight(name="scale", shape=[self.rows], initializer="ones", trainable=False)
         super().build(input_shape)
 
-    def call(self, ids, weights=None, sequence_length: int = 0) -> tf.Tensor:
-        if sequence_length:  # a sequence feature: [batch, length, dim] (float32, dequantized)
-            rows = tf.cast(self.embeddings, tf.float32)
+    def _built(self) -> None:
+        """Variables created on first use: the model calls `lookup` / `pool_fused`, not the layer."""
+        if not self.built:
+            with tf.name_scope(self.name):
+                self.build()
+
+    def _span(self, table: str):
+        return slice(self.offsets[table], self.offsets[table] + self.table_rows[table])
+
+    def assign(self, table: str, values, scale=None) -> None:
+        """A table's stored rows (and int8 scales) into its place in the stack."""
+        self._built()
+        self.embeddings[self._span(table)].assign(values)
+        if scale is not None:
+            self.scale[self._span(table)].assign(scale)
+
+    def read(self, table: str):
+        """A table's stored rows, as numpy."""
+        self._built()
+        return self.embeddings[self._span(table)].numpy()
+
+    def _float_rows(self, rows: tf.Tensor):
+        """(float32 rows, positions): the rows to pool from and each ID's place in them: the stack
+        itself for float32, else the batch's unique rows dequantized."""
+        if self.storage == "float32":
+            return self.embeddings, rows
+        unique, position = tf.unique(rows)
+        values = tf.cast(tf.gather(self.embeddings, unique), tf.float32)
+        if self.scale is not None:
+            values = values * tf.gather(self.scale, unique)[:, None]
+        return values, position
+
+    def lookup(self, table: str, ids, weights=None, sequence_length: int = 0) -> tf.Tensor:
+        """One feature's pooled vectors ([batch, dim]; [batch, length, dim] for a sequence feature)."""
+        self._built()
+        offset = self.offsets[table]
+        if sequence_length:  # a sequence feature: [batch, length, dim] (float32, dequantized), as
+            # sequence_positions gives for the table alone: zeros after a row's last ID
+            dense = (to_dense_ids(ids, sequence_length) if isinstance(ids, tf.SparseTensor)
+                     else tf.convert_to_tensor(ids)[:, :sequence_length])
+            valid = dense >= 0
+            at = tf.where(valid, dense + offset, offset)
+            values = tf.cast(tf.gather(self.embeddings, at), tf.float32)
             if self.scale is not None:
-                rows = rows * self.scale[:, None]
-            return sequence_positions(rows, ids, sequence_length)
+                values = values * tf.gather(self.scale, at)[..., None]
+            return values * tf.cast(valid, tf.float32)[..., None]
         if not isinstance(ids, tf.SparseTensor):
             raise TypeError(f"{self.name}: serving lookups take SparseTensor IDs (the raw-feature transform's output)")
-        if self.storage == "float32":
-            return pool_sparse(self.embeddings, ids, self.combiner, weights=weights)
-        unique, position = tf.unique(ids.values)
-        rows = tf.cast(tf.gather(self.embeddings, unique), tf.float32)
-        if self.scale is not None:
-            rows = rows * tf.gather(self.scale, unique)[:, None]
-        return pool_sparse(rows, ids, self.combiner, positions=position, weights=weights)
+        stacked = ids.values + offset if offset else ids.values
+        rows, position = self._float_rows(stacked)
+        return pool_sparse(rows, ids, self.combiners[table], positions=position, weights=weights)
+
+    def pool_fused(self, rows: tf.Tensor, segments: tf.Tensor, features: int, batch: tf.Tensor, combiner: str):
+        """`features` features' pooled vectors, [features, batch, dim]: `rows` (int64, into the
+        stack) and `segments` (feature x batch + batch row, non-decreasing) of all their IDs."""
+        self._built()
+        values, position = self._float_rows(rows)
+        pooled = _POOL[combiner](values, position, segments, num_segments=features * batch)
+        return tf.reshape(pooled, [features, -1, self.dim])
+
+
+class ServingTable(ServingTables):
+    """One trained table held for CPU serving (a stack of one): `layer(ids)` pools its IDs."""
+
+    def __init__(self, table: TablePlan, name: str, storage: str = "float32"):
+        super().__init__({name: table}, f"serving_table_{name}", storage)
+        self.table = name
+
+    def call(self, ids, weights=None, sequence_length: int = 0) -> tf.Tensor:
+        return self.lookup(self.table, ids, weights=weights, sequence_length=sequence_length)
 
 
 class TableOptimizer(NamedTuple):
@@ -296,8 +386,9 @@ class RankingModel(tf.keras.Model):
     TPU; on CPU/GPU it only creates the slots, through the Keras optimizer, so both platforms hold
     them under the same keys). `embedding_clipvalue`: the embedding gradients are clipped as the TPU
     clips them (optimizers.clip_embedding_gradients) before the Keras optimizer applies them.
-    `serving_table_dtype` (the exporter's model) holds every table as a plain `ServingTable` of that
-    dtype instead of the TFRS layer and TensorCore tables; the dense network is the same.
+    `serving_table_dtype` (the exporter's model) holds every table as plain variables of that dtype
+    (`ServingTables`; with `stack_serving_tables`, the tables of one dim stacked in one, which the
+    serving transform's fused inputs need) instead of the TFRS layer and TensorCore tables; the dense network is the same.
     `tpu_output_batch`: the static per-replica batch, set as the features' output shape on TPU.
     `table_optimizers` {table: TableOptimizer}: tables updated by an optimizer of their own instead
     of `embedding_optimizer` / `tpu_embedding_optimizer`. Every embedding optimizer counts every
@@ -316,6 +407,7 @@ class RankingModel(tf.keras.Model):
         dense_optimizer: Optional[tf.keras.optimizers.legacy.Optimizer] = None,
         tpu_embedding_optimizer: Any = None,
         serving_table_dtype: Optional[str] = None,
+        stack_serving_tables: bool = False,
         tpu_output_batch: Optional[int] = None,
         embedding_clipvalue: Optional[float] = None,
         pipeline_execution_with_tensor_core: bool = False,
@@ -341,14 +433,27 @@ class RankingModel(tf.keras.Model):
         self.feature_safe = {n: plan.features[n].validate_weights_and_indices for n in self.categorical_names}
         tpu_features = [n for n in self.categorical_names if tables[self.feature_table[n]].placement == "tpu_embedding"]
         self.embedding_layer = None
-        self.serving_tables: Dict[str, ServingTable] = {}
+        self.serving_stacks: Dict[str, ServingTables] = {}
+        self.stack_serving_tables = serving_table_dtype is not None and stack_serving_tables
+        serving_tables: Dict[str, ServingTables] = {}
         if serving_table_dtype is not None:
-            # The exporter's CPU serving model: every table a plain (optionally compressed) variable.
-            self.serving_tables = {
-                name: ServingTable(t, name, serving_table_dtype) for name, t in tables.items()
-                if any(self.feature_table[n] == name for n in self.categorical_names)
-            }
+            # The exporter's CPU serving model: the tables as plain (optionally compressed)
+            # variables, those of one dim stacked in one (ServingTables).
+            used = [name for name in tables if any(self.feature_table[n] == name for n in self.categorical_names)]
+            if stack_serving_tables:
+                for dim in sorted({tables[name].dim for name in used}):
+                    stack = ServingTables({name: tables[name] for name in used if tables[name].dim == dim},
+                                          f"serving_tables_dim{dim}", serving_table_dtype)
+                    self.serving_stacks[f"dim{dim}"] = stack
+            else:  # one variable per table (the Trainer's SavedModel: no offsets to add)
+                self.serving_stacks = {name: ServingTable(tables[name], name, serving_table_dtype) for name in used}
+            for stack in self.serving_stacks.values():
+                serving_tables.update({name: stack for name in stack.offsets})
             tpu_features = []
+        # table -> its stack (each stack is tracked once, in serving_stacks)
+        self.serving_tables = tf.Module()._no_dependency(serving_tables)  # pylint: disable=protected-access
+        self.weighted_features = {f.name for f in manifest.categorical_features if f.weight_column}
+        self.serving_chunks: List[FusedChunk] = tf.Module()._no_dependency([])  # pylint: disable=protected-access
         self.tpu_feature_names = tpu_features
         if tpu_features:
             # On a TPU the features' output shape is the static per-replica batch (TPUEmbeddingV2
@@ -401,9 +506,17 @@ class RankingModel(tf.keras.Model):
         out: Dict[str, tf.Tensor] = {}
         weights = {n: inputs.get(weights_key(n)) for n in self.categorical_names}  # W1; None: unweighted
         if self.serving_tables:
+            for i, chunk in enumerate(self.serving_chunks):  # pooled together (the transform's fused IDs)
+                if fused_key(i, "rows") in inputs:
+                    pooled = self.serving_stacks[chunk.stack].pool_fused(
+                        inputs[fused_key(i, "rows")], inputs[fused_key(i, "segments")], len(chunk.features),
+                        inputs[BATCH_KEY], chunk.combiner)
+                    out.update(zip(chunk.features, tf.unstack(pooled, num=len(chunk.features))))
             for n in self.categorical_names:
-                table = self.serving_tables[self.feature_table[n]]
-                out[n] = table(inputs[n], weights=weights[n], sequence_length=self.sequence_length.get(n, 0))
+                if n not in out:
+                    out[n] = self.serving_tables[self.feature_table[n]].lookup(
+                        self.feature_table[n], inputs[n], weights=weights[n],
+                        sequence_length=self.sequence_length.get(n, 0))
             return self._pool_sequences(out, inputs)
         if self.embedding_layer is not None:
             tpu = self.tpu_feature_names
@@ -442,8 +555,8 @@ class RankingModel(tf.keras.Model):
         if self.dense_names:
             dense = dense_input(inputs, self.dense_names)
         else:
-            first = inputs[self.categorical_names[0]]
-            dense = tf.zeros([tf.shape(first, out_type=tf.int64)[0], 1])
+            batch = inputs[BATCH_KEY] if BATCH_KEY in inputs else tf.shape(inputs[self.categorical_names[0]], out_type=tf.int64)[0]
+            dense = tf.zeros([batch, 1])
         bottom = self.bottom_mlp(dense)
         embedded = self.embed(inputs, training=training)
         if self.model_type == "dlrm":
@@ -459,6 +572,25 @@ class RankingModel(tf.keras.Model):
                 x = layer(x0, x)
             top_input = x
         return tf.sigmoid(self.top_mlp(top_input, training=training))
+
+    def serving_fusion_groups(self) -> List[FusedChunk]:
+        """The serving model's features that can be pooled together: per stack and combiner, the
+        features that are neither weighted nor sequences, in the model's order (offsets: each
+        feature's table's first row in the stack). The raw-feature transform cuts these into the
+        chunks it fuses (`set_serving_chunks`)."""
+        groups: Dict[Tuple[str, str], List[str]] = {}
+        for n in self.categorical_names:
+            if n in self.weighted_features or n in self.sequence_length:
+                continue
+            table = self.feature_table[n]
+            stack = next(k for k, v in self.serving_stacks.items() if table in v.offsets)
+            groups.setdefault((stack, self.serving_stacks[stack].combiners[table]), []).append(n)
+        return [FusedChunk(stack, combiner, tuple(fs), tuple(self.serving_stacks[stack].offsets[self.feature_table[n]] for n in fs))
+                for (stack, combiner), fs in groups.items()]
+
+    def set_serving_chunks(self, chunks: List["FusedChunk"]) -> None:
+        """The chunks whose IDs the inputs hold fused (`fused_key(i, ...)`, chunk i of these)."""
+        self.serving_chunks = tf.Module()._no_dependency(list(chunks))  # pylint: disable=protected-access
 
     def embedding_variable_ids(self) -> set:
         ids = {id(v) for t in self.tensor_core_tables.values() for v in t.trainable_variables}
