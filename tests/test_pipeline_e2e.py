@@ -109,8 +109,11 @@ def test_serving_model_has_no_slots_and_json_signature_agrees(pipeline_run):
     pushed = summary["serving_model"]
     shapes = sorted(saved_variable_shapes(pushed).values())
     manifest = json.loads(open(glob.glob(str(out / "pipeline_root" / "Trainer" / "model" / "*" / "embedding_manifest.json"))[0]).read())
-    tables = sorted([v["rows"], v["dim"]] for v in manifest["vocabularies"].values())
-    # exactly one variable per table, plus kernel and bias of each dense layer, plus each DCN-v2
+    rows_of_dim = {}
+    for v in manifest["vocabularies"].values():
+        rows_of_dim[v["dim"]] = rows_of_dim.get(v["dim"], 0) + v["rows"]
+    tables = sorted([rows, dim] for dim, rows in rows_of_dim.items())
+    # exactly one variable per table dim (the tables of one dim stacked, ServingTables), plus kernel and bias of each dense layer, plus each DCN-v2
     # cross layer's (low rank: U kernel, V kernel and bias; full rank: kernel and bias); a DLRM with
     # every table at the interaction dim has no projections. Any optimizer slot would be one more.
     t = cfg.training

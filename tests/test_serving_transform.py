@@ -315,3 +315,54 @@ def test_fused_ids_pool_exactly_as_per_feature_sparse_tensors(transforms, storag
                                               err_msg=f"{where} {storage} batch {batch} {name}")
         for d in manifest.dense_features:
             np.testing.assert_array_equal(got[d.name].numpy(), want[d.name].numpy())
+
+
+@pytest.mark.parametrize("batch,seed", [(0, 0), (1, 1), (3, 3), (64, 4), (300, 5)])
+def test_integer_columns_sent_as_numbers_give_what_their_decimal_texts_give(transforms, batch, seed):
+    """`serve_typed_features`' input (issue 17: integer columns may be sent as numbers): an int64
+    categorical column as one int64 per row (-1 for none) gives the model inputs that the JSON
+    strings of the same values give through J2, and that a tf.Example holding that one value (or
+    none) gives; every other column as in `serve_features`."""
+    fused, _, kinds = transforms
+    integer = fused.integer_columns()
+    assert integer and all(kinds[c] == R.KIND_INT for c in integer)
+    rows = _messy_rows(random.Random(seed), batch)
+    for row in rows:  # one value per integer cell: what a JSON number can hold
+        for c in integer:
+            if row.get(c):
+                row[c] = row[c][:1]
+    texts = _json_columns(rows, fused)
+    numbers = dict(texts, **{c: tf.constant([row[c][0] if row.get(c) else -1 for row in rows], tf.int64, shape=[batch])
+                             for c in integer})
+    got, from_texts = fused.from_feature_tensors(numbers), fused.from_feature_tensors(texts)
+    # A separator with a digit splits a negative number's JSON text into pieces J2 may keep; the
+    # number itself is dropped whole, as in a tf.Example (T2). Every other input is the texts'.
+    split_digits = {f.name for f in fused._manifest.categorical_features if any(ch.isdigit() for ch in f.separator or "")}
+    assert split_digits == {"i_digit_sep"}
+    _assert_same({k: v for k, v in got.items() if k not in split_digits},
+                 {k: v for k, v in from_texts.items() if k not in split_digits}, f"numbers vs texts batch {batch}")
+    examples = {c: fused.from_examples(_examples(rows, kinds))[c] for c in integer_features(fused, integer)}
+    _assert_same({c: got[c] for c in examples}, examples, f"numbers vs tf.Example batch {batch}")
+
+
+def integer_features(transform, columns):
+    """The categorical features reading these columns, whose only input is one int64 value."""
+    return [f.name for f in transform._manifest.categorical_features if f.column in columns and not f.weight_column]
+
+
+def test_the_typed_signature_exists_only_with_integer_columns(transforms, tmp_path):
+    """A serving module offers `serve_typed_features` when the model reads int64 ID columns, with
+    those inputs int64 and every other input as `serve_features` has it."""
+    from types import SimpleNamespace
+
+    from components.embedding_exporter.serving import ServingModule
+
+    fused = transforms[0]
+    module = ServingModule(SimpleNamespace(), fused)  # a model that stacks nothing; not called here
+    sigs = module.signatures()
+    assert set(sigs) == {"serving_default", "serve_features", "serve_typed_features"}
+    typed = sigs["serve_typed_features"].input_signature[0]
+    plain = sigs["serve_features"].input_signature[0]
+    assert {c for c, spec in typed.items() if spec.dtype == tf.int64} == set(fused.integer_columns())
+    assert {c: s.dtype for c, s in typed.items() if c not in fused.integer_columns()} == {
+        c: s.dtype for c, s in plain.items() if c not in fused.integer_columns()}

@@ -15,7 +15,9 @@ variables exist) and exposes two signatures:
   ExampleGen stored them;
 - `serve_features(**columns)`: one tensor per raw column for JSON/REST clients: categorical
   columns as strings (multi-hot values joined by the separator, '' when missing), dense columns
-  as float32 (NaN when missing).
+  as float32 (NaN when missing);
+- `serve_typed_features(**columns)` (models with int64 categorical columns): the same, with those
+  columns as int64 numbers, one per row (a negative number when missing, dropped as T2 drops it).
 Both return {"probabilities": float32 [batch, 1]}.
 """
 from __future__ import annotations
@@ -253,6 +255,12 @@ class RawFeatureTransform(tf.Module):
         return {d.column for d in self._manifest.dense_features} | {
             f.weight_column for f in self._manifest.categorical_features if f.weight_column}
 
+    def integer_columns(self) -> List[str]:
+        """int64 columns read only by categorical features (`serve_typed_features` takes them as
+        int64 numbers): one value per row then holds what a JSON client sends."""
+        return sorted({f.column for f in self._manifest.categorical_features if self.kinds[f.column] == R.KIND_INT}
+                      - self.dense_columns())
+
     def _row_weights(self, column, f: CategoricalFeatureEntry, from_json: bool) -> tf.Tensor:
         """W1: float32 [batch], each row's ID weight (its weight column's first value), NaN where
         the row's tokens are dropped (missing, NaN, infinite, negative, or a text column)."""
@@ -278,6 +286,9 @@ class RawFeatureTransform(tf.Module):
         """One value per row: strings for categorical ('' = missing), floats for dense (NaN = missing)."""
 
         def ragged(values: tf.Tensor) -> tf.RaggedTensor:
+            if values.dtype == tf.int64:  # an integer column sent as numbers: every row one value
+                # (a negative one, the way to send none, is dropped by T2 as in a tf.Example)
+                return tf.RaggedTensor.from_row_lengths(values, tf.ones_like(values), validate=False)
             if values.dtype == tf.string:
                 present = tf.strings.length(values) > 0
             else:
@@ -303,7 +314,7 @@ class RawFeatureTransform(tf.Module):
                 tf.zeros([0], tf.string), tf.zeros_like(values.row_splits), validate=False
             )
         integer_table = f.table in self.integer_tables
-        if raw_kind == R.KIND_INT and from_json:  # J2: each string stands for an int64 value
+        if raw_kind == R.KIND_INT and from_json and values.dtype == tf.string:  # J2: each string stands for an int64 value
             if f.separator is not None:
                 values = _split(values, f.separator)
             values = _int_texts(values)
@@ -485,6 +496,18 @@ class ServingModule(tf.Module):
 
         self.serve_examples = serve_examples
         self.serve_features = serve_features
+        self.serve_typed_features = None
+        integer_columns = transform.integer_columns()
+        if integer_columns:
+            # The same, with integer ID columns sent as JSON numbers (int64, one per row; a negative
+            # one for none): no decimal text parsed (J2), tables of int64 values looked up by value.
+            typed_spec = dict(feature_spec, **{c: tf.TensorSpec([None], tf.int64, name=c) for c in integer_columns})
+
+            @tf.function(input_signature=[typed_spec], autograph=False)
+            def serve_typed_features(columns):
+                return {"probabilities": self.model(self.transform.from_feature_tensors(columns))}
+
+            self.serve_typed_features = serve_typed_features
 
     def signatures(self) -> Dict[str, Any]:
         """The tf.functions themselves, not concrete functions: `tf.saved_model.save` traces them
@@ -492,7 +515,10 @@ class ServingModule(tf.Module):
         context's variable policy is part of tf.function's cache key,
         tensorflow/python/eager/polymorphic_function/function_context.py), so each signature
         would be traced twice."""
-        return {"serving_default": self.serve_examples, "serve_features": self.serve_features}
+        out = {"serving_default": self.serve_examples, "serve_features": self.serve_features}
+        if self.serve_typed_features is not None:
+            out["serve_typed_features"] = self.serve_typed_features
+        return out
 
 
 def save_serving_model(module: ServingModule, path: str) -> None:
