@@ -5,8 +5,8 @@ staging directory:
 1. `prepare`: the plan and vocabulary manifest of the Model artifact, every table of the plan
    located in the checkpoint with its layout (layouts.py; a missing table, rows that disagree with
    the vocabulary or an inconsistent layout refuse the export) and a sample of raw eval examples;
-2. `convert`: the serving model (RankingModel with plain `ServingTable`s, no optimizer, so no slot
-   variables), its dense network restored from the checkpoint (every dense weight must match) and
+2. `convert`: the serving model (RankingModel with plain tables, those of one dim stacked in one
+   `ServingTables`, no optimizer, so no slot variables), its dense network restored from the checkpoint (every dense weight must match) and
    the tables converted one at a time into it (and into `tables/` as row-aligned arrays);
 3. `verify`: the SavedModel (raw-feature transform + model, two signatures, serving.py) written
    and loaded back scores the sample raw, and the trainer's own SavedModel scores the same rows
