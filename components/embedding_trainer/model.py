@@ -249,7 +249,7 @@ class ServingTables(tf.keras.layers.Layer):
       stack and each (feature, batch row) a segment: one segment op for all of them instead of one
       per feature (and the per-feature SparseTensors the raw-feature transform no longer cuts).
       A segment's sum runs over its rows in the same order either way, so the two are bit-identical
-      for float32 tables (tests/test_serving_tables.py).
+      for float32 tables (tests/test_serving_transform.py).
     Stacked because a graph op cannot gather from several variables at once. Compressed tables
     are gathered for the batch's unique rows and dequantized before pooling, so the combiner runs
     in float32."""
