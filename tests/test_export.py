@@ -205,7 +205,10 @@ def test_int8_serving_model_and_compression_report(pipeline_run, tmp_path):
     reader = tf.train.load_checkpoint(os.path.join(str(tmp_path), SERVING_DIR, "variables", "variables"))
     dtypes = reader.get_variable_to_dtype_map()
     int8_tables = [k for k, d in dtypes.items() if d == tf.int8]
-    assert len(int8_tables) == len(plan["tables"])
+    # the tables of one dim stacked in one int8 variable (ServingTables), every row once
+    assert len(int8_tables) == len({t["dim"] for t in plan["tables"].values()})
+    shapes = reader.get_variable_to_shape_map()
+    assert sum(shapes[k][0] for k in int8_tables) == sum(t["rows"] for t in plan["tables"].values())
     assert len(saved_variable_shapes(os.path.join(str(tmp_path), SERVING_DIR))) == report["serving_variables"]
     manifest = json.loads((tmp_path / T.TABLES_DIR / T.TABLES_MANIFEST).read_text())["tables"]
     entry = next(iter(manifest.values()))

@@ -287,7 +287,7 @@ def test_fused_ids_pool_exactly_as_per_feature_sparse_tensors(transforms, storag
     through `ServingTables.lookup`, on the messy batches and the rulebook cases, both entry points,
     every table dtype: offsets, shared tables, max_length, empty rows and batches included."""
     from components.embedding_exporter.serving import RawFeatureTransform
-    from components.embedding_trainer.model import BATCH_KEY, fused_key
+    from components.embedding_trainer.model import BATCH_KEY, DENSE_KEY, fused_key
 
     per_feature = transforms[0]
     manifest, kinds = per_feature._manifest, transforms[2]
@@ -313,8 +313,12 @@ def test_fused_ids_pool_exactly_as_per_feature_sparse_tensors(transforms, storag
                 table = next(f.table for f in manifest.categorical_features if f.name == name)
                 np.testing.assert_array_equal(vectors.numpy(), stack.lookup(table, want[name]).numpy(),
                                               err_msg=f"{where} {storage} batch {batch} {name}")
-        for d in manifest.dense_features:
-            np.testing.assert_array_equal(got[d.name].numpy(), want[d.name].numpy())
+        # One matrix when every dense column is numeric (JSON); a text column read as dense (the
+        # tf.Example path's d_bytes) keeps the per-feature tensors.
+        assert (DENSE_KEY in got) == (where == "json")
+        for j, d in enumerate(manifest.dense_features):
+            dense = got[DENSE_KEY][:, j:j + 1] if DENSE_KEY in got else got[d.name]
+            np.testing.assert_array_equal(dense.numpy(), want[d.name].numpy(), err_msg=f"{where} {d.name}")
 
 
 @pytest.mark.parametrize("batch,seed", [(0, 0), (1, 1), (3, 3), (64, 4), (300, 5)])

@@ -228,6 +228,7 @@ class FusedChunk(NamedTuple):
 
 
 BATCH_KEY = "__batch"  # int64 scalar: the batch size, with fused inputs
+DENSE_KEY = "__dense"  # float32 [batch, dense features]: the dense features in one matrix, with fused inputs
 
 
 def fused_key(chunk: int, part: str) -> str:
@@ -374,8 +375,13 @@ def _scale_gradient(x, factor):
 
 def dense_input(inputs: Dict[str, Any], names) -> tf.Tensor:
     """[batch, len(names)] float32: the dense features, signed log1p (counts are heavy-tailed;
-    inside the model so serving does the same). The baseline (baseline.py) reads them so too."""
-    dense = tf.concat([tf.reshape(inputs[n], [-1, 1]) for n in names], axis=1)
+    inside the model so serving does the same). The baseline (baseline.py) reads them so too.
+    `inputs[DENSE_KEY]`, when there: the features already as one [batch, len(names)] matrix (the
+    serving transform's fused form)."""
+    if DENSE_KEY in inputs:
+        dense = inputs[DENSE_KEY]
+    else:
+        dense = tf.concat([tf.reshape(inputs[n], [-1, 1]) for n in names], axis=1)
     return tf.sign(dense) * tf.math.log1p(tf.abs(dense))
 
 
