@@ -130,6 +130,10 @@ def vocabulary_lines(v) -> int:
     return 0 if v.kind in ("hashed", "identity") else v.size
 
 
+# A fused group's IDs are pooled in this many parts (contiguous runs of features, one segment op
+# each), which two threads run side by side.
+_POOL_PARTS = 2
+
 # Categorical features are cut into this many shards, each fused on its own: the shards' ops are
 # independent, so two inter-op threads can run them side by side. Measured on the 2-core machine
 # (A/B in one process, the demo's 26 features): 5-10% faster at batch 1024, 3-4% slower at batch
@@ -213,7 +217,8 @@ class RawFeatureTransform(tf.Module):
         self._miss_dropped = {t: v.kind == "identity" and v.default_value is None for t, v in manifest.vocabularies.items()}
         # Stacked in this order: features of string tables, then of integer tables.
         self._order = self._ordered(manifest.categorical_features)
-        # Chunks of features whose IDs go to the model fused (set by `fuse`), with their entries.
+        # Per fused group: the chunks the model pools (contiguous parts) and the group's entries, in
+        # stacking order (set by `fuse`).
         self._chunks: List[Tuple[Any, List[CategoricalFeatureEntry]]] = self._no_dependency([])
 
     def _ordered(self, features) -> List[CategoricalFeatureEntry]:
@@ -228,17 +233,17 @@ class RawFeatureTransform(tf.Module):
         (`model.fused_key`) instead of a SparseTensor per feature. Returns the chunks, for
         `RankingModel.set_serving_chunks`."""
         entries = {f.name: f for f in self._manifest.categorical_features}
-        chunks = []
+        fused = []
         for group in groups:
             offset = dict(zip(group.features, group.offsets))
             # limited features (max_length) first, so T7 runs over a prefix of the chunk's IDs
             ordered = self._ordered(sorted((entries[n] for n in group.features), key=lambda f: f.max_length is None))
-            for part in (ordered[i::_SHARDS] for i in range(_SHARDS)):
-                if part:
-                    chunks.append((group._replace(features=tuple(f.name for f in part),
-                                                  offsets=tuple(offset[f.name] for f in part)), part))
-        self._chunks = self._no_dependency(chunks)
-        return [c for c, _ in chunks]
+            size = -(-len(ordered) // _POOL_PARTS)
+            parts = [ordered[i:i + size] for i in range(0, len(ordered), size)]
+            fused.append(([group._replace(features=tuple(f.name for f in part),
+                                          offsets=tuple(offset[f.name] for f in part)) for part in parts], ordered))
+        self._chunks = self._no_dependency(fused)
+        return [c for parts, _ in fused for c in parts]
 
     def lookup(self, table: str, flat: tf.Tensor) -> tf.Tensor:
         """A table's rows of tokens found in it (V1, V4), -1 for the others."""
@@ -247,7 +252,13 @@ class RawFeatureTransform(tf.Module):
             return identity_ids(flat, v.size)  # an identity table's size is its num_buckets
         if table not in self.tables:  # no vocabulary lines: every token misses
             return tf.fill(tf.shape(flat, out_type=tf.int64), tf.constant(-1, tf.int64))
-        return self.tables[table].lookup(flat)
+        # The table op itself with the default in the graph: `StaticHashTable.lookup` passes its
+        # default as an eager tensor, which every signature captures and every call feeds in
+        # (one input per table, bound in Python at each call).
+        ids = tf.raw_ops.LookupTableFindV2(
+            table_handle=self.tables[table].resource_handle, keys=flat, default_value=tf.constant(-1, tf.int64))
+        ids.set_shape(flat.shape)  # what the table's own lookup sets (the op's shape function does not know it)
+        return ids
 
     def raw_columns(self):
         return self._manifest.raw_columns()
@@ -413,11 +424,12 @@ class RawFeatureTransform(tf.Module):
         return out
 
     @staticmethod
-    def _fused_ids(flat: tf.Tensor, splits: tf.Tensor, batch: tf.Tensor, limits, index: int, chunk) -> Dict[str, tf.Tensor]:
-        """A chunk's IDs (`flat`, rows of `splits`: feature after feature, batch rows each) as the
-        model's fused inputs: each ID's row in its stack (ID + its table's offset) and its segment
-        (feature x batch + batch row), T7 applied; in row-major order, as a SparseTensor per
-        feature would hold them."""
+    def _fused_ids(flat: tf.Tensor, splits: tf.Tensor, batch: tf.Tensor, limits, first: int, parts) -> Dict[str, tf.Tensor]:
+        """A group's IDs (`flat`, rows of `splits`: feature after feature, batch rows each) as the
+        model's fused inputs, one (rows, segments) pair per part (chunk `first` on): each ID's row
+        in its stack (ID + its table's offset) and its segment in its part (feature x batch +
+        batch row), T7 applied; in row-major order, as a SparseTensor per feature would hold them.
+        The parts are contiguous runs of features, so the two threads can pool them side by side."""
         position = tf.RaggedTensor.from_row_splits(flat, splits, validate=False).to_sparse().indices  # (segment, place)
         segments = position[:, 0]
 
@@ -432,9 +444,22 @@ class RawFeatureTransform(tf.Module):
             kept = tf.where(position[:end, 1] < cap)[:, 0]
             flat = tf.concat([tf.gather(flat, kept), flat[end:]], 0)
             segments = tf.concat([tf.gather(segments, kept), segments[end:]], 0)
-        if any(chunk.offsets):
-            flat = flat + tf.gather(per_row(chunk.offsets), segments)
-        return {fused_key(index, "rows"): flat, fused_key(index, "segments"): segments}
+        offsets = [o for part in parts for o in part.offsets]
+        if any(offsets):
+            flat = flat + tf.gather(per_row(offsets), segments)
+        if len(parts) == 1:
+            return {fused_key(first, "rows"): flat, fused_key(first, "segments"): segments}
+        starts = [0]
+        for part in parts[:-1]:
+            starts.append(starts[-1] + len(part.features))  # each part's first feature
+        cuts = tf.searchsorted(segments, tf.constant(starts[1:], tf.int64) * batch, side="left", out_type=tf.int64)
+        bounds = tf.concat([[0], cuts, tf.shape(segments, out_type=tf.int64)], 0)
+        sizes = bounds[1:] - bounds[:-1]
+        out = {}
+        for i, (rows, segs) in enumerate(zip(tf.split(flat, sizes, num=len(parts)), tf.split(segments, sizes, num=len(parts)))):
+            out[fused_key(first + i, "rows")] = rows
+            out[fused_key(first + i, "segments")] = segs - starts[i] * batch if starts[i] else segs
+        return out
 
     def _dense(self, stacked, batch: tf.Tensor, from_json: bool) -> Dict[str, tf.Tensor]:
         """Rulebook D1-D5 for every dense column at once."""
@@ -453,7 +478,9 @@ class RawFeatureTransform(tf.Module):
             filled = tf.where(tf.math.is_finite(first), first, fill)
             if self._chunks and len(numeric) == len(self._manifest.dense_features):
                 # the fused form: one [batch, features] matrix for the model (`model.DENSE_KEY`)
-                return {DENSE_KEY: tf.transpose(tf.reshape(filled, [len(numeric), -1]))}
+                matrix = tf.transpose(tf.reshape(filled, [len(numeric), -1]))
+                matrix.set_shape([None, len(numeric)])  # static width, as a concat of [batch, 1] tensors has
+                return {DENSE_KEY: matrix}
             out.update(zip([d.name for d in numeric], tf.unstack(filled, num=len(numeric))))
         return {d.name: out[d.name] for d in self._manifest.dense_features}
 
@@ -461,11 +488,13 @@ class RawFeatureTransform(tf.Module):
         """`column(name)`: a raw column's values, [batch, None] ragged; `stacked(names)`: the float32
         values of numeric columns, column after column, one [len(names) * batch, None] ragged."""
         out: Dict[str, Any] = self._dense(stacked, batch, from_json)
-        for i, (chunk, features) in enumerate(self._chunks):
-            out.update(self._categorical(column, batch, from_json, features, fused=(i, chunk)))
+        first = 0
+        for parts, features in self._chunks:
+            out.update(self._categorical(column, batch, from_json, features, fused=(first, parts)))
+            first += len(parts)
         if self._chunks:
             out[BATCH_KEY] = batch
-        fused = {n for chunk, _ in self._chunks for n in chunk.features}
+        fused = {f.name for _, features in self._chunks for f in features}
         rest = [f for f in self._order if f.name not in fused]
         for shard in (rest[i::_SHARDS] for i in range(_SHARDS)):
             if shard:
