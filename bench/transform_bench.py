@@ -4,16 +4,19 @@
 
 Issue 17's direction "integer columns looked up as integers": a config whose categorical columns
 are int64 IDs (as MovieLens' user and item IDs are), 30% of the values unseen, each column's
-vocabulary the decimal texts preprocessing writes. Three transforms of the same manifest, called
-alternately in one process (one tf.function each, the transform and a sum over all its outputs,
-as a model reads them; p50 of `--calls` calls per batch size):
+vocabulary the decimal texts preprocessing writes. Three transforms of the same manifest, and the
+shipped one's JSON entry point, called alternately in one process (one tf.function each, the
+transform and a sum over all its outputs, as a model reads them; p50 of `--calls` calls per batch
+size):
 
 - fused, int64 tables (shipped): `serving.RawFeatureTransform`, integer tables keyed by value;
 - fused, string tables: the same with `integer_tables=False` (every value turned into its decimal
   text, then looked up by string);
-- feature by feature: `serving_reference.FeatureByFeatureTransform`, the transform before issue 17.
+- feature by feature: `serving_reference.FeatureByFeatureTransform`, the transform before issue 17;
+- the JSON entry point of the shipped transform on the same rows: IDs as int64 numbers (what
+  `serve_typed_features` takes) and as decimal texts (what `serve_features` takes).
 
-All three must give identical model inputs on every batch (checked; the bench fails otherwise).
+All of them must give identical model inputs on every batch (checked; the bench fails otherwise).
 Results go to bench/results/transform.json and print as a markdown table.
 """
 from __future__ import annotations
@@ -74,6 +77,13 @@ def main() -> int:
         return tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString()
 
     rows = [example() for _ in range(1024)]
+    parsed = [tf.train.Example.FromString(r).features.feature for r in rows]
+    # The JSON signatures' inputs for the same rows: each ID as a number (serve_typed_features)
+    # and as its decimal text (serve_features); the dense value as float32.
+    numbers = {n: np.array([f[n].int64_list.value[0] for f in parsed], np.int64) for n in names}
+    numbers["d0"] = np.array([f["d0"].float_list.value[0] for f in parsed], np.float32)
+    texts = {n: np.array([str(v).encode() for v in numbers[n]], object) for n in names}
+    texts["d0"] = numbers["d0"]
     transforms = {
         "fused, int64 tables": RawFeatureTransform(manifest, vocab_dir),
         "fused, string tables": RawFeatureTransform(manifest, vocab_dir, integer_tables=False),
@@ -83,26 +93,35 @@ def main() -> int:
     spec = [tf.TensorSpec([None], tf.string)]
     fns = {k: tf.function(t.from_examples, input_signature=spec, autograph=False) for k, t in transforms.items()}
 
-    def consumed(transform):
+    def consumed(transform, entry="from_examples", input_spec=None):
         """The transform and one scalar that reads every output, as a model would: a tf.function
         returning 27 tensors and SparseTensors spends milliseconds packing them in Python."""
 
         def fn(x):
             total = []
-            for v in transform.from_examples(x).values():
+            for v in getattr(transform, entry)(x).values():
                 if isinstance(v, tf.SparseTensor):
                     total += [tf.reduce_sum(v.values), tf.reduce_sum(v.indices), tf.reduce_sum(v.dense_shape)]
                 else:
                     total.append(tf.cast(tf.reduce_sum(v), tf.int64))
             return tf.add_n(total)
 
-        return tf.function(fn, input_signature=spec, autograph=False)
+        return tf.function(fn, input_signature=input_spec or spec, autograph=False)
 
     timed = {k: consumed(t) for k, t in transforms.items()}
+    shipped = transforms["fused, int64 tables"]
+    json_spec = lambda dtype: [{**{n: tf.TensorSpec([None], dtype) for n in names}, "d0": tf.TensorSpec([None], tf.float32)}]
+    timed["JSON numbers (serve_typed_features)"] = consumed(shipped, "from_feature_tensors", json_spec(tf.int64))
+    timed["JSON texts (serve_features)"] = consumed(shipped, "from_feature_tensors", json_spec(tf.string))
+    json_inputs = {"JSON numbers (serve_typed_features)": numbers, "JSON texts (serve_features)": texts}
     table = []
     for batch in (1, 64, 1024):
         x = tf.constant(rows[:batch])
+        inputs = {k: x for k in timed}
+        inputs.update({k: {c: tf.constant(v[:batch]) for c, v in cols.items()} for k, cols in json_inputs.items()})
         outs = {k: f(x) for k, f in fns.items()}
+        for k, cols in json_inputs.items():  # the JSON entry point gives the tf.Example inputs too
+            outs[k] = shipped.from_feature_tensors(inputs[k])
         for k, out in outs.items():  # identical model inputs
             for name, want in outs["feature by feature"].items():
                 got = out[name]
@@ -111,15 +130,15 @@ def main() -> int:
                         if parts else np.array_equal(got.numpy(), want.numpy()))
                 if not same:
                     raise SystemExit(f"{k}: feature {name} differs at batch {batch}")
-        for f in timed.values():
+        for k, f in timed.items():
             for _ in range(10):
-                f(x)
+                f(inputs[k])
         times = {k: [] for k in timed}
         calls = args.calls if batch < 1024 else max(args.calls // 5, 20)
         for _ in range(calls):
             for k, f in timed.items():
                 t = time.perf_counter()
-                f(x)
+                f(inputs[k])
                 times[k].append((time.perf_counter() - t) * 1e3)
         base = float(np.median(times["fused, int64 tables"]))
         for k, ts in times.items():

@@ -228,10 +228,10 @@ class RawFeatureTransform(tf.Module):
 
     def fuse(self, groups) -> list:
         """Features the model pools together (`RankingModel.serving_fusion_groups`: stack, combiner,
-        features, table offsets) cut into the chunks this transform fuses, each chunk's features in
-        its stacking order; from then on their IDs leave as one (rows, segments) pair per chunk
-        (`model.fused_key`) instead of a SparseTensor per feature. Returns the chunks, for
-        `RankingModel.set_serving_chunks`."""
+        features, table offsets): one transform pass per group, its features in stacking order
+        (those with `max_length` first), cut into `_POOL_PARTS` contiguous parts (chunks). From
+        then on their IDs leave as one (rows, segments) pair per chunk (`model.fused_key`) instead
+        of a SparseTensor per feature. Returns the chunks, for `RankingModel.set_serving_chunks`."""
         entries = {f.name: f for f in self._manifest.categorical_features}
         fused = []
         for group in groups:
@@ -347,8 +347,9 @@ class RawFeatureTransform(tf.Module):
         """Every categorical feature's IDs: V1 (vocabulary line), V2 (OOV bucket), T5-T6 (invalid
         tokens dropped) and T7 (the first `max_length` valid tokens). A token found in the
         vocabulary is valid (preprocessing counts valid tokens only), so validity checks and OOV
-        hashing run on the tokens the vocabulary misses. `fused` ((chunk index, chunk), `fuse`):
-        the IDs leave as the chunk's (rows, segments) instead of a SparseTensor per feature."""
+        hashing run on the tokens the vocabulary misses. `fused` ((first chunk index, the group's
+        chunks), `fuse`): the IDs leave as each chunk's (rows, segments) instead of a SparseTensor
+        per feature."""
         n = len(order)
         tokens = [self._tokens(column(f.column), f, from_json) for f in order]
         row_weights = {}
