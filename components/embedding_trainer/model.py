@@ -148,13 +148,24 @@ class TensorCoreTable(tf.keras.layers.Layer):
         return tf.math.divide_no_nan(total, tf.sqrt(tf.reduce_sum(mask * mask, axis=1, keepdims=True)))  # sqrtn
 
 
-def sequence_positions(rows: tf.Tensor, ids, length: int) -> tf.Tensor:
+def sequence_ids(ids, length: int) -> tf.Tensor:
+    """int64 [batch, length]: a sequence feature's first `length` IDs per row, -1 after its last.
+    `ids`: a row-major SparseTensor or padded dense IDs."""
+    return to_dense_ids(ids, length) if isinstance(ids, tf.SparseTensor) else tf.convert_to_tensor(ids)[:, :length]
+
+
+def sequence_positions(rows: tf.Tensor, ids, length: int, offset: int = 0, scale: Optional[tf.Tensor] = None) -> tf.Tensor:
     """[batch, length, dim]: a sequence feature's first `length` IDs looked up in `rows`, one
     vector per position, zeros after a row's last ID (what TPUEmbeddingForServing's CPU lookup of
-    a feature with max_sequence_length gives). `ids`: a row-major SparseTensor or padded dense IDs."""
-    dense = to_dense_ids(ids, length) if isinstance(ids, tf.SparseTensor) else tf.convert_to_tensor(ids)[:, :length]
-    mask = tf.cast(dense >= 0, rows.dtype)
-    return tf.gather(rows, tf.maximum(dense, 0)) * mask[..., None]
+    a feature with max_sequence_length gives). `offset`: the table's first row in `rows` (a stack
+    of tables); `scale`: int8 rows' per-row scales (rows other than float32 come back as float32)."""
+    dense = sequence_ids(ids, length)
+    valid = dense >= 0
+    at = tf.where(valid, dense + offset, offset) if offset else tf.maximum(dense, 0)
+    values = tf.cast(tf.gather(rows, at), tf.float32) if rows.dtype != tf.float32 else tf.gather(rows, at)
+    if scale is not None:
+        values = values * tf.gather(scale, at)[..., None]
+    return values * tf.cast(valid, values.dtype)[..., None]
 
 
 def sequence_mask(ids, length: int, lengths: Optional[tf.Tensor] = None) -> tf.Tensor:
@@ -163,8 +174,7 @@ def sequence_mask(ids, length: int, lengths: Optional[tf.Tensor] = None) -> tf.T
     without sparse ops (the TPU step's form)."""
     if lengths is not None:
         return tf.cast(tf.range(length)[None, :] < tf.cast(lengths, tf.int32)[:, None], tf.float32)
-    dense = to_dense_ids(ids, length) if isinstance(ids, tf.SparseTensor) else tf.convert_to_tensor(ids)[:, :length]
-    return tf.cast(dense >= 0, tf.float32)
+    return tf.cast(sequence_ids(ids, length) >= 0, tf.float32)
 
 
 class SequencePooling(tf.keras.layers.Layer):
@@ -316,16 +326,8 @@ class ServingTables(tf.keras.layers.Layer):
         """One feature's pooled vectors ([batch, dim]; [batch, length, dim] for a sequence feature)."""
         self._built()
         offset = self.offsets[table]
-        if sequence_length:  # a sequence feature: [batch, length, dim] (float32, dequantized), as
-            # sequence_positions gives for the table alone: zeros after a row's last ID
-            dense = (to_dense_ids(ids, sequence_length) if isinstance(ids, tf.SparseTensor)
-                     else tf.convert_to_tensor(ids)[:, :sequence_length])
-            valid = dense >= 0
-            at = tf.where(valid, dense + offset, offset)
-            values = tf.cast(tf.gather(self.embeddings, at), tf.float32)
-            if self.scale is not None:
-                values = values * tf.gather(self.scale, at)[..., None]
-            return values * tf.cast(valid, tf.float32)[..., None]
+        if sequence_length:  # a sequence feature: [batch, length, dim] (float32, dequantized)
+            return sequence_positions(self.embeddings, ids, sequence_length, offset, self.scale)
         if not isinstance(ids, tf.SparseTensor):
             raise TypeError(f"{self.name}: serving lookups take SparseTensor IDs (the raw-feature transform's output)")
         stacked = ids.values + offset if offset else ids.values
