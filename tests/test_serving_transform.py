@@ -286,7 +286,7 @@ def test_fused_ids_pool_exactly_as_per_feature_sparse_tensors(transforms, storag
     one segment op per chunk) pools every feature bit for bit as the per-feature SparseTensors do
     through `ServingTables.lookup`, on the messy batches and the rulebook cases, both entry points,
     every table dtype: offsets, shared tables, max_length, empty rows and batches included."""
-    from components.embedding_exporter.serving import RawFeatureTransform
+    from components.embedding_exporter.serving import RawFeatureTransform, vocabulary_lines
     from components.embedding_trainer.model import BATCH_KEY, DENSE_KEY, fused_key
 
     per_feature = transforms[0]
@@ -295,6 +295,11 @@ def test_fused_ids_pool_exactly_as_per_feature_sparse_tensors(transforms, storag
     fused = RawFeatureTransform(manifest, manifest.vocabulary_dir)
     chunks = fused.fuse(groups)
     assert sorted(n for c in chunks for n in c.features) == sorted(f.name for f in manifest.categorical_features)
+    # Fused IDs are looked up as stack rows: one table per (vocabulary, offset) read, none held twice.
+    offset = {n: o for c in chunks for n, o in zip(c.features, c.offsets)}
+    read = {(f.table, offset[f.name]) for f in manifest.categorical_features if vocabulary_lines(manifest.vocabularies[f.table])}
+    assert set(fused.tables) == {t for t, o in read if o == 0}
+    assert set(fused.offset_tables) == {f"{t}@{o}" for t, o in read if o}
     rows = _messy_rows(random.Random(seed), batch)
     if seed == 5:
         for row, case_row in zip(rows, _case_rows()):

@@ -193,22 +193,12 @@ class RawFeatureTransform(tf.Module):
                 self.kinds[f.column] == R.KIND_INT and not any(c.isdigit() for c in f.separator or "") for f in fs)
             and _decimal_int64_lines(os.path.join(vocabulary_dir, manifest.vocabularies[t].file))
         }
-        self.tables = {}
-        for name, v in manifest.vocabularies.items():
-            if not vocabulary_lines(v):  # nothing to look up (TextFileInitializer fails on an empty file)
-                continue
-            initializer = tf.lookup.TextFileInitializer(
-                os.path.join(vocabulary_dir, v.file),
-                key_dtype=tf.int64 if name in self.integer_tables else tf.string,
-                key_index=tf.lookup.TextFileIndex.WHOLE_LINE,
-                value_dtype=tf.int64,
-                value_index=tf.lookup.TextFileIndex.LINE_NUMBER,
-            )
-            # The vocabulary part of V1-V2; OOV buckets are computed for the misses only (what
-            # StaticVocabularyTable.lookup computes for every token, hashing them all). Anonymous:
-            # in eager mode a table named after its file is shared with every other table of that
-            # file in the process, whatever its key dtype.
-            self.tables[name] = tf.lookup.StaticHashTable(initializer, default_value=-1, experimental_is_anonymous=True)
+        self._vocabulary_dir = vocabulary_dir
+        self.tables = {name: self._table(name) for name, v in manifest.vocabularies.items() if vocabulary_lines(v)}
+        # (table, offset) -> the table with `offset` added to every row (`fuse`: fused features
+        # look their IDs up as rows of their stack, with no per-ID add).
+        self.offset_tables: Dict[str, Any] = {}
+        self._offset_of: Dict[Tuple[str, int], str] = self._no_dependency({})
         # Per table, what a token that misses its vocabulary gets (V2-V4): the first OOV row
         # (size; default_value for an identity table), the number of OOV buckets, and whether
         # it is dropped instead (an identity table without default_value).
@@ -221,6 +211,23 @@ class RawFeatureTransform(tf.Module):
         # stacking order (set by `fuse`).
         self._chunks: List[Tuple[Any, List[CategoricalFeatureEntry]]] = self._no_dependency([])
 
+    def _table(self, name: str, offset: int = 0) -> tf.lookup.StaticHashTable:
+        """A vocabulary table: each line's row (plus `offset`), -1 for other tokens."""
+        v = self._manifest.vocabularies[name]
+        initializer = tf.lookup.TextFileInitializer(
+            os.path.join(self._vocabulary_dir, v.file),
+            key_dtype=tf.int64 if name in self.integer_tables else tf.string,
+            key_index=tf.lookup.TextFileIndex.WHOLE_LINE,
+            value_dtype=tf.int64,
+            value_index=tf.lookup.TextFileIndex.LINE_NUMBER,
+            value_index_offset=offset,
+        )
+        # The vocabulary part of V1-V2; OOV buckets are computed for the misses only (what
+        # StaticVocabularyTable.lookup computes for every token, hashing them all). Anonymous:
+        # in eager mode a table named after its file is shared with every other table of that
+        # file in the process, whatever its key dtype.
+        return tf.lookup.StaticHashTable(initializer, default_value=-1, experimental_is_anonymous=True)
+
     def _ordered(self, features) -> List[CategoricalFeatureEntry]:
         """Features of string tables, then of integer tables (the order `_categorical` stacks)."""
         return [f for f in features if f.table not in self.integer_tables] + [
@@ -228,35 +235,47 @@ class RawFeatureTransform(tf.Module):
 
     def fuse(self, groups) -> list:
         """Features the model pools together (`RankingModel.serving_fusion_groups`: stack, combiner,
-        features, table offsets): one transform pass per group, its features in stacking order
-        (those with `max_length` first), cut into `_POOL_PARTS` contiguous parts (chunks). From
-        then on their IDs leave as one (rows, segments) pair per chunk (`model.fused_key`) instead
-        of a SparseTensor per feature. Returns the chunks, for `RankingModel.set_serving_chunks`."""
+        features, table offsets): one transform pass per group, its features in stacking order,
+        cut into `_POOL_PARTS` contiguous parts (chunks). From then on their IDs leave as one
+        (rows, segments) pair per chunk (`model.fused_key`) instead of a SparseTensor per feature,
+        looked up as rows of the stack: each (table, offset) gets a table whose rows start at the
+        offset, and the tables no feature reads at offset 0 any more are dropped. Returns the
+        chunks, for `RankingModel.set_serving_chunks`."""
         entries = {f.name: f for f in self._manifest.categorical_features}
         fused = []
         for group in groups:
             offset = dict(zip(group.features, group.offsets))
-            # limited features (max_length) first, so T7 runs over a prefix of the chunk's IDs
-            ordered = self._ordered(sorted((entries[n] for n in group.features), key=lambda f: f.max_length is None))
+            ordered = self._ordered([entries[n] for n in group.features])
             size = -(-len(ordered) // _POOL_PARTS)
             parts = [ordered[i:i + size] for i in range(0, len(ordered), size)]
             fused.append(([group._replace(features=tuple(f.name for f in part),
                                           offsets=tuple(offset[f.name] for f in part)) for part in parts], ordered))
         self._chunks = self._no_dependency(fused)
+        offsets = {n: o for parts, _ in fused for part in parts for n, o in zip(part.features, part.offsets)}
+        for f in self._manifest.categorical_features:
+            o = offsets.get(f.name, 0)
+            if o and f.table in self.tables and (f.table, o) not in self._offset_of:
+                key = f"{f.table}@{o}"
+                self._offset_of[(f.table, o)] = key
+                self.offset_tables[key] = self._table(f.table, o)
+        unused = {t for t in self.tables} - {f.table for f in self._manifest.categorical_features if not offsets.get(f.name)}
+        for t in unused:  # every feature of the table reads it at an offset
+            del self.tables[t]
         return [c for parts, _ in fused for c in parts]
 
-    def lookup(self, table: str, flat: tf.Tensor) -> tf.Tensor:
-        """A table's rows of tokens found in it (V1, V4), -1 for the others."""
+    def lookup(self, table: str, flat: tf.Tensor, offset: int = 0) -> tf.Tensor:
+        """A table's rows of tokens found in it (V1, V4), plus `offset`; -1 for the others."""
         v = self._manifest.vocabularies[table]
         if v.kind == "identity":
-            return identity_ids(flat, v.size)  # an identity table's size is its num_buckets
-        if table not in self.tables:  # no vocabulary lines: every token misses
+            ids = identity_ids(flat, v.size)  # an identity table's size is its num_buckets
+            return tf.where(ids >= 0, ids + offset, ids) if offset else ids
+        if table not in self.tables and (table, offset) not in self._offset_of:  # no vocabulary lines: every token misses
             return tf.fill(tf.shape(flat, out_type=tf.int64), tf.constant(-1, tf.int64))
+        handle = (self.offset_tables[self._offset_of[(table, offset)]] if offset else self.tables[table]).resource_handle
         # The table op itself with the default in the graph: `StaticHashTable.lookup` passes its
         # default as an eager tensor, which every signature captures and every call feeds in
         # (one input per table, bound in Python at each call).
-        ids = tf.raw_ops.LookupTableFindV2(
-            table_handle=self.tables[table].resource_handle, keys=flat, default_value=tf.constant(-1, tf.int64))
+        ids = tf.raw_ops.LookupTableFindV2(table_handle=handle, keys=flat, default_value=tf.constant(-1, tf.int64))
         ids.set_shape(flat.shape)  # what the table's own lookup sets (the op's shape function does not know it)
         return ids
 
@@ -358,7 +377,10 @@ class RawFeatureTransform(tf.Module):
                 row_weights[f.name] = self._row_weights(column, f, from_json)
                 weighed = tf.logical_not(tf.math.is_nan(row_weights[f.name]))
                 tokens[i] = _keep(tokens[i], tf.repeat(weighed, tokens[i].row_lengths()))
-        ids = _stack_rows([t.with_flat_values(self.lookup(f.table, t.flat_values)) for f, t in zip(order, tokens)])
+        # fused: IDs as rows of their stack (the table's offset in it), misses' rows too
+        offset = {n: o for part in fused[1] for n, o in zip(part.features, part.offsets)} if fused else {}
+        offsets = [offset.get(f.name, 0) for f in order]
+        ids = _stack_rows([t.with_flat_values(self.lookup(f.table, t.flat_values, o)) for f, t, o in zip(order, tokens, offsets)])
         flat, splits = ids.flat_values, ids.row_splits  # n * batch rows: feature after feature
         bounds = tf.gather(splits, tf.range(n + 1, dtype=tf.int64) * batch)  # each feature's first ID
         miss = tf.where(flat < 0)
@@ -385,7 +407,7 @@ class RawFeatureTransform(tf.Module):
             else:
                 buckets = tf.where(tf.gather(tf.constant(bucket_counts, tf.int64), feature) == count, hashed, buckets)
         flat = tf.tensor_scatter_nd_update(
-            flat, miss, tf.gather(tf.constant([self._miss_row[f.table] for f in order], tf.int64), feature) + buckets
+            flat, miss, tf.gather(tf.constant([self._miss_row[f.table] + o for f, o in zip(order, offsets)], tf.int64), feature) + buckets
         )
         valid = _valid_tokens_fast(missed)
         dropped = [self._miss_dropped[f.table] for f in order]
@@ -426,28 +448,23 @@ class RawFeatureTransform(tf.Module):
 
     @staticmethod
     def _fused_ids(flat: tf.Tensor, splits: tf.Tensor, batch: tf.Tensor, limits, first: int, parts) -> Dict[str, tf.Tensor]:
-        """A group's IDs (`flat`, rows of `splits`: feature after feature, batch rows each) as the
-        model's fused inputs, one (rows, segments) pair per part (chunk `first` on): each ID's row
-        in its stack (ID + its table's offset) and its segment in its part (feature x batch +
-        batch row), T7 applied; in row-major order, as a SparseTensor per feature would hold them.
-        The parts are contiguous runs of features, so the two threads can pool them side by side."""
-        position = tf.RaggedTensor.from_row_splits(flat, splits, validate=False).to_sparse().indices  # (segment, place)
-        segments = position[:, 0]
-
-        def per_row(values) -> tf.Tensor:  # one value per feature -> one per (feature, batch row) segment
-            return tf.reshape(tf.tile(tf.constant(values, tf.int64)[:, None], tf.stack([1, batch])), [-1])
-
-        limited = [i for i, m in enumerate(limits) if m is not None]
-        if limited:  # T7: the first max_length (valid) IDs of a row, over the features up to the last limited one
-            k = limited[-1] + 1  # `fuse` puts the limited features first where it can
-            end = splits[k * batch]
-            cap = tf.gather(per_row([R.INT64_MAX if m is None else m for m in limits[:k]]), segments[:end])
-            kept = tf.where(position[:end, 1] < cap)[:, 0]
-            flat = tf.concat([tf.gather(flat, kept), flat[end:]], 0)
-            segments = tf.concat([tf.gather(segments, kept), segments[end:]], 0)
-        offsets = [o for part in parts for o in part.offsets]
-        if any(offsets):
-            flat = flat + tf.gather(per_row(offsets), segments)
+        """A group's IDs (`flat`: rows of their stack; rows of `splits`: feature after feature,
+        batch rows each) as the model's fused inputs, one (rows, segments) pair per part (chunk
+        `first` on): each ID's segment in its part (feature x batch + batch row), T7 applied; in
+        row-major order, as a SparseTensor per feature would hold them. The parts are contiguous
+        runs of features, so the two threads can pool them side by side."""
+        if any(m is not None for m in limits):
+            # T7, the first max_length (valid) IDs of a row, on the row lengths: the kept rows'
+            # splits, then each kept ID's (segment, place) and its place in `flat` (one gather),
+            # where a mask over the IDs took a compare, a where and two gathers more.
+            caps = tf.constant([R.INT64_MAX if m is None else m for m in limits], tf.int64)
+            lengths = tf.reshape(splits[1:] - splits[:-1], [len(limits), -1])
+            kept = tf.concat([[0], tf.cumsum(tf.reshape(tf.minimum(lengths, caps[:, None]), [-1]))], 0)
+            position = tf.RaggedTensor.from_row_splits(tf.range(kept[-1]), kept, validate=False).to_sparse().indices
+            segments = position[:, 0]
+            flat = tf.gather(flat, tf.gather(splits, segments) + position[:, 1])
+        else:
+            segments = tf.RaggedTensor.from_row_splits(flat, splits, validate=False).to_sparse().indices[:, 0]
         if len(parts) == 1:
             return {fused_key(first, "rows"): flat, fused_key(first, "segments"): segments}
         starts = [0]
