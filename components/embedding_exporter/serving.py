@@ -235,17 +235,18 @@ class RawFeatureTransform(tf.Module):
 
     def fuse(self, groups) -> list:
         """Features the model pools together (`RankingModel.serving_fusion_groups`: stack, combiner,
-        features, table offsets): one transform pass per group, its features in stacking order,
-        cut into `_POOL_PARTS` contiguous parts (chunks). From then on their IDs leave as one
-        (rows, segments) pair per chunk (`model.fused_key`) instead of a SparseTensor per feature,
-        looked up as rows of the stack: each (table, offset) gets a table whose rows start at the
-        offset, and the tables no feature reads at offset 0 any more are dropped. Returns the
-        chunks, for `RankingModel.set_serving_chunks`."""
+        features, table offsets): one transform pass per group, its features in stacking order
+        (those with `max_length` first), cut into `_POOL_PARTS` contiguous parts (chunks). From
+        then on their IDs leave as one (rows, segments) pair per chunk (`model.fused_key`) instead
+        of a SparseTensor per feature, looked up as rows of the stack: each (table, offset) gets a
+        table whose rows start at the offset (no per-ID add), and the tables no feature reads at
+        offset 0 any more are dropped. Returns the chunks, for `RankingModel.set_serving_chunks`."""
         entries = {f.name: f for f in self._manifest.categorical_features}
         fused = []
         for group in groups:
             offset = dict(zip(group.features, group.offsets))
-            ordered = self._ordered([entries[n] for n in group.features])
+            # limited features (max_length) first, so T7 runs over a prefix of the chunk's IDs
+            ordered = self._ordered(sorted((entries[n] for n in group.features), key=lambda f: f.max_length is None))
             size = -(-len(ordered) // _POOL_PARTS)
             parts = [ordered[i:i + size] for i in range(0, len(ordered), size)]
             fused.append(([group._replace(features=tuple(f.name for f in part),
@@ -453,18 +454,17 @@ class RawFeatureTransform(tf.Module):
         `first` on): each ID's segment in its part (feature x batch + batch row), T7 applied; in
         row-major order, as a SparseTensor per feature would hold them. The parts are contiguous
         runs of features, so the two threads can pool them side by side."""
-        if any(m is not None for m in limits):
-            # T7, the first max_length (valid) IDs of a row, on the row lengths: the kept rows'
-            # splits, then each kept ID's (segment, place) and its place in `flat` (one gather),
-            # where a mask over the IDs took a compare, a where and two gathers more.
-            caps = tf.constant([R.INT64_MAX if m is None else m for m in limits], tf.int64)
-            lengths = tf.reshape(splits[1:] - splits[:-1], [len(limits), -1])
-            kept = tf.concat([[0], tf.cumsum(tf.reshape(tf.minimum(lengths, caps[:, None]), [-1]))], 0)
-            position = tf.RaggedTensor.from_row_splits(tf.range(kept[-1]), kept, validate=False).to_sparse().indices
-            segments = position[:, 0]
-            flat = tf.gather(flat, tf.gather(splits, segments) + position[:, 1])
-        else:
-            segments = tf.RaggedTensor.from_row_splits(flat, splits, validate=False).to_sparse().indices[:, 0]
+        position = tf.RaggedTensor.from_row_splits(flat, splits, validate=False).to_sparse().indices  # (segment, place)
+        segments = position[:, 0]
+        limited = [i for i, m in enumerate(limits) if m is not None]
+        if limited:  # T7: the first max_length (valid) IDs of a row, over the features up to the last limited one
+            k = limited[-1] + 1  # `fuse` puts the limited features first where it can
+            end = splits[k * batch]
+            caps = tf.constant([R.INT64_MAX if m is None else m for m in limits[:k]], tf.int64)[:, None]
+            cap = tf.gather(tf.reshape(tf.tile(caps, tf.stack([1, batch])), [-1]), segments[:end])  # per ID
+            kept = tf.where(position[:end, 1] < cap)[:, 0]
+            flat = tf.concat([tf.gather(flat, kept), flat[end:]], 0)
+            segments = tf.concat([tf.gather(segments, kept), segments[end:]], 0)
         if len(parts) == 1:
             return {fused_key(first, "rows"): flat, fused_key(first, "segments"): segments}
         starts = [0]
