@@ -111,6 +111,30 @@ def test_int_text_cases_serving(served, path):
     assert served.ids(path, INT_TEXT, len(R.INT_TEXT_CASES)) == expected
 
 
+def test_int_columns_as_numbers_serving(served):
+    """`serve_typed_features` (int64 ID columns sent as JSON numbers): each int64 column's rows give
+    the IDs of the value its J2 text stands for (a text that stands for none: the row sends none),
+    the identity column its V4 IDs (T2 first: a negative number is none), the int64 token cases
+    their rows' IDs (a row of several values cannot be sent: none); every other column,
+    sent as in `serve_features`, gives what `serve_features` gives."""
+    path = "serve_typed_features"
+    expected = tuple(
+        (R.embedding_id(c.token, R.VOCABULARY, INT_TEXT_OOV_BUCKETS),) if c.token else () for c in R.INT_TEXT_CASES
+    )
+    assert served.ids(path, INT_TEXT, len(R.INT_TEXT_CASES)) == expected
+    assert served.ids(path, "identity_int", len(INT_IDENTITY)) == _kind_expected("identity_int")
+    int_cases = {_feature_name("t", i): c for i, c in enumerate(TOKEN_CASES.values()) if c.kind == R.KIND_INT}
+    assert int_cases
+    for name, case in int_cases.items():  # one value per row: its IDs; several: none sent
+        expected = tuple(ids if v and len(v) == 1 else () for v, ids in zip(case.rows, case.ids))
+        assert served.ids(path, case.name, len(case.rows)) == expected, case.name
+    typed, json = served.outputs[path].copy(), served.outputs["serve_features"].copy()
+    for name in (INT_TEXT, "identity_int", *int_cases):
+        start, width = served.layout[name]
+        typed[:, start:start + width] = json[:, start:start + width] = 0
+    np.testing.assert_array_equal(typed, json)
+
+
 # ---- column kinds: hashed (V3) and identity (V4) --------------------------------------------------
 
 HASH_BUCKETS = 1000
@@ -466,4 +490,16 @@ def served(tmp_path_factory):
     loaded = tf.saved_model.load(path)
     outputs["serving_default"] = loaded.signatures["serving_default"](examples=examples)["probabilities"].numpy()
     outputs["serve_features"] = loaded.signatures["serve_features"](**columns)["probabilities"].numpy()
+    # serve_typed_features: the int64 ID columns as JSON numbers, one per row (-1: none); a text
+    # that stands for no int64 value cannot be sent as a number, so its row sends none.
+    int_cases = {_feature_name("t", i): case for i, case in enumerate(token_cases) if case.kind == R.KIND_INT}
+    assert sorted(transform.integer_columns()) == sorted([INT_TEXT, "identity_int", *int_cases])
+    typed = dict(columns)
+    for name, case in int_cases.items():  # a row of several values has no such form: it sends none
+        one = [v[0] if v and len(v) == 1 else -1 for v in case.rows]
+        typed[name] = tf.constant(one + [-1] * (num_rows - len(one)), tf.int64)
+    typed[INT_TEXT] = tf.constant([int(c.token) if c.token else -1 for c in R.INT_TEXT_CASES]
+                                  + [-1] * (num_rows - len(R.INT_TEXT_CASES)), tf.int64)
+    typed["identity_int"] = tf.constant(list(INT_IDENTITY) + [-1] * (num_rows - len(INT_IDENTITY)), tf.int64)
+    outputs["serve_typed_features"] = loaded.signatures["serve_typed_features"](**typed)["probabilities"].numpy()
     return _Served(outputs, layout)

@@ -252,6 +252,25 @@ def test_fast_validity_check_agrees_with_the_full_one(token):
     assert _valid_tokens_fast(t).numpy().tolist() == _valid_tokens(t).numpy().tolist() == [python, True, python]
 
 
+@pytest.mark.parametrize("counts", [(1, 1), (7, 7), (1, 8, 5, 1000), (4294967291, 4294967279, 3)])
+def test_one_hash_gives_every_tables_oov_bucket(counts):
+    """V2 for misses of tables with different OOV bucket counts: one hash by the counts' least
+    common multiple, then each token's own count, gives `to_hash_bucket_fast` by that count (the
+    rulebook's Fingerprint64 mod n); counts whose multiple is beyond int64 (two primes near 2^32)
+    take one hash per count."""
+    from types import SimpleNamespace
+
+    from components.embedding_exporter.serving import RawFeatureTransform
+
+    tokens = [b"", b"a", b"b9c", "\u00e9t\u00e9".encode(), b"x" * 300] * len(counts)
+    feature = np.repeat(np.arange(len(counts)), 5)
+    order = [SimpleNamespace(table=f"t{i}") for i in range(len(counts))]
+    owner = SimpleNamespace(_miss_buckets={f"t{i}": c for i, c in enumerate(counts)})
+    got = RawFeatureTransform._oov_buckets(owner, tf.constant(tokens), tf.constant(feature, tf.int64), order)
+    want = [R.oov_bucket(t, counts[f]) if counts[f] > 1 else 0 for t, f in zip(tokens, feature)]
+    assert got.numpy().tolist() == want
+
+
 def _stacks_and_groups(manifest, storage):
     """The serving model's tables as RankingModel(stack_serving_tables=True) holds them (one
     ServingTables of dim 3, seeded; int8 with scales) and its fusion groups: one per combiner

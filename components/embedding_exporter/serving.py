@@ -23,6 +23,7 @@ Both return {"probabilities": float32 [batch, 1]}.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -84,10 +85,15 @@ def _valid_tokens(flat: tf.Tensor) -> tf.Tensor:
 _PLAIN_ASCII = r"[\x00-\x09\x0b\x0c\x0e-\x7f]+"
 
 
-def _valid_tokens_fast(flat: tf.Tensor) -> tf.Tensor:
-    """`_valid_tokens` with one regex for plain ASCII tokens; the full checks (UTF-8 transcoding
-    the most costly) run on the others only."""
-    plain = tf.strings.regex_full_match(flat, _PLAIN_ASCII)
+def _plain_tokens(flat: tf.Tensor) -> tf.Tensor:
+    """Tokens valid by T5-T6 for sure: plain ASCII without line breaks (others may be valid too)."""
+    return tf.strings.regex_full_match(flat, _PLAIN_ASCII)
+
+
+def _valid_tokens_fast(flat: tf.Tensor, plain: Optional[tf.Tensor] = None) -> tf.Tensor:
+    """`_valid_tokens` with one regex for plain ASCII tokens (`plain`, when already known); the
+    full checks (UTF-8 transcoding the most costly) run on the others only."""
+    plain = _plain_tokens(flat) if plain is None else plain
     other = tf.where(tf.logical_not(plain))
     return tf.tensor_scatter_nd_update(plain, other, _valid_tokens(tf.gather(flat, other[:, 0])))
 
@@ -294,6 +300,25 @@ class RawFeatureTransform(tf.Module):
         return sorted({f.column for f in self._manifest.categorical_features if self.kinds[f.column] == R.KIND_INT}
                       - self.dense_columns())
 
+    def _oov_buckets(self, missed: tf.Tensor, feature: tf.Tensor, order) -> tf.Tensor:
+        """V2: each missed token's OOV bucket in its table (`feature`: its index in `order`), with
+        one hash for every bucket count: Fingerprint64 mod n is (Fingerprint64 mod L) mod n for
+        every n dividing L, so one `to_hash_bucket_fast` by the counts' least common multiple
+        serves them all (one hash per count if that multiple is beyond int64)."""
+        counts = [self._miss_buckets[f.table] for f in order]
+        if set(counts) == {1}:  # one OOV bucket: the row after the vocabulary
+            return tf.zeros_like(feature)
+        if len(set(counts)) == 1:
+            return tf.strings.to_hash_bucket_fast(missed, counts[0])
+        per_miss = tf.gather(tf.constant(counts, tf.int64), feature)
+        lcm = math.lcm(*set(counts))
+        if lcm <= R.INT64_MAX:
+            return tf.math.floormod(tf.strings.to_hash_bucket_fast(missed, lcm), per_miss)
+        buckets = tf.zeros_like(feature)
+        for count in sorted(set(counts) - {1}):
+            buckets = tf.where(per_miss == count, tf.strings.to_hash_bucket_fast(missed, count), buckets)
+        return buckets
+
     def _row_weights(self, column, f: CategoricalFeatureEntry, from_json: bool) -> tf.Tensor:
         """W1: float32 [batch], each row's ID weight (its weight column's first value), NaN where
         the row's tokens are dropped (missing, NaN, infinite, negative, or a text column)."""
@@ -389,38 +414,40 @@ class RawFeatureTransform(tf.Module):
         # texts of integer tables' missed values; a negative value's text is empty, so T5 drops it.
         n_strings = sum(f.table not in self.integer_tables for f in order)
         strings, integers = [t.flat_values for t in tokens[:n_strings]], [t.flat_values for t in tokens[n_strings:]]
-        first_integer = bounds[n_strings]
-        in_strings = tf.reduce_sum(tf.cast(miss[:, 0] < first_integer, tf.int32))
+        if strings and integers:
+            first_integer = bounds[n_strings]
+            in_strings = tf.reduce_sum(tf.cast(miss[:, 0] < first_integer, tf.int32))
         missed = []
         if strings:
-            missed.append(tf.gather(tf.concat(strings, 0), miss[:in_strings, 0]))
+            missed.append(tf.gather(tf.concat(strings, 0), miss[:in_strings, 0] if integers else miss[:, 0]))
         if integers:
-            values = tf.gather(tf.concat(integers, 0), miss[in_strings:, 0] - first_integer)
+            values = tf.gather(tf.concat(integers, 0), miss[in_strings:, 0] - first_integer if strings else miss[:, 0])
             missed.append(tf.where(values >= 0, tf.strings.as_string(values), ""))
         missed = tf.concat(missed, 0) if len(missed) > 1 else missed[0]
         feature = tf.searchsorted(bounds, miss[:, 0], side="right", out_type=tf.int64) - 1  # of each missed token
-        buckets = tf.zeros_like(feature)  # one OOV bucket: the row after the vocabulary
-        bucket_counts = [self._miss_buckets[f.table] for f in order]
-        for count in sorted(set(bucket_counts) - {1}):  # one hash per distinct bucket count
-            hashed = tf.strings.to_hash_bucket_fast(missed, count)
-            if len(set(bucket_counts)) == 1:
-                buckets = hashed
-            else:
-                buckets = tf.where(tf.gather(tf.constant(bucket_counts, tf.int64), feature) == count, hashed, buckets)
-        flat = tf.tensor_scatter_nd_update(
-            flat, miss, tf.gather(tf.constant([self._miss_row[f.table] + o for f, o in zip(order, offsets)], tf.int64), feature) + buckets
-        )
-        valid = _valid_tokens_fast(missed)
+        rows = tf.gather(tf.constant([self._miss_row[f.table] + o for f, o in zip(order, offsets)], tf.int64), feature)
+        flat = tf.tensor_scatter_nd_update(flat, miss, rows + self._oov_buckets(missed, feature, order))
+        # T5-T6 (and V4's drops), in the ops a batch needs: when every missed token is plain ASCII
+        # (valid for sure) and no table drops its misses, one regex; else the full checks on the
+        # others, and the drop when some token is invalid.
+        plain = _plain_tokens(missed)
         dropped = [self._miss_dropped[f.table] for f in order]
-        if any(dropped):  # V4: an identity table without default_value drops its misses, before T7
-            valid &= tf.logical_not(tf.gather(tf.constant(dropped), feature))
+        kept = tf.logical_not(tf.gather(tf.constant(dropped), feature)) if any(dropped) else None  # V4, before T7
 
-        def drop_invalid():  # T5-T6, in the rare batch that has invalid tokens
-            keep = tf.tensor_scatter_nd_update(tf.ones(tf.shape(flat), tf.bool), miss, valid)
-            kept = _keep(tf.RaggedTensor.from_row_splits(flat, splits, validate=False), keep)
-            return kept.flat_values, kept.row_splits
+        def checked():
+            valid = _valid_tokens_fast(missed, plain)
+            if kept is not None:
+                valid &= kept
 
-        flat, splits = tf.cond(tf.reduce_all(valid), lambda: (flat, splits), drop_invalid)
+            def drop_invalid():  # T5-T6, in the rare batch that has invalid tokens
+                keep = tf.tensor_scatter_nd_update(tf.ones(tf.shape(flat), tf.bool), miss, valid)
+                out = _keep(tf.RaggedTensor.from_row_splits(flat, splits, validate=False), keep)
+                return out.flat_values, out.row_splits
+
+            return tf.cond(tf.reduce_all(valid), lambda: (flat, splits), drop_invalid)
+
+        sure = plain if kept is None else plain & kept
+        flat, splits = tf.cond(tf.reduce_all(sure), lambda: (flat, splits), checked)
         limits = [f.max_length for f in order]
         if fused is not None:
             return self._fused_ids(flat, splits, batch, limits, *fused)
