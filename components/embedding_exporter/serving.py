@@ -60,6 +60,15 @@ def _first_or_nan(values: tf.RaggedTensor) -> tf.Tensor:
     return tf.expand_dims(tf.gather(flat, starts), 1)
 
 
+def _searchsorted(sorted_sequence: tf.Tensor, values: tf.Tensor, side: str) -> tf.Tensor:
+    """`tf.searchsorted` for 1-D int64 tensors in 4 ops: the library's reshapes its inputs to
+    2-D through their dynamic shapes (about 10 ops a call), which at batch 1 cost more than the
+    search. int64 positions."""
+    op = tf.raw_ops.LowerBound if side == "left" else tf.raw_ops.UpperBound
+    found = op(sorted_inputs=tf.reshape(sorted_sequence, [1, -1]), values=tf.reshape(values, [1, -1]), out_type=tf.int64)
+    return tf.reshape(found, [-1])
+
+
 def _split(values: tf.RaggedTensor, separator: str) -> tf.RaggedTensor:
     """Every value split at `separator`, the pieces kept in their row (what
     `tf.strings.split(values, separator).merge_dims(1, 2)` gives, the reference transform's form).
@@ -67,7 +76,7 @@ def _split(values: tf.RaggedTensor, separator: str) -> tf.RaggedTensor:
     is found by binary search at the row's first value: 3 ops, where building the ragged pieces
     (`RaggedTensor.from_value_rowids`) and merging them took about 17 per split feature."""
     pieces = tf.raw_ops.StringSplitV2(input=values.flat_values, sep=separator, maxsplit=-1)
-    row_splits = tf.searchsorted(pieces.indices[:, 0], values.row_splits, side="left", out_type=tf.int64)
+    row_splits = _searchsorted(pieces.indices[:, 0], values.row_splits, "left")
     return tf.RaggedTensor.from_row_splits(pieces.values, row_splits, validate=False)
 
 
@@ -165,8 +174,8 @@ def _stack_rows(parts: List[tf.RaggedTensor]) -> tf.RaggedTensor:
     if len(parts) == 1:
         return parts[0]
     splits = tf.stack([p.row_splits for p in parts])  # [k, batch + 1]
-    offsets = tf.cumsum(splits[:, -1], exclusive=True)  # where each part's values start
-    row_splits = tf.concat([tf.reshape(splits[:, :-1] + offsets[:, None], [-1]), [tf.reduce_sum(splits[:, -1])]], 0)
+    lengths = tf.reshape(splits[:, 1:] - splits[:, :-1], [-1])  # every row's, part after part
+    row_splits = tf.concat([tf.zeros([1], tf.int64), tf.cumsum(lengths)], 0)
     return tf.RaggedTensor.from_row_splits(tf.concat([p.flat_values for p in parts], 0), row_splits, validate=False)
 
 
@@ -424,7 +433,7 @@ class RawFeatureTransform(tf.Module):
             values = tf.gather(tf.concat(integers, 0), miss[in_strings:, 0] - first_integer if strings else miss[:, 0])
             missed.append(tf.where(values >= 0, tf.strings.as_string(values), ""))
         missed = tf.concat(missed, 0) if len(missed) > 1 else missed[0]
-        feature = tf.searchsorted(bounds, miss[:, 0], side="right", out_type=tf.int64) - 1  # of each missed token
+        feature = _searchsorted(bounds, miss[:, 0], "right") - 1  # of each missed token
         rows = tf.gather(tf.constant([self._miss_row[f.table] + o for f, o in zip(order, offsets)], tf.int64), feature)
         flat = tf.tensor_scatter_nd_update(flat, miss, rows + self._oov_buckets(missed, feature, order))
         # T5-T6 (and V4's drops), in the ops a batch needs: when every missed token is plain ASCII
@@ -486,18 +495,20 @@ class RawFeatureTransform(tf.Module):
         limited = [i for i, m in enumerate(limits) if m is not None]
         if limited:  # T7: the first max_length (valid) IDs of a row, over the features up to the last limited one
             k = limited[-1] + 1  # `fuse` puts the limited features first where it can
-            end = splits[k * batch]
-            caps = tf.constant([R.INT64_MAX if m is None else m for m in limits[:k]], tf.int64)[:, None]
-            cap = tf.gather(tf.reshape(tf.tile(caps, tf.stack([1, batch])), [-1]), segments[:end])  # per ID
-            kept = tf.where(position[:end, 1] < cap)[:, 0]
-            flat = tf.concat([tf.gather(flat, kept), flat[end:]], 0)
-            segments = tf.concat([tf.gather(segments, kept), segments[end:]], 0)
+            sizes = tf.stack([tf.gather(splits, k * batch), -1])  # the prefix's IDs, the rest
+            (head, rest), (head_at, rest_at) = tf.split(flat, sizes, num=2), tf.split(position, sizes, num=2)
+            caps = tf.constant([[R.INT64_MAX if m is None else m] for m in limits[:k]], tf.int64)
+            head_segments = head_at[:, 0]
+            cap = tf.gather(tf.reshape(tf.tile(caps, tf.stack([1, batch])), [-1]), head_segments)  # per ID
+            kept = tf.where(head_at[:, 1] < cap)[:, 0]
+            flat = tf.concat([tf.gather(head, kept), rest], 0)
+            segments = tf.concat([tf.gather(head_segments, kept), rest_at[:, 0]], 0)
         if len(parts) == 1:
             return {fused_key(first, "rows"): flat, fused_key(first, "segments"): segments}
         starts = [0]
         for part in parts[:-1]:
             starts.append(starts[-1] + len(part.features))  # each part's first feature
-        cuts = tf.searchsorted(segments, tf.constant(starts[1:], tf.int64) * batch, side="left", out_type=tf.int64)
+        cuts = _searchsorted(segments, tf.constant(starts[1:], tf.int64) * batch, "left")
         bounds = tf.concat([[0], cuts, tf.shape(segments, out_type=tf.int64)], 0)
         sizes = bounds[1:] - bounds[:-1]
         out = {}
