@@ -443,6 +443,19 @@ class RawFeatureTransform(tf.Module):
         dropped = [self._miss_dropped[f.table] for f in order]
         kept = tf.logical_not(tf.gather(tf.constant(dropped), feature)) if any(dropped) else None  # V4, before T7
 
+        limits = [f.max_length for f in order]
+        if fused is not None:
+            # The index work from the splits, beside the miss handling; a batch with drops plans again.
+            def finish(ids, row_splits, plan=None):
+                return self._fused_apply(ids, plan if plan is not None else self._fused_plan(ids, row_splits, batch, limits, *fused), fused[0])
+
+            fast = finish(flat, splits, self._fused_plan(ids.flat_values, splits, batch, limits, *fused))
+        else:
+            def finish(ids, row_splits):
+                return ids, row_splits
+
+            fast = (flat, splits)
+
         def checked():
             valid = _valid_tokens_fast(missed, plain)
             if kept is not None:
@@ -451,15 +464,15 @@ class RawFeatureTransform(tf.Module):
             def drop_invalid():  # T5-T6, in the rare batch that has invalid tokens
                 keep = tf.tensor_scatter_nd_update(tf.ones(tf.shape(flat), tf.bool), miss, valid)
                 out = _keep(tf.RaggedTensor.from_row_splits(flat, splits, validate=False), keep)
-                return out.flat_values, out.row_splits
+                return finish(out.flat_values, out.row_splits)
 
-            return tf.cond(tf.reduce_all(valid), lambda: (flat, splits), drop_invalid)
+            return tf.cond(tf.reduce_all(valid), lambda: fast, drop_invalid)
 
         sure = plain if kept is None else plain & kept
-        flat, splits = tf.cond(tf.reduce_all(sure), lambda: (flat, splits), checked)
-        limits = [f.max_length for f in order]
+        result = tf.cond(tf.reduce_all(sure), lambda: fast, checked)
         if fused is not None:
-            return self._fused_ids(flat, splits, batch, limits, *fused)
+            return result
+        flat, splits = result
         # (feature, row, place in row) of every ID: RaggedTensorToSparse over [features, batch, None].
         features = tf.range(n + 1, dtype=tf.int64) * batch
         position = tf.RaggedTensor.from_nested_row_splits(flat, [features, splits], validate=False).to_sparse().indices
@@ -484,37 +497,52 @@ class RawFeatureTransform(tf.Module):
         return out
 
     @staticmethod
-    def _fused_ids(flat: tf.Tensor, splits: tf.Tensor, batch: tf.Tensor, limits, first: int, parts) -> Dict[str, tf.Tensor]:
-        """A group's IDs (`flat`: rows of their stack; rows of `splits`: feature after feature,
-        batch rows each) as the model's fused inputs, one (rows, segments) pair per part (chunk
-        `first` on): each ID's segment in its part (feature x batch + batch row), T7 applied; in
-        row-major order, as a SparseTensor per feature would hold them. The parts are contiguous
-        runs of features, so the two threads can pool them side by side."""
+    def _fused_plan(flat: tf.Tensor, splits: tf.Tensor, batch: tf.Tensor, limits, first: int, parts) -> Dict[str, Any]:
+        """The index work of `_fused_apply`, from the row splits alone (`flat`: any values of the
+        IDs' length), so that it runs beside the miss handling instead of after it: each ID's
+        segment in its part (feature x batch + batch row), T7 (which IDs of the prefix of limited
+        features stay) and the parts' sizes."""
         position = tf.RaggedTensor.from_row_splits(flat, splits, validate=False).to_sparse().indices  # (segment, place)
         segments = position[:, 0]
+        plan: Dict[str, Any] = {}
         limited = [i for i, m in enumerate(limits) if m is not None]
         if limited:  # T7: the first max_length (valid) IDs of a row, over the features up to the last limited one
             k = limited[-1] + 1  # `fuse` puts the limited features first where it can
-            sizes = tf.stack([tf.gather(splits, k * batch), -1])  # the prefix's IDs, the rest
-            (head, rest), (head_at, rest_at) = tf.split(flat, sizes, num=2), tf.split(position, sizes, num=2)
+            plan["prefix"] = tf.stack([tf.gather(splits, k * batch), -1])  # the prefix's IDs, the rest
+            head_at, rest_at = tf.split(position, plan["prefix"], num=2)
             caps = tf.constant([[R.INT64_MAX if m is None else m] for m in limits[:k]], tf.int64)
             head_segments = head_at[:, 0]
             cap = tf.gather(tf.reshape(tf.tile(caps, tf.stack([1, batch])), [-1]), head_segments)  # per ID
-            kept = tf.where(head_at[:, 1] < cap)[:, 0]
-            flat = tf.concat([tf.gather(head, kept), rest], 0)
-            segments = tf.concat([tf.gather(head_segments, kept), rest_at[:, 0]], 0)
+            plan["kept"] = tf.where(head_at[:, 1] < cap)[:, 0]
+            segments = tf.concat([tf.gather(head_segments, plan["kept"]), rest_at[:, 0]], 0)
         if len(parts) == 1:
-            return {fused_key(first, "rows"): flat, fused_key(first, "segments"): segments}
+            plan["segments"] = [segments]
+            return plan
         starts = [0]
         for part in parts[:-1]:
             starts.append(starts[-1] + len(part.features))  # each part's first feature
         cuts = _searchsorted(segments, tf.constant(starts[1:], tf.int64) * batch, "left")
         bounds = tf.concat([[0], cuts, tf.shape(segments, out_type=tf.int64)], 0)
-        sizes = bounds[1:] - bounds[:-1]
+        plan["sizes"] = bounds[1:] - bounds[:-1]
+        plan["segments"] = [segs - start * batch if start else segs
+                            for segs, start in zip(tf.split(segments, plan["sizes"], num=len(parts)), starts)]
+        return plan
+
+    @staticmethod
+    def _fused_apply(flat: tf.Tensor, plan: Dict[str, Any], first: int) -> Dict[str, tf.Tensor]:
+        """A group's IDs (`flat`: rows of their stack, feature after feature, batch rows each) as
+        the model's fused inputs by `plan` (`_fused_plan`), one (rows, segments) pair per part
+        (chunk `first` on), T7 applied; in row-major order, as a SparseTensor per feature would
+        hold them. The parts are contiguous runs of features, so the two threads can pool them
+        side by side."""
+        if "kept" in plan:
+            head, rest = tf.split(flat, plan["prefix"], num=2)
+            flat = tf.concat([tf.gather(head, plan["kept"]), rest], 0)
+        parts = tf.split(flat, plan["sizes"], num=len(plan["segments"])) if "sizes" in plan else [flat]
         out = {}
-        for i, (rows, segs) in enumerate(zip(tf.split(flat, sizes, num=len(parts)), tf.split(segments, sizes, num=len(parts)))):
+        for i, (rows, segments) in enumerate(zip(parts, plan["segments"])):
             out[fused_key(first + i, "rows")] = rows
-            out[fused_key(first + i, "segments")] = segs - starts[i] * batch if starts[i] else segs
+            out[fused_key(first + i, "segments")] = segments
         return out
 
     def _dense(self, stacked, batch: tf.Tensor, from_json: bool) -> Dict[str, tf.Tensor]:
