@@ -75,7 +75,8 @@ def _stub(variant: str) -> None:
         ids = S._stack_rows([t.with_flat_values(self.lookup(f.table, t.flat_values, offset.get(f.name, 0)))
                              for f, t in zip(order, tokens)])
         limits = [f.max_length for f in order] if variant == "no_misses" else [None] * len(order)
-        return self._fused_ids(tf.maximum(ids.flat_values, 0), ids.row_splits, batch, limits, *fused)
+        flat = tf.maximum(ids.flat_values, 0)
+        return self._fused_apply(flat, self._fused_plan(flat, ids.row_splits, batch, limits, *fused), fused[0])
 
     full_categorical = S.RawFeatureTransform._categorical
     S.RawFeatureTransform._categorical = categorical
@@ -114,7 +115,9 @@ def run(args) -> dict:
         parity = {}
         for v in args.variants:
             proc = subprocess.run([sys.executable, __file__, "_export_child", v, model_dir, raw, os.path.join(out, v)],
-                                  check=True, capture_output=True, text=True)
+                                  capture_output=True, text=True)
+            if proc.returncode:
+                raise SystemExit(f"exporting the {v} variant failed:\n{proc.stderr[-3000:]}")
             parity[v] = json.loads(proc.stdout.strip().splitlines()[-1])["parity_max_abs_diff"]
             print(f"exported {v}: parity max |diff| {parity[v]:.3g}", flush=True)
         import tensorflow as tf

@@ -8,9 +8,9 @@ implementations follow it, and `tests/test_rulebook.py` runs every case through 
 - preprocessing, in pyarrow: `components.embedding_preprocess.features` (tokens, dense values,
   labels) and `components.embedding_preprocess.vocabulary` (IDs); ExampleGen's label check
   (`components.example_gen.records`) calls `binary_label` from here;
-- serving, in TensorFlow: `components.embedding_exporter.serving.RawFeatureTransform`, through both
+- serving, in TensorFlow: `components.embedding_exporter.serving.RawFeatureTransform`, through the
   signatures of the saved model (`serving_default`: serialized tf.Examples; `serve_features`: one
-  JSON tensor per column).
+  JSON tensor per column; `serve_typed_features`: the same with int64 ID columns as numbers).
 No TensorFlow and no Beam here, so the rules load anywhere.
 
 Raw kinds

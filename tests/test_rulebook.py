@@ -5,8 +5,9 @@
   `features.extract_dense`, `features.extract_label`) and ExampleGen's label check
   (`records.derive_label`);
 - the serving graph's `RawFeatureTransform` (`from_examples` on serialized tf.Examples,
-  `from_feature_tensors` on the JSON form) and a saved serving model's two signatures
-  (`serving_default`, `serve_features`) around a probe model that returns the IDs it is given;
+  `from_feature_tensors` on the JSON form) and a saved serving model's signatures
+  (`serving_default`, `serve_features`, and `serve_typed_features` for the int64 columns sent as
+  numbers) around a probe model that returns the IDs it is given;
 - the OOV hash: farmhash in Python against `tf.strings.to_hash_bucket_fast`.
 One case, one parametrized test per implementation: a case that fails names the rule and the path."""
 from collections import Counter
