@@ -287,8 +287,9 @@ class RawFeatureTransform(tf.Module):
         if v.kind == "identity":
             ids = identity_ids(flat, v.size)  # an identity table's size is its num_buckets
             return tf.where(ids >= 0, ids + offset, ids) if offset else ids
-        if table not in self.tables and (table, offset) not in self._offset_of:  # no vocabulary lines: every token misses
+        if not vocabulary_lines(v):  # no vocabulary lines: every token misses
             return tf.fill(tf.shape(flat, out_type=tf.int64), tf.constant(-1, tf.int64))
+        # (a KeyError here: `fuse` made no table for this offset, or dropped the offset-0 one)
         handle = (self.offset_tables[self._offset_of[(table, offset)]] if offset else self.tables[table]).resource_handle
         # The table op itself with the default in the graph: `StaticHashTable.lookup` passes its
         # default as an eager tensor, which every signature captures and every call feeds in
@@ -503,7 +504,8 @@ class RawFeatureTransform(tf.Module):
         """The index work of `_fused_apply`, from the row splits alone (`flat`: any values of the
         IDs' length), so that it runs beside the miss handling instead of after it: each ID's
         segment in its part (feature x batch + batch row), T7 (which IDs of the prefix of limited
-        features stay) and the parts' sizes."""
+        features stay) and the parts' sizes. `first` is unused (the chunk numbering is
+        `_fused_apply`'s); it is here so both take `_categorical`'s `fused` pair."""
         position = tf.RaggedTensor.from_row_splits(flat, splits, validate=False).to_sparse().indices  # (segment, place)
         segments = position[:, 0]
         plan: Dict[str, Any] = {}
