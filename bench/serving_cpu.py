@@ -48,14 +48,6 @@ SERVING = "serving model (raw)"
 VARIANTS = ("full", "no_dense", "no_misses", "no_misses_no_t7", "hash_not_lookup")
 
 
-def _records(pattern: str, n: int):
-    import tensorflow as tf
-
-    files = sorted(glob.glob(pattern))
-    compression = "GZIP" if files[0].endswith(".gz") else ""
-    return next(iter(tf.data.TFRecordDataset(files, compression_type=compression).take(n).batch(n)))
-
-
 def _no_dense(S) -> None:
     import tensorflow as tf
 
@@ -86,7 +78,7 @@ def run(args) -> dict:
     cfg = config_from_json(open(os.path.join(model_dir, tm.CONFIG_FILE)).read())
     plan, manifest = E.read_model_plan(model_dir), E.read_model_manifest(model_dir)
     sample = E.read_eval_sample(cfg, manifest, raw_pattern)
-    raw, pre = _records(raw_pattern, args.batch), _records(pre_pattern, args.batch)
+    raw, pre = serving_floor._records(raw_pattern, args.batch), serving_floor._records(pre_pattern, args.batch)
 
     fns = {}
     trainer = tf.saved_model.load(os.path.join(model_dir, "Format-Serving")).signatures["serving_default"]
