@@ -55,7 +55,8 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
     continuous = _read(_latest(os.path.join(root, "Trainer", "model", "*", "continuous.json")))
     report_path = _latest(os.path.join(root, "EmbeddingExporter", "serving_model", "*", "export_report.json"))
     report = _read(report_path)
-    pushed = sorted(glob.glob(os.path.join(output_dir, SERVING_DIR, "*")))
+    served = served_model(os.path.join(output_dir, SERVING_DIR))
+    this_run = os.path.dirname(report_path) if report_path else None
     meta = _read(cfg.input.path + ".meta.json") if os.path.isfile(cfg.input.path) else None
     health = (stats or {}).get("feature_health") or {}
     return {
@@ -65,7 +66,10 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
             for n, e in health.get("features", {}).items() if e["status"] != "ok"
         },
         "input": {"span": gen_stage.get("span"), "files": len(gen_stage.get("files", []))} if gen else None,
-        "serving_model": pushed[-1] if pushed else None,
+        # What the push destination serves now (its model registry), and whether this run pushed it.
+        "serving_model": served["model"] if served else None,
+        "pushed_by_this_run": bool(served and this_run and served["exported_model"] == this_run),
+        "registry_error": served.get("error") if served else None,
         "rows_read": {s: v["examples_read"] for s, v in stats["splits"].items()} if stats else None,
         "rows_dropped": {s: v["examples_dropped"] for s, v in stats["splits"].items()} if stats else None,
         "vocabulary_sizes": {t: v["vocabulary_size"] for t, v in stats["tables"].items()} if stats else None,
@@ -78,7 +82,7 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
                        for c in report["validation"]["checks"]],
             "reasons": report["validation"]["reasons"],
         } if report and "validation" in report else None,
-        "serving_model_this_run": os.path.dirname(report_path) if report_path else None,
+        "serving_model_this_run": this_run,
         "eval_log_loss": metrics["log_loss"] if metrics else None,
         "best_achievable_auc": meta["best_achievable_auc"] if meta else None,
         "export_parity": report["parity"] if report else None,
@@ -88,6 +92,20 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
             for d, v in report.get("compression", {}).items()
         } if report else None,
     }
+
+
+def served_model(serving_dir: str) -> Optional[Dict[str, Any]]:
+    """{model, exported_model} of the version served at `serving_dir` (its model registry), None
+    when nothing is; {model: None, error} when the registry cannot say."""
+    from components.model_registry import registry as R
+
+    try:
+        found = R.lookup(serving_dir)
+    except R.RegistryError as e:
+        return {"model": None, "exported_model": None, "error": str(e)}
+    if not found.found:
+        return None
+    return {"model": found.served_model, "exported_model": found.entry.get("exported_model")}
 
 
 def continuous_summary(c: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
@@ -159,7 +177,11 @@ def print_continuous(c: Optional[Dict[str, Any]], indent: str = "") -> None:
 
 def print_summary(s: Dict[str, Any]) -> None:
     print("\n=== pipeline summary ===")
-    print(f"serving model:        {s['serving_model']}")
+    if s["serving_model"]:
+        who = "pushed by this run" if s.get("pushed_by_this_run") else "an earlier run's; this run pushed nothing"
+        print(f"serving model:        {s['serving_model']} ({who})")
+    else:
+        print(f"serving model:        none{': ' + s['registry_error'] if s.get('registry_error') else ''}")
     if (s.get("input") or {}).get("span"):
         print(f"input:                span {s['input']['span']} ({s['input']['files']} files)")
     if s["rows_read"]:

@@ -16,17 +16,25 @@ task of the root DAG, in dependency order, it:
    (the command's leading `python` becomes this interpreter), with the container's env, and
 4. reads the executor's output file and passes the reported artifacts downstream.
 
-Two modes, the two ways KFP backends hand artifacts to a task:
-- `vertex`: input artifacts typed (as Vertex AI Pipelines passes them); the container's
-  `lifecycle.preCacheCheck` hook (the TFX ExampleGen driver) runs before the executor, as on Vertex.
-- `oss`: input artifacts untyped (`instanceSchema: ""`, as open-source KFP v2 passes them;
-  tensorflow/tfx#7768); lifecycle hooks are ignored, as open-source KFP ignores them; the output
-  file lives in a per-task local directory, like the launcher's `/tmp/kfp_outputs`.
+Two modes, the two KFP backends:
+- `oss`: open-source KFP v2. Before any task runs, the spec goes through the checks of the
+  backend's compiler (`oss_backend_refusal`: kubeflow/pipelines `backend/src/v2/compiler`, the
+  `argocompiler.Compile` every run submission goes through), and a spec it refuses is refused
+  here with the backend's own words: only `container` and `importer` executors, no resolver or
+  custom-job executor, no artifact iterator, no condition on an importer task. Input artifacts are
+  untyped (`instanceSchema: ""`, as open-source KFP v2 passes them; tensorflow/tfx#7768); lifecycle
+  hooks are ignored, as open-source KFP ignores them; the output file lives in a per-task local
+  directory, like the launcher's `/tmp/kfp_outputs`.
+- `vertex`: Vertex AI Pipelines. Input artifacts typed; the container's `lifecycle.preCacheCheck`
+  hook (the TFX ExampleGen driver) runs before the executor. Resolver tasks (ML Metadata queries,
+  which Vertex runs) find nothing here, as on a pipeline's first run: this harness keeps no MLMD.
+
+Both substitute the run placeholders KFP's driver substitutes when a parameter's constant is
+exactly one of them (`{{$.pipeline_job_uuid}}`, `{{$.pipeline_job_name}}`, ...: `RUN_PLACEHOLDERS`).
 
 What this does not emulate: images (the project's environment stands in for the image), resource
-requests and node selectors (recorded, not enforced), caching, retries, MLMD, and Kubernetes.
-Resolver tasks (the exporter's last blessed model: an MLMD query) find nothing here, as on a
-pipeline's first run.
+requests and node selectors (recorded, not enforced), caching, retries, MLMD, Kubernetes, and the
+object store (the pipeline root and the push destination are local directories).
 """
 from __future__ import annotations
 
@@ -47,6 +55,113 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 class HarnessError(RuntimeError):
     pass
+
+
+# ---- open-source KFP's backend compiler, as strict as it is ---------------------------------------
+# kubeflow/pipelines backend/src/v2/compiler, read at commit 7b70c7b (2026-08-21): visitor.go
+# (Accept: a depth-first walk over the components, leaves before their DAG) and
+# argocompiler/dag.go (DAG, task). The API server wraps the error: "Failed to compile job: ...".
+# These are the refusals a spec can meet; the messages are the backend's (Go's %q quoting).
+OSS_SOURCE = "kubeflow/pipelines backend/src/v2/compiler @7b70c7b"
+
+
+def _q(name: str) -> str:
+    return json.dumps(name)  # Go's %q for the plain names specs use
+
+
+def _oss_dag_refusal(name: str, dag: Dict[str, Any], executors: Dict[str, Any], components: Dict[str, Any]) -> Optional[str]:
+    """argocompiler/dag.go: (*workflowCompiler).DAG and .task."""
+    tasks = dag.get("tasks", {})
+
+    def in_dag(err: str) -> str:
+        return f"compiling DAG {_q(name)}: {err}"
+
+    def exit_task(t: Dict[str, Any]) -> bool:
+        return t.get("triggerPolicy", {}).get("strategy") == "ALL_UPSTREAM_TASKS_COMPLETED"
+
+    for key in sorted(tasks):  # first pass: iterators, then the exit tasks
+        t = tasks[key]
+        if "parameterIterator" in t and "artifactIterator" in t:
+            return in_dag(f"invalid task {_q(key)}: parameterIterator and artifactIterator cannot be specified at the same time")
+        if "artifactIterator" in t:
+            return in_dag("artifact iterator not implemented yet")
+    for exits in (True, False):
+        for key in sorted(tasks):
+            t = tasks[key]
+            if exit_task(t) != exits or "parameterIterator" in t:
+                continue
+            comp = components.get(t.get("componentRef", {}).get("name", ""), {})
+            label = comp.get("executorLabel")
+            if not label:
+                continue  # a sub-DAG: checked when the walk reached it
+            ex = executors[label]
+            err = None
+            if "importer" in ex and t.get("triggerPolicy", {}).get("condition"):
+                err = "triggerPolicy.condition on importer task is not supported"
+            elif "resolver" in ex:
+                err = "resolver executors not implemented"
+            elif "customJob" in ex:
+                err = "custom job executors is Google Cloud only, it's not supported"
+            elif "container" not in ex and "importer" not in ex:
+                err = f"unknown executor spec type: {sorted(ex)}"
+            if err:
+                return in_dag(f"compiling task {_q(key)}: {err}")
+    if not any(not exit_task(t) for t in tasks.values()):
+        return in_dag(f"DAG {name} must contain one or more non-exit tasks")
+    return None
+
+
+def oss_backend_refusal(spec: Dict[str, Any]) -> Optional[str]:
+    """What open-source KFP's API server answers when this spec is submitted as a run, or None when
+    its compiler takes it."""
+    if not spec.get("pipelineInfo", {}).get("name"):
+        return "Failed to compile job: pipelineInfo.name is empty"
+    executors = spec.get("deploymentSpec", {}).get("executors", {})
+    components = spec.get("components", {})
+    visited = set()
+
+    def dfs(name: str, comp: Optional[Dict[str, Any]]) -> Optional[str]:  # visitor.go: pipelineDFS.dfs
+        if name in visited or comp is None:
+            return None
+        visited.add(name)
+
+        def err(message: str) -> str:
+            return f"error processing component name={_q(name)}: {message}"
+
+        label = comp.get("executorLabel", "")
+        if label:
+            if label not in executors:
+                return err(f"executor(label={_q(label)}) not found in deployment config")
+            if "container" in executors[label] or "importer" in executors[label]:
+                return None
+            return err(f"executor(label={_q(label)}): non-container and non-importer executor not implemented")
+        if "dag" not in comp:
+            return err(f"unknown component implementation: {sorted(comp)}")
+        for key in sorted(comp["dag"].get("tasks", {})):
+            t = comp["dag"]["tasks"][key]
+            ref = t.get("componentRef", {}).get("name", "")
+            if not ref:
+                return err(f"component ref name is empty for task name={_q(t.get('taskInfo', {}).get('name', ''))}")
+            if ref not in components:
+                return err(f"cannot find component ref name={_q(ref)}")
+            found = dfs(ref, components[ref])
+            if found:
+                return found
+        return _oss_dag_refusal(name, comp["dag"], executors, components)
+
+    refusal = dfs("root", spec.get("root"))
+    return f"Failed to compile job: {refusal}" if refusal else None
+
+
+# The run placeholders KFP's driver substitutes in a parameter whose constant is exactly one of
+# them (backend/src/v2/driver/resolve.go; Vertex does the same): placeholder -> LocalKfpRun attribute.
+RUN_PLACEHOLDERS = {
+    "{{$.pipeline_job_name}}": "run_name",
+    "{{$.pipeline_job_resource_name}}": "run_resource_name",
+    "{{$.pipeline_job_uuid}}": "run_uuid",
+    "{{$.pipeline_job_create_time_utc}}": "run_create_time",
+    "{{$.pipeline_job_schedule_time_utc}}": "run_create_time",
+}
 
 
 def parse_pipeline_spec(spec: Dict[str, Any]):
@@ -104,6 +219,10 @@ class LocalKfpRun:
         loaded = load_compiled(compiled_path)
         self.spec = loaded["pipeline_spec"]
         parse_pipeline_spec(self.spec)  # refuse a spec KFP would refuse
+        if mode == "oss":
+            refusal = oss_backend_refusal(self.spec)
+            if refusal:
+                raise HarnessError(f"open-source KFP refuses {compiled_path}: {refusal} ({OSS_SOURCE})")
         self.platform_spec = loaded["platform_spec"]
         self.mode = mode
         self.work_dir = os.path.abspath(work_dir)
@@ -119,6 +238,9 @@ class LocalKfpRun:
         self.params = dict(rc.get("parameterValues", {}))
         self.params.update(parameter_values or {})
         self.job_id = f"{self.spec['pipelineInfo']['name']}-{uuid.uuid4().hex[:8]}"
+        self.run_name = self.run_resource_name = self.job_id
+        self.run_uuid = str(uuid.uuid4())
+        self.run_create_time = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self.env = dict(os.environ)
         self.env.update({"TF_USE_LEGACY_KERAS": "1", "PYTHONPATH": os.pathsep.join(
             p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p)})
@@ -128,7 +250,12 @@ class LocalKfpRun:
     # --- ExecutorInput ---------------------------------------------------------------------
     def _parameter(self, task: str, name: str, binding: Dict[str, Any]) -> Any:
         if "runtimeValue" in binding:
-            return binding["runtimeValue"]["constant"]
+            value = binding["runtimeValue"]["constant"]
+            if isinstance(value, str) and value in RUN_PLACEHOLDERS:
+                return getattr(self, RUN_PLACEHOLDERS[value])
+            if isinstance(value, str) and "{{$." in value:
+                raise HarnessError(f"task {task}: parameter {name!r}: placeholder in {value[:80]!r} is not emulated")
+            return value
         if "componentInputParameter" in binding:
             key = binding["componentInputParameter"]
             if key in self.params:
@@ -207,9 +334,10 @@ class LocalKfpRun:
         _, comp = self._task_and_component(task)
         label = comp["executorLabel"]
         executor = self.spec["deploymentSpec"]["executors"][label]
-        if "resolver" in executor:
-            # A resolver task queries ML Metadata (the last blessed model): this harness keeps no
-            # MLMD, so every query finds nothing, as on a pipeline's first run.
+        if "resolver" in executor and self.mode == "vertex":
+            # A resolver task queries ML Metadata, which Vertex runs: this harness keeps no MLMD,
+            # so every query finds nothing, as on a pipeline's first run. (Open-source KFP refuses
+            # the spec before anything runs: oss_backend_refusal.)
             queries = executor["resolver"].get("outputArtifactQueries", {})
             self.outputs[task] = {key: [] for key in queries}
             return {"task": task, "resolver": queries, "outputs": self.outputs[task], "seconds": {}}

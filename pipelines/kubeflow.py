@@ -126,7 +126,7 @@ def build_pipeline(cfg: PipelineConfig, image: str, pipeline_root: str, tpu_imag
     # create_pipeline uses `image` only for the Vertex AI training job's worker pool.
     job_image = tpu_image if tpu_image and "vertex_job" in tpu_routes(cfg) else image
     p = create_pipeline(cfg, pipeline_root=pipeline_root, metadata_path=None, serving_dir=serving_dir,
-                        beam_pipeline_args=[], image=job_image)
+                        beam_pipeline_args=[], image=job_image, kubeflow=True)
     beam_args = kubeflow_beam_args(cfg, image)
     by_id = {c.id: c for c in p.components}
     for c in p.components:

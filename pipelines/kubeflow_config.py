@@ -30,7 +30,7 @@ KFP_RUNNER_REQUIRED = {
 TOLERATION_OPERATORS = ("Equal", "Exists")
 TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 # The pipeline's component ids, in order (pipelines.pipeline.create_pipeline; the names tasks have on Kubeflow).
-COMPONENT_IDS = ("EmbeddingExampleGen", "EmbeddingPreprocess", "Trainer", "EmbeddingExporter", "Pusher")
+COMPONENT_IDS = ("LastBlessedModel", "EmbeddingExampleGen", "EmbeddingPreprocess", "Trainer", "EmbeddingExporter", "Pusher")
 
 
 def kubeflow_beam_args(cfg: PipelineConfig, image: str) -> List[str]:

@@ -15,7 +15,12 @@ TRAINER_RUN_FN = "components.embedding_trainer.trainer_module.run_fn"
 PIPELINE_ROOT = "pipeline_root"
 METADATA_FILE = "metadata.sqlite"
 SERVING_DIR = "serving"
-LAST_BLESSED_RESOLVER = "latest_blessed_model_resolver"
+LAST_BLESSED = "LastBlessedModel"  # the step that reads the model registry at the push destination
+PUSHER = "Pusher"
+# KFP and Vertex substitute these when a parameter's constant is exactly the placeholder (the run
+# that made a pushed model, in its registry entry).
+KFP_RUN_ID = "{{$.pipeline_job_uuid}}"
+KFP_RUN_NAME = "{{$.pipeline_job_name}}"
 
 
 SPAN_SPEC = re.compile(r"\{(SPAN(:\d+)?|VERSION(:\d+)?|YYYY|MM|DD)\}")
@@ -83,22 +88,21 @@ def create_pipeline(
     beam_pipeline_args: Optional[List[str]] = None,
     image: Optional[str] = None,
     span: Optional[int] = None,
+    kubeflow: bool = False,
 ):
     """The pipeline. `image` (Kubeflow only): the container image, needed when the config sends
     training to a Vertex AI custom job (`kubeflow.vertex_training`). `span`: with a span input,
-    read this span (TFX's RangeConfig static range) instead of the latest."""
-    from tfx.components.pusher.component import Pusher
+    read this span (TFX's RangeConfig static range) instead of the latest. `kubeflow`: the
+    Pusher records KFP's run placeholders (the local run records LocalDagRunner's run id)."""
     from tfx.components.trainer.component import Trainer
     from tfx.orchestration import metadata, pipeline
-    from tfx.dsl.components.common.resolver import Resolver
-    from tfx.dsl.input_resolution.strategies.latest_blessed_model_strategy import LatestBlessedModelStrategy
-    from tfx.proto import example_gen_pb2, pusher_pb2, trainer_pb2
-    from tfx.types import Channel, standard_artifacts
+    from tfx.proto import example_gen_pb2, trainer_pb2
 
     from components.embedding_exporter.component import EmbeddingExporter
     from components.embedding_preprocess.component import EmbeddingPreprocess
     from components.example_gen.component import EmbeddingExampleGen
     from components.embedding_trainer.trainer_module import CONFIG_KEY
+    from components.model_registry.component import LastBlessedModel, RegistryPusher
 
     base, pattern = input_location(cfg)
     input_config = example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern=pattern)])
@@ -119,14 +123,12 @@ def create_pipeline(
     example_gen = EmbeddingExampleGen(cfg, input_base=base, input_config=input_config, output_config=output_config,
                                       range_config=range_config)
     preprocess = EmbeddingPreprocess(examples=example_gen.outputs["examples"], config=cfg)
-    # The last blessed model (TFX's resolver of Evaluator's baseline): the Trainer warm-starts from
-    # it and measures drift against it (continuous), the exporter's validation gate compares with
-    # it. The strategy returns the Trainer Model a blessing's current_model_id names.
-    last_blessed = Resolver(
-        strategy_class=LatestBlessedModelStrategy,
-        model=Channel(type=standard_artifacts.Model),
-        model_blessing=Channel(type=standard_artifacts.ModelBlessing),
-    ).with_id(LAST_BLESSED_RESOLVER)
+    # The last blessed model, i.e. the one served at the push destination, read from the model
+    # registry the Pusher keeps there (components/model_registry): the Trainer warm-starts from it
+    # and measures drift against it (continuous), the exporter's validation gate compares with it.
+    # A container step rather than TFX's Resolver (an ML Metadata query that open-source KFP
+    # cannot run): the same decision on LocalDagRunner, open-source KFP and Vertex.
+    last_blessed = LastBlessedModel(serving_dir=serving_dir).with_id(LAST_BLESSED)
     trainer_cls, custom_config = Trainer, {CONFIG_KEY: cfg.to_json()}
     if image and cfg.kubeflow.vertex_training is not None:
         from tfx.extensions.google_cloud_ai_platform.trainer.component import Trainer as VertexTrainer
@@ -144,19 +146,17 @@ def create_pipeline(
     )
     exporter = EmbeddingExporter(
         model=trainer.outputs["model"], examples=example_gen.outputs["examples"], config=cfg,
-        last_blessed_model=last_blessed.outputs["model"], last_blessing=last_blessed.outputs["model_blessing"],
+        last_blessed_model=last_blessed.outputs["model"],
     )
-    pusher = Pusher(
-        model=exporter.outputs["serving_model"],
-        model_blessing=exporter.outputs["blessing"],
-        push_destination=pusher_pb2.PushDestination(
-            filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=serving_dir)
-        ),
-    )
+    pusher = RegistryPusher(
+        model=exporter.outputs["serving_model"], model_blessing=exporter.outputs["blessing"],
+        serving_dir=serving_dir, pipeline_name=cfg.name,
+        run_id=KFP_RUN_ID if kubeflow else None, run_name=KFP_RUN_NAME if kubeflow else None,
+    ).with_id(PUSHER)
     return pipeline.Pipeline(
         pipeline_name=cfg.name,
         pipeline_root=pipeline_root,
-        components=[example_gen, preprocess, last_blessed, trainer, exporter, pusher],
+        components=[last_blessed, example_gen, preprocess, trainer, exporter, pusher],
         enable_cache=False,
         metadata_connection_config=(
             metadata.sqlite_metadata_connection_config(metadata_path) if metadata_path else None

@@ -24,6 +24,8 @@ from components.errors import LedgerError
 from components.embedding_exporter import executor as export_executor
 from components.embedding_preprocess import executor as preprocess_executor
 from components.embedding_trainer.trainer_module import CONFIG_KEY as TRAINER_CONFIG_KEY
+from components.model_registry import executor as registry_executor
+from components.model_registry import registry as R
 from components.example_gen import executor as example_gen_executor
 from components.synthetic_data import GeneratorSpec, write_csv
 
@@ -74,6 +76,7 @@ def run_chain(root, cfg, data):
     """ExampleGen (on the CSV files in `data`) -> Preprocess -> Trainer -> Exporter under `root`;
     returns {name: artifact}."""
     a = {}
+    a["last_blessed"] = look_up(root / "LastBlessedModel" / "model", root / "serving")  # nothing pushed yet
 
     a["examples"] = _artifact(standard_artifacts.Examples, root / "ExampleGen")
     input_config = example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern="data.csv")])
@@ -106,7 +109,7 @@ def run_chain(root, cfg, data):
     a["model"] = _artifact(standard_artifacts.Model, root / "Trainer" / "model")
     a["model_run"] = _artifact(standard_artifacts.ModelRun, root / "Trainer" / "model_run")
     trainer_executor.GenericExecutor().Do(
-        {specs.EXAMPLES_KEY: [a["transformed"]]},
+        {specs.EXAMPLES_KEY: [a["transformed"]], specs.BASE_MODEL_KEY: [a["last_blessed"]]},
         {specs.MODEL_KEY: [a["model"]], specs.MODEL_RUN_KEY: [a["model_run"]]},
         {
             specs.RUN_FN_KEY: RUN_FN,
@@ -119,11 +122,37 @@ def run_chain(root, cfg, data):
     a["serving"] = _artifact(standard_artifacts.Model, root / "Exporter" / "serving_model")
     a["blessing"] = _artifact(standard_artifacts.ModelBlessing, root / "Exporter" / "blessing")
     export_executor.Executor().Do(
-        {export_executor.MODEL_KEY: [a["model"]], export_executor.EXAMPLES_KEY: [a["examples"]]},
+        {export_executor.MODEL_KEY: [a["model"]], export_executor.EXAMPLES_KEY: [a["examples"]],
+         export_executor.LAST_MODEL_KEY: [a["last_blessed"]]},
         {export_executor.SERVING_MODEL_KEY: [a["serving"]], export_executor.BLESSING_KEY: [a["blessing"]]},
         {export_executor.CONFIG_KEY: cfg.to_json()},
     )
+
+    a["pushed"] = push(a["serving"], a["blessing"], root / "Pusher" / "pushed_model", root / "serving", cfg.name)
     return a
+
+
+def look_up(uri, serving_dir):
+    """LastBlessedModel's executor: the registry at `serving_dir` read into a Model artifact at `uri`."""
+    out = _artifact(standard_artifacts.Model, uri)
+    registry_executor.LookupExecutor().Do({}, {registry_executor.MODEL_KEY: [out]},
+                                          {registry_executor.SERVING_DIR_KEY: str(serving_dir)})
+    return out
+
+
+def push(serving, blessing, uri, serving_dir, pipeline_name, run_id=None):
+    """The registering Pusher's executor (TFX's Pusher keys) on the exporter's outputs."""
+    from tfx.proto import pusher_pb2
+
+    pushed = _artifact(standard_artifacts.PushedModel, uri)
+    registry_executor.RegistryPusherExecutor().Do(
+        {specs.MODEL_KEY: [serving], specs.MODEL_BLESSING_KEY: [blessing]},
+        {specs.PUSHED_MODEL_KEY: [pushed]},
+        {specs.PUSH_DESTINATION_KEY: proto_utils.proto_to_json(pusher_pb2.PushDestination(
+            filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=str(serving_dir)))),
+         registry_executor.PIPELINE_NAME_KEY: pipeline_name, registry_executor.RUN_ID_KEY: run_id},
+    )
+    return pushed
 
 
 def test_example_gen_do_writes_splits_and_a_balanced_ledger(chain):
@@ -162,8 +191,7 @@ def test_exporter_do_blesses_a_verified_serving_model(chain):
     serving, blessing = a["serving"], a["blessing"]
     assert os.path.exists(os.path.join(serving.uri, "Format-Serving", "saved_model.pb"))
     assert blessing.get_int_custom_property("blessed") == 1
-    # TFX's names (LatestBlessedModelStrategy resolves the Trainer Model by current_model_id),
-    # and the serving model blessed, which the next run's exporter compares with.
+    # TFX's names, and the Trainer model, which the Pusher registers (the next run's warm start).
     assert blessing.get_string_custom_property("current_model") == a["model"].uri
     assert blessing.get_int_custom_property("current_model_id") == a["model"].id
     assert blessing.get_string_custom_property("serving_model") == serving.uri
@@ -172,6 +200,9 @@ def test_exporter_do_blesses_a_verified_serving_model(chain):
     validation = json.load(open(os.path.join(serving.uri, "export_report.json")))["validation"]
     assert validation["blessed"] and validation["baseline"] == metrics["baseline"]
     assert [c["name"] for c in validation["checks"]] == ["last_blessed"] and validation["checks"][0]["skipped"]
+    # nothing was pushed before: the lookup's note is the skipped check's reason
+    assert "no model pushed to" in validation["checks"][0]["reason"]
+    assert validation["last_blessed"]["found"] is False and validation["last_blessed"]["reference_auc"] is None
     assert serving.get_float_custom_property("parity_max_abs_diff") <= 1e-5
     assert blessing.get_int_custom_property("parity_examples") > 0
     assert os.path.exists(os.path.join(blessing.uri, "BLESSED"))
@@ -208,3 +239,60 @@ def test_exporter_do_refuses_examples_whose_ledger_does_not_balance(chain, tmp_p
             {export_executor.CONFIG_KEY: cfg.to_json()},
         )
     assert not os.listdir(serving.uri) and not os.listdir(blessing.uri)
+
+
+def test_lookup_do_on_an_empty_destination_finds_nothing_and_the_trainer_starts_fresh(chain):
+    _, a, _ = chain
+    assert a["last_blessed"].get_int_custom_property("found") == 0
+    continuous = json.load(open(os.path.join(a["model"].uri, "continuous.json")))
+    assert continuous["base_model"] is None and continuous["warm_start"] is None
+    assert "no model pushed to" in continuous["note"] and "trained from scratch" in continuous["note"]
+
+
+def test_pusher_do_pushes_and_registers_the_blessed_model(chain):
+    cfg, a, root = chain
+    pushed = a["pushed"]
+    assert pushed.get_int_custom_property("pushed") == 1
+    destination = pushed.get_string_custom_property("pushed_destination")
+    version = pushed.get_string_custom_property("pushed_version")
+    assert destination == os.path.join(str(root / "serving"), version)
+    assert os.path.exists(os.path.join(destination, "saved_model.pb"))
+    entry = R.read_entry(str(root / "serving"), int(version))
+    report = json.load(open(os.path.join(a["serving"].uri, "export_report.json")))
+    metrics = json.load(open(os.path.join(a["model"].uri, "eval_metrics.json")))
+    assert entry["serving_model"] == destination and entry["exported_model"] == a["serving"].uri
+    assert entry["trainer_model"] == a["model"].uri and entry["pipeline"] == cfg.name
+    assert entry["eval_auc"] == report["eval_auc"]["serving"] and entry["eval_examples"] == report["eval_auc"]["examples"]
+    assert entry["trainer_eval_auc"] == metrics["auc"] and entry["baseline_auc"] == metrics["baseline"]["auc"]
+    assert entry["manifest"] == json.load(open(os.path.join(a["model"].uri, "embedding_manifest.json")))
+    assert entry["plan"] == json.load(open(os.path.join(a["model"].uri, "embedding_plan.json")))
+    assert entry["run"] == {"id": None, "name": None, "orchestrator": "unknown"}  # no orchestrator here
+    assert [g["name"] for g in entry["gate"]] == ["last_blessed"] and entry["gate"][0]["skipped"]
+
+
+def test_next_run_finds_the_pushed_model_and_warm_starts_from_it(chain, tmp_path):
+    """What a second run's LastBlessedModel hands the Trainer and the exporter."""
+    from components.embedding_trainer.trainer_module import continuous_start, read_manifest_for, read_statistics_for
+
+    cfg, a, root = chain
+    found = look_up(tmp_path / "last_blessed", root / "serving")
+    destination = a["pushed"].get_string_custom_property("pushed_destination")
+    assert found.get_int_custom_property("found") == 1
+    assert found.get_string_custom_property("served_model") == destination
+    assert found.get_string_custom_property("trainer_model") == a["model"].uri
+    # the Trainer gets TFX's base_model path (<artifact>/Format-Serving) and follows the pointer
+    train = [os.path.join(a["transformed"].uri, "Split-train", "*")]
+    start = continuous_start(cfg, os.path.join(found.uri, "Format-Serving"), read_manifest_for(train),
+                             read_statistics_for(train))
+    assert start["base_model"] == a["model"].uri and start["previous"].uri == a["model"].uri
+    assert start["registry"]["served_model"] == destination and start["drift"]["tables"]
+
+
+def test_pusher_do_withholds_a_model_that_is_not_blessed(chain, tmp_path):
+    _, a, root = chain
+    blessing = _artifact(standard_artifacts.ModelBlessing, tmp_path / "blessing")
+    blessing.set_int_custom_property("blessed", 0)
+    before = sorted(os.listdir(root / "serving"))
+    pushed = push(a["serving"], blessing, tmp_path / "pushed", root / "serving", "p")
+    assert pushed.get_int_custom_property("pushed") == 0
+    assert sorted(os.listdir(root / "serving")) == before

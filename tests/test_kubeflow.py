@@ -22,9 +22,10 @@ from tests.conftest import NO_GATE
 import components  # noqa: F401
 from components.config import ConfigError, config_from_json, load_config, parse_config
 from components.embedding_trainer.trainer_module import CONFIG_KEY
-from pipelines.pipeline import LAST_BLESSED_RESOLVER as RESOLVER
+from pipelines.pipeline import KFP_RUN_ID, KFP_RUN_NAME, LAST_BLESSED
 from pipelines import kfp_entrypoint
-from pipelines.kfp_local import HarnessError, LocalKfpRun, _substitute, parse_pipeline_spec, task_order
+from pipelines.kfp_local import (HarnessError, LocalKfpRun, _substitute, oss_backend_refusal, parse_pipeline_spec,
+                                 task_order)
 from pipelines.kubeflow import load_compiled
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -103,15 +104,20 @@ def test_compiled_spec_parses_strictly_and_carries_the_config(compiled):
     cfg = load_config(os.path.join(REPO, "configs", "kubeflow.yaml"))
     spec = spec_yaml["pipeline_spec"]
     tasks = spec["root"]["dag"]["tasks"]
-    resolvers = [RESOLVER + "-model-blessing-resolver", RESOLVER + "-model-resolver"]
-    assert [t for t in task_order(spec) if t not in resolvers] == [
-        "EmbeddingExampleGen", "EmbeddingPreprocess", "Trainer", "EmbeddingExporter", "Pusher"]
-    # The exporter's last blessed model: TFX's LatestBlessedModelStrategy as two MLMD queries.
-    queries = {r: executors_q["resolver"]["outputArtifactQueries"] for r, executors_q in (
-        (r, spec["deploymentSpec"]["executors"][r + "_executor"]) for r in resolvers)}
-    assert "metadata.blessed.number_value=1" in queries[resolvers[0]]["model_blessing"]["filter"]
-    assert "current_model_id" in queries[resolvers[1]]["model"]["filter"]
-    assert tasks["EmbeddingExporter"]["inputs"]["artifacts"]["last_blessing"]["taskOutputArtifact"]["producerTask"] == resolvers[0]
+    assert task_order(spec) == [
+        "EmbeddingExampleGen", "LastBlessedModel", "EmbeddingPreprocess", "Trainer", "EmbeddingExporter", "Pusher"]
+    # The last blessed model: a container step that reads the registry at the push destination,
+    # feeding the Trainer's warm start and the exporter's gate (no resolver, no ML Metadata query).
+    serving_dir = "gs://YOUR_BUCKET/tpu-embedding/serving"
+    assert tasks[LAST_BLESSED]["inputs"]["parameters"]["serving_dir"]["runtimeValue"]["constant"] == serving_dir
+    for task, key in (("Trainer", "base_model"), ("EmbeddingExporter", "last_blessed_model")):
+        src = tasks[task]["inputs"]["artifacts"][key]["taskOutputArtifact"]
+        assert src == {"producerTask": LAST_BLESSED, "outputArtifactKey": "model"}, task
+    # The Pusher records the run with the placeholders KFP's driver and Vertex substitute.
+    params = tasks["Pusher"]["inputs"]["parameters"]
+    assert params["run_id"]["runtimeValue"]["constant"] == KFP_RUN_ID == "{{$.pipeline_job_uuid}}"
+    assert params["run_name"]["runtimeValue"]["constant"] == KFP_RUN_NAME == "{{$.pipeline_job_name}}"
+    assert params["pipeline_name"]["runtimeValue"]["constant"] == cfg.name
     shipped = tasks["EmbeddingPreprocess"]["inputs"]["parameters"]["config_json"]["runtimeValue"]["constant"]
     assert config_from_json(shipped).to_dict() == cfg.to_dict()
     trainer_cc = json.loads(tasks["Trainer"]["inputs"]["parameters"]["custom_config"]["runtimeValue"]["constant"])
@@ -119,8 +125,6 @@ def test_compiled_spec_parses_strictly_and_carries_the_config(compiled):
 
     executors = spec["deploymentSpec"]["executors"]
     for label, ex in executors.items():
-        if "resolver" in ex:
-            continue
         c = ex["container"]
         assert c["image"] == (TPU_IMAGE if label == "Trainer_executor" else IMAGE), label
         assert c["command"] == ["python", "-m", "pipelines.kfp_entrypoint"], label
@@ -140,6 +144,110 @@ def test_compiled_spec_parses_strictly_and_carries_the_config(compiled):
     assert k8s["Trainer_executor"]["nodeSelector"]["labels"]["cloud.google.com/gke-tpu-topology"] == "2x2"
     pusher = json.loads(tasks["Pusher"]["inputs"]["parameters"]["push_destination"]["runtimeValue"]["constant"])
     assert pusher["filesystem"]["base_directory"] == "gs://YOUR_BUCKET/tpu-embedding/serving"
+
+
+def _executor_kinds(spec):
+    return {label: sorted(ex) for label, ex in spec["deploymentSpec"]["executors"].items()}
+
+
+@pytest.mark.parametrize("config, argv", [
+    ("kubeflow.yaml", ["--tpu-image", TPU_IMAGE]),
+    ("demo.yaml", ["--pipeline-root", "gs://b/root"]),
+])
+def test_compiled_specs_hold_only_what_open_source_kfp_runs(tmp_path, config, argv):
+    """Only container (or importer) executors, and nothing else open-source KFP's backend refuses,
+    in the spec of the Kubeflow config and of the demo config (its input at a small CSV: compiling
+    checks that a local input exists)."""
+    path = os.path.join(REPO, "configs", config)
+    if config == "demo.yaml":
+        from components.synthetic_data import GeneratorSpec, write_csv
+
+        d = yaml.safe_load(open(path, encoding="utf-8"))
+        d["input"]["path"] = str(tmp_path / "data.csv")
+        write_csv(GeneratorSpec(rows=10, seed=1), d["input"]["path"])
+        path = str(tmp_path / "demo.yaml")
+        with open(path, "w", encoding="utf-8") as fh:
+            yaml.safe_dump(d, fh)
+    assert _compile(["--config", path, "--image", IMAGE, "--output", "p.yaml", *argv], tmp_path) == 0
+    spec = load_compiled(str(tmp_path / "p.yaml"))["pipeline_spec"]
+    kinds = _executor_kinds(spec)
+    assert set(kinds) == {f"{t}_executor" for t in spec["root"]["dag"]["tasks"]}
+    assert all(k in (["container"], ["importer"]) for k in kinds.values()), kinds
+    assert oss_backend_refusal(spec) is None
+
+
+def _with_executor(spec, label, executor):
+    spec = copy.deepcopy(spec)
+    spec["deploymentSpec"]["executors"][label] = executor
+    return spec
+
+
+# The resolver TFX 1.16 compiles from Resolver(LatestBlessedModelStrategy): an ML Metadata query.
+RESOLVER_EXECUTOR = {"resolver": {"outputArtifactQueries": {"model": {"filter": (
+    'schema_title="tfx.Model" AND state=LIVE AND name="{{$.inputs.artifacts[\'input\'].metadata[\'current_model_id\']}}"')}}}}
+
+
+def test_harness_refuses_what_open_source_kfp_refuses(compiled, tmp_path):
+    """kubeflow/pipelines backend/src/v2/compiler: the spec is refused at submission, with the
+    backend's words, before any task runs; Vertex runs resolvers (vertex mode keeps them)."""
+    spec = compiled[0]["pipeline_spec"]
+    label = "LastBlessedModel_executor"
+    component = f'error processing component name="{LAST_BLESSED}": executor(label="{label}"): '
+    cases = [
+        (_with_executor(spec, label, RESOLVER_EXECUTOR), component + "non-container and non-importer executor not implemented"),
+        (_with_executor(spec, label, {"customJob": {"customJob": {}}}),
+         component + "non-container and non-importer executor not implemented"),
+    ]
+    iterated = copy.deepcopy(spec)
+    iterated["root"]["dag"]["tasks"]["Pusher"]["artifactIterator"] = {"itemInput": "x", "items": {"inputArtifact": "y"}}
+    cases.append((iterated, 'compiling DAG "root": artifact iterator not implemented yet'))
+    both = copy.deepcopy(iterated)
+    both["root"]["dag"]["tasks"]["Pusher"]["parameterIterator"] = {"itemInput": "x", "items": {"raw": "[1]"}}
+    cases.append((both, 'compiling DAG "root": invalid task "Pusher": parameterIterator and artifactIterator cannot '
+                        'be specified at the same time'))
+    imported = _with_executor(spec, label, {"importer": {"artifactUri": {"constant": "gs://b/m"},
+                                                         "typeSchema": {"schemaTitle": "tfx.Model"}}})
+    imported["root"]["dag"]["tasks"][LAST_BLESSED]["triggerPolicy"] = {"condition": "true"}
+    cases.append((imported, f'compiling DAG "root": compiling task "{LAST_BLESSED}": triggerPolicy.condition on '
+                            "importer task is not supported"))
+    missing = copy.deepcopy(spec)
+    del missing["deploymentSpec"]["executors"][label]
+    cases.append((missing, component.split(": executor")[0] + f': executor(label="{label}") not found in deployment config'))
+    unnamed = copy.deepcopy(spec)
+    unnamed["pipelineInfo"]["name"] = ""
+    cases.append((unnamed, "pipelineInfo.name is empty"))
+    for bad, message in cases:
+        assert oss_backend_refusal(bad) == f"Failed to compile job: {message}"
+    # an importer without a condition is taken, as the backend takes it
+    assert oss_backend_refusal(_with_executor(spec, label, imported["deploymentSpec"]["executors"][label])) is None
+
+    # The harness: the resolver spec refused in oss mode before anything runs; taken in vertex mode.
+    path = tmp_path / "resolver.json"
+    bad = _with_executor(spec, label, RESOLVER_EXECUTOR)
+    path.write_text(json.dumps({"pipelineSpec": bad, "runtimeConfig": {"gcsOutputDirectory": str(tmp_path / "root")}}))
+    with pytest.raises(HarnessError, match="open-source KFP refuses .*resolver.json: Failed to compile job: error "
+                                           "processing component .*non-container and non-importer executor"):
+        LocalKfpRun(str(path), str(tmp_path / "work"), mode="oss")
+    assert not (tmp_path / "work").exists() and not (tmp_path / "root").exists()
+    LocalKfpRun(str(path), str(tmp_path / "work"), mode="vertex")
+
+
+def test_harness_substitutes_run_placeholders_as_the_driver_does(compiled, tmp_path):
+    spec = copy.deepcopy(compiled[0]["pipeline_spec"])
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"pipelineSpec": spec, "runtimeConfig": {"gcsOutputDirectory": str(tmp_path / "root")}}))
+    run = LocalKfpRun(str(path), str(tmp_path / "work"), mode="oss")
+    run.outputs["EmbeddingExporter"] = {"serving_model": [], "blessing": []}  # as if it had run
+    params = run.executor_input("Pusher", "u1")["inputs"]["parameterValues"]
+    assert params["run_id"] == run.run_uuid and params["run_name"] == run.run_name == run.job_id
+    # only a constant that is exactly a placeholder is substituted (backend/src/v2/driver/resolve.go)
+    binding = spec["root"]["dag"]["tasks"]["Pusher"]["inputs"]["parameters"]
+    binding["run_id"]["runtimeValue"]["constant"] = "run {{$.pipeline_job_uuid}}"
+    path.write_text(json.dumps({"pipelineSpec": spec, "runtimeConfig": {"gcsOutputDirectory": str(tmp_path / "root")}}))
+    run = LocalKfpRun(str(path), str(tmp_path / "work"), mode="oss")
+    run.outputs["EmbeddingExporter"] = {"serving_model": [], "blessing": []}
+    with pytest.raises(HarnessError, match="placeholder in 'run .*not emulated"):
+        run.executor_input("Pusher", "u1")
 
 
 def _kubeflow_raw():

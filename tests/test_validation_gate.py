@@ -3,7 +3,7 @@
 - The gate's rule on figures (gate.decide): a table of cases.
 - The exporter with a last blessed model that is deliberately better (a SavedModel that reads the
   label out of the raw example: AUC 1) refuses the new model: NOT_BLESSED, reasons with both
-  figures, the serving model kept, and TFX's Pusher pushes nothing; with one deliberately worse
+  figures, the serving model kept, and the Pusher pushes nothing; with one deliberately worse
   (1 - label: AUC 0) it blesses, and the Pusher pushes.
 - The baseline's logistic regression against an independent fit (scikit-learn on a one-hot design
   matrix built here from the same transformed examples), and its fused pooling against TF's
@@ -22,6 +22,7 @@ import tensorflow as tf
 from components.embedding_exporter import executor as export_executor
 from components.embedding_exporter.export import export_serving_model
 from components.embedding_exporter.gate import decide
+from components.model_registry import registry as R
 from components.embedding_trainer import plan as P
 from components.embedding_trainer import trainer_module as T
 from components.embedding_trainer.baseline import LinearBaseline, train_baseline
@@ -30,7 +31,7 @@ from components.metrics import roc_auc
 from tfx.types import standard_artifacts
 from tfx.utils import io_utils
 
-from tests.test_executors import _artifact
+from tests.test_executors import _artifact, look_up, push
 
 
 def _gate_config(cfg, **validation):
@@ -95,66 +96,69 @@ def _label_model(cfg, path, inverted):
 
 
 def _export_with_previous(chain, tmp_path, previous_serving, name):
-    """The exporter's Do with a Resolver's output (last blessed model and blessing), then TFX's Pusher."""
+    """A push destination whose registry serves `previous_serving`; then, as a pipeline run does:
+    LastBlessedModel's lookup, the exporter's Do with it, and the registering Pusher."""
+    from components.model_registry import registry as R
+
     cfg, a, _ = chain
     cfg = _gate_config(cfg, baseline_margin=None)
-    last_model = _artifact(standard_artifacts.Model, tmp_path / name / "last_model")
-    last_blessing = _artifact(standard_artifacts.ModelBlessing, tmp_path / name / "last_blessing")
-    last_blessing.set_int_custom_property("blessed", 1)
-    last_blessing.set_string_custom_property(export_executor.SERVING_MODEL_PROPERTY, os.path.dirname(previous_serving))
+    destination = tmp_path / name / "serving_destination"
+    first = R.push(previous_serving, str(destination), {
+        "pipeline": cfg.name, "run": {"id": "earlier"}, "trainer_model": a["model"].uri, "eval_auc": 0.5,
+        "exported_model": os.path.dirname(previous_serving)})
+    last = look_up(tmp_path / name / "last_blessed", destination)
     serving = _artifact(standard_artifacts.Model, tmp_path / name / "serving_model")
     blessing = _artifact(standard_artifacts.ModelBlessing, tmp_path / name / "blessing")
     export_executor.Executor().Do(
         {export_executor.MODEL_KEY: [a["model"]], export_executor.EXAMPLES_KEY: [a["examples"]],
-         export_executor.LAST_MODEL_KEY: [last_model], export_executor.LAST_BLESSING_KEY: [last_blessing]},
+         export_executor.LAST_MODEL_KEY: [last]},
         {export_executor.SERVING_MODEL_KEY: [serving], export_executor.BLESSING_KEY: [blessing]},
         {export_executor.CONFIG_KEY: cfg.to_json()},
     )
-    from tfx.components.pusher import executor as pusher_executor
-    from tfx.proto import pusher_pb2
-    from tfx.types import standard_component_specs as specs
-    from tfx.utils import proto_utils
-
-    pushed = _artifact(standard_artifacts.PushedModel, tmp_path / name / "pushed_model")
-    destination = tmp_path / name / "serving_destination"
-    pusher_executor.Executor().Do(
-        {specs.MODEL_KEY: [serving], specs.MODEL_BLESSING_KEY: [blessing]},
-        {specs.PUSHED_MODEL_KEY: [pushed]},
-        {specs.PUSH_DESTINATION_KEY: proto_utils.proto_to_json(pusher_pb2.PushDestination(
-            filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=str(destination))))},
-    )
+    pushed = push(serving, blessing, tmp_path / name / "pushed_model", destination, cfg.name)
     report = json.loads(io_utils.read_string_file(os.path.join(serving.uri, "export_report.json")))
-    return serving, blessing, pushed, destination, report
+    return serving, blessing, pushed, destination, report, first
 
 
 def test_gate_refuses_a_model_worse_than_the_last_blessed_and_keeps_it_unpushed(chain, tmp_path):
     cfg = chain[0]
     better = _label_model(cfg, str(tmp_path / "better" / "Format-Serving"), inverted=False)
-    serving, blessing, pushed, destination, report = _export_with_previous(chain, tmp_path, better, "refused")
+    serving, blessing, pushed, destination, report, first = _export_with_previous(chain, tmp_path, better, "refused")
     v = report["validation"]
     check = next(c for c in v["checks"] if c["name"] == "last_blessed")
     assert check["reference_auc"] == 1.0 and check["model_auc"] < 1.0 - 0.002
-    assert check["reference_model"] == better and check["examples"] == report["eval_auc"]["examples"]
+    assert check["reference_model"] == first["serving_model"] and check["examples"] == report["eval_auc"]["examples"]
+    # the report says which served version it compared with, and what its registry entry says of it
+    assert v["last_blessed"] == dict(v["last_blessed"], found=True, served_model=first["serving_model"],
+                                     version=first["version"], reference_auc=1.0, registered_eval_auc=0.5,
+                                     run={"id": "earlier"}, trainer_model=chain[1]["model"].uri)
     assert not v["blessed"] and v["reasons"] == [check["reason"]]
     assert blessing.get_int_custom_property("blessed") == 0
     assert os.path.exists(os.path.join(blessing.uri, "NOT_BLESSED"))
     assert "last blessed model's 1.0000" in blessing.get_string_custom_property("not_blessed_reason")
-    # Kept: the serving model is complete; not pushed: TFX's Pusher withheld it.
+    # Kept: the serving model is complete; not pushed: the Pusher withheld it, the registry still
+    # serves the better model.
     assert os.path.exists(os.path.join(serving.uri, "Format-Serving", "saved_model.pb"))
     assert pushed.get_int_custom_property("pushed") == 0
-    assert not destination.exists() or not os.listdir(destination)
+    assert sorted(os.listdir(destination)) == [first["version"], "_registry"]
+    assert R.lookup(str(destination)).served_model == first["serving_model"]
 
 
 def test_gate_blesses_a_model_better_than_the_last_blessed_and_pushes_it(chain, tmp_path):
     cfg = chain[0]
     worse = _label_model(cfg, str(tmp_path / "worse" / "Format-Serving"), inverted=True)
-    serving, blessing, pushed, destination, report = _export_with_previous(chain, tmp_path, worse, "blessed")
+    serving, blessing, pushed, destination, report, first = _export_with_previous(chain, tmp_path, worse, "blessed")
     v = report["validation"]
     check = next(c for c in v["checks"] if c["name"] == "last_blessed")
     assert check["reference_auc"] == 0.0 and check["passed"] and v["blessed"]
     assert blessing.get_int_custom_property("blessed") == 1
     assert blessing.get_string_custom_property("serving_model") == serving.uri
-    assert pushed.get_int_custom_property("pushed") == 1 and os.listdir(destination)
+    assert pushed.get_int_custom_property("pushed") == 1
+    # the new model is served now, and its entry records the gate that blessed it
+    found = R.lookup(str(destination))
+    assert found.served_model == pushed.get_string_custom_property("pushed_destination") != first["serving_model"]
+    assert found.entry["exported_model"] == serving.uri
+    assert next(g for g in found.entry["gate"] if g["name"] == "last_blessed")["reference_auc"] == 0.0
 
 
 def test_gate_refuses_a_model_below_the_baseline(chain, tmp_path):

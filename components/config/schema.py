@@ -369,8 +369,9 @@ class DriftLimits:
 class ContinuousConfig:
     """The `continuous` section: daily retraining on spans (README "Continuous training")."""
 
-    # Start from the last blessed model (TFX's Resolver): embedding rows carried by token, OOV
-    # buckets when their count is unchanged, dense weights and optimizer slots where shapes match.
+    # Start from the last blessed model (the one served at the push destination, from its model
+    # registry): embedding rows carried by token, OOV buckets when their count is unchanged, dense
+    # weights and optimizer slots where shapes match.
     warm_start: bool = True
     # With warm_start: also carry the optimizer slots (embedding accumulators with their rows, the
     # dense network's moments). false: weights only, every slot fresh.

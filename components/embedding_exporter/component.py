@@ -14,8 +14,8 @@ class EmbeddingExporterSpec(ComponentSpec):
     INPUTS = {
         executor.MODEL_KEY: ChannelParameter(type=standard_artifacts.Model),
         executor.EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples),
+        # LastBlessedModel's output (components/model_registry): what the push destination serves.
         executor.LAST_MODEL_KEY: ChannelParameter(type=standard_artifacts.Model, optional=True),
-        executor.LAST_BLESSING_KEY: ChannelParameter(type=standard_artifacts.ModelBlessing, optional=True),
     }
     OUTPUTS = {
         executor.SERVING_MODEL_KEY: ChannelParameter(type=standard_artifacts.Model),
@@ -28,21 +28,20 @@ class EmbeddingExporter(base_component.BaseComponent):
     and decides whether it is blessed (gate.py).
 
     A parity failure fails the execution (nothing published). A model that passes parity but not
-    the validation gate (the trainer's baseline; the last blessed model, given by a Resolver as
-    `last_blessed_model` / `last_blessing`) is published with a NOT_BLESSED blessing, which the
-    standard Pusher does not push.
+    the validation gate (the trainer's baseline; the last blessed model, i.e. the one served at
+    the push destination, given by LastBlessedModel as `last_blessed_model`) is published with a
+    NOT_BLESSED blessing, which the Pusher does not push.
     """
 
     SPEC_CLASS = EmbeddingExporterSpec
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.Executor)
 
-    def __init__(self, model, examples, config: PipelineConfig, last_blessed_model=None, last_blessing=None):
+    def __init__(self, model, examples, config: PipelineConfig, last_blessed_model=None):
         super().__init__(
             spec=EmbeddingExporterSpec(
                 model=model,
                 examples=examples,
                 last_blessed_model=last_blessed_model,
-                last_blessing=last_blessing,
                 config_json=config.to_json(),
                 serving_model=channel_utils.as_channel([standard_artifacts.Model()]),
                 blessing=channel_utils.as_channel([standard_artifacts.ModelBlessing()]),

@@ -14,7 +14,7 @@ from tfx.utils import io_utils
 from absl import logging
 
 from components import ledger as L
-from components.embedding_exporter import gate
+from components.model_registry import registry
 
 from components.config import config_from_json
 from components.embedding_exporter.export import export_serving_model
@@ -23,8 +23,7 @@ MODEL_KEY = "model"
 EXAMPLES_KEY = "examples"
 SERVING_MODEL_KEY = "serving_model"
 BLESSING_KEY = "blessing"
-LAST_MODEL_KEY = "last_blessed_model"  # optional: the Resolver's latest blessed (Trainer) Model
-LAST_BLESSING_KEY = "last_blessing"  # optional: its blessing
+LAST_MODEL_KEY = "last_blessed_model"  # optional: LastBlessedModel's pointer to the served model
 SERVING_MODEL_PROPERTY = "serving_model"  # the blessing's: the serving Model artifact it blesses
 CONFIG_KEY = "config_json"
 
@@ -46,15 +45,15 @@ class Executor(base_executor.BaseExecutor):
         ledger_path = os.path.join(examples.uri, L.LEDGER_FILE)
         if fileio.exists(ledger_path):
             L.check_ledger(json.loads(io_utils.read_string_file(ledger_path)), "EmbeddingExporter")
-        # The last blessed model (the pipeline's Resolver, LatestBlessedModelStrategy): its blessing
-        # names the serving model it blessed.
-        last = input_dict.get(LAST_BLESSING_KEY) or []
-        previous_serving = None
-        if last:
-            uri = last[0].get_string_custom_property(SERVING_MODEL_PROPERTY)
-            previous_serving = gate.serving_dir_of(uri) if uri else None
+        # The last blessed model: the one served at the push destination, as LastBlessedModel read
+        # it from the model registry there (None: a pipeline without that step).
+        last = input_dict.get(LAST_MODEL_KEY) or []
+        previous = registry.read_lookup(last[0].uri) if last else None
+        if last and previous is None:
+            raise ValueError(f"{LAST_MODEL_KEY} {last[0].uri}: no {registry.LOOKUP_FILE}; give the output of "
+                             "LastBlessedModel (components.model_registry)")
         # Raises ExportRefused (the execution fails, nothing is published or pushed) on any mismatch.
-        report = export_serving_model(cfg, model.uri, eval_pattern, serving.uri, previous_serving_dir=previous_serving)
+        report = export_serving_model(cfg, model.uri, eval_pattern, serving.uri, last_blessed=previous)
         parity = report["parity"]
         serving.set_float_custom_property("parity_max_abs_diff", parity["max_abs_diff"])
         serving.set_string_custom_property("table_layouts", ",".join(report["layout"]["kinds"]))
@@ -62,8 +61,8 @@ class Executor(base_executor.BaseExecutor):
         serving.set_float_custom_property("eval_auc", report["eval_auc"]["serving"])
         decision = report["validation"]
         blessed = bool(decision["blessed"])
-        # TFX's blessing properties (Evaluator's names): LatestBlessedModelStrategy matches
-        # `current_model_id` with the Model it resolves (the Trainer's).
+        # TFX's blessing properties (Evaluator's names); `current_model` (the Trainer model) goes
+        # into the registry entry the Pusher writes (the next run's warm start).
         blessing.set_int_custom_property("blessed", int(blessed))
         blessing.set_int_custom_property("current_model_id", model.id)
         blessing.set_string_custom_property("current_model", model.uri)

@@ -48,6 +48,7 @@ from components.embedding_preprocess import vocabulary as V
 from components.embedding_trainer.input import parse_batch
 from components.embedding_trainer.model import RankingModel
 from components.metrics import roc_auc
+from components.model_registry.registry import Lookup
 
 SERVING_DIR = A.SERVING_DIR
 REPORT_FILE = A.EXPORT_REPORT_FILE
@@ -418,23 +419,39 @@ def read_json_if_exists(path: str) -> Optional[Any]:
     return json.loads(tf.io.gfile.GFile(path).read()) if tf.io.gfile.exists(path) else None
 
 
-def validate(ctx: ExportContext, previous_serving_dir: Optional[str]) -> Dict[str, Any]:
-    """The gate's decision (gate.py) with the figures it used."""
+def validate(ctx: ExportContext, last_blessed: Optional[Lookup]) -> Dict[str, Any]:
+    """The gate's decision (gate.py) with the figures it used. `last_blessed`: what the push
+    destination serves (LastBlessedModel's registry lookup; None: not looked up)."""
     metrics = read_json_if_exists(os.path.join(ctx.model_uri, A.EVAL_METRICS_FILE))
     previous = None
-    if previous_serving_dir is not None and ctx.cfg.validation.regression_margin is not None:
+    served = last_blessed.served_model if last_blessed is not None and last_blessed.found else None
+    if served is not None and ctx.cfg.validation.regression_margin is not None:
         try:
-            previous = G.score_previous(previous_serving_dir, ctx.sample.raw, ctx.sample.labels)
+            previous = G.score_previous(served, ctx.sample.raw, ctx.sample.labels)
         except (OSError, ValueError, tf.errors.OpError) as err:
             raise ExportRefused(
-                f"the last blessed serving model {previous_serving_dir} cannot be loaded and scored ({err}); the new "
+                f"the last blessed serving model {served} cannot be loaded and scored ({err}); the new "
                 "model cannot be compared with it: restore that model, or set validation.regression_margin: null "
                 "for this run") from None
         ctx.clock.lap("score the last blessed model")
-    decision = G.decide(ctx.cfg, metrics, ctx.compression[ctx.table_dtype]["eval_auc"], previous)
+    decision = G.decide(ctx.cfg, metrics, ctx.compression[ctx.table_dtype]["eval_auc"], previous,
+                        no_previous=last_blessed.note if last_blessed is not None else None)
     decision["model_eval_auc"] = metrics.get("auc") if metrics else None
     decision["baseline"] = metrics.get("baseline") if metrics else None
-    decision["last_blessed"] = previous
+    decision["last_blessed"] = None
+    if last_blessed is not None:
+        entry = last_blessed.entry or {}
+        decision["last_blessed"] = {
+            "found": last_blessed.found, "note": last_blessed.note, "served_model": served,
+            "version": last_blessed.version,
+            # the served model scored on this run's raw eval rows (the gate's reference)
+            "reference_auc": previous["eval_auc"] if previous else None,
+            "examples": previous["examples"] if previous else None,
+            # what its registry entry says of it: its AUC on its own run's eval rows, its run
+            "registered_eval_auc": entry.get("eval_auc"), "pipeline": entry.get("pipeline"),
+            "run": entry.get("run"), "trainer_model": entry.get("trainer_model"),
+            "skipped": last_blessed.skipped,
+        }
     return decision
 
 
@@ -456,13 +473,13 @@ def export_serving_model(
     raw_eval_pattern: str,
     output_uri: str,
     checkpoint_path: Optional[str] = None,
-    previous_serving_dir: Optional[str] = None,
+    last_blessed: Optional[Lookup] = None,
 ) -> Dict[str, Any]:
     """Writes `output_uri/Format-Serving`, `output_uri/tables/` (export.write_tables) and
     `output_uri/export_report.json`; returns the report. Raises ExportRefused, writing nothing there.
     The report's `validation` is the gate's decision (gate.py): against the trainer's baseline and,
-    given `previous_serving_dir` (the last blessed serving model), against that model scored on the
-    same raw eval rows; `continuous` is the Trainer's continuous.json (warm start and drift; null
+    given `last_blessed` (the model served at the push destination: model_registry's Lookup), against
+    that model scored on the same raw eval rows; `continuous` is the Trainer's continuous.json (warm start and drift; null
     for a model trained before it existed). A refused model is exported all the same; the caller withholds the blessing."""
     staging = os.path.join(output_uri, STAGING_DIR)
     ctx = prepare(cfg, model_uri, raw_eval_pattern, staging, checkpoint_path)
@@ -475,7 +492,7 @@ def export_serving_model(
         for dtype in compression_variants(ctx):
             compress(ctx, dtype)
         report = build_report(ctx)
-        report["validation"] = validate(ctx, previous_serving_dir)
+        report["validation"] = validate(ctx, last_blessed)
         report["continuous"] = read_json_if_exists(os.path.join(ctx.model_uri, A.CONTINUOUS_FILE))
         publish(ctx, output_uri, report)
         return report

@@ -4,10 +4,11 @@ Two checks, each with its figures in the export report's `validation` section:
 - `baseline`: the model's eval AUC (the trainer's, exact on the whole eval split) against the
   logistic regression the trainer fitted beside it on the same split (`eval_metrics.json`'s
   `baseline`), less `validation.baseline_margin`;
-- `last_blessed`: the new serving model's AUC against the last blessed serving model's (found by
-  the pipeline's Resolver with TFX's LatestBlessedModelStrategy), both scored by the exporter on the
-  same raw eval rows of this run, less `validation.regression_margin`. The first model of a
-  pipeline has nothing to compare with: the check is recorded as skipped.
+- `last_blessed`: the new serving model's AUC against the last blessed serving model's (the one
+  served at the push destination, found in its model registry by the pipeline's LastBlessedModel
+  step: components/model_registry), both scored by the exporter on the same raw eval rows of this
+  run, less `validation.regression_margin`. The first model of a push destination has nothing to
+  compare with: the check is recorded as skipped, with the lookup's note.
 
 A refused model is still exported and kept (its artifact, report and `NOT_BLESSED` blessing); only
 the push is withheld. TFMA's Evaluator would need an EvalConfig over the serving signature and a
@@ -20,11 +21,6 @@ from typing import Any, Dict, List, Optional
 import tensorflow as tf
 
 from components.config import PipelineConfig
-from components.contracts.artifacts import SERVING_DIR
-
-
-def serving_dir_of(serving_model_uri: str) -> str:
-    return f"{serving_model_uri.rstrip('/')}/{SERVING_DIR}"
 
 
 def score_previous(previous_serving_dir: str, raw: List[bytes], labels) -> Dict[str, Any]:
@@ -38,10 +34,11 @@ def score_previous(previous_serving_dir: str, raw: List[bytes], labels) -> Dict[
 
 
 def decide(cfg: PipelineConfig, model_metrics: Optional[Dict[str, Any]], serving_auc: float,
-           previous: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+           previous: Optional[Dict[str, Any]], no_previous: Optional[str] = None) -> Dict[str, Any]:
     """The `validation` section: {blessed, checks: [...], reasons: [...]}. `model_metrics`: the
     trainer's eval_metrics.json; `serving_auc`: the new serving model's AUC on the rows `previous`
-    (score_previous's result, None for a pipeline's first model) was scored on."""
+    (score_previous's result, None for a pipeline's first model) was scored on; `no_previous`:
+    why there is none (the registry lookup's note)."""
     v = cfg.validation
     checks: List[Dict[str, Any]] = []
     if v.baseline_margin is not None:
@@ -62,7 +59,7 @@ def decide(cfg: PipelineConfig, model_metrics: Optional[Dict[str, Any]], serving
     if v.regression_margin is not None:
         if previous is None:
             checks.append({"name": "last_blessed", "passed": True, "skipped": True,
-                           "reason": "no blessed model before this one"})
+                           "reason": no_previous or "no blessed model before this one"})
         else:
             prev = float(previous["eval_auc"])
             ok = serving_auc >= prev - v.regression_margin

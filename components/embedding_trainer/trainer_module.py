@@ -13,8 +13,9 @@ What it leaves in the Model artifact (the exporter needs nothing else):
 - `training_run.json`: steps (and under `length` where their number came from: train_steps, or
   training.epochs over the train rows), the step a resumed run started from, the steps checkpointed;
 - `continuous.json`: the last blessed model the run started from (TFX's `base_model`, from the
-  pipeline's Resolver), what its warm start carried over, and the drift from that model's data
-  (warm_start.py; a drift past `continuous.drift` stops the run before training);
+  pipeline's LastBlessedModel step: the version served at the push destination), what its warm
+  start carried over, and the drift from that model's data (warm_start.py; a drift past
+  `continuous.drift` stops the run before training);
 - `embedding_statistics.json`: preprocessing's statistics of the training data (the next run's
   drift reference).
 
@@ -384,19 +385,32 @@ def copy_checkpoint(checkpoint_path: str, directory: str) -> str:
 
 def continuous_start(cfg: PipelineConfig, base_model: Optional[str], manifest: VocabularyManifest,
                      statistics: Optional[EmbeddingStatistics]) -> Dict[str, Any]:
-    """Before training: the last blessed model (TFX's `base_model`, from the pipeline's Resolver)
-    and the drift from its data, which stops the run past `continuous.drift` (warm_start.py).
-    Returns the record of `continuous.json`, with `previous` (the model to start from) when
-    warm-starting."""
+    """Before training: the last blessed model (TFX's `base_model`: the pipeline's LastBlessedModel
+    output, which points at the Trainer model of the version served at the push destination; or a
+    Trainer model itself) and the drift from its data, which stops the run past `continuous.drift`
+    (warm_start.py). Returns the record of `continuous.json`, with `previous` (the model to start
+    from) when warm-starting."""
     if not base_model:
         return {"base_model": None, "drift": None, "note": "no blessed model yet: trained from scratch"}
     from components.embedding_trainer import warm_start as W
+    from components.model_registry.registry import read_lookup
 
+    found = read_lookup(base_model)
+    registry = None
+    if found is not None:
+        registry = {"served_model": found.served_model, "version": found.version, "skipped": found.skipped}
+        if not found.found:
+            return {"base_model": None, "drift": None, "registry": registry,
+                    "note": f"{found.note}: trained from scratch"}
+        if found.warm_start_model is None:
+            logging.warning("%s", found.warm_start_note)
+            return {"base_model": None, "drift": None, "registry": registry, "note": found.warm_start_note}
+        base_model = found.warm_start_model
     prev = W.previous_model(base_model)
     figures = W.drift(prev, manifest, statistics)
     logging.info("drift from %s: %s", prev.uri, json.dumps(figures, sort_keys=True))
     W.check_drift(figures, cfg, prev.uri)
-    out: Dict[str, Any] = {"base_model": prev.uri, "drift": figures}
+    out: Dict[str, Any] = {"base_model": prev.uri, "drift": figures, "registry": registry}
     if cfg.continuous.warm_start:
         out["previous"] = prev
     else:

@@ -1,8 +1,9 @@
 """Continuous training: a run warm-started from the last blessed model, and the drift between them.
 
-The pipeline's Resolver hands the Trainer the last blessed Trainer Model (`base_model`). Its
-artifact holds everything needed (trainer_module): the final checkpoint, the plan, the manifest
-(its `vocabulary_dir` names the previous vocabularies) and, from this version on, the statistics.
+The pipeline's LastBlessedModel step hands the Trainer (`base_model`) a pointer to the Trainer
+Model of the version served at the push destination (components/model_registry). That Trainer
+Model holds everything needed (trainer_module): the final checkpoint, the plan, the manifest (its
+`vocabulary_dir` names the previous vocabularies) and, from this version on, the statistics.
 
 Warm start = one training checkpoint in *this* run's model, written before training and restored
 by `train` as a resumed run restores its own (so the same restore path serves every platform):

@@ -1,0 +1,70 @@
+"""The registry's two TFX components, each a thin wiring of its executor.
+
+- `LastBlessedModel`: reads the registry at the push destination (no inputs, so it runs first and
+  a broken registry stops the run before any data is read) and outputs a `Model` artifact that
+  points at the served model: the Trainer takes it as `base_model` (warm start, drift), the exporter
+  as `last_blessed_model` (the gate's reference). It replaces TFX's Resolver with
+  LatestBlessedModelStrategy, an ML Metadata query that open-source KFP's backend cannot run.
+- `RegistryPusher`: TFX's Pusher (same inputs, output and destination) that registers each model
+  it pushes.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from tfx.dsl.components.base import base_component, executor_spec
+from tfx.proto import pusher_pb2
+from tfx.types import ComponentSpec, channel_utils, standard_artifacts
+from tfx.types import standard_component_specs as specs
+from tfx.types.component_spec import ChannelParameter, ExecutionParameter
+
+from components.model_registry import executor
+
+
+class LastBlessedModelSpec(ComponentSpec):
+    PARAMETERS = {executor.SERVING_DIR_KEY: ExecutionParameter(type=str)}
+    INPUTS = {}
+    OUTPUTS = {executor.MODEL_KEY: ChannelParameter(type=standard_artifacts.Model)}
+
+
+class LastBlessedModel(base_component.BaseComponent):
+    """The model served at `serving_dir` (the Pusher's destination), from its registry."""
+
+    SPEC_CLASS = LastBlessedModelSpec
+    EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.LookupExecutor)
+
+    def __init__(self, serving_dir: str):
+        super().__init__(spec=LastBlessedModelSpec(
+            serving_dir=serving_dir, model=channel_utils.as_channel([standard_artifacts.Model()])))
+
+
+class RegistryPusherSpec(ComponentSpec):
+    PARAMETERS = {
+        specs.PUSH_DESTINATION_KEY: ExecutionParameter(type=pusher_pb2.PushDestination),
+        executor.PIPELINE_NAME_KEY: ExecutionParameter(type=str),
+        # Kubeflow: `{{$.pipeline_job_uuid}}` / `{{$.pipeline_job_name}}`, which KFP and Vertex
+        # substitute when a parameter's constant value is exactly the placeholder; local: empty.
+        executor.RUN_ID_KEY: ExecutionParameter(type=str, optional=True),
+        executor.RUN_NAME_KEY: ExecutionParameter(type=str, optional=True),
+    }
+    INPUTS = {
+        specs.MODEL_KEY: ChannelParameter(type=standard_artifacts.Model),
+        specs.MODEL_BLESSING_KEY: ChannelParameter(type=standard_artifacts.ModelBlessing),
+    }
+    OUTPUTS = {specs.PUSHED_MODEL_KEY: ChannelParameter(type=standard_artifacts.PushedModel)}
+
+
+class RegistryPusher(base_component.BaseComponent):
+    """Pushes a blessed model to a filesystem destination and registers it there."""
+
+    SPEC_CLASS = RegistryPusherSpec
+    EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.RegistryPusherExecutor)
+
+    def __init__(self, model, model_blessing, serving_dir: str, pipeline_name: str,
+                 run_id: Optional[str] = None, run_name: Optional[str] = None):
+        super().__init__(spec=RegistryPusherSpec(
+            model=model, model_blessing=model_blessing,
+            push_destination=pusher_pb2.PushDestination(
+                filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=serving_dir)),
+            pipeline_name=pipeline_name, run_id=run_id, run_name=run_name,
+            pushed_model=channel_utils.as_channel([standard_artifacts.PushedModel()])))

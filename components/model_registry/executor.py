@@ -1,0 +1,130 @@
+"""Executors of the registry's two steps: LastBlessedModel (read) and the registering Pusher (write)."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, Optional
+
+from absl import logging
+from tfx import types
+from tfx.components.pusher import executor as tfx_pusher
+from tfx.dsl.components.base import base_executor
+from tfx.dsl.io import fileio
+from tfx.proto import pusher_pb2
+from tfx.types import artifact_utils, standard_component_specs as specs
+from tfx.utils import proto_utils
+
+from components.contracts import artifacts as A
+from components.model_registry import registry as R
+
+# LastBlessedModel
+SERVING_DIR_KEY = "serving_dir"
+MODEL_KEY = "model"
+# The registering Pusher (TFX's Pusher keys for its inputs, output and destination)
+PIPELINE_NAME_KEY = "pipeline_name"
+RUN_ID_KEY = "run_id"
+RUN_NAME_KEY = "run_name"
+# The exporter's blessing names the Trainer model it exported (EmbeddingExporter executor).
+CURRENT_MODEL_PROPERTY = "current_model"
+
+
+class LookupExecutor(base_executor.BaseExecutor):
+    """Reads the registry at the push destination (registry.lookup) into a Model artifact that
+    holds `last_blessed.json`: what is served there, its entry, and the Trainer model to warm-start
+    from. The Trainer (`base_model`) and the exporter (`last_blessed_model`) read that file; the
+    artifact holds no model of its own. A registry that cannot say what is served fails the step."""
+
+    def Do(self, input_dict: Dict[str, List[types.Artifact]], output_dict: Dict[str, List[types.Artifact]],
+           exec_properties: Dict[str, Any]) -> None:
+        out = artifact_utils.get_single_instance(output_dict[MODEL_KEY])
+        found = R.lookup(exec_properties[SERVING_DIR_KEY])
+        for s in found.skipped:
+            logging.warning("model registry: %s: %s", s["path"], s["reason"])
+        if found.warm_start_note:
+            logging.warning("model registry: %s", found.warm_start_note)
+        logging.info("model registry: %s", found.note)
+        R.write_lookup(out.uri, found)
+        out.set_int_custom_property("found", int(found.found))
+        if found.found:
+            out.set_string_custom_property("served_model", found.served_model)
+            out.set_string_custom_property("pushed_version", found.version)
+            out.set_string_custom_property("trainer_model", found.entry["trainer_model"])
+            out.set_float_custom_property("registered_eval_auc", float(found.entry["eval_auc"]))
+
+
+def _read_json(path: str) -> Optional[Any]:
+    if not fileio.exists(path):
+        return None
+    with fileio.open(path, "r") as fh:
+        return json.loads(fh.read())
+
+
+def entry_fields(serving_model_uri: str, trainer_model_uri: str, pipeline: str, run: Dict[str, Any]) -> Dict[str, Any]:
+    """A registry entry's fields (registry.push adds version, place and time) from the exporter's
+    report and the Trainer model: the AUCs the gate used, the run, the plan and the manifest."""
+    report = _read_json(os.path.join(serving_model_uri, A.EXPORT_REPORT_FILE))
+    if report is None:
+        raise R.RegistryError(f"{serving_model_uri}: no {A.EXPORT_REPORT_FILE}; only a complete export is registered")
+    validation = report.get("validation") or {}
+    baseline = validation.get("baseline") or {}
+    return {
+        "pipeline": pipeline,
+        "run": run,
+        "exported_model": serving_model_uri,
+        "trainer_model": trainer_model_uri,
+        "eval_auc": report["eval_auc"]["serving"],  # the served model on its run's raw eval rows
+        "eval_examples": report["eval_auc"]["examples"],
+        "trainer_eval_auc": validation.get("model_eval_auc"),
+        "baseline_auc": baseline.get("auc"),
+        "table_dtype": report.get("table_dtype"),
+        "gate": [{k: c.get(k) for k in ("name", "passed", "skipped", "model_auc", "reference_auc", "margin")}
+                 for c in validation.get("checks", [])],
+        "manifest": _read_json(os.path.join(trainer_model_uri, A.EMBEDDING_MANIFEST_FILE)),
+        "plan": _read_json(os.path.join(trainer_model_uri, A.PLAN_FILE)),
+    }
+
+
+def _run(exec_properties: Dict[str, Any], context) -> Dict[str, Any]:
+    """The run that made the model: KFP's / Vertex's run (their `{{$.pipeline_job_uuid}}` and
+    `{{$.pipeline_job_name}}` placeholders, substituted by the backend), else the local
+    orchestrator's run id."""
+    def given(key: str) -> Optional[str]:
+        v = exec_properties.get(key) or ""
+        return v if v and "{{$" not in v else None
+
+    if given(RUN_ID_KEY):
+        return {"id": given(RUN_ID_KEY), "name": given(RUN_NAME_KEY), "orchestrator": "kubeflow"}
+    local = getattr(context, "pipeline_run_id", None) if context is not None else None
+    return {"id": local, "name": None, "orchestrator": "local" if local else "unknown"}
+
+
+class RegistryPusherExecutor(tfx_pusher.Executor):
+    """TFX's Pusher (blessing check, model path, `pushed_model` output and its properties) with the
+    filesystem push replaced by registry.push: the version is never one that exists (TFX's copy
+    is skipped, yet reported pushed, when two pushes fall in one second), the model becomes
+    loadable last, and its registry entry is written before that."""
+
+    def Do(self, input_dict: Dict[str, List[types.Artifact]], output_dict: Dict[str, List[types.Artifact]],
+           exec_properties: Dict[str, Any]) -> None:
+        model_push = artifact_utils.get_single_instance(output_dict[specs.PUSHED_MODEL_KEY])
+        if not self.CheckBlessing(input_dict):
+            self._MarkNotPushed(model_push)
+            return
+        destination = pusher_pb2.PushDestination()
+        proto_utils.json_to_proto(exec_properties[specs.PUSH_DESTINATION_KEY], destination)
+        if destination.WhichOneof("destination") != "filesystem":
+            raise NotImplementedError(f"push destination {destination.WhichOneof('destination')!r}: only a "
+                                      "filesystem destination keeps the model registry")
+        model = artifact_utils.get_single_instance(input_dict[specs.MODEL_KEY])
+        blessing = artifact_utils.get_single_instance(input_dict[specs.MODEL_BLESSING_KEY])
+        trainer_model = blessing.get_string_custom_property(CURRENT_MODEL_PROPERTY)
+        fields = entry_fields(model.uri, trainer_model, exec_properties.get(PIPELINE_NAME_KEY) or "",
+                              _run(exec_properties, getattr(self, "_context", None)))
+        entry = R.push(self.GetModelPath(input_dict), destination.filesystem.base_directory, fields)
+        logging.info("model pushed to %s and registered as %s", entry["serving_model"],
+                     R.entry_path(destination.filesystem.base_directory, entry["version"]))
+        # TFX's Pusher keeps a copy in its output artifact too (its archive of what was pushed).
+        from tfx.utils import io_utils
+
+        io_utils.copy_dir(self.GetModelPath(input_dict), model_push.uri)
+        self._MarkPushed(model_push, pushed_destination=entry["serving_model"], pushed_version=entry["version"])

@@ -1,0 +1,285 @@
+"""The model registry kept at the push destination: which model is served there, and how it was made.
+
+The pipeline's last blessed model (the gate's reference and the Trainer's warm start) is read from
+here by a container step (`LastBlessedModel`), not from ML Metadata: the same code decides on the
+local LocalDagRunner, open-source Kubeflow Pipelines (whose backend runs no resolver executors) and
+Vertex AI Pipelines, and the answer is about what is actually served, whichever pipeline,
+compilation or metadata store pushed it.
+
+Layout of the push destination (the Pusher's filesystem `base_directory`):
+
+    <serving_dir>/<version>/                 a pushed SavedModel; TF Serving loads the newest
+                                             version directory (names that are integers)
+    <serving_dir>/_registry/<version>.json   its registry entry (TF Serving ignores the folder:
+                                             its name is no integer)
+
+Push order (`push`): every file of the model except `saved_model.pb`, then the entry (written
+whole under a temporary name, then renamed), then `saved_model.pb`, the file TF Serving and TFX's
+own Pusher treat as "this version is complete". So a version TF Serving can load has its entry,
+unless something other than this pipeline's Pusher wrote it.
+
+Lookup (`lookup`): the served model is the newest version directory that holds `saved_model.pb`.
+- no such version, no entry: nothing pushed yet (a first run); found nothing.
+- the newest servable version has a valid entry: found.
+- it has no entry, or an entry that cannot be read (half-written, not this format): RegistryError,
+  one line naming the path and the way out. The gate cannot compare with a model it knows nothing
+  about, and nothing is pushed on a guess.
+- entries whose version directory is gone (deleted) or has no `saved_model.pb` (a push that did
+  not finish): skipped, each with its reason in the result.
+- the found entry's Trainer model directory is gone: found (the gate compares with the served
+  model), but no warm start: `warm_start_model` is None, with the reason.
+
+Only the file system is used (TensorFlow's gfile through TFX's `fileio`, so gs:// works too).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+REGISTRY_DIR = "_registry"
+ENTRY_FORMAT = 1
+SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")  # what makes a version loadable
+LOOKUP_FILE = "last_blessed.json"  # inside the LastBlessedModel output artifact
+# Every entry has these (the rest is information for people and later runs).
+REQUIRED_KEYS = ("format", "version", "serving_model", "trainer_model", "eval_auc", "pipeline", "run", "pushed_at")
+
+
+class RegistryError(RuntimeError):
+    """The push destination's registry cannot say which model is served; names the path and the way out."""
+
+
+def _fileio():
+    from tfx.dsl.io import fileio  # TensorFlow's file systems (local, gs://, ...)
+
+    return fileio
+
+
+def registry_dir(serving_dir: str) -> str:
+    return os.path.join(serving_dir, REGISTRY_DIR)
+
+
+def entry_path(serving_dir: str, version: str) -> str:
+    return os.path.join(registry_dir(serving_dir), f"{version}.json")
+
+
+def _children(path: str) -> List[str]:
+    fio = _fileio()
+    if not fio.isdir(path):
+        return []
+    return [c.rstrip("/") for c in fio.listdir(path)]
+
+
+def versions(serving_dir: str) -> List[int]:
+    """Version directories at the push destination (names that are integers, as TF Serving reads
+    them), oldest first."""
+    return sorted(int(c) for c in _children(serving_dir) if c.isdigit())
+
+
+def is_servable(version_dir: str) -> bool:
+    fio = _fileio()
+    return any(fio.exists(os.path.join(version_dir, f)) for f in SAVED_MODEL_FILES)
+
+
+def entry_versions(serving_dir: str) -> List[int]:
+    """Versions that have an entry file, oldest first."""
+    out = []
+    for c in _children(registry_dir(serving_dir)):
+        stem, ext = os.path.splitext(c)
+        if ext == ".json" and stem.isdigit():
+            out.append(int(stem))
+    return sorted(out)
+
+
+def read_entry(serving_dir: str, version: int) -> Dict[str, Any]:
+    """The entry of `version`; RegistryError naming the file when it is missing, half-written or
+    of another format."""
+    path = entry_path(serving_dir, str(version))
+    fio = _fileio()
+    if not fio.exists(path):
+        raise RegistryError(f"{path}: no registry entry")
+    with fio.open(path, "r") as fh:
+        text = fh.read()
+    try:
+        entry = json.loads(text)
+    except ValueError as e:
+        raise RegistryError(f"{path}: not valid JSON ({e}; {len(text)} bytes): a half-written entry") from None
+    if not isinstance(entry, dict):
+        raise RegistryError(f"{path}: not a registry entry (a JSON {type(entry).__name__}, not an object)")
+    missing = [k for k in REQUIRED_KEYS if k not in entry]
+    if missing:
+        raise RegistryError(f"{path}: incomplete registry entry, missing {', '.join(missing)}")
+    if entry["format"] != ENTRY_FORMAT:
+        raise RegistryError(f"{path}: registry entry format {entry['format']!r}; this version reads format {ENTRY_FORMAT}")
+    if str(entry["version"]) != str(version):
+        raise RegistryError(f"{path}: says version {entry['version']!r}, but its file name says {version}")
+    return entry
+
+
+@dataclass
+class Lookup:
+    """What the push destination serves, as the gate and the warm start need it."""
+
+    serving_dir: str
+    found: bool
+    note: str
+    version: Optional[str] = None
+    served_model: Optional[str] = None  # <serving_dir>/<version>: the SavedModel TF Serving loads
+    entry: Optional[Dict[str, Any]] = None
+    warm_start_model: Optional[str] = None  # the Trainer model to warm-start from (None: none usable)
+    warm_start_note: Optional[str] = None
+    skipped: List[Dict[str, str]] = field(default_factory=list)  # [{path, reason}]
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {k: getattr(self, k) for k in (
+            "serving_dir", "found", "note", "version", "served_model", "entry", "warm_start_model",
+            "warm_start_note", "skipped")}
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "Lookup":
+        return cls(**{k: d.get(k) for k in (
+            "serving_dir", "found", "note", "version", "served_model", "entry", "warm_start_model",
+            "warm_start_note")}, skipped=list(d.get("skipped") or []))
+
+
+def lookup(serving_dir: str) -> Lookup:
+    """The served model at `serving_dir` and its registry entry (module docstring: the rules)."""
+    fio = _fileio()
+    serving_dir = serving_dir.rstrip("/")
+    reg = registry_dir(serving_dir)
+    on_disk = versions(serving_dir)
+    servable = [v for v in on_disk if is_servable(os.path.join(serving_dir, str(v)))]
+    skipped: List[Dict[str, str]] = []
+    newest = servable[-1] if servable else None
+    for v in reversed(entry_versions(serving_dir)):
+        if newest is not None and v <= newest:
+            continue  # older than the served version: history, not skipped
+        vdir = os.path.join(serving_dir, str(v))
+        why = ("its model directory was deleted" if v not in on_disk
+               else "its model directory has no saved_model.pb (a push that did not finish)")
+        skipped.append({"path": entry_path(serving_dir, str(v)),
+                        "reason": f"{why}: {vdir} is not served; skipped"})
+    for v in on_disk:
+        if v not in servable and not fio.exists(entry_path(serving_dir, str(v))):
+            skipped.append({"path": os.path.join(serving_dir, str(v)),
+                            "reason": "no saved_model.pb and no registry entry (a push that did not finish): "
+                                      "not served; skipped"})
+    if newest is None:
+        if not fio.isdir(reg) and not on_disk:
+            note = f"no model pushed to {serving_dir} yet (no registry at {reg}): nothing to compare with"
+        else:
+            note = f"no servable model at {serving_dir}: nothing to compare with"
+        return Lookup(serving_dir, False, note, skipped=skipped)
+    vdir = os.path.join(serving_dir, str(newest))
+    path = entry_path(serving_dir, str(newest))
+    way_out = (f"if {vdir} is this pipeline's model, its push did not finish: delete {vdir} (and {path}) so the "
+               f"version before it is served again, then rerun; a model another tool pushed must be moved out of "
+               f"{serving_dir}, or push this pipeline to an empty destination (kubeflow.serving_dir)")
+    if not fio.exists(path):
+        raise RegistryError(
+            f"{vdir} is served (the newest version with saved_model.pb) but has no registry entry {path}: "
+            f"the gate cannot compare with a model it knows nothing about; {way_out}")
+    try:
+        entry = read_entry(serving_dir, newest)
+    except RegistryError as e:
+        raise RegistryError(f"{e}; {vdir} is served but cannot be described; {way_out}") from None
+    warm, warm_note = entry["trainer_model"], None
+    if not warm or not fio.isdir(warm):
+        warm_note = (f"the Trainer model {warm!r} of the served version {newest} is gone (deleted with its pipeline "
+                     "root?): no warm start, trained from scratch; the gate still compares with the served model")
+        warm = None
+    return Lookup(serving_dir, True, f"version {newest} of {serving_dir}, pushed by run {entry['run'].get('id')!r} "
+                  f"of pipeline {entry['pipeline']!r}", version=str(newest), served_model=vdir, entry=entry,
+                  warm_start_model=warm, warm_start_note=warm_note, skipped=skipped)
+
+
+def history(serving_dir: str) -> List[Dict[str, Any]]:
+    """Every entry with its state (`served`, `history`, or why it is not usable), newest first;
+    entries that cannot be read are listed with their error."""
+    serving_dir = serving_dir.rstrip("/")
+    on_disk = set(versions(serving_dir))
+    rows = []
+    for v in sorted(set(entry_versions(serving_dir)) | on_disk, reverse=True):
+        vdir = os.path.join(serving_dir, str(v))
+        row: Dict[str, Any] = {"version": v, "model": vdir, "on_disk": v in on_disk,
+                               "servable": v in on_disk and is_servable(vdir)}
+        try:
+            row["entry"] = read_entry(serving_dir, v)
+        except RegistryError as e:
+            row["error"] = str(e)
+        rows.append(row)
+    newest = next((r for r in rows if r["servable"]), None)
+    for r in rows:
+        if not r["on_disk"]:
+            r["state"] = "deleted"
+        elif not r["servable"]:
+            r["state"] = "unfinished"
+        else:
+            r["state"] = "served" if r is newest else "history"
+    return rows
+
+
+def next_version(serving_dir: str, now: Optional[float] = None) -> int:
+    """A version after every existing one: the push time in seconds (TFX's UNIX_TIMESTAMP rule),
+    or one more than the newest version or entry when that is later (two pushes in one second:
+    TFX's Pusher would skip the copy and still report the second model as pushed)."""
+    latest = max(versions(serving_dir) + entry_versions(serving_dir), default=0)
+    return max(int(time.time() if now is None else now), latest + 1)
+
+
+def _write_whole(path: str, text: str) -> None:
+    """`text` at `path`, appearing whole or not at all (a temporary name, then a rename)."""
+    fio = _fileio()
+    fio.makedirs(os.path.dirname(path))
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:8]}")
+    with fio.open(tmp, "w") as fh:
+        fh.write(text)
+    fio.rename(tmp, path, overwrite=False)
+
+
+def push(model_dir: str, serving_dir: str, entry: Dict[str, Any], now: Optional[float] = None) -> Dict[str, Any]:
+    """Copies the SavedModel at `model_dir` to a new version at `serving_dir` and registers it
+    (module docstring: the order). `entry`: the entry's fields but `format`, `version`,
+    `serving_model`, `pushed_at`. Returns the entry written."""
+    from tfx.utils import io_utils
+
+    fio = _fileio()
+    serving_dir = serving_dir.rstrip("/")
+    if not any(fio.exists(os.path.join(model_dir, f)) for f in SAVED_MODEL_FILES):
+        raise RegistryError(f"{model_dir}: no saved_model.pb; nothing to push")
+    version = next_version(serving_dir, now)
+    vdir = os.path.join(serving_dir, str(version))
+    if fio.exists(vdir):  # another push got there between next_version and here
+        raise RegistryError(f"{vdir} already exists: another push is under way at {serving_dir}; rerun the push")
+    full = dict(entry, format=ENTRY_FORMAT, version=str(version), serving_model=vdir,
+                pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now if now is not None else time.time())))
+    missing = [k for k in REQUIRED_KEYS if k not in full]
+    if missing:
+        raise ValueError(f"registry entry without {', '.join(missing)}")
+    io_utils.copy_dir(model_dir, vdir, deny_regex_patterns=[r"saved_model\.pb(txt)?$"])
+    _write_whole(entry_path(serving_dir, str(version)), json.dumps(full, indent=2, sort_keys=True))
+    for name in SAVED_MODEL_FILES:  # last: the version becomes loadable only now
+        src = os.path.join(model_dir, name)
+        if fio.exists(src):
+            io_utils.copy_file(src, os.path.join(vdir, name))
+    return full
+
+
+def write_lookup(artifact_dir: str, found: Lookup) -> None:
+    _write_whole(os.path.join(artifact_dir, LOOKUP_FILE), json.dumps(found.to_dict(), indent=2, sort_keys=True))
+
+
+def read_lookup(path: str) -> Optional[Lookup]:
+    """The Lookup a LastBlessedModel artifact holds (`path`: its directory, or TFX's serving path
+    inside it, as a Trainer's `base_model` is given); None when `path` is no such artifact."""
+    fio = _fileio()
+    path = path.rstrip("/")
+    for d in (path, os.path.dirname(path)):
+        f = os.path.join(d, LOOKUP_FILE)
+        if fio.exists(f):
+            with fio.open(f, "r") as fh:
+                return Lookup.from_dict(json.loads(fh.read()))
+    return None
