@@ -54,7 +54,7 @@ def chain(tmp_path_factory):
 # A test is slow when it needs one of these fixtures, or when it is listed below with its reason.
 SLOW_FIXTURES = {
     "pipeline_run": "the whole pipeline on the demo's 375k rows",
-    "kfp_runs": "the compiled Kubeflow pipeline run twice through the local KFP harness",
+    "kfp_runs": "the compiled Kubeflow pipeline run twice in each of the two harness modes, and twice locally",
 }
 SLOW_TESTS = {  # node id (or its prefix): why it is in the full tier only
     "tests/test_trainer.py::test_killed_run_resumes_and_ends_with_the_same_steps": "trains in killed and resumed subprocesses",

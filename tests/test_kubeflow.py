@@ -357,15 +357,52 @@ def test_harness_refuses_placeholders_it_does_not_emulate():
 
 
 # ------------------------------------------------------------------------------------------------
-# The compiled pipeline, run task by task as KFP runs it, in both modes, against the local run.
+# The compiled pipeline, run task by task as KFP runs it, twice in each mode (one pipeline root, one
+# push destination), against two LocalDagRunner runs on the same data.
 
 ROWS = 4000
+RUNS = 2
+# The gate on, with a margin wide enough that two 40-step models on the same data always pass: the
+# decisions compared here are about what each run finds and compares with (the gate's rule has its
+# own table: tests/test_validation_gate.py). No baseline: a 40-step model is not held to it.
+GATE = {"baseline": {"enabled": False}, "baseline_margin": None, "regression_margin": 0.5}
+
+
+def _json(path):
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def _local_run(cfg, out):
+    """One LocalDagRunner run into `out` (shared by both runs: one push destination, one MLMD)
+    and the artifacts it made."""
+    from pipelines.__main__ import _latest, run
+
+    summary = run(cfg, str(out))
+    root = out / "pipeline_root"
+    model = os.path.dirname(_latest(str(root / "Trainer" / "model" / "*" / "continuous.json")))
+    return {"summary": summary, "examples": os.path.dirname(_latest(str(root / "EmbeddingExampleGen" / "examples" / "*" / "ledger.json"))),
+            "trainer_model": model, "continuous": _json(os.path.join(model, "continuous.json")),
+            "report": _json(os.path.join(summary["serving_model_this_run"], "export_report.json")),
+            "pushed": summary["serving_model"] if summary["pushed_by_this_run"] else None}
+
+
+def _harness_run(spec, work, mode):
+    """One run of the compiled spec through the harness and the artifacts it made."""
+    harness = LocalKfpRun(str(spec), str(work), mode=mode)
+    records = harness.run(log=lambda *_: None)
+    out = {r["task"]: r["outputs"] for r in records}
+    model = out["Trainer"]["model"][0]["uri"]
+    pushed = out["Pusher"]["pushed_model"][0]["metadata"]
+    return {"records": records, "run_uuid": harness.run_uuid, "run_name": harness.run_name, "examples": out["EmbeddingExampleGen"]["examples"][0]["uri"],
+            "trainer_model": model, "continuous": _json(os.path.join(model, "continuous.json")),
+            "report": _json(os.path.join(out["EmbeddingExporter"]["serving_model"][0]["uri"], "export_report.json")),
+            "pushed": pushed["pushed_destination"] if pushed.get("pushed") == 1.0 else None}
 
 
 @pytest.fixture(scope="module")
 def kfp_runs(tmp_path_factory):
     from components.synthetic_data import GeneratorSpec, ensure_dataset
-    from pipelines.__main__ import run
     from pipelines.kubeflow import compile_pipeline
 
     root = tmp_path_factory.mktemp("kfp")
@@ -379,7 +416,7 @@ def kfp_runs(tmp_path_factory):
     raw["training"]["dense_optimizer"]["schedule"]["decay_steps"] = 40
     raw["export"].update(compare_compression=False, auc_sample_size=500, parity_sample_size=128)
     raw["beam"].update(direct_running_mode="in_memory", direct_num_workers=1)
-    raw["validation"] = dict(NO_GATE)
+    raw["validation"] = dict(GATE)
     raw["kubeflow"] = {
         "beam": {"runner": "direct", "args": ["--direct_running_mode=in_memory", "--direct_num_workers=1"]},
         "components": {"Trainer": {"cpu": 2, "memory_gb": 4}},
@@ -388,22 +425,13 @@ def kfp_runs(tmp_path_factory):
     cfg_path.write_text(yaml.safe_dump(raw))
     cfg = load_config(str(cfg_path))
 
-    local = run(cfg, str(root / "local"))
-    runs = {}
+    runs = {"local": [_local_run(cfg, root / "local") for _ in range(RUNS)]}
     for mode in ("vertex", "oss"):
         spec = root / f"{mode}.yaml"
         compile_pipeline(cfg, "local/tpu-embedding-tfx:test", str(spec), pipeline_root=str(root / mode / "root"))
         assert not (root / mode).exists()  # compiling wrote nothing under the pipeline root
-        harness = LocalKfpRun(str(spec), str(root / mode), mode=mode)
-        runs[mode] = harness.run(log=lambda *_: None)
-    return cfg, root, local, runs
-
-
-def _pushed(records):
-    pusher = next(r for r in records if r["task"] == "Pusher")
-    meta = pusher["outputs"]["pushed_model"][0]["metadata"]
-    assert meta["pushed"] == 1.0
-    return meta["pushed_destination"]
+        runs[mode] = [_harness_run(spec, root / mode / f"run-{i}", mode) for i in range(1, RUNS + 1)]
+    return cfg, root, runs
 
 
 def _score(model_dir, records):
@@ -430,24 +458,21 @@ def _train_order(examples_dir):
 
 
 def test_kfp_runs_in_both_modes_serve_like_the_local_run(kfp_runs):
-    """Same data, same config, same code: the serving models score identically whenever the three
-    runs trained on the same record order. TFX's ExampleGen Reshuffles with random keys before
+    """Same data, same config, same code: the first runs' serving models score identically whenever
+    they trained on the same record order. TFX's ExampleGen Reshuffles with random keys before
     writing (tfx/components/example_gen/write_split.py), so the record order, and with it the
     trained model, may differ between any two runs, local or not (seen in 1 of 4 runs here: max
     |diff| 0.02); such pairs are held to the same data and a close model only."""
     import tensorflow as tf
 
-    cfg, root, local, runs = kfp_runs
-    raw_files = sorted(glob.glob(str(root / "local" / "pipeline_root" / "EmbeddingExampleGen" / "examples" / "*" / "Split-eval" / "*")))
+    cfg, root, runs = kfp_runs
+    first = {name: r[0] for name, r in runs.items()}
+    raw_files = sorted(glob.glob(os.path.join(first["local"]["examples"], "Split-eval", "*")))
     records = [r.numpy() for r in tf.data.TFRecordDataset(raw_files, compression_type="GZIP")]
     assert len(records) > 500
-    gen = {"local": glob.glob(str(root / "local" / "pipeline_root" / "EmbeddingExampleGen" / "examples" / "*"))[0]}
-    scores = {"local": _score(local["serving_model"], records)}
-    for mode, records_of_run in runs.items():
-        gen[mode] = next(r for r in records_of_run if r["task"] == "EmbeddingExampleGen")["outputs"]["examples"][0]["uri"]
-        scores[mode] = _score(_pushed(records_of_run), records)
-    order = {name: _train_order(d) for name, d in gen.items()}
-    for mode in runs:
+    scores = {name: _score(r["pushed"], records) for name, r in first.items()}
+    order = {name: _train_order(r["examples"]) for name, r in first.items()}
+    for mode in ("vertex", "oss"):
         assert sorted(order[mode]) == sorted(order["local"]), f"{mode}: ExampleGen produced other train rows"
         if order[mode] == order["local"]:
             np.testing.assert_allclose(scores[mode], scores["local"], atol=1e-6, rtol=0, err_msg=mode)
@@ -457,26 +482,77 @@ def test_kfp_runs_in_both_modes_serve_like_the_local_run(kfp_runs):
         np.testing.assert_allclose(scores["vertex"], scores["oss"], atol=1e-6, rtol=0)
 
 
+def _decisions(run):
+    """What a run found, started from and decided: the part that must not depend on the orchestrator."""
+    v, c = run["report"]["validation"], run["continuous"]
+    return {
+        "found_last_blessed": v["last_blessed"]["found"],
+        "compared_with_it": v["last_blessed"]["reference_auc"] is not None,
+        "warm_started": c["warm_start"] is not None,
+        "checks": [(k["name"], k["passed"], bool(k.get("skipped"))) for k in v["checks"]],
+        "blessed": v["blessed"],
+        "pushed": run["pushed"] is not None,
+    }
+
+
+def test_second_run_finds_the_first_runs_model_on_every_orchestrator(kfp_runs):
+    """Continuous training on Kubeflow: the second run of one compiled spec (same pipeline root and
+    push destination) warm-starts from the first run's model and its gate compares against it, in
+    both harness modes, with the decisions of two LocalDagRunner runs on the same data."""
+    _, _, runs = kfp_runs
+    decisions = {name: [_decisions(r) for r in pair] for name, pair in runs.items()}
+    assert decisions["local"] == [
+        {"found_last_blessed": False, "compared_with_it": False, "warm_started": False,
+         "checks": [("last_blessed", True, True)], "blessed": True, "pushed": True},
+        {"found_last_blessed": True, "compared_with_it": True, "warm_started": True,
+         "checks": [("last_blessed", True, False)], "blessed": True, "pushed": True},
+    ]
+    assert decisions["vertex"] == decisions["local"] and decisions["oss"] == decisions["local"]
+    for name, (first, second) in runs.items():
+        last = second["report"]["validation"]["last_blessed"]
+        # the gate compared with the first run's pushed model, scored on the second run's eval rows
+        assert last["served_model"] == first["pushed"] and last["trainer_model"] == first["trainer_model"], name
+        check = next(c for c in second["report"]["validation"]["checks"] if c["name"] == "last_blessed")
+        assert last["reference_auc"] == check["reference_auc"] and 0.5 < last["reference_auc"] < 1, name
+        assert check["reference_model"] == first["pushed"], name
+        # what the registry recorded when the first run pushed: its AUC on its own eval rows
+        assert last["registered_eval_auc"] == first["report"]["eval_auc"]["serving"], name
+        # the Trainer warm-started from the first run's Trainer model: every row carried (same data)
+        c = second["continuous"]
+        assert c["base_model"] == first["trainer_model"] and c["registry"]["served_model"] == first["pushed"], name
+        assert c["warm_start"]["rows_carried"] == c["warm_start"]["rows"] > 0, name
+        assert second["pushed"] != first["pushed"], name
+    # the run that made each pushed model: KFP's run (the harness's {{$.pipeline_job_uuid}} and
+    # {{$.pipeline_job_name}}), or LocalDagRunner's run id
+    for mode in ("vertex", "oss"):
+        first, second = runs[mode]
+        assert second["report"]["validation"]["last_blessed"]["run"] == {
+            "id": first["run_uuid"], "name": first["run_name"], "orchestrator": "kubeflow"}
+    local_run = runs["local"][1]["report"]["validation"]["last_blessed"]["run"]
+    assert local_run["orchestrator"] == "local" and local_run["id"]
+
+
 def test_kfp_runs_pass_inputs_as_each_backend_does(kfp_runs):
-    _, root, _, runs = kfp_runs
-    for mode, records in runs.items():
-        resolvers = [r for r in records if "resolver" in r]
-        by_task = {r["task"]: r for r in records if "resolver" not in r}
-        assert list(by_task) == ["EmbeddingExampleGen", "EmbeddingPreprocess", "Trainer", "EmbeddingExporter", "Pusher"]
-        # The last blessed model's resolver tasks: the harness keeps no MLMD, so they find nothing
-        # (a first run) and the exporter gets its optional inputs empty ...
-        assert sorted(r["task"] for r in resolvers) == [RESOLVER + "-model-blessing-resolver", RESOLVER + "-model-resolver"]
+    _, root, runs = kfp_runs
+    for mode in ("vertex", "oss"):
+        records = runs[mode][0]["records"]
+        by_task = {r["task"]: r for r in records}
+        assert list(by_task) == ["EmbeddingExampleGen", "LastBlessedModel", "EmbeddingPreprocess", "Trainer",
+                                 "EmbeddingExporter", "Pusher"]
+        assert not any("resolver" in r for r in records)
+        # LastBlessedModel's pointer reaches the Trainer (base_model) and the exporter
+        pointer = by_task["LastBlessedModel"]["outputs"]["model"][0]
+        assert pointer["metadata"]["found"] == 0.0  # the first run: nothing pushed yet
         exporter_inputs = by_task["EmbeddingExporter"]["executor_input"]["inputs"]["artifacts"]
-        assert exporter_inputs["last_blessing"]["artifacts"] == [] and exporter_inputs["last_blessed_model"]["artifacts"] == []
-        # ... and so does the Trainer's base_model (no warm start, no drift reference).
-        assert by_task["Trainer"]["executor_input"]["inputs"]["artifacts"]["base_model"]["artifacts"] == []
+        assert exporter_inputs["last_blessed_model"]["artifacts"][0]["uri"] == pointer["uri"]
+        assert by_task["Trainer"]["executor_input"]["inputs"]["artifacts"]["base_model"]["artifacts"][0]["uri"] == pointer["uri"]
         titles = {k: kfp_entrypoint.artifact_type_title(v["artifacts"][0]["type"])
                   for k, v in exporter_inputs.items() if v["artifacts"]}
         if mode == "vertex":
-            assert titles == {"examples": "tfx.Examples", "model": "tfx.Model"}
+            assert titles == {"examples": "tfx.Examples", "model": "tfx.Model", "last_blessed_model": "tfx.Model"}
             assert "pre_cache_check" in by_task["EmbeddingExampleGen"]["seconds"]  # the ExampleGen driver hook ran
         else:
-            assert titles == {"examples": "", "model": ""}
+            assert titles == {"examples": "", "model": "", "last_blessed_model": ""}
             assert "pre_cache_check" not in by_task["EmbeddingExampleGen"]["seconds"]
             logs = {t: open(r["log"], encoding="utf-8", errors="replace").read() for t, r in by_task.items()}
             assert "ExampleGen driver has not run" in logs["EmbeddingExampleGen"]
@@ -538,7 +614,7 @@ def test_tpu_trainer_route_trains_in_the_tpu_image(tmp_path):
     rc, images = _compile_raw(d, tmp_path)
     assert rc == 0
     assert images.pop("Trainer_executor") == TPU_IMAGE
-    assert set(images) == {"EmbeddingExampleGen_executor", "EmbeddingPreprocess_executor",
+    assert set(images) == {"LastBlessedModel_executor", "EmbeddingExampleGen_executor", "EmbeddingPreprocess_executor",
                            "EmbeddingExporter_executor", "Pusher_executor"}
     assert set(images.values()) == {IMAGE}  # the other tasks keep the main image
     # --tpu-image overrides the config field

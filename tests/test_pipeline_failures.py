@@ -48,3 +48,37 @@ def test_unhealthy_feature_stops_the_run_with_one_line(tmp_path):
     stage = led["stages"][0]
     assert stage["rows_in"] == 601 and stage["malformed"] == {"too_few_fields": 1} and led["balanced"]
     assert stage["cells"]["not_numeric"]["I7"] == 400
+
+
+def test_a_half_written_registry_entry_stops_the_run_before_anything_is_pushed(tmp_path):
+    """The model served at the push destination has a half-written registry entry: the run stops at
+    LastBlessedModel with one line naming the entry and the way out; nothing is pushed on a guess."""
+    from components.model_registry import registry as R
+    from components.synthetic_data import GeneratorSpec, ensure_dataset
+
+    data = tmp_path / "data.csv"
+    ensure_dataset(str(data), GeneratorSpec(rows=300, seed=5))
+    raw = yaml.safe_load(open(os.path.join(REPO, "configs", "demo.yaml")))
+    raw["input"]["path"] = str(data)
+    raw["beam"]["direct_running_mode"] = "in_memory"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    serving = tmp_path / "out" / "serving"
+    served = serving / "1764000000"
+    served.mkdir(parents=True)
+    (served / "saved_model.pb").write_text("a model TF Serving loads")
+    entry = R.entry_path(str(serving), "1764000000")
+    os.makedirs(os.path.dirname(entry))
+    with open(entry, "w") as fh:
+        fh.write('{"format": 1, "version": "1764000000", "serving_mo')  # the write was cut off
+    env = dict(os.environ, PYTHONPATH=REPO, TF_USE_LEGACY_KERAS="1", PYTHONWARNINGS="ignore")
+    r = subprocess.run([sys.executable, "-m", "pipelines", "run", "--config", str(cfg), "--output-dir", str(tmp_path / "out")],
+                       capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    assert r.returncode == 1, r.stderr[-3000:]
+    errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1, r.stderr[-3000:]
+    assert errors[0].startswith("error: LastBlessedModel failed: RegistryError: ")
+    assert f"{entry}: not valid JSON" in errors[0] and f"delete {served}" in errors[0]
+    assert "Traceback" not in r.stderr
+    assert sorted(os.listdir(serving)) == ["1764000000", "_registry"]  # nothing pushed
+    assert not os.path.exists(tmp_path / "out" / "pipeline_root" / "Trainer")  # nothing trained either
