@@ -4,8 +4,8 @@
 span (`<data dir>/span-<day>/data.csv`: the generator with a new seed and the IDs shifted by
 `id_shift` per day), then runs the pipeline whose input is `<data dir>/span-{SPAN}` on that span
 (ExampleGen's driver, with a static RangeConfig; without one it takes the latest span) into one
-output directory, so ML Metadata links the days: each run's
-Resolver finds the last blessed model, the Trainer warm-starts from it and measures the drift, and
+output directory, so the days share one push destination: each run's LastBlessedModel step finds
+the model served there in its registry, the Trainer warm-starts from it and measures the drift, and
 the exporter's gate compares the new model with it on the new eval rows. Prints per span what
 carried over, the drift, both AUCs, the gate's decision and what was pushed.
 """

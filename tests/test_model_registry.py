@@ -223,3 +223,19 @@ def test_history_lists_every_version_with_its_state(tmp_path):
     assert [(r["version"], r["state"]) for r in rows] == [
         (T0 + 120, "deleted"), (T0 + 60, "unfinished"), (T0, "served")]
     assert all("entry" in r for r in rows)
+
+
+def test_cli_says_what_is_served_and_what_the_next_run_finds(tmp_path, capsys):
+    from components.model_registry.__main__ import main
+
+    dest = str(tmp_path / "serving")
+    _newest_unfinished(tmp_path, dest)
+    assert main([dest]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split()[:3] == [str(T0 + 60), "unfinished", "0.8000"]
+    assert out[2].split()[:3] == [str(T0), "served", "0.8000"] and out[2].split()[-1] == "run-a"
+    assert f"next run compares with: {os.path.join(dest, str(T0))}" in out[3]
+    assert out[4].startswith("next run warm-starts from: ") and out[5].startswith("skipped: ")
+    _unregistered_newest(tmp_path, str(tmp_path / "other"))
+    assert main([str(tmp_path / "other")]) == 2
+    assert "error: the next run stops here: " in capsys.readouterr().err
