@@ -66,56 +66,88 @@ OSS_SOURCE = "kubeflow/pipelines backend/src/v2/compiler @7b70c7b"
 
 
 def _q(name: str) -> str:
-    return json.dumps(name)  # Go's %q for the plain names specs use
+    return json.dumps(name, ensure_ascii=False)  # Go's %q for the plain names specs use
+
+
+def _oss_task_refusal(key: str, t: Dict[str, Any], executors: Dict[str, Any], components: Dict[str, Any]) -> Optional[str]:
+    """argocompiler/dag.go (*workflowCompiler).task: what it refuses in one task (errors wrapped
+    `compiling task %q`); an iterator task is compiled again as its "iteration-item"."""
+    if "parameterIterator" in t:  # iteratorTask -> iterationItemTask -> task("iteration-item", ...)
+        inner = {k: v for k, v in t.items() if k != "parameterIterator"}
+        err = _oss_task_refusal("iteration-item", inner, executors, components)
+        return f"compiling task {_q(key)}: iterator task: iterationItem task: {err}" if err else None
+    label = components.get(t.get("componentRef", {}).get("name", ""), {}).get("executorLabel")
+    if not label:
+        return None  # a sub-DAG: checked when the walk reached it
+    ex = executors[label]
+    err = None
+    if "container" in ex:
+        pass
+    elif "importer" in ex:
+        if t.get("triggerPolicy", {}).get("condition"):
+            err = "triggerPolicy.condition on importer task is not supported"
+    elif "resolver" in ex:
+        err = "resolver executors not implemented"
+    elif "customJob" in ex:
+        err = "custom job executors is Google Cloud only, it's not supported"
+    else:
+        err = f"unknown executor spec type: {sorted(ex)}"
+    return f"compiling task {_q(key)}: {err}" if err else None
 
 
 def _oss_dag_refusal(name: str, dag: Dict[str, Any], executors: Dict[str, Any], components: Dict[str, Any]) -> Optional[str]:
-    """argocompiler/dag.go: (*workflowCompiler).DAG and .task."""
+    """argocompiler/dag.go: (*workflowCompiler).DAG, errors wrapped `compiling DAG %q`."""
     tasks = dag.get("tasks", {})
 
     def in_dag(err: str) -> str:
         return f"compiling DAG {_q(name)}: {err}"
 
+    for t in tasks.values():  # addImplicitDependencies
+        producers = [b["taskOutputParameter"]["producerTask"] for b in t.get("inputs", {}).get("parameters", {}).values()
+                     if "taskOutputParameter" in b]
+        producers += [b["taskOutputArtifact"]["producerTask"] for b in t.get("inputs", {}).get("artifacts", {}).values()
+                      if "taskOutputArtifact" in b]
+        for producer in producers:
+            if producer not in tasks:
+                return in_dag(f"failed to add implicit deps: unknown producer task {_q(producer)} in DAG")
+
     def exit_task(t: Dict[str, Any]) -> bool:
         return t.get("triggerPolicy", {}).get("strategy") == "ALL_UPSTREAM_TASKS_COMPLETED"
 
-    for key in sorted(tasks):  # first pass: iterators, then the exit tasks
+    for key in sorted(tasks):  # first loop: iterators, and the exit tasks
         t = tasks[key]
         if "parameterIterator" in t and "artifactIterator" in t:
             return in_dag(f"invalid task {_q(key)}: parameterIterator and artifactIterator cannot be specified at the same time")
         if "artifactIterator" in t:
             return in_dag("artifact iterator not implemented yet")
-    for exits in (True, False):
-        for key in sorted(tasks):
-            t = tasks[key]
-            if exit_task(t) != exits or "parameterIterator" in t:
-                continue
-            comp = components.get(t.get("componentRef", {}).get("name", ""), {})
-            label = comp.get("executorLabel")
-            if not label:
-                continue  # a sub-DAG: checked when the walk reached it
-            ex = executors[label]
-            err = None
-            if "importer" in ex and t.get("triggerPolicy", {}).get("condition"):
-                err = "triggerPolicy.condition on importer task is not supported"
-            elif "resolver" in ex:
-                err = "resolver executors not implemented"
-            elif "customJob" in ex:
-                err = "custom job executors is Google Cloud only, it's not supported"
-            elif "container" not in ex and "importer" not in ex:
-                err = f"unknown executor spec type: {sorted(ex)}"
+        if exit_task(t):
+            err = _oss_task_refusal(key, t, executors, components)
             if err:
-                return in_dag(f"compiling task {_q(key)}: {err}")
+                return in_dag(err)
+    for key in sorted(tasks):  # second loop: every other task
+        if not exit_task(tasks[key]):
+            err = _oss_task_refusal(key, tasks[key], executors, components)
+            if err:
+                return in_dag(err)
     if not any(not exit_task(t) for t in tasks.values()):
         return in_dag(f"DAG {name} must contain one or more non-exit tasks")
     return None
 
 
 def oss_backend_refusal(spec: Dict[str, Any]) -> Optional[str]:
-    """What open-source KFP's API server answers when this spec is submitted as a run, or None when
-    its compiler takes it."""
+    """What open-source KFP's API server answers when this spec is submitted as a run (the
+    compiler's part of it: the server prefixes "Failed to create a new run: Failed to generate the
+    ExecutionSpec: "), or None when its compiler takes it."""
+    from google.protobuf import json_format
+    from kfp.pipeline_spec import pipeline_spec_pb2
+
     if not spec.get("pipelineInfo", {}).get("name"):
         return "Failed to compile job: pipelineInfo.name is empty"
+    try:  # compiler.GetDeploymentConfig: protojson, unknown fields discarded, a oneof set twice refused
+        json_format.ParseDict(spec.get("deploymentSpec", {}), pipeline_spec_pb2.PipelineDeploymentConfig(),
+                              ignore_unknown_fields=True)
+    except json_format.ParseError as e:
+        return f"Failed to compile job: {e}"
     executors = spec.get("deploymentSpec", {}).get("executors", {})
     components = spec.get("components", {})
     visited = set()
@@ -153,6 +185,18 @@ def oss_backend_refusal(spec: Dict[str, Any]) -> Optional[str]:
     return f"Failed to compile job: {refusal}" if refusal else None
 
 
+def oss_parameters_refusal(spec: Dict[str, Any], values: Dict[str, Any]) -> Optional[str]:
+    """The API server's check of a run's parameter values (template/v2_template.go
+    validatePipelineJobInputs), the part about names: values the pipeline does not take, and
+    required parameters without one."""
+    declared = spec.get("root", {}).get("inputDefinitions", {}).get("parameters", {})
+    for name, p in sorted(declared.items()):
+        if name not in values and not p.get("isOptional") and "defaultValue" not in p:
+            return f"parameter {name} is not optional, yet has neither default value nor user provided value"
+    extra = [n for n in values if n not in declared]
+    return f"parameter(s) provided are not required by pipeline: {', '.join(extra)}" if extra else None
+
+
 # The run placeholders KFP's driver substitutes in a parameter whose constant is exactly one of
 # them (backend/src/v2/driver/resolve.go; Vertex does the same): placeholder -> LocalKfpRun attribute.
 RUN_PLACEHOLDERS = {
@@ -181,6 +225,9 @@ def task_order(spec: Dict[str, Any]) -> List[str]:
         for a in t.get("inputs", {}).get("artifacts", {}).values():
             if "taskOutputArtifact" in a:
                 deps.add(a["taskOutputArtifact"]["producerTask"])
+        for p in t.get("inputs", {}).get("parameters", {}).values():
+            if "taskOutputParameter" in p:
+                deps.add(p["taskOutputParameter"]["producerTask"])
         graph[name] = deps
     sorter = graphlib.TopologicalSorter(graph)
     sorter.prepare()
@@ -220,7 +267,9 @@ class LocalKfpRun:
         self.spec = loaded["pipeline_spec"]
         parse_pipeline_spec(self.spec)  # refuse a spec KFP would refuse
         if mode == "oss":
-            refusal = oss_backend_refusal(self.spec)
+            refusal = (oss_parameters_refusal(self.spec, dict(loaded["runtime_config"].get("parameterValues", {}),
+                                                              **(parameter_values or {})))
+                       or oss_backend_refusal(self.spec))
             if refusal:
                 raise HarnessError(f"open-source KFP refuses {compiled_path}: {refusal} ({OSS_SOURCE})")
         self.platform_spec = loaded["platform_spec"]

@@ -128,7 +128,9 @@ def create_pipeline(
     # and measures drift against it (continuous), the exporter's validation gate compares with it.
     # A container step rather than TFX's Resolver (an ML Metadata query that open-source KFP
     # cannot run): the same decision on LocalDagRunner, open-source KFP and Vertex.
-    last_blessed = LastBlessedModel(serving_dir=serving_dir).with_id(LAST_BLESSED)
+    last_blessed = LastBlessedModel(serving_dir=serving_dir, run_id=KFP_RUN_ID if kubeflow else None).with_id(LAST_BLESSED)
+    # First: a registry that cannot say what is served stops the run before any data is read.
+    example_gen.add_upstream_node(last_blessed)
     trainer_cls, custom_config = Trainer, {CONFIG_KEY: cfg.to_json()}
     if image and cfg.kubeflow.vertex_training is not None:
         from tfx.extensions.google_cloud_ai_platform.trainer.component import Trainer as VertexTrainer

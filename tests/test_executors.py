@@ -296,3 +296,31 @@ def test_pusher_do_withholds_a_model_that_is_not_blessed(chain, tmp_path):
     pushed = push(a["serving"], blessing, tmp_path / "pushed", root / "serving", "p")
     assert pushed.get_int_custom_property("pushed") == 0
     assert sorted(os.listdir(root / "serving")) == before
+
+
+def test_pusher_do_refuses_when_the_served_model_changed_since_the_gate(chain, tmp_path):
+    """The chain's model was gated when nothing was served; its own push made a model served since.
+    Pushing it again would replace a model its gate never compared with: refused, nothing pushed."""
+    _, a, root = chain
+    before = sorted(os.listdir(root / "serving")), R.entry_versions(str(root / "serving"))
+    with pytest.raises(R.RegistryError, match="the served model changed while this run ran: its gate compared with "
+                                              "nothing .* is served now; nothing pushed: rerun"):
+        push(a["serving"], a["blessing"], tmp_path / "pushed", root / "serving", "p")
+    assert (sorted(os.listdir(root / "serving")), R.entry_versions(str(root / "serving"))) == before
+
+
+def test_a_served_version_whose_trainer_model_is_incomplete_trains_from_scratch(chain, tmp_path):
+    """Its Trainer model directory is there but holds no checkpoint (cleaned up in part): the gate
+    still has the served model to compare with; the Trainer starts fresh and says why."""
+    from components.embedding_trainer.trainer_module import continuous_start, read_manifest_for, read_statistics_for
+
+    cfg, a, root = chain
+    found = R.lookup(str(root / "serving"))
+    found.warm_start_model = str(tmp_path / "trainer_model")
+    os.makedirs(found.warm_start_model)
+    R.write_lookup(str(tmp_path / "pointer"), found)
+    train = [os.path.join(a["transformed"].uri, "Split-train", "*")]
+    start = continuous_start(cfg, str(tmp_path / "pointer" / "Format-Serving"), read_manifest_for(train),
+                             read_statistics_for(train))
+    assert start["base_model"] is None and "previous" not in start
+    assert found.warm_start_model in start["note"] and "trained from scratch" in start["note"]

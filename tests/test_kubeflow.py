@@ -105,7 +105,8 @@ def test_compiled_spec_parses_strictly_and_carries_the_config(compiled):
     spec = spec_yaml["pipeline_spec"]
     tasks = spec["root"]["dag"]["tasks"]
     assert task_order(spec) == [
-        "EmbeddingExampleGen", "LastBlessedModel", "EmbeddingPreprocess", "Trainer", "EmbeddingExporter", "Pusher"]
+        "LastBlessedModel", "EmbeddingExampleGen", "EmbeddingPreprocess", "Trainer", "EmbeddingExporter", "Pusher"]
+    assert tasks["EmbeddingExampleGen"]["dependentTasks"] == [LAST_BLESSED]  # a broken registry stops the run first
     # The last blessed model: a container step that reads the registry at the push destination,
     # feeding the Trainer's warm start and the exporter's gate (no resolver, no ML Metadata query).
     serving_dir = "gs://YOUR_BUCKET/tpu-embedding/serving"
@@ -114,6 +115,8 @@ def test_compiled_spec_parses_strictly_and_carries_the_config(compiled):
         src = tasks[task]["inputs"]["artifacts"][key]["taskOutputArtifact"]
         assert src == {"producerTask": LAST_BLESSED, "outputArtifactKey": "model"}, task
     # The Pusher records the run with the placeholders KFP's driver and Vertex substitute.
+    # no two runs share its cache key, even with caching turned on at submission
+    assert tasks[LAST_BLESSED]["inputs"]["parameters"]["run_id"]["runtimeValue"]["constant"] == KFP_RUN_ID
     params = tasks["Pusher"]["inputs"]["parameters"]
     assert params["run_id"]["runtimeValue"]["constant"] == KFP_RUN_ID == "{{$.pipeline_job_uuid}}"
     assert params["run_name"]["runtimeValue"]["constant"] == KFP_RUN_NAME == "{{$.pipeline_job_name}}"
@@ -216,10 +219,25 @@ def test_harness_refuses_what_open_source_kfp_refuses(compiled, tmp_path):
     unnamed = copy.deepcopy(spec)
     unnamed["pipelineInfo"]["name"] = ""
     cases.append((unnamed, "pipelineInfo.name is empty"))
+    orphan = copy.deepcopy(spec)
+    orphan["root"]["dag"]["tasks"]["Pusher"]["inputs"]["artifacts"]["model"]["taskOutputArtifact"]["producerTask"] = "Gone"
+    cases.append((orphan, 'compiling DAG "root": failed to add implicit deps: unknown producer task "Gone" in DAG'))
+    looped = copy.deepcopy(imported)  # a conditional importer inside a ParallelFor: refused in its iteration item
+    looped["root"]["dag"]["tasks"][LAST_BLESSED]["parameterIterator"] = {"itemInput": "x", "items": {"raw": "[1]"}}
+    cases.append((looped, f'compiling DAG "root": compiling task "{LAST_BLESSED}": iterator task: iterationItem task: '
+                          'compiling task "iteration-item": triggerPolicy.condition on importer task is not supported'))
     for bad, message in cases:
         assert oss_backend_refusal(bad) == f"Failed to compile job: {message}"
     # an importer without a condition is taken, as the backend takes it
     assert oss_backend_refusal(_with_executor(spec, label, imported["deploymentSpec"]["executors"][label])) is None
+    # an executor that is a container and a resolver at once: the deployment config does not parse
+    both_kinds = dict(spec["deploymentSpec"]["executors"][label], **RESOLVER_EXECUTOR)
+    assert "Failed to compile job: " in oss_backend_refusal(_with_executor(spec, label, both_kinds))
+    # the API server's check of the run's parameter values
+    from pipelines.kfp_local import oss_parameters_refusal
+
+    assert oss_parameters_refusal(spec, {"epochs": 3}) == "parameter(s) provided are not required by pipeline: epochs"
+    assert oss_parameters_refusal(spec, {}) is None
 
     # The harness: the resolver spec refused in oss mode before anything runs; taken in vertex mode.
     path = tmp_path / "resolver.json"
@@ -537,7 +555,7 @@ def test_kfp_runs_pass_inputs_as_each_backend_does(kfp_runs):
     for mode in ("vertex", "oss"):
         records = runs[mode][0]["records"]
         by_task = {r["task"]: r for r in records}
-        assert list(by_task) == ["EmbeddingExampleGen", "LastBlessedModel", "EmbeddingPreprocess", "Trainer",
+        assert list(by_task) == ["LastBlessedModel", "EmbeddingExampleGen", "EmbeddingPreprocess", "Trainer",
                                  "EmbeddingExporter", "Pusher"]
         assert not any("resolver" in r for r in records)
         # LastBlessedModel's pointer reaches the Trainer (base_model) and the exporter

@@ -156,6 +156,12 @@ REFUSAL_CASES = [
     ("entry naming another version", _edit_entry(lambda t: json.dumps(dict(json.loads(t), version="7"))),
      "says version '7'"),
     ("entry that is no object", _edit_entry(lambda t: "[1, 2]"), "not a registry entry"),
+    ("entry whose run is no object", _edit_entry(lambda t: json.dumps(dict(json.loads(t), run="r1"))),
+     "run is 'r1', not an object"),
+    ("entry whose AUC is no number", _edit_entry(lambda t: json.dumps(dict(json.loads(t), eval_auc="0.8"))),
+     "eval_auc is '0.8', not a number"),
+    ("entry without a Trainer model path", _edit_entry(lambda t: json.dumps(dict(json.loads(t), trainer_model=None))),
+     "trainer_model is None, not a path"),
 ]
 
 
@@ -187,19 +193,26 @@ def test_push_versions_are_new_even_within_one_second(tmp_path):
 def test_a_push_that_fails_before_its_last_file_is_never_trusted(tmp_path, monkeypatch):
     """The entry goes in before saved_model.pb: a push cut between them leaves a version TF Serving
     cannot load and the lookup skips; the model before it is still the one compared with."""
-    from tfx.utils import io_utils
+    from tfx.dsl.io import fileio
 
     dest = str(tmp_path / "serving")
     _push(tmp_path, dest, "a", T0)
+    copy = fileio.copy
 
-    def cut(src, dst, *args, **kwargs):
-        raise OSError(f"connection lost while copying {os.path.basename(src)}")
+    def cut(src, dst, overwrite=False):
+        if os.path.basename(src) == "saved_model.pb":  # half of it arrives, then the connection drops
+            with open(dst, "w") as fh:
+                fh.write("p")
+            raise OSError(f"connection lost while copying {src}")
+        return copy(src, dst, overwrite)
 
-    monkeypatch.setattr(io_utils, "copy_file", cut)
+    monkeypatch.setattr(fileio, "copy", cut)
     with pytest.raises(OSError, match="saved_model.pb"):
         _push(tmp_path, dest, "b", T0 + 60)
     monkeypatch.undo()
     assert os.path.exists(R.entry_path(dest, str(T0 + 60)))  # the entry was written ...
+    partial = [f for f in os.listdir(os.path.join(dest, str(T0 + 60))) if "saved_model" in f]
+    assert len(partial) == 1 and partial[0].startswith(".saved_model.pb.tmp-")  # ... the cut copy under a temporary name
     found = R.lookup(dest)  # ... but the version is not servable: skipped, with its reason
     assert found.version == str(T0) and "did not finish" in found.skipped[0]["reason"]
     # and the next push gets a version after the unfinished one
@@ -239,3 +252,30 @@ def test_cli_says_what_is_served_and_what_the_next_run_finds(tmp_path, capsys):
     _unregistered_newest(tmp_path, str(tmp_path / "other"))
     assert main([str(tmp_path / "other")]) == 2
     assert "error: the next run stops here: " in capsys.readouterr().err
+
+
+def test_a_version_name_the_registry_cannot_read_is_refused(tmp_path):
+    """TF Serving reads `0042` as version 42; the registry would look for `42`: refused, named."""
+    dest = str(tmp_path / "serving")
+    _one(tmp_path, dest)
+    _model(os.path.join(dest, "0042"))
+    with pytest.raises(R.RegistryError, match=r"0042: TF Serving reads such names as versions.*without leading zeros"):
+        R.lookup(dest)
+    os.rename(os.path.join(dest, "0042"), os.path.join(dest, "x٤٢"))  # not ASCII digits: not a version at all
+    assert R.lookup(dest).version == str(T0)
+
+
+def test_a_version_another_push_created_meanwhile_is_not_copied_into(tmp_path, monkeypatch):
+    dest = str(tmp_path / "serving")
+    _push(tmp_path, dest, "a", T0)
+    real = R.next_version
+
+    def racing(serving_dir, now=None):
+        v = real(serving_dir, now)  # another push creates this version between the choice and the copy
+        os.makedirs(os.path.join(serving_dir, str(v)))
+        return v
+
+    monkeypatch.setattr(R, "next_version", racing)
+    with pytest.raises(R.RegistryError, match=f"{T0 + 1} appeared while this push chose it: another push is under way"):
+        _push(tmp_path, dest, "b", T0)
+    assert os.listdir(os.path.join(dest, str(T0 + 1))) == [] and R.entry_versions(dest) == [T0]

@@ -428,9 +428,9 @@ def validate(ctx: ExportContext, last_blessed: Optional[Lookup]) -> Dict[str, An
     if served is not None and ctx.cfg.validation.regression_margin is not None:
         try:
             previous = G.score_previous(served, ctx.sample.raw, ctx.sample.labels)
-        except (OSError, ValueError, tf.errors.OpError) as err:
+        except (OSError, ValueError, KeyError, tf.errors.OpError) as err:  # KeyError: no serving_default
             raise ExportRefused(
-                f"the last blessed serving model {served} cannot be loaded and scored ({err}); the new "
+                f"the last blessed serving model {served} cannot be loaded and scored ({err!r}); the new "
                 "model cannot be compared with it: restore that model, or set validation.regression_margin: null "
                 "for this run") from None
         ctx.clock.lap("score the last blessed model")

@@ -406,7 +406,16 @@ def continuous_start(cfg: PipelineConfig, base_model: Optional[str], manifest: V
             logging.warning("%s", found.warm_start_note)
             return {"base_model": None, "drift": None, "registry": registry, "note": found.warm_start_note}
         base_model = found.warm_start_model
-    prev = W.previous_model(base_model)
+    try:
+        prev = W.previous_model(base_model)
+    except W.WarmStartError as e:
+        if found is None:
+            raise
+        # The served version's Trainer model is there but incomplete (cleaned up in part, or not
+        # this pipeline's): the gate still compares with the served model; this run starts fresh.
+        note = f"{e}; the served version's Trainer model cannot start this run: trained from scratch"
+        logging.warning("%s", note)
+        return {"base_model": None, "drift": None, "registry": registry, "note": note}
     figures = W.drift(prev, manifest, statistics)
     logging.info("drift from %s: %s", prev.uri, json.dumps(figures, sort_keys=True))
     W.check_drift(figures, cfg, prev.uri)

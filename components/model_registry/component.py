@@ -1,7 +1,7 @@
 """The registry's two TFX components, each a thin wiring of its executor.
 
-- `LastBlessedModel`: reads the registry at the push destination (no inputs, so it runs first and
-  a broken registry stops the run before any data is read) and outputs a `Model` artifact that
+- `LastBlessedModel`: reads the registry at the push destination (the pipeline runs it before
+  ExampleGen, so a broken registry stops the run before any data is read) and outputs a `Model` artifact that
   points at the served model: the Trainer takes it as `base_model` (warm start, drift), the exporter
   as `last_blessed_model` (the gate's reference). It replaces TFX's Resolver with
   LatestBlessedModelStrategy, an ML Metadata query that open-source KFP's backend cannot run.
@@ -22,7 +22,12 @@ from components.model_registry import executor
 
 
 class LastBlessedModelSpec(ComponentSpec):
-    PARAMETERS = {executor.SERVING_DIR_KEY: ExecutionParameter(type=str)}
+    PARAMETERS = {
+        executor.SERVING_DIR_KEY: ExecutionParameter(type=str),
+        # Kubeflow: `{{$.pipeline_job_uuid}}`, so that no two runs share a cache key (a cached
+        # lookup would hand a run an older served model) even when caching is on at submission.
+        executor.RUN_ID_KEY: ExecutionParameter(type=str, optional=True),
+    }
     INPUTS = {}
     OUTPUTS = {executor.MODEL_KEY: ChannelParameter(type=standard_artifacts.Model)}
 
@@ -33,9 +38,9 @@ class LastBlessedModel(base_component.BaseComponent):
     SPEC_CLASS = LastBlessedModelSpec
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.LookupExecutor)
 
-    def __init__(self, serving_dir: str):
+    def __init__(self, serving_dir: str, run_id: Optional[str] = None):
         super().__init__(spec=LastBlessedModelSpec(
-            serving_dir=serving_dir, model=channel_utils.as_channel([standard_artifacts.Model()])))
+            serving_dir=serving_dir, run_id=run_id, model=channel_utils.as_channel([standard_artifacts.Model()])))
 
 
 class RegistryPusherSpec(ComponentSpec):

@@ -59,12 +59,33 @@ def _read_json(path: str) -> Optional[Any]:
         return json.loads(fh.read())
 
 
-def entry_fields(serving_model_uri: str, trainer_model_uri: str, pipeline: str, run: Dict[str, Any]) -> Dict[str, Any]:
-    """A registry entry's fields (registry.push adds version, place and time) from the exporter's
-    report and the Trainer model: the AUCs the gate used, the run, the plan and the manifest."""
+def export_report(serving_model_uri: str) -> Dict[str, Any]:
     report = _read_json(os.path.join(serving_model_uri, A.EXPORT_REPORT_FILE))
     if report is None:
         raise R.RegistryError(f"{serving_model_uri}: no {A.EXPORT_REPORT_FILE}; only a complete export is registered")
+    return report
+
+
+def check_still_served(report: Dict[str, Any], serving_dir: str) -> None:
+    """Refuses the push when the destination's served version is not the one this model's gate
+    compared with (another run pushed meanwhile): pushing would replace a model nobody compared it
+    with. Only when the gate compared with the last blessed model (validation.regression_margin)."""
+    validation = report.get("validation") or {}
+    last = validation.get("last_blessed")
+    if last is None or not any(c["name"] == "last_blessed" for c in validation.get("checks", [])):
+        return
+    now = R.lookup(serving_dir)
+    if now.version != last.get("version"):
+        raise R.RegistryError(
+            f"{serving_dir}: the served model changed while this run ran: its gate compared with "
+            f"{last.get('served_model') or 'nothing (no model served then)'}, {now.served_model or 'nothing'} is "
+            "served now; nothing pushed: rerun, so that this model is compared with the one served now")
+
+
+def entry_fields(report: Dict[str, Any], serving_model_uri: str, trainer_model_uri: str, pipeline: str,
+                 run: Dict[str, Any]) -> Dict[str, Any]:
+    """A registry entry's fields (registry.push adds version, place and time) from the exporter's
+    report and the Trainer model: the AUCs the gate used, the run, the plan and the manifest."""
     validation = report.get("validation") or {}
     baseline = validation.get("baseline") or {}
     return {
@@ -102,7 +123,8 @@ class RegistryPusherExecutor(tfx_pusher.Executor):
     """TFX's Pusher (blessing check, model path, `pushed_model` output and its properties) with the
     filesystem push replaced by registry.push: the version is never one that exists (TFX's copy
     is skipped, yet reported pushed, when two pushes fall in one second), the model becomes
-    loadable last, and its registry entry is written before that."""
+    loadable last, and its registry entry is written before that. A model whose gate compared with
+    a version that is no longer the one served is not pushed (check_still_served)."""
 
     def Do(self, input_dict: Dict[str, List[types.Artifact]], output_dict: Dict[str, List[types.Artifact]],
            exec_properties: Dict[str, Any]) -> None:
@@ -118,9 +140,12 @@ class RegistryPusherExecutor(tfx_pusher.Executor):
         model = artifact_utils.get_single_instance(input_dict[specs.MODEL_KEY])
         blessing = artifact_utils.get_single_instance(input_dict[specs.MODEL_BLESSING_KEY])
         trainer_model = blessing.get_string_custom_property(CURRENT_MODEL_PROPERTY)
-        fields = entry_fields(model.uri, trainer_model, exec_properties.get(PIPELINE_NAME_KEY) or "",
+        serving_dir = destination.filesystem.base_directory
+        report = export_report(model.uri)
+        check_still_served(report, serving_dir)
+        fields = entry_fields(report, model.uri, trainer_model, exec_properties.get(PIPELINE_NAME_KEY) or "",
                               _run(exec_properties, getattr(self, "_context", None)))
-        entry = R.push(self.GetModelPath(input_dict), destination.filesystem.base_directory, fields)
+        entry = R.push(self.GetModelPath(input_dict), serving_dir, fields)
         logging.info("model pushed to %s and registered as %s", entry["serving_model"],
                      R.entry_path(destination.filesystem.base_directory, entry["version"]))
         # TFX's Pusher keeps a copy in its output artifact too (its archive of what was pushed).

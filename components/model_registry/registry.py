@@ -13,16 +13,19 @@ Layout of the push destination (the Pusher's filesystem `base_directory`):
     <serving_dir>/_registry/<version>.json   its registry entry (TF Serving ignores the folder:
                                              its name is no integer)
 
-Push order (`push`): every file of the model except `saved_model.pb`, then the entry (written
-whole under a temporary name, then renamed), then `saved_model.pb`, the file TF Serving and TFX's
-own Pusher treat as "this version is complete". So a version TF Serving can load has its entry,
-unless something other than this pipeline's Pusher wrote it.
+Push order (`push`): a new version directory (after every version and entry there), then every
+file of the model except `saved_model.pb` (never overwriting a file), then the entry is
+written (whole: a temporary name, then a rename), then `saved_model.pb` (also under a temporary
+name, then renamed), the file TF Serving and TFX's own Pusher treat as "this version is complete".
+So a version TF Serving can load has its entry, unless something other than this pipeline's Pusher
+wrote it, and a push cut short leaves a version nothing loads.
 
 Lookup (`lookup`): the served model is the newest version directory that holds `saved_model.pb`.
 - no such version, no entry: nothing pushed yet (a first run); found nothing.
 - the newest servable version has a valid entry: found.
-- it has no entry, or an entry that cannot be read (half-written, not this format): RegistryError,
-  one line naming the path and the way out. The gate cannot compare with a model it knows nothing
+- it has no entry, or an entry that cannot be read (half-written, not this format, a field of the
+  wrong type), or a child's name TF Serving reads as a version and this registry cannot (`0042`):
+  RegistryError, one line naming the path and the way out. The gate cannot compare with a model it knows nothing
   about, and nothing is pushed on a guess.
 - entries whose version directory is gone (deleted) or has no `saved_model.pb` (a push that did
   not finish): skipped, each with its reason in the result.
@@ -38,7 +41,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 REGISTRY_DIR = "_registry"
 ENTRY_FORMAT = 1
@@ -73,10 +76,25 @@ def _children(path: str) -> List[str]:
     return [c.rstrip("/") for c in fio.listdir(path)]
 
 
+def _version_name(name: str) -> Optional[int]:
+    """The version a directory or entry name stands for: plain ASCII digits in canonical form only
+    (`0042` or a non-ASCII digit is no version of ours: TF Serving would read `0042` as 42, whose
+    directory is another name), None otherwise."""
+    if name.isascii() and name.isdigit() and str(int(name)) == name:
+        return int(name)
+    return None
+
+
 def versions(serving_dir: str) -> List[int]:
     """Version directories at the push destination (names that are integers, as TF Serving reads
     them), oldest first."""
-    return sorted(int(c) for c in _children(serving_dir) if c.isdigit())
+    return sorted(v for v in map(_version_name, _children(serving_dir)) if v is not None)
+
+
+def odd_names(serving_dir: str) -> List[str]:
+    """Children TF Serving may read as versions but this registry cannot (`0042`): refused by lookup."""
+    return sorted(c for c in _children(serving_dir)
+                  if c.isdigit() and _version_name(c) is None)
 
 
 def is_servable(version_dir: str) -> bool:
@@ -89,7 +107,7 @@ def entry_versions(serving_dir: str) -> List[int]:
     out = []
     for c in _children(registry_dir(serving_dir)):
         stem, ext = os.path.splitext(c)
-        if ext == ".json" and stem.isdigit():
+        if ext == ".json" and _version_name(stem) is not None:
             out.append(int(stem))
     return sorted(out)
 
@@ -116,6 +134,11 @@ def read_entry(serving_dir: str, version: int) -> Dict[str, Any]:
         raise RegistryError(f"{path}: registry entry format {entry['format']!r}; this version reads format {ENTRY_FORMAT}")
     if str(entry["version"]) != str(version):
         raise RegistryError(f"{path}: says version {entry['version']!r}, but its file name says {version}")
+    for key, kinds, what in (("run", (dict,), "an object"), ("trainer_model", (str,), "a path"),
+                             ("serving_model", (str,), "a path"), ("pipeline", (str,), "a name"),
+                             ("eval_auc", (int, float), "a number")):
+        if not isinstance(entry[key], kinds) or isinstance(entry[key], bool):
+            raise RegistryError(f"{path}: {key} is {entry[key]!r}, not {what}")
     return entry
 
 
@@ -150,6 +173,11 @@ def lookup(serving_dir: str) -> Lookup:
     fio = _fileio()
     serving_dir = serving_dir.rstrip("/")
     reg = registry_dir(serving_dir)
+    odd = odd_names(serving_dir)
+    if odd:
+        raise RegistryError(
+            f"{serving_dir}: {', '.join(odd)}: TF Serving reads such names as versions, this registry does not; "
+            f"rename each to its number without leading zeros (with its registry entry) or move it out of {serving_dir}")
     on_disk = versions(serving_dir)
     servable = [v for v in on_disk if is_servable(os.path.join(serving_dir, str(v)))]
     skipped: List[Dict[str, str]] = []
@@ -240,31 +268,57 @@ def _write_whole(path: str, text: str) -> None:
     fio.rename(tmp, path, overwrite=False)
 
 
+def _copy_tree(src: str, dst: str, skip_top: Tuple[str, ...]) -> None:
+    """Every file under `src` into `dst` (which exists), but the top-level files named in `skip_top`.
+    By hand: TFX's io_utils.copy_dir first deletes an existing destination, which would undo the
+    version claim `push` made with mkdir."""
+    fio = _fileio()
+    for root, _, files in fio.walk(src):
+        rel = os.path.relpath(root, src)
+        target = dst if rel == "." else os.path.join(dst, rel)
+        fio.makedirs(target)
+        for name in files:
+            if rel == "." and name in skip_top:
+                continue
+            fio.copy(os.path.join(root, name), os.path.join(target, name), overwrite=False)
+
+
+def _claim(serving_dir: str, now: Optional[float]) -> Tuple[int, str]:
+    """A new, empty version directory. TensorFlow's file systems offer no atomic create-if-absent
+    (gfile.mkdir succeeds on an existing directory, GCS has no directories), so this checks and then
+    creates: two pushes to one destination in the same instant are not serialised (one run at a
+    time per destination, e.g. KFP's max_concurrency 1 for a recurring run); copies never overwrite."""
+    fio = _fileio()
+    version = next_version(serving_dir, now)
+    vdir = os.path.join(serving_dir, str(version))
+    if fio.exists(vdir):
+        raise RegistryError(f"{vdir} appeared while this push chose it: another push is under way at {serving_dir}; "
+                            "rerun this one after it")
+    fio.makedirs(vdir)
+    return version, vdir
+
+
 def push(model_dir: str, serving_dir: str, entry: Dict[str, Any], now: Optional[float] = None) -> Dict[str, Any]:
     """Copies the SavedModel at `model_dir` to a new version at `serving_dir` and registers it
     (module docstring: the order). `entry`: the entry's fields but `format`, `version`,
     `serving_model`, `pushed_at`. Returns the entry written."""
-    from tfx.utils import io_utils
-
     fio = _fileio()
     serving_dir = serving_dir.rstrip("/")
-    if not any(fio.exists(os.path.join(model_dir, f)) for f in SAVED_MODEL_FILES):
+    present = [f for f in SAVED_MODEL_FILES if fio.exists(os.path.join(model_dir, f))]
+    if not present:
         raise RegistryError(f"{model_dir}: no saved_model.pb; nothing to push")
-    version = next_version(serving_dir, now)
-    vdir = os.path.join(serving_dir, str(version))
-    if fio.exists(vdir):  # another push got there between next_version and here
-        raise RegistryError(f"{vdir} already exists: another push is under way at {serving_dir}; rerun the push")
-    full = dict(entry, format=ENTRY_FORMAT, version=str(version), serving_model=vdir,
-                pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now if now is not None else time.time())))
-    missing = [k for k in REQUIRED_KEYS if k not in full]
+    missing = [k for k in REQUIRED_KEYS if k not in entry and k not in ("format", "version", "serving_model", "pushed_at")]
     if missing:
         raise ValueError(f"registry entry without {', '.join(missing)}")
-    io_utils.copy_dir(model_dir, vdir, deny_regex_patterns=[r"saved_model\.pb(txt)?$"])
+    version, vdir = _claim(serving_dir, now)
+    full = dict(entry, format=ENTRY_FORMAT, version=str(version), serving_model=vdir,
+                pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now if now is not None else time.time())))
+    _copy_tree(model_dir, vdir, SAVED_MODEL_FILES)
     _write_whole(entry_path(serving_dir, str(version)), json.dumps(full, indent=2, sort_keys=True))
-    for name in SAVED_MODEL_FILES:  # last: the version becomes loadable only now
-        src = os.path.join(model_dir, name)
-        if fio.exists(src):
-            io_utils.copy_file(src, os.path.join(vdir, name))
+    for name in present:  # last, each whole: the version becomes loadable only now
+        tmp = os.path.join(vdir, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
+        fio.copy(os.path.join(model_dir, name), tmp, overwrite=False)
+        fio.rename(tmp, os.path.join(vdir, name), overwrite=False)
     return full
 
 
