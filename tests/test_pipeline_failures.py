@@ -10,6 +10,17 @@ import yaml
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _failed_run(cfg, out):
+    """`python -m pipelines run` that must fail: its result and its one `error:` line."""
+    env = dict(os.environ, PYTHONPATH=REPO, TF_USE_LEGACY_KERAS="1", PYTHONWARNINGS="ignore")
+    r = subprocess.run([sys.executable, "-m", "pipelines", "run", "--config", str(cfg), "--output-dir", str(out)],
+                       capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    assert r.returncode == 1, r.stderr[-3000:]
+    errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1, r.stderr[-3000:]
+    return r, errors
+
+
 def test_unhealthy_feature_stops_the_run_with_one_line(tmp_path):
     from components.synthetic_data import GeneratorSpec, ensure_dataset
 
@@ -30,12 +41,7 @@ def test_unhealthy_feature_stops_the_run_with_one_line(tmp_path):
     raw["beam"]["direct_running_mode"] = "in_memory"
     cfg = tmp_path / "bad.yaml"
     cfg.write_text(yaml.safe_dump(raw))
-    env = dict(os.environ, PYTHONPATH=REPO, TF_USE_LEGACY_KERAS="1", PYTHONWARNINGS="ignore")
-    r = subprocess.run([sys.executable, "-m", "pipelines", "run", "--config", str(cfg), "--output-dir", str(tmp_path / "out")],
-                       capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
-    assert r.returncode == 1, r.stderr[-3000:]
-    errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
-    assert len(errors) == 1, r.stderr[-3000:]
+    r, errors = _failed_run(cfg, tmp_path / "out")
     assert errors[0].startswith("error: EmbeddingPreprocess failed: feature health: I7 (dense)")
     assert "input.allow_invalid" in errors[0]
     assert f"full log: {tmp_path / 'out' / 'pipeline.log'}" in r.stderr
@@ -71,12 +77,7 @@ def test_a_half_written_registry_entry_stops_the_run_before_anything_is_pushed(t
     os.makedirs(os.path.dirname(entry))
     with open(entry, "w") as fh:
         fh.write('{"format": 1, "version": "1764000000", "serving_mo')  # the write was cut off
-    env = dict(os.environ, PYTHONPATH=REPO, TF_USE_LEGACY_KERAS="1", PYTHONWARNINGS="ignore")
-    r = subprocess.run([sys.executable, "-m", "pipelines", "run", "--config", str(cfg), "--output-dir", str(tmp_path / "out")],
-                       capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
-    assert r.returncode == 1, r.stderr[-3000:]
-    errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
-    assert len(errors) == 1, r.stderr[-3000:]
+    r, errors = _failed_run(cfg, tmp_path / "out")
     assert errors[0].startswith("error: LastBlessedModel failed: RegistryError: ")
     assert f"{entry}: not valid JSON" in errors[0] and f"delete {served}" in errors[0]
     assert "Traceback" not in r.stderr

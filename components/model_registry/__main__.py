@@ -8,9 +8,11 @@ served (the message names the path and the way out).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from components.model_registry import registry as R
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # the file systems come from TensorFlow: no start-up log
+from components.model_registry import registry as R  # noqa: E402
 
 
 def main(argv=None) -> int:
