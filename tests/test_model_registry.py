@@ -261,7 +261,7 @@ def test_a_version_name_the_registry_cannot_read_is_refused(tmp_path):
     _model(os.path.join(dest, "0042"))
     with pytest.raises(R.RegistryError, match=r"0042: TF Serving reads such names as versions.*without leading zeros"):
         R.lookup(dest)
-    os.rename(os.path.join(dest, "0042"), os.path.join(dest, "x٤٢"))  # not ASCII digits: not a version at all
+    os.rename(os.path.join(dest, "0042"), os.path.join(dest, "٤٢"))  # not ASCII digits: no version for TF Serving either
     assert R.lookup(dest).version == str(T0)
 
 

@@ -94,7 +94,7 @@ def versions(serving_dir: str) -> List[int]:
 def odd_names(serving_dir: str) -> List[str]:
     """Children TF Serving may read as versions but this registry cannot (`0042`): refused by lookup."""
     return sorted(c for c in _children(serving_dir)
-                  if c.isdigit() and _version_name(c) is None)
+                  if c.isascii() and c.isdigit() and _version_name(c) is None)
 
 
 def is_servable(version_dir: str) -> bool:
