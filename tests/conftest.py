@@ -8,6 +8,22 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pytest  # noqa: E402
 
+LOGICAL_CPUS = 4
+
+
+def _logical_cpus(n: int) -> None:
+    """Several replicas on CPU: `n` logical CPU devices, configured before TensorFlow initializes
+    its runtime (tests/tpu_harness.py's TPU strategy and MirroredStrategy run one replica on
+    each). Tests that use no strategy run on the first, as before."""
+    import components  # noqa: F401  (legacy Keras before TensorFlow loads)
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(cpu[0], [tf.config.LogicalDeviceConfiguration()] * n)
+
+
+_logical_cpus(LOGICAL_CPUS)
+
 
 @pytest.fixture(scope="session")
 def pipeline_run(tmp_path_factory):

@@ -12,10 +12,10 @@ import tensorflow as tf
 from components.config import ConfigError, parse_config
 from components.config.schema import ContinuousConfig, DriftLimits
 from components.contracts.manifest import VocabularyEntry, VocabularyManifest
-from components.embedding_trainer import model as M
+from components.embedding_model import model as M
 from components.embedding_trainer import plan as P
 from components.embedding_trainer import warm_start as W
-from components.embedding_trainer.input import make_dataset
+from components.embedding_model.input import make_dataset
 from components.embedding_trainer.trainer_module import build_model
 
 

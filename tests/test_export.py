@@ -20,7 +20,7 @@ import components  # noqa: F401
 import tensorflow as tf
 from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
 
-from components.embedding_exporter import layouts as L
+from components.embedding_model import layouts as L
 from components.embedding_exporter import tables as T
 from components.embedding_exporter.export import REPORT_FILE, SERVING_DIR, ExportRefused, export_serving_model
 

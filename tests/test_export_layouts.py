@@ -21,7 +21,7 @@ from tensorflow.python.tpu import tpu_embedding_v3_utils
 
 from components.config import ExportLayoutConfig
 from components.contracts.plan import EmbeddingPlan
-from components.embedding_exporter import layouts as L
+from components.embedding_model import layouts as L
 
 
 def _plan(tables, topology=(2, 4), batch=64):
@@ -274,8 +274,8 @@ def test_model_publishes_where_its_tables_are_in_a_checkpoint(tmp_path, model_ty
     ones a trained RankingModel writes, for both placements, a shared table and a table name that
     needs escaping; the exporter reads the checkpoint back as the model holds it."""
     from components.config import parse_config
-    from components.embedding_exporter.restore import build_serving_model, load_tables, restore_dense
-    from components.embedding_trainer import model as M
+    from components.embedding_model.restore import build_serving_model, load_tables, restore_dense
+    from components.embedding_model import model as M
     from components.embedding_trainer import plan as P
     from components.embedding_trainer import trainer_module as tm
 

@@ -23,7 +23,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf.tpu import optimization_parameters_pb2
 
 from components.config import OptimizerConfig, ScheduleConfig
-from components.embedding_trainer import optimizers as O
+from components.embedding_model import optimizers as O
 from components.embedding_trainer import plan as P
 
 ROWS, DIM, STEPS = 12, 4, 6

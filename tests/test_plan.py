@@ -142,7 +142,7 @@ def test_clipping_and_schedules_map_to_both_apis():
         schedule=ScheduleConfig(name="exponential", warmup_steps=10, decay_steps=100, decay_rate=0.5),
     )
     # Which update each platform applies, clipping included: tests/test_optimizer_rules.py.
-    from components.embedding_trainer import optimizers as O
+    from components.embedding_model import optimizers as O
 
     spec = P.optimizer_spec(opt)
     keras = O.keras_optimizer(spec, P.learning_rate(spec))
@@ -181,7 +181,7 @@ def test_plan_round_trips_through_its_json_and_refuses_other_versions():
 def test_initializers_and_safe_lookups_reach_the_tpu_configs_and_the_keras_tables():
     """Issue 18, item 5: the table initializer in the plan (defaults filled in, through its JSON),
     on TableConfig and on the TensorCore tables; use_safe_embedding_lookup on FeatureConfig."""
-    from components.embedding_trainer.model import TensorCoreTable
+    from components.embedding_model.model import TensorCoreTable
 
     cfg = parse_config({
         "input": {"path": "unused.csv"}, "label": "label",

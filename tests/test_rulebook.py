@@ -372,7 +372,8 @@ def served(tmp_path_factory):
     import tensorflow as tf
 
     from components.config import parse_config
-    from components.embedding_exporter.serving import RawFeatureTransform, ServingModule, save_serving_model
+    from components.embedding_exporter.serving import RawFeatureTransform, ServingModule
+    from components.embedding_model.saving import save_serving_model
     from components.embedding_preprocess.run import build_manifest
 
     root = tmp_path_factory.mktemp("rulebook")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.embedding_trainer.model import ServingTable
+from components.embedding_model.model import ServingTable
 
 ROWS, DIM = 50, 4
 
@@ -67,7 +67,7 @@ def test_tensor_core_table_without_safe_lookup_pools_valid_ids_alike(combiner, r
     (all preprocessing emits) the result is the same, bit for bit, empty and trailing rows
     included (plain embedding_lookup_sparse drops trailing rows without IDs)."""
     from components.contracts.plan import Initializer
-    from components.embedding_trainer.model import TensorCoreTable
+    from components.embedding_model.model import TensorCoreTable
 
     layer = TensorCoreTable(SimpleNamespace(rows=ROWS, dim=DIM, combiner=combiner,
                                             initializer=Initializer("random_normal", 0.0, 1.0)), "t")
@@ -86,8 +86,8 @@ def test_weighted_pooling_matches_tensorflow_on_every_path(combiner):
     import tensorflow as tf
 
     from components.contracts.plan import EmbeddingPlan
-    from components.embedding_trainer.input import to_dense_ids
-    from components.embedding_trainer.model import ServingTable, TensorCoreTable, pool_sparse
+    from components.embedding_model.input import to_dense_ids
+    from components.embedding_model.model import ServingTable, TensorCoreTable, pool_sparse
 
     rng = np.random.default_rng(0)
     table = tf.constant(rng.normal(size=(7, 3)).astype(np.float32))
@@ -121,8 +121,8 @@ def test_sequence_lookups_and_pooling():
     from tensorflow.python.tpu import tpu_embedding_for_serving as serving_lib
 
     from components.contracts.plan import EmbeddingPlan
-    from components.embedding_trainer.input import to_dense_ids
-    from components.embedding_trainer.model import SequencePooling, ServingTable, TensorCoreTable, sequence_mask
+    from components.embedding_model.input import to_dense_ids
+    from components.embedding_model.model import SequencePooling, ServingTable, TensorCoreTable, sequence_mask
 
     rng = np.random.default_rng(1)
     table = tf.constant(rng.normal(size=(9, 4)).astype(np.float32))
@@ -164,8 +164,8 @@ def test_sequence_lengths_from_the_host_mask_like_the_ids():
     import tensorflow as tf
 
     from components.contracts.manifest import VocabularyManifest, CategoricalFeatureEntry
-    from components.embedding_trainer.input import length_key, parse_batch
-    from components.embedding_trainer.model import sequence_mask
+    from components.embedding_model.input import length_key, parse_batch
+    from components.embedding_model.model import sequence_mask
 
     rows = [[1, 2, 3, 4], [5], [], [7, 7]]
     examples = [tf.train.Example(features=tf.train.Features(feature={

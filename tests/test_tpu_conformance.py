@@ -251,7 +251,7 @@ def test_calling_the_tpu_layer_outside_run_fails(tpu_branch, data):  # noqa: F81
     strategy = tm.distribution_strategy(cfg)
     with strategy.scope():
         model = tm.build_model(plan, manifest, cfg, for_training=True, on_tpu=True, per_replica_batch=64)
-    from components.embedding_trainer.input import make_dataset
+    from components.embedding_model.input import make_dataset
 
     features, _ = next(iter(make_dataset([str(data / "tx" / "Split-eval" / "*")], manifest, 64, training=False,
                                          dense_id_widths=P.dense_id_widths(plan))))
@@ -367,7 +367,7 @@ def test_artifact_checkpoint_is_found_after_the_artifact_moves(tmp_path):
 def test_sparsecore_refuses_a_table_optimizer_it_would_ignore(tpu_branch, data, tmp_path):  # noqa: F811
     """A table's own optimizer gets the same SparseCore check as training.embedding_optimizer:
     TF 2.16's TPUEmbeddingV2 would drop C12's clipvalue, so the run stops naming the table."""
-    from components.embedding_trainer.optimizers import EmbeddingOptimizerError
+    from components.embedding_model.optimizers import EmbeddingOptimizerError
 
     tpu_branch(Feature.V2)
     cfg = _round_trip_config(data, tpu="local", train_steps=10, checkpoint_every_steps=10)

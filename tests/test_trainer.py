@@ -22,8 +22,8 @@ from components.config import parse_config
 from components.contracts.plan import Initializer
 from components.embedding_trainer import plan as P
 from components.embedding_trainer import trainer_module as tm
-from components.embedding_trainer.input import PAD_ID, make_dataset, to_dense_ids
-from components.embedding_trainer.model import TensorCoreTable
+from components.embedding_model.input import PAD_ID, make_dataset, to_dense_ids
+from components.embedding_model.model import TensorCoreTable
 from components.embedding_trainer.tpu_rules import TPURulesError, check_tpu_rules
 from components.synthetic_data import GeneratorSpec, write_csv
 
@@ -135,7 +135,7 @@ def _predict_in_fresh_process(model_uri, examples_path, cfg):
         import tensorflow as tf
         from components.config import config_from_json
         from components.embedding_trainer import trainer_module as tm
-        from components.embedding_trainer.input import parse_batch
+        from components.embedding_model.input import parse_batch
         model_uri = {model_uri!r}
         examples = tf.constant(np.load({examples_path!r}, allow_pickle=True))
         cfg = config_from_json(open(sys.argv[1]).read())

@@ -26,7 +26,7 @@ from components.model_registry import registry as R
 from components.embedding_trainer import plan as P
 from components.embedding_trainer import trainer_module as T
 from components.embedding_trainer.baseline import LinearBaseline, train_baseline
-from components.embedding_trainer.input import make_dataset
+from components.embedding_model.input import make_dataset
 from components.metrics import roc_auc
 from tfx.types import standard_artifacts
 from tfx.utils import io_utils

@@ -37,16 +37,17 @@ from components.contracts import artifacts as A
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
 from components.embedding_exporter import gate as G
-from components.embedding_exporter import layouts as L
+from components.embedding_model import layouts as L
 from components.embedding_exporter import tables as T
-from components.embedding_exporter.restore import (  # noqa: F401  (re-exported)
+from components.embedding_model.restore import (  # noqa: F401  (re-exported)
     ExportRefused, build_serving_model, cfg_hint, dense_variables, load_tables, open_checkpoint_tables, restore_dense,
 )
-from components.embedding_exporter.serving import RawFeatureTransform, ServingModule, save_serving_model
+from components.embedding_exporter.serving import RawFeatureTransform, ServingModule
+from components.embedding_model.saving import save_serving_model
 from components.embedding_preprocess import transform as preprocess_transform
 from components.embedding_preprocess import vocabulary as V
-from components.embedding_trainer.input import parse_batch
-from components.embedding_trainer.model import RankingModel
+from components.embedding_model.input import parse_batch
+from components.embedding_model.model import RankingModel
 from components.metrics import roc_auc
 from components.model_registry.registry import Lookup
 

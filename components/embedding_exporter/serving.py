@@ -22,7 +22,6 @@ Both return {"probabilities": float32 [batch, 1]}.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 from typing import Any, Dict, List, Optional, Tuple
@@ -32,7 +31,7 @@ import tensorflow as tf
 
 from components import rulebook as R
 from components.contracts.manifest import CategoricalFeatureEntry, VocabularyManifest, weights_key
-from components.embedding_trainer.model import BATCH_KEY, DENSE_KEY, fused_key
+from components.embedding_model.model import BATCH_KEY, DENSE_KEY, fused_key
 
 _DTYPES = {R.KIND_BYTES: tf.string, R.KIND_INT: tf.int64, R.KIND_FLOAT: tf.float32}
 
@@ -641,18 +640,3 @@ class ServingModule(tf.Module):
         if self.serve_typed_features is not None:
             out["serve_typed_features"] = self.serve_typed_features
         return out
-
-
-def save_serving_model(module: ServingModule, path: str) -> None:
-    """tf.saved_model.save without Keras' per-layer call traces (`save_traces=False`, what
-    `model.save(save_traces=False)` does): the serving signatures are the module's own functions,
-    and tracing every Keras layer again took most of the export time (52 s of 110 s on the demo).
-    The scope is tf-keras' own (private) switch; without it the save is only slower."""
-    try:
-        from tf_keras.src.saving.legacy.saved_model.utils import keras_option_scope
-
-        scope = keras_option_scope(save_traces=False, in_tf_saved_model_scope=True)
-    except ImportError:  # another tf-keras layout: same result, slower
-        scope = contextlib.nullcontext()
-    with scope:
-        tf.saved_model.save(module, path, signatures=module.signatures())

@@ -27,8 +27,8 @@ from components.config import PipelineConfig
 from components.contracts.manifest import VocabularyManifest, weights_key
 from components.contracts.plan import EmbeddingPlan, optimizer_spec
 from components.embedding_trainer import plan as P
-from components.embedding_trainer.input import make_dataset
-from components.embedding_trainer.model import dense_input
+from components.embedding_model.input import make_dataset
+from components.embedding_model.model import dense_input
 from components.metrics import log_loss, roc_auc
 
 MODEL_NAME = "logistic_regression"

@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from components.contracts.plan import EmbeddingPlan
-from components.embedding_trainer.input import PAD_ID
+from components.embedding_model.input import PAD_ID
 
 # Ops whose string tensors are metadata of the graph itself, not data flowing through the step.
 _METADATA_OPS = {"NoOp", "Const", "Assert", "PrintV2", "StringFormat", "VarHandleOp", "ReadVariableOp",

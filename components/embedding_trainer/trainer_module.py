@@ -47,10 +47,10 @@ from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import CheckpointLayout, EmbeddingPlan
 from components.contracts.statistics import EmbeddingStatistics
 from components.ledger import check_ledger
-from components.embedding_trainer import optimizers as O
+from components.embedding_model import optimizers as O
 from components.embedding_trainer import plan as P
-from components.embedding_trainer.input import make_dataset, parse_batch
-from components.embedding_trainer.model import RankingModel, TableOptimizer
+from components.embedding_model.input import make_dataset, parse_batch
+from components.embedding_model.model import RankingModel, TableOptimizer
 from components.embedding_trainer.tpu_rules import check_tpu_rules
 from components.metrics import log_loss, roc_auc
 
@@ -358,8 +358,8 @@ def finish(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifes
     layout the platform saved them), evaluated on the whole eval split and saved as the Trainer's
     SavedModel. Nothing here touches the training model or its strategy (a TFRS layer built under
     TPUStrategy refuses calls outside `strategy.run`)."""
-    from components.embedding_exporter.restore import model_from_checkpoint
-    from components.embedding_exporter.serving import save_serving_model
+    from components.embedding_model.restore import model_from_checkpoint
+    from components.embedding_model.saving import save_serving_model
 
     eval_ds = make_dataset(eval_files, manifest, cfg.training.batch_size, training=False)
     # Pinned to the host CPU: on a TPU VM nothing here may be placed on (or compiled for) the TPU.

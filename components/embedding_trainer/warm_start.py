@@ -46,7 +46,7 @@ from components.contracts import artifacts as A
 from components.contracts.manifest import VocabularyEntry, VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
 from components.contracts.statistics import EmbeddingStatistics
-from components.embedding_trainer import model as M
+from components.embedding_model import model as M
 
 TOKEN_KINDS = ("counted", "list", "file")  # vocabularies whose rows are tokens (manifest kind)
 # Kept fresh: optimizer step counters and hyperparameters (this run's config), the save counter.
@@ -193,7 +193,7 @@ def warm_start_checkpoint(prev: PreviousModel, cfg: PipelineConfig, plan: Embedd
     optimizer slots created, on the host) holding the previous model's weights where they carry
     over (module docstring). Returns the carry-over report. One table (and its slots) is in memory
     at a time: each is written as its own checkpoint shard, and the shards are merged."""
-    from components.embedding_exporter.restore import open_checkpoint_tables
+    from components.embedding_model.restore import open_checkpoint_tables
 
     work = tempfile.mkdtemp(prefix="warm_start_")
     # `save`, not `write`: the trainer's checkpoint object has a save counter to bind too.

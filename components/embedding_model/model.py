@@ -31,9 +31,9 @@ import tensorflow_recommenders as tfrs
 from components.config import TABLE_DTYPES, TrainingConfig
 from components.contracts.manifest import VocabularyManifest, weights_key
 from components.contracts.plan import EmbeddingPlan, TablePlan
-from components.embedding_trainer import optimizers as O
-from components.embedding_trainer.input import length_key, to_dense_ids
-from components.embedding_trainer import plan as P
+from components.embedding_model import optimizers as O
+from components.embedding_model.input import length_key, to_dense_ids
+from components.embedding_model import tf_objects as P
 
 _V2 = tf.tpu.experimental.HardwareFeature.EmbeddingFeature.V2
 

@@ -40,7 +40,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
 
-from components.embedding_trainer import plan as P
+from components.embedding_model import tf_objects as P
 
 # TPU embedding slot name -> Keras (legacy) slot name, per optimizer (as tensorflow-recommenders'
 # _SLOT_NAME_MAPPING): the names both platforms save the slots under.

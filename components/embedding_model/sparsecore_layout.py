@@ -9,6 +9,7 @@ forward map (logical tables -> stacked checkpoint values), for tests and benchma
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Dict, List
 
 import components  # noqa: F401
@@ -74,6 +75,32 @@ def recompute_sparse_core_layouts(
             out[name] = layout
             offset += p_rows
     return out
+
+
+def plan_sparse_core_layouts(plan, num_replicas: int, sparse_cores_per_chip: int, per_replica_batch: int):
+    """The SparseCore layout of a plan's TPU-embedding tables, as TPUEmbeddingV2 lays out the model's
+    feature configs (model.EmbeddingLayer, tf_objects.feature_configs): tables in their first
+    appearance over the features sorted by name (nest.flatten of the feature dict), each feature
+    `per_replica_batch` samples (its output_shape), grouped by optimizer spec (tables with equal
+    specs share one TPU optimizer object, trainer_module.table_optimizers). One source for the
+    exporter's reader and the trainer's warm start; tests/test_sparsecore_real.py checks it against
+    TF's own constructor."""
+    tpu_tables = set(plan.tables_placed("tpu_embedding"))
+    order: List[str] = []
+    for fname in sorted(plan.features):
+        tname = plan.features[fname].table
+        if tname in tpu_tables and tname not in order:
+            order.append(tname)
+    samples = {n: 0 for n in order}
+    for f in plan.features.values():
+        if f.table in samples:
+            samples[f.table] += per_replica_batch
+    tables = [
+        {"name": n, "rows": int(plan.tables[n].rows), "dim": int(plan.tables[n].dim),
+         "group": json.dumps(dict(plan.tables[n].optimizer), sort_keys=True), "samples": samples[n]}
+        for n in order
+    ]
+    return recompute_sparse_core_layouts(tables, num_replicas, sparse_cores_per_chip)
 
 
 def stack_table_to_shards(table: np.ndarray, layout) -> Dict[int, np.ndarray]:

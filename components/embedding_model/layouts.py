@@ -24,12 +24,11 @@ would cost several times the largest one). Any disagreement between the checkpoi
 
 Here: locating each table (which layout, which keys) and reading it. The checkpoint `.index`
 reader is checkpoint_index.py, the SparseCore layout maths sparsecore_layout.py (both re-exported),
-and the checkpoint paths of the model's tables are the model's own (embedding_trainer/model.py).
+and the checkpoint paths of the model's tables are the model's own (embedding_model/model.py).
 """
 from __future__ import annotations
 
 import re
-import json
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -39,11 +38,12 @@ import tensorflow as tf
 
 from components.config import ExportLayoutConfig
 from components.contracts.plan import CheckpointLayout, EmbeddingPlan, TablePlan
-from components.embedding_exporter.checkpoint_index import BundleIndex, restore_rows  # noqa: F401  (re-exported)
-from components.embedding_exporter.sparsecore_layout import (  # noqa: F401  (re-exported)
-    parse_layout_record, recompute_sparse_core_layouts, stack_table_to_shards, stacked_variables,
+from components.embedding_model.checkpoint_index import BundleIndex, restore_rows  # noqa: F401  (re-exported)
+from components.embedding_model.sparsecore_layout import (  # noqa: F401  (re-exported)
+    parse_layout_record, plan_sparse_core_layouts, recompute_sparse_core_layouts, stack_table_to_shards,
+    stacked_variables,
 )
-from components.embedding_trainer import model as M
+from components.embedding_model import model as M
 
 # Where the model keeps its tables in a checkpoint: the model's own published paths (model.py).
 ATTR = M.VARIABLE_VALUE
@@ -124,8 +124,13 @@ class CheckpointTables:
                 return self._source_b(name, rows, dim, self._record[name], "checkpoint record _sparse_core_table_layouts")
             run = self.plan.checkpoint_layout
             trained_b = o.kind == "B" or (run is not None and run.kind == "B")
+            # Trained on SparseCore without a record (TF 2.16 writes none): always the recomputed
+            # layout. A lone table that needs no padding keeps its own name and shape, but its rows
+            # are still mod-sharded and rotated: read as A they would come out permuted.
+            # Not known to be B: a key that holds the table as is is read as A.
             own_fits = key in self.shapes and list(self.shapes[key]) == [rows, dim]
-            if self._record is None and not own_fits and (trained_b or (key not in self.shapes and self._stacked_keys(foreign=True))):
+            if self._record is None and (trained_b or (not own_fits and key not in self.shapes
+                                                       and self._stacked_keys(foreign=True))):
                 layouts = self._recompute()
                 if name in layouts:
                     return self._source_b(name, rows, dim, layouts[name], self._recompute_note)
@@ -223,27 +228,7 @@ class CheckpointTables:
         else:
             replicas = run.num_replicas or topo.num_chips
         per_replica = run.per_replica_batch_size or (self.plan.global_batch_size // max(replicas, 1))
-        tpu_tables = list(self.plan.tables_placed("tpu_embedding"))
-        order: List[str] = []
-        for fname in sorted(self.plan.features):  # nest.flatten order of the feature dict
-            tname = self.plan.features[fname].table
-            if tname in tpu_tables and tname not in order:
-                order.append(tname)
-        samples = {n: 0 for n in order}
-        for f in self.plan.features.values():
-            if f.table in samples:
-                samples[f.table] += per_replica
-        tables = [
-            {
-                "name": n,
-                "rows": int(self.plan.tables[n].rows),
-                "dim": int(self.plan.tables[n].dim),
-                "group": json.dumps(dict(self.plan.tables[n].optimizer), sort_keys=True),
-                "samples": samples[n],
-            }
-            for n in order
-        ]
-        self._recomputed = recompute_sparse_core_layouts(tables, int(replicas), int(per_chip))
+        self._recomputed = plan_sparse_core_layouts(self.plan, int(replicas), int(per_chip), int(per_replica))
         self._recompute_note = (
             f"recomputed (no _sparse_core_table_layouts record): TensorFlow's stack_tables over "
             f"{replicas} replicas x {per_chip} SparseCores per chip, per-replica batch {per_replica}"

@@ -16,10 +16,10 @@ import numpy as np
 import tensorflow as tf
 
 from components.config import ExportLayoutConfig, PipelineConfig
-from components.embedding_exporter import layouts as L
+from components.embedding_model import layouts as L
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
-from components.embedding_trainer.model import CHECKPOINT_ROOT, RankingModel, dense_checkpoint_parts
+from components.embedding_model.model import CHECKPOINT_ROOT, RankingModel, dense_checkpoint_parts
 
 
 class ExportRefused(RuntimeError):

@@ -1,0 +1,128 @@
+"""SparseCore layouts proven by TensorFlow's own `TPUEmbeddingV2`, built on CPU (tests/tpu_harness.py).
+
+1. TF's constructor (padding, C++ `stack_tables`, offsets, rotations) on the feature configs the
+   model builds from real plans, at 1, 2 and 4 replicas, equals the layout the exporter recomputes
+   from the plan (sparsecore_layout.plan_sparse_core_layouts) for every table.
+2. TF's `build` initializes the stacked, sharded variables with its own index mapping and its
+   sharded saveables write them; the exporter reads every logical row back: several tables per
+   stack, a padded lone table, and a lone table that needs no padding (keeps its own name and
+   shape: read as one plain table, its rows would come out permuted).
+"""
+import dataclasses
+
+import numpy as np
+import pytest
+
+import components  # noqa: F401
+import tensorflow as tf
+
+from components.config import OptimizerConfig
+from components.contracts.plan import CheckpointLayout, EmbeddingPlan, optimizer_spec
+from components.embedding_model import layouts as L
+from components.embedding_model import tf_objects as P
+from components.embedding_trainer import trainer_module as tm
+from tests import tpu_harness as H
+
+DEFAULT = optimizer_spec(OptimizerConfig(name="adagrad", learning_rate=0.1))
+OWN = optimizer_spec(OptimizerConfig(name="sgd", learning_rate=0.5))
+OTHER = optimizer_spec(OptimizerConfig(name="adam", learning_rate=0.01))
+
+
+def _plan(tables, optimizers=None, features=None, batch=64):
+    plan = EmbeddingPlan.for_tables(tables, features=features, global_batch_size=batch, optimizer=DEFAULT)
+    for name, spec in (optimizers or {}).items():
+        plan = dataclasses.replace(plan, tables={**plan.tables, name: dataclasses.replace(plan.tables[name], optimizer=spec)})
+    return plan
+
+
+PLANS = {
+    # several tables per stack: dims 6 and 8 both pad to 8; rows padded to 8 x SparseCores
+    "stacks": lambda: _plan({"a": (100, 6, "tpu_embedding"), "b": (50, 8, "tpu_embedding"),
+                             "c": (64, 8, "tpu_embedding"), "d": (1000, 16, "tpu_embedding"),
+                             "small": (40, 4, "tensor_core")}),
+    # per-table optimizers: `own` alone in its group and needing no padding at 1-2 replicas
+    # (128 rows, dim 8), `pad` alone and padded (70 x 12), `e`/`f` sharing one spec (one stack)
+    "lone": lambda: _plan({"own": (128, 8, "tpu_embedding"), "pad": (70, 12, "tpu_embedding"),
+                           "e": (96, 8, "tpu_embedding"), "f": (33, 8, "tpu_embedding"),
+                           "rest": (300, 8, "tpu_embedding")},
+                          optimizers={"own": OWN, "pad": OTHER, "e": OTHER, "f": OTHER}),
+    # shared tables (two features on one table: twice the samples), hashed-size tables
+    "shared": lambda: _plan({"items": (4096, 16, "tpu_embedding"), "hash": (1 << 10, 16, "tpu_embedding"),
+                             "cat": (10, 16, "tpu_embedding")},
+                            features={"item": "items", "history_item": "items", "h": "hash", "c": "cat"}),
+}
+
+
+def _strategy(monkeypatch, replicas, per_chip=4):
+    cls = H.recording_strategy_class(replicas, sparse_cores_per_chip=per_chip)
+    H.let_pass_type_check(monkeypatch, cls)
+    return cls()
+
+
+def _model_v2(plan, strategy, per_replica, initializers=None):
+    """TF's TPUEmbeddingV2 on the feature configs the model gives it (RankingModel/EmbeddingLayer:
+    TPU-placed features, per-table TPU optimizers shared by equal specs, the layer's optimizer)."""
+    with strategy.scope():
+        _, tpu_opt = tm.embedding_optimizers(DEFAULT)
+        tables = tm.table_optimizers(plan, DEFAULT)
+        configs = P.feature_configs(plan, output_batch=per_replica, on_tpu=True,
+                                    table_optimizers={n: o.tpu for n, o in tables.items()})
+    configs = {n: c for n, c in configs.items() if plan.tables[plan.features[n].table].placement == "tpu_embedding"}
+    for i, name in enumerate(sorted(plan.tables)):
+        for c in configs.values():
+            if c.table.name == name and initializers is not None:
+                c.table.initializer = initializers(i)
+    return H.build_real_v2(strategy, configs, tpu_opt)
+
+
+@pytest.mark.parametrize("replicas,per_chip", [(1, 4), (2, 4), (4, 2)])
+@pytest.mark.parametrize("case", sorted(PLANS))
+def test_tf_constructor_lays_tables_out_as_the_exporter_recomputes(case, replicas, per_chip, monkeypatch):
+    plan = PLANS[case]()
+    per_replica = plan.global_batch_size // replicas
+    mid = _model_v2(plan, _strategy(monkeypatch, replicas, per_chip), per_replica)
+    ours = {n: H.layout_as_dict(l) for n, l in
+            L.plan_sparse_core_layouts(plan, replicas, per_chip, per_replica).items()}
+    assert H.tf_layout(mid) == ours
+    assert set(ours) == set(plan.tables_placed("tpu_embedding"))
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+@pytest.mark.parametrize("case", sorted(PLANS))
+def test_exporter_reads_every_row_tf_placed(case, replicas, monkeypatch, tmp_path):
+    plan = PLANS[case]()
+    per_replica = plan.global_batch_size // replicas
+    strategy = _strategy(monkeypatch, replicas)
+    mid = _model_v2(plan, strategy, per_replica, initializers=H.row_identity_initializer)
+    prefix = H.checkpoint_of_model_path(mid).save(str(tmp_path / "ckpt"))
+    index = {name: i for i, name in enumerate(sorted(plan.tables))}
+    # the harness reads TF's variables through TF's map: the values are where TF put them
+    for name in plan.tables_placed("tpu_embedding"):
+        t = plan.tables[name]
+        np.testing.assert_array_equal(H.logical_table(mid, name, t.rows, t.dim).numpy(),
+                                      H.expected_rows(index[name], t.rows, t.dim))
+    trained = plan.with_run(checkpoint_layout=CheckpointLayout(
+        kind="B", embedding_api="TPUEmbeddingV2 (SparseCore)", num_replicas=replicas, sparse_cores_per_chip=4,
+        per_replica_batch_size=per_replica))
+    tables = L.CheckpointTables(prefix, dataclasses.replace(
+        trained, tables=trained.tables_placed("tpu_embedding"),
+        features={f: p for f, p in trained.features.items() if trained.tables[p.table].placement == "tpu_embedding"}))
+    for name in plan.tables_placed("tpu_embedding"):
+        t = plan.tables[name]
+        assert tables.sources[name].kind == "B", (name, tables.sources[name].source)
+        np.testing.assert_array_equal(tables.read(name), H.expected_rows(index[name], t.rows, t.dim), err_msg=name)
+
+
+def test_a_lone_unpadded_table_keeps_its_name_and_shape_but_not_its_row_order(monkeypatch, tmp_path):
+    """D3's trap, shown on TF's own variables: the stack of `own` is named `own` and is
+    [128, 8] (no padding at 2 replicas x 4 SparseCores), yet row r sits at shard
+    (r % 8 + rotation) % 8, position r // 8."""
+    plan = PLANS["lone"]()
+    mid = _model_v2(plan, _strategy(monkeypatch, 2), 32, initializers=H.row_identity_initializer)
+    prefix = H.checkpoint_of_model_path(mid).save(str(tmp_path / "ckpt"))
+    key = L.table_key("own", "tpu_embedding")
+    assert tf.train.load_checkpoint(prefix).get_variable_to_shape_map()[key] == [128, 8]
+    raw = tf.train.load_checkpoint(prefix).get_tensor(key)
+    logical = H.expected_rows(sorted(plan.tables).index("own"), 128, 8)
+    assert not np.array_equal(raw, logical)  # read as a plain table: permuted
+    assert sorted(raw[:, 0].tolist()) == sorted(logical[:, 0].tolist())  # the same rows, in another order
