@@ -31,7 +31,7 @@ import yaml  # noqa: E402
 from components.config import parse_config  # noqa: E402
 from components.embedding_trainer import plan as P  # noqa: E402
 from components.embedding_trainer import trainer_module as tm  # noqa: E402
-from components.embedding_trainer.input import make_dataset  # noqa: E402
+from components.embedding_model.input import make_dataset  # noqa: E402
 
 
 def main() -> int:

@@ -135,7 +135,7 @@ def build_checkpoints(work: str, gib: float) -> dict:
     import tensorflow as tf
     from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
 
-    from components.embedding_exporter import layouts as L
+    from components.embedding_model import layouts as L
 
     per_table = gib * 2**30 / len(TABLE_DIMS)
     rows = {n: int(per_table // (d * 4)) + 3 for n, d in TABLE_DIMS.items()}  # +3: uneven, padded
@@ -177,7 +177,7 @@ def child(mode: str, work: str, out: str) -> None:
     """One contender, in a fresh process; prints a JSON line."""
     import tensorflow as tf  # noqa: F401  (imported before the RSS baseline, as the exporter has it)
 
-    from components.embedding_exporter import layouts as L
+    from components.embedding_model import layouts as L
 
     from components.contracts.plan import EmbeddingPlan
 
@@ -283,7 +283,7 @@ def run_latency(args) -> dict:
     from components.embedding_preprocess import vocabulary as V
     from components.contracts.manifest import VocabularyManifest
     from components.embedding_trainer import trainer_module as tm
-    from components.embedding_trainer.input import parse_batch
+    from components.embedding_model.input import parse_batch
 
     model_dir = args.model or max(glob.glob(os.path.join(REPO, "output/demo/pipeline_root/Trainer/model/*")), key=os.path.getmtime)
     examples = args.examples or glob.glob(os.path.join(REPO, "output/demo/pipeline_root/EmbeddingExampleGen/examples/*/Split-eval"))[0] + "/*"

@@ -69,7 +69,7 @@ def run(args) -> dict:
     from components.embedding_exporter import export as E
     from components.embedding_exporter import serving as S
     from components.embedding_trainer import trainer_module as tm
-    from components.embedding_trainer.input import feature_spec
+    from components.embedding_model.input import feature_spec
 
     model_dir = args.model or max(glob.glob(os.path.join(REPO, "output/demo/pipeline_root/Trainer/model/*")), key=os.path.getmtime)
     root = os.path.dirname(os.path.dirname(os.path.dirname(model_dir)))  # the pipeline root

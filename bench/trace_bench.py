@@ -52,7 +52,7 @@ def _model_and_batch(workdir: str):
     from components.config import config_from_json
     from components.embedding_trainer import plan as P
     from components.embedding_trainer import trainer_module as tm
-    from components.embedding_trainer.input import make_dataset
+    from components.embedding_model.input import make_dataset
 
     with open(os.path.join(workdir, "config.json")) as fh:
         cfg = config_from_json(fh.read())
@@ -69,7 +69,7 @@ def child_step(workdir: str, autograph: bool) -> None:
     import components  # noqa: F401
     import tensorflow as tf
 
-    from components.embedding_trainer import model as M
+    from components.embedding_model import model as M
     from components.embedding_trainer import trainer_module as tm
 
     if autograph:  # the baseline: tf-keras' default, `call` and `train_step` converted (and the layers called)

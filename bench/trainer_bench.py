@@ -40,8 +40,8 @@ import tensorflow_recommenders as tfrs  # noqa: E402
 
 from components.embedding_trainer import plan as P  # noqa: E402
 from components.embedding_trainer import trainer_module as tm  # noqa: E402
-from components.embedding_trainer.input import make_dataset  # noqa: E402
-from components.embedding_trainer.model import _mlp  # noqa: E402
+from components.embedding_model.input import make_dataset  # noqa: E402
+from components.embedding_model.model import _mlp  # noqa: E402
 
 
 class PlainKerasDLRM(tf.keras.Model):
