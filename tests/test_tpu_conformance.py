@@ -1,24 +1,32 @@
-"""The trainer's TPU branch, walked on CPU.
+"""The trainer's TPU branch, walked on CPU with several replicas.
 
 No TPU is reachable here, so `run_fn` is run with `training.tpu` set and every TensorFlow TPU entry
 point it reaches replaced by a recording stand-in:
 - `TPUClusterResolver`, `experimental_connect_to_cluster`, `initialize_tpu_system`, `TPUStrategy`,
-  `TPUEmbedding` / `TPUEmbeddingV2` (the mid-level APIs TFRS's layer builds) and their methods
-  (`build`, `enqueue`, `dequeue`, `__call__`, `apply_gradients`), the strategy's `scope`, `run` and
-  `distribute_datasets_from_function`: each call is bound to the *installed* signature with
+  and every call on the mid-level APIs TFRS's layer builds and on the strategy (`scope`, `run`,
+  `distribute_datasets_from_function`): each call is bound to the *installed* signature with
   `inspect.signature(real).bind(...)` using the arguments the trainer really passes (a wrong name,
   a missing or extra argument raises TypeError here as on a TPU);
-- the strategy is a real single-device strategy (so Keras' fit runs) that records whether each
-  TPU embedding call happens inside `strategy.run` and whether the mid-level object is created in
+- the strategy is tests/tpu_harness.py's: a MirroredStrategy over REPLICAS logical CPU devices
+  (so Keras' fit runs one step per replica, gradients cross replicas, and the batch is split as
+  on a TPU) with TPUStrategy's TPU-only attributes; it records whether each TPU embedding call
+  happens inside `strategy.run` and whether the mid-level object is created in
   `strategy.scope()`; a call outside (e.g. evaluating the training model after fit, the bug that
   made every TPU run fail after training) fails the test;
-- the stand-in mid-level keeps its tables as non-trainable variables under the table names, as
-  TPUEmbedding does, and creates its slots through the TPU optimizer's slot creator.
+- SparseCore (V2): TensorFlow's real `TPUEmbeddingV2`. Its constructor pads and stacks the tables
+  (TF's C++ `stack_tables`), `build` creates the stacked, sharded variables over the replicas'
+  devices with TF's initializer and index mapping, and the checkpoint holds what TF writes; only
+  the SparseCore step (`__call__`, `apply_gradients`) runs on CPU through TF's index mapping;
+- TensorCore-embedding hardware (V1): `TPUEmbedding` cannot even be built without a TPU; its
+  stand-in keeps its tables as non-trainable variables under the table names, as TPUEmbedding
+  does, and creates its slots through the TPU optimizer's slot creator.
 
 What this proves: the TPU branch's control flow and every call's arguments against TF 2.16.2 and
-TFRS 0.7.7, and that everything after training (evaluation, SavedModel, checkpoint copy) runs
-from the checkpoint on CPU. What it cannot: the TPU runtime itself (embedding engine, HBM
-sharding, SparseCore kernels, XLA compilation of the step) - see bench/tpu_smoke.py.
+TFRS 0.7.7 at several replicas; SparseCore's real table layout in the checkpoint, read back by the
+Trainer's and the exporter's CPU path; and that everything after training (evaluation,
+SavedModel, checkpoint copy) runs from the checkpoint on CPU. What it cannot: the TPU runtime
+itself (embedding engine, HBM, SparseCore kernels and their update rules, XLA compilation of the
+step) - see bench/tpu_smoke.py.
 """
 import contextlib
 import glob
@@ -35,6 +43,7 @@ from tensorflow.python.tpu import tpu_embedding_for_serving as serving_lib
 from tensorflow_recommenders.layers.embedding import tpu_embedding_layer as tfrs_layer
 
 from components.embedding_trainer import trainer_module as tm
+from tests import tpu_harness as H
 from tests.test_trainer import _config, _fn_args, data  # noqa: F401  (module fixture)
 
 EMB = tf.tpu.experimental.embedding
@@ -55,6 +64,7 @@ class Recorder:
         self.calls = []
         self.in_scope = 0
         self.in_run = 0
+        self.mids = []  # the mid-level objects the steps called
 
     def bind(self, call, real, /, *args, **kwargs):
         """Binds a call to the installed signature of `real` (TypeError on any mismatch)."""
@@ -67,53 +77,76 @@ class Recorder:
         return [c["call"] for c in self.calls]
 
 
-class _HardwareFeature:
-    def __init__(self, embedding_feature):
-        self.embedding_feature = embedding_feature
-        self.num_embedding_devices_per_chip = 4
+REPLICAS = 2  # the recording TPU strategy's replicas (logical CPU devices, tests/conftest.py)
 
 
-def make_strategy(rec: Recorder, embedding_feature):
+def make_strategy(rec: Recorder, embedding_feature, replicas: int = REPLICAS):
+    """tests/tpu_harness.py's recording TPU strategy (a MirroredStrategy over `replicas` CPU
+    devices with TPUStrategy's TPU-only attributes), its scope, run and dataset distribution bound
+    to TPUStrategy's signatures and recorded."""
     real = REAL["TPUStrategy"]
 
-    class RecordingStrategy(tf.distribute.OneDeviceStrategy):
-        """A working one-device strategy with TPUStrategy's signatures, recording scope and run."""
+    def on_scope(strategy, entered):
+        if entered:
+            rec.bind("TPUStrategy.scope", real.scope, strategy)
+        rec.in_scope += 1 if entered else -1
 
-        def __init__(self):
-            super().__init__("/cpu:0")
-            self.extended.tpu_hardware_feature = _HardwareFeature(embedding_feature)
+    def on_run(strategy, fn, args, kwargs, options, entered):
+        if entered:
+            rec.bind("TPUStrategy.run", real.run, strategy, fn, args=args, kwargs=kwargs, options=options)
+        rec.in_run += 1 if entered else -1
 
-        @contextlib.contextmanager
-        def scope(self):
-            rec.bind("TPUStrategy.scope", real.scope, self)
-            rec.in_scope += 1
-            try:
-                with super().scope():
-                    yield
-            finally:
-                rec.in_scope -= 1
+    def on_distribute(strategy, dataset_fn, options):
+        rec.bind("TPUStrategy.distribute_datasets_from_function", real.distribute_datasets_from_function,
+                 strategy, dataset_fn, options)
 
-        def run(self, fn, args=(), kwargs=None, options=None):
-            rec.bind("TPUStrategy.run", real.run, self, fn, args=args, kwargs=kwargs, options=options)
-            rec.in_run += 1
-            try:
-                return super().run(fn, args=args, kwargs=kwargs, options=options)
-            finally:
-                rec.in_run -= 1
+    return H.recording_strategy_class(replicas, embedding_feature, on_scope=on_scope, on_run=on_run,
+                                      on_distribute=on_distribute)
 
-        def distribute_datasets_from_function(self, dataset_fn, options=None):
-            rec.bind("TPUStrategy.distribute_datasets_from_function", real.distribute_datasets_from_function,
-                     self, dataset_fn, options)
-            assert options is not None and options.experimental_fetch_to_device is False, \
-                "sparse features must stay on the host for the TPU embedding enqueue"
-            return super().distribute_datasets_from_function(dataset_fn)
 
-    return RecordingStrategy
+def make_real_v2(rec: Recorder):
+    """TF's own TPUEmbeddingV2 (constructor, padding, stacking, build, sharded variables, saving),
+    its SparseCore step done on CPU through TF's index mapping (tests/tpu_harness.py); creation
+    and every step call recorded and bound to the installed signatures."""
+    name = "TPUEmbeddingV2"
+
+    def on_call(mid, bound):
+        rec.bind(f"{name}.__call__", REAL_V2_CALL, mid, **bound_without_self(bound))
+        assert rec.in_run, f"{name}.__call__ called outside strategy.run"
+        rec.mids.append(mid)
+
+    def on_apply(mid, bound):
+        rec.bind(f"{name}.apply_gradients", REAL["TPUEmbeddingV2"].apply_gradients, mid, **bound_without_self(bound))
+        assert rec.in_run, f"{name}.apply_gradients called outside strategy.run"
+
+    base = H.cpu_step_v2_class(on_call=on_call, on_apply=on_apply)
+
+    class RecordedV2(base):
+        def __init__(self, *args, **kwargs):
+            rec.bind(f"{name}.__init__", REAL["TPUEmbeddingV2"].__init__, None, *args, **kwargs)
+            assert rec.in_scope, f"{name} must be created in strategy.scope()"
+            super().__init__(*args, **kwargs)
+
+        def build(self, *args, **kwargs):
+            rec.bind(f"{name}.build", REAL["TPUEmbeddingV2"].build, self, *args, **kwargs)
+            return super().build(*args, **kwargs)
+
+    return RecordedV2
+
+
+REAL_V2_CALL = REAL["TPUEmbeddingV2"].__call__
+
+
+def bound_without_self(bound):
+    return {k: v for k, v in bound.items() if k != "self"}
 
 
 def make_mid_level(rec: Recorder, v2: bool):
-    """A stand-in for TPUEmbedding (v2=False) or TPUEmbeddingV2: CPU lookups, TPU signatures."""
-    real = REAL["TPUEmbeddingV2"] if v2 else REAL["TPUEmbedding"]
+    """A stand-in for TPUEmbedding (v2=False; TF's needs a TPU to build): CPU lookups, TPU
+    signatures. v2=True: TF's real TPUEmbeddingV2 (make_real_v2)."""
+    if v2:
+        return make_real_v2(rec)
+    real = REAL["TPUEmbedding"]
     name = real.__name__
 
     class RecordingMidLevel(serving_lib.TPUEmbeddingForServing):
@@ -190,6 +223,7 @@ def tpu_branch(monkeypatch):
         monkeypatch.setattr(tf.distribute, "TPUStrategy", strategy)
         is_rec = lambda s: isinstance(s, strategy_cls)  # noqa: E731
         monkeypatch.setattr(tm, "is_tpu_strategy", is_rec)
+        H.let_pass_type_check(monkeypatch, strategy_cls)  # TF's TPUEmbeddingV2 accepts it
         monkeypatch.setattr(tfrs_layer, "_is_tpu_strategy", is_rec)
         # Bound to the real classes before they are replaced; TFRS reaches them through
         # tensorflow.compat.v2, another module object than tf's.
@@ -227,16 +261,37 @@ def test_tpu_branch_calls_bind_and_stay_in_scope_and_run(feature, tpu_branch, da
     for name in (tm.EVAL_METRICS_FILE, tm.TPU_RULES_FILE, tm.TRAINING_RUN_FILE, "embedding_plan.json"):
         assert os.path.exists(os.path.join(model_uri, name)), name
     run = json.load(open(os.path.join(model_uri, tm.TRAINING_RUN_FILE)))
-    assert run["final_step"] == 20 and run["strategy"] == "RecordingStrategy"
+    assert run["final_step"] == 20 and run["strategy"] == "RecordingTPUStrategy"
     plan = json.load(open(os.path.join(model_uri, "embedding_plan.json")))
     assert plan["checkpoint_layout"]["kind"] == ("B" if feature == "V2" else "A")
-    assert plan["checkpoint_layout"]["per_replica_batch_size"] == 64
+    assert plan["checkpoint_layout"]["per_replica_batch_size"] == 64 // REPLICAS
+    assert plan["checkpoint_layout"]["num_replicas"] == REPLICAS
     loaded = tf.saved_model.load(os.path.join(model_uri, "Format-Serving"))
     files = sorted(glob.glob(str(data / "tx" / "Split-eval" / "*")))
     records = [r.numpy() for r in tf.data.TFRecordDataset(files).take(8)]
     probs = loaded.signatures["serving_default"](examples=tf.constant(records))["probabilities"].numpy()
     assert probs.shape == (8, 1) and np.isfinite(probs).all()
     assert tf.train.latest_checkpoint(os.path.join(model_uri, tm.CHECKPOINT_DIR))
+    if feature == "V2":
+        _assert_checkpoint_tables_are_the_trained_ones(rec.mids[-1], model_uri)
+
+
+def _assert_checkpoint_tables_are_the_trained_ones(mid, model_uri):
+    """Every TPU-embedding table the Trainer's CPU path reads from the artifact's checkpoint
+    (stacked by TF's TPUEmbeddingV2 over REPLICAS x 4 SparseCores, no layout record) equals the
+    table the training step looked rows up in, row for row."""
+    from components.contracts.plan import EmbeddingPlan
+    from components.embedding_model.layouts import CheckpointTables
+
+    with open(os.path.join(model_uri, "embedding_plan.json")) as fh:
+        plan = EmbeddingPlan.from_json(fh.read())
+    tables = CheckpointTables(tf.train.latest_checkpoint(os.path.join(model_uri, tm.CHECKPOINT_DIR)), plan)
+    tpu_tables = plan.tables_placed("tpu_embedding")
+    assert tpu_tables and mid._num_sc_shards == REPLICAS * 4  # pylint: disable=protected-access
+    assert any(len(ts) > 1 for ts in mid._stacked_table_to_tables.values())  # pylint: disable=protected-access
+    for name, t in tpu_tables.items():
+        assert tables.sources[name].kind == "B", (name, tables.sources[name].source)
+        np.testing.assert_array_equal(tables.read(name), H.logical_table(mid, name, t.rows, t.dim).numpy(), err_msg=name)
 
 
 def test_calling_the_tpu_layer_outside_run_fails(tpu_branch, data):  # noqa: F811
@@ -311,7 +366,7 @@ def test_checkpoint_round_trip_tpu_to_cpu_and_back(tpu_branch, data, tmp_path, m
     cpu = _config(data, train_steps=20, checkpoint_every_steps=10, checkpoint_dir=state, embedding_optimizer=optimizer)
     monkeypatch.setattr(tm, "is_tpu_strategy", lambda s: False)
     cpu_ckpt, _, run = tm.train(cpu, *_plan(cpu, data), *_files(data), state)
-    assert run["resumed_from_step"] == 10 and run["strategy"] != "RecordingStrategy"
+    assert run["resumed_from_step"] == 10 and run["strategy"] != "RecordingTPUStrategy"
     assert keys(cpu_ckpt) == tpu_keys
 
     # And back: the TPU branch resumes the CPU checkpoint.
@@ -319,7 +374,7 @@ def test_checkpoint_round_trip_tpu_to_cpu_and_back(tpu_branch, data, tmp_path, m
     back = _config(data, tpu="local", train_steps=30, checkpoint_every_steps=10, checkpoint_dir=state,
                    embedding_optimizer=optimizer)
     back_ckpt, _, run = tm.train(back, *_plan(back, data), *_files(data), state)
-    assert run["resumed_from_step"] == 20 and run["strategy"] == "RecordingStrategy"
+    assert run["resumed_from_step"] == 20 and run["strategy"] == "RecordingTPUStrategy"
     assert keys(back_ckpt) == tpu_keys
     assert tf.train.load_checkpoint(cpu_ckpt).get_tensor(table_iter) == 20
     assert tf.train.load_checkpoint(back_ckpt).get_tensor(table_iter) == 30
@@ -412,5 +467,5 @@ def test_weighted_and_sequence_features_on_the_tpu_branch(tpu_branch, data, tmp_
     init = next(c for c in rec.calls if c["call"] == "TPUEmbedding.__init__")["values"]["feature_config"]
     # the sequence keeps max_sequence_length; output_shape unset, or TF 2.16 would ignore the length
     assert (init["C24"].max_sequence_length, init["C24"].output_shape) == (4, None)
-    assert init["C12"].output_shape == [64]
+    assert init["C12"].output_shape == [64 // REPLICAS]
     assert os.path.exists(os.path.join(os.path.dirname(fn_args.serving_model_dir), tm.EVAL_METRICS_FILE))

@@ -38,6 +38,12 @@ Feature = tf.tpu.experimental.HardwareFeature.EmbeddingFeature
 REAL_V2 = tf.tpu.experimental.embedding.TPUEmbeddingV2
 
 
+def mirrored_strategy(replicas: int) -> tf.distribute.MirroredStrategy:
+    """MirroredStrategy over `replicas` logical CPU devices (reduced through one device; see
+    recording_strategy_class)."""
+    return tf.distribute.MirroredStrategy(cpu_devices(replicas), cross_device_ops=tf.distribute.ReductionToOneDevice())
+
+
 def cpu_devices(replicas: int) -> List[str]:
     devices = [d.name for d in tf.config.list_logical_devices("CPU")]
     if len(devices) < replicas:
@@ -63,7 +69,9 @@ def recording_strategy_class(replicas: int, embedding_feature=Feature.V2, sparse
 
     class RecordingTPUStrategy(tf.distribute.MirroredStrategy):
         def __init__(self):
-            super().__init__(devices)
+            # Reduced through one device, not collectives: collective instance keys of several
+            # strategies in one test process collide (a TPU has no cross_device_ops either).
+            super().__init__(devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
             self.extended.tpu_hardware_feature = HardwareFeature(embedding_feature, sparse_cores_per_chip)
             self.extended._tpu_devices = np.array([[d] for d in devices], dtype=object)  # pylint: disable=protected-access
 

@@ -38,6 +38,27 @@ from components.embedding_model import tf_objects as P
 _V2 = tf.tpu.experimental.HardwareFeature.EmbeddingFeature.V2
 
 
+class SparseCoreUnsupported(ValueError):
+    """The model asks of SparseCore (TF 2.16's TPUEmbeddingV2) what it cannot do; says what to change."""
+
+
+def check_sparsecore_features(feature_configs: Dict[str, Any]) -> None:
+    """Refuses sequence features on TPU-embedding tables on SparseCore, before TF does worse.
+    TF 2.16's `TPUEmbeddingV2` multiplies out every feature's `output_shape` in its constructor
+    (tpu_embedding_v3.py, `_stack_tables_with_same_table_dim_and_optimizer`): a sequence feature
+    leaves it unset (tf_objects.feature_configs), so the constructor raises "Cannot iterate over a
+    shape with unknown rank"; and given a shape, V2 pools every feature with its table's combiner
+    (`_convert_input_feature_to_coo`), so there is no per-position output to attend over."""
+    bad = sorted((n, c.table.name, c.max_sequence_length) for n, c in feature_configs.items() if c.max_sequence_length)
+    if bad:
+        listed = ", ".join(f"{n!r} (table {t!r}, length {length})" for n, t, length in bad)
+        raise SparseCoreUnsupported(
+            f"sequence features on TPU-embedding tables cannot train on SparseCore (TPUEmbeddingV2, TensorFlow "
+            f"2.16 has no sequence output there): {listed}. Keep their tables on the TensorCore "
+            "(training.embedding.size_threshold at or above the tables' rows), drop `sequence` from these "
+            "features, or train on a TPU with TPUEmbedding (v2-v4)")
+
+
 class EmbeddingLayer(tfrs.layers.embedding.TPUEmbedding):
     """tensorflow-recommenders' TPUEmbedding layer with the SparseCore constructor fixed for the
     installed TensorFlow. TFRS 0.7.7 builds `TPUEmbeddingV2(feature_config, optimizer,
@@ -57,6 +78,7 @@ class EmbeddingLayer(tfrs.layers.embedding.TPUEmbedding):
                 raise ValueError(
                     "sparse_core_embedding_config needs TensorFlow >= 2.17; TF 2.16's TPUEmbeddingV2 takes no SparseCore config"
                 )
+            check_sparsecore_features(dict(self._feature_config))
             O.check_sparsecore_optimizer(self._optimizer)
             for table in {id(f.table): f.table for f in tf.nest.flatten(self._feature_config)}.values():
                 if table.optimizer is not None:  # a table's own optimizer (tables[].optimizer)
@@ -365,6 +387,29 @@ class TableOptimizer(NamedTuple):
     clipvalue: Optional[float]
 
 
+def sum_over_replicas(grads_and_vars):
+    """(gradients summed over the replicas, whether they were): the embedding gradients of one
+    step as one replica would compute them for the global batch (Keras scales each replica's loss
+    by 1 / replicas, so the sum is the global batch's mean-loss gradient). Sparse gradients are
+    gathered, not reduced: an all-reduce makes an IndexedSlices dense, and a lazy optimizer
+    (LazyAdam, as the TPU's Adam) would then move every row; gathered rows and values stay an
+    IndexedSlices whose duplicate rows sum, and clipping (clip_embedding_gradients) sums duplicates
+    before it clips, so the clip applies to the summed gradient, as on TPU-embedding tables, not
+    to each replica's part of it (a sum of clipped gradients). Hand-written: Keras aggregates
+    inside apply_gradients, after any clipping a caller can do."""
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or ctx.num_replicas_in_sync == 1 or not grads_and_vars:
+        return list(grads_and_vars), False
+    out = []
+    for g, v in grads_and_vars:
+        if isinstance(g, tf.IndexedSlices):
+            g = tf.IndexedSlices(ctx.all_gather(g.values, axis=0), ctx.all_gather(g.indices, axis=0), g.dense_shape)
+        else:
+            g = ctx.all_reduce(tf.distribute.ReduceOp.SUM, g)
+        out.append((g, v))
+    return out, True
+
+
 @tf.custom_gradient
 def _scale_gradient(x, factor):
     """x unchanged; its gradient times `factor` (the embedding gradient multiplier)."""
@@ -646,12 +691,16 @@ class RankingModel(tf.keras.Model):
 
     def _apply_embedding_gradients(self, emb_gv) -> None:
         """Each embedding optimizer applies its tables' gradients (clipped by its limit); one with
-        none this step still counts the step."""
+        none this step still counts the step. With several replicas the gradients are summed over
+        the replicas first and clipped after (`sum_over_replicas`), the rule the TPU embedding
+        engine applies to TPU-embedding tables; Keras' own aggregation is then off."""
+        emb_gv, summed = sum_over_replicas(emb_gv)
         groups = self._embedding_optimizer_groups(emb_gv)
         for key, (optimizer, clipvalue) in self._embedding_optimizers().items():
             gv = groups.get(key)
             if gv:
-                optimizer.apply_gradients(O.clip_embedding_gradients(gv, clipvalue))
+                optimizer.apply_gradients(O.clip_embedding_gradients(gv, clipvalue),
+                                          experimental_aggregate_gradients=not summed)
             else:
                 optimizer.iterations.assign_add(1)
 

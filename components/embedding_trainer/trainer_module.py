@@ -23,7 +23,8 @@ Training checkpoints every `training.checkpoint_every_steps` into a state direct
 the execution (`training.checkpoint_dir`, or `<pipeline root>/Trainer/training_state/<key>` where
 the key fingerprints the config and the input examples). A run killed mid-training and started
 again with the same config and examples restores the last checkpoint, fast-forwards the input to
-the same position and trains only the remaining steps, so it ends with the same number of steps.
+the same position (one batch per replica per step: `training_input`) and trains only the remaining
+steps, so it ends with the same number of steps.
 The state directory is removed once the Model artifact is complete.
 """
 from __future__ import annotations
@@ -50,7 +51,7 @@ from components.ledger import check_ledger
 from components.embedding_model import optimizers as O
 from components.embedding_trainer import plan as P
 from components.embedding_model.input import make_dataset, parse_batch
-from components.embedding_model.model import RankingModel, TableOptimizer
+from components.embedding_model.model import RankingModel, TableOptimizer, check_sparsecore_features
 from components.embedding_trainer.tpu_rules import check_tpu_rules
 from components.metrics import log_loss, roc_auc
 
@@ -201,6 +202,24 @@ def evaluate(model: RankingModel, dataset: tf.data.Dataset) -> Dict[str, float]:
     return {"auc": roc_auc(p, y), "log_loss": log_loss(p, y), "examples": int(len(y)), "positive_rate": float(y.mean())}
 
 
+def training_input(train_files, manifest: VocabularyManifest, plan: EmbeddingPlan, t, per_replica: int,
+                   start: int, replicas: int):
+    """The training input as a dataset function (`ctx`: tf.distribute's InputContext, or None for
+    one replica): one stream of per-replica batches, seeded, sharded over the input pipelines.
+    Every step takes one batch per replica, so a run resumed at step `start` skips
+    `start x replicas` batches of the stream, before sharding: pipeline i then yields the batches
+    it would have yielded next (the replicas are a multiple of the pipelines). Skipping only
+    `start` batches would feed a resumed multi-replica run examples it has already seen."""
+    widths, lengths = P.dense_id_widths(plan), P.sequence_lengths(plan)
+
+    def train_input(ctx: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
+        ds = make_dataset(train_files, manifest, per_replica, training=True, seed=t.seed,
+                          skip_batches=start * replicas, dense_id_widths=widths, sequence_lengths=lengths)
+        return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id) if ctx and ctx.num_input_pipelines > 1 else ds
+
+    return train_input
+
+
 def state_dir(cfg: PipelineConfig, model_uri: str, train_files) -> str:
     """Where checkpoints of an unfinished run live: stable across executions of the same training."""
     if cfg.training.checkpoint_dir:
@@ -249,6 +268,10 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
         raise ValueError(f"training.batch_size {t.batch_size} must be a multiple of the {replicas} replicas")
     per_replica = t.batch_size // replicas
     layout = checkpoint_layout(strategy, per_replica)
+    if layout.kind == "B":
+        # What SparseCore cannot train stops the run here, before anything is built or read.
+        check_sparsecore_features({n: c for n, c in P.feature_configs(plan, output_batch=per_replica, on_tpu=True).items()
+                                   if n in manifest.categorical_names and plan.feature_table(n).placement == "tpu_embedding"})
     with strategy.scope():
         model = build_model(plan, manifest, cfg, for_training=True, on_tpu=on_tpu, per_replica_batch=per_replica)
         model.compile(
@@ -302,13 +325,7 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
     if start > steps:
         raise ValueError(f"checkpoint in {state} is at step {start}, beyond train_steps {steps}; remove it or raise train_steps")
 
-    def train_input(ctx: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
-        ds = make_dataset(
-            train_files, manifest, per_replica, training=True, seed=t.seed, skip_batches=start, dense_id_widths=widths,
-            sequence_lengths=P.sequence_lengths(plan),
-        )
-        return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id) if ctx and ctx.num_input_pipelines > 1 else ds
-
+    train_input = training_input(train_files, manifest, plan, t, per_replica, start, replicas)
     if on_tpu:
         # Sparse features stay on the host for the TPU embedding enqueue.
         options = tf.distribute.InputOptions(experimental_fetch_to_device=False)
