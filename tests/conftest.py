@@ -82,6 +82,7 @@ SLOW_TESTS = {  # node id (or its prefix): why it is in the full tier only
     "tests/test_beam_runtime.py::test_example_gen_reads_every_row_under_a_forced_short_flush": "ExampleGen under a 1 ms flush",
     "tests/test_example_gen.py::test_records_are_the_same_bytes_in_every_process": "three fresh processes",
     "tests/test_continuous.py::test_three_daily_spans_warm_start_gate_and_a_drift_stop": "four local pipeline runs",
+    "tests/test_replicas.py::test_two_replicas_reach_the_auc_of_one": "four 100-200 step trainings on one and two replicas",
 }
 
 

@@ -93,6 +93,7 @@ def make_dataset(
     skip_batches: int = 0,
     dense_id_widths: Optional[Dict[str, int]] = None,
     sequence_lengths: Optional[Dict[str, int]] = None,
+    global_batch: Optional[int] = None,
 ) -> tf.data.Dataset:
     """Batches of (features, label). `batch_size` is per replica when distributed. Training input
     repeats, shuffles (seeded) and has a static batch size; `skip_batches` fast-forwards a resumed
@@ -100,7 +101,10 @@ def make_dataset(
     batches are read but not parsed). Files are read in parallel, parsing is vectorised per batch
     (`tf.io.parse_example`) and runs in parallel with training (AUTOTUNE). `dense_id_widths`:
     features fed as padded dense IDs (see the module docstring); `sequence_lengths`: sequence
-    features whose row lengths come with the batch (`parse_batch`)."""
+    features whose row lengths come with the batch (`parse_batch`). `global_batch` (several
+    replicas, `batch_size` per replica): files are read and examples shuffled in units of the
+    global batch, so the replicas' consecutive batches of a step hold the examples one replica
+    would get as that step's global batch."""
     from components.tfrecords import compression_type
 
     compression = compression_type([f for p in file_patterns for f in tf.io.gfile.glob(p)])
@@ -111,12 +115,12 @@ def make_dataset(
     ds = files.interleave(
         lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
         cycle_length=tf.data.AUTOTUNE,
-        block_length=batch_size,
+        block_length=global_batch or batch_size,
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     )
     if training:
-        ds = ds.shuffle(16 * batch_size, seed=seed, reshuffle_each_iteration=True).repeat()
+        ds = ds.shuffle(16 * (global_batch or batch_size), seed=seed, reshuffle_each_iteration=True).repeat()
     ds = ds.batch(batch_size, drop_remainder=training)
     if skip_batches:
         ds = ds.skip(skip_batches)

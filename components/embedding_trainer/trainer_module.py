@@ -205,7 +205,9 @@ def evaluate(model: RankingModel, dataset: tf.data.Dataset) -> Dict[str, float]:
 def training_input(train_files, manifest: VocabularyManifest, plan: EmbeddingPlan, t, per_replica: int,
                    start: int, replicas: int):
     """The training input as a dataset function (`ctx`: tf.distribute's InputContext, or None for
-    one replica): one stream of per-replica batches, seeded, sharded over the input pipelines.
+    one replica): one stream of per-replica batches, seeded, sharded over the input pipelines;
+    read and shuffled in units of the global batch, so each step's replicas together get the
+    examples one replica gets as that step's global batch (make_dataset's `global_batch`).
     Every step takes one batch per replica, so a run resumed at step `start` skips
     `start x replicas` batches of the stream, before sharding: pipeline i then yields the batches
     it would have yielded next (the replicas are a multiple of the pipelines). Skipping only
@@ -214,7 +216,8 @@ def training_input(train_files, manifest: VocabularyManifest, plan: EmbeddingPla
 
     def train_input(ctx: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
         ds = make_dataset(train_files, manifest, per_replica, training=True, seed=t.seed,
-                          skip_batches=start * replicas, dense_id_widths=widths, sequence_lengths=lengths)
+                          skip_batches=start * replicas, dense_id_widths=widths, sequence_lengths=lengths,
+                          global_batch=per_replica * replicas)
         return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id) if ctx and ctx.num_input_pipelines > 1 else ds
 
     return train_input
