@@ -126,3 +126,20 @@ def test_a_lone_unpadded_table_keeps_its_name_and_shape_but_not_its_row_order(mo
     logical = H.expected_rows(sorted(plan.tables).index("own"), 128, 8)
     assert not np.array_equal(raw, logical)  # read as a plain table: permuted
     assert sorted(raw[:, 0].tolist()) == sorted(logical[:, 0].tolist())  # the same rows, in another order
+
+
+def test_tf_cannot_build_a_sequence_feature_on_sparsecore_and_the_model_refuses_it_first(monkeypatch):
+    """D1's reason, on TF's own constructor: a sequence feature (max_sequence_length, no
+    output_shape) crashes TPUEmbeddingV2.__init__; the model's check names it first."""
+    from components.embedding_model.model import SparseCoreUnsupported, check_sparsecore_features
+
+    emb = tf.tpu.experimental.embedding
+    table = emb.TableConfig(128, 8, name="items")
+    configs = {"history": emb.FeatureConfig(table, max_sequence_length=4, name="history"),
+               "item": emb.FeatureConfig(table, output_shape=[32], name="item")}
+    strategy = _strategy(monkeypatch, 2)
+    with pytest.raises((TypeError, ValueError), match="unknown rank"):
+        H.build_real_v2(strategy, configs, emb.SGD(0.1))
+    with pytest.raises(SparseCoreUnsupported, match=r"'history' \(table 'items', length 4\)"):
+        check_sparsecore_features(configs)
+    check_sparsecore_features({"item": configs["item"]})  # pooled features pass

@@ -469,3 +469,82 @@ def test_weighted_and_sequence_features_on_the_tpu_branch(tpu_branch, data, tmp_
     assert (init["C24"].max_sequence_length, init["C24"].output_shape) == (4, None)
     assert init["C12"].output_shape == [64 // REPLICAS]
     assert os.path.exists(os.path.join(os.path.dirname(fn_args.serving_model_dir), tm.EVAL_METRICS_FILE))
+
+
+def test_sparsecore_warm_start_places_the_last_models_tables_in_tfs_stacks(tpu_branch, data, tmp_path):  # noqa: F811
+    """D4: the last blessed model (trained on CPU: one variable per table) warm-starts a SparseCore
+    run. TF's TPUEmbeddingV2 stacks the tables at 2 replicas x 4 SparseCores; every table and its
+    FTRL slots come out of TF's stacks, through TF's index mapping, as the previous model had them
+    (the stand-in step does not update tables, so what training starts from is what it ends with).
+    Restored by name, the stacks of several tables would start fresh and a lone one permuted."""
+    from components.embedding_model.layouts import CheckpointTables
+    from components.embedding_model.model import VARIABLE_VALUE, table_checkpoint_key
+    from components.embedding_trainer import warm_start as W
+
+    cfg_cpu = _config(data, train_steps=10, checkpoint_every_steps=10)
+    fn_args = _fn_args(data, cfg_cpu, f"prev-{tmp_path.name}")
+    tm.run_fn(fn_args)
+    prev = W.previous_model(os.path.dirname(fn_args.serving_model_dir))
+
+    rec = tpu_branch(Feature.V2)
+    cfg = _config(data, tpu="local", train_steps=10, checkpoint_every_steps=10)
+    plan, manifest = _plan(cfg, data)
+    _, _, run = tm.train(cfg, plan, manifest, *_files(data), str(tmp_path / "state"), warm_from=prev)
+    mid = rec.mids[-1]
+    old_tables = CheckpointTables(prev.checkpoint, prev.plan)
+    old = tf.train.load_checkpoint(prev.checkpoint)
+    for name, t in plan.tables_placed("tpu_embedding").items():
+        np.testing.assert_array_equal(H.logical_table(mid, name, t.rows, t.dim).numpy(), old_tables.read(name),
+                                      err_msg=name)
+        base = table_checkpoint_key(name, "tpu_embedding")[: -len(VARIABLE_VALUE)]
+        accumulator = old.get_tensor(f"{base}/.OPTIMIZER_SLOT/model/embedding_optimizer/accumulator{VARIABLE_VALUE}")
+        np.testing.assert_array_equal(H.logical_table(mid, name, t.rows, t.dim, "accumulators").numpy(), accumulator,
+                                      err_msg=name)
+    stacks = run["warm_start"]["sparse_core"]["stacks"]
+    assert any(len(s["tables"]) > 1 for s in stacks.values()), stacks
+    assert all(s["slots"] == ["accumulator", "linear"] for s in stacks.values()), stacks
+
+
+def test_a_sparsecore_checkpoint_is_not_resumed_on_another_layout(tpu_branch, data, tmp_path, monkeypatch):  # noqa: F811
+    """D4: a training state written by SparseCore stacks (2 replicas) is not resumed on CPU (one
+    variable per table), nor is a CPU state resumed on SparseCore: the run stops naming both
+    layouts, instead of starting the stacked tables fresh or permuted."""
+    from components.embedding_model.sparsecore_state import LayoutMismatch
+
+    state = str(tmp_path / "state")
+    tpu_branch(Feature.V2)
+    cfg = _config(data, tpu="local", train_steps=10, checkpoint_every_steps=10, checkpoint_dir=state)
+    tm.train(cfg, *_plan(cfg, data), *_files(data), state)
+    cpu = _config(data, train_steps=20, checkpoint_every_steps=10, checkpoint_dir=state)
+    monkeypatch.setattr(tm, "is_tpu_strategy", lambda s: False)
+    monkeypatch.setattr(tm, "distribution_strategy", lambda c: tf.distribute.get_strategy())
+    with pytest.raises(LayoutMismatch, match=r"TPUEmbeddingV2 \(SparseCore\) wrote them.*num_replicas\": 2.*"
+                                             r"this run is TPUEmbeddingForServing"):
+        tm.train(cpu, *_plan(cpu, data), *_files(data), state)
+
+    other = str(tmp_path / "cpu_state")
+    tm.train(_config(data, train_steps=10, checkpoint_every_steps=10), *_plan(cpu, data), *_files(data), other)
+    monkeypatch.undo()
+    tpu_branch(Feature.V2)
+    back = _config(data, tpu="local", train_steps=20, checkpoint_every_steps=10)
+    with pytest.raises(LayoutMismatch, match=r"TPUEmbeddingForServing .* wrote them .* this run is TPUEmbeddingV2"):
+        tm.train(back, *_plan(back, data), *_files(data), other)
+
+
+def test_sequence_features_on_sparsecore_are_refused_before_the_build(tpu_branch, data, tmp_path):  # noqa: F811
+    """D1: a sequence feature of a TPU-embedding table (C12) on SparseCore stops the run before
+    any model is built, naming the feature, its table and what to change; TF's own constructor
+    would fail on it with "Cannot iterate over a shape with unknown rank"."""
+    from components.config import parse_config
+    from components.embedding_model.model import SparseCoreUnsupported
+    from tests.test_trainer import _raw_config
+
+    rec = tpu_branch(Feature.V2)
+    raw = _raw_config(data, tpu="local", train_steps=10, checkpoint_every_steps=10)
+    next(f for f in raw["categorical_features"] if f["name"] == "C12")["sequence"] = {"length": 4, "pooling": "mean"}
+    cfg = parse_config(raw)
+    plan, manifest = _plan(cfg, data)
+    assert plan.feature_table("C12").placement == "tpu_embedding" and plan.features["C12"].max_sequence_length == 4
+    with pytest.raises(SparseCoreUnsupported, match=r"'C12' \(table 'C12', length 4\).*size_threshold"):
+        tm.train(cfg, plan, manifest, *_files(data), str(tmp_path / "state"))
+    assert not any(c["call"].startswith("TPUEmbeddingV2") for c in rec.calls)

@@ -124,10 +124,11 @@ def stacked_positions(mid: Any, table_name: str, rows: int) -> tf.Tensor:
     return shard * (total // n) + position
 
 
-def logical_table(mid: Any, table_name: str, rows: int, dim: int) -> tf.Tensor:
-    """[rows, dim]: a table's logical rows read out of TF's stacked, sharded variable."""
+def logical_table(mid: Any, table_name: str, rows: int, dim: int, slot: str = "parameters") -> tf.Tensor:
+    """[rows, dim]: a table's logical rows read out of TF's stacked, sharded variable (`slot`: one
+    of its optimizer slots instead, by the TPU optimizer's slot name, e.g. "accumulators")."""
     stacked = mid._table_to_stacked_table_offset[table_name][0]  # pylint: disable=protected-access
-    variable = mid._variables[stacked]["parameters"]  # pylint: disable=protected-access
+    variable = mid._variables[stacked][slot]  # pylint: disable=protected-access
     full = tf.concat([tf.convert_to_tensor(v) for v in variable.values], axis=0)
     return tf.gather(full, stacked_positions(mid, table_name, rows))[:, :dim]
 

@@ -24,7 +24,11 @@ module builds both from one spec so they apply the same update, and says where t
 - **Checkpoint keys.** The TPU optimizer is given a `slot_variable_creation_fn` that creates its
   slots with the Keras optimizer's `add_slot` under Keras' slot names (TFRS's mapping:
   accumulators -> accumulator, momenta/velocities -> m/v, linears -> linear), so a checkpoint
-  written on TPU holds the slots under the keys a CPU run writes, and either resumes the other.
+  written with `TPUEmbedding` (TPU v2-v4) holds the slots under the keys a CPU run writes, and
+  either resumes the other. Not so on SparseCore: TF 2.16's `TPUEmbeddingV2` saves stacks of
+  tables, padded and sharded, under the stack's name; a SparseCore state resumes only on the
+  same topology, and the trainer refuses any other (sparsecore_state.check_resumable). Warm
+  starts into SparseCore place each table and slot into its stack (sparsecore_state.py).
 - **Adagrad's epsilon.** Keras adds epsilon (1e-7) to sqrt(accumulator); the TPU Adagrad has no
   epsilon. With accumulators >= initial_accumulator_value (0.1 by default) the two updates differ
   by less than 1e-6 relative; tests/test_optimizer_rules.py holds them to 1e-6.

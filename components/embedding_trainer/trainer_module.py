@@ -24,7 +24,9 @@ the execution (`training.checkpoint_dir`, or `<pipeline root>/Trainer/training_s
 the key fingerprints the config and the input examples). A run killed mid-training and started
 again with the same config and examples restores the last checkpoint, fast-forwards the input to
 the same position (one batch per replica per step: `training_input`) and trains only the remaining
-steps, so it ends with the same number of steps.
+steps, so it ends with the same number of steps. The state records its checkpoints' table layout
+(sparsecore_state.py): a SparseCore state resumes only on the same topology, and never on another
+platform (TF 2.16 cannot map its stacks), so such a resume stops and says so.
 The state directory is removed once the Model artifact is complete.
 """
 from __future__ import annotations
@@ -51,6 +53,7 @@ from components.ledger import check_ledger
 from components.embedding_model import optimizers as O
 from components.embedding_trainer import plan as P
 from components.embedding_model.input import make_dataset, parse_batch
+from components.embedding_model import sparsecore_state as S
 from components.embedding_model.model import RankingModel, TableOptimizer, check_sparsecore_features
 from components.embedding_trainer.tpu_rules import check_tpu_rules
 from components.metrics import log_loss, roc_auc
@@ -202,6 +205,32 @@ def evaluate(model: RankingModel, dataset: tf.data.Dataset) -> Dict[str, float]:
     return {"auc": roc_auc(p, y), "log_loss": log_loss(p, y), "examples": int(len(y)), "positive_rate": float(y.mean())}
 
 
+def warm_start_sparse_core(model: RankingModel, plan: EmbeddingPlan, layout: CheckpointLayout, warm_prefix: str,
+                           strategy: tf.distribute.Strategy) -> Dict[str, Any]:
+    """The warm-start checkpoint (one variable per table, written by the host twin) into a
+    SparseCore model: TF builds the stacks now, everything but the TPU embedding layer is restored
+    as usual, and each TPU-embedding table and its slots are placed into its stack through the
+    layout the exporter reads (sparsecore_state.py). Restored by name, a stack of several tables
+    would find nothing and a lone table's rows would come back permuted."""
+    from components.embedding_model.model import CHECKPOINT_ROOT, VARIABLE_VALUE, table_checkpoint_key
+
+    with strategy.scope():
+        model.embedding_layer.build(None)  # TFRS's layer: TPUEmbeddingV2.build(), the stacks
+    S.restore_all_but_tpu_embedding(model, warm_prefix, CHECKPOINT_ROOT)
+    reader = tf.train.load_checkpoint(warm_prefix)
+    keys = reader.get_variable_to_shape_map()
+
+    def table(name: str) -> np.ndarray:
+        return reader.get_tensor(table_checkpoint_key(name, "tpu_embedding"))
+
+    def slot(name: str, slot_name: str) -> Optional[np.ndarray]:
+        base = table_checkpoint_key(name, "tpu_embedding")[: -len(VARIABLE_VALUE)] + "/.OPTIMIZER_SLOT/"
+        found = [k for k in keys if k.startswith(base) and k.endswith(f"/{slot_name}{VARIABLE_VALUE}")]
+        return reader.get_tensor(found[0]) if len(found) == 1 else None
+
+    return S.assign_logical_tables(model, plan, layout, table, slot)
+
+
 def training_input(train_files, manifest: VocabularyManifest, plan: EmbeddingPlan, t, per_replica: int,
                    start: int, replicas: int):
     """The training input as a dataset function (`ctx`: tf.distribute's InputContext, or None for
@@ -298,6 +327,8 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
     manager = tf.train.CheckpointManager(ckpt, state, max_to_keep=2)
     start, resumed_from = 0, manager.latest_checkpoint
     if resumed_from:
+        # Only under the table layout it was written with (TF cannot map SparseCore stacks).
+        S.check_resumable(state, resumed_from, layout)
         ckpt.restore(resumed_from).assert_existing_objects_matched()
         start = int(step.numpy())
         logging.info("resuming from %s at step %d of %d", resumed_from, start, steps)
@@ -320,11 +351,15 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
             warm_prefix = os.path.join(state, "warm_start", "ckpt")
             warm_report = warm_start_checkpoint(warm_from, cfg, plan, manifest, twin, warm_prefix)
         del twin
+        if layout.kind == "B":
+            warm_report["sparse_core"] = warm_start_sparse_core(model, plan, layout, warm_prefix, strategy)
+        else:
+            ckpt.restore(warm_prefix).assert_existing_objects_matched()
         with tf.io.gfile.GFile(warm_report_path, "w") as fh:  # for a resumed execution's record
             fh.write(json.dumps(warm_report, sort_keys=True))
-        ckpt.restore(warm_prefix).assert_existing_objects_matched()
         if int(step.numpy()) != 0:
             raise RuntimeError(f"warm start restored step {int(step.numpy())}; expected a fresh step counter")
+    S.write_layout(state, layout)  # what the checkpoints of this state hold (check_resumable)
     if start > steps:
         raise ValueError(f"checkpoint in {state} is at step {start}, beyond train_steps {steps}; remove it or raise train_steps")
 
