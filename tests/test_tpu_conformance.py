@@ -430,20 +430,25 @@ def test_sparsecore_refuses_a_table_optimizer_it_would_ignore(tpu_branch, data, 
         tm.train(cfg, *_plan(cfg, data), *_files(data), str(tmp_path / "state"))
 
 
-def test_weighted_and_sequence_features_on_the_tpu_branch(tpu_branch, data, tmp_path):  # noqa: F811
-    """Issue 18, item 3: a weighted feature of a TPU-embedding table (C12, weighed by the numeric
-    column I2) gives the TPU layer its weights: the enqueue is bound with a weights structure
-    holding C12's per-ID weights beside its IDs (None for the unweighted features), and the whole
-    run (TensorCore table C1 weighed too) completes through the CPU post-training path."""
+@pytest.mark.parametrize("feature", ["V1", "V2"])
+def test_weighted_and_sequence_features_on_the_tpu_branch(feature, tpu_branch, data, tmp_path):  # noqa: F811
+    """A weighted feature of a TPU-embedding table (C12, weighed by the numeric column I2) gives
+    the TPU layer its weights: the lookup is bound with a weights structure holding C12's per-ID
+    weights beside its IDs (None for the unweighted features), and the whole run (TensorCore table
+    C1 weighed too) completes through the CPU post-training path. V1 adds a sequence feature of a
+    TPU-embedding table (C24, attending from C26); SparseCore refuses those (D1), so on V2 the run
+    is weighted only, with TF's real TPUEmbeddingV2 stacking the tables and the checkpoint read
+    back row for row."""
     from components.config import parse_config
     from tests.test_trainer import _raw_config
 
-    rec = tpu_branch(Feature.V1)
+    rec = tpu_branch(getattr(Feature, feature))
+    mid = "TPUEmbeddingV2" if feature == "V2" else "TPUEmbedding"
     raw = _raw_config(data, tpu="local", train_steps=10, checkpoint_every_steps=10)
     for f in raw["categorical_features"]:
         if f["name"] in ("C12", "C1"):
             f["weight_column"] = "I2"
-        if f["name"] == "C24":  # and a sequence feature (item 1), attending from C26
+        if f["name"] == "C24" and feature == "V1":  # and a sequence feature, attending from C26
             f["sequence"] = {"length": 4, "pooling": "attention", "query": "C26"}
     cfg = parse_config(raw)
     # preprocessing output of the module's data has no weights: rerun it for this config
@@ -460,15 +465,19 @@ def test_weighted_and_sequence_features_on_the_tpu_branch(tpu_branch, data, tmp_
     )
     fn_args = _fn_args(root, cfg, "weighted")
     tm.run_fn(fn_args)
-    enqueues = [c for c in rec.calls if c["call"] in ("TPUEmbedding.enqueue", "TPUEmbedding.__call__")]
+    model_uri = os.path.dirname(fn_args.serving_model_dir)
+    enqueues = [c for c in rec.calls if c["call"] in (f"{mid}.enqueue", f"{mid}.__call__")]
     assert enqueues and all(c["in_run"] for c in enqueues)
     weights = [c["values"].get("weights") for c in enqueues]
     assert any(w is not None and w.get("C12") is not None and w.get("C24") is None for w in weights), weights[:1]
-    init = next(c for c in rec.calls if c["call"] == "TPUEmbedding.__init__")["values"]["feature_config"]
-    # the sequence keeps max_sequence_length; output_shape unset, or TF 2.16 would ignore the length
-    assert (init["C24"].max_sequence_length, init["C24"].output_shape) == (4, None)
+    init = next(c for c in rec.calls if c["call"] == f"{mid}.__init__")["values"]["feature_config"]
     assert init["C12"].output_shape == [64 // REPLICAS]
-    assert os.path.exists(os.path.join(os.path.dirname(fn_args.serving_model_dir), tm.EVAL_METRICS_FILE))
+    if feature == "V1":
+        # the sequence keeps max_sequence_length; output_shape unset, or TF 2.16 would ignore the length
+        assert (init["C24"].max_sequence_length, init["C24"].output_shape) == (4, None)
+    else:
+        _assert_checkpoint_tables_are_the_trained_ones(rec.mids[-1], model_uri)
+    assert os.path.exists(os.path.join(model_uri, tm.EVAL_METRICS_FILE))
 
 
 def test_sparsecore_warm_start_places_the_last_models_tables_in_tfs_stacks(tpu_branch, data, tmp_path):  # noqa: F811
