@@ -66,15 +66,14 @@ def assign_logical_tables(model, plan: EmbeddingPlan, layout: CheckpointLayout,
     mid = sparse_core_object(model)
     if mid is None:
         raise LayoutMismatch("the model has no SparseCore (TPUEmbeddingV2) object to place tables into")
-    mid._maybe_build()  # pylint: disable=protected-access  (the stacked variables exist only once built)
     layouts = plan_sparse_core_layouts(plan, int(layout.num_replicas), int(layout.sparse_cores_per_chip),
                                        int(layout.per_replica_batch_size))
     stacks: Dict[str, list] = {}
     for name, lay in layouts.items():
         stacks.setdefault(lay.stacked_table_name, []).append(name)
-    variables = mid.variables
+    variables = mid.variables  # builds the stacks if they are not yet
     report: Dict[str, Any] = {"stacks": {}}
-    optimizers = [o for o in model._embedding_optimizers().values()]  # pylint: disable=protected-access
+    optimizers = list(model._embedding_optimizers().values())  # pylint: disable=protected-access
     for stacked, names in stacks.items():
         if stacked not in variables:
             raise LayoutMismatch(
@@ -135,7 +134,7 @@ def check_resumable(state_dir: str, checkpoint: str, layout: CheckpointLayout) -
     else:
         saved = {"kind": "A", "embedding_api": "unrecorded (one variable per table)"}
     wanted = layout_record(layout)
-    if {k: saved.get(k) for k in wanted} == wanted and saved.get("kind") == wanted["kind"]:
+    if {k: saved.get(k) for k in wanted} == wanted:
         return
     raise LayoutMismatch(
         f"checkpoint {checkpoint} holds the embedding tables as {saved.get('embedding_api')} wrote them "

@@ -54,7 +54,9 @@ from components.embedding_model import optimizers as O
 from components.embedding_trainer import plan as P
 from components.embedding_model.input import make_dataset, parse_batch
 from components.embedding_model import sparsecore_state as S
-from components.embedding_model.model import RankingModel, TableOptimizer, check_sparsecore_features
+from components.embedding_model.model import (
+    CHECKPOINT_ROOT, VARIABLE_VALUE, RankingModel, TableOptimizer, check_sparsecore_features, table_checkpoint_key,
+)
 from components.embedding_trainer.tpu_rules import check_tpu_rules
 from components.metrics import log_loss, roc_auc
 
@@ -212,8 +214,6 @@ def warm_start_sparse_core(model: RankingModel, plan: EmbeddingPlan, layout: Che
     as usual, and each TPU-embedding table and its slots are placed into its stack through the
     layout the exporter reads (sparsecore_state.py). Restored by name, a stack of several tables
     would find nothing and a lone table's rows would come back permuted."""
-    from components.embedding_model.model import CHECKPOINT_ROOT, VARIABLE_VALUE, table_checkpoint_key
-
     with strategy.scope():
         model.embedding_layer.build(None)  # TFRS's layer: TPUEmbeddingV2.build(), the stacks
     S.restore_all_but_tpu_embedding(model, warm_prefix, CHECKPOINT_ROOT)
