@@ -100,9 +100,9 @@ def export_child(variant: str, model_dir: str, examples: str, out: str) -> None:
 def _records(pattern: str, n: int):
     import tensorflow as tf
 
-    files = sorted(glob.glob(pattern))
-    compression = "GZIP" if files[0].endswith(".gz") else ""
-    return next(iter(tf.data.TFRecordDataset(files, compression_type=compression).take(n).batch(n)))
+    from components.examples_io import serialized_examples
+
+    return tf.constant(serialized_examples(pattern, n))
 
 
 def run(args) -> dict:

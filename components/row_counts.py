@@ -28,11 +28,20 @@ class CsvRecordCount:
     unterminated_quote: bool = False  # the file ends inside a quoted field
 
 
-def count_csv_records(stream: BinaryIO) -> CsvRecordCount:
-    """Records of one CSV stream (the header included in `has_header`, not in `data_records`)."""
+@dataclass
+class CsvScanState:
+    """Where a scan of CSV bytes stands: lines ended so far, and the open line's state."""
+
+    records: int = 0  # lines with content ended by a newline outside quotes
+    blank_lines: int = 0  # lines with nothing (or only carriage returns) ended so far
+    in_quote: bool = False  # inside a quoted field
+    line_has_content: bool = False  # the open (unfinished) line has bytes other than \r
+
+
+def scan_csv(stream: BinaryIO, in_quote: bool = False, line_has_content: bool = False, strip_bom: bool = True) -> CsvScanState:
+    """Counts the lines that end inside `stream`, starting from the given state (a byte range of a
+    file starts inside quotes or inside a line; components/example_gen/ranges.py)."""
     records = blank = 0
-    in_quote = False
-    line_has_content = False  # the current (unfinished) line has bytes other than \r
     first = True
     while True:
         block = stream.read(BLOCK)
@@ -40,7 +49,7 @@ def count_csv_records(stream: BinaryIO) -> CsvRecordCount:
             break
         if first:
             first = False
-            if block.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte-order mark
+            if strip_bom and block.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte-order mark
                 block = block[3:]
         # Segments between double quotes alternate outside / inside a quoted field.
         parts = block.split(b'"')
@@ -64,10 +73,14 @@ def count_csv_records(stream: BinaryIO) -> CsvRecordCount:
                     else:
                         blank += 1
                     line_has_content = content
-    if line_has_content:  # a last record without a trailing newline
-        records += 1
-    has_header = records > 0
-    return CsvRecordCount(max(0, records - 1), blank, has_header, in_quote)
+    return CsvScanState(records, blank, in_quote, line_has_content)
+
+
+def count_csv_records(stream: BinaryIO) -> CsvRecordCount:
+    """Records of one CSV stream (the header included in `has_header`, not in `data_records`)."""
+    state = scan_csv(stream)
+    records = state.records + (1 if state.line_has_content else 0)  # a last record without a newline
+    return CsvRecordCount(max(0, records - 1), state.blank_lines, records > 0, state.in_quote)
 
 
 def open_maybe_gzip(path: str) -> BinaryIO:

@@ -50,8 +50,8 @@ def run_example_gen(cfg, input_dir, out_dir, pattern="*", buckets=(4, 1)):
                 example_gen_pb2.SplitConfig.Split(name=n, hash_buckets=b) for n, b in splits
             ]))
         ),
-        "output_data_format": example_gen_pb2.FORMAT_TF_EXAMPLE,
-        "output_file_format": example_gen_pb2.FORMAT_TFRECORDS_GZIP,
+        "output_data_format": example_gen_pb2.FORMAT_PARQUET,
+        "output_file_format": example_gen_pb2.FILE_FORMAT_PARQUET,
         ex.CONFIG_KEY: cfg.to_json(),
     }
     executor = ex.Executor(ex.Executor.Context(beam_pipeline_args=cfg.beam_pipeline_args(), tmp_dir=str(out_dir) + "_tmp"))
@@ -63,21 +63,23 @@ def run_example_gen(cfg, input_dir, out_dir, pattern="*", buckets=(4, 1)):
     led = json.load(open(os.path.join(out_dir, L.LEDGER_FILE))) if os.path.exists(os.path.join(out_dir, L.LEDGER_FILE)) else None
     records = []
     for s in artifact_utils.decode_split_names(examples.split_names) if err is None else []:
-        files = tf.io.gfile.glob(os.path.join(artifact_utils.get_split_uri([examples], s), "*"))
-        records += [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
+        records += split_rows(artifact_utils.get_split_uri([examples], s))
     return led, records, err
 
 
+def split_rows(split_dir):
+    """The rows of one split's Parquet files, as dicts of lists (a null list read as [])."""
+    import pyarrow.parquet as pq
+
+    rows = []
+    for f in sorted(tf.io.gfile.glob(os.path.join(split_dir, "*"))):
+        assert f.endswith(".parquet"), f
+        rows += [{k: (v if v is not None else []) for k, v in r.items()} for r in pq.read_table(f).to_pylist()]
+    return rows
+
+
 def _rows(records):
-    out = []
-    for ex in records:
-        f = ex.features.feature
-        row = {}
-        for k, v in f.items():
-            kind = v.WhichOneof("kind")
-            row[k] = list(getattr(v, kind).value) if kind else []
-        out.append(row)
-    return sorted(out, key=lambda r: json.dumps(r, default=str, sort_keys=True))
+    return sorted(records, key=lambda r: json.dumps(r, default=str, sort_keys=True))
 
 
 MESSY_CSV = (
@@ -114,7 +116,7 @@ def test_csv_every_case_counted_and_typed(tmp_path):
     assert sum(stage["rows_out"].values()) == 5 == len(records)
     assert stage["cells"]["not_numeric"] == {"I2": 1, "label": 1}  # "yes" (its row is dropped too)
     assert stage["cells"]["missing"]["I1"] == 1 and stage["cells"]["missing"]["C2"] == 0
-    assert any(":4 (2 fields" in e for e in stage["examples"]["malformed/too_few_fields"])
+    assert any("data.csv:5 (2 fields" in e for e in stage["examples"]["malformed/too_few_fields"])  # its line
     rows = {(r["C1"][0] if r.get("C1") else None, r["I1"][0] if r.get("I1") else None): r for r in _rows(records)}
     # types from the config: label int64 0/1, dense float32 (numbers as text parsed), categorical bytes
     first = rows[(b"a", 0.5)]
@@ -234,37 +236,29 @@ def test_ledger_names_the_missing_rows():
     assert pre["problems"] == ["train rows in: EmbeddingExampleGen wrote 60 != preprocessing read 58 (2 rows missing)"]
 
 
-_ENCODE_IN_FRESH_PROCESS = """
-import hashlib, sys
-from components.config import parse_config
-from components.example_gen.beam_io import ReadFile
-cfg = parse_config({"input": {"path": "x.csv"}, "label": "label",
-                    "dense_features": [{"name": "I1"}, {"name": "I2"}],
-                    "categorical_features": [{"name": c} for c in ("C1", "C2", "C3", "C4", "C5", "C6")]})
-fn = ReadFile(cfg.to_json())
-fn.setup()
-print(hashlib.sha256(b"|".join(r for r in fn.process(sys.argv[1]) if isinstance(r, bytes))).hexdigest())
-"""
+def _split_members(tmp_path, tag, **beam_and_input):
+    d = tmp_path / "in"
+    out = tmp_path / f"out-{tag}"
+    raw = json.loads(json.dumps(BASE))
+    raw["input"].update(beam_and_input.pop("input", {}))
+    raw["beam"] = beam_and_input.pop("beam")
+    led, _, err = run_example_gen(parse_config(raw), d, out)
+    assert err is None and led["balanced"]
+    from tfx.types import artifact_utils  # noqa: F401
+
+    return {s: sorted(json.dumps(r, sort_keys=True, default=str) for r in split_rows(str(out / f"Split-{s}"))) for s in ("train", "eval")}, led
 
 
-def test_records_are_the_same_bytes_in_every_process(tmp_path):
-    """TFX splits train/eval by a hash of each record's bytes: a row must serialize identically in
-    every process (tfx_bsl's encoder alone does not: its C++ feature map order changes per process,
-    which sent different rows to train in a local and a Kubeflow run of one config)."""
-    import subprocess
-    import sys
-
-    header = "label,I1,I2,C1,C2,C3,C4,C5,C6"
-    rows = [f"{i % 2},{i},{i * 0.5},a{i},b{i % 7},c{i % 3},d,e{i},f{i % 5}" for i in range(200)]
-    path = tmp_path / "in.csv"
-    path.write_text("\n".join([header] + rows) + "\n")
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    digests = {
-        subprocess.run(
-            [sys.executable, "-c", _ENCODE_IN_FRESH_PROCESS, str(path)],
-            cwd=repo, env={**os.environ, "PYTHONHASHSEED": str(seed)},
-            check=True, capture_output=True, text=True,
-        ).stdout.strip().splitlines()[-1]
-        for seed in (1, 2, 3)
-    }
-    assert len(digests) == 1, digests
+def test_split_membership_same_with_one_or_two_workers_and_any_range_size(tmp_path):
+    """The split is a hash of each row's content: the same rows land in train and eval whether one
+    process reads the file as one range or two worker processes read it in many small ranges."""
+    d = tmp_path / "in"
+    d.mkdir()
+    lines = ["label,I1,I2,C1,C2"] + [f'{i % 2},{i},{i * 0.5},"a{i}\nx",b{i % 7}|c{i % 3}' for i in range(3000)]
+    (d / "in.csv").write_text("\n".join(lines) + "\n")
+    one, led_one = _split_members(tmp_path, "one", beam={"direct_running_mode": "in_memory"})
+    two, led_two = _split_members(tmp_path, "two", beam={"direct_running_mode": "multi_processing", "direct_num_workers": 2},
+                                  input={"range_mb": 4096 / (1 << 20)})
+    assert led_one["stages"][0]["byte_ranges"] == 1 and led_two["stages"][0]["byte_ranges"] > 20
+    assert one == two
+    assert len(one["train"]) + len(one["eval"]) == 3000 and 450 < len(one["eval"]) < 750

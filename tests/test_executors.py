@@ -88,8 +88,8 @@ def run_chain(root, cfg, data):
         specs.INPUT_BASE_KEY: str(data),
         specs.INPUT_CONFIG_KEY: proto_utils.proto_to_json(input_config),
         specs.OUTPUT_CONFIG_KEY: proto_utils.proto_to_json(output_config),
-        specs.OUTPUT_DATA_FORMAT_KEY: example_gen_pb2.FORMAT_TF_EXAMPLE,
-        specs.OUTPUT_FILE_FORMAT_KEY: example_gen_pb2.FORMAT_TFRECORDS_GZIP,
+        specs.OUTPUT_DATA_FORMAT_KEY: example_gen_pb2.FORMAT_PARQUET,
+        specs.OUTPUT_FILE_FORMAT_KEY: example_gen_pb2.FILE_FORMAT_PARQUET,
         example_gen_executor.CONFIG_KEY: cfg.to_json(),
     })
 
@@ -166,6 +166,24 @@ def test_example_gen_do_writes_splits_and_a_balanced_ledger(chain):
     assert {"train": train, "eval": evals} == stage["rows_out"]
     assert train + evals == ROWS - sum(stage["malformed"].values()) - sum(stage["dropped"].values())
     assert 0 < evals < train
+
+
+def test_example_gen_output_is_read_by_tfx_own_tfxio(chain):
+    """A standard Examples artifact: TFX's tfxio_utils (StatisticsGen, SchemaGen, Transform) reads
+    the Parquet payload with tfx_bsl's ParquetTFXIO, every row and every column."""
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+    from tfx.components.util import examples_utils, tfxio_utils
+    from tfx.proto import example_gen_pb2
+
+    _, a, _ = chain
+    examples = a["examples"]
+    assert examples_utils.get_payload_format(examples) == example_gen_pb2.FORMAT_PARQUET
+    factory = tfxio_utils.get_tfxio_factory_from_artifact([examples], ["test"])
+    tfxio = factory(io_utils.all_files_pattern(artifact_utils.get_split_uri([examples], "eval")))
+    with beam.Pipeline() as p:
+        rows = (p | tfxio.BeamSource() | beam.Map(lambda rb: rb.num_rows) | beam.CombineGlobally(sum))
+        assert_that(rows, equal_to([examples.get_int_custom_property("eval_rows")]))
 
 
 def test_preprocess_do_writes_vocabularies_statistics_and_counts(chain):

@@ -466,11 +466,13 @@ def _train_order(examples_dir):
 
     import tensorflow as tf
 
-    files = sorted(glob.glob(os.path.join(examples_dir, "Split-train", "*")))
-    assert files, examples_dir
+    from components.examples_io import serialized_examples
+
+    pattern = os.path.join(examples_dir, "Split-train", "*")
+    assert glob.glob(pattern), examples_dir
     out = []
-    for r in tf.data.TFRecordDataset(files, compression_type="GZIP"):
-        feats = tf.train.Example.FromString(r.numpy()).features.feature
+    for r in serialized_examples(pattern, 1 << 40):
+        feats = tf.train.Example.FromString(r).features.feature
         out.append(hashlib.md5(repr(sorted((k, str(v)) for k, v in feats.items())).encode()).hexdigest())
     return out
 
@@ -485,8 +487,9 @@ def test_kfp_runs_in_both_modes_serve_like_the_local_run(kfp_runs):
 
     cfg, root, runs = kfp_runs
     first = {name: r[0] for name, r in runs.items()}
-    raw_files = sorted(glob.glob(os.path.join(first["local"]["examples"], "Split-eval", "*")))
-    records = [r.numpy() for r in tf.data.TFRecordDataset(raw_files, compression_type="GZIP")]
+    from components.examples_io import serialized_examples
+
+    records = serialized_examples(os.path.join(first["local"]["examples"], "Split-eval", "*"), 1 << 40)
     assert len(records) > 500
     scores = {name: _score(r["pushed"], records) for name, r in first.items()}
     order = {name: _train_order(r["examples"]) for name, r in first.items()}

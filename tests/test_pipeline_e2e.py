@@ -28,9 +28,11 @@ ROWS = DEMO_ROWS  # the default config is tuned for this much data (300k train r
 
 
 def _raw_examples(out, split):
-    files = glob.glob(str(out / "pipeline_root" / "EmbeddingExampleGen" / "examples" / "*" / f"Split-{split}" / "*"))
-    assert files
-    return [r.numpy() for r in tf.data.TFRecordDataset(sorted(files), compression_type="GZIP")]
+    from components.examples_io import serialized_examples
+
+    pattern = str(out / "pipeline_root" / "EmbeddingExampleGen" / "examples" / "*" / f"Split-{split}" / "*")
+    assert glob.glob(pattern)
+    return serialized_examples(pattern, 1 << 40)
 
 
 def test_vocabularies_equal_independent_count(pipeline_run):
@@ -69,7 +71,8 @@ SCORE_IN_FRESH_PROCESS = r"""
 import sys, json, numpy as np
 import components, tensorflow as tf
 model = tf.saved_model.load(sys.argv[1])
-records = [r.numpy() for r in tf.data.TFRecordDataset(json.loads(sys.argv[2]), compression_type="GZIP")]
+from components.examples_io import serialized_examples
+records = serialized_examples(sys.argv[2], 1 << 40)
 probs = model.signatures["serving_default"](examples=tf.constant(records))["probabilities"].numpy().ravel()
 np.save(sys.argv[3], probs)
 """
@@ -81,12 +84,12 @@ def test_pushed_model_scores_raw_examples_like_trained_model(pipeline_run, tmp_p
     assert pushed and pushed.startswith(str(out / "serving"))
     assert summary["export_parity"]["passed"]
 
-    raw_files = sorted(glob.glob(str(out / "pipeline_root" / "EmbeddingExampleGen" / "examples" / "*" / "Split-eval" / "*")))
+    raw_files = str(out / "pipeline_root" / "EmbeddingExampleGen" / "examples" / "*" / "Split-eval" / "*")
     script = tmp_path / "score.py"
     script.write_text(SCORE_IN_FRESH_PROCESS)
     env = dict(os.environ, PYTHONPATH=REPO, TF_USE_LEGACY_KERAS="1")
     r = subprocess.run(
-        [sys.executable, str(script), pushed, json.dumps(raw_files), str(tmp_path / "serving.npy")],
+        [sys.executable, str(script), pushed, raw_files, str(tmp_path / "serving.npy")],
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]

@@ -70,6 +70,9 @@ class InputConfig:
     format: str = "csv"  # csv | tfrecord (gzipped or plain TFRecord of tf.Example)
     train_buckets: int = 4  # ExampleGen hash split: train gets train_buckets / (train+eval)
     eval_buckets: int = 1
+    # ExampleGen reads an uncompressed CSV file in byte ranges of this many MiB, spread over the
+    # workers (a compressed or TFRecord file is one range); smaller ranges spread small files wider.
+    range_mb: float = 64.0
     # Feature health (README "Row ledger"): a feature whose share of train rows with a missing or
     # invalid value is above max_invalid_share stops the run before training; above
     # warn_invalid_share it is flagged in the summary and the report. allow_invalid: exempt features.

@@ -74,6 +74,7 @@ def _check_input(cfg: PipelineConfig) -> None:
     check_choice(cfg.input.format, INPUT_FORMATS, "input.format")
     check_positive(cfg.input.train_buckets, "input.train_buckets", "hash buckets for the train split")
     check_positive(cfg.input.eval_buckets, "input.eval_buckets", "hash buckets for the eval split")
+    check_positive(cfg.input.range_mb, "input.range_mb", "MiB per byte range of a CSV file that ExampleGen reads")
 
 
 def _check_label(cfg: PipelineConfig) -> None:

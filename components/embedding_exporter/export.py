@@ -59,15 +59,13 @@ SCORE_BATCH = 1024
 
 
 def read_raw_examples(file_pattern: str, limit: int) -> List[bytes]:
-    files = sorted(tf.io.gfile.glob(file_pattern))
-    if not files:
-        raise ExportRefused(f"no eval examples match {file_pattern}; cannot verify the export")
-    out: List[bytes] = []
-    from components.tfrecords import compression_type
+    """Raw eval rows as serialized tf.Examples (what a serving client sends), from ExampleGen's
+    Parquet files or from TFRecords of tf.Examples."""
+    from components.examples_io import serialized_examples
 
-    for record in tf.data.TFRecordDataset(files, compression_type=compression_type(files)).take(limit):
-        out.append(record.numpy())
-    return out
+    if not tf.io.gfile.glob(file_pattern):
+        raise ExportRefused(f"no eval examples match {file_pattern}; cannot verify the export")
+    return serialized_examples(file_pattern, limit)
 
 
 def read_model_plan(model_uri: str) -> EmbeddingPlan:

@@ -26,6 +26,19 @@ CONFIG_KEY = "config_json"
 SPLITS = ("train", "eval")
 
 
+def input_format_of(examples: types.Artifact) -> str:
+    """`parquet` (this project's ExampleGen) or `tfrecord` (tf.Examples, e.g. TFX's CsvExampleGen)."""
+    payload = examples_utils.get_payload_format(examples)
+    if payload == example_gen_pb2.FORMAT_PARQUET:
+        return "parquet"
+    if payload == example_gen_pb2.FORMAT_TF_EXAMPLE:
+        return "tfrecord"
+    raise ValueError(
+        f"input examples at {examples.uri} have payload format "
+        f"{example_gen_pb2.PayloadFormat.Name(payload)}; EmbeddingPreprocess reads FORMAT_PARQUET or FORMAT_TF_EXAMPLE"
+    )
+
+
 class Executor(base_beam_executor.BaseBeamExecutor):
     def Do(
         self,
@@ -58,6 +71,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             transformed_dirs={s: os.path.join(transformed.uri, f"Split-{s}") for s in SPLITS},
             statistics_dir=statistics.uri,
             upstream_ledger=upstream,
+            input_format=input_format_of(examples),
         )
         vocabulary.set_string_custom_property("tables", ",".join(t.name for t in cfg.tables))
         for s in SPLITS:

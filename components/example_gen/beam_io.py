@@ -1,29 +1,37 @@
-"""Beam reading of the input files: typed tf.Examples out, every row counted on two sides.
+"""Beam reading and writing of ExampleGen: input files in, typed Parquet splits out, every row
+counted on two sides, no row data crossing a stage boundary.
 
-`InputToExamples` (what the ExampleGen executor hands to TFX's `BaseExampleGenExecutor`):
-- reads each matching file in one worker (files are spread over workers): CSV with pyarrow's
-  streaming reader (`newlines_in_values`, so quoted separators and line breaks, CRLF and a UTF-8
-  byte-order mark are read as written; rows with too few or too many fields are skipped by pyarrow's
-  invalid-row handler and counted by reason, with the first few file:row numbers kept), TFRecord by
-  checking each record's framing and CRC and decoding it with tfx_bsl (a record that fails either is
-  counted as corrupt);
-- types the rows by the configuration (`records.type_rows`) and encodes them as tf.Examples;
-- counts every file's data rows a second way (`components.row_counts`, not the parser) and writes
-  the merged counts next to the output; the executor turns them into the ExampleGen ledger.
-A file is read by one worker so that a quoted line break can never be cut; split a very large
-input into several files to read it in parallel.
+`WriteExamples` (what the ExampleGen executor runs):
+- plans byte ranges (`ranges.plan_ranges`): an uncompressed CSV file is cut into ranges of
+  `input.range_mb`, so one big file is read by every worker; a compressed file or a TFRecord file
+  is one range. The ranges (small elements: path, start, end) are spread over the workers;
+- CSV ranges: a first pass counts each range's quotes and newlines (`ranges.count_quotes`), so each
+  range knows whether it starts inside a quoted field; each range then parses the whole records that
+  start in it (`ranges.read_owned_records`) with pyarrow's CSV reader (`newlines_in_values`, so
+  quoted separators and line breaks, CRLF and a byte-order mark are read as written; rows with too
+  few or too many fields are skipped by pyarrow's invalid-row handler and counted by reason, with the
+  first few file:line locations kept). TFRecord files: each record's framing and CRC checked and
+  decoded with tfx_bsl (a record that fails either is counted as corrupt);
+- types the rows by the configuration (`records.type_rows`), assigns each row its split by a hash of
+  its content (`split_hash`) and writes it, in the same worker, to that range's Parquet file of the
+  split (written to a temporary name, renamed when the range is done, so a retried or failed range
+  never leaves a file that a reader would take for output). Only counts leave the worker;
+- counts every file's data rows a second way (`ranges.count_range_lines` per range, or
+  `components.row_counts` per whole file: not the parser) and writes the merged counts next to the
+  output; the executor turns them into the ExampleGen ledger.
 """
 from __future__ import annotations
 
 import json
 import struct
 from collections import Counter
-from typing import Any, Dict, Iterable, List
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import apache_beam as beam
 import pyarrow as pa
 
 from components import row_counts
+from components.example_gen import ranges, split_hash
 
 READ_BLOCK_BYTES = 16 << 20  # pyarrow CSV block: one RecordBatch per block
 TFRECORD_BATCH = 4096
@@ -57,28 +65,126 @@ class SumCountsFn(beam.CombineFn):
         return acc
 
 
-def count_input_rows(path: str, input_format: str) -> Dict[str, int]:
-    """The independent count of one file's data rows (row_counts)."""
+def count_whole_file(path: str, input_format: str) -> Dict[str, int]:
+    """The independent count of one whole file (compressed CSV, TFRecord): `row_counts`."""
     if input_format == "csv":
         c = row_counts.count_file(path, row_counts.count_csv_records)
-        out = {"input/data_rows": c.data_records, "input/blank_lines": c.blank_lines, "input/files": 1}
-        if not c.has_header:
-            out["input/files_without_header"] = 1
-        if c.unterminated_quote:
-            out["input/files_ending_inside_quotes"] = 1
-        return out
+        return {"input/lines": c.data_records + (1 if c.has_header else 0), "input/blank_lines": c.blank_lines,
+                **({"input/files_ending_inside_quotes": 1} if c.unterminated_quote else {})}
     c = row_counts.count_file(path, row_counts.count_tfrecords)
-    out = {"input/data_rows": c.records, "input/files": 1}
-    if c.truncated:
-        out["input/files_truncated"] = 1
+    return {"input/data_rows": c.records, **({"input/files_truncated": 1} if c.truncated else {})}
+
+
+def count_range(r: ranges.ByteRange, input_format: str, before: Dict) -> Tuple[str, Dict[str, int]]:
+    """(file, independent counts of the range): lines counted on the bytes, not by the parser."""
+    if r.whole_file:
+        return r.path, count_whole_file(r.path, input_format)
+    return r.path, ranges.count_range_lines(r, before.get(r.key(), (0, 0))[0])
+
+
+def file_totals(item: Tuple[str, Dict[str, int]], input_format: str) -> Dict[str, int]:
+    """A file's summed range counts -> the ledger's input counts (the header is not a data row)."""
+    _, c = item
+    out = {k: v for k, v in c.items() if k != "input/lines"}
+    out["input/files"] = 1
+    if input_format == "csv":
+        lines = c.get("input/lines", 0)
+        out["input/data_rows"] = max(0, lines - 1)
+        out.setdefault("input/blank_lines", 0)
+        if lines == 0:
+            out["input/files_without_header"] = 1
     return out
 
 
-class ReadFile(beam.DoFn):
-    """One input file -> serialized typed tf.Examples, plus a count dict (tagged `counts`)."""
+def _conform(rb: pa.RecordBatch, schema: pa.Schema) -> Optional[pa.RecordBatch]:
+    """`rb` in `schema` (a column it lacks as nulls, a null-typed column cast), or None when it
+    cannot be: a column the schema lacks, or one of another type (the writer starts a new file)."""
+    if rb.schema.equals(schema):
+        return rb
+    if any(schema.get_field_index(n) < 0 for n in rb.schema.names):
+        return None
+    arrays = []
+    for field in schema:
+        i = rb.schema.get_field_index(field.name)
+        if i < 0:
+            arrays.append(pa.nulls(rb.num_rows, field.type))
+            continue
+        col = rb.column(i)
+        if col.type != field.type:
+            if not (pa.types.is_null(col.type) or _null_list(col.type)):
+                return None
+            col = pa.nulls(rb.num_rows, field.type) if pa.types.is_null(col.type) else col.cast(field.type)
+        arrays.append(col)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
-    def __init__(self, config_json: str):
+
+def _null_list(t: pa.DataType) -> bool:
+    return (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_null(t.value_type)
+
+
+class SplitWriter:
+    """One range's Parquet output of one split: `<split_dir>/<name>.parquet`, written under a
+    temporary name in `tmp_dir` and renamed into place by `close` (a new part file when a batch's
+    columns cannot join the open file's schema, e.g. a TFRecord feature typed differently)."""
+
+    def __init__(self, split_dir: str, tmp_dir: str, name: str):
+        self._split_dir, self._tmp_dir, self._name = split_dir, tmp_dir, name
+        self._writer = None
+        self._schema: Optional[pa.Schema] = None
+        self._parts: List[Tuple[str, str]] = []  # (temporary, final)
+        self.rows = 0
+
+    def write(self, rb: pa.RecordBatch) -> None:
+        if not rb.num_rows:
+            return
+        conformed = _conform(rb, self._schema) if self._schema is not None else None
+        if conformed is None:
+            self._open(rb.schema)
+            conformed = rb
+        self._writer.write_batch(conformed)
+        self.rows += rb.num_rows
+
+    def _open(self, schema: pa.Schema) -> None:
+        import uuid
+
+        from apache_beam.io.filesystems import FileSystems
+        import pyarrow.parquet as pq
+
+        self._close_writer()
+        part = len(self._parts)
+        final = FileSystems.join(self._split_dir, f"{self._name}{'' if part == 0 else f'-part{part}'}.parquet")
+        tmp = FileSystems.join(self._tmp_dir, f"{uuid.uuid4().hex}.parquet")
+        self._fh = FileSystems.create(tmp)
+        self._writer = pq.ParquetWriter(self._fh, schema, compression="snappy")
+        self._schema = schema
+        self._parts.append((tmp, final))
+
+    def _close_writer(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._fh.close()
+            self._writer = None
+
+    def close(self) -> List[str]:
+        """Finishes the files and moves them into the split; returns their final paths."""
+        from apache_beam.io.filesystems import FileSystems
+
+        self._close_writer()
+        if self._parts:
+            FileSystems.rename([t for t, _ in self._parts], [f for _, f in self._parts])
+        return [f for _, f in self._parts]
+
+
+class ReadAndWriteRange(beam.DoFn):
+    """One byte range (or whole file) -> its rows typed and written to the splits' Parquet files;
+    yields one count dict (rows parsed, malformed, dropped and written per split, with examples)."""
+
+    def __init__(self, config_json: str, split_dirs: Dict[str, str], bounds: List[int], tmp_dir: str, total: int):
         self._config_json = config_json
+        self._split_dirs = split_dirs  # split name -> directory, in split order
+        self._bounds = bounds
+        self._tmp_dir = tmp_dir
+        self._total = total
 
     def setup(self):
         from tfx_bsl.coders import example_coder
@@ -86,75 +192,93 @@ class ReadFile(beam.DoFn):
         from components.config import config_from_json
 
         self._cfg = config_from_json(self._config_json)
-        from tensorflow.core.example import example_pb2
-
-        self._encoder = example_coder.RecordBatchToExamplesEncoder()
-        self._example_cls = example_pb2.Example
         self._decoder_cls = example_coder.ExamplesToRecordBatchDecoder
+        self._hashed = sorted(set(self._cfg.numeric_columns() + self._cfg.categorical_columns() + [self._cfg.label]))
 
-    def process(self, path: str):
+    def process(self, r: ranges.ByteRange, before: Dict):
         from components.example_gen.records import type_rows
 
         counts: Counter = Counter()
         samples: Dict[str, List[str]] = {}
-        batches = self._read_csv(path, counts, samples) if self._cfg.input.format == "csv" else self._read_tfrecord(path, counts, samples)
+        if self._cfg.input.format == "csv":
+            batches = self._read_csv_range(r, before, counts, samples)
+        else:
+            batches = self._read_tfrecord(r.path, counts, samples)
+        names = list(self._split_dirs)
+        name = f"data_parquet-{r.index:05d}-of-{self._total:05d}"
+        writers = {s: SplitWriter(d, self._tmp_dir, name) for s, d in self._split_dirs.items()}
         for rb in batches:
             counts["rows/parsed"] += rb.num_rows
             typed, c = type_rows(self._cfg, rb)
             counts.update(c)
-            if typed.num_rows:
-                yield from self._canonical(self._encoder.encode(typed))
+            if not typed.num_rows:
+                continue
+            split = split_hash.assign_splits(split_hash.row_hashes(typed, self._hashed), self._bounds)
+            for k, s in enumerate(names):
+                mask = split == k
+                if mask.all():
+                    writers[s].write(typed)
+                elif mask.any():
+                    writers[s].write(typed.filter(pa.array(mask)))
+        for s, w in writers.items():
+            w.close()
+            counts[f"split/{s}"] += w.rows
         out: Dict[str, Any] = dict(counts)
         out.update({f"examples/{k}": v for k, v in samples.items()})
-        yield beam.pvalue.TaggedOutput("counts", out)
+        yield out
 
-    def _canonical(self, records: List[bytes]) -> Iterable[bytes]:
-        """The records re-serialized deterministically (features sorted by name).
-
-        tfx_bsl's encoder serializes each tf.Example's feature map in C++ map order, which changes
-        from process to process; TFX splits train/eval by a hash of the record's bytes, so the same
-        row could land in train in one run and in eval in the next (seen: local vs Kubeflow runs of
-        one config). TFX's own CsvExampleGen hashes `SerializeToString(deterministic=True)` of its
-        Example objects; this does the same once, so the split and the output bytes depend on the
-        row's content only. Measured on the demo's 40 columns: about 85 us per record.
-        """
-        parse = self._example_cls.FromString
-        for record in records:
-            yield parse(record).SerializeToString(deterministic=True)
-
-    def _read_csv(self, path: str, counts: Counter, samples: Dict[str, List[str]]):
-        from apache_beam.io.filesystems import FileSystems
+    def _read_csv_range(self, r: ranges.ByteRange, before: Dict, counts: Counter, samples: Dict[str, List[str]]):
         from pyarrow import csv
 
         from components.example_gen.header import read_csv_header
 
-        header = read_csv_header(path)
+        header = read_csv_header(r.path)
         if header is None:  # an empty file: no header, no rows (the ledger says so)
-            counts["files/empty"] += 1
+            if r.start == 0:
+                counts["files/empty"] += 1
             return
+        convert = csv.ConvertOptions(
+            column_types={c: pa.binary() for c in header}, strings_can_be_null=False, quoted_strings_can_be_null=False
+        )
+        bad: List[Tuple[str, int, int, int]] = []  # (reason, record number, fields, expected)
 
         def invalid_row(row) -> str:
             reason = "too_few_fields" if row.actual_columns < row.expected_columns else "too_many_fields"
             counts[f"rows/malformed/{reason}"] += 1
-            kept = samples.setdefault(f"malformed/{reason}", [])
-            if len(kept) < MAX_EXAMPLES:
-                kept.append(f"{path}:{row.number} ({row.actual_columns} fields, header has {row.expected_columns})")
+            if sum(1 for b in bad if b[0] == reason) < MAX_EXAMPLES:
+                bad.append((reason, row.number, row.actual_columns, row.expected_columns))
             return "skip"
 
-        with FileSystems.open(path) as fh:  # compression from the extension (.gz, .bz2, ...)
-            reader = csv.open_csv(
-                fh,
-                read_options=csv.ReadOptions(use_threads=False, block_size=READ_BLOCK_BYTES),
-                parse_options=csv.ParseOptions(newlines_in_values=True, invalid_row_handler=invalid_row),
-                convert_options=csv.ConvertOptions(
-                    column_types={c: pa.binary() for c in header},
-                    strings_can_be_null=False,
-                    quoted_strings_can_be_null=False,
-                ),
+        parse = csv.ParseOptions(newlines_in_values=True, invalid_row_handler=invalid_row)
+        if r.whole_file:  # compressed: streamed from the start, its header read by pyarrow
+            from apache_beam.io.filesystems import FileSystems
+
+            with FileSystems.open(r.path) as fh:  # compression from the extension (.gz, .bz2, ...)
+                reader = csv.open_csv(fh, read_options=csv.ReadOptions(use_threads=False, block_size=READ_BLOCK_BYTES),
+                                      parse_options=parse, convert_options=convert)
+                for rb in reader:
+                    if rb.num_rows:
+                        yield rb
+            for reason, number, got, want in bad:
+                samples.setdefault(f"malformed/{reason}", []).append(f"{r.path}: record {number} ({got} fields, header has {want})")
+            return
+        q, n = before.get(r.key(), (0, 0))
+        owned = ranges.read_owned_records(r, q, n)
+        if not owned.data.strip():
+            return
+        reader = csv.open_csv(
+            pa.BufferReader(owned.data),
+            read_options=csv.ReadOptions(column_names=header, use_threads=False, block_size=READ_BLOCK_BYTES),
+            parse_options=parse, convert_options=convert,
+        )
+        for rb in reader:
+            if rb.num_rows:
+                yield rb
+        lines = owned.record_lines(b[1] for b in bad)
+        for reason, number, got, want in bad:
+            samples.setdefault(f"malformed/{reason}", []).append(
+                f"{r.path}:{lines.get(number, '?')} ({got} fields, header has {want})"
             )
-            for rb in reader:
-                if rb.num_rows:
-                    yield rb
 
     def _read_tfrecord(self, path: str, counts: Counter, samples: Dict[str, List[str]]):
         decoder = self._decoder_cls()
@@ -237,27 +361,46 @@ def _tfrecord_payloads(path: str):
             offset += 16 + length
 
 
-@beam.ptransform_fn
-def InputToExamples(pipeline, exec_properties: Dict[str, Any], split_pattern: str):  # pylint: disable=invalid-name
-    """TFX's input-to-record PTransform: serialized tf.Examples of the files matching `split_pattern`."""
-    import os
+class WriteExamples(beam.PTransform):
+    """PBegin -> nothing: reads `byte_ranges`, writes each split's Parquet files into `split_dirs`
+    and the merged counts (JSON) to `counts_path`."""
 
-    from apache_beam.io.filesystems import FileSystems
+    def __init__(self, config_json: str, byte_ranges: List[ranges.ByteRange], split_dirs: Dict[str, str],
+                 bounds: List[int], tmp_dir: str, counts_path: str):
+        super().__init__()
+        self._config_json = config_json
+        self._ranges = byte_ranges
+        self._split_dirs = split_dirs
+        self._bounds = bounds
+        self._tmp_dir = tmp_dir
+        self._counts_path = counts_path
+        self._format = json.loads(config_json)["input"]["format"]
 
-    from components.example_gen import executor as ex
-
-    config_json = exec_properties[ex.CONFIG_KEY]
-    fmt = json.loads(config_json)["input"]["format"]
-    pattern = os.path.join(exec_properties["input_base"], split_pattern)
-    files = sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
-    paths = pipeline | "Files" >> beam.Create(files) | "SpreadFiles" >> beam.Reshuffle()
-    read = paths | "ReadFiles" >> beam.ParDo(ReadFile(config_json)).with_outputs("counts", main="examples")
-    independent = paths | "CountRows" >> beam.Map(count_input_rows, fmt)
-    _ = (
-        (read.counts, independent)
-        | "AllCounts" >> beam.Flatten()
-        | "SumCounts" >> beam.CombineGlobally(SumCountsFn())
-        | "CountsToJson" >> beam.Map(lambda c: json.dumps(c, sort_keys=True))
-        | "WriteCounts" >> beam.io.WriteToText(exec_properties[ex.COUNTS_PATH_KEY], shard_name_template="")
-    )
-    return read.examples
+    def expand(self, pbegin):
+        rs = pbegin | "Ranges" >> beam.Create(self._ranges) | "SpreadRanges" >> beam.Reshuffle()
+        if self._format == "csv":  # where each range starts: quotes and newlines before it
+            before = (
+                rs
+                | "CountQuotes" >> beam.Map(ranges.count_quotes)
+                | "AllQuoteCounts" >> beam.combiners.ToList()
+                | "BeforeEachRange" >> beam.Map(ranges.before_each_range)
+            )
+        else:
+            before = pbegin | "NoQuotes" >> beam.Create([{}])
+        side = beam.pvalue.AsSingleton(before)
+        written = rs | "ReadAndWrite" >> beam.ParDo(
+            ReadAndWriteRange(self._config_json, self._split_dirs, self._bounds, self._tmp_dir, len(self._ranges)), side
+        )
+        independent = (
+            rs
+            | "CountLines" >> beam.Map(count_range, self._format, side)
+            | "SumPerFile" >> beam.CombinePerKey(SumCountsFn())
+            | "FileTotals" >> beam.Map(file_totals, self._format)
+        )
+        return (
+            (written, independent)
+            | "AllCounts" >> beam.Flatten()
+            | "SumCounts" >> beam.CombineGlobally(SumCountsFn())
+            | "CountsToJson" >> beam.Map(lambda c: json.dumps(c, sort_keys=True))
+            | "WriteCounts" >> beam.io.WriteToText(self._counts_path, shard_name_template="")
+        )

@@ -22,7 +22,7 @@ class EmbeddingExampleGenSpec(standard_component_specs.FileBasedExampleGenSpec):
 
 
 class EmbeddingExampleGen(FileBasedExampleGen):
-    """Reads the configured CSV or TFRecord input into typed tf.Examples, with a row ledger."""
+    """Reads the configured CSV or TFRecord input into typed rows (Parquet splits), with a row ledger."""
 
     SPEC_CLASS = EmbeddingExampleGenSpec
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(executor.Executor)
@@ -34,8 +34,8 @@ class EmbeddingExampleGen(FileBasedExampleGen):
             input_config=input_config,
             output_config=output_config or utils.make_default_output_config(input_config),
             range_config=range_config,
-            output_data_format=example_gen_pb2.FORMAT_TF_EXAMPLE,
-            output_file_format=example_gen_pb2.FORMAT_TFRECORDS_GZIP,
+            output_data_format=example_gen_pb2.FORMAT_PARQUET,
+            output_file_format=example_gen_pb2.FILE_FORMAT_PARQUET,
             examples=types.Channel(type=standard_artifacts.Examples),
             **{executor.CONFIG_KEY: config.to_json()},
         )

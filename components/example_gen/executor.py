@@ -1,39 +1,51 @@
-"""TFX executor of EmbeddingExampleGen: TFX's BaseExampleGenExecutor (split by hash buckets, gzipped
-TFRecords per split, payload format) around `beam_io.InputToExamples`, plus the ExampleGen ledger."""
+"""TFX executor of EmbeddingExampleGen: the input files read in byte ranges, typed, split by a hash
+of each row's content and written as Parquet by the workers that read them (`beam_io`), plus the
+ExampleGen ledger. TFX's FileBased driver (spans, versions, input fingerprint) runs before it.
+
+The output is a standard TFX `Examples` artifact with payload format `FORMAT_PARQUET` (file format
+`FILE_FORMAT_PARQUET`), which TFX's `tfxio_utils` reads with tfx_bsl's ParquetTFXIO (StatisticsGen,
+SchemaGen, Transform, ...). One file per range and split (`Split-<split>/data_parquet-NNNNN-of-
+NNNNN.parquet`); every column is a list column (label int64, numeric columns float32, text binary).
+TFX's `BaseExampleGenExecutor.Do` is not used: its split re-serializes every row as a protobuf and
+its writer shuffles all rows through the runner, which held 4 KB per row in memory."""
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from tfx import types
-from tfx.components.example_gen.base_example_gen_executor import BaseExampleGenExecutor
+from tfx.components.example_gen import utils as example_gen_utils
+from tfx.components.util import examples_utils
+from tfx.dsl.components.base import base_beam_executor
 from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils, standard_component_specs
 from tfx.utils import proto_utils
 
 from components import ledger as L
-from components import row_counts
 from components.errors import InputError
 
 CONFIG_KEY = "config_json"
-COUNTS_PATH_KEY = "_embedding_example_gen_counts_path"  # where the Beam counts are written (internal)
 COUNTS_FILE = "_input_counts.json"
+TMP_DIR = "_tmp"  # in the artifact, beside the splits: files being written; removed when done
+PAYLOAD_FORMAT = example_gen_pb2.FORMAT_PARQUET
+FILE_FORMAT = "FILE_FORMAT_PARQUET"  # tfxio_utils reads it as example_gen_pb2.FILE_FORMAT_PARQUET
 
 
-def input_files(exec_properties: Dict[str, Any]) -> List[str]:
+def input_files(exec_properties: Dict[str, Any]) -> List[Tuple[str, int]]:
+    """(path, size in bytes) of every input file matching the input config's split pattern."""
     from apache_beam.io.filesystems import FileSystems
 
     input_config = example_gen_pb2.Input()
     proto_utils.json_to_proto(exec_properties[standard_component_specs.INPUT_CONFIG_KEY], input_config)
-    files: List[str] = []
+    files: Dict[str, int] = {}
     for split in input_config.splits:
         pattern = os.path.join(exec_properties[standard_component_specs.INPUT_BASE_KEY], split.pattern)
-        found = [m.path for m in FileSystems.match([pattern])[0].metadata_list]
+        found = FileSystems.match([pattern])[0].metadata_list
         if not found:
             raise InputError(f"EmbeddingExampleGen: input {pattern!r} matches no file; point input.path at a CSV/TFRecord file, directory or glob")
-        files += found
-    return sorted(files)
+        files.update({m.path: m.size_in_bytes for m in found})
+    return sorted(files.items())
 
 
 def check_csv_headers(cfg, files: List[str]) -> None:
@@ -47,12 +59,38 @@ def check_csv_headers(cfg, files: List[str]) -> None:
             check_header(path, header, wanted, cfg.label, cfg.label_rule is not None)
 
 
-class Executor(BaseExampleGenExecutor):
-    def GetInputSourceToExamplePTransform(self):
-        from components.example_gen.beam_io import InputToExamples
+def output_splits(exec_properties: Dict[str, Any]) -> Tuple[List[str], List[int]]:
+    """The output split names and their cumulative hash-bucket bounds (one input split, hashed)."""
+    from components.example_gen.split_hash import bucket_bounds
 
-        return InputToExamples
+    input_config = example_gen_pb2.Input()
+    proto_utils.json_to_proto(exec_properties[standard_component_specs.INPUT_CONFIG_KEY], input_config)
+    output_config = example_gen_pb2.Output()
+    proto_utils.json_to_proto(exec_properties[standard_component_specs.OUTPUT_CONFIG_KEY], output_config)
+    splits = list(output_config.split_config.splits)
+    if len(input_config.splits) != 1 or not splits:
+        raise InputError(
+            "EmbeddingExampleGen: needs one input pattern and output splits by hash buckets "
+            f"(got {len(input_config.splits)} input split(s) and {len(splits)} output split(s))"
+        )
+    names = example_gen_utils.generate_output_split_names(input_config, output_config)
+    return names, bucket_bounds([s.hash_buckets for s in splits])
 
+
+def count_parquet_rows(directory: str) -> int:
+    """Rows in the Parquet files of one split, from their footers (what is on disk, not what the
+    writer said)."""
+    from apache_beam.io.filesystems import FileSystems
+    import pyarrow.parquet as pq
+
+    total = 0
+    for m in FileSystems.match([directory.rstrip("/") + "/*.parquet"])[0].metadata_list:
+        with FileSystems.open(m.path) as fh:
+            total += pq.ParquetFile(fh).metadata.num_rows
+    return total
+
+
+class Executor(base_beam_executor.BaseBeamExecutor):
     def Do(
         self,
         input_dict: Dict[str, List[types.Artifact]],
@@ -64,24 +102,39 @@ class Executor(BaseExampleGenExecutor):
         from components.beam_runtime import ensure_local_runner_safe
         from components.config import config_from_json
         from components.embedding_preprocess.run import read_json, write_text
+        from components.example_gen import ranges
+        from components.example_gen.beam_io import WriteExamples
 
+        self._log_startup(input_dict, output_dict, exec_properties)
         ensure_local_runner_safe(self._beam_pipeline_args)
         cfg = config_from_json(exec_properties[CONFIG_KEY])
         files = input_files(exec_properties)
         if cfg.input.format == "csv":
-            check_csv_headers(cfg, files)
+            check_csv_headers(cfg, [p for p, _ in files])
+        names, bounds = output_splits(exec_properties)
         examples = artifact_utils.get_single_instance(output_dict[standard_component_specs.EXAMPLES_KEY])
+        examples.split_names = artifact_utils.encode_split_names(names)
+        split_dirs = {s: artifact_utils.get_split_uri([examples], s) for s in names}
+        tmp_dir = os.path.join(examples.uri, TMP_DIR)
+        for d in list(split_dirs.values()) + [tmp_dir]:
+            FileSystems.mkdirs(d) if not FileSystems.exists(d) else None
+        byte_ranges = ranges.plan_ranges(files, max(1, int(cfg.input.range_mb * (1 << 20))), splittable=cfg.input.format == "csv")
         counts_path = os.path.join(examples.uri, COUNTS_FILE)
-        super().Do(input_dict, output_dict, dict(exec_properties, **{COUNTS_PATH_KEY: counts_path}))
+        with self._make_beam_pipeline() as pipeline:
+            _ = pipeline | "WriteExamples" >> WriteExamples(
+                exec_properties[CONFIG_KEY], byte_ranges, split_dirs, bounds, tmp_dir, counts_path
+            )
         counts = read_json(counts_path)
-        FileSystems.delete([counts_path])
-        splits = artifact_utils.decode_split_names(examples.split_names)
-        written = {s: row_counts.count_records_in(artifact_utils.get_split_uri([examples], s), L.EXAMPLE_GEN) for s in splits}
+        FileSystems.delete([counts_path] + ([tmp_dir] if FileSystems.exists(tmp_dir) else []))
+        written = {s: count_parquet_rows(d) for s, d in split_dirs.items()}
         stage = L.example_gen_stage(counts, written)
         # What was read: the files, and the span TFX's driver resolved (span inputs; 0 otherwise).
-        stage["files"] = files
+        stage["files"] = [p for p, _ in files]
+        stage["byte_ranges"] = len(byte_ranges)
         stage["span"] = int(exec_properties.get("span") or 0)
         write_text(os.path.join(examples.uri, L.LEDGER_FILE), L.to_json(L.ledger([stage])))
+        examples_utils.set_payload_format(examples, PAYLOAD_FORMAT)
+        examples_utils.set_file_format(examples, FILE_FORMAT)
         examples.set_int_custom_property("input_rows", stage["rows_in"])
         for s, n in written.items():
             examples.set_int_custom_property(f"{s}_rows", n)

@@ -1,0 +1,189 @@
+"""Scale benchmark: the whole pipeline on 1M, 5M and 20M generated rows, stage by stage, beside a
+single-process pyarrow floor on the same CSV.
+
+    .venv/bin/python bench/scale_bench.py [--rows 1000000 5000000 20000000] [--steps 100] [--workers 0]
+
+For each row count:
+- the data: `components.synthetic_data` (Criteo-like, about 350 bytes a row), generated once into
+  data/scale/ and reused (20M rows is about 7 GB);
+- the pipeline: `python -m pipelines run` on configs/demo.yaml with the input pointed at that CSV
+  and `--steps` training steps (a short training: the data path is what is measured), as its own
+  process tree. The component start and end lines it prints are stamped as they arrive; the RSS of
+  the whole tree (runner, Beam workers) is sampled every 0.25 s, and each stage gets the seconds
+  between its lines, its rows/s (input rows / seconds) and the largest tree RSS while it ran;
+- the floor: one process reads the same CSV with pyarrow's streaming CSV reader (every column as
+  binary, one thread) and counts the rows: what reading the bytes costs at the least.
+The row ledger must balance and the run must succeed, or the bench fails. Results go to
+bench/results/scale.json (and are printed as a markdown table); `bench/README.md` keeps them with
+the command.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Optional, Tuple
+
+import psutil
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from components.synthetic_data import GeneratorSpec, ensure_dataset  # noqa: E402
+
+STAGES = ("EmbeddingExampleGen", "EmbeddingPreprocess", "Trainer", "EmbeddingExporter")
+
+
+def tree_rss(proc: psutil.Process) -> int:
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def run_pipeline(config: str, out: str) -> Tuple[Dict[str, Dict[str, float]], float, str]:
+    """({stage: {start, end, peak_rss}}, wall seconds, output) of one `pipelines run`."""
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
+    start = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines", "run", "--config", config, "--output-dir", out],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO, text=True)
+    root = psutil.Process(proc.pid)
+    samples: List[Tuple[float, int]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            samples.append((time.time(), tree_rss(root)))
+            time.sleep(0.25)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stamps: Dict[str, Dict[str, float]] = {}
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        m = re.search(r"\] (\S+) (running|finished)", line)
+        if m:
+            stamps.setdefault(m.group(1), {})["start" if m.group(2) == "running" else "end"] = time.time()
+    proc.wait()
+    done.set()
+    sampler.join()
+    output = "".join(lines)
+    if proc.returncode != 0:
+        raise RuntimeError(f"pipeline run failed ({proc.returncode}):\n{output[-4000:]}")
+    for s in stamps.values():
+        s["peak_rss"] = max((r for t, r in samples if s.get("start", 0) <= t <= s.get("end", time.time())), default=0)
+    return stamps, time.time() - start, output
+
+
+def pyarrow_floor(data: str) -> Tuple[float, int]:
+    """(seconds, rows): one process, pyarrow's streaming CSV reader, every column binary."""
+    code = (
+        "import sys, time, pyarrow as pa\n"
+        "from pyarrow import csv\n"
+        "t = time.time()\n"
+        "header = open(sys.argv[1], 'rb').readline().decode().strip().split(',')\n"
+        "r = csv.open_csv(sys.argv[1], read_options=csv.ReadOptions(use_threads=False, block_size=16 << 20),\n"
+        "                 parse_options=csv.ParseOptions(newlines_in_values=True),\n"
+        "                 convert_options=csv.ConvertOptions(column_types={c: pa.binary() for c in header}))\n"
+        "n = sum(b.num_rows for b in r)\n"
+        "print(time.time() - t, n)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, data], capture_output=True, text=True, check=True).stdout.split()
+    return float(out[0]), int(out[1])
+
+
+def bench_config(path: str, data: str, steps: int, workers: int) -> None:
+    with open(os.path.join(REPO, "configs", "demo.yaml")) as fh:
+        cfg = yaml.safe_load(fh)
+    cfg["name"] = "scale-bench"
+    cfg["input"]["path"] = data
+    cfg["training"]["train_steps"] = steps
+    cfg["training"]["checkpoint_every_steps"] = steps
+    cfg["training"]["dense_optimizer"].get("schedule", {})["decay_steps"] = steps
+    cfg["beam"]["direct_num_workers"] = workers
+    with open(path, "w") as fh:
+        yaml.safe_dump(cfg, fh)
+
+
+def one_size(rows: int, args) -> Dict:
+    data = os.path.join(args.work_dir, f"criteo_like_{rows}.csv")
+    t = time.time()
+    meta = ensure_dataset(data, GeneratorSpec(rows=rows))
+    print(f"data: {data} ({meta['rows']} rows, {os.path.getsize(data) / 1e9:.2f} GB; ready in {time.time() - t:.0f}s)", flush=True)
+    floor_s, floor_rows = pyarrow_floor(data)
+    print(f"  pyarrow floor: {floor_s:.1f}s ({floor_rows / floor_s:,.0f} rows/s)", flush=True)
+    cfg = os.path.join(args.work_dir, f"scale_{rows}.yaml")
+    bench_config(cfg, data, args.steps, args.workers)
+    out = os.path.join(args.work_dir, f"out_{rows}")
+    subprocess.run(["rm", "-rf", out], check=True)
+    stamps, wall, _ = run_pipeline(cfg, out)
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    ledger = summary.get("ledger") or {}
+    stages = {}
+    for name in STAGES:
+        s = stamps.get(name)
+        if not s or "end" not in s:
+            continue
+        secs = s["end"] - s["start"]
+        stages[name] = {"seconds": round(secs, 1), "rows_per_s": round(rows / secs), "peak_rss_gb": round(s["peak_rss"] / 1e9, 2)}
+        print(f"  {name}: {secs:.1f}s, {rows / secs:,.0f} rows/s, peak {s['peak_rss'] / 1e9:.2f} GB", flush=True)
+    eg, pre = stages.get("EmbeddingExampleGen"), stages.get("EmbeddingPreprocess")
+    ingest = None
+    if eg and pre:
+        secs = eg["seconds"] + pre["seconds"]
+        ingest = {"seconds": round(secs, 1), "rows_per_s": round(rows / secs),
+                  "peak_rss_gb": max(eg["peak_rss_gb"], pre["peak_rss_gb"]),
+                  "x_floor_time": round(secs / floor_s, 2)}
+        print(f"  ExampleGen + Preprocess: {secs:.1f}s, {rows / secs:,.0f} rows/s, {secs / floor_s:.1f}x the floor's time", flush=True)
+    if not ledger or not all(st["balanced"] for st in ledger.get("stages", [])):
+        raise RuntimeError(f"{rows} rows: the row ledger does not balance: {ledger}")
+    return {"rows": rows, "csv_gb": round(os.path.getsize(data) / 1e9, 2), "floor": {"seconds": round(floor_s, 1), "rows_per_s": round(floor_rows / floor_s)},
+            "stages": stages, "ingest": ingest, "wall_seconds": round(wall, 1), "eval_auc": summary.get("eval_auc")}
+
+
+def markdown(results: List[Dict]) -> str:
+    lines = ["| rows | CSV GB | floor rows/s | ExampleGen s / rows/s / peak GB | Preprocess s / rows/s / peak GB | both: rows/s, x floor time, peak GB | Trainer+Exporter s |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        st = r["stages"]
+
+        def cell(name: str) -> str:
+            s = st.get(name)
+            return f"{s['seconds']} / {s['rows_per_s']:,} / {s['peak_rss_gb']}" if s else "-"
+
+        ing = r["ingest"] or {}
+        rest = sum(st.get(n, {}).get("seconds", 0) for n in ("Trainer", "EmbeddingExporter"))
+        lines.append(f"| {r['rows']:,} | {r['csv_gb']} | {r['floor']['rows_per_s']:,} | {cell('EmbeddingExampleGen')} | "
+                     f"{cell('EmbeddingPreprocess')} | {ing.get('rows_per_s', 0):,}, {ing.get('x_floor_time')}x, {ing.get('peak_rss_gb')} | {rest:.0f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 5_000_000, 20_000_000])
+    p.add_argument("--steps", type=int, default=100, help="training steps (a short training)")
+    p.add_argument("--workers", type=int, default=0, help="Beam workers (0: one per core)")
+    p.add_argument("--work-dir", default=os.path.join(REPO, "data", "scale"))
+    p.add_argument("--results", default=os.path.join(REPO, "bench", "results", "scale.json"))
+    args = p.parse_args()
+    os.makedirs(args.work_dir, exist_ok=True)
+    results = [one_size(n, args) for n in args.rows]
+    os.makedirs(os.path.dirname(args.results), exist_ok=True)
+    with open(args.results, "w") as fh:
+        json.dump({"machine": f"{os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB", "results": results}, fh, indent=2)
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""ExampleGen's byte ranges and split hash, without Beam: every record read exactly once whatever the
+range size (quoted line breaks across range boundaries included), the independent count equal to
+the whole-file count, and the split hash independent of batches and of the process."""
+import io
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from components import row_counts
+from components.example_gen import ranges as R
+from components.example_gen import split_hash as H
+
+
+def _messy_csv(rng: random.Random, rows: int) -> bytes:
+    out = [b"\xef\xbb\xbfa,b,c\r\n"] if rng.random() < 0.5 else [b"\n\na,b,c\n"]
+    for i in range(rows):
+        kind = rng.random()
+        if kind < 0.15:
+            out.append(b'"quoted\nline ' + str(i).encode() + b'\n",x,"y ""z"""\n')
+        elif kind < 0.2:
+            out.append(b"\n")
+        elif kind < 0.25:
+            out.append(b"\r\n")
+        elif kind < 0.3:
+            out.append(b'1,"a,b\r\nc",' + b"q" * rng.randint(0, 300) + b"\r\n")
+        else:
+            out.append(f"{i},{rng.random():.6f},tok{i % 7}\n".encode())
+    if rng.random() < 0.5:
+        out.append(b"9,9,last-without-newline")
+    return b"".join(out)
+
+
+def _read_all(path, range_bytes):
+    size = os.path.getsize(path)
+    ranges = R.plan_ranges([(path, size)], range_bytes)
+    before = R.before_each_range(R.count_quotes(r) for r in ranges)
+    blocks, lines = [], {}
+    for r in ranges:
+        q, n = before[r.key()]
+        owned = R.read_owned_records(r, q, n)
+        blocks.append(owned)
+        for k, v in R.count_range_lines(r, q).items():
+            lines[k] = lines.get(k, 0) + v
+    return ranges, blocks, lines
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("range_bytes", [7, 64, 1000])
+def test_every_record_once_at_any_range_size(tmp_path, seed, range_bytes):
+    data = _messy_csv(random.Random(seed), 60)
+    path = str(tmp_path / "x.csv")
+    open(path, "wb").write(data)
+    ranges, blocks, lines = _read_all(path, range_bytes)
+    assert len(ranges) > 1
+    whole = b"".join(b.data for b in blocks)
+    one = R.read_owned_records(R.plan_ranges([(path, len(data))], len(data) + 1)[0], 0, 0)
+    assert whole == one.data  # the blocks partition the file's records
+    assert data.endswith(whole)  # ... which run from the first data record to the end
+    full = row_counts.count_csv_records(io.BytesIO(data))
+    assert lines["input/lines"] - 1 == full.data_records  # header apart
+    assert lines["input/blank_lines"] == full.blank_lines
+    # pyarrow parses the blocks to the same rows as the whole file
+    import pyarrow.csv as csv
+
+    opts = dict(
+        read_options=csv.ReadOptions(column_names=["a", "b", "c"], use_threads=False),
+        parse_options=csv.ParseOptions(newlines_in_values=True, invalid_row_handler=lambda row: "skip"),
+        convert_options=csv.ConvertOptions(column_types={c: pa.binary() for c in "abc"}),
+    )
+    parts = [csv.read_csv(io.BytesIO(b.data), **opts) for b in blocks if b.data.strip()]
+    assert pa.concat_tables(parts).equals(csv.read_csv(io.BytesIO(one.data), **opts))
+
+
+def test_boundary_inside_a_quoted_field(tmp_path):
+    data = b'h1,h2\n1,"a\nb\nc\nd"\n2,x\n'
+    path = str(tmp_path / "q.csv")
+    open(path, "wb").write(data)
+    cut = data.index(b"b\nc")  # a range starts inside the quoted field, on a line that looks like a record
+    for range_bytes in (cut, cut + 2, 3):
+        ranges, blocks, lines = _read_all(path, range_bytes)
+        assert b"".join(b.data for b in blocks) == b'1,"a\nb\nc\nd"\n2,x\n'
+        assert lines["input/lines"] == 3
+
+
+def test_record_lines_for_messages(tmp_path):
+    data = b'h\n1\n\n"x\ny"\n4\n5\n'
+    path = str(tmp_path / "l.csv")
+    open(path, "wb").write(data)
+    _, blocks, _ = _read_all(path, 1000)
+    # pyarrow numbers non-blank records: 1 -> line 2, 2 -> line 4 (after a blank line), 3 -> line 6
+    assert blocks[0].record_lines([1, 2, 3, 4]) == {1: 2, 2: 4, 3: 6, 4: 7}
+
+
+def test_compressed_and_tfrecord_files_are_one_range():
+    rs = R.plan_ranges([("a.csv.gz", 10_000), ("b.csv", 250)], 100)
+    assert [(r.start, r.end) for r in rs if r.path == "a.csv.gz"] == [(0, R.TO_END)]
+    assert [(r.start, r.end, r.last) for r in rs if r.path == "b.csv"] == [(0, 100, False), (100, 200, False), (200, 250, True)]
+    assert [r.whole_file for r in R.plan_ranges([("c.tfrecord", 10_000)], 100, splittable=False)] == [True]
+    assert [r.index for r in rs] == list(range(len(rs)))
+
+
+# ---- split hash ---------------------------------------------------------------------------------
+
+
+def _batch(rows):
+    cols = {
+        "C1": pa.array([r[0] for r in rows], pa.list_(pa.binary())),
+        "I1": pa.array([r[1] for r in rows], pa.list_(pa.float32())),
+        "label": pa.array([[r[2]] for r in rows], pa.list_(pa.int64())),
+    }
+    return pa.RecordBatch.from_pydict(cols)
+
+
+ROWS = [
+    ([b"a"], [1.0], 0), ([b"a", b"b"], [], 1), ([b"b", b"a"], [], 1), ([], [float("nan")], 0),
+    (None, None, 1), ([b""], [0.0], 0), ([b"ab"], [1.0], 0), ([b"a", b"b"], [], 0), ([b"\xff\x00"], [-0.0], 1),
+]
+
+
+def test_row_hash_depends_on_the_row_only():
+    whole = H.row_hashes(_batch(ROWS), ["C1", "I1", "label"])
+    for k in range(len(ROWS)):  # alone, and as a slice of a bigger batch
+        assert H.row_hashes(_batch([ROWS[k]]), ["C1", "I1", "label"])[0] == whole[k]
+        assert H.row_hashes(_batch(ROWS).slice(k, 1), ["label", "C1", "I1"])[0] == whole[k]
+    assert len(set(whole.tolist())) == len(ROWS)  # order within a list, label and text all count
+    # a missing list and an empty one are the same content; a column the batch lacks is missing
+    assert H.row_hashes(_batch([([], [], 1)]), ["C1", "I1", "label"])[0] == H.row_hashes(_batch([(None, None, 1)]), ["C1", "I1", "label"])[0]
+    without = pa.RecordBatch.from_pydict({"label": pa.array([[1]], pa.list_(pa.int64()))})
+    assert H.row_hashes(without, ["C1", "I1", "label"])[0] == whole[4]
+
+
+def test_split_proportions_and_buckets():
+    n = 200_000
+    rb = pa.RecordBatch.from_pydict({"C1": pa.array([[f"t{i}".encode()] for i in range(n)], pa.list_(pa.binary()))})
+    split = H.assign_splits(H.row_hashes(rb, ["C1"]), H.bucket_bounds([4, 1]))
+    assert abs((split == 1).mean() - 0.2) < 0.005
+    with pytest.raises(ValueError, match="at least one hash bucket"):
+        H.bucket_bounds([4, 0])
+
+
+def test_row_hash_is_the_same_in_another_process():
+    here = H.row_hashes(_batch(ROWS), ["C1", "I1", "label"]).tolist()
+    code = (
+        "import json, pyarrow as pa\n"
+        "from tests.test_example_gen_ranges import _batch, ROWS\n"
+        "from components.example_gen import split_hash as H\n"
+        "print(json.dumps(H.row_hashes(_batch(ROWS), ['C1', 'I1', 'label']).tolist()))\n"
+    )
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import json
+
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == here
