@@ -23,7 +23,7 @@ from typing import Any, Dict, Optional
 import components  # noqa: F401
 from components.config import ConfigError, PipelineConfig, load_config
 from components.errors import FeatureHealthError, InputError, LedgerError
-from pipelines.pipeline import METADATA_FILE, PIPELINE_ROOT, SERVING_DIR, create_pipeline, input_location
+from pipelines.pipeline import METADATA_FILE, PIPELINE_ROOT, SERVING_DIR, create_pipeline, input_location, run_locally
 
 DEMO_ROWS = 375_000
 
@@ -278,28 +278,28 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}" if not isinstance(e, (InputError, LedgerError, FeatureHealthError)) else (text[0] if text else type(e).__name__)
 
 
-def run(cfg: PipelineConfig, output_dir: str, quiet: bool = False, span: Optional[int] = None) -> Dict[str, Any]:
+def run(cfg: PipelineConfig, output_dir: str, quiet: bool = False, span: Optional[int] = None,
+        cache: bool = True) -> Dict[str, Any]:
     """Runs the pipeline with LocalDagRunner. With `quiet`, everything TFX, Beam and TensorFlow log
     (worker processes included) goes to <output_dir>/pipeline.log, the terminal shows one line per
     component, and a failure raises RunFailed with one line naming the component and the cause."""
-    from tfx.orchestration.local.local_dag_runner import LocalDagRunner
-
     from components.beam_runtime import ensure_local_runner_safe
 
     ensure_local_runner_safe(cfg.beam_pipeline_args())
     output_dir = os.path.abspath(output_dir)
     os.makedirs(output_dir, exist_ok=True)
     if quiet:
-        return _run_logged(cfg, output_dir, span)
+        return _run_logged(cfg, output_dir, span, cache)
     p = create_pipeline(
         cfg,
         pipeline_root=os.path.join(output_dir, PIPELINE_ROOT),
         metadata_path=os.path.join(output_dir, METADATA_FILE),
         serving_dir=os.path.join(output_dir, SERVING_DIR),
         span=span,
+        enable_cache=cache,
     )
     start = time.time()
-    LocalDagRunner().run(p)
+    run_locally(p)
     summary = summarize(cfg, output_dir)
     summary["seconds"] = round(time.time() - start, 1)
     with open(os.path.join(output_dir, "summary.json"), "w", encoding="utf-8") as fh:
@@ -307,7 +307,7 @@ def run(cfg: PipelineConfig, output_dir: str, quiet: bool = False, span: Optiona
     return summary
 
 
-def _run_logged(cfg: PipelineConfig, output_dir: str, span: Optional[int] = None) -> Dict[str, Any]:
+def _run_logged(cfg: PipelineConfig, output_dir: str, span: Optional[int] = None, cache: bool = True) -> Dict[str, Any]:
     log_path = os.path.join(output_dir, LOG_FILE)
     terminal = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     progress = _Progress(terminal)
@@ -321,7 +321,7 @@ def _run_logged(cfg: PipelineConfig, output_dir: str, span: Optional[int] = None
     root.setLevel(min(old_level or logging.INFO, logging.INFO))
     print(f"running {cfg.name}; full log: {log_path}", file=terminal, flush=True)
     try:
-        return run(cfg, output_dir, span=span)
+        return run(cfg, output_dir, span=span, cache=cache)
     except Exception as e:  # noqa: BLE001 - every failure becomes one line; the traceback is in the log
         logging.exception("pipeline run failed")
         where = failed_component(e) or progress.current or "the pipeline"
@@ -381,6 +381,9 @@ def main(argv=None) -> int:
         sp = sub.add_parser(name)
         sp.add_argument("--config", required=(name == "run"), default="configs/demo.yaml")
         sp.add_argument("--output-dir", required=(name == "run"), default="output/demo")
+        sp.add_argument("--no-cache", action="store_true",
+                        help="run every component again (by default a component whose share of the config "
+                             "and whose inputs are unchanged reuses its outputs from an earlier run in --output-dir)")
     sp.add_argument("--rows", type=int, default=DEMO_ROWS, help="rows of the generated demo dataset")
     cs = sub.add_parser("continuous", help="daily spans with drifting IDs, one warm-started run per span (README)")
     cs.add_argument("--config", default="configs/demo.yaml", help="the config whose input becomes the spans")
@@ -417,7 +420,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        summary = run(cfg, args.output_dir, quiet=True)
+        summary = run(cfg, args.output_dir, quiet=True, cache=not args.no_cache)
     except RunFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

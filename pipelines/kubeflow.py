@@ -172,6 +172,20 @@ def compile_pipeline(cfg: PipelineConfig, image: str, output: str, pipeline_root
     # open-source KFP uploads would otherwise run under KFP's default root (minio://), which
     # TensorFlow's file system cannot write. KFP's own compiler sets defaultPipelineRoot the same way.
     job["pipelineSpec"]["defaultPipelineRoot"] = root
+    # Caching: TFX writes the pipeline's flag into every task (step_builder.py); the steps that read
+    # or write the registry at the push destination must run every time (pipeline.NEVER_CACHED).
+    from pipelines.pipeline import NEVER_CACHED
+
+    tasks = job["pipelineSpec"]["root"]["dag"]["tasks"]
+    never = list(NEVER_CACHED)
+    if not output.endswith(".json"):
+        # Open-source KFP checks its cache before the task runs, and the ExampleGen driver (span,
+        # version, input fingerprint) runs inside the task there (kfp_entrypoint.py): a file
+        # rewritten at the same path would be missed. Vertex runs the driver first (preCacheCheck).
+        never.append("EmbeddingExampleGen")
+    for node_id in never:
+        if node_id in tasks:
+            tasks[node_id]["cachingOptions"] = {"enableCache": False}
     platform = kubernetes_platform_spec(cfg)
     if output.endswith(".json"):
         text = json.dumps(job, sort_keys=True, indent=1) + "\n"

@@ -17,6 +17,9 @@ METADATA_FILE = "metadata.sqlite"
 SERVING_DIR = "serving"
 LAST_BLESSED = "LastBlessedModel"  # the step that reads the model registry at the push destination
 PUSHER = "Pusher"
+# Steps whose outcome depends on state outside ML Metadata (the registry at the push destination):
+# never taken from the cache, so a cached run still reads what is served now and pushes anew.
+NEVER_CACHED = (LAST_BLESSED, PUSHER)
 # KFP and Vertex substitute these when a parameter's constant is exactly the placeholder (the run
 # that made a pushed model, in its registry entry).
 KFP_RUN_ID = "{{$.pipeline_job_uuid}}"
@@ -89,11 +92,15 @@ def create_pipeline(
     image: Optional[str] = None,
     span: Optional[int] = None,
     kubeflow: bool = False,
+    enable_cache: bool = True,
 ):
     """The pipeline. `image` (Kubeflow only): the container image, needed when the config sends
     training to a Vertex AI custom job (`kubeflow.vertex_training`). `span`: with a span input,
     read this span (TFX's RangeConfig static range) instead of the latest. `kubeflow`: the
-    Pusher records KFP's run placeholders (the local run records LocalDagRunner's run id)."""
+    Pusher records KFP's run placeholders (the local run records LocalDagRunner's run id).
+    `enable_cache`: a component whose execution properties (its share of the config,
+    components/config/stages.py) and inputs are unchanged reuses its last outputs, except the
+    NEVER_CACHED steps (`run_locally` and the Kubeflow compiler turn caching off for them)."""
     from tfx.components.trainer.component import Trainer
     from tfx.orchestration import metadata, pipeline
     from tfx.proto import example_gen_pb2, trainer_pb2
@@ -159,9 +166,27 @@ def create_pipeline(
         pipeline_name=cfg.name,
         pipeline_root=pipeline_root,
         components=[last_blessed, example_gen, preprocess, trainer, exporter, pusher],
-        enable_cache=False,
+        enable_cache=enable_cache,
         metadata_connection_config=(
             metadata.sqlite_metadata_connection_config(metadata_path) if metadata_path else None
         ),
         beam_pipeline_args=beam_pipeline_args if beam_pipeline_args is not None else cfg.beam_pipeline_args(),
     )
+
+
+def without_cache_for(ir, node_ids=NEVER_CACHED):
+    """The compiled pipeline IR with caching off for `node_ids` (TFX's compiler gives every node the
+    pipeline's flag, tfx/dsl/compiler/compiler.py; the launcher honours each node's own,
+    tfx/orchestration/portable/launcher.py)."""
+    for node in ir.nodes:
+        if node.pipeline_node.node_info.id in node_ids:
+            node.pipeline_node.execution_options.caching_options.enable_cache = False
+    return ir
+
+
+def run_locally(p) -> None:
+    """`LocalDagRunner().run(p)`, with the NEVER_CACHED steps always executed."""
+    from tfx.orchestration.local.local_dag_runner import LocalDagRunner
+    from tfx.orchestration.portable import tfx_runner
+
+    LocalDagRunner().run_with_ir(without_cache_for(tfx_runner._make_pipeline_proto(p)))  # pylint: disable=protected-access

@@ -553,6 +553,20 @@ def test_second_run_finds_the_first_runs_model_on_every_orchestrator(kfp_runs):
     assert local_run["orchestrator"] == "local" and local_run["id"]
 
 
+def test_second_local_run_takes_the_data_stages_from_the_cache(kfp_runs):
+    """Same data, same config: the second LocalDagRunner run reuses ExampleGen's and preprocessing's
+    outputs (TFX's cache, keyed by each one's share of the config), reads the registry again
+    (never cached) and trains again from the first run's model."""
+    _, root, runs = kfp_runs
+    first, second = runs["local"][:2]
+    pipeline_root = root / "local" / "pipeline_root"
+    assert first["examples"] == second["examples"]
+    assert len(glob.glob(str(pipeline_root / "EmbeddingExampleGen" / "examples" / "*"))) == 1
+    assert len(glob.glob(str(pipeline_root / "EmbeddingPreprocess" / "transformed_examples" / "*"))) == 1
+    assert len(glob.glob(str(pipeline_root / "LastBlessedModel" / "model" / "*"))) == 2
+    assert first["trainer_model"] != second["trainer_model"]
+
+
 def test_kfp_runs_pass_inputs_as_each_backend_does(kfp_runs):
     _, root, runs = kfp_runs
     for mode in ("vertex", "oss"):

@@ -5,6 +5,7 @@ from tfx.dsl.components.base import base_component, executor_spec
 from tfx.types import ComponentSpec, channel_utils, standard_artifacts
 from tfx.types.component_spec import ChannelParameter, ExecutionParameter
 
+from components.config.stages import stage_json
 from components.config import PipelineConfig
 from components.embedding_exporter import executor
 
@@ -42,7 +43,7 @@ class EmbeddingExporter(base_component.BaseComponent):
                 model=model,
                 examples=examples,
                 last_blessed_model=last_blessed_model,
-                config_json=config.to_json(),
+                config_json=stage_json(config, "exporter"),  # its share only (components/config/stages.py)
                 serving_model=channel_utils.as_channel([standard_artifacts.Model()]),
                 blessing=channel_utils.as_channel([standard_artifacts.ModelBlessing()]),
             )

@@ -16,8 +16,8 @@ from absl import logging
 from components import ledger as L
 from components.model_registry import registry
 
-from components.config import config_from_json
 from components.embedding_exporter.export import export_serving_model
+from components.executor_base import CONFIG_KEY, config_of, upstream_ledger
 
 MODEL_KEY = "model"
 EXAMPLES_KEY = "examples"
@@ -25,7 +25,6 @@ SERVING_MODEL_KEY = "serving_model"
 BLESSING_KEY = "blessing"
 LAST_MODEL_KEY = "last_blessed_model"  # optional: LastBlessedModel's pointer to the served model
 SERVING_MODEL_PROPERTY = "serving_model"  # the blessing's: the serving Model artifact it blesses
-CONFIG_KEY = "config_json"
 
 
 class Executor(base_executor.BaseExecutor):
@@ -35,16 +34,16 @@ class Executor(base_executor.BaseExecutor):
         output_dict: Dict[str, List[types.Artifact]],
         exec_properties: Dict[str, Any],
     ) -> None:
-        cfg = config_from_json(exec_properties[CONFIG_KEY])
+        cfg = config_of(exec_properties)
         model = artifact_utils.get_single_instance(input_dict[MODEL_KEY])
         examples = artifact_utils.get_single_instance(input_dict[EXAMPLES_KEY])
         serving = artifact_utils.get_single_instance(output_dict[SERVING_MODEL_KEY])
         blessing = artifact_utils.get_single_instance(output_dict[BLESSING_KEY])
         eval_pattern = io_utils.all_files_pattern(artifact_utils.get_split_uri([examples], "eval"))
         # No blessing for a model of a run whose rows do not add up (ExampleGen's ledger).
-        ledger_path = os.path.join(examples.uri, L.LEDGER_FILE)
-        if fileio.exists(ledger_path):
-            L.check_ledger(json.loads(io_utils.read_string_file(ledger_path)), "EmbeddingExporter")
+        upstream = upstream_ledger(examples.uri)
+        if upstream is not None:
+            L.check_ledger(upstream, "EmbeddingExporter")
         # The last blessed model: the one served at the push destination, as LastBlessedModel read
         # it from the model registry there (None: a pipeline without that step).
         last = input_dict.get(LAST_MODEL_KEY) or []

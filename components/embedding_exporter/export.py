@@ -414,10 +414,7 @@ def build_report(ctx: ExportContext) -> Dict[str, Any]:
     }
 
 
-def read_json_if_exists(path: str) -> Optional[Any]:
-    return json.loads(tf.io.gfile.GFile(path).read()) if tf.io.gfile.exists(path) else None
-
-
+from components.executor_base import read_json_if_exists  # noqa: E402
 def validate(ctx: ExportContext, last_blessed: Optional[Lookup]) -> Dict[str, Any]:
     """The gate's decision (gate.py) with the figures it used. `last_blessed`: what the push
     destination serves (LastBlessedModel's registry lookup; None: not looked up)."""

@@ -6,6 +6,7 @@ from tfx.types import ComponentSpec, standard_artifacts
 from tfx.types.component_spec import ChannelParameter, ExecutionParameter
 from tfx.types import channel_utils
 
+from components.config.stages import stage_json
 from components.artifact_types import EmbeddingStatistics, EmbeddingVocabulary
 from components.config import PipelineConfig
 from components.embedding_preprocess import executor
@@ -31,7 +32,7 @@ class EmbeddingPreprocess(base_beam_component.BaseBeamComponent):
         super().__init__(
             spec=EmbeddingPreprocessSpec(
                 examples=examples,
-                config_json=config.to_json(),
+                config_json=stage_json(config, "preprocess"),  # its share only (components/config/stages.py)
                 transformed_examples=channel_utils.as_channel([standard_artifacts.Examples()]),
                 vocabulary=channel_utils.as_channel([EmbeddingVocabulary()]),
                 statistics=channel_utils.as_channel([EmbeddingStatistics()]),

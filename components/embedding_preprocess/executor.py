@@ -15,14 +15,13 @@ from tfx.utils import io_utils
 
 from components import ledger as L
 
-from components.config import config_from_json
 from components.embedding_preprocess.run import run_preprocessing
+from components.executor_base import CONFIG_KEY, config_of, upstream_ledger
 
 EXAMPLES_KEY = "examples"
 TRANSFORMED_EXAMPLES_KEY = "transformed_examples"
 VOCABULARY_KEY = "vocabulary"
 STATISTICS_KEY = "statistics"
-CONFIG_KEY = "config_json"
 SPLITS = ("train", "eval")
 
 
@@ -46,7 +45,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         output_dict: Dict[str, List[types.Artifact]],
         exec_properties: Dict[str, Any],
     ) -> None:
-        cfg = config_from_json(exec_properties[CONFIG_KEY])
+        cfg = config_of(exec_properties)
         examples = artifact_utils.get_single_instance(input_dict[EXAMPLES_KEY])
         available = artifact_utils.decode_split_names(examples.split_names)
         missing = [s for s in SPLITS if s not in available]
@@ -60,9 +59,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         examples_utils.set_payload_format(transformed, example_gen_pb2.PayloadFormat.FORMAT_TF_EXAMPLE)
         vocabulary = artifact_utils.get_single_instance(output_dict[VOCABULARY_KEY])
         statistics = artifact_utils.get_single_instance(output_dict[STATISTICS_KEY])
-        ledger_path = os.path.join(examples.uri, L.LEDGER_FILE)
         # ExampleGen's row ledger: what this stage must read. Examples from another ExampleGen have none.
-        upstream = json.loads(io_utils.read_string_file(ledger_path)) if fileio.exists(ledger_path) else None
+        upstream = upstream_ledger(examples.uri)
         stats = run_preprocessing(
             self._make_beam_pipeline(),
             cfg,

@@ -46,16 +46,7 @@ EMBEDDING_STATISTICS_FILE = A.EMBEDDING_STATISTICS_FILE
 
 # Beam's FileSystems reach local disk, GCS, S3, HDFS alike, without importing TensorFlow (which
 # costs ~20 s of start-up in every process that imports it).
-
-
-def write_text(path: str, text: str) -> None:
-    with FileSystems.create(path) as fh:
-        fh.write(text.encode("utf-8"))
-
-
-def read_json(path: str) -> Any:
-    with FileSystems.open(path) as fh:
-        return json.loads(fh.read().decode("utf-8"))
+from components.executor_base import read_json, write_text  # noqa: E402,F401  (used here and re-exported)
 
 
 def _makedirs(path: str) -> None:

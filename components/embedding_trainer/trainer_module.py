@@ -60,7 +60,7 @@ from components.embedding_model.model import (
 from components.embedding_trainer.tpu_rules import check_tpu_rules
 from components.metrics import log_loss, roc_auc
 
-CONFIG_KEY = "config_json"
+from components.executor_base import CONFIG_KEY, config_of  # noqa: E402
 # The Model artifact's files (contracts.artifacts), under the names the tests and benches use.
 CHECKPOINT_DIR = A.CHECKPOINT_DIR
 EVAL_METRICS_FILE = A.EVAL_METRICS_FILE
@@ -483,7 +483,7 @@ def continuous_start(cfg: PipelineConfig, base_model: Optional[str], manifest: V
 
 
 def run_fn(fn_args) -> None:
-    cfg = config_from_json(fn_args.custom_config[CONFIG_KEY])
+    cfg = config_of(fn_args.custom_config)
     manifest = read_manifest_for(fn_args.train_files)
     statistics = read_statistics_for(fn_args.train_files)
     # No training on rows that were lost (or invented) on the way: the ledger must add up.

@@ -10,6 +10,7 @@ from tfx.proto import example_gen_pb2
 from tfx.types import standard_artifacts, standard_component_specs
 from tfx.types.component_spec import ExecutionParameter
 
+from components.config.stages import stage_json
 from components.config import PipelineConfig
 from components.example_gen import executor
 
@@ -37,7 +38,7 @@ class EmbeddingExampleGen(FileBasedExampleGen):
             output_data_format=example_gen_pb2.FORMAT_PARQUET,
             output_file_format=example_gen_pb2.FILE_FORMAT_PARQUET,
             examples=types.Channel(type=standard_artifacts.Examples),
-            **{executor.CONFIG_KEY: config.to_json()},
+            **{executor.CONFIG_KEY: stage_json(config, "example_gen")},  # its share only (components/config/stages.py)
         )
         # FileBasedExampleGen.__init__ builds its own spec; the base class takes ours.
         base_beam_component.BaseBeamComponent.__init__(self, spec=spec)

@@ -24,8 +24,7 @@ from tfx.utils import proto_utils
 
 from components import ledger as L
 from components.errors import InputError
-
-CONFIG_KEY = "config_json"
+from components.executor_base import CONFIG_KEY, config_of, read_json, write_text
 COUNTS_FILE = "_input_counts.json"
 TMP_DIR = "_tmp"  # in the artifact, beside the splits: files being written; removed when done
 PAYLOAD_FORMAT = example_gen_pb2.FORMAT_PARQUET
@@ -100,14 +99,12 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         from apache_beam.io.filesystems import FileSystems
 
         from components.beam_runtime import ensure_local_runner_safe
-        from components.config import config_from_json
-        from components.embedding_preprocess.run import read_json, write_text
         from components.example_gen import ranges
         from components.example_gen.beam_io import WriteExamples
 
         self._log_startup(input_dict, output_dict, exec_properties)
         ensure_local_runner_safe(self._beam_pipeline_args)
-        cfg = config_from_json(exec_properties[CONFIG_KEY])
+        cfg = config_of(exec_properties)
         files = input_files(exec_properties)
         if cfg.input.format == "csv":
             check_csv_headers(cfg, [p for p, _ in files])

@@ -15,6 +15,7 @@ from tfx.types import artifact_utils, standard_component_specs as specs
 from tfx.utils import proto_utils
 
 from components.contracts import artifacts as A
+from components.executor_base import read_json_if_exists
 from components.model_registry import registry as R
 
 # LastBlessedModel
@@ -52,15 +53,8 @@ class LookupExecutor(base_executor.BaseExecutor):
             out.set_float_custom_property("registered_eval_auc", float(found.entry["eval_auc"]))
 
 
-def _read_json(path: str) -> Optional[Any]:
-    if not fileio.exists(path):
-        return None
-    with fileio.open(path, "r") as fh:
-        return json.loads(fh.read())
-
-
 def export_report(serving_model_uri: str) -> Dict[str, Any]:
-    report = _read_json(os.path.join(serving_model_uri, A.EXPORT_REPORT_FILE))
+    report = read_json_if_exists(os.path.join(serving_model_uri, A.EXPORT_REPORT_FILE))
     if report is None:
         raise R.RegistryError(f"{serving_model_uri}: no {A.EXPORT_REPORT_FILE}; only a complete export is registered")
     return report
@@ -100,8 +94,8 @@ def entry_fields(report: Dict[str, Any], serving_model_uri: str, trainer_model_u
         "table_dtype": report.get("table_dtype"),
         "gate": [{k: c.get(k) for k in ("name", "passed", "skipped", "model_auc", "reference_auc", "margin")}
                  for c in validation.get("checks", [])],
-        "manifest": _read_json(os.path.join(trainer_model_uri, A.EMBEDDING_MANIFEST_FILE)),
-        "plan": _read_json(os.path.join(trainer_model_uri, A.PLAN_FILE)),
+        "manifest": read_json_if_exists(os.path.join(trainer_model_uri, A.EMBEDDING_MANIFEST_FILE)),
+        "plan": read_json_if_exists(os.path.join(trainer_model_uri, A.PLAN_FILE)),
     }
 
 
