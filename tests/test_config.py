@@ -107,6 +107,8 @@ def test_kubeflow_section_is_checked_once_pipelines_is_loaded():
         ({"training": {"batch_size": "big"}}, "training.batch_size: expected an integer, got 'big'"),
         ({"training": {"batch_size": True}}, "training.batch_size: expected an integer"),
         ({"training": {"train_steps": 0}}, "training.train_steps: must be positive"),
+        ({"input": {"path": "x.csv", "range_mb": 0}}, "input.range_mb: must be positive"),
+        ({"input": {"path": "x.csv", "range_mb": "big"}}, "input.range_mb: expected a number"),
         ({"label": 3}, "label: expected a string"),
         ({"dense_features": {"name": "x"}}, "dense_features: expected a list"),
         ({"categorical_features": [{"name": "C1", "dim": 0}]}, "categorical_features[0].dim: must be positive"),
