@@ -283,6 +283,11 @@ def run(cfg: PipelineConfig, output_dir: str, quiet: bool = False, span: Optiona
     """Runs the pipeline with LocalDagRunner. With `quiet`, everything TFX, Beam and TensorFlow log
     (worker processes included) goes to <output_dir>/pipeline.log, the terminal shows one line per
     component, and a failure raises RunFailed with one line naming the component and the cause."""
+    # Imported before the quiet run sends this process's output to its log (the import loads
+    # TensorFlow's runtime, and a run that imported it only then wrote nothing else to its log).
+    from tfx.orchestration.local import local_dag_runner  # noqa: F401
+    from tfx.orchestration.portable import tfx_runner  # noqa: F401
+
     from components.beam_runtime import ensure_local_runner_safe
 
     ensure_local_runner_safe(cfg.beam_pipeline_args())

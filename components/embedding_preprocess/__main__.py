@@ -1,7 +1,10 @@
 """Standalone preprocessing, the same Beam transforms without a TFX pipeline.
 
     python -m components.embedding_preprocess --config FILE --input PATH --output DIR \\
-        [--eval-input PATH] [--format csv|tfrecord] [--overwrite] [beam pipeline args...]
+        [--eval-input PATH] [--format csv|tfrecord|parquet] [--overwrite] [beam pipeline args...]
+
+`--format parquet` reads an ExampleGen split as EmbeddingExampleGen writes it (e.g.
+.../EmbeddingExampleGen/examples/<id>/Split-train/*), `tfrecord` TFRecords of tf.Examples.
 
 Writes DIR/vocabulary/ (vocabulary files + manifest.json), DIR/statistics/ (statistics.json and
 statistics.html) and DIR/transformed/Split-<split>/ (gzipped TFRecords of embedding IDs). Local
@@ -35,7 +38,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--input", required=True, help="train split: file, directory or glob")
     parser.add_argument("--eval-input", help="optional eval split, transformed with the train vocabularies")
     parser.add_argument("--output", required=True)
-    parser.add_argument("--format", choices=("csv", "tfrecord"), help="default: the config's input.format")
+    parser.add_argument("--format", choices=("csv", "tfrecord", "parquet"), help="default: the config's input.format")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
     parser.add_argument(
         "--analyze-only", action="store_true", help="vocabularies and their statistics only: no transformed examples"

@@ -6,8 +6,9 @@ The output is a standard TFX `Examples` artifact with payload format `FORMAT_PAR
 `FILE_FORMAT_PARQUET`), which TFX's `tfxio_utils` reads with tfx_bsl's ParquetTFXIO (StatisticsGen,
 SchemaGen, Transform, ...). One file per range and split (`Split-<split>/data_parquet-NNNNN-of-
 NNNNN.parquet`); every column is a list column (label int64, numeric columns float32, text binary).
-TFX's `BaseExampleGenExecutor.Do` is not used: its split re-serializes every row as a protobuf and
-its writer shuffles all rows through the runner, which held 4 KB per row in memory."""
+The class is a TFX `BaseExampleGenExecutor`, but its `Do` is not TFX's: TFX's split re-serializes
+every row as a protobuf and its writer shuffles all rows through the runner, which held 4 KB per
+row in memory."""
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ from typing import Any, Dict, List, Tuple
 from tfx import types
 from tfx.components.example_gen import utils as example_gen_utils
 from tfx.components.util import examples_utils
-from tfx.dsl.components.base import base_beam_executor
+from tfx.components.example_gen.base_example_gen_executor import BaseExampleGenExecutor
 from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils, standard_component_specs
 from tfx.utils import proto_utils
@@ -89,7 +90,13 @@ def count_parquet_rows(directory: str) -> int:
     return total
 
 
-class Executor(base_beam_executor.BaseBeamExecutor):
+class Executor(BaseExampleGenExecutor):
+    """A BaseExampleGenExecutor (what TFX and pipelines/kfp_entrypoint.py recognise as a
+    file-based ExampleGen, whose driver must run first) whose `Do` is its own."""
+
+    def GetInputSourceToExamplePTransform(self):
+        raise NotImplementedError("EmbeddingExampleGen writes its splits itself (beam_io.WriteExamples); see Do")
+
     def Do(
         self,
         input_dict: Dict[str, List[types.Artifact]],
