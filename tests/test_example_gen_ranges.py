@@ -87,6 +87,18 @@ def test_boundary_inside_a_quoted_field(tmp_path):
         assert lines["input/lines"] == 3
 
 
+@pytest.mark.parametrize("range_bytes", [1, 2, 3, 5])
+def test_blank_lines_before_the_header_longer_than_a_range(tmp_path, range_bytes):
+    data = b'\n\n\r\n\n"h1",h2\n1,"x\ny"\n2,z\n'
+    path = str(tmp_path / "b.csv")
+    open(path, "wb").write(data)
+    _, blocks, lines = _read_all(path, range_bytes)
+    assert b"".join(b.data for b in blocks) == b'1,"x\ny"\n2,z\n'  # the header is never a row
+    assert lines["input/lines"] - 1 == 2 and lines["input/blank_lines"] == 4
+    full = row_counts.count_csv_records(io.BytesIO(data))
+    assert (full.data_records, full.blank_lines) == (2, 4)
+
+
 def test_record_lines_for_messages(tmp_path):
     data = b'h\n1\n\n"x\ny"\n4\n5\n'
     path = str(tmp_path / "l.csv")

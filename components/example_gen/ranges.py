@@ -170,21 +170,37 @@ def read_owned_records(r: ByteRange, quotes_before_start: int, newlines_before_s
         q = quotes_before_start - (1 if first_byte == b'"' else 0)  # quotes before `base`
         newlines_before_base = newlines_before_start - (1 if first_byte == b"\n" else 0)
         ends = _boundaries(chunk, q)
+        data_start = _data_start(fh)  # nothing before the header's end is a row, in any range
+        if data_start is None:
+            return OwnedRecords(b"", 0)
+        fh.seek(base + len(chunk))  # where the range's bytes end: reading on finishes its last record
         first: Optional[int] = None  # offset in chunk where the first owned record starts
-        if r.start == 0:  # skip the header: the first line with content
-            prev = 0
-            for e in ends:
-                if not _blank(chunk[prev : int(e)]):
-                    first = int(e) + 1
-                    break
-                prev = int(e) + 1
+        if r.start == 0:
+            first = data_start
         elif len(ends):
-            first = int(ends[0]) + 1
+            first = max(int(ends[0]) + 1, data_start - base)
         limit = r.end - base  # an owned record starts before this offset
         if first is None or first >= limit:
             return OwnedRecords(b"", 0)
         block = _to_record_end(fh, chunk, ends, q, limit)
         return OwnedRecords(block[first:], newlines_before_base + chunk[:first].count(b"\n") + 1)
+
+
+def _data_start(fh) -> Optional[int]:
+    """Where the first data record starts: after the file's first line with content (its header);
+    None when the header is the last line (or the file holds blank lines only)."""
+    fh.seek(0)
+    head = b""
+    while True:
+        block = fh.read(1 << 16)
+        if not block:
+            return None
+        head += block
+        prev = 0
+        for e in _boundaries(head, 0):
+            if not _blank(head[prev : int(e)]):
+                return int(e) + 1
+            prev = int(e) + 1
 
 
 def _to_record_end(fh, chunk: bytes, ends: np.ndarray, q: int, limit: int) -> bytes:
