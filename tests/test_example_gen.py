@@ -154,6 +154,23 @@ def test_empty_and_header_only_files(tmp_path):
     assert stage["rows_in"] == 1 and stage["input"]["files"] == 3 and stage["input"]["files_without_header"] == 1
 
 
+def test_a_split_without_rows_gets_an_empty_file(tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "a.csv").write_text("label,I1,I2,C1,C2\n1,1,1,a,b\n")  # one row: one split stays empty
+    led, records, err = run_example_gen(_cfg(), d, tmp_path / "out")
+    assert err is None and len(records) == 1 and led["balanced"]
+    rows_out = led["stages"][0]["rows_out"]
+    empty = [s for s, n in rows_out.items() if n == 0]
+    assert len(empty) == 1
+    import pyarrow.parquet as pq
+
+    files = os.listdir(tmp_path / "out" / f"Split-{empty[0]}")
+    assert files == ["data_parquet-empty.parquet"]
+    table = pq.read_table(tmp_path / "out" / f"Split-{empty[0]}" / files[0])
+    assert table.num_rows == 0 and "label" in table.schema.names  # the other split's columns
+
+
 def test_missing_column_refused_before_beam(tmp_path):
     d = tmp_path / "in"
     d.mkdir()

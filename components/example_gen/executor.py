@@ -90,6 +90,28 @@ def count_parquet_rows(directory: str) -> int:
     return total
 
 
+def fill_empty_splits(split_dirs: Dict[str, str]) -> List[str]:
+    """A split that got no row gets one empty Parquet file (with the other splits' columns), so
+    that its readers find a file and read 0 rows, as with TFX's own writer; returns those splits."""
+    from apache_beam.io.filesystems import FileSystems
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = {s: sorted(m.path for m in FileSystems.match([d.rstrip("/") + "/*.parquet"])[0].metadata_list)
+             for s, d in split_dirs.items()}
+    schema = pa.schema([])
+    for found in files.values():
+        if found:
+            with FileSystems.open(found[0]) as fh:
+                schema = pq.ParquetFile(fh).schema_arrow
+            break
+    empty = [s for s, found in files.items() if not found]
+    for s in empty:
+        with FileSystems.create(FileSystems.join(split_dirs[s], "data_parquet-empty.parquet")) as fh:
+            pq.write_table(schema.empty_table(), fh)
+    return empty
+
+
 class Executor(BaseExampleGenExecutor):
     """A BaseExampleGenExecutor (what TFX and pipelines/kfp_entrypoint.py recognise as a
     file-based ExampleGen, whose driver must run first) whose `Do` is its own."""
@@ -130,6 +152,7 @@ class Executor(BaseExampleGenExecutor):
             )
         counts = read_json(counts_path)
         FileSystems.delete([counts_path] + ([tmp_dir] if FileSystems.exists(tmp_dir) else []))
+        fill_empty_splits(split_dirs)
         written = {s: count_parquet_rows(d) for s, d in split_dirs.items()}
         stage = L.example_gen_stage(counts, written)
         # What was read: the files, and the span TFX's driver resolved (span inputs; 0 otherwise).
