@@ -46,6 +46,7 @@ from components.embedding_exporter.serving import RawFeatureTransform, ServingMo
 from components.embedding_model.saving import save_serving_model
 from components.embedding_preprocess import transform as preprocess_transform
 from components.embedding_preprocess import vocabulary as V
+from components.executor_base import read_json_if_exists
 from components.embedding_model.input import parse_batch
 from components.embedding_model.model import RankingModel
 from components.metrics import roc_auc
@@ -414,7 +415,6 @@ def build_report(ctx: ExportContext) -> Dict[str, Any]:
     }
 
 
-from components.executor_base import read_json_if_exists  # noqa: E402
 def validate(ctx: ExportContext, last_blessed: Optional[Lookup]) -> Dict[str, Any]:
     """The gate's decision (gate.py) with the figures it used. `last_blessed`: what the push
     destination serves (LastBlessedModel's registry lookup; None: not looked up)."""

@@ -165,14 +165,13 @@ class SplitWriter:
             self._fh.close()
             self._writer = None
 
-    def close(self) -> List[str]:
-        """Finishes the files and moves them into the split; returns their final paths."""
+    def close(self) -> None:
+        """Finishes the files and moves them into the split."""
         from apache_beam.io.filesystems import FileSystems
 
         self._close_writer()
         if self._parts:
             FileSystems.rename([t for t, _ in self._parts], [f for _, f in self._parts])
-        return [f for _, f in self._parts]
 
 
 class ReadAndWriteRange(beam.DoFn):
@@ -264,7 +263,7 @@ class ReadAndWriteRange(beam.DoFn):
             return
         q, n = before.get(r.key(), (0, 0))
         owned = ranges.read_owned_records(r, q, n)
-        if not owned.data.strip():
+        if not owned.data or owned.data.isspace():  # (no strip(): that copies the range's bytes)
             return
         reader = csv.open_csv(
             pa.BufferReader(owned.data),

@@ -32,12 +32,15 @@ PAYLOAD_FORMAT = example_gen_pb2.FORMAT_PARQUET
 FILE_FORMAT = "FILE_FORMAT_PARQUET"  # tfxio_utils reads it as example_gen_pb2.FILE_FORMAT_PARQUET
 
 
+def _input_config(exec_properties: Dict[str, Any]) -> example_gen_pb2.Input:
+    return proto_utils.json_to_proto(exec_properties[standard_component_specs.INPUT_CONFIG_KEY], example_gen_pb2.Input())
+
+
 def input_files(exec_properties: Dict[str, Any]) -> List[Tuple[str, int]]:
     """(path, size in bytes) of every input file matching the input config's split pattern."""
     from apache_beam.io.filesystems import FileSystems
 
-    input_config = example_gen_pb2.Input()
-    proto_utils.json_to_proto(exec_properties[standard_component_specs.INPUT_CONFIG_KEY], input_config)
+    input_config = _input_config(exec_properties)
     files: Dict[str, int] = {}
     for split in input_config.splits:
         pattern = os.path.join(exec_properties[standard_component_specs.INPUT_BASE_KEY], split.pattern)
@@ -63,8 +66,7 @@ def output_splits(exec_properties: Dict[str, Any]) -> Tuple[List[str], List[int]
     """The output split names and their cumulative hash-bucket bounds (one input split, hashed)."""
     from components.example_gen.split_hash import bucket_bounds
 
-    input_config = example_gen_pb2.Input()
-    proto_utils.json_to_proto(exec_properties[standard_component_specs.INPUT_CONFIG_KEY], input_config)
+    input_config = _input_config(exec_properties)
     output_config = example_gen_pb2.Output()
     proto_utils.json_to_proto(exec_properties[standard_component_specs.OUTPUT_CONFIG_KEY], output_config)
     splits = list(output_config.split_config.splits)

@@ -182,8 +182,9 @@ def read_owned_records(r: ByteRange, quotes_before_start: int, newlines_before_s
         limit = r.end - base  # an owned record starts before this offset
         if first is None or first >= limit:
             return OwnedRecords(b"", 0)
-        block = _to_record_end(fh, chunk, ends, q, limit)
-        return OwnedRecords(block[first:], newlines_before_base + chunk[:first].count(b"\n") + 1)
+        end, tail = _to_record_end(fh, chunk, ends, q, limit)
+        data = chunk[first:end] + tail if tail else chunk[first:end]  # one copy of the range's bytes
+        return OwnedRecords(data, newlines_before_base + chunk[:first].count(b"\n") + 1)
 
 
 def _data_start(fh) -> Optional[int]:
@@ -203,22 +204,23 @@ def _data_start(fh) -> Optional[int]:
             prev = int(e) + 1
 
 
-def _to_record_end(fh, chunk: bytes, ends: np.ndarray, q: int, limit: int) -> bytes:
-    """`chunk` extended to the end of the last record that starts before `limit`: up to the first
-    record-ending newline at offset >= limit - 1, or the end of the file."""
+def _to_record_end(fh, chunk: bytes, ends: np.ndarray, q: int, limit: int) -> Tuple[int, bytes]:
+    """Where the last record that starts before `limit` ends: the first record-ending newline at
+    offset >= limit - 1, or the end of the file. Returns (end offset in `chunk`, the bytes read
+    past `chunk` up to that end), so the caller copies the range's bytes once."""
     after = ends[ends >= limit - 1]
     if len(after):
-        return chunk[: int(after[0]) + 1]
-    parts = [chunk]
+        return int(after[0]) + 1, b""
+    parts = []
     q_seen = q + chunk.count(b'"')
     while True:
         more = fh.read(1 << 20)
         if not more:
-            return b"".join(parts)
+            return len(chunk), b"".join(parts)
         found = _boundaries(more, q_seen)
         if len(found):
             parts.append(more[: int(found[0]) + 1])
-            return b"".join(parts)
+            return len(chunk), b"".join(parts)
         parts.append(more)
         q_seen += more.count(b'"')
 
