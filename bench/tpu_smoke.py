@@ -433,8 +433,12 @@ def train(args, root, tpu, name):
 
 
 def eval_records(root, n: int = 64):
-    files = sorted(tf.io.gfile.glob(split_files(root, "eval")[0]))
-    return [r.numpy() for r in tf.data.TFRecordDataset(files).take(n)]
+    """`n` transformed eval rows as serialized tf.Examples (what the Trainer's signature takes)."""
+    from components.embedding_trainer import trainer_module as tm
+    from components.examples_io import transformed_rows
+
+    files = split_files(root, "eval")
+    return transformed_rows(files[0], tm.read_manifest_for(files), n)
 
 
 def check_model_artifact(args, root, model_uri, on_tpu: bool, layout_kind: str):

@@ -4,6 +4,7 @@ ExampleGens) are read as they are. For the few places that need what a serving c
 exporter's parity and AUC sample, the serving benchmarks and tests."""
 from __future__ import annotations
 
+import os
 from typing import List
 
 
@@ -39,4 +40,32 @@ def serialized_examples(file_pattern: str, limit: int) -> List[bytes]:
 
     for record in tf.data.TFRecordDataset(files, compression_type=compression_type(files)).take(limit):
         out.append(record.numpy())
+    return out
+
+
+def transformed_rows(file_pattern: str, manifest, limit: int) -> List[bytes]:
+    """Up to `limit` transformed rows of the files matching `file_pattern` as serialized
+    tf.Examples, one per row, in file order, whatever `transformed_examples.format` wrote them
+    (`manifest`, the preprocessing manifest, says which): what the Trainer's SavedModel signature
+    on transformed examples takes. Blocks are decoded and cut back into rows (`transform.from_blocks`)."""
+    import tensorflow as tf
+
+    from components.contracts.manifest import FORMAT_BLOCKS, TAIL_PREFIX
+
+    if manifest.transformed_format != FORMAT_BLOCKS:
+        return serialized_examples(file_pattern, limit)
+    from tfx_bsl.coders import example_coder
+
+    from components.embedding_preprocess.transform import from_blocks
+
+    files = sorted(tf.io.gfile.glob(file_pattern), key=lambda f: (os.path.basename(f).startswith(TAIL_PREFIX), f))
+    decoder, encoder = example_coder.ExamplesToRecordBatchDecoder(), example_coder.RecordBatchToExamplesEncoder()
+    out: List[bytes] = []
+    from components.tfrecords import compression_type
+
+    for path in files:
+        for batch in tf.data.TFRecordDataset([path], compression_type=compression_type([path])).batch(64):
+            out += encoder.encode(from_blocks(manifest, decoder.DecodeBatch(list(batch.numpy()))))
+            if len(out) >= limit:
+                return out[:limit]
     return out

@@ -7,6 +7,9 @@ taken another way, so that a parser, a runner or a writer that loses rows cannot
   apart, header excluded. Written by hand because no library counts records without parsing them.
 - `count_tfrecords`: records of a TFRecord file (plain or gzip) by walking the length framing
   only: no CRC check, no proto parsing; a file that ends inside a record is reported as truncated.
+- `count_block_rows`: rows of a TFRecord file of blocks of rows (`transformed_examples.format:
+  blocks`): each block's label values, one per row, decoded by tfx_bsl with a schema that holds
+  the label alone (the other features are skipped, not decoded).
 Both stream through Beam's FileSystems (local, gs://, ...), in blocks; neither imports TensorFlow.
 """
 from __future__ import annotations
@@ -15,7 +18,7 @@ import gzip
 import io
 import struct
 from dataclasses import dataclass
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Iterator, List, Optional
 
 BLOCK = 8 << 20
 
@@ -120,6 +123,57 @@ def count_tfrecords(stream: BinaryIO) -> TFRecordCount:
         records += 1
 
 
+def tfrecord_payloads(stream: BinaryIO) -> Iterator[bytes]:
+    """The records of one TFRecord stream, in order (no CRC check); ValueError when it ends inside one."""
+    buffered = io.BufferedReader(stream, BLOCK) if not isinstance(stream, io.BufferedReader) else stream
+    while True:
+        header = buffered.read(12)
+        if not header:
+            return
+        (length,) = struct.unpack("<Q", header[:8]) if len(header) == 12 else (-1,)
+        payload = buffered.read(length + 4) if length >= 0 else b""
+        if length < 0 or len(payload) < length + 4:
+            raise ValueError("the stream ends inside a record")
+        yield payload[:length]
+
+
+@dataclass
+class BlockRowCount:
+    rows: int = 0
+    blocks: int = 0
+    truncated: bool = False  # the file ends inside a record's framing or payload
+
+
+def count_block_rows(stream: BinaryIO, label: str, chunk: int = 1024) -> BlockRowCount:
+    """Rows of one TFRecord stream of blocks of rows: the values of every block's `label`."""
+    from tensorflow_metadata.proto.v0 import schema_pb2
+    from tfx_bsl.coders import example_coder
+    import pyarrow.compute as pc
+
+    schema = schema_pb2.Schema()
+    schema.feature.add(name=label, type=schema_pb2.FLOAT)
+    decoder = example_coder.ExamplesToRecordBatchDecoder(schema.SerializeToString())
+    out = BlockRowCount()
+    pending: List[bytes] = []
+
+    def add(records: List[bytes]) -> None:
+        labels = decoder.DecodeBatch(records).column(0)
+        out.rows += int(pc.sum(pc.list_value_length(labels)).as_py() or 0)
+        out.blocks += len(records)
+
+    try:
+        for record in tfrecord_payloads(stream):
+            pending.append(record)
+            if len(pending) == chunk:
+                add(pending)
+                pending = []
+    except ValueError:
+        out.truncated = True
+    if pending:
+        add(pending)
+    return out
+
+
 def _skip(stream: BinaryIO, n: int) -> int:
     done = 0
     while done < n:
@@ -135,17 +189,23 @@ def count_file(path: str, counter: Callable[[BinaryIO], object]):
         return counter(fh)
 
 
-def count_records_in(directory: str, stage: str) -> int:
-    """Records of every TFRecord file in `directory` (a split's output); raises when a file ends
-    inside a record, naming `stage` and the file."""
+def count_records_in(directory: str, stage: str, block_label: Optional[str] = None) -> int:
+    """Records of every TFRecord file in `directory` (a split's output), or with `block_label` the
+    rows of its blocks (`count_block_rows`); raises when a file ends inside a record, naming
+    `stage` and the file."""
     from apache_beam.io.filesystems import FileSystems
 
     from components.errors import LedgerError
 
     total = 0
     for m in FileSystems.match([directory.rstrip("/") + "/*"])[0].metadata_list:
-        c = count_file(m.path, count_tfrecords)
+        if block_label is None:
+            c = count_file(m.path, count_tfrecords)
+            n = c.records
+        else:
+            c = count_file(m.path, lambda fh: count_block_rows(fh, block_label))
+            n = c.rows
         if c.truncated:
             raise LedgerError(f"{stage}: output file {m.path} ends inside a record")
-        total += c.records
+        total += n
     return total

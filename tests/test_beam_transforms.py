@@ -25,6 +25,7 @@ from components.embedding_preprocess import statistics as S
 from components.embedding_preprocess import vocabulary as V
 from components.embedding_preprocess.counting import FeatureValueCounter, ValueCounts, shared_table_features
 from components.embedding_preprocess.csv_input import ReadCsvRecordBatches
+from components.embedding_preprocess.transform import from_blocks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -207,13 +208,16 @@ def test_transform_split(cfg, tmp_path):
     V.write_vocabulary(str(tmp_path), "C3", [(b"x", 3), (b"y", 3)])
 
     def check_examples(blocks):
+        # Blocks of rows (the default format), the train split's rows shuffled within their batch:
+        # cut back into rows and compared as a set of rows.
         records = [r for block in blocks for r in unframe(block)]
-        got = example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(records).to_pydict()
-        assert got["C1"] == [[0], [0], [1]]
-        assert got["C2"] == [[1], [0], []]
-        assert got["C3"] == [[0, 1], [0], [0, 1, 1]]
-        assert got["label"] == [[1.0], [0.0], [1.0]]
-        assert got["I1"] == [[0.5], [-1.0], [1.0]]  # absent: the fill value
+        got = from_blocks(cfg, example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(records)).to_pydict()
+        rows = sorted(zip(*(map(str, got[c]) for c in ("label", "I1", "C1", "C2", "C3"))))
+        assert rows == sorted([  # label, I1 (absent: the fill value), C1, C2, C3
+            ("[1.0]", "[0.5]", "[0]", "[1]", "[0, 1]"),
+            ("[0.0]", "[-1.0]", "[0]", "[0]", "[0]"),
+            ("[1.0]", "[1.0]", "[1]", "[]", "[0, 1, 1]"),
+        ])
 
     expected_stats = {
         "train/examples_read": 4,
@@ -234,7 +238,7 @@ def test_transform_split(cfg, tmp_path):
         transformed = (
             p | "Batches" >> beam.Create([record_batch(ROWS)]) | B.TransformSplit(cfg, "train", str(tmp_path), sizes)
         )
-        assert_that(transformed.examples, check_examples, label="Examples")
+        assert_that((transformed.examples, transformed.tail) | beam.Flatten(), check_examples, label="Examples")
         merged = transformed.stats | B.MergeStatistics() | beam.Map(lambda s: {k: s[k] for k in expected_stats})
         assert_that(merged, equal_to([expected_stats]), label="Stats")
 

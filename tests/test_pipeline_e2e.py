@@ -20,7 +20,6 @@ import components  # noqa: F401
 import tensorflow as tf
 
 from components.embedding_preprocess import vocabulary as V
-from components.tfrecords import compression_type
 from pipelines.__main__ import DEMO_ROWS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -97,8 +96,12 @@ def test_pushed_model_scores_raw_examples_like_trained_model(pipeline_run, tmp_p
 
     trained_dir = glob.glob(str(out / "pipeline_root" / "Trainer" / "model" / "*" / "Format-Serving"))[0]
     trained = tf.saved_model.load(trained_dir)
-    tx_files = glob.glob(str(out / "pipeline_root" / "EmbeddingPreprocess" / "transformed_examples" / "*" / "Split-eval" / "*"))
-    tx = [r.numpy() for r in tf.data.TFRecordDataset(sorted(tx_files), compression_type=compression_type(tx_files))]
+    from components.embedding_trainer.trainer_module import read_manifest_for
+    from components.examples_io import transformed_rows
+
+    tx_dir = glob.glob(str(out / "pipeline_root" / "EmbeddingPreprocess" / "transformed_examples" / "*" / "Split-eval"))[0]
+    tx_pattern = tx_dir + "/*"
+    tx = transformed_rows(tx_pattern, read_manifest_for([tx_pattern]), 1 << 30)
     scores = trained.signatures["serving_default"](examples=tf.constant(tx))["probabilities"].numpy().ravel()
     # Beam does not keep row order, so compare the two score multisets (every eval row is labelled here).
     assert len(serving) == len(scores)

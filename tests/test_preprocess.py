@@ -16,7 +16,6 @@ from components.contracts.manifest import VocabularyManifest
 from components.contracts.statistics import EmbeddingStatistics
 from components.embedding_preprocess import vocabulary as V
 from components.embedding_preprocess.run import run_preprocessing
-from components.tfrecords import compression_type
 
 CONFIG = {
     "input": {"path": "unused.csv"},
@@ -171,11 +170,21 @@ def _transformed(root, split):
         **{c: tf.io.VarLenFeature(tf.int64) for c in COLUMN},
     }
     out = []
-    for rec in tf.data.TFRecordDataset(files, compression_type=compression_type(files)):
+    for rec in transformed_rows_of(root / "tx", split):
         p = tf.io.parse_single_example(rec, spec)
         out.append({k: (tf.sparse.to_dense(v).numpy().tolist() if isinstance(v, tf.SparseTensor) else
                         float(v.numpy()[0])) for k, v in p.items()})
     return out
+
+
+def transformed_rows_of(tx_root, split):
+    """A split's transformed rows as serialized tf.Examples, one per row, whatever the format."""
+    from components.contracts import artifacts as A
+    from components.contracts.manifest import VocabularyManifest
+    from components.examples_io import transformed_rows
+
+    manifest = VocabularyManifest.from_json((tx_root / A.EMBEDDING_MANIFEST_FILE).read_text())
+    return transformed_rows(str(tx_root / f"Split-{split}" / "*"), manifest, 1 << 30)
 
 
 def _expected_ids(cfg, root, rows):
@@ -367,9 +376,7 @@ def test_given_vocabulary_of_a_feature_the_train_split_never_feeds(tmp_path):
         {s: str(tmp_path / f"tx/Split-{s}") for s in ("train", "eval")}, str(tmp_path / "stats"),
     )
     assert (tmp_path / "vocab" / "color.txt").read_bytes() == b"red\ngreen\nblue\n"
-    from components.tfrecords import compression_type
 
-    files = sorted(str(p) for p in (tmp_path / "tx" / "Split-eval").iterdir())
-    ids = [tf.train.Example.FromString(r.numpy()).features.feature["color"].int64_list.value[:]
-           for r in tf.data.TFRecordDataset(files, compression_type=compression_type(files))]
+    ids = [tf.train.Example.FromString(r).features.feature["color"].int64_list.value[:]
+           for r in transformed_rows_of(tmp_path / "tx", "eval")]
     assert sorted(ids) == [[0], [2], [3]]  # red, blue, and teal in the OOV row after the three

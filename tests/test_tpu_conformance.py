@@ -29,7 +29,6 @@ itself (embedding engine, HBM, SparseCore kernels and their update rules, XLA co
 step) - see bench/tpu_smoke.py.
 """
 import contextlib
-import glob
 import inspect
 import json
 import os
@@ -267,8 +266,10 @@ def test_tpu_branch_calls_bind_and_stay_in_scope_and_run(feature, tpu_branch, da
     assert plan["checkpoint_layout"]["per_replica_batch_size"] == 64 // REPLICAS
     assert plan["checkpoint_layout"]["num_replicas"] == REPLICAS
     loaded = tf.saved_model.load(os.path.join(model_uri, "Format-Serving"))
-    files = sorted(glob.glob(str(data / "tx" / "Split-eval" / "*")))
-    records = [r.numpy() for r in tf.data.TFRecordDataset(files).take(8)]
+    from components.examples_io import transformed_rows
+
+    eval_pattern = str(data / "tx" / "Split-eval" / "*")
+    records = transformed_rows(eval_pattern, tm.read_manifest_for([eval_pattern]), 8)
     probs = loaded.signatures["serving_default"](examples=tf.constant(records))["probabilities"].numpy()
     assert probs.shape == (8, 1) and np.isfinite(probs).all()
     assert tf.train.latest_checkpoint(os.path.join(model_uri, tm.CHECKPOINT_DIR))

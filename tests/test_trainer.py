@@ -85,8 +85,11 @@ def _fn_args(root, cfg, execution):
 
 
 def _eval_examples(root, n=200):
-    files = sorted(glob.glob(str(root / "tx" / "Split-eval" / "*")))
-    return [r.numpy() for r in tf.data.TFRecordDataset(files).take(n)]
+    """`n` transformed eval rows as serialized tf.Examples (what the Trainer's signature takes)."""
+    from components.examples_io import transformed_rows
+
+    pattern = str(root / "tx" / "Split-eval" / "*")
+    return transformed_rows(pattern, tm.read_manifest_for([pattern]), n)
 
 
 @pytest.fixture(scope="module")

@@ -398,6 +398,11 @@ class TransformedExamplesConfig:
     # none: plain TFRecords (default: gzip at Beam's fixed level 6 costs about a third of the
     # preprocessing CPU, and every training host pays again to inflate them); gzip: ~4.8x smaller.
     compression: str = "none"
+    # blocks: one record per block of `block_rows` rows, parsed by the trainer a block at a time
+    # (see contracts.manifest); examples: one tf.Example per row, for TFX components that read
+    # transformed examples row by row (StatisticsGen, Evaluator).
+    format: str = "blocks"
+    block_rows: int = 64
 
 
 @dataclass

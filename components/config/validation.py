@@ -13,6 +13,7 @@ from typing import Callable, Dict, Optional
 from components.config.binding import bind_tables, optimizer_path, table_optimizer
 from components.config.checks import check_choice, check_positive
 from components.config.resolved import ResolvedConfig
+from components.contracts.manifest import TRANSFORMED_FORMATS
 from components.config.schema import (
     COMPRESSIONS,
     DIM_RULES,
@@ -277,7 +278,12 @@ def _check_statistics(cfg: PipelineConfig) -> None:
 
 
 def _check_transformed_examples(cfg: PipelineConfig) -> None:
-    check_choice(cfg.transformed_examples.compression, COMPRESSIONS, "transformed_examples.compression")
+    t = cfg.transformed_examples
+    check_choice(t.compression, COMPRESSIONS, "transformed_examples.compression")
+    check_choice(t.format, TRANSFORMED_FORMATS, "transformed_examples.format")
+    if isinstance(t.block_rows, bool) or not isinstance(t.block_rows, int) or t.block_rows < 1:
+        raise ConfigError(f"transformed_examples.block_rows: {t.block_rows!r} is not a whole number of rows >= 1; "
+                          "64 (the default) lets a training batch mix rows from several blocks")
 
 
 def _check_beam(cfg: PipelineConfig) -> None:

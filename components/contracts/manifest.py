@@ -49,6 +49,28 @@ def weights_key(feature: str) -> str:
     return feature + WEIGHTS_SUFFIX
 
 
+# How preprocessing writes the transformed examples (`transformed_examples.format`):
+# - `examples`: one tf.Example per row (what TFX's own components read);
+# - `blocks`: one tf.Example per block of consecutive rows. Each dense value and the label are a
+#   list of one value per row, each categorical feature the block's IDs in row order plus
+#   `row_lengths_key(feature)`, the number of IDs of each row (a weighted feature's weights share
+#   those lengths). The trainer parses a block with one parse call instead of one per row.
+FORMAT_EXAMPLES = "examples"
+FORMAT_BLOCKS = "blocks"
+TRANSFORMED_FORMATS = (FORMAT_BLOCKS, FORMAT_EXAMPLES)
+ROW_LENGTHS_SUFFIX = "__row_lengths"
+# Files of transformed examples: <TRANSFORMED_PREFIX>-*; with blocks, every block of those holds
+# exactly `block_rows` rows, and the shorter last block of a batch goes to <TAIL_PREFIX>-* files
+# (a training batch is then a whole number of blocks, parsed in one call; tail rows are re-cut).
+TRANSFORMED_PREFIX = "transformed_examples"
+TAIL_PREFIX = "transformed_tail"
+
+
+def row_lengths_key(feature: str) -> str:
+    """Where a categorical feature's IDs per row travel in a block of transformed rows."""
+    return feature + ROW_LENGTHS_SUFFIX
+
+
 @dataclass(frozen=True)
 class CategoricalFeatureEntry:
     name: str
@@ -70,6 +92,9 @@ class VocabularyManifest:
     categorical_features: Tuple[CategoricalFeatureEntry, ...]
     vocabularies: Mapping[str, VocabularyEntry]
     version: int = MANIFEST_VERSION
+    # FORMAT_BLOCKS or FORMAT_EXAMPLES; manifests written before blocks existed described rows
+    transformed_format: str = FORMAT_EXAMPLES
+    block_rows: int = 0  # rows per block with FORMAT_BLOCKS (the last block of a batch may hold fewer)
 
     def vocabulary(self, table: str) -> VocabularyEntry:
         if table not in self.vocabularies:

@@ -12,12 +12,15 @@ every platform, so CPU runs feed the TPU step's exact input.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, List, Optional, Tuple
 
 import components  # noqa: F401
 import tensorflow as tf
 
-from components.contracts.manifest import VocabularyManifest, weights_key
+from components.contracts.manifest import (
+    FORMAT_BLOCKS, TAIL_PREFIX, VocabularyManifest, row_lengths_key, weights_key,
+)
 
 PAD_ID = -1  # padding of dense ID rows; TensorCoreTable and the TPU-rules check skip it
 LENGTH_SUFFIX = "__length"  # a sequence feature's positions per row, computed on the host
@@ -62,8 +65,49 @@ def parse_batch(
     IDs of that width. Features named in `sequence_lengths` ({feature: max_sequence_length}) also
     get `length_key(feature)`: each row's positions, a dense [batch] tensor the model masks with
     (computed here, on the host: sparse ops have no place in a TPU step)."""
-    parsed = tf.io.parse_example(serialized, feature_spec(manifest))
-    rows = tf.shape(serialized)[0]
+    return model_inputs(tf.io.parse_example(serialized, feature_spec(manifest)), manifest, static_batch,
+                        dense_id_widths, sequence_lengths)
+
+
+def block_spec(manifest: VocabularyManifest) -> Dict[str, Any]:
+    """The parse spec of one block of transformed rows (the `blocks` layout of contracts.manifest):
+    label and dense values one per row, each categorical feature (and its weights) ragged by its
+    row lengths."""
+    spec: Dict[str, Any] = {manifest.label: tf.io.RaggedFeature(tf.float32)}
+    for name in manifest.dense_names:
+        spec[name] = tf.io.RaggedFeature(tf.float32)
+    weighted = set(manifest.weighted_names)
+    for name in manifest.categorical_names:
+        rows = [tf.io.RaggedFeature.RowLengths(row_lengths_key(name))]
+        spec[name] = tf.io.RaggedFeature(tf.int64, partitions=rows, row_splits_dtype=tf.int64)
+        if name in weighted:
+            spec[weights_key(name)] = tf.io.RaggedFeature(
+                tf.float32, value_key=weights_key(name), partitions=rows, row_splits_dtype=tf.int64)
+    return spec
+
+
+def parse_block(serialized: tf.Tensor, manifest: VocabularyManifest) -> Dict[str, Any]:
+    """One serialized block -> {name: [rows] values (label, dense) or [rows, None] RaggedTensor}."""
+    return tf.io.parse_single_example(serialized, block_spec(manifest))
+
+
+def rows_as_parsed(rows: Dict[str, Any]) -> Dict[str, Any]:
+    """A batch of rows parsed from blocks -> what `tf.io.parse_example` with `feature_spec` gives
+    for the same rows written as examples: [batch, 1] label and dense values, SparseTensors of IDs."""
+    return {name: t.to_sparse() if isinstance(t, tf.RaggedTensor) else tf.expand_dims(t, 1)
+            for name, t in rows.items()}
+
+
+def model_inputs(
+    parsed: Dict[str, Any],
+    manifest: VocabularyManifest,
+    static_batch: Optional[int] = None,
+    dense_id_widths: Optional[Dict[str, int]] = None,
+    sequence_lengths: Optional[Dict[str, int]] = None,
+) -> Tuple[Dict[str, Any], tf.Tensor]:
+    """Parsed transformed rows (label and dense values [batch, 1], IDs as SparseTensors) ->
+    (features, label) as the model reads them (see `parse_batch`)."""
+    rows = tf.shape(parsed[manifest.label])[0]
     for name, length in (sequence_lengths or {}).items():
         ids = parsed[name]
         counts = tf.math.bincount(tf.cast(ids.indices[:, 0], tf.int32), minlength=rows, maxlength=rows)
@@ -107,6 +151,11 @@ def make_dataset(
     would get as that step's global batch."""
     from components.tfrecords import compression_type
 
+    unit = global_batch or batch_size
+    if manifest.transformed_format == FORMAT_BLOCKS:
+        return _blocks_dataset(file_patterns, manifest, batch_size, training, seed, skip_batches,
+                               dense_id_widths, sequence_lengths, unit)
+    static = batch_size if training else None
     compression = compression_type([f for p in file_patterns for f in tf.io.gfile.glob(p)])
     files = tf.data.Dataset.list_files(file_patterns, shuffle=training, seed=seed)
     # Files are read in parallel, a block of `batch_size` records at a time from each: measured on
@@ -115,16 +164,93 @@ def make_dataset(
     ds = files.interleave(
         lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
         cycle_length=tf.data.AUTOTUNE,
-        block_length=global_batch or batch_size,
+        block_length=unit,
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     )
     if training:
-        ds = ds.shuffle(16 * (global_batch or batch_size), seed=seed, reshuffle_each_iteration=True).repeat()
+        ds = ds.shuffle(16 * unit, seed=seed, reshuffle_each_iteration=True).repeat()
     ds = ds.batch(batch_size, drop_remainder=training)
     if skip_batches:
         ds = ds.skip(skip_batches)
-    static = batch_size if training else None
     ds = ds.map(lambda s: parse_batch(s, manifest, static, dense_id_widths, sequence_lengths),
                 num_parallel_calls=tf.data.AUTOTUNE)
     return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def _blocks_dataset(
+    file_patterns: List[str],
+    manifest: VocabularyManifest,
+    batch_size: int,
+    training: bool,
+    seed: int,
+    skip_batches: int,
+    dense_id_widths: Optional[Dict[str, int]],
+    sequence_lengths: Optional[Dict[str, int]],
+    unit: int,
+) -> tf.data.Dataset:
+    """`make_dataset` over blocks of rows (the `blocks` layout of contracts.manifest).
+
+    A batch is `batch_size / block_rows` whole blocks, parsed together by one `parse_example`
+    call: no per-row work in tf.data. The shorter last blocks of preprocessing's batches (the
+    TAIL_PREFIX files, a few rows per 4,096) are parsed one by one and their rows re-cut into
+    batches. Training draws each global batch from one stream or the other (seeded; in proportion
+    to their bytes), so every replica of a step reads the same stream. The shuffle buffer holds
+    as many rows as with examples (16 global batches), as blocks, and the rows of each block were
+    shuffled within their batch by preprocessing. With a batch size that is no multiple of
+    `block_rows`, every block takes the re-cut path (correct, slower)."""
+    from components.tfrecords import compression_type
+
+    files = sorted(f for p in file_patterns for f in tf.io.gfile.glob(p))
+    compression = compression_type(files)
+    tail = [f for f in files if os.path.basename(f).startswith(TAIL_PREFIX)]
+    whole = [f for f in files if f not in set(tail)]
+    per_batch = batch_size // manifest.block_rows if batch_size % manifest.block_rows == 0 else 0
+    if not per_batch:
+        tail, whole = files, []
+    static = batch_size if training else None
+    to_inputs = lambda p: model_inputs(rows_as_parsed(p), manifest, static, dense_id_widths,  # noqa: E731
+                                       sequence_lengths)
+
+    def blocks(names: List[str]) -> tf.data.Dataset:
+        ds = tf.data.Dataset.from_tensor_slices(names)
+        if training:
+            ds = ds.shuffle(len(names), seed=seed, reshuffle_each_iteration=True)
+        ds = ds.interleave(lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
+                           cycle_length=tf.data.AUTOTUNE, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        if training:
+            ds = ds.shuffle(max(16, -(-16 * unit // manifest.block_rows)), seed=seed,
+                            reshuffle_each_iteration=True).repeat()
+        return ds
+
+    streams = []
+    if whole:
+        spec = block_spec(manifest)
+        streams.append(
+            blocks(whole).batch(per_batch, drop_remainder=training)
+            .map(lambda s: {k: v.merge_dims(0, 1) if v.ragged_rank > 1 else v.values
+                            for k, v in tf.io.parse_example(s, spec).items()},
+                 num_parallel_calls=tf.data.AUTOTUNE)
+        )
+    if tail:
+        streams.append(
+            blocks(tail).map(lambda s: parse_block(s, manifest), num_parallel_calls=tf.data.AUTOTUNE)
+            .unbatch().batch(batch_size, drop_remainder=training)
+        )
+    if not streams:
+        raise ValueError(f"no transformed examples match {file_patterns}")
+    if len(streams) == 1:
+        ds = streams[0]
+    elif not training:
+        ds = streams[0].concatenate(streams[1])
+    else:
+        # One choice per global batch, repeated for its per-replica batches.
+        tail_share = sum(tf.io.gfile.stat(f).length for f in tail) / max(1, sum(tf.io.gfile.stat(f).length for f in files))
+        per_step = max(1, unit // batch_size)
+        choices = (tf.data.Dataset.random(seed=seed)
+                   .map(lambda r: tf.cast(r % 1_000_000 < int(tail_share * 1_000_000), tf.int64))
+                   .flat_map(lambda c: tf.data.Dataset.from_tensors(c).repeat(per_step)))
+        ds = tf.data.Dataset.choose_from_datasets(streams, choices)
+    if skip_batches:
+        ds = ds.skip(skip_batches)
+    return ds.map(to_inputs, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)

@@ -28,11 +28,13 @@ from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tu
 
 import apache_beam as beam
 from apache_beam.io import filebasedsink
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from components import tfrecords
 from components.config import PipelineConfig
+from components.contracts.manifest import FORMAT_BLOCKS, TAIL_PREFIX, TRANSFORMED_PREFIX
 from components.embedding_preprocess import statistics as S
 from components.embedding_preprocess import vocabulary as V
 from components.embedding_preprocess.counting import (
@@ -42,10 +44,9 @@ from components.embedding_preprocess.csv_input import ReadCsvRecordBatches, read
 
 # Beam-free names that used to live here (bench/export_bench.py and older callers import them from here).
 from components.embedding_preprocess.transform import (  # noqa: F401  (re-exported)
-    load_lookups, make_lookups, read_batch_rows, transform_record_batch,
+    load_lookups, make_lookups, read_batch_rows, to_blocks, transform_record_batch,
 )
 
-TRANSFORMED_PREFIX = "transformed_examples"
 STATS_FILE_PREFIX = "_partial_statistics"
 
 # Elements: a feature's or a table's value counts, keyed by its name.
@@ -230,10 +231,31 @@ class _TransformBatch(beam.DoFn):
     def process(self, rb: pa.RecordBatch, vocabulary_sizes: Dict[str, int]):
         if self._lookups is None:
             self._lookups = load_lookups(self._cfg, self._vocabulary_dir, vocabulary_sizes, self._run_id)
+        if self._split == "train":
+            rb = shuffled_rows(rb, self._cfg.training.seed)
         out, _, stats = transform_record_batch(self._cfg, self._lookups, rb, self._split)
         if out is not None:
-            yield tfrecords.frame(self._encoder.encode(out))  # one element per batch, see tfrecords.py
+            t = self._cfg.transformed_examples
+            if t.format != FORMAT_BLOCKS:
+                yield tfrecords.frame(self._encoder.encode(out))  # one element per batch, see tfrecords.py
+            else:
+                records = self._encoder.encode(to_blocks(self._cfg, out, t.block_rows))
+                full = out.num_rows // t.block_rows
+                if full:
+                    yield tfrecords.frame(records[:full])
+                if len(records) > full:  # the shorter last block (see contracts.manifest)
+                    yield beam.pvalue.TaggedOutput("tail", tfrecords.frame(records[full:]))
         yield beam.pvalue.TaggedOutput("stats", stats)
+
+
+def shuffled_rows(rb: pa.RecordBatch, seed: int) -> pa.RecordBatch:
+    """`rb`'s rows in an order drawn from `seed` and the row count alone (the same in every run and
+    on every worker). The input keeps its files' row order (often by time or by user) and the
+    trainer shuffles blocks of rows, not rows: mixing each batch's rows here makes every block a
+    sample of its batch instead of a run of neighbouring rows. The batch and shard statistics are
+    computed on this order, the one training reads."""
+    order = np.random.default_rng([seed, rb.num_rows]).permutation(rb.num_rows)
+    return rb.take(pa.array(order))
 
 
 # ---- PTransforms -------------------------------------------------------------------------------
@@ -383,6 +405,7 @@ class TransformedSplit(NamedTuple):
 
     examples: beam.PCollection  # bytes: blocks of framed TFRecords of transformed tf.Examples
     stats: beam.PCollection  # statistics partials of the split, one per record batch
+    tail: beam.PCollection  # bytes: framed shorter last blocks of rows (blocks format only)
 
 
 class TransformSplit(beam.PTransform):
@@ -408,16 +431,16 @@ class TransformSplit(beam.PTransform):
         result = batches | "Transform" >> beam.ParDo(
             _TransformBatch(self._config_json, self._split, self._vocabulary_dir, self._run_id),
             beam.pvalue.AsDict(self._vocabulary_sizes),
-        ).with_outputs("stats", main="examples")
-        return TransformedSplit(examples=result.examples, stats=result.stats)
+        ).with_outputs("stats", "tail", main="examples")
+        return TransformedSplit(examples=result.examples, stats=result.stats, tail=result.tail)
 
 
 class WriteTransformedExamples(beam.PTransform):
-    """Blocks of framed TFRecords -> `<directory>/transformed_examples-*` files (`.gz` with gzip)."""
+    """Blocks of framed TFRecords -> `<directory>/<prefix>-*` files (`.gz` with gzip)."""
 
-    def __init__(self, directory: str, compression: str):
+    def __init__(self, directory: str, compression: str, prefix: str = TRANSFORMED_PREFIX):
         super().__init__()
-        self._prefix = os.path.join(directory, TRANSFORMED_PREFIX)
+        self._prefix = os.path.join(directory, prefix)
         self._suffix = ".gz" if compression == "gzip" else ""
 
     def expand(self, blocks):
@@ -497,6 +520,10 @@ def build_pipeline(
         _ = transformed.examples | f"Write[{split}]" >> WriteTransformedExamples(
             transformed_dirs[split], cfg.transformed_examples.compression
         )
+        if cfg.transformed_examples.format == FORMAT_BLOCKS:
+            _ = transformed.tail | f"WriteTail[{split}]" >> WriteTransformedExamples(
+                transformed_dirs[split], cfg.transformed_examples.compression, TAIL_PREFIX
+            )
         partial_stats.append(transformed.stats)
     partial_stats += input_stats
     _ = (

@@ -20,6 +20,7 @@ from components.beam_runtime import ensure_local_runner_safe
 from components.config import CategoricalFeature, PipelineConfig, table_optimizer
 from components.contracts import artifacts as A
 from components.contracts.manifest import (
+    FORMAT_BLOCKS,
     CategoricalFeatureEntry,
     DenseFeatureEntry,
     VocabularyEntry,
@@ -105,6 +106,8 @@ def build_manifest(cfg: PipelineConfig, raw: Dict[str, float], vocabulary_dir: s
             for f in cfg.categorical_features
         ),
         vocabularies=vocabularies,
+        transformed_format=cfg.transformed_examples.format,
+        block_rows=cfg.transformed_examples.block_rows if cfg.transformed_examples.format == FORMAT_BLOCKS else 0,
     )
 
 
@@ -270,7 +273,9 @@ def build_ledger(
     if not stages and input_format == "csv":
         data_rows = {s: _csv_data_rows(p) for s, p in split_patterns.items()}
         stages.append(L.csv_input_stage(data_rows, read, stats.input["malformed_rows"]))
-    written = {s: row_counts.count_records_in(d, L.PREPROCESS) for s, d in transformed_dirs.items()}
+    # Blocks hold several rows: their labels (one per row) are counted instead of the records.
+    block_label = cfg.label if cfg.transformed_examples.format == FORMAT_BLOCKS else None
+    written = {s: row_counts.count_records_in(d, L.PREPROCESS, block_label) for s, d in transformed_dirs.items()}
     dropped = {s: v["examples_dropped"] for s, v in stats.splits.items()}
     stages.append(L.preprocess_stage(read, dropped, written, upstream))
     return L.ledger(stages)

@@ -1,0 +1,186 @@
+"""Transformed examples in blocks of rows (`transformed_examples.format: blocks`, the default).
+
+The same data preprocessed into blocks and into one tf.Example per row must reach the model as the
+same rows: through `make_dataset` (whole blocks parsed together, shorter last blocks re-cut), the
+row ledger (rows counted inside the blocks) and `examples_io.transformed_rows` (blocks cut back into
+rows for the Trainer's signature). configs/features.yaml covers every feature kind: weighted,
+sequence, multi-hot, identity, hashed, list and file vocabularies.
+"""
+import os
+import struct
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import tensorflow as tf
+import yaml
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from components import row_counts
+from components.config import parse_config
+from components.contracts.manifest import TAIL_PREFIX, TRANSFORMED_PREFIX, row_lengths_key, weights_key
+from components.embedding_model.input import make_dataset
+from components.embedding_preprocess.run import run_preprocessing
+from components.embedding_preprocess.transform import from_blocks, to_blocks
+from components.embedding_trainer import trainer_module as tm
+from components.examples_io import transformed_rows
+from components.synthetic_data import GeneratorSpec, write_csv
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROWS = 1500
+
+
+def _raw_config(csv_path, fmt, block_rows=8, batch_size=32):
+    with open(os.path.join(REPO, "configs", "features.yaml")) as fh:
+        raw = yaml.safe_load(fh)
+    raw["input"]["path"] = str(csv_path)
+    for f in raw["categorical_features"]:
+        v = f.get("vocabulary") or {}
+        if v.get("kind") == "file":
+            v["file"] = os.path.join(REPO, "configs", v["file"])
+    raw["training"]["batch_size"] = batch_size
+    raw["transformed_examples"] = {"format": fmt, "block_rows": block_rows}
+    return parse_config(raw)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The same CSV preprocessed as rows and as blocks of 8 rows: {format: (cfg, tx root)}."""
+    root = tmp_path_factory.mktemp("blocks")
+    small = [min(c, 500) for c in GeneratorSpec().cardinalities]
+    csv = root / "data.csv"
+    write_csv(GeneratorSpec(rows=ROWS, seed=5, cardinalities=small, extra_columns=True), str(csv))
+    out = {}
+    for fmt in ("examples", "blocks"):
+        cfg = _raw_config(csv, fmt)
+        w = root / fmt
+        run_preprocessing(
+            beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"])),
+            cfg, {"train": str(csv), "eval": str(csv)}, str(w / "vocab"),
+            {s: str(w / "tx" / f"Split-{s}") for s in ("train", "eval")}, str(w / "stats"), input_format="csv",
+        )
+        out[fmt] = (cfg, w / "tx")
+    return out
+
+
+def _pattern(tx, split):
+    return str(tx / f"Split-{split}" / "*")
+
+
+def _rows(features, label):
+    """One hashable row per example of a batch: label, every dense value, every feature's IDs."""
+    cols = {"label": label.numpy().ravel().tolist()}
+    for k, t in sorted(features.items()):
+        if isinstance(t, tf.SparseTensor):
+            cols[k] = [tuple(r) for r in tf.RaggedTensor.from_sparse(t).to_list()]
+        else:
+            cols[k] = [tuple(np.ravel(r).tolist()) for r in t.numpy()]
+    return list(zip(*(cols[k] for k in sorted(cols))))
+
+
+def _all_rows(ds):
+    return sorted(r for f, y in ds for r in _rows(f, y))
+
+
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_blocks_reach_the_model_as_the_same_rows(runs, split):
+    (_, tx_rows), (_, tx_blocks) = runs["examples"], runs["blocks"]
+    m_rows, m_blocks = (tm.read_manifest_for([_pattern(tx, split)]) for tx in (tx_rows, tx_blocks))
+    assert (m_rows.transformed_format, m_blocks.transformed_format, m_blocks.block_rows) == ("examples", "blocks", 8)
+    names = sorted(os.listdir(tx_blocks / f"Split-{split}"))
+    assert any(n.startswith(TRANSFORMED_PREFIX) for n in names) and any(n.startswith(TAIL_PREFIX) for n in names)
+    # Sequence lengths and padded dense IDs are computed from either format the same way.
+    kw = dict(sequence_lengths={"history": 4}, dense_id_widths={"C12": 3})
+    got = _all_rows(make_dataset([_pattern(tx_blocks, split)], m_blocks, 32, training=False, **kw))
+    want = _all_rows(make_dataset([_pattern(tx_rows, split)], m_rows, 32, training=False, **kw))
+    assert len(got) == len(want) > 1000 and got == want
+    # and the Trainer's signature gets the same rows from either
+    a = transformed_rows(_pattern(tx_blocks, split), m_blocks, 1 << 30)
+    b = transformed_rows(_pattern(tx_rows, split), m_rows, 1 << 30)
+    assert len(a) == len(b) and sorted(map(_example_dict, a)) == sorted(map(_example_dict, b))
+
+
+def _example_dict(serialized):
+    """A tf.Example as sorted (feature, values) pairs (a map's serialized order is not fixed)."""
+    ex = tf.train.Example.FromString(serialized)
+    return sorted((k, str(getattr(f, f.WhichOneof("kind")).value[:] if f.WhichOneof("kind") else []))
+                  for k, f in ex.features.feature.items())
+
+
+def test_training_batches_are_static_whole_and_mix_blocks(runs):
+    cfg, tx = runs["blocks"]
+    manifest = tm.read_manifest_for([_pattern(tx, "train")])
+    batches = list(make_dataset([_pattern(tx, "train")], manifest, 32, training=True, seed=1).take(60))
+    for features, label in batches:
+        assert label.shape == (32, 1)
+        assert all(t.shape[0] == 32 for t in features.values())
+    seen = _all_rows([(f, y) for f, y in batches])
+    assert len(set(seen)) > 0.5 * len(seen)
+    # the same seed gives the same stream (a resumed run skips to where it stopped)
+    again = list(make_dataset([_pattern(tx, "train")], manifest, 32, training=True, seed=1, skip_batches=3).take(2))
+    for (f1, y1), (f2, y2) in zip(batches[3:5], again):
+        np.testing.assert_array_equal(y1.numpy(), y2.numpy())
+
+
+def test_a_batch_that_is_no_multiple_of_the_block_takes_every_row(runs):
+    _, tx = runs["blocks"]
+    manifest = tm.read_manifest_for([_pattern(tx, "eval")])
+    got = _all_rows(make_dataset([_pattern(tx, "eval")], manifest, 20, training=False))  # 20 % 8 != 0
+    want = _all_rows(make_dataset([_pattern(tx, "eval")], manifest, 32, training=False))
+    assert got == want
+    batch = next(iter(make_dataset([_pattern(tx, "train")], manifest, 20, training=True, seed=2)))
+    assert batch[1].shape == (20, 1)
+
+
+def test_ledger_counts_the_rows_inside_the_blocks(runs, tmp_path):
+    cfg, tx = runs["blocks"]
+    stats = (tx / "embedding_statistics.json").read_text()
+    import json
+
+    written = json.loads(stats)["splits"]["train"]["examples_written"]
+    assert row_counts.count_records_in(str(tx / "Split-train"), "test", cfg.label) == written
+    assert row_counts.count_records_in(str(tx / "Split-train"), "test") < written  # records are blocks
+    # A block file cut inside a record is reported, not counted short.
+    whole = next(p for p in (tx / "Split-train").iterdir() if p.name.startswith(TRANSFORMED_PREFIX))
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / whole.name).write_bytes(whole.read_bytes()[:-7])
+    with pytest.raises(Exception, match="ends inside a record"):
+        row_counts.count_records_in(str(cut), "EmbeddingPreprocess", cfg.label)
+
+
+def test_to_blocks_and_back_keeps_every_row(runs):
+    cfg, _ = runs["blocks"]
+    weighted = next(f for f in cfg.categorical_features if f.weight_column)
+    single = next(f for f in cfg.categorical_features if not f.weight_column)
+    lengths = np.array([0, 2, 1, 0, 3, 1, 2, 0, 0, 4, 1], np.int64)  # rows without IDs too; 11 % 4 != 0
+    n, ids = len(lengths), np.arange(lengths.sum(), dtype=np.int64)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+    one = pa.array(np.arange(n + 1, dtype=np.int32))
+    rb = pa.RecordBatch.from_arrays(
+        [pa.ListArray.from_arrays(one, pa.array(np.arange(n) % 2, pa.float32())),
+         pa.ListArray.from_arrays(offsets, pa.array(ids)),
+         pa.ListArray.from_arrays(offsets, pa.array(ids.astype(np.float32) / 10)),
+         pa.ListArray.from_arrays(one, pa.array(np.arange(n), pa.int64()))],
+        [cfg.label, weighted.name, weights_key(weighted.name), single.name],
+    )
+    blocks = to_blocks(cfg, rb, 4)
+    assert blocks.num_rows == 3
+    assert blocks.column(blocks.schema.get_field_index(row_lengths_key(weighted.name))).to_pylist() == [
+        [0, 2, 1, 0], [3, 1, 2, 0], [0, 4, 1]]
+    assert from_blocks(cfg, blocks).equals(rb)
+
+
+def test_block_row_counter_reads_framed_blocks(tmp_path):
+    from components import tfrecords
+    from tfx_bsl.coders import example_coder
+
+    rb = pa.RecordBatch.from_arrays([pa.array([[1.0, 0.0, 1.0], [0.0]], pa.list_(pa.float32()))], ["y"])
+    data = tfrecords.frame(example_coder.RecordBatchToExamplesEncoder().encode(rb))
+    (tmp_path / "f").write_bytes(data)
+    with open(tmp_path / "f", "rb") as fh:
+        c = row_counts.count_block_rows(fh, "y")
+    assert (c.rows, c.blocks, c.truncated) == (4, 2, False)
+    assert struct.unpack("<Q", data[:8])[0] > 0
