@@ -12,9 +12,12 @@ or CSV byte ranges parsed by pyarrow, see csv_input.py), as a chain of named PTr
    `FeatureValueStatistics` describes the own values of each feature of a shared table.
 2. Transform (unless analysing only): `TransformSplit` maps every split, read again, through the
    vocabularies (read from the written files once per worker process; the side input only carries
-   their sizes) into tf.Examples of int64 IDs and filled float32 dense values, counted into the
-   statistics on the way; `WriteTransformedExamples` writes them as TFRecords (gzipped when
-   `transformed_examples.compression: gzip`).
+   their sizes) into int64 IDs and filled float32 dense values, counted into the statistics on
+   the way, and encodes them as tf.Examples: one per block of rows (`transformed_examples.format:
+   blocks`, the default; the train split's rows shuffled within their batch first; see
+   contracts.manifest) or one per row (`examples`); `WriteTransformedExamples` writes them as
+   TFRecords (gzipped when `transformed_examples.compression: gzip`), whole blocks and the shorter
+   last blocks in separate files.
 Every statistics partial then goes through `MergeStatistics` and `WriteStatistics`.
 The per-batch work is plain Arrow/numpy code without Beam (counting.py, transform.py).
 Nothing here is runner-specific: `beam_pipeline_args` alone pick DirectRunner, Dataflow, Flink...

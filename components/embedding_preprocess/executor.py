@@ -76,3 +76,6 @@ class Executor(base_beam_executor.BaseBeamExecutor):
             statistics.set_int_custom_property(f"{s}_examples_read", stats.splits[s]["examples_read"])
             transformed.set_int_custom_property(f"{s}_examples", stats.splits[s]["examples_written"])
         transformed.set_string_custom_property("vocabulary_uri", vocabulary.uri)
+        # blocks: one tf.Example per block of rows (TFX's row-by-row readers would see blocks);
+        # examples: one per row. The manifest beside the files says the same (transformed_format).
+        transformed.set_string_custom_property("transformed_format", cfg.transformed_examples.format)
