@@ -5,6 +5,9 @@ import json
 import os
 from collections import Counter
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 import components  # noqa: F401
@@ -380,3 +383,32 @@ def test_given_vocabulary_of_a_feature_the_train_split_never_feeds(tmp_path):
     ids = [tf.train.Example.FromString(r).features.feature["color"].int64_list.value[:]
            for r in transformed_rows_of(tmp_path / "tx", "eval")]
     assert sorted(ids) == [[0], [2], [3]]  # red, blue, and teal in the OOV row after the three
+
+
+def _length_hash(values):
+    """A deliberately weak hash (the token's length) to force hash collisions."""
+    return np.asarray(pc.binary_length(values), dtype=np.uint64)
+
+
+def test_vocabulary_lookup_is_exact_when_hashes_collide(monkeypatch):
+    from components.example_gen import split_hash
+
+    monkeypatch.setattr(split_hash, "binary_value_hashes", _length_hash)
+    # vocabulary hashes unique (lengths 1, 2, 3): tokens that hit an entry with other bytes are OOV
+    lookup = V.VocabularyLookup([b"a", b"bb", b"ccc"], 1)
+    assert lookup._by_hash
+    ids, oov = lookup.lookup(pa.array([b"bb", b"zz", b"a", b"q", b"dddd", b"ccc"], pa.binary()))
+    assert ids.tolist() == [1, 3, 0, 3, 3, 2] and oov == 3
+    # two entries share a hash: the lookup falls back to the tokens themselves, still exact
+    lookup = V.VocabularyLookup([b"a", b"b", b"cc"], 2)
+    assert not lookup._by_hash
+    ids, oov = lookup.lookup(pa.array([b"b", b"a", b"cc", b"x"], pa.binary()).slice(0, 4))
+    assert ids.tolist()[:3] == [1, 0, 2] and ids[3] == 3 + V.oov_bucket(b"x", 2) and oov == 1
+
+
+def test_vocabulary_lookup_of_a_sliced_batch_and_of_bytes():
+    lookup = V.VocabularyLookup([b"x", b"y"], 1)
+    arr = pa.array([b"q", b"y", b"x", b"y"], pa.binary()).slice(1, 3)  # a slice: offset into the buffers
+    assert lookup.lookup(arr)[0].tolist() == [1, 0, 1]
+    assert lookup.lookup([b"x", b"nope"])[0].tolist() == [0, 2]
+    assert lookup.lookup(pa.array([], pa.binary()))[0].tolist() == []

@@ -104,12 +104,30 @@ def read_vocabulary(directory: str, name: str) -> List[bytes]:
 
 
 class VocabularyLookup:
-    """Maps tokens to embedding IDs, vectorised (a pandas hash index built once per vocabulary)."""
+    """Maps tokens to embedding IDs, vectorised and exact.
+
+    Each token is hashed to 64 bits with numpy over the Arrow data buffer
+    (`split_hash.binary_value_hashes`, no Python object per token) and looked up in a pandas index
+    of the vocabulary's hashes: an integer hash table, 2.1x faster than an index of Python bytes
+    objects on a 100k-token vocabulary and 6.5x on 3M tokens, holding a sixth less memory at 3M
+    (bench/lookup_bench.py). Exact:
+    a found token is compared with the vocabulary entry it hit (one vectorised Arrow comparison),
+    and since no two vocabulary entries share a hash, a token whose hash hits an entry with other
+    bytes is not in the vocabulary (OOV). A vocabulary in which two entries do share a hash (about
+    one in a million for 5M tokens) falls back to an index of the tokens themselves."""
 
     def __init__(self, tokens: Sequence[bytes], num_oov_buckets: int):
+        from components.example_gen.split_hash import binary_value_hashes
+
         self.size = len(tokens)
         self.num_oov_buckets = num_oov_buckets
-        self._index = pd.Index(list(tokens), dtype=object)
+        self._tokens = tokens if isinstance(tokens, pa.Array) else pa.array(list(tokens), pa.binary())
+        hashes = binary_value_hashes(self._tokens)
+        self._by_hash = len(np.unique(hashes)) == len(hashes)
+        if self._by_hash:
+            self._index = pd.Index(hashes)
+        else:
+            self._index = pd.Index(self._tokens.to_numpy(zero_copy_only=False), dtype=object)
 
     @property
     def rows(self) -> int:
@@ -117,19 +135,29 @@ class VocabularyLookup:
 
     def lookup(self, tokens) -> Tuple[np.ndarray, int]:
         """IDs of `tokens` (a pyarrow binary array or a sequence of bytes) and how many were OOV."""
+        from components.example_gen.split_hash import binary_value_hashes
+
         if len(tokens) == 0:
             return np.zeros(0, dtype=np.int64), 0
-        if isinstance(tokens, pa.Array):
-            tokens = tokens.to_numpy(zero_copy_only=False)  # object array of bytes
+        if not isinstance(tokens, pa.Array):
+            tokens = pa.array(list(tokens), pa.binary())
+        if not pa.types.is_binary(tokens.type):
+            tokens = tokens.cast(pa.binary())
+        if self._by_hash:
+            ids = self._index.get_indexer(binary_value_hashes(tokens)).astype(np.int64)
+            hit = np.flatnonzero(ids >= 0)
+            if len(hit):
+                same = np.asarray(pc.equal(self._tokens.take(pa.array(ids[hit])), tokens.take(pa.array(hit))))
+                ids[hit[~same]] = -1  # another token's hash: not in the vocabulary
         else:
-            tokens = np.asarray(list(tokens), dtype=object)
-        ids = self._index.get_indexer(tokens).astype(np.int64)
+            ids = self._index.get_indexer(tokens.to_numpy(zero_copy_only=False)).astype(np.int64)
         missing = np.flatnonzero(ids < 0)
         if len(missing):
             if self.num_oov_buckets == 1:  # every bucket is 0: skip the hashing
                 ids[missing] = self.size
             else:
-                ids[missing] = [self.size + oov_bucket(tokens[i], self.num_oov_buckets) for i in missing]
+                oov = tokens.take(pa.array(missing)).to_pylist()
+                ids[missing] = [self.size + oov_bucket(t, self.num_oov_buckets) for t in oov]
         return ids, int(len(missing))
 
 

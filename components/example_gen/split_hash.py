@@ -60,7 +60,7 @@ def _column_salt(name: str) -> np.uint64:
     return np.uint64(int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:8], "little"))
 
 
-def _binary_value_hashes(values: pa.Array) -> np.ndarray:
+def binary_value_hashes(values: pa.Array) -> np.ndarray:
     """One uint64 per value of a binary/string array: polynomial over its bytes, mixed with its length."""
     n = len(values)
     if n == 0:
@@ -90,7 +90,7 @@ def _number_value_hashes(values: pa.Array) -> np.ndarray:
 def _value_hashes(values: pa.Array) -> np.ndarray:
     t = values.type
     if pa.types.is_binary(t) or pa.types.is_string(t) or pa.types.is_large_binary(t) or pa.types.is_large_string(t):
-        return _binary_value_hashes(values)
+        return binary_value_hashes(values)
     if pa.types.is_integer(t) or pa.types.is_floating(t):
         return _number_value_hashes(values)
     if pa.types.is_null(t):
