@@ -1,7 +1,7 @@
 """Scale benchmark: the whole pipeline on 1M, 5M and 20M generated rows, stage by stage, beside a
 single-process pyarrow floor on the same CSV.
 
-    .venv/bin/python bench/scale_bench.py [--rows 1000000 5000000 20000000] [--steps 100] [--workers 0]
+    .venv/bin/python bench/scale_bench.py [--rows 1000000 5000000 20000000] [--steps 100] [--workers 0] [--data-only]
 
 For each row count:
 - the data: `components.synthetic_data` (Criteo-like, about 350 bytes a row), generated once into
@@ -13,13 +13,15 @@ For each row count:
   between its lines, its rows/s (input rows / seconds) and the largest tree RSS while it ran;
 - the floor: one process reads the same CSV with pyarrow's streaming CSV reader (every column as
   binary, one thread) and counts the rows: what reading the bytes costs at the least.
-The row ledger must balance and the run must succeed, or the bench fails. Results go to
+With `--data-only` each run is stopped once preprocessing finished (the ledger then comes from
+preprocessing's statistics). The row ledger must balance and the run must succeed, or the bench fails. Results go to
 bench/results/scale.json (and are printed as a markdown table); `bench/README.md` keeps them with
 the command.
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import re
@@ -52,8 +54,9 @@ def tree_rss(proc: psutil.Process) -> int:
     return total
 
 
-def run_pipeline(config: str, out: str) -> Tuple[Dict[str, Dict[str, float]], float, str]:
-    """({stage: {start, end, peak_rss}}, wall seconds, output) of one `pipelines run`."""
+def run_pipeline(config: str, out: str, data_only: bool = False) -> Tuple[Dict[str, Dict[str, float]], float, str]:
+    """({stage: {start, end, peak_rss}}, wall seconds, output) of one `pipelines run`; with
+    `data_only`, the run is stopped (its process tree killed) once EmbeddingPreprocess finished."""
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
     start = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "pipelines", "run", "--config", config, "--output-dir", out],
@@ -76,12 +79,21 @@ def run_pipeline(config: str, out: str) -> Tuple[Dict[str, Dict[str, float]], fl
         m = re.search(r"\] (\S+) (running|finished)", line)
         if m:
             stamps.setdefault(m.group(1), {})["start" if m.group(2) == "running" else "end"] = time.time()
+            if data_only and m.group(1) == STAGES[-1] and m.group(2) == "finished":
+                for p in [*root.children(recursive=True), root]:
+                    try:
+                        p.kill()
+                    except psutil.Error:
+                        pass
+                break
     proc.wait()
     done.set()
     sampler.join()
     output = "".join(lines)
     # 1: the run finished but its model was not blessed (expected after a short training)
-    if proc.returncode not in (0, 1) or not os.path.exists(os.path.join(out, "summary.json")):
+    if data_only and "end" in stamps.get(STAGES[-1], {}):
+        pass
+    elif proc.returncode not in (0, 1) or not os.path.exists(os.path.join(out, "summary.json")):
         raise RuntimeError(f"pipeline run failed ({proc.returncode}):\n{output[-4000:]}")
     for s in stamps.values():
         s["peak_rss"] = max((r for t, r in samples if s.get("start", 0) <= t <= s.get("end", time.time())), default=0)
@@ -129,8 +141,13 @@ def one_size(rows: int, args) -> Dict:
     bench_config(cfg, data, args.steps, args.workers)
     out = os.path.join(args.work_dir, f"out_{rows}")
     subprocess.run(["rm", "-rf", out], check=True)
-    stamps, wall, _ = run_pipeline(cfg, out)
-    summary = json.load(open(os.path.join(out, "summary.json")))
+    stamps, wall, _ = run_pipeline(cfg, out, args.data_only)
+    if args.data_only:  # the ledger as preprocessing wrote it beside its output (ExampleGen's stages included)
+        stats = glob.glob(os.path.join(out, "pipeline_root", "EmbeddingPreprocess", "transformed_examples", "*",
+                                       "embedding_statistics.json"))
+        summary = {"ledger": json.load(open(stats[0])).get("ledger")} if stats else {}
+    else:
+        summary = json.load(open(os.path.join(out, "summary.json")))
     ledger = summary.get("ledger") or {}
     stages = {}
     for name in STAGES:
@@ -151,7 +168,8 @@ def one_size(rows: int, args) -> Dict:
     if not ledger or not all(st["balanced"] for st in ledger.get("stages", [])):
         raise RuntimeError(f"{rows} rows: the row ledger does not balance: {ledger}")
     return {"rows": rows, "csv_gb": round(os.path.getsize(data) / 1e9, 2), "floor": {"seconds": round(floor_s, 1), "rows_per_s": round(floor_rows / floor_s)},
-            "stages": stages, "ingest": ingest, "wall_seconds": round(wall, 1), "eval_auc": summary.get("eval_auc")}
+            "stages": stages, "ingest": ingest, "wall_seconds": None if args.data_only else round(wall, 1),
+            "eval_auc": summary.get("eval_auc")}
 
 
 def markdown(results: List[Dict]) -> str:
@@ -165,8 +183,9 @@ def markdown(results: List[Dict]) -> str:
             return f"{s['seconds']} / {s['rows_per_s']:,} / {s['peak_rss_gb']}" if s else "-"
 
         ing = r["ingest"] or {}
+        wall = "-" if r["wall_seconds"] is None else f"{r['wall_seconds']:.0f}"
         lines.append(f"| {r['rows']:,} | {r['csv_gb']} | {r['floor']['rows_per_s']:,} | {cell('EmbeddingExampleGen')} | "
-                     f"{cell('EmbeddingPreprocess')} | {ing.get('rows_per_s', 0):,}, {ing.get('x_floor_time')}x, {ing.get('peak_rss_gb')} | {r['wall_seconds']:.0f} |")
+                     f"{cell('EmbeddingPreprocess')} | {ing.get('rows_per_s', 0):,}, {ing.get('x_floor_time')}x, {ing.get('peak_rss_gb')} | {wall} |")
     return "\n".join(lines)
 
 
@@ -176,6 +195,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=100, help="training steps (a short training)")
     p.add_argument("--workers", type=int, default=0, help="Beam workers (0: one per core)")
     p.add_argument("--work-dir", default=os.path.join(REPO, "data", "scale"))
+    p.add_argument("--data-only", action="store_true",
+                   help="stop each run once preprocessing finished (ExampleGen and preprocessing measured; no training)")
     p.add_argument("--results", default=os.path.join(REPO, "bench", "results", "scale.json"))
     args = p.parse_args()
     os.makedirs(args.work_dir, exist_ok=True)
