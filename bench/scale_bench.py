@@ -46,7 +46,11 @@ STAGES = ("EmbeddingExampleGen", "EmbeddingPreprocess")
 
 def tree_rss(proc: psutil.Process) -> int:
     total = 0
-    for p in [proc, *proc.children(recursive=True)]:
+    try:
+        tree = [proc, *proc.children(recursive=True)]
+    except psutil.Error:  # the run ended (or was stopped) between samples
+        return 0
+    for p in tree:
         try:
             total += p.memory_info().rss
         except psutil.Error:

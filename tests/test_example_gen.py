@@ -171,6 +171,17 @@ def test_a_split_without_rows_gets_an_empty_file(tmp_path):
     assert table.num_rows == 0 and "label" in table.schema.names  # the other split's columns
 
 
+@pytest.mark.parametrize("first", [",,,,\n", '"","","","",""\r\n', "   \n"])
+def test_a_header_after_a_line_of_empty_cells_is_refused(tmp_path, first):
+    # The byte-range reader and the header reader share one rule: the first line with content is the
+    # header. A line of empty cells above the real header is refused by name, not read as a row.
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "a.csv").write_text(first + "label,I1,I2,C1,C2\n1,1,1,a,b\n")
+    with pytest.raises(InputError, match="a.csv: the first line with content .* names no column; .*remove the lines above"):
+        run_example_gen(_cfg(), d, tmp_path / "out")
+
+
 def test_missing_column_refused_before_beam(tmp_path):
     d = tmp_path / "in"
     d.mkdir()

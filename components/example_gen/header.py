@@ -9,19 +9,26 @@ from components.errors import InputError
 
 
 def read_csv_header(path: str) -> Optional[List[str]]:
-    """The column names of a CSV file; None for a file with no bytes (or only blank lines)."""
+    """The column names of a CSV file: its first line with content, by the byte-range reader's rule
+    (`ranges._data_start`: a line that is not empty or a lone carriage return), so that both agree
+    on where the rows start; None for a file with no bytes (or only blank lines)."""
     from apache_beam.io.filesystems import FileSystems
 
     with FileSystems.open(path) as fh:  # compression from the extension
         text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="replace", newline="")
         for row in csv.reader(text):
-            if any(cell.strip() for cell in row):
+            if row:  # csv.reader gives [] for an empty line only
                 return row
     return None
 
 
 def check_header(path: str, header: List[str], wanted: List[str], label: str, label_derived: bool) -> None:
     """Raises InputError naming the file when the header cannot feed the configuration."""
+    if not any(c.strip() for c in header):
+        raise InputError(
+            f"{path}: the first line with content ({','.join(header)!r}) names no column; the header must be "
+            "the file's first non-blank line: remove the lines above it"
+        )
     dupes = sorted({c for c in header if header.count(c) > 1})
     if dupes:
         raise InputError(f"{path}: the header names column(s) {dupes} more than once; give every column one name")
