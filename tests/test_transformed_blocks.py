@@ -92,7 +92,7 @@ def test_blocks_reach_the_model_as_the_same_rows(runs, split):
     names = sorted(os.listdir(tx_blocks / f"Split-{split}"))
     assert any(n.startswith(TRANSFORMED_PREFIX) for n in names) and any(n.startswith(TAIL_PREFIX) for n in names)
     # Sequence lengths and padded dense IDs are computed from either format the same way.
-    kw = dict(sequence_lengths={"history": 4}, dense_id_widths={"C12": 3})
+    kw = dict(sequence_lengths={"history": 4}, dense_id_widths={"C12": 3, "C2": 2, "C14": 1})
     got = _all_rows(make_dataset([_pattern(tx_blocks, split)], m_blocks, 32, training=False, **kw))
     want = _all_rows(make_dataset([_pattern(tx_rows, split)], m_rows, 32, training=False, **kw))
     assert len(got) == len(want) > 1000 and got == want
