@@ -86,3 +86,16 @@ def test_arrow_ordering_equals_python_ordering():
         expected = V.order_vocabulary(items, options)
         kept = V.prune(cnts, options)
         assert list(zip(tokens.to_pylist()[:kept], cnts.to_pylist()[:kept])) == expected
+
+
+def test_batch_table_stats_counting_and_sorting_paths_agree(monkeypatch):
+    rng = np.random.default_rng(4)
+    ids = rng.integers(0, 500, 3000)
+    batch_of = np.sort(rng.integers(0, 12, 3000))
+    full = np.array([True] * 11 + [False])
+    counted = S.batch_table_stats("train", "t", ids, batch_of, full, 500, [2, 4])
+    monkeypatch.setattr(S, "_PRESENCE_LIMIT", 0)  # every table through np.unique
+    sorted_ = S.batch_table_stats("train", "t", ids, batch_of, full, 500, [2, 4])
+    assert counted.keys() == sorted_.keys()
+    for k in counted:
+        np.testing.assert_array_equal(counted[k], sorted_[k], err_msg=k)

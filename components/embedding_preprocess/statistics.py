@@ -78,6 +78,9 @@ def mod_shard(ids: np.ndarray, shards: int) -> np.ndarray:
     return ids % shards
 
 
+_PRESENCE_LIMIT = 1 << 20  # (batches x table rows) up to which unique pairs are found by counting
+
+
 def batch_table_stats(
     split: str,
     table: str,
@@ -96,8 +99,13 @@ def batch_table_stats(
     num_batches = len(batch_is_full)
     full = batch_is_full[batch_of_id] if len(ids) else np.zeros(0, bool)
     ids_full, batch_full = ids[full], batch_of_id[full]
-    # unique (batch, id) pairs of the full batches
-    pairs = np.unique(batch_full.astype(np.int64) * rows + ids_full)
+    # unique (batch, id) pairs of the full batches, sorted: by a presence count when the table is
+    # small (a sort-free pass; half the tables of a typical config have at most a few thousand rows)
+    keys = batch_full.astype(np.int64) * rows + ids_full
+    if num_batches * rows <= _PRESENCE_LIMIT:
+        pairs = np.flatnonzero(np.bincount(keys, minlength=num_batches * rows))
+    else:
+        pairs = np.unique(keys)
     u_batch, u_ids = pairs // rows, pairs % rows
     ids_per_batch = np.bincount(batch_full, minlength=num_batches)[batch_is_full]
     unique_per_batch = np.bincount(u_batch, minlength=num_batches)[batch_is_full]
