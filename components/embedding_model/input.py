@@ -216,7 +216,7 @@ def _blocks_dataset(
 
     A batch is `batch_size / block_rows` whole blocks, parsed together by one `parse_example`
     call: no per-row work in tf.data. The shorter last blocks of preprocessing's batches (the
-    TAIL_PREFIX files, a few rows per 4,096) are parsed one by one and their rows re-cut into
+    TAIL_PREFIX files, a few rows per 16,384) are parsed one by one and their rows re-cut into
     batches. Training draws each global batch from one stream or the other (seeded; in proportion
     to their bytes), so every replica of a step reads the same stream. The shuffle buffer holds
     as many rows as with examples (16 global batches), as blocks, and the rows of each block were

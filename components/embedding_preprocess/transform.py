@@ -36,8 +36,10 @@ def as_list_array(values: np.ndarray, lengths: np.ndarray) -> pa.Array:
 
 def read_batch_rows(batch_size: int) -> int:
     """Rows per RecordBatch read: a multiple of the training batch size (per-batch statistics slice
-    it into consecutive training batches), large enough that Arrow work dominates per-batch overhead."""
-    return batch_size * max(1, -(-4096 // batch_size))
+    it into consecutive training batches), large enough that Arrow work dominates per-batch overhead:
+    preprocessing 5M rows (Parquet, 2 workers) took 80.6 s at 4,096 rows, 59.5 s at 16,384 and
+    59.0 s at whole 38k-row Parquet row groups, at the same peak memory (2.65 / 2.53 / 2.50 GB)."""
+    return batch_size * max(1, -(-16384 // batch_size))
 
 
 def make_lookups(cfg: PipelineConfig, vocabularies: Dict[str, List[bytes]]) -> Dict[str, V.VocabularyLookup]:
