@@ -106,35 +106,46 @@ class TFRecordCount:
     truncated: bool = False  # the file ends inside a record's framing or payload
 
 
-def count_tfrecords(stream: BinaryIO) -> TFRecordCount:
-    """Records of one TFRecord stream: 8-byte length, 4-byte length CRC, payload, 4-byte CRC."""
-    records = 0
-    buffered = io.BufferedReader(stream, BLOCK) if not isinstance(stream, io.BufferedReader) else stream
-    while True:
-        header = buffered.read(12)
-        if not header:
-            return TFRecordCount(records)
-        if len(header) < 12:
-            return TFRecordCount(records, truncated=True)
-        (length,) = struct.unpack("<Q", header[:8])
-        skipped = _skip(buffered, length + 4)
-        if skipped < length + 4:
-            return TFRecordCount(records, truncated=True)
-        records += 1
+class _EndsInsideRecord(Exception):
+    pass
 
 
-def tfrecord_payloads(stream: BinaryIO) -> Iterator[bytes]:
-    """The records of one TFRecord stream, in order (no CRC check); ValueError when it ends inside one."""
+def _framed(stream: BinaryIO, keep: bool) -> Iterator[Optional[bytes]]:
+    """Walks a TFRecord stream's framing (8-byte length, 4-byte length CRC, payload, 4-byte CRC; no
+    CRC check): yields each payload (`keep`) or None (skipped unread into memory). Both read in
+    blocks, so a corrupt length field costs at most the file's bytes. Raises _EndsInsideRecord
+    when the stream ends inside a record."""
     buffered = io.BufferedReader(stream, BLOCK) if not isinstance(stream, io.BufferedReader) else stream
     while True:
         header = buffered.read(12)
         if not header:
             return
-        (length,) = struct.unpack("<Q", header[:8]) if len(header) == 12 else (-1,)
-        payload = buffered.read(length + 4) if length >= 0 else b""
-        if length < 0 or len(payload) < length + 4:
-            raise ValueError("the stream ends inside a record")
-        yield payload[:length]
+        if len(header) < 12:
+            raise _EndsInsideRecord()
+        (length,) = struct.unpack("<Q", header[:8])
+        parts = [] if keep else None
+        if _skip(buffered, length + 4, parts) < length + 4:
+            raise _EndsInsideRecord()
+        yield b"".join(parts)[:length] if keep else None
+
+
+def count_tfrecords(stream: BinaryIO) -> TFRecordCount:
+    """Records of one TFRecord stream, by its framing alone."""
+    records = 0
+    try:
+        for _ in _framed(stream, keep=False):
+            records += 1
+    except _EndsInsideRecord:
+        return TFRecordCount(records, truncated=True)
+    return TFRecordCount(records)
+
+
+def tfrecord_payloads(stream: BinaryIO) -> Iterator[bytes]:
+    """The records of one TFRecord stream, in order (no CRC check); ValueError when it ends inside one."""
+    try:
+        yield from _framed(stream, keep=True)
+    except _EndsInsideRecord:
+        raise ValueError("the stream ends inside a record") from None
 
 
 @dataclass
@@ -174,13 +185,16 @@ def count_block_rows(stream: BinaryIO, label: str, chunk: int = 1024) -> BlockRo
     return out
 
 
-def _skip(stream: BinaryIO, n: int) -> int:
+def _skip(stream: BinaryIO, n: int, parts: Optional[List[bytes]] = None) -> int:
+    """Reads past up to `n` bytes in blocks (appending them to `parts` when given); returns how many."""
     done = 0
     while done < n:
         chunk = stream.read(min(BLOCK, n - done))
         if not chunk:
             break
         done += len(chunk)
+        if parts is not None:
+            parts.append(chunk)
     return done
 
 

@@ -184,3 +184,19 @@ def test_block_row_counter_reads_framed_blocks(tmp_path):
         c = row_counts.count_block_rows(fh, "y")
     assert (c.rows, c.blocks, c.truncated) == (4, 2, False)
     assert struct.unpack("<Q", data[:8])[0] > 0
+
+
+def test_tfrecord_framing_walk_counts_reads_and_reports_a_cut(tmp_path):
+    import io
+
+    from components import tfrecords
+
+    records = [b"", b"a" * 5, b"b" * 70000]  # an empty record among others
+    data = tfrecords.frame(records)
+    assert list(row_counts.tfrecord_payloads(io.BytesIO(data))) == records
+    assert row_counts.count_tfrecords(io.BytesIO(data)) == row_counts.TFRecordCount(3, False)
+    first = len(tfrecords.frame(records[:1]))
+    for cut, complete in ((5, 0), (first + 3, 1), (len(data) - 1, 2)):  # in a header, a length CRC, a payload
+        assert row_counts.count_tfrecords(io.BytesIO(data[:cut])) == row_counts.TFRecordCount(complete, True)
+        with pytest.raises(ValueError, match="ends inside a record"):
+            list(row_counts.tfrecord_payloads(io.BytesIO(data[:cut])))

@@ -226,8 +226,9 @@ def _blocks_dataset(
 
     files = sorted(f for p in file_patterns for f in tf.io.gfile.glob(p))
     compression = compression_type(files)
-    tail = [f for f in files if os.path.basename(f).startswith(TAIL_PREFIX)]
-    whole = [f for f in files if f not in set(tail)]
+    is_tail = [os.path.basename(f).startswith(TAIL_PREFIX) for f in files]
+    tail = [f for f, t in zip(files, is_tail) if t]
+    whole = [f for f, t in zip(files, is_tail) if not t]
     per_batch = batch_size // manifest.block_rows if batch_size % manifest.block_rows == 0 else 0
     if not per_batch:
         tail, whole = files, []
@@ -269,7 +270,8 @@ def _blocks_dataset(
         ds = streams[0].concatenate(streams[1])
     else:
         # One choice per global batch, repeated for its per-replica batches.
-        tail_share = sum(tf.io.gfile.stat(f).length for f in tail) / max(1, sum(tf.io.gfile.stat(f).length for f in files))
+        size = {f: tf.io.gfile.stat(f).length for f in files}
+        tail_share = sum(size[f] for f in tail) / max(1, sum(size.values()))
         per_step = max(1, unit // batch_size)
         choices = (tf.data.Dataset.random(seed=seed)
                    .map(lambda r: tf.cast(r % 1_000_000 < int(tail_share * 1_000_000), tf.int64))

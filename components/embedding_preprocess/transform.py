@@ -28,10 +28,10 @@ def column(rb: pa.RecordBatch, name: str) -> Optional[pa.Array]:
     return rb.column(i) if i >= 0 else None
 
 
-def as_list_array(values: np.ndarray, lengths: np.ndarray) -> pa.Array:
-    """A ListArray of `values` cut into consecutive lists of `lengths`."""
+def as_list_array(values, lengths: np.ndarray) -> pa.Array:
+    """A ListArray of `values` (numpy or Arrow) cut into consecutive lists of `lengths`."""
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+    return pa.ListArray.from_arrays(pa.array(offsets), values if isinstance(values, pa.Array) else pa.array(values))
 
 
 def read_batch_rows(batch_size: int) -> int:
@@ -191,7 +191,7 @@ def from_blocks(cfg_or_manifest, blocks: pa.RecordBatch) -> pa.RecordBatch:
     the columns `transform_record_batch` writes. `cfg_or_manifest`: a PipelineConfig or a
     VocabularyManifest (both name the categorical features)."""
     cats = cfg_or_manifest.categorical_features
-    weights_of = {weights_key(f.name): f.name for f in cats if getattr(f, "weight_column", None)}
+    weights_of = {weights_key(f.name): f.name for f in cats if f.weight_column}
     categorical = {f.name for f in cats}
     names, arrays = [], []
     for name in blocks.schema.names:
@@ -204,7 +204,6 @@ def from_blocks(cfg_or_manifest, blocks: pa.RecordBatch) -> pa.RecordBatch:
                                  dtype=np.int64)
         else:  # label and dense values: one per row
             lengths = np.ones(len(values), np.int64)
-        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
-        arrays.append(pa.ListArray.from_arrays(offsets, values))
+        arrays.append(as_list_array(values, lengths))
         names.append(name)
     return pa.RecordBatch.from_arrays(arrays, names)

@@ -48,12 +48,27 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+# base -> base**0 .. base**(m-1), kept so that every batch's hashing reuses it instead of
+# recomputing it; up to _POWERS_KEPT entries (32 MB a base): a longer buffer (a whole vocabulary,
+# hashed once) gets its own table, not kept.
+_POWERS: dict = {}
+_POWERS_KEPT = 1 << 22
+
+
 def _powers(base: np.uint64, n: int) -> np.ndarray:
-    """base**0 .. base**(n-1) modulo 2**64."""
-    out = np.full(n, base, np.uint64)
-    if n:
-        out[0] = 1
-    return np.cumprod(out, dtype=np.uint64)
+    """base**0 .. base**(n-1) modulo 2**64 (read-only)."""
+    table = _POWERS.get(int(base))
+    if table is None or len(table) < n:
+        m = max(n, 2 * len(table) if table is not None else 0, 1)
+        if n <= _POWERS_KEPT:
+            m = min(m, _POWERS_KEPT)
+        table = np.full(m, base, np.uint64)
+        table[0] = 1
+        table = np.cumprod(table, dtype=np.uint64)
+        table.flags.writeable = False
+        if m <= _POWERS_KEPT:
+            _POWERS[int(base)] = table
+    return table[:n]
 
 
 def _column_salt(name: str) -> np.uint64:
