@@ -23,7 +23,8 @@ from components.config import parse_config
 from components.embedding_preprocess import beam_pipeline as B
 from components.embedding_preprocess import statistics as S
 from components.embedding_preprocess import vocabulary as V
-from components.embedding_preprocess.counting import FeatureValueCounter, ValueCounts, shared_table_features
+from components.embedding_preprocess import spill
+from components.embedding_preprocess.counting import CountSummary, FeatureValueCounter, ValueCounts, shared_table_features
 from components.embedding_preprocess.csv_input import ReadCsvRecordBatches
 from components.embedding_preprocess.transform import from_blocks
 
@@ -70,9 +71,16 @@ def counts(tokens, weights=None) -> ValueCounts:
     return ValueCounts.of(pa.array(tokens, pa.binary()), None if weights is None else pa.array(weights))
 
 
-def as_dicts(pcoll, label="AsDicts"):
-    """(key, ValueCounts) -> (key, {value: count}): comparable whatever the order of the values."""
-    return pcoll | label >> beam.MapTuple(lambda key, vc: (key, vc.as_dict()))
+def summary(tokens, options=None, top_values=2) -> CountSummary:
+    return CountSummary.of(counts(tokens), top_values, options)
+
+
+def described(pcoll, label="Described"):
+    """(key, CountSummary) -> (key, distinct values, occurrences, hottest values, candidates as a dict or None)."""
+    def describe(key, s):
+        cands = None if s.candidates is None else s.candidates.as_dict()
+        return key, s.histogram.distinct, s.histogram.occurrences(), s.top_pairs(), cands
+    return pcoll | label >> beam.MapTuple(describe)
 
 
 def unframe(block: bytes):
@@ -88,22 +96,37 @@ def unframe(block: bytes):
 # ---- CombineFns, by hand ------------------------------------------------------------------------
 
 
-def test_merge_counts_fn_create_add_merge_extract():
-    fn = B.MergeCountsFn()
+def test_merge_summaries_fn_create_add_merge_extract():
+    from components.config import VocabularyOptions
+
+    fn = B.MergeSummariesFn()
+    options = VocabularyOptions(min_frequency=2)
     assert fn.extract_output(fn.create_accumulator()) is None  # nothing counted
-    a = fn.add_input(fn.create_accumulator(), counts([b"a", b"b", b"a"]))
-    a = fn.add_input(a, counts([b"c"]))
-    b = fn.add_input(fn.create_accumulator(), counts([b"a", b"c", b"d"]))
-    merged = fn.merge_accumulators([fn.create_accumulator(), a, b])
-    assert fn.extract_output(merged).as_dict() == {b"a": 3, b"b": 1, b"c": 2, b"d": 1}
-    assert fn.extract_output(fn.merge_accumulators([fn.create_accumulator()])) is None
+    # disjoint values, as spill buckets are
+    a = fn.add_input(fn.create_accumulator(), summary([b"a", b"b", b"a"], options))
+    a = fn.add_input(a, summary([b"c", b"c", b"c"], options))
+    b = fn.add_input(fn.create_accumulator(), summary([b"d", b"e", b"d", b"d"], options))
+    merged = fn.extract_output(fn.merge_accumulators([fn.create_accumulator(), a, b]))
+    assert merged.histogram.distinct == 5 and merged.histogram.occurrences() == 10
+    assert merged.top_pairs() == [(b"c", 3), (b"d", 3)]  # ties by bytes
+    assert merged.candidates.as_dict() == {b"a": 2, b"c": 3, b"d": 3}  # min_frequency 2
+    many = fn.create_accumulator()
+    for i in range(20):  # past the accumulator's compaction point
+        many = fn.add_input(many, summary([bytes([65 + i])] * (i + 1), options))
+    out = fn.extract_output(many)
+    assert out.histogram.distinct == 20 and out.top_pairs() == [(b"T", 20), (b"S", 19)]
+    assert len(out.candidates.values) == 19
 
 
-def test_merge_counts_fn_adds_weights():
-    fn = B.MergeCountsFn()
-    acc = fn.add_input(fn.create_accumulator(), counts([b"a", b"b", b"a"], [0.5, 2.0, 1.0]))
-    acc = fn.merge_accumulators([acc, fn.add_input(fn.create_accumulator(), counts([b"b"], [0.25]))])
-    assert fn.extract_output(acc).as_dict() == {b"a": 1.5, b"b": 2.25}
+def test_count_summary_top_k_candidates_and_weights():
+    from components.config import VocabularyOptions
+
+    options = VocabularyOptions(top_k=2)
+    parts = [summary([b"a", b"a", b"b"], options), summary([b"c", b"c", b"c", b"d"], options), summary([b"e", b"e"], options)]
+    merged = CountSummary.merge(parts)
+    assert merged.candidates.as_dict() == {b"c": 3, b"a": 2}  # the top 2 of the union; a before e (bytes)
+    weighted = CountSummary.of(counts([b"a", b"b", b"a"], [0.5, 2.0, 1.0]), 1)
+    assert weighted.top_pairs() == [(b"b", 2.0)] and weighted.histogram.occurrences() == 3.5
 
 
 def test_merge_stats_fn_create_add_merge_extract():
@@ -134,68 +157,75 @@ def test_feature_value_counter_drops_unlabelled_rows_and_flushes_the_same(cfg):
 # ---- CombineFns and PTransforms in a TestPipeline -----------------------------------------------
 
 
-@pytest.mark.parametrize("fanout", [0, 3])
-def test_merge_counts_fn_per_key_in_pipeline(fanout):
-    with BeamTestPipeline() as p:
-        combine = beam.CombinePerKey(B.MergeCountsFn())
-        summed = (
-            p
-            | beam.Create([("f", counts([b"a", b"b"])), ("f", counts([b"a"])), ("g", counts([b"z"]))])
-            | (combine.with_hot_key_fanout(fanout) if fanout else combine)
-        )
-        assert_that(as_dicts(summed), equal_to([("f", {b"a": 2, b"b": 1}), ("g", {b"z": 1})]))
-
-
-@pytest.mark.parametrize("fanout", [0, 3])
-def test_count_values(fanout):
+@pytest.mark.parametrize("fanout, buckets", [(0, 16), (3, 1), (0, 3)])
+def test_count_values(fanout, buckets, tmp_path):
     config = json.loads(json.dumps(CONFIG))
-    config["beam"] = {"hot_key_fanout": fanout}
+    config["beam"] = {"hot_key_fanout": fanout, "value_count_buckets": buckets}
     with BeamTestPipeline() as p:
         counted = (
-            p | beam.Create([record_batch(ROWS[:2]), record_batch(ROWS[2:])]) | B.CountValues(parse_config(config), count_rows=True)
+            p | beam.Create([record_batch(ROWS[:2]), record_batch(ROWS[2:])])
+            | B.CountValues(parse_config(config), str(tmp_path / "spill"), str(tmp_path), count_rows=True)
         )
-        assert_that(as_dicts(counted.counts), equal_to(sorted(FEATURE_COUNTS.items())), label="Counts")
+        # shared: a 3, b 2 (C1 + C2); C3: x 3, y 3, min_frequency 2; top_values 2
+        assert_that(described(counted.tables), equal_to([
+            ("shared", 2, 5, [(b"a", 3), (b"b", 2)], {b"a": 3, b"b": 2}),
+            ("C3", 2, 6, [(b"x", 3), (b"y", 3)], {b"x": 3, b"y": 3}),
+        ]), label="Tables")
+        # the features of the shared table, each on its own values
+        assert_that(described(counted.features, "DescribedFeatures"), equal_to([
+            ("C1", 2, 3, [(b"a", 2), (b"b", 1)], None),
+            ("C2", 2, 2, [(b"a", 1), (b"b", 1)], None),
+        ]), label="Features")
         rows = counted.rows | beam.CombineGlobally(B.MergeStatsFn())
         expected_rows = {"train/examples_read": 4, "train/dropped/missing_label": 1, "train/dropped/invalid_label": 0}
         assert_that(rows, equal_to([expected_rows]), label="Rows")
+    spilled = os.listdir(tmp_path / "spill")  # the caller (run.py) deletes them
+    assert spilled and all(f.endswith(spill.SUFFIX) for f in spilled)
 
 
-def test_count_values_counts_no_rows_unless_asked(cfg):
+def test_count_values_counts_no_rows_unless_asked(cfg, tmp_path):
     with BeamTestPipeline() as p:
-        counted = p | beam.Create([record_batch(ROWS)]) | B.CountValues(cfg)
+        counted = p | beam.Create([record_batch(ROWS)]) | B.CountValues(cfg, str(tmp_path / "spill"), str(tmp_path))
         assert_that(counted.rows, equal_to([]), label="NoRows")
-        assert_that(as_dicts(counted.counts), equal_to(sorted(FEATURE_COUNTS.items())), label="Counts")
+        assert_that(counted.tables | beam.Keys(), equal_to(["shared", "C3"]), label="Tables")
 
 
-def test_sum_per_table_adds_up_shared_tables(cfg):
-    feature_counts = [(name, counts([t for t, c in d.items() for _ in range(c)])) for name, d in FEATURE_COUNTS.items()]
+def test_spill_files_round_trip_and_refuse_a_wrong_reference(tmp_path):
+    parts = [("f", counts([b"a", b"b", b"a"])), ("g", counts([b"z"], [0.25]))]
+    ref = spill.write(spill.spill_path(str(tmp_path), 3), parts)
+    assert os.path.basename(ref[0]).startswith("b0003-") and ref[1] == ("f", "g")
+    back = list(spill.read(ref))
+    assert [(n, c.as_dict()) for n, c in back] == [("f", {b"a": 2, b"b": 1}), ("g", {b"z": 0.25})]
+    assert back[0][1].counts.type == pa.int64() and back[1][1].counts.type == pa.float64()
+    with pytest.raises(ValueError, match="2 record batches, its reference names 3"):
+        list(spill.read((ref[0], ("f", "g", "h"))))
+    spill.delete(str(tmp_path))
+    assert not os.path.exists(tmp_path)
+    spill.delete(str(tmp_path))  # absent: nothing to do
+
+
+def test_feature_value_statistics_describe_each_feature():
+    feature_summaries = [("C1", summary([b"a", b"a", b"b"])), ("C2", summary([b"b", b"a"]))]
     with BeamTestPipeline() as p:
-        tables = p | beam.Create(feature_counts) | B.SumPerTable(cfg)
-        assert_that(as_dicts(tables), equal_to(sorted(TABLE_COUNTS.items())))
-
-
-def test_feature_value_statistics_describe_features_of_shared_tables_only(cfg):
-    feature_counts = [(name, counts([t for t, c in d.items() for _ in range(c)])) for name, d in FEATURE_COUNTS.items()]
-    with BeamTestPipeline() as p:
-        stats = p | beam.Create(feature_counts) | B.FeatureValueStatistics(cfg)
-        summary = stats | beam.FlatMap(
+        stats = p | beam.Create(feature_summaries) | B.FeatureValueStatistics()
+        out = stats | beam.FlatMap(
             lambda s: [(k, v["distinct_values"], v["occurrences"], v["hottest_values"][0]["value"]) for k, v in s.items()]
         )
-        assert_that(summary, equal_to([("info/feature_values/C1", 2, 3, "a"), ("info/feature_values/C2", 2, 2, "a")]))
+        assert_that(out, equal_to([("info/feature_values/C1", 2, 3, "a"), ("info/feature_values/C2", 2, 2, "a")]))
 
 
 def test_write_vocabularies(cfg, tmp_path):
     table_counts = [
-        ("shared", counts([b"a", b"q", b"b", b"a", b"b", b"a"])),
-        ("C3", counts([b"y", b"x", b"z", b"x", b"y"])),  # min_frequency 2: z is pruned
+        ("shared", summary([b"a", b"q", b"b", b"a", b"b", b"a"], cfg.table("shared").vocabulary)),
+        ("C3", summary([b"y", b"x", b"z", b"x", b"y"], cfg.table("C3").vocabulary)),  # min_frequency 2: z is pruned
     ]
     with BeamTestPipeline() as p:
         written = p | beam.Create(table_counts) | B.WriteVocabularies(cfg, str(tmp_path))
         assert_that(written.sizes, equal_to([("shared", 3), ("C3", 2)]), label="Sizes")
-        summary = written.stats | beam.FlatMap(
+        figures = written.stats | beam.FlatMap(
             lambda s: [(k, v["distinct_values"], v["vocabulary_size"], v["occurrences"]) for k, v in s.items()]
         )
-        assert_that(summary, equal_to([("info/vocab/shared", 3, 3, 6), ("info/vocab/C3", 3, 2, 5)]), label="Stats")
+        assert_that(figures, equal_to([("info/vocab/shared", 3, 3, 6), ("info/vocab/C3", 3, 2, 5)]), label="Stats")
     assert V.read_vocabulary(str(tmp_path), "shared") == [b"a", b"b", b"q"]
     assert V.read_vocabulary(str(tmp_path), "C3") == [b"x", b"y"]
     assert (tmp_path / "C3.counts.txt").read_bytes() == b"2 x\n2 y\n"

@@ -150,6 +150,24 @@ def test_vocabularies_equal_independent_count(preprocessed):
         "label": "int64", "I1": "float", "I2": "int64", "C1": "bytes", "C2": "bytes", "C3": "int64", "C4raw": "bytes"
     }
     assert manifest["vocabularies"]["C3"]["distinct_before_pruning"] == 3
+    assert not (root / "stats" / "_value_counts").exists()  # the spilled counts are gone
+
+
+def test_a_failed_run_deletes_the_spilled_counts(tmp_path, monkeypatch):
+    import apache_beam as beam
+
+    from components.embedding_preprocess import beam_pipeline
+
+    def failing(p, cfg, splits, vocabulary_dir, transformed_dirs, stats_dir, input_format, spill_dir):
+        os.makedirs(spill_dir)
+        (tmp_path / "stats" / "_value_counts" / "b0000-x.arrow").write_bytes(b"partial")
+        raise RuntimeError("worker lost")
+
+    monkeypatch.setattr(beam_pipeline, "build_pipeline", failing)
+    cfg = parse_config(json.loads(json.dumps(CONFIG)))
+    with pytest.raises(RuntimeError, match="worker lost"):
+        run_preprocessing(beam.Pipeline(), cfg, {"train": "unused"}, str(tmp_path / "vocab"), None, str(tmp_path / "stats"))
+    assert not (tmp_path / "stats" / "_value_counts").exists()
 
 
 def test_text_file_initializer_reads_vocabulary(preprocessed):

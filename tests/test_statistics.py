@@ -43,7 +43,7 @@ def test_hot_rows_load_first_shard_under_div_but_spread_under_mod():
 def test_vocabulary_stats_coverage_and_skew():
     counts = [8, 4, 2, 1, 1]
     top = [(b"a", 8), (b"b", 4)]
-    info = S.vocabulary_stats("v", counts, kept=3, top=top)["info/vocab/v"]
+    info = S.vocabulary_stats("v", S.CountHistogram.of(counts), kept=3, top=top)["info/vocab/v"]
     assert info["coverage_curve"] == [
         {"top": 1, "share": 0.5}, {"top": 2, "share": 0.75}, {"top": 4, "share": 15 / 16}, {"top": 5, "share": 1.0}
     ]
@@ -52,6 +52,43 @@ def test_vocabulary_stats_coverage_and_skew():
     diffs = sum(abs(a - b) for a in counts for b in counts)
     gini = diffs / (2 * len(counts) ** 2 * np.mean(counts))
     assert info["skew"]["gini"] == pytest.approx(gini)
+
+
+def _direct_distribution(counts, kept):
+    """The distribution figures computed value by value, from the counts in descending order."""
+    desc = np.sort(np.asarray(counts))[::-1]
+    total = desc.sum()
+    cum = np.cumsum(desc)
+    n, tops = len(desc), []
+    t = 1
+    while t < n:
+        tops.append(cum[t - 1] / total)
+        t *= 2
+    asc = desc[::-1].astype(np.float64)
+    gini = 2 * np.sum(np.arange(1, n + 1) * asc) / (n * total) - (n + 1) / n
+    return tops, gini, cum[max(1, n // 100) - 1] / total, cum[kept - 1] / total
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_count_histogram_equals_the_value_by_value_figures_and_merges_by_adding(weighted):
+    rng = np.random.default_rng(7)
+    counts = np.minimum(rng.zipf(1.4, 5000), 10**6)
+    if weighted:
+        counts = counts * rng.uniform(0.5, 1.5, len(counts))
+    parts = np.array_split(rng.permutation(counts), 7)
+    hist = S.CountHistogram.merge(S.CountHistogram.of(p) for p in parts)
+    assert hist.distinct == len(counts) and hist.occurrences() == pytest.approx(counts.sum(), rel=1e-12)
+    if not weighted:
+        assert len(hist.values) < len(counts) // 4  # integer counts: one entry per distinct count
+    info = S.distribution_stats(hist, [], kept=1234)
+    tops, gini, top1, kept_share = _direct_distribution(counts, 1234)
+    assert [c["share"] for c in info["coverage_curve"][:-1]] == pytest.approx(tops, rel=1e-12)
+    assert [c["top"] for c in info["coverage_curve"]] == [2**i for i in range(len(tops))] + [len(counts)]
+    assert info["skew"]["gini"] == pytest.approx(gini, rel=1e-9)
+    assert info["skew"]["top_1pct_share"] == pytest.approx(top1, rel=1e-12)
+    assert info["covered_by_vocabulary"] == pytest.approx(kept_share, rel=1e-12)
+    empty = S.distribution_stats(S.CountHistogram.of([]), [], kept=0)
+    assert empty["distinct_values"] == 0 and empty["occurrences"] == 0 and empty["coverage_curve"] == []
 
 
 def test_merge_rules():

@@ -415,6 +415,11 @@ class BeamConfig:
     # runners with many bundles (Dataflow, Flink, Spark) where a large feature's partials would
     # otherwise all be merged by one worker. 0 or 1: off.
     hot_key_fanout: int = 0
+    # The vocabulary pass spills each bundle's value counts to files in this many hash buckets of
+    # values (under the statistics output, deleted when the run ends); one worker adds up one
+    # bucket, so the largest merge holds about 1/buckets of the distinct values and no count
+    # passes through the runner's shuffle.
+    value_count_buckets: int = 16
     extra_args: List[str] = field(default_factory=list)  # e.g. --runner=DataflowRunner --project=...
 
 

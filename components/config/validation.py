@@ -290,5 +290,9 @@ def _check_beam(cfg: PipelineConfig) -> None:
     check_choice(cfg.beam.direct_running_mode, DIRECT_RUNNING_MODES, "beam.direct_running_mode")
     if cfg.beam.hot_key_fanout < 0:
         raise ConfigError("beam.hot_key_fanout: must be 0 (off) or a positive number of intermediate keys")
+    b = cfg.beam.value_count_buckets
+    if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= 4096:
+        raise ConfigError(f"beam.value_count_buckets: {b!r} is not a whole number from 1 to 4096; 16 (the default) "
+                          "keeps each merge of the vocabulary counts to about 1/16 of the distinct values")
     if cfg.beam.direct_num_workers < 0:
         raise ConfigError("beam.direct_num_workers: must be 0 (one per core) or a positive count")

@@ -3,12 +3,14 @@
 Two passes over the data, on Arrow RecordBatches (tf.Examples decoded by tfx_bsl's C++ decoder,
 or CSV byte ranges parsed by pyarrow, see csv_input.py), as a chain of named PTransforms:
 1. Vocabularies, on the train split:
-   `CountValues` (record batches -> each feature's value counts: counted per bundle with Arrow's
-   hash counting before anything is shuffled, then added up by `CombinePerKey(MergeCountsFn)`,
-   lifted by Beam before the shuffle, with hot-key fan-out when `beam.hot_key_fanout` > 1)
-   -> `SumPerTable` (features of a shared table added up into the table's counts)
-   -> `WriteVocabularies` (each vocabulary ordered with an Arrow sort, pruned and written, one file
-   per vocabulary as tf.Transform's vocabulary analyzer also does).
+   `CountValues` (record batches -> each table's `CountSummary`: values counted per bundle with
+   Arrow's hash counting, the bundle's counts spilled to files in `beam.value_count_buckets` hash
+   buckets of values (spill.py), each bucket added up by one worker, features of a shared table
+   summed there, and each bucket summarised: a histogram of its counts, its hottest values and
+   the vocabulary's candidates; the bucket summaries are merged per table by
+   `CombinePerKey(MergeSummariesFn)`, with hot-key fan-out when `beam.hot_key_fanout` > 1)
+   -> `WriteVocabularies` (each vocabulary's candidates ordered with an Arrow sort, pruned and
+   written, one file per vocabulary as tf.Transform's vocabulary analyzer also does).
    `FeatureValueStatistics` describes the own values of each feature of a shared table.
 2. Transform (unless analysing only): `TransformSplit` maps every split, read again, through the
    vocabularies (read from the written files once per worker process; the side input only carries
@@ -38,10 +40,11 @@ import pyarrow.compute as pc
 from components import tfrecords
 from components.config import PipelineConfig
 from components.contracts.manifest import FORMAT_BLOCKS, TAIL_PREFIX, TRANSFORMED_PREFIX
+from components.embedding_preprocess import spill
 from components.embedding_preprocess import statistics as S
 from components.embedding_preprocess import vocabulary as V
 from components.embedding_preprocess.counting import (
-    FeatureValueCounter, ValueCounts, ValueCountsAccumulator, shared_table_features,
+    CountSummary, FeatureValueCounter, RunningCounts, ValueCounts, shared_table_features, value_buckets,
 )
 from components.embedding_preprocess.csv_input import ReadCsvRecordBatches, read_header
 
@@ -52,8 +55,8 @@ from components.embedding_preprocess.transform import (  # noqa: F401  (re-expor
 
 STATS_FILE_PREFIX = "_partial_statistics"
 
-# Elements: a feature's or a table's value counts, keyed by its name.
-KeyedCounts = Tuple[str, ValueCounts]
+# Elements: a feature's or a table's summarised value counts, keyed by its name.
+KeyedSummary = Tuple[str, CountSummary]
 StatisticsPartial = Dict[str, Any]
 
 
@@ -83,22 +86,25 @@ class FramedTFRecordSink(filebasedsink.FileBasedSink):
 # ---- CombineFns --------------------------------------------------------------------------------
 
 
-class MergeCountsFn(beam.CombineFn):
-    """Adds the `ValueCounts` partials of one feature or table; lifted before the shuffle by Beam."""
+class MergeSummariesFn(beam.CombineFn):
+    """Merges the `CountSummary`s of one table's (or feature's) spill buckets; lifted by Beam.
 
-    def create_accumulator(self) -> ValueCountsAccumulator:
-        return ValueCountsAccumulator()
+    The accumulator is the list of summaries so far, merged into one whenever it holds more than
+    eight (each merge re-orders the candidates, a vocabulary's size)."""
 
-    def add_input(self, acc: ValueCountsAccumulator, part: ValueCounts) -> ValueCountsAccumulator:
-        return acc.add(part)
+    def create_accumulator(self) -> List[CountSummary]:
+        return []
 
-    def merge_accumulators(self, accumulators: Iterable[ValueCountsAccumulator]) -> ValueCountsAccumulator:
-        accumulators = iter(accumulators)
-        first = next(accumulators, None)
-        return (first if first is not None else self.create_accumulator()).merge(accumulators)
+    def add_input(self, acc: List[CountSummary], summary: CountSummary) -> List[CountSummary]:
+        acc.append(summary)
+        return [CountSummary.merge(acc)] if len(acc) > 8 else acc
 
-    def extract_output(self, acc: ValueCountsAccumulator) -> Optional[ValueCounts]:
-        return acc.total
+    def merge_accumulators(self, accumulators: Iterable[List[CountSummary]]) -> List[CountSummary]:
+        merged = [s for acc in accumulators for s in acc]
+        return [CountSummary.merge(merged)] if len(merged) > 1 else merged
+
+    def extract_output(self, acc: List[CountSummary]) -> Optional[CountSummary]:
+        return CountSummary.merge(acc) if acc else None
 
 
 class MergeStatsFn(beam.CombineFn):
@@ -135,12 +141,13 @@ class _DecodeExamples(beam.DoFn):
 
 
 class _CountPerBundle(beam.DoFn):
-    """Counts each feature's values over a whole bundle before anything is shuffled: one
-    (feature, ValueCounts) partial per feature and bundle, so shuffle volume is bounded by distinct
-    values per bundle (see `counting.FeatureValueCounter`)."""
+    """Counts each feature's values over a whole bundle, then spills them: one file per hash bucket
+    of values holding every feature's counts in that bucket (spill.py), and one (bucket, SpillRef)
+    element per file. Only those references cross the shuffle."""
 
-    def __init__(self, config_json: str, count_rows: bool = False):
+    def __init__(self, config_json: str, spill_dir: str, count_rows: bool = False):
         self._config_json = config_json
+        self._spill_dir = spill_dir
         self._count_rows = count_rows  # analysis only: no transform pass counts the rows
 
     def setup(self):
@@ -159,57 +166,100 @@ class _CountPerBundle(beam.DoFn):
         from apache_beam.utils.timestamp import MIN_TIMESTAMP
         from apache_beam.utils.windowed_value import WindowedValue
 
-        for feature, counts in self._counter.result().items():
-            yield WindowedValue((feature, counts), MIN_TIMESTAMP, [GlobalWindow()])
+        buckets = self._cfg.beam.value_count_buckets
+        parts: Dict[int, List[Tuple[str, ValueCounts]]] = {}
+        for feature, counts in sorted(self._counter.result().items()):
+            bucket = value_buckets(counts.values, buckets)
+            order = np.argsort(bucket, kind="stable")
+            values, cnts = counts.values.take(pa.array(order)), counts.counts.take(pa.array(order))
+            bounds = np.searchsorted(bucket[order], np.arange(buckets + 1))
+            for b in range(buckets):
+                lo, hi = int(bounds[b]), int(bounds[b + 1])
+                if hi > lo:
+                    parts.setdefault(b, []).append((feature, ValueCounts(values.slice(lo, hi - lo), cnts.slice(lo, hi - lo))))
+        for b, bucket_parts in sorted(parts.items()):
+            ref = spill.write(spill.spill_path(self._spill_dir, b), bucket_parts)
+            yield WindowedValue((b, ref), MIN_TIMESTAMP, [GlobalWindow()])
         if self._count_rows:
             rows = self._counter.rows.as_statistics("train")
             yield beam.pvalue.TaggedOutput("rows", WindowedValue(rows, MIN_TIMESTAMP, [GlobalWindow()]))
 
 
-def _top(tokens: pa.Array, counts: pa.Array, top_values: int) -> List[Tuple[bytes, Any]]:
-    return list(zip(tokens.slice(0, top_values).to_pylist(), counts.slice(0, top_values).to_pylist()))
+class _SummarizeBucket(beam.DoFn):
+    """(bucket, its spill references) -> (table, CountSummary) of the bucket's values of each
+    table (its features' counts added up), and, tagged `features`, (feature, CountSummary) of each
+    feature of a shared table. Memory: the bucket's distinct values (`RunningCounts`)."""
+
+    def __init__(self, config_json: str, vocabulary_dir: str):
+        self._config_json = config_json
+        self._vocabulary_dir = vocabulary_dir
+
+    def setup(self):
+        from components.config import config_from_json
+
+        cfg = config_from_json(self._config_json)
+        self._top_values = cfg.statistics.top_values
+        self._tables = {t.name: t.vocabulary for t in cfg.tables}
+        self._features_of: Dict[str, List[str]] = {}
+        for f in cfg.categorical_features:
+            self._features_of.setdefault(cfg.feature_table(f).name, []).append(f.name)
+        self._shared = set(shared_table_features(cfg))
+        self._given = {  # written into the vocabulary directory before the pipeline (run.py)
+            name: pa.array(V.read_vocabulary(self._vocabulary_dir, name), pa.binary())
+            for name, options in self._tables.items() if options.kind in V.GIVEN_KINDS
+        }
+
+    def process(self, item: Tuple[int, Iterable[spill.SpillRef]]):
+        _, refs = item
+        running: Dict[str, RunningCounts] = {}
+        for ref in sorted(refs):  # a fixed order: the same float sums of weights on every run
+            for feature, counts in spill.read(ref):
+                running.setdefault(feature, RunningCounts()).add(counts)
+        counted = {f: r.result() for f, r in running.items()}
+        for table, features in sorted(self._features_of.items()):
+            parts = [counted[f] for f in features if counted.get(f) is not None]
+            if not parts:
+                continue
+            yield table, CountSummary.of(ValueCounts.sum(parts), self._top_values, self._tables[table],
+                                         self._given.get(table))
+            for f in features:
+                if f in self._shared and counted.get(f) is not None:
+                    yield beam.pvalue.TaggedOutput("features", (f, CountSummary.of(counted[f], self._top_values)))
 
 
-def _write_vocabulary(item: KeyedCounts, out_dir: str, options_json: str, top_values: int):
+def _write_vocabulary(item: KeyedSummary, out_dir: str, options_json: str):
     from components.config import VocabularyOptions
 
-    name, counted = item
+    name, summary = item
     options = VocabularyOptions(**json.loads(options_json)[name])
-    tokens, counts = V.order_arrays(counted.values, counted.counts)  # every value, for coverage and skew
     covered = None
     if options.kind in V.GIVEN_KINDS:  # list / file (written before the pipeline): its lines, with the counts seen
         given_tokens = pa.array(V.read_vocabulary(out_dir, name), pa.binary())
-        where = pc.index_in(given_tokens, value_set=tokens)
-        seen = pc.fill_null(pc.take(counts, where), 0)
-        V.write_vocabulary_arrays(out_dir, name, given_tokens, pc.cast(seen, counts.type))
+        occurring = summary.candidates  # the given tokens that occur, with their counts
+        where = pc.index_in(given_tokens, value_set=occurring.values)
+        seen = pc.fill_null(pc.take(occurring.counts, where), 0)
+        V.write_vocabulary_arrays(out_dir, name, given_tokens, pc.cast(seen, occurring.counts.type))
         kept = len(given_tokens)
         covered = pc.sum(seen).as_py() or 0
     elif options.kind in ("hashed", "identity"):  # no vocabulary (V3, V4): empty files
-        V.write_vocabulary_arrays(out_dir, name, tokens.slice(0, 0), counts.slice(0, 0))
+        V.write_vocabulary_arrays(out_dir, name, summary.top.values.slice(0, 0), summary.top.counts.slice(0, 0))
         kept = 0
-        if options.kind == "identity":  # occurrences that are IDs of the table
-            lookup = V.IdentityLookup(options.num_buckets, None)
-            covered = pc.sum(counts.filter(pa.array(lookup.id_filter(tokens)[0]))).as_py() or 0
-        else:
-            covered = pc.sum(counts).as_py() or 0  # every token has a row
+        # identity: the occurrences that are IDs of the table; hashed: every token has a row
+        covered = summary.covered if options.kind == "identity" else summary.histogram.occurrences()
     else:
+        tokens, counts = V.order_arrays(summary.candidates.values, summary.candidates.counts)
         kept = V.prune(counts, options)
         V.write_vocabulary_arrays(out_dir, name, tokens.slice(0, kept), counts.slice(0, kept))
     yield name, kept  # the transform pass reads the files; this only says they are written
     yield beam.pvalue.TaggedOutput(
-        "stats", S.vocabulary_stats(name, counts.to_numpy(), kept, _top(tokens, counts, top_values), covered)
+        "stats", S.vocabulary_stats(name, summary.histogram, kept, summary.top_pairs(), covered)
     )
 
 
-def _feature_value_stats(item: KeyedCounts, top_values: int) -> Iterator[StatisticsPartial]:
+def _feature_value_stats(item: KeyedSummary) -> Iterator[StatisticsPartial]:
     """Coverage, hottest values and skew of one feature of a shared table, on its own values."""
-    name, counted = item
-    tokens, counts = V.order_arrays(counted.values, counted.counts)
-    yield S.feature_value_stats(name, counts.to_numpy(), _top(tokens, counts, top_values))
-
-
-def _rename(item: KeyedCounts, new_name: Dict[str, str]) -> KeyedCounts:
-    return new_name[item[0]], item[1]
+    name, summary = item
+    yield S.feature_value_stats(name, summary.histogram, summary.top_pairs())
 
 
 class _TransformBatch(beam.DoFn):
@@ -304,77 +354,62 @@ class ReadParquetRecordBatches(ReadRecordBatches):
 class CountedValues(NamedTuple):
     """`CountValues`' outputs."""
 
-    counts: beam.PCollection  # (feature, ValueCounts), one per feature with any value
+    tables: beam.PCollection  # (table, CountSummary), one per table with any value
+    features: beam.PCollection  # (feature, CountSummary), one per feature of a shared table with any value
     rows: beam.PCollection  # statistics partials of the rows read (only with count_rows)
 
 
 class CountValues(beam.PTransform):
-    """RecordBatches -> `CountedValues`: each categorical feature's value counts over all the
-    labelled rows, as (feature name, ValueCounts), one element per feature that has a value.
+    """RecordBatches -> `CountedValues`: each table's value counts over all the labelled rows,
+    summarised (`CountSummary`: count histogram, hottest values, the vocabulary's candidates), and
+    the same for each feature of a shared table on its own values.
 
-    Counted per bundle, then added up per feature (`MergeCountsFn`, lifted; with `hot_key_fanout`
-    > 1 spread over that many intermediate keys first, so a runner with many bundles does not merge
-    all of a large feature's partials on one worker). With `count_rows`, `rows` also carries the
-    rows read and dropped (analysis only, where no transform pass counts them); else it is empty."""
+    Counted per bundle and spilled to `spill_dir` in `beam.value_count_buckets` hash buckets of
+    values; each bucket is added up by one worker (`_SummarizeBucket`), then the buckets'
+    summaries are merged per key (`MergeSummariesFn`, lifted; with `hot_key_fanout` > 1 spread over
+    that many intermediate keys first). No worker holds more than one bucket's distinct values, and
+    the shuffle carries file references and summaries, not counts. The caller deletes `spill_dir`
+    once the pipeline finished (run.py). Given vocabularies (list, file) are read from
+    `vocabulary_dir`. With `count_rows`, `rows` also carries the rows read and dropped (analysis
+    only, where no transform pass counts them); else it is empty."""
 
-    def __init__(self, cfg: PipelineConfig, count_rows: bool = False):
+    def __init__(self, cfg: PipelineConfig, spill_dir: str, vocabulary_dir: str, count_rows: bool = False):
         super().__init__()
         self._config_json = cfg.to_json()
+        self._spill_dir = spill_dir
+        self._vocabulary_dir = vocabulary_dir
         self._count_rows = count_rows
         self._fanout = cfg.beam.hot_key_fanout
 
+    def _merge(self):
+        combine = beam.CombinePerKey(MergeSummariesFn())
+        return combine.with_hot_key_fanout(self._fanout) if self._fanout > 1 else combine
+
     def expand(self, batches) -> CountedValues:
-        counted = batches | "CountPerBundle" >> beam.ParDo(
-            _CountPerBundle(self._config_json, self._count_rows)
-        ).with_outputs("rows", main="counts")
-        combine = beam.CombinePerKey(MergeCountsFn())
-        if self._fanout > 1:
-            combine = combine.with_hot_key_fanout(self._fanout)
-        return CountedValues(counts=counted.counts | "SumPerFeature" >> combine, rows=counted.rows)
-
-
-class SumPerTable(beam.PTransform):
-    """(feature, ValueCounts) per feature -> (table, ValueCounts) per table.
-
-    A table's vocabulary is the sum of its features' counts: a feature with a table of its own is
-    renamed to it; the features of a shared table are added up (`MergeCountsFn`)."""
-
-    def __init__(self, cfg: PipelineConfig):
-        super().__init__()
-        self._table_of = {f.name: cfg.feature_table(f).name for f in cfg.categorical_features}
-        self._shared = shared_table_features(cfg)
-
-    def expand(self, feature_counts):
-        own = (
-            feature_counts
-            | "OwnTables" >> beam.Filter(lambda kv, shared: kv[0] not in shared, self._shared)
-            | "OwnTableName" >> beam.Map(_rename, self._table_of)
+        spilled = batches | "CountPerBundle" >> beam.ParDo(
+            _CountPerBundle(self._config_json, self._spill_dir, self._count_rows)
+        ).with_outputs("rows", main="refs")
+        buckets = (
+            spilled.refs
+            | "GroupBuckets" >> beam.GroupByKey()
+            | "SummarizeBuckets" >> beam.ParDo(
+                _SummarizeBucket(self._config_json, self._vocabulary_dir)
+            ).with_outputs("features", main="tables")
         )
-        shared = (
-            feature_counts
-            | "SharedTableFeatures" >> beam.Filter(lambda kv, shared: kv[0] in shared, self._shared)
-            | "SharedTableName" >> beam.Map(_rename, self._table_of)
-            | "SumPerSharedTable" >> beam.CombinePerKey(MergeCountsFn())
+        return CountedValues(
+            tables=buckets.tables | "MergePerTable" >> self._merge(),
+            features=buckets.features | "MergePerFeature" >> self._merge(),
+            rows=spilled.rows,
         )
-        return (own, shared) | "TableCounts" >> beam.Flatten()
 
 
 class FeatureValueStatistics(beam.PTransform):
-    """(feature, ValueCounts) per feature -> statistics partials (`partials.feature_values_info(feature)`) of
-    the own values of each feature of a shared table (a feature with a table of its own is described
-    by its vocabulary's statistics)."""
+    """(feature, CountSummary) of the features of shared tables -> statistics partials
+    (`partials.feature_values_info(feature)`) of their own values (a feature with a table of its own
+    is described by its vocabulary's statistics)."""
 
-    def __init__(self, cfg: PipelineConfig):
-        super().__init__()
-        self._shared = shared_table_features(cfg)
-        self._top_values = cfg.statistics.top_values
-
-    def expand(self, feature_counts):
-        return (
-            feature_counts
-            | "SharedTableFeatures" >> beam.Filter(lambda kv, shared: kv[0] in shared, self._shared)
-            | "Describe" >> beam.FlatMap(_feature_value_stats, self._top_values)
-        )
+    def expand(self, feature_summaries):
+        return feature_summaries | "Describe" >> beam.FlatMap(_feature_value_stats)
 
 
 class WrittenVocabularies(NamedTuple):
@@ -385,7 +420,7 @@ class WrittenVocabularies(NamedTuple):
 
 
 class WriteVocabularies(beam.PTransform):
-    """(table, ValueCounts) per table -> `WrittenVocabularies`: each table's vocabulary ordered
+    """(table, CountSummary) per table -> `WrittenVocabularies`: each table's vocabulary ordered
     (count descending, then bytes), pruned by its `vocabulary` options and written to
     `vocabulary_dir` (`<table>.txt`, `<table>.counts.txt`); its size and its statistics (distinct
     values, coverage, hottest values, skew; on every value, before pruning) come out."""
@@ -394,11 +429,10 @@ class WriteVocabularies(beam.PTransform):
         super().__init__()
         self._vocabulary_dir = vocabulary_dir
         self._options_json = json.dumps({t.name: t.vocabulary.__dict__ for t in cfg.tables})
-        self._top_values = cfg.statistics.top_values
 
-    def expand(self, table_counts) -> WrittenVocabularies:
-        written = table_counts | "Write" >> beam.FlatMap(
-            _write_vocabulary, self._vocabulary_dir, self._options_json, self._top_values
+    def expand(self, table_summaries) -> WrittenVocabularies:
+        written = table_summaries | "Write" >> beam.FlatMap(
+            _write_vocabulary, self._vocabulary_dir, self._options_json
         ).with_outputs("stats", main="sizes")
         return WrittenVocabularies(sizes=written.sizes, stats=written.stats)
 
@@ -474,6 +508,11 @@ class WriteStatistics(beam.PTransform):
         )
 
 
+def spill_dir_of(stats_dir: str) -> str:
+    """Where the vocabulary pass spills its counts: a temporary folder of the statistics output."""
+    return os.path.join(stats_dir, "_value_counts")
+
+
 def read_source(
     pipeline: beam.Pipeline, cfg: PipelineConfig, label: str, pattern: str, input_format: str
 ) -> Tuple[beam.PCollection, Optional[beam.PCollection]]:
@@ -493,8 +532,12 @@ def build_pipeline(
     transformed_dirs: Optional[Dict[str, str]],
     stats_dir: str,
     input_format: str = "tfrecord",
+    spill_dir: Optional[str] = None,
 ) -> None:
     """Adds the preprocessing transforms to `pipeline`. The vocabulary is computed on 'train'.
+
+    `spill_dir` (default `spill_dir_of(stats_dir)`) holds the vocabulary pass's spill files; the
+    caller deletes it once the pipeline finished (`spill.delete`).
 
     `input_format` is `parquet` (as this project's ExampleGen writes), `tfrecord` (tf.Examples, as
     TFX's own ExampleGens write) or `csv` (the CLI).
@@ -504,13 +547,10 @@ def build_pipeline(
     analyze_only = transformed_dirs is None
     train, train_input_stats = read_source(pipeline, cfg, "ReadForVocabulary", split_patterns["train"], input_format)
     input_stats = [train_input_stats] if analyze_only and train_input_stats is not None else []
-    counted = train | "CountValues" >> CountValues(cfg, count_rows=analyze_only)
-    vocabularies = (
-        counted.counts
-        | "SumPerTable" >> SumPerTable(cfg)
-        | "WriteVocabularies" >> WriteVocabularies(cfg, vocabulary_dir)
-    )
-    feature_value_stats = counted.counts | "SharedFeatureValueStats" >> FeatureValueStatistics(cfg)
+    counted = train | "CountValues" >> CountValues(cfg, spill_dir or spill_dir_of(stats_dir), vocabulary_dir,
+                                                   count_rows=analyze_only)
+    vocabularies = counted.tables | "WriteVocabularies" >> WriteVocabularies(cfg, vocabulary_dir)
+    feature_value_stats = counted.features | "SharedFeatureValueStats" >> FeatureValueStatistics()
     run_id = uuid.uuid4().hex
     partial_stats = [vocabularies.stats, counted.rows, feature_value_stats]
     for split, pattern in split_patterns.items() if not analyze_only else []:

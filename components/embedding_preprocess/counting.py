@@ -13,10 +13,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from components.config import PipelineConfig
+from components.config import PipelineConfig, VocabularyOptions
 from components.embedding_preprocess import features as F
 from components.embedding_preprocess import partials as P
+from components.embedding_preprocess import statistics as S
+from components.embedding_preprocess import vocabulary as V
 from components.embedding_preprocess.transform import column
+from components.example_gen.split_hash import binary_value_hashes
 
 
 def count_values(tokens: pa.Array, counts: Optional[pa.Array] = None) -> Tuple[pa.Array, pa.Array]:
@@ -64,19 +67,120 @@ class ValueCounts:
         return dict(zip(self.values.to_pylist(), self.counts.to_pylist()))
 
 
+def value_buckets(values: pa.Array, buckets: int) -> np.ndarray:
+    """The spill bucket (0..buckets-1) of each value: its 64-bit content hash (`split_hash`, the
+    same in every process and run) modulo `buckets`. Buckets partition the values, so a value's
+    counts from every bundle meet in one bucket."""
+    return (binary_value_hashes(values) % np.uint64(buckets)).astype(np.int64)
+
+
+def first(counts: ValueCounts, k: int) -> ValueCounts:
+    """The `k` first of `counts` in vocabulary order (count descending, then bytes ascending; the
+    order of `vocabulary.order_arrays`), in that order."""
+    if k <= 0:
+        return ValueCounts(counts.values.slice(0, 0), counts.counts.slice(0, 0))
+    if len(counts.values) <= k:
+        return ValueCounts(*V.order_arrays(counts.values, counts.counts))
+    table = pa.table({"t": counts.values, "c": counts.counts})
+    picked = table.take(pc.select_k_unstable(table, k, sort_keys=[("c", "descending"), ("t", "ascending")]))
+    return ValueCounts(*V.order_arrays(picked.column("t").combine_chunks(), picked.column("c").combine_chunks()))
+
+
+class RunningCounts:
+    """The sum of many `ValueCounts` partials (of one feature or table) in memory bounded by its
+    distinct values: partials are buffered and added up whenever they hold more than
+    `flush_values` entries (adding each partial to the total as it comes would re-count the
+    whole total every time)."""
+
+    def __init__(self, flush_values: int = 4_000_000):
+        self._flush = flush_values
+        self._parts: List[ValueCounts] = []
+        self._buffered = 0
+
+    def add(self, part: ValueCounts) -> None:
+        if not len(part.values):
+            return
+        self._parts.append(part)
+        self._buffered += len(part.values)
+        if self._buffered > self._flush and len(self._parts) > 1:
+            self._parts = [ValueCounts.sum(self._parts)]
+            self._buffered = len(self._parts[0].values)
+
+    def result(self) -> Optional[ValueCounts]:
+        """The sum so far; None when nothing (non-empty) was added."""
+        if len(self._parts) > 1:
+            self._parts = [ValueCounts.sum(self._parts)]
+            self._buffered = len(self._parts[0].values)
+        return self._parts[0] if self._parts else None
+
+
 @dataclass
-class ValueCountsAccumulator:
-    """The running sum of `ValueCounts` partials of one key (`MergeCountsFn`'s accumulator)."""
+class CountSummary:
+    """What the vocabulary writer and the statistics need from one table's (or one feature's) value
+    counts, without every distinct value: the histogram of the counts (distinct values, coverage,
+    skew; `statistics.CountHistogram`), the `top_values` hottest values, and the `candidates` the
+    vocabulary can keep:
+    - a counted vocabulary: every value with `min_frequency` or more (with `top_k`, the `top_k`
+      first of them), a superset of the vocabulary, itself at most the vocabulary's size;
+    - a given vocabulary (list, file): the values of the given vocabulary that occur, with their counts;
+    - hashed and identity columns and feature descriptions: none; `covered` holds the occurrences
+      an identity column gives rows of their own (valid IDs).
 
-    total: Optional[ValueCounts] = None
+    Summaries of disjoint sets of values (the spill buckets of `value_buckets`) merge exactly:
+    histograms add up, the hottest values and the candidates are the first of their union."""
 
-    def add(self, part: ValueCounts) -> "ValueCountsAccumulator":
-        self.total = ValueCounts.sum([p for p in (self.total, part) if p is not None])
-        return self
+    histogram: S.CountHistogram
+    top: ValueCounts
+    top_values: int
+    candidates: Optional[ValueCounts] = None
+    top_k: Optional[int] = None
+    covered: Optional[float] = None
 
-    def merge(self, others: Iterable["ValueCountsAccumulator"]) -> "ValueCountsAccumulator":
-        self.total = ValueCounts.sum([a.total for a in (self, *others) if a.total is not None])
-        return self
+    @classmethod
+    def of(cls, counts: ValueCounts, top_values: int, options: Optional[VocabularyOptions] = None,
+           given: Optional[pa.Array] = None) -> "CountSummary":
+        """The summary of `counts`, with a vocabulary's candidates when `options` are given
+        (`given`: the tokens of a list / file vocabulary)."""
+        candidates = covered = top_k = None
+        if options is not None and options.kind in V.GIVEN_KINDS:
+            mask = pc.is_in(counts.values, value_set=given if given is not None else pa.array([], pa.binary()))
+            candidates = ValueCounts(counts.values.filter(mask), counts.counts.filter(mask))
+        elif options is not None and options.kind == "identity":
+            keep = V.IdentityLookup(options.num_buckets, None).id_filter(counts.values)[0]
+            covered = pc.sum(counts.counts.filter(pa.array(keep))).as_py() or 0
+        elif options is not None and options.kind != "hashed":  # counted
+            mask = pc.greater_equal(counts.counts, options.min_frequency)
+            candidates = ValueCounts(counts.values.filter(mask), counts.counts.filter(mask))
+            top_k = options.top_k
+            if top_k is not None:
+                candidates = first(candidates, top_k)
+        return cls(S.CountHistogram.of(counts.counts.to_numpy()), first(counts, top_values), top_values,
+                   candidates, top_k, covered)
+
+    @classmethod
+    def merge(cls, parts: Iterable["CountSummary"]) -> "CountSummary":
+        """The summary of the union of the (disjoint) values that `parts` summarise."""
+        parts = list(parts)
+        if len(parts) == 1:
+            return parts[0]
+        p0 = parts[0]
+        top = first(_concat([p.top for p in parts]), p0.top_values)
+        candidates = None
+        if p0.candidates is not None:
+            candidates = _concat([p.candidates for p in parts])
+            if p0.top_k is not None:
+                candidates = first(candidates, p0.top_k)
+        covered = None if p0.covered is None else sum(p.covered for p in parts)
+        return cls(S.CountHistogram.merge(p.histogram for p in parts), top, p0.top_values, candidates,
+                   p0.top_k, covered)
+
+    def top_pairs(self) -> List[Tuple[bytes, object]]:
+        """The hottest (value, count) pairs, most frequent first."""
+        return list(zip(self.top.values.to_pylist(), self.top.counts.to_pylist()))
+
+
+def _concat(parts: List[ValueCounts]) -> ValueCounts:
+    return ValueCounts(pa.concat_arrays([p.values for p in parts]), pa.concat_arrays([p.counts for p in parts]))
 
 
 @dataclass

@@ -33,6 +33,7 @@ from components.embedding_preprocess.counting import shared_table_features
 from components.embedding_preprocess.health import check_health, feature_health
 from components.embedding_preprocess import features as F
 from components.embedding_preprocess import partials as P
+from components.embedding_preprocess import spill
 from components.embedding_preprocess import statistics as S
 from components.embedding_preprocess.report import render_html
 from components.embedding_preprocess import vocabulary as V
@@ -310,10 +311,14 @@ def run_preprocessing(
         _makedirs(d)
     for name, tokens in given.items():  # counts 0 until the vocabulary writer counts the train split
         V.write_vocabulary(vocabulary_dir, name, [(tok, 0) for tok in tokens])
-    with pipeline as p:
-        beam_pipeline.build_pipeline(
-            p, cfg, split_patterns, vocabulary_dir, transformed_dirs, statistics_dir, input_format
-        )
+    spill_dir = beam_pipeline.spill_dir_of(statistics_dir)
+    try:
+        with pipeline as p:
+            beam_pipeline.build_pipeline(
+                p, cfg, split_patterns, vocabulary_dir, transformed_dirs, statistics_dir, input_format, spill_dir
+            )
+    finally:  # the vocabulary pass's spilled counts, whether the run succeeded or not
+        spill.delete(spill_dir)
     partial = os.path.join(statistics_dir, beam_pipeline.STATS_FILE_PREFIX)
     raw = read_json(partial)
     FileSystems.delete([partial])

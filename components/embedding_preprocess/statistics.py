@@ -131,57 +131,114 @@ def batch_table_stats(
 DISTRIBUTION_KEYS = ("distinct_values", "occurrences", "coverage_curve", "hottest_values", "skew")
 
 
+@dataclass(frozen=True)
+class CountHistogram:
+    """The counts of a distribution's distinct values, compacted: `values[i]` is a count (ascending,
+    distinct) and `multiplicity[i]` how many distinct values have it. Everything `distribution_stats`
+    reports is exact from it, two histograms merge by adding multiplicities, and its size is the
+    number of distinct counts, not of values (for integer counts; weighted counts are floats,
+    nearly all distinct, and then it is as long as the values)."""
+
+    values: np.ndarray
+    multiplicity: np.ndarray
+
+    @classmethod
+    def of(cls, counts: Sequence[float]) -> "CountHistogram":
+        counts = np.asarray(counts)
+        if counts.dtype.kind not in "if":
+            counts = counts.astype(np.int64)
+        values, mult = np.unique(counts, return_counts=True)
+        return cls(values, mult.astype(np.int64))
+
+    @classmethod
+    def merge(cls, parts: Iterable["CountHistogram"]) -> "CountHistogram":
+        parts = list(parts)
+        if len(parts) == 1:
+            return parts[0]
+        values = np.concatenate([p.values for p in parts]) if parts else np.zeros(0, np.int64)
+        mult = np.concatenate([p.multiplicity for p in parts]) if parts else np.zeros(0, np.int64)
+        uniq, where = np.unique(values, return_inverse=True)
+        summed = np.zeros(len(uniq), np.int64)
+        np.add.at(summed, where, mult)
+        return cls(uniq, summed)
+
+    @property
+    def distinct(self) -> int:
+        return int(self.multiplicity.sum())
+
+    def occurrences(self):
+        """The sum of all counts (a Python int for integer counts)."""
+        return (self.values * self.multiplicity).sum().item() if len(self.values) else 0
+
+    def top_sums(self, n: np.ndarray) -> np.ndarray:
+        """The occurrences of the `n` most frequent values, for each n (0 <= n <= distinct)."""
+        desc_v, desc_m = self.values[::-1], self.multiplicity[::-1]
+        cum_m = np.concatenate([[0], np.cumsum(desc_m)])
+        cum_s = np.concatenate([[0], np.cumsum(desc_v * desc_m)])
+        n = np.asarray(n, np.int64)
+        run = np.clip(np.searchsorted(cum_m, n, side="left") - 1, 0, max(len(desc_v) - 1, 0))
+        if not len(desc_v):
+            return np.zeros(len(n), cum_s.dtype)
+        return cum_s[run] + (n - cum_m[run]) * desc_v[run]
+
+    def gini(self) -> float:
+        """The Gini coefficient of the counts (0: all equal; near 1: a few values hold everything),
+        from the ascending order: 2 * sum(k * c_k) / (n * total) - (n + 1) / n, with a run of m
+        equal counts at positions a+1..a+m adding c * (m * a + m (m + 1) / 2). In float64, where
+        an int64 sum of k * c_k would overflow past ~10^18 (10M values of count 10^5)."""
+        n, total = self.distinct, float(self.occurrences())
+        if not total:
+            return 0.0
+        m = self.multiplicity.astype(np.float64)
+        a = np.concatenate([[0.0], np.cumsum(m)[:-1]])
+        weighted = float(np.sum(self.values.astype(np.float64) * (m * a + m * (m + 1) / 2)))
+        return 2 * weighted / (n * total) - (n + 1) / n
+
+
 def distribution_stats(
-    ordered_counts: Sequence[int], top: Sequence[Tuple[bytes, int]], kept: Optional[int] = None
+    histogram: CountHistogram, top: Sequence[Tuple[bytes, int]], kept: Optional[int] = None
 ) -> Dict[str, Any]:
-    """Distinct values, coverage curve, hottest values and skew of counts in descending order; with
-    `kept` (a vocabulary of the first `kept` values) also its size and the share of occurrences it covers."""
-    counts = np.asarray(ordered_counts)  # int64, or float64 for weighted vocabularies
-    if counts.dtype.kind not in "if":
-        counts = counts.astype(np.int64)
-    total = counts.sum().item() if len(counts) else 0
-    cum = np.cumsum(counts)
-    coverage = []  # share of all occurrences covered by the N most frequent values, N = 1, 2, 4, ...
-    n = 1
-    while n < len(counts):
-        coverage.append({"top": n, "share": float(cum[n - 1] / total)})
-        n *= 2
-    if len(counts):
-        coverage.append({"top": int(len(counts)), "share": 1.0})
-    asc = np.sort(counts)
-    k = np.arange(1, len(asc) + 1)
-    gini = float((2 * np.sum(k * asc) / (len(asc) * total)) - (len(asc) + 1) / len(asc)) if total else 0.0
-    top1 = max(1, len(counts) // 100)
+    """Distinct values, coverage curve, hottest values and skew of a distribution's counts; with
+    `kept` (a vocabulary of the `kept` most frequent values) also its size and the share of
+    occurrences it covers. `top`: the hottest (value, count) pairs, most frequent first."""
+    distinct = histogram.distinct
+    total = histogram.occurrences()
+    tops = [1 << i for i in range(max(distinct - 1, 0).bit_length())]  # 1, 2, 4, ... < distinct
+    top1 = max(1, distinct // 100)
+    sums = histogram.top_sums(np.array([*tops, top1, kept or 0], np.int64))
+    coverage = [{"top": n, "share": float(s / total)} for n, s in zip(tops, sums)]  # share of occurrences
+    if distinct:
+        coverage.append({"top": int(distinct), "share": 1.0})
     out = {
-        "distinct_values": int(len(counts)),
+        "distinct_values": int(distinct),
         "occurrences": total,
         "coverage_curve": coverage,
         "hottest_values": [{"value": t.decode("utf-8", "replace"), "count": c, "share": c / total} for t, c in top],
-        "skew": {"gini": gini, "top_1pct_share": float(cum[top1 - 1] / total) if total else 0.0},
+        "skew": {"gini": histogram.gini(), "top_1pct_share": float(sums[-2] / total) if total else 0.0},
     }
     if kept is not None:
         out["vocabulary_size"] = int(kept)
-        out["covered_by_vocabulary"] = float(cum[kept - 1] / total) if kept and total else 0.0
+        out["covered_by_vocabulary"] = float(sums[-1] / total) if kept and total else 0.0
     return out
 
 
-def vocabulary_stats(name: str, ordered_counts: Sequence[int], kept: int, top: Sequence[Tuple[bytes, int]],
+def vocabulary_stats(name: str, histogram: CountHistogram, kept: int, top: Sequence[Tuple[bytes, int]],
                      covered: Optional[float] = None):
     """`distribution_stats` of one vocabulary's values, with its size after pruning and coverage.
     `covered`: the occurrences the table gives rows of their own when that is not its `kept` most
     frequent values (a given vocabulary, a hashed or identity column)."""
     if covered is None:
-        return {P.vocabulary_info(name): distribution_stats(ordered_counts, top, kept)}
-    out = distribution_stats(ordered_counts, top)
+        return {P.vocabulary_info(name): distribution_stats(histogram, top, kept)}
+    out = distribution_stats(histogram, top)
     total = out["occurrences"]
     out["vocabulary_size"] = int(kept)
     out["covered_by_vocabulary"] = float(covered / total) if total else 0.0
     return {P.vocabulary_info(name): out}
 
 
-def feature_value_stats(feature: str, ordered_counts: Sequence[int], top: Sequence[Tuple[bytes, int]]):
+def feature_value_stats(feature: str, histogram: CountHistogram, top: Sequence[Tuple[bytes, int]]):
     """`distribution_stats` of one feature's own values (features sharing a table; see beam_pipeline)."""
-    return {P.feature_values_info(feature): distribution_stats(ordered_counts, top)}
+    return {P.feature_values_info(feature): distribution_stats(histogram, top)}
 
 
 def _percentile(hist: List[int], q: float) -> Optional[int]:
