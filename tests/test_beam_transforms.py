@@ -362,3 +362,20 @@ def test_transform_and_counting_do_not_import_beam():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_count_values_spills_within_a_bundle_the_same_counts(cfg, tmp_path, monkeypatch):
+    # every record batch spilled on its own (the limit a worker's counts may reach within a bundle)
+    monkeypatch.setattr(B._CountPerBundle, "SPILL_VALUES", 0)
+    with BeamTestPipeline() as p:
+        counted = (
+            p | beam.Create([record_batch(ROWS[:1]), record_batch(ROWS[1:2]), record_batch(ROWS[2:])])
+            | B.CountValues(cfg, str(tmp_path / "spill"), str(tmp_path), count_rows=True)
+        )
+        assert_that(described(counted.tables), equal_to([
+            ("shared", 2, 5, [(b"a", 3), (b"b", 2)], {b"a": 3, b"b": 2}),
+            ("C3", 2, 6, [(b"x", 3), (b"y", 3)], {b"x": 3, b"y": 3}),
+        ]), label="Tables")
+        rows = counted.rows | beam.CombineGlobally(B.MergeStatsFn())
+        assert_that(rows, equal_to([{"train/examples_read": 4, "train/dropped/missing_label": 1,
+                                     "train/dropped/invalid_label": 0}]), label="Rows")

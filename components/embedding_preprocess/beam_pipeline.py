@@ -141,9 +141,14 @@ class _DecodeExamples(beam.DoFn):
 
 
 class _CountPerBundle(beam.DoFn):
-    """Counts each feature's values over a whole bundle, then spills them: one file per hash bucket
-    of values holding every feature's counts in that bucket (spill.py), and one (bucket, SpillRef)
-    element per file. Only those references cross the shuffle."""
+    """Counts each feature's values over a bundle, then spills them: one file per hash bucket of
+    values holding every feature's counts in that bucket (spill.py), and one (bucket, SpillRef)
+    element per file. Only those references cross the shuffle. A bundle whose counts grow past
+    `SPILL_VALUES` distinct values (plus buffered tokens) spills them there and goes on counting
+    from nothing: the local runner gives each worker one bundle per split, so without this a
+    worker would hold half of the split's distinct values."""
+
+    SPILL_VALUES = 2_000_000
 
     def __init__(self, config_json: str, spill_dir: str, count_rows: bool = False):
         self._config_json = config_json
@@ -157,18 +162,17 @@ class _CountPerBundle(beam.DoFn):
 
     def start_bundle(self):
         self._counter = FeatureValueCounter(self._cfg)
+        self._refs: List[Tuple[int, spill.SpillRef]] = []
 
     def process(self, rb: pa.RecordBatch) -> None:
         self._counter.add(rb)
+        if self._counter.held() > self.SPILL_VALUES:
+            self._spill()
 
-    def finish_bundle(self):
-        from apache_beam.transforms.window import GlobalWindow
-        from apache_beam.utils.timestamp import MIN_TIMESTAMP
-        from apache_beam.utils.windowed_value import WindowedValue
-
+    def _spill(self) -> None:
         buckets = self._cfg.beam.value_count_buckets
         parts: Dict[int, List[Tuple[str, ValueCounts]]] = {}
-        for feature, counts in sorted(self._counter.result().items()):
+        for feature, counts in sorted(self._counter.take().items()):
             bucket = value_buckets(counts.values, buckets)
             order = np.argsort(bucket, kind="stable")
             values, cnts = counts.values.take(pa.array(order)), counts.counts.take(pa.array(order))
@@ -178,8 +182,16 @@ class _CountPerBundle(beam.DoFn):
                 if hi > lo:
                     parts.setdefault(b, []).append((feature, ValueCounts(values.slice(lo, hi - lo), cnts.slice(lo, hi - lo))))
         for b, bucket_parts in sorted(parts.items()):
-            ref = spill.write(spill.spill_path(self._spill_dir, b), bucket_parts)
-            yield WindowedValue((b, ref), MIN_TIMESTAMP, [GlobalWindow()])
+            self._refs.append((b, spill.write(spill.spill_path(self._spill_dir, b), bucket_parts)))
+
+    def finish_bundle(self):
+        from apache_beam.transforms.window import GlobalWindow
+        from apache_beam.utils.timestamp import MIN_TIMESTAMP
+        from apache_beam.utils.windowed_value import WindowedValue
+
+        self._spill()
+        for ref in self._refs:
+            yield WindowedValue(ref, MIN_TIMESTAMP, [GlobalWindow()])
         if self._count_rows:
             rows = self._counter.rows.as_statistics("train")
             yield beam.pvalue.TaggedOutput("rows", WindowedValue(rows, MIN_TIMESTAMP, [GlobalWindow()]))

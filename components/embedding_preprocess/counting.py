@@ -251,3 +251,13 @@ class FeatureValueCounter:
         """Each feature's counts so far (features without a value are absent)."""
         self._reduce()
         return dict(self._partial)
+
+    def held(self) -> int:
+        """Distinct values counted so far plus tokens buffered: what this counter's memory grows with."""
+        return sum(len(p.values) for p in self._partial.values()) + self._buffered
+
+    def take(self) -> Dict[str, ValueCounts]:
+        """`result()`, after which the counts start again from nothing (the row counts carry on)."""
+        out = self.result()
+        self._partial = {}
+        return out
