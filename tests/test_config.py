@@ -405,3 +405,9 @@ def test_weight_column_is_read_as_a_number():
 ])
 def test_bad_sequence_features_name_the_field(features, message):
     assert message in error_of(minimal(categorical_features=features))
+
+
+@pytest.mark.parametrize("buckets", [0, True, 5000, 2.5])
+def test_value_count_buckets_must_be_a_whole_number_from_1_to_4096(buckets):
+    assert "beam.value_count_buckets" in error_of(minimal(beam={"value_count_buckets": buckets}))
+    assert parse_config(minimal(beam={"value_count_buckets": 1})).beam.value_count_buckets == 1

@@ -224,7 +224,7 @@ class _SummarizeBucket(beam.DoFn):
     def process(self, item: Tuple[int, Iterable[spill.SpillRef]]):
         _, refs = item
         running: Dict[str, RunningCounts] = {}
-        for ref in sorted(refs):  # a fixed order: the same float sums of weights on every run
+        for ref in sorted(refs):  # by file name, not by arrival (summed weights may differ in the last bit between runs)
             for feature, counts in spill.read(ref):
                 running.setdefault(feature, RunningCounts()).add(counts)
         counted = {f: r.result() for f, r in running.items()}

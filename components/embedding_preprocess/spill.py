@@ -75,8 +75,13 @@ def read(ref: SpillRef) -> Iterator[Tuple[str, ValueCounts]]:
 
 
 def delete(directory: str) -> None:
-    """Removes the spill directory and everything in it, if it exists."""
+    """Removes the spill files and their directory, if they exist. The files are matched and
+    deleted one by one: object stores (GCS, S3) have no directories, so there `exists(directory)`
+    is false while files under it exist."""
     from apache_beam.io.filesystems import FileSystems
 
-    if FileSystems.exists(directory):
+    files = FileSystems.match([directory.rstrip("/") + "/*"])[0].metadata_list
+    if files:
+        FileSystems.delete([m.path for m in files])
+    if FileSystems.exists(directory):  # a local directory, now empty
         FileSystems.delete([directory])
