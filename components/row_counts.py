@@ -203,23 +203,26 @@ def count_file(path: str, counter: Callable[[BinaryIO], object]):
         return counter(fh)
 
 
-def count_records_in(directory: str, stage: str, block_label: Optional[str] = None) -> int:
-    """Records of every TFRecord file in `directory` (a split's output), or with `block_label` the
-    rows of its blocks (`count_block_rows`); raises when a file ends inside a record, naming
-    `stage` and the file."""
-    from apache_beam.io.filesystems import FileSystems
-
+def count_written_file(path: str, stage: str, block_label: Optional[str] = None) -> int:
+    """Records of one written TFRecord file, or with `block_label` the rows of its blocks
+    (`count_block_rows`), read back from the file itself; raises LedgerError when the file ends
+    inside a record, naming `stage` and the file."""
     from components.errors import LedgerError
 
-    total = 0
-    for m in FileSystems.match([directory.rstrip("/") + "/*"])[0].metadata_list:
-        if block_label is None:
-            c = count_file(m.path, count_tfrecords)
-            n = c.records
-        else:
-            c = count_file(m.path, lambda fh: count_block_rows(fh, block_label))
-            n = c.rows
-        if c.truncated:
-            raise LedgerError(f"{stage}: output file {m.path} ends inside a record")
-        total += n
-    return total
+    if block_label is None:
+        c = count_file(path, count_tfrecords)
+        n = c.records
+    else:
+        c = count_file(path, lambda fh: count_block_rows(fh, block_label))
+        n = c.rows
+    if c.truncated:
+        raise LedgerError(f"{stage}: output file {path} ends inside a record")
+    return n
+
+
+def count_records_in(directory: str, stage: str, block_label: Optional[str] = None) -> int:
+    """`count_written_file` summed over every file in `directory` (a split's output)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    return sum(count_written_file(m.path, stage, block_label)
+               for m in FileSystems.match([directory.rstrip("/") + "/*"])[0].metadata_list)

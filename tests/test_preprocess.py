@@ -430,3 +430,22 @@ def test_vocabulary_lookup_of_a_sliced_batch_and_of_bytes():
     assert lookup.lookup(arr)[0].tolist() == [1, 0, 1]
     assert lookup.lookup([b"x", b"nope"])[0].tolist() == [0, 2]
     assert lookup.lookup(pa.array([], pa.binary()))[0].tolist() == []
+
+
+def test_a_file_the_run_did_not_write_stops_the_ledger(tmp_path):
+    """The written rows are counted inside the pipeline, file by file, from the final names the
+    writes report; a file in the output directory that the run did not write is refused."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from components.errors import LedgerError
+
+    _write_tfrecord_gz(str(tmp_path / "raw/Split-train/data.gz"), [_example(r) for r in ROWS])
+    stale = tmp_path / "tx/Split-train/transformed_examples-99999-of-99999"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"")  # an empty TFRecord file: no rows, but not this run's
+    cfg = parse_config(json.loads(json.dumps(CONFIG)))
+    pipeline = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"]))
+    with pytest.raises(LedgerError, match="Split-train holds 3 files, but the pipeline wrote and counted 2"):
+        run_preprocessing(pipeline, cfg, {"train": str(tmp_path / "raw/Split-train/*")}, str(tmp_path / "vocab"),
+                          {"train": str(tmp_path / "tx/Split-train")}, str(tmp_path / "stats"))

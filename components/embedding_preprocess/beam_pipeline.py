@@ -37,9 +37,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from components import tfrecords
+from components import row_counts, tfrecords
 from components.config import PipelineConfig
 from components.contracts.manifest import FORMAT_BLOCKS, TAIL_PREFIX, TRANSFORMED_PREFIX
+from components.embedding_preprocess import partials as P
 from components.embedding_preprocess import spill
 from components.embedding_preprocess import statistics as S
 from components.embedding_preprocess import vocabulary as V
@@ -498,6 +499,34 @@ class WriteTransformedExamples(beam.PTransform):
         )
 
 
+def count_written_rows(path: str, split: str, block_label: Optional[str]) -> StatisticsPartial:
+    """One written file of transformed examples read back: its rows (with `block_label`, the rows of
+    its blocks) as a statistics partial for the ledger. Raises, naming the file, when it ends inside
+    a record."""
+    return {P.written_rows(split): row_counts.count_written_file(path, "EmbeddingPreprocess", block_label),
+            P.written_files(split): 1}
+
+
+class CountWrittenRows(beam.PTransform):
+    """Final file names of a split's writes -> one statistics partial per file: the rows read back
+    from it (`count_written_rows`), spread over the workers. The writes' final names come out only
+    after they finished (Beam's `Write` yields them from its finalize step), so this reads what a
+    later stage will read; the launcher then checks that the split's directory holds no other file
+    (run.build_ledger)."""
+
+    def __init__(self, split: str, block_label: Optional[str]):
+        super().__init__()
+        self._split = split
+        self._block_label = block_label
+
+    def expand(self, file_names):
+        return (
+            file_names
+            | "SpreadFiles" >> beam.Reshuffle()
+            | "CountRows" >> beam.Map(count_written_rows, self._split, self._block_label)
+        )
+
+
 class MergeStatistics(beam.PTransform):
     """Statistics partials -> one merged partial (`MergeStatsFn`; `{}` when there is none)."""
 
@@ -572,14 +601,21 @@ def build_pipeline(
         transformed = rbs | f"Transform[{split}]" >> TransformSplit(
             cfg, split, vocabulary_dir, vocabularies.sizes, run_id
         )
-        _ = transformed.examples | f"Write[{split}]" >> WriteTransformedExamples(
+        files = [transformed.examples | f"Write[{split}]" >> WriteTransformedExamples(
             transformed_dirs[split], cfg.transformed_examples.compression
-        )
+        )]
+        block_label = None
         if cfg.transformed_examples.format == FORMAT_BLOCKS:
-            _ = transformed.tail | f"WriteTail[{split}]" >> WriteTransformedExamples(
+            files.append(transformed.tail | f"WriteTail[{split}]" >> WriteTransformedExamples(
                 transformed_dirs[split], cfg.transformed_examples.compression, TAIL_PREFIX
-            )
-        partial_stats.append(transformed.stats)
+            ))
+            block_label = cfg.label  # blocks hold several rows: their labels (one per row) are counted
+        written = (
+            files
+            | f"WrittenFiles[{split}]" >> beam.Flatten()
+            | f"CountWritten[{split}]" >> CountWrittenRows(split, block_label)
+        )
+        partial_stats += [transformed.stats, written]
     partial_stats += input_stats
     _ = (
         partial_stats

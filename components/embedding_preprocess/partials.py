@@ -16,7 +16,8 @@ feature on the train split). Its first segment says how two partials holding it 
 
 Key families (split is `train`, `eval`, ...):
 - rows: `<split>/examples_read`, `<split>/dropped/<reason>`, `<split>/positives`,
-  `<split>/partial_batches` (train only);
+  `<split>/partial_batches` (train only); rows and files found in the written output, counted by
+  reading each file back after the write finished: `<split>/written/rows`, `<split>/written/files`;
 - raw column kinds (per record batch that holds the column): `kind/<column>/<kind>`;
 - dense features: `<split>/dense/<feature>/missing`, `<split>/dense/<feature>/invalid/<reason>`;
 - categorical features: `<split>/feature/<feature>/{present,ids,oov,truncated}`,
@@ -89,6 +90,16 @@ def examples_read(split: str) -> str:
 
 def dropped(split: str, reason: str) -> str:
     return _join(split, "dropped", reason)
+
+
+def written_rows(split: str) -> str:
+    """Rows found in a split's written files of transformed examples (read back, for the ledger)."""
+    return _join(split, "written", "rows")
+
+
+def written_files(split: str) -> str:
+    """Files of transformed examples written for a split (each read back for `written_rows`)."""
+    return _join(split, "written", "files")
 
 
 def positives(split: str) -> str:

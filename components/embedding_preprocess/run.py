@@ -16,6 +16,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from components import ledger as L
 from components import row_counts
+from components.errors import LedgerError
 from components.beam_runtime import ensure_local_runner_safe
 from components.config import CategoricalFeature, PipelineConfig, table_optimizer
 from components.contracts import artifacts as A
@@ -261,6 +262,7 @@ def _csv_data_rows(pattern: str) -> int:
 
 def build_ledger(
     cfg: PipelineConfig,
+    raw: Dict[str, Any],
     stats: EmbeddingStatistics,
     split_patterns: Dict[str, str],
     transformed_dirs: Dict[str, str],
@@ -274,9 +276,17 @@ def build_ledger(
     if not stages and input_format == "csv":
         data_rows = {s: _csv_data_rows(p) for s, p in split_patterns.items()}
         stages.append(L.csv_input_stage(data_rows, read, stats.input["malformed_rows"]))
-    # Blocks hold several rows: their labels (one per row) are counted instead of the records.
-    block_label = cfg.label if cfg.transformed_examples.format == FORMAT_BLOCKS else None
-    written = {s: row_counts.count_records_in(d, L.PREPROCESS, block_label) for s, d in transformed_dirs.items()}
+    # The written files were read back inside the pipeline (beam_pipeline.CountWrittenRows), spread
+    # over the workers; here only the directory is listed, so that a file the count did not see
+    # (which a later reader of `<dir>/*` would read) stops the run as well.
+    written = {}
+    for s, d in transformed_dirs.items():
+        written[s] = int(raw.get(P.written_rows(s), 0))
+        found = len(FileSystems.match([d.rstrip("/") + "/*"])[0].metadata_list)
+        counted = int(raw.get(P.written_files(s), 0))
+        if found != counted:
+            raise LedgerError(f"{L.PREPROCESS}: {d} holds {found} files, but the pipeline wrote and counted {counted}; "
+                              "a file there was not written by this run (or was removed): clear the directory and run again")
     dropped = {s: v["examples_dropped"] for s, v in stats.splits.items()}
     stages.append(L.preprocess_stage(read, dropped, written, upstream))
     return L.ledger(stages)
@@ -329,7 +339,7 @@ def run_preprocessing(
     stats = build_statistics(cfg, raw, manifest, sorted(split_patterns) if transformed_dirs else ["train"])
     if transformed_dirs:
         stats = dataclasses.replace(
-            stats, ledger=build_ledger(cfg, stats, split_patterns, transformed_dirs, input_format, upstream_ledger)
+            stats, ledger=build_ledger(cfg, raw, stats, split_patterns, transformed_dirs, input_format, upstream_ledger)
         )
         # Analysis only reads no feature presence: health needs the transform pass.
         stats = dataclasses.replace(stats, feature_health=feature_health(cfg, stats))
