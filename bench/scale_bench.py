@@ -129,9 +129,12 @@ def pyarrow_floor(data: str) -> Tuple[float, int]:
     return float(out[0]), int(out[1])
 
 
-def bench_config(path: str, data: str, steps: int, workers: int) -> None:
+def bench_config(path: str, data: str, steps: int, workers: int, top_k: Optional[int] = None) -> None:
     with open(os.path.join(REPO, "configs", "demo.yaml")) as fh:
         cfg = yaml.safe_load(fh)
+    if top_k:  # every vocabulary capped: the same vocabulary sizes at every row count
+        for vocabulary in [cfg["categorical_defaults"]["vocabulary"], *(t["vocabulary"] for t in cfg["tables"])]:
+            vocabulary["top_k"] = top_k
     cfg["name"] = "scale-bench"
     cfg["input"]["path"] = data
     cfg["training"]["train_steps"] = steps
@@ -152,7 +155,7 @@ def one_size(rows: int, args) -> Dict:
     floor_s = min(floor_s, again_s)
     print(f"  pyarrow floor: {floor_s:.1f}s ({floor_rows / floor_s:,.0f} rows/s)", flush=True)
     cfg = os.path.join(args.work_dir, f"scale_{rows}.yaml")
-    bench_config(cfg, data, args.steps, args.workers)
+    bench_config(cfg, data, args.steps, args.workers, args.top_k)
     out = os.path.join(args.work_dir, f"out_{rows}")
     subprocess.run(["rm", "-rf", out], check=True)
     stamps, wall, _ = run_pipeline(cfg, out, args.data_only)
@@ -211,6 +214,8 @@ def main() -> int:
     p.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 5_000_000, 20_000_000])
     p.add_argument("--steps", type=int, default=100, help="training steps (a short training)")
     p.add_argument("--workers", type=int, default=0, help="Beam workers (0: one per core)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="cap every vocabulary at this many tokens (memory at a fixed vocabulary size)")
     p.add_argument("--work-dir", default=os.path.join(REPO, "data", "scale"))
     p.add_argument("--data-only", action="store_true",
                    help="stop each run once preprocessing finished (ExampleGen and preprocessing measured; no training)")

@@ -276,8 +276,10 @@ def _feature_value_stats(item: KeyedSummary) -> Iterator[StatisticsPartial]:
 
 
 class _TransformBatch(beam.DoFn):
-    """One RecordBatch -> its transformed tf.Examples as one block of framed TFRecords, plus a
-    statistics partial (tagged output)."""
+    """One RecordBatch -> its transformed tf.Examples as one block of framed TFRecords; the batches'
+    statistics partials are merged over the bundle and come out once per bundle (tagged `stats`):
+    one partial per batch (about 100 KB with per-shard loads) crossed the local runner's data plane
+    and stayed in its memory, about 0.3 GB at 20M rows."""
 
     def __init__(self, config_json: str, split: str, vocabulary_dir: str, run_id: str):
         self._config_json = config_json
@@ -293,6 +295,18 @@ class _TransformBatch(beam.DoFn):
         self._cfg = config_from_json(self._config_json)
         self._encoder = example_coder.RecordBatchToExamplesEncoder()
         self._lookups: Optional[Dict[str, V.VocabularyLookup]] = None
+
+    def start_bundle(self):
+        self._stats = S.StatisticsAccumulator()
+        self._batches = 0
+
+    def finish_bundle(self):
+        from apache_beam.transforms.window import GlobalWindow
+        from apache_beam.utils.timestamp import MIN_TIMESTAMP
+        from apache_beam.utils.windowed_value import WindowedValue
+
+        if self._batches:
+            yield beam.pvalue.TaggedOutput("stats", WindowedValue(self._stats.values, MIN_TIMESTAMP, [GlobalWindow()]))
 
     def process(self, rb: pa.RecordBatch, vocabulary_sizes: Dict[str, int]):
         if self._lookups is None:
@@ -311,7 +325,8 @@ class _TransformBatch(beam.DoFn):
                     yield tfrecords.frame(records[:full])
                 if len(records) > full:  # the shorter last block (see contracts.manifest)
                     yield beam.pvalue.TaggedOutput("tail", tfrecords.frame(records[full:]))
-        yield beam.pvalue.TaggedOutput("stats", stats)
+        self._stats.add(stats)
+        self._batches += 1
 
 
 def shuffled_rows(rb: pa.RecordBatch, seed: int) -> pa.RecordBatch:
@@ -454,14 +469,14 @@ class TransformedSplit(NamedTuple):
     """`TransformSplit`'s outputs."""
 
     examples: beam.PCollection  # bytes: blocks of framed TFRecords of transformed tf.Examples
-    stats: beam.PCollection  # statistics partials of the split, one per record batch
+    stats: beam.PCollection  # statistics partials of the split, one per bundle (its batches merged)
     tail: beam.PCollection  # bytes: framed shorter last blocks of rows (blocks format only)
 
 
 class TransformSplit(beam.PTransform):
     """RecordBatches of one split -> `TransformedSplit`: the labelled rows as tf.Examples of int64
     embedding IDs and float32 dense values (`transform.transform_record_batch`), one block of framed
-    TFRecords per batch, plus each batch's statistics partial (rows read and dropped, presence, OOV,
+    TFRecords per batch, plus the statistics (merged per bundle: rows read and dropped, presence, OOV,
     invalid values; on the train split also per-batch and per-shard ID counts).
 
     `vocabulary_sizes` is the (table, size) output of `WriteVocabularies`: the vocabularies are read
