@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from components import ledger as L
 from components import row_counts, tfrecords
 from components.config import PipelineConfig
 from components.contracts.manifest import FORMAT_BLOCKS, TAIL_PREFIX, TRANSFORMED_PREFIX
@@ -518,7 +519,7 @@ def count_written_rows(path: str, split: str, block_label: Optional[str]) -> Sta
     """One written file of transformed examples read back: its rows (with `block_label`, the rows of
     its blocks) as a statistics partial for the ledger. Raises, naming the file, when it ends inside
     a record."""
-    return {P.written_rows(split): row_counts.count_written_file(path, "EmbeddingPreprocess", block_label),
+    return {P.written_rows(split): row_counts.count_written_file(path, L.PREPROCESS, block_label),
             P.written_files(split): 1}
 
 
