@@ -220,9 +220,9 @@ def count_written_file(path: str, stage: str, block_label: Optional[str] = None)
     return n
 
 
-def count_records_in(directory: str, stage: str, block_label: Optional[str] = None) -> int:
-    """`count_written_file` summed over every file in `directory` (a split's output)."""
+def files_in(directory: str) -> List[str]:
+    """The paths of the files directly in `directory`, on any Beam filesystem (local, GCS, ...;
+    none when it does not exist)."""
     from apache_beam.io.filesystems import FileSystems
 
-    return sum(count_written_file(m.path, stage, block_label)
-               for m in FileSystems.match([directory.rstrip("/") + "/*"])[0].metadata_list)
+    return [m.path for m in FileSystems.match([directory.rstrip("/") + "/*"])[0].metadata_list]

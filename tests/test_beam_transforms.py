@@ -379,3 +379,16 @@ def test_count_values_spills_within_a_bundle_the_same_counts(cfg, tmp_path, monk
         rows = counted.rows | beam.CombineGlobally(B.MergeStatsFn())
         assert_that(rows, equal_to([{"train/examples_read": 4, "train/dropped/missing_label": 1,
                                      "train/dropped/invalid_label": 0}]), label="Rows")
+
+
+def test_running_counts_sum_the_same_whatever_the_flush():
+    from components.embedding_preprocess.counting import RunningCounts
+
+    parts = [counts([bytes([97 + (i * j) % 7]) for j in range(i + 1)]) for i in range(12)]
+    expected = ValueCounts.sum(parts).as_dict()
+    for flush in (1, 3, 10**6):  # 1: the total (7 values) is always past the flush point
+        running = RunningCounts(flush_values=flush)
+        assert running.result() is None
+        for p in [counts([]), *parts]:
+            running.add(p)
+        assert running.result().as_dict() == expected

@@ -411,9 +411,9 @@ class BeamConfig:
 
     direct_running_mode: str = "multi_processing"  # in_memory | multi_threading | multi_processing
     direct_num_workers: int = 0  # 0: one per core
-    # CombinePerKey hot-key fan-out for the token counts (intermediate keys per feature); >1 helps
-    # runners with many bundles (Dataflow, Flink, Spark) where a large feature's partials would
-    # otherwise all be merged by one worker. 0 or 1: off.
+    # CombinePerKey hot-key fan-out for merging the vocabulary pass's bucket summaries per table
+    # (intermediate keys per table); >1 spreads a table's merges when there are many buckets
+    # (`value_count_buckets`). 0 or 1: off.
     hot_key_fanout: int = 0
     # The vocabulary pass spills each bundle's value counts to files in this many hash buckets of
     # values (under the statistics output, deleted when the run ends); one worker adds up one

@@ -299,14 +299,13 @@ class _TransformBatch(beam.DoFn):
 
     def start_bundle(self):
         self._stats = S.StatisticsAccumulator()
-        self._batches = 0
 
     def finish_bundle(self):
         from apache_beam.transforms.window import GlobalWindow
         from apache_beam.utils.timestamp import MIN_TIMESTAMP
         from apache_beam.utils.windowed_value import WindowedValue
 
-        if self._batches:
+        if self._stats.values:  # a bundle with batches (each partial counts its rows read)
             yield beam.pvalue.TaggedOutput("stats", WindowedValue(self._stats.values, MIN_TIMESTAMP, [GlobalWindow()]))
 
     def process(self, rb: pa.RecordBatch, vocabulary_sizes: Dict[str, int]):
@@ -327,7 +326,6 @@ class _TransformBatch(beam.DoFn):
                 if len(records) > full:  # the shorter last block (see contracts.manifest)
                     yield beam.pvalue.TaggedOutput("tail", tfrecords.frame(records[full:]))
         self._stats.add(stats)
-        self._batches += 1
 
 
 def shuffled_rows(rb: pa.RecordBatch, seed: int) -> pa.RecordBatch:

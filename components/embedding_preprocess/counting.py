@@ -88,12 +88,14 @@ def first(counts: ValueCounts, k: int) -> ValueCounts:
 
 class RunningCounts:
     """The sum of many `ValueCounts` partials (of one feature or table) in memory bounded by its
-    distinct values: partials are buffered and added up whenever they hold more than
-    `flush_values` entries (adding each partial to the total as it comes would re-count the
-    whole total every time)."""
+    distinct values: partials are buffered and added to the total whenever the buffer holds more
+    than `flush_values` entries (adding each partial to the total as it comes would re-count the
+    whole total every time). The buffer is counted apart from the total, so a total larger than
+    `flush_values` does not make every later partial re-count it."""
 
     def __init__(self, flush_values: int = 4_000_000):
         self._flush = flush_values
+        self._total: Optional[ValueCounts] = None
         self._parts: List[ValueCounts] = []
         self._buffered = 0
 
@@ -102,16 +104,18 @@ class RunningCounts:
             return
         self._parts.append(part)
         self._buffered += len(part.values)
-        if self._buffered > self._flush and len(self._parts) > 1:
-            self._parts = [ValueCounts.sum(self._parts)]
-            self._buffered = len(self._parts[0].values)
+        if self._buffered > self._flush:
+            self._reduce()
+
+    def _reduce(self) -> None:
+        if self._parts:
+            self._total = ValueCounts.sum([p for p in (self._total, *self._parts) if p is not None])
+            self._parts, self._buffered = [], 0
 
     def result(self) -> Optional[ValueCounts]:
         """The sum so far; None when nothing (non-empty) was added."""
-        if len(self._parts) > 1:
-            self._parts = [ValueCounts.sum(self._parts)]
-            self._buffered = len(self._parts[0].values)
-        return self._parts[0] if self._parts else None
+        self._reduce()
+        return self._total
 
 
 @dataclass

@@ -261,7 +261,6 @@ def _csv_data_rows(pattern: str) -> int:
 
 
 def build_ledger(
-    cfg: PipelineConfig,
     raw: Dict[str, Any],
     stats: EmbeddingStatistics,
     split_patterns: Dict[str, str],
@@ -282,7 +281,7 @@ def build_ledger(
     written = {}
     for s, d in transformed_dirs.items():
         written[s] = int(raw.get(P.written_rows(s), 0))
-        found = len(FileSystems.match([d.rstrip("/") + "/*"])[0].metadata_list)
+        found = len(row_counts.files_in(d))
         counted = int(raw.get(P.written_files(s), 0))
         if found != counted:
             raise LedgerError(f"{L.PREPROCESS}: {d} holds {found} files, but the pipeline wrote and counted {counted}; "
@@ -339,7 +338,7 @@ def run_preprocessing(
     stats = build_statistics(cfg, raw, manifest, sorted(split_patterns) if transformed_dirs else ["train"])
     if transformed_dirs:
         stats = dataclasses.replace(
-            stats, ledger=build_ledger(cfg, raw, stats, split_patterns, transformed_dirs, input_format, upstream_ledger)
+            stats, ledger=build_ledger(raw, stats, split_patterns, transformed_dirs, input_format, upstream_ledger)
         )
         # Analysis only reads no feature presence: health needs the transform pass.
         stats = dataclasses.replace(stats, feature_health=feature_health(cfg, stats))

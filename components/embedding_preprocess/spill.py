@@ -80,8 +80,10 @@ def delete(directory: str) -> None:
     is false while files under it exist."""
     from apache_beam.io.filesystems import FileSystems
 
-    files = FileSystems.match([directory.rstrip("/") + "/*"])[0].metadata_list
+    from components.row_counts import files_in
+
+    files = files_in(directory)
     if files:
-        FileSystems.delete([m.path for m in files])
+        FileSystems.delete(files)
     if FileSystems.exists(directory):  # a local directory, now empty
         FileSystems.delete([directory])
