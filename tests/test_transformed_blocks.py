@@ -6,6 +6,7 @@ row ledger (rows counted inside the blocks) and `examples_io.transformed_rows` (
 rows for the Trainer's signature). configs/features.yaml covers every feature kind: weighted,
 sequence, multi-hot, identity, hashed, list and file vocabularies.
 """
+import gzip
 import os
 import struct
 
@@ -143,6 +144,11 @@ def test_ledger_counts_the_rows_inside_the_blocks(runs, tmp_path):
     files = row_counts.files_in(str(tx / "Split-train"))
     assert sum(row_counts.count_written_file(f, "test", cfg.label) for f in files) == written
     assert sum(row_counts.count_written_file(f, "test") for f in files) < written  # records are blocks
+    # The whole-block files counted by their framing (blocks x block_rows) say the same.
+    rows = cfg.transformed_examples.block_rows
+    by_framing = sum(row_counts.count_written_file(f, "test", cfg.label, rows if "/" + TRANSFORMED_PREFIX in f else None)
+                     for f in files)
+    assert by_framing == written
     # A block file cut inside a record is reported, not counted short.
     whole = next(p for p in (tx / "Split-train").iterdir() if p.name.startswith(TRANSFORMED_PREFIX))
     cut = tmp_path / "cut"
@@ -172,6 +178,36 @@ def test_to_blocks_and_back_keeps_every_row(runs):
     assert blocks.column(blocks.schema.get_field_index(row_lengths_key(weighted.name))).to_pylist() == [
         [0, 2, 1, 0], [3, 1, 2, 0], [0, 4, 1]]
     assert from_blocks(cfg, blocks).equals(rb)
+
+
+def test_full_block_count_walks_the_framing_and_checks_the_first_block(tmp_path):
+    from components import tfrecords
+    from tfx_bsl.coders import example_coder
+
+    def blocks_file(name, rows_per_block, gzip_it=False):
+        rb = pa.RecordBatch.from_arrays(
+            [pa.array([[1.0] * n for n in rows_per_block], pa.list_(pa.float32()))], ["y"])
+        data = tfrecords.frame(example_coder.RecordBatchToExamplesEncoder().encode(rb))
+        path = tmp_path / name
+        path.write_bytes(gzip.compress(data) if gzip_it else data)
+        return str(path), data
+
+    path, data = blocks_file("whole", [4, 4, 4])
+    assert row_counts.count_written_file(path, "test", "y", 4) == 12
+    gz, _ = blocks_file("whole.gz", [4] * 5, gzip_it=True)
+    assert row_counts.count_written_file(gz, "test", "y", 4) == 20
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    assert row_counts.count_written_file(str(empty), "test", "y", 4) == 0
+    # a whole-block file whose blocks hold another number of rows is refused, naming the file
+    wrong, _ = blocks_file("wrong", [3, 3])
+    with pytest.raises(Exception, match=r"wrong should hold blocks of 4 rows each, but its first block holds 3"):
+        row_counts.count_written_file(wrong, "EmbeddingPreprocess", "y", 4)
+    # a cut after the first block, and one inside it, are both reported
+    for cut_at in (len(data) - 3, 10):
+        (tmp_path / "cut").write_bytes(data[:cut_at])
+        with pytest.raises(Exception, match="ends inside a record"):
+            row_counts.count_written_file(str(tmp_path / "cut"), "EmbeddingPreprocess", "y", 4)
 
 
 def test_block_row_counter_reads_framed_blocks(tmp_path):

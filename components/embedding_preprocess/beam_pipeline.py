@@ -513,11 +513,13 @@ class WriteTransformedExamples(beam.PTransform):
         )
 
 
-def count_written_rows(path: str, split: str, block_label: Optional[str]) -> StatisticsPartial:
+def count_written_rows(path: str, split: str, block_label: Optional[str],
+                       block_rows: Optional[int] = None) -> StatisticsPartial:
     """One written file of transformed examples read back: its rows (with `block_label`, the rows of
-    its blocks) as a statistics partial for the ledger. Raises, naming the file, when it ends inside
-    a record."""
-    return {P.written_rows(split): row_counts.count_written_file(path, L.PREPROCESS, block_label),
+    its blocks; with `block_rows` too, its blocks times `block_rows`) as a statistics partial for
+    the ledger (`row_counts.count_written_file`). Raises, naming the file, when it ends inside a
+    record."""
+    return {P.written_rows(split): row_counts.count_written_file(path, L.PREPROCESS, block_label, block_rows),
             P.written_files(split): 1}
 
 
@@ -526,18 +528,20 @@ class CountWrittenRows(beam.PTransform):
     from it (`count_written_rows`), spread over the workers. The writes' final names come out only
     after they finished (Beam's `Write` yields them from its finalize step), so this reads what a
     later stage will read; the launcher then checks that the split's directory holds no other file
-    (run.build_ledger)."""
+    (run.build_ledger). `block_rows`: every block of these files holds that many rows (the
+    whole-block files; their framing is walked and the first block decoded)."""
 
-    def __init__(self, split: str, block_label: Optional[str]):
+    def __init__(self, split: str, block_label: Optional[str], block_rows: Optional[int] = None):
         super().__init__()
         self._split = split
         self._block_label = block_label
+        self._block_rows = block_rows
 
     def expand(self, file_names):
         return (
             file_names
             | "SpreadFiles" >> beam.Reshuffle()
-            | "CountRows" >> beam.Map(count_written_rows, self._split, self._block_label)
+            | "CountRows" >> beam.Map(count_written_rows, self._split, self._block_label, self._block_rows)
         )
 
 
@@ -615,20 +619,21 @@ def build_pipeline(
         transformed = rbs | f"Transform[{split}]" >> TransformSplit(
             cfg, split, vocabulary_dir, vocabularies.sizes, run_id
         )
-        files = [transformed.examples | f"Write[{split}]" >> WriteTransformedExamples(
+        files = transformed.examples | f"Write[{split}]" >> WriteTransformedExamples(
             transformed_dirs[split], cfg.transformed_examples.compression
-        )]
-        block_label = None
-        if cfg.transformed_examples.format == FORMAT_BLOCKS:
-            files.append(transformed.tail | f"WriteTail[{split}]" >> WriteTransformedExamples(
-                transformed_dirs[split], cfg.transformed_examples.compression, TAIL_PREFIX
-            ))
-            block_label = cfg.label  # blocks hold several rows: their labels (one per row) are counted
-        written = (
-            files
-            | f"WrittenFiles[{split}]" >> beam.Flatten()
-            | f"CountWritten[{split}]" >> CountWrittenRows(split, block_label)
         )
+        if cfg.transformed_examples.format == FORMAT_BLOCKS:
+            # Blocks hold several rows. The whole-block files: their blocks times block_rows (the
+            # first block checked); the last blocks of the batches (tail files): their labels, one per row.
+            tails = transformed.tail | f"WriteTail[{split}]" >> WriteTransformedExamples(
+                transformed_dirs[split], cfg.transformed_examples.compression, TAIL_PREFIX
+            )
+            written = [
+                files | f"CountWritten[{split}]" >> CountWrittenRows(split, cfg.label, cfg.transformed_examples.block_rows),
+                tails | f"CountWrittenTail[{split}]" >> CountWrittenRows(split, cfg.label),
+            ] | f"WrittenCounts[{split}]" >> beam.Flatten()
+        else:
+            written = files | f"CountWritten[{split}]" >> CountWrittenRows(split, None)
         partial_stats += [transformed.stats, written]
     partial_stats += input_stats
     _ = (

@@ -109,13 +109,15 @@ def batch_table_stats(
     u_batch, u_ids = pairs // rows, pairs % rows
     ids_per_batch = np.bincount(batch_full, minlength=num_batches)[batch_is_full]
     unique_per_batch = np.bincount(u_batch, minlength=num_batches)[batch_is_full]
+    all_full = bool(full.all())
     out: Dict[str, Any] = {}
     for n in shard_counts:
         for strategy in SHARDING_STRATEGIES:
             shard_of = (lambda x: div_shard(x, rows, n)) if strategy == "div" else (lambda x: mod_shard(x, n))
-            out[P.shard_load(split, table, strategy, n)] = np.bincount(shard_of(ids), minlength=n).astype(np.int64)
+            shards = shard_of(ids)  # once per (strategy, n); the full batches' IDs are its subset
+            out[P.shard_load(split, table, strategy, n)] = np.bincount(shards, minlength=n).astype(np.int64)
             if batch_is_full.any():
-                per = np.bincount(batch_full * n + shard_of(ids_full), minlength=num_batches * n)
+                per = np.bincount(batch_full * n + (shards if all_full else shards[full]), minlength=num_batches * n)
                 uper = np.bincount(u_batch * n + shard_of(u_ids), minlength=num_batches * n)
                 out[P.shard_max(split, table, strategy, n, "max_ids_per_shard")] = int(per.max())
                 out[P.shard_max(split, table, strategy, n, "max_unique_ids_per_shard")] = int(uper.max())
