@@ -1,4 +1,4 @@
-"""The gate's baseline against scikit-learn's converged logistic regression (README "Defaults on
+"""The gate's baseline against scikit-learn's converged logistic regression (bench/README.md "Defaults on
 real data": how the baseline's FTRL settings were chosen).
 
     .venv/bin/python bench/baseline_vs_sklearn.py OUTPUT_DIR CONFIG [C ...]

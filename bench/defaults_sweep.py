@@ -1,4 +1,4 @@
-"""The candidate sweep behind the training defaults (README "Defaults on real data").
+"""The candidate sweep behind the training defaults (bench/README.md "Defaults on real data").
 
     .venv/bin/python bench/defaults_sweep.py OUTPUT_DIR CONFIG '{"training": {...}}' ['{...}' ...]
 

@@ -14,3 +14,12 @@ class LedgerError(RuntimeError):
 
 class FeatureHealthError(ValueError):
     """A feature's share of missing or invalid values is above input.max_invalid_share."""
+
+
+def one_line(e: BaseException) -> str:
+    """The cause of a failure in one line: an input, ledger or feature-health error's own first line
+    (it names the field, file or row and what to change); any other error's type and first line."""
+    text = str(e).strip().splitlines()
+    if isinstance(e, (InputError, LedgerError, FeatureHealthError)):
+        return text[0] if text else type(e).__name__
+    return f"{type(e).__name__}: {text[0] if text else ''}"

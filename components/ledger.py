@@ -17,11 +17,10 @@ import json
 from typing import Any, Dict, List, Optional
 
 from components.errors import LedgerError
+from components.progress import EXAMPLE_GEN, PREPROCESS  # noqa: F401  (the stages' names, used as ledger stage names)
 
 LEDGER_FILE = "ledger.json"
 LEDGER_VERSION = 1
-EXAMPLE_GEN = "EmbeddingExampleGen"
-PREPROCESS = "EmbeddingPreprocess"
 
 
 def _by_prefix(counts: Dict[str, Any], prefix: str) -> Dict[str, int]:

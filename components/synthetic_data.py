@@ -66,7 +66,7 @@ class GeneratorSpec:
     # click probability) and `weight` (a positive number per row, for weighted IDs).
     extra_columns: bool = False
     item_cardinality: int = 1200
-    # Drifting IDs (daily spans, README "Continuous training"): each categorical feature of at least
+    # Drifting IDs (daily spans, docs/continuous.md): each categorical feature of at least
     # DRIFT_MIN_CARDINALITY values draws token ranks shifted by id_shift, so its id_shift most frequent
     # values of the unshifted data fade out, every other value becomes more frequent and new values
     # enter the tail. A value's label effect goes with the value (its token), not its rank.

@@ -1,6 +1,6 @@
 """The continuous-training demo: daily spans with drifting IDs, one pipeline run per span.
 
-`python -m pipelines continuous` (README "Continuous training"): for day 1..N it writes that day's
+`python -m pipelines continuous` (docs/continuous.md): for day 1..N it writes that day's
 span (`<data dir>/span-<day>/data.csv`: the generator with a new seed and the IDs shifted by
 `id_shift` per day), then runs the pipeline whose input is `<data dir>/span-{SPAN}` on that span
 (ExampleGen's driver, with a static RangeConfig; without one it takes the latest span) into one
@@ -49,30 +49,39 @@ def write_span(data_dir: str, day: int, rows: int, id_shift: int, seed: int, max
 
 
 def run_spans(cfg: PipelineConfig, data_dir: str, output_dir: str, spans: int, rows: int, id_shift: int,
-              seed: int = 7, max_cardinality: Optional[int] = None, quiet: bool = True) -> List[Dict[str, Any]]:
-    """Day by day: write the span, run the pipeline, collect its summary (with `span`, `rows`)."""
-    from pipelines.__main__ import run
+              seed: int = 7, max_cardinality: Optional[int] = None, quiet: bool = True,
+              show: bool = True) -> List[Dict[str, Any]]:
+    """Day by day: write the span, run the pipeline, collect its summary (with `span`, `rows`);
+    with `show`, each span's report is printed when its run ends."""
+    from components.reporting import emit
+    from pipelines.runner import run
 
     out = []
     for day in range(1, spans + 1):
         meta = write_span(data_dir, day, rows, id_shift, seed, max_cardinality)
-        print(f"\n=== span {day}: {meta['rows']} rows, IDs shifted by {id_shift * (day - 1)} ===", flush=True)
-        summary = run(cfg, output_dir, quiet=quiet, span=day)  # this day's span, even when later ones exist
+        if show:
+            print(f"\n=== span {day}: {meta['rows']:,} rows, IDs shifted by {id_shift * (day - 1)} ===", flush=True)
+        summary = run(cfg, output_dir, quiet=quiet, span=day).summary  # this day's span, even when later ones exist
         summary.update(span=day, rows=meta["rows"])
         out.append(summary)
-        print_span(summary)
+        if show:
+            emit(span_report(summary))
     return out
 
 
-def print_span(s: Dict[str, Any]) -> None:
-    from pipelines.__main__ import print_continuous
+def span_report(s: Dict[str, Any]):
+    """One span's run in brief: warm start and drift, the AUCs, the gate, what was pushed."""
+    from components.reporting import Report
+    from pipelines.summary import continuous_rows, not_pushed_reason
 
-    print(f"--- span {s['span']} (ExampleGen read span {(s.get('input') or {}).get('span')}) ---")
-    print_continuous(s.get("continuous"))
+    r = Report(f"span {s['span']} (ExampleGen read span {(s.get('input') or {}).get('span')})", data=s)
+    continuous_rows(r, s.get("continuous"))
     base = s.get("baseline_auc")
-    print(f"AUC:                  model {s['eval_auc']:.4f}" + (f", baseline {base:.4f}" if base is not None else ""))
+    r.add("AUC", f"model {s['eval_auc']:.4f}" + (f", baseline {base:.4f}" if base is not None else ""))
     v = s.get("validation") or {}
-    print(f"validation gate:      {'blessed' if v.get('blessed') else 'NOT BLESSED'}")
+    r.add("validation gate", "blessed" if v.get("blessed") else "NOT BLESSED")
     for c in v.get("checks", []):
-        print(f"  {c['name'] + ':':<20}{'passed' if c['passed'] else 'FAILED'}: {c['reason']}")
-    print(f"pushed:               {s['serving_model'] if v.get('blessed') else 'nothing (serving stays ' + str(s['serving_model']) + ')'}")
+        r.sub(c["name"], f"{'passed' if c['passed'] else 'FAILED'}: {c['reason']}")
+    r.add("pushed", s["serving_model"] if s.get("pushed_by_this_run")
+          else f"nothing ({not_pushed_reason(s)}; serving stays {s['serving_model']})")
+    return r

@@ -10,13 +10,12 @@ import re
 from typing import List, Optional, Tuple
 
 from components.config import ConfigError, PipelineConfig
+from components.progress import LAST_BLESSED, PUSHER  # the registry's read and write steps
 
 TRAINER_RUN_FN = "components.embedding_trainer.trainer_module.run_fn"
 PIPELINE_ROOT = "pipeline_root"
 METADATA_FILE = "metadata.sqlite"
 SERVING_DIR = "serving"
-LAST_BLESSED = "LastBlessedModel"  # the step that reads the model registry at the push destination
-PUSHER = "Pusher"
 # Steps whose outcome depends on state outside ML Metadata (the registry at the push destination):
 # never taken from the cache, so a cached run still reads what is served now and pushes anew.
 NEVER_CACHED = (LAST_BLESSED, PUSHER)
@@ -33,7 +32,7 @@ def input_location(cfg: PipelineConfig) -> Tuple[str, str]:
     """(input_base directory, file pattern) for ExampleGen; a clear error if nothing matches.
 
     A path with TFX's span specs (`{SPAN}`, `{SPAN:n}`, `{YYYY}{MM}{DD}`, `{VERSION}`) is a span
-    input: ExampleGen's driver picks the latest span (README "Continuous training"); the base is
+    input: ExampleGen's driver picks the latest span (docs/continuous.md); the base is
     the directory above the first part with a spec. A pattern naming directories reads their
     `*.csv` files (csv) or every file (tfrecord)."""
     path = cfg.input.path

@@ -33,7 +33,7 @@ def pipeline_run(tmp_path_factory):
 
     from components.config import load_config
     from components.synthetic_data import GeneratorSpec, ensure_dataset
-    from pipelines.__main__ import DEMO_ROWS, run
+    from pipelines.runner import DEMO_ROWS, run
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     root = tmp_path_factory.mktemp("e2e")
@@ -46,7 +46,7 @@ def pipeline_run(tmp_path_factory):
     cfg_path = root / "e2e.yaml"
     cfg_path.write_text(yaml.safe_dump(raw))
     cfg = load_config(str(cfg_path))
-    summary = run(cfg, str(root / "out"))
+    summary = run(cfg, str(root / "out")).summary
     return cfg, root / "out", summary, meta
 
 

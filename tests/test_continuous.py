@@ -262,7 +262,7 @@ def test_three_daily_spans_warm_start_gate_and_a_drift_stop(tmp_path):
     """`python -m pipelines continuous` on small spans: span 1 from scratch, spans 2-3 warm-started
     from the last blessed model with drift measured and the gate comparing with it; then a fourth
     day whose IDs jumped stops at the Trainer under a strict limit and pushes nothing."""
-    from pipelines.__main__ import RunFailed, run
+    from pipelines.runner import RunFailed, run
     from pipelines.continuous import run_spans, span_config, write_span
 
     out, data = str(tmp_path / "out"), str(tmp_path / "data")

@@ -400,9 +400,10 @@ def _json(path):
 def _local_run(cfg, out):
     """One LocalDagRunner run into `out` (shared by both runs: one push destination, one MLMD)
     and the artifacts it made."""
-    from pipelines.__main__ import _latest, run
+    from pipelines.runner import run
+    from pipelines.summary import _latest
 
-    summary = run(cfg, str(out))
+    summary = run(cfg, str(out)).summary
     root = out / "pipeline_root"
     model = os.path.dirname(_latest(str(root / "Trainer" / "model" / "*" / "continuous.json")))
     return {"summary": summary, "examples": os.path.dirname(_latest(str(root / "EmbeddingExampleGen" / "examples" / "*" / "ledger.json"))),

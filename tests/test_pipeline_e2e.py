@@ -20,7 +20,7 @@ import components  # noqa: F401
 import tensorflow as tf
 
 from components.embedding_preprocess import vocabulary as V
-from pipelines.__main__ import DEMO_ROWS
+from pipelines.runner import DEMO_ROWS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = DEMO_ROWS  # the default config is tuned for this much data (300k train rows); see conftest.pipeline_run

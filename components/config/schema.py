@@ -25,7 +25,7 @@ OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
 SCHEDULES = ("constant", "exponential", "cosine")
 DIM_RULES = ("config", "fourth_root")
 TABLE_DTYPES = ("float32", "float16", "int8")  # serving table storage (export.table_dtype)
-LAYOUT_KINDS = ("auto", "A", "B", "C")  # checkpoint table layouts (README "Export")
+LAYOUT_KINDS = ("auto", "A", "B", "C")  # checkpoint table layouts (docs/export.md)
 PARTITION_STRATEGIES = ("div", "mod")
 COMPRESSIONS = ("none", "gzip")  # transformed_examples.compression
 DIRECT_RUNNING_MODES = ("in_memory", "multi_threading", "multi_processing")  # beam.direct_running_mode
@@ -73,7 +73,7 @@ class InputConfig:
     # ExampleGen reads an uncompressed CSV file in byte ranges of this many MiB, spread over the
     # workers (a compressed or TFRecord file is one range); smaller ranges spread small files wider.
     range_mb: float = 64.0
-    # Feature health (README "Row ledger"): a feature whose share of train rows with a missing or
+    # Feature health (docs/ingestion.md "Feature health"): a feature whose share of train rows with a missing or
     # invalid value is above max_invalid_share stops the run before training; above
     # warn_invalid_share it is flagged in the summary and the report. allow_invalid: exempt features.
     max_invalid_share: float = 0.5
@@ -265,7 +265,7 @@ class TrainingConfig:
     """The `training` section: the model, its optimizers, steps, checkpoints and the embedding plan."""
 
     # The defaults (model, embedding optimizer, epochs) were chosen on two real public datasets
-    # with configs that state only their schema (README "Defaults on real data").
+    # with configs that state only their schema (bench/README.md "Defaults on real data").
     model: str = "dcn_v2"  # dcn_v2 (cross layers) | dlrm (dot interaction)
     batch_size: int = 256  # global batch size (split evenly over the replicas)
     cross_layers: int = 3  # dcn_v2: number of cross layers
@@ -299,7 +299,7 @@ class TrainingConfig:
 
 @dataclass
 class ExportLayoutConfig:
-    """How the training checkpoint holds its tables, where the checkpoint cannot say (README "Export")."""
+    """How the training checkpoint holds its tables, where the checkpoint cannot say (docs/export.md)."""
 
     kind: str = "auto"  # auto | A | B | C (auto: detected per table from the checkpoint and the plan)
     partition_strategy: Optional[str] = None  # C: div | mod, as training partitioned the tables
@@ -370,7 +370,7 @@ class DriftLimits:
 
 @dataclass
 class ContinuousConfig:
-    """The `continuous` section: daily retraining on spans (README "Continuous training")."""
+    """The `continuous` section: daily retraining on spans (docs/continuous.md)."""
 
     # Start from the last blessed model (the one served at the push destination, from its model
     # registry): embedding rows carried by token, OOV buckets when their count is unchanged, dense
@@ -478,7 +478,7 @@ class VertexTrainingConfig:
 
 @dataclass
 class KubeflowConfig:
-    """Compiling for Kubeflow Pipelines (`python -m pipelines compile`; README "Kubeflow")."""
+    """Compiling for Kubeflow Pipelines (`python -m pipelines compile`; docs/kubeflow.md)."""
 
     pipeline_root: Optional[str] = None  # where artifacts go (gs://...); --pipeline-root overrides
     serving_dir: Optional[str] = None  # the Pusher's destination; null: <pipeline_root>/serving

@@ -9,8 +9,9 @@ MODEL_DIR is a Model artifact of this product's trainer (embedding_plan.json, em
 checkpoints/, Format-Serving/). The config defaults to the one the trainer stored beside the model
 (pipeline_config.json); options override its `export` section. EVAL_GLOB: raw eval tf.Examples as
 ExampleGen wrote them (e.g. .../EmbeddingExampleGen/examples/<id>/Split-eval/*), used for the parity
-check and the AUC figures. Exit status 0: exported; 2: bad arguments or config; 3: export refused
-(the reason is printed; nothing is written under OUT_DIR).
+check and the AUC figures. Prints a summary (`--json`: export_report.json's content). Exit status
+0: exported; 2: bad arguments or config; 3: export refused (the reason is printed; nothing is
+written under OUT_DIR); 1: failed (one line; the traceback goes to OUT_DIR.log).
 """
 from __future__ import annotations
 
@@ -40,10 +41,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sparse-cores-per-chip", type=int, help="layout B without a layout record")
     p.add_argument("--table-key", action="append", default=[], metavar="TABLE=KEY",
                    help="checkpoint key of a table saved by another trainer (repeatable)")
+    p.add_argument("--json", action="store_true", help="print the export report as JSON instead of a summary")
     return p
 
 
 def main(argv=None) -> int:
+    from components.errors import one_line
+    from components.reporting import emit, error_line
+
     args = _parser().parse_args(argv)
     from components.config import ConfigError, check_export_config, config_from_json, load_config
     from components.embedding_exporter.export import ExportRefused, export_serving_model
@@ -76,23 +81,47 @@ def main(argv=None) -> int:
             lay.table_keys[table] = key
         check_export_config(e)  # the overrides get the config's own checks
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(error_line(err), file=sys.stderr)
         return 2
     try:
         report = export_serving_model(cfg, args.model, args.examples, args.output, checkpoint_path=args.checkpoint)
     except ExportRefused as err:
-        print(f"export refused: {err}", file=sys.stderr)
+        print(error_line(f"export refused: {one_line_text(err)}"), file=sys.stderr)
         return 3
-    summary = {
-        "output": args.output,
-        "layout": report["layout"]["detected"],
-        "table_dtype": report["table_dtype"],
-        "parity": report["parity"],
-        "eval_auc": report["eval_auc"],
-        "bytes": report["conversion"],
-    }
-    print(json.dumps(summary, indent=2))
+    except Exception as err:  # noqa: BLE001 - one line on the terminal, the traceback in a log file
+        import traceback
+
+        log = args.output.rstrip("/") + ".log"
+        with open(log, "w", encoding="utf-8") as fh:
+            traceback.print_exc(file=fh)
+        print(error_line(one_line(err), "export", log), file=sys.stderr)
+        return 1
+    emit(export_summary(report, args.output), as_json=args.json)
     return 0
+
+
+def one_line_text(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def export_summary(report, output: str):
+    """The export in brief, as every tool of the product prints it (components/reporting.py)."""
+    from components.reporting import Report
+
+    r = Report("export summary", data=report)
+    p = report["parity"]
+    r.add("serving model", os.path.join(output, "Format-Serving"))
+    r.add("table layout", f"{report['layout']['detected']}; serving tables {report['table_dtype']}")
+    r.add("parity", f"{'passed' if p['passed'] else 'FAILED'}: max |trained - serving| = {p['max_abs_diff']:.2e} "
+                    f"on {p['examples']} raw eval examples (tolerance {p['tolerance']:g})")
+    auc = report["eval_auc"]
+    r.add("eval AUC", f"serving {auc['serving']:.4f}, trained model {auc['trained_model']:.4f} "
+                      f"on {auc['examples']:,} eval rows")
+    for dtype, c in sorted((report.get("compression") or {}).items()):
+        if "table_bytes" in c:
+            r.sub(dtype, f"{c['table_bytes'] / 1e6:.1f} MB of tables, AUC {c.get('auc_change', 0):+.1e}")
+    r.add("report", os.path.join(output, "export_report.json"))
+    return r
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from tfx.utils import io_utils
 from absl import logging
 
 from components import ledger as L
+from components import progress
 from components.model_registry import registry
 
 from components.embedding_exporter.export import export_serving_model
@@ -28,6 +29,7 @@ SERVING_MODEL_PROPERTY = "serving_model"  # the blessing's: the serving Model ar
 
 
 class Executor(base_executor.BaseExecutor):
+    @progress.staged(progress.EXPORTER)
     def Do(
         self,
         input_dict: Dict[str, List[types.Artifact]],

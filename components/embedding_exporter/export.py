@@ -32,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 from tfx.utils import io_utils  # read_string_file: any filesystem TFX reads (gs://, local)
 
+from components import progress
 from components.config import PipelineConfig
 from components.contracts import artifacts as A
 from components.contracts.manifest import VocabularyManifest
@@ -146,6 +147,7 @@ class _Clock:
         now = time.perf_counter()
         self.laps[name] = round(now - self._t, 2)
         self._t = now
+        progress.phase(progress.EXPORTER, f"{name}: {self.laps[name]:.1f}s")
 
 
 def _move(src: str, dst: str) -> None:
@@ -306,6 +308,8 @@ def verify(ctx: ExportContext) -> None:
         "passed": bool(max_diff <= e.parity_tolerance),
         "compared": "trainer's SavedModel on preprocessed rows vs float32 serving model on the raw rows",
     }
+    progress.phase(progress.EXPORTER, f"parity: max |trained - serving| {max_diff:.2e} on {n} raw eval rows "
+                                      f"({'passed' if ctx.parity['passed'] else 'FAILED'}, tolerance {e.parity_tolerance:g})")
     if not ctx.parity["passed"]:
         worst = int(diff.argmax())
         raise ExportRefused(
@@ -432,6 +436,8 @@ def validate(ctx: ExportContext, last_blessed: Optional[Lookup]) -> Dict[str, An
         ctx.clock.lap("score the last blessed model")
     decision = G.decide(ctx.cfg, metrics, ctx.compression[ctx.table_dtype]["eval_auc"], previous,
                         no_previous=last_blessed.note if last_blessed is not None else None)
+    progress.phase(progress.EXPORTER, "validation gate: " + (
+        "blessed" if decision["blessed"] else "not blessed: " + "; ".join(decision["reasons"])))
     decision["model_eval_auc"] = metrics.get("auc") if metrics else None
     decision["baseline"] = metrics.get("baseline") if metrics else None
     decision["last_blessed"] = None

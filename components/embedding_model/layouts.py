@@ -1,6 +1,6 @@
 """Trained embedding tables, in every layout TPU training leaves them, read back as logical tables.
 
-Layouts (see shared notes "tpu-embedding.md" and README "Export"):
+Layouts (see shared notes "tpu-embedding.md" and docs/export.md):
 - A: one logical table per table config (`TPUEmbedding` on TPU v2-v4, and CPU/GPU training): the
   checkpoint key holds the [rows, dim] table as is.
 - B: SparseCore (`TPUEmbeddingV2`): tables with the same padded dim and optimizer are stacked into

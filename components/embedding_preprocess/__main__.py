@@ -11,7 +11,9 @@ statistics.html) and DIR/transformed/Split-<split>/ (gzipped TFRecords of embedd
 output is written under DIR.partial and renamed at the end, so a failed run leaves no DIR that a
 later step could trust. Unrecognised arguments are Beam pipeline arguments (e.g.
 `--runner=DataflowRunner --project=... --temp_location=gs://...`); without them the config's
-`beam:` settings apply. Exit status: 0 done, 2 bad configuration or input, 1 a failed run.
+`beam:` settings apply. Prints a summary (`--json`: as JSON). Exit status: 0 done, 2 bad
+configuration or input (one line), 1 a failed run (one line naming the cause and the log file
+that holds the traceback: DIR.log beside a local DIR, else a temporary file).
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from typing import List, Optional
 
 import components  # noqa: F401
 from components.config import ConfigError, load_config
+from components.errors import one_line
+from components.reporting import emit, error_line
 
 
 def _pattern(path: str) -> str:
@@ -43,6 +47,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument(
         "--analyze-only", action="store_true", help="vocabularies and their statistics only: no transformed examples"
     )
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON instead of text")
     args, beam_args = parser.parse_known_args(argv)
 
     from apache_beam.io.filesystems import FileSystems
@@ -64,7 +69,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not remote and os.path.exists(args.output) and os.listdir(args.output) and not args.overwrite:
             raise InputError(f"--output {args.output!r} exists and is not empty; pass --overwrite or another directory")
     except (ConfigError, InputError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(error_line(e), file=sys.stderr)
         return 2
 
     import apache_beam as beam
@@ -89,22 +94,59 @@ def main(argv: Optional[List[str]] = None) -> int:
             statistics_dir=os.path.join(work, "statistics"),
             input_format=fmt,
         )
-    except Exception:
+    except Exception as e:  # noqa: BLE001 - one line on the terminal, the traceback in a log file
         if not remote:
             shutil.rmtree(work, ignore_errors=True)
-        raise
+        log = _write_traceback(args.output, remote)
+        print(error_line(one_line(e), "preprocessing", log), file=sys.stderr)
+        return 1
     if not remote:
         if os.path.exists(args.output):
             shutil.rmtree(args.output)
         os.replace(work, args.output)
     seconds = time.time() - start
-    read = {s: v["examples_read"] for s, v in stats.splits.items()}
-    print(f"preprocessed {read} rows in {seconds:.1f}s ({sum(read.values()) / seconds:,.0f} rows/s)")
-    print(f"dropped: { {s: v['examples_dropped'] for s, v in stats.splits.items()} }; input: {dict(stats.input)}")
-    sizes = {t: v["vocabulary_size"] for t, v in stats.tables.items()}
-    print(f"vocabularies ({len(sizes)}): {sizes}")
-    print(f"output: {args.output} (statistics/statistics.html is the report)")
+    emit(preprocess_report(stats, args.output, seconds), as_json=args.json)
     return 0
+
+
+def _write_traceback(output: str, remote: bool) -> str:
+    """The current exception's traceback in DIR.log (a local DIR) or a temporary file; its path."""
+    import tempfile
+    import traceback
+
+    if remote:
+        fd, path = tempfile.mkstemp(prefix="embedding_preprocess-", suffix=".log")
+        os.close(fd)
+    else:
+        path = output.rstrip("/") + ".log"
+    with open(path, "w", encoding="utf-8") as fh:
+        traceback.print_exc(file=fh)
+    return path
+
+
+def preprocess_report(stats, output: str, seconds: float):
+    """The run in brief, as every tool of the product prints it (components/reporting.py)."""
+    from components.reporting import Report, count_list, reasons_list
+
+    read = {s: v["examples_read"] for s, v in stats.splits.items()}
+    sizes = {t: v["vocabulary_size"] for t, v in stats.tables.items()}
+    r = Report("preprocessing summary", data={
+        "output": output, "seconds": round(seconds, 1), "rows_read": read,
+        "rows_dropped": {s: v["examples_dropped"] for s, v in stats.splits.items()},
+        "input": dict(stats.input), "vocabulary_sizes": sizes, "ledger": stats.ledger,
+    })
+    r.add("rows read", f"{count_list(read)} in {seconds:.1f}s ({sum(read.values()) / max(seconds, 1e-9):,.0f} rows/s)")
+    r.add("rows dropped", reasons_list({s: v["examples_dropped"] for s, v in stats.splits.items()}))
+    if stats.input:
+        r.add("input", reasons_list(dict(stats.input)))
+    for stage in (stats.ledger or {}).get("stages", []):
+        r.add(f"ledger {stage['stage']}", f"in {count_list(stage['rows_in'])}; out {count_list(stage['rows_out'])} "
+                                          f"({'adds up' if stage['balanced'] else 'DOES NOT ADD UP'})")
+    r.add("vocabularies", f"{len(sizes)} tables, {sum(sizes.values()):,} entries in all")
+    r.sub("", ", ".join(f"{k}={v:,}" for k, v in sizes.items()))
+    r.add("output", output)
+    r.add("report", os.path.join(output, "statistics", "statistics.html"))
+    return r
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from components import ledger as L
-from components import row_counts, tfrecords
+from components import progress, row_counts, tfrecords
 from components.config import PipelineConfig
 from components.contracts.manifest import FORMAT_BLOCKS, TAIL_PREFIX, TRANSFORMED_PREFIX
 from components.embedding_preprocess import partials as P
@@ -56,6 +56,12 @@ from components.embedding_preprocess.transform import (  # noqa: F401  (re-expor
 )
 
 STATS_FILE_PREFIX = "_partial_statistics"
+COUNTING = "counting values"  # live progress: the vocabulary pass's rows (components/progress.py)
+
+
+def transforming(split: str) -> str:
+    """Live progress: the transform pass's rows of `split`."""
+    return f"transforming {split}"
 
 # Elements: a feature's or a table's summarised value counts, keyed by its name.
 KeyedSummary = Tuple[str, CountSummary]
@@ -168,6 +174,7 @@ class _CountPerBundle(beam.DoFn):
 
     def process(self, rb: pa.RecordBatch) -> None:
         self._counter.add(rb)
+        progress.count(L.PREPROCESS, COUNTING, rb.num_rows)
         if self._counter.held() > self.SPILL_VALUES:
             self._spill()
 
@@ -314,6 +321,7 @@ class _TransformBatch(beam.DoFn):
         if self._split == "train":
             rb = shuffled_rows(rb, self._cfg.training.seed)
         out, _, stats = transform_record_batch(self._cfg, self._lookups, rb, self._split)
+        progress.count(L.PREPROCESS, transforming(self._split), rb.num_rows)
         if out is not None:
             t = self._cfg.transformed_examples
             if t.format != FORMAT_BLOCKS:

@@ -14,6 +14,7 @@ from tfx.dsl.io import fileio
 from tfx.utils import io_utils
 
 from components import ledger as L
+from components import progress
 
 from components.embedding_preprocess.run import run_preprocessing
 from components.executor_base import CONFIG_KEY, config_of, upstream_ledger
@@ -39,6 +40,7 @@ def input_format_of(examples: types.Artifact) -> str:
 
 
 class Executor(base_beam_executor.BaseBeamExecutor):
+    @progress.staged(progress.PREPROCESS)
     def Do(
         self,
         input_dict: Dict[str, List[types.Artifact]],

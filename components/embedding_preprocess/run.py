@@ -15,7 +15,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from components import ledger as L
-from components import row_counts
+from components import progress, row_counts
 from components.errors import LedgerError
 from components.beam_runtime import ensure_local_runner_safe
 from components.config import CategoricalFeature, PipelineConfig, table_optimizer
@@ -321,6 +321,14 @@ def run_preprocessing(
     for name, tokens in given.items():  # counts 0 until the vocabulary writer counts the train split
         V.write_vocabulary(vocabulary_dir, name, [(tok, 0) for tok in tokens])
     spill_dir = beam_pipeline.spill_dir_of(statistics_dir)
+    # Live progress (a no-op unless a local run's terminal watches): the rows each pass will read,
+    # where ExampleGen's ledger says.
+    expected = ((upstream_ledger or {}).get("stages") or [{}])[-1].get("rows_out") or {}
+    progress.phase(L.PREPROCESS, "counting the train split's values" + (
+        f", transforming {' and '.join(sorted(split_patterns))}" if transformed_dirs else ""))
+    progress.count(L.PREPROCESS, beam_pipeline.COUNTING, 0, total=expected.get("train"))
+    for split in sorted(split_patterns) if transformed_dirs else []:
+        progress.count(L.PREPROCESS, beam_pipeline.transforming(split), 0, total=expected.get(split))
     try:
         with pipeline as p:
             beam_pipeline.build_pipeline(
@@ -328,6 +336,7 @@ def run_preprocessing(
             )
     finally:  # the vocabulary pass's spilled counts, whether the run succeeded or not
         spill.delete(spill_dir)
+    progress.phase(L.PREPROCESS, "vocabularies written; building the statistics and the row ledger")
     partial = os.path.join(statistics_dir, beam_pipeline.STATS_FILE_PREFIX)
     raw = read_json(partial)
     FileSystems.delete([partial])

@@ -36,6 +36,7 @@ import hashlib
 import json
 import math
 import os
+import time
 from typing import Any, Dict, Optional, Tuple
 
 import components  # noqa: F401
@@ -44,6 +45,7 @@ import tensorflow as tf
 from absl import logging
 from tfx.utils import io_utils  # read_string_file: any filesystem TFX reads (gs://, local)
 
+from components import progress
 from components.config import PipelineConfig, config_from_json
 from components.contracts import artifacts as A
 from components.contracts.manifest import VocabularyManifest
@@ -279,6 +281,28 @@ class _Checkpointer(tf.keras.callbacks.Callback):
         logging.info("checkpoint at step %d: %s", n, self.manager.latest_checkpoint)
 
 
+class _Progress(tf.keras.callbacks.Callback):
+    """Live progress (components/progress.py): the step, loss and examples per second, at most
+    once a second and at the last step; a no-op unless a local run's terminal watches."""
+
+    def __init__(self, step: tf.Variable, total_steps: int, batch_size: int, every_seconds: float = 1.0):
+        super().__init__()
+        self.step, self.total, self.batch_size, self.every = step, total_steps, batch_size, every_seconds
+        self._last = None  # (time, step) of the last report
+
+    def on_train_batch_end(self, batch, logs=None):
+        now, n = time.time(), int(self.step.numpy())
+        if self._last is None:
+            self._last = (now, n)
+            progress.step(progress.TRAINER, n, self.total, (logs or {}).get("loss"))
+            return
+        if now - self._last[0] < self.every and n < self.total:
+            return
+        rate = (n - self._last[1]) * self.batch_size / max(now - self._last[0], 1e-9)
+        progress.step(progress.TRAINER, n, self.total, (logs or {}).get("loss"), rate)
+        self._last = (now, n)
+
+
 def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, train_files, eval_files,
           state: str, log_dir: Optional[str] = None, train_steps: Optional[int] = None, warm_from=None):
     """Builds, checks and trains (resuming from `state` when it holds a checkpoint; else, given
@@ -374,8 +398,14 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
         train_ds = train_input()
     checkpointer = _Checkpointer(manager, step, steps)
     callbacks = [checkpointer]
+    if progress.enabled():
+        callbacks.append(_Progress(step, steps, t.batch_size))
+    progress.phase(progress.TRAINER, f"training {steps:,} steps of {t.batch_size} examples"
+                                     + (f", resuming at step {start:,}" if start else "")
+                                     + f" ({type(strategy).__name__}, {replicas} replica(s))")
     if log_dir:
-        callbacks.append(tf.keras.callbacks.TensorBoard(log_dir=log_dir))
+        # Batch-level loss about 100 times a run too (the run report's training curve), not only per epoch.
+        callbacks.append(tf.keras.callbacks.TensorBoard(log_dir=log_dir, update_freq=max(1, steps // 100)))
     if start < steps:
         model.fit(
             train_ds,
@@ -482,6 +512,7 @@ def continuous_start(cfg: PipelineConfig, base_model: Optional[str], manifest: V
     return out
 
 
+@progress.staged(progress.TRAINER)
 def run_fn(fn_args) -> None:
     cfg = config_of(fn_args.custom_config)
     manifest = read_manifest_for(fn_args.train_files)
@@ -503,13 +534,18 @@ def run_fn(fn_args) -> None:
     # the artifact; the state dir is removed below. Evaluation and the SavedModel come from it.
     plan = plan.with_run(checkpoint_layout=CheckpointLayout(**run["checkpoint_layout"]))
     copy_checkpoint(checkpoint, os.path.join(model_root, CHECKPOINT_DIR))
+    progress.phase(progress.TRAINER, "evaluating on the eval split and saving the model")
     metrics, _ = finish(cfg, plan, manifest, checkpoint, fn_args.eval_files, fn_args.serving_model_dir)
+    progress.evaluated(progress.TRAINER, run["final_step"], {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
     if cfg.validation.baseline.enabled:
+        progress.phase(progress.TRAINER, "training the logistic-regression baseline (the validation gate's reference)")
         # The validation gate's reference (exporter): a logistic regression on the same batches.
         from components.embedding_trainer.baseline import train_baseline
 
         metrics["baseline"] = train_baseline(cfg, plan, manifest, fn_args.train_files, fn_args.eval_files,
                                              model_steps=length["steps"], train_rows=length.get("train_rows"))
+        if isinstance(metrics["baseline"], dict) and metrics["baseline"].get("auc") is not None:
+            progress.phase(progress.TRAINER, f"baseline eval AUC {metrics['baseline']['auc']:.4f}")
     logging.info("eval metrics: %s", metrics)
     # The config travels with the model so the standalone exporter CLI can rebuild it without one.
     for name, obj in ((A.EMBEDDING_MANIFEST_FILE, manifest.to_dict()), (A.PLAN_FILE, plan.to_dict()),

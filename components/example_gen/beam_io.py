@@ -30,7 +30,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 import apache_beam as beam
 import pyarrow as pa
 
-from components import row_counts
+from components import progress, row_counts
 from components.example_gen import ranges, split_hash
 
 READ_BLOCK_BYTES = 16 << 20  # pyarrow CSV block: one RecordBatch per block
@@ -208,6 +208,7 @@ class ReadAndWriteRange(beam.DoFn):
         writers = {s: SplitWriter(d, self._tmp_dir, name) for s, d in self._split_dirs.items()}
         for rb in batches:
             counts["rows/parsed"] += rb.num_rows
+            progress.count(progress.EXAMPLE_GEN, "rows read", rb.num_rows)
             typed, c = type_rows(self._cfg, rb)
             counts.update(c)
             if not typed.num_rows:
@@ -222,6 +223,7 @@ class ReadAndWriteRange(beam.DoFn):
         for s, w in writers.items():
             w.close()
             counts[f"split/{s}"] += w.rows
+        progress.count(progress.EXAMPLE_GEN, "byte ranges", 1, total=self._total, unit="ranges")
         out: Dict[str, Any] = dict(counts)
         out.update({f"examples/{k}": v for k, v in samples.items()})
         yield out

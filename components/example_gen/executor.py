@@ -24,6 +24,7 @@ from tfx.types import artifact_utils, standard_component_specs
 from tfx.utils import proto_utils
 
 from components import ledger as L
+from components import progress
 from components.errors import InputError
 from components.executor_base import CONFIG_KEY, config_of, read_json, write_text
 COUNTS_FILE = "_input_counts.json"
@@ -121,6 +122,7 @@ class Executor(BaseExampleGenExecutor):
     def GetInputSourceToExamplePTransform(self):
         raise NotImplementedError("EmbeddingExampleGen writes its splits itself (beam_io.WriteExamples); see Do")
 
+    @progress.staged(progress.EXAMPLE_GEN)
     def Do(
         self,
         input_dict: Dict[str, List[types.Artifact]],
@@ -148,6 +150,9 @@ class Executor(BaseExampleGenExecutor):
             FileSystems.mkdirs(d) if not FileSystems.exists(d) else None
         byte_ranges = ranges.plan_ranges(files, max(1, int(cfg.input.range_mb * (1 << 20))), splittable=cfg.input.format == "csv")
         counts_path = os.path.join(examples.uri, COUNTS_FILE)
+        progress.phase(progress.EXAMPLE_GEN, f"reading {len(files)} file(s), {sum(n for _, n in files) / 1e6:,.1f} MB "
+                                             f"in {len(byte_ranges)} byte range(s)")
+        progress.count(progress.EXAMPLE_GEN, "byte ranges", 0, total=len(byte_ranges), unit="ranges")
         with self._make_beam_pipeline() as pipeline:
             _ = pipeline | "WriteExamples" >> WriteExamples(
                 exec_properties[CONFIG_KEY], byte_ranges, split_dirs, bounds, tmp_dir, counts_path

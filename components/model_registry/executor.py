@@ -14,6 +14,7 @@ from tfx.proto import pusher_pb2
 from tfx.types import artifact_utils, standard_component_specs as specs
 from tfx.utils import proto_utils
 
+from components import progress
 from components.contracts import artifacts as A
 from components.executor_base import read_json_if_exists
 from components.model_registry import registry as R
@@ -35,6 +36,7 @@ class LookupExecutor(base_executor.BaseExecutor):
     from. The Trainer (`base_model`) and the exporter (`last_blessed_model`) read that file; the
     artifact holds no model of its own. A registry that cannot say what is served fails the step."""
 
+    @progress.staged(progress.LAST_BLESSED)
     def Do(self, input_dict: Dict[str, List[types.Artifact]], output_dict: Dict[str, List[types.Artifact]],
            exec_properties: Dict[str, Any]) -> None:
         out = artifact_utils.get_single_instance(output_dict[MODEL_KEY])
@@ -44,6 +46,7 @@ class LookupExecutor(base_executor.BaseExecutor):
         if found.warm_start_note:
             logging.warning("model registry: %s", found.warm_start_note)
         logging.info("model registry: %s", found.note)
+        progress.phase(progress.LAST_BLESSED, found.note)
         R.write_lookup(out.uri, found)
         out.set_int_custom_property("found", int(found.found))
         if found.found:
@@ -120,11 +123,13 @@ class RegistryPusherExecutor(tfx_pusher.Executor):
     loadable last, and its registry entry is written before that. A model whose gate compared with
     a version that is no longer the one served is not pushed (check_still_served)."""
 
+    @progress.staged(progress.PUSHER)
     def Do(self, input_dict: Dict[str, List[types.Artifact]], output_dict: Dict[str, List[types.Artifact]],
            exec_properties: Dict[str, Any]) -> None:
         model_push = artifact_utils.get_single_instance(output_dict[specs.PUSHED_MODEL_KEY])
         if not self.CheckBlessing(input_dict):
             self._MarkNotPushed(model_push)
+            progress.phase(progress.PUSHER, "not pushed: the model was not blessed")
             return
         destination = pusher_pb2.PushDestination()
         proto_utils.json_to_proto(exec_properties[specs.PUSH_DESTINATION_KEY], destination)
@@ -142,6 +147,7 @@ class RegistryPusherExecutor(tfx_pusher.Executor):
         entry = R.push(self.GetModelPath(input_dict), serving_dir, fields)
         logging.info("model pushed to %s and registered as %s", entry["serving_model"],
                      R.entry_path(destination.filesystem.base_directory, entry["version"]))
+        progress.phase(progress.PUSHER, f"pushed to {entry['serving_model']}")
         # TFX's Pusher keeps a copy in its output artifact too (its archive of what was pushed).
         from tfx.utils import io_utils
 

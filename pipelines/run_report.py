@@ -1,0 +1,236 @@
+"""One static HTML page per local run: `<output_dir>/run_report.html`.
+
+Sections (each an `<h2 id=...>`, `SECTIONS`): the summary, the row ledger, the preprocessing
+statistics (a link to the statistics report preprocessing wrote, plus its headline figures), the
+training curves (from the Trainer's TensorBoard event files), eval AUC against the baseline and
+the last blessed model, export parity and compression, and warm start and drift.
+
+Plain HTML with inline SVG line charts: no script, no network, no file beside it but the links to
+the run's own artifacts; it opens from a file system or a bucket alike. The charts are drawn here
+(a polyline per series) rather than with matplotlib, which is not among the pinned packages.
+"""
+from __future__ import annotations
+
+import glob
+import html
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from pipelines.pipeline import PIPELINE_ROOT
+
+SECTIONS = (
+    ("summary", "Summary"),
+    ("ledger", "Row ledger"),
+    ("statistics", "Preprocessing statistics"),
+    ("training", "Training curves"),
+    ("evaluation", "Evaluation and the validation gate"),
+    ("export", "Export: parity and compression"),
+    ("continuous", "Warm start and drift"),
+)
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:2em auto;max-width:62em;color:#222}
+h1{font-size:1.5em}h2{font-size:1.2em;border-bottom:1px solid #ccc;margin-top:2em}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left;vertical-align:top}
+th{background:#f4f4f4}.ok{color:#176317}.bad{color:#a31515;font-weight:bold}.muted{color:#777}
+pre{background:#f7f7f7;padding:.6em;overflow-x:auto}svg{background:#fcfcfc;border:1px solid #eee}
+"""
+
+
+def _e(x: Any) -> str:
+    return html.escape("" if x is None else str(x))
+
+
+def _table(rows: Sequence[Sequence[Any]], header: Optional[Sequence[str]] = None) -> str:
+    out = ["<table>"]
+    if header:
+        out.append("<tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr>")
+    for row in rows:
+        out.append("<tr>" + "".join(f"<td>{c if isinstance(c, _Raw) else _e(c)}</td>" for c in row) + "</tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
+class _Raw(str):
+    """Already HTML."""
+
+
+def _verdict(ok: bool, yes: str = "passed", no: str = "FAILED") -> _Raw:
+    return _Raw(f'<span class="{"ok" if ok else "bad"}">{_e(yes if ok else no)}</span>')
+
+
+def line_chart(series: Dict[str, List[Tuple[float, float]]], title: str, width: int = 560, height: int = 220) -> str:
+    """An SVG line chart of `series` (name -> [(step, value)]), axes labelled with their ranges."""
+    points = [p for s in series.values() for p in s]
+    if not points:
+        return ""
+    x0, x1 = min(p[0] for p in points), max(p[0] for p in points)
+    y0, y1 = min(p[1] for p in points), max(p[1] for p in points)
+    if x1 == x0:
+        x1 = x0 + 1
+    if y1 == y0:
+        y1 = y0 + (abs(y0) or 1) * 0.01
+    left, right, top, bottom = 60, 110, 24, 30
+    w, h = width - left - right, height - top - bottom
+
+    def xy(p):
+        return left + (p[0] - x0) / (x1 - x0) * w, top + (1 - (p[1] - y0) / (y1 - y0)) * h
+
+    colors = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+             f'aria-label="{_e(title)}">',
+             f'<text x="{left}" y="16" font-size="13">{_e(title)}</text>',
+             f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" stroke="#999"/>',
+             f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" stroke="#999"/>',
+             f'<text x="{left - 4}" y="{top + 4}" font-size="11" text-anchor="end">{y1:.4g}</text>',
+             f'<text x="{left - 4}" y="{top + h}" font-size="11" text-anchor="end">{y0:.4g}</text>',
+             f'<text x="{left}" y="{top + h + 16}" font-size="11">{x0:,.0f}</text>',
+             f'<text x="{left + w}" y="{top + h + 16}" font-size="11" text-anchor="end">step {x1:,.0f}</text>']
+    for k, (name, pts) in enumerate(sorted(series.items())):
+        color = colors[k % len(colors)]
+        coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(p) for p in sorted(pts)))
+        if len(pts) == 1:
+            x, y = xy(pts[0])
+            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"/>')
+        else:
+            parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{coords}"/>')
+        parts.append(f'<text x="{left + w + 8}" y="{top + 14 + 16 * k}" font-size="11" fill="{color}">{_e(name)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def training_curves(run_dir: Optional[str]) -> Dict[str, Dict[str, List[Tuple[float, float]]]]:
+    """metric -> {series (train, validation...): [(step, value)]} from the TensorBoard event files
+    under `run_dir` (the Trainer's model_run artifact), read with TensorBoard's own loader."""
+    if not run_dir or not os.path.isdir(run_dir):
+        return {}
+    from tensorboard.backend.event_processing import event_accumulator
+    from tensorboard.util import tensor_util
+
+    curves: Dict[str, Dict[str, List[Tuple[float, float]]]] = {}
+    for sub in sorted({os.path.dirname(f) for f in glob.glob(os.path.join(run_dir, "**", "events.out.tfevents.*"),
+                                                              recursive=True)}):
+        series = os.path.relpath(sub, run_dir)
+        acc = event_accumulator.EventAccumulator(sub, size_guidance={event_accumulator.TENSORS: 0,
+                                                                     event_accumulator.SCALARS: 0})
+        acc.Reload()
+        tags = acc.Tags()
+        for tag in tags.get("scalars", []):
+            for ev in acc.Scalars(tag):
+                curves.setdefault(tag, {}).setdefault(series, []).append((ev.step, float(ev.value)))
+        for tag in tags.get("tensors", []):
+            for ev in acc.Tensors(tag):
+                value = tensor_util.make_ndarray(ev.tensor_proto)
+                if value.size == 1 and value.dtype.kind in "fiu":
+                    curves.setdefault(tag, {}).setdefault(series, []).append((ev.step, float(value.reshape(()))))
+    return curves
+
+
+def _latest(root: str, pattern: str) -> Optional[str]:
+    from pipelines.summary import _latest as latest
+
+    return latest(os.path.join(root, pattern))
+
+
+def render(summary: Dict[str, Any], output_dir: str, path: str) -> str:
+    from components.reporting import render as render_text
+    from pipelines.summary import summary_report
+
+    root = os.path.join(output_dir, PIPELINE_ROOT)
+    here = os.path.dirname(os.path.abspath(path))
+    body: Dict[str, str] = {}
+
+    body["summary"] = f"<pre>{_e(render_text(summary_report(summary)))}</pre>"
+
+    stages = (summary.get("ledger") or {}).get("stages") or []
+    body["ledger"] = _table(
+        [[s["stage"], s["rows_in"], s.get("malformed") or "", s.get("dropped") or "", s["rows_out"],
+          _verdict(s["balanced"], "adds up", "DOES NOT ADD UP: " + "; ".join(s.get("problems") or []))]
+         for s in stages],
+        ["stage", "rows in", "malformed", "dropped", "rows out", "verdict"],
+    ) if stages else '<p class="muted">No row ledger (the run stopped before preprocessing).</p>'
+
+    stats_html = _latest(root, os.path.join("EmbeddingPreprocess", "statistics", "*", "statistics.html"))
+    sizes = summary.get("vocabulary_sizes") or {}
+    parts = []
+    if stats_html:
+        parts.append(f'<p>The full report: <a href="{_e(os.path.relpath(stats_html, here))}">statistics.html</a> '
+                     "(vocabularies, IDs per example, unique IDs per batch, skew, per-shard load, table memory).</p>")
+    if sizes:
+        parts.append(_table(sorted(sizes.items()), ["table", "vocabulary size"]))
+    warnings = summary.get("feature_warnings") or {}
+    if warnings:
+        parts.append("<p>Feature health warnings:</p>" + _table(
+            [[n, f"{w['share']:.1%}", w["status"], w["reasons"]] for n, w in sorted(warnings.items())],
+            ["feature", "unusable", "status", "reasons"]))
+    body["statistics"] = "".join(parts) or '<p class="muted">No preprocessing statistics.</p>'
+
+    run_dir = _latest(root, os.path.join("Trainer", "model_run", "*"))
+    curves = training_curves(run_dir)
+    body["training"] = "".join(line_chart(s, tag) for tag, s in sorted(curves.items())) or \
+        '<p class="muted">No TensorBoard events found under the Trainer\'s model_run artifact.</p>'
+    if run_dir:
+        body["training"] += f'<p class="muted">Events: {_e(run_dir)} (open with TensorBoard for more).</p>'
+
+    rows = []
+    if summary.get("eval_auc") is not None:
+        rows.append(["this run's model", f"{summary['eval_auc']:.4f}", f"log loss {summary['eval_log_loss']:.4f}"])
+    if summary.get("baseline_auc") is not None:
+        rows.append(["baseline (logistic regression)", f"{summary['baseline_auc']:.4f}", "same features and eval split"])
+    if summary.get("best_achievable_auc"):
+        rows.append(["best achievable on this data", f"{summary['best_achievable_auc']:.4f}", "the generator's own"])
+    v = summary.get("validation")
+    checks = []
+    if v:
+        for c in v["checks"]:
+            ref = c.get("reference_auc")
+            if c["name"] != "baseline" and ref is not None:
+                rows.append([f"last blessed model ({c['name']})", f"{ref:.4f}", "scored on this run's eval rows"])
+            checks.append([c["name"], _verdict(bool(c["passed"])), c.get("reason")])
+    body["evaluation"] = (_table(rows, ["model", "eval AUC", ""]) if rows else "") + (
+        f"<p>Validation gate: {_verdict(bool(v['blessed']), 'blessed, pushed', 'NOT BLESSED: kept, not pushed')}</p>"
+        + _table(checks, ["check", "result", "reason"]) if v else '<p class="muted">No gate decision (the export did not run).</p>')
+
+    p = summary.get("export_parity")
+    if p:
+        comp = summary.get("export_compression") or {}
+        body["export"] = (
+            f"<p>Parity: {_verdict(bool(p['passed']))}: max |trained - serving| = {p['max_abs_diff']:.2e} on "
+            f"{p['examples']} raw eval examples (tolerance {p['tolerance']:g}); table layout "
+            f"{_e(summary.get('export_layout'))}.</p>"
+            + _table([[d, f"{c['table_bytes'] / 1e6:.1f} MB", f"{c['auc_change']:+.1e}"]
+                      for d, c in sorted(comp.items(), key=lambda kv: -kv[1]["table_bytes"])],
+                     ["table dtype", "tables", "AUC change vs float32"]))
+    else:
+        body["export"] = '<p class="muted">No export (the run stopped before it).</p>'
+
+    c = summary.get("continuous")
+    if c:
+        w, d = c.get("warm_start"), c.get("drift") or {}
+        rows = [["base model", c.get("base_model") or f"none ({c.get('note')})"]]
+        if w:
+            rows += [["embedding rows carried", f"{w['rows_carried']:,} of {w['rows']:,}"],
+                     ["tokens", f"{w['tokens_carried']:,} carried, {w['tokens_new']:,} new, {w['tokens_dropped']:,} dropped"],
+                     ["dense weights", f"{w['dense_weights_carried']} carried, {w['dense_weights_fresh']} fresh"]]
+        for key in ("new_token_share", "vocabulary_overlap", "ids_per_example_change", "dense_mean_shift_in_std"):
+            if d.get(key):
+                rows.append([f"drift: {key.replace('_', ' ')}", f"{d[key]['value']:.3f} ({d[key]['name']})"])
+        body["continuous"] = _table(rows)
+    else:
+        body["continuous"] = '<p class="muted">No warm start or drift record.</p>'
+
+    title = f"Run report: {os.path.basename(output_dir.rstrip('/'))}"
+    nav = " · ".join(f'<a href="#{k}">{_e(t)}</a>' for k, t in SECTIONS)
+    sections = "".join(f'<h2 id="{k}">{_e(t)}</h2>{body[k]}' for k, t in SECTIONS)
+    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{_e(title)}</title>"
+            f"<style>{_CSS}</style></head><body><h1>{_e(title)}</h1><p>{nav}</p>{sections}</body></html>\n")
+
+
+def write_run_report(summary: Dict[str, Any], output_dir: str, path: str) -> str:
+    """Writes the page (through a temporary file: no half-written report) and returns its path."""
+    text = render(summary, output_dir, path)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+    return path

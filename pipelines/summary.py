@@ -1,0 +1,246 @@
+"""The run's summary: what a local run did, read back from its artifacts (`summarize`), and its
+report (`summary_report`, rendered by components/reporting.py like every other tool's).
+
+The serving-model row names the model this run pushed, or says that none was pushed and why (the
+gate's reasons); the exit status follows from the same facts (`exit_status`).
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Any, Dict, Optional
+
+from components.config import PipelineConfig
+from components.reporting import Report, count_list, reasons_list
+from pipelines.pipeline import PIPELINE_ROOT, SERVING_DIR
+
+# Exit statuses of `python -m pipelines run` (and demo, continuous): README "Your own data".
+EXIT_PUSHED = 0  # the run worked and pushed its model
+EXIT_FAILED = 1  # a component failed
+EXIT_BAD_INPUT = 2  # bad configuration or input path: nothing ran
+EXIT_NOT_PUSHED = 3  # the run worked, but the validation gate kept the model back
+
+
+def _latest(pattern: str) -> Optional[str]:
+    """The artifact file of the newest execution (artifact dirs end in the execution id)."""
+    found = glob.glob(pattern)
+
+    def key(p: str):
+        parts = [int(x) for x in p.split(os.sep) if x.isdigit()]
+        return parts[-1] if parts else -1
+
+    return max(found, key=key) if found else None
+
+
+def _read(path: Optional[str]) -> Optional[Dict[str, Any]]:
+    if path and os.path.isfile(path):
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    return None
+
+
+def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
+    root = os.path.join(output_dir, PIPELINE_ROOT)
+    stats = _read(_latest(os.path.join(root, "EmbeddingPreprocess", "statistics", "*", "statistics.json")))
+    gen = _read(_latest(os.path.join(root, "EmbeddingExampleGen", "examples", "*", "ledger.json")))
+    gen_stage = (gen or {}).get("stages", [{}])[0]
+    metrics = _read(_latest(os.path.join(root, "Trainer", "model", "*", "eval_metrics.json")))
+    continuous = _read(_latest(os.path.join(root, "Trainer", "model", "*", "continuous.json")))
+    report_path = _latest(os.path.join(root, "EmbeddingExporter", "serving_model", "*", "export_report.json"))
+    report = _read(report_path)
+    served = served_model(os.path.join(output_dir, SERVING_DIR))
+    this_run = os.path.dirname(report_path) if report_path else None
+    meta = _read(cfg.input.path + ".meta.json") if os.path.isfile(cfg.input.path) else None
+    health = (stats or {}).get("feature_health") or {}
+    return {
+        "ledger": (stats or {}).get("ledger"),
+        "feature_warnings": {
+            n: {"share": e["share"], "status": e["status"], "reasons": {k: v for k, v in e["reasons"].items() if v}}
+            for n, e in health.get("features", {}).items() if e["status"] != "ok"
+        },
+        "input": {"span": gen_stage.get("span"), "files": len(gen_stage.get("files", []))} if gen else None,
+        # What the push destination serves now (its model registry), and whether this run pushed it.
+        "serving_model": served["model"] if served else None,
+        "pushed_by_this_run": bool(served and this_run and served["exported_model"] == this_run),
+        "registry_error": served.get("error") if served else None,
+        "rows_read": {s: v["examples_read"] for s, v in stats["splits"].items()} if stats else None,
+        "rows_dropped": {s: v["examples_dropped"] for s, v in stats["splits"].items()} if stats else None,
+        "vocabulary_sizes": {t: v["vocabulary_size"] for t, v in stats["tables"].items()} if stats else None,
+        "continuous": continuous_summary(continuous),
+        "eval_auc": metrics["auc"] if metrics else None,
+        "baseline_auc": (metrics.get("baseline") or {}).get("auc") if metrics else None,
+        "validation": {
+            "blessed": report["validation"]["blessed"],
+            "checks": [{k: c.get(k) for k in ("name", "passed", "model_auc", "reference_auc", "margin", "reason")}
+                       for c in report["validation"]["checks"]],
+            "reasons": report["validation"]["reasons"],
+        } if report and "validation" in report else None,
+        "serving_model_this_run": this_run,
+        "eval_log_loss": metrics["log_loss"] if metrics else None,
+        "best_achievable_auc": meta["best_achievable_auc"] if meta else None,
+        "export_parity": report["parity"] if report else None,
+        "export_layout": report["layout"]["detected"] if report and "layout" in report else None,
+        "export_compression": {
+            d: {"table_bytes": v["table_bytes"], "auc_change": v["auc_change"]}
+            for d, v in report.get("compression", {}).items()
+        } if report else None,
+    }
+
+
+def served_model(serving_dir: str) -> Optional[Dict[str, Any]]:
+    """{model, exported_model} of the version served at `serving_dir` (its model registry), None
+    when nothing is; {model: None, error} when the registry cannot say."""
+    from components.model_registry import registry as R
+
+    try:
+        found = R.lookup(serving_dir)
+    except R.RegistryError as e:
+        return {"model": None, "exported_model": None, "error": str(e)}
+    if not found.found:
+        return None
+    return {"model": found.served_model, "exported_model": found.entry.get("exported_model")}
+
+
+def continuous_summary(c: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The Trainer's continuous.json in brief: what the warm start carried, the largest drift."""
+    if not c:
+        return None
+    out: Dict[str, Any] = {"base_model": c.get("base_model"), "note": c.get("note")}
+    w = c.get("warm_start")
+    if w:
+        tables = w["tables"].values()
+        out["warm_start"] = {
+            "rows_carried": w["rows_carried"], "rows": w["rows"],
+            "tokens_carried": sum(t.get("tokens_carried", 0) for t in tables),
+            "tokens_new": sum(t.get("tokens_new", 0) for t in tables),
+            "tokens_dropped": sum(t.get("tokens_dropped", 0) for t in tables),
+            "tables_with_slots": sum(1 for t in tables if t.get("slots_carried")),
+            "tables": len(w["tables"]),
+            "dense_weights_carried": w["dense"]["weights_carried"],
+            "dense_weights_fresh": len(w["dense"]["weights_fresh"]),
+            "dense_slots_carried": w["dense"].get("slots_carried", 0),
+        }
+    d = c.get("drift")
+    if d:
+        def worst(rows, key, lowest=False):
+            items = [(v[key], k) for k, v in rows.items() if v.get(key) is not None]
+            if not items:
+                return None
+            value, name = (min if lowest else max)(items)
+            return {"name": name, "value": value}
+
+        out["drift"] = {
+            "new_token_share": worst(d["tables"], "new_token_share"),
+            "vocabulary_overlap": worst(d["tables"], "vocabulary_overlap", lowest=True),
+            "ids_per_example_change": worst(d["features"], "change"),
+            "dense_mean_shift_in_std": worst(d["dense_features"], "shift_in_std"),
+            "unknown": d.get("unknown"),
+        }
+    return out
+
+
+
+def exit_status(s: Dict[str, Any]) -> int:
+    """0 when this run pushed its model, 3 when the validation gate kept it back, 1 otherwise (a
+    run that ended without a failure but pushed nothing and was not refused by the gate)."""
+    if s.get("pushed_by_this_run"):
+        return EXIT_PUSHED
+    if s.get("validation") and not s["validation"]["blessed"]:
+        return EXIT_NOT_PUSHED
+    return EXIT_FAILED
+
+
+def not_pushed_reason(s: Dict[str, Any]) -> str:
+    v = s.get("validation")
+    if v and not v["blessed"]:
+        return "the validation gate kept the model back: " + "; ".join(v.get("reasons") or ["not blessed"])
+    if s.get("registry_error"):
+        return s["registry_error"]
+    return "the run ended without a push"
+
+
+def continuous_rows(r: Report, c: Optional[Dict[str, Any]]) -> None:
+    if not c:
+        return
+    if not c.get("base_model"):
+        r.add("warm start", f"none ({c.get('note')})")
+        return
+    w = c.get("warm_start")
+    if w:
+        r.add("warm start", f"from {c['base_model']}")
+        r.sub("embedding rows", f"{w['rows_carried']:,} of {w['rows']:,} carried by token; tokens "
+                                f"{w['tokens_carried']:,} carried, {w['tokens_new']:,} new, {w['tokens_dropped']:,} dropped; "
+                                f"optimizer slots carried in {w['tables_with_slots']} of {w['tables']} tables")
+        r.sub("dense weights", f"{w['dense_weights_carried']} carried, {w['dense_weights_fresh']} fresh; "
+                               f"their optimizer slots: {w['dense_slots_carried']} carried")
+    else:
+        r.add("warm start", f"none ({c.get('note')}); drift measured against {c['base_model']}")
+    d = c.get("drift") or {}
+    parts = []
+    for key, label in (("new_token_share", "new-token share"), ("vocabulary_overlap", "lowest vocabulary overlap"),
+                       ("ids_per_example_change", "IDs/example change"), ("dense_mean_shift_in_std", "dense mean shift (std)")):
+        v = d.get(key)
+        if v:
+            parts.append(f"{label} {v['value']:.3f} ({v['name']})")
+    if parts:
+        r.add("drift", "; ".join(parts))
+    if d.get("unknown"):
+        r.add("drift", f"partly unknown: {d['unknown']}")
+
+
+def summary_report(s: Dict[str, Any]) -> Report:
+    """The pipeline summary as a Report (its data: the summary itself)."""
+    r = Report("pipeline summary", data=s)
+    if s.get("pushed_by_this_run"):
+        r.add("serving model", f"{s['serving_model']} (pushed by this run)")
+    else:
+        r.add("serving model", f"none pushed: {not_pushed_reason(s)}")
+        r.sub("still served", s["serving_model"] or "nothing")
+    if (s.get("input") or {}).get("span"):
+        r.add("input", f"span {s['input']['span']} ({s['input']['files']} files)")
+    if s.get("rows_read"):
+        r.add("rows read", f"{count_list(s['rows_read'])} (dropped: {reasons_list(s['rows_dropped'] or {})})")
+    for stage in (s.get("ledger") or {}).get("stages", []):
+        verdict = "adds up" if stage["balanced"] else "DOES NOT ADD UP: " + "; ".join(stage["problems"])
+        extra = "".join(f"; {k} {reasons_list(v)}" for k, v in (("malformed", stage.get("malformed")),
+                                                                 ("dropped", stage.get("dropped")))
+                        if v and reasons_list(v) != "none")
+        rows_in = stage["rows_in"]
+        r.add(f"ledger {stage['stage']}",
+              f"in {count_list(rows_in) if isinstance(rows_in, dict) else f'{rows_in:,}'}{extra}; "
+              f"out {count_list(stage['rows_out'])} ({verdict})")
+    if s.get("feature_warnings"):
+        r.add("feature health", ", ".join(
+            f"{n} {w['share']:.1%} unusable ({w['status']})" for n, w in sorted(s["feature_warnings"].items())))
+    if s.get("vocabulary_sizes"):
+        sizes = s["vocabulary_sizes"]
+        r.add("vocabularies", f"{len(sizes)} tables, {sum(sizes.values()):,} entries in all")
+        r.sub("", ", ".join(f"{k}={v:,}" for k, v in sizes.items()))
+    continuous_rows(r, s.get("continuous"))
+    if s.get("eval_auc") is not None:
+        best = s.get("best_achievable_auc")
+        extra = f" (best achievable on this data: {best:.4f})" if best else ""
+        r.add("eval AUC", f"{s['eval_auc']:.4f}{extra}; log loss {s['eval_log_loss']:.4f}")
+    if s.get("baseline_auc") is not None:
+        r.add("baseline AUC", f"{s['baseline_auc']:.4f} (logistic regression on the same features and eval split)")
+    v = s.get("validation")
+    if v:
+        r.add("validation gate", "blessed, pushed" if v["blessed"] else "NOT BLESSED: kept, not pushed")
+        for c in v["checks"]:
+            r.sub(c["name"], f"{'passed' if c['passed'] else 'FAILED'}: {c['reason']}")
+        if not v["blessed"]:
+            r.sub("the refused model", s.get("serving_model_this_run"))
+    if s.get("export_parity"):
+        p = s["export_parity"]
+        r.add("export parity", f"{'passed' if p['passed'] else 'FAILED'}: max |trained - serving| = "
+                               f"{p['max_abs_diff']:.2e} on {p['examples']} raw eval examples (tolerance {p['tolerance']:g})")
+    if s.get("export_layout"):
+        r.add("export tables", f"layout {s['export_layout']}; " + ", ".join(
+            f"{d} {v['table_bytes'] / 1e6:.1f} MB (AUC {v['auc_change']:+.1e})"
+            for d, v in sorted((s.get("export_compression") or {}).items(), key=lambda kv: -kv[1]["table_bytes"])))
+    if s.get("report_html"):
+        r.add("run report", s["report_html"])
+    if s.get("seconds") is not None:
+        r.add("took", f"{s['seconds']:.0f}s")
+    return r

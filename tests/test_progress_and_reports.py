@@ -1,0 +1,279 @@
+"""Live progress (components/progress.py, pipelines/progress_view.py), the one report renderer
+(components/reporting.py, pipelines/summary.py), the exit statuses and the HTML run report."""
+import io
+import json
+import multiprocessing
+import os
+from html.parser import HTMLParser
+
+import pytest
+
+from components import progress
+from components.reporting import Report, error_line, render
+from pipelines import summary as S
+from pipelines.progress_view import ProgressPrinter
+
+
+# ---- progress events ------------------------------------------------------------------------
+
+
+def test_progress_is_a_no_op_without_the_environment_variable(tmp_path, monkeypatch):
+    monkeypatch.delenv(progress.ENV, raising=False)
+    progress.count("X", "rows read", 5)
+    progress.phase("X", "p")
+    assert not list(tmp_path.iterdir())
+
+
+def _writer(path, k):
+    os.environ[progress.ENV] = path
+    for i in range(400):
+        progress.count("EmbeddingPreprocess", f"transforming {k}", 3, total=2400)
+        progress.phase("EmbeddingPreprocess", "x" * 300)  # longer lines too
+
+
+def test_events_from_several_processes_stay_whole_lines(tmp_path):
+    """Beam's workers append to one file: every line must come back whole (one write per line)."""
+    path = str(tmp_path / "progress.jsonl")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(path, k)) for k in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    lines = open(path).read().splitlines()
+    assert len(lines) == 3 * 800
+    events = [json.loads(line) for line in lines]
+    done = {}
+    for e in events:
+        if e["event"] == progress.COUNT:
+            done[e["phase"]] = done.get(e["phase"], 0) + e["done"]
+    assert done == {f"transforming {k}": 1200 for k in range(3)}
+
+
+def _events(path, events):
+    with open(path, "w") as fh:
+        for e in events:
+            fh.write(json.dumps(e) + "\n")
+
+
+def test_printer_shows_every_stage_with_counts_steps_and_evaluations(tmp_path):
+    path = str(tmp_path / "p.jsonl")
+    t = 1_700_000_000.0
+    _events(path, [
+        {"t": t, "stage": "EmbeddingExampleGen", "event": "start"},
+        {"t": t + 1, "stage": "EmbeddingExampleGen", "event": "count", "phase": "rows read", "done": 5000, "total": None, "unit": "rows"},
+        {"t": t + 3, "stage": "EmbeddingExampleGen", "event": "count", "phase": "rows read", "done": 5000, "total": None, "unit": "rows"},
+        {"t": t + 4, "stage": "EmbeddingExampleGen", "event": "done", "seconds": 4.0},
+        {"t": t + 5, "stage": "EmbeddingPreprocess", "event": "start"},
+        {"t": t + 5, "stage": "EmbeddingPreprocess", "event": "count", "phase": "counting values", "done": 0, "total": 8000, "unit": "rows"},
+        {"t": t + 6, "stage": "EmbeddingPreprocess", "event": "count", "phase": "counting values", "done": 2000, "total": None, "unit": "rows"},
+        {"t": t + 8, "stage": "EmbeddingPreprocess", "event": "count", "phase": "counting values", "done": 2000, "total": None, "unit": "rows"},
+        {"t": t + 9, "stage": "EmbeddingPreprocess", "event": "done", "seconds": 4.0},
+        {"t": t + 10, "stage": "Trainer", "event": "start"},
+        {"t": t + 10, "stage": "Trainer", "event": "phase", "text": "training 100 steps of 256 examples"},
+        {"t": t + 11, "stage": "Trainer", "event": "step", "step": 10, "total": 100, "loss": 0.7, "examples_per_second": None},
+        {"t": t + 21, "stage": "Trainer", "event": "step", "step": 60, "total": 100, "loss": 0.5, "examples_per_second": 1280.0},
+        {"t": t + 29, "stage": "Trainer", "event": "step", "step": 100, "total": 100, "loss": 0.45, "examples_per_second": 1280.0},
+        {"t": t + 30, "stage": "Trainer", "event": "eval", "step": 100, "metrics": {"auc": 0.81, "log_loss": 0.44}},
+        {"t": t + 31, "stage": "Trainer", "event": "done", "seconds": 21.0},
+        {"t": t + 32, "stage": "EmbeddingExporter", "event": "start"},
+        {"t": t + 33, "stage": "EmbeddingExporter", "event": "phase", "text": "validation gate: blessed"},
+        {"t": t + 34, "stage": "EmbeddingExporter", "event": "failed", "seconds": 2.0, "error": "ExportRefused"},
+    ])
+    out = io.StringIO()
+    printer = ProgressPrinter(path, out, tty=False, every=5.0)
+    printer.drain()
+    text = out.getvalue()
+    assert "EmbeddingExampleGen running" in text and "EmbeddingExampleGen finished in 4s" in text
+    assert "rows read: 10,000 rows (5.0k rows/s)" in text  # 10,000 rows over the 2 s between the counts
+    # the total announced when the pass starts (t+5): 4,000 rows in 3 s
+    assert "counting values: 4,000 / 8,000 rows (50%, 1.3k rows/s, ETA 3s)" in text
+    assert "Trainer: training 100 steps of 256 examples" in text
+    assert "step 60/100, loss 0.5000, 1.3k examples/s, ETA 8s" in text  # (21-11)/(60-10) s a step
+    assert "step 100/100, loss 0.4500" in text
+    assert "eval at step 100: auc 0.8100, log_loss 0.4400" in text
+    assert "EmbeddingExporter failed after 2s (ExportRefused)" in text
+    assert printer.current == "EmbeddingExporter"  # the stage to name in the error line
+    # a line still being written waits for its end
+    with open(path, "a") as fh:
+        fh.write('{"t": 1, "stage": "Pusher", "event": "sta')
+    printer.drain()
+    assert "Pusher" not in out.getvalue()
+    with open(path, "a") as fh:
+        fh.write('rt"}\n')
+    printer.drain()
+    assert "Pusher running" in out.getvalue()
+
+
+def test_printer_on_a_terminal_draws_bars(tmp_path):
+    path = str(tmp_path / "p.jsonl")
+    _events(path, [
+        {"t": 1.0, "stage": "Trainer", "event": "start"},
+        {"t": 2.0, "stage": "Trainer", "event": "step", "step": 5, "total": 10, "loss": 0.6, "examples_per_second": 100.0},
+        {"t": 3.0, "stage": "Trainer", "event": "step", "step": 10, "total": 10, "loss": 0.5, "examples_per_second": 100.0},
+        {"t": 4.0, "stage": "Trainer", "event": "done", "seconds": 3.0},
+    ])
+    out = io.StringIO()
+    printer = ProgressPrinter(path, out, tty=True)
+    printer.drain()
+    printer.stop()
+    text = out.getvalue()
+    assert "Trainer running" in text and "step 10/10" in text and "Trainer finished in 3s" in text
+
+
+# ---- one report style --------------------------------------------------------------------------
+
+
+def test_reports_align_labels_and_errors_are_one_line():
+    r = Report("x summary").add("rows read", "train 10").sub("detail", "y").add("a much longer label than usual", "z")
+    assert render(r).splitlines() == [
+        "=== x summary ===",
+        "rows read:            train 10",
+        "  detail:             y",
+        "a much longer label than usual: z",
+    ]
+    line = error_line("boom\nsecond line", "Trainer", "/tmp/log")
+    assert line == "error: Trainer failed: boom (full log: /tmp/log)"
+
+
+PUSHED = {"serving_model": "/o/serving/2", "pushed_by_this_run": True, "registry_error": None,
+          "validation": {"blessed": True, "checks": [], "reasons": []}, "rows_read": {"eval": 25, "train": 75},
+          "rows_dropped": {"eval": {"missing_label": 0}, "train": {"missing_label": 2}},
+          "ledger": {"stages": [{"stage": "EmbeddingExampleGen", "rows_in": 102, "malformed": {"too_few_fields": 0},
+                                 "dropped": {"missing_label": 2}, "rows_out": {"eval": 25, "train": 75}, "balanced": True,
+                                 "problems": []}]}}
+REFUSED = dict(PUSHED, serving_model="/o/serving/1", pushed_by_this_run=False, serving_model_this_run="/o/x/7",
+               validation={"blessed": False, "reasons": ["AUC 0.70 is below the baseline's 0.75 + 0.01"],
+                           "checks": [{"name": "baseline", "passed": False, "reason": "AUC 0.70 < 0.76"}]})
+
+
+def test_summary_names_this_runs_model_or_why_none_was_pushed():
+    text = render(S.summary_report(PUSHED))
+    assert "serving model:        /o/serving/2 (pushed by this run)" in text
+    assert "rows read:            eval 25, train 75 (dropped: train/missing_label 2)" in text
+    assert "ledger EmbeddingExampleGen: in 102; dropped missing_label 2; out eval 25, train 75 (adds up)" in text
+    assert "{" not in text  # no dict reprs
+    text = render(S.summary_report(REFUSED))
+    assert ("serving model:        none pushed: the validation gate kept the model back: "
+            "AUC 0.70 is below the baseline's 0.75 + 0.01") in text
+    assert "  still served:       /o/serving/1" in text  # the earlier push, named as such
+    nothing = dict(REFUSED, serving_model=None)
+    assert "  still served:       nothing" in render(S.summary_report(nothing))
+
+
+@pytest.mark.parametrize("summary, status", [
+    (PUSHED, 0), (REFUSED, 3), (dict(PUSHED, pushed_by_this_run=False), 1), ({}, 1),
+])
+def test_exit_status_of_a_run(summary, status):
+    assert S.exit_status(summary) == status
+
+
+def test_cli_exit_statuses(monkeypatch, capsys, tmp_path):
+    """`python -m pipelines run`: 0 pushed, 3 kept back by the gate, 1 failed, 2 bad config; --json."""
+    import pipelines.__main__ as cli
+    from pipelines import runner
+
+    cfg = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "demo.yaml")
+    data = tmp_path / "d.csv"
+    data.write_text("label,I1\n1,2\n")
+    import yaml
+
+    raw = yaml.safe_load(open(cfg))
+    raw["input"]["path"] = str(data)
+    good = tmp_path / "c.yaml"
+    good.write_text(yaml.safe_dump(raw))
+
+    def fake(summary=None, fail=None):
+        def run(cfg, output_dir, quiet=False, span=None, cache=True):
+            if fail:
+                raise runner.RunFailed(fail)
+            return runner.RunResult(dict(summary), output_dir)
+        return run
+
+    monkeypatch.setattr(runner, "run", fake(PUSHED))
+    assert cli.main(["run", "--config", str(good), "--output-dir", str(tmp_path / "o")]) == 0
+    assert "(pushed by this run)" in capsys.readouterr().out
+    monkeypatch.setattr(runner, "run", fake(REFUSED))
+    assert cli.main(["run", "--config", str(good), "--output-dir", str(tmp_path / "o"), "--json"]) == 3
+    assert json.loads(capsys.readouterr().out)["validation"]["blessed"] is False
+    monkeypatch.setattr(runner, "run", fake(fail="Trainer failed: boom (full log: x)"))
+    assert cli.main(["run", "--config", str(good), "--output-dir", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: Trainer failed: boom (full log: x)"]
+    raw["training"]["batch_sise"] = 3
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    assert cli.main(["run", "--config", str(bad), "--output-dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "batch_sise" in err[0]
+
+
+# ---- the HTML run report ----------------------------------------------------------------------
+
+
+class _Sections(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.ids, self.svgs, self.links, self.stack = [], 0, [], []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "h2":
+            self.ids.append(a.get("id"))
+        if tag == "svg":
+            self.svgs += 1
+        if tag == "a":
+            self.links.append(a.get("href"))
+        if tag not in ("meta", "br", "line", "circle", "polyline", "text", "img"):
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        if tag in ("line", "circle", "polyline", "text", "meta"):
+            return
+        assert self.stack and self.stack[-1] == tag, (tag, self.stack[-5:])
+        self.stack.pop()
+
+
+def test_run_report_has_every_section_and_the_training_curves(tmp_path):
+    import tensorflow as tf
+
+    from pipelines.run_report import SECTIONS, write_run_report
+
+    out = tmp_path / "run"
+    run_dir = out / "pipeline_root" / "Trainer" / "model_run" / "5"
+    for series, values in (("train", [0.7, 0.6, 0.5]), ("validation", [0.65, 0.6, 0.58])):
+        w = tf.summary.create_file_writer(str(run_dir / series))
+        with w.as_default():
+            for step, v in enumerate(values):
+                tf.summary.scalar("epoch_loss", v, step=step * 100)
+        w.close()
+    stats = out / "pipeline_root" / "EmbeddingPreprocess" / "statistics" / "3"
+    stats.mkdir(parents=True)
+    (stats / "statistics.html").write_text("<html></html>")
+    summary = dict(PUSHED, eval_auc=0.8, eval_log_loss=0.45, baseline_auc=0.75, vocabulary_sizes={"C1": 10},
+                   export_parity={"passed": True, "max_abs_diff": 0.0, "examples": 64, "tolerance": 1e-5},
+                   export_layout="A", export_compression={"float32": {"table_bytes": 2e6, "auc_change": 0.0}},
+                   continuous={"base_model": "/o/Trainer/model/1", "note": None,
+                               "warm_start": {"rows_carried": 5, "rows": 10, "tokens_carried": 5, "tokens_new": 5,
+                                              "tokens_dropped": 1, "tables_with_slots": 1, "tables": 1,
+                                              "dense_weights_carried": 4, "dense_weights_fresh": 0, "dense_slots_carried": 4},
+                               "drift": {"new_token_share": {"value": 0.1, "name": "C1"}}})
+    summary["validation"] = {"blessed": True, "reasons": [], "checks": [
+        {"name": "baseline", "passed": True, "reason": "ok", "model_auc": 0.8, "reference_auc": 0.75},
+        {"name": "last_blessed", "passed": True, "reason": "ok", "model_auc": 0.8, "reference_auc": 0.79}]}
+    path = write_run_report(summary, str(out), str(out / "run_report.html"))
+    page = open(path).read()
+    parsed = _Sections()
+    parsed.feed(page)
+    parsed.close()
+    assert parsed.ids == [k for k, _ in SECTIONS]
+    assert parsed.svgs == 1 and "epoch_loss" in page and "validation" in page
+    assert "pipeline_root/EmbeddingPreprocess/statistics/3/statistics.html" in parsed.links
+    assert "0.7900" in page and "0.7500" in page  # the last blessed model's and the baseline's AUC
+    assert "rows carried" in page and "new token share" in page
+    # a run that stopped early still gets every section, each saying what is missing
+    path = write_run_report({"serving_model": None}, str(tmp_path / "empty"), str(tmp_path / "r.html"))
+    parsed = _Sections()
+    parsed.feed(open(path).read())
+    assert parsed.ids == [k for k, _ in SECTIONS]
