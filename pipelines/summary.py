@@ -46,6 +46,7 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
     gen = _read(_latest(os.path.join(root, "EmbeddingExampleGen", "examples", "*", "ledger.json")))
     gen_stage = (gen or {}).get("stages", [{}])[0]
     metrics = _read(_latest(os.path.join(root, "Trainer", "model", "*", "eval_metrics.json")))
+    training_run = _read(_latest(os.path.join(root, "Trainer", "model", "*", "training_run.json")))
     continuous = _read(_latest(os.path.join(root, "Trainer", "model", "*", "continuous.json")))
     report_path = _latest(os.path.join(root, "EmbeddingExporter", "serving_model", "*", "export_report.json"))
     report = _read(report_path)
@@ -77,6 +78,7 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
             "reasons": report["validation"]["reasons"],
         } if report and "validation" in report else None,
         "serving_model_this_run": this_run,
+        "training": training_length(cfg, training_run, stats),
         "eval_log_loss": metrics["log_loss"] if metrics else None,
         "best_achievable_auc": meta["best_achievable_auc"] if meta else None,
         "export_parity": report["parity"] if report else None,
@@ -86,6 +88,22 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
             for d, v in report.get("compression", {}).items()
         } if report else None,
     }
+
+
+def training_length(cfg: PipelineConfig, run: Optional[Dict[str, Any]], stats: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """How long the model trained, in steps and in passes over the train split, and how long the
+    defaults (training.train_steps unset: training.epochs passes) would train it."""
+    if not run:
+        return None
+    t = cfg.training
+    rows = ((stats or {}).get("splits") or {}).get("train", {}).get("examples_written")
+    out: Dict[str, Any] = {"steps": run.get("final_step"), "source": (run.get("length") or {}).get("source"),
+                           "batch_size": t.batch_size, "train_rows": rows}
+    if rows and out["steps"]:
+        out["epochs"] = round(out["steps"] * t.batch_size / rows, 2)
+        out["default_steps"] = t.steps_for_epochs(rows)
+        out["default_epochs"] = t.epochs
+    return out
 
 
 def served_model(serving_dir: str) -> Optional[Dict[str, Any]]:
@@ -160,6 +178,28 @@ def not_pushed_reason(s: Dict[str, Any]) -> str:
     return "the run ended without a push"
 
 
+def refusal_hints(s: Dict[str, Any]) -> list:
+    """What a user whose model the gate refused can try: how far it was from each reference, how
+    long it trained against what the defaults would train."""
+    hints = []
+    v = s.get("validation") or {}
+    for c in v.get("checks") or []:
+        if not c.get("passed") and c.get("model_auc") is not None and c.get("reference_auc") is not None:
+            short = c["reference_auc"] - (c.get("margin") or 0.0) - c["model_auc"]
+            hints.append(f"the model's eval AUC {c['model_auc']:.4f} is {short:.4f} short of what the "
+                         f"{c['name']} check asks ({c['reference_auc']:.4f} - margin {c.get('margin') or 0.0:g})")
+    t = s.get("training") or {}
+    if t.get("epochs") is not None:
+        trained = f"trained {t['steps']:,} steps, {t['epochs']:g} epochs of {t['train_rows']:,} train rows"
+        if t["steps"] < t["default_steps"]:
+            hints.append(f"{trained}; the defaults would train {t['default_steps']:,} steps "
+                         f"({t['default_epochs']:g} epochs): unset training.train_steps, or raise it")
+        else:
+            hints.append(f"{trained}; more epochs (training.epochs), more data, or the feature health "
+                         "warnings above are the next things to look at")
+    return hints
+
+
 def continuous_rows(r: Report, c: Optional[Dict[str, Any]]) -> None:
     if not c:
         return
@@ -231,6 +271,8 @@ def summary_report(s: Dict[str, Any]) -> Report:
             r.sub(c["name"], f"{'passed' if c['passed'] else 'FAILED'}: {c['reason']}")
         if not v["blessed"]:
             r.sub("the refused model", s.get("serving_model_this_run"))
+            for hint in refusal_hints(s):
+                r.sub("what to try", hint)
     if s.get("export_parity"):
         p = s["export_parity"]
         r.add("export parity", f"{'passed' if p['passed'] else 'FAILED'}: max |trained - serving| = "

@@ -78,9 +78,13 @@ np.save(sys.argv[3], probs)
 
 
 def test_pushed_model_scores_raw_examples_like_trained_model(pipeline_run, tmp_path):
+    from pipelines.summary import EXIT_PUSHED, exit_status
+
     _, out, summary, _ = pipeline_run
     pushed = summary["serving_model"]
     assert pushed and pushed.startswith(str(out / "serving"))
+    assert summary["pushed_by_this_run"] and exit_status(summary) == EXIT_PUSHED
+    assert os.path.exists(summary["report_html"])
     assert summary["export_parity"]["passed"]
 
     raw_files = str(out / "pipeline_root" / "EmbeddingExampleGen" / "examples" / "*" / "Split-eval" / "*")

@@ -84,3 +84,43 @@ def test_a_half_written_registry_entry_stops_the_run_before_anything_is_pushed(t
     assert sorted(os.listdir(serving)) == ["1764000000", "_registry"]  # nothing pushed
     # LastBlessedModel runs first: no data was read, nothing trained
     assert not any(os.path.exists(tmp_path / "out" / "pipeline_root" / c) for c in ("EmbeddingExampleGen", "Trainer"))
+
+
+def test_a_model_the_gate_keeps_back_exits_3_with_progress_and_no_noise(tmp_path):
+    """A run that works but whose model the gate refuses: exit status 3, the summary says why no
+    model was pushed; the terminal showed every stage's progress (Trainer steps included) and
+    nothing else; the run report was written."""
+    from components.synthetic_data import GeneratorSpec, ensure_dataset
+
+    data = tmp_path / "data.csv"
+    ensure_dataset(str(data), GeneratorSpec(rows=3000, seed=5))
+    raw = yaml.safe_load(open(os.path.join(REPO, "configs", "demo.yaml")))
+    raw["input"]["path"] = str(data)
+    raw["training"].update(train_steps=40, checkpoint_every_steps=20)
+    raw["export"].update(auc_sample_size=400, parity_sample_size=32, compare_compression=False)
+    # model AUC >= baseline AUC + 0.6: no model on this data can pass
+    raw.setdefault("validation", {})["baseline_margin"] = -0.6
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    env = dict(os.environ, PYTHONPATH=REPO, TF_USE_LEGACY_KERAS="1")
+    env.pop("PYTHONWARNINGS", None)  # the run itself must keep warnings off the terminal
+    r = subprocess.run([sys.executable, "-m", "pipelines", "run", "--config", str(cfg), "--output-dir", str(tmp_path / "out")],
+                       capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
+    assert r.returncode == 3, (r.stdout[-3000:], r.stderr[-3000:])
+    assert r.stderr == ""
+    out = r.stdout
+    assert "serving model:        none pushed: the validation gate kept the model back: eval AUC" in out
+    for stage in ("EmbeddingExampleGen", "EmbeddingPreprocess", "Trainer", "EmbeddingExporter", "Pusher"):
+        assert f"] {stage} running" in out and f"] {stage} finished in" in out, stage
+    assert "Trainer: step 40/40, loss" in out and "Trainer: eval at step 40: auc" in out
+    assert "EmbeddingPreprocess: counting values:" in out and "EmbeddingExampleGen: byte ranges:" in out
+    assert "EmbeddingExporter: validation gate: not blessed" in out
+    progress = [l for l in out.splitlines() if l.startswith("[")]
+    summary_at = out.index("=== pipeline summary ===")
+    before = out[:summary_at].splitlines()
+    noise = [l for l in before if l and not l.startswith("[") and not l.startswith("running ")]
+    assert noise == [], noise  # no TF / XLA / absl / Beam lines, no Python warnings
+    assert len(progress) >= 15
+    assert os.path.exists(tmp_path / "out" / "run_report.html")
+    assert "run report:           " + str(tmp_path / "out" / "run_report.html") in out
+    assert not os.path.exists(tmp_path / "out" / "serving")  # nothing pushed

@@ -277,3 +277,23 @@ def test_run_report_has_every_section_and_the_training_curves(tmp_path):
     parsed = _Sections()
     parsed.feed(open(path).read())
     assert parsed.ids == [k for k, _ in SECTIONS]
+
+
+def test_a_refusal_says_how_far_the_model_was_and_what_to_try():
+    from components.config import parse_config
+
+    s = dict(REFUSED, validation={"blessed": False, "reasons": ["r"], "checks": [
+        {"name": "baseline", "passed": False, "reason": "r", "model_auc": 0.70, "reference_auc": 0.75, "margin": 0.01}]})
+    cfg = parse_config({"name": "x", "input": {"path": "d.csv"}, "label": "label",
+                        "dense_features": [{"name": "I1"}], "categorical_features": [{"name": "C1"}],
+                        "training": {"train_steps": 100, "batch_size": 256}})
+    s["training"] = S.training_length(cfg, {"final_step": 100, "length": {"source": "training.train_steps"}},
+                                      {"splits": {"train": {"examples_written": 16_000}}})
+    assert s["training"]["epochs"] == 1.6 and s["training"]["default_steps"] == 313  # 5 epochs x 16,000 / 256
+    text = render(S.summary_report(s))
+    assert ("  what to try:        the model's eval AUC 0.7000 is 0.0400 short of what the baseline check asks "
+            "(0.7500 - margin 0.01)") in text
+    assert ("  what to try:        trained 100 steps, 1.6 epochs of 16,000 train rows; the defaults would train "
+            "313 steps (5 epochs): unset training.train_steps, or raise it") in text
+    s["training"] = S.training_length(cfg, {"final_step": 400}, {"splits": {"train": {"examples_written": 16_000}}})
+    assert "more epochs (training.epochs)" in render(S.summary_report(s))

@@ -8,6 +8,7 @@ Loading is `components.config.loading`, the checks `components.config.validation
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
@@ -293,6 +294,12 @@ class TrainingConfig:
     # tables one step old, so results differ slightly from CPU/GPU and from false). CPU/GPU ignore it.
     pipeline_execution_with_tensor_core: bool = False
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+
+    def steps_for_epochs(self, train_rows: int, epochs: Optional[float] = None) -> int:
+        """Steps of `epochs` (default: `self.epochs`) passes over `train_rows` rows, rounded up to
+        whole steps_per_execution: the training length when train_steps is unset."""
+        steps = max(1, math.ceil((self.epochs if epochs is None else epochs) * train_rows / self.batch_size))
+        return math.ceil(steps / self.steps_per_execution) * self.steps_per_execution
 
 
 

@@ -8,7 +8,6 @@ layer owns (components.embedding_model.tf_objects).
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, Optional
 
 import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
@@ -55,9 +54,7 @@ def training_steps(cfg: PipelineConfig, statistics: Optional[EmbeddingStatistics
         raise ValueError(
             "training.train_steps is unset and the train split's row count is unknown (no preprocessing "
             "statistics beside the examples); set training.train_steps")
-    per = t.steps_per_execution
-    steps = max(1, math.ceil(t.epochs * rows / t.batch_size))
-    steps = math.ceil(steps / per) * per
+    steps = t.steps_for_epochs(rows)
     return {"steps": steps, "source": f"training.epochs {t.epochs:g} x {rows} train rows / batch {t.batch_size}",
             "train_rows": int(rows)}
 
