@@ -4,8 +4,8 @@ categoricals, mean one-hot of the signal multi-hot feature), trained on the firs
 
     .venv/bin/python bench/auc_ceiling.py TRAIN.csv EVAL.csv [N ...]
 
-Both files from `python -m components.synthetic_data` (same cardinalities). Measured (README,
-Current limits): 0.852 at 40k and 0.861 at 300k training rows against a best achievable 0.864.
+Both files from `python -m components.synthetic_data` (same cardinalities). Measured (docs/training.md,
+"Eval AUC on generated data"): 0.852 at 40k and 0.861 at 300k training rows against a best achievable 0.864.
 """
 import os
 import sys

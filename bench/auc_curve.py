@@ -8,8 +8,8 @@ embedding_manifest.json, embedding_statistics.json), e.g. `python -m components.
 ... --output OUT` gives OUT/transformed. `--set` overrides a config field (dotted path, YAML value)
 before validation. Prints `step auc log_loss seconds` every `--every` steps: the plan, model,
 optimizers and input are the trainer's own (`trainer_module.build_model`, `make_dataset` with the
-trainer's padded dense IDs), only the loop is plain `fit` with evaluations between. The README's
-"Eval AUC" table was measured with it.
+trainer's padded dense IDs), only the loop is plain `fit` with evaluations between. docs/training.md's
+"Eval AUC on generated data" table was measured with it.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ statistics are reused: only the Trainer's `train` and `finish` run, once per can
 candidate is a JSON mapping of config sections to fields merged over CONFIG, e.g.
 '{"training": {"embedding_optimizer": {"name": "adagrad", "learning_rate": 1.0}, "epochs": 5}}';
 '{}' is the config as it is. Prints one RESULT line per candidate: eval AUC (exact, whole eval
-split), steps, seconds. Written as run for the README's figures, then kept so anyone can rerun them.
+split), steps, seconds. Written as run for bench/README.md's figures, then kept so anyone can rerun them.
 """
 import glob
 import json

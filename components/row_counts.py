@@ -14,7 +14,7 @@ taken another way, so that a parser, a runner or a writer that loses rows cannot
   `transformed_examples-*` files, see contracts.manifest): its records by their framing, times
   that number, the first block decoded to check it. Decoding every block read the whole file's
   protos back, 1.4 us a row (30-40 s of a 20M-row run); the framing walk costs about a tenth.
-Both stream through Beam's FileSystems (local, gs://, ...), in blocks; neither imports TensorFlow.
+All stream through Beam's FileSystems (local, gs://, ...), in blocks; none imports TensorFlow.
 """
 from __future__ import annotations
 

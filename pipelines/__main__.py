@@ -9,7 +9,8 @@ writes the Kubeflow Pipelines v2 spec (`.json`: a Vertex PipelineJob) and nothin
 
 Exit statuses (pipelines/summary.py): 0 the run pushed its model; 3 the run worked but the
 validation gate kept the model back; 2 bad configuration or input path (one message, nothing
-run); 1 a failed run (one line: the component, the cause and the full log's path).
+run); 1 a failed run (one line: the component, the cause and the full log's path), or a run that
+ended without pushing for another reason (its summary's serving-model line says why).
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def continuous_command(args) -> int:
         return EXIT_BAD_INPUT
     try:
         summaries = run_spans(cfg, args.data_dir, args.output_dir, args.spans, args.rows, args.id_shift,
-                              show=not args.json)
+                              show=not args.json, progress_to_stderr=args.json)
     except RunFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED
@@ -61,7 +62,8 @@ def continuous_command(args) -> int:
         w = c.get("warm_start")
         carried = f"{w['rows_carried']:,}/{w['rows']:,} rows" if w else "from scratch"
         base = f", baseline {s['baseline_auc']:.4f}" if s.get("baseline_auc") is not None else ""
-        report.add(f"span {s['span']}", f"warm start {carried}; model AUC {s['eval_auc']:.4f}{base}; "
+        auc = f"{s['eval_auc']:.4f}" if s.get("eval_auc") is not None else "-"
+        report.add(f"span {s['span']}", f"warm start {carried}; model AUC {auc}{base}; "
                                         f"{'blessed, pushed' if v.get('blessed') else 'not blessed, not pushed'}")
     emit(report, as_json=args.json)
     # 3 when the gate kept any span's model back; 1 when a span pushed nothing for another reason
@@ -116,7 +118,7 @@ def main(argv=None) -> int:
             from components.synthetic_data import GeneratorSpec, ensure_dataset
 
             meta = ensure_dataset(cfg.input.path, GeneratorSpec(rows=args.rows))
-            print(f"demo data: {cfg.input.path} ({meta['rows']:,} rows)")
+            print(f"demo data: {cfg.input.path} ({meta['rows']:,} rows)", file=sys.stderr if args.json else sys.stdout)
         input_location(cfg)
     except ConfigError as e:
         print(error_line(e), file=sys.stderr)
@@ -124,7 +126,8 @@ def main(argv=None) -> int:
     from pipelines.runner import run
 
     try:
-        result = run(cfg, args.output_dir, quiet=True, cache=not args.no_cache)
+        # with --json, stdout carries the JSON alone: the progress goes to stderr
+        result = run(cfg, args.output_dir, quiet=True, cache=not args.no_cache, progress_to_stderr=args.json)
     except RunFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED

@@ -50,7 +50,7 @@ def write_span(data_dir: str, day: int, rows: int, id_shift: int, seed: int, max
 
 def run_spans(cfg: PipelineConfig, data_dir: str, output_dir: str, spans: int, rows: int, id_shift: int,
               seed: int = 7, max_cardinality: Optional[int] = None, quiet: bool = True,
-              show: bool = True) -> List[Dict[str, Any]]:
+              show: bool = True, progress_to_stderr: bool = False) -> List[Dict[str, Any]]:
     """Day by day: write the span, run the pipeline, collect its summary (with `span`, `rows`);
     with `show`, each span's report is printed when its run ends."""
     from components.reporting import emit
@@ -61,7 +61,8 @@ def run_spans(cfg: PipelineConfig, data_dir: str, output_dir: str, spans: int, r
         meta = write_span(data_dir, day, rows, id_shift, seed, max_cardinality)
         if show:
             print(f"\n=== span {day}: {meta['rows']:,} rows, IDs shifted by {id_shift * (day - 1)} ===", flush=True)
-        summary = run(cfg, output_dir, quiet=quiet, span=day).summary  # this day's span, even when later ones exist
+        # this day's span, even when later ones exist
+        summary = run(cfg, output_dir, quiet=quiet, span=day, progress_to_stderr=progress_to_stderr).summary
         summary.update(span=day, rows=meta["rows"])
         out.append(summary)
         if show:
@@ -77,11 +78,12 @@ def span_report(s: Dict[str, Any]):
     r = Report(f"span {s['span']} (ExampleGen read span {(s.get('input') or {}).get('span')})", data=s)
     continuous_rows(r, s.get("continuous"))
     base = s.get("baseline_auc")
-    r.add("AUC", f"model {s['eval_auc']:.4f}" + (f", baseline {base:.4f}" if base is not None else ""))
+    auc = f"{s['eval_auc']:.4f}" if s.get("eval_auc") is not None else "-"
+    r.add("AUC", f"model {auc}" + (f", baseline {base:.4f}" if base is not None else ""))
     v = s.get("validation") or {}
     r.add("validation gate", "blessed" if v.get("blessed") else "NOT BLESSED")
     for c in v.get("checks", []):
         r.sub(c["name"], f"{'passed' if c['passed'] else 'FAILED'}: {c['reason']}")
     r.add("pushed", s["serving_model"] if s.get("pushed_by_this_run")
-          else f"nothing ({not_pushed_reason(s)}; serving stays {s['serving_model']})")
+          else f"nothing ({not_pushed_reason(s)}; serving stays {s.get('serving_model')})")
     return r

@@ -46,6 +46,7 @@ class _Count:
     total: Optional[int] = None
     unit: str = "rows"
     first_t: Optional[float] = None
+    first_done: int = 0  # units reported by the first event: finished before first_t, not in the rate
     last_t: float = 0.0
     bar: Any = None
 
@@ -65,7 +66,7 @@ def count_text(name: str, c: _Count, now: float) -> str:
     """`counting values: 1,234,567 / 3,000,000 rows (41%, 52.1k rows/s, ETA 34s)`."""
     parts = []
     elapsed = (c.last_t - c.first_t) if c.first_t is not None else 0.0
-    rate = c.done / elapsed if elapsed > 0 else None
+    rate = (c.done - c.first_done) / elapsed if elapsed > 0 else None
     if c.total:
         parts.append(f"{c.done / c.total:.0%}")
     if rate:
@@ -95,6 +96,11 @@ class ProgressPrinter:
     def __init__(self, path: str, stream: TextIO, tty: Optional[bool] = None, every: float = 10.0, poll: float = 0.25):
         self.path, self.stream, self.every, self.poll = path, stream, every, poll
         self.tty = stream.isatty() if tty is None else tty
+        if self.tty:
+            try:
+                import tqdm  # noqa: F401  (bars on a terminal; plain lines without it)
+            except ImportError:
+                self.tty = False
         self._stages: Dict[str, _Stage] = {}
         self._offset = 0
         self._partial = b""
@@ -110,16 +116,26 @@ class ProgressPrinter:
         return self
 
     def stop(self) -> None:
+        """Stops the thread after a last read; never raises (the view is best effort)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self.drain()
-        for st in self._stages.values():
-            self._close_bars(st)
+        self.drain_quietly()
+        try:
+            for st in self._stages.values():
+                self._close_bars(st)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def drain_quietly(self) -> None:
+        try:
+            self.drain()
+        except Exception:  # noqa: BLE001 - a closed terminal, an unreadable file: the run goes on
+            pass
 
     def _loop(self) -> None:
         while not self._stop.wait(self.poll):
-            self.drain()
+            self.drain_quietly()
 
     # -- reading ----------------------------------------------------------------------------------
     def drain(self) -> None:
@@ -136,9 +152,13 @@ class ProgressPrinter:
         self._partial = lines.pop()  # an unfinished last line waits for its end
         for line in lines:
             try:
-                self.handle(json.loads(line))
+                event = json.loads(line)
             except ValueError:
                 continue  # a torn line (another writer's crash): skip it, the view is best effort
+            try:
+                self.handle(event)
+            except (KeyError, TypeError, ValueError):
+                continue  # an event this view does not understand
 
     # -- printing ---------------------------------------------------------------------------------
     def _print(self, text: str) -> None:
@@ -188,7 +208,8 @@ class ProgressPrinter:
             c = st.counts.setdefault(phase, _Count(unit=e.get("unit", "rows")))
             c.done += int(e.get("done", 0))
             c.total = e.get("total") or st.totals.get(phase) or c.total
-            c.first_t = t if c.first_t is None else c.first_t
+            if c.first_t is None:
+                c.first_t, c.first_done = t, c.done
             c.last_t = t
             self._show_count(name, st, phase, c, t)
         elif kind == P.STEP:

@@ -133,7 +133,7 @@ def _latest(root: str, pattern: str) -> Optional[str]:
 
 
 def render(summary: Dict[str, Any], output_dir: str, path: str) -> str:
-    from components.reporting import render as render_text
+    from components.reporting import count_list, reasons_list, render as render_text
     from pipelines.summary import summary_report
 
     root = os.path.join(output_dir, PIPELINE_ROOT)
@@ -143,8 +143,14 @@ def render(summary: Dict[str, Any], output_dir: str, path: str) -> str:
     body["summary"] = f"<pre>{_e(render_text(summary_report(summary)))}</pre>"
 
     stages = (summary.get("ledger") or {}).get("stages") or []
+    def counts(v):
+        return count_list(v) if isinstance(v, dict) else (f"{v:,}" if isinstance(v, int) else v)
+
+    def reasons(v):
+        return reasons_list(v) if isinstance(v, dict) else (v or "")
+
     body["ledger"] = _table(
-        [[s["stage"], s["rows_in"], s.get("malformed") or "", s.get("dropped") or "", s["rows_out"],
+        [[s["stage"], counts(s["rows_in"]), reasons(s.get("malformed")), reasons(s.get("dropped")), counts(s["rows_out"]),
           _verdict(s["balanced"], "adds up", "DOES NOT ADD UP: " + "; ".join(s.get("problems") or []))]
          for s in stages],
         ["stage", "rows in", "malformed", "dropped", "rows out", "verdict"],

@@ -97,13 +97,19 @@ def failed_component(e: BaseException) -> Optional[str]:
 
 
 def run(cfg: PipelineConfig, output_dir: str, quiet: bool = False, span: Optional[int] = None,
-        cache: bool = True) -> RunResult:
-    """Runs the pipeline with TFX's LocalDagRunner into `output_dir` and summarizes it."""
+        cache: bool = True, progress_to_stderr: bool = False) -> RunResult:
+    """Runs the pipeline with TFX's LocalDagRunner into `output_dir` and summarizes it.
+    `progress_to_stderr`: the quiet run's progress goes to stderr (stdout then carries only what
+    the caller prints, e.g. the summary as JSON)."""
     output_dir = os.path.abspath(output_dir)
     os.makedirs(output_dir, exist_ok=True)
     if quiet:
-        return _run_logged(cfg, output_dir, span, cache)
+        return _run_logged(cfg, output_dir, span, cache, progress_to_stderr)
     return _run(cfg, output_dir, span, cache)
+
+
+class _SummaryFailed(RuntimeError):
+    """The pipeline ran, but reading back what it did failed."""
 
 
 def _run(cfg: PipelineConfig, output_dir: str, span: Optional[int], cache: bool) -> RunResult:
@@ -124,7 +130,10 @@ def _run(cfg: PipelineConfig, output_dir: str, span: Optional[int], cache: bool)
     )
     start = time.time()
     run_locally(p)
-    summary = summarize(cfg, output_dir)
+    try:
+        summary = summarize(cfg, output_dir)
+    except Exception as e:  # noqa: BLE001 - named as the summary's failure, not the last component's
+        raise _SummaryFailed(f"the run finished, but its summary could not be read back: {type(e).__name__}: {e}") from e
     summary["seconds"] = round(time.time() - start, 1)
     try:
         from pipelines.run_report import write_run_report
@@ -147,43 +156,51 @@ def _log_handler() -> logging.Handler:
     return h
 
 
-def _run_logged(cfg: PipelineConfig, output_dir: str, span: Optional[int] = None, cache: bool = True) -> RunResult:
+def _run_logged(cfg: PipelineConfig, output_dir: str, span: Optional[int] = None, cache: bool = True,
+                progress_to_stderr: bool = False) -> RunResult:
     from pipelines.progress_view import ProgressPrinter, progress_path
 
     log_path = os.path.join(output_dir, LOG_FILE)
-    terminal = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     events = progress_path(output_dir)
     if os.path.exists(events):
         os.remove(events)
-    printer = ProgressPrinter(events, terminal, tty=terminal.isatty() and not os.environ.get("CI")).start()
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    terminal = os.fdopen(os.dup((sys.stderr if progress_to_stderr else sys.stdout).fileno()), "w")
+    printer = ProgressPrinter(events, terminal, tty=terminal.isatty() and not os.environ.get("CI"))
     component_log = _ComponentLog(terminal)
     handler = _log_handler()
     root = logging.getLogger()
     old_level = root.level
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    old_env = os.environ.get(progress.ENV)
     saved = os.dup(2), os.dup(1)
     sys.stdout.flush(), sys.stderr.flush()
     os.dup2(log_fd, 2), os.dup2(log_fd, 1)  # worker processes inherit these
-    old_env = os.environ.get(progress.ENV)
     os.environ[progress.ENV] = events  # ... and this: their progress events reach the terminal
     root.addHandler(handler), root.addHandler(component_log)
     root.setLevel(min(old_level or logging.INFO, logging.INFO))
     print(f"running {cfg.name}; full log: {log_path}", file=terminal, flush=True)
+    printer.start()
     try:
         return _run(cfg, output_dir, span, cache)
     except Exception as e:  # noqa: BLE001 - every failure becomes one line; the traceback is in the log
         logging.exception("pipeline run failed")
-        where = failed_component(e) or printer.current or component_log.current or "the pipeline"
+        if isinstance(e, _SummaryFailed):
+            where = "the run summary"
+        else:
+            printer.drain_quietly()  # the last events name the stage that was running
+            where = failed_component(e) or printer.current or component_log.current or "the pipeline"
         raise RunFailed(error_line(one_line(e), where, log_path)[len("error: "):]) from e
     finally:
+        # The process's own output first: nothing below may leave it pointing at the log.
         sys.stdout.flush(), sys.stderr.flush()
-        printer.stop()
         os.dup2(saved[0], 2), os.dup2(saved[1], 1)
-        os.close(log_fd), os.close(saved[0]), os.close(saved[1])
+        for fd in (log_fd, *saved):
+            os.close(fd)
         root.removeHandler(handler), root.removeHandler(component_log)
         root.setLevel(old_level)
         if old_env is None:
             os.environ.pop(progress.ENV, None)
         else:
             os.environ[progress.ENV] = old_env
-        terminal.flush()
+        printer.stop()  # never raises: the view is best effort
+        terminal.close()

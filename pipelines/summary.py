@@ -186,8 +186,10 @@ def refusal_hints(s: Dict[str, Any]) -> list:
     for c in v.get("checks") or []:
         if not c.get("passed") and c.get("model_auc") is not None and c.get("reference_auc") is not None:
             short = c["reference_auc"] - (c.get("margin") or 0.0) - c["model_auc"]
+            margin = c.get("margin") or 0.0
+            asks = f"{c['reference_auc']:.4f} - margin {margin:g}" if margin >= 0 else f"{c['reference_auc']:.4f} + {-margin:g}"
             hints.append(f"the model's eval AUC {c['model_auc']:.4f} is {short:.4f} short of what the "
-                         f"{c['name']} check asks ({c['reference_auc']:.4f} - margin {c.get('margin') or 0.0:g})")
+                         f"{c['name']} check asks ({asks})")
     t = s.get("training") or {}
     if t.get("epochs") is not None:
         trained = f"trained {t['steps']:,} steps, {t['epochs']:g} epochs of {t['train_rows']:,} train rows"
@@ -236,7 +238,7 @@ def summary_report(s: Dict[str, Any]) -> Report:
         r.add("serving model", f"{s['serving_model']} (pushed by this run)")
     else:
         r.add("serving model", f"none pushed: {not_pushed_reason(s)}")
-        r.sub("still served", s["serving_model"] or "nothing")
+        r.sub("still served", s.get("serving_model") or "nothing")
     if (s.get("input") or {}).get("span"):
         r.add("input", f"span {s['input']['span']} ({s['input']['files']} files)")
     if s.get("rows_read"):

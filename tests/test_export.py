@@ -277,10 +277,15 @@ def test_cli_runs_the_same_conversion_and_reports_errors(pipeline_run, tmp_path,
     model, eval_pattern = _paths(out)
     assert os.path.exists(os.path.join(model, "pipeline_config.json"))  # the trainer stores its config
     code = main(["--model", model, "--output", str(tmp_path / "cli"), "--examples", eval_pattern,
-                 "--table-dtype", "float16", "--no-tables"])
+                 "--table-dtype", "float16", "--no-tables", "--json"])
     assert code == 0
-    summary = json.loads(capsys.readouterr().out)
+    summary = json.loads(capsys.readouterr().out)  # --json: the export report, nothing else on stdout
     assert summary["table_dtype"] == "float16" and summary["parity"]["passed"]
+    # without --json: the same aligned summary as every tool of the product
+    assert main(["--model", model, "--output", str(tmp_path / "cli2"), "--examples", eval_pattern,
+                 "--table-dtype", "float16", "--no-tables"]) == 0
+    text = capsys.readouterr().out
+    assert "=== export summary ===" in text and "parity:               passed: max |trained - serving|" in text
     assert os.path.isdir(tmp_path / "cli" / SERVING_DIR) and not os.path.exists(tmp_path / "cli" / T.TABLES_DIR)
     assert main(["--model", model, "--output", str(tmp_path / "x"), "--examples", eval_pattern,
                  "--table-key", "no-equals-sign"]) == 2
@@ -288,5 +293,6 @@ def test_cli_runs_the_same_conversion_and_reports_errors(pipeline_run, tmp_path,
     assert main(["--model", model, "--output", str(tmp_path / "y"), "--examples", eval_pattern,
                  "--layout", "C"]) == 2  # C needs a partition strategy
     assert main(["--model", model, "--output", str(tmp_path / "z"), "--examples", str(tmp_path / "none*")]) == 3
+    assert capsys.readouterr().err.strip().count("\n") == 0  # a refusal is one line
     assert "no eval examples match" in capsys.readouterr().err
     _assert_nothing_written(tmp_path / "z")

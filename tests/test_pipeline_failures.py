@@ -87,10 +87,13 @@ def test_a_half_written_registry_entry_stops_the_run_before_anything_is_pushed(t
 
 
 def test_a_model_the_gate_keeps_back_exits_3_with_progress_and_no_noise(tmp_path):
-    """A run that works but whose model the gate refuses: exit status 3, the summary says why no
-    model was pushed; the terminal showed every stage's progress (Trainer steps included) and
-    nothing else; the run report was written."""
+    """A run that works but whose model the gate refuses, with --json: exit status 3; stdout is the
+    summary as JSON and nothing else; stderr showed every stage's progress, the Beam workers'
+    counts and the Trainer's steps included, and nothing else (no TF, XLA, absl or Beam lines, no
+    Python warnings); the summary says why no model was pushed; the run report was written."""
+    from components.reporting import render
     from components.synthetic_data import GeneratorSpec, ensure_dataset
+    from pipelines.summary import summary_report
 
     data = tmp_path / "data.csv"
     ensure_dataset(str(data), GeneratorSpec(rows=3000, seed=5))
@@ -104,23 +107,23 @@ def test_a_model_the_gate_keeps_back_exits_3_with_progress_and_no_noise(tmp_path
     cfg.write_text(yaml.safe_dump(raw))
     env = dict(os.environ, PYTHONPATH=REPO, TF_USE_LEGACY_KERAS="1")
     env.pop("PYTHONWARNINGS", None)  # the run itself must keep warnings off the terminal
-    r = subprocess.run([sys.executable, "-m", "pipelines", "run", "--config", str(cfg), "--output-dir", str(tmp_path / "out")],
-                       capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    r = subprocess.run([sys.executable, "-m", "pipelines", "run", "--config", str(cfg), "--output-dir",
+                        str(tmp_path / "out"), "--json"], capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
     assert r.returncode == 3, (r.stdout[-3000:], r.stderr[-3000:])
-    assert r.stderr == ""
-    out = r.stdout
-    assert "serving model:        none pushed: the validation gate kept the model back: eval AUC" in out
+    summary = json.loads(r.stdout)
+    assert summary["validation"]["blessed"] is False and not summary["pushed_by_this_run"]
+    assert "serving model:        none pushed: the validation gate kept the model back: eval AUC" in render(summary_report(summary))
+    err = r.stderr
     for stage in ("EmbeddingExampleGen", "EmbeddingPreprocess", "Trainer", "EmbeddingExporter", "Pusher"):
-        assert f"] {stage} running" in out and f"] {stage} finished in" in out, stage
-    assert "Trainer: step 40/40, loss" in out and "Trainer: eval at step 40: auc" in out
-    assert "EmbeddingPreprocess: counting values:" in out and "EmbeddingExampleGen: byte ranges:" in out
-    assert "EmbeddingExporter: validation gate: not blessed" in out
-    progress = [l for l in out.splitlines() if l.startswith("[")]
-    summary_at = out.index("=== pipeline summary ===")
-    before = out[:summary_at].splitlines()
-    noise = [l for l in before if l and not l.startswith("[") and not l.startswith("running ")]
+        assert f"] {stage} running" in err and f"] {stage} finished in" in err, stage
+    # counts only Beam's worker processes report
+    assert "byte ranges: 1 / 1 ranges (100%); rows read: 3,000 rows" in err
+    train = summary["rows_read"]["train"]
+    assert f"transforming train: {train:,} / {train:,} rows (100%" in err
+    assert "Trainer: step 40/40, loss" in err and "Trainer: eval at step 40: auc" in err
+    assert "EmbeddingExporter: validation gate: not blessed" in err
+    noise = [l for l in err.splitlines() if l and not l.startswith("[") and not l.startswith("running ")]
     assert noise == [], noise  # no TF / XLA / absl / Beam lines, no Python warnings
-    assert len(progress) >= 15
-    assert os.path.exists(tmp_path / "out" / "run_report.html")
-    assert "run report:           " + str(tmp_path / "out" / "run_report.html") in out
+    assert os.path.exists(summary["report_html"])
     assert not os.path.exists(tmp_path / "out" / "serving")  # nothing pushed

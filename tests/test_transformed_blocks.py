@@ -200,14 +200,30 @@ def test_full_block_count_walks_the_framing_and_checks_the_first_block(tmp_path)
     empty.write_bytes(b"")
     assert row_counts.count_written_file(str(empty), "test", "y", 4) == 0
     # a whole-block file whose blocks hold another number of rows is refused, naming the file
+    from components.errors import LedgerError
+
     wrong, _ = blocks_file("wrong", [3, 3])
-    with pytest.raises(Exception, match=r"wrong should hold blocks of 4 rows each, but its first block holds 3"):
+    with pytest.raises(LedgerError, match=r"wrong should hold blocks of 4 rows each, but its first block holds 3"):
         row_counts.count_written_file(wrong, "EmbeddingPreprocess", "y", 4)
     # a cut after the first block, and one inside it, are both reported
     for cut_at in (len(data) - 3, 10):
         (tmp_path / "cut").write_bytes(data[:cut_at])
-        with pytest.raises(Exception, match="ends inside a record"):
+        with pytest.raises(LedgerError, match="ends inside a record"):
             row_counts.count_written_file(str(tmp_path / "cut"), "EmbeddingPreprocess", "y", 4)
+
+
+def test_full_block_count_across_buffer_refills(tmp_path, monkeypatch):
+    """The first block's walk and the framing walk share one buffer: with a buffer of a few bytes
+    every record crosses a refill, and the counts stay the same."""
+    from components import tfrecords
+    from tfx_bsl.coders import example_coder
+
+    rb = pa.RecordBatch.from_arrays([pa.array([[1.0] * 4] * 7, pa.list_(pa.float32()))], ["y"])
+    (tmp_path / "f").write_bytes(tfrecords.frame(example_coder.RecordBatchToExamplesEncoder().encode(rb)))
+    for block in (5, 13, 64, 1 << 20):
+        monkeypatch.setattr(row_counts, "BLOCK", block)
+        assert row_counts.count_written_file(str(tmp_path / "f"), "test", "y", 4) == 28, block
+        assert row_counts.count_written_file(str(tmp_path / "f"), "test", "y") == 28, block
 
 
 def test_block_row_counter_reads_framed_blocks(tmp_path):

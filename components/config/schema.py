@@ -337,7 +337,7 @@ class BaselineConfig:
 
     enabled: bool = True
     # FTRL: the usual optimizer of wide linear models (per-coordinate rates). The defaults came
-    # within 0.003-0.012 AUC of scikit-learn's converged fit on the public datasets (README).
+    # within 0.003-0.012 AUC of scikit-learn's converged fit on the public datasets (bench/README.md "Defaults on real data").
     optimizer: OptimizerConfig = field(
         default_factory=lambda: OptimizerConfig("ftrl", 1.0, l2_regularization_strength=0.01))
     # Length: train_steps when set; else `epochs` over the train split, between the model's steps

@@ -11,7 +11,8 @@ checkpoints/, Format-Serving/). The config defaults to the one the trainer store
 ExampleGen wrote them (e.g. .../EmbeddingExampleGen/examples/<id>/Split-eval/*), used for the parity
 check and the AUC figures. Prints a summary (`--json`: export_report.json's content). Exit status
 0: exported; 2: bad arguments or config; 3: export refused (the reason is printed; nothing is
-written under OUT_DIR); 1: failed (one line; the traceback goes to OUT_DIR.log).
+written under OUT_DIR); 1: failed (one line; the traceback goes to OUT_DIR.log, or a temporary
+file when that cannot be written).
 """
 from __future__ import annotations
 
@@ -92,7 +93,14 @@ def main(argv=None) -> int:
         import traceback
 
         log = args.output.rstrip("/") + ".log"
-        with open(log, "w", encoding="utf-8") as fh:
+        try:
+            fh = open(log, "w", encoding="utf-8")
+        except OSError:  # a gs:// output, or one whose folder does not exist: a temporary file
+            import tempfile
+
+            fd, log = tempfile.mkstemp(prefix="embedding_exporter-", suffix=".log")
+            fh = os.fdopen(fd, "w", encoding="utf-8")
+        with fh:
             traceback.print_exc(file=fh)
         print(error_line(one_line(err), "export", log), file=sys.stderr)
         return 1

@@ -114,12 +114,15 @@ def _write_traceback(output: str, remote: bool) -> str:
     import tempfile
     import traceback
 
-    if remote:
+    path = None if remote else output.rstrip("/") + ".log"
+    try:
+        fh = open(path, "w", encoding="utf-8") if path else None
+    except OSError:  # its folder does not exist: a temporary file
+        fh = None
+    if fh is None:
         fd, path = tempfile.mkstemp(prefix="embedding_preprocess-", suffix=".log")
-        os.close(fd)
-    else:
-        path = output.rstrip("/") + ".log"
-    with open(path, "w", encoding="utf-8") as fh:
+        fh = os.fdopen(fd, "w", encoding="utf-8")
+    with fh:
         traceback.print_exc(file=fh)
     return path
 

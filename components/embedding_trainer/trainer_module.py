@@ -37,7 +37,7 @@ import json
 import math
 import os
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import components  # noqa: F401
 import numpy as np
@@ -265,13 +265,18 @@ def state_dir(cfg: PipelineConfig, model_uri: str, train_files) -> str:
 class _Checkpointer(tf.keras.callbacks.Callback):
     """Saves every `checkpoint_every_steps` (the epoch length) and stops at exactly `total_steps`."""
 
-    def __init__(self, manager: tf.train.CheckpointManager, step: tf.Variable, total_steps: int):
+    def __init__(self, manager: tf.train.CheckpointManager, step: tf.Variable, total_steps: int,
+                 on_step: Optional[Callable[[int, Any], None]] = None):
         super().__init__()
         self.manager, self.step, self.total_steps = manager, step, total_steps
+        self.on_step = on_step  # called with each step reached (live progress)
         self.saved_steps = []
 
     def on_train_batch_end(self, batch, logs=None):
-        if int(self.step.numpy()) >= self.total_steps:
+        n = int(self.step.numpy())
+        if self.on_step is not None:
+            self.on_step(n, logs)
+        if n >= self.total_steps:
             self.model.stop_training = True
 
     def on_epoch_end(self, epoch, logs=None):
@@ -281,17 +286,17 @@ class _Checkpointer(tf.keras.callbacks.Callback):
         logging.info("checkpoint at step %d: %s", n, self.manager.latest_checkpoint)
 
 
-class _Progress(tf.keras.callbacks.Callback):
+class _Progress:
     """Live progress (components/progress.py): the step, loss and examples per second, at most
-    once a second and at the last step; a no-op unless a local run's terminal watches."""
+    once a second and at the last step. Called by `_Checkpointer` with the step it already read
+    (one read of the step variable per step, not two)."""
 
-    def __init__(self, step: tf.Variable, total_steps: int, batch_size: int, every_seconds: float = 1.0):
-        super().__init__()
-        self.step, self.total, self.batch_size, self.every = step, total_steps, batch_size, every_seconds
+    def __init__(self, total_steps: int, batch_size: int, every_seconds: float = 1.0):
+        self.total, self.batch_size, self.every = total_steps, batch_size, every_seconds
         self._last = None  # (time, step) of the last report
 
-    def on_train_batch_end(self, batch, logs=None):
-        now, n = time.time(), int(self.step.numpy())
+    def __call__(self, n: int, logs=None) -> None:
+        now = time.time()
         if self._last is None:
             self._last = (now, n)
             progress.step(progress.TRAINER, n, self.total, (logs or {}).get("loss"))
@@ -396,10 +401,8 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
         train_ds = strategy.distribute_datasets_from_function(train_input)
     else:
         train_ds = train_input()
-    checkpointer = _Checkpointer(manager, step, steps)
+    checkpointer = _Checkpointer(manager, step, steps, _Progress(steps, t.batch_size) if progress.enabled() else None)
     callbacks = [checkpointer]
-    if progress.enabled():
-        callbacks.append(_Progress(step, steps, t.batch_size))
     progress.phase(progress.TRAINER, f"training {steps:,} steps of {t.batch_size} examples"
                                      + (f", resuming at step {start:,}" if start else "")
                                      + f" ({type(strategy).__name__}, {replicas} replica(s))")
