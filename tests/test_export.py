@@ -292,7 +292,10 @@ def test_cli_runs_the_same_conversion_and_reports_errors(pipeline_run, tmp_path,
     assert "TABLE=CHECKPOINT_KEY" in capsys.readouterr().err
     assert main(["--model", model, "--output", str(tmp_path / "y"), "--examples", eval_pattern,
                  "--layout", "C"]) == 2  # C needs a partition strategy
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: export.layout.kind: C needs export.layout.partition_strategy (div or mod, as in training)"]
     assert main(["--model", model, "--output", str(tmp_path / "z"), "--examples", str(tmp_path / "none*")]) == 3
-    assert capsys.readouterr().err.strip().count("\n") == 0  # a refusal is one line
+    refusal = capsys.readouterr().err.strip().splitlines()
+    assert len(refusal) == 1 and refusal[0].startswith("error: export refused: no eval examples match")  # one line
     assert "no eval examples match" in capsys.readouterr().err
     _assert_nothing_written(tmp_path / "z")

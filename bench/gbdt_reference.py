@@ -1,0 +1,127 @@
+"""Gradient-boosted trees (LightGBM) on the pipeline's own train/eval split: the bar tabular users
+hold the model to, beside the model and the built-in baseline of the same run.
+
+    .venv/bin/python bench/gbdt_reference.py OUTPUT_DIR CONFIG [--rounds 3000] [--max-categories 10000]
+
+OUTPUT_DIR: a finished `pipelines run` of CONFIG. Reads the newest ExampleGen Parquet splits (the
+raw typed columns: the same rows and the same hash split the model saw) and builds LightGBM's input
+from CONFIG: every dense feature as a float (a missing cell stays NaN: LightGBM's own missing-value
+handling), every categorical feature as a pandas category of its raw cell (a multi-valued cell as
+one category; a feature with more distinct train values than --max-categories keeps its most
+frequent ones and puts the rest in one "other" category). Rows without a label are left out, as
+preprocessing leaves them out. The number of boosting rounds is chosen by early stopping on a 10%
+slice of the train split, never on the eval split; the eval AUC is the exact AUC on the whole eval
+split (components.metrics.roc_auc, as the validation gate computes it). Prints one RESULT line:
+the run's model and baseline AUC (its eval_metrics.json) and LightGBM's, with seconds.
+
+LightGBM is a benchmark-only dependency, kept out of the product's lock: install it once with
+`.venv/.tools/bin/uv pip install --python .venv/bin/python --target data/bench/lightgbm --no-deps lightgbm==4.6.0`
+(it needs only numpy and scipy, both in .venv).
+"""
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "data", "bench", "lightgbm"))
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+import components  # noqa: E402,F401
+
+
+def first_values(col: pa.ChunkedArray):
+    """A list column -> (first value of each row as a numpy array, whether the row has one)."""
+    col = col.combine_chunks()
+    offsets = np.asarray(col.offsets)
+    has = np.diff(offsets) > 0
+    flat = col.flatten()
+    return flat.take(pa.array(offsets[:-1][has])), has
+
+
+def frame(tables, cfg, max_categories: int, categories=None):
+    """Raw Parquet tables of one split -> (features DataFrame, labels, the categories used)."""
+    t = pa.concat_tables(tables)
+    label_values, has_label = first_values(t.column(cfg.label))
+    keep = np.flatnonzero(has_label)
+    y = (np.asarray(label_values.to_numpy(zero_copy_only=False), dtype=np.float64) > 0).astype(np.int32)
+    out = {}
+    categories = dict(categories or {})
+    for d in cfg.dense_features:
+        values, has = first_values(t.column(d.source))
+        x = np.full(t.num_rows, np.nan)
+        x[has] = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float64)
+        out[d.name] = x[keep]
+    for f in cfg.categorical_features:
+        source = f.source
+        if source in out:
+            continue
+        values, has = first_values(t.column(source))
+        raw = np.full(t.num_rows, None, dtype=object)
+        raw[has] = values.cast(pa.string()).to_numpy(zero_copy_only=False) if pa.types.is_binary(values.type) \
+            else values.to_numpy(zero_copy_only=False).astype(str)
+        raw = pd.Series(raw[keep])
+        if source not in categories:  # from the train split: its most frequent values
+            categories[source] = list(raw.value_counts().index[:max_categories])
+        known = raw.where(raw.isin(categories[source]), other="__other__").where(raw.notna(), None)
+        out[source] = pd.Categorical(known, categories=[*categories[source], "__other__"])
+    return pd.DataFrame(out), y, categories
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("output_dir")
+    ap.add_argument("config")
+    ap.add_argument("--rounds", type=int, default=3000, help="most boosting rounds (early stopping picks fewer)")
+    ap.add_argument("--max-categories", type=int, default=10000)
+    ap.add_argument("--learning-rate", type=float, default=0.05)
+    ap.add_argument("--leaves", type=int, default=63)
+    args = ap.parse_args(argv)
+    try:
+        import lightgbm as lgb
+    except ImportError:
+        raise SystemExit("lightgbm is not installed: see this script's docstring for the one command that installs it")
+    from components.config import load_config
+    from components.metrics import roc_auc
+    from pipelines.summary import _latest
+
+    cfg = load_config(args.config)
+    root = os.path.join(args.output_dir, "pipeline_root")
+    examples = os.path.dirname(_latest(os.path.join(root, "EmbeddingExampleGen", "examples", "*", "ledger.json")))
+    metrics_path = _latest(os.path.join(root, "Trainer", "model", "*", "eval_metrics.json"))
+    metrics = json.load(open(metrics_path)) if metrics_path else {}
+
+    def read(split):
+        return [pq.read_table(f) for f in sorted(glob.glob(os.path.join(examples, f"Split-{split}", "*.parquet")))]
+
+    start = time.time()
+    x, y, cats = frame(read("train"), cfg, args.max_categories)
+    xe, ye, _ = frame(read("eval"), cfg, args.max_categories, cats)
+    # the early-stopping slice: every 10th train row (the split's rows are in file order, not by label)
+    hold = np.arange(len(y)) % 10 == 0
+    params = {"objective": "binary", "learning_rate": args.learning_rate, "num_leaves": args.leaves,
+              "min_data_in_leaf": 50, "feature_fraction": 0.8, "bagging_fraction": 0.8, "bagging_freq": 1,
+              "lambda_l2": 1.0, "cat_smooth": 10.0, "cat_l2": 10.0, "max_cat_to_onehot": 4,
+              "num_threads": os.cpu_count() or 1, "verbose": -1, "seed": 1}
+    train = lgb.Dataset(x[~hold], y[~hold])
+    valid = lgb.Dataset(x[hold], y[hold], reference=train)
+    booster = lgb.train(params, train, num_boost_round=args.rounds, valid_sets=[valid],
+                        callbacks=[lgb.early_stopping(50, verbose=False)])
+    auc = roc_auc(booster.predict(xe, num_iteration=booster.best_iteration), ye)
+    seconds = time.time() - start
+    ours, base = metrics.get("auc"), (metrics.get("baseline") or {}).get("auc")
+    fmt = lambda v: f"{v:.4f}" if isinstance(v, (int, float)) else "-"  # noqa: E731
+    print(f"RESULT {cfg.name}: model {fmt(ours)} baseline {fmt(base)} lightgbm {auc:.4f} "
+          f"({booster.best_iteration} rounds, {seconds:.0f} s; train {len(y):,} rows, eval {len(ye):,})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
