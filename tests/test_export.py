@@ -297,5 +297,4 @@ def test_cli_runs_the_same_conversion_and_reports_errors(pipeline_run, tmp_path,
     assert main(["--model", model, "--output", str(tmp_path / "z"), "--examples", str(tmp_path / "none*")]) == 3
     refusal = capsys.readouterr().err.strip().splitlines()
     assert len(refusal) == 1 and refusal[0].startswith("error: export refused: no eval examples match")  # one line
-    assert "no eval examples match" in capsys.readouterr().err
     _assert_nothing_written(tmp_path / "z")
