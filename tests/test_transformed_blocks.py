@@ -253,3 +253,24 @@ def test_tfrecord_framing_walk_counts_reads_and_reports_a_cut(tmp_path):
         assert row_counts.count_tfrecords(io.BytesIO(data[:cut])) == row_counts.TFRecordCount(complete, True)
         with pytest.raises(ValueError, match="ends inside a record"):
             list(row_counts.tfrecord_payloads(io.BytesIO(data[:cut])))
+
+
+@pytest.mark.parametrize("fmt", ["examples", "blocks"])
+def test_a_wide_shuffle_buffer_draws_from_the_whole_split(runs, fmt):
+    """Transformed rows keep the input's order: the training shuffle buffer (in rows,
+    `training.shuffle_buffer_rows`) decides how far apart the rows of one batch may lie. Its first
+    batches come from the first rows with the smallest buffer (16 batches), from the whole split
+    with a buffer as large as the split."""
+    cfg, tx = runs[fmt]
+    manifest = tm.read_manifest_for([_pattern(tx, "train")])
+    order = {}
+    for f, y in make_dataset([_pattern(tx, "train")], manifest, 32, training=False):
+        for row in _rows(f, y):
+            order.setdefault(row, len(order))
+
+    def reach(shuffle_rows):
+        ds = make_dataset([_pattern(tx, "train")], manifest, 32, training=True, seed=3, shuffle_rows=shuffle_rows)
+        return max(order[r] for f, y in ds.take(4) for r in _rows(f, y) if r in order)
+
+    narrow, wide = reach(1), reach(ROWS)  # 1: at least 16 batches (512 rows)
+    assert narrow < 0.6 * len(order) < wide, (narrow, wide, len(order))

@@ -193,8 +193,8 @@ def _one_hot(files, manifest, plan):
             rows.append(r + n0)
             cols.append(ids.values.numpy() + offsets[plan.features[name].table])
             vals.append(1.0 / counts[r])
-        d = np.concatenate([f[k].numpy().reshape(-1, 1) for k in manifest.dense_names], 1)
-        dense.append(np.sign(d) * np.log1p(np.abs(d)))
+        d = np.concatenate([f[k].numpy().reshape(-1, 1) for k in manifest.dense_names] or [np.zeros((n, 0))], 1)
+        dense.append(np.sign(d) * np.log1p(np.abs(d)))  # (no dense features: zero columns)
         labels.append(y.numpy().ravel())
         n0 += n
     x = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n0, total))

@@ -290,6 +290,9 @@ class TrainingConfig:
     checkpoint_dir: Optional[str] = None
     checkpoint_every_steps: int = 500  # checkpoint every this many steps (and at the end); a restarted run resumes
     steps_per_execution: int = 1  # training steps per tf.function call (Keras compile); divides checkpoint_every_steps
+    # The training shuffle buffer in rows (at least 16 batches): input ordered by time needs a wide
+    # one (embedding_model/input.DEFAULT_SHUFFLE_ROWS says what it changed on real data).
+    shuffle_buffer_rows: int = 65_536
     # TPU only: overlap the embedding lookups with the TensorCore step (faster; the lookups then see
     # tables one step old, so results differ slightly from CPU/GPU and from false). CPU/GPU ignore it.
     pipeline_execution_with_tensor_core: bool = False

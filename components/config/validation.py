@@ -151,7 +151,8 @@ def _check_column_roles(cfg: PipelineConfig) -> None:
 def _check_training(cfg: PipelineConfig) -> None:
     tr = cfg.training
     check_choice(tr.model, MODEL_TYPES, "training.model")
-    for name in ("batch_size", "train_steps", "eval_steps", "checkpoint_every_steps", "steps_per_execution"):
+    for name in ("batch_size", "train_steps", "eval_steps", "checkpoint_every_steps", "steps_per_execution",
+                 "shuffle_buffer_rows"):
         check_positive(getattr(tr, name), f"training.{name}", "set a positive integer")
     check_positive(tr.epochs, "training.epochs", "passes over the train split when train_steps is unset, e.g. 3")
     if tr.checkpoint_every_steps % tr.steps_per_execution or (tr.train_steps or 0) % tr.steps_per_execution:

@@ -155,7 +155,8 @@ def train_baseline(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: Vocabular
                 total += step(*next(iterator))
             return total / tf.cast(k, tf.float32)
 
-        train = make_dataset(train_files, manifest, cfg.training.batch_size, training=True, seed=cfg.training.seed)
+        train = make_dataset(train_files, manifest, cfg.training.batch_size, training=True, seed=cfg.training.seed,
+                             shuffle_rows=cfg.training.shuffle_buffer_rows)
         iterator = iter(train)
         losses, done = [], 0
         while done < steps:

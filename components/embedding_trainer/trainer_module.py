@@ -248,7 +248,7 @@ def training_input(train_files, manifest: VocabularyManifest, plan: EmbeddingPla
     def train_input(ctx: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
         ds = make_dataset(train_files, manifest, per_replica, training=True, seed=t.seed,
                           skip_batches=start * replicas, dense_id_widths=widths, sequence_lengths=lengths,
-                          global_batch=per_replica * replicas)
+                          global_batch=per_replica * replicas, shuffle_rows=t.shuffle_buffer_rows)
         return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id) if ctx and ctx.num_input_pipelines > 1 else ds
 
     return train_input
