@@ -58,6 +58,26 @@ def error_line(cause: str, where: Optional[str] = None, log: Optional[str] = Non
     return f"error: {text}" + (f" (full log: {log})" if log else "")
 
 
+def write_traceback(path: Optional[str], prefix: str) -> str:
+    """The exception being handled, its traceback written to `path` (a local file beside the
+    output), or to a temporary file named `<prefix>-*.log` when there is none or it cannot be
+    written (a gs:// output, a missing folder); returns where it went."""
+    import os
+    import tempfile
+    import traceback
+
+    try:
+        fh = open(path, "w", encoding="utf-8") if path else None
+    except OSError:
+        fh = None
+    if fh is None:
+        fd, path = tempfile.mkstemp(prefix=prefix + "-", suffix=".log")
+        fh = os.fdopen(fd, "w", encoding="utf-8")
+    with fh:
+        traceback.print_exc(file=fh)
+    return path
+
+
 def count_list(counts: Dict[str, Any]) -> str:
     """{'train': 299730, 'eval': 75270} -> 'train 299,730, eval 75,270' (nested dicts summed)."""
     def total(v: Any) -> Any:

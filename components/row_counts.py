@@ -249,22 +249,20 @@ def count_written_file(path: str, stage: str, block_label: Optional[str] = None,
     rows."""
     from components.errors import LedgerError
 
-    if block_label is not None and block_rows is not None:
-        c = count_file(path, lambda fh: count_full_blocks(fh, block_label))
-        if c.truncated:
-            raise LedgerError(f"{stage}: output file {path} ends inside a record")
-        if c.first_block_rows not in (None, block_rows):
-            raise LedgerError(f"{stage}: output file {path} should hold blocks of {block_rows} rows each, "
-                              f"but its first block holds {c.first_block_rows}")
-        return c.blocks * block_rows
     if block_label is None:
         c = count_file(path, count_tfrecords)
         n = c.records
-    else:
+    elif block_rows is None:
         c = count_file(path, lambda fh: count_block_rows(fh, block_label))
         n = c.rows
+    else:
+        c = count_file(path, lambda fh: count_full_blocks(fh, block_label))
+        n = c.blocks * block_rows
     if c.truncated:
         raise LedgerError(f"{stage}: output file {path} ends inside a record")
+    if isinstance(c, FullBlockCount) and c.first_block_rows not in (None, block_rows):
+        raise LedgerError(f"{stage}: output file {path} should hold blocks of {block_rows} rows each, "
+                          f"but its first block holds {c.first_block_rows}")
     return n
 
 

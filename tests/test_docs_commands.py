@@ -43,25 +43,23 @@ class _Parsed(Exception):
 def _parse_only(monkeypatch):
     """argparse stops the program right after its top-level parse (errors still exit 2)."""
     depth = [0]
-    orig_known, orig_args = argparse.ArgumentParser.parse_known_args, argparse.ArgumentParser.parse_args
 
-    def parse_known_args(self, args=None, namespace=None):
-        depth[0] += 1
-        try:
-            result = orig_known(self, args, namespace)
-        finally:
-            depth[0] -= 1
-        if depth[0] == 0:
-            raise _Parsed(result)
-        return result
+    def stopping(orig, always: bool):
+        """`orig`, stopped with _Parsed after the top-level call (`always`: after any call)."""
+        def parse(self, args=None, namespace=None):
+            depth[0] += 1
+            try:
+                result = orig(self, args, namespace)
+            finally:
+                depth[0] -= 1
+            if always or depth[0] == 0:
+                raise _Parsed(result)
+            return result
+        return parse
 
-    def parse_args(self, args=None, namespace=None):
-        depth[0] += 1
-        try:
-            result = orig_args(self, args, namespace)
-        finally:
-            depth[0] -= 1
-        raise _Parsed(result)
+    # parse_args calls parse_known_args (and sub-parsers call it too): only the outermost call stops
+    parse_known_args = stopping(argparse.ArgumentParser.parse_known_args, always=False)
+    parse_args = stopping(argparse.ArgumentParser.parse_args, always=True)
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", parse_known_args)
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_args)

@@ -17,7 +17,6 @@ file when that cannot be written).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -48,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     from components.errors import one_line
-    from components.reporting import emit, error_line
+    from components.reporting import emit, error_line, write_traceback
 
     args = _parser().parse_args(argv)
     from components.config import ConfigError, check_export_config, config_from_json, load_config
@@ -87,29 +86,14 @@ def main(argv=None) -> int:
     try:
         report = export_serving_model(cfg, args.model, args.examples, args.output, checkpoint_path=args.checkpoint)
     except ExportRefused as err:
-        print(error_line(f"export refused: {one_line_text(err)}"), file=sys.stderr)
+        print(error_line(f"export refused: {err}"), file=sys.stderr)  # its first line
         return 3
     except Exception as err:  # noqa: BLE001 - one line on the terminal, the traceback in a log file
-        import traceback
-
-        log = args.output.rstrip("/") + ".log"
-        try:
-            fh = open(log, "w", encoding="utf-8")
-        except OSError:  # a gs:// output, or one whose folder does not exist: a temporary file
-            import tempfile
-
-            fd, log = tempfile.mkstemp(prefix="embedding_exporter-", suffix=".log")
-            fh = os.fdopen(fd, "w", encoding="utf-8")
-        with fh:
-            traceback.print_exc(file=fh)
+        log = write_traceback(args.output.rstrip("/") + ".log", "embedding_exporter")
         print(error_line(one_line(err), "export", log), file=sys.stderr)
         return 1
     emit(export_summary(report, args.output), as_json=args.json)
     return 0
-
-
-def one_line_text(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def export_summary(report, output: str):

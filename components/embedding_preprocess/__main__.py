@@ -27,7 +27,7 @@ from typing import List, Optional
 import components  # noqa: F401
 from components.config import ConfigError, load_config
 from components.errors import one_line
-from components.reporting import emit, error_line
+from components.reporting import emit, error_line, write_traceback
 
 
 def _pattern(path: str) -> str:
@@ -97,7 +97,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Exception as e:  # noqa: BLE001 - one line on the terminal, the traceback in a log file
         if not remote:
             shutil.rmtree(work, ignore_errors=True)
-        log = _write_traceback(args.output, remote)
+        log = write_traceback(None if remote else args.output.rstrip("/") + ".log", "embedding_preprocess")
         print(error_line(one_line(e), "preprocessing", log), file=sys.stderr)
         return 1
     if not remote:
@@ -107,24 +107,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     seconds = time.time() - start
     emit(preprocess_report(stats, args.output, seconds), as_json=args.json)
     return 0
-
-
-def _write_traceback(output: str, remote: bool) -> str:
-    """The current exception's traceback in DIR.log (a local DIR) or a temporary file; its path."""
-    import tempfile
-    import traceback
-
-    path = None if remote else output.rstrip("/") + ".log"
-    try:
-        fh = open(path, "w", encoding="utf-8") if path else None
-    except OSError:  # its folder does not exist: a temporary file
-        fh = None
-    if fh is None:
-        fd, path = tempfile.mkstemp(prefix="embedding_preprocess-", suffix=".log")
-        fh = os.fdopen(fd, "w", encoding="utf-8")
-    with fh:
-        traceback.print_exc(file=fh)
-    return path
 
 
 def preprocess_report(stats, output: str, seconds: float):

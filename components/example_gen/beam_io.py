@@ -33,6 +33,8 @@ import pyarrow as pa
 from components import progress, row_counts
 from components.example_gen import ranges, split_hash
 
+# Live progress (components/progress.py): the rows read and the byte ranges finished.
+ROWS_READ, RANGES_DONE = "rows read", "byte ranges"
 READ_BLOCK_BYTES = 16 << 20  # pyarrow CSV block: one RecordBatch per block
 TFRECORD_BATCH = 4096
 MAX_EXAMPLES = 5  # malformed / corrupt rows named per reason
@@ -208,7 +210,7 @@ class ReadAndWriteRange(beam.DoFn):
         writers = {s: SplitWriter(d, self._tmp_dir, name) for s, d in self._split_dirs.items()}
         for rb in batches:
             counts["rows/parsed"] += rb.num_rows
-            progress.count(progress.EXAMPLE_GEN, "rows read", rb.num_rows)
+            progress.count(progress.EXAMPLE_GEN, ROWS_READ, rb.num_rows)
             typed, c = type_rows(self._cfg, rb)
             counts.update(c)
             if not typed.num_rows:
@@ -223,7 +225,7 @@ class ReadAndWriteRange(beam.DoFn):
         for s, w in writers.items():
             w.close()
             counts[f"split/{s}"] += w.rows
-        progress.count(progress.EXAMPLE_GEN, "byte ranges", 1, total=self._total, unit="ranges")
+        progress.count(progress.EXAMPLE_GEN, RANGES_DONE, 1, total=self._total, unit="ranges")
         out: Dict[str, Any] = dict(counts)
         out.update({f"examples/{k}": v for k, v in samples.items()})
         yield out

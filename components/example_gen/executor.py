@@ -133,7 +133,7 @@ class Executor(BaseExampleGenExecutor):
 
         from components.beam_runtime import ensure_local_runner_safe
         from components.example_gen import ranges
-        from components.example_gen.beam_io import WriteExamples
+        from components.example_gen.beam_io import RANGES_DONE, WriteExamples
 
         self._log_startup(input_dict, output_dict, exec_properties)
         ensure_local_runner_safe(self._beam_pipeline_args)
@@ -152,7 +152,7 @@ class Executor(BaseExampleGenExecutor):
         counts_path = os.path.join(examples.uri, COUNTS_FILE)
         progress.phase(progress.EXAMPLE_GEN, f"reading {len(files)} file(s), {sum(n for _, n in files) / 1e6:,.1f} MB "
                                              f"in {len(byte_ranges)} byte range(s)")
-        progress.count(progress.EXAMPLE_GEN, "byte ranges", 0, total=len(byte_ranges), unit="ranges")
+        progress.count(progress.EXAMPLE_GEN, RANGES_DONE, 0, total=len(byte_ranges), unit="ranges")
         with self._make_beam_pipeline() as pipeline:
             _ = pipeline | "WriteExamples" >> WriteExamples(
                 exec_properties[CONFIG_KEY], byte_ranges, split_dirs, bounds, tmp_dir, counts_path
