@@ -11,6 +11,14 @@ the vocabulary), in batches of 4,096 as the transform pass calls them, each cont
 process. Reported: ns per token looked up, build seconds, and the memory the lookup holds (RSS
 after the vocabulary's Python list is built, the lookup built and the list dropped, minus RSS
 before). The IDs must be identical (checked). Results: bench/results/lookup.json.
+
+    .venv/bin/python bench/lookup_bench.py --load [--vocabulary 3400000]
+
+compares how a transform worker loads a vocabulary file into its lookup: the shipped
+`read_vocabulary_tokens` (one Arrow array from the file's bytes) against reading it as a list of
+Python bytes objects first (`read_vocabulary`, what the workers did before). Each in a fresh
+process; reported: the peak RSS gained while loading, what stays held after the load, and the
+seconds. Results: bench/results/lookup_load.json.
 """
 from __future__ import annotations
 
@@ -66,11 +74,74 @@ print(json.dumps({"ns_per_token": seconds / n * 1e9, "build_s": build, "held_mb"
 """
 
 
+LOAD_CHILD = r"""
+import gc, json, resource, sys, time
+sys.path.insert(0, sys.argv[1])
+import numpy as np, pyarrow as pa
+from components.embedding_preprocess import vocabulary as V
+
+kind, directory = sys.argv[2], sys.argv[3]
+from apache_beam.io.filesystems import FileSystems  # noqa: F401  (imported by the readers)
+lookup = V.VocabularyLookup([b"warm"], 1)  # imports and first-call allocations before measuring
+lookup.lookup(pa.array([b"warm"], pa.binary()))
+gc.collect()
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+before, peak_before = rss(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+t = time.perf_counter()
+tokens = V.read_vocabulary_tokens(directory, "v") if kind == "arrow" else V.read_vocabulary(directory, "v")
+lookup = V.VocabularyLookup(tokens, 1)
+ids, _ = lookup.lookup(pa.array([b"%08x" % 5, b"unseen"], pa.binary()))  # builds the hash table
+del tokens
+gc.collect()
+seconds = time.perf_counter() - t
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"peak_gain_mb": (peak - max(before, peak_before)) / 1e6, "held_mb": (rss() - before) / 1e6,
+                  "seconds": seconds, "size": lookup.size, "ids": ids.tolist()}))
+"""
+
+
+def load_main(sizes) -> int:
+    import tempfile
+
+    import numpy as np
+    import pyarrow as pa
+
+    sys.path.insert(0, REPO)
+    from components.embedding_preprocess import vocabulary as V
+
+    results = []
+    print("| vocabulary | load | peak gained MB | held after MB | seconds |")
+    print("|---|---|---|---|---|")
+    for size in sizes:
+        with tempfile.TemporaryDirectory() as d:
+            tokens = pa.array([b"%08x" % i for i in np.random.default_rng(0).permutation(size)], pa.binary())
+            V.write_vocabulary_arrays(d, "v", tokens, pa.array(np.ones(size, np.int64)))
+            row = {"vocabulary": size}
+            for kind in ("arrow", "list"):
+                out = subprocess.run([sys.executable, "-c", LOAD_CHILD, REPO, kind, d],
+                                     capture_output=True, text=True, check=True).stdout
+                row[kind] = json.loads(out.strip().splitlines()[-1])
+            if row["arrow"]["ids"] != row["list"]["ids"] or row["arrow"]["size"] != size:
+                raise SystemExit(f"vocabulary {size}: the two loads gave different lookups")
+        results.append(row)
+        for kind, label in (("arrow", "one Arrow array (shipped)"), ("list", "list of bytes objects")):
+            r = row[kind]
+            print(f"| {size:,} | {label} | {r['peak_gain_mb']:,.0f} | {r['held_mb']:,.0f} | {r['seconds']:.2f} |")
+    os.makedirs(os.path.join(REPO, "bench", "results"), exist_ok=True)
+    with open(os.path.join(REPO, "bench", "results", "lookup_load.json"), "w") as fh:
+        json.dump(results, fh, indent=2)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--vocabulary", type=int, nargs="+", default=[100_000, 3_000_000])
     ap.add_argument("--tokens", type=int, default=1_000_000)
+    ap.add_argument("--load", action="store_true", help="compare how a vocabulary file is loaded instead")
     args = ap.parse_args()
+    if args.load:
+        return load_main(args.vocabulary)
     results = []
     print("| vocabulary | lookup | ns per token | build s | memory held MB |")
     print("|---|---|---|---|---|")

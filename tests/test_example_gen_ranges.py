@@ -146,6 +146,22 @@ def test_row_hash_depends_on_the_row_only():
     assert H.row_hashes(without, ["C1", "I1", "label"])[0] == whole[4]
 
 
+def test_long_buffers_hash_in_pieces_alike(monkeypatch):
+    """binary_value_hashes cuts a long buffer (a whole vocabulary) into pieces of _CHUNK_BYTES to
+    bound its temporaries; every piece size gives the same hashes, slices and a value longer than
+    a piece included."""
+    rng = np.random.default_rng(1)
+    values = pa.array([bytes(rng.integers(0, 256, rng.integers(0, 40)).astype(np.uint8)) for _ in range(20_000)]
+                      + [b"x" * 100_000, b"", b"ab"], pa.binary())
+    monkeypatch.setattr(H, "_CHUNK_BYTES", 1 << 40)
+    whole = {k: H.binary_value_hashes(v) for k, v in (("all", values), ("mid", values.slice(5, 15_000)),
+                                                        ("end", values.slice(19_990)))}
+    for piece in (1, 7, 1000, 50_000):
+        monkeypatch.setattr(H, "_CHUNK_BYTES", piece)
+        for k, v in (("all", values), ("mid", values.slice(5, 15_000)), ("end", values.slice(19_990))):
+            assert np.array_equal(H.binary_value_hashes(v), whole[k]), (piece, k)
+
+
 def test_split_proportions_and_buckets():
     n = 200_000
     rb = pa.RecordBatch.from_pydict({"C1": pa.array([[f"t{i}".encode()] for i in range(n)], pa.list_(pa.binary()))})

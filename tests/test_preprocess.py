@@ -432,6 +432,20 @@ def test_vocabulary_lookup_of_a_sliced_batch_and_of_bytes():
     assert lookup.lookup(pa.array([], pa.binary()))[0].tolist() == []
 
 
+@pytest.mark.parametrize("data", [
+    b"", b"a\n", b"a\nbb\n\nccc\n", b"a\nb", b"\n\n", b"x\r\n\xff\x00\n", b"only",
+])
+def test_vocabulary_tokens_are_the_files_complete_lines(tmp_path, data):
+    """read_vocabulary_tokens (an Arrow array from the file's bytes) holds exactly the lines
+    `data.split(b"\\n")[:-1]` gives: a last line without its line break is not a token, a CR stays."""
+    (tmp_path / "t.txt").write_bytes(data)
+    tokens = V.read_vocabulary_tokens(str(tmp_path), "t")
+    tokens.validate(full=True)
+    assert tokens.type == pa.binary()
+    assert tokens.to_pylist() == (data.split(b"\n")[:-1] if data else [])
+    assert V.read_vocabulary(str(tmp_path), "t") == tokens.to_pylist()
+
+
 def test_a_file_the_run_did_not_write_stops_the_ledger(tmp_path):
     """The written rows are counted inside the pipeline, file by file, from the final names the
     writes report; a file in the output directory that the run did not write is refused."""

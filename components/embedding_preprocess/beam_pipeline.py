@@ -226,7 +226,7 @@ class _SummarizeBucket(beam.DoFn):
             self._features_of.setdefault(cfg.feature_table(f).name, []).append(f.name)
         self._shared = set(shared_table_features(cfg))
         self._given = {  # written into the vocabulary directory before the pipeline (run.py)
-            name: pa.array(V.read_vocabulary(self._vocabulary_dir, name), pa.binary())
+            name: V.read_vocabulary_tokens(self._vocabulary_dir, name)
             for name, options in self._tables.items() if options.kind in V.GIVEN_KINDS
         }
 
@@ -255,7 +255,7 @@ def _write_vocabulary(item: KeyedSummary, out_dir: str, options_json: str):
     options = VocabularyOptions(**json.loads(options_json)[name])
     covered = None
     if options.kind in V.GIVEN_KINDS:  # list / file (written before the pipeline): its lines, with the counts seen
-        given_tokens = pa.array(V.read_vocabulary(out_dir, name), pa.binary())
+        given_tokens = V.read_vocabulary_tokens(out_dir, name)
         occurring = summary.candidates  # the given tokens that occur, with their counts
         where = pc.index_in(given_tokens, value_set=occurring.values)
         seen = pc.fill_null(pc.take(occurring.counts, where), 0)

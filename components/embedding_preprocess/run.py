@@ -83,7 +83,7 @@ def _raw_kinds(cfg: PipelineConfig, raw: Dict[str, float]) -> Dict[str, str]:
 def build_manifest(cfg: PipelineConfig, raw: Dict[str, float], vocabulary_dir: str) -> VocabularyManifest:
     vocabularies = {}
     for t in cfg.tables:
-        size, num_oov_buckets = V.table_layout(t.vocabulary, len(V.read_vocabulary(vocabulary_dir, t.name)))
+        size, num_oov_buckets = V.table_layout(t.vocabulary, len(V.read_vocabulary_tokens(vocabulary_dir, t.name)))
         vocabularies[t.name] = VocabularyEntry(
             file=os.path.basename(A.vocabulary_file(vocabulary_dir, t.name)),
             counts_file=os.path.basename(A.counts_file(vocabulary_dir, t.name)),

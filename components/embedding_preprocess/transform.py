@@ -42,7 +42,7 @@ def read_batch_rows(batch_size: int) -> int:
     return batch_size * max(1, -(-16384 // batch_size))
 
 
-def make_lookups(cfg: PipelineConfig, vocabularies: Dict[str, List[bytes]]) -> Dict[str, V.VocabularyLookup]:
+def make_lookups(cfg: PipelineConfig, vocabularies: Dict[str, Sequence[bytes]]) -> Dict[str, V.VocabularyLookup]:
     """One lookup per table: its vocabulary as written in the vocabulary directory (counted, or
     the given lines of a list / file vocabulary; a table without one gets an empty vocabulary),
     a hashed table's num_buckets OOV rows (V3), or an identity table's IDs (V4)."""
@@ -74,7 +74,7 @@ def load_lookups(
         # Given vocabularies were written before the pipeline (run_preprocessing), also for a
         # table the train split never fed (then absent from `sizes`).
         given = [t.name for t in cfg.tables if t.vocabulary.kind in V.GIVEN_KINDS]
-        vocabularies = {name: V.read_vocabulary(vocabulary_dir, name) for name in [*sizes, *given]}
+        vocabularies = {name: V.read_vocabulary_tokens(vocabulary_dir, name) for name in [*sizes, *given]}
         for name, size in sizes.items():
             if len(vocabularies[name]) != size:
                 raise RuntimeError(

@@ -49,10 +49,11 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 
 # base -> base**0 .. base**(m-1), kept so that every batch's hashing reuses it instead of
-# recomputing it; up to _POWERS_KEPT entries (32 MB a base): a longer buffer (a whole vocabulary,
-# hashed once) gets its own table, not kept.
+# recomputing it; up to _POWERS_KEPT entries (32 MB a base). Longer buffers are hashed in pieces
+# of _CHUNK_BYTES; only a single value longer than the kept table gets its own, not kept.
 _POWERS: dict = {}
 _POWERS_KEPT = 1 << 22
+_CHUNK_BYTES = 1 << 20  # binary_value_hashes hashes longer buffers in pieces of about this many bytes
 
 
 def _powers(base: np.uint64, n: int) -> np.ndarray:
@@ -84,8 +85,20 @@ def binary_value_hashes(values: pa.Array) -> np.ndarray:
         values = values.cast(pa.binary())
     offsets_buf, data_buf = values.buffers()[1], values.buffers()[2]
     offsets = np.frombuffer(offsets_buf, np.int32)[values.offset : values.offset + n + 1].astype(np.int64)
+    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    if offsets[-1] - offsets[0] <= _CHUNK_BYTES:
+        return _hash_values(offsets, data)
+    # A value's hash depends on its own bytes only, so pieces hash alike; each piece's temporaries
+    # (four uint64 per byte) stay near 32 MB instead of 32x a whole vocabulary's bytes.
+    cuts = np.searchsorted(offsets, np.arange(offsets[0], offsets[-1], _CHUNK_BYTES)[1:], side="right") - 1
+    bounds = np.unique(np.concatenate([[0], cuts, [n]]))
+    return np.concatenate([_hash_values(offsets[a : b + 1], data) for a, b in zip(bounds[:-1], bounds[1:])])
+
+
+def _hash_values(offsets: np.ndarray, data: np.ndarray) -> np.ndarray:
+    """binary_value_hashes of the values whose bounds in `data` are `offsets` (int64, n + 1)."""
     lo, hi = int(offsets[0]), int(offsets[-1])
-    data = np.frombuffer(data_buf, np.uint8)[lo:hi].astype(np.uint64) if data_buf is not None and hi > lo else np.zeros(0, np.uint64)
+    data = data[lo:hi].astype(np.uint64)
     starts, ends = offsets[:-1] - lo, offsets[1:] - lo
     prefix = np.zeros(len(data) + 1, np.uint64)
     np.cumsum(data * _powers(_P, len(data)), dtype=np.uint64, out=prefix[1:])
