@@ -19,13 +19,6 @@ compares how a transform worker loads a vocabulary file into its lookup: the shi
 Python bytes objects first (`read_vocabulary`, what the workers did before). Each in a fresh
 process; reported: the peak RSS gained while loading, what stays held after the load, and the
 seconds. Results: bench/results/lookup_load.json.
-
-    .venv/bin/python bench/lookup_bench.py --index [--vocabulary 100000 3400000]
-
-compares the two integer hash tables VocabularyLookup chooses between (pandas' index below
-`VocabularyLookup.COMPACT_FROM` tokens, `HashIndex` from there) on the same random 64-bit keys and
-the same 2M queries (30% absent) in batches of 16,384: memory held, build seconds, ns per query,
-and the same positions (checked). Results: bench/results/lookup_index.json.
 """
 from __future__ import annotations
 
@@ -108,63 +101,6 @@ print(json.dumps({"peak_gain_mb": (peak - max(before, peak_before)) / 1e6, "held
 """
 
 
-INDEX_CHILD = r"""
-import hashlib, json, sys, time
-sys.path.insert(0, sys.argv[1])
-import numpy as np, pandas as pd
-from components.embedding_preprocess.vocabulary import HashIndex
-
-kind, n = sys.argv[2], int(sys.argv[3])
-rng = np.random.default_rng(0)
-keys = rng.integers(0, 2**64 - 1, n, dtype=np.uint64)
-queries = np.where(rng.random(2_000_000) < 0.7, keys[rng.integers(0, n, 2_000_000)],
-                   rng.integers(0, 2**64 - 1, 2_000_000, dtype=np.uint64))
-def rss():
-    return int(open("/proc/self/statm").read().split()[1]) * 4096
-before = rss()
-t = time.perf_counter()
-index = HashIndex(keys) if kind == "compact" else pd.Index(keys)
-index.get_indexer(keys[:2])  # pandas builds its table on first use
-build = time.perf_counter() - t
-held = rss() - before
-t = time.perf_counter()
-found = [index.get_indexer(queries[k:k + 16384]) for k in range(0, len(queries), 16384)]
-seconds = time.perf_counter() - t
-digest = hashlib.sha256(np.concatenate(found).astype(np.int64).tobytes()).hexdigest()
-print(json.dumps({"held_mb": held / 1e6, "build_s": build, "ns_per_query": seconds / len(queries) * 1e9, "sha256": digest}))
-"""
-
-
-def child(code: str, *args) -> dict:
-    """The JSON line a fresh Python process running `code` prints last."""
-    out = subprocess.run([sys.executable, "-c", code, REPO, *map(str, args)], capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
-
-
-def write_results(name: str, results) -> None:
-    os.makedirs(os.path.join(REPO, "bench", "results"), exist_ok=True)
-    with open(os.path.join(REPO, "bench", "results", name), "w") as fh:
-        json.dump(results, fh, indent=2)
-
-
-def index_main(sizes) -> int:
-    results = []
-    print("| keys | index | memory held MB | build s | ns per query |")
-    print("|---|---|---|---|---|")
-    for n in sizes:
-        row = {"keys": n}
-        for kind in ("compact", "pandas"):
-            row[kind] = child(INDEX_CHILD, kind, n)
-        if row["compact"]["sha256"] != row["pandas"]["sha256"]:
-            raise SystemExit(f"{n} keys: the two indexes found different positions")
-        results.append(row)
-        for kind, label in (("compact", "HashIndex"), ("pandas", "pandas index")):
-            r = row[kind]
-            print(f"| {n:,} | {label} | {r['held_mb']:,.0f} | {r['build_s']:.2f} | {r['ns_per_query']:,.0f} |")
-    write_results("lookup_index.json", results)
-    return 0
-
-
 def load_main(sizes) -> int:
     import tempfile
 
@@ -183,14 +119,18 @@ def load_main(sizes) -> int:
             V.write_vocabulary_arrays(d, "v", tokens, pa.array(np.ones(size, np.int64)))
             row = {"vocabulary": size}
             for kind in ("arrow", "list"):
-                row[kind] = child(LOAD_CHILD, kind, d)
+                out = subprocess.run([sys.executable, "-c", LOAD_CHILD, REPO, kind, d],
+                                     capture_output=True, text=True, check=True).stdout
+                row[kind] = json.loads(out.strip().splitlines()[-1])
             if row["arrow"]["ids"] != row["list"]["ids"] or row["arrow"]["size"] != size:
                 raise SystemExit(f"vocabulary {size}: the two loads gave different lookups")
         results.append(row)
         for kind, label in (("arrow", "one Arrow array (shipped)"), ("list", "list of bytes objects")):
             r = row[kind]
             print(f"| {size:,} | {label} | {r['peak_gain_mb']:,.0f} | {r['held_mb']:,.0f} | {r['seconds']:.2f} |")
-    write_results("lookup_load.json", results)
+    os.makedirs(os.path.join(REPO, "bench", "results"), exist_ok=True)
+    with open(os.path.join(REPO, "bench", "results", "lookup_load.json"), "w") as fh:
+        json.dump(results, fh, indent=2)
     return 0
 
 
@@ -199,19 +139,18 @@ def main() -> int:
     ap.add_argument("--vocabulary", type=int, nargs="+", default=[100_000, 3_000_000])
     ap.add_argument("--tokens", type=int, default=1_000_000)
     ap.add_argument("--load", action="store_true", help="compare how a vocabulary file is loaded instead")
-    ap.add_argument("--index", action="store_true", help="compare the two integer hash tables instead")
     args = ap.parse_args()
     if args.load:
         return load_main(args.vocabulary)
-    if args.index:
-        return index_main(args.vocabulary)
     results = []
     print("| vocabulary | lookup | ns per token | build s | memory held MB |")
     print("|---|---|---|---|---|")
     for size in args.vocabulary:
         row = {"vocabulary": size, "tokens": args.tokens}
         for kind in ("hash", "object"):
-            row[kind] = child(CHILD, kind, size, args.tokens)
+            out = subprocess.run([sys.executable, "-c", CHILD, REPO, kind, str(size), str(args.tokens)],
+                                 capture_output=True, text=True, check=True).stdout
+            row[kind] = json.loads(out.strip().splitlines()[-1])
         if row["hash"]["ids_sha256"] != row["object"]["ids_sha256"]:
             raise SystemExit(f"vocabulary {size}: the two lookups gave different IDs")
         row["speedup"] = row["object"]["ns_per_token"] / row["hash"]["ns_per_token"]
@@ -220,7 +159,9 @@ def main() -> int:
             r = row[kind]
             print(f"| {size:,} | {label} | {r['ns_per_token']:,.0f} | {r['build_s']:.2f} | {r['held_mb']:,.0f} |")
         print(f"| {size:,} | speedup | {row['speedup']:.1f}x | | |")
-    write_results("lookup.json", results)
+    os.makedirs(os.path.join(REPO, "bench", "results"), exist_ok=True)
+    with open(os.path.join(REPO, "bench", "results", "lookup.json"), "w") as fh:
+        json.dump(results, fh, indent=2)
     return 0
 
 

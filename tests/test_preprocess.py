@@ -6,7 +6,6 @@ import os
 from collections import Counter
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -423,34 +422,6 @@ def test_vocabulary_lookup_is_exact_when_hashes_collide(monkeypatch):
     assert not lookup._by_hash
     ids, oov = lookup.lookup(pa.array([b"b", b"a", b"cc", b"x"], pa.binary()).slice(0, 4))
     assert ids.tolist()[:3] == [1, 0, 2] and ids[3] == 3 + V.oov_bucket(b"x", 2) and oov == 1
-
-
-@pytest.mark.parametrize("n", [0, 1, 7, 5_000])
-def test_hash_index_finds_exactly_what_pandas_finds(n):
-    """HashIndex (large vocabularies) against pandas' index: keys 0 and 2**64-1, keys sharing their
-    high 32 bits (one home slot: long probe runs, wrapping past the table's end) and misses."""
-    rng = np.random.default_rng(n)
-    keys = rng.integers(0, 2**64 - 1, n, dtype=np.uint64)
-    if n >= 7:
-        keys[:3] = [0, 2**64 - 1, 2**64 - 2]
-        keys[3:n // 2] = (np.uint64(0xFFFFFFFF) << np.uint64(32)) + np.arange(3, n // 2, dtype=np.uint64)
-    keys = np.unique(keys)
-    queries = np.concatenate([keys, rng.integers(0, 2**64 - 1, 3_000, dtype=np.uint64),
-                              keys[: len(keys) // 2] + np.uint64(1)])
-    index = V.HashIndex(keys)
-    assert np.array_equal(index.get_indexer(queries), pd.Index(keys).get_indexer(queries))
-    assert index.get_indexer(np.zeros(0, np.uint64)).tolist() == []
-
-
-def test_vocabulary_lookup_is_the_same_with_either_index(monkeypatch):
-    tokens = [b"%x" % i for i in range(3_000)]
-    queries = pa.array(tokens[::7] + [b"zz%d" % i for i in range(500)], pa.binary())
-    small = V.VocabularyLookup(tokens, 3).lookup(queries)
-    monkeypatch.setattr(V.VocabularyLookup, "COMPACT_FROM", 1)
-    large = V.VocabularyLookup(tokens, 3)
-    assert isinstance(large._index, V.HashIndex)
-    ids, oov = large.lookup(queries)
-    assert np.array_equal(ids, small[0]) and oov == small[1] == 500
 
 
 def test_vocabulary_lookup_of_a_sliced_batch_and_of_bytes():

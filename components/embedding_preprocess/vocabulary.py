@@ -128,72 +128,18 @@ def read_vocabulary_tokens(directory: str, name: str) -> pa.Array:
     return pa.Array.from_buffers(pa.binary(), len(ends), [None, pa.py_buffer(offsets), pa.py_buffer(body)])
 
 
-class HashIndex:
-    """An exact map of distinct uint64 keys to their positions: open addressing with linear
-    probing in two numpy arrays (12 bytes a slot at load 0.6, about 20 bytes a key), built and
-    probed vectorised, a round per probe step over the keys still unresolved.
-
-    Written by hand for large vocabularies: pandas' index (khash, what VocabularyLookup uses for
-    smaller ones) holds about 40-50 bytes a key, and every transform worker holds every
-    vocabulary: at 3.4M tokens 135 MB against 61 MB a worker, for 110 instead of 66 ns a lookup
-    (bench/lookup_bench.py --index). pyarrow 10's `index_in` rebuilds its hash table on every
-    call."""
-
-    LOAD = 0.6
-
-    def __init__(self, keys: np.ndarray):
-        n = len(keys)
-        self.size = size = max(8, int(n / self.LOAD) + 1)
-        self.keys = np.zeros(size, np.uint64)
-        self.ids = np.full(size, -1, np.int32)  # -1: an empty slot (any uint64 can be a key)
-        pending, slot = np.arange(n, dtype=np.int64), self._home(keys)
-        while len(pending):
-            # Each round, the pending keys whose slot is empty: the first for each slot takes it;
-            # the others move one slot on. A key's slots from its home to where it lands are all
-            # taken when it lands, and slots are never emptied, so a probe from its home finds it.
-            free = np.flatnonzero(self.ids[slot] < 0)
-            _, first = np.unique(slot[free], return_index=True)
-            won = free[first]
-            self.keys[slot[won]] = keys[pending[won]]
-            self.ids[slot[won]] = pending[won]
-            left = np.ones(len(pending), bool)
-            left[won] = False
-            pending, slot = pending[left], slot[left] + 1
-            slot[slot == size] = 0
-
-    def _home(self, keys: np.ndarray) -> np.ndarray:
-        # the key's high 32 bits scaled to the table (no modulo: any table size)
-        return (((keys >> np.uint64(32)) * np.uint64(self.size)) >> np.uint64(32)).astype(np.int64)
-
-    def get_indexer(self, keys: np.ndarray) -> np.ndarray:
-        """Each key's position in the keys the index was built from, -1 where absent (pandas' name)."""
-        out = np.full(len(keys), -1, np.int64)
-        pending, slot = np.arange(len(keys), dtype=np.int64), self._home(keys)
-        while len(pending):
-            ids = self.ids[slot]
-            taken = ids >= 0
-            hit = taken & (self.keys[slot] == keys[pending])
-            out[pending[hit]] = ids[hit]
-            go = taken & ~hit  # an empty slot ends a miss
-            pending, slot = pending[go], slot[go] + 1
-            slot[slot == self.size] = 0
-        return out
-
-
 class VocabularyLookup:
     """Maps tokens to embedding IDs, vectorised and exact.
 
     Each token is hashed to 64 bits with numpy over the Arrow data buffer
-    (`split_hash.binary_value_hashes`, no Python object per token) and looked up in an integer
-    hash table of the vocabulary's hashes: pandas' index, 2.1x faster than an index of Python bytes
-    objects on a 100k-token vocabulary and 6.5x on 3M tokens (bench/lookup_bench.py); from
-    COMPACT_FROM tokens, `HashIndex`, which holds less than half its memory. Exact:
+    (`split_hash.binary_value_hashes`, no Python object per token) and looked up in a pandas index
+    of the vocabulary's hashes: an integer hash table, 2.1x faster than an index of Python bytes
+    objects on a 100k-token vocabulary and 6.5x on 3M tokens, holding a sixth less memory at 3M
+    (bench/lookup_bench.py). Exact:
     a found token is compared with the vocabulary entry it hit (one vectorised Arrow comparison),
     and since no two vocabulary entries share a hash, a token whose hash hits an entry with other
     bytes is not in the vocabulary (OOV). A vocabulary in which two entries do share a hash (about
     one in a million for 5M tokens) falls back to an index of the tokens themselves."""
-
-    COMPACT_FROM = 1 << 18
 
     def __init__(self, tokens: Sequence[bytes], num_oov_buckets: int):
         from components.example_gen.split_hash import binary_value_hashes
@@ -204,7 +150,7 @@ class VocabularyLookup:
         hashes = binary_value_hashes(self._tokens)
         self._by_hash = len(np.unique(hashes)) == len(hashes)
         if self._by_hash:
-            self._index = HashIndex(hashes) if len(hashes) >= self.COMPACT_FROM else pd.Index(hashes)
+            self._index = pd.Index(hashes)
         else:
             self._index = pd.Index(self._tokens.to_numpy(zero_copy_only=False), dtype=object)
 
