@@ -7,7 +7,7 @@ statistics are reused: only the Trainer's `train` and `finish` run, once per can
 candidate is a JSON mapping of config sections to fields merged over CONFIG, e.g.
 '{"training": {"embedding_optimizer": {"name": "adagrad", "learning_rate": 1.0}, "epochs": 5}}';
 '{}' is the config as it is. Prints one RESULT line per candidate: eval AUC (exact, whole eval
-split), steps, seconds. Written as run for bench/README.md's figures, then kept so anyone can rerun them.
+split), steps, the checkpoint kept and the held-out slice's AUC at each evaluation (early stopping), seconds. Written as run for bench/README.md's figures, then kept so anyone can rerun them.
 """
 import glob
 import json
@@ -53,10 +53,16 @@ def main(output_dir: str, config_path: str, candidates) -> None:
         length = P.training_steps(cfg, stats)
         work = tempfile.mkdtemp(prefix="sweep-")
         start = time.time()
-        ckpt, _, run = T.train(cfg, plan, manifest, train, evals, os.path.join(work, "state"), train_steps=length["steps"])
+        ckpt, _, run = T.train(cfg, plan, manifest, train, evals, os.path.join(work, "state"), train_steps=length["steps"],
+                               train_rows=length.get("train_rows"))
         plan = plan.with_run(checkpoint_layout=CheckpointLayout(**run["checkpoint_layout"]))
         metrics, _ = T.finish(cfg, plan, manifest, ckpt, evals, os.path.join(work, "serving"))
-        print(f"RESULT {spec} auc {metrics['auc']:.4f} steps {length['steps']} seconds {time.time() - start:.0f}", flush=True)
+        sel = run.get("selection") or {}
+        chosen = (f" model_step {run['model_step']} of {run['final_step']} holdout_auc {sel['best_auc']:.4f}"
+                  + (" (stopped early)" if sel.get("stopped_at") else "")) if sel.get("best_auc") is not None else ""
+        curve = " holdout " + " ".join(f"{e['step']}:{e['auc']:.4f}" for e in sel.get("evaluations", []))
+        print(f"RESULT {spec} auc {metrics['auc']:.4f} steps {length['steps']}{chosen} seconds {time.time() - start:.0f}"
+              f"{curve if sel.get('evaluations') else ''}", flush=True)
 
 
 if __name__ == "__main__":

@@ -380,7 +380,10 @@ def config(args, root, tpu):
         raw = yaml.safe_load(fh)
     raw["input"]["path"] = os.path.join(root, "train.csv")
     raw["training"].update(train_steps=args.steps, checkpoint_every_steps=args.steps, tpu=tpu,
-                           pipeline_execution_with_tensor_core=args.pipelining)
+                           pipeline_execution_with_tensor_core=args.pipelining,
+                           # the held-out selection runs (its CPU twin reads the TPU checkpoints),
+                           # but never stops the run before train_steps
+                           early_stopping={"evaluations": 2, "patience": 1_000_000})
     if args.size_threshold is not None:
         raw["training"].setdefault("embedding", {})["size_threshold"] = args.size_threshold
     return raw

@@ -99,6 +99,13 @@ def training_length(cfg: PipelineConfig, run: Optional[Dict[str, Any]], stats: O
     rows = ((stats or {}).get("splits") or {}).get("train", {}).get("examples_written")
     out: Dict[str, Any] = {"steps": run.get("final_step"), "source": (run.get("length") or {}).get("source"),
                            "batch_size": t.batch_size, "train_rows": rows}
+    selection = run.get("selection")
+    if selection and selection.get("best_auc") is not None:  # early stopping: the checkpoint kept, where training stopped
+        out["model_step"] = run.get("model_step")
+        out["stopped_early"] = selection.get("stopped_at") is not None
+        out["holdout_auc"] = selection["best_auc"]
+    elif selection:  # the held-out slice could not rank models: the last checkpoint is the model
+        out["selection_note"] = selection.get("note")
     if rows and out["steps"]:
         out["epochs"] = round(out["steps"] * t.batch_size / rows, 2)
         out["default_steps"] = t.steps_for_epochs(rows)
@@ -193,7 +200,11 @@ def refusal_hints(s: Dict[str, Any]) -> list:
     t = s.get("training") or {}
     if t.get("epochs") is not None:
         trained = f"trained {t['steps']:,} steps, {t['epochs']:g} epochs of {t['train_rows']:,} train rows"
-        if t["steps"] < t["default_steps"]:
+        if t.get("stopped_early"):
+            hints.append(f"{trained}: stopped early, the held-out slice of the train split peaked at step "
+                         f"{t['model_step']:,} (AUC {t['holdout_auc']:.4f}); a lower embedding learning rate "
+                         "or more data are the next things to try (training.early_stopping.patience waits longer)")
+        elif t["steps"] < t["default_steps"]:
             hints.append(f"{trained}; the defaults would train {t['default_steps']:,} steps "
                          f"({t['default_epochs']:g} epochs): unset training.train_steps, or raise it")
         else:
@@ -260,6 +271,16 @@ def summary_report(s: Dict[str, Any]) -> Report:
         r.add("vocabularies", f"{len(sizes)} tables, {sum(sizes.values()):,} entries in all")
         r.sub("", ", ".join(f"{k}={v:,}" for k, v in sizes.items()))
     continuous_rows(r, s.get("continuous"))
+    t = s.get("training") or {}
+    if t.get("steps"):
+        epochs = f", {t['epochs']:g} epochs" if t.get("epochs") is not None else ""
+        line = f"{t['steps']:,} steps of {t['batch_size']}{epochs}"
+        if t.get("model_step") is not None:
+            line += (f"; the model is step {t['model_step']:,}, the best on the held-out slice of the train split "
+                     f"(AUC {t['holdout_auc']:.4f})" + ("; stopped early" if t.get("stopped_early") else ""))
+        r.add("training", line)
+        if t.get("selection_note"):
+            r.sub("model choice", t["selection_note"])
     if s.get("eval_auc") is not None:
         best = s.get("best_achievable_auc")
         extra = f" (best achievable on this data: {best:.4f})" if best else ""

@@ -245,7 +245,9 @@ def _run_tpu_branch(data, tmp_path, **training):  # noqa: F811
 @pytest.mark.parametrize("feature", ["V1", "V2"])
 def test_tpu_branch_calls_bind_and_stay_in_scope_and_run(feature, tpu_branch, data, tmp_path):  # noqa: F811
     rec = tpu_branch(getattr(Feature, feature))
-    cfg, model_uri = _run_tpu_branch(data, tmp_path, pipeline_execution_with_tensor_core=True)
+    # With the held-out selection on (run to the end): its CPU twin reads the TPU run's checkpoints.
+    cfg, model_uri = _run_tpu_branch(data, tmp_path, pipeline_execution_with_tensor_core=True,
+                                     early_stopping={"evaluations": 2, "patience": 100})
     names = rec.names()
     mid = "TPUEmbeddingV2" if feature == "V2" else "TPUEmbedding"
     for expected in ("TPUClusterResolver", "experimental_connect_to_cluster", "initialize_tpu_system",
@@ -261,6 +263,8 @@ def test_tpu_branch_calls_bind_and_stay_in_scope_and_run(feature, tpu_branch, da
         assert os.path.exists(os.path.join(model_uri, name)), name
     run = json.load(open(os.path.join(model_uri, tm.TRAINING_RUN_FILE)))
     assert run["final_step"] == 20 and run["strategy"] == "RecordingTPUStrategy"
+    assert [e["step"] for e in run["selection"]["evaluations"]] == [10, 20]
+    assert run["model_step"] == run["selection"]["best_step"] in (10, 20)
     plan = json.load(open(os.path.join(model_uri, "embedding_plan.json")))
     assert plan["checkpoint_layout"]["kind"] == ("B" if feature == "V2" else "A")
     assert plan["checkpoint_layout"]["per_replica_batch_size"] == 64 // REPLICAS

@@ -43,6 +43,9 @@ def _raw_config(root, **training):
         "batch_size": 64, "train_steps": 40, "checkpoint_every_steps": 10,
         # Tables up to 400 rows on the TensorCore, the rest in TPU embedding: both placements.
         "embedding": {"size_threshold": 400},
+        # These tests check fixed-length training (steps, checkpoints, resume); the held-out
+        # selection and early stopping have their own (tests/test_early_stopping.py).
+        "early_stopping": {"enabled": False},
     })
     raw["training"].update(training)
     raw["validation"] = dict(NO_GATE)

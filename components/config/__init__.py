@@ -39,6 +39,7 @@ from components.config.schema import (
     CategoricalFeature,
     ConfigError,
     DenseFeature,
+    EarlyStoppingConfig,
     EmbeddingConfig,
     ExportConfig,
     ExportLayoutConfig,
@@ -67,7 +68,7 @@ from components.config.validation import check_export_config, register_check, re
 __all__ = [
     "COMBINERS", "COMPRESSIONS", "DIM_RULES", "DIRECT_RUNNING_MODES", "INPUT_FORMATS", "LABEL_RULE_OPS",
     "LAYOUT_KINDS", "MODEL_TYPES", "OPTIMIZERS", "PARTITION_STRATEGIES", "SCHEDULES", "TABLE_DTYPES",
-    "BeamConfig", "CategoricalDefaults", "CategoricalFeature", "ConfigError", "DenseFeature", "EmbeddingConfig",
+    "BeamConfig", "CategoricalDefaults", "CategoricalFeature", "ConfigError", "DenseFeature", "EarlyStoppingConfig", "EmbeddingConfig",
     "ExportConfig", "ExportLayoutConfig", "GradientMultiplierConfig", "InputConfig", "KubeflowBeamConfig", "KubeflowComponentConfig",
     "KubeflowConfig", "LabelRule", "OptimizerConfig", "OptimizerOverride", "PipelineConfig", "ResolvedConfig", "ResolvedTable",
     "ScheduleConfig", "StatisticsConfig", "TableConfig", "TolerationConfig", "TopologyConfig", "TrainingConfig",

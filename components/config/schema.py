@@ -262,6 +262,20 @@ class EmbeddingConfig:
 
 
 @dataclass
+class EarlyStoppingConfig:
+    """`training.early_stopping`: the model kept is the checkpoint with the best AUC on a held-out
+    slice of the train split (never the eval split, which the validation gate reads), and training
+    stops when that AUC has not improved for `patience` evaluations."""
+
+    enabled: bool = True
+    holdout_fraction: float = 0.1  # at most this share of the train split's records is held out...
+    max_holdout_rows: int = 50_000  # ...and at most about this many rows (the rest is trained on)
+    evaluations: int = 10  # holdout evaluations over the run's length (at checkpoints)
+    patience: int = 3  # evaluations without improvement before training stops
+    min_improvement: float = 0.0  # holdout AUC gain over the best so far that counts as one
+
+
+@dataclass
 class TrainingConfig:
     """The `training` section: the model, its optimizers, steps, checkpoints and the embedding plan."""
 
@@ -297,11 +311,31 @@ class TrainingConfig:
     # tables one step old, so results differ slightly from CPU/GPU and from false). CPU/GPU ignore it.
     pipeline_execution_with_tensor_core: bool = False
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+
+    def holdout_fraction(self, train_rows: Optional[int]) -> float:
+        """The share of the train split's records held out for early stopping (0: it is off):
+        early_stopping.holdout_fraction, less where that would exceed max_holdout_rows rows."""
+        es = self.early_stopping
+        if not es.enabled:
+            return 0.0
+        if not train_rows:
+            return es.holdout_fraction
+        return min(es.holdout_fraction, es.max_holdout_rows / train_rows)
 
     def steps_for_epochs(self, train_rows: int, epochs: Optional[float] = None) -> int:
-        """Steps of `epochs` (default: `self.epochs`) passes over `train_rows` rows, rounded up to
-        whole steps_per_execution: the training length when train_steps is unset."""
-        steps = max(1, math.ceil((self.epochs if epochs is None else epochs) * train_rows / self.batch_size))
+        """Steps of `epochs` (default: `self.epochs`) passes over the `train_rows` rows of the train
+        split less its held-out slice, rounded up to whole steps_per_execution: the training length
+        when train_steps is unset."""
+        trained = train_rows * (1.0 - self.holdout_fraction(train_rows))
+        steps = max(1, math.ceil((self.epochs if epochs is None else epochs) * trained / self.batch_size))
+        return self._whole_executions(steps)
+
+    def evaluation_every(self, total_steps: int) -> int:
+        """Steps between holdout evaluations (early_stopping.evaluations over `total_steps`)."""
+        return self._whole_executions(max(1, math.ceil(total_steps / self.early_stopping.evaluations)))
+
+    def _whole_executions(self, steps: int) -> int:
         return math.ceil(steps / self.steps_per_execution) * self.steps_per_execution
 
 

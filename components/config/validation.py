@@ -171,6 +171,16 @@ def _check_training(cfg: PipelineConfig) -> None:
         raise ConfigError(f"training.dropout: {tr.dropout} is not a rate in [0, 1); set e.g. 0.3, or 0 for none")
     if not tr.bottom_mlp:
         raise ConfigError("training.bottom_mlp: empty; list at least one layer width")
+    es = tr.early_stopping
+    if not isinstance(es.enabled, bool):
+        raise ConfigError(f"training.early_stopping.enabled: {es.enabled!r} is not true or false")
+    if not 0.0 < es.holdout_fraction < 1.0:
+        raise ConfigError(f"training.early_stopping.holdout_fraction: {es.holdout_fraction} is not a share in (0, 1); "
+                          "set e.g. 0.1, or enabled: false to train on the whole split")
+    for name in ("max_holdout_rows", "evaluations", "patience"):
+        check_positive(getattr(es, name), f"training.early_stopping.{name}", "set a positive integer")
+    if not 0.0 <= es.min_improvement < 1.0:
+        raise ConfigError(f"training.early_stopping.min_improvement: {es.min_improvement} is not an AUC gain in [0, 1)")
 
 
 def _check_optimizer(o: OptimizerConfig, path: str) -> None:

@@ -34,6 +34,33 @@ LENGTH_SUFFIX = "__length"  # a sequence feature's positions per row, computed o
 # serialized rows for the demo's features.
 DEFAULT_SHUFFLE_ROWS = 65_536
 
+# The train split's held-out slice (training.early_stopping): records whose Fingerprint64 falls in
+# the first `fraction` of HOLDOUT_BUCKETS buckets. A record is a row or a block of rows; the rule
+# reads only the record's bytes, so the slice is the same whatever the file order, worker count,
+# platform or run, and never touches the eval split (a different set of files).
+HOLDOUT_BUCKETS = 1_000_000
+PARTS = ("all", "train", "holdout")
+
+
+def holdout_buckets(fraction: float) -> int:
+    """How many of HOLDOUT_BUCKETS buckets the held-out slice takes."""
+    return int(round(float(fraction) * HOLDOUT_BUCKETS))
+
+
+def in_holdout(records: tf.Tensor, fraction: float) -> tf.Tensor:
+    """bool per serialized record: whether it is in the train split's held-out slice."""
+    return tf.strings.to_hash_bucket_fast(records, HOLDOUT_BUCKETS) < holdout_buckets(fraction)
+
+
+def _records_of(part: str, fraction: float):
+    """A TFRecordDataset -> the records of `part` (all; the part trained on; the held-out slice)."""
+    if part not in PARTS:
+        raise ValueError(f"part {part!r} is not one of {', '.join(PARTS)}")
+    if part == "all" or (part == "train" and holdout_buckets(fraction) == 0):
+        return lambda ds: ds
+    keep = part == "holdout"
+    return lambda ds: ds.filter(lambda r: tf.equal(in_holdout(r, fraction), keep))
+
 def length_key(feature: str) -> str:
     """Where a sequence feature's [batch] int32 lengths (IDs per row, at most its length) travel."""
     return feature + LENGTH_SUFFIX
@@ -170,6 +197,8 @@ def make_dataset(
     sequence_lengths: Optional[Dict[str, int]] = None,
     global_batch: Optional[int] = None,
     shuffle_rows: int = DEFAULT_SHUFFLE_ROWS,
+    part: str = "all",
+    holdout_fraction: float = 0.0,
 ) -> tf.data.Dataset:
     """Batches of (features, label). `batch_size` is per replica when distributed. Training input
     repeats, shuffles (seeded) and has a static batch size; `skip_batches` fast-forwards a resumed
@@ -181,14 +210,17 @@ def make_dataset(
     replicas, `batch_size` per replica): files are read and examples shuffled in units of the
     global batch, so the replicas' consecutive batches of a step hold the examples one replica
     would get as that step's global batch. `shuffle_rows`: the training shuffle buffer, in rows
-    (at least 16 global batches; `training.shuffle_buffer_rows`)."""
+    (at least 16 global batches; `training.shuffle_buffer_rows`). `part` with `holdout_fraction`:
+    every record (`all`), those outside the train split's held-out slice (`train`) or the slice
+    itself (`holdout`; see `in_holdout`)."""
     from components.tfrecords import compression_type
 
+    select = _records_of(part, holdout_fraction)
     unit = global_batch or batch_size
     shuffle_rows = max(int(shuffle_rows), 16 * unit)
     if manifest.transformed_format == FORMAT_BLOCKS:
         return _blocks_dataset(file_patterns, manifest, batch_size, training, seed, skip_batches,
-                               dense_id_widths, sequence_lengths, unit, shuffle_rows)
+                               dense_id_widths, sequence_lengths, unit, shuffle_rows, select)
     static = batch_size if training else None
     compression = compression_type([f for p in file_patterns for f in tf.io.gfile.glob(p)])
     files = tf.data.Dataset.list_files(file_patterns, shuffle=training, seed=seed)
@@ -196,7 +228,7 @@ def make_dataset(
     # the trainer benchmark's data, TFRecordDataset(num_parallel_reads=AUTOTUNE) hands records over
     # one by one through the parallel interleave and read 36k records/s; blocks read 220k/s.
     ds = files.interleave(
-        lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
+        lambda f: select(tf.data.TFRecordDataset(f, compression_type=compression)),
         cycle_length=tf.data.AUTOTUNE,
         block_length=unit,
         num_parallel_calls=tf.data.AUTOTUNE,
@@ -223,6 +255,7 @@ def _blocks_dataset(
     sequence_lengths: Optional[Dict[str, int]],
     unit: int,
     shuffle_rows: int,
+    select=lambda ds: ds,
 ) -> tf.data.Dataset:
     """`make_dataset` over blocks of rows (the `blocks` layout of contracts.manifest).
 
@@ -253,7 +286,7 @@ def _blocks_dataset(
         ds = tf.data.Dataset.from_tensor_slices(names)
         if training:
             ds = ds.shuffle(len(names), seed=seed, reshuffle_each_iteration=True)
-        ds = ds.interleave(lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
+        ds = ds.interleave(lambda f: select(tf.data.TFRecordDataset(f, compression_type=compression)),
                            cycle_length=tf.data.AUTOTUNE, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         if training:
             ds = ds.shuffle(max(16, -(-shuffle_rows // manifest.block_rows)), seed=seed,

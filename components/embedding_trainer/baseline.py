@@ -155,8 +155,10 @@ def train_baseline(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: Vocabular
                 total += step(*next(iterator))
             return total / tf.cast(k, tf.float32)
 
+        # the rows the model trains on: its held-out slice (selection.py) is left out here too
         train = make_dataset(train_files, manifest, cfg.training.batch_size, training=True, seed=cfg.training.seed,
-                             shuffle_rows=cfg.training.shuffle_buffer_rows)
+                             shuffle_rows=cfg.training.shuffle_buffer_rows, part="train",
+                             holdout_fraction=cfg.training.holdout_fraction(train_rows))
         iterator = iter(train)
         losses, done = [], 0
         while done < steps:

@@ -234,7 +234,7 @@ def warm_start_sparse_core(model: RankingModel, plan: EmbeddingPlan, layout: Che
 
 
 def training_input(train_files, manifest: VocabularyManifest, plan: EmbeddingPlan, t, per_replica: int,
-                   start: int, replicas: int):
+                   start: int, replicas: int, holdout_fraction: float = 0.0):
     """The training input as a dataset function (`ctx`: tf.distribute's InputContext, or None for
     one replica): one stream of per-replica batches, seeded, sharded over the input pipelines;
     read and shuffled in units of the global batch, so each step's replicas together get the
@@ -242,13 +242,15 @@ def training_input(train_files, manifest: VocabularyManifest, plan: EmbeddingPla
     Every step takes one batch per replica, so a run resumed at step `start` skips
     `start x replicas` batches of the stream, before sharding: pipeline i then yields the batches
     it would have yielded next (the replicas are a multiple of the pipelines). Skipping only
-    `start` batches would feed a resumed multi-replica run examples it has already seen."""
+    `start` batches would feed a resumed multi-replica run examples it has already seen.
+    `holdout_fraction`: the held-out slice (selection.py) is left out."""
     widths, lengths = P.dense_id_widths(plan), P.sequence_lengths(plan)
 
     def train_input(ctx: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
         ds = make_dataset(train_files, manifest, per_replica, training=True, seed=t.seed,
                           skip_batches=start * replicas, dense_id_widths=widths, sequence_lengths=lengths,
-                          global_batch=per_replica * replicas, shuffle_rows=t.shuffle_buffer_rows)
+                          global_batch=per_replica * replicas, shuffle_rows=t.shuffle_buffer_rows,
+                          part="train", holdout_fraction=holdout_fraction)
         return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id) if ctx and ctx.num_input_pipelines > 1 else ds
 
     return train_input
@@ -263,13 +265,15 @@ def state_dir(cfg: PipelineConfig, model_uri: str, train_files) -> str:
 
 
 class _Checkpointer(tf.keras.callbacks.Callback):
-    """Saves every `checkpoint_every_steps` (the epoch length) and stops at exactly `total_steps`."""
+    """Saves every `checkpoint_every_steps` (the epoch length) and stops at exactly `total_steps`,
+    or earlier when `selection` (selection.HoldoutSelection) says the held-out slice stopped improving."""
 
     def __init__(self, manager: tf.train.CheckpointManager, step: tf.Variable, total_steps: int,
-                 on_step: Optional[Callable[[int, Any], None]] = None):
+                 on_step: Optional[Callable[[int, Any], None]] = None, selection=None):
         super().__init__()
         self.manager, self.step, self.total_steps = manager, step, total_steps
         self.on_step = on_step  # called with each step reached (live progress)
+        self.selection = selection
         self.saved_steps = []
 
     def on_train_batch_end(self, batch, logs=None):
@@ -284,6 +288,8 @@ class _Checkpointer(tf.keras.callbacks.Callback):
         self.manager.save(checkpoint_number=n)
         self.saved_steps.append(n)
         logging.info("checkpoint at step %d: %s", n, self.manager.latest_checkpoint)
+        if self.selection is not None and self.selection.due(n) and self.selection.evaluate(self.manager.latest_checkpoint, n):
+            self.model.stop_training = True
 
 
 class _Progress:
@@ -309,19 +315,24 @@ class _Progress:
 
 
 def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, train_files, eval_files,
-          state: str, log_dir: Optional[str] = None, train_steps: Optional[int] = None, warm_from=None):
+          state: str, log_dir: Optional[str] = None, train_steps: Optional[int] = None, warm_from=None,
+          train_rows: Optional[int] = None):
     """Builds, checks and trains (resuming from `state` when it holds a checkpoint; else, given
     `warm_from` (warm_start.PreviousModel), starting from the last blessed model's weights: the
-    record's `warm_start` says what carried over).
-    Returns (the final checkpoint's path, TPU-rules report, training-run record); the record's
-    `checkpoint_layout` is how the checkpoint holds the tables (`plan.with_run` takes it); `finish`
-    does the rest."""
+    record's `warm_start` says what carried over). With `training.early_stopping`, a held-out
+    slice of the train split (`train_rows` rows: its size) picks the checkpoint and may stop
+    training early (selection.py); `eval_files` are not read here.
+    Returns (the model's checkpoint: the best on the slice, else the last; TPU-rules report;
+    training-run record); the record's `checkpoint_layout` is how the checkpoint holds the tables
+    (`plan.with_run` takes it); `finish` does the rest."""
     t = cfg.training
     tf.keras.utils.set_random_seed(t.seed)
     steps = train_steps or t.train_steps
     if not steps:
         raise ValueError("no training length: pass train_steps (run_fn derives it: plan.training_steps)")
-    every = t.checkpoint_every_steps
+    holdout = t.holdout_fraction(train_rows)
+    # Evaluations fall on checkpoints: with early stopping, at least `evaluations` over the run.
+    every = min(t.checkpoint_every_steps, t.evaluation_every(steps)) if holdout else t.checkpoint_every_steps
     strategy = distribution_strategy(cfg)
     on_tpu = is_tpu_strategy(strategy)
     replicas = strategy.num_replicas_in_sync
@@ -392,7 +403,14 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
     if start > steps:
         raise ValueError(f"checkpoint in {state} is at step {start}, beyond train_steps {steps}; remove it or raise train_steps")
 
-    train_input = training_input(train_files, manifest, plan, t, per_replica, start, replicas)
+    selection = None
+    if holdout:
+        from components.embedding_trainer.selection import HoldoutSelection
+
+        selection = HoldoutSelection(cfg, plan.with_run(checkpoint_layout=layout), manifest, train_files, state,
+                                     holdout, steps)
+        selection.prepare()
+    train_input = training_input(train_files, manifest, plan, t, per_replica, start, replicas, holdout)
     if on_tpu:
         # Sparse features stay on the host for the TPU embedding enqueue.
         options = tf.distribute.InputOptions(experimental_fetch_to_device=False)
@@ -401,7 +419,8 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
         train_ds = strategy.distribute_datasets_from_function(train_input)
     else:
         train_ds = train_input()
-    checkpointer = _Checkpointer(manager, step, steps, _Progress(steps, t.batch_size) if progress.enabled() else None)
+    checkpointer = _Checkpointer(manager, step, steps, _Progress(steps, t.batch_size) if progress.enabled() else None,
+                                 selection)
     callbacks = [checkpointer]
     progress.phase(progress.TRAINER, f"training {steps:,} steps of {t.batch_size} examples"
                                      + (f", resuming at step {start:,}" if start else "")
@@ -409,7 +428,7 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
     if log_dir:
         # Batch-level loss about 100 times a run too (the run report's training curve), not only per epoch.
         callbacks.append(tf.keras.callbacks.TensorBoard(log_dir=log_dir, update_freq=max(1, steps // 100)))
-    if start < steps:
+    if start < steps and not (selection is not None and selection.stopped):
         model.fit(
             train_ds,
             initial_epoch=start // every,
@@ -419,11 +438,17 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
             verbose=2,
         )
     final_step = int(step.numpy())
-    if final_step != steps:
-        raise RuntimeError(f"training ended at step {final_step}, expected {steps}")
+    if selection is not None and selection.due(final_step) and not any(
+            e["step"] == final_step for e in selection.record["evaluations"]):
+        # a run killed between its last checkpoint and that checkpoint's evaluation
+        selection.evaluate(manager.latest_checkpoint, final_step)
+    stopped_at = selection.record["stopped_at"] if selection is not None else None
+    if final_step != (stopped_at or steps):
+        raise RuntimeError(f"training ended at step {final_step}, expected {stopped_at or steps}")
     final_checkpoint = manager.latest_checkpoint
-    if final_checkpoint is None or not final_checkpoint.endswith(f"-{steps}"):  # saved with checkpoint_number=step
-        raise RuntimeError(f"no checkpoint of step {steps} in {state}")
+    if final_checkpoint is None or not final_checkpoint.endswith(f"-{final_step}"):  # saved with checkpoint_number=step
+        raise RuntimeError(f"no checkpoint of step {final_step} in {state}")
+    chosen = selection.best_checkpoint() if selection is not None else None
     run = {
         "final_step": final_step,
         "resumed_from_step": start,
@@ -435,8 +460,11 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
         "strategy": type(strategy).__name__,
         "checkpoint_layout": dataclasses.asdict(layout),
         "warm_start": warm_report,
+        # the step of the checkpoint kept as the model, and how it was chosen
+        "model_step": selection.record["best_step"] if chosen else final_step,
+        "selection": selection.record if selection is not None else None,
     }
-    return final_checkpoint, rules, run
+    return chosen or final_checkpoint, rules, run
 
 
 def finish(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, checkpoint_path: str,
@@ -530,6 +558,7 @@ def run_fn(fn_args) -> None:
     checkpoint, rules, run = train(
         cfg, plan, manifest, fn_args.train_files, fn_args.eval_files, state,
         log_dir=fn_args.model_run_dir, train_steps=length["steps"], warm_from=continuous.pop("previous", None),
+        train_rows=length.get("train_rows"),
     )
     continuous["warm_start"] = run.pop("warm_start")
     run["length"] = length

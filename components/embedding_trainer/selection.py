@@ -1,0 +1,155 @@
+"""The model kept is the best checkpoint on a held-out slice of the train split; training stops
+when that slice stops improving (`training.early_stopping`).
+
+- **The slice.** A share of the train split's records (`input.in_holdout`: by each record's
+  Fingerprint64, so the same records in every run, with any file order and on every platform) is
+  held out of training: `TrainingConfig.holdout_fraction`, at most `max_holdout_rows` rows. The
+  training input and the logistic-regression baseline read the rest (`part="train"`).
+- **Evaluation.** At the checkpoints every `TrainingConfig.evaluation_every` steps and at the last
+  step, the checkpoint just written is read into a CPU twin of the model (restore.py: the reader
+  the Trainer's own evaluation and the exporter use, whatever table layout the platform saved; the
+  twin is built once, before training, outside the strategy's scope, and reloaded each time) and
+  scored on the slice (exact AUC and log loss).
+- **Selection.** The best checkpoint by holdout AUC is copied to `<state>/best`; after `patience`
+  evaluations without a gain of more than `min_improvement`, training stops. The Trainer
+  evaluates, saves and hands the exporter that checkpoint.
+- **Never the eval split.** The selection is given the train split's files only; the eval split is
+  the validation gate's, and choosing on it would overstate the model the gate compares
+  (tests/test_early_stopping.py fails if the eval files are opened during training).
+
+The record (`<state>/best/selection.json`) survives a killed run: a resumed run carries on with
+the same best and count, and a run that had stopped does not train again.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, Optional
+
+import components  # noqa: F401
+import tensorflow as tf
+from absl import logging
+
+from components import progress
+from components.config import PipelineConfig
+from components.contracts.manifest import VocabularyManifest
+from components.contracts.plan import EmbeddingPlan
+from components.embedding_model.input import make_dataset
+
+BEST_DIR = "best"
+RECORD_FILE = "selection.json"
+EVAL_BATCH = 4096
+
+
+class HoldoutSelection:
+    """Scores checkpoints on the held-out slice, keeps the best one, says when to stop."""
+
+    def __init__(self, cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, train_files,
+                 state: str, fraction: float, total_steps: int):
+        self.cfg, self.plan, self.manifest = cfg, plan, manifest
+        self.options = cfg.training.early_stopping
+        self.dir = os.path.join(state, BEST_DIR)
+        self.total = total_steps
+        self.every = cfg.training.evaluation_every(total_steps)
+        self.dataset = make_dataset(list(train_files), manifest, EVAL_BATCH, training=False, part="holdout",
+                                    holdout_fraction=fraction)
+        self.record: Dict[str, Any] = self._read() or {
+            "holdout_fraction": fraction, "evaluation_every": self.every, "evaluations": [],
+            "best_step": None, "best_auc": None, "without_improvement": 0, "stopped_at": None, "note": None,
+        }
+        self._twin = None
+
+    @property
+    def stopped(self) -> bool:
+        return self.record["stopped_at"] is not None
+
+    def due(self, step: int) -> bool:
+        """Whether the checkpoint of `step` is evaluated: every `every` steps and at the last."""
+        if self.record["note"] is not None:  # the slice cannot rank models (see _score)
+            return False
+        done: List[Dict[str, Any]] = self.record["evaluations"]
+        last = done[-1]["step"] if done else 0
+        return step >= self.total or step - last >= self.every
+
+    def evaluate(self, checkpoint_path: str, step: int) -> bool:
+        """Scores the checkpoint of `step`; keeps it if it is the best so far. True: stop training."""
+        metrics = self._score(checkpoint_path)
+        r = self.record
+        if metrics is None:
+            self._write()
+            return False
+        r["evaluations"].append({"step": step, **metrics})
+        progress.evaluated(progress.TRAINER, step, {"holdout_auc": metrics["auc"]})
+        if r["best_auc"] is None or metrics["auc"] > r["best_auc"] + self.options.min_improvement:
+            self._keep(checkpoint_path)
+            r.update(best_step=step, best_auc=metrics["auc"], without_improvement=0)
+        else:
+            r["without_improvement"] += 1
+        stop = r["without_improvement"] >= self.options.patience and step < self.total
+        if stop:
+            r["stopped_at"] = step
+            logging.info("early stopping at step %d: holdout AUC %.4f at step %d, not improved in %d evaluations",
+                         step, r["best_auc"], r["best_step"], r["without_improvement"])
+        self._write()
+        return stop
+
+    def best_checkpoint(self) -> Optional[str]:
+        """The best checkpoint's path, None when none was kept (the slice could not rank models)."""
+        return tf.train.latest_checkpoint(self.dir) if self.record["best_step"] is not None else None
+
+    def prepare(self) -> None:
+        """Builds the CPU twin, before training: Keras runs callbacks inside the training
+        strategy's scope, where the twin's variables would become the strategy's."""
+        from components.embedding_model.restore import build_serving_model
+
+        if self._twin is not None or self.record["note"] is not None:
+            return
+        sample = next(iter(self.dataset), None)
+        if sample is None:
+            self._cannot_rank("the held-out slice of the train split is empty")
+            self._write()
+            return
+        with tf.device("/cpu:0"):  # as Trainer.finish: nothing here may be placed on a TPU
+            self._twin = build_serving_model(self.plan, self.manifest, self.cfg, "float32", sample[0], stacked=False)
+
+    def _score(self, checkpoint_path: str) -> Optional[Dict[str, Any]]:
+        from components.embedding_model.restore import load_tables, open_checkpoint_tables, restore_dense
+        from components.embedding_trainer.trainer_module import evaluate
+
+        self.prepare()
+        if self._twin is None:
+            return None
+        with tf.device("/cpu:0"):
+            restore_dense(self._twin, checkpoint_path)
+            load_tables(self._twin, open_checkpoint_tables(checkpoint_path, self.plan))
+            metrics = evaluate(self._twin, self.dataset)
+        if metrics["positive_rate"] in (0.0, 1.0):
+            return self._cannot_rank(f"the held-out slice's {metrics['examples']} examples all have one label")
+        return {k: metrics[k] for k in ("auc", "log_loss", "examples")}
+
+    def _cannot_rank(self, why: str) -> None:
+        self.record["note"] = f"{why}: no AUC to choose by, so the last checkpoint is the model (no early stopping)"
+        logging.warning("%s", self.record["note"])
+        return None
+
+    def _keep(self, checkpoint_path: str) -> None:
+        from components.embedding_trainer.trainer_module import copy_checkpoint
+
+        if tf.io.gfile.exists(self.dir):
+            for old in tf.io.gfile.glob(os.path.join(self.dir, "ckpt-*")):
+                tf.io.gfile.remove(old)
+        copy_checkpoint(checkpoint_path, self.dir)
+
+    def _path(self) -> str:
+        return os.path.join(self.dir, RECORD_FILE)
+
+    def _read(self) -> Optional[Dict[str, Any]]:
+        if not tf.io.gfile.exists(self._path()):
+            return None
+        with tf.io.gfile.GFile(self._path()) as fh:
+            return json.loads(fh.read())
+
+    def _write(self) -> None:
+        tf.io.gfile.makedirs(self.dir)
+        with tf.io.gfile.GFile(self._path(), "w") as fh:
+            fh.write(json.dumps(self.record, sort_keys=True))

@@ -1,0 +1,176 @@
+"""Early stopping on a held-out slice of the train split (components/embedding_trainer/selection.py):
+the slice is a deterministic, disjoint part of the train split's records; the best checkpoint is
+kept and training stops after `patience` evaluations without improvement; a killed run resumes
+with the same record; and the eval split is never read while training."""
+import json
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import components  # noqa: F401
+import tensorflow as tf
+
+from components.config import ConfigError, parse_config
+from components.embedding_model import input as I
+from components.embedding_trainer import selection as SEL
+from components.embedding_trainer import trainer_module as tm
+from tests.test_trainer import _config, _fn_args, _raw_config, data  # noqa: F401  (the module's fixture)
+
+
+def _records(pattern):
+    return [r.numpy() for r in tf.data.TFRecordDataset(tf.io.gfile.glob(pattern))]
+
+
+def test_the_holdout_slice_is_a_fixed_disjoint_part_of_the_records():
+    records = [b"record %d" % i for i in range(20_000)]
+    ds = tf.data.Dataset.from_tensor_slices(records)
+    held = {r.numpy() for r in I._records_of("holdout", 0.1)(ds)}
+    kept = {r.numpy() for r in I._records_of("train", 0.1)(ds)}
+    assert held.isdisjoint(kept) and held | kept == set(records)
+    assert abs(len(held) / len(records) - 0.1) < 0.01
+    # by content alone: the same records in another order, and in another process's order
+    again = {r.numpy() for r in I._records_of("holdout", 0.1)(ds.shuffle(20_000, seed=3))}
+    assert again == held
+    # Fingerprint64 of the bytes, so these buckets are fixed forever (a changed rule fails here)
+    assert [int(b) for b in tf.strings.to_hash_bucket_fast([b"record 0", b"record 1"], I.HOLDOUT_BUCKETS)] \
+        == [int(x) for x in tf.strings.to_hash_bucket_fast(tf.constant([b"record 0", b"record 1"]), I.HOLDOUT_BUCKETS)]
+    assert I._records_of("train", 0.0)(ds) is ds
+    with pytest.raises(ValueError, match="part 'eval'"):
+        I._records_of("eval", 0.1)
+
+
+def test_training_and_holdout_batches_split_the_transformed_rows(data):  # noqa: F811
+    """On real transformed blocks: the part trained on and the slice hold every row once."""
+    pattern = [str(data / "tx" / "Split-train" / "*")]
+    manifest = tm.read_manifest_for(pattern)
+
+    def labels(part):
+        ds = I.make_dataset(pattern, manifest, 64, training=False, part=part, holdout_fraction=0.2)
+        return np.concatenate([y.numpy().ravel() for _, y in ds]) if part else None
+
+    whole, train, held = labels("all"), labels("train"), labels("holdout")
+    assert len(whole) == 3000 and len(train) + len(held) == 3000
+    assert 0.1 < len(held) / 3000 < 0.3
+    assert sorted(np.concatenate([train, held])) == sorted(whole)
+
+
+def test_holdout_fraction_and_training_length():
+    cfg = parse_config({**_minimal(), "training": {"batch_size": 100}})
+    t = cfg.training
+    assert t.holdout_fraction(10_000) == 0.1 and t.holdout_fraction(None) == 0.1
+    assert t.holdout_fraction(5_000_000) == pytest.approx(0.01)  # max_holdout_rows 50,000
+    assert t.steps_for_epochs(10_000) == 450  # 5 epochs over the 9,000 rows trained on
+    assert t.evaluation_every(450) == 45
+    off = parse_config({**_minimal(), "training": {"batch_size": 100, "early_stopping": {"enabled": False}}})
+    assert off.training.holdout_fraction(10_000) == 0.0 and off.training.steps_for_epochs(10_000) == 500
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("holdout_fraction", 0.0, "holdout_fraction"), ("holdout_fraction", 1.0, "holdout_fraction"),
+    ("patience", 0, "patience"), ("evaluations", -1, "evaluations"), ("min_improvement", -0.1, "min_improvement"),
+    ("enabled", "yes", "enabled"),
+])
+def test_bad_early_stopping_settings_are_refused(field, value, message):
+    with pytest.raises(ConfigError, match=f"training.early_stopping.{message}"):
+        parse_config({**_minimal(), "training": {"early_stopping": {field: value}}})
+
+
+def _minimal():
+    return {"name": "t", "input": {"path": "x.csv"}, "label": "label",
+            "categorical_features": [{"name": "C1"}]}
+
+
+class _Scores:
+    """Stands in for the twin's scoring: the given AUCs in order."""
+
+    def __init__(self, aucs):
+        self.aucs = list(aucs)
+
+    def __call__(self, path):
+        return {"auc": self.aucs.pop(0), "log_loss": 0.5, "examples": 100}
+
+
+def _selection(tmp_path, monkeypatch, aucs, total=100, **options):
+    cfg = parse_config({**_minimal(), "training": {"early_stopping": {"evaluations": 10, **options}}})
+    monkeypatch.setattr(SEL, "make_dataset", lambda *a, **k: None)
+    sel = SEL.HoldoutSelection(cfg, None, None, ["train/*"], str(tmp_path / "state"), 0.1, total)
+    monkeypatch.setattr(sel, "_score", _Scores(aucs))
+    return sel
+
+
+def _checkpoint(tmp_path, step):
+    v = tf.Variable(float(step))
+    return tf.train.Checkpoint(v=v).write(str(tmp_path / "ckpts" / f"ckpt-{step}"))
+
+
+def test_the_best_checkpoint_is_kept_and_training_stops_after_patience(tmp_path, monkeypatch):
+    sel = _selection(tmp_path, monkeypatch, [0.70, 0.74, 0.73, 0.745, 0.74, 0.72], patience=2, min_improvement=0.01)
+    stops = []
+    for step in (10, 20, 30, 40, 50, 60):
+        assert sel.due(step)
+        stops.append(sel.evaluate(_checkpoint(tmp_path, step), step))
+        if stops[-1]:
+            break
+    # 0.745 at step 40 is no gain of more than 0.01 over 0.74: steps 30 and 40 count against it
+    assert stops == [False, False, False, True]
+    r = sel.record
+    assert r["best_step"] == 20 and r["best_auc"] == 0.74 and r["stopped_at"] == 40
+    assert [e["step"] for e in r["evaluations"]] == [10, 20, 30, 40]
+    best = sel.best_checkpoint()
+    assert best.endswith("ckpt-20") and tf.train.load_checkpoint(best).get_tensor("v/.ATTRIBUTES/VARIABLE_VALUE") == 20.0
+    assert len(tf.io.gfile.glob(os.path.join(sel.dir, "ckpt-*.index"))) == 1  # earlier bests removed
+    # A resumed run reads the record: it has stopped, and it keeps the same best.
+    again = _selection(tmp_path, monkeypatch, [])
+    assert again.stopped and again.best_checkpoint() == best and again.record == r
+
+
+def test_evaluations_fall_every_so_many_steps_and_at_the_end(tmp_path, monkeypatch):
+    sel = _selection(tmp_path, monkeypatch, [0.6, 0.7, 0.8], total=100)  # every 10 steps
+    assert sel.every == 10 and sel.due(10) and not sel.due(5)
+    sel.evaluate(_checkpoint(tmp_path, 10), 10)
+    assert not sel.due(15) and sel.due(20) and sel.due(100)
+    # the last step never stops training (there is nothing left to save) and is always evaluated
+    sel.evaluate(_checkpoint(tmp_path, 20), 20)
+    assert not sel.evaluate(_checkpoint(tmp_path, 100), 100) and sel.record["best_step"] == 100
+
+
+def test_a_slice_of_one_label_cannot_choose(tmp_path, monkeypatch):
+    sel = _selection(tmp_path, monkeypatch, [])
+    monkeypatch.setattr(sel, "_score", lambda path: sel._cannot_rank("the held-out slice's 3 examples all have one label"))
+    assert not sel.evaluate(_checkpoint(tmp_path, 10), 10)
+    assert "one label" in sel.record["note"] and not sel.due(20) and sel.best_checkpoint() is None
+
+
+def test_training_never_reads_the_eval_split_and_keeps_the_best_checkpoint(data, monkeypatch):  # noqa: F811
+    """The whole run_fn with early stopping: every dataset the training, the selection and the
+    baseline open is recorded; none may name the eval split before training has ended."""
+    opened = []
+    real = I.make_dataset
+    training_done = []
+
+    def recording(patterns, *a, **k):
+        if not training_done:
+            opened.append(list(patterns))
+        return real(patterns, *a, **k)
+
+    for module in (tm, SEL):
+        monkeypatch.setattr(module, "make_dataset", recording)
+    real_finish = tm.finish
+    monkeypatch.setattr(tm, "finish", lambda *a, **k: (training_done.append(True), real_finish(*a, **k))[1])
+    cfg = _config(data, train_steps=60, checkpoint_every_steps=10,
+                  early_stopping={"evaluations": 6, "patience": 2, "holdout_fraction": 0.2})
+    fn_args = _fn_args(data, cfg, 7)
+    tm.run_fn(fn_args)
+    assert opened and all("Split-eval" not in p for ps in opened for p in ps), opened
+    model_uri = os.path.dirname(fn_args.serving_model_dir)
+    run = json.load(open(os.path.join(model_uri, tm.TRAINING_RUN_FILE)))
+    sel = run["selection"]
+    assert sel["evaluations"] and sel["best_step"] == run["model_step"]
+    assert max(e["auc"] for e in sel["evaluations"]) == sel["best_auc"]
+    assert sel["evaluations"][0]["examples"] > 0
+    # the artifact's checkpoint is the best one: its step counter says so
+    reader = tf.train.load_checkpoint(os.path.join(model_uri, tm.CHECKPOINT_DIR))
+    assert reader.get_tensor("model/dense_optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE") == run["model_step"]
+    assert run["final_step"] == (sel["stopped_at"] or 60)
