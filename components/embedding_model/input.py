@@ -52,12 +52,16 @@ def in_holdout(records: tf.Tensor, fraction: float) -> tf.Tensor:
     return tf.strings.to_hash_bucket_fast(records, HOLDOUT_BUCKETS) < holdout_buckets(fraction)
 
 
+def _ALL(ds: tf.data.Dataset) -> tf.data.Dataset:
+    return ds
+
+
 def _records_of(part: str, fraction: float):
     """A TFRecordDataset -> the records of `part` (all; the part trained on; the held-out slice)."""
     if part not in PARTS:
         raise ValueError(f"part {part!r} is not one of {', '.join(PARTS)}")
     if part == "all" or (part == "train" and holdout_buckets(fraction) == 0):
-        return lambda ds: ds
+        return _ALL
     keep = part == "holdout"
     return lambda ds: ds.filter(lambda r: tf.equal(in_holdout(r, fraction), keep))
 
@@ -255,7 +259,7 @@ def _blocks_dataset(
     sequence_lengths: Optional[Dict[str, int]],
     unit: int,
     shuffle_rows: int,
-    select=lambda ds: ds,
+    select=None,
 ) -> tf.data.Dataset:
     """`make_dataset` over blocks of rows (the `blocks` layout of contracts.manifest).
 
@@ -269,6 +273,7 @@ def _blocks_dataset(
     `block_rows`, every block takes the re-cut path (correct, slower)."""
     from components.tfrecords import compression_type
 
+    select = select or _ALL
     files = sorted(f for p in file_patterns for f in tf.io.gfile.glob(p))
     compression = compression_type(files)
     is_tail = [os.path.basename(f).startswith(TAIL_PREFIX) for f in files]
@@ -277,6 +282,21 @@ def _blocks_dataset(
     per_batch = batch_size // manifest.block_rows if batch_size % manifest.block_rows == 0 else 0
     if not per_batch:
         tail, whole = files, []
+    kept_tail_bytes = None
+    if training and select is not _ALL:
+        # The held-out slice can take every record of a stream (the tail files hold one short
+        # block per preprocessing batch: a handful on small data). An empty stream would end the
+        # endless training input the first time it is drawn, so it is left out; with both
+        # streams, the tail's share of the draws is the bytes the filter leaves of it (the tail
+        # files are small: read whole here).
+        records = lambda names: select(tf.data.TFRecordDataset(names, compression_type=compression))  # noqa: E731
+        if whole and next(records(whole).take(1).as_numpy_iterator(), None) is None:
+            whole = []
+        if tail and whole:
+            kept_tail_bytes = sum(len(r) for r in records(tail).as_numpy_iterator())
+            tail = tail if kept_tail_bytes else []
+        elif tail and next(records(tail).take(1).as_numpy_iterator(), None) is None:
+            tail = []
     static = batch_size if training else None
     to_inputs = lambda p: model_inputs(  # noqa: E731
         rows_as_parsed(p, manifest, dense_id_widths, sequence_lengths), manifest, static, dense_id_widths,
@@ -316,7 +336,9 @@ def _blocks_dataset(
     else:
         # One choice per global batch, repeated for its per-replica batches.
         size = {f: tf.io.gfile.stat(f).length for f in files}
-        tail_share = sum(size[f] for f in tail) / max(1, sum(size.values()))
+        tail_bytes = sum(size[f] for f in tail) if kept_tail_bytes is None else kept_tail_bytes
+        whole_bytes = sum(size[f] for f in whole)
+        tail_share = tail_bytes / max(1, tail_bytes + whole_bytes)
         per_step = max(1, unit // batch_size)
         choices = (tf.data.Dataset.random(seed=seed)
                    .map(lambda r: tf.cast(r % 1_000_000 < int(tail_share * 1_000_000), tf.int64))
