@@ -83,6 +83,7 @@ SLOW_TESTS = {  # node id (or its prefix): why it is in the full tier only
     "tests/test_example_gen.py::test_records_are_the_same_bytes_in_every_process": "three fresh processes",
     "tests/test_continuous.py::test_three_daily_spans_warm_start_gate_and_a_drift_stop": "four local pipeline runs",
     "tests/test_replicas.py::test_two_replicas_reach_the_auc_of_one": "four 100-200 step trainings on one and two replicas",
+    "tests/test_early_stopping.py::test_a_killed_two_replica_run_resumes_with_the_same_selection": "three 60-step trainings on two replicas",
 }
 
 

@@ -198,3 +198,45 @@ def test_a_stream_the_slice_empties_is_left_out_of_the_endless_training_input(da
     ds = I._blocks_dataset(pattern, manifest, 64, True, 1, 0, None, None, 64, 4096, without_tail)
     labels = [y.numpy() for _, y in ds.take(200)]  # far more batches than one pass holds
     assert len(labels) == 200 and all(y.shape == (64, 1) for y in labels)
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_a_killed_two_replica_run_resumes_with_the_same_selection(data, tmp_path, monkeypatch):  # noqa: F811
+    """Two replicas (MirroredStrategy on logical CPUs), early stopping on: a run killed right after
+    its evaluation at step 30 and started again carries on with the same record, evaluates each
+    checkpoint once, and ends with the evaluations and the best step of an uninterrupted run."""
+    from tests import tpu_harness as H
+
+    monkeypatch.setattr(tm, "distribution_strategy", lambda c: H.mirrored_strategy(2))
+    cfg = _config(data, train_steps=60, checkpoint_every_steps=10,
+                  early_stopping={"evaluations": 6, "patience": 100, "holdout_fraction": 0.2})
+    pattern = [str(data / "tx" / "Split-train" / "*")]
+    manifest = tm.read_manifest_for(pattern)
+    from components.embedding_trainer import plan as P
+
+    plan = P.derive_plan(cfg, manifest, tm.read_statistics_for(pattern)).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    evals = ["/nonexistent/eval/*"]  # never read while training
+    _, _, whole = tm.train(cfg, plan, manifest, pattern, evals, str(tmp_path / "whole"))
+
+    real = SEL.HoldoutSelection.evaluate
+
+    def killed_at_30(self, path, step):
+        stop = real(self, path, step)
+        if step == 30:
+            raise _Killed()
+        return stop
+
+    monkeypatch.setattr(SEL.HoldoutSelection, "evaluate", killed_at_30)
+    state = str(tmp_path / "killed")
+    with pytest.raises(_Killed):
+        tm.train(cfg, plan, manifest, pattern, evals, state)
+    monkeypatch.setattr(SEL.HoldoutSelection, "evaluate", real)
+    ckpt, _, run = tm.train(cfg, plan, manifest, pattern, evals, state)
+    assert run["replicas"] == 2 and run["resumed_from_step"] == 30 and run["final_step"] == 60
+    got, want = run["selection"]["evaluations"], whole["selection"]["evaluations"]
+    assert [e["step"] for e in got] == [e["step"] for e in want] == [10, 20, 30, 40, 50, 60]
+    np.testing.assert_allclose([e["auc"] for e in got], [e["auc"] for e in want], atol=1e-4)
+    assert run["model_step"] == whole["model_step"] and ckpt.endswith(f"ckpt-{run['model_step']}")
