@@ -23,22 +23,49 @@ def _records(pattern):
     return [r.numpy() for r in tf.data.TFRecordDataset(tf.io.gfile.glob(pattern))]
 
 
+def _example(i):
+    return tf.train.Example(features=tf.train.Features(feature={
+        "label": tf.train.Feature(float_list=tf.train.FloatList(value=[i % 2])),
+        "ids": tf.train.Feature(int64_list=tf.train.Int64List(value=list(range(i % 7)))),
+        "name": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"row %d" % i])),
+    }))
+
+
 def test_the_holdout_slice_is_a_fixed_disjoint_part_of_the_records():
-    records = [b"record %d" % i for i in range(20_000)]
+    records = [_example(i).SerializeToString(deterministic=True) for i in range(20_000)]
     ds = tf.data.Dataset.from_tensor_slices(records)
-    held = {r.numpy() for r in I._records_of("holdout", 0.1)(ds)}
-    kept = {r.numpy() for r in I._records_of("train", 0.1)(ds)}
-    assert held.isdisjoint(kept) and held | kept == set(records)
+    held = [r.numpy() for r in I._records_of("holdout", 0.1)(ds)]
+    kept = [r.numpy() for r in I._records_of("train", 0.1)(ds)]
+    assert set(held).isdisjoint(kept) and sorted(held + kept) == sorted(records)
+    assert held == [r for r in records if r in set(held)]  # in the file's order
     assert abs(len(held) / len(records) - 0.1) < 0.01
-    # by content alone: the same records in another order, and in another process's order
+    # by content alone: the same records in another order, and keyed alone or in any batch
     again = {r.numpy() for r in I._records_of("holdout", 0.1)(ds.shuffle(20_000, seed=3))}
-    assert again == held
-    # Fingerprint64 of the bytes, so these buckets are fixed forever (a changed rule fails here)
-    assert [int(b) for b in tf.strings.to_hash_bucket_fast([b"record 0", b"record 1"], I.HOLDOUT_BUCKETS)] \
-        == [int(x) for x in tf.strings.to_hash_bucket_fast(tf.constant([b"record 0", b"record 1"]), I.HOLDOUT_BUCKETS)]
+    assert again == set(held)
+    one = I.in_holdout(tf.constant(records[:50]), 0.1).numpy().tolist()
+    assert one == [bool(I.in_holdout(tf.constant([r]), 0.1).numpy()[0]) for r in records[:50]]
     assert I._records_of("train", 0.0)(ds) is ds
     with pytest.raises(ValueError, match="part 'eval'"):
         I._records_of("eval", 0.1)
+
+
+def test_a_records_key_is_its_content_not_its_map_order():
+    """tf.Example bytes are not canonical: two processes wrote the same blocks with the feature
+    map in other orders. A Features message is its map entries back to back, so the same entries
+    in another order are the same Example with other bytes: they must get the same key."""
+    example = _example(12)
+    entries = [tf.train.Features(feature={k: v}).SerializeToString() for k, v in example.features.feature.items()]
+    assert len(entries) == 3
+
+    def wrapped(features_bytes):  # Example field 1 (features), length-delimited
+        return b"\x0a" + bytes([len(features_bytes)]) + features_bytes
+
+    forward, backward = wrapped(b"".join(entries)), wrapped(b"".join(reversed(entries)))
+    assert forward != backward and tf.train.Example.FromString(forward) == tf.train.Example.FromString(backward)
+    keys = I.record_keys(tf.constant([forward, backward, example.SerializeToString()])).numpy()
+    assert keys[0] == keys[1] == keys[2]
+    other = I.record_keys(tf.constant([_example(13).SerializeToString(), tf.train.Example().SerializeToString()])).numpy()
+    assert other[0] != keys[0] and other[1] == 0
 
 
 def test_training_and_holdout_batches_split_the_transformed_rows(data):  # noqa: F811

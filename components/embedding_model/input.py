@@ -34,12 +34,15 @@ LENGTH_SUFFIX = "__length"  # a sequence feature's positions per row, computed o
 # serialized rows for the demo's features.
 DEFAULT_SHUFFLE_ROWS = 65_536
 
-# The train split's held-out slice (training.early_stopping): records whose Fingerprint64 falls in
-# the first `fraction` of HOLDOUT_BUCKETS buckets. A record is a row or a block of rows; the rule
-# reads only the record's bytes, so the slice is the same whatever the file order, worker count,
-# platform or run, and never touches the eval split (a different set of files).
+# The train split's held-out slice (training.early_stopping): records whose content key falls in
+# the first `fraction` of HOLDOUT_BUCKETS buckets. A record is a row or a block of rows. The key
+# reads the record's content, not its bytes: a tf.Example's bytes are not canonical (the encoder
+# writes the feature map in an order that differs between processes: the same blocks written by
+# two pipeline runs had other bytes), so the slice is the same for the same transformed rows
+# whatever process wrote them, and it never touches the eval split (other files).
 HOLDOUT_BUCKETS = 1_000_000
 PARTS = ("all", "train", "holdout")
+_FILTER_BATCH = 256  # records keyed at once (decode_proto is vectorised)
 
 
 def holdout_buckets(fraction: float) -> int:
@@ -47,9 +50,22 @@ def holdout_buckets(fraction: float) -> int:
     return int(round(float(fraction) * HOLDOUT_BUCKETS))
 
 
+def record_keys(records: tf.Tensor) -> tf.Tensor:
+    """int64 per serialized tf.Example ([n]): the sum (wrapping) of the Fingerprint64 buckets of
+    its feature map's entries (each entry's bytes: the name and its values, which the writer
+    encodes one way), so the same content gives the same key in any map order. Stock ops only:
+    `decode_proto` of tensorflow.Example, then of tensorflow.Features."""
+    top = tf.io.decode_proto(records, "tensorflow.Example", ["features"], [tf.string])
+    features = tf.reshape(top.values[0][:, :1], [-1])  # a missing `features` decodes as "" (no entries)
+    entries = tf.io.decode_proto(features, "tensorflow.Features", ["feature"], [tf.string])
+    hashes = tf.strings.to_hash_bucket_fast(entries.values[0], 1 << 62)
+    present = tf.sequence_mask(entries.sizes[:, 0], tf.shape(hashes)[1])  # not the batch's padding
+    return tf.reduce_sum(tf.where(present, hashes, tf.zeros_like(hashes)), axis=1)
+
+
 def in_holdout(records: tf.Tensor, fraction: float) -> tf.Tensor:
-    """bool per serialized record: whether it is in the train split's held-out slice."""
-    return tf.strings.to_hash_bucket_fast(records, HOLDOUT_BUCKETS) < holdout_buckets(fraction)
+    """bool per serialized record ([n]): whether it is in the train split's held-out slice."""
+    return tf.math.floormod(record_keys(records), HOLDOUT_BUCKETS) < holdout_buckets(fraction)
 
 
 def _ALL(ds: tf.data.Dataset) -> tf.data.Dataset:
@@ -63,7 +79,12 @@ def _records_of(part: str, fraction: float):
     if part == "all" or (part == "train" and holdout_buckets(fraction) == 0):
         return _ALL
     keep = part == "holdout"
-    return lambda ds: ds.filter(lambda r: tf.equal(in_holdout(r, fraction), keep))
+
+    def pick(records):
+        return tf.boolean_mask(records, tf.equal(in_holdout(records, fraction), keep))
+
+    # keyed a batch of records at a time; the order of the records kept is the file's
+    return lambda ds: ds.batch(_FILTER_BATCH).map(pick).unbatch()
 
 def length_key(feature: str) -> str:
     """Where a sequence feature's [batch] int32 lengths (IDs per row, at most its length) travel."""

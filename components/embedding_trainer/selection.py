@@ -1,9 +1,9 @@
 """The model kept is the best checkpoint on a held-out slice of the train split; training stops
 when that slice stops improving (`training.early_stopping`).
 
-- **The slice.** A share of the train split's records (`input.in_holdout`: by each record's
-  Fingerprint64, so the same records in every run, with any file order and on every platform) is
-  held out of training: `TrainingConfig.holdout_fraction`, at most `max_holdout_rows` rows. The
+- **The slice.** A share of the train split's records (`input.in_holdout`: by a key of each
+  record's content, not of its bytes, which are not canonical; so the same records for the same
+  transformed rows in every run, with any file order and on every platform) is held out of training: `TrainingConfig.holdout_fraction`, at most `max_holdout_rows` rows. The
   training input and the logistic-regression baseline read the rest (`part="train"`).
 - **Evaluation.** At the checkpoints every `TrainingConfig.evaluation_every` steps and at the last
   step, the checkpoint just written is read into a CPU twin of the model (restore.py: the reader
