@@ -176,14 +176,15 @@ def test_gate_refuses_a_model_below_the_baseline(chain, tmp_path):
     assert report["validation"]["blessed"] is check["passed"]
 
 
-def _one_hot(files, manifest, plan):
+def _one_hot(files, manifest, plan, **part):
     """The baseline's design matrix built independently: one column per table row (mean over a
-    feature's IDs, the demo's combiner), the dense features signed-log1p."""
+    feature's IDs, the demo's combiner), the dense features signed-log1p. `part`: make_dataset's
+    part and holdout_fraction (the rows the baseline trains on: the train split less its held-out slice)."""
     offsets, total = {}, 0
     for t in sorted(plan.tables):
         offsets[t], total = total, total + plan.tables[t].rows
     rows, cols, vals, labels, dense, n0 = [], [], [], [], [], 0
-    for f, y in make_dataset(files, manifest, 1024, training=False):
+    for f, y in make_dataset(files, manifest, 1024, training=False, **part):
         n = len(y)
         for name in manifest.categorical_names:
             assert plan.tables[plan.features[name].table].combiner == "mean"
@@ -208,9 +209,10 @@ def test_baseline_auc_matches_an_independent_fit(chain):
     train, evals = [os.path.join(a["transformed"].uri, f"Split-{s}", "*") for s in ("train", "eval")]
     manifest, stats = T.read_manifest_for([train]), T.read_statistics_for([train])
     plan = P.derive_plan(cfg, manifest, stats)
-    ours = train_baseline(cfg, plan, manifest, [train], [evals], model_steps=cfg.training.train_steps,
-                          train_rows=stats.splits["train"]["examples_written"])
-    x, y = _one_hot([train], manifest, plan)
+    rows = stats.splits["train"]["examples_written"]
+    ours = train_baseline(cfg, plan, manifest, [train], [evals], model_steps=cfg.training.train_steps, train_rows=rows)
+    # fitted on the same rows: the train split less the model's held-out slice (early stopping)
+    x, y = _one_hot([train], manifest, plan, part="train", holdout_fraction=cfg.training.holdout_fraction(rows))
     xe, ye = _one_hot([evals], manifest, plan)
     theirs = roc_auc(LogisticRegression(C=1.0, max_iter=5000).fit(x, y).decision_function(xe), ye)
     # Measured: 0.6675 (FTRL, streamed) vs scikit-learn's converged fit within 0.01 on these 2,500 rows.
