@@ -66,6 +66,8 @@ def test_a_records_key_is_its_content_not_its_map_order():
     assert keys[0] == keys[1] == keys[2]
     other = I.record_keys(tf.constant([_example(13).SerializeToString(), tf.train.Example().SerializeToString()])).numpy()
     assert other[0] != keys[0] and other[1] == 0
+    # a batch of empty Examples only (no `features` anywhere in it)
+    assert I.record_keys(tf.constant([tf.train.Example().SerializeToString()] * 2)).numpy().tolist() == [0, 0]
 
 
 def test_training_and_holdout_batches_split_the_transformed_rows(data):  # noqa: F811

@@ -56,7 +56,8 @@ def record_keys(records: tf.Tensor) -> tf.Tensor:
     encodes one way), so the same content gives the same key in any map order. Stock ops only:
     `decode_proto` of tensorflow.Example, then of tensorflow.Features."""
     top = tf.io.decode_proto(records, "tensorflow.Example", ["features"], [tf.string])
-    features = tf.reshape(top.values[0][:, :1], [-1])  # a missing `features` decodes as "" (no entries)
+    # one `features` per record; a record without it (padded to "" here) has no entries
+    features = tf.reshape(tf.pad(top.values[0], [[0, 0], [0, 1]])[:, :1], [-1])
     entries = tf.io.decode_proto(features, "tensorflow.Features", ["feature"], [tf.string])
     hashes = tf.strings.to_hash_bucket_fast(entries.values[0], 1 << 62)
     present = tf.sequence_mask(entries.sizes[:, 0], tf.shape(hashes)[1])  # not the batch's padding
@@ -85,6 +86,7 @@ def _records_of(part: str, fraction: float):
 
     # keyed a batch of records at a time; the order of the records kept is the file's
     return lambda ds: ds.batch(_FILTER_BATCH).map(pick).unbatch()
+
 
 def length_key(feature: str) -> str:
     """Where a sequence feature's [batch] int32 lengths (IDs per row, at most its length) travel."""
