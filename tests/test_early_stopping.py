@@ -127,7 +127,7 @@ class _Scores:
 
 def _selection(tmp_path, monkeypatch, aucs, total=100, **options):
     cfg = parse_config({**_minimal(), "training": {"early_stopping": {"evaluations": 10, **options}}})
-    monkeypatch.setattr(SEL, "make_dataset", lambda *a, **k: None)
+    monkeypatch.setattr(SEL, "make_dataset", lambda *a, **k: tf.data.Dataset.range(0))  # _score is replaced
     sel = SEL.HoldoutSelection(cfg, None, None, ["train/*"], str(tmp_path / "state"), 0.1, total)
     monkeypatch.setattr(sel, "_score", _Scores(aucs))
     return sel

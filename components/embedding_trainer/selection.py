@@ -35,10 +35,10 @@ from components.config import PipelineConfig
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
 from components.embedding_model.input import make_dataset
+from components.embedding_trainer.baseline import EVAL_BATCH  # the eval batch the baseline scores with
 
 BEST_DIR = "best"
 RECORD_FILE = "selection.json"
-EVAL_BATCH = 4096
 
 
 class HoldoutSelection:
@@ -51,8 +51,10 @@ class HoldoutSelection:
         self.dir = os.path.join(state, BEST_DIR)
         self.total = total_steps
         self.every = cfg.training.evaluation_every(total_steps)
+        # Kept in memory after the first full pass (at most ~max_holdout_rows rows): finding the
+        # slice reads the whole train split, which each evaluation would otherwise do again.
         self.dataset = make_dataset(list(train_files), manifest, EVAL_BATCH, training=False, part="holdout",
-                                    holdout_fraction=fraction)
+                                    holdout_fraction=fraction).cache()
         self.record: Dict[str, Any] = self._read() or {
             "holdout_fraction": fraction, "evaluation_every": self.every, "evaluations": [],
             "best_step": None, "best_auc": None, "without_improvement": 0, "stopped_at": None, "note": None,
