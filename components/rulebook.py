@@ -3,7 +3,8 @@
 The rules are stated once, here: in words (this docstring), in plain Python one row at a time
 (`row_tokens`, `json_row_tokens`, `int_text_value`, `embedding_id`, `dense_value`, `binary_label`)
 and as one table of cases (`TOKEN_CASES`, `INT_TEXT_CASES`, `DENSE_CASES`, `LABEL_CASES`,
-`OOV_CASES`: raw values in, expected tokens, IDs, values and counted reasons out). Two vectorised
+`OOV_CASES`, `BUCKET_CASES`: raw values in, expected tokens, IDs, values, buckets and counted
+reasons out). Two vectorised
 implementations follow it, and `tests/test_rulebook.py` runs every case through each of them:
 - preprocessing, in pyarrow: `components.embedding_preprocess.features` (tokens, dense values,
   labels) and `components.embedding_preprocess.vocabulary` (IDs); ExampleGen's label check
@@ -74,6 +75,13 @@ Dense values (one float32 per row)
       every row filled. (ExampleGen already parsed the numeric text columns the config names into
       float32: decimal, exponent, inf, nan.) JSON clients send dense columns as float32, NaN =
       missing.
+
+Dense buckets (`training.dense_buckets`)
+  B1. A dense value (after D1-D4: a float32) is in bucket k, the number of the feature's
+      boundaries (sorted, float32; the plan's, from the train split's quantiles) that are <= the
+      value: below the first boundary -> 0, equal to a boundary -> the bucket above it, at or above
+      the last -> len(boundaries) (`dense_bucket`). Compared as float32, so a value beyond float32's
+      precision is bucketed as the float32 it became (D4).
 
 Labels
   L1. A row's label is its one value when that is exactly 0 or 1. A row without a value is dropped
@@ -509,6 +517,33 @@ DENSE_CASES: Tuple[DenseCase, ...] = (
         values=(1.0, 1.0, 1.0),
         missing=3, invalid={INVALID_NOT_NUMERIC: 3},
     ),
+)
+
+
+def dense_bucket(value: float, boundaries: Sequence[float]) -> int:
+    """B1: the bucket of a dense value (float32) among sorted float32 boundaries."""
+    v = np.float32(value)
+    return sum(1 for b in boundaries if np.float32(b) <= v)
+
+
+@dataclass(frozen=True)
+class BucketCase:
+    """Dense values of one column (raw, then D1-D4) -> each row's bucket among `boundaries` (B1)."""
+
+    name: str
+    case: DenseCase  # the raw rows and their float32 values
+    boundaries: Tuple[float, ...]
+    buckets: Tuple[int, ...]
+
+
+BUCKET_CASES: Tuple[BucketCase, ...] = (
+    BucketCase("edges_and_filled", DENSE_CASES[0], boundaries=(-1.0, 2.5, 1e30),
+               buckets=(2, 1, 1, 1, 3, 1)),  # -1.0 (filled) equals the first boundary: bucket 1
+    BucketCase("below_every_boundary", DENSE_CASES[2], boundaries=(1.5, 2.0),
+               buckets=(0, 0, 2)),
+    BucketCase("int64_rounded_to_float32_first", DENSE_CASES[3], boundaries=(-5.0, 0.5, 16777216.0),
+               buckets=(2, 1, 2, 3)),  # 16777217 is 16777216.0: equal to the last boundary
+    BucketCase("one_boundary", DENSE_CASES[4], boundaries=(1.0,), buckets=(1, 1, 1)),
 )
 
 

@@ -295,3 +295,40 @@ def test_sequence_length_from_config_or_statistics():
     small = P.derive_plan(cfg({"length": 5}), _manifest({**VOCABULARIES, "shared": {"rows": 11, "size": 10, "num_oov_buckets": 1}}),
                           _typed(stats))
     assert small.tables["shared"].placement == "tensor_core" and small.features["A"].dense_width == 5
+
+
+def test_wide_part_tables_and_features_beside_every_table_and_feature():
+    """training.wide: a one-dimensional table beside each table (same rows and vocabulary, zeros,
+    the wide optimizer, placed as its table) and a feature beside each feature reading its IDs;
+    counted in the memory; none when disabled; configured names may not take the suffix."""
+    from components.config import WIDE_SUFFIX, ConfigError
+
+    stats = _statistics()
+    stats["features"]["small"] = {"splits": {"train": {"ids_per_example": {"mean": 1.0, "p99": 1, "max": 2}}}}
+    plan = P.derive_plan(_config(wide={"enabled": True, "optimizer": {"name": "ftrl", "learning_rate": 2.0}}), MANIFEST, _typed(stats))
+    deep = {"shared", "big", "small"}
+    assert set(plan.tables) == deep | {t + WIDE_SUFFIX for t in deep}
+    for name in deep:
+        t, w = plan.tables[name], plan.tables[name + WIDE_SUFFIX]
+        assert (w.rows, w.vocabulary_size, w.num_oov_buckets, w.placement) == (t.rows, t.vocabulary_size, t.num_oov_buckets, t.placement)
+        assert w.dim == 1 and w.initializer.name == "zeros" and w.combiner == t.combiner and w.wide_of == name
+        assert w.optimizer["name"] == "ftrl" and w.optimizer["learning_rate"] == 2.0
+        assert w.features == tuple(f + WIDE_SUFFIX for f in t.features)
+        assert plan.vocabulary_table(name + WIDE_SUFFIX) == plan.vocabulary_table(name) == name
+    assert plan.tables["big" + WIDE_SUFFIX].memory.total_bytes == 100_010 * 1 * 4 * 3  # weights + FTRL's two slots
+    assert plan.wide_features() == {f + WIDE_SUFFIX: f for f in ("A", "B", "big", "small")}
+    assert plan.features["A" + WIDE_SUFFIX].table == "shared" + WIDE_SUFFIX
+    assert plan.memory.total_bytes == sum(t.memory.total_bytes for t in plan.tables.values())
+    # the input features are the configured ones: a wide feature reads its feature's (padded) IDs
+    assert set(P.dense_id_widths(plan)) == {"small"}
+    configs = P.feature_configs(plan)
+    assert configs["A" + WIDE_SUFFIX].table is configs["B" + WIDE_SUFFIX].table
+    assert configs["big" + WIDE_SUFFIX].table.dim == 1
+    again = EmbeddingPlan.from_json(plan.to_json())
+    assert again == plan and again.wide_features() == plan.wide_features()
+    off = P.derive_plan(_config(), MANIFEST)  # off by default
+    assert set(off.tables) == deep and not off.wide_features()
+    with pytest.raises(ConfigError, match=r"categorical_features\[0\].name: 'A__wide' ends in '__wide'"):
+        parse_config({"input": {"path": "x.csv"}, "label": "label", "categorical_features": [{"name": "A__wide"}]})
+    with pytest.raises(ConfigError, match=r"training.wide.optimizer.learning_rate"):
+        _config(wide={"optimizer": {"name": "ftrl", "learning_rate": 0}})

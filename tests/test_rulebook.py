@@ -505,3 +505,51 @@ def served(tmp_path_factory):
     typed["identity_int"] = tf.constant(list(INT_IDENTITY) + [-1] * (num_rows - len(INT_IDENTITY)), tf.int64)
     outputs["serve_typed_features"] = loaded.signatures["serve_typed_features"](**typed)["probabilities"].numpy()
     return _Served(outputs, layout)
+
+
+# ---- dense buckets (B1) ---------------------------------------------------------------------------
+
+BUCKET_CASES = {c.name: c for c in R.BUCKET_CASES}
+
+
+@pytest.mark.parametrize("float_type", [pa.float32(), pa.float64()], ids=["float32", "float64"])
+@pytest.mark.parametrize("name", BUCKET_CASES)
+def test_bucket_case_reference_and_arrow_values(name, float_type):
+    """B1 by the rule, and on the values preprocessing's Arrow path gives the rows (D1-D4), bucketed
+    as float32 (what the plan's boundaries and the model compare)."""
+    case = BUCKET_CASES[name]
+    assert tuple(R.dense_bucket(v, case.boundaries) for v in case.case.values) == case.buckets
+    dense = F.extract_dense(_arrow(case.case.kind, case.case.rows, float_type), len(case.case.rows), case.case.fill_value)
+    got = np.searchsorted(np.float32(case.boundaries), dense.values.astype(np.float32), side="right")
+    assert tuple(int(b) for b in got) == case.buckets
+
+
+def _bucket_params():
+    for name, case in BUCKET_CASES.items():
+        for path in TF_PATHS:
+            if path in JSON_PATHS and case.case.json_rows() is None:
+                continue
+            yield pytest.param(name, path, id=f"{name}-{path}")
+
+
+@pytest.mark.parametrize("name,path", _bucket_params())
+def test_bucket_case_serving(served, name, path):
+    """B1 in the serving graph: the raw rows through every TensorFlow path, then the model's
+    Bucketize (model.bucket_ids, the op the training step runs too)."""
+    from components.embedding_model.model import bucket_ids
+
+    case = BUCKET_CASES[name]
+    values = served.dense(path, case.case.name, len(case.case.rows))
+    assert tuple(int(b) for b in bucket_ids(values, case.boundaries).numpy()) == case.buckets
+
+
+def test_plan_boundaries_are_float32_quantiles_without_repeats():
+    from components.contracts.plan import bucket_boundaries
+
+    quantiles = tuple(float(v) for v in np.linspace(0.0, 100.0, 101))
+    assert bucket_boundaries(quantiles, 4) == (25.0, 50.0, 75.0)
+    assert bucket_boundaries(quantiles, 100) == tuple(float(v) for v in range(1, 100))
+    mostly_zero = (0.0,) * 80 + tuple(float(v) for v in range(1, 22))  # a value many rows hold: one boundary
+    assert bucket_boundaries(mostly_zero, 10) == (0.0, 1.0, 11.0)
+    b = bucket_boundaries((0.1,) * 101, 5)
+    assert b == (float(np.float32(0.1)),) and R.dense_bucket(0.1, b) == 1

@@ -176,3 +176,50 @@ def test_sequence_lengths_from_the_host_mask_like_the_ids():
     assert features[length_key("s")].numpy().tolist() == [3, 1, 0, 2] and features[length_key("s")].shape == [4]
     np.testing.assert_array_equal(sequence_mask(features["s"], 3, features[length_key("s")]).numpy(),
                                   sequence_mask(features["s"], 3).numpy())
+
+
+@pytest.mark.parametrize("storage", ["float32", "float16", "int8"])
+@pytest.mark.parametrize("combiner", ["mean", "sum", "sqrtn"])
+def test_wide_weights_pool_beside_the_rows_in_float32_on_every_path(storage, combiner):
+    """training.wide: a stack's wide weights (one float32 per row, beside the rows; never
+    compressed) pool from the same positions and segments as the rows: per feature (`lookup`:
+    plain, weighted, sequence) and fused (`pool_fused`), each equal to TensorFlow's lookup over
+    the wide column, bit for bit on the plain paths; `assign` / `read` address a wide table by
+    its own name."""
+    from components.contracts.plan import EmbeddingPlan
+    from components.embedding_model.model import ServingTables
+
+    plan = EmbeddingPlan.for_tables({"a": (7, 3, "tensor_core"), "b": (5, 3, "tensor_core")}, combiner=combiner)
+    stack = ServingTables(dict(plan.tables), "s", storage, wide={"a": "a__wide", "b": "b__wide"})
+    rng = np.random.default_rng(4)
+    wide = {"a": rng.normal(size=(7, 1)).astype(np.float32), "b": rng.normal(size=(5, 1)).astype(np.float32)}
+    for t in ("a", "b"):
+        values = rng.normal(size=(plan.tables[t].rows, 3)).astype(np.float32)
+        scale = np.abs(values).max(axis=1) / 127.0 if storage == "int8" else None
+        stack.assign(t, np.round(values / scale[:, None]).astype(np.int8) if scale is not None else values.astype(storage),
+                     scale.astype(np.float32) if scale is not None else None)
+        stack.assign(t + "__wide", wide[t])
+        np.testing.assert_array_equal(stack.read(t + "__wide"), wide[t])
+    assert stack.wide.dtype == tf.float32
+    ids_b = _ids([[4, 0, 4], [], [2]])
+    ids_a = _ids([[6], [1, 2], []])
+    expected_b = tf.nn.safe_embedding_lookup_sparse(tf.constant(wide["b"]), ids_b, combiner=combiner).numpy()
+    expected_a = tf.nn.safe_embedding_lookup_sparse(tf.constant(wide["a"]), ids_a, combiner=combiner).numpy()
+    _, got_b = stack.lookup("b", ids_b)
+    np.testing.assert_array_equal(got_b.numpy(), expected_b)
+    weights = tf.SparseTensor(ids_b.indices, tf.constant([0.5, 2.0, 1.0, 3.0]), ids_b.dense_shape)
+    _, weighted = stack.lookup("b", ids_b, weights=weights)
+    np.testing.assert_allclose(weighted.numpy(), tf.nn.safe_embedding_lookup_sparse(
+        tf.constant(wide["b"]), ids_b, weights, combiner=combiner).numpy(), atol=1e-6)
+    _, positions = stack.lookup("b", ids_b, sequence_length=2)
+    np.testing.assert_array_equal(positions.numpy()[:, :, 0], [[wide["b"][4, 0], wide["b"][0, 0]], [0, 0], [wide["b"][2, 0], 0]])
+    # fused: feature a then b, rows offset into the stack (b starts at 7), segment = feature x batch + row
+    rows = tf.constant([6, 1, 2, 7 + 4, 7 + 0, 7 + 4, 7 + 2], tf.int64)
+    segments = tf.constant([0, 1, 1, 3, 3, 3, 5], tf.int64)
+    vectors, fused = stack.pool_fused(rows, segments, 2, tf.constant(3, tf.int64), combiner)
+    assert vectors.shape == (2, 3, 3) and fused.shape == (2, 3, 1)
+    np.testing.assert_array_equal(fused.numpy()[0], expected_a)
+    np.testing.assert_array_equal(fused.numpy()[1], expected_b)
+    plain = ServingTables(dict(plan.tables), "p", storage)  # no wide part: nothing beside the rows
+    plain.build()
+    assert plain.wide is None and plain.pool_fused(rows, segments, 2, tf.constant(3, tf.int64), combiner)[1] is None

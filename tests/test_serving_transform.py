@@ -330,12 +330,12 @@ def test_fused_ids_pool_exactly_as_per_feature_sparse_tensors(transforms, storag
         assert not any(f.name in got for f in manifest.categorical_features)  # no per-feature SparseTensor left
         assert int(got[BATCH_KEY]) == batch
         for i, chunk in enumerate(chunks):
-            pooled = stack.pool_fused(got[fused_key(i, "rows")], got[fused_key(i, "segments")], len(chunk.features),
-                                      got[BATCH_KEY], chunk.combiner)
+            pooled, _ = stack.pool_fused(got[fused_key(i, "rows")], got[fused_key(i, "segments")], len(chunk.features),
+                                         got[BATCH_KEY], chunk.combiner)
             assert pooled.shape == (len(chunk.features), batch, 3)
             for name, vectors in zip(chunk.features, tf.unstack(pooled, num=len(chunk.features))):
                 table = next(f.table for f in manifest.categorical_features if f.name == name)
-                np.testing.assert_array_equal(vectors.numpy(), stack.lookup(table, want[name]).numpy(),
+                np.testing.assert_array_equal(vectors.numpy(), stack.lookup(table, want[name])[0].numpy(),
                                               err_msg=f"{where} {storage} batch {batch} {name}")
         # One matrix when every dense column is numeric (JSON); a text column read as dense (the
         # tf.Example path's d_bytes) keeps the per-feature tensors.

@@ -562,3 +562,36 @@ def test_sequence_features_on_sparsecore_are_refused_before_the_build(tpu_branch
     with pytest.raises(SparseCoreUnsupported, match=r"'C12' \(table 'C12', length 4\).*size_threshold"):
         tm.train(cfg, plan, manifest, *_files(data), str(tmp_path / "state"))
     assert not any(c["call"].startswith("TPUEmbeddingV2") for c in rec.calls)
+
+
+@pytest.mark.parametrize("feature", ["V1", "V2"])
+def test_wide_tables_train_in_tpu_embedding_with_their_own_optimizer(feature, tpu_branch, data, tmp_path):  # noqa: F811
+    """training.wide on the TPU branch: the wide part's one-dimensional tables of TPU-embedding
+    tables are TPU-embedding tables themselves, each TableConfig carrying the wide optimizer (FTRL)
+    while the deep tables keep the embedding optimizer; on SparseCore, TensorFlow's own
+    TPUEmbeddingV2 stacks them (dim 1, padded, apart from the deep tables: another dim and
+    optimizer), and the Trainer's CPU path reads every one of them from the stacked checkpoint
+    exactly as the step held it."""
+    rec = tpu_branch(getattr(Feature, feature))
+    cfg, model_uri = _run_tpu_branch(data, tmp_path, wide={"enabled": True})
+    from components.contracts.plan import EmbeddingPlan
+
+    with open(os.path.join(model_uri, "embedding_plan.json")) as fh:
+        plan = EmbeddingPlan.from_json(fh.read())
+    wide_tpu = {n for n, t in plan.tables_placed("tpu_embedding").items() if t.wide_of}
+    assert wide_tpu and all(plan.tables[n].dim == 1 for n in wide_tpu)
+    name = "TPUEmbeddingV2" if feature == "V2" else "TPUEmbedding"
+    init = [c for c in rec.calls if c["call"] == f"{name}.__init__"][-1]
+    configs = {f.table.name: f.table for f in tf.nest.flatten(init["values"]["feature_config"])}
+    for name in wide_tpu:
+        assert isinstance(configs[name].optimizer, tf.tpu.experimental.embedding.FTRL), name
+        assert configs[name].optimizer.learning_rate == pytest.approx(cfg.training.wide.optimizer.learning_rate)
+        deep = configs[plan.tables[name].wide_of]
+        assert deep.optimizer is None or not isinstance(deep.optimizer, tf.tpu.experimental.embedding.FTRL) \
+            or deep.optimizer.learning_rate != configs[name].optimizer.learning_rate
+    if feature == "V2":
+        mid = rec.mids[-1]
+        stacks = mid._stacked_table_to_tables  # pylint: disable=protected-access
+        wide_stacks = [ts for ts in stacks.values() if {t.name for t in ts} & wide_tpu]
+        assert wide_stacks and all({t.name for t in ts} <= wide_tpu for ts in wide_stacks)  # never with a deep table
+        _assert_checkpoint_tables_are_the_trained_ones(mid, model_uri)

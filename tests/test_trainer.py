@@ -441,3 +441,105 @@ def test_per_table_optimizers_and_gradient_multiplier_update_as_documented(data)
     assert isinstance(tables[adagrad_tpu].optimizer, tf.tpu.experimental.embedding.Adagrad)
     assert tables[adagrad_tpu].optimizer.learning_rate == pytest.approx(0.2)
     assert isinstance(tables["shared_c3_c4"].optimizer, tf.tpu.experimental.embedding.FTRL)  # the layer's, as TF fills it in
+
+
+def test_wide_part_is_a_linear_model_added_to_the_logit_and_trained_by_its_optimizer(data):
+    """training.wide: the trained model's logit is the deep part's plus exactly a
+    logistic regression's, one weight per row of every table (the wide tables, read from the
+    checkpoint, pooled per feature with the feature's combiner as its embedding is) and one per
+    dense feature; the wide tables and the dense term are updated by the wide optimizer (FTRL)
+    and moved from their zero start."""
+    from components.config import WIDE_SUFFIX
+    from components.embedding_model.model import dense_input
+    from components.embedding_model.restore import model_from_checkpoint, open_checkpoint_tables
+    from components.embedding_exporter.export import latest_checkpoint, read_model_manifest, read_model_plan
+
+    cfg = _config(data, wide={"enabled": True, "optimizer": {"name": "ftrl", "learning_rate": 1.0}}, train_steps=20)
+    fn_args = _fn_args(data, cfg, 11)
+    tm.run_fn(fn_args)
+    model_uri = os.path.dirname(fn_args.serving_model_dir)
+    plan, manifest = read_model_plan(model_uri), read_model_manifest(model_uri)
+    assert plan.wide_features() == {n + WIDE_SUFFIX: n for n in manifest.categorical_names}
+    ckpt = latest_checkpoint(model_uri)
+    features, _ = next(iter(make_dataset([str(data / "tx" / "Split-eval" / "*")], manifest, 128, training=False)))
+    model = model_from_checkpoint(plan, manifest, cfg, ckpt, features)
+    logit = lambda p: np.log(p) - np.log1p(-p)  # noqa: E731
+    full = model(features).numpy().astype(np.float64)
+
+    tables = open_checkpoint_tables(ckpt, plan)
+    wide = np.zeros([128, 1])
+    for w, n in plan.wide_features().items():
+        weights = tables.read(plan.features[w].table)
+        assert np.abs(weights).max() > 0  # trained away from the zeros it starts at
+        wide += tf.nn.safe_embedding_lookup_sparse(
+            tf.constant(weights), features[n], combiner=plan.tables[plan.features[w].table].combiner).numpy()
+    kernel = model.wide_dense.kernel.numpy()
+    assert np.abs(kernel).max() > 0
+    wide += dense_input(features, manifest.dense_names).numpy() @ kernel
+    assert set(model.bucket_tables) == set(manifest.dense_names)  # the dense features' buckets have weights too
+    for n, table in model.bucket_tables.items():
+        values = features[n].numpy().reshape(-1).astype(np.float32)
+        bucket = np.searchsorted(np.asarray(plan.dense_buckets.boundaries[n], np.float32), values, side="right")
+        wide += table.wide.numpy()[bucket]
+        table.wide.assign(tf.zeros_like(table.wide))
+    for stack in model.serving_stacks.values():  # the deep part alone: the wide weights zeroed
+        stack.wide.assign(tf.zeros_like(stack.wide))
+    model.wide_dense.kernel.assign(tf.zeros_like(model.wide_dense.kernel))
+    deep = model(features).numpy().astype(np.float64)
+    np.testing.assert_allclose(logit(full) - logit(deep), wide, atol=2e-4)
+
+    # exported (int8 tables, float16 compared): parity with the trained model on raw rows; the wide
+    # weights stay float32 beside the compressed rows, and their files carry their table's vocabulary
+    import pyarrow.csv as pacsv
+    from tfx_bsl.coders import example_coder
+    from components.embedding_exporter import tables as T
+    from components.embedding_exporter.export import export_serving_model
+
+    raw = data / "wide_raw_eval.tfrecord"
+    import pyarrow as pa
+
+    from components import rulebook as R
+
+    kinds = dict(manifest.raw_feature_kinds)
+    types = {R.KIND_FLOAT: pa.float32(), R.KIND_INT: pa.int64(), R.KIND_BYTES: pa.binary()}
+
+    def as_lists(column, name):  # a value per row -> a list per row (as the manifest's kind), a missing value an empty list
+        column = column.cast(types[kinds[name]]) if name in kinds else column
+        present = np.asarray(column.is_valid())
+        offsets = pa.array(np.concatenate([[0], np.cumsum(present)]).astype(np.int32))
+        return pa.ListArray.from_arrays(offsets, column.filter(pa.array(present)))
+
+    with tf.io.TFRecordWriter(str(raw)) as writer:
+        for batch in pacsv.read_csv(str(data / "eval.csv")).to_batches():
+            lists = pa.RecordBatch.from_arrays([as_lists(c, n) for c, n in zip(batch.columns, batch.schema.names)], batch.schema.names)
+            for record in example_coder.RecordBatchToExamplesEncoder().encode(lists):
+                writer.write(record)
+    export_cfg = dataclasses.replace(cfg, export=dataclasses.replace(
+        cfg.export, table_dtype="int8", compare_compression=True, auc_sample_size=600))
+    out = data / "wide_export"
+    report = export_serving_model(export_cfg, model_uri, str(raw), str(out))
+    assert report["parity"]["passed"] and report["parity"]["max_abs_diff"] <= 1e-5
+    wide_tables = {t for t in plan.tables if plan.tables[t].wide_of}
+    deep_tables = set(plan.tables) - wide_tables
+    assert report["compression"]["int8"]["table_bytes"] == (
+        sum(plan.tables[t].rows * (plan.tables[t].dim + 4) for t in deep_tables) + sum(plan.tables[t].rows * 4 for t in wide_tables))
+    entries = json.loads((out / T.TABLES_DIR / T.TABLES_MANIFEST).read_text())["tables"]
+    for t in wide_tables:
+        deep = plan.tables[t].wide_of
+        assert entries[t]["dtype"] == "float32" and entries[t]["vocabulary_file"] == entries[deep]["vocabulary_file"]
+        np.testing.assert_array_equal(np.load(out / T.TABLES_DIR / entries[t]["files"]["values"]), tables.read(t))
+
+    # one training step: the wide tables and the dense term move by the wide optimizer's rule
+    train_model = tm.build_model(plan, manifest, cfg, for_training=True)
+    train_features, labels = next(iter(make_dataset(
+        [str(data / "tx" / "Split-train" / "*")], manifest, 64, training=True, seed=5, dense_id_widths=P.dense_id_widths(plan))))
+    train_model(train_features)
+    wide_table = plan.features[manifest.categorical_names[0] + WIDE_SUFFIX].table
+    optimizer = train_model._table_optimizer[wide_table]
+    assert isinstance(optimizer.keras, tf.keras.optimizers.legacy.Ftrl)
+    assert optimizer.keras.learning_rate.numpy() == pytest.approx(cfg.training.wide.optimizer.learning_rate)
+    train_model.compile(optimizer=train_model.dense_optimizer, loss=tf.keras.losses.BinaryCrossentropy())
+    train_model.train_step((train_features, labels))
+    assert optimizer.keras.get_slot(train_model.wide_dense.kernel, "accumulator") is not None
+    assert np.abs(train_model.wide_dense.kernel.numpy()).max() > 0
+    assert int(optimizer.keras.iterations.numpy()) == 1

@@ -40,6 +40,9 @@ from components.config.schema import (
     ConfigError,
     DenseFeature,
     EarlyStoppingConfig,
+    WIDE_SUFFIX,
+    WideConfig,
+    DenseBucketsConfig,
     EmbeddingConfig,
     ExportConfig,
     ExportLayoutConfig,
@@ -68,7 +71,7 @@ from components.config.validation import check_export_config, register_check, re
 __all__ = [
     "COMBINERS", "COMPRESSIONS", "DIM_RULES", "DIRECT_RUNNING_MODES", "INPUT_FORMATS", "LABEL_RULE_OPS",
     "LAYOUT_KINDS", "MODEL_TYPES", "OPTIMIZERS", "PARTITION_STRATEGIES", "SCHEDULES", "TABLE_DTYPES",
-    "BeamConfig", "CategoricalDefaults", "CategoricalFeature", "ConfigError", "DenseFeature", "EarlyStoppingConfig", "EmbeddingConfig",
+    "BeamConfig", "CategoricalDefaults", "CategoricalFeature", "ConfigError", "DenseFeature", "EarlyStoppingConfig", "EmbeddingConfig", "WideConfig", "WIDE_SUFFIX", "DenseBucketsConfig",
     "ExportConfig", "ExportLayoutConfig", "GradientMultiplierConfig", "InputConfig", "KubeflowBeamConfig", "KubeflowComponentConfig",
     "KubeflowConfig", "LabelRule", "OptimizerConfig", "OptimizerOverride", "PipelineConfig", "ResolvedConfig", "ResolvedTable",
     "ScheduleConfig", "StatisticsConfig", "TableConfig", "TolerationConfig", "TopologyConfig", "TrainingConfig",

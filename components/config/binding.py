@@ -26,6 +26,7 @@ from components.config.schema import (
     OptimizerConfig,
     OptimizerOverride,
     PipelineConfig,
+    WIDE_SUFFIX,
     TableConfig,
     VocabularyOptions,
 )
@@ -54,7 +55,8 @@ def bind_tables(cfg: PipelineConfig) -> Tuple[ResolvedTable, ...]:
         else:
             implicit.append(_own_table(f, path, declared))
             bound[f.name] = [f.name]
-    for t in cfg.tables:
+    for i, t in enumerate(cfg.tables):
+        _check_not_wide_name(t.name, f"tables[{i}].name")
         if not bound[t.name]:
             raise ConfigError(f"tables: table {t.name!r} is used by no feature; remove it or point a feature at it")
     cfg.tables = list(cfg.tables) + implicit
@@ -80,6 +82,12 @@ def _check_uniform_range(t: TableConfig) -> None:
         )
 
 
+def _check_not_wide_name(name: str, path: str) -> None:
+    if name.endswith(WIDE_SUFFIX):
+        raise ConfigError(f"{path}: {name!r} ends in {WIDE_SUFFIX!r}, which names the wide part's table and feature "
+                          "beside each table and feature (training.wide); rename it")
+
+
 class _FeatureNames:
     """Feature names claimed so far: unique across dense and categorical features, never the label."""
 
@@ -94,6 +102,7 @@ class _FeatureNames:
             raise ConfigError(f"{path}.name: {name!r} is already used by {self.seen[name]}; feature names must be unique")
         if name == self.label:
             raise ConfigError(f"{path}.name: {name!r} is the label column; remove it from the features")
+        _check_not_wide_name(name, f"{path}.name")
         self.seen[name] = path
 
 

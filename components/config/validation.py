@@ -14,6 +14,7 @@ from components.config.binding import bind_tables, optimizer_path, table_optimiz
 from components.config.checks import check_choice, check_positive
 from components.config.resolved import ResolvedConfig
 from components.contracts.manifest import TRANSFORMED_FORMATS
+from components.contracts.statistics import DENSE_QUANTILE_POINTS as QUANTILE_POINTS
 from components.config.schema import (
     COMPRESSIONS,
     DIM_RULES,
@@ -181,6 +182,19 @@ def _check_training(cfg: PipelineConfig) -> None:
         check_positive(getattr(es, name), f"training.early_stopping.{name}", "set a positive integer")
     if not 0.0 <= es.min_improvement < 1.0:
         raise ConfigError(f"training.early_stopping.min_improvement: {es.min_improvement} is not an AUC gain in [0, 1)")
+    db = tr.dense_buckets
+    if not isinstance(db.enabled, bool):
+        raise ConfigError(f"training.dense_buckets.enabled: {db.enabled!r} is not true or false")
+    if not isinstance(db.buckets, int) or not 2 <= db.buckets <= QUANTILE_POINTS:
+        raise ConfigError(f"training.dense_buckets.buckets: {db.buckets!r} is not a whole number in [2, {QUANTILE_POINTS}] "
+                          f"(preprocessing records {QUANTILE_POINTS} quantile intervals)")
+    check_positive(db.dim, "training.dense_buckets.dim", "set a positive embedding width, e.g. 8")
+    wide = tr.wide
+    if not isinstance(wide.enabled, bool):
+        raise ConfigError(f"training.wide.enabled: {wide.enabled!r} is not true or false")
+    _check_optimizer(wide.optimizer, "training.wide.optimizer")
+    if wide.optimizer.clipnorm is not None:
+        raise ConfigError("training.wide.optimizer.clipnorm: TPU embedding optimizers cannot clip by norm; use clipvalue")
 
 
 def _check_optimizer(o: OptimizerConfig, path: str) -> None:

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from components.config import OptimizerConfig, PipelineConfig, table_optimizer
+from components.config import WIDE_SUFFIX, OptimizerConfig, PipelineConfig, table_optimizer
 from components.contracts._json import check_version, dumps, pick, plain
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.sizing import TableMemory, table_memory
@@ -119,6 +119,8 @@ class TablePlan:
     features: Tuple[str, ...]
     sparsecore_limits: SparseCoreLimits
     memory: TableMemory
+    # A wide (linear) part's table (training.wide): the table whose rows and vocabulary it shares.
+    wide_of: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,8 @@ class FeaturePlan:
     sequence_pooling: Optional[str] = None
     sequence_query: Optional[str] = None
     sequence_length_source: Optional[str] = None
+    # A wide (linear) part's feature (training.wide): the categorical feature whose IDs it reads.
+    wide_of: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -170,7 +174,18 @@ class CheckpointLayout:
     per_replica_batch_size: Optional[int] = None
 
 
-_OPTIONAL_PLAN_FIELDS = ("checkpoint_layout", "vocabulary_dir", "embedding_gradient_multiplier")
+@dataclass(frozen=True)
+class DenseBuckets:
+    """Dense features that also enter the model as embedded quantile buckets (training.dense_buckets):
+    each one's boundaries (sorted float32 values; bucket = how many boundaries are <= the value,
+    rulebook B1) and the buckets' embedding width."""
+
+    dim: int
+    boundaries: Mapping[str, Tuple[float, ...]]
+    source: str
+
+
+_OPTIONAL_PLAN_FIELDS = ("checkpoint_layout", "vocabulary_dir", "embedding_gradient_multiplier", "dense_buckets")
 
 
 @dataclass(frozen=True)
@@ -186,6 +201,7 @@ class EmbeddingPlan:
     vocabulary_dir: Optional[str] = None  # set by the trainer: where the vocabulary files are
     # {value, schedule}: every embedding gradient's factor at a step (training.embedding_gradient_multiplier)
     embedding_gradient_multiplier: Optional[Mapping[str, Any]] = None
+    dense_buckets: Optional[DenseBuckets] = None  # training.dense_buckets, when the statistics have quantiles
     version: int = PLAN_VERSION
 
     def table(self, name: str) -> TablePlan:
@@ -195,6 +211,15 @@ class EmbeddingPlan:
 
     def feature_table(self, feature: str) -> TablePlan:
         return self.table(self.features[feature].table)
+
+    def vocabulary_table(self, name: str) -> str:
+        """The table whose vocabulary (manifest entry) gives `name`'s rows: its own, or for a wide
+        table the table it stands beside."""
+        return self.table(name).wide_of or name
+
+    def wide_features(self) -> Dict[str, str]:
+        """{wide feature: the categorical feature whose IDs it reads}; empty without a wide part."""
+        return {n: f.wide_of for n, f in self.features.items() if f.wide_of}
 
     def tables_placed(self, placement: str) -> Dict[str, TablePlan]:
         return {n: t for n, t in self.tables.items() if t.placement == placement}
@@ -268,6 +293,10 @@ class EmbeddingPlan:
             )
 
         layout = data.get("checkpoint_layout")
+        buckets = data.get("dense_buckets")
+        if buckets:
+            buckets = pick(DenseBuckets, buckets, f"{source}: dense_buckets",
+                           boundaries={f: tuple(float(v) for v in b) for f, b in buckets.get("boundaries", {}).items()})
         return pick(
             cls, data, source,
             topology=pick(Topology, data.get("topology", {}), f"{source}: topology"),
@@ -276,6 +305,7 @@ class EmbeddingPlan:
             memory=pick(PlanMemory, data.get("memory", {}), f"{source}: memory"),
             sparse_core_config=pick(SparseCoreConfigNote, data.get("sparse_core_config", {}), f"{source}: sparse_core_config"),
             checkpoint_layout=pick(CheckpointLayout, layout, f"{source}: checkpoint_layout") if layout else None,
+            dense_buckets=buckets or None,
         )
 
     @classmethod
@@ -364,6 +394,58 @@ def _feature_plans(cfg: PipelineConfig, tables: Mapping[str, TablePlan], statist
     return features
 
 
+def _with_wide_part(cfg: PipelineConfig, tables: Dict[str, TablePlan], features: Dict[str, FeaturePlan]):
+    """The plan's tables and features with the wide part's beside them (training.wide): per table a
+    one-dimensional table of the same rows and vocabulary (`<table>__wide`), initialized to zeros,
+    updated by the wide optimizer and placed as its table is; per categorical feature a feature of
+    that table reading the same IDs (`<feature>__wide`; a sequence feature's reads the same
+    positions). The model adds their pooled values to its logit (model.py)."""
+    wide = cfg.training.wide.optimizer
+    spec, chips = optimizer_spec(wide), cfg.training.embedding.topology.num_chips
+    out_tables, out_features = dict(tables), dict(features)
+    for name, t in tables.items():
+        out_tables[name + WIDE_SUFFIX] = dataclasses.replace(
+            t, dim=1, dim_source="wide part (training.wide)", initializer=Initializer("zeros"), optimizer=spec,
+            features=tuple(f + WIDE_SUFFIX for f in t.features),
+            memory=table_memory(t.rows, 1, wide.name, t.placement, chips), wide_of=name)
+    for name, f in features.items():
+        out_features[name + WIDE_SUFFIX] = dataclasses.replace(
+            f, table=f.table + WIDE_SUFFIX, sequence_pooling=None, sequence_query=None, wide_of=name)
+    return out_tables, out_features
+
+
+def bucket_boundaries(quantiles: Tuple[float, ...], buckets: int) -> Tuple[float, ...]:
+    """At most `buckets` buckets of about equal rows from a feature's 101 train quantiles: the
+    quantiles at every 100/buckets percent, as float32 (the model's values and TF's Bucketize
+    boundaries are float32), without repeats (a value held by many rows is one boundary)."""
+    import numpy as np
+
+    points = len(quantiles) - 1
+    picked = [quantiles[int(round(j * points / buckets))] for j in range(1, buckets)]
+    return tuple(float(v) for v in np.unique(np.asarray(picked, np.float32)))
+
+
+def _dense_buckets(cfg: PipelineConfig, statistics: EmbeddingStatistics) -> Optional[DenseBuckets]:
+    """The dense features' bucket boundaries from the statistics' train quantiles; features without
+    quantiles (statistics written before they were measured) stay numeric only, named in `source`."""
+    db = cfg.training.dense_buckets
+    if not db.enabled or not cfg.dense_features:
+        return None
+    boundaries, missing = {}, []
+    for d in cfg.dense_features:
+        q = statistics.dense_quantiles(d.name)
+        if q is None:
+            missing.append(d.name)
+        else:
+            boundaries[d.name] = bucket_boundaries(q, db.buckets)
+    if not boundaries:
+        return None
+    source = f"train-split quantiles (statistics), at most {db.buckets} buckets"
+    if missing:
+        source += f"; not bucketed (no quantiles in the statistics: rerun preprocessing): {', '.join(missing)}"
+    return DenseBuckets(dim=db.dim, boundaries=boundaries, source=source)
+
+
 def _sequence_length(f, pooling: Mapping[str, Any]) -> Tuple[int, Optional[str]]:
     """(max_sequence_length, where it came from) of a sequence feature; (0, None) otherwise: the
     configured length, else the train split's percentile of IDs per example (at least 1, at most
@@ -415,6 +497,9 @@ def derive_plan(
     topo_cfg = emb.topology
     statistics = statistics or EmbeddingStatistics.empty()
     tables = {t.name: _table_plan(cfg, t.name, manifest, statistics) for t in cfg.tables}
+    features = _feature_plans(cfg, tables, statistics)
+    if cfg.training.wide.enabled:
+        tables, features = _with_wide_part(cfg, tables, features)
     topology = Topology(
         num_chips=topo_cfg.num_chips,
         hbm_gib_per_chip=topo_cfg.hbm_gib_per_chip,
@@ -436,9 +521,10 @@ def derive_plan(
         size_threshold=emb.size_threshold,
         topology=topology,
         tables=tables,
-        features=_feature_plans(cfg, tables, statistics),
+        features=features,
         memory=memory,
         embedding_gradient_multiplier=_gradient_multiplier(cfg),
+        dense_buckets=_dense_buckets(cfg, statistics),
         sparse_core_config=SparseCoreConfigNote(
             available_in_tensorflow=sparsecore_config_available,
             note=(

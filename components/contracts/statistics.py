@@ -17,6 +17,9 @@ from components.contracts._json import check_version, dumps, pick, plain
 
 # 3: per-feature value distribution (features.<f>.values); 4: ledger, feature_health
 STATISTICS_VERSION = 4
+# A dense feature's train-split quantiles (dense_features.<f>.train.quantiles): the 0th, 1st, ...,
+# 100th percentiles of its filled values, from a quantiles sketch (preprocessing's statistics.py).
+DENSE_QUANTILE_POINTS = 100
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,12 @@ class EmbeddingStatistics:
         that shard count was not measured)."""
         shard = self.tables.get(table, {}).get("shards", {}).get(str(num_sparse_cores))
         return shard["suggested_sparsecore_limits"] if shard else None
+
+    def dense_quantiles(self, feature: str) -> Optional[Tuple[float, ...]]:
+        """The train split's DENSE_QUANTILE_POINTS + 1 quantiles of a dense feature's filled values
+        (minimum, ..., maximum); None when unknown (statistics from before they were measured)."""
+        q = (self.dense_features.get(feature, {}).get("train", {}) or {}).get("quantiles")
+        return tuple(float(v) for v in q) if q else None
 
     def ids_per_example(self, feature: str, split: str) -> Dict[str, Any]:
         """{mean, p50, p90, p99, max, ...} IDs per example of `feature` on `split` ({} when unknown)."""

@@ -345,7 +345,8 @@ def compress(ctx: ExportContext, dtype: str) -> None:
     for name, stack in variant.serving_tables.items():
         values = ctx.model.serving_tables[name].read(name)
         try:
-            stored, scale = T.compress(values, dtype, name)
+            # a wide table's weights stay float32 (model.ServingTables: 4 bytes a row)
+            stored, scale = (values, None) if ctx.plan.tables[name].wide_of else T.compress(values, dtype, name)
         except T.CompressionError as err:
             raise ExportRefused(str(err)) from None
         max_err = max(max_err, float(np.abs(T.decompress(stored, scale) - values).max()) if values.size else 0.0)

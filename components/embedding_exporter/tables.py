@@ -75,7 +75,7 @@ class TableWriter:
         self.entries: Dict[str, Any] = {}
 
     def write(self, name: str, plan_table: TablePlan, stored: np.ndarray, scale: Optional[np.ndarray]) -> Dict[str, Any]:
-        vocab = self._manifest.vocabulary(name)
+        vocab = self._manifest.vocabulary(plan_table.wide_of or name)  # a wide table's rows are its table's
         files = {"values": f"{name}.npy"}
         _save_npy(os.path.join(self.dir, files["values"]), stored)
         if scale is not None:

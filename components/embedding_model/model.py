@@ -285,9 +285,14 @@ class ServingTables(tf.keras.layers.Layer):
       for float32 tables (tests/test_serving_transform.py).
     Stacked because a graph op cannot gather from several variables at once. Compressed tables
     are gathered for the batch's unique rows and dequantized before pooling, so the combiner runs
-    in float32."""
+    in float32.
+    `wide` {table: its wide table} (training.wide): the wide part's one weight per row, held beside
+    the stack in a float32 [rows, 1] variable of the same rows (never compressed: 4 bytes a row),
+    pooled from the same positions and segments as the rows, so the wide part adds one segment
+    op per lookup and no index work; `assign` / `read` take a wide table's name too."""
 
-    def __init__(self, tables: Dict[str, Any], name: str, storage: str = "float32"):
+    def __init__(self, tables: Dict[str, Any], name: str, storage: str = "float32",
+                 wide: Optional[Dict[str, str]] = None):
         super().__init__(name=name)
         if storage not in TABLE_DTYPES:
             raise ValueError(f"table dtype {storage!r} is not one of {', '.join(TABLE_DTYPES)}")
@@ -301,6 +306,7 @@ class ServingTables(tf.keras.layers.Layer):
         for n, t in tables.items():
             self.offsets[n], total = total, total + t.rows
         self.rows = total
+        self.wide_tables = {w: n for n, w in (wide or {}).items() if n in self.offsets}  # wide table -> its table
 
     def build(self, input_shape=None):
         self.embeddings = self.add_weight(
@@ -310,6 +316,9 @@ class ServingTables(tf.keras.layers.Layer):
         self.scale = None
         if self.storage == "int8":
             self.scale = self.add_weight(name="scale", shape=[self.rows], initializer="ones", trainable=False)
+        self.wide = None
+        if self.wide_tables:
+            self.wide = self.add_weight(name="wide", shape=[self.rows, 1], initializer="zeros", trainable=False)
         super().build(input_shape)
 
     def _built(self) -> None:
@@ -322,58 +331,106 @@ class ServingTables(tf.keras.layers.Layer):
         return slice(self.offsets[table], self.offsets[table] + self.table_rows[table])
 
     def assign(self, table: str, values, scale=None) -> None:
-        """A table's stored rows (and int8 scales) into its place in the stack."""
+        """A table's stored rows (and int8 scales) into its place in the stack; a wide table's
+        [rows, 1] weights into the wide column beside its table's rows."""
         self._built()
+        if table in self.wide_tables:
+            self.wide[self._span(self.wide_tables[table])].assign(values)
+            return
         self.embeddings[self._span(table)].assign(values)
         if scale is not None:
             self.scale[self._span(table)].assign(scale)
 
     def read(self, table: str):
-        """A table's stored rows, as numpy."""
+        """A table's stored rows (a wide table's weights), as numpy."""
         self._built()
+        if table in self.wide_tables:
+            return self.wide[self._span(self.wide_tables[table])].numpy()
         return self.embeddings[self._span(table)].numpy()
 
     def _float_rows(self, rows: tf.Tensor):
-        """(float32 rows, positions): the rows to pool from and each ID's place in them: the stack
-        itself for float32, else the batch's unique rows dequantized."""
+        """(float32 rows, positions, wide weights): the rows to pool from, each ID's place in them
+        and the wide weights at the same places (None without a wide part): the stack itself for
+        float32, else the batch's unique rows dequantized."""
         if self.storage == "float32":
-            return self.embeddings, rows
+            return self.embeddings, rows, self.wide
         unique, position = tf.unique(rows)
         values = tf.cast(tf.gather(self.embeddings, unique), tf.float32)
         if self.scale is not None:
             values = values * tf.gather(self.scale, unique)[:, None]
-        return values, position
+        return values, position, (tf.gather(self.wide, unique) if self.wide is not None else None)
 
-    def lookup(self, table: str, ids, weights=None, sequence_length: int = 0) -> tf.Tensor:
-        """One feature's pooled vectors ([batch, dim]; [batch, length, dim] for a sequence feature)."""
+    def lookup(self, table: str, ids, weights=None, sequence_length: int = 0):
+        """One feature's pooled vectors ([batch, dim]; [batch, length, dim] for a sequence feature)
+        and, with a wide part, its pooled wide weights ([batch, 1]; [batch, length, 1]) beside
+        them: (vectors, wide or None)."""
         self._built()
         offset = self.offsets[table]
         if sequence_length:  # a sequence feature: [batch, length, dim] (float32, dequantized)
-            return sequence_positions(self.embeddings, ids, sequence_length, offset, self.scale)
+            vectors = sequence_positions(self.embeddings, ids, sequence_length, offset, self.scale)
+            wide = sequence_positions(self.wide, ids, sequence_length, offset) if self.wide is not None else None
+            return vectors, wide
         if not isinstance(ids, tf.SparseTensor):
             raise TypeError(f"{self.name}: serving lookups take SparseTensor IDs (the raw-feature transform's output)")
         stacked = ids.values + offset if offset else ids.values
-        rows, position = self._float_rows(stacked)
-        return pool_sparse(rows, ids, self.combiners[table], positions=position, weights=weights)
+        rows, position, wide = self._float_rows(stacked)
+        combiner = self.combiners[table]
+        vectors = pool_sparse(rows, ids, combiner, positions=position, weights=weights)
+        return vectors, (pool_sparse(wide, ids, combiner, positions=position, weights=weights) if wide is not None else None)
 
     def pool_fused(self, rows: tf.Tensor, segments: tf.Tensor, features: int, batch: tf.Tensor, combiner: str):
-        """`features` features' pooled vectors, [features, batch, dim]: `rows` (int64, into the
-        stack) and `segments` (feature x batch + batch row, non-decreasing) of all their IDs."""
+        """`features` features' pooled vectors, [features, batch, dim], and with a wide part their
+        pooled wide weights, [features, batch, 1] (else None): `rows` (int64, into the stack) and
+        `segments` (feature x batch + batch row, non-decreasing) of all their IDs."""
         self._built()
-        values, position = self._float_rows(rows)
+        values, position, wide = self._float_rows(rows)
         pooled = _POOL[combiner](values, position, segments, num_segments=features * batch)
-        return tf.reshape(pooled, [features, -1, self.dim])
+        if wide is not None:
+            wide = tf.reshape(_POOL[combiner](wide, position, segments, num_segments=features * batch), [features, -1, 1])
+        return tf.reshape(pooled, [features, -1, self.dim]), wide
 
 
 class ServingTable(ServingTables):
     """One trained table held for CPU serving (a stack of one): `layer(ids)` pools its IDs."""
 
-    def __init__(self, table: TablePlan, name: str, storage: str = "float32"):
-        super().__init__({name: table}, f"serving_table_{name}", storage)
+    def __init__(self, table: TablePlan, name: str, storage: str = "float32", wide: Optional[str] = None):
+        super().__init__({name: table}, f"serving_table_{name}", storage, wide={name: wide} if wide else None)
         self.table = name
 
     def call(self, ids, weights=None, sequence_length: int = 0) -> tf.Tensor:
-        return self.lookup(self.table, ids, weights=weights, sequence_length=sequence_length)
+        return self.lookup(self.table, ids, weights=weights, sequence_length=sequence_length)[0]
+
+
+def bucket_ids(values: tf.Tensor, boundaries) -> tf.Tensor:
+    """int32 bucket of each float32 value: how many `boundaries` (sorted) are <= it (rulebook B1:
+    a value equal to a boundary is in the bucket above it; below the first, bucket 0). TF's
+    Bucketize op, in the training step and the serving graph alike."""
+    return tf.raw_ops.Bucketize(input=tf.cast(values, tf.float32), boundaries=[float(b) for b in boundaries])
+
+
+class BucketTable(tf.keras.layers.Layer):
+    """A dense feature's quantile buckets as an embedded categorical (training.dense_buckets): its
+    [buckets, dim] embeddings (truncated normal, stddev 1/sqrt(dim), as the tables) and, with a
+    wide part, one weight per bucket (zeros). Small: dense variables of the model, replicated and
+    restored like the dense network; the embeddings are updated by the dense optimizer, the wide
+    weights by the wide part's."""
+
+    def __init__(self, boundaries, dim: int, wide: bool, name: str):
+        super().__init__(name=name)
+        self.boundaries, self.dim, self.has_wide = tuple(boundaries), dim, wide
+
+    def build(self, input_shape=None):
+        rows = len(self.boundaries) + 1
+        self.embeddings = self.add_weight(
+            name="embeddings", shape=[rows, self.dim], trainable=True,
+            initializer=tf.keras.initializers.TruncatedNormal(stddev=1.0 / self.dim ** 0.5))
+        self.wide = self.add_weight(name="wide", shape=[rows, 1], initializer="zeros", trainable=True) if self.has_wide else None
+        super().build(input_shape)
+
+    def call(self, values: tf.Tensor):
+        """[batch] float32 values -> ([batch, dim] vectors, [batch, 1] wide weights or None)."""
+        ids = bucket_ids(values, self.boundaries)
+        return tf.gather(self.embeddings, ids), (tf.gather(self.wide, ids) if self.wide is not None else None)
 
 
 class TableOptimizer(NamedTuple):
@@ -420,15 +477,19 @@ def _scale_gradient(x, factor):
     return tf.identity(x), grad
 
 
-def dense_input(inputs: Dict[str, Any], names) -> tf.Tensor:
+def raw_dense(inputs: Dict[str, Any], names) -> tf.Tensor:
+    """[batch, len(names)] float32: the dense features' filled values. `inputs[DENSE_KEY]`, when
+    there: the features already as one [batch, len(names)] matrix (the serving transform's fused form)."""
+    if DENSE_KEY in inputs:
+        return inputs[DENSE_KEY]
+    return tf.concat([tf.reshape(inputs[n], [-1, 1]) for n in names], axis=1)
+
+
+def dense_input(inputs: Dict[str, Any], names, raw: Optional[tf.Tensor] = None) -> tf.Tensor:
     """[batch, len(names)] float32: the dense features, signed log1p (counts are heavy-tailed;
     inside the model so serving does the same). The baseline (baseline.py) reads them so too.
-    `inputs[DENSE_KEY]`, when there: the features already as one [batch, len(names)] matrix (the
-    serving transform's fused form)."""
-    if DENSE_KEY in inputs:
-        dense = inputs[DENSE_KEY]
-    else:
-        dense = tf.concat([tf.reshape(inputs[n], [-1, 1]) for n in names], axis=1)
+    `raw`: `raw_dense(inputs, names)`, when already there."""
+    dense = raw_dense(inputs, names) if raw is None else raw
     return tf.sign(dense) * tf.math.log1p(tf.abs(dense))
 
 
@@ -481,10 +542,16 @@ class RankingModel(tf.keras.Model):
         self._table_optimizer = tf.Module()._no_dependency(table_optimizers)  # pylint: disable=protected-access
         self.gradient_multiplier = gradient_multiplier
         tables = plan.tables
-        self.feature_table = {n: plan.features[n].table for n in self.categorical_names}
+        # The wide part (training.wide): {wide feature: the feature whose IDs it reads}, each a
+        # feature of its table's one-dimensional wide table; the model adds their pooled values
+        # (and a linear term of the dense features) to the deep part's logit.
+        self.wide_features = {w: n for w, n in plan.wide_features().items() if n in self.categorical_names}
+        self.wide_feature_of = {n: w for w, n in self.wide_features.items()}
+        lookups = list(self.categorical_names) + list(self.wide_features)  # every feature looked up
+        self.feature_table = {n: plan.features[n].table for n in lookups}
         self.feature_dim = {n: tables[t].dim for n, t in self.feature_table.items()}
-        self.feature_safe = {n: plan.features[n].validate_weights_and_indices for n in self.categorical_names}
-        tpu_features = [n for n in self.categorical_names if tables[self.feature_table[n]].placement == "tpu_embedding"]
+        self.feature_safe = {n: plan.features[n].validate_weights_and_indices for n in lookups}
+        tpu_features = [n for n in lookups if tables[self.feature_table[n]].placement == "tpu_embedding"]
         self.embedding_layer = None
         self.serving_stacks: Dict[str, ServingTables] = {}
         self.stack_serving_tables = serving_table_dtype is not None and stack_serving_tables
@@ -492,16 +559,19 @@ class RankingModel(tf.keras.Model):
         if serving_table_dtype is not None:
             # The exporter's CPU serving model: the tables as plain (optionally compressed)
             # variables, those of one dim stacked in one (ServingTables).
+            # (a wide table is held beside its table's rows: ServingTables' `wide`)
             used = [name for name in tables if any(self.feature_table[n] == name for n in self.categorical_names)]
+            wide = {self.feature_table[n]: self.feature_table[w] for w, n in self.wide_features.items()}
             if stack_serving_tables:
                 for dim in sorted({tables[name].dim for name in used}):
                     stack = ServingTables({name: tables[name] for name in used if tables[name].dim == dim},
-                                          f"serving_tables_dim{dim}", serving_table_dtype)
+                                          f"serving_tables_dim{dim}", serving_table_dtype, wide=wide)
                     self.serving_stacks[f"dim{dim}"] = stack
             else:  # one variable per table (the Trainer's SavedModel: no offsets to add)
-                self.serving_stacks = {name: ServingTable(tables[name], name, serving_table_dtype) for name in used}
+                self.serving_stacks = {name: ServingTable(tables[name], name, serving_table_dtype, wide=wide.get(name))
+                                       for name in used}
             for stack in self.serving_stacks.values():
-                serving_tables.update({name: stack for name in stack.offsets})
+                serving_tables.update({name: stack for name in list(stack.offsets) + list(stack.wide_tables)})
             tpu_features = []
         # table -> its stack (each stack is tracked once, in serving_stacks)
         self.serving_tables = tf.Module()._no_dependency(serving_tables)  # pylint: disable=protected-access
@@ -523,7 +593,7 @@ class RankingModel(tf.keras.Model):
         # One layer per TensorCore table; features of a shared table use the same layer.
         self.tensor_core_tables = {
             name: TensorCoreTable(t, name) for name, t in tables.items() if t.placement == "tensor_core"
-            and any(self.feature_table[n] == name for n in self.categorical_names)
+            and any(self.feature_table[n] == name for n in lookups)
         } if serving_table_dtype is None else {}
         # Sequence features: one vector per position (max_sequence_length), pooled by their layer.
         self.sequence_length = {n: plan.features[n].max_sequence_length for n in self.categorical_names
@@ -531,7 +601,21 @@ class RankingModel(tf.keras.Model):
         self.sequence_query = {n: plan.features[n].sequence_query for n in self.sequence_length}
         self.sequence_pooling = {n: SequencePooling(plan.features[n].sequence_pooling or "mean", f"sequence_{n}")
                                  for n in self.sequence_length}
+        # A sequence feature's wide feature reads the same positions; they are pooled by its
+        # table's combiner over the row's positions (`_pool_sequences`).
+        self.wide_combiner = {w: tables[self.feature_table[w]].combiner for w in self.wide_features}
         self.bottom_mlp = _mlp(training.bottom_mlp, "bottom_mlp")
+        # The wide part's linear term of the dense features (their signed log1p, as the deep part
+        # reads them), updated by the wide tables' optimizer (`_variable_tables`): with the dense
+        # optimizer's small Adam steps it lagged the rest of the wide part (chem97, whose signal
+        # is mostly a numeric score). The top MLP's output bias is the bias.
+        self.wide_dense = (tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros", name="wide_dense")
+                           if self.wide_features and self.dense_names else None)
+        # Dense features' quantile buckets (plan.dense_buckets), in the model's dense feature order.
+        buckets = plan.dense_buckets
+        self.bucket_tables = {
+            n: BucketTable(buckets.boundaries[n], buckets.dim, bool(self.wide_features), f"buckets_{n}")
+            for n in self.dense_names if buckets is not None and n in buckets.boundaries}
         self.projections: Dict[str, tf.keras.layers.Layer] = {}
         if self.model_type == "dlrm":
             # DotInteraction needs one width: tables of another dim are projected (no bias).
@@ -540,6 +624,9 @@ class RankingModel(tf.keras.Model):
                 n: tf.keras.layers.Dense(width, use_bias=False, name=f"project_{n}")
                 for n in self.categorical_names if self.feature_dim[n] != width
             }
+            self.projections.update({
+                n: tf.keras.layers.Dense(width, use_bias=False, name=f"project_{n}")
+                for n, t in self.bucket_tables.items() if t.dim != width})
             self.interaction = tfrs.layers.feature_interaction.DotInteraction(self_interaction=False)
         else:
             self.cross = [
@@ -561,31 +648,39 @@ class RankingModel(tf.keras.Model):
         if self.serving_tables:
             for i, chunk in enumerate(self.serving_chunks):  # pooled together (the transform's fused IDs)
                 if fused_key(i, "rows") in inputs:
-                    pooled = self.serving_stacks[chunk.stack].pool_fused(
+                    pooled, wide = self.serving_stacks[chunk.stack].pool_fused(
                         inputs[fused_key(i, "rows")], inputs[fused_key(i, "segments")], len(chunk.features),
                         inputs[BATCH_KEY], chunk.combiner)
                     out.update(zip(chunk.features, tf.unstack(pooled, num=len(chunk.features))))
+                    if wide is not None:
+                        out.update(zip((self.wide_feature_of[n] for n in chunk.features), tf.unstack(wide, num=len(chunk.features))))
             for n in self.categorical_names:
                 if n not in out:
-                    out[n] = self.serving_tables[self.feature_table[n]].lookup(
+                    out[n], wide = self.serving_tables[self.feature_table[n]].lookup(
                         self.feature_table[n], inputs[n], weights=weights[n],
                         sequence_length=self.sequence_length.get(n, 0))
+                    if n in self.wide_feature_of:
+                        out[self.wide_feature_of[n]] = wide
             return self._pool_sequences(out, inputs)
+        source = self.wide_features  # a wide feature reads its feature's IDs (and weights)
         if self.embedding_layer is not None:
             tpu = self.tpu_feature_names
-            tpu_weights = {n: weights[n] for n in tpu} if any(weights[n] is not None for n in tpu) else None
-            out.update(self.embedding_layer({n: inputs[n] for n in tpu}, tpu_weights))
-        for n in self.categorical_names:
+            tpu_weights = ({n: weights[source.get(n, n)] for n in tpu}
+                           if any(weights[source.get(n, n)] is not None for n in tpu) else None)
+            out.update(self.embedding_layer({n: inputs[source.get(n, n)] for n in tpu}, tpu_weights))
+        for n in list(self.categorical_names) + list(self.wide_features):
             if n not in out:
+                base = source.get(n, n)
                 out[n] = self.tensor_core_tables[self.feature_table[n]](
-                    inputs[n], safe=self.feature_safe[n], weights=weights[n],
-                    sequence_length=self.sequence_length.get(n, 0))
+                    inputs[base], safe=self.feature_safe[n], weights=weights[base],
+                    sequence_length=self.sequence_length.get(base, 0))
         if training and self.gradient_multiplier is not None and self.dense_optimizer is not None:
             # The seeds' experimental_gradient_multiplier_fn, exact on every platform: a table's
             # gradient is a sum of its features' pooled-vector (or position-vector) gradients (the
-            # TPU engine receives these activation gradients), so scaling them scales it.
+            # TPU engine receives these activation gradients), so scaling them scales it. The
+            # wide part's tables have their own optimizer and are left as they are.
             factor = self.gradient_multiplier(self.dense_optimizer.iterations)
-            out = {n: _scale_gradient(v, factor) for n, v in out.items()}
+            out = {n: v if n in source else _scale_gradient(v, factor) for n, v in out.items()}
         return self._pool_sequences(out, inputs)
 
     def _pool_sequences(self, out: Dict[str, tf.Tensor], inputs: Dict[str, Any]) -> Dict[str, tf.Tensor]:
@@ -596,6 +691,12 @@ class RankingModel(tf.keras.Model):
             query = self.sequence_query.get(n)
             mask = sequence_mask(inputs[n], length, inputs.get(length_key(n)))
             pooled[n] = self.sequence_pooling[n](out[n], mask, query=out[query] if query else None)
+            w = self.wide_feature_of.get(n)
+            if w is not None:  # [batch, length, 1] -> [batch, 1] by the table's combiner
+                total = tf.reduce_sum(out[w] * mask[..., None], 1)
+                count = tf.reduce_sum(mask, 1, keepdims=True)
+                pooled[w] = {"sum": total, "mean": tf.math.divide_no_nan(total, count),
+                             "sqrtn": tf.math.divide_no_nan(total, tf.sqrt(count))}[self.wide_combiner[w]]
         return pooled
 
     # Not converted by AutoGraph (nor, through its control status, any layer called from here): the
@@ -605,26 +706,43 @@ class RankingModel(tf.keras.Model):
     # the TPU-rules check, fit's train function, evaluation and the SavedModel signature.
     @tf.autograph.experimental.do_not_convert
     def call(self, inputs: Dict[str, Any], training: bool = False) -> tf.Tensor:
+        buckets: Dict[str, Tuple[tf.Tensor, Optional[tf.Tensor]]] = {}
         if self.dense_names:
-            dense = dense_input(inputs, self.dense_names)
+            raw = raw_dense(inputs, self.dense_names)
+            dense = dense_input(inputs, self.dense_names, raw)
+            for j, n in enumerate(self.dense_names):
+                if n in self.bucket_tables:
+                    buckets[n] = self.bucket_tables[n](raw[:, j])
         else:
             batch = inputs[BATCH_KEY] if BATCH_KEY in inputs else tf.shape(inputs[self.categorical_names[0]], out_type=tf.int64)[0]
             dense = tf.zeros([batch, 1])
         bottom = self.bottom_mlp(dense)
         embedded = self.embed(inputs, training=training)
+        # the categorical features' pooled vectors, then the dense features' bucket vectors
+        names = list(self.categorical_names) + list(buckets)
+        vectors = {**embedded, **{n: v for n, (v, _) in buckets.items()}}
         if self.model_type == "dlrm":
-            vectors = [bottom] + [
-                self.projections[n](embedded[n]) if n in self.projections else embedded[n]
-                for n in self.categorical_names
-            ]
+            vectors = [bottom] + [self.projections[n](vectors[n]) if n in self.projections else vectors[n] for n in names]
             top_input = tf.concat([bottom, self.interaction(vectors)], axis=1)
         else:
-            x0 = tf.concat([bottom] + [embedded[n] for n in self.categorical_names], axis=1)
+            x0 = tf.concat([bottom] + [vectors[n] for n in names], axis=1)
             x = x0
             for layer in self.cross:
                 x = layer(x0, x)
             top_input = x
-        return tf.sigmoid(self.top_mlp(top_input, training=training))
+        logit = self.top_mlp(top_input, training=training)
+        if self.wide_features:
+            logit = logit + self.wide_logit(embedded, dense, [w for _, w in buckets.values()])
+        return tf.sigmoid(logit)
+
+    def wide_logit(self, embedded: Dict[str, tf.Tensor], dense: tf.Tensor, bucket_weights=()) -> tf.Tensor:
+        """[batch, 1]: the wide part, the sum of the wide features' pooled weights (in the model's
+        feature order), the linear term of the dense features and their buckets' weights."""
+        terms = [embedded[self.wide_feature_of[n]] for n in self.categorical_names if n in self.wide_feature_of]
+        terms += list(bucket_weights)
+        if self.wide_dense is not None:
+            terms.append(self.wide_dense(dense))
+        return tf.add_n(terms)
 
     def serving_fusion_groups(self) -> List[FusedChunk]:
         """The serving model's features that can be pooled together: per stack and combiner, the
@@ -646,10 +764,19 @@ class RankingModel(tf.keras.Model):
         self.serving_chunks = tf.Module()._no_dependency(list(chunks))  # pylint: disable=protected-access
 
     def embedding_variable_ids(self) -> set:
+        """The variables the embedding optimizers update: the tables, and the wide part's dense term."""
         ids = {id(v) for t in self.tensor_core_tables.values() for v in t.trainable_variables}
         if self.embedding_layer is not None:
             ids |= {id(v) for v in self.embedding_layer.trainable_variables}
+        if self.embedding_optimizer is not None:
+            ids |= {id(v) for v in self.wide_dense_variables()}
         return ids
+
+    def wide_dense_variables(self) -> List[tf.Variable]:
+        """The wide part's variables outside the tables (the dense features' linear term, their
+        buckets' weights): updated by the wide tables' optimizer."""
+        out = list(self.wide_dense.trainable_variables) if self.wide_dense is not None else []
+        return out + [t.wide for t in self.bucket_tables.values() if t.built and t.wide is not None]
 
     def _variable_tables(self) -> Dict[int, str]:
         """id(table variable) -> plan table, for the tables updated here (TensorCore tables; TPU
@@ -661,12 +788,15 @@ class RankingModel(tf.keras.Model):
             for name, slots in variables.items():
                 if name in self.feature_table.values() and "parameters" in slots:
                     out[id(slots["parameters"])] = name
+        if self.wide_features:  # updated as the wide tables are
+            wide_table = self.feature_table[next(iter(self.wide_features))]
+            out.update({id(v): wide_table for v in self.wide_dense_variables()})
         return out
 
     def _embedding_optimizer_groups(self, items, variable=lambda item: item[1]) -> Dict[str, list]:
         """`items` (gradient-variable pairs, or what `variable` maps to a table variable) grouped
         by the key of the embedding optimizer that updates them ("" for `embedding_optimizer`)."""
-        tables = self._variable_tables() if self._table_optimizer else {}
+        tables = self._variable_tables() if self._table_optimizer or self.wide_features else {}
         groups: Dict[str, list] = {"": []}
         for item in items:
             o = self._table_optimizer.get(tables.get(id(variable(item))))
@@ -740,7 +870,7 @@ TPU_EMBEDDING_CHECKPOINT_PATH = CHECKPOINT_ROOT + "/embedding_layer/_tpu_embeddi
 TENSOR_CORE_TABLES_CHECKPOINT_PATH = CHECKPOINT_ROOT + "/tensor_core_tables"
 # The dense network's sublayers (RankingModel attributes, so checkpoint names under the root):
 # MLPs always; `projections` only for dlrm with tables of another width; `cross` only for dcn_v2.
-DENSE_CHECKPOINT_PARTS = ("bottom_mlp", "top_mlp", "projections", "cross", "sequence_pooling")
+DENSE_CHECKPOINT_PARTS = ("bottom_mlp", "top_mlp", "projections", "cross", "sequence_pooling", "wide_dense", "bucket_tables")
 
 
 def checkpoint_name(name: str) -> str:
@@ -771,4 +901,8 @@ def dense_checkpoint_parts(model: RankingModel) -> Dict[str, Any]:
         parts["cross"] = model.cross
     if model.sequence_pooling:
         parts["sequence_pooling"] = model.sequence_pooling
+    if model.wide_dense is not None:
+        parts["wide_dense"] = model.wide_dense
+    if model.bucket_tables:
+        parts["bucket_tables"] = model.bucket_tables
     return parts

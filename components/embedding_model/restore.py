@@ -39,7 +39,7 @@ def build_serving_model(plan: EmbeddingPlan, manifest: VocabularyManifest, cfg: 
 def dense_variables(model: RankingModel) -> List[tf.Variable]:
     out: List[tf.Variable] = []
     for name, part in sorted(dense_checkpoint_parts(model).items()):
-        if name == "projections":
+        if name in ("projections", "bucket_tables"):
             out += [v for k in sorted(part) for v in part[k].variables]
         elif name == "cross":
             out += [v for layer in part for v in layer.variables]

@@ -133,15 +133,17 @@ def feature_configs(
 
 
 def sequence_lengths(plan: EmbeddingPlan) -> Dict[str, int]:
-    """{feature: max_sequence_length} of the plan's sequence features."""
-    return {n: f.max_sequence_length for n, f in plan.features.items() if f.max_sequence_length}
+    """{feature: max_sequence_length} of the plan's sequence features (input features: a wide
+    feature reads its feature's input)."""
+    return {n: f.max_sequence_length for n, f in plan.features.items() if f.max_sequence_length and not f.wide_of}
 
 
 def dense_id_widths(plan: EmbeddingPlan) -> Dict[str, int]:
-    """{feature: width} of the features fed as padded dense IDs (those of TensorCore tables)."""
+    """{feature: width} of the features fed as padded dense IDs (those of TensorCore tables; input
+    features only: a wide feature reads its feature's input, of the same width)."""
     out: Dict[str, int] = {}
     for name, f in plan.features.items():
-        if plan.tables[f.table].placement != "tensor_core":
+        if plan.tables[f.table].placement != "tensor_core" or f.wide_of:
             continue
         if not f.dense_width:
             raise ValueError(

@@ -12,6 +12,8 @@ feature on the train split). Its first segment says how two partials holding it 
   (histograms, per-shard loads);
 - `info/<key>`: a whole dict computed once per key (a vocabulary's or a feature's value
   distribution); when two partials hold the key, the first is kept, never added to;
+- `sketch/<key>`: a quantiles sketch (tfx_bsl's `QuantilesSketch`), merged by the sketch's own
+  merge and written out as its quantiles (`statistics.jsonable`);
 - anything else: the sum of the values (counters).
 
 Key families (split is `train`, `eval`, ...):
@@ -19,7 +21,8 @@ Key families (split is `train`, `eval`, ...):
   `<split>/partial_batches` (train only); rows and files found in the written output, counted by
   reading each file back after the write finished: `<split>/written/rows`, `<split>/written/files`;
 - raw column kinds (per record batch that holds the column): `kind/<column>/<kind>`;
-- dense features: `<split>/dense/<feature>/missing`, `<split>/dense/<feature>/invalid/<reason>`;
+- dense features: `<split>/dense/<feature>/missing`, `<split>/dense/<feature>/invalid/<reason>`,
+  `sketch/train/dense/<feature>/quantiles` (the filled values' distribution, train split only);
 - categorical features: `<split>/feature/<feature>/{present,ids,oov,truncated}`,
   `<split>/feature/<feature>/invalid/<reason>`, `vec/<split>/feature/<feature>/ids_per_example_histogram`;
 - tables per full batch: `<split>/table/<table>/{batches,batch_ids,batch_unique_ids}` and
@@ -41,6 +44,7 @@ SEP = "/"
 MAX = "max/"
 VEC = "vec/"
 INFO = "info/"
+SKETCH = "sketch/"
 
 KIND = "kind/"
 INPUT = "input/"
@@ -144,6 +148,12 @@ def dense_invalid_prefix(split: str, feature: str) -> str:
 
 def dense_invalid(split: str, feature: str, reason: str) -> str:
     return dense_invalid_prefix(split, feature) + reason
+
+
+def dense_quantiles(split: str, feature: str) -> str:
+    """The quantiles sketch of a dense feature's filled values (what the model reads before its
+    signed log1p), from which the plan takes the feature's bucket boundaries."""
+    return SKETCH + _join(split, "dense", feature, "quantiles")
 
 
 # categorical features

@@ -202,12 +202,16 @@ def _dense_statistics(raw: Dict[str, Any], split: str, feature: str, rows: int) 
     s1, s2 = float(raw.get(P.dense_sum(split, feature, 1), 0.0)), float(raw.get(P.dense_sum(split, feature, 2), 0.0))
     mean = s1 / rows if rows else 0.0
     std = math.sqrt(max(s2 / rows - mean * mean, 0.0)) if rows else 0.0
-    return {
+    out = {
         "missing": int(raw.get(P.dense_missing(split, feature), 0)),
         "invalid_values": _by_reason(raw, P.dense_invalid_prefix(split, feature)),
         "input_mean": float(f"{mean:.9g}"),
         "input_std": float(f"{std:.9g}"),
     }
+    quantiles = raw.get(P.dense_quantiles(split, feature))
+    if quantiles is not None:  # train only: the filled values' 0th, 1st, ..., 100th percentiles (a sketch's)
+        out["quantiles"] = quantiles if isinstance(quantiles, list) else S.sketch_quantiles(quantiles)
+    return out
 
 
 def _table_batch_statistics(raw: Dict[str, Any], table: str) -> Dict[str, Any]:

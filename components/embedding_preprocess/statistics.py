@@ -4,9 +4,12 @@ Partials are flat dicts whose keys partials.py defines. The key prefix says how 
 - `max/...` (partials.MAX): maximum;  `vec/...` (partials.VEC): element-wise sum of numpy vectors
   (zero-padded to the longer);
 - `info/...` (partials.INFO): values computed once per key (per vocabulary), taken as they are;
+- `sketch/...` (partials.SKETCH): quantiles sketches, merged by the sketch (written out as
+  `QUANTILE_POINTS` + 1 quantiles, `jsonable`);
 - anything else: sum.
 The summary (`summarize`) is the versioned `statistics.json` the trainer reads and the HTML report
-renders. Everything is exact: counts over all rows, no sampling.
+renders. Everything is exact (counts over all rows, no sampling) but the dense features' quantiles, which
+are a sketch's: within QUANTILE_EPSILON of the true rank.
 """
 from __future__ import annotations
 
@@ -16,10 +19,36 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from components.contracts.statistics import DENSE_QUANTILE_POINTS
 from components.contracts.statistics import STATISTICS_VERSION  # noqa: F401  (re-exported)
 from components.embedding_preprocess import partials as P
 
 SHARDING_STRATEGIES = ("div", "mod")
+# Dense features' quantiles: the sketch's rank error (a share of the rows) and the number of
+# quantile intervals written (the plan takes its bucket boundaries from these 101 points).
+QUANTILE_EPSILON = 0.001
+QUANTILE_POINTS = DENSE_QUANTILE_POINTS
+
+
+def quantiles_sketch(values: np.ndarray = None):
+    """A quantiles sketch (tfx_bsl's, the one TFDV's statistics use: C++, mergeable, bounded
+    memory whatever the rows), with `values` added."""
+    import pyarrow as pa
+    from tfx_bsl import sketches
+
+    sketch = sketches.QuantilesSketch(QUANTILE_EPSILON, 1 << 32, 1)
+    if values is not None and len(values):
+        sketch.AddValues(pa.array(values))
+    return sketch
+
+
+def sketch_quantiles(sketch) -> List[float]:
+    """The sketch's QUANTILE_POINTS + 1 quantiles (minimum, ..., maximum); [] for an empty one.
+    Reads a copy: a sketch that gave its quantiles can no longer be merged."""
+    copy = quantiles_sketch()
+    copy.Merge(sketch)
+    flat = copy.GetQuantiles(QUANTILE_POINTS).flatten()
+    return [float(v) for v in flat.to_numpy(zero_copy_only=False)] if len(flat) else []
 
 
 @dataclass
@@ -34,7 +63,10 @@ class StatisticsAccumulator:
     def add(self, partial: Mapping[str, Any]) -> "StatisticsAccumulator":
         out = self.values
         for k, v in partial.items():
-            if k not in out:
+            if k not in out and k.startswith(P.SKETCH):  # a copy: the partial's own sketch stays as it is
+                out[k] = quantiles_sketch()
+                out[k].Merge(v)
+            elif k not in out:
                 out[k] = v.copy() if isinstance(v, np.ndarray) else v
             elif k.startswith(P.MAX):
                 out[k] = max(out[k], v)
@@ -46,6 +78,8 @@ class StatisticsAccumulator:
                 out[k] = a
             elif k.startswith(P.INFO):
                 continue
+            elif k.startswith(P.SKETCH):
+                out[k].Merge(v)
             else:
                 out[k] = out[k] + v
         return self
@@ -65,7 +99,9 @@ def merge_stats(partials: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
 
 
 def jsonable(stats: Dict[str, Any]) -> Dict[str, Any]:
-    return {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in stats.items()}
+    """The merged partial as JSON values: vectors as lists, sketches as their quantiles."""
+    return {k: (v.tolist() if isinstance(v, np.ndarray) else sketch_quantiles(v) if k.startswith(P.SKETCH) else v)
+            for k, v in stats.items()}
 
 
 def div_shard(ids: np.ndarray, rows: int, shards: int) -> np.ndarray:

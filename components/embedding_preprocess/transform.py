@@ -121,6 +121,8 @@ def transform_record_batch(
         stats[P.dense_sum(split, d.name, 2)] += float(np.square(model_input).sum())
         for reason, c in dense.invalid.items():
             stats[P.dense_invalid(split, d.name, reason)] += c
+        if split == "train":  # the distribution the plan's bucket boundaries come from
+            stats[P.dense_quantiles(split, d.name)] = S.quantiles_sketch(dense.values)
         columns[d.name] = as_list_array(dense.values, ones)
     table_ids: Dict[str, List[Tuple[np.ndarray, np.ndarray]]] = {}
     for f in cfg.categorical_features:

@@ -58,10 +58,11 @@ def _spec_violations(element_spec) -> List[str]:
 def _id_violations(features: Dict[str, Any], plan: EmbeddingPlan) -> List[str]:
     out: List[str] = []
     for name, f in plan.features.items():
-        if name not in features:
-            out.append(f"feature {name!r} (table {f.table!r}) is missing from the input")
+        source = f.wide_of or name  # a wide feature reads its feature's IDs
+        if source not in features:
+            out.append(f"feature {source!r} (table {f.table!r}) is missing from the input")
             continue
-        t = features[name]
+        t = features[source]
         placement = plan.tables[f.table].placement
         if isinstance(t, tf.SparseTensor) and placement == "tensor_core":
             out.append(

@@ -238,13 +238,16 @@ def warm_start_checkpoint(prev: PreviousModel, cfg: PipelineConfig, plan: Embedd
 def _carry_table(table, keys, prev, manifest, plan, new_reader, old_reader, old_shapes, old_tables, new_prefix, old_prefix,
                  carry_slots=True):
     values = {k: new_reader.get_tensor(k) for k in keys}
-    new_entry, rows, dim = manifest.vocabulary(table), plan.tables[table].rows, plan.tables[table].dim
-    if table not in prev.plan.tables or table not in prev.manifest.vocabularies:
+    # rows follow the table's vocabulary (a wide table's is its deep table's)
+    vocab = plan.vocabulary_table(table)
+    new_entry, rows, dim = manifest.vocabulary(vocab), plan.tables[table].rows, plan.tables[table].dim
+    old_vocab = prev.plan.vocabulary_table(table) if table in prev.plan.tables else None
+    if old_vocab is None or old_vocab not in prev.manifest.vocabularies:
         return values, {"rows": rows, "rows_carried": 0, "fresh": "table new in this run"}
-    old_plan_table, old_entry = prev.plan.tables[table], prev.manifest.vocabulary(table)
+    old_plan_table, old_entry = prev.plan.tables[table], prev.manifest.vocabulary(old_vocab)
     if old_plan_table.dim != dim:
         return values, {"rows": rows, "rows_carried": 0, "fresh": f"dim changed from {old_plan_table.dim} to {dim}"}
-    mapping = row_map(old_entry, table_tokens(prev.manifest, table), new_entry, table_tokens(manifest, table))
+    mapping = row_map(old_entry, table_tokens(prev.manifest, old_vocab), new_entry, table_tokens(manifest, vocab))
     report = dict(mapping.report, slots_carried=[], slots_fresh=[])
     for key in keys:
         suffix = key[len(new_prefix):]
