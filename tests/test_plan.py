@@ -332,3 +332,35 @@ def test_wide_part_tables_and_features_beside_every_table_and_feature():
         parse_config({"input": {"path": "x.csv"}, "label": "label", "categorical_features": [{"name": "A__wide"}]})
     with pytest.raises(ConfigError, match=r"training.wide.optimizer.learning_rate"):
         _config(wide={"optimizer": {"name": "ftrl", "learning_rate": 0}})
+
+
+def test_dense_buckets_come_from_the_statistics_quantiles():
+    """training.dense_buckets: boundaries per dense feature from the train quantiles (float32, no
+    repeats), in the plan and its JSON; a feature without quantiles stays numeric, named; off,
+    or without dense features, nothing; bad settings refused."""
+    from components.config import ConfigError
+
+    def config(**buckets):
+        raw = {"input": {"path": "x.csv"}, "label": "label", "categorical_features": [{"name": "A"}],
+               "dense_features": [{"name": "d1"}, {"name": "d2"}, {"name": "d3"}]}
+        if buckets:
+            raw["training"] = {"dense_buckets": buckets}
+        return parse_config(raw)
+
+    manifest = _manifest({"A": {"rows": 11, "size": 10, "num_oov_buckets": 1}})
+    quantiles = {"d1": [float(v) for v in range(101)], "d2": [0.0] * 90 + [5.0] * 11}
+    stats = EmbeddingStatistics(64, (8,), {}, {}, {d: {"train": {"quantiles": q}} for d, q in quantiles.items()}, {}, 0, {})
+    plan = P.derive_plan(config(), manifest, stats)
+    b = plan.dense_buckets
+    assert b.dim == 8 and set(b.boundaries) == {"d1", "d2"}
+    assert b.boundaries["d1"] == tuple(float(v) for v in range(5, 100, 5))  # 20 buckets by default
+    assert b.boundaries["d2"] == (0.0, 5.0)
+    assert "not bucketed" in b.source and "d3" in b.source
+    assert EmbeddingPlan.from_json(plan.to_json()) == plan
+    assert P.derive_plan(config(buckets=4, dim=3), manifest, stats).dense_buckets.boundaries["d1"] == (25.0, 50.0, 75.0)
+    assert P.derive_plan(config(enabled=False), manifest, stats).dense_buckets is None
+    assert P.derive_plan(config(), manifest).dense_buckets is None  # no statistics: numeric only
+    for bad, match in (({"buckets": 1}, "buckets: 1 is not a whole number in \\[2, 100\\]"),
+                       ({"buckets": 101}, "buckets: 101"), ({"dim": 0}, "dense_buckets.dim")):
+        with pytest.raises(ConfigError, match=match):
+            config(**bad)

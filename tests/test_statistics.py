@@ -136,3 +136,31 @@ def test_batch_table_stats_counting_and_sorting_paths_agree(monkeypatch):
     assert counted.keys() == sorted_.keys()
     for k in counted:
         np.testing.assert_array_equal(counted[k], sorted_[k], err_msg=k)
+
+
+def test_dense_quantile_sketches_merge_and_are_written_as_percentiles():
+    """`sketch/` partials: each record batch's quantiles sketch (a stride sample of at most
+    QUANTILE_SAMPLE values) merges into the accumulator without changing the partials, and the
+    merged partial is written as the 101 percentiles, near the exact ones."""
+    import json
+
+    from components.embedding_preprocess import partials as P
+    from components.embedding_preprocess import statistics as S
+
+    rng = np.random.default_rng(7)
+    batches = [rng.lognormal(size=16384).astype(np.float32) for _ in range(6)] + [np.float32([1e6])]
+    key = P.dense_quantiles("train", "d")
+    partials = [{key: S.quantiles_sketch(S.quantile_sample(b)), "train/dense/d/missing": 0} for b in batches]
+    assert len(S.quantile_sample(batches[0])) == S.QUANTILE_SAMPLE and len(S.quantile_sample(batches[-1])) == 1
+    merged = S.merge_stats(partials)
+    assert all(merged[key] is not p[key] for p in partials)
+    first = S.sketch_quantiles(partials[0][key])  # the partial itself is unchanged by the merge
+    assert first == S.sketch_quantiles(S.quantiles_sketch(S.quantile_sample(batches[0])))
+    written = json.loads(json.dumps(S.jsonable(merged)))[key]
+    assert len(written) == S.QUANTILE_POINTS + 1 and written == sorted(written)
+    everything = np.concatenate(batches)
+    sampled = np.concatenate([S.quantile_sample(b) for b in batches])
+    assert written[0] == float(sampled.min()) and written[-1] == 1e6  # the sample's minimum and maximum kept
+    exact = np.percentile(everything, np.arange(101))
+    ranks = np.searchsorted(np.sort(everything), written[1:-1]) / len(everything)
+    assert np.abs(ranks - np.arange(1, 100) / 100).max() < 0.01, (ranks, exact)

@@ -30,6 +30,20 @@ QUANTILE_EPSILON = 0.001
 QUANTILE_POINTS = DENSE_QUANTILE_POINTS
 
 
+# At most this many values of a record batch go into its sketch: every k-th row (k = ceil(rows /
+# QUANTILE_SAMPLE)). Adding and merging cost ~75 ns a value (tfx_bsl 1.16), ~1.2 ms per dense
+# feature for a 16,384-row batch: 20 s of CPU over 20M rows of 13 dense features, 4% of the
+# preprocessing; a stride sample of 2,048 per batch costs an eighth of that, and over 1M rows
+# (about 128k values) each percentile is within ~0.3% of rank of the exact one.
+QUANTILE_SAMPLE = 2048
+
+
+def quantile_sample(values: np.ndarray) -> np.ndarray:
+    """The values a batch's sketch takes: all of them up to QUANTILE_SAMPLE, else every k-th."""
+    stride = -(-len(values) // QUANTILE_SAMPLE)
+    return values[::stride] if stride > 1 else values
+
+
 def quantiles_sketch(values: np.ndarray = None):
     """A quantiles sketch (tfx_bsl's, the one TFDV's statistics use: C++, mergeable, bounded
     memory whatever the rows), with `values` added."""
