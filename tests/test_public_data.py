@@ -36,7 +36,7 @@ def chem97(tmp_path_factory):
 
 
 def test_defaults_on_chem97_beat_the_baseline_and_the_buckets_are_compared(chem97):
-    from bench.defaults_sweep import finished_run
+    from bench.defaults_sweep import config_with, finished_run
     from components.config import load_config
     from components.contracts.plan import CheckpointLayout
     from components.embedding_trainer import plan as P
@@ -59,10 +59,7 @@ def test_defaults_on_chem97_beat_the_baseline_and_the_buckets_are_compared(chem9
     plan = P.derive_plan(cfg, manifest, stats)
     assert set(plan.dense_buckets.boundaries) == {"age", "gcsescore"}
     # the sweep's other candidate: no buckets, on the same transformed split
-    import dataclasses
-
-    off = dataclasses.replace(cfg, training=dataclasses.replace(
-        cfg.training, dense_buckets=dataclasses.replace(cfg.training.dense_buckets, enabled=False)))
+    off = config_with(str(config_path), {"training": {"dense_buckets": {"enabled": False}}})
     plan_off = P.derive_plan(off, manifest, stats).with_run(vocabulary_dir=manifest.vocabulary_dir)
     assert plan_off.dense_buckets is None
     length = P.training_steps(off, stats)
