@@ -449,7 +449,9 @@ def test_weighted_and_sequence_features_on_the_tpu_branch(feature, tpu_branch, d
 
     rec = tpu_branch(getattr(Feature, feature))
     mid = "TPUEmbeddingV2" if feature == "V2" else "TPUEmbedding"
-    raw = _raw_config(data, tpu="local", train_steps=10, checkpoint_every_steps=10)
+    # with the wide part: a weighted feature's wide feature takes its weights, a sequence
+    # feature's reads the same positions
+    raw = _raw_config(data, tpu="local", train_steps=10, checkpoint_every_steps=10, wide={"enabled": True})
     for f in raw["categorical_features"]:
         if f["name"] in ("C12", "C1"):
             f["weight_column"] = "I2"
@@ -475,11 +477,13 @@ def test_weighted_and_sequence_features_on_the_tpu_branch(feature, tpu_branch, d
     assert enqueues and all(c["in_run"] for c in enqueues)
     weights = [c["values"].get("weights") for c in enqueues]
     assert any(w is not None and w.get("C12") is not None and w.get("C24") is None for w in weights), weights[:1]
+    assert any(w is not None and w.get("C12__wide") is not None for w in weights)
     init = next(c for c in rec.calls if c["call"] == f"{mid}.__init__")["values"]["feature_config"]
-    assert init["C12"].output_shape == [64 // REPLICAS]
+    assert init["C12"].output_shape == init["C12__wide"].output_shape == [64 // REPLICAS]
     if feature == "V1":
         # the sequence keeps max_sequence_length; output_shape unset, or TF 2.16 would ignore the length
         assert (init["C24"].max_sequence_length, init["C24"].output_shape) == (4, None)
+        assert (init["C24__wide"].max_sequence_length, init["C24__wide"].table.dim) == (4, 1)
     else:
         _assert_checkpoint_tables_are_the_trained_ones(rec.mids[-1], model_uri)
     assert os.path.exists(os.path.join(model_uri, tm.EVAL_METRICS_FILE))

@@ -129,6 +129,11 @@ class MergeStatsFn(beam.CombineFn):
         first = next(accumulators, None)
         return (first if first is not None else self.create_accumulator()).merge(accumulators)
 
+    def compact(self, acc: S.StatisticsAccumulator) -> S.StatisticsAccumulator:
+        """What a worker sends on (Beam calls it on a lifted combine's accumulators): its sketches
+        compacted to a bounded size (statistics.compact_sketches)."""
+        return S.StatisticsAccumulator(S.compact_sketches(acc.values))
+
     def extract_output(self, acc: S.StatisticsAccumulator) -> StatisticsPartial:
         return acc.values
 

@@ -150,6 +150,17 @@ def dense_invalid(split: str, feature: str, reason: str) -> str:
     return dense_invalid_prefix(split, feature) + reason
 
 
+def dense_quantile_values(split: str, feature: str) -> str:
+    """How many values the `dense_quantiles` sketch was given (a counter: what a compacted sketch's
+    points weigh, statistics.compact_sketches)."""
+    return _join(split, "dense", feature, "quantile_values")
+
+
+def sketch_count_key(sketch_key: str) -> str:
+    """The `dense_quantile_values` key of a `dense_quantiles` key."""
+    return sketch_key[len(SKETCH):].rsplit(SEP, 1)[0] + SEP + "quantile_values"
+
+
 def dense_quantiles(split: str, feature: str) -> str:
     """The quantiles sketch of a dense feature's filled values (what the model reads before its
     signed log1p), from which the plan takes the feature's bucket boundaries."""

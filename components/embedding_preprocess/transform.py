@@ -122,7 +122,9 @@ def transform_record_batch(
         for reason, c in dense.invalid.items():
             stats[P.dense_invalid(split, d.name, reason)] += c
         if split == "train":  # the distribution the plan's bucket boundaries come from
-            stats[P.dense_quantiles(split, d.name)] = S.quantiles_sketch(S.quantile_sample(dense.values))
+            sample = S.quantile_sample(dense.values)
+            stats[P.dense_quantiles(split, d.name)] = S.quantiles_sketch(sample)
+            stats[P.dense_quantile_values(split, d.name)] += len(sample)
         columns[d.name] = as_list_array(dense.values, ones)
     table_ids: Dict[str, List[Tuple[np.ndarray, np.ndarray]]] = {}
     for f in cfg.categorical_features:
