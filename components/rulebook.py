@@ -78,9 +78,10 @@ Dense values (one float32 per row)
 
 Dense buckets (`training.dense_buckets`)
   B1. A dense value (after D1-D4: a float32) is in bucket k, the number of the feature's
-      boundaries (sorted, float32; the plan's, from the train split's quantiles) that are <= the
-      value: below the first boundary -> 0, equal to a boundary -> the bucket above it, at or above
-      the last -> len(boundaries) (`dense_bucket`). Compared as float32, so a value beyond float32's
+      boundaries (non-decreasing, float32; the plan's, from the train split's quantiles, repeats
+      kept) that are <= the value: below the first boundary -> 0, equal to a boundary -> the bucket
+      above it (and above every boundary equal to it), at or above the last -> len(boundaries)
+      (`dense_bucket`). Compared as float32, so a value beyond float32's
       precision is bucketed as the float32 it became (D4).
 
 Labels
@@ -544,6 +545,8 @@ BUCKET_CASES: Tuple[BucketCase, ...] = (
     BucketCase("int64_rounded_to_float32_first", DENSE_CASES[3], boundaries=(-5.0, 0.5, 16777216.0),
                buckets=(2, 1, 2, 3)),  # 16777217 is 16777216.0: equal to the last boundary
     BucketCase("one_boundary", DENSE_CASES[4], boundaries=(1.0,), buckets=(1, 1, 1)),
+    BucketCase("repeated_boundaries", DENSE_CASES[3], boundaries=(0.5, 0.5, 3.0, 3.0, 3.0),
+               buckets=(5, 0, 2, 5)),  # 3.0 passes all three 3.0 boundaries; 0.5 both 0.5 ones
 )
 
 

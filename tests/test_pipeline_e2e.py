@@ -130,6 +130,13 @@ def test_serving_model_has_no_slots_and_json_signature_agrees(pipeline_run):
     dense = 2 * (len(t.bottom_mlp) + len(t.top_mlp) + 1)
     if t.model == "dcn_v2":
         dense += t.cross_layers * (3 if t.cross_projection_dim else 2)
+    # and each dense feature's bucket embeddings (training.dense_buckets; no wide part here)
+    plan = json.loads(open(glob.glob(str(out / "pipeline_root" / "Trainer" / "model" / "*" / "embedding_plan.json"))[0]).read())
+    boundaries = plan["dense_buckets"]["boundaries"]
+    assert set(boundaries) == {d.name for d in cfg.dense_features} and not t.wide.enabled
+    dense += len(boundaries)
+    for name, b in boundaries.items():
+        assert [len(b) + 1, t.dense_buckets.dim] in shapes, name
     assert len(shapes) == len(tables) + dense
     for table_shape in tables:
         assert table_shape in shapes

@@ -543,13 +543,14 @@ def test_bucket_case_serving(served, name, path):
     assert tuple(int(b) for b in bucket_ids(values, case.boundaries).numpy()) == case.buckets
 
 
-def test_plan_boundaries_are_float32_quantiles_without_repeats():
+def test_plan_boundaries_are_float32_quantiles_with_repeats_kept():
     from components.contracts.plan import bucket_boundaries
 
     quantiles = tuple(float(v) for v in np.linspace(0.0, 100.0, 101))
     assert bucket_boundaries(quantiles, 4) == (25.0, 50.0, 75.0)
     assert bucket_boundaries(quantiles, 100) == tuple(float(v) for v in range(1, 100))
-    mostly_zero = (0.0,) * 80 + tuple(float(v) for v in range(1, 22))  # a value many rows hold: one boundary
-    assert bucket_boundaries(mostly_zero, 10) == (0.0, 1.0, 11.0)
+    mostly_zero = (0.0,) * 80 + tuple(float(v) for v in range(1, 22))  # a value many rows hold: repeated
+    assert bucket_boundaries(mostly_zero, 10) == (0.0,) * 7 + (1.0, 11.0)
+    assert R.dense_bucket(0.0, bucket_boundaries(mostly_zero, 10)) == 7  # buckets 1-6 stay empty
     b = bucket_boundaries((0.1,) * 101, 5)
-    assert b == (float(np.float32(0.1)),) and R.dense_bucket(0.1, b) == 1
+    assert b == (float(np.float32(0.1)),) * 4 and R.dense_bucket(0.1, b) == 4

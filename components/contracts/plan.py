@@ -177,8 +177,8 @@ class CheckpointLayout:
 @dataclass(frozen=True)
 class DenseBuckets:
     """Dense features that also enter the model as embedded quantile buckets (training.dense_buckets):
-    each one's boundaries (sorted float32 values; bucket = how many boundaries are <= the value,
-    rulebook B1) and the buckets' embedding width."""
+    each one's boundaries (non-decreasing float32 values; bucket = how many boundaries are <= the
+    value, rulebook B1) and the buckets' embedding width."""
 
     dim: int
     boundaries: Mapping[str, Tuple[float, ...]]
@@ -415,14 +415,16 @@ def _with_wide_part(cfg: PipelineConfig, tables: Dict[str, TablePlan], features:
 
 
 def bucket_boundaries(quantiles: Tuple[float, ...], buckets: int) -> Tuple[float, ...]:
-    """At most `buckets` buckets of about equal rows from a feature's 101 train quantiles: the
-    quantiles at every 100/buckets percent, as float32 (the model's values and TF's Bucketize
-    boundaries are float32), without repeats (a value held by many rows is one boundary)."""
+    """`buckets` buckets of about equal rows from a feature's 101 train quantiles: the quantiles
+    at every 100/buckets percent, as float32 (the model's values and TF's Bucketize boundaries are
+    float32). Repeats are kept (a value many rows hold repeats a boundary; the buckets between
+    equal boundaries stay empty), so a feature has the same number of buckets in every run and a
+    warm start carries their embeddings (tests/test_continuous.py)."""
     import numpy as np
 
     points = len(quantiles) - 1
-    picked = [quantiles[int(round(j * points / buckets))] for j in range(1, buckets)]
-    return tuple(float(v) for v in np.unique(np.asarray(picked, np.float32)))
+    picked = np.asarray([quantiles[int(round(j * points / buckets))] for j in range(1, buckets)], np.float32)
+    return tuple(float(v) for v in np.maximum.accumulate(picked))  # non-decreasing, as Bucketize needs
 
 
 def _dense_buckets(cfg: PipelineConfig, statistics: EmbeddingStatistics) -> Optional[DenseBuckets]:

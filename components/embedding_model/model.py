@@ -410,8 +410,9 @@ def bucket_ids(values: tf.Tensor, boundaries) -> tf.Tensor:
 
 class BucketTable(tf.keras.layers.Layer):
     """A dense feature's quantile buckets as an embedded categorical (training.dense_buckets): its
-    [buckets, dim] embeddings (truncated normal, stddev 1/sqrt(dim), as the tables) and, with a
-    wide part, one weight per bucket (zeros). Small: dense variables of the model, replicated and
+    [buckets, dim] embeddings and, with a wide part, one weight per bucket, all zeros at the start
+    (so an untrained model is the model without buckets: random vectors of 13 dense features fed
+    noise into the cross layers of short runs, tests/test_replicas.py, test_continuous.py). Small: dense variables of the model, replicated and
     restored like the dense network; the embeddings are updated by the dense optimizer, the wide
     weights by the wide part's."""
 
@@ -421,9 +422,7 @@ class BucketTable(tf.keras.layers.Layer):
 
     def build(self, input_shape=None):
         rows = len(self.boundaries) + 1
-        self.embeddings = self.add_weight(
-            name="embeddings", shape=[rows, self.dim], trainable=True,
-            initializer=tf.keras.initializers.TruncatedNormal(stddev=1.0 / self.dim ** 0.5))
+        self.embeddings = self.add_weight(name="embeddings", shape=[rows, self.dim], initializer="zeros", trainable=True)
         self.wide = self.add_weight(name="wide", shape=[rows, 1], initializer="zeros", trainable=True) if self.has_wide else None
         super().build(input_shape)
 
