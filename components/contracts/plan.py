@@ -442,7 +442,7 @@ def _dense_buckets(cfg: PipelineConfig, statistics: EmbeddingStatistics) -> Opti
             boundaries[d.name] = bucket_boundaries(q, db.buckets)
     if not boundaries:
         return None
-    source = f"train-split quantiles (statistics), at most {db.buckets} buckets"
+    source = f"train-split quantiles (statistics), {db.buckets} buckets"
     if missing:
         source += f"; not bucketed (no quantiles in the statistics: rerun preprocessing): {', '.join(missing)}"
     return DenseBuckets(dim=db.dim, boundaries=boundaries, source=source)

@@ -158,7 +158,9 @@ def dense_quantile_values(split: str, feature: str) -> str:
 
 def sketch_count_key(sketch_key: str) -> str:
     """The `dense_quantile_values` key of a `dense_quantiles` key."""
-    return sketch_key[len(SKETCH):].rsplit(SEP, 1)[0] + SEP + "quantile_values"
+    split, rest = sketch_key[len(SKETCH):].split(SEP, 1)  # rest: dense/<feature>/quantiles (a name may hold "/")
+    feature = rest[len("dense" + SEP): -len(SEP + "quantiles")]
+    return dense_quantile_values(split, feature)
 
 
 def dense_quantiles(split: str, feature: str) -> str:
