@@ -109,7 +109,7 @@ def training_length(cfg: PipelineConfig, run: Optional[Dict[str, Any]], stats: O
     if rows and out["steps"]:
         out["epochs"] = round(out["steps"] * t.batch_size / rows, 2)
         out["default_steps"] = t.steps_for_epochs(rows)
-        out["default_epochs"] = t.epochs
+        out["default_epochs"] = t.epochs_for(rows)
     return out
 
 

@@ -94,10 +94,25 @@ def test_holdout_fraction_and_training_length():
     t = cfg.training
     assert t.holdout_fraction(10_000) == 0.1 and t.holdout_fraction(None) == 0.1
     assert t.holdout_fraction(5_000_000) == pytest.approx(0.01)  # max_holdout_rows 50,000
-    assert t.steps_for_epochs(10_000) == 450  # 5 epochs over the 9,000 rows trained on
-    assert t.evaluation_every(450) == 45
+    assert t.steps_for_epochs(10_000) == 1350  # the default 15 epochs over the 9,000 rows trained on
+    assert t.evaluation_every(1350) == 135
     off = parse_config({**_minimal(), "training": {"batch_size": 100, "early_stopping": {"enabled": False}}})
-    assert off.training.holdout_fraction(10_000) == 0.0 and off.training.steps_for_epochs(10_000) == 500
+    assert off.training.holdout_fraction(10_000) == 0.0 and off.training.steps_for_epochs(10_000) == 1500
+    set_ = parse_config({**_minimal(), "training": {"batch_size": 100, "epochs": 5}})
+    assert set_.training.epochs_for(10_000_000) == 5 and set_.training.steps_for_epochs(10_000) == 450
+
+
+def test_the_default_length_shrinks_with_the_train_split():
+    """training.epochs unset: 15 passes up to 100k rows, then 15 x sqrt(100k / rows), at least one."""
+    from components.config.schema import default_epochs
+
+    t = parse_config(_minimal()).training
+    assert t.epochs is None
+    expected = {1: 15.0, 25_000: 15.0, 100_000: 15.0, 400_000: 7.5, 1_000_000: 4.74, 20_000_000: 1.06,
+                500_000_000: 1.0}
+    assert {rows: t.epochs_for(rows) for rows in expected} == expected
+    assert [default_epochs(r) for r in (10**5, 10**6, 10**7, 10**8)] == sorted(
+        (default_epochs(r) for r in (10**5, 10**6, 10**7, 10**8)), reverse=True)
 
 
 @pytest.mark.parametrize("field,value,message", [

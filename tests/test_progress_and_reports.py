@@ -290,14 +290,15 @@ def test_a_refusal_says_how_far_the_model_was_and_what_to_try():
                         "training": {"train_steps": 100, "batch_size": 256}})
     s["training"] = S.training_length(cfg, {"final_step": 100, "length": {"source": "training.train_steps"}},
                                       {"splits": {"train": {"examples_written": 16_000}}})
-    # 5 epochs over the 14,400 rows trained on (16,000 less the held-out tenth) / 256
-    assert s["training"]["epochs"] == 1.6 and s["training"]["default_steps"] == 282
+    # the default length at 16,000 rows, 15 epochs, over the 14,400 rows trained on (16,000 less
+    # the held-out tenth) / 256
+    assert s["training"]["epochs"] == 1.6 and s["training"]["default_steps"] == 844
     text = render(S.summary_report(s))
     assert ("  what to try:        the model's eval AUC 0.7000 is 0.0400 short of what the baseline check asks "
             "(0.7500 - margin 0.01)") in text
     assert ("  what to try:        trained 100 steps, 1.6 epochs of 16,000 train rows; the defaults would train "
-            "282 steps (5 epochs): unset training.train_steps, or raise it") in text
-    s["training"] = S.training_length(cfg, {"final_step": 400}, {"splits": {"train": {"examples_written": 16_000}}})
+            "844 steps (15 epochs): unset training.train_steps, or raise it") in text
+    s["training"] = S.training_length(cfg, {"final_step": 900}, {"splits": {"train": {"examples_written": 16_000}}})
     assert "more epochs (training.epochs)" in render(S.summary_report(s))
     stopped = {"final_step": 160, "model_step": 100, "selection": {"stopped_at": 160, "best_auc": 0.71, "best_step": 100}}
     s["training"] = S.training_length(cfg, stopped, {"splits": {"train": {"examples_written": 16_000}}})

@@ -62,7 +62,7 @@ def _built(cfg, plan, manifest, sample, strategy=None):
     {"name": "adam", "learning_rate": 0.05, "clipvalue": 0.002, "lazy_adam": True},
 ])
 def test_one_step_on_two_replicas_updates_tables_as_one_replica_on_the_global_batch(optimizer, data):  # noqa: F811
-    cfg = _config(data, embedding_optimizer=optimizer, dropout=0.0)
+    cfg = _config(data, embedding_optimizer=optimizer, dropout=0.0, input_dropout=0.0)
     plan, manifest = _plan(cfg, data)
     train, _ = _files(data)
     widths, lengths = P.dense_id_widths(plan), P.sequence_lengths(plan)

@@ -387,7 +387,7 @@ def test_per_table_optimizers_and_gradient_multiplier_update_as_documented(data)
     embedding optimizer counted the step."""
     from components.contracts.manifest import VocabularyManifest
 
-    raw = _raw_config(data, dropout=0.0, embedding_gradient_multiplier={"value": 0.5})
+    raw = _raw_config(data, dropout=0.0, input_dropout=0.0, embedding_gradient_multiplier={"value": 0.5})
     manifest = VocabularyManifest.from_json((data / "vocab" / "manifest.json").read_text())
     placement = {n: t.placement for n, t in P.derive_plan(parse_config(raw), manifest).tables.items()}
     own = [f["name"] for f in raw["categorical_features"] if "table" not in f]
@@ -543,3 +543,37 @@ def test_wide_part_is_a_linear_model_added_to_the_logit_and_trained_by_its_optim
     assert optimizer.keras.get_slot(train_model.wide_dense.kernel, "accumulator") is not None
     assert np.abs(train_model.wide_dense.kernel.numpy()).max() > 0
     assert int(optimizer.keras.iterations.numpy()) == 1
+
+
+@pytest.mark.parametrize("model_type", ["dcn_v2", "dlrm"])
+def test_input_dropout_acts_in_training_only_and_adds_no_state(data, model_type, tmp_path):
+    """training.input_dropout masks the deep part's input in training (stateless: the same step
+    draws the same mask), leaves inference and serving as they were, and adds no variable, so
+    checkpoints of a model trained with and without it hold the same keys."""
+    from components.contracts.manifest import VocabularyManifest
+
+    manifest = VocabularyManifest.from_json((data / "vocab" / "manifest.json").read_text())
+    train_files = [str(data / "tx" / "Split-train" / "*")]
+    models = {}
+    for rate in (0.0, 0.5):
+        cfg = _config(data, model=model_type, dropout=0.0, input_dropout=rate)
+        plan = P.derive_plan(cfg, manifest, tm.read_statistics_for(train_files))
+        tf.keras.utils.set_random_seed(5)
+        models[rate] = tm.build_model(plan, manifest, cfg, for_training=True)
+    features, _ = next(iter(make_dataset(train_files, manifest, 64, training=True, seed=3,
+                                         dense_id_widths=P.dense_id_widths(plan))))
+    for m in models.values():
+        m(features)
+    plain, dropped = models[0.0], models[0.5]
+    assert plain.input_dropout is None and dropped.input_dropout.rate == 0.5
+    keys = {rate: sorted(name for name, _ in tf.train.list_variables(
+        tf.train.Checkpoint(model=m).save(str(tmp_path / f"rate{rate}" / "ckpt")))) for rate, m in models.items()}
+    assert keys[0.0] == keys[0.5]
+    dropped.set_weights(plain.get_weights())
+    np.testing.assert_array_equal(dropped(features, training=False).numpy(), plain(features, training=False).numpy())
+    np.testing.assert_array_equal(plain(features, training=True).numpy(), plain(features, training=False).numpy())
+    first, again = dropped(features, training=True).numpy(), dropped(features, training=True).numpy()
+    np.testing.assert_array_equal(first, again)  # the step's mask, drawn again
+    assert np.abs(first - plain(features, training=False).numpy()).max() > 1e-3
+    dropped.dense_optimizer.iterations.assign_add(1)
+    assert not np.array_equal(dropped(features, training=True).numpy(), first)  # the next step's mask

@@ -168,8 +168,10 @@ def _check_training(cfg: PipelineConfig) -> None:
     for name in ("bottom_mlp", "top_mlp"):
         for j, width in enumerate(getattr(tr, name)):
             check_positive(width, f"training.{name}[{j}]", "layer widths are positive")
-    if not 0.0 <= tr.dropout < 1.0:
-        raise ConfigError(f"training.dropout: {tr.dropout} is not a rate in [0, 1); set e.g. 0.3, or 0 for none")
+    for name in ("dropout", "input_dropout"):
+        rate = getattr(tr, name)
+        if not 0.0 <= rate < 1.0:
+            raise ConfigError(f"training.{name}: {rate} is not a rate in [0, 1); set e.g. 0.3, or 0 for none")
     if not tr.bottom_mlp:
         raise ConfigError("training.bottom_mlp: empty; list at least one layer width")
     es = tr.early_stopping

@@ -44,8 +44,9 @@ from components.embedding_model.tf_objects import (  # noqa: F401  (re-exported:
 def training_steps(cfg: PipelineConfig, statistics: Optional[EmbeddingStatistics],
                    train_steps: Optional[int] = None) -> Dict[str, Any]:
     """{steps, source}: the run's length. `train_steps` (the Trainer's TrainArgs) or
-    training.train_steps when set; else training.epochs passes over the train split, whose row
-    count the preprocessing statistics give, rounded up to whole steps_per_execution."""
+    training.train_steps when set; else training.epochs passes over the train split (unset: the
+    default for its size, TrainingConfig.epochs_for), whose row count the preprocessing statistics
+    give, rounded up to whole steps_per_execution."""
     t = cfg.training
     if train_steps or t.train_steps:
         return {"steps": int(train_steps or t.train_steps), "source": "training.train_steps"}
@@ -55,8 +56,9 @@ def training_steps(cfg: PipelineConfig, statistics: Optional[EmbeddingStatistics
             "training.train_steps is unset and the train split's row count is unknown (no preprocessing "
             "statistics beside the examples); set training.train_steps")
     steps = t.steps_for_epochs(rows)
-    return {"steps": steps, "source": f"training.epochs {t.epochs:g} x {rows} train rows / batch {t.batch_size}",
-            "train_rows": int(rows)}
+    epochs = (f"training.epochs {t.epochs:g}" if t.epochs is not None
+              else f"default epochs {t.epochs_for(rows):g} (training.epochs unset)")
+    return {"steps": steps, "source": f"{epochs} x {rows} train rows / batch {t.batch_size}", "train_rows": int(rows)}
 
 
 def sparsecore_config_available() -> bool:
