@@ -83,6 +83,12 @@ Dense buckets (`training.dense_buckets`)
       above it (and above every boundary equal to it), at or above the last -> len(boundaries)
       (`dense_bucket`). Compared as float32, so a value beyond float32's
       precision is bucketed as the float32 it became (D4).
+  B2. With `encoding: piecewise_linear`, the value is encoded over the bins between consecutive
+      boundaries, one number per bin: 0 below the bin's lower boundary, 1 at or above its upper
+      one, (value - lower) / (upper - lower) inside it; a bin of width zero (a repeated boundary)
+      is 1 at or above it and 0 below, as B1 puts a value equal to a boundary above it
+      (`dense_piecewise_linear`). The count of 1s beside a value's bucket k (B1) is k - 1 when
+      k >= 1: only the bin the value is inside can hold a fraction.
 
 Labels
   L1. A row's label is its one value when that is exactly 0 or 1. A row without a value is dropped
@@ -525,6 +531,19 @@ def dense_bucket(value: float, boundaries: Sequence[float]) -> int:
     """B1: the bucket of a dense value (float32) among sorted float32 boundaries."""
     v = np.float32(value)
     return sum(1 for b in boundaries if np.float32(b) <= v)
+
+
+def dense_piecewise_linear(value: float, boundaries: Sequence[float]) -> Tuple[float, ...]:
+    """B2: the piecewise-linear encoding of a dense value (float32) over the bins between sorted
+    float32 boundaries (computed in float64 from the float32 values)."""
+    v, b = float(np.float32(value)), [float(np.float32(x)) for x in boundaries]
+    out = []
+    for lower, upper in zip(b[:-1], b[1:]):
+        if upper == lower:
+            out.append(1.0 if v >= upper else 0.0)
+        else:
+            out.append(min(1.0, max(0.0, (v - lower) / (upper - lower))))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -543,6 +543,43 @@ def test_bucket_case_serving(served, name, path):
     assert tuple(int(b) for b in bucket_ids(values, case.boundaries).numpy()) == case.buckets
 
 
+def _piecewise_params():
+    for name, case in BUCKET_CASES.items():
+        if len(case.boundaries) >= 2:  # one boundary has no bin
+            for path in TF_PATHS:
+                if path in JSON_PATHS and case.case.json_rows() is None:
+                    continue
+                yield pytest.param(name, path, id=f"{name}-{path}")
+
+
+def test_piecewise_linear_reference_by_hand_and_against_the_buckets():
+    """B2 worked by hand on boundaries with a repeat, and its tie to B1 on every case: beside bucket
+    k >= 1 exactly k - 1 bins are 1, and at most one bin holds a fraction."""
+    b = (0.0, 1.0, 1.0, 3.0)
+    assert [R.dense_piecewise_linear(v, b) for v in (-1.0, 0.0, 0.5, 1.0, 2.0, 3.0, 5.0)] == [
+        (0.0, 0.0, 0.0), (0.0, 0.0, 0.0), (0.5, 0.0, 0.0), (1.0, 1.0, 0.0), (1.0, 1.0, 0.5),
+        (1.0, 1.0, 1.0), (1.0, 1.0, 1.0)]
+    for case in BUCKET_CASES.values():
+        for v, k in zip(case.case.values, case.buckets):
+            enc = R.dense_piecewise_linear(v, case.boundaries)
+            assert len(enc) == max(len(case.boundaries) - 1, 0)
+            assert sum(1 for e in enc if 0.0 < e < 1.0) <= 1
+            if k >= 1:
+                assert sum(1 for e in enc if e == 1.0) == k - 1, (case.name, v)
+
+
+@pytest.mark.parametrize("name,path", _piecewise_params())
+def test_piecewise_linear_case_serving(served, name, path):
+    """B2 in the serving graph: the raw rows through every TensorFlow path, then the model's
+    encoding (model.piecewise_linear, which the training step runs too)."""
+    from components.embedding_model.model import piecewise_linear
+
+    case = BUCKET_CASES[name]
+    values = served.dense(path, case.case.name, len(case.case.rows))
+    expected = [R.dense_piecewise_linear(v, case.boundaries) for v in case.case.values]
+    np.testing.assert_allclose(piecewise_linear(values, case.boundaries).numpy(), np.array(expected), atol=1e-6)
+
+
 def test_plan_boundaries_are_float32_quantiles_with_repeats_kept():
     from components.contracts.plan import bucket_boundaries
 

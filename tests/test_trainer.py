@@ -443,6 +443,35 @@ def test_per_table_optimizers_and_gradient_multiplier_update_as_documented(data)
     assert isinstance(tables["shared_c3_c4"].optimizer, tf.tpu.experimental.embedding.FTRL)  # the layer's, as TF fills it in
 
 
+def _raw_eval_records(data, manifest):
+    """The eval CSV as raw tf.Examples (each column a list of the manifest's kind, a missing value an
+    empty list): what the exporter's parity check reads."""
+    raw = data / "raw_eval.tfrecord"
+    if raw.exists():
+        return raw
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    from tfx_bsl.coders import example_coder
+
+    from components import rulebook as R
+
+    kinds = dict(manifest.raw_feature_kinds)
+    types = {R.KIND_FLOAT: pa.float32(), R.KIND_INT: pa.int64(), R.KIND_BYTES: pa.binary()}
+
+    def as_lists(column, name):  # a value per row -> a list per row (as the manifest's kind), a missing value an empty list
+        column = column.cast(types[kinds[name]]) if name in kinds else column
+        present = np.asarray(column.is_valid())
+        offsets = pa.array(np.concatenate([[0], np.cumsum(present)]).astype(np.int32))
+        return pa.ListArray.from_arrays(offsets, column.filter(pa.array(present)))
+
+    with tf.io.TFRecordWriter(str(raw)) as writer:
+        for batch in pacsv.read_csv(str(data / "eval.csv")).to_batches():
+            lists = pa.RecordBatch.from_arrays([as_lists(c, n) for c, n in zip(batch.columns, batch.schema.names)], batch.schema.names)
+            for record in example_coder.RecordBatchToExamplesEncoder().encode(lists):
+                writer.write(record)
+    return raw
+
+
 def test_wide_part_is_a_linear_model_added_to_the_logit_and_trained_by_its_optimizer(data):
     """training.wide: the trained model's logit is the deep part's plus exactly a
     logistic regression's, one weight per row of every table (the wide tables, read from the
@@ -495,25 +524,7 @@ def test_wide_part_is_a_linear_model_added_to_the_logit_and_trained_by_its_optim
     from components.embedding_exporter import tables as T
     from components.embedding_exporter.export import export_serving_model
 
-    raw = data / "wide_raw_eval.tfrecord"
-    import pyarrow as pa
-
-    from components import rulebook as R
-
-    kinds = dict(manifest.raw_feature_kinds)
-    types = {R.KIND_FLOAT: pa.float32(), R.KIND_INT: pa.int64(), R.KIND_BYTES: pa.binary()}
-
-    def as_lists(column, name):  # a value per row -> a list per row (as the manifest's kind), a missing value an empty list
-        column = column.cast(types[kinds[name]]) if name in kinds else column
-        present = np.asarray(column.is_valid())
-        offsets = pa.array(np.concatenate([[0], np.cumsum(present)]).astype(np.int32))
-        return pa.ListArray.from_arrays(offsets, column.filter(pa.array(present)))
-
-    with tf.io.TFRecordWriter(str(raw)) as writer:
-        for batch in pacsv.read_csv(str(data / "eval.csv")).to_batches():
-            lists = pa.RecordBatch.from_arrays([as_lists(c, n) for c, n in zip(batch.columns, batch.schema.names)], batch.schema.names)
-            for record in example_coder.RecordBatchToExamplesEncoder().encode(lists):
-                writer.write(record)
+    raw = _raw_eval_records(data, manifest)
     export_cfg = dataclasses.replace(cfg, export=dataclasses.replace(
         cfg.export, table_dtype="int8", compare_compression=True, auc_sample_size=600))
     out = data / "wide_export"
@@ -577,3 +588,34 @@ def test_input_dropout_acts_in_training_only_and_adds_no_state(data, model_type,
     assert np.abs(first - plain(features, training=False).numpy()).max() > 1e-3
     dropped.dense_optimizer.iterations.assign_add(1)
     assert not np.array_equal(dropped(features, training=True).numpy(), first)  # the next step's mask
+
+
+def test_piecewise_linear_buckets_train_export_and_match_the_rule(data):
+    """training.dense_buckets.encoding piecewise_linear (with the wide part): each dense feature's
+    vectors and wide weight are its B2 encoding (the rulebook's reference) times the trained
+    matrices, which moved from their zero start; the export is exact against the trained model."""
+    from components import rulebook as R
+    from components.embedding_exporter.export import export_serving_model, latest_checkpoint, read_model_manifest, read_model_plan
+    from components.embedding_model.restore import model_from_checkpoint
+
+    cfg = _config(data, wide={"enabled": True, "optimizer": {"name": "ftrl", "learning_rate": 1.0}}, train_steps=20,
+                  dense_buckets={"encoding": "piecewise_linear"})
+    fn_args = _fn_args(data, cfg, 11)
+    tm.run_fn(fn_args)
+    model_uri = os.path.dirname(fn_args.serving_model_dir)
+    plan, manifest = read_model_plan(model_uri), read_model_manifest(model_uri)
+    assert plan.dense_buckets.encoding == "piecewise_linear"
+    features, _ = next(iter(make_dataset([str(data / "tx" / "Split-eval" / "*")], manifest, 128, training=False)))
+    model = model_from_checkpoint(plan, manifest, cfg, latest_checkpoint(model_uri), features)
+    assert set(model.bucket_tables) == set(manifest.dense_names)
+    for n, table in model.bucket_tables.items():
+        boundaries = plan.dense_buckets.boundaries[n]
+        assert table.embeddings.shape == (len(boundaries) - 1, plan.dense_buckets.dim)
+        assert np.abs(table.embeddings.numpy()).max() > 0 and np.abs(table.wide.numpy()).max() > 0
+        values = features[n].numpy().reshape(-1).astype(np.float32)
+        encoded = np.array([R.dense_piecewise_linear(v, boundaries) for v in values])
+        vectors, wide = table(tf.constant(values))
+        np.testing.assert_allclose(vectors.numpy(), encoded @ table.embeddings.numpy(), atol=1e-5)
+        np.testing.assert_allclose(wide.numpy(), encoded @ table.wide.numpy(), atol=1e-5)
+    report = export_serving_model(cfg, model_uri, str(_raw_eval_records(data, manifest)), str(data / "ple_export"))
+    assert report["parity"]["passed"] and report["parity"]["max_abs_diff"] <= 1e-5

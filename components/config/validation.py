@@ -16,6 +16,7 @@ from components.config.resolved import ResolvedConfig
 from components.contracts.manifest import TRANSFORMED_FORMATS
 from components.contracts.statistics import DENSE_QUANTILE_POINTS as QUANTILE_POINTS
 from components.config.schema import (
+    BUCKET_ENCODINGS,
     COMPRESSIONS,
     DIM_RULES,
     DIRECT_RUNNING_MODES,
@@ -191,6 +192,7 @@ def _check_training(cfg: PipelineConfig) -> None:
         raise ConfigError(f"training.dense_buckets.buckets: {db.buckets!r} is not a whole number in [2, {QUANTILE_POINTS}] "
                           f"(preprocessing records {QUANTILE_POINTS} quantile intervals)")
     check_positive(db.dim, "training.dense_buckets.dim", "set a positive embedding width, e.g. 8")
+    check_choice(db.encoding, BUCKET_ENCODINGS, "training.dense_buckets.encoding")
     wide = tr.wide
     if not isinstance(wide.enabled, bool):
         raise ConfigError(f"training.wide.enabled: {wide.enabled!r} is not true or false")

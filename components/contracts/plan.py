@@ -183,6 +183,9 @@ class DenseBuckets:
     dim: int
     boundaries: Mapping[str, Tuple[float, ...]]
     source: str
+    # embedding: the bucket's row of a [buckets, dim] table; piecewise_linear: the value's encoding
+    # over the boundaries' bins times a [bins, dim] matrix (model.piecewise_linear)
+    encoding: str = "embedding"
 
 
 _OPTIONAL_PLAN_FIELDS = ("checkpoint_layout", "vocabulary_dir", "embedding_gradient_multiplier", "dense_buckets")
@@ -445,7 +448,7 @@ def _dense_buckets(cfg: PipelineConfig, statistics: EmbeddingStatistics) -> Opti
     source = f"train-split quantiles (statistics), {db.buckets} buckets"
     if missing:
         source += f"; not bucketed (no quantiles in the statistics: rerun preprocessing): {', '.join(missing)}"
-    return DenseBuckets(dim=db.dim, boundaries=boundaries, source=source)
+    return DenseBuckets(dim=db.dim, boundaries=boundaries, source=source, encoding=db.encoding)
 
 
 def _sequence_length(f, pooling: Mapping[str, Any]) -> Tuple[int, Optional[str]]:

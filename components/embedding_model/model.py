@@ -410,6 +410,20 @@ def bucket_ids(values: tf.Tensor, boundaries) -> tf.Tensor:
     return tf.raw_ops.Bucketize(input=tf.cast(values, tf.float32), boundaries=[float(b) for b in boundaries])
 
 
+def piecewise_linear(values: tf.Tensor, boundaries) -> tf.Tensor:
+    """[batch] values -> [batch, bins] float32: the piecewise-linear encoding over the bins between
+    consecutive `boundaries` (non-decreasing): per bin 0 below it, 1 at or above its upper
+    boundary, the fraction (value - lower) / width inside it; a bin of width zero (a repeated
+    boundary) is 1 at or above it and 0 below, as rulebook B1 puts a value equal to a boundary in
+    the bucket above. Stock ops only, in the training step and the serving graph alike."""
+    b = [float(x) for x in boundaries]
+    lower, upper = tf.constant(b[:-1], tf.float32), tf.constant(b[1:], tf.float32)
+    width = upper - lower
+    x = tf.cast(values, tf.float32)[:, None]
+    inside = tf.clip_by_value(tf.math.divide_no_nan(x - lower, width), 0.0, 1.0)
+    return tf.where(width > 0, inside, tf.cast(x >= upper, tf.float32))
+
+
 class BucketTable(tf.keras.layers.Layer):
     """A dense feature's quantile buckets as an embedded categorical (training.dense_buckets): its
     [buckets, dim] embeddings and, with a wide part, one weight per bucket, all zeros at the start
@@ -418,18 +432,24 @@ class BucketTable(tf.keras.layers.Layer):
     restored like the dense network; the embeddings are updated by the dense optimizer, the wide
     weights by the wide part's."""
 
-    def __init__(self, boundaries, dim: int, wide: bool, name: str):
+    def __init__(self, boundaries, dim: int, wide: bool, name: str, encoding: str = "embedding"):
         super().__init__(name=name)
-        self.boundaries, self.dim, self.has_wide = tuple(boundaries), dim, wide
+        self.boundaries, self.dim, self.has_wide, self.encoding = tuple(boundaries), dim, wide, encoding
+        if encoding == "piecewise_linear" and len(self.boundaries) < 2:
+            raise ValueError(f"{name}: a piecewise-linear encoding needs at least 2 boundaries, got {len(self.boundaries)}")
 
     def build(self, input_shape=None):
-        rows = len(self.boundaries) + 1
+        # embedding: one row per bucket; piecewise_linear: one row per bin between two boundaries
+        rows = len(self.boundaries) + 1 if self.encoding == "embedding" else len(self.boundaries) - 1
         self.embeddings = self.add_weight(name="embeddings", shape=[rows, self.dim], initializer="zeros", trainable=True)
         self.wide = self.add_weight(name="wide", shape=[rows, 1], initializer="zeros", trainable=True) if self.has_wide else None
         super().build(input_shape)
 
     def call(self, values: tf.Tensor):
         """[batch] float32 values -> ([batch, dim] vectors, [batch, 1] wide weights or None)."""
+        if self.encoding == "piecewise_linear":
+            enc = piecewise_linear(values, self.boundaries)
+            return tf.matmul(enc, self.embeddings), (tf.matmul(enc, self.wide) if self.wide is not None else None)
         ids = bucket_ids(values, self.boundaries)
         return tf.gather(self.embeddings, ids), (tf.gather(self.wide, ids) if self.wide is not None else None)
 
@@ -615,7 +635,7 @@ class RankingModel(tf.keras.Model):
         # Dense features' quantile buckets (plan.dense_buckets), in the model's dense feature order.
         buckets = plan.dense_buckets
         self.bucket_tables = {
-            n: BucketTable(buckets.boundaries[n], buckets.dim, bool(self.wide_features), f"buckets_{n}")
+            n: BucketTable(buckets.boundaries[n], buckets.dim, bool(self.wide_features), f"buckets_{n}", buckets.encoding)
             for n in self.dense_names if buckets is not None and n in buckets.boundaries}
         self.projections: Dict[str, tf.keras.layers.Layer] = {}
         if self.model_type == "dlrm":
