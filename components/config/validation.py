@@ -193,6 +193,9 @@ def _check_training(cfg: PipelineConfig) -> None:
                           f"(preprocessing records {QUANTILE_POINTS} quantile intervals)")
     check_positive(db.dim, "training.dense_buckets.dim", "set a positive embedding width, e.g. 8")
     check_choice(db.encoding, BUCKET_ENCODINGS, "training.dense_buckets.encoding")
+    if db.encoding == "piecewise_linear" and db.enabled and db.buckets < 3:
+        raise ConfigError(f"training.dense_buckets.buckets: {db.buckets} buckets have {db.buckets - 1} boundary, no bin "
+                          "between two for the piecewise_linear encoding; set at least 3, or encoding: embedding")
     wide = tr.wide
     if not isinstance(wide.enabled, bool):
         raise ConfigError(f"training.wide.enabled: {wide.enabled!r} is not true or false")
