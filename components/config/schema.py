@@ -352,7 +352,7 @@ class TrainingConfig:
     # enters the cross layers (DCN) or the interaction (DLRM), not on the bottom MLP's output; 0:
     # none. It keeps the per-ID vectors of rarely seen IDs from being fitted alone (bench/README.md
     # "Defaults on real data": with the longer default length it needs, +0.008 eval AUC on
-    # MovieLens, +0.006 movies, +0.001 chem97, -0.002 flights; 0.1 and 0.3 did less in all).
+    # MovieLens, +0.006 movies, +0.001 chem97, -0.002 flights; 0.1 and 0.3 did less in sum).
     input_dropout: float = 0.2
     embedding_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig("adagrad", 1.0))
     dense_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig("adam", 0.001))
