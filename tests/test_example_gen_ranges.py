@@ -146,6 +146,19 @@ def test_row_hash_depends_on_the_row_only():
     assert H.row_hashes(without, ["C1", "I1", "label"])[0] == whole[4]
 
 
+def test_row_hashes_are_pinned():
+    """The split of a row must not move between versions (a retrain, warm start or published figure
+    would see other eval rows): these values were computed by the general path (positions and
+    prefix sums) before single-valued columns got their shortcut, and must stay."""
+    assert H.row_hashes(_batch(ROWS), ["C1", "I1", "label"]).tolist() == [
+        17737953801848408229, 571362927998670653, 281943852904555469, 8927786230175040706, 17980909140598484883,
+        1600742332220979087, 4124757868016427121, 10045947622424549919, 844842334825527521]
+    flat = pa.RecordBatch.from_pydict({"C1": pa.array([b"a", None, b"", b"xyz"], pa.binary()),
+                                       "I1": pa.array([1.0, None, 2.0, float("nan")], pa.float32())})
+    assert H.row_hashes(flat, ["C1", "I1"]).tolist() == [
+        336868911720392631, 5154262750204775544, 7886391471720318402, 7496316572088151956]
+
+
 def test_long_buffers_hash_in_pieces_alike(monkeypatch):
     """binary_value_hashes cuts a long buffer (a whole vocabulary) into pieces of _CHUNK_BYTES to
     bound its temporaries; every piece size gives the same hashes, slices and a value longer than

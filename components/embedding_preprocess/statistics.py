@@ -158,6 +158,7 @@ def mod_shard(ids: np.ndarray, shards: int) -> np.ndarray:
 
 
 _PRESENCE_LIMIT = 1 << 20  # (batches x table rows) up to which unique pairs are found by counting
+_MOD_LCM_LIMIT = 4096  # shard counts whose least common multiple is larger are counted one by one
 
 
 def batch_table_stats(
@@ -183,21 +184,42 @@ def batch_table_stats(
     keys = batch_full.astype(np.int64) * rows + ids_full
     if num_batches * rows <= _PRESENCE_LIMIT:
         pairs = np.flatnonzero(np.bincount(keys, minlength=num_batches * rows))
+    elif num_batches * rows < 2**31:  # sorted as int32: 1.2 ms instead of 2.1 ms for 49k keys
+        pairs = np.unique(keys.astype(np.int32)).astype(np.int64)
     else:
         pairs = np.unique(keys)
     u_batch, u_ids = pairs // rows, pairs % rows
     ids_per_batch = np.bincount(batch_full, minlength=num_batches)[batch_is_full]
     unique_per_batch = np.bincount(u_batch, minlength=num_batches)[batch_is_full]
     all_full = bool(full.all())
+    any_full = bool(batch_is_full.any())
+
+    def counts(shards: np.ndarray, u_shards: Optional[np.ndarray], n: int):
+        """(load per shard, IDs and unique IDs per (full batch, shard) as [batches, n] or None)."""
+        load = np.bincount(shards, minlength=n).astype(np.int64)
+        if not any_full:
+            return load, None, None
+        per = np.bincount(batch_full * n + (shards if all_full else shards[full]), minlength=num_batches * n)
+        uper = np.bincount(u_batch * n + u_shards, minlength=num_batches * n)
+        return load, per.reshape(num_batches, n), uper.reshape(num_batches, n)
+
+    # `mod` for every shard count at once: counted at the counts' least common multiple M, a count n
+    # that divides M sums M's shards s, s + n, s + 2n, ... (ID % n == (ID % M) % n). One set of
+    # bincounts instead of one per count (the defaults 8, 32, 128: a third of the passes).
+    lcm = int(np.lcm.reduce(np.asarray(list(shard_counts), np.int64))) if len(shard_counts) else 1
+    mod_at_lcm = counts(mod_shard(ids, lcm), mod_shard(u_ids, lcm), lcm) if 0 < lcm <= _MOD_LCM_LIMIT else None
     out: Dict[str, Any] = {}
     for n in shard_counts:
         for strategy in SHARDING_STRATEGIES:
-            shard_of = (lambda x: div_shard(x, rows, n)) if strategy == "div" else (lambda x: mod_shard(x, n))
-            shards = shard_of(ids)  # once per (strategy, n); the full batches' IDs are its subset
-            out[P.shard_load(split, table, strategy, n)] = np.bincount(shards, minlength=n).astype(np.int64)
-            if batch_is_full.any():
-                per = np.bincount(batch_full * n + (shards if all_full else shards[full]), minlength=num_batches * n)
-                uper = np.bincount(u_batch * n + shard_of(u_ids), minlength=num_batches * n)
+            if strategy == "div":
+                load, per, uper = counts(div_shard(ids, rows, n), div_shard(u_ids, rows, n), n)
+            elif mod_at_lcm is not None:
+                load, per, uper = (None if a is None else a.reshape(*a.shape[:-1], lcm // n, n).sum(axis=-2)
+                                   for a in mod_at_lcm)
+            else:
+                load, per, uper = counts(mod_shard(ids, n), mod_shard(u_ids, n), n)
+            out[P.shard_load(split, table, strategy, n)] = load
+            if any_full:
                 out[P.shard_max(split, table, strategy, n, "max_ids_per_shard")] = int(per.max())
                 out[P.shard_max(split, table, strategy, n, "max_unique_ids_per_shard")] = int(uper.max())
     if batch_is_full.any():

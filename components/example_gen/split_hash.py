@@ -138,6 +138,13 @@ def column_row_hashes(column: pa.Array, name: str) -> np.ndarray:
     ends = np.cumsum(lengths)
     starts = ends - lengths
     hashed = _value_hashes(values)
+    if len(hashed) and n and int(lengths.max()) <= 1:
+        # Every list holds at most one value (a CSV column, nearly every tf.Example feature): each
+        # value is at position 0 and its row's sum, so the general path's repeat, positions and
+        # prefix sums (about a third of the split's cost) give what this gives, bit for bit.
+        sums = np.zeros(n, np.uint64)
+        sums[lengths == 1] = _mix(hashed + _K_POS)
+        return _mix(sums + lengths.astype(np.uint64) * _K_LEN + _column_salt(name))
     if len(hashed):
         row_of = np.repeat(np.arange(n), lengths)
         position = np.arange(len(hashed), dtype=np.int64) - starts[row_of]
