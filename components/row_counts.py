@@ -24,6 +24,8 @@ import struct
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Iterator, List, Optional
 
+import numpy as np
+
 BLOCK = 8 << 20
 
 
@@ -47,7 +49,13 @@ class CsvScanState:
 
 def scan_csv(stream: BinaryIO, in_quote: bool = False, line_has_content: bool = False, strip_bom: bool = True) -> CsvScanState:
     """Counts the lines that end inside `stream`, starting from the given state (a byte range of a
-    file starts inside quotes or inside a line; components/example_gen/ranges.py)."""
+    file starts inside quotes or inside a line; components/example_gen/ranges.py).
+
+    Vectorised per block with numpy (a Python loop over the lines cost 1.07 s per 1M rows, about
+    a tenth of ExampleGen's CPU): a newline ends a line when an even number of quotes precede it
+    (counting from the state); a line is blank when all its bytes are carriage returns (a quote, a
+    quoted line break and any other byte are content). `tests/test_row_counts.py` holds it to the
+    line-by-line scan it replaced."""
     records = blank = 0
     first = True
     while True:
@@ -58,28 +66,34 @@ def scan_csv(stream: BinaryIO, in_quote: bool = False, line_has_content: bool = 
             first = False
             if strip_bom and block.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte-order mark
                 block = block[3:]
-        # Segments between double quotes alternate outside / inside a quoted field.
-        parts = block.split(b'"')
-        for k, part in enumerate(parts):
-            if k > 0:
-                in_quote = not in_quote
-                line_has_content = True  # a quote is content
-            if in_quote or not part:
-                if part:
-                    line_has_content = True
-                continue
-            lines = part.split(b"\n")
-            for j, line in enumerate(lines):
-                content = bool(line.strip(b"\r"))
-                if j == 0:
-                    line_has_content = line_has_content or content
-                else:
-                    # the previous line ended at this newline
-                    if line_has_content:
-                        records += 1
-                    else:
-                        blank += 1
-                    line_has_content = content
+                if not block:
+                    continue
+        a = np.frombuffer(block, np.uint8)
+        none = np.zeros(0, np.int64)
+        quotes = np.flatnonzero(a == 34) if b'"' in block else none  # (`in` is a memchr: most blocks have none)
+        newlines = np.flatnonzero(a == 10)
+        # the line open at the block's start: inside quotes it has content (its quote)
+        line_has_content = line_has_content or in_quote
+        if len(quotes):
+            ends = newlines[((np.searchsorted(quotes, newlines) + int(in_quote)) & 1) == 0]
+        else:
+            ends = newlines if not in_quote else newlines[:0]
+        if len(ends):
+            cr = np.flatnonzero(a == 13) if b"\r" in block else none
+            starts = np.concatenate([[-1], ends[:-1]])  # the newline before each line (-1: the block's start)
+            if len(cr):
+                crs = np.searchsorted(cr, ends) - np.searchsorted(cr, starts, side="right")
+                empty = (ends - starts - 1) == crs  # nothing but carriage returns
+            else:
+                empty = ends - starts == 1
+            empty[0] &= not line_has_content  # the first line began before the block
+            blank += int(np.count_nonzero(empty))
+            records += int(len(ends) - np.count_nonzero(empty))
+            tail = len(a) - int(ends[-1]) - 1
+            line_has_content = tail > int(len(cr) - np.searchsorted(cr, ends[-1], side="right"))
+        else:
+            line_has_content = line_has_content or bool(np.count_nonzero(a != 13))
+        in_quote = bool((int(in_quote) + len(quotes)) & 1)
     return CsvScanState(records, blank, in_quote, line_has_content)
 
 

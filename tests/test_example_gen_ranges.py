@@ -76,6 +76,27 @@ def test_every_record_once_at_any_range_size(tmp_path, seed, range_bytes):
     assert pa.concat_tables(parts).equals(csv.read_csv(io.BytesIO(one.data), **opts))
 
 
+@pytest.mark.parametrize("range_bytes", [100_000, 333_333, 1 << 20])
+def test_records_longer_than_the_boundary_search_window(tmp_path, range_bytes):
+    """A range's first record end and the one past its end are searched in windows that start at
+    64 KB and grow: quoted fields of up to 600 KB (line breaks and escaped quotes inside) put both
+    far from where the search starts."""
+    rng = random.Random(3)
+    rows = [b"h1,h2,h3\n"]
+    for i in range(40):
+        piece = b"".join(rng.choice([b"x", b"\n", b'""', b",", b"\r\n"]) for _ in range(997))
+        body = (piece * 700)[: rng.choice([10, 70_000, 600_000])]
+        body = body[:-1] if (len(body) - len(body.rstrip(b'"'))) % 2 else body  # no pair of quotes cut
+        rows.append(b'%d,"%s",%d\n' % (i, body, i))
+    data = b"".join(rows)
+    path = str(tmp_path / "long.csv")
+    open(path, "wb").write(data)
+    ranges, blocks, lines = _read_all(path, range_bytes)
+    assert len(ranges) > 5
+    assert b"".join(b.data for b in blocks) == data[len(rows[0]):]
+    assert lines["input/lines"] == 41
+
+
 def test_boundary_inside_a_quoted_field(tmp_path):
     data = b'h1,h2\n1,"a\nb\nc\nd"\n2,x\n'
     path = str(tmp_path / "q.csv")

@@ -169,7 +169,6 @@ def read_owned_records(r: ByteRange, quotes_before_start: int, newlines_before_s
         first_byte = chunk[:1] if r.start > 0 else b""
         q = quotes_before_start - (1 if first_byte == b'"' else 0)  # quotes before `base`
         newlines_before_base = newlines_before_start - (1 if first_byte == b"\n" else 0)
-        ends = _boundaries(chunk, q)
         data_start = _data_start(fh)  # nothing before the header's end is a row, in any range
         if data_start is None:
             return OwnedRecords(b"", 0)
@@ -177,12 +176,14 @@ def read_owned_records(r: ByteRange, quotes_before_start: int, newlines_before_s
         first: Optional[int] = None  # offset in chunk where the first owned record starts
         if r.start == 0:
             first = data_start
-        elif len(ends):
-            first = max(int(ends[0]) + 1, data_start - base)
+        else:
+            e = _first_boundary(chunk, q, 0)
+            if e is not None:
+                first = max(e + 1, data_start - base)
         limit = r.end - base  # an owned record starts before this offset
         if first is None or first >= limit:
             return OwnedRecords(b"", 0)
-        end, tail = _to_record_end(fh, chunk, ends, q, limit)
+        end, tail = _to_record_end(fh, chunk, _first_boundary(chunk, q, max(limit - 1, 0)), q, limit)
         data = chunk[first:end] + tail if tail else chunk[first:end]  # one copy of the range's bytes
         return OwnedRecords(data, newlines_before_base + chunk[:first].count(b"\n") + 1)
 
@@ -204,13 +205,31 @@ def _data_start(fh) -> Optional[int]:
             prev = int(e) + 1
 
 
-def _to_record_end(fh, chunk: bytes, ends: np.ndarray, q: int, limit: int) -> Tuple[int, bytes]:
+def _first_boundary(chunk: bytes, quotes_before_chunk: int, at: int) -> Optional[int]:
+    """The offset of the first record-ending newline at or after `at` in `chunk` (None: none).
+    Scans windows growing from `at` instead of the whole chunk: the owned records' bounds are the
+    range's first record end and the one at its end, and finding every newline of a 64 MB range
+    (with its quote parity) cost more than parsing's share of the range."""
+    q = quotes_before_chunk + chunk.count(b'"', 0, at)
+    step = 1 << 16
+    while at < len(chunk):
+        window = chunk[at : at + step]
+        found = _boundaries(window, q)
+        if len(found):
+            return at + int(found[0])
+        q += window.count(b'"')
+        at += len(window)
+        step *= 4
+    return None
+
+
+def _to_record_end(fh, chunk: bytes, end_at_limit: Optional[int], q: int, limit: int) -> Tuple[int, bytes]:
     """Where the last record that starts before `limit` ends: the first record-ending newline at
-    offset >= limit - 1, or the end of the file. Returns (end offset in `chunk`, the bytes read
-    past `chunk` up to that end), so the caller copies the range's bytes once."""
-    after = ends[ends >= limit - 1]
-    if len(after):
-        return int(after[0]) + 1, b""
+    offset >= limit - 1 (`end_at_limit`, when `chunk` holds it), or the end of the file. Returns
+    (end offset in `chunk`, the bytes read past `chunk` up to that end), so the caller copies the
+    range's bytes once."""
+    if end_at_limit is not None:
+        return end_at_limit + 1, b""
     parts = []
     q_seen = q + chunk.count(b'"')
     while True:
