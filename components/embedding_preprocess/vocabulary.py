@@ -181,8 +181,10 @@ class VocabularyLookup:
             if self.num_oov_buckets == 1:  # every bucket is 0: skip the hashing
                 ids[missing] = self.size
             else:
-                oov = tokens.take(pa.array(missing)).to_pylist()
-                ids[missing] = [self.size + oov_bucket(t, self.num_oov_buckets) for t in oov]
+                from components.embedding_preprocess.fingerprint import fingerprint64
+
+                buckets = fingerprint64(tokens.take(pa.array(missing))) % np.uint64(self.num_oov_buckets)
+                ids[missing] = self.size + buckets.astype(np.int64)
         return ids, int(len(missing))
 
 
