@@ -195,13 +195,16 @@ def batch_table_stats(
     any_full = bool(batch_is_full.any())
 
     def counts(shards: np.ndarray, u_shards: Optional[np.ndarray], n: int):
-        """(load per shard, IDs and unique IDs per (full batch, shard) as [batches, n] or None)."""
-        load = np.bincount(shards, minlength=n).astype(np.int64)
+        """(load per shard, IDs and unique IDs per (full batch, shard) as [batches, n] or None).
+        One bincount over every (batch, shard) gives both the load (its column sums) and the full
+        batches' rows (a partial batch's row zeroed)."""
+        grid = np.bincount(batch_of_id * n + shards, minlength=num_batches * n).reshape(num_batches, n)
+        load = grid.sum(axis=0).astype(np.int64)
         if not any_full:
             return load, None, None
-        per = np.bincount(batch_full * n + (shards if all_full else shards[full]), minlength=num_batches * n)
+        per = grid if all_full else grid * batch_is_full[:, None]
         uper = np.bincount(u_batch * n + u_shards, minlength=num_batches * n)
-        return load, per.reshape(num_batches, n), uper.reshape(num_batches, n)
+        return load, per, uper.reshape(num_batches, n)
 
     # `mod` for every shard count at once: counted at the counts' least common multiple M, a count n
     # that divides M sums M's shards s, s + n, s + 2n, ... (ID % n == (ID % M) % n). One set of
