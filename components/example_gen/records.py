@@ -49,6 +49,8 @@ def as_list_column(arr: pa.Array) -> pa.Array:
     if pa.types.is_binary(arr.type) or pa.types.is_string(arr.type):
         present = pc.and_(present, pc.greater(pc.binary_length(arr), 0))
     present_np = np.asarray(present.to_numpy(zero_copy_only=False), dtype=bool)
+    if present_np.all():  # every cell holds a value: one per row, no copy of the values
+        return pa.ListArray.from_arrays(pa.array(np.arange(len(arr) + 1, dtype=np.int32)), arr)
     lengths = present_np.astype(np.int32)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     values = arr.filter(pa.array(present_np))
