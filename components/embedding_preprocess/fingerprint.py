@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from components.example_gen.split_hash import binary_buffers
+
 _K0 = np.uint64(0xC3A5C85C97CB3127)
 _K1 = np.uint64(0xB492B66FBE98F273)
 _K2 = np.uint64(0x9AE16A3B2F90404F)
@@ -46,11 +48,7 @@ def fingerprint64(values: pa.Array) -> np.ndarray:
     n = len(values)
     if n == 0:
         return np.zeros(0, np.uint64)
-    if not pa.types.is_binary(values.type):
-        values = values.cast(pa.binary())
-    offsets = np.frombuffer(values.buffers()[1], np.int32)[values.offset : values.offset + n + 1].astype(np.int64)
-    buf = values.buffers()[2]
-    data = np.frombuffer(buf, np.uint8) if buf is not None else np.zeros(0, np.uint8)
+    offsets, data = binary_buffers(values)
     start, length = offsets[:-1], np.diff(offsets)
     if values.null_count:
         length = np.where(np.asarray(values.is_valid()), length, 0)

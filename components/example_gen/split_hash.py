@@ -23,7 +23,7 @@ Columns are then chained in name order. Missing and empty lists hash alike.
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, List, Sequence
+from typing import Iterable, List, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -76,16 +76,23 @@ def _column_salt(name: str) -> np.uint64:
     return np.uint64(int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:8], "little"))
 
 
+def binary_buffers(values: pa.Array) -> Tuple[np.ndarray, np.ndarray]:
+    """(the n + 1 offsets of a non-empty binary/string array's values, as int64; its whole data
+    buffer as uint8), read in place (a large binary/string array is cast first)."""
+    if pa.types.is_large_binary(values.type) or pa.types.is_large_string(values.type):
+        values = values.cast(pa.binary())
+    offsets_buf, data_buf = values.buffers()[1], values.buffers()[2]
+    offsets = np.frombuffer(offsets_buf, np.int32)[values.offset : values.offset + len(values) + 1].astype(np.int64)
+    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    return offsets, data
+
+
 def binary_value_hashes(values: pa.Array) -> np.ndarray:
     """One uint64 per value of a binary/string array: polynomial over its bytes, mixed with its length."""
     n = len(values)
     if n == 0:
         return np.zeros(0, np.uint64)
-    if pa.types.is_large_binary(values.type) or pa.types.is_large_string(values.type):
-        values = values.cast(pa.binary())
-    offsets_buf, data_buf = values.buffers()[1], values.buffers()[2]
-    offsets = np.frombuffer(offsets_buf, np.int32)[values.offset : values.offset + n + 1].astype(np.int64)
-    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    offsets, data = binary_buffers(values)
     if offsets[-1] - offsets[0] <= _CHUNK_BYTES:
         return _hash_values(offsets, data)
     # A value's hash depends on its own bytes only, so pieces hash alike; each piece's temporaries
