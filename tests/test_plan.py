@@ -66,7 +66,7 @@ def test_plan_places_sizes_and_limits_tables():
     assert t["big"]["placement"] == "tpu_embedding" and t["shared"]["placement"] == "tpu_embedding"
     assert t["small"]["placement"] == "tensor_core"  # 11 rows <= size_threshold 1000
     assert (t["shared"]["dim"], t["big"]["dim"], t["small"]["dim"]) == (8, 16, 4)
-    assert t["big"]["initializer"]["stddev"] == pytest.approx(1 / math.sqrt(16))
+    assert t["big"]["initializer"]["stddev"] == pytest.approx(0.2 / math.sqrt(16))
     assert plan["features"]["A"]["table"] == plan["features"]["B"]["table"] == "shared"
     assert t["shared"]["features"] == ["A", "B"]
     # adagrad (the default embedding optimizer): one slot; big is sharded over 2 chips, small replicated
@@ -198,7 +198,7 @@ def test_initializers_and_safe_lookups_reach_the_tpu_configs_and_the_keras_table
     init = {n: t.initializer for n, t in plan.tables.items()}
     assert (init["shared"].name, init["shared"].minval, init["shared"].maxval) == ("random_uniform", 0.1, 1 / math.sqrt(8))
     assert init["big"].name == "zeros" and init["big"].stddev is None
-    assert (init["small"].name, init["small"].mean, init["small"].stddev) == ("random_normal", 1.0, 0.5)
+    assert (init["small"].name, init["small"].mean, init["small"].stddev) == ("random_normal", 1.0, pytest.approx(0.2 / math.sqrt(4)))
     on_tpu = P.feature_configs(plan, on_tpu=True)
     assert [on_tpu[n].validate_weights_and_indices for n in ("A", "B", "big")] == [False, True, True]
     features = P.feature_configs(plan)  # CPU/GPU: TF 2.16's unchecked CPU lookup drops empty trailing rows
