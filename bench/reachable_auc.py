@@ -59,10 +59,11 @@ def main(argv=None) -> None:
     designs = [("logistic_regression", x, xe)]
     n_dense = len(manifest.dense_names)
     if n_dense:  # the dense features are _one_hot's last columns
-        splines = SplineTransformer(n_knots=8, degree=3).fit(x[:, -n_dense:].toarray())
+        dense, dense_e = x[:, -n_dense:].toarray(), xe[:, -n_dense:].toarray()
+        splines = SplineTransformer(n_knots=8, degree=3).fit(dense)
         designs.append(("logistic_regression+splines",
-                        sp.hstack([x, sp.csr_matrix(splines.transform(x[:, -n_dense:].toarray()))]).tocsr(),
-                        sp.hstack([xe, sp.csr_matrix(splines.transform(xe[:, -n_dense:].toarray()))]).tocsr()))
+                        sp.hstack([x, sp.csr_matrix(splines.transform(dense))]).tocsr(),
+                        sp.hstack([xe, sp.csr_matrix(splines.transform(dense_e))]).tocsr()))
     for family, a, b in designs:
         for c in args.c:
             start = time.time()
