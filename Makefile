@@ -22,12 +22,16 @@ demo: venv
 continuous: venv
 	$(PY) -m pipelines continuous --config configs/demo.yaml --output-dir output/continuous --data-dir data/continuous
 
-# Tiers: tests/conftest.py says which tests are slow and why.
+# Tiers: tests/conftest.py says which tests are slow and why. Two worker processes (pytest-xdist),
+# each test file whole in one of them (tests/conftest.py: the groups, longest first);
+# TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
 test: venv
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q $(XDIST) -m "not slow" tests
 
 test-all: venv
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q $(XDIST) tests
 
 # Re-resolve the lock (only when changing requirements.in; commit the result).
 lock: venv

@@ -101,6 +101,46 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: the full tier only (make test-all); see tests/conftest.py")
 
 
+# ---- two processes (pytest-xdist: `make test` / `make test-all` pass `-n 2 --dist loadscope`) ----
+# Each test file runs whole in one worker, so that its module-scoped fixtures (the Kubeflow runs,
+# the trained models) are built once; the files that share the session-scoped `pipeline_run` (a
+# whole pipeline run on 375k rows) share a worker too. The groups are handed out longest first
+# (the seconds below, from `pytest --durations` of a whole run on the 2-core machine; any other
+# file after them, in collection order), so that the two workers end together instead of one
+# starting the Kubeflow runs last. xdist's own `loadgroup` cannot do this with pytest 9 (it marks
+# a group by rewriting `item._nodeid`, which pytest 9 no longer reads), so the scheduler below
+# groups the node IDs itself.
+FILE_GROUPS = {"tests/test_export.py": "pipeline_run", "tests/test_pipeline_e2e.py": "pipeline_run"}
+GROUP_SECONDS = {
+    "tests/test_kubeflow.py": 790, "pipeline_run": 620, "tests/test_tpu_conformance.py": 615,
+    "tests/test_continuous.py": 400, "tests/test_trainer.py": 330, "tests/test_replicas.py": 195,
+    "tests/test_early_stopping.py": 165, "tests/test_pipeline_failures.py": 155,
+    "tests/test_feature_kinds.py": 130, "tests/test_example_gen_ranges.py": 90,
+    "tests/test_tpu_smoke.py": 80, "tests/test_transformed_blocks.py": 75, "tests/test_public_data.py": 75,
+    "tests/test_validation_gate.py": 60, "tests/test_example_gen.py": 55,
+}
+
+
+def test_group(nodeid: str) -> str:
+    path = nodeid.split("::")[0]
+    return FILE_GROUPS.get(path, path)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """With `--dist loadscope`: one work unit per `test_group`, in collection order (the hook below
+    sorts it)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return test_group(nodeid)
+
+    config.option.loadscopereorder = False  # keep the order below, not xdist's by test count
+    return ByGroup(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         path = item.nodeid.split("::")[0]
@@ -108,3 +148,9 @@ def pytest_collection_modifyitems(config, items):
         reasons += [why for test, why in SLOW_TESTS.items() if item.nodeid.startswith(test) or path == test]
         if reasons:
             item.add_marker(pytest.mark.slow(reason="; ".join(reasons)))
+        if "pipeline_run" in getattr(item, "fixturenames", ()) and test_group(item.nodeid) != "pipeline_run":
+            raise pytest.UsageError(f"{path} uses pipeline_run: add it to FILE_GROUPS in tests/conftest.py")
+    first = {}
+    for i, item in enumerate(items):
+        first.setdefault(test_group(item.nodeid), i)
+    items.sort(key=lambda item: (-GROUP_SECONDS.get(test_group(item.nodeid), 0), first[test_group(item.nodeid)]))

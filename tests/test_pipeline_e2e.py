@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import components  # noqa: F401
+import pyarrow.parquet as pq
 import tensorflow as tf
 
 from components.embedding_preprocess import vocabulary as V
@@ -37,14 +38,24 @@ def _raw_examples(out, split):
 def test_vocabularies_equal_independent_count(pipeline_run):
     cfg, out, summary, _ = pipeline_run
     counts = {t.name: Counter() for t in cfg.tables}
-    for record in _raw_examples(out, "train"):
-        ex = tf.train.Example.FromString(record).features.feature
-        if not ex["label"].int64_list.value:
-            continue
+    # ExampleGen's train split, column by column as plain Python lists (Parquet read by pyarrow;
+    # the rules below are plain Python, not preprocessing's Arrow code)
+    files = sorted(glob.glob(str(out / "pipeline_root" / "EmbeddingExampleGen" / "examples" / "*" / "Split-train" / "*")))
+    assert files and all(f.endswith(".parquet") for f in files), files
+    for path in files:
+        table = pq.read_table(path)
+        labelled = [v is not None and v != [] for v in table.column("label").to_pylist()]  # a label 0 counts
         for f in cfg.categorical_features:
-            values = ex[f.source].bytes_list.value if f.source in ex else []
-            tokens = [t for v in values for t in (v.split(f.separator.encode()) if f.separator else [v]) if t]
-            counts[cfg.feature_table(f).name].update(tokens[: f.max_length] if f.max_length else tokens)
+            column = table.column(f.source).to_pylist() if f.source in table.column_names else [None] * len(labelled)
+            tokens = []
+            for has_label, values in zip(labelled, column):
+                if not has_label:
+                    continue
+                if values is not None and not isinstance(values, list):
+                    values = [values]
+                row = [t for v in values or [] for t in (v.split(f.separator.encode()) if f.separator else [v]) if t]
+                tokens += row[: f.max_length] if f.max_length else row
+            counts[cfg.feature_table(f).name].update(tokens)
     vocab_dir = glob.glob(str(out / "pipeline_root" / "EmbeddingPreprocess" / "vocabulary" / "*"))[0]
     for t in cfg.tables:
         ordered = sorted(counts[t.name].items(), key=lambda kv: (-kv[1], kv[0]))

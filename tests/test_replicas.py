@@ -88,9 +88,14 @@ def test_one_step_on_two_replicas_updates_tables_as_one_replica_on_the_global_ba
 
     tables = [v.name for v in one.trainable_variables if id(v) in one.embedding_variable_ids()]
     assert any("table_" in n for n in tables) and any("_tpu_embedding" in n or "embedding_layer" in n for n in tables), tables
+    # Adam's first step moves a row by about lr x g / |g|: where a summed gradient is near zero,
+    # the rounding of the two reductions (one batch, or two replicas' all-reduce) is amplified, and
+    # it varied with the machine's load (2.7e-6 on one element of 2,480, with tests running in two
+    # processes). 1e-5 is still 1/5,000 of that step: a wrong batch or a wrong average shows.
+    atol = 1e-5 if optimizer["name"] == "adam" else 1e-6
     for v1, v2 in zip(one.trainable_variables, two.trainable_variables):
         assert v1.shape == v2.shape and v1.name.split("/")[-1] == v2.name.split("/")[-1]
-        np.testing.assert_allclose(v2.numpy(), v1.numpy(), rtol=1e-5, atol=1e-6, err_msg=v1.name)
+        np.testing.assert_allclose(v2.numpy(), v1.numpy(), rtol=1e-5, atol=atol, err_msg=v1.name)
         if v1.name in tables:
             assert not np.array_equal(v1.numpy(), initial[v1.name]), f"{v1.name} did not train"
 
