@@ -121,13 +121,13 @@ GROUP_SECONDS = {
 }
 
 
-def test_group(nodeid: str) -> str:
+def work_group(nodeid: str) -> str:
     path = nodeid.split("::")[0]
     return FILE_GROUPS.get(path, path)
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """With `--dist loadscope`: one work unit per `test_group`, in collection order (the hook below
+    """With `--dist loadscope`: one work unit per `work_group`, in collection order (the hook below
     sorts it)."""
     if config.getvalue("dist") != "loadscope":
         return None
@@ -135,7 +135,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ByGroup(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return test_group(nodeid)
+            return work_group(nodeid)
 
     config.option.loadscopereorder = False  # keep the order below, not xdist's by test count
     return ByGroup(config, log)
@@ -148,9 +148,9 @@ def pytest_collection_modifyitems(config, items):
         reasons += [why for test, why in SLOW_TESTS.items() if item.nodeid.startswith(test) or path == test]
         if reasons:
             item.add_marker(pytest.mark.slow(reason="; ".join(reasons)))
-        if "pipeline_run" in getattr(item, "fixturenames", ()) and test_group(item.nodeid) != "pipeline_run":
+        if "pipeline_run" in getattr(item, "fixturenames", ()) and work_group(item.nodeid) != "pipeline_run":
             raise pytest.UsageError(f"{path} uses pipeline_run: add it to FILE_GROUPS in tests/conftest.py")
     first = {}
     for i, item in enumerate(items):
-        first.setdefault(test_group(item.nodeid), i)
-    items.sort(key=lambda item: (-GROUP_SECONDS.get(test_group(item.nodeid), 0), first[test_group(item.nodeid)]))
+        first.setdefault(work_group(item.nodeid), i)
+    items.sort(key=lambda item: (-GROUP_SECONDS.get(work_group(item.nodeid), 0), first[work_group(item.nodeid)]))
