@@ -87,7 +87,7 @@ SLOW_TESTS = {  # node id (or its prefix): why it is in the full tier only
     "tests/test_tpu_conformance.py::test_wide_tables_train_in_tpu_embedding_with_their_own_optimizer": "28 s a case: a TPU-branch training of the wide part (off by default; TF's real TPUEmbeddingV2 stays in the fast tier through test_tpu_branch_calls_bind_and_stay_in_scope_and_run[V2])",
     "tests/test_early_stopping.py::test_training_never_reads_the_eval_split_and_keeps_the_best_checkpoint": "a 15 s selection run; CI runs it",
     "tests/test_tpu_smoke.py::test_dry_run_passes_every_step_that_needs_no_tpu": "35 s: the TPU smoke script's whole dry run",
-    "tests/test_tpu_conformance.py::test_weighted_and_sequence_features_on_the_tpu_branch[V2]": "34 s: a TPU-branch run with TF's real TPUEmbeddingV2 (V1 stays fast)",
+    "tests/test_tpu_conformance.py::test_weighted_and_sequence_features_on_the_tpu_branch": "35-75 s a case: a preprocessing run and a TPU-branch Trainer run with weighted (V1: and sequence) features; the TPU branch's binding and scope stay fast (test_tpu_branch_calls_bind_and_stay_in_scope_and_run)",
     "tests/test_tpu_conformance.py::test_a_sparsecore_checkpoint_is_not_resumed_on_another_layout": "23 s: two TPU-branch runs",
     "tests/test_tpu_conformance.py::test_sparsecore_warm_start_places_the_last_models_tables_in_tfs_stacks": "23 s: a TPU-branch warm start",
     "tests/test_trainer.py::test_wide_part_is_a_linear_model_added_to_the_logit_and_trained_by_its_optimizer": "34 s: a Trainer run, an int8 export with parity and a training step",
@@ -103,21 +103,26 @@ def pytest_configure(config):
 
 # ---- two processes (pytest-xdist: `make test` / `make test-all` pass `-n 2 --dist loadscope`) ----
 # Each test file runs whole in one worker, so that its module-scoped fixtures (the Kubeflow runs,
-# the trained models) are built once; the files that share the session-scoped `pipeline_run` (a
-# whole pipeline run on 375k rows) share a worker too. The groups are handed out longest first
+# the trained models) are built once; the files that share a session-scoped fixture built by a
+# whole run (`pipeline_run`: the pipeline on 375k rows; `chain`: the executors on a small CSV)
+# share a worker too, so that it is built once. The groups are handed out longest first
 # (the seconds below, from `pytest --durations` of a whole run on the 2-core machine; any other
 # file after them, in collection order), so that the two workers end together instead of one
 # starting the Kubeflow runs last. xdist's own `loadgroup` cannot do this with pytest 9 (it marks
 # a group by rewriting `item._nodeid`, which pytest 9 no longer reads), so the scheduler below
 # groups the node IDs itself.
-FILE_GROUPS = {"tests/test_export.py": "pipeline_run", "tests/test_pipeline_e2e.py": "pipeline_run"}
+SHARED_FIXTURES = ("pipeline_run", "chain")
+FILE_GROUPS = {
+    "tests/test_export.py": "pipeline_run", "tests/test_pipeline_e2e.py": "pipeline_run",
+    "tests/test_executors.py": "chain", "tests/test_continuous.py": "chain", "tests/test_validation_gate.py": "chain",
+}
 GROUP_SECONDS = {
     "tests/test_kubeflow.py": 790, "pipeline_run": 620, "tests/test_tpu_conformance.py": 615,
-    "tests/test_continuous.py": 400, "tests/test_trainer.py": 330, "tests/test_replicas.py": 195,
+    "chain": 560, "tests/test_trainer.py": 330, "tests/test_replicas.py": 195,
     "tests/test_early_stopping.py": 165, "tests/test_pipeline_failures.py": 155,
     "tests/test_feature_kinds.py": 130, "tests/test_example_gen_ranges.py": 90,
     "tests/test_tpu_smoke.py": 80, "tests/test_transformed_blocks.py": 75, "tests/test_public_data.py": 75,
-    "tests/test_validation_gate.py": 60, "tests/test_example_gen.py": 55,
+    "tests/test_example_gen.py": 55,
 }
 
 
@@ -148,8 +153,10 @@ def pytest_collection_modifyitems(config, items):
         reasons += [why for test, why in SLOW_TESTS.items() if item.nodeid.startswith(test) or path == test]
         if reasons:
             item.add_marker(pytest.mark.slow(reason="; ".join(reasons)))
-        if "pipeline_run" in getattr(item, "fixturenames", ()) and work_group(item.nodeid) != "pipeline_run":
-            raise pytest.UsageError(f"{path} uses pipeline_run: add it to FILE_GROUPS in tests/conftest.py")
+        for name in SHARED_FIXTURES:  # the session's fixture (a module may define its own of that name)
+            uses = name in getattr(item, "fixturenames", ()) and not hasattr(getattr(item, "module", None), name)
+            if uses and work_group(item.nodeid) != name:
+                raise pytest.UsageError(f"{path} uses the session's {name}: add it to FILE_GROUPS in tests/conftest.py")
     first = {}
     for i, item in enumerate(items):
         first.setdefault(work_group(item.nodeid), i)
