@@ -120,8 +120,8 @@ class _ParseCsvRange(beam.DoFn):
         parse = self._csv.ParseOptions(invalid_row_handler=lambda row: malformed.append(1) or "skip")
         data = b",".join(h.encode() for h in self._header) + b"\n" + block
         # open_csv(...).read_all(), not read_csv: pyarrow 10's read_csv scans the whole heap on Python
-        # 3.10 (gc.get_referrers, its workaround for bpo-42248), 40 ms a call in a worker with
-        # TensorFlow loaded; the streaming reader does not
+        # 3.10 (gc.get_referrers, its workaround for bpo-42248), a cost that grows with the heap (39 ms
+        # to 0.2 s a call in the test processes); the streaming reader does not
         table = self._csv.open_csv(
             io.BytesIO(data),
             read_options=self._csv.ReadOptions(use_threads=False),
