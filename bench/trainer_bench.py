@@ -3,8 +3,9 @@ input pipeline alone vs the training step.
 
     .venv/bin/python bench/trainer_bench.py [--rows 50000] [--steps 300] [--repeats 3]
 
-One process, one machine, the demo config (configs/demo.yaml) with `model: dlrm`, no dropout, no input dropout and no dense buckets
-(the baseline's architecture) on generated data preprocessed by our Beam code (in-process DirectRunner):
+One process, one machine, the demo config (configs/demo.yaml) with `model: dlrm`, no dropout, no
+input dropout, no dense buckets and no wide part (the baseline's architecture) on generated data
+preprocessed by our Beam code (in-process DirectRunner):
 - ours: `RankingModel` built from the embedding plan (tables through tensorflow-recommenders'
   TPUEmbedding, which on CPU is TPUEmbeddingForServing, or the TensorCore tables, per the plan),
   its own train_step with the embedding / dense optimizer split, fed as the trainer feeds it;

@@ -111,13 +111,14 @@ def pytest_configure(config):
 # starting the Kubeflow runs last. xdist's own `loadgroup` cannot do this with pytest 9 (it marks
 # a group by rewriting `item._nodeid`, which pytest 9 no longer reads), so the scheduler below
 # groups the node IDs itself.
-SHARED_FIXTURES = ("pipeline_run", "chain")
-FILE_GROUPS = {
+FILE_GROUPS = {  # file -> the session fixture its group shares (the group's name)
     "tests/test_export.py": "pipeline_run", "tests/test_pipeline_e2e.py": "pipeline_run",
     "tests/test_executors.py": "chain", "tests/test_continuous.py": "chain", "tests/test_validation_gate.py": "chain",
 }
+SHARED_FIXTURES = sorted(set(FILE_GROUPS.values()))
 GROUP_SECONDS = {
     "tests/test_kubeflow.py": 790, "pipeline_run": 620, "tests/test_tpu_conformance.py": 615,
+    # chain: test_continuous 400 + test_validation_gate 60 + test_executors about 100
     "chain": 560, "tests/test_trainer.py": 330, "tests/test_replicas.py": 195,
     "tests/test_early_stopping.py": 165, "tests/test_pipeline_failures.py": 155,
     "tests/test_feature_kinds.py": 130, "tests/test_example_gen_ranges.py": 90,
