@@ -146,6 +146,7 @@ def test_sequence_lookups_and_pooling():
     mean = SequencePooling("mean", "m")(tf.constant(expected), mask).numpy()
     np.testing.assert_allclose(mean[0], table.numpy()[[1, 2, 3]].mean(0), atol=1e-6)
     np.testing.assert_allclose(mean[2], 0.0)
+    tf.random.set_seed(5)  # the score network's initial weights: the same whatever ran before
     attention = SequencePooling("attention", "a")
     query = tf.constant(rng.normal(size=(4, 4)).astype(np.float32))
     pooled = attention(tf.constant(expected), mask, query=query).numpy()
@@ -155,6 +156,36 @@ def test_sequence_lookups_and_pooling():
     changed = expected.copy()
     changed[1, 1:] = 100.0  # padding positions of row 1: never attended
     np.testing.assert_allclose(attention(tf.constant(changed), mask, query=query).numpy()[1], pooled[1], atol=1e-6)
+
+
+def _attention_with_score(weights):
+    """SequencePooling("attention") whose score is exactly sum(weights * [query, key, q - k, q * k])
+    (identity-like hidden layer, relu on non-negative inputs): the expected weights by hand."""
+    from components.embedding_model.model import SequencePooling
+
+    dim = len(weights) // 4
+    layer = SequencePooling("attention", "a", hidden=1)
+    layer(tf.zeros([1, 1, dim]), tf.ones([1, 1]), query=tf.zeros([1, dim]))  # builds the score network
+    hidden, out = layer.score.layers
+    hidden.set_weights([np.array(weights, np.float32)[:, None], np.zeros([1], np.float32)])
+    out.set_weights([np.ones([1, 1], np.float32), np.zeros([1], np.float32)])
+    return layer
+
+
+def test_attention_weights_are_a_softmax_over_real_positions_only():
+    """Scores 1 and 2 on the two real positions and 1000 on the padding position: the output is
+    softmax([1, 2]) over the real keys (padding masked before the maximum is taken: a padding score
+    far above the real ones must not underflow every real weight to zero)."""
+    # score = key[0] (weight 1 on the key's first component); query zeros: q - k and q * k are
+    # -key and 0, and relu keeps the non-negative keys' scores as they are.
+    layer = _attention_with_score([0, 0, 1, 0, 0, 0, 0, 0])
+    keys = tf.constant([[[1.0, 10.0], [2.0, 20.0], [1000.0, 0.0]]])
+    mask = tf.constant([[1.0, 1.0, 0.0]])
+    got = layer(keys, mask, query=tf.zeros([1, 2])).numpy()
+    w = np.exp([1.0, 2.0]) / np.exp([1.0, 2.0]).sum()  # 0.2689, 0.7311
+    np.testing.assert_allclose(got, [[w[0] * 1 + w[1] * 2, w[0] * 10 + w[1] * 20]], rtol=1e-6)
+    empty = layer(keys, tf.zeros([1, 3]), query=tf.zeros([1, 2])).numpy()
+    np.testing.assert_array_equal(empty, 0.0)  # no real position: zeros, not NaN
 
 
 def test_sequence_lengths_from_the_host_mask_like_the_ids():

@@ -221,8 +221,13 @@ class SequencePooling(tf.keras.layers.Layer):
             return tf.math.divide_no_nan(tf.reduce_sum(keys * mask[..., None], 1), tf.reduce_sum(mask, 1, keepdims=True))
         q = tf.broadcast_to(query[:, None, :], tf.shape(keys))
         scores = tf.squeeze(self.score(tf.concat([q, keys, q - keys, q * keys], -1)), -1)
-        scores = scores - tf.stop_gradient(tf.reduce_max(scores, 1, keepdims=True))  # numerically safe exp
-        e = tf.exp(scores) * mask
+        # Numerically safe exp: subtract the maximum over the row's real positions only. A padding
+        # position scoring far above them must not drive every real weight to exp(-large) = 0.
+        valid = mask > 0
+        masked = tf.where(valid, scores, tf.fill(tf.shape(scores), scores.dtype.min))
+        top = tf.stop_gradient(tf.reduce_max(masked, 1, keepdims=True))
+        top = tf.where(tf.reduce_any(valid, 1, keepdims=True), top, tf.zeros_like(top))  # an empty row
+        e = tf.exp(tf.where(valid, scores - top, tf.fill(tf.shape(scores), scores.dtype.min))) * mask
         attention = tf.math.divide_no_nan(e, tf.reduce_sum(e, 1, keepdims=True))  # an empty row: zeros
         return tf.reduce_sum(attention[..., None] * keys, 1)
 
