@@ -22,16 +22,20 @@ demo: venv
 continuous: venv
 	$(PY) -m pipelines continuous --config configs/demo.yaml --output-dir output/continuous --data-dir data/continuous
 
-# Tiers: tests/conftest.py says which tests are slow and why. Two worker processes (pytest-xdist),
-# each test file whole in one of them (tests/conftest.py: the groups, longest first);
-# TEST_WORKERS=0 runs everything in this process.
+# Tiers: a test marked @pytest.mark.slow(reason=...) runs only in test-all (tests/conftest.py says
+# the rule). Two worker processes (pytest-xdist's loadgroup: tests sharing an expensive fixture
+# share a worker; tests/conftest.py derives the groups); TEST_WORKERS=0 runs everything in this
+# process. PYTEST_ARGS adds options, e.g. PYTEST_ARGS=--random-order for a shuffled order.
+# Both print the 15 slowest tests.
 TEST_WORKERS ?= 2
-XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
+PYTEST_ARGS ?=
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
+PYTEST := $(PY) -m pytest -q --durations=15 $(XDIST) $(PYTEST_ARGS)
 test: venv
-	$(PY) -m pytest -q $(XDIST) -m "not slow" tests
+	$(PYTEST) -m "not slow" tests
 
 test-all: venv
-	$(PY) -m pytest -q $(XDIST) tests
+	$(PYTEST) tests
 
 # Re-resolve the lock (only when changing requirements.in; commit the result).
 lock: venv

@@ -19,7 +19,7 @@ Checks (those marked TPU are skipped by --dry-run, which says so):
    with clipvalue is refused there.
 3. embedding_rule (TPU): one embedding step on the TPU (Adagrad, the trainer's TPU optimizer; with
    clipvalue on V1, without on SparseCore, which cannot clip) against TensorFlow's documented
-   update rule (tests/test_optimizer_rules.py's reference, the one the CPU path is held to, sized
+   update rule (tests/optimizer_reference.py, the reference the CPU path is held to in tests/test_optimizer_rules.py, sized
    for this table): max |difference| of the table after the step, the table read from a checkpoint
    saved at the model's path (model/embedding_layer/_tpu_embedding) by the exporter's reader
    (layouts.CheckpointTables: layout A on V1, B on SparseCore, recomputed from a plan).
@@ -43,7 +43,6 @@ Checks (those marked TPU are skipped by --dry-run, which says so):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -159,21 +158,6 @@ def sparsecore_optimizer(args, root, sparse_core: bool):
     return detail + f"; the config's embedding optimizer ({spec_text(spec)}) accepted"
 
 
-
-@contextlib.contextmanager
-def _reference_sized(rows: int, dim: int):
-    """tests/test_optimizer_rules.py's reference, whose table size is its module's ROWS x DIM
-    (12 x 4), sized for this table while in use."""
-    from tests import test_optimizer_rules as R
-
-    saved = R.ROWS, R.DIM
-    R.ROWS, R.DIM = rows, dim
-    try:
-        yield R
-    finally:
-        R.ROWS, R.DIM = saved
-
-
 def rule_reference(spec, tpu_opt, init: np.ndarray, ids: np.ndarray, g: float) -> np.ndarray:
     """The table after one step of the TPU embedding engine's documented rule (float64): the
     parameters the TPU is sent (the optimizer's OptimizationParameters proto), d loss / d
@@ -185,8 +169,9 @@ def rule_reference(spec, tpu_opt, init: np.ndarray, ids: np.ndarray, g: float) -
     slots = {"accumulators": np.full((rows, dim), float(spec["initial_accumulator_value"]))}
     lr = tpu_opt.learning_rate
     lr = float(lr() if callable(lr) else lr)
-    with _reference_sized(rows, dim) as R:
-        R._tpu_reference_step(R._proto(tpu_opt), lr, w, slots, ids, np.full((len(ids), dim), g, np.float32))  # pylint: disable=protected-access
+    from tests.optimizer_reference import optimization_parameters, tpu_reference_step
+
+    tpu_reference_step(optimization_parameters(tpu_opt), lr, w, slots, ids, np.full((len(ids), dim), g, np.float32))
     return w
 
 

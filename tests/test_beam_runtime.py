@@ -62,12 +62,13 @@ def test_refuses_options_that_reopen_the_race():
         beam_runtime.ensure_local_runner_safe(["--experiments=data_buffer_time_limit_ms=5"])
 
 
+@pytest.mark.slow(reason="ExampleGen over 30,000 rows under a 1 ms flush")
 def test_example_gen_reads_every_row_under_a_forced_short_flush(tmp_path):
     """A run with the runner's flush interval forced to 1 ms (the race made likely) and parallel
     multi-threaded workers: the executor applies the workaround and every row is read and written."""
     from apache_beam.runners.portability.fn_api_runner import worker_handlers
 
-    from tests.test_example_gen import _cfg, run_example_gen
+    from tests.stages import example_gen_config as _cfg, run_example_gen
 
     rows = 30_000
     d = tmp_path / "in"

@@ -17,6 +17,7 @@ from components.embedding_trainer import plan as P
 from components.embedding_trainer import warm_start as W
 from components.embedding_model.input import make_dataset
 from components.embedding_trainer.trainer_module import build_model
+from tests.stages import demo_raw_config, with_few_features
 
 
 def entry(kind="counted", size=4, oov=1, **kw):
@@ -120,6 +121,7 @@ def _rows_by_token(manifest, table):
     return {t: i for i, t in enumerate(W.table_tokens(manifest, table))}
 
 
+@pytest.mark.slow(reason="reads the executors' chain (a Trainer run) and builds its warm start")
 @pytest.mark.parametrize("table", ["C1", "shared_c3_c4", "C2"])
 def test_warm_start_carries_rows_and_slots_by_token(warm, table):
     prev, manifest, plan, fresh, out, report = warm
@@ -146,6 +148,7 @@ def test_warm_start_carries_rows_and_slots_by_token(warm, table):
     assert r["slots_fresh"] == [] and len(r["slots_carried"]) == len(slot_keys)
 
 
+@pytest.mark.slow(reason="reads the executors' chain and its warm start")
 def test_warm_start_carries_the_dense_network_and_leaves_optimizer_counters_fresh(warm):
     prev, _, _, fresh, out, report = warm
     old = tf.train.load_checkpoint(prev.checkpoint)
@@ -158,6 +161,7 @@ def test_warm_start_carries_the_dense_network_and_leaves_optimizer_counters_fres
     assert int(old.get_tensor("model/dense_optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE")) > 0
 
 
+@pytest.mark.slow(reason="reads the executors' chain and its warm start")
 def test_carry_slots_false_carries_weights_and_leaves_every_slot_fresh(warm, chain):
     cfg, _, _ = chain
     prev, manifest, plan, fresh, carried, _ = warm
@@ -177,6 +181,7 @@ def test_carry_slots_false_carries_weights_and_leaves_every_slot_fresh(warm, cha
     assert all(t.get("slots_carried") == [] for t in report["tables"].values())
 
 
+@pytest.mark.slow(reason="reads the executors' chain and its warm start")
 def test_warm_start_checkpoint_restores_into_a_new_training_model(warm, chain):
     """The checkpoint is this run's model's own: a fresh training model (slots created as its
     first step would) consumes every value, and its tables hold the carried rows."""
@@ -195,6 +200,7 @@ def test_warm_start_checkpoint_restores_into_a_new_training_model(warm, chain):
 # ---- drift -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow(reason="reads the executors' chain and its warm start")
 def test_drift_figures_and_the_limits_that_stop_a_run(warm, chain):
     cfg, _, _ = chain
     prev, manifest, _, _, _, _ = warm
@@ -258,6 +264,7 @@ def test_span_input_paths(tmp_path):
 # ---- the three-span demo, end to end (slow tier) -----------------------------------------------------
 
 
+@pytest.mark.slow(reason="four local pipeline runs")
 def test_three_daily_spans_warm_start_gate_and_a_drift_stop(tmp_path):
     """`python -m pipelines continuous` on small spans: span 1 from scratch, spans 2-3 warm-started
     from the last blessed model with drift measured and the gate comparing with it; then a fourth
@@ -273,6 +280,9 @@ def test_three_daily_spans_warm_start_gate_and_a_drift_stop(tmp_path):
         # 120 steps make no model worth holding to the baseline; the regression check stays on.
         "validation": {"baseline_margin": 0.1, "regression_margin": 0.05},
     }
+    # Warm start, drift and the gate across days are under test, not the model: a few features of each kind.
+    few = with_few_features(demo_raw_config())
+    small.update(categorical_features=few["categorical_features"], dense_features=few["dense_features"])
     cfg = span_config(os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "demo.yaml"), data, out, small)
     # Day 4's span (its IDs jumped: a broken upstream job) is there from the start: each day's run
     # reads its own span all the same (pinned), and the last run below, unpinned, reads the latest.
@@ -310,6 +320,7 @@ def test_three_daily_spans_warm_start_gate_and_a_drift_stop(tmp_path):
     assert sorted(os.listdir(os.path.join(out, "serving"))) == pushed_before
 
 
+@pytest.mark.slow(reason="reads the executors' chain and its warm start")
 def test_drift_without_the_previous_vocabulary_says_which_tables_are_unknown(warm, tmp_path):
     prev, manifest, _, _, _, _ = warm
     gone = dataclasses.replace(prev, manifest=dataclasses.replace(prev.manifest, vocabulary_dir=str(tmp_path / "gone")))

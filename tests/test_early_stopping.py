@@ -4,7 +4,6 @@ kept and training stops after `patience` evaluations without improvement; a kill
 with the same record; and the eval split is never read while training."""
 import json
 import os
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,7 +15,13 @@ from components.config import ConfigError, parse_config
 from components.embedding_model import input as I
 from components.embedding_trainer import selection as SEL
 from components.embedding_trainer import trainer_module as tm
-from tests.test_trainer import _config, _fn_args, _raw_config, data  # noqa: F401  (the module's fixture)
+from tests.stages import fn_args as _fn_args, trainer_config as _config
+
+
+@pytest.fixture
+def data(trainer_data):
+    """The session's preprocessed small data (tests/conftest.py); read-only."""
+    return trainer_data
 
 
 def _records(pattern):
@@ -70,7 +75,7 @@ def test_a_records_key_is_its_content_not_its_map_order():
     assert I.record_keys(tf.constant([tf.train.Example().SerializeToString()] * 2)).numpy().tolist() == [0, 0]
 
 
-def test_training_and_holdout_batches_split_the_transformed_rows(data):  # noqa: F811
+def test_training_and_holdout_batches_split_the_transformed_rows(data):
     """On real transformed blocks: the part trained on and the slice hold every row once."""
     pattern = [str(data / "tx" / "Split-train" / "*")]
     manifest = tm.read_manifest_for(pattern)
@@ -191,7 +196,8 @@ def test_a_slice_of_one_label_cannot_choose(tmp_path, monkeypatch):
     assert "one label" in sel.record["note"] and not sel.due(20) and sel.best_checkpoint() is None
 
 
-def test_training_never_reads_the_eval_split_and_keeps_the_best_checkpoint(data, monkeypatch):  # noqa: F811
+@pytest.mark.slow(reason="a 60-step Trainer run with the held-out selection")
+def test_training_never_reads_the_eval_split_and_keeps_the_best_checkpoint(data, monkeypatch):
     """The whole run_fn with early stopping: every dataset the training, the selection and the
     baseline open is recorded; none may name the eval split before training has ended."""
     opened = []
@@ -209,7 +215,7 @@ def test_training_never_reads_the_eval_split_and_keeps_the_best_checkpoint(data,
     monkeypatch.setattr(tm, "finish", lambda *a, **k: (training_done.append(True), real_finish(*a, **k))[1])
     cfg = _config(data, train_steps=60, checkpoint_every_steps=10,
                   early_stopping={"evaluations": 6, "patience": 2, "holdout_fraction": 0.2})
-    fn_args = _fn_args(data, cfg, 7)
+    fn_args = _fn_args(data, cfg, "selection")
     tm.run_fn(fn_args)
     assert opened and all("Split-eval" not in p for ps in opened for p in ps), opened
     model_uri = os.path.dirname(fn_args.serving_model_dir)
@@ -224,7 +230,7 @@ def test_training_never_reads_the_eval_split_and_keeps_the_best_checkpoint(data,
     assert run["final_step"] == (sel["stopped_at"] or 60)
 
 
-def test_a_stream_the_slice_empties_is_left_out_of_the_endless_training_input(data):  # noqa: F811
+def test_a_stream_the_slice_empties_is_left_out_of_the_endless_training_input(data):
     """The tail files hold one short block per preprocessing batch; on small data the held-out
     slice can take all of them. The training input must then draw from the whole blocks only,
     not end when it first draws the empty tail stream (as it did on a 58k-row public dataset)."""
@@ -248,7 +254,8 @@ class _Killed(Exception):
     pass
 
 
-def test_a_killed_two_replica_run_resumes_with_the_same_selection(data, tmp_path, monkeypatch):  # noqa: F811
+@pytest.mark.slow(reason="three 60-step trainings on two replicas")
+def test_a_killed_two_replica_run_resumes_with_the_same_selection(data, tmp_path, monkeypatch):
     """Two replicas (MirroredStrategy on logical CPUs), early stopping on: a run killed right after
     its evaluation at step 30 and started again carries on with the same record, evaluates each
     checkpoint once, and ends with the evaluations and the best step of an uninterrupted run."""

@@ -15,67 +15,7 @@ from components.config import parse_config
 from components.errors import InputError, LedgerError
 from components.row_counts import count_csv_records, count_tfrecords
 
-BASE = {
-    "input": {"path": "unused.csv"},
-    "label": "label",
-    "dense_features": [{"name": "I1"}, {"name": "I2", "fill_value": -1.0}],
-    "categorical_features": [{"name": "C1"}, {"name": "C2", "separator": "|"}],
-    "beam": {"direct_running_mode": "in_memory"},
-}
-
-
-def _cfg(**over):
-    raw = json.loads(json.dumps(BASE))
-    raw.update(over)
-    return parse_config(raw)
-
-
-def run_example_gen(cfg, input_dir, out_dir, pattern="*", buckets=(4, 1)):
-    from tfx.proto import example_gen_pb2
-    from tfx.types import artifact_utils, standard_artifacts
-    from tfx.utils import proto_utils
-
-    from components.example_gen import executor as ex
-
-    examples = standard_artifacts.Examples()
-    examples.uri = str(out_dir)
-    splits = [("train", buckets[0]), ("eval", buckets[1])]
-    props = {
-        "input_base": str(input_dir),
-        "input_config": proto_utils.proto_to_json(
-            example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern=pattern)])
-        ),
-        "output_config": proto_utils.proto_to_json(
-            example_gen_pb2.Output(split_config=example_gen_pb2.SplitConfig(splits=[
-                example_gen_pb2.SplitConfig.Split(name=n, hash_buckets=b) for n, b in splits
-            ]))
-        ),
-        "output_data_format": example_gen_pb2.FORMAT_PARQUET,
-        "output_file_format": example_gen_pb2.FILE_FORMAT_PARQUET,
-        ex.CONFIG_KEY: cfg.to_json(),
-    }
-    executor = ex.Executor(ex.Executor.Context(beam_pipeline_args=cfg.beam_pipeline_args(), tmp_dir=str(out_dir) + "_tmp"))
-    err = None
-    try:
-        executor.Do({}, {"examples": [examples]}, props)
-    except LedgerError as e:
-        err = e
-    led = json.load(open(os.path.join(out_dir, L.LEDGER_FILE))) if os.path.exists(os.path.join(out_dir, L.LEDGER_FILE)) else None
-    records = []
-    for s in artifact_utils.decode_split_names(examples.split_names) if err is None else []:
-        records += split_rows(artifact_utils.get_split_uri([examples], s))
-    return led, records, err
-
-
-def split_rows(split_dir):
-    """The rows of one split's Parquet files, as dicts of lists (a null list read as [])."""
-    import pyarrow.parquet as pq
-
-    rows = []
-    for f in sorted(tf.io.gfile.glob(os.path.join(split_dir, "*"))):
-        assert f.endswith(".parquet"), f
-        rows += [{k: (v if v is not None else []) for k, v in r.items()} for r in pq.read_table(f).to_pylist()]
-    return rows
+from tests.stages import BASE, example_gen_config as _cfg, run_example_gen, split_rows  # noqa: F401
 
 
 def _rows(records):
@@ -277,6 +217,7 @@ def _split_members(tmp_path, tag, **beam_and_input):
     return {s: sorted(json.dumps(r, sort_keys=True, default=str) for r in split_rows(str(out / f"Split-{s}"))) for s in ("train", "eval")}, led
 
 
+@pytest.mark.slow(reason="ExampleGen in one and in two Beam worker processes")
 def test_split_membership_same_with_one_or_two_workers_and_any_range_size(tmp_path):
     """The split is a hash of each row's content: the same rows land in train and eval whether one
     process reads the file as one range or two worker processes read it in many small ranges."""

@@ -7,154 +7,23 @@ import json
 import os
 
 import pytest
-import yaml
 
 import components  # noqa: F401
 
-from tfx.components.trainer import executor as trainer_executor
-from tfx.dsl.components.base import base_beam_executor
-from tfx.proto import example_gen_pb2, trainer_pb2
-from tfx.types import artifact_utils, standard_artifacts, standard_component_specs as specs
-from tfx.utils import io_utils, proto_utils
+from tfx.types import artifact_utils, standard_artifacts
+from tfx.utils import io_utils
 
 from components import ledger as L
 from components.artifact_types import EmbeddingStatistics, EmbeddingVocabulary
-from components.config import parse_config
 from components.errors import LedgerError
 from components.embedding_exporter import executor as export_executor
 from components.embedding_preprocess import executor as preprocess_executor
-from components.embedding_trainer.trainer_module import CONFIG_KEY as TRAINER_CONFIG_KEY
-from components.model_registry import executor as registry_executor
 from components.model_registry import registry as R
-from components.example_gen import executor as example_gen_executor
-from components.synthetic_data import GeneratorSpec, write_csv
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ROWS = 2500
-RUN_FN = "components.embedding_trainer.trainer_module.run_fn"  # what pipelines/pipeline.py wires
-BEAM_ARGS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
+from tests.stages import BEAM_ARGS, ROWS, artifact as _artifact, beam_context as _beam_context, look_up, push
 
 
-def _artifact(cls, uri, split_names=None):
-    a = cls()
-    a.uri = str(uri)
-    os.makedirs(a.uri, exist_ok=True)
-    if split_names is not None:
-        a.split_names = artifact_utils.encode_split_names(split_names)
-    return a
-
-
-def _config(csv_path):
-    with open(os.path.join(REPO, "configs", "demo.yaml")) as fh:
-        raw = yaml.safe_load(fh)
-    raw["input"]["path"] = str(csv_path)
-    raw["training"].update({"batch_size": 64, "train_steps": 30, "eval_steps": 5, "checkpoint_every_steps": 15})
-    # A small export: the same conversion and parity check, fewer examples scored, no int8/float16 variants.
-    raw["export"].update(compare_compression=False, auc_sample_size=500, parity_sample_size=128)
-    # The baseline is fitted (the Trainer's Do is tested with it); a 30-step model is not held to it.
-    raw["validation"] = {"baseline_margin": None}
-    return parse_config(raw)
-
-
-def _beam_context():
-    return base_beam_executor.BaseBeamExecutor.Context(beam_pipeline_args=BEAM_ARGS)
-
-
-def make_chain(tmp_path_factory):
-    """The four executors run in order on hand-built artifacts: (config, {name: artifact}, root);
-    the session's `chain` fixture (tests/conftest.py), shared with tests/test_validation_gate.py."""
-    root = tmp_path_factory.mktemp("executors")
-    data = root / "input"
-    data.mkdir()
-    small = [min(c, 2000) for c in GeneratorSpec().cardinalities]
-    write_csv(GeneratorSpec(rows=ROWS, seed=5, cardinalities=small), str(data / "data.csv"))
-    cfg = _config(data / "data.csv")
-    return cfg, run_chain(root, cfg, data), root
-
-
-def run_chain(root, cfg, data):
-    """ExampleGen (on the CSV files in `data`) -> Preprocess -> Trainer -> Exporter under `root`;
-    returns {name: artifact}."""
-    a = {}
-    a["last_blessed"] = look_up(root / "LastBlessedModel" / "model", root / "serving")  # nothing pushed yet
-
-    a["examples"] = _artifact(standard_artifacts.Examples, root / "ExampleGen")
-    input_config = example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern="data.csv")])
-    output_config = example_gen_pb2.Output(split_config=example_gen_pb2.SplitConfig(splits=[
-        example_gen_pb2.SplitConfig.Split(name="train", hash_buckets=cfg.input.train_buckets),
-        example_gen_pb2.SplitConfig.Split(name="eval", hash_buckets=cfg.input.eval_buckets),
-    ]))
-    example_gen_executor.Executor(_beam_context()).Do({}, {specs.EXAMPLES_KEY: [a["examples"]]}, {
-        specs.INPUT_BASE_KEY: str(data),
-        specs.INPUT_CONFIG_KEY: proto_utils.proto_to_json(input_config),
-        specs.OUTPUT_CONFIG_KEY: proto_utils.proto_to_json(output_config),
-        specs.OUTPUT_DATA_FORMAT_KEY: example_gen_pb2.FORMAT_PARQUET,
-        specs.OUTPUT_FILE_FORMAT_KEY: example_gen_pb2.FILE_FORMAT_PARQUET,
-        example_gen_executor.CONFIG_KEY: cfg.to_json(),
-    })
-
-    a["transformed"] = _artifact(standard_artifacts.Examples, root / "Preprocess" / "transformed")
-    a["vocabulary"] = _artifact(EmbeddingVocabulary, root / "Preprocess" / "vocabulary")
-    a["statistics"] = _artifact(EmbeddingStatistics, root / "Preprocess" / "statistics")
-    preprocess_executor.Executor(_beam_context()).Do(
-        {preprocess_executor.EXAMPLES_KEY: [a["examples"]]},
-        {
-            preprocess_executor.TRANSFORMED_EXAMPLES_KEY: [a["transformed"]],
-            preprocess_executor.VOCABULARY_KEY: [a["vocabulary"]],
-            preprocess_executor.STATISTICS_KEY: [a["statistics"]],
-        },
-        {preprocess_executor.CONFIG_KEY: cfg.to_json()},
-    )
-
-    a["model"] = _artifact(standard_artifacts.Model, root / "Trainer" / "model")
-    a["model_run"] = _artifact(standard_artifacts.ModelRun, root / "Trainer" / "model_run")
-    trainer_executor.GenericExecutor().Do(
-        {specs.EXAMPLES_KEY: [a["transformed"]], specs.BASE_MODEL_KEY: [a["last_blessed"]]},
-        {specs.MODEL_KEY: [a["model"]], specs.MODEL_RUN_KEY: [a["model_run"]]},
-        {
-            specs.RUN_FN_KEY: RUN_FN,
-            specs.TRAIN_ARGS_KEY: proto_utils.proto_to_json(trainer_pb2.TrainArgs(num_steps=cfg.training.train_steps)),
-            specs.EVAL_ARGS_KEY: proto_utils.proto_to_json(trainer_pb2.EvalArgs(num_steps=cfg.training.eval_steps)),
-            specs.CUSTOM_CONFIG_KEY: json.dumps({TRAINER_CONFIG_KEY: cfg.to_json()}),
-        },
-    )
-
-    a["serving"] = _artifact(standard_artifacts.Model, root / "Exporter" / "serving_model")
-    a["blessing"] = _artifact(standard_artifacts.ModelBlessing, root / "Exporter" / "blessing")
-    export_executor.Executor().Do(
-        {export_executor.MODEL_KEY: [a["model"]], export_executor.EXAMPLES_KEY: [a["examples"]],
-         export_executor.LAST_MODEL_KEY: [a["last_blessed"]]},
-        {export_executor.SERVING_MODEL_KEY: [a["serving"]], export_executor.BLESSING_KEY: [a["blessing"]]},
-        {export_executor.CONFIG_KEY: cfg.to_json()},
-    )
-
-    a["pushed"] = push(a["serving"], a["blessing"], root / "Pusher" / "pushed_model", root / "serving", cfg.name)
-    return a
-
-
-def look_up(uri, serving_dir):
-    """LastBlessedModel's executor: the registry at `serving_dir` read into a Model artifact at `uri`."""
-    out = _artifact(standard_artifacts.Model, uri)
-    registry_executor.LookupExecutor().Do({}, {registry_executor.MODEL_KEY: [out]},
-                                          {registry_executor.SERVING_DIR_KEY: str(serving_dir)})
-    return out
-
-
-def push(serving, blessing, uri, serving_dir, pipeline_name, run_id=None):
-    """The registering Pusher's executor (TFX's Pusher keys) on the exporter's outputs."""
-    from tfx.proto import pusher_pb2
-
-    pushed = _artifact(standard_artifacts.PushedModel, uri)
-    registry_executor.RegistryPusherExecutor().Do(
-        {specs.MODEL_KEY: [serving], specs.MODEL_BLESSING_KEY: [blessing]},
-        {specs.PUSHED_MODEL_KEY: [pushed]},
-        {specs.PUSH_DESTINATION_KEY: proto_utils.proto_to_json(pusher_pb2.PushDestination(
-            filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=str(serving_dir)))),
-         registry_executor.PIPELINE_NAME_KEY: pipeline_name, registry_executor.RUN_ID_KEY: run_id},
-    )
-    return pushed
-
-
+@pytest.mark.slow(reason="reads the executors' chain (every executor's Do() on 2,500 rows)")
 def test_example_gen_do_writes_splits_and_a_balanced_ledger(chain):
     _, a, _ = chain
     examples = a["examples"]
@@ -168,6 +37,7 @@ def test_example_gen_do_writes_splits_and_a_balanced_ledger(chain):
     assert 0 < evals < train
 
 
+@pytest.mark.slow(reason="reads the executors' chain (every executor's Do() on 2,500 rows)")
 def test_example_gen_output_is_read_by_tfx_own_tfxio(chain):
     """A standard Examples artifact: TFX's tfxio_utils (StatisticsGen, SchemaGen, Transform) reads
     the Parquet payload with tfx_bsl's ParquetTFXIO, every row and every column."""
@@ -186,6 +56,7 @@ def test_example_gen_output_is_read_by_tfx_own_tfxio(chain):
         assert_that(rows, equal_to([examples.get_int_custom_property("eval_rows")]))
 
 
+@pytest.mark.slow(reason="reads the executors' chain (every executor's Do() on 2,500 rows)")
 def test_preprocess_do_writes_vocabularies_statistics_and_counts(chain):
     cfg, a, _ = chain
     examples, transformed = a["examples"], a["transformed"]
@@ -198,12 +69,14 @@ def test_preprocess_do_writes_vocabularies_statistics_and_counts(chain):
     assert os.listdir(a["statistics"].uri)
 
 
+@pytest.mark.slow(reason="reads the executors' chain (every executor's Do() on 2,500 rows)")
 def test_trainer_do_with_run_fn_writes_the_model_artifact(chain):
     _, a, _ = chain
     serving_dir = os.path.join(a["model"].uri, "Format-Serving")
     assert os.path.exists(os.path.join(serving_dir, "saved_model.pb"))
 
 
+@pytest.mark.slow(reason="reads the executors' chain (every executor's Do() on 2,500 rows)")
 def test_exporter_do_blesses_a_verified_serving_model(chain):
     _, a, _ = chain
     serving, blessing = a["serving"], a["blessing"]
@@ -226,6 +99,7 @@ def test_exporter_do_blesses_a_verified_serving_model(chain):
     assert os.path.exists(os.path.join(blessing.uri, "BLESSED"))
 
 
+@pytest.mark.slow(reason="reads the executors' chain (every executor's Do() on 2,500 rows)")
 def test_preprocess_do_refuses_examples_without_an_eval_split(chain, tmp_path):
     cfg, a, _ = chain
     only_train = _artifact(standard_artifacts.Examples, a["examples"].uri, split_names=["train"])
@@ -241,6 +115,7 @@ def test_preprocess_do_refuses_examples_without_an_eval_split(chain, tmp_path):
     assert not any(os.listdir(tmp_path / d) for d in ("t", "v", "s"))
 
 
+@pytest.mark.slow(reason="reads the executors' chain (every executor's Do() on 2,500 rows)")
 def test_exporter_do_refuses_examples_whose_ledger_does_not_balance(chain, tmp_path):
     cfg, a, _ = chain
     examples = _artifact(standard_artifacts.Examples, tmp_path / "examples", split_names=["train", "eval"])
@@ -259,6 +134,7 @@ def test_exporter_do_refuses_examples_whose_ledger_does_not_balance(chain, tmp_p
     assert not os.listdir(serving.uri) and not os.listdir(blessing.uri)
 
 
+@pytest.mark.slow(reason="reads the executors' chain (every executor's Do() on 2,500 rows)")
 def test_lookup_do_on_an_empty_destination_finds_nothing_and_the_trainer_starts_fresh(chain):
     _, a, _ = chain
     assert a["last_blessed"].get_int_custom_property("found") == 0
@@ -267,6 +143,7 @@ def test_lookup_do_on_an_empty_destination_finds_nothing_and_the_trainer_starts_
     assert "no model pushed to" in continuous["note"] and "trained from scratch" in continuous["note"]
 
 
+@pytest.mark.slow(reason="reads the executors' chain (every executor's Do() on 2,500 rows)")
 def test_pusher_do_pushes_and_registers_the_blessed_model(chain):
     cfg, a, root = chain
     pushed = a["pushed"]
@@ -288,6 +165,7 @@ def test_pusher_do_pushes_and_registers_the_blessed_model(chain):
     assert [g["name"] for g in entry["gate"]] == ["last_blessed"] and entry["gate"][0]["skipped"]
 
 
+@pytest.mark.slow(reason="reads the executors' chain (every executor's Do() on 2,500 rows)")
 def test_next_run_finds_the_pushed_model_and_warm_starts_from_it(chain, tmp_path):
     """What a second run's LastBlessedModel hands the Trainer and the exporter."""
     from components.embedding_trainer.trainer_module import continuous_start, read_manifest_for, read_statistics_for
@@ -306,6 +184,7 @@ def test_next_run_finds_the_pushed_model_and_warm_starts_from_it(chain, tmp_path
     assert start["registry"]["served_model"] == destination and start["drift"]["tables"]
 
 
+@pytest.mark.slow(reason="reads the executors' chain (every executor's Do() on 2,500 rows)")
 def test_pusher_do_withholds_a_model_that_is_not_blessed(chain, tmp_path):
     _, a, root = chain
     blessing = _artifact(standard_artifacts.ModelBlessing, tmp_path / "blessing")
@@ -316,6 +195,7 @@ def test_pusher_do_withholds_a_model_that_is_not_blessed(chain, tmp_path):
     assert sorted(os.listdir(root / "serving")) == before
 
 
+@pytest.mark.slow(reason="reads the executors' chain (every executor's Do() on 2,500 rows)")
 def test_pusher_do_refuses_when_the_served_model_changed_since_the_gate(chain, tmp_path):
     """The chain's model was gated when nothing was served; its own push made a model served since.
     Pushing it again would replace a model its gate never compared with: refused, nothing pushed."""
@@ -327,6 +207,7 @@ def test_pusher_do_refuses_when_the_served_model_changed_since_the_gate(chain, t
     assert (sorted(os.listdir(root / "serving")), R.entry_versions(str(root / "serving"))) == before
 
 
+@pytest.mark.slow(reason="reads the executors' chain (every executor's Do() on 2,500 rows)")
 def test_a_served_version_whose_trainer_model_is_incomplete_trains_from_scratch(chain, tmp_path):
     """Its Trainer model directory is there but holds no checkpoint (cleaned up in part): the gate
     still has the served model to compare with; the Trainer starts fresh and says why."""
@@ -344,6 +225,7 @@ def test_a_served_version_whose_trainer_model_is_incomplete_trains_from_scratch(
     assert found.warm_start_model in start["note"] and "trained from scratch" in start["note"]
 
 
+@pytest.mark.slow(reason="reads the executors' chain (every executor's Do() on 2,500 rows)")
 def test_preprocessing_reads_parquet_and_tf_examples_alike(chain, tmp_path):
     """The columnar hand-off changes nothing downstream: the same rows given as TFRecords of
     tf.Examples (what TFX's own ExampleGens write) give byte-identical vocabularies and the same

@@ -1,7 +1,8 @@
-"""Exporter on the demo pipeline's trained model: every checkpoint layout gives the same, verified
-serving model; compression; the tables on their own; refusals; the standalone CLI.
+"""Exporter on the executors' chain's trained model (2,500 rows, tables on both placements): every
+checkpoint layout gives the same, verified serving model; compression; the tables on their own;
+refusals; the standalone CLI.
 
-The layout-B and -C checkpoints are the pipeline's own checkpoint rewritten key by key: its tables
+The layout-B and -C checkpoints are the Trainer's own checkpoint rewritten key by key: its tables
 re-laid out as SparseCore stacks (TensorFlow's stacking function and row placement, with and
 without the `_sparse_core_table_layouts` record) or as div/mod host partitions, every dense weight
 copied unchanged. The exporter must recover each table bit for bit and pass the parity check.
@@ -25,15 +26,14 @@ from components.embedding_exporter import tables as T
 from components.embedding_exporter.export import REPORT_FILE, SERVING_DIR, ExportRefused, export_serving_model
 
 
-def _paths(out):
-    root = out / "pipeline_root"
-    model = glob.glob(str(root / "Trainer" / "model" / "*"))[0]
-    eval_pattern = glob.glob(str(root / "EmbeddingExampleGen" / "examples" / "*" / "Split-eval"))[0] + "/*"
-    return model, eval_pattern
+def _trained(chain):
+    """(config, the Trainer's Model artifact, ExampleGen's raw eval split) of the executors' chain."""
+    cfg, a, _ = chain
+    return cfg, a["model"].uri, os.path.join(a["examples"].uri, "Split-eval", "*")
 
 
 def _fast(cfg, **export):
-    """The pipeline config with a cheaper export (no compression comparison, 2000 AUC examples)."""
+    """The config with a cheaper export (no compression comparison, 2000 AUC examples)."""
     import copy
 
     c = copy.deepcopy(cfg)
@@ -114,17 +114,16 @@ def _relayout(model_uri, dst, kind, replicas=2, per_chip=4, record=True, strateg
 
 
 @pytest.fixture(scope="module")
-def layout_a_export(pipeline_run, tmp_path_factory):
-    cfg, out, _, _ = pipeline_run
-    model, eval_pattern = _paths(out)
+def layout_a_export(chain, tmp_path_factory):
+    cfg, model, eval_pattern = _trained(chain)
     dst = tmp_path_factory.mktemp("export_a")
     report = export_serving_model(_fast(cfg), model, eval_pattern, str(dst))
     return dst, report
 
 
-def test_layout_a_export_report_and_table_files(pipeline_run, layout_a_export):
-    cfg, out, _, _ = pipeline_run
-    model, _ = _paths(out)
+@pytest.mark.slow(reason="exports the executors' chain's model with parity")
+def test_layout_a_export_report_and_table_files(chain, layout_a_export):
+    cfg, model, _ = _trained(chain)
     dst, report = layout_a_export
     assert report["layout"]["kinds"] == ["A"]
     plan = json.load(open(os.path.join(model, "embedding_plan.json")))
@@ -159,9 +158,9 @@ def test_layout_a_export_report_and_table_files(pipeline_run, layout_a_export):
     ],
     ids=["B-record", "B-recomputed", "C-mod-parts", "C-div-sliced"],
 )
-def test_every_layout_exports_the_same_verified_model(pipeline_run, layout_a_export, tmp_path, kind, options, expect):
-    cfg, out, _, _ = pipeline_run
-    model, eval_pattern = _paths(out)
+@pytest.mark.slow(reason="exports the executors' chain's model with parity")
+def test_every_layout_exports_the_same_verified_model(chain, layout_a_export, tmp_path, kind, options, expect):
+    cfg, model, eval_pattern = _trained(chain)
     relaid = tmp_path / "model"
     _relayout(model, str(relaid), kind, **options)
     export_opts = {}
@@ -185,9 +184,9 @@ def test_every_layout_exports_the_same_verified_model(pipeline_run, layout_a_exp
         assert sum(r["trained_bytes"] for r in b) > sum(a_report["tables"][n]["trained_bytes"] for n, r in report["tables"].items() if r["layout"] == "B")
 
 
-def test_int8_serving_model_and_compression_report(pipeline_run, tmp_path):
-    cfg, out, _, _ = pipeline_run
-    model, eval_pattern = _paths(out)
+@pytest.mark.slow(reason="exports the executors' chain's model with parity")
+def test_int8_serving_model_and_compression_report(chain, tmp_path):
+    cfg, model, eval_pattern = _trained(chain)
     c = _fast(cfg, table_dtype="int8", compare_compression=True)
     report = export_serving_model(c, model, eval_pattern, str(tmp_path))
     comp = report["compression"]
@@ -222,9 +221,9 @@ def _assert_nothing_written(out_dir):
     assert not os.path.exists(out_dir) or os.listdir(out_dir) == []
 
 
-def test_refusals_name_the_table_and_write_nothing(pipeline_run, tmp_path):
-    cfg, out, _, _ = pipeline_run
-    model, eval_pattern = _paths(out)
+@pytest.mark.slow(reason="exports the executors' chain's model with parity")
+def test_refusals_name_the_table_and_write_nothing(chain, tmp_path):
+    cfg, model, eval_pattern = _trained(chain)
     plan = json.load(open(os.path.join(model, "embedding_plan.json")))
     big = sorted((n for n, t in plan["tables"].items() if t["placement"] == "tpu_embedding"))[0]
 
@@ -270,11 +269,11 @@ def test_refusals_name_the_table_and_write_nothing(pipeline_run, tmp_path):
     _assert_nothing_written(tmp_path / "o4")
 
 
-def test_cli_runs_the_same_conversion_and_reports_errors(pipeline_run, tmp_path, capsys):
+@pytest.mark.slow(reason="exports the executors' chain's model with parity")
+def test_cli_runs_the_same_conversion_and_reports_errors(chain, tmp_path, capsys):
     from components.embedding_exporter.__main__ import main
 
-    cfg, out, _, _ = pipeline_run
-    model, eval_pattern = _paths(out)
+    cfg, model, eval_pattern = _trained(chain)
     assert os.path.exists(os.path.join(model, "pipeline_config.json"))  # the trainer stores its config
     code = main(["--model", model, "--output", str(tmp_path / "cli"), "--examples", eval_pattern,
                  "--table-dtype", "float16", "--no-tables", "--json"])

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.conftest import NO_GATE
+from tests.stages import with_few_features
 
 import components  # noqa: F401
 from components.config import ConfigError, config_from_json, load_config, parse_config
@@ -386,9 +386,9 @@ def test_harness_refuses_placeholders_it_does_not_emulate():
 
 ROWS = 4000
 RUNS = 2
-# The gate on, with a margin wide enough that two 40-step models on the same data always pass: the
+# The gate on, with a margin wide enough that two 20-step models on the same data always pass: the
 # decisions compared here are about what each run finds and compares with (the gate's rule has its
-# own table: tests/test_validation_gate.py). No baseline: a 40-step model is not held to it.
+# own table: tests/test_validation_gate.py). No baseline: a 20-step model is not held to it.
 GATE = {"baseline": {"enabled": False}, "baseline_margin": None, "regression_margin": 0.5}
 
 
@@ -437,8 +437,9 @@ def kfp_runs(tmp_path_factory):
         raw = yaml.safe_load(fh)
     raw["name"] = "kfp-local-test"
     raw["input"]["path"] = str(data)
-    raw["training"].update(train_steps=40, eval_steps=5, batch_size=64, checkpoint_every_steps=20)
-    raw["training"]["dense_optimizer"]["schedule"]["decay_steps"] = 40
+    with_few_features(raw)  # orchestration is under test here, not the model: a few features of each kind
+    raw["training"].update(train_steps=20, eval_steps=5, batch_size=64, checkpoint_every_steps=10)
+    raw["training"]["dense_optimizer"]["schedule"]["decay_steps"] = 20
     raw["export"].update(compare_compression=False, auc_sample_size=500, parity_sample_size=128)
     raw["beam"].update(direct_running_mode="in_memory", direct_num_workers=1)
     raw["validation"] = dict(GATE)
@@ -484,6 +485,7 @@ def _train_order(examples_dir):
     return out
 
 
+@pytest.mark.slow(reason="the compiled Kubeflow pipeline run twice in each of the two harness modes, and twice locally")
 def test_kfp_runs_in_both_modes_serve_like_the_local_run(kfp_runs):
     """Same data, same config, same code: the first runs wrote the same rows in the same order
     (ExampleGen writes each range's rows in input order, split by a content hash) and their serving
@@ -516,6 +518,7 @@ def _decisions(run):
     }
 
 
+@pytest.mark.slow(reason="the compiled Kubeflow pipeline run twice in each of the two harness modes, and twice locally")
 def test_second_run_finds_the_first_runs_model_on_every_orchestrator(kfp_runs):
     """Continuous training on Kubeflow: the second run of one compiled spec (same pipeline root and
     push destination) warm-starts from the first run's model and its gate compares against it, in
@@ -553,6 +556,7 @@ def test_second_run_finds_the_first_runs_model_on_every_orchestrator(kfp_runs):
     assert local_run["orchestrator"] == "local" and local_run["id"]
 
 
+@pytest.mark.slow(reason="the compiled Kubeflow pipeline run twice in each of the two harness modes, and twice locally")
 def test_second_local_run_takes_the_data_stages_from_the_cache(kfp_runs):
     """Same data, same config: the second LocalDagRunner run reuses ExampleGen's and preprocessing's
     outputs (TFX's cache, keyed by each one's share of the config), reads the registry again
@@ -567,6 +571,7 @@ def test_second_local_run_takes_the_data_stages_from_the_cache(kfp_runs):
     assert first["trainer_model"] != second["trainer_model"]
 
 
+@pytest.mark.slow(reason="the compiled Kubeflow pipeline run twice in each of the two harness modes, and twice locally")
 def test_kfp_runs_pass_inputs_as_each_backend_does(kfp_runs):
     _, root, runs = kfp_runs
     for mode in ("vertex", "oss"):

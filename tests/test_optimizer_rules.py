@@ -25,6 +25,7 @@ from tensorflow.core.protobuf.tpu import optimization_parameters_pb2
 from components.config import OptimizerConfig, ScheduleConfig
 from components.embedding_model import optimizers as O
 from components.embedding_trainer import plan as P
+from tests.optimizer_reference import optimization_parameters as _proto, tpu_reference_step as _tpu_reference_step
 
 ROWS, DIM, STEPS = 12, 4, 6
 # Each step's gradient rows, with repeats (a row looked up twice in the batch) and rows never seen.
@@ -36,55 +37,6 @@ def _grads(step: int) -> tf.IndexedSlices:
     rng = np.random.default_rng(step)
     values = rng.normal(0.0, 1.5, size=(len(rows), DIM)).astype(np.float32)
     return tf.IndexedSlices(tf.constant(values), tf.constant(rows), tf.constant([ROWS, DIM], tf.int64))
-
-
-def _proto(tpu_opt) -> optimization_parameters_pb2.OptimizationParameters:
-    p = optimization_parameters_pb2.OptimizationParameters()
-    tpu_opt._set_optimization_parameters(p)  # pylint: disable=protected-access  (what the TPU is sent)
-    return p
-
-
-def _tpu_reference_step(p, lr: float, w, slots: dict, g_rows: np.ndarray, values: np.ndarray) -> None:
-    """One TPU embedding update as documented, in float64 (in place)."""
-    unique = np.unique(g_rows)
-    g = np.zeros((ROWS, DIM))
-    np.add.at(g, g_rows, values.astype(np.float64))  # gradient accumulation: a row's gradients summed
-    lo = p.gradient_clipping_limits.lower.value if p.gradient_clipping_limits.HasField("lower") else -np.inf
-    hi = p.gradient_clipping_limits.upper.value if p.gradient_clipping_limits.HasField("upper") else np.inf
-    g = np.clip(g, lo, hi)
-    kind = p.WhichOneof("parameters")
-    if kind == "adam" and p.adam.use_non_lazy_adam:
-        rows = np.arange(ROWS)  # every row, with a zero gradient where not looked up
-    else:
-        rows = unique
-    gr = g[rows]
-    if kind == "stochastic_gradient_descent":
-        w[rows] -= lr * gr
-    elif kind == "adagrad":
-        a = slots["accumulators"]
-        a[rows] += gr * gr
-        w[rows] -= lr * gr / np.sqrt(a[rows])
-    elif kind == "adam":
-        b1, b2, eps = p.adam.beta1, p.adam.beta2, p.adam.epsilon
-        m, v = slots["momenta"], slots["velocities"]
-        m[rows] = b1 * m[rows] + (1 - b1) * gr
-        v[rows] = b2 * v[rows] + (1 - b2) * gr * gr
-        denom = np.sqrt(v[rows] + eps * eps) if p.adam.use_sum_inside_sqrt else np.sqrt(v[rows]) + eps
-        w[rows] -= lr * m[rows] / denom
-    elif kind == "ftrl":
-        f = p.ftrl
-        assert not f.multiply_linear_by_lr
-        a, lin = slots["accumulators"], slots["linears"]
-        power = f.lr_power
-        new_a = a[rows] + gr * gr
-        lin[rows] += gr - (new_a ** (-power) - a[rows] ** (-power)) / lr * w[rows]
-        l2 = f.l2 + f.beta / (2 * lr)
-        quadratic = new_a ** (-power) / lr + 2 * l2
-        lr_lin = lin[rows]
-        w[rows] = np.where(np.abs(lr_lin) > f.l1, (np.sign(lr_lin) * f.l1 - lr_lin) / quadratic, 0.0)
-        a[rows] = new_a
-    else:
-        raise AssertionError(kind)
 
 
 CASES = {

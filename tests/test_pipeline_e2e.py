@@ -35,6 +35,7 @@ def _raw_examples(out, split):
     return serialized_examples(pattern, 1 << 40)
 
 
+@pytest.mark.slow(reason="the whole pipeline on the demo's 375k rows")
 def test_vocabularies_equal_independent_count(pipeline_run):
     cfg, out, summary, _ = pipeline_run
     counts = {t.name: Counter() for t in cfg.tables}
@@ -71,6 +72,7 @@ def test_vocabularies_equal_independent_count(pipeline_run):
     assert pre["rows_in"] == gen["rows_out"] == pre["rows_out"]
 
 
+@pytest.mark.slow(reason="the whole pipeline on the demo's 375k rows")
 def test_eval_auc_within_0_02_of_best(pipeline_run):
     _, _, summary, meta = pipeline_run
     auc, best = summary["eval_auc"], meta["best_achievable_auc"]
@@ -88,6 +90,7 @@ np.save(sys.argv[3], probs)
 """
 
 
+@pytest.mark.slow(reason="the whole pipeline on the demo's 375k rows")
 def test_pushed_model_scores_raw_examples_like_trained_model(pipeline_run, tmp_path):
     from pipelines.summary import EXIT_PUSHED, exit_status
 
@@ -123,6 +126,7 @@ def test_pushed_model_scores_raw_examples_like_trained_model(pipeline_run, tmp_p
     np.testing.assert_allclose(serving, np.sort(scores), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow(reason="the whole pipeline on the demo's 375k rows")
 def test_serving_model_has_no_slots_and_json_signature_agrees(pipeline_run):
     from components.embedding_exporter.export import saved_variable_shapes
 
@@ -172,6 +176,7 @@ def test_serving_model_has_no_slots_and_json_signature_agrees(pipeline_run):
     np.testing.assert_allclose(by_feature, by_example, atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow(reason="the whole pipeline on the demo's 375k rows")
 def test_export_refuses_a_serving_graph_that_differs(pipeline_run, tmp_path):
     """A serving graph that preprocesses differently (here: C3 truncated to 1 value instead of 5)
     is refused, and nothing is left where a pusher would look."""

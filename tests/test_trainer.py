@@ -11,9 +11,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import yaml
-
-from tests.conftest import NO_GATE
 
 import components  # noqa: F401
 import tensorflow as tf
@@ -25,66 +22,14 @@ from components.embedding_trainer import trainer_module as tm
 from components.embedding_model.input import PAD_ID, make_dataset, to_dense_ids
 from components.embedding_model.model import TensorCoreTable
 from components.embedding_trainer.tpu_rules import TPURulesError, check_tpu_rules
-from components.synthetic_data import GeneratorSpec, write_csv
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SMALL = [min(c, 3000) for c in GeneratorSpec().cardinalities]
+from tests.stages import REPO, fn_args as _fn_args, trainer_config as _config, trainer_raw_config as _raw_config
 
 
-def _config(root, **training):
-    return parse_config(_raw_config(root, **training))
-
-
-def _raw_config(root, **training):
-    with open(os.path.join(REPO, "configs", "demo.yaml")) as fh:
-        raw = yaml.safe_load(fh)
-    raw["input"]["path"] = str(root / "train.csv")
-    raw["training"].update({
-        "batch_size": 64, "train_steps": 40, "checkpoint_every_steps": 10,
-        # Tables up to 400 rows on the TensorCore, the rest in TPU embedding: both placements.
-        "embedding": {"size_threshold": 400},
-        # These tests check fixed-length training (steps, checkpoints, resume); the held-out
-        # selection and early stopping have their own (tests/test_early_stopping.py).
-        "early_stopping": {"enabled": False},
-    })
-    raw["training"].update(training)
-    raw["validation"] = dict(NO_GATE)
-    return raw
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    import apache_beam as beam
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    from components.embedding_preprocess.run import run_preprocessing
-
-    root = tmp_path_factory.mktemp("trainer")
-    write_csv(GeneratorSpec(rows=3000, seed=11, cardinalities=SMALL), str(root / "train.csv"))
-    write_csv(GeneratorSpec(rows=600, seed=12, cardinalities=SMALL), str(root / "eval.csv"))
-    cfg = _config(root)
-    run_preprocessing(
-        beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"])),
-        cfg,
-        {"train": str(root / "train.csv"), "eval": str(root / "eval.csv")},
-        str(root / "vocab"),
-        {s: str(root / "tx" / f"Split-{s}") for s in ("train", "eval")},
-        str(root / "stats"),
-        input_format="csv",
-    )
-    return root
-
-
-def _fn_args(root, cfg, execution):
-    model_uri = root / "Trainer" / "model" / str(execution)
-    return SimpleNamespace(
-        custom_config={tm.CONFIG_KEY: cfg.to_json()},
-        train_files=[str(root / "tx" / "Split-train" / "*")],
-        eval_files=[str(root / "tx" / "Split-eval" / "*")],
-        serving_model_dir=str(model_uri / "Format-Serving"),
-        model_run_dir=str(root / "Trainer" / "model_run" / str(execution)),
-        train_steps=None,
-    )
+@pytest.fixture
+def data(trainer_data):
+    """The session's preprocessed small data (tests/conftest.py); read-only."""
+    return trainer_data
 
 
 def _eval_examples(root, n=200):
@@ -103,6 +48,7 @@ def trained(data):
     return cfg, os.path.dirname(fn_args.serving_model_dir)
 
 
+@pytest.mark.slow(reason="a Trainer run (run_fn, 40 steps)")
 def test_model_artifact_holds_plan_checkpoint_and_reports(trained, data):
     cfg, model_uri = trained
     plan = tm.read_plan(model_uri).to_dict()  # the JSON the artifact holds
@@ -164,6 +110,7 @@ def _predict_in_fresh_process(model_uri, examples_path, cfg):
     return np.load(out)
 
 
+@pytest.mark.slow(reason="a Trainer run, then restores in fresh TensorFlow processes")
 @pytest.mark.parametrize("model_type", ["dlrm", "dcn_v2"])
 def test_restore_in_fresh_process_predicts_identically(model_type, trained, data, tmp_path):
     if model_type == "dlrm":
@@ -184,6 +131,7 @@ def test_restore_in_fresh_process_predicts_identically(model_type, trained, data
     np.testing.assert_allclose(p_ckpt, p_here, rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow(reason="trains in killed and resumed subprocesses")
 def test_killed_run_resumes_and_ends_with_the_same_steps(data, tmp_path):
     cfg = _config(data, train_steps=40, checkpoint_every_steps=10, seed=3)
     cfg_path = tmp_path / "cfg.json"
@@ -248,6 +196,7 @@ def _tpu_input(files, manifest, plan, training=True, batch_size=32):
     return make_dataset(files, manifest, batch_size, training=training, dense_id_widths=P.dense_id_widths(plan))
 
 
+@pytest.mark.slow(reason="reads the Trainer run's artifact (run_fn, 40 steps)")
 def test_tpu_rules_pass_on_training_input(data, trained):
     plan, manifest, model, files = _check_inputs(data, trained)
     widths = P.dense_id_widths(plan)
@@ -264,6 +213,7 @@ def test_tpu_rules_pass_on_training_input(data, trained):
     assert flagged == set(widths), report["violations"]
 
 
+@pytest.mark.slow(reason="restores the Trainer run's model (run_fn, 40 steps)")
 def test_padded_dense_ids_pool_like_sparse_lookup(data, trained):
     """The TPU step's padded dense IDs and the host's SparseTensors give the same vectors, for every
     combiner, empty rows (zeros) included, and the trained model scores both forms alike."""
@@ -289,6 +239,7 @@ def test_padded_dense_ids_pool_like_sparse_lookup(data, trained):
     np.testing.assert_allclose(model(dense_batch).numpy(), model(sparse_batch).numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow(reason="builds and traces the Trainer run's model (run_fn, 40 steps)")
 def test_tpu_rules_name_each_violation(data, trained):
     plan, manifest, model, files = _check_inputs(data, trained)
     # IDs beyond a table's rows (examples from another preprocessing run): names feature and table.
@@ -306,6 +257,7 @@ def test_tpu_rules_name_each_violation(data, trained):
         check_tpu_rules(model, plan, strings)
 
 
+@pytest.mark.slow(reason="builds and traces the Trainer run's model (run_fn, 40 steps)")
 def test_tpu_rules_find_string_ops_in_the_step(data, trained):
     plan, manifest, _, files = _check_inputs(data, trained)
     cfg, _ = trained
@@ -329,6 +281,7 @@ def test_tpu_rules_find_string_ops_in_the_step(data, trained):
         check_tpu_rules(LooksUpStrings(), plan, _tpu_input(files, manifest, plan))
 
 
+@pytest.mark.slow(reason="a Trainer run for two options")
 def test_configured_initializers_and_unsafe_lookups_train_on_cpu(data, tmp_path):
     """Issue 18, item 5: tables with configured initializers (zeros, uniform, normal) in both
     placements start from them in the model the trainer builds, and a short CPU training run with
@@ -472,6 +425,7 @@ def _raw_eval_records(data, manifest):
     return raw
 
 
+@pytest.mark.slow(reason="a Trainer run, an int8 export with parity and a training step")
 def test_wide_part_is_a_linear_model_added_to_the_logit_and_trained_by_its_optimizer(data):
     """training.wide: the trained model's logit is the deep part's plus exactly a
     logistic regression's, one weight per row of every table (the wide tables, read from the
@@ -590,6 +544,7 @@ def test_input_dropout_acts_in_training_only_and_adds_no_state(data, model_type,
     assert not np.array_equal(dropped(features, training=True).numpy(), first)  # the next step's mask
 
 
+@pytest.mark.slow(reason="a Trainer run and an export with parity (the encoding's rule cases stay fast: test_rulebook)")
 def test_piecewise_linear_buckets_train_export_and_match_the_rule(data):
     """training.dense_buckets.encoding piecewise_linear (with the wide part): each dense feature's
     vectors and wide weight are its B2 encoding (the rulebook's reference) times the trained

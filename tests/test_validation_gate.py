@@ -31,12 +31,12 @@ from components.metrics import roc_auc
 from tfx.types import standard_artifacts
 from tfx.utils import io_utils
 
-from tests.test_executors import _artifact, look_up, push
+from tests.stages import artifact as _artifact, look_up, minimal_raw_config, push
 
 
 def _gate_config(cfg, **validation):
-    """The chain's (resolved) config with the defaults' margins (the chain's config opens the
-    gate), then the case's."""
+    """A resolved config with the defaults' margins (the chain's config opens the gate), then the
+    case's."""
     out = copy.deepcopy(cfg)
     margins = dict(baseline_margin=0.0, regression_margin=0.002)
     margins.update(validation)
@@ -62,8 +62,10 @@ GATE_CASES = [
 
 
 @pytest.mark.parametrize("overrides, metrics, serving_auc, previous, blessed, failed", GATE_CASES)
-def test_gate_rule(chain, overrides, metrics, serving_auc, previous, blessed, failed):
-    cfg = _gate_config(chain[0], **overrides)
+def test_gate_rule(overrides, metrics, serving_auc, previous, blessed, failed):
+    from components.config import parse_config
+
+    cfg = _gate_config(parse_config(minimal_raw_config()), **overrides)
     d = decide(cfg, metrics, serving_auc, previous)
     assert d["blessed"] is blessed
     assert [c["name"] for c in d["checks"] if not c["passed"]] == failed
@@ -120,6 +122,7 @@ def _export_with_previous(chain, tmp_path, previous_serving, name):
     return serving, blessing, pushed, destination, report, first
 
 
+@pytest.mark.slow(reason="exports the executors' chain's model against a last blessed one")
 def test_gate_refuses_a_model_worse_than_the_last_blessed_and_keeps_it_unpushed(chain, tmp_path):
     cfg = chain[0]
     better = _label_model(cfg, str(tmp_path / "better" / "Format-Serving"), inverted=False)
@@ -144,6 +147,7 @@ def test_gate_refuses_a_model_worse_than_the_last_blessed_and_keeps_it_unpushed(
     assert R.lookup(str(destination)).served_model == first["serving_model"]
 
 
+@pytest.mark.slow(reason="exports the executors' chain's model against a last blessed one")
 def test_gate_blesses_a_model_better_than_the_last_blessed_and_pushes_it(chain, tmp_path):
     cfg = chain[0]
     worse = _label_model(cfg, str(tmp_path / "worse" / "Format-Serving"), inverted=True)
@@ -161,6 +165,7 @@ def test_gate_blesses_a_model_better_than_the_last_blessed_and_pushes_it(chain, 
     assert next(g for g in found.entry["gate"] if g["name"] == "last_blessed")["reference_auc"] == 0.0
 
 
+@pytest.mark.slow(reason="exports the executors' chain's model against a last blessed one")
 def test_gate_refuses_a_model_below_the_baseline(chain, tmp_path):
     """The chain's 30-step model against its own baseline (both measured on the eval split): the
     decision follows the figures, whichever way they fall."""
@@ -202,6 +207,7 @@ def _one_hot(files, manifest, plan, **part):
     return sp.hstack([x, sp.csr_matrix(np.concatenate(dense))]).tocsr(), np.concatenate(labels)
 
 
+@pytest.mark.slow(reason="exports the executors' chain's model against a last blessed one")
 def test_baseline_auc_matches_an_independent_fit(chain):
     from sklearn.linear_model import LogisticRegression
 
@@ -221,6 +227,7 @@ def test_baseline_auc_matches_an_independent_fit(chain):
     assert ours["auc"] > 0.6  # it learns: the generator's signal is there
 
 
+@pytest.mark.slow(reason="exports the executors' chain's model against a last blessed one")
 def test_baseline_fused_pooling_equals_tf_embedding_lookups(chain):
     cfg, a, _ = chain
     train = os.path.join(a["transformed"].uri, "Split-train", "*")

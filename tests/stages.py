@@ -1,0 +1,369 @@
+"""Stage outputs and configs that several test files need, in one place: plain functions, no
+fixtures. tests/conftest.py turns the expensive ones into session fixtures (built once); test files
+import from here, never from each other. Imports TensorFlow, TFX and Beam only inside the functions
+that need them, so that importing this module (and conftest) leaves them unloaded."""
+import json
+import os
+from types import SimpleNamespace
+
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A few dozen training steps make no model worth comparing with anything: configs of tests that
+# are not about the validation gate leave the baseline out and the gate open (the gate and the
+# baseline have their own tests: tests/test_validation_gate.py).
+NO_GATE = {"baseline": {"enabled": False}, "baseline_margin": None, "regression_margin": None}
+
+
+def minimal_raw_config() -> dict:
+    """configs/minimal.yaml as a dict (three dense, five categorical columns)."""
+    with open(os.path.join(REPO, "configs", "minimal.yaml"), encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def demo_raw_config() -> dict:
+    """configs/demo.yaml as a dict, to be changed by the caller."""
+    with open(os.path.join(REPO, "configs", "demo.yaml"), encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+# The demo's features that a scenario test needs to cover every kind (an own table, a table two
+# features share, multi-hot with max_length, small and large vocabularies) at a fraction of the
+# model: graph building and the Trainer's and exporter's work grow with the number of features.
+FEW_CATEGORICAL = ("C1", "C2", "C3", "C4", "C12", "C20")
+FEW_DENSE = 3
+
+
+def with_few_features(raw: dict) -> dict:
+    """`raw` (the demo config) keeping FEW_CATEGORICAL and the first FEW_DENSE dense features."""
+    raw["categorical_features"] = [f for f in raw["categorical_features"] if f["name"] in FEW_CATEGORICAL]
+    raw["dense_features"] = raw["dense_features"][:FEW_DENSE]
+    return raw
+
+
+# ---- ExampleGen's executor on hand-made input (tests/test_example_gen.py, test_beam_runtime.py) ----
+
+BASE = {
+    "input": {"path": "unused.csv"},
+    "label": "label",
+    "dense_features": [{"name": "I1"}, {"name": "I2", "fill_value": -1.0}],
+    "categorical_features": [{"name": "C1"}, {"name": "C2", "separator": "|"}],
+    "beam": {"direct_running_mode": "in_memory"},
+}
+
+
+def example_gen_config(**over):
+    """BASE (two dense, two categorical columns) with top-level fields replaced."""
+    from components.config import parse_config
+
+    raw = json.loads(json.dumps(BASE))
+    raw.update(over)
+    return parse_config(raw)
+
+
+def run_example_gen(cfg, input_dir, out_dir, pattern="*", buckets=(4, 1)):
+    """EmbeddingExampleGen's executor on the files in `input_dir`: (ledger dict or None, the rows of
+    every split as dicts, the LedgerError it raised or None)."""
+    from tfx.proto import example_gen_pb2
+    from tfx.types import artifact_utils, standard_artifacts
+    from tfx.utils import proto_utils
+
+    from components import ledger as L
+    from components.errors import LedgerError
+    from components.example_gen import executor as ex
+
+    examples = standard_artifacts.Examples()
+    examples.uri = str(out_dir)
+    splits = [("train", buckets[0]), ("eval", buckets[1])]
+    props = {
+        "input_base": str(input_dir),
+        "input_config": proto_utils.proto_to_json(
+            example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern=pattern)])
+        ),
+        "output_config": proto_utils.proto_to_json(
+            example_gen_pb2.Output(split_config=example_gen_pb2.SplitConfig(splits=[
+                example_gen_pb2.SplitConfig.Split(name=n, hash_buckets=b) for n, b in splits
+            ]))
+        ),
+        "output_data_format": example_gen_pb2.FORMAT_PARQUET,
+        "output_file_format": example_gen_pb2.FILE_FORMAT_PARQUET,
+        ex.CONFIG_KEY: cfg.to_json(),
+    }
+    executor = ex.Executor(ex.Executor.Context(beam_pipeline_args=cfg.beam_pipeline_args(), tmp_dir=str(out_dir) + "_tmp"))
+    err = None
+    try:
+        executor.Do({}, {"examples": [examples]}, props)
+    except LedgerError as e:
+        err = e
+    led = json.load(open(os.path.join(out_dir, L.LEDGER_FILE))) if os.path.exists(os.path.join(out_dir, L.LEDGER_FILE)) else None
+    records = []
+    for s in artifact_utils.decode_split_names(examples.split_names) if err is None else []:
+        records += split_rows(artifact_utils.get_split_uri([examples], s))
+    return led, records, err
+
+
+def split_rows(split_dir):
+    """The rows of one split's Parquet files, as dicts of lists (a null list read as [])."""
+    import pyarrow.parquet as pq
+    import tensorflow as tf
+
+    rows = []
+    for f in sorted(tf.io.gfile.glob(os.path.join(split_dir, "*"))):
+        assert f.endswith(".parquet"), f
+        rows += [{k: (v if v is not None else []) for k, v in r.items()} for r in pq.read_table(f).to_pylist()]
+    return rows
+
+
+# ---- preprocessed data for the Trainer's run_fn (the session's `trainer_data`) ----------------------
+
+def small_cardinalities(cap: int):
+    from components.synthetic_data import GeneratorSpec
+
+    return [min(c, cap) for c in GeneratorSpec().cardinalities]
+
+
+SMALL_CAP = 3000
+
+
+def trainer_config(root, **training):
+    from components.config import parse_config
+
+    return parse_config(trainer_raw_config(root, **training))
+
+
+def trainer_raw_config(root, **training):
+    """The demo config on `root`'s CSV with a short fixed-length training."""
+    raw = demo_raw_config()
+    raw["input"]["path"] = str(root / "train.csv")
+    raw["training"].update({
+        "batch_size": 64, "train_steps": 40, "checkpoint_every_steps": 10,
+        # Tables up to 400 rows on the TensorCore, the rest in TPU embedding: both placements.
+        "embedding": {"size_threshold": 400},
+        # These tests check fixed-length training (steps, checkpoints, resume); the held-out
+        # selection and early stopping have their own (tests/test_early_stopping.py).
+        "early_stopping": {"enabled": False},
+    })
+    raw["training"].update(training)
+    raw["validation"] = dict(NO_GATE)
+    return raw
+
+
+def preprocess_trainer_data(root):
+    """3,000 train and 600 eval generated rows (cardinalities capped at SMALL_CAP), preprocessed by
+    run_preprocessing on Beam's in-memory runner into `root`: train.csv, eval.csv, vocab/, tx/,
+    stats/. Read-only for its users: each writes its Trainer outputs under its own name
+    (fn_args)."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from components.embedding_preprocess.run import run_preprocessing
+    from components.synthetic_data import GeneratorSpec, write_csv
+
+    small = small_cardinalities(SMALL_CAP)
+    write_csv(GeneratorSpec(rows=3000, seed=11, cardinalities=small), str(root / "train.csv"))
+    write_csv(GeneratorSpec(rows=600, seed=12, cardinalities=small), str(root / "eval.csv"))
+    cfg = trainer_config(root)
+    run_preprocessing(
+        beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"])),
+        cfg,
+        {"train": str(root / "train.csv"), "eval": str(root / "eval.csv")},
+        str(root / "vocab"),
+        {s: str(root / "tx" / f"Split-{s}") for s in ("train", "eval")},
+        str(root / "stats"),
+        input_format="csv",
+    )
+    return root
+
+
+def fn_args(root, cfg, execution):
+    """The Trainer's FnArgs for run_fn on `root`'s transformed splits, writing under
+    root/Trainer/*/<execution>: give every run its own `execution` (the data is shared)."""
+    from components.embedding_trainer import trainer_module as tm
+
+    model_uri = root / "Trainer" / "model" / str(execution)
+    return SimpleNamespace(
+        custom_config={tm.CONFIG_KEY: cfg.to_json()},
+        train_files=[str(root / "tx" / "Split-train" / "*")],
+        eval_files=[str(root / "tx" / "Split-eval" / "*")],
+        serving_model_dir=str(model_uri / "Format-Serving"),
+        model_run_dir=str(root / "Trainer" / "model_run" / str(execution)),
+        train_steps=None,
+    )
+
+
+# ---- the executors' chain (the session's `chain`) ----------------------------------------------------
+
+ROWS = 2500
+RUN_FN = "components.embedding_trainer.trainer_module.run_fn"  # what pipelines/pipeline.py wires
+BEAM_ARGS = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
+
+
+def artifact(cls, uri, split_names=None):
+    """A TFX artifact of type `cls` at `uri` (created), with its split names."""
+    from tfx.types import artifact_utils
+
+    a = cls()
+    a.uri = str(uri)
+    os.makedirs(a.uri, exist_ok=True)
+    if split_names is not None:
+        a.split_names = artifact_utils.encode_split_names(split_names)
+    return a
+
+
+def executors_config(csv_path):
+    from components.config import parse_config
+
+    raw = demo_raw_config()
+    raw["input"]["path"] = str(csv_path)
+    raw["training"].update({"batch_size": 64, "train_steps": 30, "eval_steps": 5, "checkpoint_every_steps": 15})
+    # Tables of more than 110 rows in TPU embedding, the rest on the TensorCore: both placements in
+    # the checkpoint (the exporter's layout tests re-lay the TPU-embedding ones out).
+    raw["training"]["embedding"] = {"size_threshold": 110}
+    # A small export: the same conversion and parity check, fewer examples scored, no int8/float16 variants.
+    raw["export"].update(compare_compression=False, auc_sample_size=500, parity_sample_size=128)
+    # The baseline is fitted (the Trainer's Do is tested with it); a 30-step model is not held to it.
+    raw["validation"] = {"baseline_margin": None}
+    return parse_config(raw)
+
+
+def beam_context():
+    """A Beam executor's context on the in-memory runner."""
+    from tfx.dsl.components.base import base_beam_executor
+
+    return base_beam_executor.BaseBeamExecutor.Context(beam_pipeline_args=BEAM_ARGS)
+
+
+def make_chain(root):
+    """The four executors run in order on hand-built artifacts under `root`: (config, {name:
+    artifact}, root); the session's `chain` fixture (tests/conftest.py)."""
+    from components.synthetic_data import GeneratorSpec, write_csv
+
+    data = root / "input"
+    data.mkdir()
+    write_csv(GeneratorSpec(rows=ROWS, seed=5, cardinalities=small_cardinalities(2000)), str(data / "data.csv"))
+    cfg = executors_config(data / "data.csv")
+    return cfg, run_chain(root, cfg, data), root
+
+
+def run_chain(root, cfg, data):
+    """ExampleGen (on the CSV files in `data`) -> Preprocess -> Trainer -> Exporter under `root`;
+    returns {name: artifact}."""
+    from tfx.components.trainer import executor as trainer_executor
+    from tfx.proto import example_gen_pb2, trainer_pb2
+    from tfx.types import standard_artifacts, standard_component_specs as specs
+    from tfx.utils import proto_utils
+
+    from components.artifact_types import EmbeddingStatistics, EmbeddingVocabulary
+    from components.embedding_exporter import executor as export_executor
+    from components.embedding_preprocess import executor as preprocess_executor
+    from components.embedding_trainer.trainer_module import CONFIG_KEY as TRAINER_CONFIG_KEY
+    from components.example_gen import executor as example_gen_executor
+
+    a = {}
+    a["last_blessed"] = look_up(root / "LastBlessedModel" / "model", root / "serving")  # nothing pushed yet
+
+    a["examples"] = artifact(standard_artifacts.Examples, root / "ExampleGen")
+    input_config = example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern="data.csv")])
+    output_config = example_gen_pb2.Output(split_config=example_gen_pb2.SplitConfig(splits=[
+        example_gen_pb2.SplitConfig.Split(name="train", hash_buckets=cfg.input.train_buckets),
+        example_gen_pb2.SplitConfig.Split(name="eval", hash_buckets=cfg.input.eval_buckets),
+    ]))
+    example_gen_executor.Executor(beam_context()).Do({}, {specs.EXAMPLES_KEY: [a["examples"]]}, {
+        specs.INPUT_BASE_KEY: str(data),
+        specs.INPUT_CONFIG_KEY: proto_utils.proto_to_json(input_config),
+        specs.OUTPUT_CONFIG_KEY: proto_utils.proto_to_json(output_config),
+        specs.OUTPUT_DATA_FORMAT_KEY: example_gen_pb2.FORMAT_PARQUET,
+        specs.OUTPUT_FILE_FORMAT_KEY: example_gen_pb2.FILE_FORMAT_PARQUET,
+        example_gen_executor.CONFIG_KEY: cfg.to_json(),
+    })
+
+    a["transformed"] = artifact(standard_artifacts.Examples, root / "Preprocess" / "transformed")
+    a["vocabulary"] = artifact(EmbeddingVocabulary, root / "Preprocess" / "vocabulary")
+    a["statistics"] = artifact(EmbeddingStatistics, root / "Preprocess" / "statistics")
+    preprocess_executor.Executor(beam_context()).Do(
+        {preprocess_executor.EXAMPLES_KEY: [a["examples"]]},
+        {
+            preprocess_executor.TRANSFORMED_EXAMPLES_KEY: [a["transformed"]],
+            preprocess_executor.VOCABULARY_KEY: [a["vocabulary"]],
+            preprocess_executor.STATISTICS_KEY: [a["statistics"]],
+        },
+        {preprocess_executor.CONFIG_KEY: cfg.to_json()},
+    )
+
+    a["model"] = artifact(standard_artifacts.Model, root / "Trainer" / "model")
+    a["model_run"] = artifact(standard_artifacts.ModelRun, root / "Trainer" / "model_run")
+    trainer_executor.GenericExecutor().Do(
+        {specs.EXAMPLES_KEY: [a["transformed"]], specs.BASE_MODEL_KEY: [a["last_blessed"]]},
+        {specs.MODEL_KEY: [a["model"]], specs.MODEL_RUN_KEY: [a["model_run"]]},
+        {
+            specs.RUN_FN_KEY: RUN_FN,
+            specs.TRAIN_ARGS_KEY: proto_utils.proto_to_json(trainer_pb2.TrainArgs(num_steps=cfg.training.train_steps)),
+            specs.EVAL_ARGS_KEY: proto_utils.proto_to_json(trainer_pb2.EvalArgs(num_steps=cfg.training.eval_steps)),
+            specs.CUSTOM_CONFIG_KEY: json.dumps({TRAINER_CONFIG_KEY: cfg.to_json()}),
+        },
+    )
+
+    a["serving"] = artifact(standard_artifacts.Model, root / "Exporter" / "serving_model")
+    a["blessing"] = artifact(standard_artifacts.ModelBlessing, root / "Exporter" / "blessing")
+    export_executor.Executor().Do(
+        {export_executor.MODEL_KEY: [a["model"]], export_executor.EXAMPLES_KEY: [a["examples"]],
+         export_executor.LAST_MODEL_KEY: [a["last_blessed"]]},
+        {export_executor.SERVING_MODEL_KEY: [a["serving"]], export_executor.BLESSING_KEY: [a["blessing"]]},
+        {export_executor.CONFIG_KEY: cfg.to_json()},
+    )
+
+    a["pushed"] = push(a["serving"], a["blessing"], root / "Pusher" / "pushed_model", root / "serving", cfg.name)
+    return a
+
+
+def look_up(uri, serving_dir):
+    """LastBlessedModel's executor: the registry at `serving_dir` read into a Model artifact at `uri`."""
+    from tfx.types import standard_artifacts
+
+    from components.model_registry import executor as registry_executor
+
+    out = artifact(standard_artifacts.Model, uri)
+    registry_executor.LookupExecutor().Do({}, {registry_executor.MODEL_KEY: [out]},
+                                          {registry_executor.SERVING_DIR_KEY: str(serving_dir)})
+    return out
+
+
+def push(serving, blessing, uri, serving_dir, pipeline_name, run_id=None):
+    """The registering Pusher's executor (TFX's Pusher keys) on the exporter's outputs."""
+    from tfx.proto import pusher_pb2
+    from tfx.types import standard_artifacts, standard_component_specs as specs
+    from tfx.utils import proto_utils
+
+    from components.model_registry import executor as registry_executor
+
+    pushed = artifact(standard_artifacts.PushedModel, uri)
+    registry_executor.RegistryPusherExecutor().Do(
+        {specs.MODEL_KEY: [serving], specs.MODEL_BLESSING_KEY: [blessing]},
+        {specs.PUSHED_MODEL_KEY: [pushed]},
+        {specs.PUSH_DESTINATION_KEY: proto_utils.proto_to_json(pusher_pb2.PushDestination(
+            filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=str(serving_dir)))),
+         registry_executor.PIPELINE_NAME_KEY: pipeline_name, registry_executor.RUN_ID_KEY: run_id},
+    )
+    return pushed
+
+
+# ---- the demo-sized pipeline (the session's `pipeline_run`) -----------------------------------------
+
+def run_demo_pipeline(root):
+    """The real pipeline on configs/demo.yaml and the demo's amount of data (seed 99) under `root`:
+    (config, output dir, summary, data metadata)."""
+    from components.config import load_config
+    from components.synthetic_data import GeneratorSpec, ensure_dataset
+    from pipelines.runner import DEMO_ROWS, run
+
+    data = root / "data" / "criteo_like.csv"
+    meta = ensure_dataset(str(data), GeneratorSpec(rows=DEMO_ROWS, seed=99))
+    raw = demo_raw_config()
+    raw["input"]["path"] = str(data)
+    raw["beam"]["direct_num_workers"] = 2
+    cfg_path = root / "e2e.yaml"
+    cfg_path.write_text(yaml.safe_dump(raw))
+    cfg = load_config(str(cfg_path))
+    summary = run(cfg, str(root / "out")).summary
+    return cfg, root / "out", summary, meta
