@@ -8,7 +8,7 @@ export TF_USE_LEGACY_KERAS := 1
 export PYTHONWARNINGS := ignore::FutureWarning
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: venv demo continuous test test-all lock lock-tpu clean
+.PHONY: venv demo continuous test test-all coverage lock lock-tpu clean
 
 venv:
 	@VENV=$(VENV) bash scripts/bootstrap.sh
@@ -36,6 +36,11 @@ test: venv
 
 test-all: venv
 	$(PYTEST) tests
+
+# Line coverage of components/ and pipelines/ over the whole suite (the main test processes; Beam's
+# and the harness's subprocesses are not traced): the table, and coverage.json.
+coverage: venv
+	$(PYTEST) --cov=components --cov=pipelines --cov-report=term --cov-report=json:coverage.json tests
 
 # Re-resolve the lock (only when changing requirements.in; commit the result).
 lock: venv

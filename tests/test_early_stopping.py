@@ -18,7 +18,7 @@ from components.embedding_trainer import trainer_module as tm
 from tests.stages import fn_args as _fn_args, trainer_config as _config
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def data(trainer_data):
     """The session's preprocessed small data (tests/conftest.py); read-only."""
     return trainer_data

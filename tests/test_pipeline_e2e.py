@@ -48,13 +48,15 @@ def test_vocabularies_equal_independent_count(pipeline_run):
         labelled = [v is not None and v != [] for v in table.column("label").to_pylist()]  # a label 0 counts
         for f in cfg.categorical_features:
             column = table.column(f.source).to_pylist() if f.source in table.column_names else [None] * len(labelled)
+            cells = [v for has_label, v in zip(labelled, column) if has_label and v is not None]
+            if f.separator is None and cells and not isinstance(cells[0], list):  # one token a cell
+                counts[cfg.feature_table(f).name].update(v for v in cells if v)
+                continue
             tokens = []
-            for has_label, values in zip(labelled, column):
-                if not has_label:
-                    continue
-                if values is not None and not isinstance(values, list):
+            for values in cells:
+                if not isinstance(values, list):
                     values = [values]
-                row = [t for v in values or [] for t in (v.split(f.separator.encode()) if f.separator else [v]) if t]
+                row = [t for v in values for t in (v.split(f.separator.encode()) if f.separator else [v]) if t]
                 tokens += row[: f.max_length] if f.max_length else row
             counts[cfg.feature_table(f).name].update(tokens)
     vocab_dir = glob.glob(str(out / "pipeline_root" / "EmbeddingPreprocess" / "vocabulary" / "*"))[0]

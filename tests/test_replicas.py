@@ -25,7 +25,7 @@ from components.config import parse_config
 from tests.stages import trainer_config as _config, trainer_raw_config as _raw_config
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def data(trainer_data):
     """The session's preprocessed small data (tests/conftest.py); read-only."""
     return trainer_data

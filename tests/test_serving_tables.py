@@ -254,3 +254,39 @@ def test_wide_weights_pool_beside_the_rows_in_float32_on_every_path(storage, com
     plain = ServingTables(dict(plan.tables), "p", storage)  # no wide part: nothing beside the rows
     plain.build()
     assert plain.wide is None and plain.pool_fused(rows, segments, 2, tf.constant(3, tf.int64), combiner)[1] is None
+
+
+# The anchors' way (tensorflow-recommenders' tpu_embedding_layer_test): a 2x4 table holding 0..7
+# and the pooled results written out by hand. Row 0 looks up IDs 0 and 1, row 1 ID 1 twice, row 2
+# nothing.
+EXACT_TABLE = [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
+EXACT_IDS = [[0, 1], [1, 1], []]
+EXACT_POOLED = {
+    "sum": [[4.0, 6.0, 8.0, 10.0], [8.0, 10.0, 12.0, 14.0], [0.0] * 4],
+    "mean": [[2.0, 3.0, 4.0, 5.0], [4.0, 5.0, 6.0, 7.0], [0.0] * 4],
+    # sum / sqrt(number of IDs): sqrt(2) for rows 0 and 1
+    "sqrtn": [[v / 2 ** 0.5 for v in (4.0, 6.0, 8.0, 10.0)], [v / 2 ** 0.5 for v in (8.0, 10.0, 12.0, 14.0)], [0.0] * 4],
+}
+
+
+@pytest.mark.parametrize("combiner", sorted(EXACT_POOLED))
+def test_every_table_path_pools_the_hand_computed_sums(combiner):
+    """TensorCore tables (checked sparse, unchecked sparse, padded dense IDs) and the serving stack
+    (float32, and float16, where 0..7 are exact) give the sums written out above."""
+    from components.contracts.plan import EmbeddingPlan
+    from components.embedding_model.input import to_dense_ids
+    from components.embedding_model.model import TensorCoreTable
+
+    plan = EmbeddingPlan.for_tables({"t": (2, 4, "tensor_core")}, combiner=combiner)
+    ids = _ids(EXACT_IDS)
+    core = TensorCoreTable(plan.tables["t"], "t")
+    core.build()
+    core.embeddings.assign(EXACT_TABLE)
+    got = {"checked": core(ids), "unchecked": core(ids, safe=False), "padded": core(to_dense_ids(ids, 2))}
+    for storage in ("float32", "float16"):
+        serving = ServingTable(plan.tables["t"], "t", storage)
+        serving.build()
+        serving.embeddings.assign(np.array(EXACT_TABLE, storage))
+        got[f"serving-{storage}"] = serving(ids)
+    for path, pooled in got.items():
+        np.testing.assert_allclose(pooled.numpy(), EXACT_POOLED[combiner], rtol=1e-6, err_msg=path)

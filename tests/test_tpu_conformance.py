@@ -46,7 +46,7 @@ from tests import tpu_harness as H
 from tests.stages import fn_args as _fn_args, trainer_config as _config, trainer_raw_config as _raw_config
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def data(trainer_data):
     """The session's preprocessed small data (tests/conftest.py); read-only."""
     return trainer_data

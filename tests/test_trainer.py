@@ -26,7 +26,7 @@ from components.embedding_trainer.tpu_rules import TPURulesError, check_tpu_rule
 from tests.stages import REPO, fn_args as _fn_args, trainer_config as _config, trainer_raw_config as _raw_config
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def data(trainer_data):
     """The session's preprocessed small data (tests/conftest.py); read-only."""
     return trainer_data
