@@ -161,14 +161,18 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError("\n".join(errors))
     for item, g in item_groups.items():
         item.add_marker(pytest.mark.xdist_group(find(g).replace("/", "_").replace(".", "_")))
-    # Units holding a slow test first (a group, or a single test), then the others; each group kept
-    # together, so that its module fixtures are built once: the long units are handed out first and
-    # the short ones even out the workers' ends (xdist runs with --no-loadscope-reorder).
-    unit, position, slow_units = {}, {}, set()
+    # Units using a slow fixture (the costliest: each runs stages end to end before its first test)
+    # first, then the other units holding a slow test (a group, or a single test), then the rest;
+    # each group kept together, so that its module fixtures are built once: the long units are
+    # handed out first and the short ones even out the workers' ends (--no-loadscope-reorder).
+    unit, position, heavy_units, slow_units = {}, {}, set(), set()
     for i, item in enumerate(items):
         unit[i] = find(item_groups[item]) if item in item_groups else ("single", i)
         position.setdefault(unit[i], i)
         if any(True for _ in item.iter_markers("slow")):
             slow_units.add(unit[i])
-    ranked = sorted(range(len(items)), key=lambda i: (unit[i] not in slow_units, position[unit[i]], i))
+        if SLOW_FIXTURES & set(_fixture_defs(item)):
+            heavy_units.add(unit[i])
+    ranked = sorted(range(len(items)), key=lambda i: (
+        unit[i] not in heavy_units, unit[i] not in slow_units, position[unit[i]], i))
     items[:] = [items[i] for i in ranked]
