@@ -64,9 +64,10 @@ def pytest_collection_finish(session):
 
 @pytest.fixture(scope="session")
 def trainer_data(tmp_path_factory):
-    """3,000 + 600 generated rows preprocessed for the Trainer (tests/stages.py,
-    preprocess_trainer_data); shared read-only by the trainer, replica, early-stopping and TPU
-    tests, each writing its runs under a name of its own."""
+    """3,000 + 600 generated rows preprocessed for the Trainer with a few features of each kind
+    (tests/stages.py, preprocess_trainer_data: a shared table, multi-hot, a sequence feature and its
+    query, tables on both placements); shared read-only by the trainer, replica, early-stopping and
+    TPU tests, each writing its runs under a name of its own."""
     from tests.stages import preprocess_trainer_data
 
     return preprocess_trainer_data(tmp_path_factory.mktemp("trainer"))

@@ -32,12 +32,15 @@ def demo_raw_config() -> dict:
 # features share, multi-hot with max_length, small and large vocabularies) at a fraction of the
 # model: graph building and the Trainer's and exporter's work grow with the number of features.
 FEW_CATEGORICAL = ("C1", "C2", "C3", "C4", "C12", "C20")
+# The Trainer tests' (trainer_data): those, and the sequence feature the TPU branch's tests use
+# (C24) with its query (C26).
+TRAINER_CATEGORICAL = FEW_CATEGORICAL + ("C24", "C26")
 FEW_DENSE = 3
 
 
-def with_few_features(raw: dict) -> dict:
-    """`raw` (the demo config) keeping FEW_CATEGORICAL and the first FEW_DENSE dense features."""
-    raw["categorical_features"] = [f for f in raw["categorical_features"] if f["name"] in FEW_CATEGORICAL]
+def with_few_features(raw: dict, categorical=FEW_CATEGORICAL) -> dict:
+    """`raw` (the demo config) keeping the `categorical` features and the first FEW_DENSE dense ones."""
+    raw["categorical_features"] = [f for f in raw["categorical_features"] if f["name"] in categorical]
     raw["dense_features"] = raw["dense_features"][:FEW_DENSE]
     return raw
 
@@ -126,15 +129,19 @@ def small_cardinalities(cap: int):
 SMALL_CAP = 3000
 
 
-def trainer_config(root, **training):
+def trainer_config(root, categorical=TRAINER_CATEGORICAL, **training):
     from components.config import parse_config
 
-    return parse_config(trainer_raw_config(root, **training))
+    return parse_config(trainer_raw_config(root, categorical, **training))
 
 
-def trainer_raw_config(root, **training):
-    """The demo config on `root`'s CSV with a short fixed-length training."""
+def trainer_raw_config(root, categorical=TRAINER_CATEGORICAL, **training):
+    """The demo config on `root`'s CSV with a short fixed-length training, with the `categorical`
+    features only (with_few_features; None: all of the demo's). The Trainer's work (graph
+    building, steps on several replicas, export) grows with the features, not with the rows."""
     raw = demo_raw_config()
+    if categorical:
+        with_few_features(raw, categorical)
     raw["input"]["path"] = str(root / "train.csv")
     raw["training"].update({
         "batch_size": 64, "train_steps": 40, "checkpoint_every_steps": 10,
@@ -149,11 +156,11 @@ def trainer_raw_config(root, **training):
     return raw
 
 
-def preprocess_trainer_data(root):
+def preprocess_trainer_data(root, categorical=TRAINER_CATEGORICAL):
     """3,000 train and 600 eval generated rows (cardinalities capped at SMALL_CAP), preprocessed by
-    run_preprocessing on Beam's in-memory runner into `root`: train.csv, eval.csv, vocab/, tx/,
-    stats/. Read-only for its users: each writes its Trainer outputs under its own name
-    (fn_args)."""
+    run_preprocessing on Beam's in-memory runner into `root` (with `categorical`, only those
+    categorical features): train.csv, eval.csv, vocab/, tx/, stats/. Read-only for its users: each
+    writes its Trainer outputs under its own name (fn_args)."""
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -163,7 +170,7 @@ def preprocess_trainer_data(root):
     small = small_cardinalities(SMALL_CAP)
     write_csv(GeneratorSpec(rows=3000, seed=11, cardinalities=small), str(root / "train.csv"))
     write_csv(GeneratorSpec(rows=600, seed=12, cardinalities=small), str(root / "eval.csv"))
-    cfg = trainer_config(root)
+    cfg = trainer_config(root, categorical)
     run_preprocessing(
         beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"])),
         cfg,

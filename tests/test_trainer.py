@@ -299,7 +299,7 @@ def test_configured_initializers_and_unsafe_lookups_train_on_cpu(data, tmp_path)
             f["initializer"] = {"name": "zeros"}
         if f["name"] == core:
             f["initializer"] = {"name": "random_uniform", "minval": 0.25, "maxval": 0.5}
-        if f["name"] in ("C3", core, "C9"):
+        if f["name"] in ("C3", core, "C20"):
             f["use_safe_embedding_lookup"] = False
     raw["tables"][0]["initializer"] = {"name": "random_normal", "mean": 2.0, "stddev": 0.01}  # shared_c3_c4
     cfg = parse_config(raw)
@@ -327,7 +327,7 @@ def test_configured_initializers_and_unsafe_lookups_train_on_cpu(data, tmp_path)
     run = json.load(open(os.path.join(os.path.dirname(fn_args.serving_model_dir), tm.TRAINING_RUN_FILE)))
     assert run["final_step"] == 8
     written = tm.read_plan(os.path.dirname(fn_args.serving_model_dir))
-    assert written.tables[core].initializer.minval == 0.25 and not written.features["C9"].validate_weights_and_indices
+    assert written.tables[core].initializer.minval == 0.25 and not written.features["C20"].validate_weights_and_indices
 
 
 def test_per_table_optimizers_and_gradient_multiplier_update_as_documented(data):
@@ -419,7 +419,8 @@ def _raw_eval_records(data, manifest):
 
     with tf.io.TFRecordWriter(str(raw)) as writer:
         for batch in pacsv.read_csv(str(data / "eval.csv")).to_batches():
-            lists = pa.RecordBatch.from_arrays([as_lists(c, n) for c, n in zip(batch.columns, batch.schema.names)], batch.schema.names)
+            names = [n for n in batch.schema.names if n in kinds or n == manifest.label]  # the configured columns
+            lists = pa.RecordBatch.from_arrays([as_lists(batch.column(n), n) for n in names], names)
             for record in example_coder.RecordBatchToExamplesEncoder().encode(lists):
                 writer.write(record)
     return raw
