@@ -136,7 +136,7 @@ def pytest_collection_modifyitems(config, items):
             x = parent[x]
         return x
 
-    item_groups = {}
+    item_groups, slow_items, heavy_items = {}, set(), set()  # computed once per item, used twice
     for item in items:
         path = item.nodeid.split("::")[0]
         marks = list(item.iter_markers("slow"))
@@ -147,6 +147,10 @@ def pytest_collection_modifyitems(config, items):
         slow_uses = sorted(n for n in SLOW_FIXTURES if n in defs)
         if slow_uses and not marks:
             errors.append(f"{item.nodeid} uses {', '.join(slow_uses)}: mark it @pytest.mark.slow(reason=...)")
+        if marks:
+            slow_items.add(item)
+        if slow_uses:
+            heavy_items.add(item)
         groups = []
         for name, fd in defs.items():
             if fd.scope == "session" and name in GROUPED and fd.baseid in ("", "tests"):
@@ -170,9 +174,9 @@ def pytest_collection_modifyitems(config, items):
     for i, item in enumerate(items):
         unit[i] = find(item_groups[item]) if item in item_groups else ("single", i)
         position.setdefault(unit[i], i)
-        if any(True for _ in item.iter_markers("slow")):
+        if item in slow_items:
             slow_units.add(unit[i])
-        if SLOW_FIXTURES & set(_fixture_defs(item)):
+        if item in heavy_items:
             heavy_units.add(unit[i])
     ranked = sorted(range(len(items)), key=lambda i: (
         unit[i] not in heavy_units, unit[i] not in slow_units, position[unit[i]], i))
