@@ -32,6 +32,7 @@ import contextlib
 import inspect
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -555,6 +556,42 @@ def test_a_sparsecore_checkpoint_is_not_resumed_on_another_layout(tpu_branch, da
     back = _config(data, tpu="local", train_steps=20, checkpoint_every_steps=10)
     with pytest.raises(LayoutMismatch, match=r"TPUEmbeddingForServing .* wrote them .* this run is TPUEmbeddingV2"):
         tm.train(back, *_plan(back, data), *_files(data), other)
+
+
+@pytest.mark.slow(reason="a 10-step run on CPU and one on the TPU branch (real TPUEmbeddingV2), then four refused resumes")
+@pytest.mark.parametrize("platform", ["cpu", "V2"])
+def test_a_resume_under_another_plan_is_refused_before_training(platform, tpu_branch, data, tmp_path, monkeypatch):
+    """A run trained to step 10 in training.checkpoint_dir, then started again in that directory
+    with the wide part on, or with one table's dim changed: each is refused before any step or
+    restore, in one line naming the checkpoint, both plans and what differs, instead of TF's
+    "Found 1 Python objects that were not bound" (CPU) or stacks silently starting fresh (TPU)."""
+    from components.config import parse_config
+    from components.embedding_model.sparsecore_state import PlanMismatch
+
+    state = str(tmp_path / "state")
+    tpu = {"tpu": "local"} if platform == "V2" else {}
+    rec = tpu_branch(Feature.V2) if platform == "V2" else None
+    cfg = _config(data, train_steps=10, checkpoint_every_steps=10, checkpoint_dir=state, **tpu)
+    tm.train(cfg, *_plan(cfg, data), *_files(data), state)
+    saved = set(os.listdir(state))
+
+    wide = _config(data, train_steps=20, checkpoint_every_steps=10, checkpoint_dir=state,
+                   wide={"enabled": True}, **tpu)
+    raw = _raw_config(data, train_steps=20, checkpoint_every_steps=10, checkpoint_dir=state, **tpu)
+    next(f for f in raw["categorical_features"] if f["name"] == "C1")["dim"] = 8  # 16 by default
+    dim = parse_config(raw)
+    for changed, what in ((wide, r"tables only in this run: C12__wide, C1__wide, "), (dim, r"tables\.C1\.dim 16 -> 8")):
+        if rec is not None:
+            rec.calls.clear()
+        with pytest.raises(PlanMismatch) as err:
+            tm.train(changed, *_plan(changed, data), *_files(data), state)
+        line = str(err.value)
+        assert "\n" not in line and "ckpt-10" in line and re.search(what, line), line
+        assert "wide part off" in line and ("+ " in line if changed is wide else True), line
+        if rec is not None:  # refused before any step: no lookup, no update
+            assert not any(c["call"].endswith(("__call__", "apply_gradients")) for c in rec.calls)
+            assert changed is dim or "stacks only in this run" in line, line  # the wide tables' SparseCore stacks
+        assert set(os.listdir(state)) == saved  # nothing written over the checkpoint's record
 
 
 def test_sequence_features_on_sparsecore_are_refused_before_the_build(tpu_branch, data, tmp_path):

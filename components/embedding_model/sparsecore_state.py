@@ -13,18 +13,22 @@ one thing that is needed:
   (`plan_sparse_core_layouts`, which tests/test_sparsecore_real.py checks against TF's own
   constructor), one device's part of a stack at a time;
 - `check_resumable`: a training state written under one checkpoint layout (A: a variable per
-  table; B: SparseCore stacks at a topology) is resumed only under the same one, else the run
-  stops and says why, instead of starting the tables fresh without a word.
+  table; B: SparseCore stacks at a topology) and one plan (`plan_signature`: every table's rows,
+  dim, placement and optimizer, the wide part, the SparseCore stacks, the dense network) is resumed
+  only under the same ones, else the run stops before training and names both, instead of starting
+  tables fresh without a word or failing on TensorFlow's own assertion.
 """
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import components  # noqa: F401
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.checkpoint import checkpoint as checkpoint_lib  # ObjectGraphProtoPrettyPrinter
+from tensorflow.python.checkpoint import util as checkpoint_util  # list_objects
 
 from components.contracts.plan import CheckpointLayout, EmbeddingPlan
 from components.embedding_model.sparsecore_layout import plan_sparse_core_layouts, stacked_variables
@@ -109,6 +113,32 @@ def restore_all_but_tpu_embedding(model, prefix: str, root: str) -> None:
     status.expect_partial()  # the TPU embedding layer's variables (placed through the layout instead)
 
 
+def restore_mismatches(status, exempt=(), exempt_names=()) -> List[str]:
+    """What a checkpoint restore left unmatched, in both directions: checkpoint values no object of
+    the model took ("in the checkpoint only: <path>") and the model's variables no checkpoint value
+    set ("in the model only: <name>"), apart from Keras optimizers' hyperparameters, which the
+    config sets and which only the platform whose Keras optimizer applied updates has created:
+    `exempt` variables of the model, and checkpoint values named `<...optimizer...>.<name>` for a
+    name in `exempt_names`. TF's
+    `assert_consumed` makes the same two checks (tensorflow/python/checkpoint/checkpoint.py,
+    CheckpointLoadStatus) but has no exemption and reports only the first kind it meets."""
+    c = status._checkpoint  # pylint: disable=protected-access
+    names = checkpoint_lib.ObjectGraphProtoPrettyPrinter(c.object_graph_proto).node_names
+
+    def hyperparameter(path: str) -> bool:
+        parent, _, last = path.rpartition(".")
+        return last in exempt_names and "optimizer" in parent
+
+    out = [f"in the checkpoint only: {names[i]}" for i, node in enumerate(c.object_graph_proto.nodes)
+           if node.attributes and c.object_by_proto_id.get(i) is None and not hyperparameter(names[i])]
+    bound = {id(o) for o in c.object_by_proto_id.values()}
+    skip = {id(v) for v in exempt}
+    for obj in checkpoint_util.list_objects(status._object_graph_view):  # pylint: disable=protected-access
+        if isinstance(obj, tf.Variable) and id(obj) not in bound and id(obj) not in skip:
+            out.append(f"in the model only: {obj.name}")
+    return out
+
+
 def layout_record(layout: CheckpointLayout) -> Dict[str, Any]:
     """What must agree for a checkpoint to be restored (B: the stacks depend on all of it)."""
     if layout.kind != "B":
@@ -117,16 +147,92 @@ def layout_record(layout: CheckpointLayout) -> Dict[str, Any]:
             "per_replica_batch_size": layout.per_replica_batch_size}
 
 
-def write_layout(state_dir: str, layout: CheckpointLayout) -> None:
+def plan_signature(plan: EmbeddingPlan, layout: CheckpointLayout, cfg, dense_features: List[str]) -> Dict[str, Any]:
+    """What a training checkpoint's variables are, as far as the plan and the config decide them:
+    every table's rows, dim, placement and optimizer (its slots), the wide part (its tables), the
+    features' tables, the dense buckets, the dense network's shape and optimizer, and under layout
+    B the SparseCore stacks TF builds (their names: the tables of each, `plan_sparse_core_layouts`).
+    Two runs with equal signatures build the same variables; a learning rate may change between
+    them, except where it regroups SparseCore stacks (the stacks then differ)."""
+    t = cfg.training
+    tables = {n: {"rows": int(p.rows), "dim": int(p.dim), "placement": p.placement,
+                  "optimizer": p.optimizer["name"], "wide_of": p.wide_of} for n, p in plan.tables.items()}
+    signature: Dict[str, Any] = {
+        "tables": tables,
+        "features": {n: f.table for n, f in plan.features.items()},
+        "dense_features": list(dense_features),
+        "dense_buckets": None if plan.dense_buckets is None else {
+            "dim": plan.dense_buckets.dim, "encoding": plan.dense_buckets.encoding,
+            "buckets": {f: len(b) + 1 for f, b in plan.dense_buckets.boundaries.items()}},
+        "model": {"model": t.model, "cross_layers": t.cross_layers, "cross_projection_dim": t.cross_projection_dim,
+                  "bottom_mlp": list(t.bottom_mlp), "top_mlp": list(t.top_mlp),
+                  "dense_optimizer": t.dense_optimizer.name, "embedding_optimizer": t.embedding_optimizer.name},
+    }
+    if layout.kind == "B":
+        stacks: Dict[str, List[str]] = {}
+        layouts = plan_sparse_core_layouts(plan, int(layout.num_replicas), int(layout.sparse_cores_per_chip),
+                                           int(layout.per_replica_batch_size))
+        for name, lay in layouts.items():
+            stacks.setdefault(lay.stacked_table_name, []).append(name)
+        signature["stacks"] = stacks
+    return json.loads(json.dumps(signature))  # as it reads back from the state record
+
+
+SIGNATURE_ORDER = ("tables", "stacks", "model", "dense_buckets", "dense_features", "features")
+
+
+def signature_differences(saved: Dict[str, Any], wanted: Dict[str, Any]) -> List[str]:
+    """What differs between a checkpoint's plan signature and this run's, one phrase each, most
+    telling first: `tables only in this run: C1__wide, C2__wide`, `tables.C1.dim 16 -> 8`,
+    `stacks only in the checkpoint: C1_C2`."""
+    out: List[str] = []
+
+    def walk(a: Any, b: Any, path: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            only_a, only_b = [k for k in a if k not in b], [k for k in b if k not in a]
+            if only_b:
+                out.append(f"{path} only in this run: {', '.join(sorted(only_b))}")
+            if only_a:
+                out.append(f"{path} only in the checkpoint: {', '.join(sorted(only_a))}")
+            for k in sorted(k for k in a if k in b):
+                walk(a[k], b[k], f"{path}.{k}")
+        elif a != b:
+            out.append(f"{path} {json.dumps(a)} -> {json.dumps(b)}")
+
+    for section in sorted(set(saved) | set(wanted), key=lambda k: (SIGNATURE_ORDER + (k,)).index(k)):
+        walk(saved.get(section), wanted.get(section), section)
+    return out
+
+
+def _summary(signature: Dict[str, Any]) -> str:
+    tables = signature.get("tables", {})
+    wide = sum(1 for t in tables.values() if t.get("wide_of"))
+    text = f"{len(tables) - wide} tables" + (f" + {wide} wide" if wide else ", wide part off")
+    if "stacks" in signature:
+        text += f", {len(signature['stacks'])} SparseCore stacks"
+    return text
+
+
+def write_layout(state_dir: str, layout: CheckpointLayout, signature: Optional[Dict[str, Any]] = None) -> None:
+    """The state's record: its checkpoints' table layout and the plan signature they were written under."""
     tf.io.gfile.makedirs(state_dir)
+    record = dict(layout_record(layout), embedding_api=layout.embedding_api)
+    if signature is not None:
+        record["plan"] = signature
     with tf.io.gfile.GFile(os.path.join(state_dir, LAYOUT_FILE), "w") as fh:
-        fh.write(json.dumps(dict(layout_record(layout), embedding_api=layout.embedding_api), sort_keys=True))
+        fh.write(json.dumps(record, sort_keys=True))
 
 
-def check_resumable(state_dir: str, checkpoint: str, layout: CheckpointLayout) -> None:
+class PlanMismatch(LayoutMismatch):
+    """A checkpoint was written under another plan than this run's; says what differs."""
+
+
+def check_resumable(state_dir: str, checkpoint: str, layout: CheckpointLayout,
+                    signature: Optional[Dict[str, Any]] = None) -> None:
     """Refuses to resume `checkpoint` (in `state_dir`) under another table layout than it was
-    written with. A state without a record was written before records existed, by a run with one
-    variable per table (A): resumable under A only."""
+    written with, or under another plan (`signature`, when the state recorded one). A state without
+    a record was written before records existed, by a run with one variable per table (A):
+    resumable under A only."""
     path = os.path.join(state_dir, LAYOUT_FILE)
     if tf.io.gfile.exists(path):
         with tf.io.gfile.GFile(path) as fh:
@@ -134,11 +240,23 @@ def check_resumable(state_dir: str, checkpoint: str, layout: CheckpointLayout) -
     else:
         saved = {"kind": "A", "embedding_api": "unrecorded (one variable per table)"}
     wanted = layout_record(layout)
-    if {k: saved.get(k) for k in wanted} == wanted:
+    if {k: saved.get(k) for k in wanted} != wanted:
+        raise LayoutMismatch(
+            f"checkpoint {checkpoint} holds the embedding tables as {saved.get('embedding_api')} wrote them "
+            f"({json.dumps({k: v for k, v in saved.items() if k not in ('embedding_api', 'plan')}, sort_keys=True)}), "
+            f"but this run is {layout.embedding_api} ({json.dumps(wanted, sort_keys=True)}). TensorFlow 2.16 cannot "
+            "restore SparseCore stacks into another layout (they would start fresh or come back permuted): resume on "
+            f"the platform and topology that wrote it, or remove {state_dir} (training.checkpoint_dir) to train from "
+            "the start")
+    if signature is None or "plan" not in saved:
         return
-    raise LayoutMismatch(
-        f"checkpoint {checkpoint} holds the embedding tables as {saved.get('embedding_api')} wrote them "
-        f"({json.dumps({k: v for k, v in saved.items() if k != 'embedding_api'}, sort_keys=True)}), but this run is "
-        f"{layout.embedding_api} ({json.dumps(wanted, sort_keys=True)}). TensorFlow 2.16 cannot restore SparseCore "
-        "stacks into another layout (they would start fresh or come back permuted): resume on the platform and "
-        f"topology that wrote it, or remove {state_dir} (training.checkpoint_dir) to train from the start")
+    differences = signature_differences(saved["plan"], signature)
+    if not differences:
+        return
+    shown = "; ".join(differences[:6]) + (f"; and {len(differences) - 6} more" if len(differences) > 6 else "")
+    raise PlanMismatch(
+        f"checkpoint {checkpoint} was written under another embedding plan than this run's (checkpoint: "
+        f"{_summary(saved['plan'])}; this run: {_summary(signature)}; recorded in {path}): {shown}. Resuming would "
+        "restore some variables and start others fresh: run with the config that wrote it, or point "
+        f"training.checkpoint_dir at an empty directory (or remove {state_dir}) to train from the start; to carry "
+        "the trained tables into the new plan, warm-start from the last blessed model (continuous.warm_start)")

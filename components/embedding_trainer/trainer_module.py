@@ -256,6 +256,60 @@ def training_input(train_files, manifest: VocabularyManifest, plan: EmbeddingPla
     return train_input
 
 
+def sample_batch(train_files, manifest: VocabularyManifest, plan: EmbeddingPlan, per_replica: int):
+    """One per-replica batch of features, in the training step's input form (builds a model's variables)."""
+    features, _ = next(iter(make_dataset(train_files, manifest, per_replica, training=False,
+                                         dense_id_widths=P.dense_id_widths(plan),
+                                         sequence_lengths=P.sequence_lengths(plan))))
+    return features
+
+
+def require_consumed(status, checkpoint: str, model: RankingModel) -> None:
+    """Every value of `checkpoint` restored into the model and every variable of the model restored
+    from it (both directions; the optimizers' hyperparameters, which the config sets, excepted), or
+    a one-line error naming the checkpoint and what did not match."""
+    optimizers = [model.dense_optimizer] + [o for o, _ in model._embedding_optimizers().values()]  # pylint: disable=protected-access
+    hyper = {k: v for opt in optimizers for k, v in getattr(opt, "_hyper", {}).items()}
+    missing = S.restore_mismatches(status, [v for v in hyper.values() if isinstance(v, tf.Variable)], set(hyper))
+    if missing:
+        shown = "; ".join(missing[:5]) + (f"; and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise S.LayoutMismatch(
+            f"checkpoint {checkpoint} does not hold exactly this model's variables ({shown}): it was written by "
+            "another model; run with the config that wrote it, or point training.checkpoint_dir at an empty "
+            "directory to train from the start")
+
+
+def restore_built(model: RankingModel, ckpt: tf.train.Checkpoint, prefix: str, on_tpu: bool,
+                  strategy: tf.distribute.Strategy, sample) -> Any:
+    """Restores a resumed run's checkpoint into variables that exist already, not into ones created
+    later (a variable created after the restore takes its value silently or starts fresh).
+    CPU/GPU: the whole model and its optimizers' slots are built first, and every value of the
+    checkpoint must match a variable and every variable a value (both directions). TPU: the TPU
+    embedding tables and their slots are built first (TFRS and TPUEmbeddingV2 create them lazily;
+    a renamed stack then fails here); the dense network can only be built inside the training step
+    there, so the existing objects are checked now and everything once the first step has run
+    (`_Checkpointer`). Returns the restore status."""
+    with strategy.scope():
+        if on_tpu:
+            if model.embedding_layer is not None:
+                model.embedding_layer.build(None)
+        else:
+            model(sample)
+            model.create_optimizer_slots()
+    status = ckpt.restore(prefix)
+    if on_tpu:
+        try:
+            status.assert_existing_objects_matched()
+        except AssertionError as err:
+            first = str(err).strip().splitlines()[0][:400]
+            raise S.LayoutMismatch(f"checkpoint {prefix} does not hold this model's TPU embedding tables ({first}): "
+                                   "run with the config that wrote it, or point training.checkpoint_dir at an "
+                                   "empty directory to train from the start") from None
+    else:
+        require_consumed(status, prefix, model)
+    return status
+
+
 def state_dir(cfg: PipelineConfig, model_uri: str, train_files) -> str:
     """Where checkpoints of an unfinished run live: stable across executions of the same training."""
     if cfg.training.checkpoint_dir:
@@ -269,14 +323,20 @@ class _Checkpointer(tf.keras.callbacks.Callback):
     or earlier when `selection` (selection.HoldoutSelection) says the held-out slice stopped improving."""
 
     def __init__(self, manager: tf.train.CheckpointManager, step: tf.Variable, total_steps: int,
-                 on_step: Optional[Callable[[int, Any], None]] = None, selection=None):
+                 on_step: Optional[Callable[[int, Any], None]] = None, selection=None, restored=None):
         super().__init__()
         self.manager, self.step, self.total_steps = manager, step, total_steps
         self.on_step = on_step  # called with each step reached (live progress)
         self.selection = selection
         self.saved_steps = []
+        # A TPU resume's restore status: the dense network's variables exist only after the first
+        # step there, so the checkpoint's every value is required to have been restored then.
+        self.restored = restored
 
     def on_train_batch_end(self, batch, logs=None):
+        if self.restored is not None:
+            status, self.restored = self.restored, None
+            require_consumed(status, self.manager.latest_checkpoint, self.model)
         n = int(self.step.numpy())
         if self.on_step is not None:
             self.on_step(n, logs)
@@ -366,10 +426,14 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
     ckpt = tf.train.Checkpoint(model=model)
     manager = tf.train.CheckpointManager(ckpt, state, max_to_keep=2)
     start, resumed_from = 0, manager.latest_checkpoint
+    signature = S.plan_signature(plan, layout, cfg, manifest.dense_names)
+    restored = None  # the resume's restore status, checked again once every variable exists (TPU)
     if resumed_from:
-        # Only under the table layout it was written with (TF cannot map SparseCore stacks).
-        S.check_resumable(state, resumed_from, layout)
-        ckpt.restore(resumed_from).assert_existing_objects_matched()
+        # Only under the table layout and the plan it was written with (TF cannot map SparseCore
+        # stacks; a table added, removed or reshaped would start fresh), checked before anything is restored.
+        S.check_resumable(state, resumed_from, layout, signature)
+        restored = restore_built(model, ckpt, resumed_from, on_tpu, strategy, sample_batch(
+            train_files, manifest, plan, per_replica))
         start = int(step.numpy())
         logging.info("resuming from %s at step %d of %d", resumed_from, start, steps)
     warm_report = None
@@ -399,7 +463,7 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
             fh.write(json.dumps(warm_report, sort_keys=True))
         if int(step.numpy()) != 0:
             raise RuntimeError(f"warm start restored step {int(step.numpy())}; expected a fresh step counter")
-    S.write_layout(state, layout)  # what the checkpoints of this state hold (check_resumable)
+    S.write_layout(state, layout, signature)  # what the checkpoints of this state hold (check_resumable)
     if start > steps:
         raise ValueError(f"checkpoint in {state} is at step {start}, beyond train_steps {steps}; remove it or raise train_steps")
 
@@ -420,7 +484,7 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
     else:
         train_ds = train_input()
     checkpointer = _Checkpointer(manager, step, steps, _Progress(steps, t.batch_size) if progress.enabled() else None,
-                                 selection)
+                                 selection, restored if on_tpu else None)
     callbacks = [checkpointer]
     progress.phase(progress.TRAINER, f"training {steps:,} steps of {t.batch_size} examples"
                                      + (f", resuming at step {start:,}" if start else "")
