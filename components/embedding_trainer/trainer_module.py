@@ -329,14 +329,14 @@ class _Checkpointer(tf.keras.callbacks.Callback):
         self.on_step = on_step  # called with each step reached (live progress)
         self.selection = selection
         self.saved_steps = []
-        # A TPU resume's restore status: the dense network's variables exist only after the first
-        # step there, so the checkpoint's every value is required to have been restored then.
+        # A TPU resume's or warm start's (restore status, checkpoint): the dense network's variables
+        # exist only after the first step there, so every value is required to be restored then.
         self.restored = restored
 
     def on_train_batch_end(self, batch, logs=None):
         if self.restored is not None:
-            status, self.restored = self.restored, None
-            require_consumed(status, self.manager.latest_checkpoint, self.model)
+            (status, prefix), self.restored = self.restored, None
+            require_consumed(status, prefix, self.model)
         n = int(self.step.numpy())
         if self.on_step is not None:
             self.on_step(n, logs)
@@ -427,13 +427,13 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
     manager = tf.train.CheckpointManager(ckpt, state, max_to_keep=2)
     start, resumed_from = 0, manager.latest_checkpoint
     signature = S.plan_signature(plan, layout, cfg, manifest.dense_names)
-    restored = None  # the resume's restore status, checked again once every variable exists (TPU)
+    restored = None  # (restore status, checkpoint) of a resume or warm start, checked again after a TPU step
     if resumed_from:
         # Only under the table layout and the plan it was written with (TF cannot map SparseCore
         # stacks; a table added, removed or reshaped would start fresh), checked before anything is restored.
         S.check_resumable(state, resumed_from, layout, signature)
-        restored = restore_built(model, ckpt, resumed_from, on_tpu, strategy, sample_batch(
-            train_files, manifest, plan, per_replica))
+        restored = (restore_built(model, ckpt, resumed_from, on_tpu, strategy, sample_batch(
+            train_files, manifest, plan, per_replica)), resumed_from)
         start = int(step.numpy())
         logging.info("resuming from %s at step %d of %d", resumed_from, start, steps)
     warm_report = None
@@ -448,8 +448,7 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
 
         with tf.device("/cpu:0"):
             twin = build_model(plan, manifest, cfg, for_training=True)
-            sample, _ = next(iter(make_dataset(train_files, manifest, per_replica, training=False, dense_id_widths=widths,
-                                               sequence_lengths=P.sequence_lengths(plan))))
+            sample = sample_batch(train_files, manifest, plan, per_replica)
             twin(sample)
             twin.create_optimizer_slots()
             warm_prefix = os.path.join(state, "warm_start", "ckpt")
@@ -458,7 +457,7 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
         if layout.kind == "B":
             warm_report["sparse_core"] = warm_start_sparse_core(model, plan, layout, warm_prefix, strategy)
         else:
-            ckpt.restore(warm_prefix).assert_existing_objects_matched()
+            restored = (restore_built(model, ckpt, warm_prefix, on_tpu, strategy, sample), warm_prefix)
         with tf.io.gfile.GFile(warm_report_path, "w") as fh:  # for a resumed execution's record
             fh.write(json.dumps(warm_report, sort_keys=True))
         if int(step.numpy()) != 0:
