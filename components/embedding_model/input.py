@@ -9,6 +9,10 @@ where a row has fewer IDs): a SparseTensor's values have a different length in e
 the TPU step (compiled by XLA for fixed shapes) cannot take, while the TPU embedding engine takes
 SparseTensors from the host. `dense_id_widths` (from the plan) selects them; the trainer uses it on
 every platform, so CPU runs feed the TPU step's exact input.
+
+With several input pipelines (hosts: tf.distribute's `InputContext`), pipeline i of P reads only
+the files i, i+P, ... of the sorted file list and feeds its own replicas; with fewer files than
+pipelines, every pipeline reads all files and keeps every P-th batch (`make_dataset`).
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import components  # noqa: F401
 import tensorflow as tf
+from absl import logging
 
 from components.contracts.manifest import (
     FORMAT_BLOCKS, TAIL_PREFIX, VocabularyManifest, row_lengths_key, weights_key,
@@ -41,6 +46,13 @@ DEFAULT_SHUFFLE_ROWS = 65_536
 # two pipeline runs had other bytes), so the slice is the same for the same transformed rows
 # whatever process wrote them, and it never touches the eval split (other files).
 HOLDOUT_BUCKETS = 1_000_000
+
+# Files an input pipeline reads at once (the interleave's cycle length). A constant, not AUTOTUNE:
+# the order of a deterministic interleave depends on its cycle length, and AUTOTUNE derives it from
+# the host's core count, so a run resumed on a host of another shape would skip the right number
+# of batches of another stream. The reads themselves stay parallel (num_parallel_calls AUTOTUNE,
+# deterministic order); 16 open files is enough to keep remote reads (GCS) in flight.
+INTERLEAVE_CYCLE = 16
 PARTS = ("all", "train", "holdout")
 _FILTER_BATCH = 256  # records keyed at once (decode_proto is vectorised)
 
@@ -213,6 +225,39 @@ def model_inputs(
     return parsed, label
 
 
+def _pipeline_of(input_context: Optional[tf.distribute.InputContext]) -> Tuple[int, int]:
+    """(this input pipeline's index, the number of input pipelines); (0, 1) without a context."""
+    if input_context is None:
+        return 0, 1
+    return int(input_context.input_pipeline_id), int(input_context.num_input_pipelines)
+
+
+def _reads_own_files(main_files: List[str], pipelines: int, file_patterns: List[str]) -> bool:
+    """Whether each of `pipelines` input pipelines gets files of its own (the whole-block files
+    with blocks: the tail files hold a few rows each). Otherwise every pipeline reads every file
+    and keeps its share of the batches: correct, at `pipelines` times the reading, so it is logged."""
+    if pipelines <= 1 or len(main_files) >= pipelines:
+        return True
+    logging.warning(
+        "input: %d file(s) of transformed examples in %s for %d input pipelines: every pipeline reads all "
+        "of them and keeps every %d-th batch; to read each file on one host only, have preprocessing write "
+        "at least %d files (its Beam write leaves the count to the runner: more workers write more files)",
+        len(main_files), ", ".join(file_patterns), pipelines, pipelines, pipelines)
+    return False
+
+
+def _pipeline_share(unit: int, skip_batches: int, batch_size: int, pipelines: int) -> Tuple[int, int]:
+    """(the rows a pipeline reads per step, the batches it skips) of the step's `unit` rows and the
+    `skip_batches` per-replica batches of all pipelines: each feeds `pipelines`-th of the replicas."""
+    if unit % (batch_size * pipelines):
+        raise ValueError(f"input: global_batch {unit} is not batch_size {batch_size} x a multiple of the "
+                         f"{pipelines} input pipelines; use a replica count that is a multiple of the pipelines")
+    if skip_batches % pipelines:
+        raise ValueError(f"input: skip_batches {skip_batches} is not a multiple of the {pipelines} input pipelines; "
+                         "skip steps x replicas batches")
+    return unit // pipelines, skip_batches // pipelines
+
+
 def make_dataset(
     file_patterns: List[str],
     manifest: VocabularyManifest,
@@ -226,11 +271,13 @@ def make_dataset(
     shuffle_rows: int = DEFAULT_SHUFFLE_ROWS,
     part: str = "all",
     holdout_fraction: float = 0.0,
+    input_context: Optional[tf.distribute.InputContext] = None,
 ) -> tf.data.Dataset:
     """Batches of (features, label). `batch_size` is per replica when distributed. Training input
     repeats, shuffles (seeded) and has a static batch size; `skip_batches` fast-forwards a resumed
     run to where the killed run stopped (the same batch order as an uninterrupted run; skipped
-    batches are read but not parsed). Files are read in parallel, parsing is vectorised per batch
+    batches are read but not parsed). Files are read in parallel, INTERLEAVE_CYCLE at a time (a
+    fixed cycle: the order does not depend on the host's cores), parsing is vectorised per batch
     (`tf.io.parse_example`) and runs in parallel with training (AUTOTUNE). `dense_id_widths`:
     features fed as padded dense IDs (see the module docstring); `sequence_lengths`: sequence
     features whose row lengths come with the batch (`parse_batch`). `global_batch` (several
@@ -239,24 +286,44 @@ def make_dataset(
     would get as that step's global batch. `shuffle_rows`: the training shuffle buffer, in rows
     (at least 16 global batches; `training.shuffle_buffer_rows`). `part` with `holdout_fraction`:
     every record (`all`), those outside the train split's held-out slice (`train`) or the slice
-    itself (`holdout`; see `in_holdout`)."""
+    itself (`holdout`; see `in_holdout`).
+
+    `input_context` (tf.distribute's InputContext) with P input pipelines: this pipeline (index
+    i) reads the files i, i+P, ... of the sorted file list and yields the per-replica batches of
+    its own replicas, in units of its share of the global batch (`global_batch` / P; default
+    `batch_size` x the context's replicas); `global_batch` and `skip_batches` still count all
+    replicas (steps x replicas), and the pipeline skips its share. With fewer files than pipelines,
+    every pipeline reads all files and keeps every P-th batch of the one stream (logged). One
+    pipeline (or none) is the single stream above."""
     from components.tfrecords import compression_type
 
     select = _records_of(part, holdout_fraction)
-    unit = global_batch or batch_size
-    shuffle_rows = max(int(shuffle_rows), 16 * unit)
+    index, pipelines = _pipeline_of(input_context)
+    unit = global_batch or batch_size * (input_context.num_replicas_in_sync if input_context else 1)
     if manifest.transformed_format == FORMAT_BLOCKS:
         return _blocks_dataset(file_patterns, manifest, batch_size, training, seed, skip_batches,
-                               dense_id_widths, sequence_lengths, unit, shuffle_rows, select)
+                               dense_id_widths, sequence_lengths, unit, shuffle_rows, select, (index, pipelines))
     static = batch_size if training else None
-    compression = compression_type([f for p in file_patterns for f in tf.io.gfile.glob(p)])
-    files = tf.data.Dataset.list_files(file_patterns, shuffle=training, seed=seed)
-    # Files are read in parallel, a block of `batch_size` records at a time from each: measured on
-    # the trainer benchmark's data, TFRecordDataset(num_parallel_reads=AUTOTUNE) hands records over
+    files = sorted({f for p in file_patterns for f in tf.io.gfile.glob(p)})
+    if not files:
+        raise ValueError(f"no transformed examples match {file_patterns}")
+    compression = compression_type(files)
+    keep_every = 1  # with fewer files than pipelines: this pipeline's batches of the one stream
+    if pipelines > 1 and _reads_own_files(files, pipelines, file_patterns):
+        files = files[index::pipelines]
+        unit, skip_batches = _pipeline_share(unit, skip_batches, batch_size, pipelines)
+    elif pipelines > 1:
+        keep_every = pipelines
+    shuffle_rows = max(int(shuffle_rows), 16 * unit)
+    names = tf.data.Dataset.from_tensor_slices(files)
+    if training:
+        names = names.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    # Files are read in parallel, a block of `unit` records at a time from each: measured on the
+    # trainer benchmark's data, TFRecordDataset(num_parallel_reads=AUTOTUNE) hands records over
     # one by one through the parallel interleave and read 36k records/s; blocks read 220k/s.
-    ds = files.interleave(
+    ds = names.interleave(
         lambda f: select(tf.data.TFRecordDataset(f, compression_type=compression)),
-        cycle_length=tf.data.AUTOTUNE,
+        cycle_length=INTERLEAVE_CYCLE,
         block_length=unit,
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
@@ -266,6 +333,8 @@ def make_dataset(
     ds = ds.batch(batch_size, drop_remainder=training)
     if skip_batches:
         ds = ds.skip(skip_batches)
+    if keep_every > 1:
+        ds = ds.shard(keep_every, index)  # before parsing: the other pipelines' batches are not parsed
     ds = ds.map(lambda s: parse_batch(s, manifest, static, dense_id_widths, sequence_lengths),
                 num_parallel_calls=tf.data.AUTOTUNE)
     return ds.prefetch(tf.data.AUTOTUNE)
@@ -283,28 +352,43 @@ def _blocks_dataset(
     unit: int,
     shuffle_rows: int,
     select=None,
+    shard: Tuple[int, int] = (0, 1),
 ) -> tf.data.Dataset:
     """`make_dataset` over blocks of rows (the `blocks` layout of contracts.manifest).
 
     A batch is `batch_size / block_rows` whole blocks, parsed together by one `parse_example`
     call: no per-row work in tf.data. The shorter last blocks of preprocessing's batches (the
     TAIL_PREFIX files, a few rows per 16,384) are parsed one by one and their rows re-cut into
-    batches. Training draws each global batch from one stream or the other (seeded; in proportion
-    to their bytes), so every replica of a step reads the same stream. The shuffle buffer holds
+    batches. Training draws each step's batches (the global batch, or this pipeline's share of it)
+    from one stream or the other (seeded; in proportion to their bytes), so every replica of a
+    step fed by this pipeline reads the same stream. The shuffle buffer holds
     as many rows as with examples (`shuffle_rows`), as blocks, and the rows of each block were
     shuffled within their batch by preprocessing. With a batch size that is no multiple of
-    `block_rows`, every block takes the re-cut path (correct, slower)."""
+    `block_rows`, every block takes the re-cut path (correct, slower).
+
+    `shard` (this input pipeline's index, the number of pipelines P; `make_dataset`'s
+    `input_context`): the whole-block files and the tail files are each split i, i+P, ... (a
+    pipeline may get no tail file); `unit` and `skip_batches` count all pipelines. With fewer
+    whole-block files than pipelines, every pipeline reads all files and keeps every P-th batch."""
     from components.tfrecords import compression_type
 
     select = select or _ALL
-    files = sorted(f for p in file_patterns for f in tf.io.gfile.glob(p))
+    index, pipelines = shard
+    files = sorted({f for p in file_patterns for f in tf.io.gfile.glob(p)})
     compression = compression_type(files)
     is_tail = [os.path.basename(f).startswith(TAIL_PREFIX) for f in files]
     tail = [f for f, t in zip(files, is_tail) if t]
     whole = [f for f, t in zip(files, is_tail) if not t]
+    keep_every = 1  # with fewer files than pipelines: this pipeline's batches of the one stream
+    if pipelines > 1 and files and _reads_own_files(whole or tail, pipelines, file_patterns):
+        whole, tail = whole[index::pipelines], tail[index::pipelines]
+        unit, skip_batches = _pipeline_share(unit, skip_batches, batch_size, pipelines)
+    elif pipelines > 1:
+        keep_every = pipelines
+    shuffle_rows = max(int(shuffle_rows), 16 * unit)
     per_batch = batch_size // manifest.block_rows if batch_size % manifest.block_rows == 0 else 0
     if not per_batch:
-        tail, whole = files, []
+        tail, whole = sorted(whole + tail), []
     kept_tail_bytes = None
     if training and select is not _ALL:
         # The held-out slice can take every record of a stream (the tail files hold one short
@@ -330,7 +414,7 @@ def _blocks_dataset(
         if training:
             ds = ds.shuffle(len(names), seed=seed, reshuffle_each_iteration=True)
         ds = ds.interleave(lambda f: select(tf.data.TFRecordDataset(f, compression_type=compression)),
-                           cycle_length=tf.data.AUTOTUNE, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+                           cycle_length=INTERLEAVE_CYCLE, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         if training:
             ds = ds.shuffle(max(16, -(-shuffle_rows // manifest.block_rows)), seed=seed,
                             reshuffle_each_iteration=True).repeat()
@@ -357,8 +441,9 @@ def _blocks_dataset(
     elif not training:
         ds = streams[0].concatenate(streams[1])
     else:
-        # One choice per global batch, repeated for its per-replica batches.
-        size = {f: tf.io.gfile.stat(f).length for f in files}
+        # One choice per step (this pipeline's share of the global batch), repeated for its
+        # per-replica batches.
+        size = {f: tf.io.gfile.stat(f).length for f in tail + whole}
         tail_bytes = sum(size[f] for f in tail) if kept_tail_bytes is None else kept_tail_bytes
         whole_bytes = sum(size[f] for f in whole)
         tail_share = tail_bytes / max(1, tail_bytes + whole_bytes)
@@ -369,4 +454,6 @@ def _blocks_dataset(
         ds = tf.data.Dataset.choose_from_datasets(streams, choices)
     if skip_batches:
         ds = ds.skip(skip_batches)
+    if keep_every > 1:
+        ds = ds.shard(keep_every, index)  # before the rows become model inputs
     return ds.map(to_inputs, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)

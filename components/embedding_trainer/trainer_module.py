@@ -236,22 +236,24 @@ def warm_start_sparse_core(model: RankingModel, plan: EmbeddingPlan, layout: Che
 def training_input(train_files, manifest: VocabularyManifest, plan: EmbeddingPlan, t, per_replica: int,
                    start: int, replicas: int, holdout_fraction: float = 0.0):
     """The training input as a dataset function (`ctx`: tf.distribute's InputContext, or None for
-    one replica): one stream of per-replica batches, seeded, sharded over the input pipelines;
-    read and shuffled in units of the global batch, so each step's replicas together get the
-    examples one replica gets as that step's global batch (make_dataset's `global_batch`).
-    Every step takes one batch per replica, so a run resumed at step `start` skips
-    `start x replicas` batches of the stream, before sharding: pipeline i then yields the batches
-    it would have yielded next (the replicas are a multiple of the pipelines). Skipping only
-    `start` batches would feed a resumed multi-replica run examples it has already seen.
-    `holdout_fraction`: the held-out slice (selection.py) is left out."""
+    one replica): per-replica batches, seeded. One input pipeline reads one stream in units of
+    the global batch, so each step's replicas together get the examples one replica gets as that
+    step's global batch (make_dataset's `global_batch`). With P input pipelines (hosts), pipeline
+    i reads only its own files (i, i+P, ... of the split's sorted files; make_dataset's
+    `input_context`) and feeds its replicas / P replicas, in units of its share of the global
+    batch. Every step takes one batch per replica, so a run resumed at step `start` skips
+    `start x replicas` batches over all pipelines, `start x replicas / P` of each pipeline's
+    stream: each pipeline yields the batches it would have yielded next (the replicas are a
+    multiple of the pipelines). Skipping only `start` batches would feed a resumed multi-replica
+    run examples it has already seen. `holdout_fraction`: the held-out slice (selection.py) is
+    left out."""
     widths, lengths = P.dense_id_widths(plan), P.sequence_lengths(plan)
 
     def train_input(ctx: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
-        ds = make_dataset(train_files, manifest, per_replica, training=True, seed=t.seed,
-                          skip_batches=start * replicas, dense_id_widths=widths, sequence_lengths=lengths,
-                          global_batch=per_replica * replicas, shuffle_rows=t.shuffle_buffer_rows,
-                          part="train", holdout_fraction=holdout_fraction)
-        return ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id) if ctx and ctx.num_input_pipelines > 1 else ds
+        return make_dataset(train_files, manifest, per_replica, training=True, seed=t.seed,
+                            skip_batches=start * replicas, dense_id_widths=widths, sequence_lengths=lengths,
+                            global_batch=per_replica * replicas, shuffle_rows=t.shuffle_buffer_rows,
+                            part="train", holdout_fraction=holdout_fraction, input_context=ctx)
 
     return train_input
 
