@@ -78,9 +78,13 @@ def test_statistics_round_trip_and_typed_accessors():
 
 
 def test_sizing_rules():
-    m = sizing.table_memory(1001, 16, "adam", "tpu_embedding", num_chips=4)
+    m = sizing.table_memory(1001, 16, "adam", "tpu_embedding", num_chips=4, embedding_api="tpu_embedding_v1")
     assert (m.weight_bytes, m.slots_per_row, m.total_bytes) == (1001 * 16 * 4, 2, 1001 * 16 * 4 * 3)
     assert m.per_chip_bytes == 251 * 16 * 4 * 3  # ceil(1001 / 4) whole rows per chip
+    # SparseCore (the default API): rows padded to a multiple of 8 x 16 SparseCores, 8 columns for dim 1
+    m = sizing.table_memory(1001, 1, "ftrl", "tpu_embedding", num_chips=4, sparse_cores_per_chip=4)
+    assert (m.padded_rows, m.padded_dim, m.per_chip_rows) == (1024, 8, 256)
+    assert (m.total_bytes, m.per_chip_bytes) == (1024 * 8 * 4 * 3, 256 * 8 * 4 * 3)
     assert sizing.table_memory(1001, 16, "sgd", "tensor_core", num_chips=4).per_chip_bytes == 1001 * 16 * 4  # replicated
     with pytest.raises(ValueError, match="optimizer 'rmsprop' is not one of"):
         sizing.table_memory(10, 4, "rmsprop")
@@ -92,4 +96,4 @@ def test_hand_built_plan_is_a_valid_stored_plan():
     plan = EmbeddingPlan.for_tables({"a": (30, 8, "tpu_embedding"), "b": (5, 4, "tensor_core")}, num_chips=2)
     assert EmbeddingPlan.from_json(plan.to_json()) == plan
     assert plan.feature_table("f_a").rows == 30 and set(plan.tables_placed("tensor_core")) == {"b"}
-    assert plan.memory.per_chip_bytes == 15 * 8 * 4 * 2 + 5 * 4 * 4 * 2
+    assert plan.memory.per_chip_bytes == 64 // 2 * 8 * 4 * 2 + 5 * 4 * 4 * 2  # SparseCore: 30 rows padded to 8 x 8

@@ -69,10 +69,18 @@ def test_plan_places_sizes_and_limits_tables():
     assert t["big"]["initializer"]["stddev"] == pytest.approx(0.2 / math.sqrt(16))
     assert plan["features"]["A"]["table"] == plan["features"]["B"]["table"] == "shared"
     assert t["shared"]["features"] == ["A", "B"]
-    # adagrad (the default embedding optimizer): one slot; big is sharded over 2 chips, small replicated
-    assert t["big"]["memory"]["total_bytes"] == 100_010 * 16 * 4 * 2
-    assert t["big"]["memory"]["per_chip_bytes"] == 50_005 * 16 * 4 * 2
+    # adagrad (the default embedding optimizer): one slot. Sized for SparseCore (no chip named): big's
+    # rows padded to a multiple of 8 x 8 SparseCores (2 chips x 4) and sharded over 2 chips; small replicated
+    assert plan["topology"]["embedding_api"] == "sparse_core" and plan["topology"]["chip"] is None
+    assert t["big"]["memory"]["total_bytes"] == 100_032 * 16 * 4 * 2
+    assert (t["big"]["memory"]["padded_rows"], t["big"]["memory"]["padded_dim"]) == (100_032, 16)
+    assert t["big"]["memory"]["per_chip_bytes"] == 50_016 * 16 * 4 * 2
+    assert t["shared"]["memory"]["per_chip_bytes"] == 5056 // 2 * 8 * 4 * 2
     assert t["small"]["memory"]["per_chip_bytes"] == 11 * 4 * 4 * 2
+    # the initialization transient: big's whole padded table (its own stack group) + one shard of it
+    assert plan["memory"]["init_transient_tables"] == ["big"]
+    assert plan["memory"]["init_transient_bytes"] == 100_032 * 16 * 4 * 3 // 2
+    assert plan["memory"]["peak_per_chip_bytes"] == plan["memory"]["per_chip_bytes"] + plan["memory"]["init_transient_bytes"]
     # SparseCore limits come from the statistics for 2 chips x 4 SparseCores = 8 shards
     assert t["big"]["sparsecore_limits"]["max_ids_per_table"] == 120
     assert t["big"]["sparsecore_limits"]["max_unique_ids_per_table"] == 60
@@ -315,7 +323,8 @@ def test_wide_part_tables_and_features_beside_every_table_and_feature():
         assert w.optimizer["name"] == "ftrl" and w.optimizer["learning_rate"] == 2.0
         assert w.features == tuple(f + WIDE_SUFFIX for f in t.features)
         assert plan.vocabulary_table(name + WIDE_SUFFIX) == plan.vocabulary_table(name) == name
-    assert plan.tables["big" + WIDE_SUFFIX].memory.total_bytes == 100_010 * 1 * 4 * 3  # weights + FTRL's two slots
+    # weights + FTRL's two slots, as SparseCore allocates them: 8 columns, rows to a multiple of 64
+    assert plan.tables["big" + WIDE_SUFFIX].memory.total_bytes == 100_032 * 8 * 4 * 3
     assert plan.wide_features() == {f + WIDE_SUFFIX: f for f in ("A", "B", "big", "small")}
     assert plan.features["A" + WIDE_SUFFIX].table == "shared" + WIDE_SUFFIX
     assert plan.memory.total_bytes == sum(t.memory.total_bytes for t in plan.tables.values())
@@ -364,3 +373,143 @@ def test_dense_buckets_come_from_the_statistics_quantiles():
                        ({"buckets": 101}, "buckets: 101"), ({"dim": 0}, "dense_buckets.dim")):
         with pytest.raises(ConfigError, match=match):
             config(**bad)
+
+
+def _one_table(rows=100_000, **topology):
+    """One dim-16 table of `rows` rows (default Adagrad) with the wide part (a dim-1 FTRL table
+    beside it), every table in TPU embedding, on one chip with 4 SparseCores unless set."""
+    cfg = parse_config({
+        "input": {"path": "unused.csv"}, "label": "label",
+        "categorical_features": [{"name": "items", "dim": 16}],
+        "training": {"wide": {"enabled": True, "optimizer": {"name": "ftrl", "learning_rate": 0.1}},
+                     "embedding": {"size_threshold": 0,
+                                   "topology": {"num_chips": 1, "usable_hbm_fraction": 1.0, **topology}}},
+    })
+    return cfg, _manifest({"items": {"rows": rows, "size": rows - 1, "num_oov_buckets": 1}})
+
+
+def test_sizes_follow_each_apis_layout_rule():
+    """A dim-1 FTRL table of 100 rows on 2 chips: SparseCore allocates 128 x 8 (rows to 8 x 8
+    SparseCores, columns to 8) and 3 variables of it; TPUEmbedding (V1) ceil(100 / 2) rows per
+    chip; no embedding engine: whole on every chip."""
+    from components.contracts import sizing
+
+    sc = sizing.table_memory(100, 1, "ftrl", "tpu_embedding", num_chips=2, embedding_api="sparse_core")
+    assert (sc.padded_rows, sc.padded_dim, sc.per_chip_rows, sc.per_chip_bytes) == (128, 8, 64, 64 * 8 * 4 * 3)
+    assert sc.per_chip_bytes // sc.per_chip_rows == 96  # bytes a row of a wide table takes, against 12 unpadded
+    v1 = sizing.table_memory(100, 1, "ftrl", "tpu_embedding", num_chips=2, embedding_api="tpu_embedding_v1")
+    assert (v1.padded_rows, v1.per_chip_bytes, v1.total_bytes) == (100, 50 * 1 * 4 * 3, 100 * 4 * 3)
+    v0 = sizing.table_memory(100, 1, "ftrl", "tpu_embedding", num_chips=2, embedding_api="none")
+    assert v0.per_chip_bytes == v0.total_bytes == 100 * 4 * 3
+    tc = sizing.table_memory(100, 1, "sgd", "tensor_core", num_chips=2, embedding_api="sparse_core")
+    assert (tc.padded_dim, tc.per_chip_bytes) == (1, 100 * 4)  # TensorCore tables: unpadded, replicated
+    assert sizing.sparse_core_padded_shape(128, 16, 16) == (128, 16) and sizing.sparse_core_padded_shape(129, 17, 16) == (256, 24)
+
+
+def test_fit_check_refuses_by_the_allocated_size_naming_the_tables():
+    """items (100,000 x 16, Adagrad: 12.8 MB) and its wide table (FTRL: 1.2 MB at the unpadded 12
+    bytes a row, 9.6 MB at SparseCore's 96) on one chip: 14.0 MB under the unpadded rule, 22.4 MB
+    kept, plus 12.8 MB while items' stack is initialized (its whole table and one shard of it)."""
+    budget = 16_000_000 / 2**30  # GiB: the unpadded 14.0 MB would fit
+    assert 100_000 * 16 * 4 * 2 + 100_000 * 1 * 4 * 3 < 16_000_000
+    cfg, manifest = _one_table(hbm_gib_per_chip=budget)
+    with pytest.raises(P.PlanError) as err:
+        P.derive_plan(cfg, manifest)
+    message = str(err.value)
+    assert "\n" not in message and "sized for sparse_core" in message
+    assert "largest: items (100000x16 padded from 100000x16, adagrad, 0.01 GiB/chip, tpu_embedding), " \
+           "items__wide (100000x8 padded from 100000x1, ftrl, 0.01 GiB/chip, tpu_embedding)" in message
+    # Kept bytes fit, the initialization transient does not: named too.
+    cfg, manifest = _one_table(hbm_gib_per_chip=30_000_000 / 2**30)
+    with pytest.raises(P.PlanError, match=r"\+ 0.01 GiB while SparseCore initializes the stack of items \(whole padded"):
+        P.derive_plan(cfg, manifest)
+    plan = P.derive_plan(*_one_table(hbm_gib_per_chip=36_000_000 / 2**30))
+    m = plan.memory
+    assert (m.per_chip_bytes, m.init_transient_bytes, m.init_transient_tables) == (22_400_000, 12_800_000, ("items",))
+    assert m.peak_per_chip_bytes == 35_200_000 and m.fits
+
+
+def test_chips_size_or_refuse_the_plan():
+    """training.embedding.topology.chip: its API, SparseCores and HBM size the plan; a chip
+    without an embedding engine refuses TPU-embedding tables, naming the way out; without a chip
+    the plan says it is sized for SparseCore."""
+    from components.config import ConfigError
+
+    with pytest.raises(P.PlanError, match=r"^training.embedding.topology.chip v5e has no embedding engine .* 2 table\(s\) "
+                                          r"are placed in tpu_embedding \(items, items__wide\); set training.embedding."
+                                          r"size_threshold: null .* or train on a v5p/v6e \(SparseCore\) or v4"):
+        P.derive_plan(*_one_table(chip="v5e"))
+    cfg, manifest = _one_table(chip="v5e")
+    cfg.training.embedding.size_threshold = None
+    v5e = P.derive_plan(cfg, manifest)
+    assert (v5e.topology.embedding_api, v5e.topology.hbm_gib_per_chip, v5e.memory.init_transient_bytes) == ("none", 16.0, 0)
+    assert v5e.memory.per_chip_bytes == 100_000 * 16 * 4 * 2 + 100_000 * 4 * 3  # replicated, unpadded
+    v4 = P.derive_plan(*_one_table(rows=1001, chip="v4", num_chips=4))
+    assert (v4.topology.embedding_api, v4.topology.sparse_cores_per_chip) == ("tpu_embedding_v1", 0)
+    assert v4.tables["items"].memory.per_chip_bytes == 251 * 16 * 4 * 2  # ceil(1001 / 4) rows, unpadded
+    assert v4.tables["items"].sparsecore_limits.source.startswith("not applicable")
+    v6e = P.derive_plan(*_one_table(rows=1001, chip="v6e", num_chips=4))
+    assert (v6e.topology.sparse_cores_per_chip, v6e.topology.num_sparse_cores, v6e.topology.hbm_gib_per_chip) == (2, 8, 32.0)
+    assert v6e.tables["items"].memory.padded_rows == 1024  # a multiple of 8 x 8 SparseCores
+    default = P.derive_plan(*_one_table(rows=1001))
+    assert (default.topology.embedding_api, default.topology.chip, default.topology.sparse_cores_per_chip) == ("sparse_core", None, 4)
+    with pytest.raises(ConfigError, match="topology.chip"):
+        _one_table(chip="v7")
+    with pytest.raises(ConfigError, match=r"sparse_cores_per_chip: 4, but a v6e chip has 2; remove it"):
+        _one_table(chip="v6e", sparse_cores_per_chip=4)
+
+
+def test_an_old_plan_without_the_sizing_fields_loads():
+    data = P.derive_plan(_config(), MANIFEST).to_dict()
+    for key in ("embedding_api", "chip"):
+        del data["topology"][key]
+    for key in ("init_transient_bytes", "init_transient_tables", "peak_per_chip_bytes"):
+        del data["memory"][key]
+    for t in data["tables"].values():
+        for key in ("padded_rows", "padded_dim", "per_chip_rows"):
+            del t["memory"][key]
+    old = EmbeddingPlan.from_dict(data)
+    assert old.topology.embedding_api is None and old.memory.init_transient_tables == ()
+    assert old.tables["big"].memory.padded_rows is None
+
+
+class _TPU:
+    """What plan_for_hardware reads of a TPUStrategy: the hardware feature."""
+
+    def __init__(self, feature, sparse_cores=4):
+        from types import SimpleNamespace
+
+        feature = getattr(tf.tpu.experimental.HardwareFeature.EmbeddingFeature, feature)
+        self.extended = SimpleNamespace(tpu_hardware_feature=SimpleNamespace(
+            embedding_feature=feature, num_embedding_devices_per_chip=sparse_cores))
+
+
+def test_the_plan_is_sized_for_the_api_the_tpu_reports_or_refused():
+    """No chip named: re-sized for what the TPU reports (and recorded so by with_run); a named
+    chip the TPU contradicts, or TPU-embedding tables on a TPU without an engine: refused."""
+    from components.contracts.plan import CheckpointLayout
+    from components.embedding_trainer.hardware import plan_for_hardware
+
+    plan = P.derive_plan(*_one_table(rows=1001, num_chips=4))
+    assert plan_for_hardware(plan, None, on_tpu=False) is plan
+    assert plan_for_hardware(plan, _TPU("V2"), on_tpu=True) == plan  # sized for SparseCore, 4 per chip already
+    v1 = plan_for_hardware(plan, _TPU("V1"), on_tpu=True)
+    assert v1.topology.embedding_api == "tpu_embedding_v1" and v1.tables["items"].memory.per_chip_bytes == 251 * 16 * 4 * 2
+    recorded = plan.with_run(checkpoint_layout=CheckpointLayout(kind="A", embedding_api="TPUEmbedding", num_replicas=4,
+                                                                sparse_cores_per_chip=4, hardware_api="tpu_embedding_v1"))
+    assert recorded.tables == v1.tables and recorded.memory == v1.memory
+    two = plan_for_hardware(plan, _TPU("V2", sparse_cores=2), on_tpu=True)
+    assert two.topology.num_sparse_cores == 8 and two.tables["items"].memory.padded_rows == 1024
+    with pytest.raises(P.PlanError, match=r"^the TPU \(EmbeddingFeature.UNSUPPORTED\) has no embedding engine .*"
+                                          r"size_threshold: null"):
+        plan_for_hardware(plan, _TPU("UNSUPPORTED"), on_tpu=True)
+    cfg, manifest = _one_table(rows=1001, num_chips=4)
+    cfg.training.embedding.size_threshold = None
+    none = plan_for_hardware(P.derive_plan(cfg, manifest), _TPU("UNSUPPORTED"), on_tpu=True)
+    assert none.topology.embedding_api == "none" and none.memory.per_chip_bytes == none.memory.total_bytes
+    v5p = P.derive_plan(*_one_table(rows=1001, num_chips=4, chip="v5p"))
+    with pytest.raises(P.PlanError, match=r"^training.embedding.topology.chip v5p sized the embedding plan for SparseCore "
+                                          r"\(TPUEmbeddingV2\), 4 SparseCores per chip, but the TPU reports EmbeddingFeature.V1"):
+        plan_for_hardware(v5p, _TPU("V1"), on_tpu=True)
+    with pytest.raises(P.PlanError, match=r"reports EmbeddingFeature.V2 \(SparseCore \(TPUEmbeddingV2\), 2 SparseCores per chip\)"):
+        plan_for_hardware(v5p, _TPU("V2", sparse_cores=2), on_tpu=True)

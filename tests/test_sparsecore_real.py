@@ -7,6 +7,10 @@
    sharded saveables write them; the exporter reads every logical row back: several tables per
    stack, a padded lone table, and a lone table that needs no padding (keeps its own name and
    shape: read as one plain table, its rows would come out permuted).
+3. The plan's memory is what TF allocates: for wide (dim-1) tables, mixed dims and SGD, Adagrad,
+   FTRL and Adam, the bytes of TF's stacked, sharded variables (parameters and every slot) per
+   replica device and per stack equal the plan's per-chip bytes of the stack's tables, and the
+   initialization transient the plan counts is what TF's initializer builds (its calls recorded).
 """
 import dataclasses
 
@@ -26,13 +30,12 @@ from tests import tpu_harness as H
 DEFAULT = optimizer_spec(OptimizerConfig(name="adagrad", learning_rate=0.1))
 OWN = optimizer_spec(OptimizerConfig(name="sgd", learning_rate=0.5))
 OTHER = optimizer_spec(OptimizerConfig(name="adam", learning_rate=0.01))
+FTRL = optimizer_spec(OptimizerConfig(name="ftrl", learning_rate=0.1))
 
 
 def _plan(tables, optimizers=None, features=None, batch=64):
-    plan = EmbeddingPlan.for_tables(tables, features=features, global_batch_size=batch, optimizer=DEFAULT)
-    for name, spec in (optimizers or {}).items():
-        plan = dataclasses.replace(plan, tables={**plan.tables, name: dataclasses.replace(plan.tables[name], optimizer=spec)})
-    return plan
+    return EmbeddingPlan.for_tables(tables, features=features, global_batch_size=batch, optimizer=DEFAULT,
+                                    optimizers=optimizers)
 
 
 PLANS = {
@@ -143,3 +146,70 @@ def test_tf_cannot_build_a_sequence_feature_on_sparsecore_and_the_model_refuses_
     with pytest.raises(SparseCoreUnsupported, match=r"'history' \(table 'items', length 4\)"):
         check_sparsecore_features(configs)
     check_sparsecore_features({"item": configs["item"]})  # pooled features pass
+
+
+def _sized_plan(replicas, per_chip):
+    """Wide (dim-1, FTRL) tables beside a dim-16 and a dim-6 table (default Adagrad), an SGD and
+    an Adam table, and a TensorCore table; sized for SparseCore on `replicas` chips."""
+    return EmbeddingPlan.for_tables(
+        {"a": (100, 16, "tpu_embedding"), "a__wide": (100, 1, "tpu_embedding"), "b": (300, 6, "tpu_embedding"),
+         "b__wide": (300, 1, "tpu_embedding"), "c": (50, 8, "tpu_embedding"), "d": (70, 12, "tpu_embedding"),
+         "t": (10, 4, "tensor_core")},
+        num_chips=replicas, sparse_cores_per_chip=per_chip, optimizer=DEFAULT,
+        optimizers={"a__wide": FTRL, "b__wide": FTRL, "c": OWN, "d": OTHER})
+
+
+@pytest.mark.parametrize("replicas,per_chip", [(1, 2), (2, 4), (4, 4)])
+def test_plan_memory_is_what_tf_allocates_on_sparse_core(replicas, per_chip, monkeypatch):
+    plan = _sized_plan(replicas, per_chip)
+    assert plan.topology.embedding_api == "sparse_core"
+    calls = []
+
+    def recording(table, init):
+        # not sharding-aware (no shard_info), as the trainer's Keras initializers: TF builds whole tables
+        def record(shape, dtype=None, **kwargs):
+            calls.append((table, tuple(int(x) for x in shape)))
+            return init(shape, dtype=dtype, **kwargs)
+        return record
+
+    strategy = _strategy(monkeypatch, replicas, per_chip)
+    with strategy.scope():
+        _, tpu_opt = tm.embedding_optimizers(DEFAULT)
+        opts = tm.table_optimizers(plan, DEFAULT)
+        configs = P.feature_configs(plan, output_batch=64 // replicas, on_tpu=True,
+                                    table_optimizers={n: o.tpu for n, o in opts.items()})
+    configs = {n: c for n, c in configs.items() if plan.tables[plan.features[n].table].placement == "tpu_embedding"}
+    for c in configs.values():
+        c.table.initializer = recording(c.table.name, c.table.initializer)
+    mid = H.build_real_v2(strategy, configs, tpu_opt)
+    slots = {"sgd": set(), "adagrad": {"accumulators"}, "ftrl": {"accumulators", "linears"}, "adam": {"momenta", "velocities"}}
+    per_device = [0] * replicas
+    for stacked, tables in mid._stacked_table_to_tables.items():  # pylint: disable=protected-access
+        variables = mid._variables[stacked]  # pylint: disable=protected-access
+        planned = [plan.tables[t.name] for t in tables]
+        assert set(variables) == {"parameters"} | slots[planned[0].optimizer["name"]], stacked
+        # one shard per replica device (TF's make_sharded_variable_creator: shard i on device i), all equal
+        shard_bytes = [0] * replicas
+        for v in variables.values():
+            assert len(v.values) == replicas
+            for i, shard in enumerate(v.values):
+                shard_bytes[i] += shard.shape.num_elements() * shard.dtype.size
+        assert shard_bytes == [sum(t.memory.per_chip_bytes for t in planned)] * replicas, stacked
+        assert [tuple(t.memory.padded_rows for t in planned), planned[0].memory.padded_dim] == [
+            tuple(t.vocabulary_size for t in tables), tables[0].dim], stacked
+        per_device = [a + b for a, b in zip(per_device, shard_bytes)]
+    tpu = plan.tables_placed("tpu_embedding")
+    assert per_device == [sum(t.memory.per_chip_bytes for t in tpu.values())] * replicas
+    assert sum(t.memory.total_bytes for t in tpu.values()) == sum(per_device)
+    # The transient: for every device and SparseCore of it, TF's initializer builds every table of the
+    # stack at its whole padded shape, one stack at a time, the stack's tables together.
+    expected, transient = [], {}
+    for stacked, tables in mid._stacked_table_to_tables.items():  # pylint: disable=protected-access
+        block = [(t.name, (t.vocabulary_size, t.dim)) for t in tables]
+        expected += block * (replicas * per_chip)
+        full = sum(r * d * 4 for _, (r, d) in block)
+        transient[tuple(t.name for t in tables)] = full + full // replicas  # + the shard's slices before concat
+    assert calls == expected
+    largest = max(transient, key=transient.get)
+    assert (plan.memory.init_transient_bytes, plan.memory.init_transient_tables) == (transient[largest], largest)
+    assert largest == ("a__wide", "b__wide")  # the wide tables: one FTRL stack of 8 padded columns

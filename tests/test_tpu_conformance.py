@@ -443,6 +443,27 @@ def test_sparsecore_refuses_a_table_optimizer_it_would_ignore(tpu_branch, data, 
         tm.train(cfg, *_plan(cfg, data), *_files(data), str(tmp_path / "state"))
 
 
+def test_a_tpu_without_an_embedding_engine_is_refused_before_training(tpu_branch, data, tmp_path):
+    """A TPU reporting EmbeddingFeature.UNSUPPORTED (v5e; TFRS would build TPUEmbeddingV0 and
+    replicate every table on every chip) with tables placed in TPU embedding: the run stops once
+    the strategy exists, before any model is built or step run, naming the feature and the way
+    out; the checkpoint layout of such a TPU names no TPUEmbedding."""
+    from components.contracts.plan import PlanError
+
+    rec = tpu_branch(Feature.UNSUPPORTED)
+    cfg = _config(data, tpu="local", train_steps=10, checkpoint_every_steps=10)
+    plan, manifest = _plan(cfg, data)
+    assert plan.tables_placed("tpu_embedding") and plan.topology.embedding_api == "sparse_core"  # no chip named
+    with pytest.raises(PlanError, match=r"^the TPU \(EmbeddingFeature.UNSUPPORTED\) has no embedding engine .*"
+                                        r"size_threshold: null"):
+        tm.train(cfg, plan, manifest, *_files(data), str(tmp_path / "state"))
+    assert "TPUStrategy" in rec.names()
+    assert not [c["call"] for c in rec.calls if c["call"].startswith(("TPUEmbedding", "TPUStrategy.run", "TPUStrategy.distribute"))]
+    assert not (tmp_path / "state").exists()
+    layout = tm.checkpoint_layout(tm.distribution_strategy(cfg), 32)
+    assert (layout.kind, layout.hardware_api) == ("A", "none") and layout.embedding_api.startswith("none (EmbeddingFeature.UNSUPPORTED")
+
+
 @pytest.mark.slow(reason="a preprocessing run and a TPU-branch Trainer run with weighted (V1: and sequence) features")
 @pytest.mark.parametrize("feature", ["V1", "V2"])
 def test_weighted_and_sequence_features_on_the_tpu_branch(feature, tpu_branch, data, tmp_path):

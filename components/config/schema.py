@@ -243,11 +243,16 @@ class GradientMultiplierConfig:
 
 @dataclass
 class TopologyConfig:
-    """The TPU slice the embedding plan is sized for (defaults: a v5e-8 slice)."""
+    """The TPU slice the embedding plan is sized for (defaults: 8 chips sized as SparseCore, 16 GiB
+    HBM and 4 SparseCores each; contracts.sizing.CHIPS has each chip's facts)."""
 
+    # v2 | v3 | v4 (TPUEmbedding) | v5e (no embedding engine: every table must be on the TensorCore,
+    # size_threshold: null) | v5p | v6e (SparseCore); null: sized for SparseCore, and the trainer
+    # re-sizes the plan for the embedding API the TPU reports.
+    chip: Optional[str] = None
     num_chips: int = 8
-    hbm_gib_per_chip: float = 16.0
-    sparse_cores_per_chip: int = 4  # SparseCores per chip (v5p: 4, v6e: 2); used for SparseCore limits
+    hbm_gib_per_chip: Optional[float] = None  # null: the chip's HBM, else 16
+    sparse_cores_per_chip: Optional[int] = None  # null: the chip's (v5p: 4, v6e: 2, none before v5p), else 4
     usable_hbm_fraction: float = 0.7  # share of HBM the embedding tables may take (the rest: dense part, activations)
 
 

@@ -14,6 +14,7 @@ from components.config.binding import bind_tables, optimizer_path, table_optimiz
 from components.config.checks import check_choice, check_positive
 from components.config.resolved import ResolvedConfig
 from components.contracts.manifest import TRANSFORMED_FORMATS
+from components.contracts.sizing import CHIPS
 from components.contracts.statistics import DENSE_QUANTILE_POINTS as QUANTILE_POINTS
 from components.config.schema import (
     BUCKET_ENCODINGS,
@@ -246,8 +247,17 @@ def _check_embedding_plan(cfg: PipelineConfig) -> None:
     if emb.size_threshold is not None and emb.size_threshold < 0:
         raise ConfigError("training.embedding.size_threshold: must be 0 (all tables in TPU embedding), a row count, or null")
     check_choice(emb.dim_rule, DIM_RULES, "training.embedding.dim_rule")
+    topo = emb.topology
     for name in ("num_chips", "hbm_gib_per_chip", "sparse_cores_per_chip"):
-        check_positive(getattr(emb.topology, name), f"training.embedding.topology.{name}", "describe the TPU slice")
+        if getattr(topo, name) is not None:
+            check_positive(getattr(topo, name), f"training.embedding.topology.{name}", "describe the TPU slice")
+    if topo.chip is not None:
+        check_choice(topo.chip, tuple(CHIPS), "training.embedding.topology.chip")
+        facts = CHIPS[topo.chip]
+        if topo.sparse_cores_per_chip is not None and topo.sparse_cores_per_chip != facts.sparse_cores_per_chip:
+            raise ConfigError(
+                f"training.embedding.topology.sparse_cores_per_chip: {topo.sparse_cores_per_chip}, but a {topo.chip} chip "
+                f"has {facts.sparse_cores_per_chip}; remove it (the chip gives it) or change chip")
     if not 0 < emb.topology.usable_hbm_fraction <= 1:
         raise ConfigError("training.embedding.topology.usable_hbm_fraction: must be in (0, 1], e.g. 0.7")
 

@@ -21,8 +21,15 @@ Rules (documented in configs/README.md):
 - SparseCore limits: the statistics' suggestion for num_chips x sparse_cores_per_chip shards
   (busiest SparseCore in any full batch, with headroom); `SparseCoreEmbeddingConfig` exists from
   TensorFlow 2.17, so on 2.16 they are reported in the plan and not passed.
-- memory: `contracts.sizing.table_memory`. A plan whose per-chip total exceeds hbm_gib_per_chip x
-  usable_hbm_fraction is refused with the tables that take most.
+- memory: what TensorFlow allocates for the embedding API the plan is sized for
+  (`topology.embedding_api`: the chip's, `training.embedding.topology.chip`; without a chip
+  `sparse_core`; the trainer re-sizes it for the API the TPU reports), by `contracts.sizing`:
+  on SparseCore padded shapes x (1 + the optimizer's slots), padded rows / chips per chip; on
+  TPUEmbedding (V1) ceil(rows / chips) per chip; TensorCore tables replicated. The fit check adds
+  SparseCore's initialization transient (sizing.sparse_core_init_transient) to the steady bytes; a
+  plan whose per-chip peak exceeds hbm_gib_per_chip x usable_hbm_fraction is refused, naming the
+  tables that take most with their padded shapes. A chip without an embedding engine (v5e) with a
+  table placed in `tpu_embedding` is refused.
 """
 from __future__ import annotations
 
@@ -35,6 +42,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from components.config import WIDE_SUFFIX, OptimizerConfig, PipelineConfig, table_optimizer
 from components.contracts._json import check_version, dumps, pick, plain
 from components.contracts.manifest import VocabularyManifest
+from components.contracts import sizing
 from components.contracts.sizing import TableMemory, table_memory
 from components.contracts.statistics import EmbeddingStatistics
 
@@ -154,14 +162,25 @@ class Topology:
     sparse_cores_per_chip: int
     num_sparse_cores: int
     usable_hbm_fraction: float
+    # What the tables are sized for (sizing.EMBEDDING_APIS); None in plans written before it was
+    # recorded (sized as ceil(rows / chips), unpadded).
+    embedding_api: Optional[str] = None
+    chip: Optional[str] = None  # training.embedding.topology.chip when set (sizing.CHIPS)
 
 
 @dataclass(frozen=True)
 class PlanMemory:
+    """Per-chip bytes: `per_chip_bytes` kept while training, `init_transient_bytes` more while
+    SparseCore initializes the largest stack (`init_transient_tables`, sizing.sparse_core_init_transient),
+    `peak_per_chip_bytes` their sum; `fits`: the peak is within the budget."""
+
     total_bytes: int
     per_chip_bytes: int
     budget_per_chip_bytes: int
     fits: bool
+    init_transient_bytes: int = 0
+    init_transient_tables: Tuple[str, ...] = ()
+    peak_per_chip_bytes: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -180,6 +199,9 @@ class CheckpointLayout:
     num_replicas: Optional[int] = None
     sparse_cores_per_chip: Optional[int] = None
     per_replica_batch_size: Optional[int] = None
+    # The API the TPU reported (sizing.EMBEDDING_APIS); None off TPU. `EmbeddingPlan.with_run`
+    # records the plan sized for it.
+    hardware_api: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -236,13 +258,36 @@ class EmbeddingPlan:
         return {n: t for n, t in self.tables.items() if t.placement == placement}
 
     def with_run(self, checkpoint_layout: Optional[CheckpointLayout] = None, vocabulary_dir: Optional[str] = None) -> "EmbeddingPlan":
-        """A copy with what one training run adds (the plan itself is never changed in place)."""
+        """A copy with what one training run adds (the plan itself is never changed in place). A
+        layout from a TPU (`hardware_api` set) also re-sizes the copy for that API and the
+        SparseCores the TPU reported, as the trainer checked it (components.embedding_trainer.hardware),
+        so the recorded plan says what was allocated."""
+        plan = self
+        if checkpoint_layout is not None and checkpoint_layout.hardware_api:
+            plan = plan.sized_for(checkpoint_layout.hardware_api, checkpoint_layout.sparse_cores_per_chip)
         changes: Dict[str, Any] = {}
         if checkpoint_layout is not None:
             changes["checkpoint_layout"] = checkpoint_layout
         if vocabulary_dir is not None:
             changes["vocabulary_dir"] = vocabulary_dir
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(plan, **changes)
+
+    def sized_for(self, embedding_api: str, sparse_cores_per_chip: Optional[int] = None) -> "EmbeddingPlan":
+        """A copy whose tables and memory are sized for `embedding_api` (sizing.EMBEDDING_APIS) and,
+        on SparseCore, `sparse_cores_per_chip` (default: the topology's); the budget, chips and
+        chip stay. Not checked against the budget (`check_fits`)."""
+        topo = self.topology
+        if embedding_api == sizing.SPARSE_CORE:
+            per_chip = int(sparse_cores_per_chip or topo.sparse_cores_per_chip or sizing.DEFAULT_SPARSE_CORES_PER_CHIP)
+        else:
+            per_chip = int(topo.sparse_cores_per_chip)
+        if embedding_api == topo.embedding_api and per_chip == topo.sparse_cores_per_chip:
+            return self
+        topology = dataclasses.replace(topo, embedding_api=embedding_api, sparse_cores_per_chip=per_chip,
+                                       num_sparse_cores=topo.num_chips * per_chip)
+        tables = size_tables(self.tables, topology)
+        return dataclasses.replace(self, topology=topology, tables=tables,
+                                   memory=plan_memory(tables, topology, self.memory.budget_per_chip_bytes))
 
     @classmethod
     def for_tables(
@@ -254,32 +299,37 @@ class EmbeddingPlan:
         sparse_cores_per_chip: int = 4,
         optimizer: Optional[Mapping[str, Any]] = None,
         combiner: str = "mean",
+        optimizers: Optional[Mapping[str, Mapping[str, Any]]] = None,
+        embedding_api: str = sizing.DEFAULT_EMBEDDING_API,
     ) -> "EmbeddingPlan":
         """A plan for tables this pipeline did not derive (hand-built checkpoints in tests and
         benchmarks): `tables` {name: (rows, dim, placement)}, `features` {feature: table} (default:
-        one feature `f_<table>` per table). Sizes come from contracts.sizing; nothing is checked
-        against a memory budget."""
+        one feature `f_<table>` per table), `optimizers` {table: spec} of tables with their own.
+        Sizes come from contracts.sizing for `embedding_api`; nothing is checked against a memory
+        budget."""
         optimizer = dict(optimizer or {"name": "adagrad", "learning_rate": 0.1})
+        optimizers = optimizers or {}
         features = dict(features or {f"f_{n}": n for n in tables})
         num_sc = num_chips * sparse_cores_per_chip
+        topology = Topology(num_chips, 0.0, sparse_cores_per_chip, num_sc, 1.0, embedding_api=embedding_api)
         plans = {
             n: TablePlan(
                 rows=r, vocabulary_size=r, num_oov_buckets=0, dim=d, dim_source="given", combiner=combiner,
-                initializer=Initializer.from_options(None, d), optimizer=optimizer,
+                initializer=Initializer.from_options(None, d), optimizer=dict(optimizers.get(n, optimizer)),
                 placement=p, features=tuple(f for f, t in features.items() if t == n),
                 sparsecore_limits=SparseCoreLimits(None, None, "not measured"),
-                memory=table_memory(r, d, optimizer["name"], p, num_chips),
+                memory=_table_memory(r, d, optimizers.get(n, optimizer)["name"], p, topology),
             )
             for n, (r, d, p) in tables.items()
         }
-        per_chip = sum(t.memory.per_chip_bytes for t in plans.values())
+        memory = plan_memory(plans, topology, 0)
         return cls(
             global_batch_size=global_batch_size,
             size_threshold=None,
-            topology=Topology(num_chips, 0.0, sparse_cores_per_chip, num_sc, 1.0),
+            topology=topology,
             tables=plans,
             features={f: FeaturePlan(t, 0, None, None) for f, t in features.items()},
-            memory=PlanMemory(sum(t.memory.total_bytes for t in plans.values()), per_chip, per_chip, True),
+            memory=dataclasses.replace(memory, budget_per_chip_bytes=memory.peak_per_chip_bytes, fits=True),
             sparse_core_config=SparseCoreConfigNote(False, "hand-built plan"),
         )
 
@@ -313,7 +363,8 @@ class EmbeddingPlan:
             topology=pick(Topology, data.get("topology", {}), f"{source}: topology"),
             tables={n: table(n, t) for n, t in data.get("tables", {}).items()},
             features={n: pick(FeaturePlan, f, f"{source}: features.{n}") for n, f in data.get("features", {}).items()},
-            memory=pick(PlanMemory, data.get("memory", {}), f"{source}: memory"),
+            memory=pick(PlanMemory, data.get("memory", {}), f"{source}: memory",
+                        init_transient_tables=tuple(data.get("memory", {}).get("init_transient_tables", ()))),
             sparse_core_config=pick(SparseCoreConfigNote, data.get("sparse_core_config", {}), f"{source}: sparse_core_config"),
             checkpoint_layout=pick(CheckpointLayout, layout, f"{source}: checkpoint_layout") if layout else None,
             dense_buckets=buckets or None,
@@ -322,6 +373,96 @@ class EmbeddingPlan:
     @classmethod
     def from_json(cls, text: str, source: str = "embedding plan") -> "EmbeddingPlan":
         return cls.from_dict(json.loads(text), source)
+
+
+# ---- sizing -------------------------------------------------------------------------------------
+
+
+def _table_memory(rows: int, dim: int, optimizer: str, placement: str, topology: Topology) -> TableMemory:
+    # A plan written before its API was recorded was sized as TPUEmbedding (V1) tables are.
+    api = topology.embedding_api or sizing.TPU_EMBEDDING_V1
+    return table_memory(rows, dim, optimizer, placement, topology.num_chips, api, topology.sparse_cores_per_chip)
+
+
+def size_tables(tables: Mapping[str, TablePlan], topology: Topology) -> Dict[str, TablePlan]:
+    """The tables with their memory sized for `topology` (its chips, API and SparseCores)."""
+    return {n: dataclasses.replace(t, memory=_table_memory(t.rows, t.dim, t.optimizer["name"], t.placement, topology))
+            for n, t in tables.items()}
+
+
+def _optimizer_key(spec: Mapping[str, Any]) -> str:
+    # Tables with equal specs share one TPU optimizer (trainer_module.table_optimizers), which is
+    # what TPUEmbeddingV2 compares when it stacks them.
+    return json.dumps(dict(spec), sort_keys=True)
+
+
+def plan_memory(tables: Mapping[str, TablePlan], topology: Topology, budget_per_chip_bytes: int) -> PlanMemory:
+    """Total and per-chip bytes of sized tables, with SparseCore's initialization transient (the
+    largest group of TPU-embedding tables that could share a stack: equal padded dim and equal
+    optimizer spec, fully padded, plus one shard of it; sizing.sparse_core_init_transient, a safe
+    upper bound of any stack TF forms) on top of the steady bytes."""
+    steady = sum(t.memory.per_chip_bytes for t in tables.values())
+    transient, names = 0, ()
+    if topology.embedding_api == sizing.SPARSE_CORE:
+        tpu = {n: t for n, t in tables.items() if t.placement == "tpu_embedding"}
+        groups = sizing.sparse_core_stack_groups((n, t.dim, _optimizer_key(t.optimizer)) for n, t in tpu.items())
+        transient, names = sizing.sparse_core_init_transient(
+            {n: t.memory.weight_bytes for n, t in tpu.items()}, groups.values(), topology.num_chips)
+    peak = steady + transient
+    return PlanMemory(
+        total_bytes=sum(t.memory.total_bytes for t in tables.values()),
+        per_chip_bytes=steady,
+        budget_per_chip_bytes=int(budget_per_chip_bytes),
+        fits=peak <= budget_per_chip_bytes,
+        init_transient_bytes=transient,
+        init_transient_tables=tuple(names),
+        peak_per_chip_bytes=peak,
+    )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def check_fits(plan: "EmbeddingPlan") -> None:
+    """Refuses a plan whose per-chip peak (steady + initialization transient) exceeds its budget,
+    naming the tables that take most per chip, largest first, with their allocated shapes."""
+    memory, topo = plan.memory, plan.topology
+    if memory.fits:
+        return
+    biggest = sorted(plan.tables.items(), key=lambda kv: (-kv[1].memory.per_chip_bytes, kv[0]))[:5]
+    names = ", ".join(
+        f"{n} ({t.memory.padded_rows or t.rows}x{t.memory.padded_dim or t.dim} padded from {t.rows}x{t.dim}, "
+        f"{t.optimizer['name']}, {_gib(t.memory.per_chip_bytes)}/chip, {t.placement})"
+        for n, t in biggest)
+    transient = ""
+    if memory.init_transient_bytes:
+        transient = (f" + {_gib(memory.init_transient_bytes)} while SparseCore initializes the stack of "
+                     f"{', '.join(memory.init_transient_tables)} (whole padded tables on every chip)")
+    raise PlanError(
+        f"embedding tables need {_gib(memory.peak_per_chip_bytes or memory.per_chip_bytes)} per chip "
+        f"({_gib(memory.per_chip_bytes)} kept{transient}) sized for {topo.embedding_api}"
+        f"{' on ' + topo.chip if topo.chip else ''}, but training.embedding.topology allows "
+        f"{_gib(memory.budget_per_chip_bytes)} ({topo.hbm_gib_per_chip} GiB x {topo.usable_hbm_fraction} on each of "
+        f"{topo.num_chips} chips); largest: {names}. Use more chips, smaller dims, a vocabulary top_k/min_frequency, "
+        "or a lower size_threshold so large tables are sharded"
+    )
+
+
+def check_embedding_api(plan: "EmbeddingPlan", hardware: str) -> None:
+    """Refuses TPU-embedding tables where the chip has no embedding engine (`hardware`: how the
+    chip was named, e.g. "training.embedding.topology.chip v5e")."""
+    if plan.topology.embedding_api != sizing.NO_EMBEDDING_API:
+        return
+    tpu = sorted(plan.tables_placed("tpu_embedding"))
+    if tpu:
+        raise PlanError(
+            f"{hardware} has no embedding engine (TFRS would replicate every table on every chip), but "
+            f"{len(tpu)} table(s) are placed in tpu_embedding ({', '.join(tpu[:5])}{', ...' if len(tpu) > 5 else ''}); "
+            "set training.embedding.size_threshold: null (every table on the TensorCore, replicated and sized so) "
+            f"or train on a {'/'.join(sizing.chips_with(sizing.SPARSE_CORE))} (SparseCore) or "
+            f"{sizing.chips_with(sizing.TPU_EMBEDDING_V1)[-1]} (TPUEmbedding) slice"
+        )
 
 
 # ---- derivation ---------------------------------------------------------------------------------
@@ -338,6 +479,8 @@ def _dense_width(max_length: Optional[int], observed_max: Optional[float]) -> Op
 
 
 def _sparsecore_limits(statistics: EmbeddingStatistics, table: str, num_sc: int) -> SparseCoreLimits:
+    if num_sc < 1:
+        return SparseCoreLimits(None, None, "not applicable: the chip has no SparseCores (training.embedding.topology.chip)")
     s = statistics.suggested_sparsecore_limits(table, num_sc)
     if s:
         return SparseCoreLimits(
@@ -351,9 +494,9 @@ def _sparsecore_limits(statistics: EmbeddingStatistics, table: str, num_sc: int)
     )
 
 
-def _table_plan(cfg: PipelineConfig, name: str, manifest: VocabularyManifest, statistics: EmbeddingStatistics) -> TablePlan:
+def _table_plan(cfg: PipelineConfig, name: str, manifest: VocabularyManifest, statistics: EmbeddingStatistics,
+                topology: Topology) -> TablePlan:
     emb = cfg.training.embedding
-    topo = emb.topology
     t = cfg.table(name)
     if name not in manifest.vocabularies:
         raise PlanError(f"table {name!r} has no vocabulary in the manifest; rerun preprocessing with this config")
@@ -376,8 +519,8 @@ def _table_plan(cfg: PipelineConfig, name: str, manifest: VocabularyManifest, st
         optimizer=optimizer_spec(optimizer),
         placement=placement,
         features=tuple(cfg.resolved.table(name).features),
-        sparsecore_limits=_sparsecore_limits(statistics, name, topo.num_chips * topo.sparse_cores_per_chip),
-        memory=table_memory(rows, dim, optimizer.name, placement, topo.num_chips),
+        sparsecore_limits=_sparsecore_limits(statistics, name, topology.num_sparse_cores),
+        memory=_table_memory(rows, dim, optimizer.name, placement, topology),
     )
 
 
@@ -405,20 +548,21 @@ def _feature_plans(cfg: PipelineConfig, tables: Mapping[str, TablePlan], statist
     return features
 
 
-def _with_wide_part(cfg: PipelineConfig, tables: Dict[str, TablePlan], features: Dict[str, FeaturePlan]):
+def _with_wide_part(cfg: PipelineConfig, tables: Dict[str, TablePlan], features: Dict[str, FeaturePlan],
+                    topology: Topology):
     """The plan's tables and features with the wide part's beside them (training.wide): per table a
     one-dimensional table of the same rows and vocabulary (`<table>__wide`), initialized to zeros,
     updated by the wide optimizer and placed as its table is; per categorical feature a feature of
     that table reading the same IDs (`<feature>__wide`; a sequence feature's reads the same
     positions). The model adds their pooled values to its logit (model.py)."""
     wide = cfg.training.wide.optimizer
-    spec, chips = optimizer_spec(wide), cfg.training.embedding.topology.num_chips
+    spec = optimizer_spec(wide)
     out_tables, out_features = dict(tables), dict(features)
     for name, t in tables.items():
         out_tables[name + WIDE_SUFFIX] = dataclasses.replace(
             t, dim=1, dim_source="wide part (training.wide)", initializer=Initializer("zeros"), optimizer=spec,
             features=tuple(f + WIDE_SUFFIX for f in t.features),
-            memory=table_memory(t.rows, 1, wide.name, t.placement, chips), wide_of=name)
+            memory=_table_memory(t.rows, 1, wide.name, t.placement, topology), wide_of=name)
     for name, f in features.items():
         out_features[name + WIDE_SUFFIX] = dataclasses.replace(
             f, table=f.table + WIDE_SUFFIX, sequence_pooling=None, sequence_query=None, wide_of=name)
@@ -485,16 +629,25 @@ def _gradient_multiplier(cfg: PipelineConfig) -> Optional[Dict[str, Any]]:
     return None if m is None else {"value": m.value, "schedule": dict(vars(m.schedule))}
 
 
-def _check_fits(topo: Topology, tables: Mapping[str, TablePlan], memory: PlanMemory, hbm_gib: float, fraction: float) -> None:
-    if memory.fits:
-        return
-    biggest = sorted(tables.items(), key=lambda kv: -kv[1].memory.per_chip_bytes)[:3]
-    names = ", ".join(f"{n} ({t.memory.per_chip_bytes / 2**30:.2f} GiB/chip, {t.placement})" for n, t in biggest)
-    raise PlanError(
-        f"embedding tables need {memory.per_chip_bytes / 2**30:.2f} GiB per chip but "
-        f"training.embedding.topology allows {memory.budget_per_chip_bytes / 2**30:.2f} GiB ({hbm_gib} GiB x "
-        f"{fraction} on each of {topo.num_chips} chips); largest: {names}. Use more chips, "
-        "smaller dims, a vocabulary top_k/min_frequency, or a lower size_threshold so large tables are sharded"
+def resolve_topology(cfg: PipelineConfig) -> Topology:
+    """The plan's topology from training.embedding.topology: a chip's facts (sizing.CHIPS) fill
+    what is not set; without a chip, sized for SparseCore (sizing.DEFAULT_EMBEDDING_API) with
+    16 GiB and 4 SparseCores per chip unless set."""
+    topo = cfg.training.embedding.topology
+    chip = sizing.chip_facts(topo.chip) if topo.chip else None
+    api = chip.embedding_api if chip else sizing.DEFAULT_EMBEDDING_API
+    hbm = topo.hbm_gib_per_chip if topo.hbm_gib_per_chip is not None else (
+        chip.hbm_gib_per_chip if chip else sizing.DEFAULT_HBM_GIB_PER_CHIP)
+    per_chip = topo.sparse_cores_per_chip if topo.sparse_cores_per_chip is not None else (
+        chip.sparse_cores_per_chip if chip else sizing.DEFAULT_SPARSE_CORES_PER_CHIP)
+    return Topology(
+        num_chips=topo.num_chips,
+        hbm_gib_per_chip=float(hbm),
+        sparse_cores_per_chip=int(per_chip),
+        num_sparse_cores=topo.num_chips * int(per_chip),
+        usable_hbm_fraction=topo.usable_hbm_fraction,
+        embedding_api=api,
+        chip=topo.chip,
     )
 
 
@@ -507,29 +660,15 @@ def derive_plan(
     """The plan for `cfg`'s tables, sized by the vocabulary `manifest` and (optionally) the statistics.
     `sparsecore_config_available`: whether the installed TensorFlow has SparseCoreEmbeddingConfig."""
     emb = cfg.training.embedding
-    topo_cfg = emb.topology
+    topology = resolve_topology(cfg)
     statistics = statistics or EmbeddingStatistics.empty()
-    tables = {t.name: _table_plan(cfg, t.name, manifest, statistics) for t in cfg.tables}
+    tables = {t.name: _table_plan(cfg, t.name, manifest, statistics, topology) for t in cfg.tables}
     features = _feature_plans(cfg, tables, statistics)
     if cfg.training.wide.enabled:
-        tables, features = _with_wide_part(cfg, tables, features)
-    topology = Topology(
-        num_chips=topo_cfg.num_chips,
-        hbm_gib_per_chip=topo_cfg.hbm_gib_per_chip,
-        sparse_cores_per_chip=topo_cfg.sparse_cores_per_chip,
-        num_sparse_cores=topo_cfg.num_chips * topo_cfg.sparse_cores_per_chip,
-        usable_hbm_fraction=topo_cfg.usable_hbm_fraction,
-    )
-    budget = int(topo_cfg.hbm_gib_per_chip * (1 << 30) * topo_cfg.usable_hbm_fraction)
-    per_chip_total = sum(t.memory.per_chip_bytes for t in tables.values())
-    memory = PlanMemory(
-        total_bytes=sum(t.memory.total_bytes for t in tables.values()),
-        per_chip_bytes=per_chip_total,
-        budget_per_chip_bytes=budget,
-        fits=per_chip_total <= budget,
-    )
-    _check_fits(topology, tables, memory, topo_cfg.hbm_gib_per_chip, topo_cfg.usable_hbm_fraction)
-    return EmbeddingPlan(
+        tables, features = _with_wide_part(cfg, tables, features, topology)
+    budget = int(topology.hbm_gib_per_chip * (1 << 30) * topology.usable_hbm_fraction)
+    memory = plan_memory(tables, topology, budget)
+    plan = EmbeddingPlan(
         global_batch_size=cfg.training.batch_size,
         size_threshold=emb.size_threshold,
         topology=topology,
@@ -548,3 +687,7 @@ def derive_plan(
             ),
         ),
     )
+    if topology.chip:
+        check_embedding_api(plan, f"training.embedding.topology.chip {topology.chip}")
+    check_fits(plan)
+    return plan

@@ -17,15 +17,13 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
 
+from components.contracts.sizing import sparse_core_padded_shape
+
 
 def parse_layout_record(record: bytes) -> Dict[str, sparse_core_layout_pb2.SparseCoreTableLayout]:
     layouts = sparse_core_layout_pb2.SparseCoreTableLayouts()
     layouts.ParseFromString(record)
     return {t.table_name: t for t in layouts.tables}
-
-
-def _round_up(n: int, m: int) -> int:
-    return -(-n // m) * m
 
 
 def recompute_sparse_core_layouts(
@@ -42,7 +40,7 @@ def recompute_sparse_core_layouts(
     from tensorflow.python.tpu import _pywrap_tpu_embedding
 
     n = num_replicas * sparse_cores_per_chip
-    padded = {t["name"]: (_round_up(t["rows"], 8 * n), _round_up(t["dim"], 8)) for t in tables}
+    padded = {t["name"]: sparse_core_padded_shape(t["rows"], t["dim"], n) for t in tables}  # the plan's sizing rule
     groups: Dict[Any, int] = {}
     group_ids = [groups.setdefault((padded[t["name"]][1], t["group"]), len(groups)) for t in tables]
     stacks = _pywrap_tpu_embedding.stack_tables(

@@ -48,6 +48,7 @@ from tfx.utils import io_utils  # read_string_file: any filesystem TFX reads (gs
 from components import progress
 from components.config import PipelineConfig, config_from_json
 from components.contracts import artifacts as A
+from components.contracts import sizing
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import CheckpointLayout, EmbeddingPlan
 from components.contracts.statistics import EmbeddingStatistics
@@ -59,6 +60,7 @@ from components.embedding_model import sparsecore_state as S
 from components.embedding_model.model import (
     CHECKPOINT_ROOT, VARIABLE_VALUE, RankingModel, TableOptimizer, check_sparsecore_features, table_checkpoint_key,
 )
+from components.embedding_trainer.hardware import plan_for_hardware, reported_embedding
 from components.embedding_trainer.tpu_rules import check_tpu_rules
 from components.metrics import log_loss, roc_auc
 
@@ -112,15 +114,19 @@ def checkpoint_layout(strategy: tf.distribute.Strategy, per_replica: int) -> Che
     exporter can recompute a SparseCore layout that TensorFlow 2.16 does not save)."""
     if not is_tpu_strategy(strategy):
         return CheckpointLayout(kind="A", embedding_api="TPUEmbeddingForServing (CPU/GPU variables)")
-    hw = strategy.extended.tpu_hardware_feature
-    v2 = hw.embedding_feature == tf.tpu.experimental.HardwareFeature.EmbeddingFeature.V2
+    api, feature, sparse_cores = reported_embedding(strategy)
+    v2 = api == sizing.SPARSE_CORE
+    names = {sizing.SPARSE_CORE: "TPUEmbeddingV2 (SparseCore)", sizing.TPU_EMBEDDING_V1: "TPUEmbedding",
+             # no engine: only TensorCore tables train (hardware.plan_for_hardware), one variable each
+             sizing.NO_EMBEDDING_API: f"none (EmbeddingFeature.{feature}: TensorCore tables only, replicated)"}
     return CheckpointLayout(
         kind="B" if v2 else "A",
-        embedding_api="TPUEmbeddingV2 (SparseCore)" if v2 else "TPUEmbedding",
+        embedding_api=names[api],
         num_replicas=strategy.num_replicas_in_sync,
         # TPUEmbeddingV2 falls back to 4 when the hardware does not say (tpu_embedding_v3.py).
-        sparse_cores_per_chip=int(getattr(hw, "num_embedding_devices_per_chip", 0) or 4),
+        sparse_cores_per_chip=sparse_cores,
         per_replica_batch_size=per_replica,
+        hardware_api=api,
     )
 
 
@@ -402,6 +408,8 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
         raise ValueError(f"training.batch_size {t.batch_size} must be a multiple of the {replicas} replicas")
     per_replica = t.batch_size // replicas
     layout = checkpoint_layout(strategy, per_replica)
+    # What this TPU cannot train is refused, and the plan sized for what it has, before anything is built.
+    plan = plan_for_hardware(plan, strategy, on_tpu)
     if layout.kind == "B":
         # What SparseCore cannot train stops the run here, before anything is built or read.
         check_sparsecore_features({n: c for n, c in P.feature_configs(plan, output_batch=per_replica, on_tpu=True).items()

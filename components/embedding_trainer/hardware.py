@@ -1,0 +1,59 @@
+"""The embedding API the TPU reports, and the plan checked and sized for it before training.
+
+A TPU reports its embedding engine as `strategy.extended.tpu_hardware_feature.embedding_feature`:
+V2 (SparseCore: TPUEmbeddingV2), V1 (TPUEmbedding) or UNSUPPORTED (no engine, e.g. v5e: TFRS
+would build TPUEmbeddingV0 and replicate every table on every chip). The plan was sized for the
+API of `training.embedding.topology.chip`, or for SparseCore when no chip was named
+(contracts.sizing). `plan_for_hardware`, called by the trainer once the strategy exists and before
+anything is built:
+- refuses TPU-embedding tables on a chip without an engine (way out: size_threshold: null, or a
+  chip with an engine);
+- refuses a plan sized for a named chip whose API (or SparseCores per chip) the TPU contradicts;
+- otherwise re-sizes the plan for what the TPU reports and checks it against the HBM budget, so
+  the plan recorded with the model says what TensorFlow allocated (`EmbeddingPlan.with_run` does
+  the same sizing from the run's checkpoint layout).
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import components  # noqa: F401
+import tensorflow as tf
+
+from components.contracts import sizing
+from components.contracts.plan import EmbeddingPlan, PlanError, check_embedding_api, check_fits
+
+
+def reported_embedding(strategy: tf.distribute.Strategy) -> Tuple[str, str, int]:
+    """(API (sizing.EMBEDDING_APIS), TF's EmbeddingFeature name, SparseCores per chip) of the TPU
+    under `strategy` (a TPUStrategy). SparseCores per chip: what the hardware says, else 4 as
+    TPUEmbeddingV2 assumes (tpu_embedding_v3.py)."""
+    hw = strategy.extended.tpu_hardware_feature
+    feature = getattr(hw.embedding_feature, "name", str(hw.embedding_feature))
+    if feature not in sizing.EMBEDDING_FEATURE_APIS:
+        raise PlanError(f"the TPU reports embedding feature {feature!r}, which this trainer does not know "
+                        f"({', '.join(sizing.EMBEDDING_FEATURE_APIS)})")
+    per_chip = int(getattr(hw, "num_embedding_devices_per_chip", 0) or sizing.DEFAULT_SPARSE_CORES_PER_CHIP)
+    return sizing.EMBEDDING_FEATURE_APIS[feature], feature, per_chip
+
+
+def plan_for_hardware(plan: EmbeddingPlan, strategy: tf.distribute.Strategy, on_tpu: bool) -> EmbeddingPlan:
+    """`plan` checked against and sized for the TPU under `strategy` (module docstring); off TPU,
+    `plan` unchanged. Raises PlanError (one line) before anything is built."""
+    if not on_tpu:
+        return plan
+    api, feature, per_chip = reported_embedding(strategy)
+    topo = plan.topology
+    reported = f"EmbeddingFeature.{feature} ({sizing.API_NAMES[api]}" + (
+        f", {per_chip} SparseCores per chip)" if api == sizing.SPARSE_CORE else ")")
+    if topo.chip and (api != topo.embedding_api or (api == sizing.SPARSE_CORE and per_chip != topo.sparse_cores_per_chip)):
+        planned = sizing.API_NAMES.get(topo.embedding_api, str(topo.embedding_api)) + (
+            f", {topo.sparse_cores_per_chip} SparseCores per chip" if topo.embedding_api == sizing.SPARSE_CORE else "")
+        raise PlanError(
+            f"training.embedding.topology.chip {topo.chip} sized the embedding plan for {planned}, but the TPU "
+            f"reports {reported}; set topology.chip to the chip trained on, or remove it to size the plan for "
+            "what the TPU reports")
+    sized = plan.sized_for(api, per_chip if api == sizing.SPARSE_CORE else None)
+    check_embedding_api(sized, f"the TPU (EmbeddingFeature.{feature})")
+    check_fits(sized)
+    return sized
