@@ -1,7 +1,8 @@
 """The TPU embedding engine's update rule as TensorFlow documents it
 (tensorflow/core/protobuf/tpu/optimization_parameters.proto and the CPU kernels it links to), in
-float64: the reference tests/test_optimizer_rules.py holds the CPU path to, and that
-bench/tpu_smoke.py compares a real TPU step with. A helper module, not a test file."""
+float64: the reference tests/test_optimizer_rules.py holds the CPU path (Keras) to, and the one
+rule tests/tpu_harness.py's CPU SparseCore step applies (`sparse_core_step`). A helper module,
+not a test file."""
 import numpy as np
 from tensorflow.core.protobuf.tpu import optimization_parameters_pb2
 
@@ -56,3 +57,24 @@ def tpu_reference_step(p, lr: float, w, slots: dict, g_rows: np.ndarray, values:
         a[rows] = new_a
     else:
         raise AssertionError(kind)
+
+
+def sparse_core_parameters(tpu_opt) -> optimization_parameters_pb2.OptimizationParameters:
+    """The parameters TF 2.16's SparseCore kernels get (tpu_embedding_v3.py, `apply_gradients`):
+    the learning rate and the optimizer's own hyperparameters (Adam: beta1, beta2, epsilon,
+    use_sum_inside_sqrt; FTRL: l1, l2, lr_power, beta, multiply_linear_by_lr); no gradient or
+    weight clipping, no weight decay and no laziness flag (the kernels update the looked-up rows
+    only). optimizers.check_sparsecore_optimizer refuses the settings dropped here."""
+    p = optimization_parameters(tpu_opt)
+    for field in ("gradient_clipping_limits", "clipping_limits", "weight_decay_factor"):
+        p.ClearField(field)
+    if p.WhichOneof("parameters") == "adam":
+        p.adam.use_non_lazy_adam = False
+    return p
+
+
+def sparse_core_step(p, lr: float, w: np.ndarray, slots: dict, gradient: np.ndarray) -> None:
+    """One SparseCore update, in place, of the touched rows `w` ([k, dim] float64) and their
+    `slots` (by TPU slot name), `gradient` each row's gradient summed over the global batch: the
+    documented rule (`tpu_reference_step`) with `p` from `sparse_core_parameters`."""
+    tpu_reference_step(p, lr, w, slots, np.arange(len(w)), gradient)

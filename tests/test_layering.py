@@ -24,6 +24,12 @@ def _imports(path: pathlib.Path):
             yield from (f"{node.module}.{a.name}" for a in node.names)
 
 
+def test_the_tpu_smoke_module_ships_without_tests_or_bench():
+    """The TPU image installs components/ only (docker/Dockerfile.tpu): the smoke test must run there."""
+    found = [n for n in _imports(ROOT / "embedding_trainer" / "tpu_smoke.py") if n.split(".")[0] in ("tests", "bench")]
+    assert not found, found
+
+
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_package_imports_only_what_is_below_it(package):
     files = sorted((ROOT / package).glob("*.py"))

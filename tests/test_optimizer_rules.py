@@ -12,8 +12,10 @@ learning rate carries it; lazy unless use_non_lazy_adam; sum_inside_sqrt as flag
 `beta / (2 lr)` added to l2). Tables and slots must agree to 1e-6 (absolute, or relative for
 accumulators that grow past 1: float32) after several steps.
 
-What this cannot show: that the TPU hardware implements its documented rule (only a TPU run can;
-bench/tpu_smoke.py compares a TPU step with this reference).
+What this cannot show: that the TPU hardware implements its documented rule (only a TPU run can:
+the TPU smoke test, components/embedding_trainer/tpu_smoke.py, compares the chip's SparseCore
+training with the same steps on CPU; tests/tpu_harness.py's CPU SparseCore step applies this
+reference's rule).
 """
 import numpy as np
 import pytest

@@ -251,8 +251,11 @@ def _run_tpu_branch(data, tmp_path, **training):
 
 @pytest.mark.slow(reason="a TPU-branch Trainer run on four replicas (30-40 s a case)")
 @pytest.mark.parametrize("feature", ["V1", "V2"])
-def test_tpu_branch_calls_bind_and_stay_in_scope_and_run(feature, tpu_branch, data, tmp_path):
+def test_tpu_branch_calls_bind_and_stay_in_scope_and_run(feature, tpu_branch, data, tmp_path, monkeypatch):
     rec = tpu_branch(getattr(Feature, feature))
+    # The artifact keeps the held-out selection's best checkpoint (step 10 or 20): the SparseCore
+    # stand-in keeps its tables as placed, so the step's last tables are the artifact's.
+    monkeypatch.setattr(EMB.TPUEmbeddingV2, "apply_updates", False)
     # With the held-out selection on (run to the end): its CPU twin reads the TPU run's checkpoints.
     cfg, model_uri = _run_tpu_branch(data, tmp_path, pipeline_execution_with_tensor_core=True,
                                      early_stopping={"evaluations": 2, "patience": 100})
@@ -518,11 +521,11 @@ def test_weighted_and_sequence_features_on_the_tpu_branch(feature, tpu_branch, d
 
 
 @pytest.mark.slow(reason="two Trainer runs: CPU, then a TPU-branch warm start")
-def test_sparsecore_warm_start_places_the_last_models_tables_in_tfs_stacks(tpu_branch, data, tmp_path):
+def test_sparsecore_warm_start_places_the_last_models_tables_in_tfs_stacks(tpu_branch, data, tmp_path, monkeypatch):
     """D4: the last blessed model (trained on CPU: one variable per table) warm-starts a SparseCore
     run. TF's TPUEmbeddingV2 stacks the tables at 2 replicas x 4 SparseCores; every table and its
     FTRL slots come out of TF's stacks, through TF's index mapping, as the previous model had them
-    (the stand-in step does not update tables, so what training starts from is what it ends with).
+    (the stand-in step is told not to update tables, so what training starts from is what it ends with).
     Restored by name, the stacks of several tables would start fresh and a lone one permuted."""
     from components.embedding_model.layouts import CheckpointTables
     from components.embedding_model.model import VARIABLE_VALUE, table_checkpoint_key
@@ -534,6 +537,7 @@ def test_sparsecore_warm_start_places_the_last_models_tables_in_tfs_stacks(tpu_b
     prev = W.previous_model(os.path.dirname(fn_args.serving_model_dir))
 
     rec = tpu_branch(Feature.V2)
+    monkeypatch.setattr(EMB.TPUEmbeddingV2, "apply_updates", False)
     cfg = _config(data, tpu="local", train_steps=10, checkpoint_every_steps=10)
     plan, manifest = _plan(cfg, data)
     _, _, run = tm.train(cfg, plan, manifest, *_files(data), str(tmp_path / "state"), warm_from=prev)
@@ -552,52 +556,16 @@ def test_sparsecore_warm_start_places_the_last_models_tables_in_tfs_stacks(tpu_b
     assert all(s["slots"] == ["accumulator", "linear"] for s in stacks.values()), stacks
 
 
-@pytest.mark.slow(reason="two TPU-branch runs")
-def test_a_sparsecore_checkpoint_is_not_resumed_on_another_layout(tpu_branch, data, tmp_path, monkeypatch):
-    """D4: a training state written by SparseCore stacks (2 replicas) is not resumed on CPU (one
-    variable per table), nor is a CPU state resumed on SparseCore: the run stops naming both
-    layouts, instead of starting the stacked tables fresh or permuted."""
-    from components.embedding_model.sparsecore_state import LayoutMismatch
-
-    state = str(tmp_path / "state")
-    tpu_branch(Feature.V2)
-    cfg = _config(data, tpu="local", train_steps=10, checkpoint_every_steps=10, checkpoint_dir=state)
-    tm.train(cfg, *_plan(cfg, data), *_files(data), state)
-    cpu = _config(data, train_steps=20, checkpoint_every_steps=10, checkpoint_dir=state)
-    monkeypatch.setattr(tm, "is_tpu_strategy", lambda s: False)
-    monkeypatch.setattr(tm, "distribution_strategy", lambda c: tf.distribute.get_strategy())
-    with pytest.raises(LayoutMismatch, match=r"TPUEmbeddingV2 \(SparseCore\) wrote them.*num_replicas\": 2.*"
-                                             r"this run is TPUEmbeddingForServing"):
-        tm.train(cpu, *_plan(cpu, data), *_files(data), state)
-
-    other = str(tmp_path / "cpu_state")
-    tm.train(_config(data, train_steps=10, checkpoint_every_steps=10), *_plan(cpu, data), *_files(data), other)
-    monkeypatch.undo()
-    tpu_branch(Feature.V2)
-    back = _config(data, tpu="local", train_steps=20, checkpoint_every_steps=10)
-    with pytest.raises(LayoutMismatch, match=r"TPUEmbeddingForServing .* wrote them .* this run is TPUEmbeddingV2"):
-        tm.train(back, *_plan(back, data), *_files(data), other)
-
-
-@pytest.mark.slow(reason="a 10-step run on CPU and one on the TPU branch (real TPUEmbeddingV2), then four refused resumes")
-@pytest.mark.parametrize("platform", ["cpu", "V2"])
-def test_a_resume_under_another_plan_is_refused_before_training(platform, tpu_branch, data, tmp_path, monkeypatch):
-    """A run trained to step 10 in training.checkpoint_dir, then started again in that directory
-    with the wide part on, or with one table's dim changed: each is refused before any step or
-    restore, in one line naming the checkpoint, both plans and what differs, instead of TF's
-    "Found 1 Python objects that were not bound" (CPU) or stacks silently starting fresh (TPU)."""
+def _refuses_plan_changes(data, state, rec=None, **tpu):
+    """A state trained to step 10 under the test config, started again in that directory with the
+    wide part on, or with one table's dim changed: each is refused before any restore or step, in
+    one line naming the checkpoint, both plans and what differs, instead of TF's "Found 1 Python
+    objects that were not bound" (CPU) or stacks silently starting fresh (TPU)."""
     from components.config import parse_config
     from components.embedding_model.sparsecore_state import PlanMismatch
 
-    state = str(tmp_path / "state")
-    tpu = {"tpu": "local"} if platform == "V2" else {}
-    rec = tpu_branch(Feature.V2) if platform == "V2" else None
-    cfg = _config(data, train_steps=10, checkpoint_every_steps=10, checkpoint_dir=state, **tpu)
-    tm.train(cfg, *_plan(cfg, data), *_files(data), state)
     saved = set(os.listdir(state))
-
-    wide = _config(data, train_steps=20, checkpoint_every_steps=10, checkpoint_dir=state,
-                   wide={"enabled": True}, **tpu)
+    wide = _config(data, train_steps=20, checkpoint_every_steps=10, checkpoint_dir=state, wide={"enabled": True}, **tpu)
     raw = _raw_config(data, train_steps=20, checkpoint_every_steps=10, checkpoint_dir=state, **tpu)
     next(f for f in raw["categorical_features"] if f["name"] == "C1")["dim"] = 8  # 16 by default
     dim = parse_config(raw)
@@ -608,11 +576,41 @@ def test_a_resume_under_another_plan_is_refused_before_training(platform, tpu_br
             tm.train(changed, *_plan(changed, data), *_files(data), state)
         line = str(err.value)
         assert "\n" not in line and "ckpt-10" in line and re.search(what, line), line
-        assert "wide part off" in line and ("+ " in line if changed is wide else True), line
+        assert "wide part off" in line and ("+ 7 wide" in line if changed is wide else True), line
         if rec is not None:  # refused before any step: no lookup, no update
             assert not any(c["call"].endswith(("__call__", "apply_gradients")) for c in rec.calls)
             assert changed is dim or "stacks only in this run" in line, line  # the wide tables' SparseCore stacks
         assert set(os.listdir(state)) == saved  # nothing written over the checkpoint's record
+
+
+@pytest.mark.slow(reason="two TPU-branch runs and a CPU run, then refused resumes")
+def test_a_sparsecore_checkpoint_is_not_resumed_on_another_layout_or_plan(tpu_branch, data, tmp_path, monkeypatch):
+    """D4: a training state written by SparseCore stacks (2 replicas) is not resumed on CPU (one
+    variable per table), nor is a CPU state resumed on SparseCore: the run stops naming both
+    layouts, instead of starting the stacked tables fresh or permuted. Neither state is resumed
+    under another plan, on its own platform (`_refuses_plan_changes`)."""
+    from components.embedding_model.sparsecore_state import LayoutMismatch
+
+    state = str(tmp_path / "state")
+    rec = tpu_branch(Feature.V2)
+    cfg = _config(data, tpu="local", train_steps=10, checkpoint_every_steps=10, checkpoint_dir=state)
+    tm.train(cfg, *_plan(cfg, data), *_files(data), state)
+    _refuses_plan_changes(data, state, rec, tpu="local")
+    cpu = _config(data, train_steps=20, checkpoint_every_steps=10, checkpoint_dir=state)
+    monkeypatch.setattr(tm, "is_tpu_strategy", lambda s: False)
+    monkeypatch.setattr(tm, "distribution_strategy", lambda c: tf.distribute.get_strategy())
+    with pytest.raises(LayoutMismatch, match=r"TPUEmbeddingV2 \(SparseCore\) wrote them.*num_replicas\": 2.*"
+                                             r"this run is TPUEmbeddingForServing"):
+        tm.train(cpu, *_plan(cpu, data), *_files(data), state)
+
+    other = str(tmp_path / "cpu_state")
+    tm.train(_config(data, train_steps=10, checkpoint_every_steps=10), *_plan(cpu, data), *_files(data), other)
+    _refuses_plan_changes(data, other)
+    monkeypatch.undo()
+    tpu_branch(Feature.V2)
+    back = _config(data, tpu="local", train_steps=20, checkpoint_every_steps=10)
+    with pytest.raises(LayoutMismatch, match=r"TPUEmbeddingForServing .* wrote them .* this run is TPUEmbeddingV2"):
+        tm.train(back, *_plan(back, data), *_files(data), other)
 
 
 def test_sequence_features_on_sparsecore_are_refused_before_the_build(tpu_branch, data, tmp_path):

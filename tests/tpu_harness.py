@@ -7,7 +7,10 @@ one `TPUEmbeddingShardedVariable` per stack with one shard per replica device, a
 TF's own `table_initialize_fn`, i.e. TF's index mapping) and checkpoint saving (TF's
 `TPUEmbeddingShardedSaveable`: the keys and slices a TPU run writes). What needs the SparseCore
 itself (`__call__`/`enqueue`/`dequeue`: the COO preprocessing and the SparseCore lookup and update
-kernels) is replaced by `CpuStepV2`, which looks rows up through TF's `map_indices_in_shard`.
+kernels, which have no CPU kernels) is replaced by `CpuStepV2`, which looks rows up and updates
+them in TF's stacked variables and slots through TF's `map_indices_in_shard`, summing the
+replicas' row gradients first and applying the SparseCore optimizer rule once per touched row
+(tests/optimizer_reference.py, the rule the Keras CPU path is held to as well).
 
 To get there, three things of a TPU are stood in for, and nothing else:
 - the strategy: `RecordingTPUStrategy` is a `MirroredStrategy` over R logical CPU devices (tests/
@@ -23,14 +26,16 @@ where it matters here (dataset options keeping sparse features on the host).
 from __future__ import annotations
 
 import contextlib
+import functools
+import operator
 import types
-from typing import Any, Dict, List
+from typing import Any, Dict, List, NamedTuple, Tuple
 
 import numpy as np
 
 import components  # noqa: F401
 import tensorflow as tf
-from tensorflow.python.tpu import tpu_embedding_for_serving as serving_lib
+from tensorflow.python.util import nest
 from tensorflow.python.tpu import tpu_embedding_v3
 from tensorflow.python.tpu import tpu_embedding_v3_utils
 
@@ -117,57 +122,215 @@ def stacked_positions(mid: Any, table_name: str, rows: int) -> tf.Tensor:
     """int64 [rows]: where logical rows 0..rows-1 of `table_name` are in its stacked variable
     (shards concatenated in device order, as the checkpoint holds them), by TF's own
     `map_indices_in_shard` and the offsets and rotations TF's constructor computed."""
-    stacked, offset, rotation = mid._table_to_stacked_table_offset[table_name]  # pylint: disable=protected-access
-    n = mid._num_sc_shards  # pylint: disable=protected-access
-    total = sum(t.vocabulary_size for t in mid._stacked_table_to_tables[stacked])  # pylint: disable=protected-access
-    shard, position = tpu_embedding_v3_utils.map_indices_in_shard(n, offset // n, rotation, tf.range(rows, dtype=tf.int64))
-    return shard * (total // n) + position
+    return stacked_rows(mid, table_name, tf.range(rows, dtype=tf.int64))
 
 
 def logical_table(mid: Any, table_name: str, rows: int, dim: int, slot: str = "parameters") -> tf.Tensor:
     """[rows, dim]: a table's logical rows read out of TF's stacked, sharded variable (`slot`: one
     of its optimizer slots instead, by the TPU optimizer's slot name, e.g. "accumulators")."""
     stacked = mid._table_to_stacked_table_offset[table_name][0]  # pylint: disable=protected-access
-    variable = mid._variables[stacked][slot]  # pylint: disable=protected-access
-    full = tf.concat([tf.convert_to_tensor(v) for v in variable.values], axis=0)
+    full = _read_full(mid._variables[stacked][slot])  # pylint: disable=protected-access
     return tf.gather(full, stacked_positions(mid, table_name, rows))[:, :dim]
+
+
+class Coo(NamedTuple):
+    """One stack's looked-up IDs in a step, as the SparseCore's COO/CSR input holds them: the
+    sample each ID belongs to (in the stack's sample space: the feature's sample offset added),
+    the ID's row in the stacked variable (TF's index mapping) and its gain (weight x combiner)."""
+
+    sample: tf.Tensor
+    position: tf.Tensor
+    gain: tf.Tensor
+
+
+def stacked_rows(mid: Any, table_name: str, ids: tf.Tensor) -> tf.Tensor:
+    """int64: the rows of the stacked variable (shards concatenated in device order) that hold
+    logical rows `ids` of `table_name`, by TF's `map_indices_in_shard` and the offset and rotation
+    TF's constructor gave the table."""
+    stacked, offset, rotation = mid._table_to_stacked_table_offset[table_name]  # pylint: disable=protected-access
+    n = mid._num_sc_shards  # pylint: disable=protected-access
+    total = sum(t.vocabulary_size for t in mid._stacked_table_to_tables[stacked])  # pylint: disable=protected-access
+    shard, position = tpu_embedding_v3_utils.map_indices_in_shard(n, offset // n, rotation, tf.cast(ids, tf.int64))
+    return shard * (total // n) + position
+
+
+def feature_coo(ids, weights, feature, sample_offset: int) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(sample, logical ID, gain) of one feature's input, as TF's `_convert_input_feature_to_coo`
+    forms them for `convert_to_coo_tensor` (no CPU kernel): Tensor, SparseTensor or RaggedTensor
+    IDs, weights of the same kind or None (1), and the combiner's gains (sum: w; mean: w / sum w;
+    sqrtn: w / sqrt(sum w^2) over the sample's IDs; 0 where that sum is 0). Refuses what TF
+    refuses there."""
+    sample_count = functools.reduce(operator.mul, feature.output_shape)
+    if isinstance(ids, tf.SparseTensor):
+        if weights is not None and not isinstance(weights, tf.SparseTensor):
+            raise ValueError(f"Expect weight to be SparseTensor type but got {type(weights)}")
+        sample, values = ids.indices[:, 0], ids.values
+        w = weights.values if weights is not None else None
+    elif isinstance(ids, tf.RaggedTensor):
+        if weights is not None and not isinstance(weights, tf.RaggedTensor):
+            raise ValueError(f"Expect weight to be RaggedTensor type but got {type(weights)}")
+        sample, values = ids.value_rowids(), ids.values
+        w = weights.values if weights is not None else None
+    elif isinstance(ids, tf.Tensor):
+        if weights is not None and not isinstance(weights, tf.Tensor):
+            raise ValueError(f"Expect weight to be Tensor type but got {type(weights)}")
+        values = tf.reshape(ids, [-1])
+        per_sample = tf.size(values, out_type=tf.int64) // sample_count
+        sample = tf.range(tf.size(values, out_type=tf.int64)) // per_sample
+        w = tf.reshape(weights, [-1]) if weights is not None else None
+    else:
+        raise ValueError(f"Input of unknown type {type(ids)}. Please only pass Tensor, SparseTensor or "
+                         "RaggedTensor as input to embedding lookup.")
+    sample = tf.cast(sample, tf.int64)
+    w = tf.ones_like(values, dtype=tf.float32) if w is None else tf.cast(w, tf.float32)
+    combiner = feature.table.combiner
+    # A sample whose weights sum to 0 pools to zeros, as TF's CPU lookup (div_no_nan) has it.
+    if combiner == "mean":
+        w = tf.math.divide_no_nan(w, tf.gather(tf.math.unsorted_segment_sum(w, sample, sample_count), sample))
+    elif combiner == "sqrtn":
+        w = tf.math.divide_no_nan(w, tf.gather(tf.sqrt(tf.math.unsorted_segment_sum(w * w, sample, sample_count)), sample))
+    elif combiner != "sum":
+        raise ValueError(f"combiner {combiner!r} of table {feature.table.name!r}")
+    return sample + sample_offset, tf.cast(tf.cast(values, tf.int32), tf.int64), w
+
+
+def _read_full(variable) -> tf.Tensor:
+    """A TPUEmbeddingShardedVariable's parts, concatenated in device order (the stacked table)."""
+    return tf.concat([tf.convert_to_tensor(v) for v in variable.values], axis=0)
+
+
+def _write_rows(variable, rows: tf.Tensor, values: tf.Tensor) -> List[Any]:
+    """`values` into rows `rows` of the stacked table, each part on its own device."""
+    parts = list(variable.values)
+    per_part = int(parts[0].shape[0])
+    ops = []
+    for d, part in enumerate(parts):
+        mine = tf.equal(rows // per_part, d)
+        local = tf.boolean_mask(rows, mine) - d * per_part
+        # read, scatter and assign whole: the parts are TPU-flavoured variables without scatter methods
+        updated = tf.tensor_scatter_nd_update(tf.convert_to_tensor(part), local[:, None], tf.boolean_mask(values, mine))
+        ops.append(part.assign(updated))
+    return ops
 
 
 def cpu_step_v2_class(on_call=None, on_apply=None):
     """TF's real `TPUEmbeddingV2` (constructor, build, variables, saving) with the SparseCore-only
-    step (`__call__`, `apply_gradients`) done on CPU: lookups read the logical rows out of the
-    stacked variables through TF's index mapping and pool them with TF's CPU lookup
-    (`cpu_embedding_lookup`); gradients are checked for structure and not applied (the SparseCore
-    applies them in HBM; tables keep what TF's initializer placed, so an exporter that reads them
-    back in the wrong order is caught). `on_call(mid, bound_arguments)`, `on_apply(mid, bound)`:
-    recorders."""
+    step (`__call__`, `apply_gradients`) done on CPU, on the padded stacked variables and the slot
+    variables TF built:
+    - `__call__`: each feature's IDs in COO form (`feature_coo`, TF's gains), placed into their
+      stack's rows by TF's index mapping (`stacked_rows`); per stack the rows times their gains
+      summed per sample, split back into features by TF's own `_unstack_activations`. Returns the
+      COO of each stack as the preserved outputs (the SparseCore keeps its CSR input for the
+      backward pass).
+    - `apply_gradients`: TF's own `_stack_gradients` (structure and shape checks, padded columns,
+      zero gradients for None), each ID's row gradient (its sample's gradient x gain), then, as the
+      SparseCore does, the row gradients of all replicas summed and one update of each touched row
+      (`merge_call`), by the SparseCore optimizer rule (tests/optimizer_reference.py,
+      `sparse_core_step`: the stack's `tf.tpu.experimental.embedding` optimizer, its learning rate
+      evaluated in the step as TF's `_wrap_param` does, a callable following the Keras step),
+      written into the stacked parameters and slots through TF's index mapping, each part on its
+      device. `apply_updates = False` (class attribute) checks and drops the gradients instead.
+    `on_call(mid, bound_arguments)`, `on_apply(mid, bound)`: recorders."""
     import inspect
 
+    from tests.optimizer_reference import sparse_core_parameters, sparse_core_step
+
     class CpuStepV2(REAL_V2):
-        def __init__(self, feature_config, optimizer=None, pipeline_execution_with_tensor_core=False):
-            self._logical_features = feature_config  # TF clones and pads its own copy
-            super().__init__(feature_config, optimizer, pipeline_execution_with_tensor_core)
+        apply_updates = True
 
         def __call__(self, *args, **kwargs):
             a = inspect.signature(REAL_V2.__call__).bind(self, *args, **kwargs).arguments
             if on_call:
                 on_call(self, a)
             self._maybe_build()
-            configs = tf.nest.flatten(self._logical_features)
-            tables = {}
-            for f in configs:
-                if f.table not in tables:
-                    tables[f.table] = logical_table(self, f.table.name, f.table.vocabulary_size, f.table.dim)
-            out = serving_lib.cpu_embedding_lookup(a["features"], a.get("weights"), tables, self._logical_features)
-            return out, {"stacked_activations": tf.zeros([1])}
+            features, weights = a["features"], a.get("weights")
+            nest.assert_same_structure(self._feature_config, features)  # as TF's enqueue
+            flat_weights = [None] * len(self._flat_features)
+            if weights is not None:
+                nest.assert_same_structure(self._feature_config, weights)
+                flat_weights = nest.flatten(weights)
+            parts: Dict[str, List[Tuple[tf.Tensor, tf.Tensor, tf.Tensor]]] = {n: [] for n in self._stacked_table_to_tables}
+            for ids, w, (path, feature) in zip(nest.flatten(features), flat_weights, self._flat_features):
+                sample, logical, gain = feature_coo(ids, w, feature, self._feature_to_sample_offset[path])
+                stacked = self._table_to_stacked_table_offset[feature.table.name][0]
+                parts[stacked].append((sample, stacked_rows(self, feature.table.name, logical), gain))
+            activations, preserved = {}, {}
+            for stacked, coos in parts.items():
+                coo = Coo(*(tf.concat([c[i] for c in coos], 0) for i in range(3)))
+                rows = tf.gather(_read_full(self._variables[stacked]["parameters"]), coo.position)
+                activations[stacked] = tf.math.unsorted_segment_sum(
+                    rows * coo.gain[:, None], coo.sample, self._table_to_sample_count[stacked])
+                preserved[stacked] = coo
+            return self._unstack_activations(activations), preserved
 
         def apply_gradients(self, *args, **kwargs):
             a = inspect.signature(REAL_V2.apply_gradients).bind(self, *args, **kwargs).arguments
             if on_apply:
                 on_apply(self, a)
-            tf.nest.assert_same_structure(self._logical_features, a["gradients"])
+            if not self._built:
+                raise RuntimeError("apply_gradients called on unbuilt TPUEmbeddingV2 object.")
+            nest.assert_same_structure(self._feature_config, a["gradients"])
+            gradients = self._stack_gradients(a["gradients"])  # TF's: per stack, padded columns
+            if not self.apply_updates:
+                return
+            ctx = tf.distribute.get_replica_context()
+            for stacked, tables in self._stacked_table_to_tables.items():
+                coo = a["preserved_outputs"][stacked]
+                optimizer = tables[0].optimizer  # as TF's apply_gradients: the stack's optimizer
+                rate = optimizer.learning_rate
+                lr = tf.cast(rate() if callable(rate) else rate, tf.float32)
+                row_gradients = tf.gather(gradients[stacked], coo.sample) * coo.gain[:, None]
+                update = functools.partial(self._update_stack, stacked, optimizer)
+                if ctx is None or ctx.num_replicas_in_sync == 1:
+                    update(None, coo.position, row_gradients, lr)
+                else:
+                    ctx.merge_call(update, args=(coo.position, row_gradients, lr))
+
+        def _update_stack(self, stacked: str, optimizer, strategy, positions, row_gradients, lr) -> None:
+            """Cross-replica: the replicas' row gradients summed per row, one update per touched row."""
+            local = strategy.experimental_local_results if strategy is not None else (lambda x: (x,))
+            positions = tf.concat(local(positions), 0)
+            row_gradients = tf.concat(local(row_gradients), 0)
+            lr = local(lr)[0]
+            rows, index = tf.unique(positions)
+            summed = tf.math.unsorted_segment_sum(row_gradients, index, tf.shape(rows)[0])
+            variables = self._variables[stacked]
+            names = ["parameters"] + list(optimizer._slot_names())  # pylint: disable=protected-access
+            before = [tf.gather(_read_full(variables[n]), rows) for n in names]
+            params = sparse_core_parameters(optimizer)
+
+            def step(lr_value, gradient, *values):
+                w = values[0].astype(np.float64)
+                slots = {n: v.astype(np.float64) for n, v in zip(names[1:], values[1:])}
+                sparse_core_step(params, float(lr_value), w, slots, gradient)
+                return [w.astype(np.float32)] + [slots[n].astype(np.float32) for n in names[1:]]
+
+            after = tf.numpy_function(step, [lr, summed] + before, [tf.float32] * len(names), stateful=True)
+            for n, value in zip(names, after):
+                _write_rows(variables[n], rows, tf.reshape(value, tf.shape(before[0])))
 
     return CpuStepV2
+
+
+def install_sparsecore(monkeypatch, replicas: int = 2, sparse_cores_per_chip: int = 4, v2_class=None):
+    """The trainer's TPU branch on the harness, for SparseCore: a RecordingTPUStrategy instance
+    (`replicas` CPU devices) that TF's TPUEmbeddingV2, TFRS's layer and the trainer's
+    `is_tpu_strategy` accept, with `v2_class` (default `cpu_step_v2_class()`) built wherever the
+    model builds `tf.tpu.experimental.embedding.TPUEmbeddingV2`. Undone by `monkeypatch`."""
+    from tensorflow_recommenders.layers.embedding import tpu_embedding_layer as tfrs_layer
+
+    from components.embedding_trainer import trainer_module as tm
+
+    cls = recording_strategy_class(replicas, Feature.V2, sparse_cores_per_chip)
+    let_pass_type_check(monkeypatch, cls)
+    is_harness = lambda s: isinstance(s, cls)  # noqa: E731
+    monkeypatch.setattr(tm, "is_tpu_strategy", is_harness)
+    monkeypatch.setattr(tfrs_layer, "_is_tpu_strategy", is_harness)
+    v2 = v2_class or cpu_step_v2_class()
+    # TFRS reaches the class through tensorflow.compat.v2, another module object than tf's.
+    for module in {id(m): m for m in (tf.tpu.experimental.embedding, tf.compat.v2.tpu.experimental.embedding)}.values():
+        monkeypatch.setattr(module, "TPUEmbeddingV2", v2)
+    return cls()
 
 
 def build_real_v2(strategy, feature_config, optimizer, pipelining: bool = False):

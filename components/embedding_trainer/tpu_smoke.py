@@ -1,0 +1,585 @@
+"""TPU smoke test: what only a TPU can show, in one command on a single-host TPU VM.
+
+    python -m components.embedding_trainer.tpu_smoke --rows 20000 --steps 200
+    python -m components.embedding_trainer.tpu_smoke --dry-run    # any CPU machine: every step that needs no TPU
+
+It ships in the package (the TPU image, docker/Dockerfile.tpu, installs it; its build imports this
+module) and imports nothing from the repository's tests/ or bench/. Run it from a directory holding
+the configs (the image's working directory does) or pass --config. Not run by CI on a TPU (none
+there), and never run by the authors on one (none reachable): its first run on a TPU is the first
+TPU evidence. Prints one `PASS name: detail` / `FAIL name: error` / `SKIP name: why` line per check,
+then a summary, and exits 1 on any failure.
+
+Checks (those marked TPU are skipped by --dry-run, which says so):
+1. tpu_init (TPU): the TPU runtime initialises under TPUStrategy (class TPUStrategyV2 at runtime);
+   the embedding hardware (V1 embedding engine or V2 SparseCore) and SparseCores per chip.
+2. data: generated data preprocessed (config, generator, Beam preprocessing).
+3. plan: the parity configuration's plan (`parity_raw_config`: the config with the wide part on,
+   no dropout, no pipelining, and an Adagrad table beside the FTRL ones) has what the parity check
+   must cover on this topology (--dry-run: --dry-replicas x --dry-sparse-cores-per-chip): an FTRL
+   and an Adagrad TPU-embedding table, a SparseCore stack of several tables (rotations, row
+   offsets) and a one-dimensional wide table (padded to 8 columns).
+4. sparsecore_optimizer: every TPU-embedding table's optimizer in that plan passes the project's
+   SparseCore check (optimizers.check_sparsecore_optimizer: TF 2.16's TPUEmbeddingV2 ignores
+   clipping), and Adagrad with clipvalue is refused there.
+5. sparsecore_training (TPU): the core check (`sparsecore_training`). The Trainer's model,
+   optimizers and train_step (trainer_module.build_model) trained for --parity-steps steps under
+   TPUStrategy, and the same model trained on the host CPU (one variable per table, layout A) for
+   the same steps on the same examples (the Trainer's input: the replicas' batches of a step are
+   the CPU's global batch), both from the same tables, slots and dense weights (the Trainer's
+   warm-start path places the CPU model's start into the SparseCore stacks). Each table is read
+   back from the TPU run's checkpoint by the exporter's reader (layouts.CheckpointTables: layout B
+   on SparseCore, A on TPU v2-v4) and compared row by row with the CPU run's, and the TPU-embedding
+   tables' optimizer slots likewise (TensorFlow's own `unshuffle_from_sc_to_cpu`); max |diff| per
+   table is reported. FAILS on a difference above --parity-tolerance (relative above 1), and on a
+   table that did not move from its start on either run (untrained, or not looked up: untested).
+   Float32 matmuls run at full precision for this check (TensorFloat-32 / bfloat16 passes off).
+6. trainer_tpu (TPU): the whole Trainer (`run_fn` with training.tpu = local) on the data with the
+   given config: training ends at --steps under TPUStrategy, the artifact is complete, the recorded
+   checkpoint layout (A on V1, B on SparseCore) matches the hardware, and the SavedModel (rebuilt
+   for CPU from the TPU checkpoint) loads and scores. This shows the run completes; that it
+   trains what the CPU trains is check 5.
+Without a TPU, tests/test_sparsecore_training.py runs `sparsecore_training` itself with the test
+harness's 2-replica strategy and a CPU SparseCore step in place of the TPU.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from types import SimpleNamespace
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import components  # noqa: F401
+import numpy as np
+import tensorflow as tf
+import yaml
+
+RESULTS: List[Tuple[str, str]] = []  # (name, "PASS" | "FAIL" | "SKIP")
+
+# tf.distribute.TPUStrategy is class TPUStrategyV2 at runtime (tensorflow/python/distribute/
+# tpu_strategy.py); the trainer records type(strategy).__name__.
+TPU_STRATEGY_NAMES = ("TPUStrategy", "TPUStrategyV2")
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PARITY_ADAGRAD = {"name": "adagrad", "learning_rate": 0.1}
+SLOT_MARK = "/.OPTIMIZER_SLOT/"
+
+
+class ParityError(AssertionError):
+    """The TPU run's tables are not the CPU run's; says which and by how much."""
+
+
+def check(name: str, fn: Callable[[], Any]):
+    start = time.time()
+    try:
+        detail = fn()
+        RESULTS.append((name, "PASS"))
+        text = detail[0] if isinstance(detail, tuple) else detail
+        print(f"PASS {name}: {text} ({time.time() - start:.0f} s)", flush=True)
+        return detail[1] if isinstance(detail, tuple) else detail
+    except Exception as err:  # noqa: BLE001 - report every failure and go on
+        RESULTS.append((name, "FAIL"))
+        print(f"FAIL {name}: {type(err).__name__}: {err}", flush=True)
+        traceback.print_exc(limit=3)
+        return None
+
+
+def skip(name: str, why: str) -> None:
+    RESULTS.append((name, "SKIP"))
+    print(f"SKIP {name}: {why}", flush=True)
+
+
+def tpu_init(args):
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=args.tpu)
+    tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+    strategy = tf.distribute.TPUStrategy(resolver)  # a TPUStrategyV2, as the trainer builds it
+    hw = strategy.extended.tpu_hardware_feature
+    v2 = hw.embedding_feature == tf.tpu.experimental.HardwareFeature.EmbeddingFeature.V2
+    facts = {
+        "strategy": type(strategy).__name__,
+        "tpu_cores": len(tf.config.list_logical_devices("TPU")),
+        "replicas": strategy.num_replicas_in_sync,
+        "embedding_feature": str(hw.embedding_feature),
+        "v2": bool(v2),
+        "sparse_cores_per_chip_reported": int(getattr(hw, "num_embedding_devices_per_chip", 0)),
+        # TPUEmbeddingV2 (and the trainer's recorded layout) take 4 when the hardware does not say.
+        "sparse_cores_per_chip": int(getattr(hw, "num_embedding_devices_per_chip", 0) or 4),
+    }
+    return json.dumps(facts), (strategy, facts)
+
+
+# ---- configuration -----------------------------------------------------------------------------
+
+
+def config_path(path: str) -> str:
+    """--config: as given, else relative to the checkout or image root that holds configs/."""
+    if os.path.isabs(path) or os.path.exists(path):
+        return path
+    return os.path.join(PACKAGE_ROOT, path)
+
+
+def base_raw_config(args, root: str) -> Dict[str, Any]:
+    with open(config_path(args.config), encoding="utf-8") as fh:
+        raw = yaml.safe_load(fh)
+    raw["input"]["path"] = os.path.join(root, "train.csv")
+    if args.size_threshold is not None:
+        raw["training"].setdefault("embedding", {})["size_threshold"] = args.size_threshold
+    return raw
+
+
+def trainer_raw_config(args, root: str, tpu: Optional[str]) -> Dict[str, Any]:
+    """trainer_tpu's config: the given one for --steps steps (the held-out selection runs, its CPU
+    twin reading the TPU checkpoints, but never stops the run before --steps)."""
+    raw = base_raw_config(args, root)
+    raw["training"].update(train_steps=args.steps, checkpoint_every_steps=args.steps, tpu=tpu,
+                           pipeline_execution_with_tensor_core=args.pipelining,
+                           early_stopping={"evaluations": 2, "patience": 1_000_000})
+    return raw
+
+
+def parity_raw_config(raw: Dict[str, Any]) -> Dict[str, Any]:
+    """The configuration `sparsecore_training` compares (a copy of `raw`): its model and
+    optimizers with the wide part on (one-dimensional FTRL tables), and nothing that makes a
+    multi-replica TPU step differ from a CPU step by design: no dropout (masks are drawn per
+    replica), no pipelining (the SparseCore then looks up with the previous step's tables), no
+    early stopping. Stays on CPU (training.tpu unset): `sparsecore_training` takes the strategy."""
+    raw = copy.deepcopy(raw)
+    t = raw.setdefault("training", {})
+    t.update(dropout=0.0, input_dropout=0.0, pipeline_execution_with_tensor_core=False, tpu=None,
+             early_stopping={"enabled": False})
+    t.setdefault("wide", {})["enabled"] = True
+    return raw
+
+
+def with_adagrad_table(raw: Dict[str, Any], plan) -> Dict[str, Any]:
+    """`raw` with an Adagrad TPU-embedding table beside the FTRL ones when the plan has none: the
+    largest TPU-embedding table that belongs to one feature gets `optimizer: adagrad` (that
+    feature's own). Unchanged when one is there already."""
+    tpu = plan.tables_placed("tpu_embedding")
+    if any(t.optimizer.get("name") == "adagrad" for t in tpu.values()):
+        return raw
+    own = {f["name"] for f in raw["categorical_features"] if f.get("table") in (None, f["name"])}
+    candidates = sorted((t.rows, n) for n, t in tpu.items() if n in own and not t.wide_of)
+    if not candidates:
+        raise AssertionError("no TPU-embedding table of a feature of its own to train with Adagrad; "
+                             "lower --size-threshold or raise --rows")
+    raw = copy.deepcopy(raw)
+    name = candidates[-1][1]
+    next(f for f in raw["categorical_features"] if f["name"] == name)["optimizer"] = dict(PARITY_ADAGRAD)
+    return raw
+
+
+def parity_plan(raw: Dict[str, Any], train_files: List[str]):
+    """(config, plan, manifest) of the parity configuration on the transformed data `train_files`."""
+    from components.config import parse_config
+    from components.embedding_trainer import plan as P
+    from components.embedding_trainer import trainer_module as tm
+
+    manifest = tm.read_manifest_for(train_files)
+    statistics = tm.read_statistics_for(train_files)
+    raw = parity_raw_config(raw)
+    plan = P.derive_plan(parse_config(raw), manifest, statistics)
+    raw = with_adagrad_table(raw, plan)
+    cfg = parse_config(raw)
+    plan = P.derive_plan(cfg, manifest, statistics).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    return cfg, plan, manifest
+
+
+def coverage(plan, replicas: int, sparse_cores_per_chip: int) -> str:
+    """What the parity plan covers on this topology; raises unless it has an FTRL and an Adagrad
+    TPU-embedding table, a SparseCore stack of several tables and a one-dimensional wide table."""
+    from components.embedding_model import layouts as L
+
+    tpu = plan.tables_placed("tpu_embedding")
+    layouts = L.plan_sparse_core_layouts(plan, replicas, sparse_cores_per_chip, plan.global_batch_size // replicas)
+    stacks: Dict[str, List[str]] = {}
+    for name, layout in layouts.items():
+        stacks.setdefault(layout.stacked_table_name, []).append(name)
+    optimizers = {t.optimizer.get("name") for t in tpu.values()}
+    wide = sorted(n for n, t in tpu.items() if t.wide_of and t.dim == 1)
+    rotated = [s for s, ns in stacks.items() if len(ns) > 1]
+    missing = [what for what, ok in (("an FTRL table", "ftrl" in optimizers), ("an Adagrad table", "adagrad" in optimizers),
+                                     ("a stack of several tables", bool(rotated)), ("a dim-1 wide table", bool(wide)))
+               if not ok]
+    if missing:
+        raise AssertionError(f"the parity plan's TPU-embedding tables ({sorted(tpu)}) lack {', '.join(missing)}; "
+                             "lower --size-threshold or raise --rows")
+    return (f"{len(tpu)} TPU-embedding tables ({', '.join(f'{o}' for o in sorted(optimizers))}) in {len(stacks)} "
+            f"SparseCore stacks on {replicas} replicas x {sparse_cores_per_chip} SparseCores; stacks of several: "
+            f"{', '.join(rotated)}; dim-1 wide tables: {', '.join(wide)}")
+
+
+# ---- the parity check --------------------------------------------------------------------------
+
+
+def global_batches(per_replica: tf.data.Dataset, replicas: int) -> tf.data.Dataset:
+    """The CPU run's input: each step's `replicas` consecutive per-replica batches (what the TPU
+    strategy hands its replicas from one input pipeline) as one batch, replica after replica, so
+    both runs see the same examples whatever the input's block layout."""
+
+    def merge(x):
+        if isinstance(x, tf.SparseTensor):
+            return tf.sparse.reshape(x, tf.concat([[-1], x.dense_shape[2:]], 0))
+        if isinstance(x, tf.RaggedTensor):
+            return x.merge_dims(0, 1)
+        return tf.reshape(x, tf.concat([[-1], tf.shape(x)[2:]], 0))
+
+    return per_replica.batch(replicas, drop_remainder=True).map(
+        lambda *batch: tf.nest.map_structure(merge, batch if len(batch) > 1 else batch[0]))
+
+
+def _fit(model, dataset, steps: int) -> None:
+    model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
+    done = int(model.dense_optimizer.iterations.numpy())
+    if done != steps:
+        raise ParityError(f"{done} steps trained, expected {steps}")
+
+
+def _compile(model) -> None:
+    model.compile(optimizer=model.dense_optimizer, loss=tf.keras.losses.BinaryCrossentropy(), steps_per_execution=1)
+
+
+def _slots(prefix: str, plan, table: str, source) -> Dict[str, np.ndarray]:
+    """A TPU-embedding table's optimizer slots in a checkpoint, by their key below the slot mark:
+    layout A the table's own keys, layout B its rows out of the stack's slot variables
+    (TensorFlow's unshuffle_from_sc_to_cpu)."""
+    from tensorflow.python.tpu import tpu_embedding_v3_utils as U
+
+    from components.embedding_model import layouts as L
+
+    reader = tf.train.load_checkpoint(prefix)
+    base = source.key[: -len(L.ATTR)] + SLOT_MARK
+    out = {}
+    t = plan.tables[table]
+    for key in reader.get_variable_to_shape_map():
+        if not key.startswith(base):
+            continue
+        value = reader.get_tensor(key)
+        if source.kind == "B":
+            s = source.shard
+            value = U.unshuffle_from_sc_to_cpu(tf.constant(value), s["num_sparse_cores"], s["offset"], s["size"],
+                                               s["rotation"]).numpy()
+        out[key[len(base):]] = np.asarray(value)[: t.rows, : t.dim]
+    return out
+
+
+def _difference(a: np.ndarray, b: np.ndarray) -> float:
+    """max over elements of |a - b| / max(1, |b|): absolute for values up to 1, relative above
+    (accumulators grow past 1)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    return float(np.max(np.abs(a - b) / np.maximum(1.0, np.abs(b)))) if a.size else 0.0
+
+
+def judge(trained: Dict[str, np.ndarray], reference: Dict[str, np.ndarray], start: Dict[str, np.ndarray],
+          tolerance: float, slots: Optional[Dict[str, Dict[str, Tuple[np.ndarray, np.ndarray]]]] = None
+          ) -> Tuple[Dict[str, Dict[str, Any]], List[str]]:
+    """Per table: max |trained - reference| (row by row; relative above 1), how far each run moved
+    from `start`, and the slots' differences ({table: {slot: (trained, reference)}}). Returns (the
+    report, the failures): a difference above `tolerance`, or a table that either run left where
+    it started (untrained, or not looked up in these steps: untested)."""
+    report: Dict[str, Dict[str, Any]] = {}
+    failures: List[str] = []
+    for name in sorted(reference):
+        t, r, s = trained[name], reference[name], start[name]
+        entry = {"max_diff": _difference(t, r), "moved": float(np.max(np.abs(np.asarray(t, np.float64) - s))),
+                 "moved_reference": float(np.max(np.abs(np.asarray(r, np.float64) - s))),
+                 "rows_moved": int(np.any(np.asarray(r) != s, axis=1).sum())}
+        for slot, (a, b) in sorted((slots or {}).get(name, {}).items()):
+            entry.setdefault("slots", {})[slot] = _difference(a, b)
+        report[name] = entry
+        if entry["moved_reference"] == 0.0:
+            failures.append(f"{name}: the CPU run left it where it started (not looked up: untested)")
+        elif entry["moved"] == 0.0:
+            failures.append(f"{name}: never trained (equal to its start), the CPU run moved {entry['rows_moved']} rows")
+        if entry["max_diff"] > tolerance:
+            failures.append(f"{name}: max |diff| {entry['max_diff']:.3g} > {tolerance:g}")
+        for slot, diff in entry.get("slots", {}).items():
+            if diff > tolerance:
+                failures.append(f"{name} slot {slot}: max |diff| {diff:.3g} > {tolerance:g}")
+    return report, failures
+
+
+def sparsecore_training(strategy, cfg, plan, manifest, train_files: List[str], steps: int, workdir: str,
+                        tolerance: float = 1e-4) -> Dict[str, Any]:
+    """The TPU run of the Trainer's model vs the same steps on CPU, table by table (check 5 of the
+    module docstring). `strategy`: TPUStrategy (or a stand-in the trainer's `is_tpu_strategy`
+    accepts); `cfg`/`plan`/`manifest`: the parity configuration (`parity_plan`); `train_files`:
+    the transformed train split. Raises ParityError naming every failing table; returns the
+    report {"layout", "tables": {table: {max_diff, moved, moved_reference, rows_moved, slots}}}."""
+    from components.contracts.plan import CheckpointLayout
+    from components.embedding_model import layouts as L
+    from components.embedding_model.model import CHECKPOINT_ROOT
+    from components.embedding_trainer import trainer_module as tm
+
+    t = cfg.training
+    if t.dropout or t.input_dropout or t.pipeline_execution_with_tensor_core:
+        raise ValueError("training.dropout, input_dropout and pipeline_execution_with_tensor_core must be off "
+                         "for a step-by-step comparison (parity_raw_config)")
+    if not tm.is_tpu_strategy(strategy):
+        raise ValueError(f"{type(strategy).__name__} is not a TPU strategy: nothing to compare")
+    replicas = strategy.num_replicas_in_sync
+    if plan.global_batch_size % replicas:
+        raise ValueError(f"training.batch_size {plan.global_batch_size} is not a multiple of {replicas} replicas")
+    per_replica = plan.global_batch_size // replicas
+    layout = tm.checkpoint_layout(strategy, per_replica)
+    plan_tpu = plan.with_run(checkpoint_layout=layout)
+    plan_cpu = plan.with_run(checkpoint_layout=CheckpointLayout(kind="A", embedding_api="TPUEmbeddingForServing (CPU/GPU variables)"))
+    os.makedirs(workdir, exist_ok=True)
+    full_precision = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(False)  # TPUs: float32 matmuls not in bfloat16
+    try:
+        # The CPU run, on the host: its start (tables, slots, dense weights) is both runs' start.
+        with tf.device("/cpu:0"):
+            cpu = tm.build_model(plan, manifest, cfg, for_training=True)
+            _compile(cpu)
+            train_input = tm.training_input(train_files, manifest, plan, t, per_replica, 0, replicas)
+            # (a dataset of its own: a second iterator of one dataset would reshuffle)
+            sample, _ = next(iter(global_batches(train_input(), replicas)))
+            cpu(sample)
+            cpu.create_optimizer_slots()
+            start_prefix = tf.train.Checkpoint(**{CHECKPOINT_ROOT: cpu}).save(os.path.join(workdir, "start", "ckpt"))
+        with strategy.scope():
+            tpu = tm.build_model(plan, manifest, cfg, for_training=True, on_tpu=True, per_replica_batch=per_replica)
+            _compile(tpu)
+        if layout.kind == "B":  # the Trainer's warm start into SparseCore stacks
+            tm.warm_start_sparse_core(tpu, plan, layout, start_prefix, strategy)
+        else:
+            tf.train.Checkpoint(**{CHECKPOINT_ROOT: tpu}).restore(start_prefix).assert_existing_objects_matched()
+        tpu_ds = strategy.distribute_datasets_from_function(
+            train_input, tf.distribute.InputOptions(experimental_fetch_to_device=False))
+        _fit(tpu, tpu_ds, steps)
+        with tf.device("/cpu:0"):
+            _fit(cpu, global_batches(train_input(), replicas), steps)
+        tpu_prefix = tf.train.Checkpoint(**{CHECKPOINT_ROOT: tpu}).save(os.path.join(workdir, "tpu", "ckpt"))
+        cpu_prefix = tf.train.Checkpoint(**{CHECKPOINT_ROOT: cpu}).save(os.path.join(workdir, "cpu", "ckpt"))
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(full_precision)
+
+    # Read back as the exporter reads a training checkpoint.
+    read_tpu = L.CheckpointTables(tpu_prefix, plan_tpu)
+    read_cpu = L.CheckpointTables(cpu_prefix, plan_cpu)
+    read_start = L.CheckpointTables(start_prefix, plan_cpu)
+    wrong = {n: s.kind for n, s in read_tpu.sources.items()
+             if s.kind != (layout.kind if plan.tables[n].placement == "tpu_embedding" else "A")}
+    if wrong:
+        raise ParityError(f"tables located in another layout than the run's ({layout.kind}): {wrong}")
+    names = sorted(plan.tables)
+    slots = {}
+    for n in plan.tables_placed("tpu_embedding"):
+        ours, theirs = _slots(tpu_prefix, plan, n, read_tpu.sources[n]), _slots(cpu_prefix, plan, n, read_cpu.sources[n])
+        if sorted(ours) != sorted(theirs) or not theirs:
+            raise ParityError(f"table {n}: slots {sorted(ours)} in the TPU checkpoint, {sorted(theirs)} in the CPU one")
+        slots[n] = {k.split("/")[-3]: (ours[k], theirs[k]) for k in theirs}
+    report, failures = judge({n: read_tpu.read(n) for n in names}, {n: read_cpu.read(n) for n in names},
+                             {n: read_start.read(n) for n in names}, tolerance, slots)
+    result = {"layout": layout.kind, "replicas": replicas, "steps": steps, "tables": report,
+              "placement": {n: plan.tables[n].placement for n in names}}
+    if failures:
+        raise ParityError("; ".join(failures) + " | " + describe(result))
+    return result
+
+
+def describe(result: Dict[str, Any]) -> str:
+    """One line per table of a `sparsecore_training` report."""
+    parts = []
+    for name, e in result["tables"].items():
+        slots = "".join(f", {s} {d:.2g}" for s, d in sorted(e.get("slots", {}).items()))
+        parts.append(f"{name} ({result['placement'][name]}): max |diff| {e['max_diff']:.2g}{slots}; "
+                     f"{e['rows_moved']} rows moved (up to {e['moved_reference']:.2g})")
+    return (f"layout {result['layout']}, {result['replicas']} replicas, {result['steps']} steps: " + "; ".join(parts))
+
+
+def sparsecore_optimizer(plan) -> str:
+    """The parity plan's TPU-embedding optimizers (every table's) pass the SparseCore check;
+    clipped Adagrad is refused there."""
+    from components.config import OptimizerConfig
+    from components.embedding_model import optimizers as O
+    from components.embedding_trainer import plan as P
+
+    def tpu_opt(spec):
+        return O.tpu_optimizer(spec, P.learning_rate(spec), step_fn=lambda: 0)
+
+    clipped = P.optimizer_spec(OptimizerConfig(name="adagrad", learning_rate=0.1, clipvalue=0.5))
+    try:
+        O.check_sparsecore_optimizer(tpu_opt(clipped))
+    except O.EmbeddingOptimizerError as err:
+        if "clipvalue" not in str(err):
+            raise AssertionError(f"clipped Adagrad refused for another reason: {err}") from None
+    else:
+        raise AssertionError("Adagrad with clipvalue was accepted for SparseCore, which ignores clipping")
+    specs: Dict[str, List[str]] = {}
+    for name, t in sorted(plan.tables_placed("tpu_embedding").items()):
+        O.check_sparsecore_optimizer(tpu_opt(dict(t.optimizer)), f"the optimizer of table {name!r}")
+        specs.setdefault(f"{t.optimizer['name']} lr {t.optimizer['learning_rate']}", []).append(name)
+    return ("adagrad with clipvalue 0.5 refused on SparseCore; the TPU-embedding tables' optimizers accepted: "
+            + "; ".join(f"{k} ({len(v)} tables)" for k, v in specs.items()))
+
+
+# ---- data and the whole Trainer ------------------------------------------------------------------
+
+
+def prepare_data(args, root: str) -> str:
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from components.config import parse_config
+    from components.embedding_preprocess.run import run_preprocessing
+    from components.synthetic_data import GeneratorSpec, write_csv
+
+    write_csv(GeneratorSpec(rows=args.rows, seed=11), os.path.join(root, "train.csv"))
+    write_csv(GeneratorSpec(rows=max(args.rows // 5, 1000), seed=12), os.path.join(root, "eval.csv"))
+    # One preprocessing for both trainings: the parity configuration changes the model only.
+    run_preprocessing(
+        beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"])),
+        parse_config(base_raw_config(args, root)),
+        {"train": os.path.join(root, "train.csv"), "eval": os.path.join(root, "eval.csv")},
+        os.path.join(root, "vocab"), {s: os.path.join(root, "tx", f"Split-{s}") for s in ("train", "eval")},
+        os.path.join(root, "stats"), input_format="csv",
+    )
+    return f"{args.rows} train rows generated and preprocessed"
+
+
+def split_files(root: str, split: str) -> List[str]:
+    return [os.path.join(root, "tx", f"Split-{split}", "*")]
+
+
+def eval_records(root: str, n: int = 64):
+    """`n` transformed eval rows as serialized tf.Examples (what the Trainer's signature takes)."""
+    from components.embedding_trainer import trainer_module as tm
+    from components.examples_io import transformed_rows
+
+    files = split_files(root, "eval")
+    return transformed_rows(files[0], tm.read_manifest_for(files), n)
+
+
+def trainer_tpu(args, root: str, expect_v2: bool) -> str:
+    """The whole Trainer under TPUStrategy: run_fn completes and its artifact is complete."""
+    from components.config import parse_config
+    from components.embedding_trainer import trainer_module as tm
+
+    cfg = parse_config(trainer_raw_config(args, root, args.tpu))
+    model_uri = os.path.join(root, "Trainer", "model", "tpu")
+    tm.run_fn(SimpleNamespace(
+        custom_config={tm.CONFIG_KEY: cfg.to_json()}, train_files=split_files(root, "train"),
+        eval_files=split_files(root, "eval"), serving_model_dir=os.path.join(model_uri, "Format-Serving"),
+        model_run_dir=os.path.join(root, "Trainer", "model_run", "tpu"), train_steps=None,
+    ))
+
+    def read(name):
+        with open(os.path.join(model_uri, name), encoding="utf-8") as fh:
+            return json.load(fh)
+
+    run, plan, metrics = read(tm.TRAINING_RUN_FILE), read("embedding_plan.json"), read(tm.EVAL_METRICS_FILE)
+    kind = "B" if expect_v2 else "A"
+    if run["strategy"] not in TPU_STRATEGY_NAMES:
+        raise AssertionError(f"trained under {run['strategy']}, not a TPU strategy ({' or '.join(TPU_STRATEGY_NAMES)})")
+    if run["final_step"] != args.steps:
+        raise AssertionError(f"training ended at step {run['final_step']}, expected {args.steps}")
+    if plan["checkpoint_layout"]["kind"] != kind:
+        raise AssertionError(f"recorded checkpoint layout {plan['checkpoint_layout']}, expected kind {kind}")
+    probs = tf.saved_model.load(os.path.join(model_uri, "Format-Serving")).signatures["serving_default"](
+        examples=tf.constant(eval_records(root)))["probabilities"].numpy()
+    if not np.isfinite(probs).all():
+        raise AssertionError("the SavedModel scores non-finite probabilities")
+    return (f"{run['final_step']} steps under {run['strategy']}, checkpoint layout {kind}, artifact complete, "
+            f"eval AUC {metrics['auc']:.4f} (completion only: training parity is sparsecore_training)")
+
+
+# ---- main -------------------------------------------------------------------------------------------
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Runs the checks; returns the exit status (1 on any failure)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tpu", default="local", help="TPU name or grpc address (local: this TPU VM)")
+    parser.add_argument("--rows", type=int, default=20000)
+    parser.add_argument("--steps", type=int, default=200, help="trainer_tpu's training steps")
+    parser.add_argument("--parity-steps", type=int, default=3, help="sparsecore_training's steps on each platform")
+    parser.add_argument("--parity-tolerance", type=float, default=1e-4,
+                        help="sparsecore_training: largest |TPU - CPU| per table value (relative above 1)")
+    parser.add_argument("--config", default="configs/demo.yaml")
+    parser.add_argument("--pipelining", action="store_true",
+                        help="trainer_tpu with pipeline_execution_with_tensor_core (sparsecore_training runs without)")
+    parser.add_argument("--size-threshold", type=int, default=None,
+                        help="training.embedding.size_threshold (default: the config's)")
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--dry-run", action="store_true",
+                        help="no TPU: run every step that does not need the TPU runtime on CPU, skip the others")
+    parser.add_argument("--dry-replicas", type=int, default=2, help="--dry-run: replicas of the SparseCore layout")
+    parser.add_argument("--dry-sparse-cores-per-chip", type=int, default=4,
+                        help="--dry-run: SparseCores per chip of the SparseCore layout")
+    args = parser.parse_args(argv)
+    RESULTS.clear()
+    root = args.workdir or tempfile.mkdtemp(prefix="tpu_smoke_")
+    os.makedirs(root, exist_ok=True)
+    mode = "dry run (no TPU)" if args.dry_run else f"TPU {args.tpu}"
+    print(f"tensorflow {tf.__version__}; {mode}; config {config_path(args.config)}; work dir {root}", flush=True)
+    no_tpu = "needs the TPU runtime (--dry-run)"
+
+    if args.dry_run:
+        skip("tpu_init", no_tpu)
+        strategy = None
+        replicas, per_chip, v2 = args.dry_replicas, args.dry_sparse_cores_per_chip, True
+    else:
+        init = check("tpu_init", lambda: tpu_init(args))
+        if init is None:
+            return summary(args)
+        strategy, facts = init
+        replicas, per_chip, v2 = facts["replicas"], facts["sparse_cores_per_chip"], facts["v2"]
+
+    data = check("data", lambda: prepare_data(args, root))
+    parity = None
+    if data is None:
+        for name in ("sparsecore_optimizer", "plan", "sparsecore_training", "trainer_tpu"):
+            skip(name, "needs the data step, which failed")
+        return summary(args)
+
+    def plan_step():
+        cfg, plan, manifest = parity_plan(base_raw_config(args, root), split_files(root, "train"))
+        return coverage(plan, replicas, per_chip), (cfg, plan, manifest)
+
+    parity = check("plan", plan_step)
+    if parity is None:
+        skip("sparsecore_optimizer", "needs the plan step, which failed")
+    else:
+        check("sparsecore_optimizer", lambda: sparsecore_optimizer(parity[1]))
+    if args.dry_run:
+        skip("sparsecore_training", f"the TPU run {no_tpu}; tests/test_sparsecore_training.py runs this check with a "
+                                    "CPU SparseCore step in place of the TPU")
+        skip("trainer_tpu", no_tpu)
+    else:
+        if parity is None:
+            skip("sparsecore_training", "needs the plan step, which failed")
+        else:
+            cfg, plan, manifest = parity
+            check("sparsecore_training", lambda: describe(sparsecore_training(
+                strategy, cfg, plan, manifest, split_files(root, "train"), args.parity_steps,
+                os.path.join(root, "parity"), args.parity_tolerance)))
+        check("trainer_tpu", lambda: trainer_tpu(args, root, v2))
+    return summary(args)
+
+
+def summary(args) -> int:
+    by = {s: [n for n, status in RESULTS if status == s] for s in ("PASS", "FAIL", "SKIP")}
+    print(f"passed: {', '.join(by['PASS']) or '-'}", flush=True)
+    if by["SKIP"]:
+        print(f"skipped: {', '.join(by['SKIP'])}", flush=True)
+    if by["FAIL"]:
+        print(f"failed: {', '.join(by['FAIL'])}", flush=True)
+    elif args.dry_run:
+        print("dry run passed: every step that needs no TPU; run without --dry-run on a TPU VM for the rest", flush=True)
+    else:
+        print("all checks passed", flush=True)
+    return 1 if by["FAIL"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
