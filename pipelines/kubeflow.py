@@ -59,7 +59,7 @@ def _has_resources(c) -> bool:
 
 def is_tpu_accelerator(accelerator_type: Optional[str]) -> bool:
     """A TPU as open-source KFP names it (the Kubernetes resource `google.com/tpu`) or as Vertex
-    does (`TPU_V5_LITEPOD`, `TPU_V3`, ...)."""
+    does (`TPU_V3`, `TPU_V4_POD`, ...: pipelines.kubeflow_config.VERTEX_TPU_CHIPS)."""
     t = (accelerator_type or "").strip()
     return t.lower() == "google.com/tpu" or t.upper().startswith("TPU")
 

@@ -8,7 +8,7 @@ section (naming the field) before anything is compiled. Imports nothing heavy (n
 """
 from __future__ import annotations
 
-from typing import List
+from typing import List, Tuple
 
 from components.config import (
     ConfigError,
@@ -31,6 +31,13 @@ TOLERATION_OPERATORS = ("Equal", "Exists")
 TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 # The pipeline's component ids, in order (pipelines.pipeline.create_pipeline; the names tasks have on Kubeflow).
 COMPONENT_IDS = ("LastBlessedModel", "EmbeddingExampleGen", "EmbeddingPreprocess", "Trainer", "EmbeddingExporter", "Pusher")
+# The TPU chip (training.embedding.topology.chip) behind each name a TPU route gives it.
+# GKE's node label (cloud.google.com/gke-tpu-accelerator) of a TPU slice node pool:
+GKE_TPU_ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
+GKE_TPU_CHIPS = {"tpu-v4-podslice": "v4", "tpu-v5-lite-podslice": "v5e", "tpu-v5p-slice": "v5p", "tpu-v6e-slice": "v6e"}
+# Vertex AI's TPU values of MachineSpec.acceleratorType (google.cloud.aiplatform.v1.AcceleratorType; the
+# tests compare them with the installed client's enum). It has none for v5p or v6e.
+VERTEX_TPU_CHIPS = {"TPU_V2": "v2", "TPU_V3": "v3", "TPU_V4_POD": "v4", "TPU_V5_LITEPOD": "v5e"}
 
 
 def kubeflow_beam_args(cfg: PipelineConfig, image: str) -> List[str]:
@@ -53,6 +60,7 @@ def check_kubeflow_config(cfg: PipelineConfig) -> None:
     _check_vertex_training(cfg)
     for cid, c in kf.components.items():
         _check_component(cid, c)
+    _check_route_chip(cfg)
 
 
 def _check_locations(kf: KubeflowConfig) -> None:
@@ -91,6 +99,12 @@ def _check_vertex_training(cfg: PipelineConfig) -> None:
         if not getattr(vt, name).strip():
             raise ConfigError(f"kubeflow.vertex_training.{name}: missing; the Vertex AI custom job needs it")
     check_positive(vt.accelerator_count, "kubeflow.vertex_training.accelerator_count", "chips or GPUs per replica")
+    if vt.accelerator_type is not None and vt.accelerator_type.startswith("TPU") and vt.accelerator_type not in VERTEX_TPU_CHIPS:
+        raise ConfigError(
+            f"kubeflow.vertex_training.accelerator_type: {vt.accelerator_type!r} is not one of Vertex AI's TPU "
+            f"accelerator types ({', '.join(VERTEX_TPU_CHIPS)}); Vertex has none for v5p or v6e: train on those "
+            "through a GKE TPU node pool (kubeflow.components.Trainer, docs/kubeflow.md)"
+        )
     if vt.accelerator_type is not None and vt.accelerator_type.startswith("TPU") and not cfg.training.tpu:
         raise ConfigError(
             "kubeflow.vertex_training.accelerator_type: a TPU machine, but training.tpu is not set; set "
@@ -121,6 +135,32 @@ def _check_component(cid: str, c: KubeflowComponentConfig) -> None:
             raise ConfigError(f"{tp}.value: operator Exists takes no value; remove it or use Equal")
         if t.operator == "Equal" and not t.key:
             raise ConfigError(f"{tp}.key: operator Equal needs a key")
+
+
+def route_chips(cfg: PipelineConfig) -> List[Tuple[str, str]]:
+    """[(field, chip)] for each TPU route whose accelerator names a known chip: the Trainer's GKE node
+    pool label, the Vertex AI accelerator type."""
+    found = []
+    trainer = cfg.kubeflow.components.get("Trainer")
+    label = (trainer.node_selector.get(GKE_TPU_ACCELERATOR_LABEL) if trainer is not None else None) or ""
+    if label in GKE_TPU_CHIPS:
+        found.append((f"kubeflow.components.Trainer.node_selector.{GKE_TPU_ACCELERATOR_LABEL}: {label}", GKE_TPU_CHIPS[label]))
+    vt = cfg.kubeflow.vertex_training
+    if vt is not None and vt.accelerator_type in VERTEX_TPU_CHIPS:
+        found.append((f"kubeflow.vertex_training.accelerator_type: {vt.accelerator_type}", VERTEX_TPU_CHIPS[vt.accelerator_type]))
+    return found
+
+
+def _check_route_chip(cfg: PipelineConfig) -> None:
+    # The plan is sized for topology.chip; a route to another chip would be refused by the trainer
+    # (another embedding API) or run on a plan sized for the wrong memory.
+    chip = cfg.training.embedding.topology.chip
+    for field, route_chip in route_chips(cfg):
+        if chip is not None and chip != route_chip:
+            raise ConfigError(
+                f"training.embedding.topology.chip: {chip}, but {field} is a TPU {route_chip}; name the chip the "
+                "Trainer trains on"
+            )
 
 
 register_check("kubeflow", check_kubeflow_config)

@@ -22,12 +22,14 @@ from tests.stages import with_few_features
 import components  # noqa: F401
 from components.config import ConfigError, config_from_json, load_config, parse_config
 from components.config.stages import stage_config
+from components.contracts.sizing import CHIPS, SPARSE_CORE
 from components.embedding_trainer.trainer_module import CONFIG_KEY
 from pipelines.pipeline import KFP_RUN_ID, KFP_RUN_NAME, LAST_BLESSED
 from pipelines import kfp_entrypoint
 from pipelines.kfp_local import (HarnessError, LocalKfpRun, _substitute, oss_backend_refusal, parse_pipeline_spec,
                                  task_order)
 from pipelines.kubeflow import load_compiled
+from pipelines.kubeflow_config import VERTEX_TPU_CHIPS, route_chips
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN = os.path.join(REPO, "tests", "golden", "kubeflow_pipeline.yaml")
@@ -150,7 +152,12 @@ def test_compiled_spec_parses_strictly_and_carries_the_config(compiled):
     assert res["accelerator"] == {"type": "google.com/tpu", "count": "4"}
     k8s = spec_yaml["platform_spec"]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     assert set(k8s) == {"Trainer_executor"}
-    assert k8s["Trainer_executor"]["nodeSelector"]["labels"]["cloud.google.com/gke-tpu-topology"] == "2x2"
+    labels = k8s["Trainer_executor"]["nodeSelector"]["labels"]
+    assert labels == {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "2x2"}
+    # the node pool's chip trains TPU-embedding tables (SparseCore), and the plan is sized for its 4 chips
+    assert [chip for _, chip in route_chips(cfg)] == [cfg.training.embedding.topology.chip] == ["v6e"]
+    assert CHIPS["v6e"].embedding_api == SPARSE_CORE and cfg.training.embedding.size_threshold is not None
+    assert cfg.training.embedding.topology.num_chips == int(res["accelerator"]["count"]) == 4
     pusher = json.loads(tasks["Pusher"]["inputs"]["parameters"]["push_destination"]["runtimeValue"]["constant"])
     assert pusher["filesystem"]["base_directory"] == "gs://YOUR_BUCKET/tpu-embedding/serving"
 
@@ -290,6 +297,13 @@ def _kubeflow_raw():
     (lambda d: d["kubeflow"]["components"]["Trainer"]["tolerations"][0].update(value="x"), "operator Exists takes no value"),
     (lambda d: d["kubeflow"]["components"]["Trainer"]["node_selector"].update(pool=3), "node_selector.pool: expected a string"),
     (lambda d: d["kubeflow"].update(tpu_trainer_image=" "), "kubeflow.tpu_trainer_image: empty"),
+    (lambda d: d["training"]["embedding"]["topology"].update(chip="v5p"),
+     "training.embedding.topology.chip: v5p, but kubeflow.components.Trainer.node_selector."
+     "cloud.google.com/gke-tpu-accelerator: tpu-v6e-slice is a TPU v6e"),
+    (lambda d: d["kubeflow"]["components"]["Trainer"]["node_selector"].update(
+        {"cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice"}),
+     "training.embedding.topology.chip: v6e, but kubeflow.components.Trainer.node_selector."
+     "cloud.google.com/gke-tpu-accelerator: tpu-v5-lite-podslice is a TPU v5e"),
 ])
 def test_bad_kubeflow_config_names_the_field(mutate, message):
     d = _kubeflow_raw()
@@ -611,10 +625,17 @@ def test_kfp_runs_pass_inputs_as_each_backend_does(kfp_runs):
 
 
 def test_vertex_training_compiles_to_tfx_vertex_trainer(tmp_path):
+    from google.cloud.aiplatform_v1.types.accelerator_type import AcceleratorType
+    from google.cloud.aiplatform_v1.types.custom_job import CustomJobSpec
+
+    # the TPU accelerator types the config accepts are those of the Vertex client TFX submits with
+    assert set(VERTEX_TPU_CHIPS) == {n for n in AcceleratorType.__members__ if n.startswith("TPU")}
     d = _kubeflow_raw()
     d["kubeflow"]["components"]["Trainer"] = {"cpu": 1, "memory_gb": 2}  # the task only submits and waits
-    d["kubeflow"]["vertex_training"] = {"project": "p", "region": "us-central1", "machine_type": "ct5lp-hightpu-4t",
-                                       "accelerator_type": "TPU_V5_LITEPOD", "accelerator_count": 4}
+    # TPU v3-8 (8 cores, 4 chips): a Vertex TPU with an embedding engine (TPUEmbedding)
+    d["kubeflow"]["vertex_training"] = {"project": "p", "region": "us-central1", "machine_type": "cloud-tpu",
+                                       "accelerator_type": "TPU_V3", "accelerator_count": 8}
+    d["training"]["embedding"]["topology"] = {"chip": "v3", "num_chips": 4}
     cfg_path = tmp_path / "v.yaml"
     cfg_path.write_text(yaml.safe_dump(d))
     assert _compile(["--config", str(cfg_path), "--image", IMAGE, "--output", "v.json"], tmp_path) == 2  # no TPU image
@@ -628,11 +649,22 @@ def test_vertex_training_compiles_to_tfx_vertex_trainer(tmp_path):
     cc = json.loads(spec["root"]["dag"]["tasks"]["Trainer"]["inputs"]["parameters"]["custom_config"]["runtimeValue"]["constant"])
     assert cc["ai_platform_enable_vertex"] is True and cc["ai_platform_vertex_region"] == "us-central1"
     pool = cc["ai_platform_training_args"]["job_spec"]["worker_pool_specs"][0]
-    assert pool == {"machine_spec": {"machine_type": "ct5lp-hightpu-4t", "accelerator_type": "TPU_V5_LITEPOD",
-                                     "accelerator_count": 4},
+    assert pool == {"machine_spec": {"machine_type": "cloud-tpu", "accelerator_type": "TPU_V3", "accelerator_count": 8},
                     "replica_count": 1, "container_spec": {"image_uri": TPU_IMAGE}}
+    # Vertex's client takes the job spec as TFX passes it (an accelerator type it lacks is a KeyError there)
+    assert CustomJobSpec(cc["ai_platform_training_args"]["job_spec"]).worker_pool_specs[0].machine_spec.accelerator_type \
+        == AcceleratorType.TPU_V3
     assert config_from_json(cc[CONFIG_KEY]).training.tpu == "local"
 
+    with pytest.raises(ConfigError, match=r"^v\.yaml: training\.embedding\.topology\.chip: v6e, but kubeflow\.vertex_training"
+                                          r"\.accelerator_type: TPU_V3 is a TPU v3"):
+        parse_config({**d, "training": {**d["training"], "embedding": {**d["training"]["embedding"], "topology": {"chip": "v6e"}}}},
+                     "v.yaml")
+    d["kubeflow"]["vertex_training"]["accelerator_type"] = "TPU_V6E"
+    with pytest.raises(ConfigError, match=r"^v\.yaml: kubeflow\.vertex_training\.accelerator_type: 'TPU_V6E' is not one of Vertex AI's "
+                                          r"TPU accelerator types \(TPU_V2, TPU_V3, TPU_V4_POD, TPU_V5_LITEPOD\)"):
+        parse_config(d, "v.yaml")
+    d["kubeflow"]["vertex_training"]["accelerator_type"] = "TPU_V3"
     d["training"].pop("tpu")
     with pytest.raises(ConfigError, match="training.tpu is not set"):
         parse_config(d, "v.yaml")

@@ -588,8 +588,8 @@ class VertexTrainingConfig:
 
     project: str = ""
     region: str = ""
-    machine_type: str = ""  # e.g. ct5lp-hightpu-4t (TPU v5e, 4 chips), n1-standard-8 with a GPU
-    accelerator_type: Optional[str] = None  # e.g. TPU_V5_LITEPOD, NVIDIA_TESLA_T4; null: none
+    machine_type: str = ""  # e.g. cloud-tpu (TPU v2/v3: 8 cores, 4 chips), n1-standard-8 with a GPU
+    accelerator_type: Optional[str] = None  # e.g. TPU_V3, NVIDIA_TESLA_T4 (Vertex has none for v5p, v6e); null: none
     accelerator_count: int = 1
     # One machine: the trainer is not a multi-worker program (no TF_CONFIG cluster, no multi-host slice).
 
