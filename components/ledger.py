@@ -50,7 +50,8 @@ def example_gen_stage(counts: Dict[str, Any], written_files: Dict[str, int]) -> 
     return {
         "stage": EXAMPLE_GEN,
         "rows_in": data_rows,
-        "rows_in_counted_by": "quote-aware scan of the CSV bytes" if "input/blank_lines" in counts else "TFRecord framing",
+        "rows_in_counted_by": "quote-aware scan of the CSV bytes" if "input/blank_lines" in counts
+        else "Parquet footers" if "input/row_groups" in counts else "TFRecord framing",
         "input": {k: int(v) for k, v in sorted(_by_prefix(counts, "input/").items()) if k != "data_rows"},
         "rows_parsed": parsed,
         "malformed": malformed,
@@ -60,6 +61,7 @@ def example_gen_stage(counts: Dict[str, Any], written_files: Dict[str, int]) -> 
         "cells": {
             "missing": _by_prefix(counts, "cells/missing/"),
             "not_numeric": _by_prefix(counts, "cells/not_numeric/"),
+            "null_values": _by_prefix(counts, "cells/null_values/"),  # inside Parquet lists: removed
         },
         "balanced": not problems,
         "problems": problems,

@@ -139,7 +139,7 @@ def test_kubeflow_section_is_checked_once_pipelines_is_loaded():
         ({"categorical_features": [{"name": "C1"}, {"name": "C1"}]}, "'C1' is already used by categorical_features[0]"),
         ({"categorical_features": []}, "categorical_features: empty"),
         ({"input": {"path": ""}}, "input.path: missing"),
-        ({"input": {"path": "x", "format": "parquet"}}, "input.format: 'parquet' is not one of csv, tfrecord"),
+        ({"input": {"path": "x", "format": "orc"}}, "input.format: 'orc' is not one of csv, tfrecord, parquet"),
         ({"training": {"embedding_optimizer": {"name": "rmsprop"}}},
          "training.embedding_optimizer.name: 'rmsprop' is not one of sgd, adagrad, adam, ftrl"),
         ({"training": {"dense_optimizer": {"learning_rate": -1}}}, "training.dense_optimizer.learning_rate"),

@@ -104,6 +104,14 @@ def test_cli_refuses_bad_input_before_beam(data, tmp_path, capsys):
     assert main(["--config", cfg, "--input", str(data / "bad.csv"), "--output", str(tmp_path / "o")]) == 2
     assert "exists and is not empty" in capsys.readouterr().err
     assert main(["--config", str(tmp_path / "nope.yaml"), "--input", "x", "--output", "y"]) == 2
+    # Raw Parquet (input.format: parquet) is typed by EmbeddingExampleGen, not read as an ExampleGen split.
+    import yaml
+
+    raw = yaml.safe_load((data / "cfg.yaml").read_text())
+    raw["input"]["format"] = "parquet"
+    (tmp_path / "pq.yaml").write_text(yaml.safe_dump(raw))
+    assert main(["--config", str(tmp_path / "pq.yaml"), "--input", str(data / "bad.csv"), "--output", str(tmp_path / "p")]) == 2
+    assert "input.format: parquet is typed by EmbeddingExampleGen" in capsys.readouterr().err
     assert not (tmp_path / "o.partial").exists()
 
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 COMBINERS = ("mean", "sum", "sqrtn")
 VOCABULARY_KINDS = ("counted", "list", "file", "hashed", "identity")
 INITIALIZERS = ("truncated_normal", "random_normal", "random_uniform", "zeros")
-INPUT_FORMATS = ("csv", "tfrecord")
+INPUT_FORMATS = ("csv", "tfrecord", "parquet")
 LABEL_RULE_OPS = (">=", ">", "<=", "<", "==", "!=")
 MODEL_TYPES = ("dlrm", "dcn_v2")
 BUCKET_ENCODINGS = ("embedding", "piecewise_linear")  # training.dense_buckets.encoding
@@ -69,11 +69,15 @@ class InputConfig:
     """The `input` section: where the examples are, how they split, and the feature-health limits."""
 
     path: str = ""  # file, directory or glob; relative paths are relative to the config file
-    format: str = "csv"  # csv | tfrecord (gzipped or plain TFRecord of tf.Example)
+    # csv | tfrecord (gzipped or plain TFRecord of tf.Example) | parquet (flat or list columns;
+    # files named _* or .* beside them, such as _SUCCESS, are not read)
+    format: str = "csv"
     train_buckets: int = 4  # ExampleGen hash split: train gets train_buckets / (train+eval)
     eval_buckets: int = 1
     # ExampleGen reads an uncompressed CSV file in byte ranges of this many MiB, spread over the
-    # workers (a compressed or TFRecord file is one range); smaller ranges spread small files wider.
+    # workers (a compressed or TFRecord file is one range), and a Parquet file in units of
+    # consecutive row groups of about this many MiB uncompressed (at least one row group each);
+    # smaller ranges spread small files wider.
     range_mb: float = 64.0
     # Feature health (docs/ingestion.md "Feature health"): a feature whose share of train rows with a missing or
     # invalid value is above max_invalid_share stops the run before training; above
@@ -613,6 +617,25 @@ class KubeflowConfig:
 
 
 @dataclass
+class EvaluatorConfig:
+    """The `evaluator` section: TFX's stock Evaluator (TFMA) on the serving model, before the Pusher.
+
+    On: the pipeline adds a tf.Example copy of the eval split (TFMA feeds a TensorFlow model raw
+    serialized records, which Parquet examples do not carry) and the Evaluator, whose EvalConfig
+    comes from this section (pipelines/evaluation.py); its blessing is required for a push."""
+
+    enabled: bool = False
+    # The blessing's AUC lower bound (overall slice), strictly inside (0, 1): TFX's Evaluator
+    # blesses nothing without a threshold.
+    min_auc: float = 0.5
+    # [lower, upper] of TFMA's calibration (sum of predictions / sum of labels) for a blessing;
+    # null: calibration is reported, not required.
+    calibration_bounds: Optional[List[float]] = None
+    # Input columns (numeric or categorical, not the label) to slice the metrics by, one slice per value.
+    slice_features: List[str] = field(default_factory=list)
+
+
+@dataclass
 class PipelineConfig:
     """A whole configuration file. Loaded and resolved by `components.config.load_config`,
     `parse_config` or `config_from_json`; only a resolved config has `resolved`."""
@@ -633,6 +656,7 @@ class PipelineConfig:
     transformed_examples: TransformedExamplesConfig = field(default_factory=TransformedExamplesConfig)
     beam: BeamConfig = field(default_factory=BeamConfig)
     kubeflow: KubeflowConfig = field(default_factory=KubeflowConfig)
+    evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
 
     @property
     def resolved(self) -> ResolvedConfig:

@@ -74,11 +74,11 @@ def resolve(cfg: PipelineConfig, source_file: Optional[str] = None) -> PipelineC
 
 def _check_input(cfg: PipelineConfig) -> None:
     if not cfg.input.path:
-        raise ConfigError("input.path: missing; set the CSV or TFRecord file, directory or glob to read")
+        raise ConfigError("input.path: missing; set the CSV, TFRecord or Parquet file, directory or glob to read")
     check_choice(cfg.input.format, INPUT_FORMATS, "input.format")
     check_positive(cfg.input.train_buckets, "input.train_buckets", "hash buckets for the train split")
     check_positive(cfg.input.eval_buckets, "input.eval_buckets", "hash buckets for the eval split")
-    check_positive(cfg.input.range_mb, "input.range_mb", "MiB per byte range of a CSV file that ExampleGen reads")
+    check_positive(cfg.input.range_mb, "input.range_mb", "MiB per byte range of a CSV file (or row-group unit of a Parquet file) that ExampleGen reads")
 
 
 def _check_label(cfg: PipelineConfig) -> None:

@@ -56,6 +56,12 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         cfg = load_config(args.config)
+        if args.format is None and cfg.input.format == "parquet":
+            # The config's input.format names raw Parquet files, which EmbeddingExampleGen types
+            # (nulls, dictionaries, scalar or list columns); this CLI reads an ExampleGen split's.
+            raise InputError(
+                "input.format: parquet is typed by EmbeddingExampleGen; run the pipeline (python -m pipelines run), "
+                "or pass --format parquet to read an ExampleGen split (.../EmbeddingExampleGen/examples/<id>/Split-train)")
         fmt = args.format or cfg.input.format
         patterns = {"train": _pattern(args.input)}
         if args.eval_input:

@@ -16,9 +16,13 @@ counted on two sides, no row data crossing a stage boundary.
   its content (`split_hash`) and writes it, in the same worker, to that range's Parquet file of the
   split (written to a temporary name, renamed when the range is done, so a retried or failed range
   never leaves a file that a reader would take for output). Only counts leave the worker;
+- Parquet input (`parquet_input`): units of row groups instead of byte ranges, their schemas
+  checked before the pipeline, each unit read with pyarrow and conformed to the kinds TFRecord
+  input decodes to, then typed and written as above;
 - counts every file's data rows a second way (`ranges.count_range_lines` per range, or
-  `components.row_counts` per whole file: not the parser) and writes the merged counts next to the
-  output; the executor turns them into the ExampleGen ledger.
+  `components.row_counts` per whole file, or a Parquet unit's rows in the file's footer: not the
+  parser) and writes the merged counts next to the output; the executor turns them into the
+  ExampleGen ledger.
 """
 from __future__ import annotations
 
@@ -77,8 +81,13 @@ def count_whole_file(path: str, input_format: str) -> Dict[str, int]:
     return {"input/data_rows": c.records, **({"input/files_truncated": 1} if c.truncated else {})}
 
 
-def count_range(r: ranges.ByteRange, input_format: str, before: Dict) -> Tuple[str, Dict[str, int]]:
-    """(file, independent counts of the range): lines counted on the bytes, not by the parser."""
+def count_range(r, input_format: str, before: Dict) -> Tuple[str, Dict[str, int]]:
+    """(file, independent counts of the range): lines counted on the bytes, not by the parser (a
+    Parquet unit: its rows in the footer)."""
+    if input_format == "parquet":
+        from components.example_gen.parquet_input import unit_counts
+
+        return r.path, unit_counts(r)
     if r.whole_file:
         return r.path, count_whole_file(r.path, input_format)
     return r.path, ranges.count_range_lines(r, before.get(r.key(), (0, 0))[0])
@@ -95,6 +104,8 @@ def file_totals(item: Tuple[str, Dict[str, int]], input_format: str) -> Dict[str
         out.setdefault("input/blank_lines", 0)
         if lines == 0:
             out["input/files_without_header"] = 1
+    elif input_format == "parquet" and not c.get("input/data_rows", 0):
+        out["input/files_without_rows"] = 1
     return out
 
 
@@ -198,13 +209,18 @@ class ReadAndWriteRange(beam.DoFn):
         self._decoder_cls = example_coder.ExamplesToRecordBatchDecoder
         self._hashed = sorted(set(self._cfg.numeric_columns() + self._cfg.categorical_columns() + [self._cfg.label]))
 
-    def process(self, r: ranges.ByteRange, before: Dict):
+    def process(self, r, before: Dict):
+        """`r`: a ranges.ByteRange, or a parquet_input.RowGroupRange for Parquet input."""
         from components.example_gen.records import type_rows
 
         counts: Counter = Counter()
         samples: Dict[str, List[str]] = {}
         if self._cfg.input.format == "csv":
             batches = self._read_csv_range(r, before, counts, samples)
+        elif self._cfg.input.format == "parquet":
+            from components.example_gen.parquet_input import read_unit
+
+            batches = read_unit(r, self._cfg, counts, samples)
         else:
             batches = self._read_tfrecord(r.path, counts, samples)
         names = list(self._split_dirs)
@@ -367,10 +383,10 @@ def _tfrecord_payloads(path: str):
 
 
 class WriteExamples(beam.PTransform):
-    """PBegin -> nothing: reads `byte_ranges`, writes each split's Parquet files into `split_dirs`
+    """PBegin -> nothing: reads `byte_ranges` (Parquet: row-group units), writes each split's Parquet files into `split_dirs`
     and the merged counts (JSON) to `counts_path`."""
 
-    def __init__(self, config_json: str, byte_ranges: List[ranges.ByteRange], split_dirs: Dict[str, str],
+    def __init__(self, config_json: str, byte_ranges: List[Any], split_dirs: Dict[str, str],
                  bounds: List[int], tmp_dir: str, counts_path: str):
         super().__init__()
         self._config_json = config_json

@@ -1,6 +1,7 @@
-"""TFX executor of EmbeddingExampleGen: the input files read in byte ranges, typed, split by a hash
-of each row's content and written as Parquet by the workers that read them (`beam_io`), plus the
-ExampleGen ledger. TFX's FileBased driver (spans, versions, input fingerprint) runs before it.
+"""TFX executor of EmbeddingExampleGen: the input files read in byte ranges (Parquet: units of row
+groups, `parquet_input`), typed, split by a hash of each row's content and written as Parquet by
+the workers that read them (`beam_io`), plus the ExampleGen ledger. TFX's FileBased driver (spans,
+versions, input fingerprint) runs before it.
 
 The output is a standard TFX `Examples` artifact with payload format `FORMAT_PARQUET` (file format
 `FILE_FORMAT_PARQUET`), which TFX's `tfxio_utils` reads with tfx_bsl's ParquetTFXIO (StatisticsGen,
@@ -47,7 +48,7 @@ def input_files(exec_properties: Dict[str, Any]) -> List[Tuple[str, int]]:
         pattern = os.path.join(exec_properties[standard_component_specs.INPUT_BASE_KEY], split.pattern)
         found = FileSystems.match([pattern])[0].metadata_list
         if not found:
-            raise InputError(f"EmbeddingExampleGen: input {pattern!r} matches no file; point input.path at a CSV/TFRecord file, directory or glob")
+            raise InputError(f"EmbeddingExampleGen: input {pattern!r} matches no file; point input.path at a CSV/TFRecord/Parquet file, directory or glob")
         files.update({m.path: m.size_in_bytes for m in found})
     return sorted(files.items())
 
@@ -139,8 +140,22 @@ class Executor(BaseExampleGenExecutor):
         ensure_local_runner_safe(self._beam_pipeline_args)
         cfg = config_of(exec_properties)
         files = input_files(exec_properties)
-        if cfg.input.format == "csv":
-            check_csv_headers(cfg, [p for p, _ in files])
+        range_bytes = max(1, int(cfg.input.range_mb * (1 << 20)))
+        if cfg.input.format == "parquet":
+            from components.example_gen import parquet_input
+
+            files = [(p, n) for p, n in files if not parquet_input.is_hidden(p)]
+            if not files:
+                raise InputError(f"EmbeddingExampleGen: input {cfg.input.path!r} holds no Parquet file (names starting "
+                                 "with '_' or '.' are not read); point input.path at a Parquet file, directory or glob")
+            # Every footer read and every schema checked here, before the pipeline starts.
+            byte_ranges = parquet_input.plan_units(cfg, files, range_bytes)
+            unit = "row-group unit(s)"
+        else:
+            if cfg.input.format == "csv":
+                check_csv_headers(cfg, [p for p, _ in files])
+            byte_ranges = ranges.plan_ranges(files, range_bytes, splittable=cfg.input.format == "csv")
+            unit = "byte range(s)"
         names, bounds = output_splits(exec_properties)
         examples = artifact_utils.get_single_instance(output_dict[standard_component_specs.EXAMPLES_KEY])
         examples.split_names = artifact_utils.encode_split_names(names)
@@ -148,10 +163,9 @@ class Executor(BaseExampleGenExecutor):
         tmp_dir = os.path.join(examples.uri, TMP_DIR)
         for d in list(split_dirs.values()) + [tmp_dir]:
             FileSystems.mkdirs(d) if not FileSystems.exists(d) else None
-        byte_ranges = ranges.plan_ranges(files, max(1, int(cfg.input.range_mb * (1 << 20))), splittable=cfg.input.format == "csv")
         counts_path = os.path.join(examples.uri, COUNTS_FILE)
         progress.phase(progress.EXAMPLE_GEN, f"reading {len(files)} file(s), {sum(n for _, n in files) / 1e6:,.1f} MB "
-                                             f"in {len(byte_ranges)} byte range(s)")
+                                             f"in {len(byte_ranges)} {unit}")
         progress.count(progress.EXAMPLE_GEN, RANGES_DONE, 0, total=len(byte_ranges), unit="ranges")
         with self._make_beam_pipeline() as pipeline:
             _ = pipeline | "WriteExamples" >> WriteExamples(
@@ -164,7 +178,7 @@ class Executor(BaseExampleGenExecutor):
         stage = L.example_gen_stage(counts, written)
         # What was read: the files, and the span TFX's driver resolved (span inputs; 0 otherwise).
         stage["files"] = [p for p, _ in files]
-        stage["byte_ranges"] = len(byte_ranges)
+        stage["row_group_units" if cfg.input.format == "parquet" else "byte_ranges"] = len(byte_ranges)
         stage["span"] = int(exec_properties.get("span") or 0)
         write_text(os.path.join(examples.uri, L.LEDGER_FILE), L.to_json(L.ledger([stage])))
         examples_utils.set_payload_format(examples, PAYLOAD_FORMAT)

@@ -1,4 +1,5 @@
-"""CSV headers, read with Python's csv module (quoted names, CRLF, a UTF-8 byte-order mark)."""
+"""CSV headers, read with Python's csv module (quoted names, CRLF, a UTF-8 byte-order mark), and
+the check that a header (or a Parquet schema's column names) can feed the configuration."""
 from __future__ import annotations
 
 import csv
@@ -22,8 +23,10 @@ def read_csv_header(path: str) -> Optional[List[str]]:
     return None
 
 
-def check_header(path: str, header: List[str], wanted: List[str], label: str, label_derived: bool) -> None:
-    """Raises InputError naming the file when the header cannot feed the configuration."""
+def check_header(path: str, header: List[str], wanted: List[str], label: str, label_derived: bool,
+                 source: str = "CSV header") -> None:
+    """Raises InputError naming the file when the header (or a Parquet file's schema: `source`)
+    cannot feed the configuration."""
     if not any(c.strip() for c in header):
         raise InputError(
             f"{path}: the first line with content ({','.join(header)!r}) names no column; the header must be "
@@ -36,8 +39,8 @@ def check_header(path: str, header: List[str], wanted: List[str], label: str, la
     if missing:
         shown = ", ".join(header[:12]) + (", ..." if len(header) > 12 else "")
         raise InputError(
-            f"{path}: column(s) {missing} named in the config are not in the CSV header ({shown}); "
-            "fix the header or the config's column names"
+            f"{path}: column(s) {missing} named in the config are not in the {source} ({shown}); "
+            f"fix the {source.split()[-1]} or the config's column names"
         )
     if label_derived and label in header:
         raise InputError(
