@@ -70,7 +70,11 @@ Dense values (one float32 per row)
   D2. A missing value -> the feature's `fill_value`, counted as missing.
   D3. NaN (`nan`), inf and -inf (`infinite`), and numbers beyond float32 (1e39 is inf as float32,
       also `infinite`) -> `fill_value`, counted as invalid and as missing.
-  D4. Integers become the nearest float32 (16777217 -> 16777216.0).
+  D4. Integers become the nearest float32, rounded once from the int64 value (16777217 ->
+      16777216.0; 2**60 + 2**36 + 1 -> 2**60 + 2**37, where rounding to float64 first would give
+      2**60): what pyarrow's and TensorFlow's int64 -> float32 casts compute. A stock
+      ExampleGen stores integer-valued columns as int64 (CsvExampleGen infers the type), and the
+      serving model parses each column as the examples preprocessing read hold it.
   D5. A dense column stored as bytes is not numeric: every value is counted (`not_numeric`) and
       every row filled. (ExampleGen already parsed the numeric text columns the config names into
       float32: decimal, exponent, inf, nan.) JSON clients send dense columns as float32, NaN =
@@ -254,12 +258,20 @@ def identity_id(token: bytes, num_buckets: int, default_value: Optional[int] = N
     return (default_value, None) if default_value is not None else (None, reason)
 
 
+def as_float32(kind: str, value) -> np.float32:
+    """D4: a numeric value as float32; an int64 value rounded once (`np.float32(int)` would round
+    it to float64 first: twice)."""
+    if kind == KIND_INT:
+        return np.array([value], np.int64).astype(np.float32)[0]
+    with np.errstate(over="ignore"):
+        return np.float32(value)
+
+
 def row_weight(kind: str, values: Optional[Sequence]) -> Optional[float]:
     """W1: a row's ID weight (float32), or None when the row's tokens are dropped."""
     if not values or kind not in (KIND_INT, KIND_FLOAT):
         return None
-    with np.errstate(over="ignore"):
-        w = np.float32(values[0])
+    w = as_float32(kind, values[0])
     return float(w) if np.isfinite(w) and w >= 0 else None
 
 
@@ -268,6 +280,7 @@ WEIGHT_CASES: Tuple[Tuple[str, Optional[Tuple], Optional[float]], ...] = (
     (KIND_FLOAT, (2.0, 9.0), 2.0),  # D1: the first value
     (KIND_FLOAT, (0.0,), 0.0),
     (KIND_INT, (3,), 3.0),
+    (KIND_INT, (2**60 + 2**36 + 1,), 2.0**60 + 2.0**37),  # D4: rounded once
     (KIND_FLOAT, (-1.0,), None),
     (KIND_FLOAT, (float("nan"),), None),
     (KIND_FLOAT, (float("inf"),), None),
@@ -293,8 +306,7 @@ def dense_value(kind: str, values: Optional[Sequence], fill_value: float) -> Den
     if kind == KIND_BYTES:
         return DenseRow(fill, True, {INVALID_NOT_NUMERIC: len(values)})
     invalid = {INVALID_MULTI_VALUED: len(values) - 1} if len(values) > 1 else {}
-    with np.errstate(over="ignore"):
-        v = np.float32(values[0])
+    v = as_float32(kind, values[0])
     if np.isnan(v):
         return DenseRow(fill, True, {**invalid, INVALID_NAN: 1})
     if np.isinf(v):
@@ -408,6 +420,13 @@ TOKEN_CASES: Tuple[TokenCase, ...] = (
         truncated=1,
     ),
     TokenCase(
+        "int64_extremes", KIND_INT,  # an int-valued ID column as a stock ExampleGen stores it
+        rows=((-(2**63),), (2**62,), (123456789012,), (7,)),
+        tokens=((), (b"4611686018427387904",), (b"123456789012",), (b"7",)),
+        ids=((), (5 + 3,), (5 + 2,), (3,)),
+        invalid={INVALID_NEGATIVE_INT: 1},
+    ),
+    TokenCase(
         "float_in_categorical", KIND_FLOAT,
         rows=((2.5,), None, (1.0,)),
         tokens=((), (), ()),
@@ -488,7 +507,8 @@ class DenseCase:
         None for a text column (JSON dense columns are numbers)."""
         if self.kind == KIND_BYTES:
             return None
-        return tuple(float(v[0]) if v else float("nan") for v in self.rows)
+        # an int64 value as the float32 it is (D4): a JSON number is read as float32 itself
+        return tuple(float(as_float32(self.kind, v[0])) if v else float("nan") for v in self.rows)
 
 
 NAN, INF = float("nan"), float("inf")
@@ -523,6 +543,12 @@ DENSE_CASES: Tuple[DenseCase, ...] = (
         rows=((b"2.5",), None, (b"x", b"y")),
         values=(1.0, 1.0, 1.0),
         missing=3, invalid={INVALID_NOT_NUMERIC: 3},
+    ),
+    DenseCase(
+        "int64_rounded_once", KIND_INT, fill_value=0.0,  # D4: an int-valued CSV column (CsvExampleGen)
+        rows=((2**60 + 2**36 + 1,), (-(2**60 + 2**36 + 1),), (INT64_MAX,), (-(2**63),), (7, 8), ()),
+        values=(2.0**60 + 2.0**37, -(2.0**60 + 2.0**37), 2.0**63, -(2.0**63), 7.0, 0.0),
+        missing=1, invalid={INVALID_MULTI_VALUED: 1},
     ),
 )
 

@@ -267,6 +267,20 @@ def test_oov_hash_matches_tensorflow():
 # ---- dense values --------------------------------------------------------------------------------
 
 
+def test_serving_default_parses_each_column_as_the_examples_hold_it(served):
+    """R1: the parse spec takes each column's type from the kinds preprocessing recorded (int64
+    where a stock ExampleGen wrote int64, float where it wrote float, bytes for text; a column
+    without a value: its feature's natural kind), so every case above reaches the rules unconverted."""
+    import tensorflow as tf
+
+    dtype = {R.KIND_BYTES: tf.string, R.KIND_INT: tf.int64, R.KIND_FLOAT: tf.float32}
+    expected = {_feature_name("t", i): dtype.get(c.kind, tf.string) for i, c in enumerate(TOKEN_CASES.values())}
+    expected.update({_feature_name("d", i): dtype[c.kind] for i, c in enumerate(DENSE_CASES.values())})
+    expected.update({INT_TEXT: tf.int64, WEIGHTED: tf.string, WEIGHT_COLUMN: tf.float32})
+    expected.update({name: dtype[kind] for name, (kind, _, _) in KIND_COLUMNS.items()})
+    assert {c: f.dtype for c, f in served.example_spec.items()} == expected
+
+
 @pytest.mark.parametrize("name", DENSE_CASES)
 def test_dense_case_reference(name):
     case = DENSE_CASES[name]
@@ -349,9 +363,10 @@ def _feature_name(prefix, i):
 class _Served:
     """Every case's column through the four TensorFlow paths, decoded per case."""
 
-    def __init__(self, outputs, layout):
+    def __init__(self, outputs, layout, example_spec):
         self.outputs = outputs  # path -> float64 [rows, columns] from the probe model
         self.layout = layout  # feature name -> (first column, width)
+        self.example_spec = example_spec  # raw column -> what serving_default parses it as
 
     def _block(self, path, feature, num_rows):
         start, width = self.layout[feature]
@@ -504,7 +519,7 @@ def served(tmp_path_factory):
                                   + [-1] * (num_rows - len(R.INT_TEXT_CASES)), tf.int64)
     typed["identity_int"] = tf.constant(list(INT_IDENTITY) + [-1] * (num_rows - len(INT_IDENTITY)), tf.int64)
     outputs["serve_typed_features"] = loaded.signatures["serve_typed_features"](**typed)["probabilities"].numpy()
-    return _Served(outputs, layout)
+    return _Served(outputs, layout, transform.example_spec())
 
 
 # ---- dense buckets (B1) ---------------------------------------------------------------------------

@@ -120,6 +120,18 @@ class VocabularyManifest:
         cols += [f.weight_column for f in self.categorical_features if f.weight_column]
         return list(dict.fromkeys(cols))
 
+    def kind_mismatches(self, found: Mapping[str, str]) -> List[str]:
+        """The raw columns the model reads that examples hold as another kind than preprocessing
+        read them as, e.g. "I3 (int64 in the examples, parsed as float)": the serving model's
+        `serving_default` parses each column as its `raw_feature_kinds` entry, and
+        `tf.io.parse_example` fails on any other type. `found`: column -> kind of the columns that
+        hold values in the examples (a column without a value fits any parse spec)."""
+        return [
+            f"{c} ({found[c]} in the examples, parsed as {self.raw_feature_kinds[c]})"
+            for c in self.raw_columns()
+            if c in found and c in self.raw_feature_kinds and found[c] != self.raw_feature_kinds[c]
+        ]
+
     def to_dict(self) -> Dict[str, Any]:
         return plain(self)
 

@@ -44,6 +44,7 @@ from components.embedding_model.restore import (  # noqa: F401  (re-exported)
     ExportRefused, build_serving_model, cfg_hint, dense_variables, load_tables, open_checkpoint_tables, restore_dense,
 )
 from components.embedding_exporter.serving import RawFeatureTransform, ServingModule
+from components.embedding_preprocess.features import KIND_NONE, kind_of
 from components.embedding_model.saving import save_serving_model
 from components.embedding_preprocess import transform as preprocess_transform
 from components.embedding_preprocess import vocabulary as V
@@ -217,6 +218,13 @@ def read_eval_sample(cfg: PipelineConfig, manifest: VocabularyManifest, raw_eval
     raw = read_raw_examples(raw_eval_pattern, max(e.parity_sample_size, e.auc_sample_size))
     vocabularies = {name: V.read_vocabulary(manifest.vocabulary_dir, name) for name in manifest.vocabularies}
     rb = example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(raw)
+    found = {n: kind_of(rb.column(i)) for i, n in enumerate(rb.schema.names)}
+    mismatched = manifest.kind_mismatches({n: k for n, k in found.items() if k != KIND_NONE})
+    if mismatched:
+        raise ExportRefused(
+            f"eval examples at {raw_eval_pattern} hold {', '.join(mismatched)}: the serving model parses each "
+            "column as the examples preprocessing read held it; give the exporter the Examples artifact preprocessing read"
+        )
     transformed, keep, _ = preprocess_transform.transform_record_batch(
         cfg, preprocess_transform.make_lookups(cfg, vocabularies), rb, "export"
     )

@@ -12,7 +12,8 @@ assets.
 `ServingModule` wraps the transform and a `RankingModel` built without optimizer (so no slot
 variables exist) and exposes two signatures:
 - `serving_default(examples)`: a batch of serialized tf.Examples with the raw columns as
-  ExampleGen stored them;
+  ExampleGen stored them: each column parsed as the type preprocessing read it as (the
+  manifest's `raw_feature_kinds`), so a stock ExampleGen's int64 columns parse as int64;
 - `serve_features(**columns)`: one tensor per raw column for JSON/REST clients: categorical
   columns as strings (multi-hot values joined by the separator, '' when missing), dense columns
   as float32 (NaN when missing);
@@ -340,7 +341,10 @@ class RawFeatureTransform(tf.Module):
         return tf.where(tf.math.is_finite(w) & (w >= 0), w, float("nan"))
 
     def example_spec(self) -> Dict[str, Any]:
-        """Every raw column as a [batch, None] ragged feature (a missing feature: an empty row)."""
+        """Every raw column as a [batch, None] ragged feature (a missing feature: an empty row), of
+        the type the examples preprocessing read hold it as (the manifest's kinds: int64 where a
+        stock ExampleGen wrote int64, float where it wrote float, bytes for text); numeric columns
+        are cast to float32 after parsing (`from_examples`)."""
         return {c: tf.io.RaggedFeature(_DTYPES[self.kinds[c]], row_splits_dtype=tf.int64) for c in self.raw_columns()}
 
     def from_examples(self, serialized: tf.Tensor) -> Dict[str, Any]:

@@ -144,13 +144,24 @@ class MergeStatsFn(beam.CombineFn):
 class _DecodeExamples(beam.DoFn):
     """Batches of serialized tf.Examples -> Arrow RecordBatches (schema inferred per batch)."""
 
+    def __init__(self, file_pattern: str = ""):
+        super().__init__()
+        self._file_pattern = file_pattern
+
     def setup(self):
         from tfx_bsl.coders import example_coder
 
         self._decoder = example_coder.ExamplesToRecordBatchDecoder()
 
     def process(self, batch: List[bytes]) -> Iterator[pa.RecordBatch]:
-        yield self._decoder.DecodeBatch(batch)
+        try:
+            rb = self._decoder.DecodeBatch(batch)
+        except RuntimeError as e:  # tfx_bsl's: a feature of two types among the batch's examples
+            raise ValueError(
+                f"tf.Examples at {self._file_pattern}: {str(e).replace('INVALID_ARGUMENT: ', '')}; a column "
+                "must hold one type (bytes, int64 or float) in every example"
+            ) from None
+        yield rb
 
 
 class _CountPerBundle(beam.DoFn):
@@ -368,7 +379,7 @@ class ReadRecordBatches(beam.PTransform):
             pbegin
             | "Read" >> beam.io.ReadFromTFRecord(self._file_pattern)
             | "Batch" >> beam.BatchElements(min_batch_size=self._rows, max_batch_size=self._rows)
-            | "Decode" >> beam.ParDo(_DecodeExamples())
+            | "Decode" >> beam.ParDo(_DecodeExamples(self._file_pattern))
         )
 
 

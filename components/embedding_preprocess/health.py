@@ -7,7 +7,7 @@ is in `input.allow_invalid`); above `input.warn_invalid_share` the feature is fl
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Mapping, Optional
 
 from components.config import PipelineConfig
 from components.contracts.statistics import EmbeddingStatistics
@@ -16,7 +16,12 @@ from components.errors import FeatureHealthError
 OK, WARN, STOP, ALLOWED = "ok", "warn", "stop", "allowed"
 
 
-def feature_health(cfg: PipelineConfig, stats: EmbeddingStatistics, split: str = "train") -> Dict[str, Any]:
+def feature_health(
+    cfg: PipelineConfig, stats: EmbeddingStatistics, split: str = "train", notes: Optional[Mapping[str, str]] = None
+) -> Dict[str, Any]:
+    """Each feature's unusable rows by reason and its status. `notes`: raw column -> why its type
+    leaves it unusable (`run.column_notes`), carried into the feature's entry and the stop line."""
+    notes = notes or {}
     rows = stats.splits[split]["examples_written"]
     i = cfg.input
     out: Dict[str, Any] = {
@@ -36,13 +41,19 @@ def feature_health(cfg: PipelineConfig, stats: EmbeddingStatistics, split: str =
         entry = _entry(cfg, d.name, "dense", unusable, rows, reasons)
         if ingestion.get(d.source):  # cells ExampleGen could not read as numbers arrive here as missing
             entry["not_numeric_at_ingestion_all_splits"] = ingestion[d.source]
+        if d.source in notes:
+            entry["column"] = notes[d.source]
         out["features"][d.name] = entry
     for f in cfg.categorical_features:
         s = stats.features[f.name]["splits"][split]
         unusable = rows - s["examples_present"]
         reasons = {"rows_without_a_valid_value": unusable}
         reasons.update({f"invalid_values/{k}": v for k, v in s["invalid_values"].items()})
-        out["features"][f.name] = _entry(cfg, f.name, "categorical", unusable, rows, reasons)
+        entry = _entry(cfg, f.name, "categorical", unusable, rows, reasons)
+        column = next((notes[c] for c in (f.source, f.weight_column) if c in notes), None)
+        if column:
+            entry["column"] = column
+        out["features"][f.name] = entry
     out["stopped"] = sorted(n for n, e in out["features"].items() if e["status"] == STOP)
     out["warned"] = sorted(n for n, e in out["features"].items() if e["status"] == WARN)
     return out
@@ -70,6 +81,8 @@ def check_health(health: Dict[str, Any]) -> None:
         reasons = ", ".join(f"{k} {v:,}" for k, v in e["reasons"].items() if v)
         if e.get("not_numeric_at_ingestion_all_splits"):
             reasons += f"; {e['not_numeric_at_ingestion_all_splits']:,} cells were not numbers at ingestion (all splits)"
+        if e.get("column"):
+            reasons += f"; {e['column']}"
         parts.append(f"{name} ({e['kind']}): {e['share']:.1%} of {health['rows']:,} train rows unusable ({reasons})")
     raise FeatureHealthError(
         f"feature health: {'; '.join(parts)}; above input.max_invalid_share "

@@ -225,5 +225,6 @@ def health_html(health: Optional[Dict[str, Any]]) -> List[str]:
     if not flagged:
         return [head, "<p>No feature above the warning level.</p>"]
     rows = [[n, e["kind"], f"{e['share']:.1%}", e["status"].upper(),
-             ", ".join(f"{k} {v:,}" for k, v in e["reasons"].items() if v)] for n, e in flagged]
+             ", ".join(f"{k} {v:,}" for k, v in e["reasons"].items() if v) + (f"; {e['column']}" if e.get("column") else "")]
+            for n, e in flagged]
     return [head, _table(["feature", "kind", "unusable share", "status", "reasons"], rows)]

@@ -57,13 +57,21 @@ def _makedirs(path: str) -> None:
         FileSystems.mkdirs(path)
 
 
-def _raw_kinds(cfg: PipelineConfig, raw: Dict[str, float]) -> Dict[str, str]:
-    """The tf.Example kind of every configured column, as ExampleGen stored it."""
+def _observed_kinds(raw: Dict[str, float]) -> Dict[str, set]:
+    """The kinds each column's values had in the batches read (columns without a value: absent)."""
     seen: Dict[str, set] = {}
     for key in raw:
         parsed = P.parse_raw_kind(key)
         if parsed is not None and parsed[1] != F.KIND_NONE:
             seen.setdefault(parsed[0], set()).add(parsed[1])
+    return seen
+
+
+def _raw_kinds(cfg: PipelineConfig, raw: Dict[str, float]) -> Dict[str, str]:
+    """The tf.Example kind of every configured column, as ExampleGen stored it (a stock
+    CsvExampleGen: int64 for integer-valued columns): what the serving model parses. A column
+    without a value in any example gets its feature's natural kind."""
+    seen = _observed_kinds(raw)
     kinds = {}
     defaults = [(cfg.label, F.KIND_FLOAT)]
     defaults += [(d.source, F.KIND_FLOAT) for d in cfg.dense_features]
@@ -72,12 +80,36 @@ def _raw_kinds(cfg: PipelineConfig, raw: Dict[str, float]) -> Dict[str, str]:
     for column, default in defaults:
         found = seen.get(column, set())
         if len(found) > 1:
+            # The serving model parses each column as one type. A stock CsvExampleGen types each
+            # input split's columns on their own: one cell of text (or a decimal point) in one split.
             raise ValueError(
                 f"column {column!r} holds values of several types ({', '.join(sorted(found))}) across "
-                "examples; store one type per column"
+                "examples; store one type per column (a stock CsvExampleGen infers each input split's "
+                "types on its own: make the column's cells alike in every split, or read one input split)"
             )
         kinds[column] = found.pop() if found else default
     return kinds
+
+
+def column_notes(cfg: PipelineConfig, raw: Dict[str, float]) -> Dict[str, str]:
+    """Per configured feature column whose type leaves it unusable, why, in words the feature
+    health line carries: a column no example holds a value of, a dense or weight column stored as
+    text (a stock CsvExampleGen stores a column as text when one cell is no number), a
+    categorical column stored as float. Its rows stay (filled, or without IDs) and are counted."""
+    seen = _observed_kinds(raw)
+    numeric = [d.source for d in cfg.dense_features] + [f.weight_column for f in cfg.categorical_features if f.weight_column]
+    notes: Dict[str, str] = {}
+    for column in [*numeric, *(f.source for f in cfg.categorical_features)]:
+        kinds = seen.get(column, set())
+        if not kinds:
+            notes[column] = f"column {column!r} holds no value in any example (absent from the input?)"
+        elif column in numeric and F.KIND_BYTES in kinds:
+            notes[column] = (f"the examples store column {column!r} as text (bytes), not numbers: fix its "
+                             "non-numeric cells (a stock CsvExampleGen types a column as text when one cell is no number)")
+        elif column not in numeric and F.KIND_FLOAT in kinds:
+            notes[column] = (f"the examples store column {column!r} as float: categorical values must be "
+                             "text or int64")
+    return notes
 
 
 def build_manifest(cfg: PipelineConfig, raw: Dict[str, float], vocabulary_dir: str) -> VocabularyManifest:
@@ -354,7 +386,7 @@ def run_preprocessing(
             stats, ledger=build_ledger(raw, stats, split_patterns, transformed_dirs, input_format, upstream_ledger)
         )
         # Analysis only reads no feature presence: health needs the transform pass.
-        stats = dataclasses.replace(stats, feature_health=feature_health(cfg, stats))
+        stats = dataclasses.replace(stats, feature_health=feature_health(cfg, stats, notes=column_notes(cfg, raw)))
     write_text(os.path.join(vocabulary_dir, MANIFEST_FILE), manifest.to_json())
     write_text(os.path.join(statistics_dir, STATISTICS_FILE), stats.to_json())
     write_text(
