@@ -11,7 +11,8 @@
   the project's entrypoint (`pipelines.kfp_entrypoint`, the image's command for every task) uses
   it to restore the input artifact types open-source KFP leaves empty (tensorflow/tfx#7768).
 - Per-component CPU / memory / accelerator from `kubeflow.components.<id>`; Beam options from
-  `kubeflow.beam`, given to the Beam components (ExampleGen, EmbeddingPreprocess) only.
+  `kubeflow.beam`, given to the Beam components (ExampleGen, EmbeddingPreprocess, and with
+  `evaluator.enabled` TFExampleCopy and TFX's Evaluator) only.
 - The Trainer on a TPU route (TPU resources on `kubeflow.components.Trainer`, or a TPU
   `kubeflow.vertex_training`) trains in the TPU image (docker/Dockerfile.tpu: tensorflow-tpu and
   libtpu; `--tpu-image` or `kubeflow.tpu_trainer_image`), every other task and Dataflow's workers in
@@ -130,7 +131,7 @@ def build_pipeline(cfg: PipelineConfig, image: str, pipeline_root: str, tpu_imag
     beam_args = kubeflow_beam_args(cfg, image)
     by_id = {c.id: c for c in p.components}
     for c in p.components:
-        if hasattr(c, "with_beam_pipeline_args"):  # BaseBeamComponent: ExampleGen, EmbeddingPreprocess
+        if hasattr(c, "with_beam_pipeline_args"):  # BaseBeamComponent: ExampleGen, EmbeddingPreprocess (TFExampleCopy, Evaluator)
             c.with_beam_pipeline_args(beam_args)
     for cid, res in cfg.kubeflow.components.items():
         if _has_resources(res):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import glob
 import os
 import re
-from typing import List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from components.config import ConfigError, PipelineConfig
 from components.progress import LAST_BLESSED, PUSHER  # the registry's read and write steps
@@ -92,6 +92,7 @@ def create_pipeline(
     span: Optional[int] = None,
     kubeflow: bool = False,
     enable_cache: bool = True,
+    extra_components: Optional[Callable[[Dict[str, Any]], List[Any]]] = None,
 ):
     """The pipeline. `image` (Kubeflow only): the container image, needed when the config sends
     training to a Vertex AI custom job (`kubeflow.vertex_training`). `span`: with a span input,
@@ -99,7 +100,9 @@ def create_pipeline(
     Pusher records KFP's run placeholders (the local run records LocalDagRunner's run id).
     `enable_cache`: a component whose execution properties (its share of the config,
     components/config/stages.py) and inputs are unchanged reuses its last outputs, except the
-    NEVER_CACHED steps (`run_locally` and the Kubeflow compiler turn caching off for them)."""
+    NEVER_CACHED steps (`run_locally` and the Kubeflow compiler turn caching off for them).
+    `extra_components`: given {component id: our component}, the stock components to add around
+    ours (e.g. StatisticsGen on `EmbeddingExampleGen`'s `examples`; docs/tfx.md)."""
     from tfx.components.trainer.component import Trainer
     from tfx.orchestration import metadata, pipeline
     from tfx.proto import example_gen_pb2, trainer_pb2
@@ -156,15 +159,26 @@ def create_pipeline(
         model=trainer.outputs["model"], examples=example_gen.outputs["examples"], config=cfg,
         last_blessed_model=last_blessed.outputs["model"],
     )
+    # With `evaluator.enabled`: TFX's stock Evaluator on the serving model, reading a tf.Example copy
+    # of the eval split (pipelines/evaluation.py says why); the Pusher then needs its blessing too.
+    evaluation: List = []
+    if cfg.evaluator.enabled:
+        from pipelines.evaluation import evaluator_components
+
+        evaluation = evaluator_components(cfg, example_gen.outputs["examples"], exporter.outputs["serving_model"])
     pusher = RegistryPusher(
         model=exporter.outputs["serving_model"], model_blessing=exporter.outputs["blessing"],
         serving_dir=serving_dir, pipeline_name=cfg.name,
         run_id=KFP_RUN_ID if kubeflow else None, run_name=KFP_RUN_NAME if kubeflow else None,
+        evaluator_blessing=evaluation[-1].outputs["blessing"] if evaluation else None,
+        evaluation=evaluation[-1].outputs["evaluation"] if evaluation else None,
     ).with_id(PUSHER)
+    ours = [last_blessed, example_gen, preprocess, trainer, exporter, *evaluation, pusher]
+    added = list(extra_components({c.id: c for c in ours})) if extra_components else []
     return pipeline.Pipeline(
         pipeline_name=cfg.name,
         pipeline_root=pipeline_root,
-        components=[last_blessed, example_gen, preprocess, trainer, exporter, pusher],
+        components=ours + added,
         enable_cache=enable_cache,
         metadata_connection_config=(
             metadata.sqlite_metadata_connection_config(metadata_path) if metadata_path else None

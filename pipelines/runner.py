@@ -97,22 +97,23 @@ def failed_component(e: BaseException) -> Optional[str]:
 
 
 def run(cfg: PipelineConfig, output_dir: str, quiet: bool = False, span: Optional[int] = None,
-        cache: bool = True, progress_to_stderr: bool = False) -> RunResult:
+        cache: bool = True, progress_to_stderr: bool = False, extra_components=None) -> RunResult:
     """Runs the pipeline with TFX's LocalDagRunner into `output_dir` and summarizes it.
     `progress_to_stderr`: the quiet run's progress goes to stderr (stdout then carries only what
-    the caller prints, e.g. the summary as JSON)."""
+    the caller prints, e.g. the summary as JSON). `extra_components`: stock components to add
+    (pipelines.pipeline.create_pipeline)."""
     output_dir = os.path.abspath(output_dir)
     os.makedirs(output_dir, exist_ok=True)
     if quiet:
-        return _run_logged(cfg, output_dir, span, cache, progress_to_stderr)
-    return _run(cfg, output_dir, span, cache)
+        return _run_logged(cfg, output_dir, span, cache, progress_to_stderr, extra_components)
+    return _run(cfg, output_dir, span, cache, extra_components)
 
 
 class _SummaryFailed(RuntimeError):
     """The pipeline ran, but reading back what it did failed."""
 
 
-def _run(cfg: PipelineConfig, output_dir: str, span: Optional[int], cache: bool) -> RunResult:
+def _run(cfg: PipelineConfig, output_dir: str, span: Optional[int], cache: bool, extra_components=None) -> RunResult:
     import json
 
     from components.beam_runtime import ensure_local_runner_safe
@@ -127,6 +128,7 @@ def _run(cfg: PipelineConfig, output_dir: str, span: Optional[int], cache: bool)
         serving_dir=os.path.join(output_dir, SERVING_DIR),
         span=span,
         enable_cache=cache,
+        extra_components=extra_components,
     )
     start = time.time()
     run_locally(p)
@@ -157,7 +159,7 @@ def _log_handler() -> logging.Handler:
 
 
 def _run_logged(cfg: PipelineConfig, output_dir: str, span: Optional[int] = None, cache: bool = True,
-                progress_to_stderr: bool = False) -> RunResult:
+                progress_to_stderr: bool = False, extra_components=None) -> RunResult:
     from pipelines.progress_view import ProgressPrinter, progress_path
 
     log_path = os.path.join(output_dir, LOG_FILE)
@@ -181,7 +183,7 @@ def _run_logged(cfg: PipelineConfig, output_dir: str, span: Optional[int] = None
     print(f"running {cfg.name}; full log: {log_path}", file=terminal, flush=True)
     printer.start()
     try:
-        return _run(cfg, output_dir, span, cache)
+        return _run(cfg, output_dir, span, cache, extra_components)
     except Exception as e:  # noqa: BLE001 - every failure becomes one line; the traceback is in the log
         logging.exception("pipeline run failed")
         if isinstance(e, _SummaryFailed):

@@ -53,6 +53,8 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
     served = served_model(os.path.join(output_dir, SERVING_DIR))
     this_run = os.path.dirname(report_path) if report_path else None
     meta = _read(cfg.input.path + ".meta.json") if os.path.isfile(cfg.input.path) else None
+    # TFX's Evaluator's blessing (evaluator.enabled): its BLESSED / NOT_BLESSED file
+    blessing = _latest(os.path.join(root, "Evaluator", "blessing", "*", "*BLESSED")) if cfg.evaluator.enabled else None
     health = (stats or {}).get("feature_health") or {}
     return {
         "ledger": (stats or {}).get("ledger"),
@@ -77,6 +79,7 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
                        for c in report["validation"]["checks"]],
             "reasons": report["validation"]["reasons"],
         } if report and "validation" in report else None,
+        "evaluator": {"blessed": os.path.basename(blessing) == "BLESSED"} if blessing else None,
         "serving_model_this_run": this_run,
         "training": training_length(cfg, training_run, stats),
         "eval_log_loss": metrics["log_loss"] if metrics else None,
@@ -167,11 +170,13 @@ def continuous_summary(c: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 
 
 def exit_status(s: Dict[str, Any]) -> int:
-    """0 when this run pushed its model, 3 when the validation gate kept it back, 1 otherwise (a
+    """0 when this run pushed its model, 3 when the validation gate (or TFX's Evaluator) kept it back, 1 otherwise (a
     run that ended without a failure but pushed nothing and was not refused by the gate)."""
     if s.get("pushed_by_this_run"):
         return EXIT_PUSHED
     if s.get("validation") and not s["validation"]["blessed"]:
+        return EXIT_NOT_PUSHED
+    if s.get("evaluator") and not s["evaluator"]["blessed"]:
         return EXIT_NOT_PUSHED
     return EXIT_FAILED
 
@@ -180,6 +185,8 @@ def not_pushed_reason(s: Dict[str, Any]) -> str:
     v = s.get("validation")
     if v and not v["blessed"]:
         return "the validation gate kept the model back: " + "; ".join(v.get("reasons") or ["not blessed"])
+    if s.get("evaluator") and not s["evaluator"]["blessed"]:
+        return "TFX's Evaluator kept the model back (evaluator.min_auc / evaluator.calibration_bounds did not hold)"
     if s.get("registry_error"):
         return s["registry_error"]
     return "the run ended without a push"

@@ -7,6 +7,9 @@
   `pipelines.kfp_local` (ExecutorInput JSON per task, the container command in a subprocess) with
   inputs typed as Vertex passes them and untyped as open-source KFP passes them; both end with a
   serving model that scores raw examples exactly as the local (LocalDagRunner) run's does.
+- With `evaluator.enabled`, TFX's stock Evaluator (and, locally, stock StatisticsGen, SchemaGen and
+  ExampleValidator) runs on our artifacts, and its blessing reaches our Pusher and registry, on
+  every orchestrator.
 """
 import copy
 import glob
@@ -402,11 +405,27 @@ def test_harness_refuses_placeholders_it_does_not_emulate():
 # modes' first runs check (test_kfp_runs_pass_inputs_as_each_backend_does).
 
 ROWS = 4000
-RUNS = {"local": 2, "oss": 2, "vertex": 1}
 # The gate on, with a margin wide enough that two 20-step models on the same data always pass: the
 # decisions compared here are about what each run finds and compares with (the gate's rule has its
 # own table: tests/test_validation_gate.py). No baseline: a 20-step model is not held to it.
 GATE = {"baseline": {"enabled": False}, "baseline_margin": None, "regression_margin": 0.5}
+# TFX's stock Evaluator on the second local and open-source KFP runs and on Vertex's run: its
+# blessing's path to the Pusher is under test, not the 20-step model, so any AUC above 0.01 blesses.
+EVALUATOR = {"enabled": True, "min_auc": 0.01, "slice_features": ["C1"]}
+EVALUATED = {"local": [False, True], "oss": [False, True], "vertex": [True]}
+# The AUC the Evaluator computes (TFMA, 10,000 thresholds) and the exporter's exact one on the same rows.
+AUC_TOLERANCE = 0.002
+
+
+def _stock_data_components(ours):
+    """Stock StatisticsGen, SchemaGen and ExampleValidator on EmbeddingExampleGen's examples."""
+    from tfx.components.example_validator.component import ExampleValidator
+    from tfx.components.schema_gen.component import SchemaGen
+    from tfx.components.statistics_gen.component import StatisticsGen
+
+    stats = StatisticsGen(examples=ours["EmbeddingExampleGen"].outputs["examples"])
+    schema = SchemaGen(statistics=stats.outputs["statistics"])
+    return [stats, schema, ExampleValidator(statistics=stats.outputs["statistics"], schema=schema.outputs["schema"])]
 
 
 def _json(path):
@@ -414,13 +433,13 @@ def _json(path):
         return json.load(fh)
 
 
-def _local_run(cfg, out):
+def _local_run(cfg, out, stock=False):
     """One LocalDagRunner run into `out` (shared by both runs: one push destination, one MLMD)
-    and the artifacts it made."""
+    and the artifacts it made; `stock`: with stock StatisticsGen, SchemaGen and ExampleValidator."""
     from pipelines.runner import run
     from pipelines.summary import _latest
 
-    summary = run(cfg, str(out)).summary
+    summary = run(cfg, str(out), extra_components=_stock_data_components if stock else None).summary
     root = out / "pipeline_root"
     model = os.path.dirname(_latest(str(root / "Trainer" / "model" / "*" / "continuous.json")))
     return {"summary": summary, "examples": os.path.dirname(_latest(str(root / "EmbeddingExampleGen" / "examples" / "*" / "ledger.json"))),
@@ -457,23 +476,30 @@ def kfp_runs(tmp_path_factory):
     with_few_features(raw)  # orchestration is under test here, not the model: a few features of each kind
     raw["training"].update(train_steps=20, eval_steps=5, batch_size=64, checkpoint_every_steps=10)
     raw["training"]["dense_optimizer"]["schedule"]["decay_steps"] = 20
-    raw["export"].update(compare_compression=False, auc_sample_size=500, parity_sample_size=128)
+    # auc_sample_size above the eval split: the exporter's AUC is on the rows the Evaluator scores.
+    raw["export"].update(compare_compression=False, auc_sample_size=4000, parity_sample_size=128)
     raw["beam"].update(direct_running_mode="in_memory", direct_num_workers=1)
     raw["validation"] = dict(GATE)
     raw["kubeflow"] = {
         "beam": {"runner": "direct", "args": ["--direct_running_mode=in_memory", "--direct_num_workers=1"]},
         "components": {"Trainer": {"cpu": 2, "memory_gb": 4}},
     }
-    cfg_path = root / "kfp.yaml"
-    cfg_path.write_text(yaml.safe_dump(raw))
-    cfg = load_config(str(cfg_path))
+    configs = {}
+    for evaluated in (False, True):
+        raw["evaluator"] = dict(EVALUATOR, enabled=evaluated)
+        cfg_path = root / f"kfp{'-evaluator' if evaluated else ''}.yaml"
+        cfg_path.write_text(yaml.safe_dump(raw))
+        configs[evaluated] = load_config(str(cfg_path))
+    cfg = configs[False]
 
-    runs = {"local": [_local_run(cfg, root / "local") for _ in range(RUNS["local"])]}
+    runs = {"local": [_local_run(configs[e], root / "local", stock=e) for e in EVALUATED["local"]]}
     for mode in ("vertex", "oss"):
-        spec = root / f"{mode}.yaml"
-        compile_pipeline(cfg, "local/tpu-embedding-tfx:test", str(spec), pipeline_root=str(root / mode / "root"))
+        specs = []
+        for i, e in enumerate(EVALUATED[mode], 1):
+            specs.append(root / f"{mode}-{i}.yaml")
+            compile_pipeline(configs[e], "local/tpu-embedding-tfx:test", str(specs[-1]), pipeline_root=str(root / mode / "root"))
         assert not (root / mode).exists()  # compiling wrote nothing under the pipeline root
-        runs[mode] = [_harness_run(spec, root / mode / f"run-{i}", mode) for i in range(1, RUNS[mode] + 1)]
+        runs[mode] = [_harness_run(spec, root / mode / f"run-{i}", mode) for i, spec in enumerate(specs, 1)]
     return cfg, root, runs
 
 
@@ -595,8 +621,9 @@ def test_kfp_runs_pass_inputs_as_each_backend_does(kfp_runs):
     for mode in ("vertex", "oss"):
         records = runs[mode][0]["records"]
         by_task = {r["task"]: r for r in records}
-        assert list(by_task) == ["LastBlessedModel", "EmbeddingExampleGen", "EmbeddingPreprocess", "Trainer",
-                                 "EmbeddingExporter", "Pusher"]
+        evaluated = ["TFExampleCopy", "Evaluator"] if EVALUATED[mode][0] else ["", ""]
+        assert list(by_task) == [t for t in ["LastBlessedModel", "EmbeddingExampleGen", "EmbeddingPreprocess",
+                                             evaluated[0], "Trainer", "EmbeddingExporter", evaluated[1], "Pusher"] if t]
         assert not any("resolver" in r for r in records)
         # LastBlessedModel's pointer reaches the Trainer (base_model) and the exporter
         pointer = by_task["LastBlessedModel"]["outputs"]["model"][0]
@@ -622,6 +649,62 @@ def test_kfp_runs_pass_inputs_as_each_backend_does(kfp_runs):
         assert blessing["blessed"] == 1.0 and blessing["parity_max_abs_diff"] <= 1e-5
         assert all(r["resources"] == {} for t, r in by_task.items() if t != "Trainer")
         assert by_task["Trainer"]["resources"] == {"cpuLimit": 2.0, "memoryLimit": 4.0}
+
+
+def _registry_entry(name, run):
+    """The registry entry of the model a run pushed."""
+    from components.model_registry import registry
+
+    assert run["pushed"], f"{name}: the run pushed nothing"
+    return registry.read_entry(os.path.dirname(run["pushed"]), int(os.path.basename(run["pushed"])))
+
+
+@pytest.mark.slow(reason="the compiled Kubeflow pipeline run twice in open-source KFP's mode, once in Vertex's and twice locally")
+def test_stock_evaluator_blessing_reaches_our_pusher_on_every_orchestrator(kfp_runs):
+    """TFX's stock Evaluator on our artifacts (the serving model, a tf.Example copy of
+    EmbeddingExampleGen's eval split): its blessing is a Pusher input, its check and metrics are in
+    the registry entry, and its AUC is the exporter's on the same rows. Locally with stock
+    StatisticsGen, SchemaGen and ExampleValidator on our examples (no anomalies)."""
+    from tensorflow_metadata.proto.v0 import anomalies_pb2, schema_pb2
+
+    cfg, root, runs = kfp_runs
+    evaluated = {f"{mode}-{i}": runs[mode][i] for mode, flags in EVALUATED.items() for i, e in enumerate(flags) if e}
+    assert sorted(evaluated) == ["local-1", "oss-1", "vertex-0"]
+    for name, run in evaluated.items():
+        entry = _registry_entry(name, run)
+        check = entry["evaluator"]
+        assert check["name"] == "evaluator" and check["passed"], (name, check)
+        assert ("evaluator", True) in [(c["name"], c["passed"]) for c in entry["gate"]], name
+        exporter = run["report"]["eval_auc"]
+        # the same rows: every eval row, scored by both
+        assert check["examples"] == exporter["examples"] > 500, name
+        assert abs(check["model_auc"] - exporter["serving"]) <= AUC_TOLERANCE, (name, check["model_auc"], exporter["serving"])
+        assert check["slices"] > 1 and 0 < check["calibration"], name  # overall + one per C1 value
+        assert os.path.isdir(check["evaluation"]), name
+    for name in ("oss-1", "vertex-0"):
+        by_task = {r["task"]: r for r in evaluated[name]["records"]}
+        pusher_inputs = by_task["Pusher"]["executor_input"]["inputs"]["artifacts"]
+        blessing = by_task["Evaluator"]["outputs"]["blessing"][0]
+        assert pusher_inputs["evaluator_blessing"]["artifacts"][0]["uri"] == blessing["uri"], name
+        assert blessing["metadata"]["blessed"] == 1.0, name
+        assert os.path.exists(os.path.join(blessing["uri"], "BLESSED")), name
+        copy = by_task["TFExampleCopy"]["outputs"]["tf_examples"][0]["metadata"]
+        assert copy["eval_rows"] == evaluated[name]["report"]["eval_auc"]["examples"], name
+    # locally: the stock data components ran on our examples
+    pipeline_root = root / "local" / "pipeline_root"
+    anomalies = glob.glob(str(pipeline_root / "ExampleValidator" / "anomalies" / "*" / "Split-*" / "SchemaDiff.pb"))
+    assert len(anomalies) == 2
+    for path in anomalies:
+        with open(path, "rb") as fh:
+            assert not anomalies_pb2.Anomalies.FromString(fh.read()).anomaly_info, path
+    (schema_file,) = glob.glob(str(pipeline_root / "SchemaGen" / "schema" / "*" / "schema.pbtxt"))
+    from google.protobuf import text_format
+
+    with open(schema_file, encoding="utf-8") as fh:
+        schema = text_format.Parse(fh.read(), schema_pb2.Schema())
+    types = {f.name: schema_pb2.FeatureType.Name(f.type) for f in schema.feature}
+    assert types[cfg.label] == "INT" and types[cfg.dense_features[0].source] == "FLOAT", types
+    assert all(types[c] == "BYTES" for c in cfg.categorical_columns()), types
 
 
 def test_vertex_training_compiles_to_tfx_vertex_trainer(tmp_path):

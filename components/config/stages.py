@@ -15,8 +15,9 @@ What each stage reads (checked against the code; the tests run every stage on it
   `transformed_examples`, `beam`, `name` (the report's title), `training.batch_size` (per-batch
   statistics) and `training.embedding_optimizer` (table memory). Not `label_rule`: ExampleGen
   already wrote the derived label.
-- `exporter`: everything but `kubeflow`, `continuous`, `statistics`, `transformed_examples` and
-  `beam`.
+- `exporter`: everything but `kubeflow`, `continuous`, `statistics`, `transformed_examples`,
+  `beam` and `evaluator`. (`evaluator` is read by the pipeline only, which builds the Evaluator's
+  EvalConfig from it: example_gen and preprocess do not get it either.)
 - `trainer`: the whole configuration. It keys its resumable state by it and writes it into the
   Model artifact (`pipeline_config.json`, which the exporter's CLI reads back).
 """
@@ -27,6 +28,7 @@ from typing import Callable, Dict
 from components.config.schema import (
     BeamConfig,
     ContinuousConfig,
+    EvaluatorConfig,
     ExportConfig,
     InputConfig,
     KubeflowConfig,
@@ -47,17 +49,19 @@ def _example_gen(cfg: PipelineConfig) -> None:
     cfg.training = TrainingConfig(embedding_optimizer=cfg.training.embedding_optimizer)
     cfg.export, cfg.validation, cfg.continuous = ExportConfig(), ValidationConfig(), ContinuousConfig()
     cfg.statistics, cfg.transformed_examples, cfg.kubeflow = StatisticsConfig(), TransformedExamplesConfig(), KubeflowConfig()
+    cfg.evaluator = EvaluatorConfig()
 
 
 def _preprocess(cfg: PipelineConfig) -> None:
     cfg.label_rule = None
     cfg.training = TrainingConfig(batch_size=cfg.training.batch_size, embedding_optimizer=cfg.training.embedding_optimizer)
     cfg.export, cfg.validation, cfg.continuous, cfg.kubeflow = ExportConfig(), ValidationConfig(), ContinuousConfig(), KubeflowConfig()
+    cfg.evaluator = EvaluatorConfig()
 
 
 def _exporter(cfg: PipelineConfig) -> None:
     cfg.kubeflow, cfg.continuous, cfg.statistics = KubeflowConfig(), ContinuousConfig(), StatisticsConfig()
-    cfg.transformed_examples, cfg.beam = TransformedExamplesConfig(), BeamConfig()
+    cfg.transformed_examples, cfg.beam, cfg.evaluator = TransformedExamplesConfig(), BeamConfig(), EvaluatorConfig()
 
 
 _SHARES: Dict[str, Callable[[PipelineConfig], None]] = {

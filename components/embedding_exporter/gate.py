@@ -11,8 +11,13 @@ Two checks, each with its figures in the export report's `validation` section:
   compare with: the check is recorded as skipped, with the lookup's note.
 
 A refused model is still exported and kept (its artifact, report and `NOT_BLESSED` blessing); only
-the push is withheld. TFMA's Evaluator would need an EvalConfig over the serving signature and a
-second full pass over the eval split; the exporter already scores both models on the same rows.
+the push is withheld.
+
+A third check, `evaluator`, joins these when the pipeline runs TFX's stock Evaluator
+(`evaluator.enabled`; pipelines/evaluation.py): it scores the serving model after the exporter, so
+its blessing cannot be decided here. The registering Pusher (components/model_registry) takes both
+blessings, pushes only when both bless the model, and records `evaluator_check`'s result beside
+this gate's checks in the registry entry.
 """
 from __future__ import annotations
 
@@ -76,3 +81,40 @@ def decide(cfg: PipelineConfig, model_metrics: Optional[Dict[str, Any]], serving
         "checks": checks,
         "reasons": [c["reason"] for c in checks if not c["passed"]],
     }
+
+
+def read_evaluation(evaluation_uri: str) -> Dict[str, Any]:
+    """What TFX's Evaluator wrote at `evaluation_uri` (TFMA's output): the overall slice's metrics
+    {name: value}, the number of slices, whether its thresholds held and each failure's message."""
+    import tensorflow_model_analysis as tfma
+
+    overall: Dict[str, float] = {}
+    slices = 0
+    for m in tfma.load_metrics(evaluation_uri):
+        slices += 1
+        if m.slice_key.single_slice_keys:
+            continue
+        for kv in m.metric_keys_and_values:
+            if kv.value.HasField("double_value"):
+                overall[kv.key.name] = float(kv.value.double_value.value)
+    result = tfma.load_validation_result(evaluation_uri)
+    failures = [f.message or f"{f.metric_key.name} {f.metric_value}" for v in result.metric_validations_per_slice
+                for f in v.failures]
+    return {"overall": overall, "slices": slices, "validation_ok": bool(result.validation_ok), "failures": failures}
+
+
+def evaluator_check(blessed: bool, evaluation: Optional[Dict[str, Any]], evaluation_uri: Optional[str]) -> Dict[str, Any]:
+    """The `evaluator` check from the Evaluator's blessing and its evaluation (read_evaluation;
+    None when the Pusher was given no evaluation): passed exactly when the blessing blesses."""
+    overall = (evaluation or {}).get("overall", {})
+    auc, calibration = overall.get("auc"), overall.get("calibration")
+    figures = ", ".join(f"{k} {v:.4f}" for k, v in (("AUC", auc), ("calibration", calibration)) if v is not None)
+    if blessed:
+        reason = f"TFX's Evaluator blessed the serving model ({figures or 'no metrics read'})"
+    else:
+        failures = (evaluation or {}).get("failures") or []
+        reason = (f"TFX's Evaluator did not bless the serving model ({figures or 'no metrics read'}): "
+                  + ("; ".join(failures) if failures else "its thresholds did not hold"))
+    return {"name": "evaluator", "passed": bool(blessed), "model_auc": auc, "calibration": calibration,
+            "examples": overall.get("example_count"), "slices": (evaluation or {}).get("slices"),
+            "evaluation": evaluation_uri, "reason": reason}

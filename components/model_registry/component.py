@@ -6,7 +6,8 @@
   as `last_blessed_model` (the gate's reference). It replaces TFX's Resolver with
   LatestBlessedModelStrategy, an ML Metadata query that open-source KFP's backend cannot run.
 - `RegistryPusher`: TFX's Pusher (same inputs, output and destination) that registers each model
-  it pushes.
+  it pushes. With TFX's stock Evaluator in the pipeline it also takes the Evaluator's blessing
+  (required: both blessings must bless) and its evaluation (recorded in the registry entry).
 """
 from __future__ import annotations
 
@@ -55,20 +56,26 @@ class RegistryPusherSpec(ComponentSpec):
     INPUTS = {
         specs.MODEL_KEY: ChannelParameter(type=standard_artifacts.Model),
         specs.MODEL_BLESSING_KEY: ChannelParameter(type=standard_artifacts.ModelBlessing),
+        # TFX's Evaluator's outputs (pipelines/evaluation.py), when the pipeline has one.
+        executor.EVALUATOR_BLESSING_KEY: ChannelParameter(type=standard_artifacts.ModelBlessing, optional=True),
+        executor.EVALUATION_KEY: ChannelParameter(type=standard_artifacts.ModelEvaluation, optional=True),
     }
     OUTPUTS = {specs.PUSHED_MODEL_KEY: ChannelParameter(type=standard_artifacts.PushedModel)}
 
 
 class RegistryPusher(base_component.BaseComponent):
-    """Pushes a blessed model to a filesystem destination and registers it there."""
+    """Pushes a blessed model to a filesystem destination and registers it there. `evaluator_blessing`
+    / `evaluation`: TFX's Evaluator's outputs; given, the push also needs its blessing."""
 
     SPEC_CLASS = RegistryPusherSpec
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.RegistryPusherExecutor)
 
     def __init__(self, model, model_blessing, serving_dir: str, pipeline_name: str,
-                 run_id: Optional[str] = None, run_name: Optional[str] = None):
+                 run_id: Optional[str] = None, run_name: Optional[str] = None,
+                 evaluator_blessing=None, evaluation=None):
         super().__init__(spec=RegistryPusherSpec(
             model=model, model_blessing=model_blessing,
+            evaluator_blessing=evaluator_blessing, evaluation=evaluation,
             push_destination=pusher_pb2.PushDestination(
                 filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=serving_dir)),
             pipeline_name=pipeline_name, run_id=run_id, run_name=run_name,

@@ -28,6 +28,10 @@ RUN_ID_KEY = "run_id"
 RUN_NAME_KEY = "run_name"
 # The exporter's blessing names the Trainer model it exported (EmbeddingExporter executor).
 CURRENT_MODEL_PROPERTY = "current_model"
+# TFX's Evaluator's outputs, when the pipeline has one (pipelines/evaluation.py).
+EVALUATOR_BLESSING_KEY = "evaluator_blessing"
+EVALUATION_KEY = "evaluation"
+NOT_PUSHED_REASON = "not_pushed_reason"  # on the PushedModel artifact of a model not pushed
 
 
 class LookupExecutor(base_executor.BaseExecutor):
@@ -80,11 +84,14 @@ def check_still_served(report: Dict[str, Any], serving_dir: str) -> None:
 
 
 def entry_fields(report: Dict[str, Any], serving_model_uri: str, trainer_model_uri: str, pipeline: str,
-                 run: Dict[str, Any]) -> Dict[str, Any]:
+                 run: Dict[str, Any], evaluator: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """A registry entry's fields (registry.push adds version, place and time) from the exporter's
-    report and the Trainer model: the AUCs the gate used, the run, the plan and the manifest."""
+    report and the Trainer model: the AUCs the gate used, the run, the plan and the manifest;
+    `evaluator`: TFX's Evaluator's check (gate.evaluator_check), recorded with the gate's checks and
+    in full under `evaluator` (null without an Evaluator)."""
     validation = report.get("validation") or {}
     baseline = validation.get("baseline") or {}
+    checks = list(validation.get("checks", [])) + ([evaluator] if evaluator else [])
     return {
         "pipeline": pipeline,
         "run": run,
@@ -96,7 +103,8 @@ def entry_fields(report: Dict[str, Any], serving_model_uri: str, trainer_model_u
         "baseline_auc": baseline.get("auc"),
         "table_dtype": report.get("table_dtype"),
         "gate": [{k: c.get(k) for k in ("name", "passed", "skipped", "model_auc", "reference_auc", "margin")}
-                 for c in validation.get("checks", [])],
+                 for c in checks],
+        "evaluator": evaluator,
         "manifest": read_json_if_exists(os.path.join(trainer_model_uri, A.EMBEDDING_MANIFEST_FILE)),
         "plan": read_json_if_exists(os.path.join(trainer_model_uri, A.PLAN_FILE)),
     }
@@ -116,12 +124,30 @@ def _run(exec_properties: Dict[str, Any], context) -> Dict[str, Any]:
     return {"id": local, "name": None, "orchestrator": "local" if local else "unknown"}
 
 
+def evaluator_check_of(input_dict: Dict[str, List[types.Artifact]]) -> Optional[Dict[str, Any]]:
+    """The `evaluator` check (embedding_exporter.gate.evaluator_check) from TFX's Evaluator's blessing
+    and evaluation among the Pusher's inputs; None when the pipeline has no Evaluator."""
+    from tfx.components.util import model_utils
+
+    from components.embedding_exporter.gate import evaluator_check, read_evaluation
+
+    blessings = input_dict.get(EVALUATOR_BLESSING_KEY) or []
+    if not blessings:
+        return None
+    blessing = artifact_utils.get_single_instance(blessings)
+    evaluations = input_dict.get(EVALUATION_KEY) or []
+    uri = evaluations[0].uri if evaluations else None
+    return evaluator_check(model_utils.is_model_blessed(blessing), read_evaluation(uri) if uri else None, uri)
+
+
 class RegistryPusherExecutor(tfx_pusher.Executor):
     """TFX's Pusher (blessing check, model path, `pushed_model` output and its properties) with the
     filesystem push replaced by registry.push: the version is never one that exists (TFX's copy
     is skipped, yet reported pushed, when two pushes fall in one second), the model becomes
     loadable last, and its registry entry is written before that. A model whose gate compared with
-    a version that is no longer the one served is not pushed (check_still_served)."""
+    a version that is no longer the one served is not pushed (check_still_served). Given TFX's
+    Evaluator's blessing (`evaluator_blessing`), the push needs it too: a model the exporter blessed
+    and the Evaluator did not is not pushed, with the Evaluator's reason on the output artifact."""
 
     @progress.staged(progress.PUSHER)
     def Do(self, input_dict: Dict[str, List[types.Artifact]], output_dict: Dict[str, List[types.Artifact]],
@@ -129,7 +155,15 @@ class RegistryPusherExecutor(tfx_pusher.Executor):
         model_push = artifact_utils.get_single_instance(output_dict[specs.PUSHED_MODEL_KEY])
         if not self.CheckBlessing(input_dict):
             self._MarkNotPushed(model_push)
+            model_push.set_string_custom_property(NOT_PUSHED_REASON, "the exporter's validation gate did not bless the model")
             progress.phase(progress.PUSHER, "not pushed: the model was not blessed")
+            return
+        evaluator = evaluator_check_of(input_dict)
+        if evaluator is not None and not evaluator["passed"]:
+            self._MarkNotPushed(model_push)
+            model_push.set_string_custom_property(NOT_PUSHED_REASON, evaluator["reason"])
+            logging.warning("model not pushed: %s", evaluator["reason"])
+            progress.phase(progress.PUSHER, "not pushed: TFX's Evaluator did not bless the model")
             return
         destination = pusher_pb2.PushDestination()
         proto_utils.json_to_proto(exec_properties[specs.PUSH_DESTINATION_KEY], destination)
@@ -143,7 +177,7 @@ class RegistryPusherExecutor(tfx_pusher.Executor):
         report = export_report(model.uri)
         check_still_served(report, serving_dir)
         fields = entry_fields(report, model.uri, trainer_model, exec_properties.get(PIPELINE_NAME_KEY) or "",
-                              _run(exec_properties, getattr(self, "_context", None)))
+                              _run(exec_properties, getattr(self, "_context", None)), evaluator)
         entry = R.push(self.GetModelPath(input_dict), serving_dir, fields)
         logging.info("model pushed to %s and registered as %s", entry["serving_model"],
                      R.entry_path(destination.filesystem.base_directory, entry["version"]))
