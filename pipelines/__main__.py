@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run every component again (by default a component whose share of the config "
                              "and whose inputs are unchanged reuses its outputs from an earlier run in --output-dir)")
         sp.add_argument("--json", action="store_true", help="print the summary as JSON instead of text")
+        sp.add_argument("--with-data-validation", action="store_true",
+                        help="also run TFX's stock StatisticsGen, SchemaGen and ExampleValidator on the examples (docs/tfx.md)")
     sp.add_argument("--rows", type=int, default=DEMO_ROWS, help="rows of the generated demo dataset")
     cs = sub.add_parser("continuous", help="daily spans with drifting IDs, one warm-started run per span (docs/continuous.md)")
     cs.add_argument("--config", default="configs/demo.yaml", help="the config whose input becomes the spans")
@@ -127,7 +129,10 @@ def main(argv=None) -> int:
 
     try:
         # with --json, stdout carries the JSON alone: the progress goes to stderr
-        result = run(cfg, args.output_dir, quiet=True, cache=not args.no_cache, progress_to_stderr=args.json)
+        from pipelines.pipeline import stock_data_components
+
+        extra = {"extra_components": stock_data_components} if args.with_data_validation else {}
+        result = run(cfg, args.output_dir, quiet=True, cache=not args.no_cache, progress_to_stderr=args.json, **extra)
     except RunFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED

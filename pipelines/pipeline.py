@@ -82,6 +82,19 @@ def vertex_training_config(cfg: PipelineConfig, image: str) -> dict:
     }
 
 
+def stock_data_components(ours: Dict[str, Any]) -> List[Any]:
+    """TFX's stock StatisticsGen, SchemaGen and ExampleValidator on `EmbeddingExampleGen`'s examples
+    (an `extra_components` function for `create_pipeline`; `python -m pipelines run
+    --with-data-validation`; docs/tfx.md). They read its Parquet payload through tfx_bsl."""
+    from tfx.components.example_validator.component import ExampleValidator
+    from tfx.components.schema_gen.component import SchemaGen
+    from tfx.components.statistics_gen.component import StatisticsGen
+
+    stats = StatisticsGen(examples=ours["EmbeddingExampleGen"].outputs["examples"])
+    schema = SchemaGen(statistics=stats.outputs["statistics"])
+    return [stats, schema, ExampleValidator(statistics=stats.outputs["statistics"], schema=schema.outputs["schema"])]
+
+
 def create_pipeline(
     cfg: PipelineConfig,
     pipeline_root: str,

@@ -27,7 +27,7 @@ from components.config import ConfigError, config_from_json, load_config, parse_
 from components.config.stages import stage_config
 from components.contracts.sizing import CHIPS, SPARSE_CORE
 from components.embedding_trainer.trainer_module import CONFIG_KEY
-from pipelines.pipeline import KFP_RUN_ID, KFP_RUN_NAME, LAST_BLESSED
+from pipelines.pipeline import KFP_RUN_ID, KFP_RUN_NAME, LAST_BLESSED, stock_data_components
 from pipelines import kfp_entrypoint
 from pipelines.kfp_local import (HarnessError, LocalKfpRun, _substitute, oss_backend_refusal, parse_pipeline_spec,
                                  task_order)
@@ -417,17 +417,6 @@ EVALUATED = {"local": [False, True], "oss": [False, True], "vertex": [True]}
 AUC_TOLERANCE = 0.002
 
 
-def _stock_data_components(ours):
-    """Stock StatisticsGen, SchemaGen and ExampleValidator on EmbeddingExampleGen's examples."""
-    from tfx.components.example_validator.component import ExampleValidator
-    from tfx.components.schema_gen.component import SchemaGen
-    from tfx.components.statistics_gen.component import StatisticsGen
-
-    stats = StatisticsGen(examples=ours["EmbeddingExampleGen"].outputs["examples"])
-    schema = SchemaGen(statistics=stats.outputs["statistics"])
-    return [stats, schema, ExampleValidator(statistics=stats.outputs["statistics"], schema=schema.outputs["schema"])]
-
-
 def _json(path):
     with open(path, encoding="utf-8") as fh:
         return json.load(fh)
@@ -439,7 +428,7 @@ def _local_run(cfg, out, stock=False):
     from pipelines.runner import run
     from pipelines.summary import _latest
 
-    summary = run(cfg, str(out), extra_components=_stock_data_components if stock else None).summary
+    summary = run(cfg, str(out), extra_components=stock_data_components if stock else None).summary
     root = out / "pipeline_root"
     model = os.path.dirname(_latest(str(root / "Trainer" / "model" / "*" / "continuous.json")))
     return {"summary": summary, "examples": os.path.dirname(_latest(str(root / "EmbeddingExampleGen" / "examples" / "*" / "ledger.json"))),
