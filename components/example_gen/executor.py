@@ -25,7 +25,7 @@ from tfx.types import artifact_utils, standard_component_specs
 from tfx.utils import proto_utils
 
 from components import ledger as L
-from components import progress
+from components import progress, row_counts
 from components.errors import InputError
 from components.executor_base import CONFIG_KEY, config_of, read_json, write_text
 COUNTS_FILE = "_input_counts.json"
@@ -79,19 +79,6 @@ def output_splits(exec_properties: Dict[str, Any]) -> Tuple[List[str], List[int]
         )
     names = example_gen_utils.generate_output_split_names(input_config, output_config)
     return names, bucket_bounds([s.hash_buckets for s in splits])
-
-
-def count_parquet_rows(directory: str) -> int:
-    """Rows in the Parquet files of one split, from their footers (what is on disk, not what the
-    writer said)."""
-    from apache_beam.io.filesystems import FileSystems
-    import pyarrow.parquet as pq
-
-    total = 0
-    for m in FileSystems.match([directory.rstrip("/") + "/*.parquet"])[0].metadata_list:
-        with FileSystems.open(m.path) as fh:
-            total += pq.ParquetFile(fh).metadata.num_rows
-    return total
 
 
 def fill_empty_splits(split_dirs: Dict[str, str]) -> List[str]:
@@ -174,7 +161,7 @@ class Executor(BaseExampleGenExecutor):
         counts = read_json(counts_path)
         FileSystems.delete([counts_path] + ([tmp_dir] if FileSystems.exists(tmp_dir) else []))
         fill_empty_splits(split_dirs)
-        written = {s: count_parquet_rows(d) for s, d in split_dirs.items()}
+        written = {s: row_counts.count_parquet_rows(d.rstrip("/") + "/*.parquet") for s, d in split_dirs.items()}
         stage = L.example_gen_stage(counts, written)
         # What was read: the files, and the span TFX's driver resolved (span inputs; 0 otherwise).
         stage["files"] = [p for p, _ in files]

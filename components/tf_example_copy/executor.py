@@ -20,23 +20,13 @@ from tfx.dsl.components.base import base_beam_executor
 from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils
 
+from components import row_counts
+
 EXAMPLES_KEY = "examples"  # input: Parquet examples
 OUTPUT_KEY = "tf_examples"  # output: the copy
 SPLITS_KEY = "splits"  # JSON list of split names
 OUTPUT_PREFIX = "data_tfrecord"
 COUNTER_NAMESPACE = "TFExampleCopy"
-
-
-def parquet_rows(pattern: str) -> int:
-    """Rows in the Parquet files matching `pattern`, from their footers."""
-    from apache_beam.io.filesystems import FileSystems
-    import pyarrow.parquet as pq
-
-    total = 0
-    for m in FileSystems.match([pattern])[0].metadata_list:
-        with FileSystems.open(m.path) as fh:
-            total += pq.ParquetFile(fh).metadata.num_rows
-    return total
 
 
 def encode_split(pcoll_root, pattern: str, output_prefix: str, split: str):
@@ -86,7 +76,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                              "needs no copy: give it to the Evaluator directly")
         out.split_names = artifact_utils.encode_split_names(splits)
         patterns = {s: os.path.join(artifact_utils.get_split_uri([source], s), "*.parquet") for s in splits}
-        expected = {s: parquet_rows(p) for s, p in patterns.items()}
+        expected = {s: row_counts.count_parquet_rows(p) for s, p in patterns.items()}
         pipeline = self._make_beam_pipeline()
         for s, pattern in patterns.items():
             if expected[s] == 0:
