@@ -4,7 +4,7 @@ categoricals, mean one-hot of the signal multi-hot feature), trained on the firs
 
     .venv/bin/python bench/auc_ceiling.py TRAIN.csv EVAL.csv [N ...]
 
-Both files from `python -m components.synthetic_data` (same cardinalities). Measured (docs/training.md,
+Both files from `python -m components.example_gen.synthetic_data` (same cardinalities). Measured (docs/training.md,
 "Eval AUC on generated data"): 0.852 at 40k and 0.861 at 300k training rows against a best achievable 0.864.
 """
 import os
@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from components.synthetic_data import GeneratorSpec
+from components.example_gen.synthetic_data import GeneratorSpec
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import OneHotEncoder
 from sklearn.metrics import roc_auc_score

@@ -28,8 +28,8 @@ import components  # noqa: E402,F401
 import tensorflow as tf  # noqa: E402
 import yaml  # noqa: E402
 
-from components.config import parse_config  # noqa: E402
-from components.embedding_trainer import plan as P  # noqa: E402
+from components.config.loading import parse_config  # noqa: E402
+from components.embedding_trainer import plan as plan_lib  # noqa: E402
 from components.embedding_trainer import trainer_module as tm  # noqa: E402
 from components.embedding_model.input import make_dataset  # noqa: E402
 
@@ -57,9 +57,9 @@ def main() -> int:
     train_files = [os.path.join(args.examples, "Split-train", "*")]
     eval_files = [os.path.join(args.examples, "Split-eval", "*")]
     manifest = tm.read_manifest_for(train_files)
-    plan = P.derive_plan(cfg, manifest, tm.read_statistics_for(train_files))
+    plan = plan_lib.derive_plan(cfg, manifest, tm.read_statistics_for(train_files))
     tf.keras.utils.set_random_seed(t.seed)
-    train = make_dataset(train_files, manifest, t.batch_size, True, seed=t.seed, dense_id_widths=P.dense_id_widths(plan))
+    train = make_dataset(train_files, manifest, t.batch_size, True, seed=t.seed, dense_id_widths=plan_lib.dense_id_widths(plan))
     evaluation = make_dataset(eval_files, manifest, 1024, False)
     model = tm.build_model(plan, manifest, cfg, for_training=True)
     model.compile(optimizer=model.dense_optimizer, loss=tf.keras.losses.BinaryCrossentropy())

@@ -36,10 +36,10 @@ def main() -> None:
     import pyarrow.parquet as pq
     from tfx_bsl.coders import example_coder
 
-    from components.config import load_config
+    from components.config.loading import load_config
     from components.config.loading import config_to_json
-    from components.embedding_preprocess import transform as T
-    from components.embedding_preprocess import vocabulary as V
+    from components.embedding_preprocess import transform as transform_lib
+    from components.embedding_preprocess import vocabulary
     from components.embedding_preprocess.beam_pipeline import shuffled_rows
     from components.embedding_preprocess.counting import FeatureValueCounter
     from components.example_gen import beam_io, ranges, split_hash
@@ -73,11 +73,11 @@ def main() -> None:
     # Preprocessing: two Parquet files of the train split, with the run's vocabularies
     examples = sorted(glob.glob(os.path.join(root, "EmbeddingExampleGen", "examples", "*", "Split-train", "*.parquet")))[:2]
     table = pa.concat_tables([pq.read_table(f) for f in examples]).combine_chunks()
-    batches = table.to_batches(max_chunksize=T.read_batch_rows(cfg.training.batch_size))
+    batches = table.to_batches(max_chunksize=transform_lib.read_batch_rows(cfg.training.batch_size))
     vocabulary_dir = sorted(glob.glob(os.path.join(root, "EmbeddingPreprocess", "vocabulary", "*")))[-1]
-    sizes = {t.name: len(V.read_vocabulary_tokens(vocabulary_dir, t.name)) for t in cfg.tables
-             if os.path.exists(V.vocabulary_file(vocabulary_dir, t.name))}
-    lookups = T.load_lookups(cfg, vocabulary_dir, sizes)
+    sizes = {t.name: len(vocabulary.read_vocabulary_tokens(vocabulary_dir, t.name)) for t in cfg.tables
+             if os.path.exists(vocabulary.vocabulary_file(vocabulary_dir, t.name))}
+    lookups = transform_lib.load_lookups(cfg, vocabulary_dir, sizes)
     encoder = example_coder.RecordBatchToExamplesEncoder()
 
     def count():
@@ -87,8 +87,8 @@ def main() -> None:
 
     def transform():
         for b in batches:
-            out, _, _ = T.transform_record_batch(cfg, lookups, shuffled_rows(b, cfg.training.seed), "train")
-            encoder.encode(T.to_blocks(cfg, out, cfg.transformed_examples.block_rows))
+            out, _, _ = transform_lib.transform_record_batch(cfg, lookups, shuffled_rows(b, cfg.training.seed), "train")
+            encoder.encode(transform_lib.to_blocks(cfg, out, cfg.transformed_examples.block_rows))
 
     parts = {"example_gen": example_gen, "line_count": line_count, "count": count, "transform": transform}
     for name, f in parts.items():

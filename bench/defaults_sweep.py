@@ -21,10 +21,10 @@ import yaml
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import components  # noqa: E402,F401
 
-from components.config import parse_config  # noqa: E402
+from components.config.loading import parse_config  # noqa: E402
 from components.contracts.plan import CheckpointLayout  # noqa: E402
-from components.embedding_trainer import plan as P  # noqa: E402
-from components.embedding_trainer import trainer_module as T  # noqa: E402
+from components.embedding_trainer import plan as plan_lib  # noqa: E402
+from components.embedding_trainer import trainer_module  # noqa: E402
 
 
 def finished_run(output_dir: str):
@@ -32,7 +32,7 @@ def finished_run(output_dir: str):
     root = os.path.join(output_dir, "pipeline_root", "EmbeddingPreprocess", "transformed_examples")
     tx = sorted(glob.glob(os.path.join(root, "*")), key=lambda p: int(os.path.basename(p)))[-1]
     train, evals = [os.path.join(tx, "Split-train", "*")], [os.path.join(tx, "Split-eval", "*")]
-    return train, evals, T.read_manifest_for(train), T.read_statistics_for(train)
+    return train, evals, trainer_module.read_manifest_for(train), trainer_module.read_statistics_for(train)
 
 
 def config_with(config_path: str, overrides=None):
@@ -49,14 +49,14 @@ def main(output_dir: str, config_path: str, candidates) -> None:
     train, evals, manifest, stats = finished_run(output_dir)
     for spec in candidates:
         cfg = config_with(config_path, json.loads(spec))
-        plan = P.derive_plan(cfg, manifest, stats).with_run(vocabulary_dir=manifest.vocabulary_dir)
-        length = P.training_steps(cfg, stats)
+        plan = plan_lib.derive_plan(cfg, manifest, stats).with_run(vocabulary_dir=manifest.vocabulary_dir)
+        length = plan_lib.training_steps(cfg, stats)
         work = tempfile.mkdtemp(prefix="sweep-")
         start = time.time()
-        ckpt, _, run = T.train(cfg, plan, manifest, train, evals, os.path.join(work, "state"), train_steps=length["steps"],
+        ckpt, _, run = trainer_module.train(cfg, plan, manifest, train, evals, os.path.join(work, "state"), train_steps=length["steps"],
                                train_rows=length.get("train_rows"))
         plan = plan.with_run(checkpoint_layout=CheckpointLayout(**run["checkpoint_layout"]))
-        metrics, _ = T.finish(cfg, plan, manifest, ckpt, evals, os.path.join(work, "serving"))
+        metrics, _ = trainer_module.finish(cfg, plan, manifest, ckpt, evals, os.path.join(work, "serving"))
         sel = run.get("selection") or {}
         chosen = (f" model_step {run['model_step']} of {run['final_step']} holdout_auc {sel['best_auc']:.4f}"
                   + (" (stopped early)" if sel.get("stopped_at") else "")) if sel.get("best_auc") is not None else ""

@@ -135,28 +135,28 @@ def build_checkpoints(work: str, gib: float) -> dict:
     import tensorflow as tf
     from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
 
-    from components.embedding_model import layouts as L
+    from components.embedding_model import layouts as layouts_lib
 
     per_table = gib * 2**30 / len(TABLE_DIMS)
     rows = {n: int(per_table // (d * 4)) + 3 for n, d in TABLE_DIMS.items()}  # +3: uneven, padded
     plan = _plan(rows)
-    layouts = L.recompute_sparse_core_layouts(
+    layouts = layouts_lib.recompute_sparse_core_layouts(
         [{"name": n, "rows": rows[n], "dim": d, "group": "adagrad", "samples": 128} for n, d in TABLE_DIMS.items()],
         NUM_CHIPS, SC_PER_CHIP,
     )
     rng = np.random.default_rng(0)
     values = {n: rng.standard_normal((rows[n], d), dtype=np.float32) for n, d in TABLE_DIMS.items()}
-    a_names = [L.table_key(n, "tpu_embedding") for n in values]
+    a_names = [layouts_lib.table_key(n, "tpu_embedding") for n in values]
     a_tensors = list(values.values())
-    stacked = L.stacked_variables(values, layouts)
-    b_names = [L.TPU_PREFIX + L.escape_name(name) + L.ATTR for name in stacked]
+    stacked = layouts_lib.stacked_variables(values, layouts)
+    b_names = [layouts_lib.TPU_PREFIX + layouts_lib.escape_name(name) + layouts_lib.ATTR for name in stacked]
     b_tensors = list(stacked.values())
     stacks = {}
     for name, layout in layouts.items():
         stacks.setdefault(layout.stacked_table_name, []).append(name)
     record = sparse_core_layout_pb2.SparseCoreTableLayouts(tables=list(layouts.values())).SerializeToString()
     prefixes = {"B": os.path.join(work, "ckpt_b", "ckpt"), "A": os.path.join(work, "ckpt_a", "ckpt")}
-    tf.raw_ops.SaveV2(prefix=prefixes["B"], tensor_names=b_names + [L.LAYOUT_RECORD_KEY], shape_and_slices=[""] * (len(b_names) + 1),
+    tf.raw_ops.SaveV2(prefix=prefixes["B"], tensor_names=b_names + [layouts_lib.LAYOUT_RECORD_KEY], shape_and_slices=[""] * (len(b_names) + 1),
                       tensors=[tf.constant(t) for t in b_tensors] + [tf.constant(record)])
     tf.raw_ops.SaveV2(prefix=prefixes["A"], tensor_names=a_names, shape_and_slices=[""] * len(a_names),
                       tensors=[tf.constant(t) for t in a_tensors])
@@ -177,7 +177,7 @@ def child(mode: str, work: str, out: str) -> None:
     """One contender, in a fresh process; prints a JSON line."""
     import tensorflow as tf  # noqa: F401  (imported before the RSS baseline, as the exporter has it)
 
-    from components.embedding_model import layouts as L
+    from components.embedding_model import layouts as layouts_lib
 
     from components.contracts.plan import EmbeddingPlan
 
@@ -202,7 +202,7 @@ def child(mode: str, work: str, out: str) -> None:
             del array
     else:
         prefix = os.path.join(work, f"ckpt_{mode.split()[1].lower()}", "ckpt")
-        tables = L.CheckpointTables(prefix, plan)
+        tables = layouts_lib.CheckpointTables(prefix, plan)
         for name in plan.tables:
             values = tables.read(name)
             if write:
@@ -277,10 +277,10 @@ def _timed(fn) -> float:
 def run_latency(args) -> dict:
     import tensorflow as tf
 
-    from components.config import config_from_json, load_config
+    from components.config.loading import config_from_json, load_config
     from components.embedding_exporter.export import export_serving_model
     from components.embedding_preprocess import beam_pipeline
-    from components.embedding_preprocess import vocabulary as V
+    from components.embedding_preprocess import vocabulary
     from components.contracts.manifest import VocabularyManifest
     from components.embedding_trainer import trainer_module as tm
     from components.embedding_model.input import parse_batch
@@ -308,7 +308,7 @@ def run_latency(args) -> dict:
         from components.embedding_exporter.export import read_raw_examples
 
         raw = read_raw_examples(examples, 2048)
-        vocabs = {n: V.read_vocabulary(manifest.vocabulary_dir, n) for n in manifest.vocabularies}
+        vocabs = {n: vocabulary.read_vocabulary(manifest.vocabulary_dir, n) for n in manifest.vocabularies}
         rb = example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(raw)
         transformed, keep, _ = beam_pipeline.transform_record_batch(cfg, beam_pipeline.make_lookups(cfg, vocabs), rb, "bench")
         raw = [r for r, k in zip(raw, keep) if k]

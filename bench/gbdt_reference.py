@@ -11,7 +11,7 @@ one category; a feature with more distinct train values than --max-categories ke
 frequent ones and puts the rest in one "other" category). Rows without a label are left out, as
 preprocessing leaves them out. The number of boosting rounds is chosen by early stopping on a 10%
 slice of the train split, never on the eval split; the eval AUC is the exact AUC on the whole eval
-split (components.metrics.roc_auc, as the validation gate computes it). Prints one RESULT line:
+split (components.rules.metrics.roc_auc, as the validation gate computes it). Prints one RESULT line:
 the run's model and baseline AUC (its eval_metrics.json) and LightGBM's, with seconds.
 
 LightGBM is a benchmark-only dependency, kept out of the product's lock: install it once with
@@ -88,8 +88,8 @@ def main(argv=None) -> int:
         import lightgbm as lgb
     except ImportError:
         raise SystemExit("lightgbm is not installed: see this script's docstring for the one command that installs it")
-    from components.config import load_config
-    from components.metrics import roc_auc
+    from components.config.loading import load_config
+    from components.rules.metrics import roc_auc
     from pipelines.summary import _latest
 
     cfg = load_config(args.config)

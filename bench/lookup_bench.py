@@ -78,19 +78,19 @@ LOAD_CHILD = r"""
 import gc, json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 import numpy as np, pyarrow as pa
-from components.embedding_preprocess import vocabulary as V
+from components.embedding_preprocess import vocabulary
 
 kind, directory = sys.argv[2], sys.argv[3]
 from apache_beam.io.filesystems import FileSystems  # noqa: F401  (imported by the readers)
-lookup = V.VocabularyLookup([b"warm"], 1)  # imports and first-call allocations before measuring
+lookup = vocabulary.VocabularyLookup([b"warm"], 1)  # imports and first-call allocations before measuring
 lookup.lookup(pa.array([b"warm"], pa.binary()))
 gc.collect()
 def rss():
     return int(open("/proc/self/statm").read().split()[1]) * 4096
 before, peak_before = rss(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 t = time.perf_counter()
-tokens = V.read_vocabulary_tokens(directory, "v") if kind == "arrow" else V.read_vocabulary(directory, "v")
-lookup = V.VocabularyLookup(tokens, 1)
+tokens = vocabulary.read_vocabulary_tokens(directory, "v") if kind == "arrow" else vocabulary.read_vocabulary(directory, "v")
+lookup = vocabulary.VocabularyLookup(tokens, 1)
 ids, _ = lookup.lookup(pa.array([b"%08x" % 5, b"unseen"], pa.binary()))  # builds the hash table
 del tokens
 gc.collect()
@@ -108,7 +108,7 @@ def load_main(sizes) -> int:
     import pyarrow as pa
 
     sys.path.insert(0, REPO)
-    from components.embedding_preprocess import vocabulary as V
+    from components.embedding_preprocess import vocabulary
 
     results = []
     print("| vocabulary | load | peak gained MB | held after MB | seconds |")
@@ -116,7 +116,7 @@ def load_main(sizes) -> int:
     for size in sizes:
         with tempfile.TemporaryDirectory() as d:
             tokens = pa.array([b"%08x" % i for i in np.random.default_rng(0).permutation(size)], pa.binary())
-            V.write_vocabulary_arrays(d, "v", tokens, pa.array(np.ones(size, np.int64)))
+            vocabulary.write_vocabulary_arrays(d, "v", tokens, pa.array(np.ones(size, np.int64)))
             row = {"vocabulary": size}
             for kind in ("arrow", "list"):
                 out = subprocess.run([sys.executable, "-c", LOAD_CHILD, REPO, kind, d],

@@ -32,7 +32,7 @@ import yaml
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from components.synthetic_data import NUM_CATEGORICAL, NUM_DENSE, GeneratorSpec, ensure_dataset  # noqa: E402
+from components.example_gen.synthetic_data import NUM_CATEGORICAL, NUM_DENSE, GeneratorSpec, ensure_dataset  # noqa: E402
 
 CATEGORICAL = [f"C{c + 1}" for c in range(NUM_CATEGORICAL)]
 

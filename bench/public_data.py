@@ -292,7 +292,7 @@ def check_config(spec: Spec) -> Optional[str]:
     if not os.path.isfile(path):
         return None
     sys.path.insert(0, REPO)
-    from components.config import load_config
+    from components.config.loading import load_config
 
     cfg = load_config(path)
     got = (

@@ -4,7 +4,7 @@ single-process pyarrow floor on the same CSV.
     .venv/bin/python bench/scale_bench.py [--rows 1000000 5000000 20000000] [--steps 100] [--workers 0] [--data-only]
 
 For each row count:
-- the data: `components.synthetic_data` (Criteo-like, about 350 bytes a row), generated once into
+- the data: `components.example_gen.synthetic_data` (Criteo-like, about 350 bytes a row), generated once into
   data/scale/ and reused (20M rows is about 7 GB);
 - the pipeline: `python -m pipelines run` on configs/demo.yaml with the input pointed at that CSV
   and `--steps` training steps (a short training: the data path is what is measured), as its own
@@ -42,10 +42,10 @@ import yaml
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from components.synthetic_data import GeneratorSpec, ensure_dataset  # noqa: E402
+from components.example_gen.synthetic_data import GeneratorSpec, ensure_dataset  # noqa: E402
 
 # The data stages, timed between their "running" and "finished" progress lines
-# (components/progress.py: each stage's own start and end); the whole run's wall time is
+# (components/reporting/progress.py: each stage's own start and end); the whole run's wall time is
 # reported for the rest.
 STAGES = ("EmbeddingExampleGen", "EmbeddingPreprocess")
 

@@ -48,13 +48,13 @@ SERVING = "serving model (raw)"
 VARIANTS = ("full", "no_dense", "no_misses", "no_misses_no_t7", "hash_not_lookup")
 
 
-def _no_dense(S) -> None:
+def _no_dense(serving) -> None:
     import tensorflow as tf
 
     def dense(self, stacked, batch, from_json):
-        return {S.DENSE_KEY: tf.zeros(tf.stack([batch, len(self._manifest.dense_features)]))}
+        return {serving.DENSE_KEY: tf.zeros(tf.stack([batch, len(self._manifest.dense_features)]))}
 
-    S.RawFeatureTransform._dense = dense
+    serving.RawFeatureTransform._dense = dense
 
 
 def run(args) -> dict:
@@ -65,9 +65,9 @@ def run(args) -> dict:
     sys.path.insert(0, os.path.join(REPO, "bench"))
     import serving_floor
 
-    from components.config import config_from_json
-    from components.embedding_exporter import export as E
-    from components.embedding_exporter import serving as S
+    from components.config.loading import config_from_json
+    from components.embedding_exporter import export
+    from components.embedding_exporter import serving
     from components.embedding_trainer import trainer_module as tm
     from components.embedding_model.input import feature_spec
 
@@ -76,37 +76,37 @@ def run(args) -> dict:
     raw_pattern = glob.glob(os.path.join(root, "EmbeddingExampleGen/examples/*/Split-eval"))[0] + "/*"
     pre_pattern = max(glob.glob(os.path.join(root, "EmbeddingPreprocess/transformed_examples/*/Split-eval")), key=os.path.getmtime) + "/*"
     cfg = config_from_json(open(os.path.join(model_dir, tm.CONFIG_FILE)).read())
-    plan, manifest = E.read_model_plan(model_dir), E.read_model_manifest(model_dir)
-    sample = E.read_eval_sample(cfg, manifest, raw_pattern)
+    plan, manifest = export.read_model_plan(model_dir), export.read_model_manifest(model_dir)
+    sample = export.read_eval_sample(cfg, manifest, raw_pattern)
     raw, pre = serving_floor._records(raw_pattern, args.batch), serving_floor._records(pre_pattern, args.batch)
 
     fns = {}
     trainer = tf.saved_model.load(os.path.join(model_dir, "Format-Serving")).signatures["serving_default"]
     fns[TRAINER] = lambda: trainer(examples=pre)
-    model = E.build_serving_model(plan, manifest, cfg, "float32", sample.features)
-    module = S.ServingModule(model, S.RawFeatureTransform(manifest, manifest.vocabulary_dir))
+    model = export.build_serving_model(plan, manifest, cfg, "float32", sample.features)
+    module = serving.ServingModule(model, serving.RawFeatureTransform(manifest, manifest.vocabulary_dir))
     fns[SERVING] = lambda: module.serve_examples(raw)
     groups = model.serving_fusion_groups()
 
     # Each variant's transform is traced with its stubs in place, then the class is restored.
-    methods, module_attrs = dict(vars(S.RawFeatureTransform)), dict(vars(S))
+    methods, module_attrs = dict(vars(serving.RawFeatureTransform)), dict(vars(serving))
     for variant in args.variants:
         if variant == "no_dense":
-            _no_dense(S)
+            _no_dense(serving)
         else:
             serving_floor._stub(variant)
-        transform = S.RawFeatureTransform(manifest, manifest.vocabulary_dir)
+        transform = serving.RawFeatureTransform(manifest, manifest.vocabulary_dir)
         transform.fuse(groups)
         fn = tf.function(transform.from_examples, autograph=False)
         fn.get_concrete_function(tf.TensorSpec([None], tf.string))
         fns[f"transform: {variant}"] = (lambda fn=fn: fn(raw))
         for k, v in methods.items():
             if not k.startswith("__"):
-                setattr(S.RawFeatureTransform, k, v)
+                setattr(serving.RawFeatureTransform, k, v)
         for k, v in module_attrs.items():
-            setattr(S, k, v)
+            setattr(serving, k, v)
 
-    transform = S.RawFeatureTransform(manifest, manifest.vocabulary_dir)
+    transform = serving.RawFeatureTransform(manifest, manifest.vocabulary_dir)
     raw_spec, pre_spec = transform.example_spec(), feature_spec(manifest)
 
     def size(t) -> tf.Tensor:

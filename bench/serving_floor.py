@@ -52,7 +52,7 @@ def _stub(variant: str) -> None:
     """Takes the variant's parts out of `RawFeatureTransform` (in this process only)."""
     import tensorflow as tf
 
-    from components.embedding_exporter import serving as S
+    from components.embedding_exporter import serving
 
     if variant == "full":
         return
@@ -63,27 +63,27 @@ def _stub(variant: str) -> None:
                 return tf.zeros_like(flat) + offset
             return tf.strings.to_hash_bucket_fast(flat, rows) + offset
 
-        S.RawFeatureTransform.lookup = lookup
+        serving.RawFeatureTransform.lookup = lookup
     if variant == "hash_no_split":
-        S._split = lambda values, separator: values
+        serving._split = lambda values, separator: values
 
     def categorical(self, column, batch, from_json, order, fused=None):
         if fused is None:  # features outside the fused groups: as in the product
             return full_categorical(self, column, batch, from_json, order, fused)
         offset = {n: o for part in fused[1] for n, o in zip(part.features, part.offsets)}
         tokens = [self._tokens(column(f.column), f, from_json) for f in order]
-        ids = S._stack_rows([t.with_flat_values(self.lookup(f.table, t.flat_values, offset.get(f.name, 0)))
+        ids = serving._stack_rows([t.with_flat_values(self.lookup(f.table, t.flat_values, offset.get(f.name, 0)))
                              for f, t in zip(order, tokens)])
         limits = [f.max_length for f in order] if variant == "no_misses" else [None] * len(order)
         flat = tf.maximum(ids.flat_values, 0)
         return self._fused_apply(flat, self._fused_plan(flat, ids.row_splits, batch, limits, *fused), fused[0])
 
-    full_categorical = S.RawFeatureTransform._categorical
-    S.RawFeatureTransform._categorical = categorical
+    full_categorical = serving.RawFeatureTransform._categorical
+    serving.RawFeatureTransform._categorical = categorical
 
 
 def export_child(variant: str, model_dir: str, examples: str, out: str) -> None:
-    from components.config import config_from_json
+    from components.config.loading import config_from_json
     from components.embedding_exporter.export import export_serving_model
     from components.embedding_trainer import trainer_module as tm
 
@@ -100,7 +100,7 @@ def export_child(variant: str, model_dir: str, examples: str, out: str) -> None:
 def _records(pattern: str, n: int):
     import tensorflow as tf
 
-    from components.examples_io import serialized_examples
+    from components.data_io.examples_io import serialized_examples
 
     return tf.constant(serialized_examples(pattern, n))
 

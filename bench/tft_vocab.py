@@ -18,7 +18,7 @@ from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 from tensorflow_transform.tf_metadata import schema_utils  # noqa: E402
 from tfx_bsl.public import tfxio  # noqa: E402
 
-from components.synthetic_data import NUM_CATEGORICAL, column_names  # noqa: E402
+from components.example_gen.synthetic_data import NUM_CATEGORICAL, column_names  # noqa: E402
 
 CATEGORICAL = [f"C{c + 1}" for c in range(NUM_CATEGORICAL)]
 

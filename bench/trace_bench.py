@@ -49,8 +49,8 @@ TRAIN_STEPS = 30
 
 
 def _model_and_batch(workdir: str):
-    from components.config import config_from_json
-    from components.embedding_trainer import plan as P
+    from components.config.loading import config_from_json
+    from components.embedding_trainer import plan as plan_lib
     from components.embedding_trainer import trainer_module as tm
     from components.embedding_model.input import make_dataset
 
@@ -58,8 +58,8 @@ def _model_and_batch(workdir: str):
         cfg = config_from_json(fh.read())
     files = [os.path.join(workdir, "tx", "Split-train", "*")]
     manifest = tm.read_manifest_for(files)
-    plan = P.derive_plan(cfg, manifest, tm.read_statistics_for(files))
-    batch = next(iter(make_dataset(files, manifest, 64, training=True, seed=1, dense_id_widths=P.dense_id_widths(plan))))
+    plan = plan_lib.derive_plan(cfg, manifest, tm.read_statistics_for(files))
+    batch = next(iter(make_dataset(files, manifest, 64, training=True, seed=1, dense_id_widths=plan_lib.dense_id_widths(plan))))
     return cfg, plan, manifest, batch
 
 
@@ -69,12 +69,12 @@ def child_step(workdir: str, autograph: bool) -> None:
     import components  # noqa: F401
     import tensorflow as tf
 
-    from components.embedding_model import model as M
+    from components.embedding_model import model as model_lib
     from components.embedding_trainer import trainer_module as tm
 
     if autograph:  # the baseline: tf-keras' default, `call` and `train_step` converted (and the layers called)
-        M.RankingModel.call = M.RankingModel.call.__wrapped__
-        M.RankingModel.train_step = M.RankingModel.train_step.__wrapped__
+        model_lib.RankingModel.call = model_lib.RankingModel.call.__wrapped__
+        model_lib.RankingModel.train_step = model_lib.RankingModel.train_step.__wrapped__
     cfg, plan, manifest, (x, y) = _model_and_batch(workdir)
     model = tm.build_model(plan, manifest, cfg, for_training=False)
     model(x)  # variables built eagerly, as the trainer's check does
@@ -105,29 +105,29 @@ class LibraryOps:
     def __enter__(self):
         import tensorflow as tf
 
-        from components.embedding_exporter import serving_reference as S
+        from components.embedding_exporter import serving_reference
 
-        self.saved = {k: getattr(S, k) for k in ("_keep", "_split", "_first_n", "_first_or_nan")}
-        self.saved_spec = S.FeatureByFeatureTransform.example_spec
-        self.saved_from_examples = S.FeatureByFeatureTransform.from_examples
-        S._keep = lambda values, mask: tf.ragged.boolean_mask(values, values.with_flat_values(mask))
-        S._split = lambda values, sep: tf.strings.split(values, sep).merge_dims(1, 2)
-        S._first_n = lambda values, n: values[:, :n]
-        S._first_or_nan = lambda values: tf.cast(values[:, :1], tf.float32).to_tensor(
+        self.saved = {k: getattr(serving_reference, k) for k in ("_keep", "_split", "_first_n", "_first_or_nan")}
+        self.saved_spec = serving_reference.FeatureByFeatureTransform.example_spec
+        self.saved_from_examples = serving_reference.FeatureByFeatureTransform.from_examples
+        serving_reference._keep = lambda values, mask: tf.ragged.boolean_mask(values, values.with_flat_values(mask))
+        serving_reference._split = lambda values, sep: tf.strings.split(values, sep).merge_dims(1, 2)
+        serving_reference._first_n = lambda values, n: values[:, :n]
+        serving_reference._first_or_nan = lambda values: tf.cast(values[:, :1], tf.float32).to_tensor(
             default_value=float("nan"), shape=[None, 1])
-        S.FeatureByFeatureTransform.example_spec = lambda self: {
-            c: tf.io.VarLenFeature(S._DTYPES[self.kinds[c]]) for c in self.raw_columns()}
-        S.FeatureByFeatureTransform.from_examples = lambda self, serialized: self._to_model_inputs({
+        serving_reference.FeatureByFeatureTransform.example_spec = lambda self: {
+            c: tf.io.VarLenFeature(serving_reference._DTYPES[self.kinds[c]]) for c in self.raw_columns()}
+        serving_reference.FeatureByFeatureTransform.from_examples = lambda self, serialized: self._to_model_inputs({
             c: tf.RaggedTensor.from_sparse(t) for c, t in tf.io.parse_example(serialized, self.example_spec()).items()})
         return self
 
     def __exit__(self, *exc):
-        from components.embedding_exporter import serving_reference as S
+        from components.embedding_exporter import serving_reference
 
         for k, v in self.saved.items():
-            setattr(S, k, v)
-        S.FeatureByFeatureTransform.example_spec = self.saved_spec
-        S.FeatureByFeatureTransform.from_examples = self.saved_from_examples
+            setattr(serving_reference, k, v)
+        serving_reference.FeatureByFeatureTransform.example_spec = self.saved_spec
+        serving_reference.FeatureByFeatureTransform.from_examples = self.saved_from_examples
 
 
 def serving(workdir: str, data: str, repeats: int):
@@ -183,7 +183,7 @@ def _raw_examples(kinds, data: str, n: int):
 
     import tensorflow as tf
 
-    from components import rulebook as R
+    from components.rules import rulebook
 
     with open(data, newline="", encoding="utf-8") as fh:
         rows = [r for _, r in zip(range(n), csv.DictReader(fh))]
@@ -194,9 +194,9 @@ def _raw_examples(kinds, data: str, n: int):
             v = r.get(c, "")
             if v == "":
                 continue
-            if kind == R.KIND_INT:
+            if kind == rulebook.KIND_INT:
                 f[c] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v)]))
-            elif kind == R.KIND_FLOAT:
+            elif kind == rulebook.KIND_FLOAT:
                 f[c] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(v)]))
             else:
                 f[c] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[v.encode()]))

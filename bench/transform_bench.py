@@ -47,11 +47,11 @@ def main() -> int:
     import components  # noqa: F401
     import tensorflow as tf
 
-    from components import rulebook as R
-    from components.config import parse_config
+    from components.rules import rulebook
+    from components.config.loading import parse_config
     from components.embedding_exporter.serving import RawFeatureTransform
     from components.embedding_exporter.serving_reference import FeatureByFeatureTransform
-    from components.embedding_preprocess import vocabulary as V
+    from components.embedding_preprocess import vocabulary
     from components.embedding_preprocess.run import build_manifest
 
     rng = random.Random(0)
@@ -64,9 +64,9 @@ def main() -> int:
     seen = {}
     for n in names:
         seen[n] = rng.sample(range(10**9), args.vocabulary)
-        V.write_vocabulary(vocab_dir, n, [(str(v).encode(), 1) for v in seen[n]])
-    kinds = {n: R.KIND_INT for n in names}
-    kinds["d0"] = R.KIND_FLOAT
+        vocabulary.write_vocabulary(vocab_dir, n, [(str(v).encode(), 1) for v in seen[n]])
+    kinds = {n: rulebook.KIND_INT for n in names}
+    kinds["d0"] = rulebook.KIND_FLOAT
     manifest = build_manifest(cfg, {f"kind/{c}/{k}": 1 for c, k in kinds.items()}, vocab_dir)
 
     def example():

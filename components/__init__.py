@@ -17,7 +17,7 @@ _ARTIFACT_TYPES = ("EmbeddingVocabulary", "EmbeddingStatistics")
 
 def __getattr__(name: str):
     if name in _ARTIFACT_TYPES:
-        from components import artifact_types
+        from components.tfx_wiring import artifact_types
 
         return getattr(artifact_types, name)
     raise AttributeError(f"module 'components' has no attribute {name!r}")

@@ -18,7 +18,8 @@ import argparse
 import sys
 
 import components  # noqa: F401  (selects legacy Keras; light: imports no TensorFlow)
-from components.config import ConfigError, load_config
+from components.config.loading import load_config
+from components.config.schema import ConfigError
 from components.reporting import emit, error_line
 from pipelines.runner import DEMO_ROWS, RunFailed
 from pipelines.summary import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PUSHED, summary_report
@@ -117,7 +118,7 @@ def main(argv=None) -> int:
     try:
         cfg = load_config(args.config)
         if args.command == "demo":
-            from components.synthetic_data import GeneratorSpec, ensure_dataset
+            from components.example_gen.synthetic_data import GeneratorSpec, ensure_dataset
 
             meta = ensure_dataset(cfg.input.path, GeneratorSpec(rows=args.rows))
             print(f"demo data: {cfg.input.path} ({meta['rows']:,} rows)", file=sys.stderr if args.json else sys.stdout)

@@ -16,7 +16,8 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
-from components.config import PipelineConfig, load_config
+from components.config.loading import load_config
+from components.config.schema import PipelineConfig
 
 SPAN_DIR = "span-{SPAN}"
 
@@ -41,7 +42,7 @@ def span_config(base_config: str, data_dir: str, output_dir: str, overrides: Opt
 
 
 def write_span(data_dir: str, day: int, rows: int, id_shift: int, seed: int, max_cardinality: Optional[int] = None) -> Dict[str, Any]:
-    from components.synthetic_data import CRITEO_CARDINALITIES, GeneratorSpec, ensure_dataset
+    from components.example_gen.synthetic_data import CRITEO_CARDINALITIES, GeneratorSpec, ensure_dataset
 
     cards = [min(c, max_cardinality) for c in CRITEO_CARDINALITIES] if max_cardinality else list(CRITEO_CARDINALITIES)
     spec = GeneratorSpec(rows=rows, seed=seed + day, cardinalities=cards, id_shift=id_shift * (day - 1))

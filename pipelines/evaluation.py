@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from typing import List
 
-from components.config import ConfigError, PipelineConfig, register_check
+from components.config.schema import ConfigError, PipelineConfig
+from components.config.validation import register_check
 
 SIGNATURE = "serving_default"  # the exporter's serving signature: serialized tf.Examples in
 PREDICTION_KEY = "probabilities"  # its output

@@ -29,7 +29,7 @@ import os
 import tempfile
 from typing import Any, Dict, List, Optional
 
-from components.config import ConfigError, PipelineConfig
+from components.config.schema import ConfigError, PipelineConfig
 from pipelines.kubeflow_config import kubeflow_beam_args
 
 ENTRYPOINT = ["python", "-m", "pipelines.kfp_entrypoint"]

@@ -10,15 +10,9 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
-from components.config import (
-    ConfigError,
-    KubeflowComponentConfig,
-    KubeflowConfig,
-    PipelineConfig,
-    check_choice,
-    check_positive,
-    register_check,
-)
+from components.config.checks import check_choice, check_positive
+from components.config.schema import ConfigError, KubeflowComponentConfig, KubeflowConfig, PipelineConfig
+from components.config.validation import register_check
 
 KFP_RUNNERS = {"direct": "DirectRunner", "dataflow": "DataflowRunner", "flink": "FlinkRunner", "spark": "SparkRunner"}
 # Beam options each runner cannot start without (checked at compile time, not when the task runs).

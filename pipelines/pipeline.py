@@ -9,8 +9,8 @@ import os
 import re
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from components.config import ConfigError, PipelineConfig
-from components.progress import LAST_BLESSED, PUSHER  # the registry's read and write steps
+from components.config.schema import ConfigError, PipelineConfig
+from components.reporting.progress import LAST_BLESSED, PUSHER  # the registry's read and write steps
 
 TRAINER_RUN_FN = "components.embedding_trainer.trainer_module.run_fn"
 PIPELINE_ROOT = "pipeline_root"
@@ -54,7 +54,7 @@ def input_location(cfg: PipelineConfig) -> Tuple[str, str]:
         if not matches:
             raise ConfigError(
                 f"{cfg.resolved.source_file}: input.path: {path!r} matches no file; generate the data "
-                "(python -m components.synthetic_data) or point input.path at a CSV/TFRecord file, "
+                "(python -m components.example_gen.synthetic_data) or point input.path at a CSV/TFRecord file, "
                 "directory, glob or span pattern ({SPAN})"
             )
     return base, pattern

@@ -1,4 +1,4 @@
-"""The terminal view of a local run's progress (components/progress.py writes the events).
+"""The terminal view of a local run's progress (components/reporting/progress.py writes the events).
 
 `ProgressPrinter` tails the progress file in a thread and prints, for every stage:
 - a line when it starts, finishes (with its seconds) or fails;
@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, TextIO
 
-from components import progress as P
+from components.reporting import progress
 
 
 def _clock(t: float) -> str:
@@ -186,24 +186,24 @@ class ProgressPrinter:
 
     def handle(self, e: Dict[str, Any]) -> None:
         name, kind, t = e.get("stage", "?"), e.get("event"), float(e.get("t", time.time()))
-        if kind == P.START:
+        if kind == progress.START:
             self._stages[name] = _Stage(started=t, totals=dict(e.get("totals") or {}))
             self.current = name
             self.seen.append(name)
             self._line(t, name, "running")
             return
         st = self._stages.setdefault(name, _Stage(started=t))
-        if kind in (P.DONE, P.FAILED):
+        if kind in (progress.DONE, progress.FAILED):
             self._flush_counts(name, st, t, final=True)
             self._close_bars(st)
             secs = e.get("seconds", t - st.started)
-            self._line(t, name, f"finished in {_duration(secs)}" if kind == P.DONE
+            self._line(t, name, f"finished in {_duration(secs)}" if kind == progress.DONE
                        else f"failed after {_duration(secs)} ({e.get('error', 'error')})")
-            if self.current == name and kind == P.DONE:
+            if self.current == name and kind == progress.DONE:
                 self.current = None
-        elif kind == P.PHASE:
+        elif kind == progress.PHASE:
             self._detail(t, name, e.get("text", ""))
-        elif kind == P.COUNT:
+        elif kind == progress.COUNT:
             phase = e.get("phase", "")
             c = st.counts.setdefault(phase, _Count(unit=e.get("unit", "rows")))
             c.done += int(e.get("done", 0))
@@ -212,11 +212,11 @@ class ProgressPrinter:
                 c.first_t, c.first_done = t, c.done
             c.last_t = t
             self._show_count(name, st, phase, c, t)
-        elif kind == P.STEP:
+        elif kind == progress.STEP:
             if st.step_t0 is None:
                 st.step_t0, st.step_s0 = t, int(e["step"])
             self._show_step(name, st, e, t)
-        elif kind == P.EVAL:
+        elif kind == progress.EVAL:
             metrics = ", ".join(f"{k} {v:,.0f}" if float(v).is_integer() else f"{k} {v:.4f}"
                                 for k, v in sorted((e.get("metrics") or {}).items()))
             self._detail(t, name, f"eval at step {e.get('step', 0):,}: {metrics}")

@@ -5,7 +5,7 @@ training (pipelines/continuous.py) and the tests call `run` directly.
 
 With `quiet=True` (what the command line uses) everything TFX, Beam, TensorFlow and Python's
 warnings write, in this process and in Beam's worker processes, goes to
-`<output_dir>/pipeline.log`; the terminal shows the stages' live progress (components/progress.py
+`<output_dir>/pipeline.log`; the terminal shows the stages' live progress (components/reporting/progress.py
 events, drawn by pipelines/progress_view.py) and nothing else. A failure raises `RunFailed` with one
 line naming the component, the cause and the log.
 """
@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
-from components import progress
-from components.config import PipelineConfig
-from components.errors import one_line
+from components.reporting import progress
+from components.config.schema import PipelineConfig
+from components.reporting.errors import one_line
 from components.reporting import error_line
 
 DEMO_ROWS = 375_000
@@ -116,7 +116,7 @@ class _SummaryFailed(RuntimeError):
 def _run(cfg: PipelineConfig, output_dir: str, span: Optional[int], cache: bool, extra_components=None) -> RunResult:
     import json
 
-    from components.beam_runtime import ensure_local_runner_safe
+    from components.data_io.beam_runtime import ensure_local_runner_safe
     from pipelines.pipeline import METADATA_FILE, PIPELINE_ROOT, SERVING_DIR, create_pipeline, run_locally
     from pipelines.summary import summarize
 

@@ -1,5 +1,5 @@
 """The run's summary: what a local run did, read back from its artifacts (`summarize`), and its
-report (`summary_report`, rendered by components/reporting.py like every other tool's).
+report (`summary_report`, rendered by components/reporting/__init__.py like every other tool's).
 
 The serving-model row names the model this run pushed, or says that none was pushed and why (the
 gate's reasons); the exit status follows from the same facts (`exit_status`).
@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any, Dict, Optional
 
-from components.config import PipelineConfig
+from components.config.schema import PipelineConfig
 from components.reporting import Report, count_list, reasons_list
 from pipelines.pipeline import PIPELINE_ROOT, SERVING_DIR
 
@@ -119,11 +119,11 @@ def training_length(cfg: PipelineConfig, run: Optional[Dict[str, Any]], stats: O
 def served_model(serving_dir: str) -> Optional[Dict[str, Any]]:
     """{model, exported_model} of the version served at `serving_dir` (its model registry), None
     when nothing is; {model: None, error} when the registry cannot say."""
-    from components.model_registry import registry as R
+    from components.model_registry import registry
 
     try:
-        found = R.lookup(serving_dir)
-    except R.RegistryError as e:
+        found = registry.lookup(serving_dir)
+    except registry.RegistryError as e:
         return {"model": None, "exported_model": None, "error": str(e)}
     if not found.found:
         return None

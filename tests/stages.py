@@ -58,7 +58,7 @@ BASE = {
 
 def example_gen_config(**over):
     """BASE (two dense, two categorical columns) with top-level fields replaced."""
-    from components.config import parse_config
+    from components.config.loading import parse_config
 
     raw = json.loads(json.dumps(BASE))
     raw.update(over)
@@ -72,8 +72,8 @@ def run_example_gen(cfg, input_dir, out_dir, pattern="*", buckets=(4, 1)):
     from tfx.types import artifact_utils, standard_artifacts
     from tfx.utils import proto_utils
 
-    from components import ledger as L
-    from components.errors import LedgerError
+    from components.rows import ledger
+    from components.reporting.errors import LedgerError
     from components.example_gen import executor as ex
 
     examples = standard_artifacts.Examples()
@@ -99,7 +99,7 @@ def run_example_gen(cfg, input_dir, out_dir, pattern="*", buckets=(4, 1)):
         executor.Do({}, {"examples": [examples]}, props)
     except LedgerError as e:
         err = e
-    led = json.load(open(os.path.join(out_dir, L.LEDGER_FILE))) if os.path.exists(os.path.join(out_dir, L.LEDGER_FILE)) else None
+    led = json.load(open(os.path.join(out_dir, ledger.LEDGER_FILE))) if os.path.exists(os.path.join(out_dir, ledger.LEDGER_FILE)) else None
     records = []
     for s in artifact_utils.decode_split_names(examples.split_names) if err is None else []:
         records += split_rows(artifact_utils.get_split_uri([examples], s))
@@ -121,7 +121,7 @@ def split_rows(split_dir):
 # ---- preprocessed data for the Trainer's run_fn (the session's `trainer_data`) ----------------------
 
 def small_cardinalities(cap: int):
-    from components.synthetic_data import GeneratorSpec
+    from components.example_gen.synthetic_data import GeneratorSpec
 
     return [min(c, cap) for c in GeneratorSpec().cardinalities]
 
@@ -130,7 +130,7 @@ SMALL_CAP = 3000
 
 
 def trainer_config(root, categorical=TRAINER_CATEGORICAL, **training):
-    from components.config import parse_config
+    from components.config.loading import parse_config
 
     return parse_config(trainer_raw_config(root, categorical, **training))
 
@@ -165,7 +165,7 @@ def preprocess_trainer_data(root, categorical=TRAINER_CATEGORICAL):
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from components.embedding_preprocess.run import run_preprocessing
-    from components.synthetic_data import GeneratorSpec, write_csv
+    from components.example_gen.synthetic_data import GeneratorSpec, write_csv
 
     small = small_cardinalities(SMALL_CAP)
     write_csv(GeneratorSpec(rows=3000, seed=11, cardinalities=small), str(root / "train.csv"))
@@ -219,7 +219,7 @@ def artifact(cls, uri, split_names=None):
 
 
 def executors_config(csv_path):
-    from components.config import parse_config
+    from components.config.loading import parse_config
 
     raw = demo_raw_config()
     raw["input"]["path"] = str(csv_path)
@@ -244,7 +244,7 @@ def beam_context():
 def make_chain(root):
     """The four executors run in order on hand-built artifacts under `root`: (config, {name:
     artifact}, root); the session's `chain` fixture (tests/conftest.py)."""
-    from components.synthetic_data import GeneratorSpec, write_csv
+    from components.example_gen.synthetic_data import GeneratorSpec, write_csv
 
     data = root / "input"
     data.mkdir()
@@ -261,7 +261,7 @@ def run_chain(root, cfg, data):
     from tfx.types import standard_artifacts, standard_component_specs as specs
     from tfx.utils import proto_utils
 
-    from components.artifact_types import EmbeddingStatistics, EmbeddingVocabulary
+    from components.tfx_wiring.artifact_types import EmbeddingStatistics, EmbeddingVocabulary
     from components.embedding_exporter import executor as export_executor
     from components.embedding_preprocess import executor as preprocess_executor
     from components.embedding_trainer.trainer_module import CONFIG_KEY as TRAINER_CONFIG_KEY
@@ -360,8 +360,8 @@ def push(serving, blessing, uri, serving_dir, pipeline_name, run_id=None):
 def run_demo_pipeline(root):
     """The real pipeline on configs/demo.yaml and the demo's amount of data (seed 99) under `root`:
     (config, output dir, summary, data metadata)."""
-    from components.config import load_config
-    from components.synthetic_data import GeneratorSpec, ensure_dataset
+    from components.config.loading import load_config
+    from components.example_gen.synthetic_data import GeneratorSpec, ensure_dataset
     from pipelines.runner import DEMO_ROWS, run
 
     data = root / "data" / "criteo_like.csv"

@@ -1,4 +1,4 @@
-"""The Beam local-runner data-loss race (components/beam_runtime.py): reproduced deterministically,
+"""The Beam local-runner data-loss race (components/data_io/beam_runtime.py): reproduced deterministically,
 closed by the workaround, refused on an unverified Beam, and applied by the ExampleGen executor."""
 import json
 import os
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from components import beam_runtime
+from components.data_io import beam_runtime
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,7 +19,7 @@ RACE = r"""
 import sys, time, json
 from apache_beam.runners.worker import data_plane
 if sys.argv[1] == "workaround":
-    from components.beam_runtime import ensure_local_runner_safe
+    from components.data_io.beam_runtime import ensure_local_runner_safe
     ensure_local_runner_safe()
 received = []
 def slow_send(data):

@@ -18,11 +18,11 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from components import tfrecords
-from components.config import parse_config
-from components.embedding_preprocess import beam_pipeline as B
-from components.embedding_preprocess import statistics as S
-from components.embedding_preprocess import vocabulary as V
+from components.data_io import tfrecords
+from components.config.loading import parse_config
+from components.embedding_preprocess import beam_pipeline
+from components.embedding_preprocess import statistics
+from components.embedding_preprocess import vocabulary
 from components.embedding_preprocess import spill
 from components.embedding_preprocess.counting import CountSummary, FeatureValueCounter, ValueCounts, shared_table_features
 from components.embedding_preprocess.csv_input import ReadCsvRecordBatches
@@ -97,9 +97,9 @@ def unframe(block: bytes):
 
 
 def test_merge_summaries_fn_create_add_merge_extract():
-    from components.config import VocabularyOptions
+    from components.config.schema import VocabularyOptions
 
-    fn = B.MergeSummariesFn()
+    fn = beam_pipeline.MergeSummariesFn()
     options = VocabularyOptions(min_frequency=2)
     assert fn.extract_output(fn.create_accumulator()) is None  # nothing counted
     # disjoint values, as spill buckets are
@@ -119,7 +119,7 @@ def test_merge_summaries_fn_create_add_merge_extract():
 
 
 def test_count_summary_top_k_candidates_and_weights():
-    from components.config import VocabularyOptions
+    from components.config.schema import VocabularyOptions
 
     options = VocabularyOptions(top_k=2)
     parts = [summary([b"a", b"a", b"b"], options), summary([b"c", b"c", b"c", b"d"], options), summary([b"e", b"e"], options)]
@@ -130,14 +130,14 @@ def test_count_summary_top_k_candidates_and_weights():
 
 
 def test_merge_stats_fn_create_add_merge_extract():
-    fn = B.MergeStatsFn()
+    fn = beam_pipeline.MergeStatsFn()
     p1 = {"n": 1, "max/m": 3, "vec/v": np.array([1, 2]), "info/x": {"k": 1}}
     p2 = {"n": 2, "max/m": 5, "vec/v": np.array([1, 1, 1]), "info/x": {"k": 2}}
     p3 = {"n": 4, "only": 7.5}
     a = fn.add_input(fn.add_input(fn.create_accumulator(), p1), p2)
     b = fn.add_input(fn.create_accumulator(), p3)
     out = fn.extract_output(fn.merge_accumulators([a, b, fn.create_accumulator()]))
-    assert S.jsonable(out) == {"n": 7, "max/m": 5, "vec/v": [2, 3, 1], "info/x": {"k": 1}, "only": 7.5}
+    assert statistics.jsonable(out) == {"n": 7, "max/m": 5, "vec/v": [2, 3, 1], "info/x": {"k": 1}, "only": 7.5}
     assert p1["vec/v"].tolist() == [1, 2] and p2["vec/v"].tolist() == [1, 1, 1]  # partials untouched
     assert fn.extract_output(fn.create_accumulator()) == {}
 
@@ -164,7 +164,7 @@ def test_count_values(fanout, buckets, tmp_path):
     with BeamTestPipeline() as p:
         counted = (
             p | beam.Create([record_batch(ROWS[:2]), record_batch(ROWS[2:])])
-            | B.CountValues(parse_config(config), str(tmp_path / "spill"), str(tmp_path), count_rows=True)
+            | beam_pipeline.CountValues(parse_config(config), str(tmp_path / "spill"), str(tmp_path), count_rows=True)
         )
         # shared: a 3, b 2 (C1 + C2); C3: x 3, y 3, min_frequency 2; top_values 2
         assert_that(described(counted.tables), equal_to([
@@ -176,7 +176,7 @@ def test_count_values(fanout, buckets, tmp_path):
             ("C1", 2, 3, [(b"a", 2), (b"b", 1)], None),
             ("C2", 2, 2, [(b"a", 1), (b"b", 1)], None),
         ]), label="Features")
-        rows = counted.rows | beam.CombineGlobally(B.MergeStatsFn())
+        rows = counted.rows | beam.CombineGlobally(beam_pipeline.MergeStatsFn())
         expected_rows = {"train/examples_read": 4, "train/dropped/missing_label": 1, "train/dropped/invalid_label": 0}
         assert_that(rows, equal_to([expected_rows]), label="Rows")
     spilled = os.listdir(tmp_path / "spill")  # the caller (run.py) deletes them
@@ -185,7 +185,7 @@ def test_count_values(fanout, buckets, tmp_path):
 
 def test_count_values_counts_no_rows_unless_asked(cfg, tmp_path):
     with BeamTestPipeline() as p:
-        counted = p | beam.Create([record_batch(ROWS)]) | B.CountValues(cfg, str(tmp_path / "spill"), str(tmp_path))
+        counted = p | beam.Create([record_batch(ROWS)]) | beam_pipeline.CountValues(cfg, str(tmp_path / "spill"), str(tmp_path))
         assert_that(counted.rows, equal_to([]), label="NoRows")
         assert_that(counted.tables | beam.Keys(), equal_to(["shared", "C3"]), label="Tables")
 
@@ -207,7 +207,7 @@ def test_spill_files_round_trip_and_refuse_a_wrong_reference(tmp_path):
 def test_feature_value_statistics_describe_each_feature():
     feature_summaries = [("C1", summary([b"a", b"a", b"b"])), ("C2", summary([b"b", b"a"]))]
     with BeamTestPipeline() as p:
-        stats = p | beam.Create(feature_summaries) | B.FeatureValueStatistics()
+        stats = p | beam.Create(feature_summaries) | beam_pipeline.FeatureValueStatistics()
         out = stats | beam.FlatMap(
             lambda s: [(k, v["distinct_values"], v["occurrences"], v["hottest_values"][0]["value"]) for k, v in s.items()]
         )
@@ -220,22 +220,22 @@ def test_write_vocabularies(cfg, tmp_path):
         ("C3", summary([b"y", b"x", b"z", b"x", b"y"], cfg.table("C3").vocabulary)),  # min_frequency 2: z is pruned
     ]
     with BeamTestPipeline() as p:
-        written = p | beam.Create(table_counts) | B.WriteVocabularies(cfg, str(tmp_path))
+        written = p | beam.Create(table_counts) | beam_pipeline.WriteVocabularies(cfg, str(tmp_path))
         assert_that(written.sizes, equal_to([("shared", 3), ("C3", 2)]), label="Sizes")
         figures = written.stats | beam.FlatMap(
             lambda s: [(k, v["distinct_values"], v["vocabulary_size"], v["occurrences"]) for k, v in s.items()]
         )
         assert_that(figures, equal_to([("info/vocab/shared", 3, 3, 6), ("info/vocab/C3", 3, 2, 5)]), label="Stats")
-    assert V.read_vocabulary(str(tmp_path), "shared") == [b"a", b"b", b"q"]
-    assert V.read_vocabulary(str(tmp_path), "C3") == [b"x", b"y"]
+    assert vocabulary.read_vocabulary(str(tmp_path), "shared") == [b"a", b"b", b"q"]
+    assert vocabulary.read_vocabulary(str(tmp_path), "C3") == [b"x", b"y"]
     assert (tmp_path / "C3.counts.txt").read_bytes() == b"2 x\n2 y\n"
 
 
 def test_transform_split(cfg, tmp_path):
     from tfx_bsl.coders import example_coder
 
-    V.write_vocabulary(str(tmp_path), "shared", [(b"a", 3)])  # b is out of vocabulary: ID 1 (one OOV bucket)
-    V.write_vocabulary(str(tmp_path), "C3", [(b"x", 3), (b"y", 3)])
+    vocabulary.write_vocabulary(str(tmp_path), "shared", [(b"a", 3)])  # b is out of vocabulary: ID 1 (one OOV bucket)
+    vocabulary.write_vocabulary(str(tmp_path), "C3", [(b"x", 3), (b"y", 3)])
 
     def check_examples(blocks):
         # Blocks of rows (the default format), the train split's rows shuffled within their batch:
@@ -266,38 +266,38 @@ def test_transform_split(cfg, tmp_path):
     with BeamTestPipeline() as p:
         sizes = p | "Sizes" >> beam.Create([("shared", 1), ("C3", 2)])
         transformed = (
-            p | "Batches" >> beam.Create([record_batch(ROWS)]) | B.TransformSplit(cfg, "train", str(tmp_path), sizes)
+            p | "Batches" >> beam.Create([record_batch(ROWS)]) | beam_pipeline.TransformSplit(cfg, "train", str(tmp_path), sizes)
         )
         assert_that((transformed.examples, transformed.tail) | beam.Flatten(), check_examples, label="Examples")
-        merged = transformed.stats | B.MergeStatistics() | beam.Map(lambda s: {k: s[k] for k in expected_stats})
+        merged = transformed.stats | beam_pipeline.MergeStatistics() | beam.Map(lambda s: {k: s[k] for k in expected_stats})
         assert_that(merged, equal_to([expected_stats]), label="Stats")
 
 
 def test_transform_split_refuses_vocabulary_files_of_another_size(cfg, tmp_path):
-    V.write_vocabulary(str(tmp_path), "shared", [(b"a", 3)])
+    vocabulary.write_vocabulary(str(tmp_path), "shared", [(b"a", 3)])
     with pytest.raises(Exception, match="another run is writing"):
         with BeamTestPipeline() as p:
             sizes = p | "Sizes" >> beam.Create([("shared", 2)])  # the writer said 2
-            _ = p | "Batches" >> beam.Create([record_batch(ROWS)]) | B.TransformSplit(cfg, "eval", str(tmp_path), sizes)
+            _ = p | "Batches" >> beam.Create([record_batch(ROWS)]) | beam_pipeline.TransformSplit(cfg, "eval", str(tmp_path), sizes)
 
 
 def test_merge_statistics():
     partials = [{"n": 1, "vec/h": np.array([1, 0, 2])}, {"n": 2, "max/m": 4}, {"max/m": 9, "vec/h": np.array([1])}]
     with BeamTestPipeline() as p:
-        merged = p | beam.Create(partials) | B.MergeStatistics() | beam.Map(S.jsonable)
+        merged = p | beam.Create(partials) | beam_pipeline.MergeStatistics() | beam.Map(statistics.jsonable)
         assert_that(merged, equal_to([{"n": 3, "max/m": 9, "vec/h": [2, 0, 2]}]))
 
 
 def test_merge_statistics_of_nothing_is_empty():
     with BeamTestPipeline() as p:
-        merged = p | beam.Create([], reshuffle=False) | B.MergeStatistics()
+        merged = p | beam.Create([], reshuffle=False) | beam_pipeline.MergeStatistics()
         assert_that(merged, equal_to([{}]))
 
 
 def test_write_statistics(tmp_path):
     with BeamTestPipeline() as p:
-        _ = p | beam.Create([{"n": 2, "vec/h": np.array([3, 1])}]) | B.WriteStatistics(str(tmp_path))
-    assert (tmp_path / B.STATS_FILE_PREFIX).read_text() == '{"n": 2, "vec/h": [3, 1]}\n'
+        _ = p | beam.Create([{"n": 2, "vec/h": np.array([3, 1])}]) | beam_pipeline.WriteStatistics(str(tmp_path))
+    assert (tmp_path / beam_pipeline.STATS_FILE_PREFIX).read_text() == '{"n": 2, "vec/h": [3, 1]}\n'
 
 
 def test_read_record_batches_and_write_transformed_examples(cfg, tmp_path):
@@ -306,16 +306,16 @@ def test_read_record_batches_and_write_transformed_examples(cfg, tmp_path):
     examples = example_coder.RecordBatchToExamplesEncoder().encode(record_batch(ROWS))
     with BeamTestPipeline() as p:
         blocks = p | beam.Create([tfrecords.frame(examples[:3]), tfrecords.frame(examples[3:])])
-        _ = blocks | B.WriteTransformedExamples(str(tmp_path / "tx"), "gzip")
+        _ = blocks | beam_pipeline.WriteTransformedExamples(str(tmp_path / "tx"), "gzip")
     files = sorted(os.listdir(tmp_path / "tx"))
-    assert files and all(f.startswith(B.TRANSFORMED_PREFIX) and f.endswith(".gz") for f in files)
+    assert files and all(f.startswith(beam_pipeline.TRANSFORMED_PREFIX) and f.endswith(".gz") for f in files)
 
     def check(batches):
         rows = sorted(r for rb in batches for r in zip(rb.to_pydict()["C1"], rb.to_pydict()["C3"]))
         assert rows == sorted(([r[2]], [r[4]]) for r in ROWS)
 
     with BeamTestPipeline() as p:
-        batches = p | B.ReadRecordBatches(str(tmp_path / "tx" / "*"), cfg.training.batch_size)
+        batches = p | beam_pipeline.ReadRecordBatches(str(tmp_path / "tx" / "*"), cfg.training.batch_size)
         assert_that(batches, check)
 
 
@@ -331,7 +331,7 @@ def test_read_csv_record_batches_counts_bad_rows(cfg, tmp_path):
     with BeamTestPipeline() as p:
         batches, stats = p | ReadCsvRecordBatches(str(path), header, cfg)
         assert_that(batches, check, label="Batches")
-        merged = stats | B.MergeStatistics()
+        merged = stats | beam_pipeline.MergeStatistics()
         assert_that(merged, equal_to([{"input/malformed_rows": 1, "input/not_numeric/I1": 1}]), label="Stats")
 
 
@@ -357,7 +357,7 @@ def test_transform_and_counting_do_not_import_beam():
     # tfrecords: the trainer and the exporter read its compression_type (the Beam sink lives in beam_pipeline)
     code = (
         "import sys; import components.embedding_preprocess.transform, components.embedding_preprocess.counting, "
-        "components.tfrecords; "
+        "components.data_io.tfrecords; "
         "print([m for m in sys.modules if m.startswith('apache_beam')])"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
@@ -366,17 +366,17 @@ def test_transform_and_counting_do_not_import_beam():
 
 def test_count_values_spills_within_a_bundle_the_same_counts(cfg, tmp_path, monkeypatch):
     # every record batch spilled on its own (the limit a worker's counts may reach within a bundle)
-    monkeypatch.setattr(B._CountPerBundle, "SPILL_VALUES", 0)
+    monkeypatch.setattr(beam_pipeline._CountPerBundle, "SPILL_VALUES", 0)
     with BeamTestPipeline() as p:
         counted = (
             p | beam.Create([record_batch(ROWS[:1]), record_batch(ROWS[1:2]), record_batch(ROWS[2:])])
-            | B.CountValues(cfg, str(tmp_path / "spill"), str(tmp_path), count_rows=True)
+            | beam_pipeline.CountValues(cfg, str(tmp_path / "spill"), str(tmp_path), count_rows=True)
         )
         assert_that(described(counted.tables), equal_to([
             ("shared", 2, 5, [(b"a", 3), (b"b", 2)], {b"a": 3, b"b": 2}),
             ("C3", 2, 6, [(b"x", 3), (b"y", 3)], {b"x": 3, b"y": 3}),
         ]), label="Tables")
-        rows = counted.rows | beam.CombineGlobally(B.MergeStatsFn())
+        rows = counted.rows | beam.CombineGlobally(beam_pipeline.MergeStatsFn())
         assert_that(rows, equal_to([{"train/examples_read": 4, "train/dropped/missing_label": 1,
                                      "train/dropped/invalid_label": 0}]), label="Rows")
 

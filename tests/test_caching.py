@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from components.config import load_config
+from components.config.loading import load_config
 from components.config.stages import STAGES, stage_config, stage_json
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -8,7 +8,8 @@ import textwrap
 
 import pytest
 
-from components.config import ConfigError, PipelineConfig, config_from_json, load_config, parse_config
+from components.config.loading import config_from_json, load_config, parse_config
+from components.config.schema import ConfigError, PipelineConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "configs", "demo.yaml")
@@ -263,7 +264,7 @@ def test_use_safe_embedding_lookup_must_be_a_boolean():
 
 
 def test_table_optimizer_inherits_unless_it_names_another():
-    from components.config import table_optimizer
+    from components.config.binding import table_optimizer
 
     cfg = parse_config(minimal(
         training={"embedding_optimizer": {"name": "adagrad", "learning_rate": 0.05, "clipvalue": 1.0,
@@ -341,7 +342,7 @@ def test_bad_column_kinds_name_the_field(vocabulary, message):
 
 
 def test_given_vocabulary_file_is_checked_naming_file_and_line(tmp_path):
-    from components.config import VocabularyOptions
+    from components.config.schema import VocabularyOptions
     from components.embedding_preprocess.vocabulary import given_vocabulary
 
     def check(data):

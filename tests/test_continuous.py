@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.config import ConfigError, parse_config
+from components.config.loading import parse_config
+from components.config.schema import ConfigError
 from components.config.schema import ContinuousConfig, DriftLimits
 from components.contracts.manifest import VocabularyEntry, VocabularyManifest
-from components.embedding_model import model as M
-from components.embedding_trainer import plan as P
-from components.embedding_trainer import warm_start as W
+from components.embedding_model import model as model_lib
+from components.embedding_trainer import plan as plan_lib
+from components.embedding_trainer import warm_start
 from components.embedding_model.input import make_dataset
 from components.embedding_trainer.trainer_module import build_model
 from tests.stages import demo_raw_config, with_few_features
@@ -47,13 +48,13 @@ ROW_MAP_CASES = [
 @pytest.mark.parametrize("case", ROW_MAP_CASES, ids=[c[0] for c in ROW_MAP_CASES])
 def test_row_map(case):
     _, old, old_tokens, new, new_tokens, expected = case
-    m = W.row_map(old, old_tokens, new, new_tokens)
+    m = warm_start.row_map(old, old_tokens, new, new_tokens)
     assert dict(zip(m.new.tolist(), m.old.tolist())) == expected
     assert m.report["rows_carried"] == len(expected)
 
 
 def test_row_map_reports_dropped_tokens_most_frequent_first():
-    m = W.row_map(entry(size=3), [b"a", b"b", b"c"], entry(size=2), [b"c", b"d"])
+    m = warm_start.row_map(entry(size=3), [b"a", b"b", b"c"], entry(size=2), [b"c", b"d"])
     assert (m.report["tokens_carried"], m.report["tokens_new"], m.report["tokens_dropped"]) == (1, 1, 2)
     assert m.report["dropped_examples"] == ["a", "b"]
 
@@ -61,7 +62,7 @@ def test_row_map_reports_dropped_tokens_most_frequent_first():
 # ---- the warm-start checkpoint on a real trained model ----------------------------------------------
 
 
-def _changed_manifest(prev: W.PreviousModel, directory) -> VocabularyManifest:
+def _changed_manifest(prev: warm_start.PreviousModel, directory) -> VocabularyManifest:
     """The previous manifest with two tables' vocabularies changed by hand: C1 (its own table)
     reversed, its first token dropped and two new tokens; shared_c3_c4 (C3 and C4) with every
     other token dropped and one new token first. Other tables unchanged."""
@@ -74,7 +75,7 @@ def _changed_manifest(prev: W.PreviousModel, directory) -> VocabularyManifest:
     }
     for table, edit in edits.items():
         e = vocabularies[table]
-        toks = edit(W.table_tokens(prev.manifest, table))
+        toks = edit(warm_start.table_tokens(prev.manifest, table))
         with open(os.path.join(directory, e.file), "wb") as fh:
             fh.write(b"".join(t + b"\n" for t in toks))
         with open(os.path.join(directory, e.counts_file), "wb") as fh:
@@ -86,21 +87,21 @@ def _changed_manifest(prev: W.PreviousModel, directory) -> VocabularyManifest:
 @pytest.fixture(scope="module")
 def warm(chain, tmp_path_factory):
     cfg, a, _ = chain
-    prev = W.previous_model(a["model"].uri)
+    prev = warm_start.previous_model(a["model"].uri)
     root = tmp_path_factory.mktemp("warm")
     manifest = _changed_manifest(prev, root / "vocabulary")
-    plan = P.derive_plan(cfg, manifest, prev.statistics)
+    plan = plan_lib.derive_plan(cfg, manifest, prev.statistics)
     twin = build_model(plan, manifest, cfg, for_training=True)
     train_files = tf.io.gfile.glob(os.path.join(a["transformed"].uri, "Split-train", "*"))
     sample, _ = next(iter(make_dataset(train_files, prev.manifest, 8, training=False,
-                                       dense_id_widths=P.dense_id_widths(plan), sequence_lengths=P.sequence_lengths(plan))))
+                                       dense_id_widths=plan_lib.dense_id_widths(plan), sequence_lengths=plan_lib.sequence_lengths(plan))))
     sample = _ids_within(sample, manifest, plan)  # the previous IDs, folded into the smaller tables
     twin(sample)
     twin.create_optimizer_slots()
     fresh_reader = tf.train.load_checkpoint(tf.train.Checkpoint(model=twin).write(str(root / "fresh" / "ckpt")))
     fresh = {k: fresh_reader.get_tensor(k) for k in fresh_reader.get_variable_to_shape_map()}
     prefix = str(root / "warm" / "ckpt")
-    report = W.warm_start_checkpoint(prev, cfg, plan, manifest, twin, prefix)
+    report = warm_start.warm_start_checkpoint(prev, cfg, plan, manifest, twin, prefix)
     warm.prefix, warm.sample, warm.twin, warm.root = prefix, sample, twin, root
     return prev, manifest, plan, fresh, tf.train.load_checkpoint(prefix), report
 
@@ -118,7 +119,7 @@ def _ids_within(sample, manifest, plan):
 
 
 def _rows_by_token(manifest, table):
-    return {t: i for i, t in enumerate(W.table_tokens(manifest, table))}
+    return {t: i for i, t in enumerate(warm_start.table_tokens(manifest, table))}
 
 
 @pytest.mark.slow(reason="reads the executors' chain (a Trainer run) and builds its warm start")
@@ -127,14 +128,14 @@ def test_warm_start_carries_rows_and_slots_by_token(warm, table):
     prev, manifest, plan, fresh, out, report = warm
     old_reader = tf.train.load_checkpoint(prev.checkpoint)
     placement = plan.tables[table].placement
-    key = M.table_checkpoint_key(table, placement)
-    old_key = M.table_checkpoint_key(table, prev.plan.tables[table].placement)
+    key = model_lib.table_checkpoint_key(table, placement)
+    old_key = model_lib.table_checkpoint_key(table, prev.plan.tables[table].placement)
     old_rows, new_rows = _rows_by_token(prev.manifest, table), _rows_by_token(manifest, table)
     e_old, e_new = prev.manifest.vocabulary(table), manifest.vocabulary(table)
-    slot_keys = [k for k in fresh if k.startswith(key[: -len(M.VARIABLE_VALUE)] + "/.OPTIMIZER_SLOT/")]
+    slot_keys = [k for k in fresh if k.startswith(key[: -len(model_lib.VARIABLE_VALUE)] + "/.OPTIMIZER_SLOT/")]
     assert slot_keys, "the demo's FTRL has two slots per table"
     for k in [key] + slot_keys:
-        old = old_reader.get_tensor(old_key[: -len(M.VARIABLE_VALUE)] + k[len(key) - len(M.VARIABLE_VALUE):])
+        old = old_reader.get_tensor(old_key[: -len(model_lib.VARIABLE_VALUE)] + k[len(key) - len(model_lib.VARIABLE_VALUE):])
         got = out.get_tensor(k)
         assert got.shape == (e_new.rows, plan.tables[table].dim)
         for token, i in new_rows.items():
@@ -167,11 +168,11 @@ def test_carry_slots_false_carries_weights_and_leaves_every_slot_fresh(warm, cha
     prev, manifest, plan, fresh, carried, _ = warm
     fix = globals()["warm"]
     prefix = str(fix.root / "noslots" / "ckpt")
-    report = W.warm_start_checkpoint(prev, dataclasses.replace(cfg, continuous=ContinuousConfig(carry_slots=False)),
+    report = warm_start.warm_start_checkpoint(prev, dataclasses.replace(cfg, continuous=ContinuousConfig(carry_slots=False)),
                                      plan, manifest, fix.twin, prefix)
     out = tf.train.load_checkpoint(prefix)
-    slots = [k for k in fresh if W.SLOT_MARK in k]
-    weights = [k for k in fresh if W.SLOT_MARK not in k and k.startswith(("model/tensor_core_tables/", "model/bottom_mlp/"))]
+    slots = [k for k in fresh if warm_start.SLOT_MARK in k]
+    weights = [k for k in fresh if warm_start.SLOT_MARK not in k and k.startswith(("model/tensor_core_tables/", "model/bottom_mlp/"))]
     assert slots and weights
     for k in slots:
         np.testing.assert_array_equal(out.get_tensor(k), fresh[k], err_msg=k)
@@ -193,7 +194,7 @@ def test_warm_start_checkpoint_restores_into_a_new_training_model(warm, chain):
     # Every object of the model (slots included) bound; `write` saves no save_counter (the root's own).
     tf.train.Checkpoint(model=model).restore(globals()["warm"].prefix).assert_existing_objects_matched()
     np.testing.assert_array_equal(model.tensor_core_tables["C1"].embeddings.numpy(),
-                                  out.get_tensor(M.table_checkpoint_key("C1", "tensor_core")))
+                                  out.get_tensor(model_lib.table_checkpoint_key("C1", "tensor_core")))
     assert int(model.dense_optimizer.iterations.numpy()) == 0
 
 
@@ -204,17 +205,17 @@ def test_warm_start_checkpoint_restores_into_a_new_training_model(warm, chain):
 def test_drift_figures_and_the_limits_that_stop_a_run(warm, chain):
     cfg, _, _ = chain
     prev, manifest, _, _, _, _ = warm
-    figures = W.drift(prev, manifest, prev.statistics)
+    figures = warm_start.drift(prev, manifest, prev.statistics)
     c1 = figures["tables"]["C1"]
     n_old = prev.manifest.vocabulary("C1").size
     assert c1["vocabulary_overlap"] == pytest.approx((n_old - 1) / (n_old + 1))
     assert c1["new_token_share"] == pytest.approx(2 / (n_old + 1))  # the hand-made counts are all 5
     assert figures["tables"]["C2"] == {"vocabulary_overlap": 1.0, "new_token_share": 0.0}
     assert all(f["change"] == 0.0 for f in figures["features"].values())
-    assert W.drift_violations(figures, cfg) == []
+    assert warm_start.drift_violations(figures, cfg) == []
     strict = dataclasses.replace(cfg, continuous=ContinuousConfig(drift=DriftLimits(max_new_token_share=0.001)))
-    with pytest.raises(W.DriftStop, match=r"table 'C1': 0\.0\d+ of occurrences on tokens new .*max_new_token_share 0\.001"):
-        W.check_drift(figures, strict, prev.uri)
+    with pytest.raises(warm_start.DriftStop, match=r"table 'C1': 0\.0\d+ of occurrences on tokens new .*max_new_token_share 0\.001"):
+        warm_start.check_drift(figures, strict, prev.uri)
 
 
 def test_drift_of_dense_features_and_ids_per_example():
@@ -222,13 +223,13 @@ def test_drift_of_dense_features_and_ids_per_example():
                "dense_features": {"d": {"mean": 2.0, "previous": 0.5, "shift_in_std": 5.0}}}
     cfg = parse_config({"name": "t", "input": {"path": "x.csv"}, "dense_features": [{"name": "d"}],
                         "categorical_features": [{"name": "f"}]})
-    v = W.drift_violations(figures, cfg)
+    v = warm_start.drift_violations(figures, cfg)
     assert len(v) == 2 and "feature 'f'" in v[0] and "max_ids_per_example_change 1.0" in v[0]
     assert "dense feature 'd'" in v[1] and "max_dense_mean_shift 3.0" in v[1]
     off = parse_config({"name": "t", "input": {"path": "x.csv"}, "dense_features": [{"name": "d"}],
                         "categorical_features": [{"name": "f"}],
                         "continuous": {"drift": {"max_ids_per_example_change": None, "max_dense_mean_shift": None}}})
-    assert W.drift_violations(figures, off) == []
+    assert warm_start.drift_violations(figures, off) == []
 
 
 @pytest.mark.parametrize("bad", [{"max_new_token_share": 1.5}, {"min_vocabulary_overlap": -0.1},
@@ -240,8 +241,8 @@ def test_drift_limits_are_checked(bad):
 
 
 def test_a_model_without_its_files_cannot_start_a_run(tmp_path):
-    with pytest.raises(W.WarmStartError, match="continuous.warm_start: false"):
-        W.previous_model(str(tmp_path / "Format-Serving"))
+    with pytest.raises(warm_start.WarmStartError, match="continuous.warm_start: false"):
+        warm_start.previous_model(str(tmp_path / "Format-Serving"))
 
 
 def test_span_input_paths(tmp_path):
@@ -324,6 +325,6 @@ def test_three_daily_spans_warm_start_gate_and_a_drift_stop(tmp_path):
 def test_drift_without_the_previous_vocabulary_says_which_tables_are_unknown(warm, tmp_path):
     prev, manifest, _, _, _, _ = warm
     gone = dataclasses.replace(prev, manifest=dataclasses.replace(prev.manifest, vocabulary_dir=str(tmp_path / "gone")))
-    figures = W.drift(gone, manifest, prev.statistics)
+    figures = warm_start.drift(gone, manifest, prev.statistics)
     assert figures["tables"] == {} and "C1" in figures["unknown_tables"]
     assert "vocabulary of table 'C1' is gone" in figures["unknown_tables"]["C1"]

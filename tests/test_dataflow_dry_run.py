@@ -72,7 +72,7 @@ def offline(monkeypatch, tmp_path):
 def dataflow_config():
     """configs/kubeflow.yaml and its tasks' Beam options, with --dry_run=True."""
     import pipelines.kubeflow_config as kc
-    from components.config import load_config
+    from components.config.loading import load_config
 
     cfg = load_config(os.path.join(REPO, "configs", "kubeflow.yaml"))
     assert cfg.kubeflow.beam.runner == "dataflow"

@@ -11,8 +11,9 @@ import pytest
 import components  # noqa: F401
 import tensorflow as tf
 
-from components.config import ConfigError, parse_config
-from components.embedding_model import input as I
+from components.config.loading import parse_config
+from components.config.schema import ConfigError
+from components.embedding_model import input as input_lib
 from components.embedding_trainer import selection as SEL
 from components.embedding_trainer import trainer_module as tm
 from tests.stages import fn_args as _fn_args, trainer_config as _config
@@ -39,19 +40,19 @@ def _example(i):
 def test_the_holdout_slice_is_a_fixed_disjoint_part_of_the_records():
     records = [_example(i).SerializeToString(deterministic=True) for i in range(20_000)]
     ds = tf.data.Dataset.from_tensor_slices(records)
-    held = [r.numpy() for r in I._records_of("holdout", 0.1)(ds)]
-    kept = [r.numpy() for r in I._records_of("train", 0.1)(ds)]
+    held = [r.numpy() for r in input_lib._records_of("holdout", 0.1)(ds)]
+    kept = [r.numpy() for r in input_lib._records_of("train", 0.1)(ds)]
     assert set(held).isdisjoint(kept) and sorted(held + kept) == sorted(records)
     assert held == [r for r in records if r in set(held)]  # in the file's order
     assert abs(len(held) / len(records) - 0.1) < 0.01
     # by content alone: the same records in another order, and keyed alone or in any batch
-    again = {r.numpy() for r in I._records_of("holdout", 0.1)(ds.shuffle(20_000, seed=3))}
+    again = {r.numpy() for r in input_lib._records_of("holdout", 0.1)(ds.shuffle(20_000, seed=3))}
     assert again == set(held)
-    one = I.in_holdout(tf.constant(records[:50]), 0.1).numpy().tolist()
-    assert one == [bool(I.in_holdout(tf.constant([r]), 0.1).numpy()[0]) for r in records[:50]]
-    assert I._records_of("train", 0.0)(ds) is ds
+    one = input_lib.in_holdout(tf.constant(records[:50]), 0.1).numpy().tolist()
+    assert one == [bool(input_lib.in_holdout(tf.constant([r]), 0.1).numpy()[0]) for r in records[:50]]
+    assert input_lib._records_of("train", 0.0)(ds) is ds
     with pytest.raises(ValueError, match="part 'eval'"):
-        I._records_of("eval", 0.1)
+        input_lib._records_of("eval", 0.1)
 
 
 def test_a_records_key_is_its_content_not_its_map_order():
@@ -67,12 +68,12 @@ def test_a_records_key_is_its_content_not_its_map_order():
 
     forward, backward = wrapped(b"".join(entries)), wrapped(b"".join(reversed(entries)))
     assert forward != backward and tf.train.Example.FromString(forward) == tf.train.Example.FromString(backward)
-    keys = I.record_keys(tf.constant([forward, backward, example.SerializeToString()])).numpy()
+    keys = input_lib.record_keys(tf.constant([forward, backward, example.SerializeToString()])).numpy()
     assert keys[0] == keys[1] == keys[2]
-    other = I.record_keys(tf.constant([_example(13).SerializeToString(), tf.train.Example().SerializeToString()])).numpy()
+    other = input_lib.record_keys(tf.constant([_example(13).SerializeToString(), tf.train.Example().SerializeToString()])).numpy()
     assert other[0] != keys[0] and other[1] == 0
     # a batch of empty Examples only (no `features` anywhere in it)
-    assert I.record_keys(tf.constant([tf.train.Example().SerializeToString()] * 2)).numpy().tolist() == [0, 0]
+    assert input_lib.record_keys(tf.constant([tf.train.Example().SerializeToString()] * 2)).numpy().tolist() == [0, 0]
 
 
 def test_training_and_holdout_batches_split_the_transformed_rows(data):
@@ -81,7 +82,7 @@ def test_training_and_holdout_batches_split_the_transformed_rows(data):
     manifest = tm.read_manifest_for(pattern)
 
     def labels(part):
-        ds = I.make_dataset(pattern, manifest, 64, training=False, part=part, holdout_fraction=0.2)
+        ds = input_lib.make_dataset(pattern, manifest, 64, training=False, part=part, holdout_fraction=0.2)
         return np.concatenate([y.numpy().ravel() for _, y in ds]) if part else None
 
     whole, train, held = labels("all"), labels("train"), labels("holdout")
@@ -89,8 +90,8 @@ def test_training_and_holdout_batches_split_the_transformed_rows(data):
     assert sorted(np.concatenate([train, held])) == sorted(whole)
     # exactly the rows of the records the rule puts in the slice
     records = [r for f in tf.io.gfile.glob(pattern[0]) for r in _records(f)]
-    rows = [len(I.parse_block(tf.constant(r), manifest)[manifest.label]) for r in records]
-    chosen = I.in_holdout(tf.constant(records), 0.2).numpy()
+    rows = [len(input_lib.parse_block(tf.constant(r), manifest)[manifest.label]) for r in records]
+    chosen = input_lib.in_holdout(tf.constant(records), 0.2).numpy()
     assert len(held) == sum(n for n, c in zip(rows, chosen) if c) > 0
 
 
@@ -201,7 +202,7 @@ def test_training_never_reads_the_eval_split_and_keeps_the_best_checkpoint(data,
     """The whole run_fn with early stopping: every dataset the training, the selection and the
     baseline open is recorded; none may name the eval split before training has ended."""
     opened = []
-    real = I.make_dataset
+    real = input_lib.make_dataset
     training_done = []
 
     def recording(patterns, *a, **k):
@@ -245,7 +246,7 @@ def test_a_stream_the_slice_empties_is_left_out_of_the_endless_training_input(da
     def without_tail(ds):
         return ds.filter(lambda r: tf.reduce_all(tf.not_equal(r, tail_records)))
 
-    ds = I._blocks_dataset(pattern, manifest, 64, True, 1, 0, None, None, 64, 4096, without_tail)
+    ds = input_lib._blocks_dataset(pattern, manifest, 64, True, 1, 0, None, None, 64, 4096, without_tail)
     labels = [y.numpy() for _, y in ds.take(200)]  # far more batches than one pass holds
     assert len(labels) == 200 and all(y.shape == (64, 1) for y in labels)
 
@@ -259,16 +260,16 @@ def test_a_killed_two_replica_run_resumes_with_the_same_selection(data, tmp_path
     """Two replicas (MirroredStrategy on logical CPUs), early stopping on: a run killed right after
     its evaluation at step 30 and started again carries on with the same record, evaluates each
     checkpoint once, and ends with the evaluations and the best step of an uninterrupted run."""
-    from tests import tpu_harness as H
+    from tests import tpu_harness
 
-    monkeypatch.setattr(tm, "distribution_strategy", lambda c: H.mirrored_strategy(2))
+    monkeypatch.setattr(tm, "distribution_strategy", lambda c: tpu_harness.mirrored_strategy(2))
     cfg = _config(data, train_steps=60, checkpoint_every_steps=10,
                   early_stopping={"evaluations": 6, "patience": 100, "holdout_fraction": 0.2})
     pattern = [str(data / "tx" / "Split-train" / "*")]
     manifest = tm.read_manifest_for(pattern)
-    from components.embedding_trainer import plan as P
+    from components.embedding_trainer import plan as plan_lib
 
-    plan = P.derive_plan(cfg, manifest, tm.read_statistics_for(pattern)).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    plan = plan_lib.derive_plan(cfg, manifest, tm.read_statistics_for(pattern)).with_run(vocabulary_dir=manifest.vocabulary_dir)
     evals = ["/nonexistent/eval/*"]  # never read while training
     _, _, whole = tm.train(cfg, plan, manifest, pattern, evals, str(tmp_path / "whole"))
 

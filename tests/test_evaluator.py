@@ -10,7 +10,8 @@ import pytest
 
 from tests.stages import artifact, demo_raw_config
 
-from components.config import ConfigError, parse_config
+from components.config.loading import parse_config
+from components.config.schema import ConfigError
 from pipelines import evaluation  # noqa: F401  (registers the section's checks)
 
 
@@ -170,7 +171,7 @@ def test_pusher_needs_the_evaluators_blessing_too(tmp_path, exporter, evaluator,
     from tfx.utils import proto_utils
 
     from components.model_registry import executor as registry_executor
-    from components.model_registry import registry as R
+    from components.model_registry import registry
 
     blessing = _blessing(tmp_path, "blessing", exporter)
     blessing.set_string_custom_property("current_model", str(tmp_path / "trainer"))
@@ -186,10 +187,10 @@ def test_pusher_needs_the_evaluators_blessing_too(tmp_path, exporter, evaluator,
     assert out.get_int_custom_property("pushed") == int(pushed)
     if not pushed:
         assert out.get_string_custom_property(registry_executor.NOT_PUSHED_REASON).startswith(reason)
-        assert R.versions(str(serving_dir)) == []
+        assert registry.versions(str(serving_dir)) == []
         return
-    (version,) = R.versions(str(serving_dir))
-    entry = R.read_entry(str(serving_dir), version)
+    (version,) = registry.versions(str(serving_dir))
+    entry = registry.read_entry(str(serving_dir), version)
     gate = [(c["name"], c["passed"]) for c in entry["gate"]]
     if evaluator == "absent":
         assert gate == [("last_blessed", True)] and entry["evaluator"] is None

@@ -10,10 +10,10 @@ import pytest
 import components  # noqa: F401
 import tensorflow as tf
 
-from components import ledger as L
-from components.config import parse_config
-from components.errors import InputError, LedgerError
-from components.row_counts import count_csv_records, count_tfrecords
+from components.rows import ledger
+from components.config.loading import parse_config
+from components.reporting.errors import InputError, LedgerError
+from components.rows.row_counts import count_csv_records, count_tfrecords
 
 from tests.stages import BASE, example_gen_config as _cfg, run_example_gen, split_rows  # noqa: F401
 
@@ -128,7 +128,7 @@ def test_missing_column_refused_before_beam(tmp_path):
     (d / "a.csv").write_text("label,I1,C1,C2\n1,1,a,b\n")
     with pytest.raises(InputError, match=r"a.csv: column\(s\) \['I2'\]"):
         run_example_gen(_cfg(), d, tmp_path / "out")
-    assert not os.path.exists(tmp_path / "out" / L.LEDGER_FILE)
+    assert not os.path.exists(tmp_path / "out" / ledger.LEDGER_FILE)
 
 
 def test_derived_label_name_clash_refused(tmp_path):
@@ -196,11 +196,11 @@ def test_csv_record_counter_cases():
 def test_ledger_names_the_missing_rows():
     counts = {"input/data_rows": 100, "rows/parsed": 90, "rows/malformed/too_few_fields": 10,
               "rows/dropped/missing_label": 5, "rows/written": 85}
-    stage = L.example_gen_stage(counts, {"train": 60, "eval": 20})
+    stage = ledger.example_gen_stage(counts, {"train": 60, "eval": 20})
     assert not stage["balanced"]
     with pytest.raises(LedgerError, match="EmbeddingExampleGen.*written rows.*85 != found in the output files 80 \\(5 rows missing\\)"):
-        L.check_stage(stage)
-    pre = L.preprocess_stage({"train": 58, "eval": 20}, {"train": {"missing_label": 0}}, {"train": 58, "eval": 20}, {"train": 60, "eval": 20})
+        ledger.check_stage(stage)
+    pre = ledger.preprocess_stage({"train": 58, "eval": 20}, {"train": {"missing_label": 0}}, {"train": 58, "eval": 20}, {"train": 60, "eval": 20})
     assert pre["problems"] == ["train rows in: EmbeddingExampleGen wrote 60 != preprocessing read 58 (2 rows missing)"]
 
 

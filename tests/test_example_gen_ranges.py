@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from components import row_counts
-from components.example_gen import ranges as R
-from components.example_gen import split_hash as H
+from components.rows import row_counts
+from components.example_gen import ranges as ranges_lib
+from components.example_gen import split_hash
 
 
 def _messy_csv(rng: random.Random, rows: int) -> bytes:
@@ -37,14 +37,14 @@ def _messy_csv(rng: random.Random, rows: int) -> bytes:
 
 def _read_all(path, range_bytes):
     size = os.path.getsize(path)
-    ranges = R.plan_ranges([(path, size)], range_bytes)
-    before = R.before_each_range(R.count_quotes(r) for r in ranges)
+    ranges = ranges_lib.plan_ranges([(path, size)], range_bytes)
+    before = ranges_lib.before_each_range(ranges_lib.count_quotes(r) for r in ranges)
     blocks, lines = [], {}
     for r in ranges:
         q, n = before[r.key()]
-        owned = R.read_owned_records(r, q, n)
+        owned = ranges_lib.read_owned_records(r, q, n)
         blocks.append(owned)
-        for k, v in R.count_range_lines(r, q).items():
+        for k, v in ranges_lib.count_range_lines(r, q).items():
             lines[k] = lines.get(k, 0) + v
     return ranges, blocks, lines
 
@@ -58,7 +58,7 @@ def test_every_record_once_at_any_range_size(tmp_path, seed, range_bytes):
     ranges, blocks, lines = _read_all(path, range_bytes)
     assert len(ranges) > 1
     whole = b"".join(b.data for b in blocks)
-    one = R.read_owned_records(R.plan_ranges([(path, len(data))], len(data) + 1)[0], 0, 0)
+    one = ranges_lib.read_owned_records(ranges_lib.plan_ranges([(path, len(data))], len(data) + 1)[0], 0, 0)
     assert whole == one.data  # the blocks partition the file's records
     assert data.endswith(whole)  # ... which run from the first data record to the end
     full = row_counts.count_csv_records(io.BytesIO(data))
@@ -132,10 +132,10 @@ def test_record_lines_for_messages(tmp_path):
 
 
 def test_compressed_and_tfrecord_files_are_one_range():
-    rs = R.plan_ranges([("a.csv.gz", 10_000), ("b.csv", 250)], 100)
-    assert [(r.start, r.end) for r in rs if r.path == "a.csv.gz"] == [(0, R.TO_END)]
+    rs = ranges_lib.plan_ranges([("a.csv.gz", 10_000), ("b.csv", 250)], 100)
+    assert [(r.start, r.end) for r in rs if r.path == "a.csv.gz"] == [(0, ranges_lib.TO_END)]
     assert [(r.start, r.end, r.last) for r in rs if r.path == "b.csv"] == [(0, 100, False), (100, 200, False), (200, 250, True)]
-    assert [r.whole_file for r in R.plan_ranges([("c.tfrecord", 10_000)], 100, splittable=False)] == [True]
+    assert [r.whole_file for r in ranges_lib.plan_ranges([("c.tfrecord", 10_000)], 100, splittable=False)] == [True]
     assert [r.index for r in rs] == list(range(len(rs)))
 
 
@@ -158,27 +158,27 @@ ROWS = [
 
 
 def test_row_hash_depends_on_the_row_only():
-    whole = H.row_hashes(_batch(ROWS), ["C1", "I1", "label"])
+    whole = split_hash.row_hashes(_batch(ROWS), ["C1", "I1", "label"])
     for k in range(len(ROWS)):  # alone, and as a slice of a bigger batch
-        assert H.row_hashes(_batch([ROWS[k]]), ["C1", "I1", "label"])[0] == whole[k]
-        assert H.row_hashes(_batch(ROWS).slice(k, 1), ["label", "C1", "I1"])[0] == whole[k]
+        assert split_hash.row_hashes(_batch([ROWS[k]]), ["C1", "I1", "label"])[0] == whole[k]
+        assert split_hash.row_hashes(_batch(ROWS).slice(k, 1), ["label", "C1", "I1"])[0] == whole[k]
     assert len(set(whole.tolist())) == len(ROWS)  # order within a list, label and text all count
     # a missing list and an empty one are the same content; a column the batch lacks is missing
-    assert H.row_hashes(_batch([([], [], 1)]), ["C1", "I1", "label"])[0] == H.row_hashes(_batch([(None, None, 1)]), ["C1", "I1", "label"])[0]
+    assert split_hash.row_hashes(_batch([([], [], 1)]), ["C1", "I1", "label"])[0] == split_hash.row_hashes(_batch([(None, None, 1)]), ["C1", "I1", "label"])[0]
     without = pa.RecordBatch.from_pydict({"label": pa.array([[1]], pa.list_(pa.int64()))})
-    assert H.row_hashes(without, ["C1", "I1", "label"])[0] == whole[4]
+    assert split_hash.row_hashes(without, ["C1", "I1", "label"])[0] == whole[4]
 
 
 def test_row_hashes_are_pinned():
     """The split of a row must not move between versions (a retrain, warm start or published figure
     would see other eval rows): these values were computed by the general path (positions and
     prefix sums) before single-valued columns got their shortcut, and must stay."""
-    assert H.row_hashes(_batch(ROWS), ["C1", "I1", "label"]).tolist() == [
+    assert split_hash.row_hashes(_batch(ROWS), ["C1", "I1", "label"]).tolist() == [
         17737953801848408229, 571362927998670653, 281943852904555469, 8927786230175040706, 17980909140598484883,
         1600742332220979087, 4124757868016427121, 10045947622424549919, 844842334825527521]
     flat = pa.RecordBatch.from_pydict({"C1": pa.array([b"a", None, b"", b"xyz"], pa.binary()),
                                        "I1": pa.array([1.0, None, 2.0, float("nan")], pa.float32())})
-    assert H.row_hashes(flat, ["C1", "I1"]).tolist() == [
+    assert split_hash.row_hashes(flat, ["C1", "I1"]).tolist() == [
         336868911720392631, 5154262750204775544, 7886391471720318402, 7496316572088151956]
 
 
@@ -189,31 +189,31 @@ def test_long_buffers_hash_in_pieces_alike(monkeypatch):
     rng = np.random.default_rng(1)
     values = pa.array([bytes(rng.integers(0, 256, rng.integers(0, 40)).astype(np.uint8)) for _ in range(20_000)]
                       + [b"x" * 100_000, b"", b"ab"], pa.binary())
-    monkeypatch.setattr(H, "_CHUNK_BYTES", 1 << 40)
-    whole = {k: H.binary_value_hashes(v) for k, v in (("all", values), ("mid", values.slice(5, 15_000)),
+    monkeypatch.setattr(split_hash, "_CHUNK_BYTES", 1 << 40)
+    whole = {k: split_hash.binary_value_hashes(v) for k, v in (("all", values), ("mid", values.slice(5, 15_000)),
                                                         ("end", values.slice(19_990)))}
     for piece in (1, 7, 1000, 50_000):
-        monkeypatch.setattr(H, "_CHUNK_BYTES", piece)
+        monkeypatch.setattr(split_hash, "_CHUNK_BYTES", piece)
         for k, v in (("all", values), ("mid", values.slice(5, 15_000)), ("end", values.slice(19_990))):
-            assert np.array_equal(H.binary_value_hashes(v), whole[k]), (piece, k)
+            assert np.array_equal(split_hash.binary_value_hashes(v), whole[k]), (piece, k)
 
 
 def test_split_proportions_and_buckets():
     n = 200_000
     rb = pa.RecordBatch.from_pydict({"C1": pa.array([[f"t{i}".encode()] for i in range(n)], pa.list_(pa.binary()))})
-    split = H.assign_splits(H.row_hashes(rb, ["C1"]), H.bucket_bounds([4, 1]))
+    split = split_hash.assign_splits(split_hash.row_hashes(rb, ["C1"]), split_hash.bucket_bounds([4, 1]))
     assert abs((split == 1).mean() - 0.2) < 0.005
     with pytest.raises(ValueError, match="at least one hash bucket"):
-        H.bucket_bounds([4, 0])
+        split_hash.bucket_bounds([4, 0])
 
 
 def test_row_hash_is_the_same_in_another_process():
-    here = H.row_hashes(_batch(ROWS), ["C1", "I1", "label"]).tolist()
+    here = split_hash.row_hashes(_batch(ROWS), ["C1", "I1", "label"]).tolist()
     code = (
         "import json, pyarrow as pa\n"
         "from tests.test_example_gen_ranges import _batch, ROWS\n"
-        "from components.example_gen import split_hash as H\n"
-        "print(json.dumps(H.row_hashes(_batch(ROWS), ['C1', 'I1', 'label']).tolist()))\n"
+        "from components.example_gen import split_hash\n"
+        "print(json.dumps(split_hash.row_hashes(_batch(ROWS), ['C1', 'I1', 'label']).tolist()))\n"
     )
     env = dict(os.environ, PYTHONHASHSEED="12345")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,

@@ -13,12 +13,12 @@ import components  # noqa: F401
 from tfx.types import artifact_utils, standard_artifacts
 from tfx.utils import io_utils
 
-from components import ledger as L
-from components.artifact_types import EmbeddingStatistics, EmbeddingVocabulary
-from components.errors import LedgerError
+from components.rows import ledger as ledger_lib
+from components.tfx_wiring.artifact_types import EmbeddingStatistics, EmbeddingVocabulary
+from components.reporting.errors import LedgerError
 from components.embedding_exporter import executor as export_executor
 from components.embedding_preprocess import executor as preprocess_executor
-from components.model_registry import registry as R
+from components.model_registry import registry
 
 from tests.stages import BEAM_ARGS, ROWS, artifact as _artifact, beam_context as _beam_context, look_up, push
 
@@ -28,7 +28,7 @@ def test_example_gen_do_writes_splits_and_a_balanced_ledger(chain):
     _, a, _ = chain
     examples = a["examples"]
     assert artifact_utils.decode_split_names(examples.split_names) == ["train", "eval"]
-    ledger = json.loads(io_utils.read_string_file(os.path.join(examples.uri, L.LEDGER_FILE)))
+    ledger = json.loads(io_utils.read_string_file(os.path.join(examples.uri, ledger_lib.LEDGER_FILE)))
     stage = ledger["stages"][0]
     assert stage["rows_in"] == ROWS and stage["balanced"]
     train, evals = (examples.get_int_custom_property(f"{s}_rows") for s in ("train", "eval"))
@@ -119,10 +119,10 @@ def test_preprocess_do_refuses_examples_without_an_eval_split(chain, tmp_path):
 def test_exporter_do_refuses_examples_whose_ledger_does_not_balance(chain, tmp_path):
     cfg, a, _ = chain
     examples = _artifact(standard_artifacts.Examples, tmp_path / "examples", split_names=["train", "eval"])
-    ledger = json.loads(io_utils.read_string_file(os.path.join(a["examples"].uri, L.LEDGER_FILE)))
+    ledger = json.loads(io_utils.read_string_file(os.path.join(a["examples"].uri, ledger_lib.LEDGER_FILE)))
     ledger["stages"][0]["balanced"] = False  # as ExampleGen writes it when a row went missing
     ledger["stages"][0]["problems"] = ["written rows: sent to the writer 2,000 != found in the output files 1,999"]
-    io_utils.write_string_file(os.path.join(examples.uri, L.LEDGER_FILE), json.dumps(ledger))
+    io_utils.write_string_file(os.path.join(examples.uri, ledger_lib.LEDGER_FILE), json.dumps(ledger))
     serving = _artifact(standard_artifacts.Model, tmp_path / "serving")
     blessing = _artifact(standard_artifacts.ModelBlessing, tmp_path / "blessing")
     with pytest.raises(LedgerError, match="EmbeddingExporter refuses its input.*1,999"):
@@ -152,7 +152,7 @@ def test_pusher_do_pushes_and_registers_the_blessed_model(chain):
     version = pushed.get_string_custom_property("pushed_version")
     assert destination == os.path.join(str(root / "serving"), version)
     assert os.path.exists(os.path.join(destination, "saved_model.pb"))
-    entry = R.read_entry(str(root / "serving"), int(version))
+    entry = registry.read_entry(str(root / "serving"), int(version))
     report = json.load(open(os.path.join(a["serving"].uri, "export_report.json")))
     metrics = json.load(open(os.path.join(a["model"].uri, "eval_metrics.json")))
     assert entry["serving_model"] == destination and entry["exported_model"] == a["serving"].uri
@@ -200,11 +200,11 @@ def test_pusher_do_refuses_when_the_served_model_changed_since_the_gate(chain, t
     """The chain's model was gated when nothing was served; its own push made a model served since.
     Pushing it again would replace a model its gate never compared with: refused, nothing pushed."""
     _, a, root = chain
-    before = sorted(os.listdir(root / "serving")), R.entry_versions(str(root / "serving"))
-    with pytest.raises(R.RegistryError, match="the served model changed while this run ran: its gate compared with "
+    before = sorted(os.listdir(root / "serving")), registry.entry_versions(str(root / "serving"))
+    with pytest.raises(registry.RegistryError, match="the served model changed while this run ran: its gate compared with "
                                               "nothing .* is served now; nothing pushed: rerun"):
         push(a["serving"], a["blessing"], tmp_path / "pushed", root / "serving", "p")
-    assert (sorted(os.listdir(root / "serving")), R.entry_versions(str(root / "serving"))) == before
+    assert (sorted(os.listdir(root / "serving")), registry.entry_versions(str(root / "serving"))) == before
 
 
 @pytest.mark.slow(reason="reads the executors' chain (every executor's Do() on 2,500 rows)")
@@ -214,10 +214,10 @@ def test_a_served_version_whose_trainer_model_is_incomplete_trains_from_scratch(
     from components.embedding_trainer.trainer_module import continuous_start, read_manifest_for, read_statistics_for
 
     cfg, a, root = chain
-    found = R.lookup(str(root / "serving"))
+    found = registry.lookup(str(root / "serving"))
     found.warm_start_model = str(tmp_path / "trainer_model")
     os.makedirs(found.warm_start_model)
-    R.write_lookup(str(tmp_path / "pointer"), found)
+    registry.write_lookup(str(tmp_path / "pointer"), found)
     train = [os.path.join(a["transformed"].uri, "Split-train", "*")]
     start = continuous_start(cfg, str(tmp_path / "pointer" / "Format-Serving"), read_manifest_for(train),
                              read_statistics_for(train))
@@ -236,7 +236,7 @@ def test_preprocessing_reads_parquet_and_tf_examples_alike(chain, tmp_path):
     from components.embedding_preprocess.run import run_preprocessing
     import tensorflow as tf
 
-    from components.examples_io import serialized_examples
+    from components.data_io.examples_io import serialized_examples
 
     cfg, a, _ = chain
     examples = a["examples"]

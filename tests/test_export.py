@@ -21,8 +21,8 @@ import components  # noqa: F401
 import tensorflow as tf
 from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
 
-from components.embedding_model import layouts as L
-from components.embedding_exporter import tables as T
+from components.embedding_model import layouts as layouts_lib
+from components.embedding_exporter import tables
 from components.embedding_exporter.export import REPORT_FILE, SERVING_DIR, ExportRefused, export_serving_model
 
 
@@ -55,8 +55,8 @@ def _relayout(model_uri, dst, kind, replicas=2, per_chip=4, record=True, strateg
     reader = tf.train.load_checkpoint(src)
     dtypes = reader.get_variable_to_dtype_map()
     tpu = {n: t for n, t in plan["tables"].items() if t["placement"] == "tpu_embedding"}
-    table_keys = {L.table_key(n, "tpu_embedding") for n in tpu}
-    slot_prefixes = tuple(k[: -len(L.ATTR)] + "/.OPTIMIZER_SLOT" for k in table_keys)
+    table_keys = {layouts_lib.table_key(n, "tpu_embedding") for n in tpu}
+    slot_prefixes = tuple(k[: -len(layouts_lib.ATTR)] + "/.OPTIMIZER_SLOT" for k in table_keys)
     names, specs, tensors = [], [], []
     for key in dtypes:
         if key in table_keys or key.startswith(slot_prefixes):
@@ -64,7 +64,7 @@ def _relayout(model_uri, dst, kind, replicas=2, per_chip=4, record=True, strateg
         names.append(key)
         specs.append("")
         tensors.append(tf.constant(reader.get_tensor(key), dtype=dtypes[key]))
-    values = {n: reader.get_tensor(L.table_key(n, "tpu_embedding")) for n in tpu}
+    values = {n: reader.get_tensor(layouts_lib.table_key(n, "tpu_embedding")) for n in tpu}
     if kind == "B":
         order = []
         for f in sorted(plan["features"]):
@@ -73,18 +73,18 @@ def _relayout(model_uri, dst, kind, replicas=2, per_chip=4, record=True, strateg
                 order.append(t)
         per_replica = plan["global_batch_size"] // replicas
         samples = {t: per_replica * sum(1 for f in plan["features"].values() if f["table"] == t) for t in order}
-        layouts = L.recompute_sparse_core_layouts(
+        layouts = layouts_lib.recompute_sparse_core_layouts(
             [{"name": t, "rows": tpu[t]["rows"], "dim": tpu[t]["dim"], "samples": samples[t],
               "group": json.dumps(tpu[t]["optimizer"], sort_keys=True)} for t in order],
             replicas, per_chip,
         )
-        for stacked, value in L.stacked_variables(values, layouts).items():
-            names.append(L.TPU_PREFIX + L.escape_name(stacked) + L.ATTR)
+        for stacked, value in layouts_lib.stacked_variables(values, layouts).items():
+            names.append(layouts_lib.TPU_PREFIX + layouts_lib.escape_name(stacked) + layouts_lib.ATTR)
             specs.append("")
             tensors.append(tf.constant(value))
         if record:
             proto = sparse_core_layout_pb2.SparseCoreTableLayouts(tables=list(layouts.values()))
-            names.append(L.LAYOUT_RECORD_KEY)
+            names.append(layouts_lib.LAYOUT_RECORD_KEY)
             specs.append("")
             tensors.append(tf.constant(proto.SerializeToString()))
         else:
@@ -94,16 +94,16 @@ def _relayout(model_uri, dst, kind, replicas=2, per_chip=4, record=True, strateg
     else:
         for t, table in values.items():
             rows = table.shape[0]
-            sizes = L.div_partition_sizes(rows, parts)
+            sizes = layouts_lib.div_partition_sizes(rows, parts)
             starts = np.cumsum([0] + sizes)
             blocks = [table[i::parts] if strategy == "mod" else table[starts[i]: starts[i + 1]] for i in range(parts)]
-            base = L.table_key(t, "tpu_embedding")
+            base = layouts_lib.table_key(t, "tpu_embedding")
             for i, block in enumerate(blocks):
                 if sliced:  # one key saved as slices of the full [rows, dim] table
                     names.append(base)
                     specs.append(f"{rows} {table.shape[1]} {starts[i]},{sizes[i]}:-")
                 else:
-                    names.append(base[: -len(L.ATTR)] + f"/part_{i}" + L.ATTR)
+                    names.append(base[: -len(layouts_lib.ATTR)] + f"/part_{i}" + layouts_lib.ATTR)
                     specs.append("")
                 tensors.append(tf.constant(block))
     prefix = os.path.join(ckpt_dir, "ckpt-1")
@@ -132,14 +132,14 @@ def test_layout_a_export_report_and_table_files(chain, layout_a_export):
     assert report["parity"]["passed"] and report["parity"]["max_abs_diff"] <= 1e-5
     assert abs(report["eval_auc"]["trained_model"] - report["eval_auc"]["serving_float32"]) < 1e-6
     assert json.loads((dst / REPORT_FILE).read_text())["parity"] == report["parity"]
-    manifest = json.loads((dst / T.TABLES_DIR / T.TABLES_MANIFEST).read_text())["tables"]
+    manifest = json.loads((dst / tables.TABLES_DIR / tables.TABLES_MANIFEST).read_text())["tables"]
     assert set(manifest) == set(plan["tables"])
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(model, "checkpoints")))
     for name, entry in manifest.items():
-        values = np.load(dst / T.TABLES_DIR / entry["files"]["values"])
+        values = np.load(dst / tables.TABLES_DIR / entry["files"]["values"])
         placement = plan["tables"][name]["placement"]
-        np.testing.assert_array_equal(values, reader.get_tensor(L.table_key(name, placement)))
-        vocab = (dst / T.TABLES_DIR / entry["vocabulary_file"]).read_text(encoding="utf-8").splitlines()
+        np.testing.assert_array_equal(values, reader.get_tensor(layouts_lib.table_key(name, placement)))
+        vocab = (dst / tables.TABLES_DIR / entry["vocabulary_file"]).read_text(encoding="utf-8").splitlines()
         # row-aligned: vocabulary entries, then the OOV buckets
         assert len(vocab) == entry["vocabulary_size"] and entry["rows"] == len(vocab) + entry["num_oov_buckets"]
         assert entry["features"] == plan["tables"][name]["features"] and entry["dtype"] == "float32"
@@ -174,10 +174,10 @@ def test_every_layout_exports_the_same_verified_model(chain, layout_a_export, tm
     assert report["parity"]["passed"] and report["parity"]["max_abs_diff"] <= 1e-5
     a_dir, a_report = layout_a_export
     assert report["eval_auc"]["serving_float32"] == a_report["eval_auc"]["serving_float32"]
-    for name, entry in json.loads((tmp_path / "out" / T.TABLES_DIR / T.TABLES_MANIFEST).read_text())["tables"].items():
+    for name, entry in json.loads((tmp_path / "out" / tables.TABLES_DIR / tables.TABLES_MANIFEST).read_text())["tables"].items():
         np.testing.assert_array_equal(
-            np.load(tmp_path / "out" / T.TABLES_DIR / entry["files"]["values"]),
-            np.load(a_dir / T.TABLES_DIR / entry["files"]["values"]),
+            np.load(tmp_path / "out" / tables.TABLES_DIR / entry["files"]["values"]),
+            np.load(a_dir / tables.TABLES_DIR / entry["files"]["values"]),
         )
     if kind == "B":  # padding counted in what training held
         b = [r for r in report["tables"].values() if r["layout"] == "B"]
@@ -209,10 +209,10 @@ def test_int8_serving_model_and_compression_report(chain, tmp_path):
     shapes = reader.get_variable_to_shape_map()
     assert sum(shapes[k][0] for k in int8_tables) == sum(t["rows"] for t in plan["tables"].values())
     assert len(saved_variable_shapes(os.path.join(str(tmp_path), SERVING_DIR))) == report["serving_variables"]
-    manifest = json.loads((tmp_path / T.TABLES_DIR / T.TABLES_MANIFEST).read_text())["tables"]
+    manifest = json.loads((tmp_path / tables.TABLES_DIR / tables.TABLES_MANIFEST).read_text())["tables"]
     entry = next(iter(manifest.values()))
-    values = np.load(tmp_path / T.TABLES_DIR / entry["files"]["values"])
-    scale = np.load(tmp_path / T.TABLES_DIR / entry["files"]["scale"])
+    values = np.load(tmp_path / tables.TABLES_DIR / entry["files"]["values"])
+    scale = np.load(tmp_path / tables.TABLES_DIR / entry["files"]["scale"])
     assert values.dtype == np.int8 and scale.shape == (entry["rows"],) and entry["dtype"] == "int8"
     assert not os.path.exists(tmp_path / "_incomplete_export")
 
@@ -243,7 +243,7 @@ def test_refusals_name_the_table_and_write_nothing(chain, tmp_path):
     for f in glob.glob(str(missing / "checkpoints" / "*")):
         os.remove(f)
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(model, "checkpoints")))
-    keep = [k for k in reader.get_variable_to_dtype_map() if not k.startswith(L.table_key(big, "tpu_embedding")[: -len(L.ATTR)])]
+    keep = [k for k in reader.get_variable_to_dtype_map() if not k.startswith(layouts_lib.table_key(big, "tpu_embedding")[: -len(layouts_lib.ATTR)])]
     tf.raw_ops.SaveV2(prefix=str(missing / "checkpoints" / "ckpt-1"), tensor_names=keep, shape_and_slices=[""] * len(keep),
                       tensors=[tf.constant(reader.get_tensor(k)) for k in keep])
     (missing / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
@@ -285,7 +285,7 @@ def test_cli_runs_the_same_conversion_and_reports_errors(chain, tmp_path, capsys
                  "--table-dtype", "float16", "--no-tables"]) == 0
     text = capsys.readouterr().out
     assert "=== export summary ===" in text and "parity:               passed: max |trained - serving|" in text
-    assert os.path.isdir(tmp_path / "cli" / SERVING_DIR) and not os.path.exists(tmp_path / "cli" / T.TABLES_DIR)
+    assert os.path.isdir(tmp_path / "cli" / SERVING_DIR) and not os.path.exists(tmp_path / "cli" / tables.TABLES_DIR)
     assert main(["--model", model, "--output", str(tmp_path / "x"), "--examples", eval_pattern,
                  "--table-key", "no-equals-sign"]) == 2
     assert "TABLE=CHECKPOINT_KEY" in capsys.readouterr().err

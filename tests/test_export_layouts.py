@@ -19,9 +19,9 @@ import tensorflow as tf
 from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
 from tensorflow.python.tpu import tpu_embedding_v3_utils
 
-from components.config import ExportLayoutConfig
+from components.config.schema import ExportLayoutConfig
 from components.contracts.plan import EmbeddingPlan
-from components.embedding_model import layouts as L
+from components.embedding_model import layouts as layouts_lib
 
 
 def _plan(tables, topology=(2, 4), batch=64):
@@ -37,11 +37,11 @@ def _known(rows, dim, seed):
 
 def _write_b(tmp_path, values, layouts, with_record):
     emb = tf.train.Checkpoint()
-    for stacked, value in L.stacked_variables(values, layouts).items():
+    for stacked, value in layouts_lib.stacked_variables(values, layouts).items():
         setattr(emb, stacked, tf.Variable(value))
     if with_record:
         record = sparse_core_layout_pb2.SparseCoreTableLayouts(tables=list(layouts.values()))
-        setattr(emb, L.SPARSECORE_LAYOUTS_KEY, tf.Variable(record.SerializeToString()))
+        setattr(emb, layouts_lib.SPARSECORE_LAYOUTS_KEY, tf.Variable(record.SerializeToString()))
     root = tf.train.Checkpoint(model=tf.train.Checkpoint(embedding_layer=tf.train.Checkpoint(_tpu_embedding=emb)))
     return root.write(os.path.join(str(tmp_path), "ckpt"))
 
@@ -60,7 +60,7 @@ def _b_layouts(plan, replicas, per_chip):
         {"name": n, "rows": t.rows, "dim": t.dim, "group": "adagrad", "samples": 32}
         for n, t in sorted(plan.tables.items())
     ]
-    return L.recompute_sparse_core_layouts(tables, replicas, per_chip)
+    return layouts_lib.recompute_sparse_core_layouts(tables, replicas, per_chip)
 
 
 @pytest.mark.parametrize("replicas,per_chip", [(1, 4), (2, 4), (4, 2)])
@@ -74,7 +74,7 @@ def test_layout_b_with_record_recovers_tables_exactly(tmp_path, replicas, per_ch
     assert any(l.sparse_core_shard_rotation % (replicas * per_chip) for l in layouts.values()) == (replicas > 1)
     path = _write_b(tmp_path, values, layouts, with_record=True)
 
-    tables = L.CheckpointTables(path, plan)
+    tables = layouts_lib.CheckpointTables(path, plan)
     assert {s.kind for s in tables.sources.values()} == {"B"}
     assert all("record" in s.source for s in tables.sources.values())
     reader = tf.train.load_checkpoint(path)
@@ -83,7 +83,7 @@ def test_layout_b_with_record_recovers_tables_exactly(tmp_path, replicas, per_ch
         np.testing.assert_array_equal(got, want)
         # TensorFlow's own inverse on the whole stacked variable agrees.
         layout = layouts[name]
-        stacked = reader.get_tensor(L.TPU_PREFIX + layout.stacked_table_name + L.ATTR)
+        stacked = reader.get_tensor(layouts_lib.TPU_PREFIX + layout.stacked_table_name + layouts_lib.ATTR)
         tf_table = tpu_embedding_v3_utils.remove_padding_from_sc(
             tpu_embedding_v3_utils.unshuffle_from_sc_to_cpu(
                 tf.constant(stacked), layout.num_sparse_cores, layout.sparse_core_shard_row_offset,
@@ -106,7 +106,7 @@ def test_layout_b_matches_tensorflows_own_serving_restore(tmp_path):
     mid = tf.tpu.experimental.embedding.TPUEmbeddingForServing(features, optimizer=None)
     tf.train.Checkpoint(model=tf.train.Checkpoint(embedding_layer=tf.train.Checkpoint(_tpu_embedding=mid))).restore(path)
     mid.build()  # TensorFlow restores the stacked tables from the record at creation
-    ours = L.CheckpointTables(path, plan)
+    ours = layouts_lib.CheckpointTables(path, plan)
     for config, var in mid.embedding_tables.items():
         np.testing.assert_array_equal(ours.read(config.name), var.numpy())
         np.testing.assert_array_equal(var.numpy(), values[config.name])
@@ -121,16 +121,16 @@ def test_layout_b_without_record_is_recomputed_from_the_topology(tmp_path):
         n = plan.features[fname].table
         tables_in.append({"name": n, "rows": TABLES_B[n][0], "dim": TABLES_B[n][1], "samples": 32,
                           "group": '{"learning_rate": 0.1, "name": "adagrad"}'})
-    layouts = L.recompute_sparse_core_layouts(tables_in, 2, 4)
+    layouts = layouts_lib.recompute_sparse_core_layouts(tables_in, 2, 4)
     path = _write_b(tmp_path, values, layouts, with_record=False)
-    tables = L.CheckpointTables(path, plan)
+    tables = layouts_lib.CheckpointTables(path, plan)
     assert all("recomputed" in s.source for s in tables.sources.values())
     for name, want in values.items():
         np.testing.assert_array_equal(tables.read(name), want)
     # The wrong topology gives other stacks/padding: refused, not misread.
     wrong = _plan(TABLES_B, (4, 4), batch=64)
-    with pytest.raises(L.LayoutError, match="layout inconsistent.*topology"):
-        L.CheckpointTables(path, wrong)
+    with pytest.raises(layouts_lib.LayoutError, match="layout inconsistent.*topology"):
+        layouts_lib.CheckpointTables(path, wrong)
 
 
 def test_layout_b_handmade_rotation_and_offsets(tmp_path):
@@ -149,13 +149,13 @@ def test_layout_b_handmade_rotation_and_offsets(tmp_path):
     )
     path = _write_b(tmp_path, {"a": a, "b": b}, {"a": la, "b": lb}, with_record=True)
     plan = _plan({"a": (30, 8, "tpu_embedding"), "b": (45, 8, "tpu_embedding")}, (1, 4))
-    tables = L.CheckpointTables(path, plan)
+    tables = layouts_lib.CheckpointTables(path, plan)
     np.testing.assert_array_equal(tables.read("a"), a)
     np.testing.assert_array_equal(tables.read("b"), b)
     # A record whose table disagrees with the plan's vocabulary is refused.
     bad = _plan({"a": (31, 8, "tpu_embedding"), "b": (45, 8, "tpu_embedding")}, (1, 4))
-    with pytest.raises(L.LayoutError, match="'a'.*unsharded shape"):
-        L.CheckpointTables(path, bad)
+    with pytest.raises(layouts_lib.LayoutError, match="'a'.*unsharded shape"):
+        layouts_lib.CheckpointTables(path, bad)
 
 
 @pytest.mark.parametrize("strategy", ["div", "mod"])
@@ -170,7 +170,7 @@ def test_layout_c_sliced_key_matches_tensorflows_partitioned_lookup(tmp_path, st
             initializer=tf.compat.v1.zeros_initializer(),
         )
         pieces = list(var)
-        sizes = L.div_partition_sizes(rows, parts)
+        sizes = layouts_lib.div_partition_sizes(rows, parts)
         assert [p.shape[0] for p in pieces] == sizes
         starts = np.cumsum([0] + sizes)
         ids = tf.constant(np.arange(rows), tf.int64)
@@ -184,7 +184,7 @@ def test_layout_c_sliced_key_matches_tensorflows_partitioned_lookup(tmp_path, st
             path = tf.compat.v1.train.Saver().save(sess, os.path.join(str(tmp_path), "model.ckpt"))
     plan = _plan({"t": (rows, dim, "tpu_embedding")})
     opts = ExportLayoutConfig(partition_strategy=strategy, num_partitions=parts, table_keys={"t": key})
-    tables = L.CheckpointTables(path, plan, opts)
+    tables = layouts_lib.CheckpointTables(path, plan, opts)
     assert tables.sources["t"].kind == "C"
     np.testing.assert_array_equal(tables.read("t"), want)
     if strategy == "mod" and parts > 1 and rows > parts:
@@ -196,24 +196,24 @@ def test_layout_c_sliced_key_matches_tensorflows_partitioned_lookup(tmp_path, st
 def test_layout_c_partition_keys(tmp_path, strategy):
     rows, dim, parts = 103, 4, 4
     want = _known(rows, dim, 5)
-    sizes = L.div_partition_sizes(rows, parts)
+    sizes = layouts_lib.div_partition_sizes(rows, parts)
     starts = np.cumsum([0] + sizes)
     blocks = [want[i::parts] if strategy == "mod" else want[starts[i]: starts[i + 1]] for i in range(parts)]
-    base = L.table_key("t", "tpu_embedding")[: -len(L.ATTR)]
+    base = layouts_lib.table_key("t", "tpu_embedding")[: -len(layouts_lib.ATTR)]
     prefix = os.path.join(str(tmp_path), "ckpt")
-    names = [f"{base}/part_{i}{L.ATTR}" for i in range(parts)]
+    names = [f"{base}/part_{i}{layouts_lib.ATTR}" for i in range(parts)]
     tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * parts, tensors=[tf.constant(b) for b in blocks])
     plan = _plan({"t": (rows, dim, "tpu_embedding")})
-    tables = L.CheckpointTables(prefix, plan, ExportLayoutConfig(partition_strategy=strategy))
+    tables = layouts_lib.CheckpointTables(prefix, plan, ExportLayoutConfig(partition_strategy=strategy))
     np.testing.assert_array_equal(tables.read("t"), want)
-    with pytest.raises(L.LayoutError, match="partition_strategy"):
-        L.CheckpointTables(prefix, plan)  # the strategy cannot be read from the checkpoint
+    with pytest.raises(layouts_lib.LayoutError, match="partition_strategy"):
+        layouts_lib.CheckpointTables(prefix, plan)  # the strategy cannot be read from the checkpoint
     # Uneven partitions that no strategy produces are an inconsistent layout.
     odd = os.path.join(str(tmp_path), "odd")
     tf.raw_ops.SaveV2(prefix=odd, tensor_names=names[:2], shape_and_slices=["", ""],
                       tensors=[tf.constant(want[:100]), tf.constant(want[100:])])
-    with pytest.raises(L.LayoutError, match="inconsistent layout"):
-        L.CheckpointTables(odd, plan, ExportLayoutConfig(partition_strategy=strategy))
+    with pytest.raises(layouts_lib.LayoutError, match="inconsistent layout"):
+        layouts_lib.CheckpointTables(odd, plan, ExportLayoutConfig(partition_strategy=strategy))
 
 
 def test_layout_a_and_refusals(tmp_path):
@@ -221,25 +221,25 @@ def test_layout_a_and_refusals(tmp_path):
     prefix = os.path.join(str(tmp_path), "ckpt")
     tf.raw_ops.SaveV2(
         prefix=prefix,
-        tensor_names=[L.table_key("users", "tpu_embedding"), L.table_key("small", "tensor_core")],
+        tensor_names=[layouts_lib.table_key("users", "tpu_embedding"), layouts_lib.table_key("small", "tensor_core")],
         shape_and_slices=["", ""], tensors=[tf.constant(users), tf.constant(small)],
     )
     plan = _plan({"users": (40, 8, "tpu_embedding"), "small": (5, 8, "tensor_core")})
-    tables = L.CheckpointTables(prefix, plan)
+    tables = layouts_lib.CheckpointTables(prefix, plan)
     assert tables.summary()["kinds"] == ["A"]
     np.testing.assert_array_equal(tables.read("users"), users)
     np.testing.assert_array_equal(tables.read("small"), small)
-    with pytest.raises(L.LayoutError, match="'users'.*40 rows but the vocabulary has 41"):
-        L.CheckpointTables(prefix, _plan({"users": (41, 8, "tpu_embedding"), "small": (5, 8, "tensor_core")}))
-    with pytest.raises(L.LayoutError, match="'items' is missing"):
-        L.CheckpointTables(prefix, _plan({"users": (40, 8, "tpu_embedding"), "items": (9, 8, "tpu_embedding")}))
-    with pytest.raises(L.LayoutError, match="'users'.*shape \\[40, 8\\], expected \\[40, 16\\]"):
-        L.CheckpointTables(prefix, _plan({"users": (40, 16, "tpu_embedding"), "small": (5, 8, "tensor_core")}))
+    with pytest.raises(layouts_lib.LayoutError, match="'users'.*40 rows but the vocabulary has 41"):
+        layouts_lib.CheckpointTables(prefix, _plan({"users": (41, 8, "tpu_embedding"), "small": (5, 8, "tensor_core")}))
+    with pytest.raises(layouts_lib.LayoutError, match="'items' is missing"):
+        layouts_lib.CheckpointTables(prefix, _plan({"users": (40, 8, "tpu_embedding"), "items": (9, 8, "tpu_embedding")}))
+    with pytest.raises(layouts_lib.LayoutError, match="'users'.*shape \\[40, 8\\], expected \\[40, 16\\]"):
+        layouts_lib.CheckpointTables(prefix, _plan({"users": (40, 16, "tpu_embedding"), "small": (5, 8, "tensor_core")}))
     # kind B forced on one plain variable per table: the recomputed stack does not fit it
-    with pytest.raises(L.LayoutError, match=r"'users'.*layout inconsistent: stacked variable shape \[40, 8\]"):
-        L.CheckpointTables(prefix, plan, ExportLayoutConfig(kind="B"))
-    with pytest.raises(L.LayoutError, match="num_partitions"):
-        L.CheckpointTables(prefix, plan, ExportLayoutConfig(kind="C", partition_strategy="mod"))
+    with pytest.raises(layouts_lib.LayoutError, match=r"'users'.*layout inconsistent: stacked variable shape \[40, 8\]"):
+        layouts_lib.CheckpointTables(prefix, plan, ExportLayoutConfig(kind="B"))
+    with pytest.raises(layouts_lib.LayoutError, match="num_partitions"):
+        layouts_lib.CheckpointTables(prefix, plan, ExportLayoutConfig(kind="C", partition_strategy="mod"))
 
 
 def test_layout_b_saved_in_per_device_slices(tmp_path):
@@ -250,19 +250,19 @@ def test_layout_b_saved_in_per_device_slices(tmp_path):
     values = {n: _known(t[0], t[1], 30 + i) for i, (n, t) in enumerate(TABLES_B.items())}
     layouts = _b_layouts(plan, replicas, per_chip)
     names, specs, tensors = [], [], []
-    for stacked, full in L.stacked_variables(values, layouts).items():
+    for stacked, full in layouts_lib.stacked_variables(values, layouts).items():
         rows_per_device = full.shape[0] // replicas
         for d in range(replicas):
-            names.append(L.TPU_PREFIX + stacked + L.ATTR)
+            names.append(layouts_lib.TPU_PREFIX + stacked + layouts_lib.ATTR)
             specs.append(f"{full.shape[0]} {full.shape[1]} {d * rows_per_device},{rows_per_device}:-")
             tensors.append(tf.constant(full[d * rows_per_device: (d + 1) * rows_per_device]))
     record = sparse_core_layout_pb2.SparseCoreTableLayouts(tables=list(layouts.values()))
-    names.append(L.LAYOUT_RECORD_KEY)
+    names.append(layouts_lib.LAYOUT_RECORD_KEY)
     specs.append("")
     tensors.append(tf.constant(record.SerializeToString()))
     prefix = os.path.join(str(tmp_path), "ckpt")
     tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=specs, tensors=tensors)
-    tables = L.CheckpointTables(prefix, plan)
+    tables = layouts_lib.CheckpointTables(prefix, plan)
     assert tables.index.ok
     for name, want in values.items():
         assert tables.index.rows(tables.sources[name].key, [1, 1]) is None  # sliced: not mapped
@@ -274,10 +274,10 @@ def test_model_publishes_where_its_tables_are_in_a_checkpoint(tmp_path, model_ty
     """The checkpoint keys the exporter reads (model.table_checkpoint_key, the dense parts) are the
     ones a trained RankingModel writes, for both placements, a shared table and a table name that
     needs escaping; the exporter reads the checkpoint back as the model holds it."""
-    from components.config import parse_config
+    from components.config.loading import parse_config
     from components.embedding_model.restore import build_serving_model, load_tables, restore_dense
-    from components.embedding_model import model as M
-    from components.embedding_trainer import plan as P
+    from components.embedding_model import model as model_lib
+    from components.embedding_trainer import plan as plan_lib
     from components.embedding_trainer import trainer_module as tm
 
     cfg = parse_config({
@@ -304,7 +304,7 @@ def test_model_publishes_where_its_tables_are_in_a_checkpoint(tmp_path, model_ty
               for i, n in enumerate(("A", "B", "big", "small"))),
         {n: VocabularyEntry(f"{n}.txt", f"{n}.counts.txt", s, s, 1, s + 1, None, "mean", ()) for n, s in sizes.items()},
     )
-    plan = P.derive_plan(cfg, manifest)
+    plan = plan_lib.derive_plan(cfg, manifest)
     assert {t.placement for t in plan.tables.values()} == {"tpu_embedding", "tensor_core"}
     features = {"I1": tf.constant([[1.0], [2.0]])}
     for n, rows in (("A", 101), ("B", 101), ("big", 201), ("small", 11)):
@@ -314,15 +314,15 @@ def test_model_publishes_where_its_tables_are_in_a_checkpoint(tmp_path, model_ty
     path = tf.train.Checkpoint(model=model).save(os.path.join(str(tmp_path), "ckpt"))  # as the trainer saves
     shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
     for name, t in plan.tables.items():
-        key = M.table_checkpoint_key(name, t.placement)
+        key = model_lib.table_checkpoint_key(name, t.placement)
         assert shapes.get(key) == [t.rows, t.dim], (key, sorted(shapes))
-    assert L.table_key is M.table_checkpoint_key and L.TPU_PREFIX == M.TPU_EMBEDDING_CHECKPOINT_PATH + "/"
-    parts = M.dense_checkpoint_parts(model)
-    assert set(parts) <= set(M.DENSE_CHECKPOINT_PARTS) and ("cross" in parts) == (model_type == "dcn_v2")
+    assert layouts_lib.table_key is model_lib.table_checkpoint_key and layouts_lib.TPU_PREFIX == model_lib.TPU_EMBEDDING_CHECKPOINT_PATH + "/"
+    parts = model_lib.dense_checkpoint_parts(model)
+    assert set(parts) <= set(model_lib.DENSE_CHECKPOINT_PARTS) and ("cross" in parts) == (model_type == "dcn_v2")
     for part in parts:
-        assert any(k.startswith(f"{M.CHECKPOINT_ROOT}/{part}/") for k in shapes), part
+        assert any(k.startswith(f"{model_lib.CHECKPOINT_ROOT}/{part}/") for k in shapes), part
 
     served = build_serving_model(plan, manifest, cfg, "float32", features)
     assert restore_dense(served, path) > 0
-    load_tables(served, L.CheckpointTables(path, plan))
+    load_tables(served, layouts_lib.CheckpointTables(path, plan))
     np.testing.assert_allclose(served(features).numpy(), model(features).numpy(), rtol=1e-6, atol=1e-6)

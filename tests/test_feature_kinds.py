@@ -13,11 +13,11 @@ import yaml
 import components  # noqa: F401
 import tensorflow as tf
 
-from components.config import parse_config
+from components.config.loading import parse_config
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
 from components.contracts.statistics import EmbeddingStatistics
-from components.synthetic_data import GeneratorSpec, token_of, write_csv
+from components.example_gen.synthetic_data import GeneratorSpec, token_of, write_csv
 from tests.stages import NO_GATE, run_chain
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -154,7 +154,7 @@ def test_pipeline_runs_the_features_config_and_pushes(tmp_path):
 
     data = tmp_path / "criteo_like_extra.csv"
     env = dict(os.environ, PYTHONPATH=REPO, TF_USE_LEGACY_KERAS="1", PYTHONWARNINGS="ignore")
-    subprocess.run([sys.executable, "-m", "components.synthetic_data", "--rows", "4000", "--max-cardinality", "2000",
+    subprocess.run([sys.executable, "-m", "components.example_gen.synthetic_data", "--rows", "4000", "--max-cardinality", "2000",
                     "--extra-columns", "--output", str(data)], check=True, env=env, cwd=REPO, timeout=300)
     raw = yaml.safe_load(open(os.path.join(REPO, "configs", "features.yaml")))
     raw["input"]["path"] = str(data)

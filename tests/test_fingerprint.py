@@ -4,7 +4,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from components import rulebook as R
+from components.rules import rulebook
 from components.embedding_preprocess.fingerprint import fingerprint64
 
 
@@ -32,7 +32,7 @@ def test_fingerprint64_matches_pyfarmhash_at_every_length(seed):
     assert fingerprint64(pa.array(tokens, pa.binary()).slice(7, 50)).tolist() == want[7:57]
     assert fingerprint64(pa.array([t.decode("utf-8") for t in tokens], pa.string())).tolist() == want
     for buckets in (1, 8, 1000, 2**31 - 1):
-        assert (got % np.uint64(buckets)).tolist() == [R.oov_bucket(t, buckets) for t in tokens]
+        assert (got % np.uint64(buckets)).tolist() == [rulebook.oov_bucket(t, buckets) for t in tokens]
 
 
 def test_fingerprint64_of_nothing_and_of_nulls():

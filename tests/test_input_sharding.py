@@ -23,11 +23,11 @@ from components.contracts.manifest import (
     FORMAT_BLOCKS, FORMAT_EXAMPLES, TAIL_PREFIX, TRANSFORMED_PREFIX, CategoricalFeatureEntry, DenseFeatureEntry,
     VocabularyManifest, row_lengths_key,
 )
-from components.embedding_model import input as I
+from components.embedding_model import input as input_lib
 from components.embedding_trainer import trainer_module as tm
 
 PIPELINES = 2
-FILES = PIPELINES * (I.INTERLEAVE_CYCLE + 1)  # more files per pipeline than the cycle holds
+FILES = PIPELINES * (input_lib.INTERLEAVE_CYCLE + 1)  # more files per pipeline than the cycle holds
 ROWS = 5  # rows per examples file: more than one interleave block (2 rows) each
 BLOCK, BLOCKS = 4, 2  # rows per block, whole blocks per blocks file
 TAILS, TAIL_ROWS = 3, 2  # tail files (one short block each): pipeline 1 gets one, pipeline 0 two
@@ -133,14 +133,14 @@ def test_each_pipeline_reads_its_own_files_in_a_fixed_cycle_order(split, fmt):
     seen = []
     for i in range(PIPELINES):
         ctx = tf.distribute.InputContext(PIPELINES, i, num_replicas_in_sync=PIPELINES)
-        got = [r for b in _batches(I.make_dataset([str(d / "*")], manifest, batch, training=False, input_context=ctx))
+        got = [r for b in _batches(input_lib.make_dataset([str(d / "*")], manifest, batch, training=False, input_context=ctx))
                for r in b]
         whole, tail = _own(files, i)
         if fmt == FORMAT_EXAMPLES:  # records in blocks of the pipeline's share of the global batch
-            want = _interleave([[r for rec in files[n] for r in rec] for n in whole], I.INTERLEAVE_CYCLE, batch)
+            want = _interleave([[r for rec in files[n] for r in rec] for n in whole], input_lib.INTERLEAVE_CYCLE, batch)
         else:  # whole blocks one at a time, then the tail files' rows
-            want = [r for b in _interleave([files[n] for n in whole], I.INTERLEAVE_CYCLE, 1) for r in b]
-            want += [r for b in _interleave([files[n] for n in tail], I.INTERLEAVE_CYCLE, 1) for r in b]
+            want = [r for b in _interleave([files[n] for n in whole], input_lib.INTERLEAVE_CYCLE, 1) for r in b]
+            want += [r for b in _interleave([files[n] for n in tail], input_lib.INTERLEAVE_CYCLE, 1) for r in b]
         assert got == want
         seen.append(got)
     every = sorted(r for blocks in files.values() for b in blocks for r in b)
@@ -200,7 +200,7 @@ def test_with_fewer_files_than_pipelines_each_keeps_every_pth_batch(split, fmt, 
     batch, start = 4, 3
 
     def stream(ctx=None, skip=0, n=8):
-        return _batches(I.make_dataset(pattern, manifest, batch, training=True, seed=2, global_batch=batch * PIPELINES,
+        return _batches(input_lib.make_dataset(pattern, manifest, batch, training=True, seed=2, global_batch=batch * PIPELINES,
                                        skip_batches=skip, input_context=ctx), n)
 
     one = stream(n=PIPELINES * (start + 4))

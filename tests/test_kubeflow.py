@@ -23,7 +23,8 @@ import yaml
 from tests.stages import with_few_features
 
 import components  # noqa: F401
-from components.config import ConfigError, config_from_json, load_config, parse_config
+from components.config.loading import config_from_json, load_config, parse_config
+from components.config.schema import ConfigError
 from components.config.stages import stage_config
 from components.contracts.sizing import CHIPS, SPARSE_CORE
 from components.embedding_trainer.trainer_module import CONFIG_KEY
@@ -179,7 +180,7 @@ def test_compiled_specs_hold_only_what_open_source_kfp_runs(tmp_path, config, ar
     checks that a local input exists)."""
     path = os.path.join(REPO, "configs", config)
     if config == "demo.yaml":
-        from components.synthetic_data import GeneratorSpec, write_csv
+        from components.example_gen.synthetic_data import GeneratorSpec, write_csv
 
         d = yaml.safe_load(open(path, encoding="utf-8"))
         d["input"]["path"] = str(tmp_path / "data.csv")
@@ -452,7 +453,7 @@ def _harness_run(spec, work, mode):
 
 @pytest.fixture(scope="module")
 def kfp_runs(tmp_path_factory):
-    from components.synthetic_data import GeneratorSpec, ensure_dataset
+    from components.example_gen.synthetic_data import GeneratorSpec, ensure_dataset
     from pipelines.kubeflow import compile_pipeline
 
     root = tmp_path_factory.mktemp("kfp")
@@ -506,7 +507,7 @@ def _train_order(examples_dir):
 
     import tensorflow as tf
 
-    from components.examples_io import serialized_examples
+    from components.data_io.examples_io import serialized_examples
 
     pattern = os.path.join(examples_dir, "Split-train", "*")
     assert glob.glob(pattern), examples_dir
@@ -526,7 +527,7 @@ def test_kfp_runs_in_both_modes_serve_like_the_local_run(kfp_runs):
 
     cfg, root, runs = kfp_runs
     first = {name: r[0] for name, r in runs.items()}
-    from components.examples_io import serialized_examples
+    from components.data_io.examples_io import serialized_examples
 
     records = serialized_examples(os.path.join(first["local"]["examples"], "Split-eval", "*"), 1 << 40)
     assert len(records) > 500

@@ -64,7 +64,7 @@ def test_the_conftest_and_the_config_tests_leave_tensorflow_unloaded():
     import subprocess
     import sys
 
-    code = ("import sys; import tests.conftest, tests.stages, components.config, components.rulebook, "
+    code = ("import sys; import tests.conftest, tests.stages, components.config, components.rules.rulebook, "
             "components.contracts.plan; loaded = [m for m in ('tensorflow', 'tfx', 'apache_beam') if m in sys.modules]; "
             "assert not loaded, loaded")
     r = subprocess.run([sys.executable, "-c", code], cwd=TESTS.parent, capture_output=True, text=True)

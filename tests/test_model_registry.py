@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from components.model_registry import registry as R
+from components.model_registry import registry
 
 T0 = 1_764_000_000  # a push time (seconds)
 
@@ -30,7 +30,7 @@ def _fields(tmp, name, auc=0.8):
 
 
 def _push(tmp, dest, name, now, auc=0.8):
-    return R.push(_model(os.path.join(str(tmp), "src", name)), str(dest), _fields(tmp, name, auc), now=now)
+    return registry.push(_model(os.path.join(str(tmp), "src", name)), str(dest), _fields(tmp, name, auc), now=now)
 
 
 def _rm(path):
@@ -107,7 +107,7 @@ LOOKUP_CASES = [
 def test_lookup(tmp_path, name, build, version, warm, skipped):
     dest = str(tmp_path / "serving")
     build(tmp_path, dest)
-    found = R.lookup(dest)
+    found = registry.lookup(dest)
     assert found.found is (version is not None)
     assert len(found.skipped) == len(skipped)
     assert all(want in got["reason"] for want, got in zip(skipped, found.skipped)), found.skipped
@@ -121,8 +121,8 @@ def test_lookup(tmp_path, name, build, version, warm, skipped):
     if not warm:
         assert found.entry["trainer_model"] in found.warm_start_note and "trained from scratch" in found.warm_start_note
     # what the LastBlessedModel artifact carries to the Trainer and the exporter, both ways
-    R.write_lookup(str(tmp_path / "artifact"), found)
-    assert R.read_lookup(str(tmp_path / "artifact" / "Format-Serving")).to_dict() == found.to_dict()
+    registry.write_lookup(str(tmp_path / "artifact"), found)
+    assert registry.read_lookup(str(tmp_path / "artifact" / "Format-Serving")).to_dict() == found.to_dict()
 
 
 def _unregistered(tmp, dest):
@@ -138,7 +138,7 @@ def _unregistered_newest(tmp, dest):
 def _edit_entry(edit):
     def build(tmp, dest):
         _one(tmp, dest)
-        path = R.entry_path(dest, str(T0))
+        path = registry.entry_path(dest, str(T0))
         with open(path) as fh:
             text = fh.read()
         with open(path, "w") as fh:
@@ -169,13 +169,13 @@ REFUSAL_CASES = [
 def test_lookup_refuses_a_served_model_it_cannot_describe(tmp_path, name, build, message):
     dest = str(tmp_path / "serving")
     build(tmp_path, dest)
-    with pytest.raises(R.RegistryError) as e:
-        R.lookup(dest)
+    with pytest.raises(registry.RegistryError) as e:
+        registry.lookup(dest)
     text = str(e.value)
     assert message in text and "\n" not in text
-    served = os.path.join(dest, str(max(R.versions(dest))))
+    served = os.path.join(dest, str(max(registry.versions(dest))))
     # one line naming the served version and its entry, and the way out
-    assert served in text and R.entry_path(dest, os.path.basename(served)) in text
+    assert served in text and registry.entry_path(dest, os.path.basename(served)) in text
     assert f"delete {served}" in text and "kubeflow.serving_dir" in text
 
 
@@ -184,10 +184,10 @@ def test_push_versions_are_new_even_within_one_second(tmp_path):
     first = _push(tmp_path, dest, "a", T0)
     second = _push(tmp_path, dest, "b", T0)  # TFX's Pusher would skip this copy and report it pushed
     assert (int(first["version"]), int(second["version"])) == (T0, T0 + 1)
-    assert R.lookup(str(dest)).entry["run"] == {"id": "run-b"}
-    assert R.next_version(str(dest), now=T0 - 100) == T0 + 2  # a clock behind the last push
+    assert registry.lookup(str(dest)).entry["run"] == {"id": "run-b"}
+    assert registry.next_version(str(dest), now=T0 - 100) == T0 + 2  # a clock behind the last push
     # entries are written whole: no temporary file is left beside them
-    assert sorted(os.listdir(R.registry_dir(str(dest)))) == [f"{T0}.json", f"{T0 + 1}.json"]
+    assert sorted(os.listdir(registry.registry_dir(str(dest)))) == [f"{T0}.json", f"{T0 + 1}.json"]
 
 
 def test_a_push_that_fails_before_its_last_file_is_never_trusted(tmp_path, monkeypatch):
@@ -210,20 +210,20 @@ def test_a_push_that_fails_before_its_last_file_is_never_trusted(tmp_path, monke
     with pytest.raises(OSError, match="saved_model.pb"):
         _push(tmp_path, dest, "b", T0 + 60)
     monkeypatch.undo()
-    assert os.path.exists(R.entry_path(dest, str(T0 + 60)))  # the entry was written ...
+    assert os.path.exists(registry.entry_path(dest, str(T0 + 60)))  # the entry was written ...
     partial = [f for f in os.listdir(os.path.join(dest, str(T0 + 60))) if "saved_model" in f]
     assert len(partial) == 1 and partial[0].startswith(".saved_model.pb.tmp-")  # ... the cut copy under a temporary name
-    found = R.lookup(dest)  # ... but the version is not servable: skipped, with its reason
+    found = registry.lookup(dest)  # ... but the version is not servable: skipped, with its reason
     assert found.version == str(T0) and "did not finish" in found.skipped[0]["reason"]
     # and the next push gets a version after the unfinished one
     assert _push(tmp_path, dest, "c", T0 + 60)["version"] == str(T0 + 61)
-    assert R.lookup(dest).version == str(T0 + 61)
+    assert registry.lookup(dest).version == str(T0 + 61)
 
 
 def test_push_refuses_a_model_without_saved_model_pb(tmp_path):
     src = _model(tmp_path / "src" / "x", complete=False)
-    with pytest.raises(R.RegistryError, match="no saved_model.pb; nothing to push"):
-        R.push(src, str(tmp_path / "serving"), _fields(tmp_path, "x"), now=T0)
+    with pytest.raises(registry.RegistryError, match="no saved_model.pb; nothing to push"):
+        registry.push(src, str(tmp_path / "serving"), _fields(tmp_path, "x"), now=T0)
     assert not os.path.exists(tmp_path / "serving")
 
 
@@ -232,7 +232,7 @@ def test_history_lists_every_version_with_its_state(tmp_path):
     _newest_unfinished(tmp_path, dest)
     _push(tmp_path, dest, "c", T0 + 120)
     _rm(os.path.join(dest, str(T0 + 120)))
-    rows = R.history(dest)
+    rows = registry.history(dest)
     assert [(r["version"], r["state"]) for r in rows] == [
         (T0 + 120, "deleted"), (T0 + 60, "unfinished"), (T0, "served")]
     assert all("entry" in r for r in rows)
@@ -259,23 +259,23 @@ def test_a_version_name_the_registry_cannot_read_is_refused(tmp_path):
     dest = str(tmp_path / "serving")
     _one(tmp_path, dest)
     _model(os.path.join(dest, "0042"))
-    with pytest.raises(R.RegistryError, match=r"0042: TF Serving reads such names as versions.*without leading zeros"):
-        R.lookup(dest)
+    with pytest.raises(registry.RegistryError, match=r"0042: TF Serving reads such names as versions.*without leading zeros"):
+        registry.lookup(dest)
     os.rename(os.path.join(dest, "0042"), os.path.join(dest, "٤٢"))  # not ASCII digits: no version for TF Serving either
-    assert R.lookup(dest).version == str(T0)
+    assert registry.lookup(dest).version == str(T0)
 
 
 def test_a_version_another_push_created_meanwhile_is_not_copied_into(tmp_path, monkeypatch):
     dest = str(tmp_path / "serving")
     _push(tmp_path, dest, "a", T0)
-    real = R.next_version
+    real = registry.next_version
 
     def racing(serving_dir, now=None):
         v = real(serving_dir, now)  # another push creates this version between the choice and the copy
         os.makedirs(os.path.join(serving_dir, str(v)))
         return v
 
-    monkeypatch.setattr(R, "next_version", racing)
-    with pytest.raises(R.RegistryError, match=f"{T0 + 1} appeared while this push chose it: another push is under way"):
+    monkeypatch.setattr(registry, "next_version", racing)
+    with pytest.raises(registry.RegistryError, match=f"{T0 + 1} appeared while this push chose it: another push is under way"):
         _push(tmp_path, dest, "b", T0)
-    assert os.listdir(os.path.join(dest, str(T0 + 1))) == [] and R.entry_versions(dest) == [T0]
+    assert os.listdir(os.path.join(dest, str(T0 + 1))) == [] and registry.entry_versions(dest) == [T0]

@@ -24,9 +24,9 @@ import components  # noqa: F401
 import tensorflow as tf
 from tensorflow.core.protobuf.tpu import optimization_parameters_pb2
 
-from components.config import OptimizerConfig, ScheduleConfig
-from components.embedding_model import optimizers as O
-from components.embedding_trainer import plan as P
+from components.config.schema import OptimizerConfig, ScheduleConfig
+from components.embedding_model import optimizers
+from components.embedding_trainer import plan
 from tests.optimizer_reference import optimization_parameters as _proto, tpu_reference_step as _tpu_reference_step
 
 ROWS, DIM, STEPS = 12, 4, 6
@@ -65,10 +65,10 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_cpu_update_equals_tpu_documented_rule(case):
-    spec = P.optimizer_spec(CASES[case])
-    rate = P.learning_rate(spec)
-    keras_opt = O.keras_optimizer(spec, rate)
-    tpu_opt = O.tpu_optimizer(spec, rate, step_fn=lambda: keras_opt.iterations, keras_opt=keras_opt)
+    spec = plan.optimizer_spec(CASES[case])
+    rate = plan.learning_rate(spec)
+    keras_opt = optimizers.keras_optimizer(spec, rate)
+    tpu_opt = optimizers.tpu_optimizer(spec, rate, step_fn=lambda: keras_opt.iterations, keras_opt=keras_opt)
     proto = _proto(tpu_opt)
     init = np.random.default_rng(99).normal(0, 0.3, size=(ROWS, DIM)).astype(np.float32)
     table = tf.Variable(init, name="table")
@@ -76,21 +76,21 @@ def test_cpu_update_equals_tpu_documented_rule(case):
     # under Keras' names, owned by the Keras optimizer.
     created = tpu_opt._create_slots(table, lambda name, initializer: None)  # pylint: disable=protected-access
     assert set(created) == set(tpu_opt._slot_names())  # pylint: disable=protected-access
-    assert sorted(keras_opt.get_slot_names()) == sorted(O.KERAS_SLOT_NAMES[spec["name"]].values())
-    for tpu_name, keras_name in O.KERAS_SLOT_NAMES[spec["name"]].items():
+    assert sorted(keras_opt.get_slot_names()) == sorted(optimizers.KERAS_SLOT_NAMES[spec["name"]].values())
+    for tpu_name, keras_name in optimizers.KERAS_SLOT_NAMES[spec["name"]].items():
         # NoDependency: the mid-level API keeps the slot without tracking it (the Keras optimizer does).
         assert created[tpu_name].value is keras_opt.get_slot(table, keras_name)
 
     w = init.astype(np.float64)
     slots = {name: keras_opt.get_slot(table, k).numpy().astype(np.float64)
-             for name, k in O.KERAS_SLOT_NAMES[spec["name"]].items()}
+             for name, k in optimizers.KERAS_SLOT_NAMES[spec["name"]].items()}
     for step in range(STEPS):
         lr = float(tpu_opt.learning_rate()) if callable(tpu_opt.learning_rate) else float(tpu_opt.learning_rate)
         grads = _grads(step)
         _tpu_reference_step(proto, lr, w, slots, grads.indices.numpy(), grads.values.numpy())
-        keras_opt.apply_gradients(O.clip_embedding_gradients([(grads, table)], spec.get("clipvalue")))
+        keras_opt.apply_gradients(optimizers.clip_embedding_gradients([(grads, table)], spec.get("clipvalue")))
         np.testing.assert_allclose(table.numpy(), w, rtol=1e-6, atol=1e-6, err_msg=f"{case}: table after step {step}")
-        for name, keras_name in O.KERAS_SLOT_NAMES[spec["name"]].items():
+        for name, keras_name in optimizers.KERAS_SLOT_NAMES[spec["name"]].items():
             np.testing.assert_allclose(
                 keras_opt.get_slot(table, keras_name).numpy(), slots[name], rtol=1e-6, atol=1e-6,
                 err_msg=f"{case}: slot {name} after step {step}",
@@ -102,22 +102,22 @@ def test_cpu_update_equals_tpu_documented_rule(case):
 
 def test_proto_says_what_the_config_says():
     """The settings reach the TPU: clipping limits, laziness, sum_inside_sqrt off, FTRL's l1/l2."""
-    spec = P.optimizer_spec(CASES["adam_not_lazy"])
-    p = _proto(O.tpu_optimizer(spec, P.learning_rate(spec), step_fn=lambda: 0))
+    spec = plan.optimizer_spec(CASES["adam_not_lazy"])
+    p = _proto(optimizers.tpu_optimizer(spec, plan.learning_rate(spec), step_fn=lambda: 0))
     assert p.adam.use_non_lazy_adam and not p.adam.use_sum_inside_sqrt
     assert p.adam.beta1 == pytest.approx(0.8) and p.adam.beta2 == pytest.approx(0.99)
-    assert callable(O.tpu_optimizer(spec, 0.05, step_fn=lambda: 0).learning_rate)  # fed every step (bias-corrected)
-    spec = P.optimizer_spec(CASES["ftrl_l1_l2_clip"])
-    p = _proto(O.tpu_optimizer(spec, P.learning_rate(spec), step_fn=lambda: 0))
+    assert callable(optimizers.tpu_optimizer(spec, 0.05, step_fn=lambda: 0).learning_rate)  # fed every step (bias-corrected)
+    spec = plan.optimizer_spec(CASES["ftrl_l1_l2_clip"])
+    p = _proto(optimizers.tpu_optimizer(spec, plan.learning_rate(spec), step_fn=lambda: 0))
     assert (p.ftrl.l1, p.ftrl.l2, p.ftrl.lr_power) == pytest.approx((0.05, 10.0, -0.5))
     assert (p.gradient_clipping_limits.lower.value, p.gradient_clipping_limits.upper.value) == pytest.approx((-1.2, 1.2))
     assert p.gradient_accumulation_status == optimization_parameters_pb2.GradientAccumulationStatus.ENABLED
 
 
 def test_adam_learning_rate_carries_bias_correction():
-    spec = P.optimizer_spec(OptimizerConfig(name="adam", learning_rate=0.01, beta_1=0.9, beta_2=0.999))
+    spec = plan.optimizer_spec(OptimizerConfig(name="adam", learning_rate=0.01, beta_1=0.9, beta_2=0.999))
     step = tf.Variable(0, dtype=tf.int64)
-    tpu_opt = O.tpu_optimizer(spec, P.learning_rate(spec), step_fn=lambda: step)
+    tpu_opt = optimizers.tpu_optimizer(spec, plan.learning_rate(spec), step_fn=lambda: step)
     for s in (0, 1, 9, 999):
         step.assign(s)
         t = s + 1
@@ -128,16 +128,16 @@ def test_adam_learning_rate_carries_bias_correction():
 def test_sparsecore_refuses_what_it_would_ignore():
     for cfg, match in ((OptimizerConfig(name="adagrad", clipvalue=1.0), "clipvalue"),
                        (OptimizerConfig(name="adam", lazy_adam=False), "lazy_adam")):
-        spec = P.optimizer_spec(cfg)
-        with pytest.raises(O.EmbeddingOptimizerError, match=match):
-            O.check_sparsecore_optimizer(O.tpu_optimizer(spec, P.learning_rate(spec), step_fn=lambda: 0))
-    spec = P.optimizer_spec(OptimizerConfig(name="adam"))
-    O.check_sparsecore_optimizer(O.tpu_optimizer(spec, P.learning_rate(spec), step_fn=lambda: 0))
+        spec = plan.optimizer_spec(cfg)
+        with pytest.raises(optimizers.EmbeddingOptimizerError, match=match):
+            optimizers.check_sparsecore_optimizer(optimizers.tpu_optimizer(spec, plan.learning_rate(spec), step_fn=lambda: 0))
+    spec = plan.optimizer_spec(OptimizerConfig(name="adam"))
+    optimizers.check_sparsecore_optimizer(optimizers.tpu_optimizer(spec, plan.learning_rate(spec), step_fn=lambda: 0))
 
 
 def test_clipping_sums_repeated_rows_first():
     g = tf.IndexedSlices(tf.constant([[0.6], [0.6], [-3.0]]), tf.constant([2, 2, 5], tf.int64), tf.constant([8, 1], tf.int64))
     v = tf.Variable(tf.zeros([8, 1]))
-    [(clipped, _)] = O.clip_embedding_gradients([(g, v)], 1.0)
+    [(clipped, _)] = optimizers.clip_embedding_gradients([(g, v)], 1.0)
     dense = tf.convert_to_tensor(clipped).numpy().ravel()
     assert dense[2] == pytest.approx(1.0) and dense[5] == pytest.approx(-1.0)  # 1.2 -> 1.0, not 0.6 + 0.6

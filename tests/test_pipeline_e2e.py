@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import tensorflow as tf
 
-from components.embedding_preprocess import vocabulary as V
+from components.embedding_preprocess import vocabulary
 from pipelines.runner import DEMO_ROWS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,7 +30,7 @@ ROWS = DEMO_ROWS  # the default config is tuned for this much data (300k train r
 
 
 def _raw_examples(out, split):
-    from components.examples_io import serialized_examples
+    from components.data_io.examples_io import serialized_examples
 
     pattern = str(out / "pipeline_root" / "EmbeddingExampleGen" / "examples" / "*" / f"Split-{split}" / "*")
     assert glob.glob(pattern)
@@ -75,7 +75,7 @@ def test_vocabularies_equal_independent_count(pipeline_run):
     for t in cfg.tables:
         ordered = sorted(counts[t.name].items(), key=lambda kv: (-kv[1], kv[0]))
         expected = [tok for tok, c in ordered if c >= t.vocabulary.min_frequency]
-        assert V.read_vocabulary(vocab_dir, t.name) == expected, t.name
+        assert vocabulary.read_vocabulary(vocab_dir, t.name) == expected, t.name
         assert summary["vocabulary_sizes"][t.name] == len(expected)
     assert summary["rows_read"]["train"] + summary["rows_read"]["eval"] == ROWS
     # The ledger: every generated row counted in, every row out, both stages balanced.
@@ -97,7 +97,7 @@ SCORE_IN_FRESH_PROCESS = r"""
 import sys, json, numpy as np
 import components, tensorflow as tf
 model = tf.saved_model.load(sys.argv[1])
-from components.examples_io import serialized_examples
+from components.data_io.examples_io import serialized_examples
 records = serialized_examples(sys.argv[2], 1 << 40)
 probs = model.signatures["serving_default"](examples=tf.constant(records))["probabilities"].numpy().ravel()
 np.save(sys.argv[3], probs)
@@ -129,7 +129,7 @@ def test_pushed_model_scores_raw_examples_like_trained_model(pipeline_run, tmp_p
     trained_dir = glob.glob(str(out / "pipeline_root" / "Trainer" / "model" / "*" / "Format-Serving"))[0]
     trained = tf.saved_model.load(trained_dir)
     from components.embedding_trainer.trainer_module import read_manifest_for
-    from components.examples_io import transformed_rows
+    from components.data_io.examples_io import transformed_rows
 
     tx_dir = glob.glob(str(out / "pipeline_root" / "EmbeddingPreprocess" / "transformed_examples" / "*" / "Split-eval"))[0]
     tx_pattern = tx_dir + "/*"

@@ -25,7 +25,7 @@ def _failed_run(cfg, out):
 
 @pytest.mark.slow(reason="runs the local pipeline")
 def test_unhealthy_feature_stops_the_run_with_one_line(tmp_path):
-    from components.synthetic_data import GeneratorSpec, ensure_dataset
+    from components.example_gen.synthetic_data import GeneratorSpec, ensure_dataset
 
     data = tmp_path / "data.csv"
     ensure_dataset(str(data), GeneratorSpec(rows=600, seed=5))
@@ -63,8 +63,8 @@ def test_unhealthy_feature_stops_the_run_with_one_line(tmp_path):
 def test_a_half_written_registry_entry_stops_the_run_before_anything_is_pushed(tmp_path):
     """The model served at the push destination has a half-written registry entry: the run stops at
     LastBlessedModel with one line naming the entry and the way out; nothing is pushed on a guess."""
-    from components.model_registry import registry as R
-    from components.synthetic_data import GeneratorSpec, ensure_dataset
+    from components.model_registry import registry
+    from components.example_gen.synthetic_data import GeneratorSpec, ensure_dataset
 
     data = tmp_path / "data.csv"
     ensure_dataset(str(data), GeneratorSpec(rows=300, seed=5))
@@ -77,7 +77,7 @@ def test_a_half_written_registry_entry_stops_the_run_before_anything_is_pushed(t
     served = serving / "1764000000"
     served.mkdir(parents=True)
     (served / "saved_model.pb").write_text("a model TF Serving loads")
-    entry = R.entry_path(str(serving), "1764000000")
+    entry = registry.entry_path(str(serving), "1764000000")
     os.makedirs(os.path.dirname(entry))
     with open(entry, "w") as fh:
         fh.write('{"format": 1, "version": "1764000000", "serving_mo')  # the write was cut off
@@ -97,7 +97,7 @@ def test_a_model_the_gate_keeps_back_exits_3_with_progress_and_no_noise(tmp_path
     counts and the Trainer's steps included, and nothing else (no TF, XLA, absl or Beam lines, no
     Python warnings); the summary says why no model was pushed; the run report was written."""
     from components.reporting import render
-    from components.synthetic_data import GeneratorSpec, ensure_dataset
+    from components.example_gen.synthetic_data import GeneratorSpec, ensure_dataset
     from pipelines.summary import summary_report
 
     data = tmp_path / "data.csv"

@@ -13,11 +13,11 @@ import pytest
 import components  # noqa: F401
 import tensorflow as tf
 
-from components import rulebook as R
-from components.config import parse_config
+from components.rules import rulebook
+from components.config.loading import parse_config
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.statistics import EmbeddingStatistics
-from components.embedding_preprocess import vocabulary as V
+from components.embedding_preprocess import vocabulary
 from components.embedding_preprocess.run import run_preprocessing
 
 CONFIG = {
@@ -51,14 +51,14 @@ EVAL_ROWS = [
 ]
 
 
-KINDS = {"label": R.KIND_INT, "I1": R.KIND_FLOAT, "I2": R.KIND_INT, "C1": R.KIND_BYTES, "C2": R.KIND_BYTES,
-         "C3": R.KIND_INT, "C4raw": R.KIND_BYTES}
+KINDS = {"label": rulebook.KIND_INT, "I1": rulebook.KIND_FLOAT, "I2": rulebook.KIND_INT, "C1": rulebook.KIND_BYTES, "C2": rulebook.KIND_BYTES,
+         "C3": rulebook.KIND_INT, "C4raw": rulebook.KIND_BYTES}
 
 
 def _feature(values, kind):
-    if kind == R.KIND_BYTES:
+    if kind == rulebook.KIND_BYTES:
         return tf.train.Feature(bytes_list=tf.train.BytesList(value=values))
-    if kind == R.KIND_FLOAT:
+    if kind == rulebook.KIND_FLOAT:
         return tf.train.Feature(float_list=tf.train.FloatList(value=values))
     return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
 
@@ -86,7 +86,7 @@ SPEC = {"C1": (None, None), "C2": ("|", 2), "C3": (None, None), "C4": (None, Non
 
 def expected_tokens(f, row):
     """Feature `f`'s tokens in `row` by the rulebook's plain-Python statement (T1-T7)."""
-    return R.row_tokens(list(KINDS.values())[COLUMN[f]], row[COLUMN[f]], *SPEC[f]).tokens
+    return rulebook.row_tokens(list(KINDS.values())[COLUMN[f]], row[COLUMN[f]], *SPEC[f]).tokens
 
 
 def independent_vocab(table_features, rows, min_frequency=1, top_k=None):
@@ -140,7 +140,7 @@ def test_vocabularies_equal_independent_count(preprocessed):
         "C3": independent_vocab(["C3"], ROWS, top_k=2),
     }
     for name, entries in expected.items():
-        assert V.read_vocabulary(str(root / "vocab"), name) == [t for t, _ in entries], name
+        assert vocabulary.read_vocabulary(str(root / "vocab"), name) == [t for t, _ in entries], name
         assert _read_counts(str(root / "vocab" / f"{name}.counts.txt")) == entries, name
     assert expected["shared"] == [(b"a", 4), (b"b", 2), (b"c", 2)]  # the unlabelled row does not count
     manifest = json.loads((root / "vocab" / "manifest.json").read_text())
@@ -177,7 +177,7 @@ def test_text_file_initializer_reads_vocabulary(preprocessed):
         tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER,
     )
     table = tf.lookup.StaticHashTable(init, -1)
-    tokens = V.read_vocabulary(str(root / "vocab"), "shared")
+    tokens = vocabulary.read_vocabulary(str(root / "vocab"), "shared")
     assert table.lookup(tf.constant(tokens)).numpy().tolist() == list(range(len(tokens)))
 
 
@@ -200,27 +200,27 @@ def _transformed(root, split):
 
 def transformed_rows_of(tx_root, split):
     """A split's transformed rows as serialized tf.Examples, one per row, whatever the format."""
-    from components.contracts import artifacts as A
+    from components.contracts import artifacts
     from components.contracts.manifest import VocabularyManifest
-    from components.examples_io import transformed_rows
+    from components.data_io.examples_io import transformed_rows
 
-    manifest = VocabularyManifest.from_json((tx_root / A.EMBEDDING_MANIFEST_FILE).read_text())
+    manifest = VocabularyManifest.from_json((tx_root / artifacts.EMBEDDING_MANIFEST_FILE).read_text())
     return transformed_rows(str(tx_root / f"Split-{split}" / "*"), manifest, 1 << 30)
 
 
 def _expected_ids(cfg, root, rows):
     tables = {t.name: t for t in cfg.tables}
-    vocab = {n: V.read_vocabulary(str(root / "vocab"), n) for n in tables}
+    vocab = {n: vocabulary.read_vocabulary(str(root / "vocab"), n) for n in tables}
     out = []
     for row in rows:
         if row[0] is None:
             continue
         rec = {"label": float(row[0])}
-        rec["I1"] = R.dense_value(KINDS["I1"], row[1], -1.0).value  # the rulebook's D1-D5
-        rec["I2"] = R.dense_value(KINDS["I2"], row[2], 0.0).value
+        rec["I1"] = rulebook.dense_value(KINDS["I1"], row[1], -1.0).value  # the rulebook's D1-D5
+        rec["I2"] = rulebook.dense_value(KINDS["I2"], row[2], 0.0).value
         for f in COLUMN:  # the rulebook's T1-T7 and V1-V2
             t = cfg.feature_table(next(x for x in cfg.categorical_features if x.name == f))
-            rec[f] = [R.embedding_id(tok, vocab[t.name], t.vocabulary.num_oov_buckets) for tok in expected_tokens(f, row)]
+            rec[f] = [rulebook.embedding_id(tok, vocab[t.name], t.vocabulary.num_oov_buckets) for tok in expected_tokens(f, row)]
         out.append(rec)
     return out
 
@@ -351,7 +351,7 @@ def test_weighted_vocabulary(tmp_path):
     # a: 2.0 + 2.0 = 4.0; b: 0.5 + 0.5 (row 1) + 0.5 (C1 of row 2) = 1.5;
     # c: 0.5 (C4 of row 2) + 0 + 0 (row 3 has no weight) = 0.5 -> below min_frequency 1
     assert _read_counts_float(str(tmp_path / "v" / "shared.counts.txt")) == [(b"a", 4.0), (b"b", 1.5)]
-    assert V.read_vocabulary(str(tmp_path / "v"), "C2") == [b"x", b"y"]  # unweighted: 2 each, x first by bytes
+    assert vocabulary.read_vocabulary(str(tmp_path / "v"), "C2") == [b"x", b"y"]  # unweighted: 2 each, x first by bytes
 
 
 def _read_counts_float(path):
@@ -360,7 +360,7 @@ def _read_counts_float(path):
 
 
 # The dense-value, label, OOV-hash and JSON integer cases are the rulebook's table
-# (components/rulebook.py), run through preprocessing and serving by tests/test_rulebook.py.
+# (components/rules/rulebook.py), run through preprocessing and serving by tests/test_rulebook.py.
 
 
 def test_ledger_and_health_in_statistics(preprocessed):
@@ -413,19 +413,19 @@ def test_vocabulary_lookup_is_exact_when_hashes_collide(monkeypatch):
 
     monkeypatch.setattr(split_hash, "binary_value_hashes", _length_hash)
     # vocabulary hashes unique (lengths 1, 2, 3): tokens that hit an entry with other bytes are OOV
-    lookup = V.VocabularyLookup([b"a", b"bb", b"ccc"], 1)
+    lookup = vocabulary.VocabularyLookup([b"a", b"bb", b"ccc"], 1)
     assert lookup._by_hash
     ids, oov = lookup.lookup(pa.array([b"bb", b"zz", b"a", b"q", b"dddd", b"ccc"], pa.binary()))
     assert ids.tolist() == [1, 3, 0, 3, 3, 2] and oov == 3
     # two entries share a hash: the lookup falls back to the tokens themselves, still exact
-    lookup = V.VocabularyLookup([b"a", b"b", b"cc"], 2)
+    lookup = vocabulary.VocabularyLookup([b"a", b"b", b"cc"], 2)
     assert not lookup._by_hash
     ids, oov = lookup.lookup(pa.array([b"b", b"a", b"cc", b"x"], pa.binary()).slice(0, 4))
-    assert ids.tolist()[:3] == [1, 0, 2] and ids[3] == 3 + V.oov_bucket(b"x", 2) and oov == 1
+    assert ids.tolist()[:3] == [1, 0, 2] and ids[3] == 3 + vocabulary.oov_bucket(b"x", 2) and oov == 1
 
 
 def test_vocabulary_lookup_of_a_sliced_batch_and_of_bytes():
-    lookup = V.VocabularyLookup([b"x", b"y"], 1)
+    lookup = vocabulary.VocabularyLookup([b"x", b"y"], 1)
     arr = pa.array([b"q", b"y", b"x", b"y"], pa.binary()).slice(1, 3)  # a slice: offset into the buffers
     assert lookup.lookup(arr)[0].tolist() == [1, 0, 1]
     assert lookup.lookup([b"x", b"nope"])[0].tolist() == [0, 2]
@@ -439,11 +439,11 @@ def test_vocabulary_tokens_are_the_files_complete_lines(tmp_path, data):
     """read_vocabulary_tokens (an Arrow array from the file's bytes) holds exactly the lines
     `data.split(b"\\n")[:-1]` gives: a last line without its line break is not a token, a CR stays."""
     (tmp_path / "t.txt").write_bytes(data)
-    tokens = V.read_vocabulary_tokens(str(tmp_path), "t")
+    tokens = vocabulary.read_vocabulary_tokens(str(tmp_path), "t")
     tokens.validate(full=True)
     assert tokens.type == pa.binary()
     assert tokens.to_pylist() == (data.split(b"\n")[:-1] if data else [])
-    assert V.read_vocabulary(str(tmp_path), "t") == tokens.to_pylist()
+    assert vocabulary.read_vocabulary(str(tmp_path), "t") == tokens.to_pylist()
 
 
 def test_a_file_the_run_did_not_write_stops_the_ledger(tmp_path):
@@ -452,7 +452,7 @@ def test_a_file_the_run_did_not_write_stops_the_ledger(tmp_path):
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from components.errors import LedgerError
+    from components.reporting.errors import LedgerError
 
     _write_tfrecord_gz(str(tmp_path / "raw/Split-train/data.gz"), [_example(r) for r in ROWS])
     stale = tmp_path / "tx/Split-train/transformed_examples-99999-of-99999"

@@ -7,9 +7,9 @@ from collections import Counter
 import pytest
 import yaml
 
-from components.embedding_preprocess import vocabulary as V
+from components.embedding_preprocess import vocabulary
 from components.embedding_preprocess.__main__ import main
-from components.synthetic_data import GeneratorSpec, write_csv
+from components.example_gen.synthetic_data import GeneratorSpec, write_csv
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEAM = ["--direct_running_mode=in_memory"]
@@ -85,7 +85,7 @@ def test_cli_counts_bad_rows_and_matches_independent_vocabulary(data, full_run):
                     [r[col].encode("latin-1")] if r[col] else [])
                 counts.update(toks[:max_len] if max_len else toks)
     expected = [t for t, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if c >= 3]
-    assert V.read_vocabulary(str(out / "vocabulary"), "shared_c3_c4") == expected
+    assert vocabulary.read_vocabulary(str(out / "vocabulary"), "shared_c3_c4") == expected
     assert "rows/s" in printed
 
 

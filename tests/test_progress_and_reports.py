@@ -1,5 +1,5 @@
-"""Live progress (components/progress.py, pipelines/progress_view.py), the one report renderer
-(components/reporting.py, pipelines/summary.py), the exit statuses and the HTML run report."""
+"""Live progress (components/reporting/progress.py, pipelines/progress_view.py), the one report renderer
+(components/reporting/__init__.py, pipelines/summary.py), the exit statuses and the HTML run report."""
 import io
 import json
 import multiprocessing
@@ -8,9 +8,9 @@ from html.parser import HTMLParser
 
 import pytest
 
-from components import progress
+from components.reporting import progress
 from components.reporting import Report, error_line, render
-from pipelines import summary as S
+from pipelines import summary as summary_lib
 from pipelines.progress_view import ProgressPrinter
 
 
@@ -150,24 +150,24 @@ REFUSED = dict(PUSHED, serving_model="/o/serving/1", pushed_by_this_run=False, s
 
 
 def test_summary_names_this_runs_model_or_why_none_was_pushed():
-    text = render(S.summary_report(PUSHED))
+    text = render(summary_lib.summary_report(PUSHED))
     assert "serving model:        /o/serving/2 (pushed by this run)" in text
     assert "rows read:            eval 25, train 75 (dropped: train/missing_label 2)" in text
     assert "ledger EmbeddingExampleGen: in 102; dropped missing_label 2; out eval 25, train 75 (adds up)" in text
     assert "{" not in text  # no dict reprs
-    text = render(S.summary_report(REFUSED))
+    text = render(summary_lib.summary_report(REFUSED))
     assert ("serving model:        none pushed: the validation gate kept the model back: "
             "AUC 0.70 is below the baseline's 0.75 + 0.01") in text
     assert "  still served:       /o/serving/1" in text  # the earlier push, named as such
     nothing = dict(REFUSED, serving_model=None)
-    assert "  still served:       nothing" in render(S.summary_report(nothing))
+    assert "  still served:       nothing" in render(summary_lib.summary_report(nothing))
 
 
 @pytest.mark.parametrize("summary, status", [
     (PUSHED, 0), (REFUSED, 3), (dict(PUSHED, pushed_by_this_run=False), 1), ({}, 1),
 ])
 def test_exit_status_of_a_run(summary, status):
-    assert S.exit_status(summary) == status
+    assert summary_lib.exit_status(summary) == status
 
 
 def test_cli_exit_statuses(monkeypatch, capsys, tmp_path):
@@ -281,26 +281,26 @@ def test_run_report_has_every_section_and_the_training_curves(tmp_path):
 
 
 def test_a_refusal_says_how_far_the_model_was_and_what_to_try():
-    from components.config import parse_config
+    from components.config.loading import parse_config
 
     s = dict(REFUSED, validation={"blessed": False, "reasons": ["r"], "checks": [
         {"name": "baseline", "passed": False, "reason": "r", "model_auc": 0.70, "reference_auc": 0.75, "margin": 0.01}]})
     cfg = parse_config({"name": "x", "input": {"path": "d.csv"}, "label": "label",
                         "dense_features": [{"name": "I1"}], "categorical_features": [{"name": "C1"}],
                         "training": {"train_steps": 100, "batch_size": 256}})
-    s["training"] = S.training_length(cfg, {"final_step": 100, "length": {"source": "training.train_steps"}},
+    s["training"] = summary_lib.training_length(cfg, {"final_step": 100, "length": {"source": "training.train_steps"}},
                                       {"splits": {"train": {"examples_written": 16_000}}})
     # the default length at 16,000 rows, 15 epochs, over the 14,400 rows trained on (16,000 less
     # the held-out tenth) / 256
     assert s["training"]["epochs"] == 1.6 and s["training"]["default_steps"] == 844
-    text = render(S.summary_report(s))
+    text = render(summary_lib.summary_report(s))
     assert ("  what to try:        the model's eval AUC 0.7000 is 0.0400 short of what the baseline check asks "
             "(0.7500 - margin 0.01)") in text
     assert ("  what to try:        trained 100 steps, 1.6 epochs of 16,000 train rows; the defaults would train "
             "844 steps (15 epochs): unset training.train_steps, or raise it") in text
-    s["training"] = S.training_length(cfg, {"final_step": 900}, {"splits": {"train": {"examples_written": 16_000}}})
-    assert "more epochs (training.epochs)" in render(S.summary_report(s))
+    s["training"] = summary_lib.training_length(cfg, {"final_step": 900}, {"splits": {"train": {"examples_written": 16_000}}})
+    assert "more epochs (training.epochs)" in render(summary_lib.summary_report(s))
     stopped = {"final_step": 160, "model_step": 100, "selection": {"stopped_at": 160, "best_auc": 0.71, "best_step": 100}}
-    s["training"] = S.training_length(cfg, stopped, {"splits": {"train": {"examples_written": 16_000}}})
+    s["training"] = summary_lib.training_length(cfg, stopped, {"splits": {"train": {"examples_written": 16_000}}})
     assert ("trained 160 steps, 2.56 epochs of 16,000 train rows: stopped early, the held-out slice of the train "
-            "split peaked at step 100 (AUC 0.7100)") in render(S.summary_report(s))
+            "split peaked at step 100 (AUC 0.7100)") in render(summary_lib.summary_report(s))

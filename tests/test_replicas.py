@@ -18,10 +18,10 @@ import components  # noqa: F401
 import tensorflow as tf
 
 from components.embedding_model.input import make_dataset
-from components.embedding_trainer import plan as P
+from components.embedding_trainer import plan as plan_lib
 from components.embedding_trainer import trainer_module as tm
-from tests import tpu_harness as H
-from components.config import parse_config
+from tests import tpu_harness
+from components.config.loading import parse_config
 from tests.stages import trainer_config as _config, trainer_raw_config as _raw_config
 
 
@@ -40,7 +40,7 @@ def _files(root):
 def _plan(cfg, root):
     train, _ = _files(root)
     manifest = tm.read_manifest_for(train)
-    return P.derive_plan(cfg, manifest, tm.read_statistics_for(train)), manifest
+    return plan_lib.derive_plan(cfg, manifest, tm.read_statistics_for(train)), manifest
 
 
 def _concat(a, b):
@@ -73,14 +73,14 @@ def test_one_step_on_two_replicas_updates_tables_as_one_replica_on_the_global_ba
     cfg = _config(data, embedding_optimizer=optimizer, dropout=0.0, input_dropout=0.0)
     plan, manifest = _plan(cfg, data)
     train, _ = _files(data)
-    widths, lengths = P.dense_id_widths(plan), P.sequence_lengths(plan)
+    widths, lengths = plan_lib.dense_id_widths(plan), plan_lib.sequence_lengths(plan)
     batches = list(make_dataset(train, manifest, 32, training=True, seed=3, dense_id_widths=widths,
                                 sequence_lengths=lengths).take(REPLICAS))
     features = {k: _concat(batches[0][0][k], batches[1][0][k]) for k in batches[0][0]}
     labels = tf.concat([batches[0][1], batches[1][1]], 0)
 
     one = _built(cfg, plan, manifest, batches[0][0])
-    strategy = H.mirrored_strategy(REPLICAS)
+    strategy = tpu_harness.mirrored_strategy(REPLICAS)
     two = _built(cfg, plan, manifest, batches[0][0], strategy)
     two.set_weights(one.get_weights())
     for a, b in zip(one.embedding_optimizer.weights, two.embedding_optimizer.weights):
@@ -123,7 +123,7 @@ def test_a_resumed_run_with_several_replicas_continues_at_the_next_example(data)
     cfg = _config(data)
     plan, manifest = _plan(cfg, data)
     train, _ = _files(data)
-    strategy = H.mirrored_strategy(REPLICAS)
+    strategy = tpu_harness.mirrored_strategy(REPLICAS)
     fn = lambda start: tm.training_input(train, manifest, plan, cfg.training, 32, start, REPLICAS)  # noqa: E731
     whole = _replica_batches(strategy, fn(0), 5)
     resumed = _replica_batches(strategy, fn(3), 2)
@@ -153,7 +153,7 @@ def test_two_replicas_reach_the_auc_of_one(data, tmp_path, monkeypatch):
     results = {}
     for replicas in (1, REPLICAS):
         if replicas > 1:
-            monkeypatch.setattr(tm, "distribution_strategy", lambda c: H.mirrored_strategy(REPLICAS))
+            monkeypatch.setattr(tm, "distribution_strategy", lambda c: tpu_harness.mirrored_strategy(REPLICAS))
         ckpt, _, run = tm.train(cfg, plan.with_run(vocabulary_dir=manifest.vocabulary_dir), manifest, train, evals,
                                 str(tmp_path / f"state{replicas}"))
         assert run["replicas"] == replicas

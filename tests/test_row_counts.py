@@ -6,7 +6,7 @@ import io
 import numpy as np
 import pytest
 
-from components import row_counts
+from components.rows import row_counts
 
 
 def _line_by_line(data: bytes, in_quote: bool, line_has_content: bool, strip_bom: bool, block: int):

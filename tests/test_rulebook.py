@@ -1,4 +1,4 @@
-"""The rulebook's table of cases (`components/rulebook.py`) run through every implementation of it:
+"""The rulebook's table of cases (`components/rules/rulebook.py`) run through every implementation of it:
 
 - the rulebook's own plain-Python statement of each rule;
 - preprocessing's pyarrow code (`features.extract_tokens` + `vocabulary.VocabularyLookup`,
@@ -18,15 +18,15 @@ import pyarrow as pa
 import pytest
 
 import components  # noqa: F401
-from components import rulebook as R
-from components.embedding_preprocess import features as F
+from components.rules import rulebook
+from components.embedding_preprocess import features
 from components.contracts.manifest import weights_key
-from components.embedding_preprocess import vocabulary as V
+from components.embedding_preprocess import vocabulary as vocabulary_lib
 
-TOKEN_CASES = {c.name: c for c in R.TOKEN_CASES}
-DENSE_CASES = {c.name: c for c in R.DENSE_CASES}
+TOKEN_CASES = {c.name: c for c in rulebook.TOKEN_CASES}
+DENSE_CASES = {c.name: c for c in rulebook.DENSE_CASES}
 INT_TEXT = "j"  # the int64 column the INT_TEXT_CASES are sent in, as JSON strings
-INT_TEXT_OOV_BUCKETS = 5  # its vocabulary is R.VOCABULARY
+INT_TEXT_OOV_BUCKETS = 5  # its vocabulary is rulebook.VOCABULARY
 WIDTH = 8  # the probe model's IDs per row; no case has more
 TF_PATHS = ("from_examples", "from_feature_tensors", "serving_default", "serve_features")
 JSON_PATHS = ("from_feature_tensors", "serve_features")
@@ -34,9 +34,9 @@ JSON_PATHS = ("from_feature_tensors", "serve_features")
 
 def _arrow(kind, rows, float_type=pa.float32()):
     """A column as tfx_bsl decodes tf.Examples: a list array, null where the feature is absent."""
-    if kind == R.KIND_NONE:
+    if kind == rulebook.KIND_NONE:
         return None
-    value_type = {R.KIND_BYTES: pa.binary(), R.KIND_INT: pa.int64(), R.KIND_FLOAT: float_type}[kind]
+    value_type = {rulebook.KIND_BYTES: pa.binary(), rulebook.KIND_INT: pa.int64(), rulebook.KIND_FLOAT: float_type}[kind]
     return pa.array([None if r is None else list(r) for r in rows], pa.list_(value_type))
 
 
@@ -53,23 +53,23 @@ def _per_row(rows, values, num_rows):
 @pytest.mark.parametrize("name", TOKEN_CASES)
 def test_token_case_reference(name):
     case = TOKEN_CASES[name]
-    rows = [R.row_tokens(case.kind, r, case.separator, case.max_length) for r in case.rows]
+    rows = [rulebook.row_tokens(case.kind, r, case.separator, case.max_length) for r in case.rows]
     assert tuple(r.tokens for r in rows) == case.tokens
-    assert R.tokens_by_reason(rows) == (dict(case.invalid), case.truncated)
-    ids = tuple(tuple(R.embedding_id(t, case.vocabulary, case.num_oov_buckets) for t in r) for r in case.tokens)
+    assert rulebook.tokens_by_reason(rows) == (dict(case.invalid), case.truncated)
+    ids = tuple(tuple(rulebook.embedding_id(t, case.vocabulary, case.num_oov_buckets) for t in r) for r in case.tokens)
     assert ids == case.ids  # V1-V2, farmhash in Python
     json = case.json_rows()
     if json is not None:
-        assert tuple(R.json_row_tokens(case.kind, t, case.separator, case.max_length).tokens for t in json) == case.tokens
+        assert tuple(rulebook.json_row_tokens(case.kind, t, case.separator, case.max_length).tokens for t in json) == case.tokens
 
 
 @pytest.mark.parametrize("name", TOKEN_CASES)
 def test_token_case_arrow(name):
     case = TOKEN_CASES[name]
-    toks = F.extract_tokens(_arrow(case.kind, case.rows), len(case.rows), case.separator, case.max_length)
+    toks = features.extract_tokens(_arrow(case.kind, case.rows), len(case.rows), case.separator, case.max_length)
     assert _per_row(toks.row.tolist(), toks.values.to_pylist(), len(case.rows)) == case.tokens
     assert toks.invalid == dict(case.invalid) and toks.truncated == case.truncated
-    ids, oov = V.VocabularyLookup(case.vocabulary, case.num_oov_buckets).lookup(toks.values)
+    ids, oov = vocabulary_lib.VocabularyLookup(case.vocabulary, case.num_oov_buckets).lookup(toks.values)
     assert _per_row(toks.row.tolist(), ids.tolist(), len(case.rows)) == case.ids
     assert oov == sum(t not in case.vocabulary for row in case.tokens for t in row)
 
@@ -88,28 +88,28 @@ def test_token_case_serving(served, name, path):
     assert served.ids(path, name, len(case.rows)) == case.ids
 
 
-@pytest.mark.parametrize("case", R.INT_TEXT_CASES, ids=lambda c: repr(c.text))
+@pytest.mark.parametrize("case", rulebook.INT_TEXT_CASES, ids=lambda c: repr(c.text))
 def test_int_text_case_reference(case):
-    value, reason = R.int_text_value(case.text)
+    value, reason = rulebook.int_text_value(case.text)
     assert (None if value is None else str(value).encode(), reason) == (case.token, case.reason)
-    tokens = R.json_row_tokens(R.KIND_INT, case.text)
+    tokens = rulebook.json_row_tokens(rulebook.KIND_INT, case.text)
     assert tokens.tokens == ((case.token,) if case.token else ())
     assert dict(tokens.invalid) == ({case.reason: 1} if case.reason else {})
 
 
-@pytest.mark.parametrize("case", [c for c in R.INT_TEXT_CASES if c.token is not None], ids=lambda c: repr(c.text))
+@pytest.mark.parametrize("case", [c for c in rulebook.INT_TEXT_CASES if c.token is not None], ids=lambda c: repr(c.text))
 def test_int_text_stands_for_its_int64_value_in_preprocessing(case):
     """J2: the JSON string gives the token preprocessing makes of the int64 value it stands for."""
-    toks = F.extract_tokens(pa.array([[int(case.token)]], pa.list_(pa.int64())), 1, None, None)
+    toks = features.extract_tokens(pa.array([[int(case.token)]], pa.list_(pa.int64())), 1, None, None)
     assert toks.values.to_pylist() == [case.token]
 
 
 @pytest.mark.parametrize("path", JSON_PATHS)
 def test_int_text_cases_serving(served, path):
     expected = tuple(
-        (R.embedding_id(c.token, R.VOCABULARY, INT_TEXT_OOV_BUCKETS),) if c.token else () for c in R.INT_TEXT_CASES
+        (rulebook.embedding_id(c.token, rulebook.VOCABULARY, INT_TEXT_OOV_BUCKETS),) if c.token else () for c in rulebook.INT_TEXT_CASES
     )
-    assert served.ids(path, INT_TEXT, len(R.INT_TEXT_CASES)) == expected
+    assert served.ids(path, INT_TEXT, len(rulebook.INT_TEXT_CASES)) == expected
 
 
 def test_int_columns_as_numbers_serving(served):
@@ -120,11 +120,11 @@ def test_int_columns_as_numbers_serving(served):
     sent as in `serve_features`, gives what `serve_features` gives."""
     path = "serve_typed_features"
     expected = tuple(
-        (R.embedding_id(c.token, R.VOCABULARY, INT_TEXT_OOV_BUCKETS),) if c.token else () for c in R.INT_TEXT_CASES
+        (rulebook.embedding_id(c.token, rulebook.VOCABULARY, INT_TEXT_OOV_BUCKETS),) if c.token else () for c in rulebook.INT_TEXT_CASES
     )
-    assert served.ids(path, INT_TEXT, len(R.INT_TEXT_CASES)) == expected
+    assert served.ids(path, INT_TEXT, len(rulebook.INT_TEXT_CASES)) == expected
     assert served.ids(path, "identity_int", len(INT_IDENTITY)) == _kind_expected("identity_int")
-    int_cases = {_feature_name("t", i): c for i, c in enumerate(TOKEN_CASES.values()) if c.kind == R.KIND_INT}
+    int_cases = {_feature_name("t", i): c for i, c in enumerate(TOKEN_CASES.values()) if c.kind == rulebook.KIND_INT}
     assert int_cases
     for name, case in int_cases.items():  # one value per row: its IDs; several: none sent
         expected = tuple(ids if v and len(v) == 1 else () for v, ids in zip(case.rows, case.ids))
@@ -139,24 +139,24 @@ def test_int_columns_as_numbers_serving(served):
 # ---- column kinds: hashed (V3) and identity (V4) --------------------------------------------------
 
 HASH_BUCKETS = 1000
-IDENTITY = {d: [c for c in R.IDENTITY_CASES if c.default_value == d] for d in (None, 3)}
+IDENTITY = {d: [c for c in rulebook.IDENTITY_CASES if c.default_value == d] for d in (None, 3)}
 INT_IDENTITY = (0, 7, 9, 10, -1, 12345678901234)  # an int64 column: T2 first (-1: negative_int), then V4
 # column -> (raw kind, vocabulary options, one value per row)
 KIND_COLUMNS = {
-    "hashed": (R.KIND_BYTES, {"kind": "hashed", "num_buckets": HASH_BUCKETS}, sorted({c.token for c in R.OOV_CASES})),
-    "identity": (R.KIND_BYTES, {"kind": "identity", "num_buckets": 10}, [c.token for c in IDENTITY[None]]),
-    "identity_default": (R.KIND_BYTES, {"kind": "identity", "num_buckets": 10, "default_value": 3},
+    "hashed": (rulebook.KIND_BYTES, {"kind": "hashed", "num_buckets": HASH_BUCKETS}, sorted({c.token for c in rulebook.OOV_CASES})),
+    "identity": (rulebook.KIND_BYTES, {"kind": "identity", "num_buckets": 10}, [c.token for c in IDENTITY[None]]),
+    "identity_default": (rulebook.KIND_BYTES, {"kind": "identity", "num_buckets": 10, "default_value": 3},
                          [c.token for c in IDENTITY[3]]),
-    "identity_int": (R.KIND_INT, {"kind": "identity", "num_buckets": 10}, list(INT_IDENTITY)),
+    "identity_int": (rulebook.KIND_INT, {"kind": "identity", "num_buckets": 10}, list(INT_IDENTITY)),
     # multi-hot, max_length 2: tokens that are no IDs are dropped before T7 takes the first two
-    "identity_multi": (R.KIND_BYTES, {"kind": "identity", "num_buckets": 10},
+    "identity_multi": (rulebook.KIND_BYTES, {"kind": "identity", "num_buckets": 10},
                        [b"12|3|abc|4|5", b"x|y|8", b"1|2|3", b"|07|", b"9"]),
 }
 MULTI = {"identity_multi": ("|", 2)}  # column -> (separator, max_length)
-# W1 in serving: a weighted feature ("weighted": tokens a|x, vocabulary R.VOCABULARY) weighed by a
+# W1 in serving: a weighted feature ("weighted": tokens a|x, vocabulary rulebook.VOCABULARY) weighed by a
 # float column ("w") holding the float weight cases (a tf.Example column has one kind).
 WEIGHTED, WEIGHT_COLUMN = "weighted", "w"
-FLOAT_WEIGHTS = [(values, weight) for kind, values, weight in R.WEIGHT_CASES if kind == R.KIND_FLOAT]
+FLOAT_WEIGHTS = [(values, weight) for kind, values, weight in rulebook.WEIGHT_CASES if kind == rulebook.KIND_FLOAT]
 
 
 def _weighted_expected():
@@ -171,11 +171,11 @@ def _kind_expected(name):
     out = []
     separator, max_length = MULTI.get(name, (None, None))
     for value in rows:
-        tokens = R.row_tokens(kind, [value], separator).tokens
+        tokens = rulebook.row_tokens(kind, [value], separator).tokens
         if options["kind"] == "hashed":
-            out.append(tuple(R.oov_bucket(t, options["num_buckets"]) for t in tokens))
+            out.append(tuple(rulebook.oov_bucket(t, options["num_buckets"]) for t in tokens))
         else:
-            ids = [R.identity_id(t, options["num_buckets"], options.get("default_value"))[0] for t in tokens]
+            ids = [rulebook.identity_id(t, options["num_buckets"], options.get("default_value"))[0] for t in tokens]
             out.append(tuple(i for i in ids if i is not None)[:max_length])  # V4 drops take no place in T7
     return tuple(out)
 
@@ -183,32 +183,32 @@ def _kind_expected(name):
 @pytest.mark.parametrize("default", [None, 3])
 def test_identity_case_reference(default):
     for c in IDENTITY[default]:
-        assert R.identity_id(c.token, c.num_buckets, c.default_value) == (c.row, c.reason), c
+        assert rulebook.identity_id(c.token, c.num_buckets, c.default_value) == (c.row, c.reason), c
 
 
 @pytest.mark.parametrize("name", KIND_COLUMNS)
 def test_column_kind_arrow(name):
     """Preprocessing's Arrow path (extract_tokens with the table's id_filter, the table's lookup)
     gives the rulebook's IDs and counts the rulebook's reasons."""
-    from components.config import VocabularyOptions
+    from components.config.schema import VocabularyOptions
     from components.embedding_preprocess.transform import make_lookups
 
     kind, options, rows = KIND_COLUMNS[name]
     cfg = SimpleNamespace(tables=[SimpleNamespace(name=name, vocabulary=VocabularyOptions(**options))])
     lookup = make_lookups(cfg, {})[name]
     separator, max_length = MULTI.get(name, (None, None))
-    toks = F.extract_tokens(_arrow(kind, [[v] for v in rows]), len(rows), separator, max_length,
+    toks = features.extract_tokens(_arrow(kind, [[v] for v in rows]), len(rows), separator, max_length,
                             getattr(lookup, "id_filter", None))
     ids, oov = lookup.lookup(toks.values)
     assert _per_row(toks.row.tolist(), ids.tolist(), len(rows)) == _kind_expected(name)
     expected = Counter()
     for v in rows:
-        for t in R.row_tokens(kind, [v], separator).tokens:
+        for t in rulebook.row_tokens(kind, [v], separator).tokens:
             if options["kind"] == "identity":
-                _, reason = R.identity_id(t, options["num_buckets"], options.get("default_value"))
+                _, reason = rulebook.identity_id(t, options["num_buckets"], options.get("default_value"))
                 expected[reason] += reason is not None
     for v in rows:  # T2's reasons (negative_int) come first
-        expected.update(dict(R.row_tokens(kind, [v]).invalid))
+        expected.update(dict(rulebook.row_tokens(kind, [v]).invalid))
     assert toks.invalid == {k: c for k, c in expected.items() if c}
     if options["kind"] == "identity" and options.get("default_value") is not None:
         assert oov == sum(c.row == 3 and c.token != b"3" for c in IDENTITY[3])
@@ -220,15 +220,15 @@ def test_column_kind_serving(served, name, path):
     assert served.ids(path, name, len(KIND_COLUMNS[name][2])) == _kind_expected(name)
 
 
-@pytest.mark.parametrize("kind, values, weight", R.WEIGHT_CASES, ids=lambda v: repr(v))
+@pytest.mark.parametrize("kind, values, weight", rulebook.WEIGHT_CASES, ids=lambda v: repr(v))
 def test_weight_case_arrow(kind, values, weight):
     """W1 in preprocessing: the row's weight, or its tokens dropped and counted."""
-    t = {R.KIND_FLOAT: pa.float32(), R.KIND_INT: pa.int64(), R.KIND_BYTES: pa.binary()}[kind]
-    w = F.extract_weights(pa.array([None if values is None else list(values)], pa.list_(t)), 1)
-    assert R.row_weight(kind, values) == weight and (np.isnan(w[0]) if weight is None else w[0] == weight)
-    toks = F.extract_tokens(_arrow(R.KIND_BYTES, [[b"a|x"]]), 1, "|", None, row_weights=w)
+    t = {rulebook.KIND_FLOAT: pa.float32(), rulebook.KIND_INT: pa.int64(), rulebook.KIND_BYTES: pa.binary()}[kind]
+    w = features.extract_weights(pa.array([None if values is None else list(values)], pa.list_(t)), 1)
+    assert rulebook.row_weight(kind, values) == weight and (np.isnan(w[0]) if weight is None else w[0] == weight)
+    toks = features.extract_tokens(_arrow(rulebook.KIND_BYTES, [[b"a|x"]]), 1, "|", None, row_weights=w)
     assert toks.values.to_pylist() == ([] if weight is None else [b"a", b"x"])
-    assert toks.invalid == ({} if weight is not None else {R.INVALID_WEIGHT: 2})
+    assert toks.invalid == ({} if weight is not None else {rulebook.INVALID_WEIGHT: 2})
 
 
 @pytest.mark.parametrize("path", TF_PATHS)
@@ -245,12 +245,12 @@ def test_weighted_ids_serving(served, path):
 # ---- the OOV hash --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", R.OOV_CASES, ids=lambda c: f"{c.token[:10]!r}-{c.num_oov_buckets}")
+@pytest.mark.parametrize("case", rulebook.OOV_CASES, ids=lambda c: f"{c.token[:10]!r}-{c.num_oov_buckets}")
 def test_oov_case(case):
     import tensorflow as tf
 
-    assert R.oov_bucket(case.token, case.num_oov_buckets) == case.bucket
-    assert V.oov_bucket is R.oov_bucket  # the name vocabulary code uses
+    assert rulebook.oov_bucket(case.token, case.num_oov_buckets) == case.bucket
+    assert vocabulary_lib.oov_bucket is rulebook.oov_bucket  # the name vocabulary code uses
     assert tf.strings.to_hash_bucket_fast([case.token], case.num_oov_buckets).numpy().tolist() == [case.bucket]
 
 
@@ -258,9 +258,9 @@ def test_oov_hash_matches_tensorflow():
     """Every OOV token of the table, for every bucket count, hashed by Python and by TensorFlow."""
     import tensorflow as tf
 
-    tokens = sorted({c.token for c in R.OOV_CASES})
-    for buckets in sorted({c.num_oov_buckets for c in R.OOV_CASES}):
-        ours = [R.oov_bucket(t, buckets) for t in tokens]
+    tokens = sorted({c.token for c in rulebook.OOV_CASES})
+    for buckets in sorted({c.num_oov_buckets for c in rulebook.OOV_CASES}):
+        ours = [rulebook.oov_bucket(t, buckets) for t in tokens]
         assert ours == tf.strings.to_hash_bucket_fast(tokens, buckets).numpy().tolist()
 
 
@@ -273,7 +273,7 @@ def test_serving_default_parses_each_column_as_the_examples_hold_it(served):
     without a value: its feature's natural kind), so every case above reaches the rules unconverted."""
     import tensorflow as tf
 
-    dtype = {R.KIND_BYTES: tf.string, R.KIND_INT: tf.int64, R.KIND_FLOAT: tf.float32}
+    dtype = {rulebook.KIND_BYTES: tf.string, rulebook.KIND_INT: tf.int64, rulebook.KIND_FLOAT: tf.float32}
     expected = {_feature_name("t", i): dtype.get(c.kind, tf.string) for i, c in enumerate(TOKEN_CASES.values())}
     expected.update({_feature_name("d", i): dtype[c.kind] for i, c in enumerate(DENSE_CASES.values())})
     expected.update({INT_TEXT: tf.int64, WEIGHTED: tf.string, WEIGHT_COLUMN: tf.float32})
@@ -284,7 +284,7 @@ def test_serving_default_parses_each_column_as_the_examples_hold_it(served):
 @pytest.mark.parametrize("name", DENSE_CASES)
 def test_dense_case_reference(name):
     case = DENSE_CASES[name]
-    rows = [R.dense_value(case.kind, r, case.fill_value) for r in case.rows]
+    rows = [rulebook.dense_value(case.kind, r, case.fill_value) for r in case.rows]
     np.testing.assert_array_equal(np.float32([r.value for r in rows]), np.float32(case.values))
     invalid = Counter()
     for r in rows:
@@ -296,7 +296,7 @@ def test_dense_case_reference(name):
 @pytest.mark.parametrize("name", DENSE_CASES)
 def test_dense_case_arrow(name, float_type):
     case = DENSE_CASES[name]
-    dense = F.extract_dense(_arrow(case.kind, case.rows, float_type), len(case.rows), case.fill_value)
+    dense = features.extract_dense(_arrow(case.kind, case.rows, float_type), len(case.rows), case.fill_value)
     np.testing.assert_array_equal(dense.values, np.float32(case.values))
     assert dense.missing == case.missing and dense.invalid == dict(case.invalid)
 
@@ -317,16 +317,16 @@ def test_dense_case_serving(served, name, path):
 
 # ---- labels --------------------------------------------------------------------------------------
 
-LABEL_KINDS = sorted({c.kind for c in R.LABEL_CASES})
+LABEL_KINDS = sorted({c.kind for c in rulebook.LABEL_CASES})
 
 
 def _label_cases(kind):
-    return [c for c in R.LABEL_CASES if c.kind == kind]
+    return [c for c in rulebook.LABEL_CASES if c.kind == kind]
 
 
 def _check_labels(cases, label, missing, invalid):
-    assert missing.tolist() == [c.reason == R.DROP_MISSING_LABEL for c in cases]
-    assert invalid.tolist() == [c.reason == R.DROP_INVALID_LABEL for c in cases]
+    assert missing.tolist() == [c.reason == rulebook.DROP_MISSING_LABEL for c in cases]
+    assert invalid.tolist() == [c.reason == rulebook.DROP_INVALID_LABEL for c in cases]
     keep = ~missing & ~invalid
     assert [float(v) for v, k in zip(label, keep) if k] == [c.label for c in cases if c.label is not None]
 
@@ -335,7 +335,7 @@ def _check_labels(cases, label, missing, invalid):
 def test_label_cases_preprocessing(kind):
     """All cases of one raw kind in one batch through `features.extract_label`."""
     cases = _label_cases(kind)
-    labels = F.extract_label(_arrow(kind, [c.values for c in cases]), len(cases))
+    labels = features.extract_label(_arrow(kind, [c.values for c in cases]), len(cases))
     _check_labels(cases, labels.values, labels.missing, labels.invalid)
     assert labels.keep.tolist() == [c.label is not None for c in cases]
 
@@ -386,7 +386,7 @@ class _Served:
 def served(tmp_path_factory):
     import tensorflow as tf
 
-    from components.config import parse_config
+    from components.config.loading import parse_config
     from components.embedding_exporter.serving import RawFeatureTransform, ServingModule
     from components.embedding_model.saving import save_serving_model
     from components.embedding_preprocess.run import build_manifest
@@ -403,8 +403,8 @@ def served(tmp_path_factory):
         vocabularies[name] = case.vocabulary
         kinds[name] = case.kind
     categorical.append({"name": INT_TEXT, "vocabulary": {"num_oov_buckets": INT_TEXT_OOV_BUCKETS}})
-    vocabularies[INT_TEXT] = R.VOCABULARY
-    kinds[INT_TEXT] = R.KIND_INT
+    vocabularies[INT_TEXT] = rulebook.VOCABULARY
+    kinds[INT_TEXT] = rulebook.KIND_INT
     for name, (kind, vocabulary, _) in KIND_COLUMNS.items():
         separator, max_length = MULTI.get(name, (None, None))
         categorical.append({"name": name, "vocabulary": vocabulary, "separator": separator, "max_length": max_length})
@@ -412,29 +412,29 @@ def served(tmp_path_factory):
         kinds[name] = kind
     categorical.append({"name": WEIGHTED, "weight_column": WEIGHT_COLUMN, "separator": "|",
                         "vocabulary": {"num_oov_buckets": 1}})
-    vocabularies[WEIGHTED] = R.VOCABULARY
-    kinds[WEIGHTED], kinds[WEIGHT_COLUMN] = R.KIND_BYTES, R.KIND_FLOAT
+    vocabularies[WEIGHTED] = rulebook.VOCABULARY
+    kinds[WEIGHTED], kinds[WEIGHT_COLUMN] = rulebook.KIND_BYTES, rulebook.KIND_FLOAT
     dense = [{"name": _feature_name("d", i), "fill_value": c.fill_value} for i, c in enumerate(dense_cases)]
     kinds.update({_feature_name("d", i): c.kind for i, c in enumerate(dense_cases)})
     cfg = parse_config({"input": {"path": "unused.csv"}, "label": "label", "dense_features": dense,
                         "categorical_features": categorical})
     vocab_dir = str(root / "vocab")
     for name, tokens in vocabularies.items():
-        V.write_vocabulary(vocab_dir, name, [(t, 1) for t in tokens])
+        vocabulary_lib.write_vocabulary(vocab_dir, name, [(t, 1) for t in tokens])
     # the raw kinds as preprocessing records them (an all-missing column gets the default: bytes)
-    manifest = build_manifest(cfg, {f"kind/{c}/{k}": 1 for c, k in kinds.items() if k != R.KIND_NONE}, vocab_dir)
+    manifest = build_manifest(cfg, {f"kind/{c}/{k}": 1 for c, k in kinds.items() if k != rulebook.KIND_NONE}, vocab_dir)
     transform = RawFeatureTransform(manifest, vocab_dir)
 
-    num_rows = max([len(c.rows) for c in token_cases + dense_cases] + [len(R.INT_TEXT_CASES)]
+    num_rows = max([len(c.rows) for c in token_cases + dense_cases] + [len(rulebook.INT_TEXT_CASES)]
                    + [len(rows) for _, _, rows in KIND_COLUMNS.values()] + [len(FLOAT_WEIGHTS)])
 
     def rows_of(case):
         return list(case.rows) + [None] * (num_rows - len(case.rows))
 
     def feature(kind, values):
-        if kind == R.KIND_BYTES:
+        if kind == rulebook.KIND_BYTES:
             return tf.train.Feature(bytes_list=tf.train.BytesList(value=values))
-        if kind == R.KIND_INT:
+        if kind == rulebook.KIND_INT:
             return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
         return tf.train.Feature(float_list=tf.train.FloatList(value=values))
 
@@ -450,9 +450,9 @@ def served(tmp_path_factory):
             if r < len(rows):
                 feats[name] = feature(kind, [rows[r]])
         if r < len(FLOAT_WEIGHTS):
-            feats[WEIGHTED] = feature(R.KIND_BYTES, [b"a|x"])
+            feats[WEIGHTED] = feature(rulebook.KIND_BYTES, [b"a|x"])
             if FLOAT_WEIGHTS[r][0] is not None:
-                feats[WEIGHT_COLUMN] = feature(R.KIND_FLOAT, list(FLOAT_WEIGHTS[r][0]))
+                feats[WEIGHT_COLUMN] = feature(rulebook.KIND_FLOAT, list(FLOAT_WEIGHTS[r][0]))
         examples.append(tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString())
     examples = tf.constant(examples)
 
@@ -460,14 +460,14 @@ def served(tmp_path_factory):
     for i, case in enumerate(token_cases):
         json = case.json_rows() or ()
         columns[_feature_name("t", i)] = tf.constant(list(json) + [b""] * (num_rows - len(json)), tf.string)
-    texts = [c.text for c in R.INT_TEXT_CASES]
+    texts = [c.text for c in rulebook.INT_TEXT_CASES]
     columns[INT_TEXT] = tf.constant(texts + [b""] * (num_rows - len(texts)), tf.string)
     pad = num_rows - len(FLOAT_WEIGHTS)
     columns[WEIGHTED] = tf.constant([b"a|x"] * len(FLOAT_WEIGHTS) + [b""] * pad, tf.string)
     columns[WEIGHT_COLUMN] = tf.constant([v[0] if v else float("nan") for v, _ in FLOAT_WEIGHTS] + [float("nan")] * pad,
                                          tf.float32)
     for name, (kind, _, rows) in KIND_COLUMNS.items():  # JSON: one string per row (J1, J2)
-        texts = [str(v).encode() if kind == R.KIND_INT else v for v in rows]
+        texts = [str(v).encode() if kind == rulebook.KIND_INT else v for v in rows]
         columns[name] = tf.constant(texts + [b""] * (num_rows - len(texts)), tf.string)
     for i, case in enumerate(dense_cases):
         json = case.json_rows() or ()
@@ -509,14 +509,14 @@ def served(tmp_path_factory):
     outputs["serve_features"] = loaded.signatures["serve_features"](**columns)["probabilities"].numpy()
     # serve_typed_features: the int64 ID columns as JSON numbers, one per row (-1: none); a text
     # that stands for no int64 value cannot be sent as a number, so its row sends none.
-    int_cases = {_feature_name("t", i): case for i, case in enumerate(token_cases) if case.kind == R.KIND_INT}
+    int_cases = {_feature_name("t", i): case for i, case in enumerate(token_cases) if case.kind == rulebook.KIND_INT}
     assert sorted(transform.integer_columns()) == sorted([INT_TEXT, "identity_int", *int_cases])
     typed = dict(columns)
     for name, case in int_cases.items():  # a row of several values has no such form: it sends none
         one = [v[0] if v and len(v) == 1 else -1 for v in case.rows]
         typed[name] = tf.constant(one + [-1] * (num_rows - len(one)), tf.int64)
-    typed[INT_TEXT] = tf.constant([int(c.token) if c.token else -1 for c in R.INT_TEXT_CASES]
-                                  + [-1] * (num_rows - len(R.INT_TEXT_CASES)), tf.int64)
+    typed[INT_TEXT] = tf.constant([int(c.token) if c.token else -1 for c in rulebook.INT_TEXT_CASES]
+                                  + [-1] * (num_rows - len(rulebook.INT_TEXT_CASES)), tf.int64)
     typed["identity_int"] = tf.constant(list(INT_IDENTITY) + [-1] * (num_rows - len(INT_IDENTITY)), tf.int64)
     outputs["serve_typed_features"] = loaded.signatures["serve_typed_features"](**typed)["probabilities"].numpy()
     return _Served(outputs, layout, transform.example_spec())
@@ -524,7 +524,7 @@ def served(tmp_path_factory):
 
 # ---- dense buckets (B1) ---------------------------------------------------------------------------
 
-BUCKET_CASES = {c.name: c for c in R.BUCKET_CASES}
+BUCKET_CASES = {c.name: c for c in rulebook.BUCKET_CASES}
 
 
 @pytest.mark.parametrize("float_type", [pa.float32(), pa.float64()], ids=["float32", "float64"])
@@ -533,8 +533,8 @@ def test_bucket_case_reference_and_arrow_values(name, float_type):
     """B1 by the rule, and on the values preprocessing's Arrow path gives the rows (D1-D4), bucketed
     as float32 (what the plan's boundaries and the model compare)."""
     case = BUCKET_CASES[name]
-    assert tuple(R.dense_bucket(v, case.boundaries) for v in case.case.values) == case.buckets
-    dense = F.extract_dense(_arrow(case.case.kind, case.case.rows, float_type), len(case.case.rows), case.case.fill_value)
+    assert tuple(rulebook.dense_bucket(v, case.boundaries) for v in case.case.values) == case.buckets
+    dense = features.extract_dense(_arrow(case.case.kind, case.case.rows, float_type), len(case.case.rows), case.case.fill_value)
     got = np.searchsorted(np.float32(case.boundaries), dense.values.astype(np.float32), side="right")
     assert tuple(int(b) for b in got) == case.buckets
 
@@ -571,12 +571,12 @@ def test_piecewise_linear_reference_by_hand_and_against_the_buckets():
     """B2 worked by hand on boundaries with a repeat, and its tie to B1 on every case: beside bucket
     k >= 1 exactly k - 1 bins are 1, and at most one bin holds a fraction."""
     b = (0.0, 1.0, 1.0, 3.0)
-    assert [R.dense_piecewise_linear(v, b) for v in (-1.0, 0.0, 0.5, 1.0, 2.0, 3.0, 5.0)] == [
+    assert [rulebook.dense_piecewise_linear(v, b) for v in (-1.0, 0.0, 0.5, 1.0, 2.0, 3.0, 5.0)] == [
         (0.0, 0.0, 0.0), (0.0, 0.0, 0.0), (0.5, 0.0, 0.0), (1.0, 1.0, 0.0), (1.0, 1.0, 0.5),
         (1.0, 1.0, 1.0), (1.0, 1.0, 1.0)]
     for case in BUCKET_CASES.values():
         for v, k in zip(case.case.values, case.buckets):
-            enc = R.dense_piecewise_linear(v, case.boundaries)
+            enc = rulebook.dense_piecewise_linear(v, case.boundaries)
             assert len(enc) == max(len(case.boundaries) - 1, 0)
             assert sum(1 for e in enc if 0.0 < e < 1.0) <= 1
             if k >= 1:
@@ -591,7 +591,7 @@ def test_piecewise_linear_case_serving(served, name, path):
 
     case = BUCKET_CASES[name]
     values = served.dense(path, case.case.name, len(case.case.rows))
-    expected = [R.dense_piecewise_linear(v, case.boundaries) for v in case.case.values]
+    expected = [rulebook.dense_piecewise_linear(v, case.boundaries) for v in case.case.values]
     np.testing.assert_allclose(piecewise_linear(values, case.boundaries).numpy(), np.array(expected), atol=1e-6)
 
 
@@ -603,6 +603,6 @@ def test_plan_boundaries_are_float32_quantiles_with_repeats_kept():
     assert bucket_boundaries(quantiles, 100) == tuple(float(v) for v in range(1, 100))
     mostly_zero = (0.0,) * 80 + tuple(float(v) for v in range(1, 22))  # a value many rows hold: repeated
     assert bucket_boundaries(mostly_zero, 10) == (0.0,) * 7 + (1.0, 11.0)
-    assert R.dense_bucket(0.0, bucket_boundaries(mostly_zero, 10)) == 7  # buckets 1-6 stay empty
+    assert rulebook.dense_bucket(0.0, bucket_boundaries(mostly_zero, 10)) == 7  # buckets 1-6 stay empty
     b = bucket_boundaries((0.1,) * 101, 5)
-    assert b == (float(np.float32(0.1)),) * 4 and R.dense_bucket(0.1, b) == 4
+    assert b == (float(np.float32(0.1)),) * 4 and rulebook.dense_bucket(0.1, b) == 4

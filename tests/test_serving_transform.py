@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import components  # noqa: F401
-from components import rulebook as R
-from components.embedding_preprocess import vocabulary as V
+from components.rules import rulebook
+from components.embedding_preprocess import vocabulary
 
 tf = pytest.importorskip("tensorflow")
 
@@ -30,26 +30,26 @@ BYTES_VALUES = VOCAB + [b"zz", b"unseen", b"", b"\xff", b"a\xc3", b"\xc0\x80", b
                         b"a\nb", b"a\rb", "日本".encode(), b"\x00", b"|", b"a|b", b"a||c|", b"|zz|\xff|b", b" a ", b"a,b,c", b",a"]
 INT_VALUES = [0, 7, 12, -1, -12, 3, 2**63 - 1, -(2**63), 99, 101, 110]
 FEATURES = [  # (name, raw kind, separator, max_length, table, OOV buckets)
-    ("b_plain", R.KIND_BYTES, None, None, "b_plain", 1),
-    ("b_sep", R.KIND_BYTES, "|", None, "shared", 3),
-    ("b_sep_max", R.KIND_BYTES, "|", 2, "b_sep_max", 5),
-    ("b_comma_max", R.KIND_BYTES, ",", 1, "shared", 3),
-    ("i_plain", R.KIND_INT, None, None, "i_plain", 1),
-    ("i_sep_max", R.KIND_INT, "|", 2, "i_sep_max", 5),
-    ("f_cat", R.KIND_FLOAT, None, None, "f_cat", 1),
-    ("i_shared", R.KIND_INT, None, None, "shared", 3),  # int64 column, table shared with strings
-    ("i_digit_sep", R.KIND_INT, "1", None, "i_digit_sep", 2),  # a separator that splits decimal texts
+    ("b_plain", rulebook.KIND_BYTES, None, None, "b_plain", 1),
+    ("b_sep", rulebook.KIND_BYTES, "|", None, "shared", 3),
+    ("b_sep_max", rulebook.KIND_BYTES, "|", 2, "b_sep_max", 5),
+    ("b_comma_max", rulebook.KIND_BYTES, ",", 1, "shared", 3),
+    ("i_plain", rulebook.KIND_INT, None, None, "i_plain", 1),
+    ("i_sep_max", rulebook.KIND_INT, "|", 2, "i_sep_max", 5),
+    ("f_cat", rulebook.KIND_FLOAT, None, None, "f_cat", 1),
+    ("i_shared", rulebook.KIND_INT, None, None, "shared", 3),  # int64 column, table shared with strings
+    ("i_digit_sep", rulebook.KIND_INT, "1", None, "i_digit_sep", 2),  # a separator that splits decimal texts
 ]
 # Looked up by int64 value; the others by string (i_digit_sep: its separator splits decimal texts;
 # the rulebook's int cases: their vocabulary has non-integer lines).
 INTEGER_TABLES = {"i_plain", "i_sep_max"}
-DENSE = [("d_float", R.KIND_FLOAT, -1.0), ("d_int", R.KIND_INT, -2.0), ("d_bytes", R.KIND_BYTES, 3.0),
-         ("d_float2", R.KIND_FLOAT, 0.0)]
+DENSE = [("d_float", rulebook.KIND_FLOAT, -1.0), ("d_int", rulebook.KIND_INT, -2.0), ("d_bytes", rulebook.KIND_BYTES, 3.0),
+         ("d_float2", rulebook.KIND_FLOAT, 0.0)]
 
 
 @pytest.fixture(scope="module")
 def transforms(tmp_path_factory):
-    from components.config import parse_config
+    from components.config.loading import parse_config
     from components.embedding_exporter.serving import RawFeatureTransform
     from components.embedding_exporter.serving_reference import FeatureByFeatureTransform
     from components.embedding_preprocess.run import build_manifest
@@ -65,7 +65,7 @@ def transforms(tmp_path_factory):
             f["vocabulary"] = {"num_oov_buckets": oov}
         categorical.append(f)
     # the rulebook's token cases, one feature each, beside the messy columns
-    for i, case in enumerate(R.TOKEN_CASES):
+    for i, case in enumerate(rulebook.TOKEN_CASES):
         f = {"name": f"case{i}", "vocabulary": {"num_oov_buckets": case.num_oov_buckets}}
         f.update({k: v for k, v in (("separator", case.separator), ("max_length", case.max_length)) if v})
         categorical.append(f)
@@ -77,27 +77,27 @@ def transforms(tmp_path_factory):
     })
     vocab_dir = str(root / "vocab")
     for t in cfg.tables:
-        case = next((c for i, c in enumerate(R.TOKEN_CASES) if t.name == f"case{i}"), None)
+        case = next((c for i, c in enumerate(rulebook.TOKEN_CASES) if t.name == f"case{i}"), None)
         if case:
             tokens = list(case.vocabulary)
         elif t.name in INTEGER_TABLES:  # what preprocessing writes for int64 columns: decimal texts
             tokens = [b"7", b"0", b"12", b"9223372036854775807", b"10", b"101"]
         else:
             tokens = VOCAB + [b"9223372036854775807", b"10", b"101"]
-        V.write_vocabulary(vocab_dir, t.name, [(tok, 1) for tok in tokens])
+        vocabulary.write_vocabulary(vocab_dir, t.name, [(tok, 1) for tok in tokens])
     kinds = {name: kind for name, kind, *_ in FEATURES}
     kinds.update({name: kind for name, kind, _ in DENSE})
-    kinds.update({f"case{i}": c.kind for i, c in enumerate(R.TOKEN_CASES)})
-    manifest = build_manifest(cfg, {f"kind/{c}/{k}": 1 for c, k in kinds.items() if k != R.KIND_NONE}, vocab_dir)
+    kinds.update({f"case{i}": c.kind for i, c in enumerate(rulebook.TOKEN_CASES)})
+    manifest = build_manifest(cfg, {f"kind/{c}/{k}": 1 for c, k in kinds.items() if k != rulebook.KIND_NONE}, vocab_dir)
     fused = RawFeatureTransform(manifest, vocab_dir)
     assert fused.integer_tables == INTEGER_TABLES
     return fused, FeatureByFeatureTransform(manifest, vocab_dir), kinds
 
 
 def _feature(kind, values):
-    if kind == R.KIND_BYTES:
+    if kind == rulebook.KIND_BYTES:
         return tf.train.Feature(bytes_list=tf.train.BytesList(value=values))
-    if kind == R.KIND_INT:
+    if kind == rulebook.KIND_INT:
         return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
     return tf.train.Feature(float_list=tf.train.FloatList(value=values))
 
@@ -111,9 +111,9 @@ def _messy_rows(rng: random.Random, n: int):
             if rng.random() < 0.15:
                 continue  # absent
             k = rng.choice([0, 1, 1, 1, 2, 3, 5])
-            if kind == R.KIND_BYTES:
+            if kind == rulebook.KIND_BYTES:
                 row[name] = [rng.choice(BYTES_VALUES) for _ in range(k)]
-            elif kind == R.KIND_INT:
+            elif kind == rulebook.KIND_INT:
                 row[name] = [rng.choice(INT_VALUES) for _ in range(k)]
             else:
                 row[name] = [rng.choice([0.5, -1.0, 7.0]) for _ in range(k)]
@@ -121,9 +121,9 @@ def _messy_rows(rng: random.Random, n: int):
             if rng.random() < 0.2:
                 continue
             k = rng.choice([0, 1, 1, 1, 2])
-            if kind == R.KIND_FLOAT:
+            if kind == rulebook.KIND_FLOAT:
                 row[name] = [rng.choice([0.0, 1.5, -3.25, float("nan"), float("inf"), -float("inf"), 3e38]) for _ in range(k)]
-            elif kind == R.KIND_INT:
+            elif kind == rulebook.KIND_INT:
                 row[name] = [rng.choice([0, 5, -7, 2**40]) for _ in range(k)]
             else:
                 row[name] = [rng.choice([b"1.5", b"x", b""]) for _ in range(k)]
@@ -133,9 +133,9 @@ def _messy_rows(rng: random.Random, n: int):
 
 def _case_rows():
     """Every rulebook token case's rows, side by side (one feature per case), padded with absent rows."""
-    n = max(len(c.rows) for c in R.TOKEN_CASES)
+    n = max(len(c.rows) for c in rulebook.TOKEN_CASES)
     rows = [dict() for _ in range(n)]
-    for i, case in enumerate(R.TOKEN_CASES):
+    for i, case in enumerate(rulebook.TOKEN_CASES):
         for r, values in enumerate(case.rows):
             if values is not None:
                 rows[r][f"case{i}"] = list(values)
@@ -267,7 +267,7 @@ def test_one_hash_gives_every_tables_oov_bucket(counts):
     order = [SimpleNamespace(table=f"t{i}") for i in range(len(counts))]
     owner = SimpleNamespace(_miss_buckets={f"t{i}": c for i, c in enumerate(counts)})
     got = RawFeatureTransform._oov_buckets(owner, tf.constant(tokens), tf.constant(feature, tf.int64), order)
-    want = [R.oov_bucket(t, counts[f]) if counts[f] > 1 else 0 for t, f in zip(tokens, feature)]
+    want = [rulebook.oov_bucket(t, counts[f]) if counts[f] > 1 else 0 for t, f in zip(tokens, feature)]
     assert got.numpy().tolist() == want
 
 
@@ -353,7 +353,7 @@ def test_integer_columns_sent_as_numbers_give_what_their_decimal_texts_give(tran
     none) gives; every other column as in `serve_features`."""
     fused, _, kinds = transforms
     integer = fused.integer_columns()
-    assert integer and all(kinds[c] == R.KIND_INT for c in integer)
+    assert integer and all(kinds[c] == rulebook.KIND_INT for c in integer)
     rows = _messy_rows(random.Random(seed), batch)
     for row in rows:  # one value per integer cell: what a JSON number can hold
         for c in integer:

@@ -20,12 +20,12 @@ import pytest
 import components  # noqa: F401
 import tensorflow as tf
 
-from components.config import OptimizerConfig
+from components.config.schema import OptimizerConfig
 from components.contracts.plan import CheckpointLayout, EmbeddingPlan, optimizer_spec
-from components.embedding_model import layouts as L
-from components.embedding_model import tf_objects as P
+from components.embedding_model import layouts
+from components.embedding_model import tf_objects
 from components.embedding_trainer import trainer_module as tm
-from tests import tpu_harness as H
+from tests import tpu_harness
 
 DEFAULT = optimizer_spec(OptimizerConfig(name="adagrad", learning_rate=0.1))
 OWN = optimizer_spec(OptimizerConfig(name="sgd", learning_rate=0.5))
@@ -57,8 +57,8 @@ PLANS = {
 
 
 def _strategy(monkeypatch, replicas, per_chip=4):
-    cls = H.recording_strategy_class(replicas, sparse_cores_per_chip=per_chip)
-    H.let_pass_type_check(monkeypatch, cls)
+    cls = tpu_harness.recording_strategy_class(replicas, sparse_cores_per_chip=per_chip)
+    tpu_harness.let_pass_type_check(monkeypatch, cls)
     return cls()
 
 
@@ -68,14 +68,14 @@ def _model_v2(plan, strategy, per_replica, initializers=None):
     with strategy.scope():
         _, tpu_opt = tm.embedding_optimizers(DEFAULT)
         tables = tm.table_optimizers(plan, DEFAULT)
-        configs = P.feature_configs(plan, output_batch=per_replica, on_tpu=True,
+        configs = tf_objects.feature_configs(plan, output_batch=per_replica, on_tpu=True,
                                     table_optimizers={n: o.tpu for n, o in tables.items()})
     configs = {n: c for n, c in configs.items() if plan.tables[plan.features[n].table].placement == "tpu_embedding"}
     for i, name in enumerate(sorted(plan.tables)):
         for c in configs.values():
             if c.table.name == name and initializers is not None:
                 c.table.initializer = initializers(i)
-    return H.build_real_v2(strategy, configs, tpu_opt)
+    return tpu_harness.build_real_v2(strategy, configs, tpu_opt)
 
 
 @pytest.mark.parametrize("replicas,per_chip", [(1, 4), (2, 4), (4, 2)])
@@ -84,9 +84,9 @@ def test_tf_constructor_lays_tables_out_as_the_exporter_recomputes(case, replica
     plan = PLANS[case]()
     per_replica = plan.global_batch_size // replicas
     mid = _model_v2(plan, _strategy(monkeypatch, replicas, per_chip), per_replica)
-    ours = {n: H.layout_as_dict(l) for n, l in
-            L.plan_sparse_core_layouts(plan, replicas, per_chip, per_replica).items()}
-    assert H.tf_layout(mid) == ours
+    ours = {n: tpu_harness.layout_as_dict(l) for n, l in
+            layouts.plan_sparse_core_layouts(plan, replicas, per_chip, per_replica).items()}
+    assert tpu_harness.tf_layout(mid) == ours
     assert set(ours) == set(plan.tables_placed("tpu_embedding"))
 
 
@@ -96,24 +96,24 @@ def test_exporter_reads_every_row_tf_placed(case, replicas, monkeypatch, tmp_pat
     plan = PLANS[case]()
     per_replica = plan.global_batch_size // replicas
     strategy = _strategy(monkeypatch, replicas)
-    mid = _model_v2(plan, strategy, per_replica, initializers=H.row_identity_initializer)
-    prefix = H.checkpoint_of_model_path(mid).save(str(tmp_path / "ckpt"))
+    mid = _model_v2(plan, strategy, per_replica, initializers=tpu_harness.row_identity_initializer)
+    prefix = tpu_harness.checkpoint_of_model_path(mid).save(str(tmp_path / "ckpt"))
     index = {name: i for i, name in enumerate(sorted(plan.tables))}
     # the harness reads TF's variables through TF's map: the values are where TF put them
     for name in plan.tables_placed("tpu_embedding"):
         t = plan.tables[name]
-        np.testing.assert_array_equal(H.logical_table(mid, name, t.rows, t.dim).numpy(),
-                                      H.expected_rows(index[name], t.rows, t.dim))
+        np.testing.assert_array_equal(tpu_harness.logical_table(mid, name, t.rows, t.dim).numpy(),
+                                      tpu_harness.expected_rows(index[name], t.rows, t.dim))
     trained = plan.with_run(checkpoint_layout=CheckpointLayout(
         kind="B", embedding_api="TPUEmbeddingV2 (SparseCore)", num_replicas=replicas, sparse_cores_per_chip=4,
         per_replica_batch_size=per_replica))
-    tables = L.CheckpointTables(prefix, dataclasses.replace(
+    tables = layouts.CheckpointTables(prefix, dataclasses.replace(
         trained, tables=trained.tables_placed("tpu_embedding"),
         features={f: p for f, p in trained.features.items() if trained.tables[p.table].placement == "tpu_embedding"}))
     for name in plan.tables_placed("tpu_embedding"):
         t = plan.tables[name]
         assert tables.sources[name].kind == "B", (name, tables.sources[name].source)
-        np.testing.assert_array_equal(tables.read(name), H.expected_rows(index[name], t.rows, t.dim), err_msg=name)
+        np.testing.assert_array_equal(tables.read(name), tpu_harness.expected_rows(index[name], t.rows, t.dim), err_msg=name)
 
 
 def test_a_lone_unpadded_table_keeps_its_name_and_shape_but_not_its_row_order(monkeypatch, tmp_path):
@@ -121,12 +121,12 @@ def test_a_lone_unpadded_table_keeps_its_name_and_shape_but_not_its_row_order(mo
     [128, 8] (no padding at 2 replicas x 4 SparseCores), yet row r sits at shard
     (r % 8 + rotation) % 8, position r // 8."""
     plan = PLANS["lone"]()
-    mid = _model_v2(plan, _strategy(monkeypatch, 2), 32, initializers=H.row_identity_initializer)
-    prefix = H.checkpoint_of_model_path(mid).save(str(tmp_path / "ckpt"))
-    key = L.table_key("own", "tpu_embedding")
+    mid = _model_v2(plan, _strategy(monkeypatch, 2), 32, initializers=tpu_harness.row_identity_initializer)
+    prefix = tpu_harness.checkpoint_of_model_path(mid).save(str(tmp_path / "ckpt"))
+    key = layouts.table_key("own", "tpu_embedding")
     assert tf.train.load_checkpoint(prefix).get_variable_to_shape_map()[key] == [128, 8]
     raw = tf.train.load_checkpoint(prefix).get_tensor(key)
-    logical = H.expected_rows(sorted(plan.tables).index("own"), 128, 8)
+    logical = tpu_harness.expected_rows(sorted(plan.tables).index("own"), 128, 8)
     assert not np.array_equal(raw, logical)  # read as a plain table: permuted
     assert sorted(raw[:, 0].tolist()) == sorted(logical[:, 0].tolist())  # the same rows, in another order
 
@@ -142,7 +142,7 @@ def test_tf_cannot_build_a_sequence_feature_on_sparsecore_and_the_model_refuses_
                "item": emb.FeatureConfig(table, output_shape=[32], name="item")}
     strategy = _strategy(monkeypatch, 2)
     with pytest.raises((TypeError, ValueError), match="unknown rank"):
-        H.build_real_v2(strategy, configs, emb.SGD(0.1))
+        tpu_harness.build_real_v2(strategy, configs, emb.SGD(0.1))
     with pytest.raises(SparseCoreUnsupported, match=r"'history' \(table 'items', length 4\)"):
         check_sparsecore_features(configs)
     check_sparsecore_features({"item": configs["item"]})  # pooled features pass
@@ -176,12 +176,12 @@ def test_plan_memory_is_what_tf_allocates_on_sparse_core(replicas, per_chip, mon
     with strategy.scope():
         _, tpu_opt = tm.embedding_optimizers(DEFAULT)
         opts = tm.table_optimizers(plan, DEFAULT)
-        configs = P.feature_configs(plan, output_batch=64 // replicas, on_tpu=True,
+        configs = tf_objects.feature_configs(plan, output_batch=64 // replicas, on_tpu=True,
                                     table_optimizers={n: o.tpu for n, o in opts.items()})
     configs = {n: c for n, c in configs.items() if plan.tables[plan.features[n].table].placement == "tpu_embedding"}
     for c in configs.values():
         c.table.initializer = recording(c.table.name, c.table.initializer)
-    mid = H.build_real_v2(strategy, configs, tpu_opt)
+    mid = tpu_harness.build_real_v2(strategy, configs, tpu_opt)
     slots = {"sgd": set(), "adagrad": {"accumulators"}, "ftrl": {"accumulators", "linears"}, "adam": {"momenta", "velocities"}}
     per_device = [0] * replicas
     for stacked, tables in mid._stacked_table_to_tables.items():  # pylint: disable=protected-access

@@ -21,7 +21,7 @@ import pytest
 import components  # noqa: F401
 import tensorflow as tf
 
-from tests import tpu_harness as H
+from tests import tpu_harness
 
 EMB = tf.tpu.experimental.embedding
 REPLICAS, PER_CHIP, BATCH = 2, 4, 4  # BATCH: per replica
@@ -60,8 +60,8 @@ def _sparse(rows):
 
 @pytest.mark.slow(reason="TF's TPUEmbeddingV2 built and one step traced under the 2-replica harness strategy (~3 s)")
 def test_cpu_step_updates_the_stacked_rows_by_hand(monkeypatch):
-    cls = H.recording_strategy_class(REPLICAS, sparse_cores_per_chip=PER_CHIP)
-    H.let_pass_type_check(monkeypatch, cls)
+    cls = tpu_harness.recording_strategy_class(REPLICAS, sparse_cores_per_chip=PER_CHIP)
+    tpu_harness.let_pass_type_check(monkeypatch, cls)
     strategy = cls()
     adagrad = lambda: EMB.Adagrad(learning_rate=0.5, initial_accumulator_value=0.1)  # noqa: E731
     tables = {
@@ -72,9 +72,9 @@ def test_cpu_step_updates_the_stacked_rows_by_hand(monkeypatch):
     }
     features = {f: EMB.FeatureConfig(tables[f[1]], name=f, output_shape=[BATCH]) for f in IDS}
     with strategy.scope():
-        mid = H.cpu_step_v2_class()(features, EMB.Adagrad(0.5))
+        mid = tpu_harness.cpu_step_v2_class()(features, EMB.Adagrad(0.5))
         mid.build()
-    layout = H.tf_layout(mid)
+    layout = tpu_harness.tf_layout(mid)
     assert layout["a"]["stacked"] == layout["b"]["stacked"] == "a_b"  # one stack: rotation and offset
     assert {layout["b"]["rotation"], layout["b"]["offset_in_shard"]} != {0} and layout["w"]["padded"] == [64, 8]
 
@@ -119,8 +119,8 @@ def test_cpu_step_updates_the_stacked_rows_by_hand(monkeypatch):
             want_acc[row] += grad * grad
             want_w[row] -= 0.5 * grad / np.sqrt(want_acc[row])
         rows, dim = want_w.shape
-        np.testing.assert_allclose(H.logical_table(mid, name, rows, dim).numpy(), want_w, rtol=1e-6, atol=1e-7)
-        np.testing.assert_allclose(H.logical_table(mid, name, rows, dim, "accumulators").numpy(), want_acc, rtol=1e-6)
+        np.testing.assert_allclose(tpu_harness.logical_table(mid, name, rows, dim).numpy(), want_w, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(tpu_harness.logical_table(mid, name, rows, dim, "accumulators").numpy(), want_acc, rtol=1e-6)
     # FTRL (lr_power -0.5, no l1/l2/beta): n' = n + g^2, z = g - (sqrt(n') - sqrt(n)) / lr x w,
     # w = -z / (sqrt(n') / lr); untouched rows keep w, n = 0.1, z = 0.
     w, n, z = init["w"].copy(), np.full_like(init["w"], 0.1), np.zeros_like(init["w"])
@@ -128,23 +128,23 @@ def test_cpu_step_updates_the_stacked_rows_by_hand(monkeypatch):
         n2 = n[row] + grad * grad
         z[row] = grad - (np.sqrt(n2) - np.sqrt(n[row])) / 0.2 * w[row]
         w[row], n[row] = -z[row] / (np.sqrt(n2) / 0.2), n2
-    np.testing.assert_allclose(H.logical_table(mid, "w", 24, 1).numpy(), w, rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(H.logical_table(mid, "w", 24, 1, "accumulators").numpy(), n, rtol=1e-6)
-    np.testing.assert_allclose(H.logical_table(mid, "w", 24, 1, "linears").numpy(), z, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(tpu_harness.logical_table(mid, "w", 24, 1).numpy(), w, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(tpu_harness.logical_table(mid, "w", 24, 1, "accumulators").numpy(), n, rtol=1e-6)
+    np.testing.assert_allclose(tpu_harness.logical_table(mid, "w", 24, 1, "linears").numpy(), z, rtol=1e-6, atol=1e-7)
     assert sorted(g["w"]) == [3, 4, 5, 6] and not np.allclose(w[[3, 4, 5, 6]], init["w"][[3, 4, 5, 6]])
 
 
 @pytest.mark.slow(reason="the TPU smoke test's parity check: the Trainer's model trained 3 steps under the 2-replica "
                          "SparseCore harness and 3 on CPU")
 def test_sparsecore_training_matches_cpu_row_by_row(trainer_data, monkeypatch, tmp_path):
-    from components.embedding_trainer import tpu_smoke as T
+    from components.embedding_trainer import tpu_smoke
     from tests.stages import trainer_raw_config
 
-    strategy = H.install_sparsecore(monkeypatch, REPLICAS, PER_CHIP)
+    strategy = tpu_harness.install_sparsecore(monkeypatch, REPLICAS, PER_CHIP)
     files = [str(trainer_data / "tx" / "Split-train" / "*")]
-    cfg, plan, manifest = T.parity_plan(trainer_raw_config(trainer_data), files)
-    covered = T.coverage(plan, REPLICAS, PER_CHIP)  # FTRL and Adagrad, a stack of several, dim-1 wide
-    result = T.sparsecore_training(strategy, cfg, plan, manifest, files, 3, str(tmp_path), tolerance=1e-6)
+    cfg, plan, manifest = tpu_smoke.parity_plan(trainer_raw_config(trainer_data), files)
+    covered = tpu_smoke.coverage(plan, REPLICAS, PER_CHIP)  # FTRL and Adagrad, a stack of several, dim-1 wide
+    result = tpu_smoke.sparsecore_training(strategy, cfg, plan, manifest, files, 3, str(tmp_path), tolerance=1e-6)
     assert result["layout"] == "B", result
     tpu = plan.tables_placed("tpu_embedding")
     for name, entry in result["tables"].items():

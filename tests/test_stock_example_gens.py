@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from components import rulebook as R
+from components.rules import rulebook
 from tests.stages import artifact, beam_context, trainer_raw_config
 
 CATEGORICAL = ("C1", "C2", "C3")  # C3: multi-hot ('|', max_length)
@@ -30,7 +30,7 @@ TRAIN_ROWS, EVAL_ROWS = 300, 200
 def _write_csvs(root, train_rows=TRAIN_ROWS, eval_rows=EVAL_ROWS):
     """train/data.csv and eval/data.csv under `root` with COLUMNS only (integer-valued I columns
     with empty cells, hex-string C columns, T1 numbers and one 'n/a'); returns {split: [row dicts]}."""
-    from components.synthetic_data import GeneratorSpec, write_csv
+    from components.example_gen.synthetic_data import GeneratorSpec, write_csv
     from tests.stages import small_cardinalities
 
     out = {}
@@ -121,7 +121,7 @@ def _stock_example_gen(kind, input_dir, out_uri):
 
 
 def _config(root, **training):
-    from components.config import parse_config
+    from components.config.loading import parse_config
 
     # A few steps: the model only has to be the one both AUCs score.
     raw = trainer_raw_config(root, categorical=CATEGORICAL, batch_size=32, train_steps=10, eval_steps=2,
@@ -134,7 +134,7 @@ def _config(root, **training):
 
 
 def _preprocess(cfg, examples, root):
-    from components.artifact_types import EmbeddingStatistics, EmbeddingVocabulary
+    from components.tfx_wiring.artifact_types import EmbeddingStatistics, EmbeddingVocabulary
     from tfx.types import standard_artifacts
 
     from components.embedding_preprocess import executor as ex
@@ -224,7 +224,7 @@ EXPECTED_KINDS = {
 def test_stock_example_gen_round_trip_to_the_stock_evaluator(tmp_path, kind):
     import tensorflow as tf
 
-    from components.contracts import artifacts as A
+    from components.contracts import artifacts
     from components.contracts.manifest import VocabularyManifest
 
     rows = _write_csvs(tmp_path / "csv")
@@ -238,17 +238,17 @@ def test_stock_example_gen_round_trip_to_the_stock_evaluator(tmp_path, kind):
 
     pre = _preprocess(cfg, examples, tmp_path)
     manifest = VocabularyManifest.from_json(
-        open(os.path.join(pre["vocabulary"].uri, A.VOCABULARY_MANIFEST_FILE)).read())
+        open(os.path.join(pre["vocabulary"].uri, artifacts.VOCABULARY_MANIFEST_FILE)).read())
     assert dict(manifest.raw_feature_kinds) == EXPECTED_KINDS[kind]
     # bad input: every row counted by reason, each unusable column's entry saying why
-    stats = json.load(open(os.path.join(pre["statistics"].uri, A.STATISTICS_FILE)))
+    stats = json.load(open(os.path.join(pre["statistics"].uri, artifacts.STATISTICS_FILE)))
     train = stats["splits"]["train"]
     assert (train["examples_read"], train["examples_dropped"]["missing_label"], train["examples_written"]) == (
         TRAIN_ROWS, 1, TRAIN_ROWS - 1)
     kept = rows["train"][1:]  # the rows with a label
     empty = sum(r["T1"] == "" for r in kept)  # empty cells are missing, the others text
     health = stats["feature_health"]["features"]
-    assert health["T1"]["reasons"] == {R.INVALID_NOT_NUMERIC: len(kept) - empty, "missing": empty}
+    assert health["T1"]["reasons"] == {rulebook.INVALID_NOT_NUMERIC: len(kept) - empty, "missing": empty}
     assert health["T1"]["column"].startswith("the examples store column 'T1' as text (bytes), not numbers")
     assert health["I9"]["reasons"] == {"missing": len(kept)}
     assert health["I9"]["column"] == "column 'I9' holds no value in any example (absent from the input?)"
@@ -256,7 +256,7 @@ def test_stock_example_gen_round_trip_to_the_stock_evaluator(tmp_path, kind):
     assert {health[n]["status"] for n in BAD_DENSE} == {"allowed"}
 
     serving = _train_and_export(cfg, examples, pre, tmp_path)
-    report = json.load(open(os.path.join(serving.uri, A.EXPORT_REPORT_FILE)))
+    report = json.load(open(os.path.join(serving.uri, artifacts.EXPORT_REPORT_FILE)))
     assert report["eval_auc"]["examples"] == EVAL_ROWS and report["parity"]["max_abs_diff"] <= 1e-5
 
     # TFMA feeds serving_default the stock ExampleGen's own records: it parses them as they are
@@ -271,14 +271,14 @@ def test_stock_example_gen_round_trip_to_the_stock_evaluator(tmp_path, kind):
     with tf.io.TFRecordWriter(str(other)) as w:
         for r in rows["eval"][:8]:
             w.write(_all_float_example(r))
-    loaded = tf.saved_model.load(os.path.join(serving.uri, A.SERVING_DIR))
+    loaded = tf.saved_model.load(os.path.join(serving.uri, artifacts.SERVING_DIR))
     with pytest.raises(tf.errors.InvalidArgumentError, match="Data types don't match"):
         loaded.signatures["serving_default"](examples=tf.constant([_all_float_example(rows["eval"][0])]))
     from components.embedding_exporter.export import ExportRefused, read_eval_sample
 
     with pytest.raises(ExportRefused) as refused:
         read_eval_sample(cfg, manifest, str(other))
-    ints = [c for c in ("I1", "I2", "I3") if EXPECTED_KINDS[kind][c] == R.KIND_INT]
+    ints = [c for c in ("I1", "I2", "I3") if EXPECTED_KINDS[kind][c] == rulebook.KIND_INT]
     assert "\n" not in str(refused.value)
     for c in ints:
         assert f"{c} (float in the examples, parsed as int64)" in str(refused.value)
@@ -314,22 +314,22 @@ def test_kind_mismatches_name_each_column_the_examples_hold_as_another_type():
 
     manifest = VocabularyManifest(
         vocabulary_dir="v", label="label",
-        raw_feature_kinds={"label": R.KIND_INT, "I1": R.KIND_INT, "I2": R.KIND_FLOAT, "C1": R.KIND_INT, "C2": R.KIND_BYTES},
+        raw_feature_kinds={"label": rulebook.KIND_INT, "I1": rulebook.KIND_INT, "I2": rulebook.KIND_FLOAT, "C1": rulebook.KIND_INT, "C2": rulebook.KIND_BYTES},
         dense_features=(DenseFeatureEntry("I1", "I1", 0.0), DenseFeatureEntry("I2", "I2", 0.0)),
         categorical_features=(CategoricalFeatureEntry("C1", "C1", "C1", None, None),
                               CategoricalFeatureEntry("C2", "C2", "C2", None, None)),
         vocabularies={},
     )
-    same = {"label": R.KIND_FLOAT, "I1": R.KIND_INT, "I2": R.KIND_FLOAT, "C1": R.KIND_INT}
+    same = {"label": rulebook.KIND_FLOAT, "I1": rulebook.KIND_INT, "I2": rulebook.KIND_FLOAT, "C1": rulebook.KIND_INT}
     assert manifest.kind_mismatches(same) == []  # the label is not parsed; C2 holds no value
-    assert manifest.kind_mismatches({"I1": R.KIND_FLOAT, "I2": R.KIND_INT, "C1": R.KIND_BYTES}) == [
+    assert manifest.kind_mismatches({"I1": rulebook.KIND_FLOAT, "I2": rulebook.KIND_INT, "C1": rulebook.KIND_BYTES}) == [
         "I1 (float in the examples, parsed as int64)", "I2 (int64 in the examples, parsed as float)",
         "C1 (bytes in the examples, parsed as int64)"]
 
 
 def test_column_notes_say_why_a_column_type_leaves_a_feature_unusable():
-    from components.config import parse_config
-    from components.embedding_preprocess import partials as P
+    from components.config.loading import parse_config
+    from components.embedding_preprocess import partials
     from components.embedding_preprocess.run import _raw_kinds, column_notes
 
     cfg = parse_config({
@@ -337,9 +337,9 @@ def test_column_notes_say_why_a_column_type_leaves_a_feature_unusable():
         "dense_features": [{"name": "I1"}, {"name": "I2"}, {"name": "I3"}],
         "categorical_features": [{"name": "C1"}, {"name": "C2"}, {"name": "C3", "weight_column": "W"}],
     })
-    seen = {("label", R.KIND_INT), ("I1", R.KIND_INT), ("I2", R.KIND_BYTES), ("I3", R.KIND_NONE),
-            ("C1", R.KIND_INT), ("C2", R.KIND_FLOAT), ("C3", R.KIND_BYTES), ("W", R.KIND_BYTES)}
-    raw = {P.raw_kind(c, k): 1 for c, k in seen}
+    seen = {("label", rulebook.KIND_INT), ("I1", rulebook.KIND_INT), ("I2", rulebook.KIND_BYTES), ("I3", rulebook.KIND_NONE),
+            ("C1", rulebook.KIND_INT), ("C2", rulebook.KIND_FLOAT), ("C3", rulebook.KIND_BYTES), ("W", rulebook.KIND_BYTES)}
+    raw = {partials.raw_kind(c, k): 1 for c, k in seen}
     notes = column_notes(cfg, raw)
     assert sorted(notes) == ["C2", "I2", "I3", "W"]
     assert notes["I3"].startswith("column 'I3' holds no value in any example")
@@ -347,19 +347,19 @@ def test_column_notes_say_why_a_column_type_leaves_a_feature_unusable():
     assert notes["W"].startswith("the examples store column 'W' as text (bytes)")
     assert notes["C2"] == "the examples store column 'C2' as float: categorical values must be text or int64"
     # what serving_default parses: the kinds seen, a column without a value its feature's natural kind
-    assert _raw_kinds(cfg, raw) == {"label": R.KIND_INT, "I1": R.KIND_INT, "I2": R.KIND_BYTES, "I3": R.KIND_FLOAT,
-                                    "C1": R.KIND_INT, "C2": R.KIND_FLOAT, "C3": R.KIND_BYTES, "W": R.KIND_BYTES}
+    assert _raw_kinds(cfg, raw) == {"label": rulebook.KIND_INT, "I1": rulebook.KIND_INT, "I2": rulebook.KIND_BYTES, "I3": rulebook.KIND_FLOAT,
+                                    "C1": rulebook.KIND_INT, "C2": rulebook.KIND_FLOAT, "C3": rulebook.KIND_BYTES, "W": rulebook.KIND_BYTES}
     # a column of two types (CsvExampleGen's input splits typed apart): serving_default can parse one
     with pytest.raises(ValueError, match=r"^column 'I1' holds values of several types \(float, int64\) across "
                                          r"examples; store one type per column \(a stock CsvExampleGen"):
-        _raw_kinds(cfg, {**raw, P.raw_kind("I1", R.KIND_FLOAT): 1})
+        _raw_kinds(cfg, {**raw, partials.raw_kind("I1", rulebook.KIND_FLOAT): 1})
 
 
 def test_the_health_stop_line_carries_each_column_note():
     """What a run stops with when such columns are not allowed: one line, a clause per feature with
     its reasons and why its column is unusable."""
     from components.embedding_preprocess.health import check_health
-    from components.errors import FeatureHealthError
+    from components.reporting.errors import FeatureHealthError
 
     def entry(reasons, column):
         return {"kind": "dense", "share": 1.0, "status": "stop", "reasons": reasons, "column": column}

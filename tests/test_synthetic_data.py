@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 
-from components import synthetic_data as sd
+from components.example_gen import synthetic_data as sd
 
 
 def _rows(path):

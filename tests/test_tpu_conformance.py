@@ -43,7 +43,7 @@ from tensorflow.python.tpu import tpu_embedding_for_serving as serving_lib
 from tensorflow_recommenders.layers.embedding import tpu_embedding_layer as tfrs_layer
 
 from components.embedding_trainer import trainer_module as tm
-from tests import tpu_harness as H
+from tests import tpu_harness
 from tests.stages import fn_args as _fn_args, trainer_config as _config, trainer_raw_config as _raw_config
 
 
@@ -106,7 +106,7 @@ def make_strategy(rec: Recorder, embedding_feature, replicas: int = REPLICAS):
         rec.bind("TPUStrategy.distribute_datasets_from_function", real.distribute_datasets_from_function,
                  strategy, dataset_fn, options)
 
-    return H.recording_strategy_class(replicas, embedding_feature, on_scope=on_scope, on_run=on_run,
+    return tpu_harness.recording_strategy_class(replicas, embedding_feature, on_scope=on_scope, on_run=on_run,
                                       on_distribute=on_distribute)
 
 
@@ -125,7 +125,7 @@ def make_real_v2(rec: Recorder):
         rec.bind(f"{name}.apply_gradients", REAL["TPUEmbeddingV2"].apply_gradients, mid, **bound_without_self(bound))
         assert rec.in_run, f"{name}.apply_gradients called outside strategy.run"
 
-    base = H.cpu_step_v2_class(on_call=on_call, on_apply=on_apply)
+    base = tpu_harness.cpu_step_v2_class(on_call=on_call, on_apply=on_apply)
 
     class RecordedV2(base):
         def __init__(self, *args, **kwargs):
@@ -229,7 +229,7 @@ def tpu_branch(monkeypatch):
         monkeypatch.setattr(tf.distribute, "TPUStrategy", strategy)
         is_rec = lambda s: isinstance(s, strategy_cls)  # noqa: E731
         monkeypatch.setattr(tm, "is_tpu_strategy", is_rec)
-        H.let_pass_type_check(monkeypatch, strategy_cls)  # TF's TPUEmbeddingV2 accepts it
+        tpu_harness.let_pass_type_check(monkeypatch, strategy_cls)  # TF's TPUEmbeddingV2 accepts it
         monkeypatch.setattr(tfrs_layer, "_is_tpu_strategy", is_rec)
         # Bound to the real classes before they are replaced; TFRS reaches them through
         # tensorflow.compat.v2, another module object than tf's.
@@ -281,7 +281,7 @@ def test_tpu_branch_calls_bind_and_stay_in_scope_and_run(feature, tpu_branch, da
     assert plan["checkpoint_layout"]["per_replica_batch_size"] == 64 // REPLICAS
     assert plan["checkpoint_layout"]["num_replicas"] == REPLICAS
     loaded = tf.saved_model.load(os.path.join(model_uri, "Format-Serving"))
-    from components.examples_io import transformed_rows
+    from components.data_io.examples_io import transformed_rows
 
     eval_pattern = str(data / "tx" / "Split-eval" / "*")
     records = transformed_rows(eval_pattern, tm.read_manifest_for([eval_pattern]), 8)
@@ -307,7 +307,7 @@ def _assert_checkpoint_tables_are_the_trained_ones(mid, model_uri):
     assert any(len(ts) > 1 for ts in mid._stacked_table_to_tables.values())  # pylint: disable=protected-access
     for name, t in tpu_tables.items():
         assert tables.sources[name].kind == "B", (name, tables.sources[name].source)
-        np.testing.assert_array_equal(tables.read(name), H.logical_table(mid, name, t.rows, t.dim).numpy(), err_msg=name)
+        np.testing.assert_array_equal(tables.read(name), tpu_harness.logical_table(mid, name, t.rows, t.dim).numpy(), err_msg=name)
 
 
 def test_calling_the_tpu_layer_outside_run_fails(tpu_branch, data):
@@ -316,16 +316,16 @@ def test_calling_the_tpu_layer_outside_run_fails(tpu_branch, data):
     rec = tpu_branch(Feature.V1)
     cfg = _config(data, tpu="local")
     manifest = tm.read_manifest_for([str(data / "tx" / "Split-train" / "*")])
-    from components.embedding_trainer import plan as P
+    from components.embedding_trainer import plan as plan_lib
 
-    plan = P.derive_plan(cfg, manifest, tm.read_statistics_for([str(data / "tx" / "Split-train" / "*")]))
+    plan = plan_lib.derive_plan(cfg, manifest, tm.read_statistics_for([str(data / "tx" / "Split-train" / "*")]))
     strategy = tm.distribution_strategy(cfg)
     with strategy.scope():
         model = tm.build_model(plan, manifest, cfg, for_training=True, on_tpu=True, per_replica_batch=64)
     from components.embedding_model.input import make_dataset
 
     features, _ = next(iter(make_dataset([str(data / "tx" / "Split-eval" / "*")], manifest, 64, training=False,
-                                         dense_id_widths=P.dense_id_widths(plan))))
+                                         dense_id_widths=plan_lib.dense_id_widths(plan))))
     strategy.run(lambda f: model(f, training=True), args=(features,))  # built in a step, as fit does
     with pytest.raises(RuntimeError, match="strategy.run"):
         model(features)  # e.g. evaluating the training model after fit
@@ -343,7 +343,7 @@ def test_wrong_argument_fails_the_bind():
 def _round_trip_config(data, **training):
     """The demo-derived config plus a TPU-embedding table (C12) with an Adagrad of its own and an
     embedding gradient multiplier with a warm-up (issue 18, item 2)."""
-    from components.config import parse_config
+    from components.config.loading import parse_config
     raw = _raw_config(data, embedding_gradient_multiplier={"value": 0.5, "schedule": {"warmup_steps": 15}}, **training)
     next(f for f in raw["categorical_features"] if f["name"] == "C12")["optimizer"] = {
         "name": "adagrad", "learning_rate": 0.1, "clipvalue": 0.2}
@@ -400,11 +400,11 @@ def _files(data):
 
 
 def _plan(cfg, data):
-    from components.embedding_trainer import plan as P
+    from components.embedding_trainer import plan as plan_lib
 
     train_files, _ = _files(data)
     manifest = tm.read_manifest_for(train_files)
-    plan = P.derive_plan(cfg, manifest, tm.read_statistics_for(train_files)).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    plan = plan_lib.derive_plan(cfg, manifest, tm.read_statistics_for(train_files)).with_run(vocabulary_dir=manifest.vocabulary_dir)
     return plan, manifest
 
 
@@ -477,7 +477,7 @@ def test_weighted_and_sequence_features_on_the_tpu_branch(feature, tpu_branch, d
     TPU-embedding table (C24, attending from C26); SparseCore refuses those (D1), so on V2 the run
     is weighted only, with TF's real TPUEmbeddingV2 stacking the tables and the checkpoint read
     back row for row."""
-    from components.config import parse_config
+    from components.config.loading import parse_config
     rec = tpu_branch(getattr(Feature, feature))
     mid = "TPUEmbeddingV2" if feature == "V2" else "TPUEmbedding"
     # with the wide part: a weighted feature's wide feature takes its weights, a sequence
@@ -529,12 +529,12 @@ def test_sparsecore_warm_start_places_the_last_models_tables_in_tfs_stacks(tpu_b
     Restored by name, the stacks of several tables would start fresh and a lone one permuted."""
     from components.embedding_model.layouts import CheckpointTables
     from components.embedding_model.model import VARIABLE_VALUE, table_checkpoint_key
-    from components.embedding_trainer import warm_start as W
+    from components.embedding_trainer import warm_start
 
     cfg_cpu = _config(data, train_steps=10, checkpoint_every_steps=10)
     fn_args = _fn_args(data, cfg_cpu, f"prev-{tmp_path.name}")
     tm.run_fn(fn_args)
-    prev = W.previous_model(os.path.dirname(fn_args.serving_model_dir))
+    prev = warm_start.previous_model(os.path.dirname(fn_args.serving_model_dir))
 
     rec = tpu_branch(Feature.V2)
     monkeypatch.setattr(EMB.TPUEmbeddingV2, "apply_updates", False)
@@ -545,11 +545,11 @@ def test_sparsecore_warm_start_places_the_last_models_tables_in_tfs_stacks(tpu_b
     old_tables = CheckpointTables(prev.checkpoint, prev.plan)
     old = tf.train.load_checkpoint(prev.checkpoint)
     for name, t in plan.tables_placed("tpu_embedding").items():
-        np.testing.assert_array_equal(H.logical_table(mid, name, t.rows, t.dim).numpy(), old_tables.read(name),
+        np.testing.assert_array_equal(tpu_harness.logical_table(mid, name, t.rows, t.dim).numpy(), old_tables.read(name),
                                       err_msg=name)
         base = table_checkpoint_key(name, "tpu_embedding")[: -len(VARIABLE_VALUE)]
         accumulator = old.get_tensor(f"{base}/.OPTIMIZER_SLOT/model/embedding_optimizer/accumulator{VARIABLE_VALUE}")
-        np.testing.assert_array_equal(H.logical_table(mid, name, t.rows, t.dim, "accumulators").numpy(), accumulator,
+        np.testing.assert_array_equal(tpu_harness.logical_table(mid, name, t.rows, t.dim, "accumulators").numpy(), accumulator,
                                       err_msg=name)
     stacks = run["warm_start"]["sparse_core"]["stacks"]
     assert any(len(s["tables"]) > 1 for s in stacks.values()), stacks
@@ -561,7 +561,7 @@ def _refuses_plan_changes(data, state, rec=None, **tpu):
     wide part on, or with one table's dim changed: each is refused before any restore or step, in
     one line naming the checkpoint, both plans and what differs, instead of TF's "Found 1 Python
     objects that were not bound" (CPU) or stacks silently starting fresh (TPU)."""
-    from components.config import parse_config
+    from components.config.loading import parse_config
     from components.embedding_model.sparsecore_state import PlanMismatch
 
     saved = set(os.listdir(state))
@@ -617,7 +617,7 @@ def test_sequence_features_on_sparsecore_are_refused_before_the_build(tpu_branch
     """D1: a sequence feature of a TPU-embedding table (C12) on SparseCore stops the run before
     any model is built, naming the feature, its table and what to change; TF's own constructor
     would fail on it with "Cannot iterate over a shape with unknown rank"."""
-    from components.config import parse_config
+    from components.config.loading import parse_config
     from components.embedding_model.model import SparseCoreUnsupported
     rec = tpu_branch(Feature.V2)
     raw = _raw_config(data, tpu="local", train_steps=10, checkpoint_every_steps=10)

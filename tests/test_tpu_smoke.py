@@ -36,14 +36,14 @@ def test_tpu_strategy_is_recognised_by_its_runtime_class():
     from tensorflow.python.distribute import tpu_strategy
 
     import tensorflow as tf
-    from components.embedding_trainer import tpu_smoke as T
+    from components.embedding_trainer import tpu_smoke
 
     assert tf.distribute.TPUStrategy is tpu_strategy.TPUStrategyV2  # what the trainer records
-    assert tf.distribute.TPUStrategy.__name__ in T.TPU_STRATEGY_NAMES
+    assert tf.distribute.TPUStrategy.__name__ in tpu_smoke.TPU_STRATEGY_NAMES
 
 
 def test_judge_fails_an_untrained_a_permuted_and_a_distant_table():
-    from components.embedding_trainer import tpu_smoke as T
+    from components.embedding_trainer import tpu_smoke
 
     start = np.arange(12, dtype=np.float32).reshape(6, 2) / 10
     cpu = start.copy()
@@ -51,7 +51,7 @@ def test_judge_fails_an_untrained_a_permuted_and_a_distant_table():
     acc = np.full((6, 2), 1.5, np.float32)
     tables = {"same": cpu, "untrained": start, "permuted": cpu[[1, 0, 2, 3, 4, 5]],
               "distant": cpu + np.float32(2e-4), "slot": cpu}
-    report, failures = T.judge(tables, {n: cpu for n in tables}, {n: start for n in tables}, 1e-4,
+    report, failures = tpu_smoke.judge(tables, {n: cpu for n in tables}, {n: start for n in tables}, 1e-4,
                                slots={"same": {"accumulator": (acc, acc)}, "slot": {"accumulator": (acc * 1.01, acc)}})
     assert report["same"]["max_diff"] == 0 and report["same"]["rows_moved"] == 2 and report["same"]["slots"] == {"accumulator": 0}
     text = "; ".join(failures)
@@ -59,17 +59,17 @@ def test_judge_fails_an_untrained_a_permuted_and_a_distant_table():
     assert "distant: max |diff| 0.0002" in text and re.search(r"slot slot accumulator: max \|diff\| 0.01\b", text), text
     assert not any(f.startswith("same") for f in failures) and len(failures) == 5, failures
     # a table the CPU run did not move either is untested, not passed
-    _, failures = T.judge({"t": start}, {"t": start}, {"t": start}, 1e-4)
+    _, failures = tpu_smoke.judge({"t": start}, {"t": start}, {"t": start}, 1e-4)
     assert failures == ["t: the CPU run left it where it started (not looked up: untested)"]
 
 
 def test_parity_config_turns_off_what_differs_by_design_and_adds_adagrad():
-    from components.embedding_trainer import tpu_smoke as T
+    from components.embedding_trainer import tpu_smoke
     from tests.stages import demo_raw_config
 
     raw = demo_raw_config()
     raw["training"].update(dropout=0.3, pipeline_execution_with_tensor_core=True)
-    parity = T.parity_raw_config(raw)
+    parity = tpu_smoke.parity_raw_config(raw)
     assert raw["training"]["dropout"] == 0.3 and "wide" not in raw["training"]  # a copy
     t = parity["training"]
     assert (t["dropout"], t["input_dropout"], t["pipeline_execution_with_tensor_core"], t["wide"]["enabled"]) == (0, 0, False, True)

@@ -15,9 +15,9 @@ import pytest
 import components  # noqa: F401
 import tensorflow as tf
 
-from components.config import parse_config
+from components.config.loading import parse_config
 from components.contracts.plan import Initializer
-from components.embedding_trainer import plan as P
+from components.embedding_trainer import plan as plan_lib
 from components.embedding_trainer import trainer_module as tm
 from components.embedding_model.input import PAD_ID, make_dataset, to_dense_ids
 from components.embedding_model.model import TensorCoreTable
@@ -34,7 +34,7 @@ def data(trainer_data):
 
 def _eval_examples(root, n=200):
     """`n` transformed eval rows as serialized tf.Examples (what the Trainer's signature takes)."""
-    from components.examples_io import transformed_rows
+    from components.data_io.examples_io import transformed_rows
 
     pattern = str(root / "tx" / "Split-eval" / "*")
     return transformed_rows(pattern, tm.read_manifest_for([pattern]), n)
@@ -193,13 +193,13 @@ def _check_inputs(data, trained):
 
 
 def _tpu_input(files, manifest, plan, training=True, batch_size=32):
-    return make_dataset(files, manifest, batch_size, training=training, dense_id_widths=P.dense_id_widths(plan))
+    return make_dataset(files, manifest, batch_size, training=training, dense_id_widths=plan_lib.dense_id_widths(plan))
 
 
 @pytest.mark.slow(reason="reads the Trainer run's artifact (run_fn, 40 steps)")
 def test_tpu_rules_pass_on_training_input(data, trained):
     plan, manifest, model, files = _check_inputs(data, trained)
-    widths = P.dense_id_widths(plan)
+    widths = plan_lib.dense_id_widths(plan)
     on_core = {n for n, f in plan.features.items() if plan.tables[f.table].placement == "tensor_core"}
     assert set(widths) == on_core and 0 < len(on_core) < len(plan.features)
     # Widths: one ID for single-valued features (statistics), at most max_length for multi-hot ones.
@@ -290,7 +290,7 @@ def test_configured_initializers_and_unsafe_lookups_train_on_cpu(data, tmp_path)
 
     raw = _raw_config(data, train_steps=8, checkpoint_every_steps=8)
     manifest = VocabularyManifest.from_json((data / "vocab" / "manifest.json").read_text())
-    placement = {n: t.placement for n, t in P.derive_plan(parse_config(raw), manifest).tables.items()}
+    placement = {n: t.placement for n, t in plan_lib.derive_plan(parse_config(raw), manifest).tables.items()}
     own = [f["name"] for f in raw["categorical_features"] if "table" not in f]
     tpu = next(n for n in own if placement[n] == "tpu_embedding")  # a table in each placement
     core = next(n for n in own if placement[n] == "tensor_core")
@@ -303,7 +303,7 @@ def test_configured_initializers_and_unsafe_lookups_train_on_cpu(data, tmp_path)
             f["use_safe_embedding_lookup"] = False
     raw["tables"][0]["initializer"] = {"name": "random_normal", "mean": 2.0, "stddev": 0.01}  # shared_c3_c4
     cfg = parse_config(raw)
-    plan = P.derive_plan(cfg, manifest)
+    plan = plan_lib.derive_plan(cfg, manifest)
     model = tm.build_model(plan, manifest, cfg, for_training=True)
     features, _ = next(iter(make_dataset(
         [str(data / "tx" / "Split-train" / "*")], manifest, 64, training=False)))
@@ -342,7 +342,7 @@ def test_per_table_optimizers_and_gradient_multiplier_update_as_documented(data)
 
     raw = _raw_config(data, dropout=0.0, input_dropout=0.0, embedding_gradient_multiplier={"value": 0.5})
     manifest = VocabularyManifest.from_json((data / "vocab" / "manifest.json").read_text())
-    placement = {n: t.placement for n, t in P.derive_plan(parse_config(raw), manifest).tables.items()}
+    placement = {n: t.placement for n, t in plan_lib.derive_plan(parse_config(raw), manifest).tables.items()}
     own = [f["name"] for f in raw["categorical_features"] if "table" not in f]
     tpus = [n for n in own if placement[n] == "tpu_embedding"]
     core = next(n for n in own if placement[n] == "tensor_core")
@@ -355,14 +355,14 @@ def test_per_table_optimizers_and_gradient_multiplier_update_as_documented(data)
             f["optimizer"] = overrides[f["name"]]
     cfg = parse_config(raw)
     train_files = [str(data / "tx" / "Split-train" / "*")]
-    plan = P.derive_plan(cfg, manifest, tm.read_statistics_for(train_files))
+    plan = plan_lib.derive_plan(cfg, manifest, tm.read_statistics_for(train_files))
     assert plan.tables[core].optimizer["name"] == "sgd" and plan.tables[default].optimizer["name"] == "ftrl"
     assert plan.tables[adagrad_tpu].memory.slots_per_row == 1 and plan.tables[sgd_tpu].memory.slots_per_row == 0
     model = tm.build_model(plan, manifest, cfg, for_training=True)
     model.compile(optimizer=model.dense_optimizer, loss=tf.keras.losses.BinaryCrossentropy())
     features, labels = next(iter(make_dataset(
         train_files, manifest, 64, training=True, seed=3,
-        dense_id_widths=P.dense_id_widths(plan))))
+        dense_id_widths=plan_lib.dense_id_widths(plan))))
     model(features)
     mid = model.embedding_layer._tpu_embedding
     var = {n: mid._variables[n]["parameters"] for n in (sgd_tpu, adagrad_tpu, default) if n in mid._variables}
@@ -406,10 +406,10 @@ def _raw_eval_records(data, manifest):
     import pyarrow.csv as pacsv
     from tfx_bsl.coders import example_coder
 
-    from components import rulebook as R
+    from components.rules import rulebook
 
     kinds = dict(manifest.raw_feature_kinds)
-    types = {R.KIND_FLOAT: pa.float32(), R.KIND_INT: pa.int64(), R.KIND_BYTES: pa.binary()}
+    types = {rulebook.KIND_FLOAT: pa.float32(), rulebook.KIND_INT: pa.int64(), rulebook.KIND_BYTES: pa.binary()}
 
     def as_lists(column, name):  # a value per row -> a list per row (as the manifest's kind), a missing value an empty list
         column = column.cast(types[kinds[name]]) if name in kinds else column
@@ -433,7 +433,7 @@ def test_wide_part_is_a_linear_model_added_to_the_logit_and_trained_by_its_optim
     checkpoint, pooled per feature with the feature's combiner as its embedding is) and one per
     dense feature; the wide tables and the dense term are updated by the wide optimizer (FTRL)
     and moved from their zero start."""
-    from components.config import WIDE_SUFFIX
+    from components.config.schema import WIDE_SUFFIX
     from components.embedding_model.model import dense_input
     from components.embedding_model.restore import model_from_checkpoint, open_checkpoint_tables
     from components.embedding_exporter.export import latest_checkpoint, read_model_manifest, read_model_plan
@@ -476,7 +476,7 @@ def test_wide_part_is_a_linear_model_added_to_the_logit_and_trained_by_its_optim
     # weights stay float32 beside the compressed rows, and their files carry their table's vocabulary
     import pyarrow.csv as pacsv
     from tfx_bsl.coders import example_coder
-    from components.embedding_exporter import tables as T
+    from components.embedding_exporter import tables as tables_lib
     from components.embedding_exporter.export import export_serving_model
 
     raw = _raw_eval_records(data, manifest)
@@ -489,16 +489,16 @@ def test_wide_part_is_a_linear_model_added_to_the_logit_and_trained_by_its_optim
     deep_tables = set(plan.tables) - wide_tables
     assert report["compression"]["int8"]["table_bytes"] == (
         sum(plan.tables[t].rows * (plan.tables[t].dim + 4) for t in deep_tables) + sum(plan.tables[t].rows * 4 for t in wide_tables))
-    entries = json.loads((out / T.TABLES_DIR / T.TABLES_MANIFEST).read_text())["tables"]
+    entries = json.loads((out / tables_lib.TABLES_DIR / tables_lib.TABLES_MANIFEST).read_text())["tables"]
     for t in wide_tables:
         deep = plan.tables[t].wide_of
         assert entries[t]["dtype"] == "float32" and entries[t]["vocabulary_file"] == entries[deep]["vocabulary_file"]
-        np.testing.assert_array_equal(np.load(out / T.TABLES_DIR / entries[t]["files"]["values"]), tables.read(t))
+        np.testing.assert_array_equal(np.load(out / tables_lib.TABLES_DIR / entries[t]["files"]["values"]), tables.read(t))
 
     # one training step: the wide tables and the dense term move by the wide optimizer's rule
     train_model = tm.build_model(plan, manifest, cfg, for_training=True)
     train_features, labels = next(iter(make_dataset(
-        [str(data / "tx" / "Split-train" / "*")], manifest, 64, training=True, seed=5, dense_id_widths=P.dense_id_widths(plan))))
+        [str(data / "tx" / "Split-train" / "*")], manifest, 64, training=True, seed=5, dense_id_widths=plan_lib.dense_id_widths(plan))))
     train_model(train_features)
     wide_table = plan.features[manifest.categorical_names[0] + WIDE_SUFFIX].table
     optimizer = train_model._table_optimizer[wide_table]
@@ -523,11 +523,11 @@ def test_input_dropout_acts_in_training_only_and_adds_no_state(data, model_type,
     models = {}
     for rate in (0.0, 0.5):
         cfg = _config(data, model=model_type, dropout=0.0, input_dropout=rate)
-        plan = P.derive_plan(cfg, manifest, tm.read_statistics_for(train_files))
+        plan = plan_lib.derive_plan(cfg, manifest, tm.read_statistics_for(train_files))
         tf.keras.utils.set_random_seed(5)
         models[rate] = tm.build_model(plan, manifest, cfg, for_training=True)
     features, _ = next(iter(make_dataset(train_files, manifest, 64, training=True, seed=3,
-                                         dense_id_widths=P.dense_id_widths(plan))))
+                                         dense_id_widths=plan_lib.dense_id_widths(plan))))
     for m in models.values():
         m(features)
     plain, dropped = models[0.0], models[0.5]
@@ -550,7 +550,7 @@ def test_piecewise_linear_buckets_train_export_and_match_the_rule(data):
     """training.dense_buckets.encoding piecewise_linear (with the wide part): each dense feature's
     vectors and wide weight are its B2 encoding (the rulebook's reference) times the trained
     matrices, which moved from their zero start; the export is exact against the trained model."""
-    from components import rulebook as R
+    from components.rules import rulebook
     from components.embedding_exporter.export import export_serving_model, latest_checkpoint, read_model_manifest, read_model_plan
     from components.embedding_model.restore import model_from_checkpoint
 
@@ -569,7 +569,7 @@ def test_piecewise_linear_buckets_train_export_and_match_the_rule(data):
         assert table.embeddings.shape == (len(boundaries) - 1, plan.dense_buckets.dim)
         assert np.abs(table.embeddings.numpy()).max() > 0 and np.abs(table.wide.numpy()).max() > 0
         values = features[n].numpy().reshape(-1).astype(np.float32)
-        encoded = np.array([R.dense_piecewise_linear(v, boundaries) for v in values])
+        encoded = np.array([rulebook.dense_piecewise_linear(v, boundaries) for v in values])
         vectors, wide = table(tf.constant(values))
         np.testing.assert_allclose(vectors.numpy(), encoded @ table.embeddings.numpy(), atol=1e-5)
         np.testing.assert_allclose(wide.numpy(), encoded @ table.wide.numpy(), atol=1e-5)

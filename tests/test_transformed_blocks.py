@@ -19,15 +19,15 @@ import yaml
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from components import row_counts
-from components.config import parse_config
+from components.rows import row_counts
+from components.config.loading import parse_config
 from components.contracts.manifest import TAIL_PREFIX, TRANSFORMED_PREFIX, row_lengths_key, weights_key
 from components.embedding_model.input import make_dataset
 from components.embedding_preprocess.run import run_preprocessing
 from components.embedding_preprocess.transform import from_blocks, to_blocks
 from components.embedding_trainer import trainer_module as tm
-from components.examples_io import transformed_rows
-from components.synthetic_data import GeneratorSpec, write_csv
+from components.data_io.examples_io import transformed_rows
+from components.example_gen.synthetic_data import GeneratorSpec, write_csv
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = 1500
@@ -181,7 +181,7 @@ def test_to_blocks_and_back_keeps_every_row(runs):
 
 
 def test_full_block_count_walks_the_framing_and_checks_the_first_block(tmp_path):
-    from components import tfrecords
+    from components.data_io import tfrecords
     from tfx_bsl.coders import example_coder
 
     def blocks_file(name, rows_per_block, gzip_it=False):
@@ -200,7 +200,7 @@ def test_full_block_count_walks_the_framing_and_checks_the_first_block(tmp_path)
     empty.write_bytes(b"")
     assert row_counts.count_written_file(str(empty), "test", "y", 4) == 0
     # a whole-block file whose blocks hold another number of rows is refused, naming the file
-    from components.errors import LedgerError
+    from components.reporting.errors import LedgerError
 
     wrong, _ = blocks_file("wrong", [3, 3])
     with pytest.raises(LedgerError, match=r"wrong should hold blocks of 4 rows each, but its first block holds 3"):
@@ -215,7 +215,7 @@ def test_full_block_count_walks_the_framing_and_checks_the_first_block(tmp_path)
 def test_full_block_count_across_buffer_refills(tmp_path, monkeypatch):
     """The first block's walk and the framing walk share one buffer: with a buffer of a few bytes
     every record crosses a refill, and the counts stay the same."""
-    from components import tfrecords
+    from components.data_io import tfrecords
     from tfx_bsl.coders import example_coder
 
     rb = pa.RecordBatch.from_arrays([pa.array([[1.0] * 4] * 7, pa.list_(pa.float32()))], ["y"])
@@ -227,7 +227,7 @@ def test_full_block_count_across_buffer_refills(tmp_path, monkeypatch):
 
 
 def test_block_row_counter_reads_framed_blocks(tmp_path):
-    from components import tfrecords
+    from components.data_io import tfrecords
     from tfx_bsl.coders import example_coder
 
     rb = pa.RecordBatch.from_arrays([pa.array([[1.0, 0.0, 1.0], [0.0]], pa.list_(pa.float32()))], ["y"])
@@ -242,7 +242,7 @@ def test_block_row_counter_reads_framed_blocks(tmp_path):
 def test_tfrecord_framing_walk_counts_reads_and_reports_a_cut(tmp_path):
     import io
 
-    from components import tfrecords
+    from components.data_io import tfrecords
 
     records = [b"", b"a" * 5, b"b" * 70000]  # an empty record among others
     data = tfrecords.frame(records)

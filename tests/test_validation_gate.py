@@ -22,12 +22,12 @@ import tensorflow as tf
 from components.embedding_exporter import executor as export_executor
 from components.embedding_exporter.export import export_serving_model
 from components.embedding_exporter.gate import decide
-from components.model_registry import registry as R
-from components.embedding_trainer import plan as P
-from components.embedding_trainer import trainer_module as T
+from components.model_registry import registry
+from components.embedding_trainer import plan as plan_lib
+from components.embedding_trainer import trainer_module
 from components.embedding_trainer.baseline import LinearBaseline, train_baseline
 from components.embedding_model.input import make_dataset
-from components.metrics import roc_auc
+from components.rules.metrics import roc_auc
 from tfx.types import standard_artifacts
 from tfx.utils import io_utils
 
@@ -63,7 +63,7 @@ GATE_CASES = [
 
 @pytest.mark.parametrize("overrides, metrics, serving_auc, previous, blessed, failed", GATE_CASES)
 def test_gate_rule(overrides, metrics, serving_auc, previous, blessed, failed):
-    from components.config import parse_config
+    from components.config.loading import parse_config
 
     cfg = _gate_config(parse_config(minimal_raw_config()), **overrides)
     d = decide(cfg, metrics, serving_auc, previous)
@@ -100,12 +100,11 @@ def _label_model(cfg, path, inverted):
 def _export_with_previous(chain, tmp_path, previous_serving, name):
     """A push destination whose registry serves `previous_serving`; then, as a pipeline run does:
     LastBlessedModel's lookup, the exporter's Do with it, and the registering Pusher."""
-    from components.model_registry import registry as R
 
     cfg, a, _ = chain
     cfg = _gate_config(cfg, baseline_margin=None)
     destination = tmp_path / name / "serving_destination"
-    first = R.push(previous_serving, str(destination), {
+    first = registry.push(previous_serving, str(destination), {
         "pipeline": cfg.name, "run": {"id": "earlier"}, "trainer_model": a["model"].uri, "eval_auc": 0.5,
         "exported_model": os.path.dirname(previous_serving)})
     last = look_up(tmp_path / name / "last_blessed", destination)
@@ -144,7 +143,7 @@ def test_gate_refuses_a_model_worse_than_the_last_blessed_and_keeps_it_unpushed(
     assert os.path.exists(os.path.join(serving.uri, "Format-Serving", "saved_model.pb"))
     assert pushed.get_int_custom_property("pushed") == 0
     assert sorted(os.listdir(destination)) == [first["version"], "_registry"]
-    assert R.lookup(str(destination)).served_model == first["serving_model"]
+    assert registry.lookup(str(destination)).served_model == first["serving_model"]
 
 
 @pytest.mark.slow(reason="exports the executors' chain's model against a last blessed one")
@@ -159,7 +158,7 @@ def test_gate_blesses_a_model_better_than_the_last_blessed_and_pushes_it(chain, 
     assert blessing.get_string_custom_property("serving_model") == serving.uri
     assert pushed.get_int_custom_property("pushed") == 1
     # the new model is served now, and its entry records the gate that blessed it
-    found = R.lookup(str(destination))
+    found = registry.lookup(str(destination))
     assert found.served_model == pushed.get_string_custom_property("pushed_destination") != first["serving_model"]
     assert found.entry["exported_model"] == serving.uri
     assert next(g for g in found.entry["gate"] if g["name"] == "last_blessed")["reference_auc"] == 0.0
@@ -213,8 +212,8 @@ def test_baseline_auc_matches_an_independent_fit(chain):
 
     cfg, a, _ = chain
     train, evals = [os.path.join(a["transformed"].uri, f"Split-{s}", "*") for s in ("train", "eval")]
-    manifest, stats = T.read_manifest_for([train]), T.read_statistics_for([train])
-    plan = P.derive_plan(cfg, manifest, stats)
+    manifest, stats = trainer_module.read_manifest_for([train]), trainer_module.read_statistics_for([train])
+    plan = plan_lib.derive_plan(cfg, manifest, stats)
     rows = stats.splits["train"]["examples_written"]
     ours = train_baseline(cfg, plan, manifest, [train], [evals], model_steps=cfg.training.train_steps, train_rows=rows)
     # fitted on the same rows: the train split less the model's held-out slice (early stopping)
@@ -231,8 +230,8 @@ def test_baseline_auc_matches_an_independent_fit(chain):
 def test_baseline_fused_pooling_equals_tf_embedding_lookups(chain):
     cfg, a, _ = chain
     train = os.path.join(a["transformed"].uri, "Split-train", "*")
-    manifest = T.read_manifest_for([train])
-    plan = P.derive_plan(cfg, manifest, T.read_statistics_for([train]))
+    manifest = trainer_module.read_manifest_for([train])
+    plan = plan_lib.derive_plan(cfg, manifest, trainer_module.read_statistics_for([train]))
     model = LinearBaseline(plan, manifest)
     rng = np.random.default_rng(0)
     model.weights.assign(rng.normal(size=model.weights.shape).astype(np.float32))

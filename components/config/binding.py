@@ -10,7 +10,7 @@ import dataclasses
 from typing import Dict, List, Optional, Tuple
 
 from components.config.checks import check_choice, check_positive
-from components.rulebook import token_invalid_reason
+from components.rules.rulebook import token_invalid_reason
 from components.config.resolved import ResolvedTable
 from components.config.schema import (
     COMBINERS,

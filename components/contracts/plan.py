@@ -39,7 +39,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from components.config import WIDE_SUFFIX, OptimizerConfig, PipelineConfig, table_optimizer
+from components.config.binding import table_optimizer
+from components.config.schema import OptimizerConfig, PipelineConfig, WIDE_SUFFIX
 from components.contracts._json import check_version, dumps, pick, plain
 from components.contracts.manifest import VocabularyManifest
 from components.contracts import sizing

@@ -32,7 +32,7 @@ class EmbeddingStatistics:
     tables: Mapping[str, Any]  # table -> vocabulary, batches, shards (div/mod, SparseCore limits), memory
     train_partial_batches: int
     input: Mapping[str, Any]  # malformed rows, non-numeric cells by column
-    ledger: Optional[Mapping[str, Any]] = None  # components.ledger: rows in/out of every stage
+    ledger: Optional[Mapping[str, Any]] = None  # components.rows.ledger: rows in/out of every stage
     feature_health: Optional[Mapping[str, Any]] = None  # components.embedding_preprocess.health
     version: int = STATISTICS_VERSION
 

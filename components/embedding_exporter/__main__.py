@@ -24,7 +24,7 @@ import components  # noqa: F401
 
 
 def _parser() -> argparse.ArgumentParser:
-    from components.config import LAYOUT_KINDS, PARTITION_STRATEGIES, TABLE_DTYPES
+    from components.config.schema import LAYOUT_KINDS, PARTITION_STRATEGIES, TABLE_DTYPES
 
     p = argparse.ArgumentParser(prog="python -m components.embedding_exporter", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="Model artifact directory written by this product's trainer")
@@ -46,11 +46,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from components.errors import one_line
+    from components.reporting.errors import one_line
     from components.reporting import emit, error_line, write_traceback
 
     args = _parser().parse_args(argv)
-    from components.config import ConfigError, check_export_config, config_from_json, load_config
+    from components.config.loading import config_from_json, load_config
+    from components.config.schema import ConfigError
+    from components.config.validation import check_export_config
     from components.embedding_exporter.export import ExportRefused, export_serving_model
     from components.contracts.artifacts import TRAINER_CONFIG_FILE as CONFIG_FILE
 
@@ -97,7 +99,7 @@ def main(argv=None) -> int:
 
 
 def export_summary(report, output: str):
-    """The export in brief, as every tool of the product prints it (components/reporting.py)."""
+    """The export in brief, as every tool of the product prints it (components/reporting/__init__.py)."""
     from components.reporting import Report
 
     r = Report("export summary", data=report)

@@ -6,7 +6,7 @@ from tfx.types import ComponentSpec, channel_utils, standard_artifacts
 from tfx.types.component_spec import ChannelParameter, ExecutionParameter
 
 from components.config.stages import stage_json
-from components.config import PipelineConfig
+from components.config.schema import PipelineConfig
 from components.embedding_exporter import executor
 
 

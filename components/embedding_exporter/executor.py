@@ -13,12 +13,12 @@ from tfx.utils import io_utils
 
 from absl import logging
 
-from components import ledger as L
-from components import progress
+from components.rows import ledger
+from components.reporting import progress
 from components.model_registry import registry
 
 from components.embedding_exporter.export import export_serving_model
-from components.executor_base import CONFIG_KEY, config_of, upstream_ledger
+from components.tfx_wiring.executor_base import CONFIG_KEY, config_of, upstream_ledger
 
 MODEL_KEY = "model"
 EXAMPLES_KEY = "examples"
@@ -45,7 +45,7 @@ class Executor(base_executor.BaseExecutor):
         # No blessing for a model of a run whose rows do not add up (ExampleGen's ledger).
         upstream = upstream_ledger(examples.uri)
         if upstream is not None:
-            L.check_ledger(upstream, "EmbeddingExporter")
+            ledger.check_ledger(upstream, "EmbeddingExporter")
         # The last blessed model: the one served at the push destination, as LastBlessedModel read
         # it from the model registry there (None: a pipeline without that step).
         last = input_dict.get(LAST_MODEL_KEY) or []

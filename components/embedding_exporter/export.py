@@ -32,14 +32,14 @@ import numpy as np
 import tensorflow as tf
 from tfx.utils import io_utils  # read_string_file: any filesystem TFX reads (gs://, local)
 
-from components import progress
-from components.config import PipelineConfig
-from components.contracts import artifacts as A
+from components.reporting import progress
+from components.config.schema import PipelineConfig
+from components.contracts import artifacts
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
-from components.embedding_exporter import gate as G
-from components.embedding_model import layouts as L
-from components.embedding_exporter import tables as T
+from components.embedding_exporter import gate
+from components.embedding_model import layouts
+from components.embedding_exporter import tables as tables_lib
 from components.embedding_model.restore import (  # noqa: F401  (re-exported)
     ExportRefused, build_serving_model, cfg_hint, dense_variables, load_tables, open_checkpoint_tables, restore_dense,
 )
@@ -47,16 +47,16 @@ from components.embedding_exporter.serving import RawFeatureTransform, ServingMo
 from components.embedding_preprocess.features import KIND_NONE, kind_of
 from components.embedding_model.saving import save_serving_model
 from components.embedding_preprocess import transform as preprocess_transform
-from components.embedding_preprocess import vocabulary as V
-from components.executor_base import read_json_if_exists
+from components.embedding_preprocess import vocabulary
+from components.tfx_wiring.executor_base import read_json_if_exists
 from components.embedding_model.input import parse_batch
 from components.embedding_model.model import RankingModel
-from components.metrics import roc_auc
+from components.rules.metrics import roc_auc
 from components.model_registry.registry import Lookup
 
-SERVING_DIR = A.SERVING_DIR
-REPORT_FILE = A.EXPORT_REPORT_FILE
-STAGING_DIR = A.EXPORT_STAGING_DIR
+SERVING_DIR = artifacts.SERVING_DIR
+REPORT_FILE = artifacts.EXPORT_REPORT_FILE
+STAGING_DIR = artifacts.EXPORT_STAGING_DIR
 SLOT_MARKERS = ("OPTIMIZER_SLOT", "accumulator", "momenta", "velocities", "linears")
 SCORE_BATCH = 1024
 
@@ -64,7 +64,7 @@ SCORE_BATCH = 1024
 def read_raw_examples(file_pattern: str, limit: int) -> List[bytes]:
     """Raw eval rows as serialized tf.Examples (what a serving client sends), from ExampleGen's
     Parquet files or from TFRecords of tf.Examples."""
-    from components.examples_io import serialized_examples
+    from components.data_io.examples_io import serialized_examples
 
     if not tf.io.gfile.glob(file_pattern):
         raise ExportRefused(f"no eval examples match {file_pattern}; cannot verify the export")
@@ -73,7 +73,7 @@ def read_raw_examples(file_pattern: str, limit: int) -> List[bytes]:
 
 def read_model_plan(model_uri: str) -> EmbeddingPlan:
     """The embedding plan the Model artifact was trained with (the exporter trusts nothing else)."""
-    plan_path = os.path.join(model_uri, A.PLAN_FILE)
+    plan_path = os.path.join(model_uri, artifacts.PLAN_FILE)
     if not tf.io.gfile.exists(plan_path):
         raise ExportRefused(f"no embedding plan at {plan_path}; the Model artifact is not from this trainer")
     return EmbeddingPlan.from_json(io_utils.read_string_file(plan_path), plan_path)
@@ -81,7 +81,7 @@ def read_model_plan(model_uri: str) -> EmbeddingPlan:
 
 def read_model_manifest(model_uri: str) -> VocabularyManifest:
     """The vocabulary manifest the Model artifact was trained with."""
-    path = os.path.join(model_uri, A.EMBEDDING_MANIFEST_FILE)
+    path = os.path.join(model_uri, artifacts.EMBEDDING_MANIFEST_FILE)
     if not tf.io.gfile.exists(path):
         raise ExportRefused(f"no vocabulary manifest at {path}; the Model artifact is not from this trainer")
     return VocabularyManifest.from_json(io_utils.read_string_file(path), path)
@@ -112,7 +112,7 @@ def check_no_optimizer_state(saved_model_dir: str, model: tf.keras.Model) -> int
 
 
 def latest_checkpoint(model_uri: str) -> str:
-    ckpt_dir = os.path.join(model_uri, A.CHECKPOINT_DIR)
+    ckpt_dir = os.path.join(model_uri, artifacts.CHECKPOINT_DIR)
     path = tf.train.latest_checkpoint(ckpt_dir)
     if path is None:
         raise ExportRefused(f"no training checkpoint in {ckpt_dir}")
@@ -185,13 +185,13 @@ class ExportContext:
     plan: EmbeddingPlan
     manifest: VocabularyManifest
     checkpoint_path: str
-    tables: L.CheckpointTables
+    tables: layouts.CheckpointTables
     sample: EvalSample
     staging: str
     clock: _Clock = field(default_factory=_Clock)
     # convert
     model: Optional[RankingModel] = None  # the float32 serving model
-    writer: Optional[T.TableWriter] = None
+    writer: Optional[tables_lib.TableWriter] = None
     table_report: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     convert_seconds: float = 0.0
     dense_restored: int = 0
@@ -216,7 +216,7 @@ def read_eval_sample(cfg: PipelineConfig, manifest: VocabularyManifest, raw_eval
 
     e = cfg.export
     raw = read_raw_examples(raw_eval_pattern, max(e.parity_sample_size, e.auc_sample_size))
-    vocabularies = {name: V.read_vocabulary(manifest.vocabulary_dir, name) for name in manifest.vocabularies}
+    vocabularies = {name: vocabulary.read_vocabulary(manifest.vocabulary_dir, name) for name in manifest.vocabularies}
     rb = example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(raw)
     found = {n: kind_of(rb.column(i)) for i, n in enumerate(rb.schema.names)}
     mismatched = manifest.kind_mismatches({n: k for n, k in found.items() if k != KIND_NONE})
@@ -261,11 +261,11 @@ def convert(ctx: ExportContext) -> None:
     ctx.model = build_serving_model(plan, manifest, ctx.cfg, "float32", ctx.sample.features)
     ctx.dense_restored = restore_dense(ctx.model, ctx.checkpoint_path)
     if ctx.cfg.export.write_tables:
-        ctx.writer = T.TableWriter(ctx.staging, manifest, manifest.vocabulary_dir)
+        ctx.writer = tables_lib.TableWriter(ctx.staging, manifest, manifest.vocabulary_dir)
     start = time.perf_counter()
     last = [start]  # when the previous table was done: each table's seconds include its read
 
-    def report_table(name: str, source: L.TableSource, values: np.ndarray) -> None:
+    def report_table(name: str, source: layouts.TableSource, values: np.ndarray) -> None:
         if ctx.writer is not None and ctx.table_dtype == "float32":
             ctx.writer.write(name, plan.tables[name], values, None)
         slots = plan.tables[name].memory.slots_per_row
@@ -354,12 +354,12 @@ def compress(ctx: ExportContext, dtype: str) -> None:
         values = ctx.model.serving_tables[name].read(name)
         try:
             # a wide table's weights stay float32 (model.ServingTables: 4 bytes a row)
-            stored, scale = (values, None) if ctx.plan.tables[name].wide_of else T.compress(values, dtype, name)
-        except T.CompressionError as err:
+            stored, scale = (values, None) if ctx.plan.tables[name].wide_of else tables_lib.compress(values, dtype, name)
+        except tables_lib.CompressionError as err:
             raise ExportRefused(str(err)) from None
-        max_err = max(max_err, float(np.abs(T.decompress(stored, scale) - values).max()) if values.size else 0.0)
+        max_err = max(max_err, float(np.abs(tables_lib.decompress(stored, scale) - values).max()) if values.size else 0.0)
         stack.assign(name, stored, scale)
-        sizes[name] = T.stored_bytes(stored, scale)
+        sizes[name] = tables_lib.stored_bytes(stored, scale)
         if writer is not None:
             writer.write(name, ctx.plan.tables[name], stored, scale)
     module = ServingModule(variant, RawFeatureTransform(ctx.manifest, ctx.manifest.vocabulary_dir))
@@ -423,7 +423,7 @@ def build_report(ctx: ExportContext) -> Dict[str, Any]:
         "eval_auc": {"examples": int(len(ctx.sample.labels)), "trained_model": ctx.auc_trained,
                      "serving_float32": ctx.auc_float32, "serving": ctx.compression[chosen]["eval_auc"]},
         "signatures": ["serving_default", "serve_features"],
-        "tables_manifest": os.path.join(T.TABLES_DIR, T.TABLES_MANIFEST) if tables_manifest else None,
+        "tables_manifest": os.path.join(tables_lib.TABLES_DIR, tables_lib.TABLES_MANIFEST) if tables_manifest else None,
         "seconds": ctx.clock.laps,
     }
 
@@ -431,19 +431,19 @@ def build_report(ctx: ExportContext) -> Dict[str, Any]:
 def validate(ctx: ExportContext, last_blessed: Optional[Lookup]) -> Dict[str, Any]:
     """The gate's decision (gate.py) with the figures it used. `last_blessed`: what the push
     destination serves (LastBlessedModel's registry lookup; None: not looked up)."""
-    metrics = read_json_if_exists(os.path.join(ctx.model_uri, A.EVAL_METRICS_FILE))
+    metrics = read_json_if_exists(os.path.join(ctx.model_uri, artifacts.EVAL_METRICS_FILE))
     previous = None
     served = last_blessed.served_model if last_blessed is not None and last_blessed.found else None
     if served is not None and ctx.cfg.validation.regression_margin is not None:
         try:
-            previous = G.score_previous(served, ctx.sample.raw, ctx.sample.labels)
+            previous = gate.score_previous(served, ctx.sample.raw, ctx.sample.labels)
         except (OSError, ValueError, KeyError, tf.errors.OpError) as err:  # KeyError: no serving_default
             raise ExportRefused(
                 f"the last blessed serving model {served} cannot be loaded and scored ({err!r}); the new "
                 "model cannot be compared with it: restore that model, or set validation.regression_margin: null "
                 "for this run") from None
         ctx.clock.lap("score the last blessed model")
-    decision = G.decide(ctx.cfg, metrics, ctx.compression[ctx.table_dtype]["eval_auc"], previous,
+    decision = gate.decide(ctx.cfg, metrics, ctx.compression[ctx.table_dtype]["eval_auc"], previous,
                         no_previous=last_blessed.note if last_blessed is not None else None)
     progress.phase(progress.EXPORTER, "validation gate: " + (
         "blessed" if decision["blessed"] else "not blessed: " + "; ".join(decision["reasons"])))
@@ -469,7 +469,7 @@ def validate(ctx: ExportContext, last_blessed: Optional[Lookup]) -> Dict[str, An
 def publish(ctx: ExportContext, output_uri: str, report: Dict[str, Any]) -> None:
     """The staged serving model and tables moved into place (a previous export's stale ones
     removed), then the report: written last, so a report means a complete export."""
-    for name in (SERVING_DIR, T.TABLES_DIR):
+    for name in (SERVING_DIR, tables_lib.TABLES_DIR):
         if tf.io.gfile.exists(os.path.join(ctx.staging, name)):
             _move(os.path.join(ctx.staging, name), os.path.join(output_uri, name))
         elif tf.io.gfile.exists(os.path.join(output_uri, name)):  # a previous export's: stale now
@@ -504,7 +504,7 @@ def export_serving_model(
             compress(ctx, dtype)
         report = build_report(ctx)
         report["validation"] = validate(ctx, last_blessed)
-        report["continuous"] = read_json_if_exists(os.path.join(ctx.model_uri, A.CONTINUOUS_FILE))
+        report["continuous"] = read_json_if_exists(os.path.join(ctx.model_uri, artifacts.CONTINUOUS_FILE))
         publish(ctx, output_uri, report)
         return report
     finally:

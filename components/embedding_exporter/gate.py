@@ -25,13 +25,13 @@ from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
 
-from components.config import PipelineConfig
+from components.config.schema import PipelineConfig
 
 
 def score_previous(previous_serving_dir: str, raw: List[bytes], labels) -> Dict[str, Any]:
     """The last blessed serving model's AUC on this run's raw eval rows."""
     from components.embedding_exporter.export import score
-    from components.metrics import roc_auc
+    from components.rules.metrics import roc_auc
 
     loaded = tf.saved_model.load(previous_serving_dir)
     probs = score(loaded.signatures["serving_default"], raw)

@@ -1,6 +1,6 @@
 """The CPU serving graph: raw feature values in, click probability out.
 
-`RawFeatureTransform` implements the rulebook (`components.rulebook`, whose case table
+`RawFeatureTransform` implements the rulebook (`components.rules.rulebook`, whose case table
 `tests/test_rulebook.py` runs through this graph's two signatures and through preprocessing's
 pyarrow code) with TensorFlow ops: tokens (T1-T7: kinds, multi-hot splitting, empty and invalid
 tokens dropped, truncation to `max_length`), JSON strings (J1-J3: integer columns normalised as
@@ -30,11 +30,11 @@ from typing import Any, Dict, List, Optional, Tuple
 import components  # noqa: F401
 import tensorflow as tf
 
-from components import rulebook as R
+from components.rules import rulebook
 from components.contracts.manifest import CategoricalFeatureEntry, VocabularyManifest, weights_key
 from components.embedding_model.model import BATCH_KEY, DENSE_KEY, fused_key
 
-_DTYPES = {R.KIND_BYTES: tf.string, R.KIND_INT: tf.int64, R.KIND_FLOAT: tf.float32}
+_DTYPES = {rulebook.KIND_BYTES: tf.string, rulebook.KIND_INT: tf.int64, rulebook.KIND_FLOAT: tf.float32}
 
 
 def _keep(values: tf.RaggedTensor, mask: tf.Tensor) -> tf.RaggedTensor:
@@ -113,7 +113,7 @@ def _fits_int64(digits: tf.Tensor) -> tf.Tensor:
     n = tf.strings.length(digits)
     head = tf.strings.to_number(tf.strings.substr(digits, 0, 18), tf.int64)  # never overflows
     nineteenth = tf.strings.to_number(tf.strings.substr(tf.strings.join([digits, "0" * 19]), 18, 1), tf.int64)
-    top, last = divmod(R.INT64_MAX, 10)
+    top, last = divmod(rulebook.INT64_MAX, 10)
     return (n < 19) | ((n == 19) & ((head < top) | ((head == top) & (nineteenth <= last))))
 
 
@@ -122,7 +122,7 @@ def _int_texts(values: tf.RaggedTensor) -> tf.RaggedTensor:
     int64 value each stands for (`rulebook.int_text_value`); no value, `negative_int` and
     `not_integer` strings are dropped."""
     values = values.with_flat_values(tf.strings.strip(values.flat_values))
-    values = _keep(values, tf.strings.regex_full_match(values.flat_values, R.INTEGER_TEXT.decode()))
+    values = _keep(values, tf.strings.regex_full_match(values.flat_values, rulebook.INTEGER_TEXT.decode()))
     negative = tf.strings.regex_full_match(values.flat_values, "-0*[1-9][0-9]*")
     digits = tf.strings.regex_replace(values.flat_values, "^[+-]?0*([0-9])", r"\1")  # sign and leading zeros off
     return _keep(values.with_flat_values(digits), tf.logical_not(negative) & _fits_int64(digits))
@@ -134,7 +134,7 @@ def identity_ids(flat: tf.Tensor, num_buckets: int) -> tf.Tensor:
     (what a vocabulary miss is; `_categorical` then gives it the default row or drops it)."""
     if flat.dtype == tf.int64:
         return tf.where((flat >= 0) & (flat < num_buckets), flat, -1)
-    text = tf.strings.regex_full_match(flat, R.IDENTITY_TEXT.decode())
+    text = tf.strings.regex_full_match(flat, rulebook.IDENTITY_TEXT.decode())
     short = text & (tf.strings.length(flat) <= 18)  # at most 18 digits always fit int64
     values = tf.strings.to_number(tf.where(short, flat, "0"), tf.int64)
     return tf.where(short & (values < num_buckets), values, -1)
@@ -163,7 +163,7 @@ def _decimal_int64_lines(path: str) -> bool:
     with tf.io.gfile.GFile(path, "rb") as fh:  # line by line: a vocabulary can be gigabytes
         for line in fh:
             line = line.rstrip(b"\n")
-            if not (line.isdigit() and (line == b"0" or line[:1] != b"0") and (len(line) < 19 or int(line) <= R.INT64_MAX)):
+            if not (line.isdigit() and (line == b"0" or line[:1] != b"0") and (len(line) < 19 or int(line) <= rulebook.INT64_MAX)):
                 return False
     return True
 
@@ -207,7 +207,7 @@ class RawFeatureTransform(tf.Module):
         self.integer_tables = {
             t for t, fs in features_of.items()
             if integer_tables and all(
-                self.kinds[f.column] == R.KIND_INT and not any(c.isdigit() for c in f.separator or "") for f in fs)
+                self.kinds[f.column] == rulebook.KIND_INT and not any(c.isdigit() for c in f.separator or "") for f in fs)
             and _decimal_int64_lines(os.path.join(vocabulary_dir, manifest.vocabularies[t].file))
         }
         self._vocabulary_dir = vocabulary_dir
@@ -309,7 +309,7 @@ class RawFeatureTransform(tf.Module):
     def integer_columns(self) -> List[str]:
         """int64 columns read only by categorical features (`serve_typed_features` takes them as
         int64 numbers): one value per row then holds what a JSON client sends."""
-        return sorted({f.column for f in self._manifest.categorical_features if self.kinds[f.column] == R.KIND_INT}
+        return sorted({f.column for f in self._manifest.categorical_features if self.kinds[f.column] == rulebook.KIND_INT}
                       - self.dense_columns())
 
     def _oov_buckets(self, missed: tf.Tensor, feature: tf.Tensor, order) -> tf.Tensor:
@@ -324,7 +324,7 @@ class RawFeatureTransform(tf.Module):
             return tf.strings.to_hash_bucket_fast(missed, counts[0])
         per_miss = tf.gather(tf.constant(counts, tf.int64), feature)
         lcm = math.lcm(*set(counts))
-        if lcm <= R.INT64_MAX:
+        if lcm <= rulebook.INT64_MAX:
             return tf.math.floormod(tf.strings.to_hash_bucket_fast(missed, lcm), per_miss)
         buckets = tf.zeros_like(feature)
         for count in sorted(set(counts) - {1}):
@@ -335,7 +335,7 @@ class RawFeatureTransform(tf.Module):
         """W1: float32 [batch], each row's ID weight (its weight column's first value), NaN where
         the row's tokens are dropped (missing, NaN, infinite, negative, or a text column)."""
         values = column(f.weight_column)
-        if not from_json and self.kinds[f.weight_column] == R.KIND_BYTES:  # not numeric
+        if not from_json and self.kinds[f.weight_column] == rulebook.KIND_BYTES:  # not numeric
             return tf.fill(tf.reshape(values.nrows(), [1]), float("nan"))
         w = _first_or_nan(values)[:, 0]
         return tf.where(tf.math.is_finite(w) & (w >= 0), w, float("nan"))
@@ -382,18 +382,18 @@ class RawFeatureTransform(tf.Module):
         values kept: they miss the table and `_categorical` drops them, T2). T5-T7 follow in
         `_categorical`."""
         raw_kind = self.kinds[f.column]
-        if raw_kind == R.KIND_FLOAT:  # T3, J3: floats are invalid categorical values: no tokens
+        if raw_kind == rulebook.KIND_FLOAT:  # T3, J3: floats are invalid categorical values: no tokens
             return tf.RaggedTensor.from_row_splits(
                 tf.zeros([0], tf.string), tf.zeros_like(values.row_splits), validate=False
             )
         integer_table = f.table in self.integer_tables
-        if raw_kind == R.KIND_INT and from_json and values.dtype == tf.string:  # J2: each string stands for an int64 value
+        if raw_kind == rulebook.KIND_INT and from_json and values.dtype == tf.string:  # J2: each string stands for an int64 value
             if f.separator is not None:
                 values = _split(values, f.separator)
             values = _int_texts(values)
             if integer_table:  # the value itself (_int_texts checked that it fits int64)
                 return values.with_flat_values(tf.strings.to_number(values.flat_values, tf.int64))
-        elif raw_kind == R.KIND_INT:
+        elif raw_kind == rulebook.KIND_INT:
             if integer_table:
                 return values
             # T2: the decimal text; negative integers are invalid
@@ -485,7 +485,7 @@ class RawFeatureTransform(tf.Module):
         bounds = tf.gather(splits, features)
         lengths = tf.reshape(splits[1:] - splits[:-1], [n, batch])
         if any(m is not None for m in limits):  # T7 in the shapes
-            lengths = tf.minimum(lengths, tf.constant([R.INT64_MAX if m is None else m for m in limits], tf.int64)[:, None])
+            lengths = tf.minimum(lengths, tf.constant([rulebook.INT64_MAX if m is None else m for m in limits], tf.int64)[:, None])
         # One SparseTensor [batch, longest row] per feature, as RaggedTensor.to_sparse gives; the
         # cut per feature keeps T7 off features without max_length, and lets both cores work.
         # int32: Eigen reduces int64 rows several times slower (0.1 ms of 26 x 1024 at batch 1024)
@@ -517,7 +517,7 @@ class RawFeatureTransform(tf.Module):
             k = limited[-1] + 1  # `fuse` puts the limited features first where it can
             plan["prefix"] = tf.stack([tf.gather(splits, k * batch), -1])  # the prefix's IDs, the rest
             head_at, rest_at = tf.split(position, plan["prefix"], num=2)
-            caps = tf.constant([[R.INT64_MAX if m is None else m] for m in limits[:k]], tf.int64)
+            caps = tf.constant([[rulebook.INT64_MAX if m is None else m] for m in limits[:k]], tf.int64)
             head_segments = head_at[:, 0]
             cap = tf.gather(tf.reshape(tf.tile(caps, tf.stack([1, batch])), [-1]), head_segments)  # per ID
             plan["kept"] = tf.where(head_at[:, 1] < cap)[:, 0]
@@ -557,8 +557,8 @@ class RawFeatureTransform(tf.Module):
         out: Dict[str, tf.Tensor] = {}
         numeric = []
         for d in self._manifest.dense_features:
-            kind = R.KIND_FLOAT if from_json else self.kinds[d.column]
-            if kind == R.KIND_BYTES:  # D5: non-numeric column: every value is filled
+            kind = rulebook.KIND_FLOAT if from_json else self.kinds[d.column]
+            if kind == rulebook.KIND_BYTES:  # D5: non-numeric column: every value is filled
                 out[d.name] = tf.fill(tf.stack([batch, 1]), tf.constant(d.fill_value, tf.float32))
             else:
                 numeric.append(d)

@@ -13,7 +13,7 @@ from typing import Any, Dict
 import components  # noqa: F401
 import tensorflow as tf
 
-from components import rulebook as R
+from components.rules import rulebook
 from components.contracts.manifest import CategoricalFeatureEntry, VocabularyManifest
 from components.embedding_exporter.serving import (
     _DTYPES,
@@ -68,18 +68,18 @@ class FeatureByFeatureTransform(RawFeatureTransform):
         T1-T4 (J1-J3), and whether they still need T5-T6 (decimal texts of integers, unsplit, are
         valid by construction). `_ids` applies T5-T7."""
         raw_kind = self.kinds[f.column]
-        if raw_kind == R.KIND_FLOAT:  # T3, J3: floats are invalid categorical values: no tokens
+        if raw_kind == rulebook.KIND_FLOAT:  # T3, J3: floats are invalid categorical values: no tokens
             return tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.string), tf.zeros([values.nrows()], tf.int64)), False
-        if raw_kind == R.KIND_INT and from_json:  # J2: each string stands for an int64 value
+        if raw_kind == rulebook.KIND_INT and from_json:  # J2: each string stands for an int64 value
             if f.separator is not None:
                 values = _split(values, f.separator)
             values = _int_texts(values)
-        elif raw_kind == R.KIND_INT:  # T2: the decimal text; negative integers are invalid
+        elif raw_kind == rulebook.KIND_INT:  # T2: the decimal text; negative integers are invalid
             values = _keep(values, values.flat_values >= 0)
             values = values.with_flat_values(tf.strings.as_string(values.flat_values))
         if f.separator is not None:
             values = _split(values, f.separator)
-        return values, raw_kind != R.KIND_INT or f.separator is not None
+        return values, raw_kind != rulebook.KIND_INT or f.separator is not None
 
     def _ids(self, tokens: tf.RaggedTensor, f: CategoricalFeatureEntry, check: bool) -> tf.RaggedTensor:
         """Tokens -> embedding IDs: V1 (vocabulary line), V2 (OOV bucket), T5-T6 (invalid tokens
@@ -115,8 +115,8 @@ class FeatureByFeatureTransform(RawFeatureTransform):
         out: Dict[str, Any] = {}
         for d in self._manifest.dense_features:
             values = raw[d.column]
-            kind = R.KIND_FLOAT if from_json else self.kinds[d.column]
-            if kind == R.KIND_BYTES:  # D5: non-numeric column: every value is filled
+            kind = rulebook.KIND_FLOAT if from_json else self.kinds[d.column]
+            if kind == rulebook.KIND_BYTES:  # D5: non-numeric column: every value is filled
                 first = tf.fill([values.nrows(), 1], tf.constant(float("nan"), tf.float32))
             else:
                 first = _first_or_nan(values)

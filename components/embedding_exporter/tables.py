@@ -95,7 +95,7 @@ class TableWriter:
             "num_oov_buckets": int(vocab.num_oov_buckets),
             "oov_rule": (
                 "row of a value not in the vocabulary file = vocabulary_size + "
-                "Fingerprint64(value) % num_oov_buckets (tf.lookup.StaticVocabularyTable; rule V2 of components/rulebook.py)"
+                "Fingerprint64(value) % num_oov_buckets (tf.lookup.StaticVocabularyTable; rule V2 of components/rules/rulebook.py)"
             ),
             "combiner": plan_table.combiner,
             "features": list(plan_table.features),

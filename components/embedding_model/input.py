@@ -295,7 +295,7 @@ def make_dataset(
     replicas (steps x replicas), and the pipeline skips its share. With fewer files than pipelines,
     every pipeline reads all files and keeps every P-th batch of the one stream (logged). One
     pipeline (or none) is the single stream above."""
-    from components.tfrecords import compression_type
+    from components.data_io.tfrecords import compression_type
 
     select = _records_of(part, holdout_fraction)
     index, pipelines = _pipeline_of(input_context)
@@ -370,7 +370,7 @@ def _blocks_dataset(
     `input_context`): the whole-block files and the tail files are each split i, i+P, ... (a
     pipeline may get no tail file); `unit` and `skip_batches` count all pipelines. With fewer
     whole-block files than pipelines, every pipeline reads all files and keeps every P-th batch."""
-    from components.tfrecords import compression_type
+    from components.data_io.tfrecords import compression_type
 
     select = select or _ALL
     index, pipelines = shard

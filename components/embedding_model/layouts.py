@@ -36,23 +36,23 @@ import components  # noqa: F401
 import numpy as np
 import tensorflow as tf
 
-from components.config import ExportLayoutConfig
+from components.config.schema import ExportLayoutConfig
 from components.contracts.plan import CheckpointLayout, EmbeddingPlan, TablePlan
 from components.embedding_model.checkpoint_index import BundleIndex, restore_rows  # noqa: F401  (re-exported)
 from components.embedding_model.sparsecore_layout import (  # noqa: F401  (re-exported)
     parse_layout_record, plan_sparse_core_layouts, recompute_sparse_core_layouts, stack_table_to_shards,
     stacked_variables,
 )
-from components.embedding_model import model as M
+from components.embedding_model import model
 
 # Where the model keeps its tables in a checkpoint: the model's own published paths (model.py).
-ATTR = M.VARIABLE_VALUE
-TPU_PREFIX = M.TPU_EMBEDDING_CHECKPOINT_PATH + "/"
-escape_name = M.checkpoint_name
-table_key = M.table_checkpoint_key  # layout-A key of a plan table
+ATTR = model.VARIABLE_VALUE
+TPU_PREFIX = model.TPU_EMBEDDING_CHECKPOINT_PATH + "/"
+escape_name = model.checkpoint_name
+table_key = model.table_checkpoint_key  # layout-A key of a plan table
 # tpu_embedding_v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY (TensorFlow's name for the record).
 SPARSECORE_LAYOUTS_KEY = "_sparse_core_table_layouts"
-LAYOUT_RECORD_KEY = M.tpu_embedding_checkpoint_key(SPARSECORE_LAYOUTS_KEY)
+LAYOUT_RECORD_KEY = model.tpu_embedding_checkpoint_key(SPARSECORE_LAYOUTS_KEY)
 
 
 class LayoutError(ValueError):
@@ -233,7 +233,7 @@ class CheckpointTables:
             f"recomputed (no _sparse_core_table_layouts record): TensorFlow's stack_tables over "
             f"{replicas} replicas x {per_chip} SparseCores per chip, per-replica batch {per_replica}"
         )
-        expected = {M.tpu_embedding_checkpoint_key(l.stacked_table_name) for l in self._recomputed.values()}
+        expected = {model.tpu_embedding_checkpoint_key(l.stacked_table_name) for l in self._recomputed.values()}
         present = set(self._stacked_keys())
         if not expected <= present:
             raise LayoutError(
@@ -245,7 +245,7 @@ class CheckpointTables:
         return self._recomputed
 
     def _source_b(self, name, rows, dim, layout, how) -> TableSource:
-        key = M.tpu_embedding_checkpoint_key(layout.stacked_table_name)
+        key = model.tpu_embedding_checkpoint_key(layout.stacked_table_name)
         if key not in self.shapes:
             raise LayoutError(f"table {name!r}: its stacked variable {key} (from the layout) is not in the checkpoint")
         n = int(layout.num_sparse_cores)

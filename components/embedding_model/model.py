@@ -30,12 +30,12 @@ import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
-from components.config import TABLE_DTYPES, TrainingConfig
+from components.config.schema import TABLE_DTYPES, TrainingConfig
 from components.contracts.manifest import VocabularyManifest, weights_key
 from components.contracts.plan import EmbeddingPlan, TablePlan
-from components.embedding_model import optimizers as O
+from components.embedding_model import optimizers as optimizers_lib
 from components.embedding_model.input import length_key, to_dense_ids
-from components.embedding_model import tf_objects as P
+from components.embedding_model import tf_objects
 
 _V2 = tf.tpu.experimental.HardwareFeature.EmbeddingFeature.V2
 
@@ -81,10 +81,10 @@ class EmbeddingLayer(tfrs.layers.embedding.TPUEmbedding):
                     "sparse_core_embedding_config needs TensorFlow >= 2.17; TF 2.16's TPUEmbeddingV2 takes no SparseCore config"
                 )
             check_sparsecore_features(dict(self._feature_config))
-            O.check_sparsecore_optimizer(self._optimizer)
+            optimizers_lib.check_sparsecore_optimizer(self._optimizer)
             for table in {id(f.table): f.table for f in tf.nest.flatten(self._feature_config)}.values():
                 if table.optimizer is not None:  # a table's own optimizer (tables[].optimizer)
-                    O.check_sparsecore_optimizer(table.optimizer, f"the optimizer of table {table.name!r}")
+                    optimizers_lib.check_sparsecore_optimizer(table.optimizer, f"the optimizer of table {table.name!r}")
             return tf.tpu.experimental.embedding.TPUEmbeddingV2(
                 feature_config=self._feature_config,
                 optimizer=self._optimizer,
@@ -134,7 +134,7 @@ class TensorCoreTable(tf.keras.layers.Layer):
     def __init__(self, table: TablePlan, name: str):
         super().__init__(name=f"table_{name}")
         self.rows, self.dim, self.combiner = table.rows, table.dim, table.combiner
-        self._initializer = P.tf_initializer(table.initializer)
+        self._initializer = tf_objects.tf_initializer(table.initializer)
 
     def build(self, input_shape=None):
         self.embeddings = self.add_weight(
@@ -607,7 +607,7 @@ class RankingModel(tf.keras.Model):
         if tpu_features:
             # On a TPU the features' output shape is the static per-replica batch (TPUEmbeddingV2
             # sizes its SparseCore stacks from it); elsewhere it stays unset.
-            configs = P.feature_configs(
+            configs = tf_objects.feature_configs(
                 plan, output_batch=tpu_output_batch, on_tpu=tpu_output_batch is not None,
                 table_optimizers={n: o.tpu for n, o in table_optimizers.items()},
             )
@@ -867,7 +867,7 @@ class RankingModel(tf.keras.Model):
         for key, (optimizer, clipvalue) in self._embedding_optimizers().items():
             gv = groups.get(key)
             if gv:
-                optimizer.apply_gradients(O.clip_embedding_gradients(gv, clipvalue),
+                optimizer.apply_gradients(optimizers_lib.clip_embedding_gradients(gv, clipvalue),
                                           experimental_aggregate_gradients=not summed)
             else:
                 optimizer.iterations.assign_add(1)

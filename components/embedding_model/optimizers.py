@@ -44,7 +44,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
 
-from components.embedding_model import tf_objects as P
+from components.embedding_model import tf_objects
 
 # TPU embedding slot name -> Keras (legacy) slot name, per optimizer (as tensorflow-recommenders'
 # _SLOT_NAME_MAPPING): the names both platforms save the slots under.
@@ -88,7 +88,7 @@ def keras_optimizer(spec: Dict[str, Any], learning_rate) -> tf.keras.optimizers.
     legacy = tf.keras.optimizers.legacy
     adam = LazyAdam if spec.get("lazy_adam", True) else legacy.Adam
     classes = {"sgd": legacy.SGD, "adagrad": legacy.Adagrad, "adam": adam, "ftrl": legacy.Ftrl}
-    return P.build_optimizer(classes, spec, {"learning_rate": learning_rate})
+    return tf_objects.build_optimizer(classes, spec, {"learning_rate": learning_rate})
 
 
 def slot_variable_creation_fn(keras_opt: tf.keras.optimizers.legacy.Optimizer, name: str):
@@ -146,7 +146,7 @@ def tpu_optimizer(spec: Dict[str, Any], learning_rate, step_fn: Callable[[], tf.
             multiply_linear_by_learning_rate=False,  # Keras' `linear` slot semantics
         )
     classes = {"sgd": emb.SGD, "adagrad": emb.Adagrad, "adam": emb.Adam, "ftrl": emb.FTRL}
-    return P.build_optimizer(classes, spec, kw)
+    return tf_objects.build_optimizer(classes, spec, kw)
 
 
 def check_sparsecore_optimizer(opt, where: str = "training.embedding_optimizer") -> None:

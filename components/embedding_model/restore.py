@@ -15,8 +15,8 @@ import components  # noqa: F401
 import numpy as np
 import tensorflow as tf
 
-from components.config import ExportLayoutConfig, PipelineConfig
-from components.embedding_model import layouts as L
+from components.config.schema import ExportLayoutConfig, PipelineConfig
+from components.embedding_model import layouts
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
 from components.embedding_model.model import CHECKPOINT_ROOT, RankingModel, dense_checkpoint_parts
@@ -71,16 +71,16 @@ def cfg_hint(model: RankingModel) -> str:
 
 def open_checkpoint_tables(
     checkpoint_path: str, plan: EmbeddingPlan, layout: Optional[ExportLayoutConfig] = None
-) -> "L.CheckpointTables":
+) -> "layouts.CheckpointTables":
     """The plan's tables located in the checkpoint (layouts detected); ExportRefused if not."""
     try:
-        return L.CheckpointTables(checkpoint_path, plan, layout)
-    except L.LayoutError as err:
+        return layouts.CheckpointTables(checkpoint_path, plan, layout)
+    except layouts.LayoutError as err:
         raise ExportRefused(f"checkpoint {checkpoint_path}: {err}") from None
 
 
 def load_tables(
-    model: RankingModel, tables: "L.CheckpointTables",
+    model: RankingModel, tables: "layouts.CheckpointTables",
     on_table: Optional[Callable[[str, Any, np.ndarray], None]] = None,
 ) -> None:
     """Every table of `model` from the checkpoint, one at a time (read in its layout, checked

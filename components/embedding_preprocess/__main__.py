@@ -25,8 +25,9 @@ import time
 from typing import List, Optional
 
 import components  # noqa: F401
-from components.config import ConfigError, load_config
-from components.errors import one_line
+from components.config.loading import load_config
+from components.config.schema import ConfigError
+from components.reporting.errors import one_line
 from components.reporting import emit, error_line, write_traceback
 
 
@@ -116,7 +117,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def preprocess_report(stats, output: str, seconds: float):
-    """The run in brief, as every tool of the product prints it (components/reporting.py)."""
+    """The run in brief, as every tool of the product prints it (components/reporting/__init__.py)."""
     from components.reporting import Report, count_list, reasons_list
 
     read = {s: v["examples_read"] for s, v in stats.splits.items()}

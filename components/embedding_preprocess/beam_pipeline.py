@@ -37,14 +37,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from components import ledger as L
-from components import progress, row_counts, tfrecords
-from components.config import PipelineConfig
+from components.rows import ledger
+from components.reporting import progress
+from components.rows import row_counts
+from components.data_io import tfrecords
+from components.config.schema import PipelineConfig
 from components.contracts.manifest import FORMAT_BLOCKS, TAIL_PREFIX, TRANSFORMED_PREFIX
-from components.embedding_preprocess import partials as P
+from components.embedding_preprocess import partials as partials_lib
 from components.embedding_preprocess import spill
-from components.embedding_preprocess import statistics as S
-from components.embedding_preprocess import vocabulary as V
+from components.embedding_preprocess import statistics
+from components.embedding_preprocess import vocabulary
 from components.embedding_preprocess.counting import (
     CountSummary, FeatureValueCounter, RunningCounts, ValueCounts, shared_table_features, value_buckets,
 )
@@ -56,7 +58,7 @@ from components.embedding_preprocess.transform import (  # noqa: F401  (re-expor
 )
 
 STATS_FILE_PREFIX = "_partial_statistics"
-COUNTING = "counting values"  # live progress: the vocabulary pass's rows (components/progress.py)
+COUNTING = "counting values"  # live progress: the vocabulary pass's rows (components/reporting/progress.py)
 
 
 def transforming(split: str) -> str:
@@ -118,23 +120,23 @@ class MergeSummariesFn(beam.CombineFn):
 class MergeStatsFn(beam.CombineFn):
     """Merges statistics partials (see `statistics.StatisticsAccumulator` for the rules)."""
 
-    def create_accumulator(self) -> S.StatisticsAccumulator:
-        return S.StatisticsAccumulator()
+    def create_accumulator(self) -> statistics.StatisticsAccumulator:
+        return statistics.StatisticsAccumulator()
 
-    def add_input(self, acc: S.StatisticsAccumulator, partial: StatisticsPartial) -> S.StatisticsAccumulator:
+    def add_input(self, acc: statistics.StatisticsAccumulator, partial: StatisticsPartial) -> statistics.StatisticsAccumulator:
         return acc.add(partial)
 
-    def merge_accumulators(self, accumulators: Iterable[S.StatisticsAccumulator]) -> S.StatisticsAccumulator:
+    def merge_accumulators(self, accumulators: Iterable[statistics.StatisticsAccumulator]) -> statistics.StatisticsAccumulator:
         accumulators = iter(accumulators)
         first = next(accumulators, None)
         return (first if first is not None else self.create_accumulator()).merge(accumulators)
 
-    def compact(self, acc: S.StatisticsAccumulator) -> S.StatisticsAccumulator:
+    def compact(self, acc: statistics.StatisticsAccumulator) -> statistics.StatisticsAccumulator:
         """What a worker sends on (Beam calls it on a lifted combine's accumulators): its sketches
         compacted to a bounded size (statistics.compact_sketches)."""
-        return S.StatisticsAccumulator(S.compact_sketches(acc.values))
+        return statistics.StatisticsAccumulator(statistics.compact_sketches(acc.values))
 
-    def extract_output(self, acc: S.StatisticsAccumulator) -> StatisticsPartial:
+    def extract_output(self, acc: statistics.StatisticsAccumulator) -> StatisticsPartial:
         return acc.values
 
 
@@ -180,7 +182,7 @@ class _CountPerBundle(beam.DoFn):
         self._count_rows = count_rows  # analysis only: no transform pass counts the rows
 
     def setup(self):
-        from components.config import config_from_json
+        from components.config.loading import config_from_json
 
         self._cfg = config_from_json(self._config_json)
 
@@ -190,7 +192,7 @@ class _CountPerBundle(beam.DoFn):
 
     def process(self, rb: pa.RecordBatch) -> None:
         self._counter.add(rb)
-        progress.count(L.PREPROCESS, COUNTING, rb.num_rows)
+        progress.count(ledger.PREPROCESS, COUNTING, rb.num_rows)
         if self._counter.held() > self.SPILL_VALUES:
             self._spill()
 
@@ -232,7 +234,7 @@ class _SummarizeBucket(beam.DoFn):
         self._vocabulary_dir = vocabulary_dir
 
     def setup(self):
-        from components.config import config_from_json
+        from components.config.loading import config_from_json
 
         cfg = config_from_json(self._config_json)
         self._top_values = cfg.statistics.top_values
@@ -242,8 +244,8 @@ class _SummarizeBucket(beam.DoFn):
             self._features_of.setdefault(cfg.feature_table(f).name, []).append(f.name)
         self._shared = set(shared_table_features(cfg))
         self._given = {  # written into the vocabulary directory before the pipeline (run.py)
-            name: V.read_vocabulary_tokens(self._vocabulary_dir, name)
-            for name, options in self._tables.items() if options.kind in V.GIVEN_KINDS
+            name: vocabulary.read_vocabulary_tokens(self._vocabulary_dir, name)
+            for name, options in self._tables.items() if options.kind in vocabulary.GIVEN_KINDS
         }
 
     def process(self, item: Tuple[int, Iterable[spill.SpillRef]]):
@@ -265,38 +267,38 @@ class _SummarizeBucket(beam.DoFn):
 
 
 def _write_vocabulary(item: KeyedSummary, out_dir: str, options_json: str):
-    from components.config import VocabularyOptions
+    from components.config.schema import VocabularyOptions
 
     name, summary = item
     options = VocabularyOptions(**json.loads(options_json)[name])
     covered = None
-    if options.kind in V.GIVEN_KINDS:  # list / file (written before the pipeline): its lines, with the counts seen
-        given_tokens = V.read_vocabulary_tokens(out_dir, name)
+    if options.kind in vocabulary.GIVEN_KINDS:  # list / file (written before the pipeline): its lines, with the counts seen
+        given_tokens = vocabulary.read_vocabulary_tokens(out_dir, name)
         occurring = summary.candidates  # the given tokens that occur, with their counts
         where = pc.index_in(given_tokens, value_set=occurring.values)
         seen = pc.fill_null(pc.take(occurring.counts, where), 0)
-        V.write_vocabulary_arrays(out_dir, name, given_tokens, pc.cast(seen, occurring.counts.type))
+        vocabulary.write_vocabulary_arrays(out_dir, name, given_tokens, pc.cast(seen, occurring.counts.type))
         kept = len(given_tokens)
         covered = pc.sum(seen).as_py() or 0
     elif options.kind in ("hashed", "identity"):  # no vocabulary (V3, V4): empty files
-        V.write_vocabulary_arrays(out_dir, name, summary.top.values.slice(0, 0), summary.top.counts.slice(0, 0))
+        vocabulary.write_vocabulary_arrays(out_dir, name, summary.top.values.slice(0, 0), summary.top.counts.slice(0, 0))
         kept = 0
         # identity: the occurrences that are IDs of the table; hashed: every token has a row
         covered = summary.covered if options.kind == "identity" else summary.histogram.occurrences()
     else:
-        tokens, counts = V.order_arrays(summary.candidates.values, summary.candidates.counts)
-        kept = V.prune(counts, options)
-        V.write_vocabulary_arrays(out_dir, name, tokens.slice(0, kept), counts.slice(0, kept))
+        tokens, counts = vocabulary.order_arrays(summary.candidates.values, summary.candidates.counts)
+        kept = vocabulary.prune(counts, options)
+        vocabulary.write_vocabulary_arrays(out_dir, name, tokens.slice(0, kept), counts.slice(0, kept))
     yield name, kept  # the transform pass reads the files; this only says they are written
     yield beam.pvalue.TaggedOutput(
-        "stats", S.vocabulary_stats(name, summary.histogram, kept, summary.top_pairs(), covered)
+        "stats", statistics.vocabulary_stats(name, summary.histogram, kept, summary.top_pairs(), covered)
     )
 
 
 def _feature_value_stats(item: KeyedSummary) -> Iterator[StatisticsPartial]:
     """Coverage, hottest values and skew of one feature of a shared table, on its own values."""
     name, summary = item
-    yield S.feature_value_stats(name, summary.histogram, summary.top_pairs())
+    yield statistics.feature_value_stats(name, summary.histogram, summary.top_pairs())
 
 
 class _TransformBatch(beam.DoFn):
@@ -314,14 +316,14 @@ class _TransformBatch(beam.DoFn):
     def setup(self):
         from tfx_bsl.coders import example_coder
 
-        from components.config import config_from_json
+        from components.config.loading import config_from_json
 
         self._cfg = config_from_json(self._config_json)
         self._encoder = example_coder.RecordBatchToExamplesEncoder()
-        self._lookups: Optional[Dict[str, V.VocabularyLookup]] = None
+        self._lookups: Optional[Dict[str, vocabulary.VocabularyLookup]] = None
 
     def start_bundle(self):
-        self._stats = S.StatisticsAccumulator()
+        self._stats = statistics.StatisticsAccumulator()
 
     def finish_bundle(self):
         from apache_beam.transforms.window import GlobalWindow
@@ -337,7 +339,7 @@ class _TransformBatch(beam.DoFn):
         if self._split == "train":
             rb = shuffled_rows(rb, self._cfg.training.seed)
         out, _, stats = transform_record_batch(self._cfg, self._lookups, rb, self._split)
-        progress.count(L.PREPROCESS, transforming(self._split), rb.num_rows)
+        progress.count(ledger.PREPROCESS, transforming(self._split), rb.num_rows)
         if out is not None:
             t = self._cfg.transformed_examples
             if t.format != FORMAT_BLOCKS:
@@ -543,8 +545,8 @@ def count_written_rows(path: str, split: str, block_label: Optional[str],
     its blocks; with `block_rows` too, its blocks times `block_rows`) as a statistics partial for
     the ledger (`row_counts.count_written_file`). Raises, naming the file, when it ends inside a
     record."""
-    return {P.written_rows(split): row_counts.count_written_file(path, L.PREPROCESS, block_label, block_rows),
-            P.written_files(split): 1}
+    return {partials_lib.written_rows(split): row_counts.count_written_file(path, ledger.PREPROCESS, block_label, block_rows),
+            partials_lib.written_files(split): 1}
 
 
 class CountWrittenRows(beam.PTransform):
@@ -586,7 +588,7 @@ class WriteStatistics(beam.PTransform):
     def expand(self, merged):
         return (
             merged
-            | "ToJson" >> beam.Map(lambda s: json.dumps(S.jsonable(s), sort_keys=True))
+            | "ToJson" >> beam.Map(lambda s: json.dumps(statistics.jsonable(s), sort_keys=True))
             | "Write" >> beam.io.WriteToText(self._path, shard_name_template="")
         )
 

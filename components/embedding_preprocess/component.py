@@ -7,8 +7,8 @@ from tfx.types.component_spec import ChannelParameter, ExecutionParameter
 from tfx.types import channel_utils
 
 from components.config.stages import stage_json
-from components.artifact_types import EmbeddingStatistics, EmbeddingVocabulary
-from components.config import PipelineConfig
+from components.tfx_wiring.artifact_types import EmbeddingStatistics, EmbeddingVocabulary
+from components.config.schema import PipelineConfig
 from components.embedding_preprocess import executor
 
 

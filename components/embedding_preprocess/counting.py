@@ -13,11 +13,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from components.config import PipelineConfig, VocabularyOptions
-from components.embedding_preprocess import features as F
-from components.embedding_preprocess import partials as P
-from components.embedding_preprocess import statistics as S
-from components.embedding_preprocess import vocabulary as V
+from components.config.schema import PipelineConfig, VocabularyOptions
+from components.embedding_preprocess import features
+from components.embedding_preprocess import partials
+from components.embedding_preprocess import statistics
+from components.embedding_preprocess import vocabulary
 from components.embedding_preprocess.transform import column
 from components.example_gen.split_hash import binary_value_hashes
 
@@ -80,10 +80,10 @@ def first(counts: ValueCounts, k: int) -> ValueCounts:
     if k <= 0:
         return ValueCounts(counts.values.slice(0, 0), counts.counts.slice(0, 0))
     if len(counts.values) <= k:
-        return ValueCounts(*V.order_arrays(counts.values, counts.counts))
+        return ValueCounts(*vocabulary.order_arrays(counts.values, counts.counts))
     table = pa.table({"t": counts.values, "c": counts.counts})
     picked = table.take(pc.select_k_unstable(table, k, sort_keys=[("c", "descending"), ("t", "ascending")]))
-    return ValueCounts(*V.order_arrays(picked.column("t").combine_chunks(), picked.column("c").combine_chunks()))
+    return ValueCounts(*vocabulary.order_arrays(picked.column("t").combine_chunks(), picked.column("c").combine_chunks()))
 
 
 class RunningCounts:
@@ -133,7 +133,7 @@ class CountSummary:
     Summaries of disjoint sets of values (the spill buckets of `value_buckets`) merge exactly:
     histograms add up, the hottest values and the candidates are the first of their union."""
 
-    histogram: S.CountHistogram
+    histogram: statistics.CountHistogram
     top: ValueCounts
     top_values: int
     candidates: Optional[ValueCounts] = None
@@ -146,11 +146,11 @@ class CountSummary:
         """The summary of `counts`, with a vocabulary's candidates when `options` are given
         (`given`: the tokens of a list / file vocabulary)."""
         candidates = covered = top_k = None
-        if options is not None and options.kind in V.GIVEN_KINDS:
+        if options is not None and options.kind in vocabulary.GIVEN_KINDS:
             mask = pc.is_in(counts.values, value_set=given if given is not None else pa.array([], pa.binary()))
             candidates = ValueCounts(counts.values.filter(mask), counts.counts.filter(mask))
         elif options is not None and options.kind == "identity":
-            keep = V.IdentityLookup(options.num_buckets, None).id_filter(counts.values)[0]
+            keep = vocabulary.IdentityLookup(options.num_buckets, None).id_filter(counts.values)[0]
             covered = pc.sum(counts.counts.filter(pa.array(keep))).as_py() or 0
         elif options is not None and options.kind != "hashed":  # counted
             mask = pc.greater_equal(counts.counts, options.min_frequency)
@@ -158,7 +158,7 @@ class CountSummary:
             top_k = options.top_k
             if top_k is not None:
                 candidates = first(candidates, top_k)
-        return cls(S.CountHistogram.of(counts.counts.to_numpy()), first(counts, top_values), top_values,
+        return cls(statistics.CountHistogram.of(counts.counts.to_numpy()), first(counts, top_values), top_values,
                    candidates, top_k, covered)
 
     @classmethod
@@ -175,7 +175,7 @@ class CountSummary:
             if p0.top_k is not None:
                 candidates = first(candidates, p0.top_k)
         covered = None if p0.covered is None else sum(p.covered for p in parts)
-        return cls(S.CountHistogram.merge(p.histogram for p in parts), top, p0.top_values, candidates,
+        return cls(statistics.CountHistogram.merge(p.histogram for p in parts), top, p0.top_values, candidates,
                    p0.top_k, covered)
 
     def top_pairs(self) -> List[Tuple[bytes, object]]:
@@ -198,9 +198,9 @@ class RowCounts:
     def as_statistics(self, split: str = "train") -> Dict[str, int]:
         """The statistics partial the transform pass would have counted for these rows."""
         return {
-            P.examples_read(split): self.read,
-            P.dropped(split, F.DROP_MISSING_LABEL): self.missing_label,
-            P.dropped(split, F.DROP_INVALID_LABEL): self.invalid_label,
+            partials.examples_read(split): self.read,
+            partials.dropped(split, features.DROP_MISSING_LABEL): self.missing_label,
+            partials.dropped(split, features.DROP_INVALID_LABEL): self.invalid_label,
         }
 
 
@@ -223,7 +223,7 @@ class FeatureValueCounter:
 
     def add(self, rb: pa.RecordBatch) -> None:
         cfg = self.cfg
-        labels = F.extract_label(column(rb, cfg.label), rb.num_rows)
+        labels = features.extract_label(column(rb, cfg.label), rb.num_rows)
         labelled = labels.keep
         self.rows.read += rb.num_rows
         if not labelled.all():
@@ -231,12 +231,12 @@ class FeatureValueCounter:
             self.rows.missing_label += int(labels.missing.sum())
             self.rows.invalid_label += int(labels.invalid.sum())
         weights = {  # a missing or NaN weight counts as 0
-            c: F.extract_dense(column(rb, c), rb.num_rows, 0.0).values.astype(np.float64)
+            c: features.extract_dense(column(rb, c), rb.num_rows, 0.0).values.astype(np.float64)
             for c in cfg.weight_columns()
         }
         for f in cfg.categorical_features:
             table = cfg.feature_table(f)
-            toks = F.extract_tokens(column(rb, f.source), rb.num_rows, f.separator, f.max_length)
+            toks = features.extract_tokens(column(rb, f.source), rb.num_rows, f.separator, f.max_length)
             if len(toks.values):
                 w = weights[table.vocabulary.weight_column][toks.row] if table.vocabulary.weight_column else None
                 self._buffer.setdefault(f.name, []).append((toks.values, w))

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 
-from components.config import PipelineConfig
-from components.embedding_preprocess import partials as P
+from components.config.schema import PipelineConfig
+from components.embedding_preprocess import partials
 from components.embedding_preprocess.transform import read_batch_rows
 
 
@@ -100,7 +100,7 @@ class _ParseCsvRange(beam.DoFn):
     def setup(self):
         from pyarrow import csv
 
-        from components.config import config_from_json
+        from components.config.loading import config_from_json
 
         cfg = config_from_json(self._config_json)
         numeric = {cfg.label} | {d.source for d in cfg.dense_features} | set(cfg.weight_columns())
@@ -128,14 +128,14 @@ class _ParseCsvRange(beam.DoFn):
             parse_options=parse,
             convert_options=self._convert,
         ).read_all()
-        stats: Dict[str, int] = {P.MALFORMED_ROWS: len(malformed)}
+        stats: Dict[str, int] = {partials.MALFORMED_ROWS: len(malformed)}
         columns = {}
         for name in self._header:
             col = table.column(name).combine_chunks() if table.num_rows else pa.array([], pa.binary())
             if name in self._numeric:
                 col, bad = _to_float(col)
                 if bad:
-                    stats[P.not_numeric(name)] = bad
+                    stats[partials.not_numeric(name)] = bad
             columns[name] = col
         batch = pa.RecordBatch.from_arrays(list(columns.values()), list(columns.keys()))
         # consecutive slices of whole training batches (statistics cut them into training batches)

@@ -13,11 +13,11 @@ from tfx.types import artifact_utils
 from tfx.dsl.io import fileio
 from tfx.utils import io_utils
 
-from components import ledger as L
-from components import progress
+from components.rows import ledger
+from components.reporting import progress
 
 from components.embedding_preprocess.run import run_preprocessing
-from components.executor_base import CONFIG_KEY, config_of, upstream_ledger
+from components.tfx_wiring.executor_base import CONFIG_KEY, config_of, upstream_ledger
 
 EXAMPLES_KEY = "examples"
 TRANSFORMED_EXAMPLES_KEY = "transformed_examples"

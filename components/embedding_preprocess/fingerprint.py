@@ -1,6 +1,6 @@
 """FarmHash Fingerprint64 of every value of an Arrow binary array, vectorised with numpy.
 
-The rulebook's V2 (`components.rulebook.oov_bucket`) puts an out-of-vocabulary token, and every
+The rulebook's V2 (`components.rules.rulebook.oov_bucket`) puts an out-of-vocabulary token, and every
 token of a hashed table (V3), in row `Fingerprint64(token) % buckets`: what TensorFlow's
 `tf.lookup.StaticVocabularyTable` and `to_hash_bucket_fast` compute in the serving graph. Called
 once per token through pyfarmhash it cost about 1.1 us a token in the transform (8% of it on the

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional
 
-from components.config import PipelineConfig
+from components.config.schema import PipelineConfig
 from components.contracts.statistics import EmbeddingStatistics
-from components.errors import FeatureHealthError
+from components.reporting.errors import FeatureHealthError
 
 OK, WARN, STOP, ALLOWED = "ok", "warn", "stop", "allowed"
 

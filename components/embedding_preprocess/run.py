@@ -14,12 +14,14 @@ from typing import Any, Dict, List, Optional
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from components import ledger as L
-from components import progress, row_counts
-from components.errors import LedgerError
-from components.beam_runtime import ensure_local_runner_safe
-from components.config import CategoricalFeature, PipelineConfig, table_optimizer
-from components.contracts import artifacts as A
+from components.rows import ledger
+from components.reporting import progress
+from components.rows import row_counts
+from components.reporting.errors import LedgerError
+from components.data_io.beam_runtime import ensure_local_runner_safe
+from components.config.binding import table_optimizer
+from components.config.schema import CategoricalFeature, PipelineConfig
+from components.contracts import artifacts
 from components.contracts.manifest import (
     FORMAT_BLOCKS,
     CategoricalFeatureEntry,
@@ -32,24 +34,24 @@ from components.contracts.statistics import EmbeddingStatistics
 from components.embedding_preprocess import beam_pipeline
 from components.embedding_preprocess.counting import shared_table_features
 from components.embedding_preprocess.health import check_health, feature_health
-from components.embedding_preprocess import features as F
-from components.embedding_preprocess import partials as P
+from components.embedding_preprocess import features
+from components.embedding_preprocess import partials
 from components.embedding_preprocess import spill
-from components.embedding_preprocess import statistics as S
+from components.embedding_preprocess import statistics
 from components.embedding_preprocess.report import render_html
-from components.embedding_preprocess import vocabulary as V
+from components.embedding_preprocess import vocabulary as vocabulary_lib
 
 # The artifacts' file names (contracts.artifacts), under the names callers of this module use.
-MANIFEST_FILE = A.VOCABULARY_MANIFEST_FILE
-STATISTICS_FILE = A.STATISTICS_FILE
-REPORT_FILE = A.STATISTICS_REPORT_FILE
-EMBEDDING_MANIFEST_FILE = A.EMBEDDING_MANIFEST_FILE
-EMBEDDING_STATISTICS_FILE = A.EMBEDDING_STATISTICS_FILE
+MANIFEST_FILE = artifacts.VOCABULARY_MANIFEST_FILE
+STATISTICS_FILE = artifacts.STATISTICS_FILE
+REPORT_FILE = artifacts.STATISTICS_REPORT_FILE
+EMBEDDING_MANIFEST_FILE = artifacts.EMBEDDING_MANIFEST_FILE
+EMBEDDING_STATISTICS_FILE = artifacts.EMBEDDING_STATISTICS_FILE
 
 
 # Beam's FileSystems reach local disk, GCS, S3, HDFS alike, without importing TensorFlow (which
 # costs ~20 s of start-up in every process that imports it).
-from components.executor_base import read_json, write_text  # noqa: E402,F401  (used here and re-exported)
+from components.tfx_wiring.executor_base import read_json, write_text  # noqa: E402,F401  (used here and re-exported)
 
 
 def _makedirs(path: str) -> None:
@@ -61,8 +63,8 @@ def _observed_kinds(raw: Dict[str, float]) -> Dict[str, set]:
     """The kinds each column's values had in the batches read (columns without a value: absent)."""
     seen: Dict[str, set] = {}
     for key in raw:
-        parsed = P.parse_raw_kind(key)
-        if parsed is not None and parsed[1] != F.KIND_NONE:
+        parsed = partials.parse_raw_kind(key)
+        if parsed is not None and parsed[1] != features.KIND_NONE:
             seen.setdefault(parsed[0], set()).add(parsed[1])
     return seen
 
@@ -73,10 +75,10 @@ def _raw_kinds(cfg: PipelineConfig, raw: Dict[str, float]) -> Dict[str, str]:
     without a value in any example gets its feature's natural kind."""
     seen = _observed_kinds(raw)
     kinds = {}
-    defaults = [(cfg.label, F.KIND_FLOAT)]
-    defaults += [(d.source, F.KIND_FLOAT) for d in cfg.dense_features]
-    defaults += [(f.source, F.KIND_BYTES) for f in cfg.categorical_features]
-    defaults += [(f.weight_column, F.KIND_FLOAT) for f in cfg.categorical_features if f.weight_column]
+    defaults = [(cfg.label, features.KIND_FLOAT)]
+    defaults += [(d.source, features.KIND_FLOAT) for d in cfg.dense_features]
+    defaults += [(f.source, features.KIND_BYTES) for f in cfg.categorical_features]
+    defaults += [(f.weight_column, features.KIND_FLOAT) for f in cfg.categorical_features if f.weight_column]
     for column, default in defaults:
         found = seen.get(column, set())
         if len(found) > 1:
@@ -103,10 +105,10 @@ def column_notes(cfg: PipelineConfig, raw: Dict[str, float]) -> Dict[str, str]:
         kinds = seen.get(column, set())
         if not kinds:
             notes[column] = f"column {column!r} holds no value in any example (absent from the input?)"
-        elif column in numeric and F.KIND_BYTES in kinds:
+        elif column in numeric and features.KIND_BYTES in kinds:
             notes[column] = (f"the examples store column {column!r} as text (bytes), not numbers: fix its "
                              "non-numeric cells (a stock CsvExampleGen types a column as text when one cell is no number)")
-        elif column not in numeric and F.KIND_FLOAT in kinds:
+        elif column not in numeric and features.KIND_FLOAT in kinds:
             notes[column] = (f"the examples store column {column!r} as float: categorical values must be "
                              "text or int64")
     return notes
@@ -115,12 +117,12 @@ def column_notes(cfg: PipelineConfig, raw: Dict[str, float]) -> Dict[str, str]:
 def build_manifest(cfg: PipelineConfig, raw: Dict[str, float], vocabulary_dir: str) -> VocabularyManifest:
     vocabularies = {}
     for t in cfg.tables:
-        size, num_oov_buckets = V.table_layout(t.vocabulary, len(V.read_vocabulary_tokens(vocabulary_dir, t.name)))
+        size, num_oov_buckets = vocabulary_lib.table_layout(t.vocabulary, len(vocabulary_lib.read_vocabulary_tokens(vocabulary_dir, t.name)))
         vocabularies[t.name] = VocabularyEntry(
-            file=os.path.basename(A.vocabulary_file(vocabulary_dir, t.name)),
-            counts_file=os.path.basename(A.counts_file(vocabulary_dir, t.name)),
+            file=os.path.basename(artifacts.vocabulary_file(vocabulary_dir, t.name)),
+            counts_file=os.path.basename(artifacts.counts_file(vocabulary_dir, t.name)),
             size=size,
-            distinct_before_pruning=raw.get(P.vocabulary_info(t.name), {}).get("distinct_values", 0),
+            distinct_before_pruning=raw.get(partials.vocabulary_info(t.name), {}).get("distinct_values", 0),
             num_oov_buckets=num_oov_buckets,
             rows=table_rows(size, num_oov_buckets),
             kind=t.vocabulary.kind,
@@ -164,10 +166,10 @@ def build_statistics(
             for d in cfg.dense_features
         },
         tables={name: _table_statistics(cfg, raw, name, v) for name, v in manifest.vocabularies.items()},
-        train_partial_batches=int(raw.get(P.partial_batches("train"), 0)),
+        train_partial_batches=int(raw.get(partials.partial_batches("train"), 0)),
         input={
-            "malformed_rows": int(raw.get(P.MALFORMED_ROWS, 0)),
-            "not_numeric": _by_reason(raw, P.NOT_NUMERIC),
+            "malformed_rows": int(raw.get(partials.MALFORMED_ROWS, 0)),
+            "not_numeric": _by_reason(raw, partials.NOT_NUMERIC),
         },
     )
 
@@ -180,29 +182,29 @@ def _by_reason(raw: Dict[str, Any], prefix: str) -> Dict[str, int]:
 
 def _split_statistics(raw: Dict[str, Any], split: str) -> Dict[str, Any]:
     """Rows read, dropped by reason and written (the labelled ones), and the positive rate."""
-    read = int(raw.get(P.examples_read(split), 0))
-    dropped = {r: int(raw.get(P.dropped(split, r), 0)) for r in (F.DROP_MISSING_LABEL, F.DROP_INVALID_LABEL)}
+    read = int(raw.get(partials.examples_read(split), 0))
+    dropped = {r: int(raw.get(partials.dropped(split, r), 0)) for r in (features.DROP_MISSING_LABEL, features.DROP_INVALID_LABEL)}
     kept = read - sum(dropped.values())
     return {
         "examples_read": read,
         "examples_dropped": dropped,
         "examples_written": kept,
-        "positive_rate": raw.get(P.positives(split), 0) / kept if kept else None,
+        "positive_rate": raw.get(partials.positives(split), 0) / kept if kept else None,
     }
 
 
 def _feature_split_statistics(raw: Dict[str, Any], split: str, feature: str, kept: int) -> Dict[str, Any]:
     """One categorical feature on one split's `kept` rows: presence, IDs per example, OOV, invalid values."""
-    present, ids, oov = (raw.get(P.feature(split, feature, what), 0) for what in ("present", "ids", "oov"))
+    present, ids, oov = (raw.get(partials.feature(split, feature, what), 0) for what in ("present", "ids", "oov"))
     return {
         "examples_present": int(present),
         "present_rate": present / kept if kept else None,
         "ids": int(ids),
-        "ids_per_example": S.pooling_summary(list(raw.get(P.ids_per_example_histogram(split, feature), []))),
-        "truncated_ids": int(raw.get(P.feature(split, feature, "truncated"), 0)),
+        "ids_per_example": statistics.pooling_summary(list(raw.get(partials.ids_per_example_histogram(split, feature), []))),
+        "truncated_ids": int(raw.get(partials.feature(split, feature, "truncated"), 0)),
         "oov_ids": int(oov),
         "oov_rate": oov / ids if ids else None,
-        "invalid_values": _by_reason(raw, P.feature_invalid_prefix(split, feature)),
+        "invalid_values": _by_reason(raw, partials.feature_invalid_prefix(split, feature)),
     }
 
 
@@ -218,9 +220,9 @@ def _feature_statistics(
     # The feature's own value distribution on the train split (exact): for a feature with a table
     # of its own it is the table's; a feature of a shared table has its own counts.
     if shared_table:
-        values = raw.get(P.feature_values_info(feature.name), {})
+        values = raw.get(partials.feature_values_info(feature.name), {})
     else:
-        values = {k: v for k, v in raw.get(P.vocabulary_info(table), {}).items() if k in S.DISTRIBUTION_KEYS}
+        values = {k: v for k, v in raw.get(partials.vocabulary_info(table), {}).items() if k in statistics.DISTRIBUTION_KEYS}
     splits = {
         s: _feature_split_statistics(raw, s, feature.name, v["examples_written"]) for s, v in split_stats.items()
     }
@@ -231,30 +233,30 @@ def _dense_statistics(raw: Dict[str, Any], split: str, feature: str, rows: int) 
     """One dense feature on one split: values missing (filled), invalid ones by reason, and the
     mean and standard deviation of the model's input (signed log1p of the filled values; rounded
     to 9 significant digits: Beam adds the partial sums in any order)."""
-    s1, s2 = float(raw.get(P.dense_sum(split, feature, 1), 0.0)), float(raw.get(P.dense_sum(split, feature, 2), 0.0))
+    s1, s2 = float(raw.get(partials.dense_sum(split, feature, 1), 0.0)), float(raw.get(partials.dense_sum(split, feature, 2), 0.0))
     mean = s1 / rows if rows else 0.0
     std = math.sqrt(max(s2 / rows - mean * mean, 0.0)) if rows else 0.0
     out = {
-        "missing": int(raw.get(P.dense_missing(split, feature), 0)),
-        "invalid_values": _by_reason(raw, P.dense_invalid_prefix(split, feature)),
+        "missing": int(raw.get(partials.dense_missing(split, feature), 0)),
+        "invalid_values": _by_reason(raw, partials.dense_invalid_prefix(split, feature)),
         "input_mean": float(f"{mean:.9g}"),
         "input_std": float(f"{std:.9g}"),
     }
-    quantiles = raw.get(P.dense_quantiles(split, feature))
+    quantiles = raw.get(partials.dense_quantiles(split, feature))
     if quantiles is not None:  # train only: the filled values' 0th, 1st, ..., 100th percentiles (a sketch's)
-        out["quantiles"] = quantiles if isinstance(quantiles, list) else S.sketch_quantiles(quantiles)
+        out["quantiles"] = quantiles if isinstance(quantiles, list) else statistics.sketch_quantiles(quantiles)
     return out
 
 
 def _table_batch_statistics(raw: Dict[str, Any], table: str) -> Dict[str, Any]:
     """IDs and unique IDs per full training batch of the train split (mean and max)."""
-    batches = raw.get(P.table_batch("train", table, "batches"), 0)
+    batches = raw.get(partials.table_batch("train", table, "batches"), 0)
     return {
         "full_batches": int(batches),
-        "ids_per_batch_mean": raw.get(P.table_batch("train", table, "batch_ids"), 0) / batches if batches else None,
-        "ids_per_batch_max": raw.get(P.table_batch_max("train", table, "batch_ids")),
-        "unique_ids_per_batch_mean": raw.get(P.table_batch("train", table, "batch_unique_ids"), 0) / batches if batches else None,
-        "unique_ids_per_batch_max": raw.get(P.table_batch_max("train", table, "batch_unique_ids")),
+        "ids_per_batch_mean": raw.get(partials.table_batch("train", table, "batch_ids"), 0) / batches if batches else None,
+        "ids_per_batch_max": raw.get(partials.table_batch_max("train", table, "batch_ids")),
+        "unique_ids_per_batch_mean": raw.get(partials.table_batch("train", table, "batch_unique_ids"), 0) / batches if batches else None,
+        "unique_ids_per_batch_max": raw.get(partials.table_batch_max("train", table, "batch_unique_ids")),
     }
 
 
@@ -282,9 +284,9 @@ def _table_statistics(cfg: PipelineConfig, raw: Dict[str, Any], name: str, vocab
         "vocabulary_size": vocabulary.size,
         "rows": vocabulary.rows,
         "dim": vocabulary.dim,
-        "vocabulary": raw.get(P.vocabulary_info(name), {}),
+        "vocabulary": raw.get(partials.vocabulary_info(name), {}),
         "batches": _table_batch_statistics(raw, name),
-        "shards": S.shard_summary(raw, "train", name, cfg.statistics.shard_counts, cfg.statistics.headroom),
+        "shards": statistics.shard_summary(raw, "train", name, cfg.statistics.shard_counts, cfg.statistics.headroom),
         "memory": _table_memory(cfg, name, vocabulary),
     }
 
@@ -310,21 +312,21 @@ def build_ledger(
     upstream = dict(stages[-1]["rows_out"]) if stages else None
     if not stages and input_format == "csv":
         data_rows = {s: _csv_data_rows(p) for s, p in split_patterns.items()}
-        stages.append(L.csv_input_stage(data_rows, read, stats.input["malformed_rows"]))
+        stages.append(ledger.csv_input_stage(data_rows, read, stats.input["malformed_rows"]))
     # The written files were read back inside the pipeline (beam_pipeline.CountWrittenRows), spread
     # over the workers; here only the directory is listed, so that a file the count did not see
     # (which a later reader of `<dir>/*` would read) stops the run as well.
     written = {}
     for s, d in transformed_dirs.items():
-        written[s] = int(raw.get(P.written_rows(s), 0))
+        written[s] = int(raw.get(partials.written_rows(s), 0))
         found = len(row_counts.files_in(d))
-        counted = int(raw.get(P.written_files(s), 0))
+        counted = int(raw.get(partials.written_files(s), 0))
         if found != counted:
-            raise LedgerError(f"{L.PREPROCESS}: {d} holds {found} files, but the pipeline wrote and counted {counted}; "
+            raise LedgerError(f"{ledger.PREPROCESS}: {d} holds {found} files, but the pipeline wrote and counted {counted}; "
                               "a file there was not written by this run (or was removed): clear the directory and run again")
     dropped = {s: v["examples_dropped"] for s, v in stats.splits.items()}
-    stages.append(L.preprocess_stage(read, dropped, written, upstream))
-    return L.ledger(stages)
+    stages.append(ledger.preprocess_stage(read, dropped, written, upstream))
+    return ledger.ledger(stages)
 
 
 def run_preprocessing(
@@ -351,20 +353,20 @@ def run_preprocessing(
     # Given vocabularies (list / file) are read and checked before Beam starts, and written into
     # the vocabulary directory: every later reader (the transform pass, the exporter) reads this
     # copy, never the config's file (which a Kubeflow task may not reach).
-    given = {t.name: V.given_vocabulary(t.vocabulary) for t in cfg.tables if t.vocabulary.kind in V.GIVEN_KINDS}
+    given = {t.name: vocabulary_lib.given_vocabulary(t.vocabulary) for t in cfg.tables if t.vocabulary.kind in vocabulary_lib.GIVEN_KINDS}
     for d in [vocabulary_dir, statistics_dir, *(transformed_dirs or {}).values()]:
         _makedirs(d)
     for name, tokens in given.items():  # counts 0 until the vocabulary writer counts the train split
-        V.write_vocabulary(vocabulary_dir, name, [(tok, 0) for tok in tokens])
+        vocabulary_lib.write_vocabulary(vocabulary_dir, name, [(tok, 0) for tok in tokens])
     spill_dir = beam_pipeline.spill_dir_of(statistics_dir)
     # Live progress (a no-op unless a local run's terminal watches): the rows each pass will read,
     # where ExampleGen's ledger says.
     expected = ((upstream_ledger or {}).get("stages") or [{}])[-1].get("rows_out") or {}
-    progress.phase(L.PREPROCESS, "counting the train split's values" + (
+    progress.phase(ledger.PREPROCESS, "counting the train split's values" + (
         f", transforming {' and '.join(sorted(split_patterns))}" if transformed_dirs else ""))
-    progress.count(L.PREPROCESS, beam_pipeline.COUNTING, 0, total=expected.get("train"))
+    progress.count(ledger.PREPROCESS, beam_pipeline.COUNTING, 0, total=expected.get("train"))
     for split in sorted(split_patterns) if transformed_dirs else []:
-        progress.count(L.PREPROCESS, beam_pipeline.transforming(split), 0, total=expected.get(split))
+        progress.count(ledger.PREPROCESS, beam_pipeline.transforming(split), 0, total=expected.get(split))
     try:
         with pipeline as p:
             beam_pipeline.build_pipeline(
@@ -372,13 +374,13 @@ def run_preprocessing(
             )
     finally:  # the vocabulary pass's spilled counts, whether the run succeeded or not
         spill.delete(spill_dir)
-    progress.phase(L.PREPROCESS, "vocabularies written; building the statistics and the row ledger")
+    progress.phase(ledger.PREPROCESS, "vocabularies written; building the statistics and the row ledger")
     partial = os.path.join(statistics_dir, beam_pipeline.STATS_FILE_PREFIX)
     raw = read_json(partial)
     FileSystems.delete([partial])
     for t in cfg.tables:  # a vocabulary no train example fed still gets (empty) files
-        if not FileSystems.exists(V.vocabulary_file(vocabulary_dir, t.name)):
-            V.write_vocabulary(vocabulary_dir, t.name, [])
+        if not FileSystems.exists(vocabulary_lib.vocabulary_file(vocabulary_dir, t.name)):
+            vocabulary_lib.write_vocabulary(vocabulary_dir, t.name, [])
     manifest = build_manifest(cfg, raw, vocabulary_dir)
     stats = build_statistics(cfg, raw, manifest, sorted(split_patterns) if transformed_dirs else ["train"])
     if transformed_dirs:
@@ -398,7 +400,7 @@ def run_preprocessing(
         write_text(os.path.join(root, EMBEDDING_MANIFEST_FILE), manifest.to_json())
     if stats.ledger is not None:
         for stage in stats.ledger["stages"]:
-            L.check_stage(stage)
+            ledger.check_stage(stage)
     if stats.feature_health is not None:
         check_health(stats.feature_health)
     return stats

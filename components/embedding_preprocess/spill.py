@@ -80,7 +80,7 @@ def delete(directory: str) -> None:
     is false while files under it exist."""
     from apache_beam.io.filesystems import FileSystems
 
-    from components.row_counts import files_in
+    from components.rows.row_counts import files_in
 
     files = files_in(directory)
     if files:

@@ -22,7 +22,7 @@ import numpy as np
 
 from components.contracts.statistics import DENSE_QUANTILE_POINTS
 from components.contracts.statistics import STATISTICS_VERSION  # noqa: F401  (re-exported)
-from components.embedding_preprocess import partials as P
+from components.embedding_preprocess import partials as partials_lib
 
 SHARDING_STRATEGIES = ("div", "mod")
 # Dense features' quantiles: the sketch's rank error (a share of the rows) and the number of
@@ -73,9 +73,9 @@ def compact_sketches(values: Dict[str, Any]) -> Dict[str, Any]:
 
     out = dict(values)
     for k, sketch in values.items():
-        if not k.startswith(P.SKETCH):
+        if not k.startswith(partials_lib.SKETCH):
             continue
-        count = float(values.get(P.sketch_count_key(k), 0))
+        count = float(values.get(partials_lib.sketch_count_key(k), 0))
         if count <= QUANTILE_COMPACT + 1:
             continue
         points = sketch_quantiles(sketch, QUANTILE_COMPACT)
@@ -106,22 +106,22 @@ class StatisticsAccumulator:
     def add(self, partial: Mapping[str, Any]) -> "StatisticsAccumulator":
         out = self.values
         for k, v in partial.items():
-            if k not in out and k.startswith(P.SKETCH):  # a copy: the partial's own sketch stays as it is
+            if k not in out and k.startswith(partials_lib.SKETCH):  # a copy: the partial's own sketch stays as it is
                 out[k] = quantiles_sketch()
                 out[k].Merge(v)
             elif k not in out:
                 out[k] = v.copy() if isinstance(v, np.ndarray) else v
-            elif k.startswith(P.MAX):
+            elif k.startswith(partials_lib.MAX):
                 out[k] = max(out[k], v)
-            elif k.startswith(P.VEC):
+            elif k.startswith(partials_lib.VEC):
                 a, b = out[k], v
                 if len(a) < len(b):
                     a, b = b.copy(), a
                 a[: len(b)] += b
                 out[k] = a
-            elif k.startswith(P.INFO):
+            elif k.startswith(partials_lib.INFO):
                 continue
-            elif k.startswith(P.SKETCH):
+            elif k.startswith(partials_lib.SKETCH):
                 out[k].Merge(v)
             else:
                 out[k] = out[k] + v
@@ -143,7 +143,7 @@ def merge_stats(partials: Iterable[Mapping[str, Any]]) -> Dict[str, Any]:
 
 def jsonable(stats: Dict[str, Any]) -> Dict[str, Any]:
     """The merged partial as JSON values: vectors as lists, sketches as their quantiles."""
-    return {k: (v.tolist() if isinstance(v, np.ndarray) else sketch_quantiles(v) if k.startswith(P.SKETCH) else v)
+    return {k: (v.tolist() if isinstance(v, np.ndarray) else sketch_quantiles(v) if k.startswith(partials_lib.SKETCH) else v)
             for k, v in stats.items()}
 
 
@@ -221,16 +221,16 @@ def batch_table_stats(
                                    for a in mod_at_lcm)
             else:
                 load, per, uper = counts(mod_shard(ids, n), mod_shard(u_ids, n), n)
-            out[P.shard_load(split, table, strategy, n)] = load
+            out[partials_lib.shard_load(split, table, strategy, n)] = load
             if any_full:
-                out[P.shard_max(split, table, strategy, n, "max_ids_per_shard")] = int(per.max())
-                out[P.shard_max(split, table, strategy, n, "max_unique_ids_per_shard")] = int(uper.max())
+                out[partials_lib.shard_max(split, table, strategy, n, "max_ids_per_shard")] = int(per.max())
+                out[partials_lib.shard_max(split, table, strategy, n, "max_unique_ids_per_shard")] = int(uper.max())
     if batch_is_full.any():
-        out[P.table_batch(split, table, "batches")] = int(batch_is_full.sum())
-        out[P.table_batch(split, table, "batch_ids")] = int(ids_per_batch.sum())
-        out[P.table_batch(split, table, "batch_unique_ids")] = int(unique_per_batch.sum())
-        out[P.table_batch_max(split, table, "batch_ids")] = int(ids_per_batch.max())
-        out[P.table_batch_max(split, table, "batch_unique_ids")] = int(unique_per_batch.max())
+        out[partials_lib.table_batch(split, table, "batches")] = int(batch_is_full.sum())
+        out[partials_lib.table_batch(split, table, "batch_ids")] = int(ids_per_batch.sum())
+        out[partials_lib.table_batch(split, table, "batch_unique_ids")] = int(unique_per_batch.sum())
+        out[partials_lib.table_batch_max(split, table, "batch_ids")] = int(ids_per_batch.max())
+        out[partials_lib.table_batch_max(split, table, "batch_unique_ids")] = int(unique_per_batch.max())
     return out
 
 
@@ -334,17 +334,17 @@ def vocabulary_stats(name: str, histogram: CountHistogram, kept: int, top: Seque
     `covered`: the occurrences the table gives rows of their own when that is not its `kept` most
     frequent values (a given vocabulary, a hashed or identity column)."""
     if covered is None:
-        return {P.vocabulary_info(name): distribution_stats(histogram, top, kept)}
+        return {partials_lib.vocabulary_info(name): distribution_stats(histogram, top, kept)}
     out = distribution_stats(histogram, top)
     total = out["occurrences"]
     out["vocabulary_size"] = int(kept)
     out["covered_by_vocabulary"] = float(covered / total) if total else 0.0
-    return {P.vocabulary_info(name): out}
+    return {partials_lib.vocabulary_info(name): out}
 
 
 def feature_value_stats(feature: str, histogram: CountHistogram, top: Sequence[Tuple[bytes, int]]):
     """`distribution_stats` of one feature's own values (features sharing a table; see beam_pipeline)."""
-    return {P.feature_values_info(feature): distribution_stats(histogram, top)}
+    return {partials_lib.feature_values_info(feature): distribution_stats(histogram, top)}
 
 
 def _percentile(hist: List[int], q: float) -> Optional[int]:
@@ -378,13 +378,13 @@ def shard_summary(raw: Dict[str, Any], split: str, table: str, shard_counts, hea
     for n in shard_counts:
         per: Dict[str, Any] = {}
         for strategy in SHARDING_STRATEGIES:
-            load = np.asarray(raw.get(P.shard_load(split, table, strategy, n), [0] * n), dtype=np.float64)
+            load = np.asarray(raw.get(partials_lib.shard_load(split, table, strategy, n), [0] * n), dtype=np.float64)
             mean = load.sum() / n
             per[strategy] = {
                 "load_per_shard": load.astype(int).tolist(),
                 "max_over_mean_load": float(load.max() / mean) if mean else None,
-                "max_ids_per_shard_per_batch": raw.get(P.shard_max(split, table, strategy, n, "max_ids_per_shard")),
-                "max_unique_ids_per_shard_per_batch": raw.get(P.shard_max(split, table, strategy, n, "max_unique_ids_per_shard")),
+                "max_ids_per_shard_per_batch": raw.get(partials_lib.shard_max(split, table, strategy, n, "max_ids_per_shard")),
+                "max_unique_ids_per_shard_per_batch": raw.get(partials_lib.shard_max(split, table, strategy, n, "max_unique_ids_per_shard")),
             }
         mod = per["mod"]
         # SparseCore shards rows with `mod`; its per-table limits bound what one SparseCore gets in a batch.

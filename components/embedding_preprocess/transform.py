@@ -14,12 +14,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from components.config import PipelineConfig
+from components.config.schema import PipelineConfig
 from components.contracts.manifest import ROW_LENGTHS_SUFFIX, row_lengths_key, weights_key
-from components.embedding_preprocess import features as F
-from components.embedding_preprocess import partials as P
-from components.embedding_preprocess import statistics as S
-from components.embedding_preprocess import vocabulary as V
+from components.embedding_preprocess import features
+from components.embedding_preprocess import partials
+from components.embedding_preprocess import statistics
+from components.embedding_preprocess import vocabulary
 
 
 def column(rb: pa.RecordBatch, name: str) -> Optional[pa.Array]:
@@ -42,19 +42,19 @@ def read_batch_rows(batch_size: int) -> int:
     return batch_size * max(1, -(-16384 // batch_size))
 
 
-def make_lookups(cfg: PipelineConfig, vocabularies: Dict[str, Sequence[bytes]]) -> Dict[str, V.VocabularyLookup]:
+def make_lookups(cfg: PipelineConfig, vocabularies: Dict[str, Sequence[bytes]]) -> Dict[str, vocabulary.VocabularyLookup]:
     """One lookup per table: its vocabulary as written in the vocabulary directory (counted, or
     the given lines of a list / file vocabulary; a table without one gets an empty vocabulary),
     a hashed table's num_buckets OOV rows (V3), or an identity table's IDs (V4)."""
-    out: Dict[str, V.VocabularyLookup] = {}
+    out: Dict[str, vocabulary.VocabularyLookup] = {}
     for t in cfg.tables:
         v = t.vocabulary
         if v.kind == "identity":
-            out[t.name] = V.IdentityLookup(v.num_buckets, v.default_value)
+            out[t.name] = vocabulary.IdentityLookup(v.num_buckets, v.default_value)
             continue
         tokens = vocabularies.get(t.name, [])
-        _, oov = V.table_layout(v, len(tokens))
-        out[t.name] = V.VocabularyLookup(tokens, oov)
+        _, oov = vocabulary.table_layout(v, len(tokens))
+        out[t.name] = vocabulary.VocabularyLookup(tokens, oov)
     return out
 
 
@@ -62,23 +62,23 @@ def make_lookups(cfg: PipelineConfig, vocabularies: Dict[str, Sequence[bytes]]) 
 # split) and every bundle of a process share one copy instead of each receiving the vocabularies
 # through a side input (which the portable runners re-send per bundle).
 # Keyed by a per-pipeline run id too, so that a later run into the same directory never sees them.
-_LOOKUP_CACHE: Dict[Tuple[str, str], Dict[str, V.VocabularyLookup]] = {}
+_LOOKUP_CACHE: Dict[Tuple[str, str], Dict[str, vocabulary.VocabularyLookup]] = {}
 
 
 def load_lookups(
     cfg: PipelineConfig, vocabulary_dir: str, sizes: Dict[str, int], run_id: str = ""
-) -> Dict[str, V.VocabularyLookup]:
+) -> Dict[str, vocabulary.VocabularyLookup]:
     """Lookups over the vocabulary files just written; `sizes` (from the writer) guards against stale files."""
     key = (vocabulary_dir, run_id)
     if key not in _LOOKUP_CACHE:
         # Given vocabularies were written before the pipeline (run_preprocessing), also for a
         # table the train split never fed (then absent from `sizes`).
-        given = [t.name for t in cfg.tables if t.vocabulary.kind in V.GIVEN_KINDS]
-        vocabularies = {name: V.read_vocabulary_tokens(vocabulary_dir, name) for name in [*sizes, *given]}
+        given = [t.name for t in cfg.tables if t.vocabulary.kind in vocabulary.GIVEN_KINDS]
+        vocabularies = {name: vocabulary.read_vocabulary_tokens(vocabulary_dir, name) for name in [*sizes, *given]}
         for name, size in sizes.items():
             if len(vocabularies[name]) != size:
                 raise RuntimeError(
-                    f"{V.vocabulary_file(vocabulary_dir, name)} has {len(vocabularies[name])} tokens, the writer "
+                    f"{vocabulary.vocabulary_file(vocabulary_dir, name)} has {len(vocabularies[name])} tokens, the writer "
                     f"wrote {size}: another run is writing to the same output directory"
                 )
         _LOOKUP_CACHE.clear()  # one run per process at a time: earlier runs' lookups are no longer needed
@@ -87,7 +87,7 @@ def load_lookups(
 
 
 def transform_record_batch(
-    cfg: PipelineConfig, lookups: Dict[str, V.VocabularyLookup], rb: pa.RecordBatch, split: str
+    cfg: PipelineConfig, lookups: Dict[str, vocabulary.VocabularyLookup], rb: pa.RecordBatch, split: str
 ) -> Tuple[Optional[pa.RecordBatch], np.ndarray, Dict[str, float]]:
     """Raw RecordBatch -> (transformed RecordBatch of the labelled rows or None, kept-row mask, stats).
 
@@ -96,52 +96,52 @@ def transform_record_batch(
     batch's statistics partial (see statistics.py for how partials merge).
     """
     stats: Counter = Counter()
-    stats[P.examples_read(split)] += rb.num_rows
+    stats[partials.examples_read(split)] += rb.num_rows
     for i, name in enumerate(rb.schema.names):
-        stats[P.raw_kind(name, F.kind_of(rb.column(i)))] += 1
-    labels = F.extract_label(column(rb, cfg.label), rb.num_rows)
+        stats[partials.raw_kind(name, features.kind_of(rb.column(i)))] += 1
+    labels = features.extract_label(column(rb, cfg.label), rb.num_rows)
     keep = labels.keep
     label = labels.values
     # Rows without a usable label are dropped (counted here by reason); every other statistic
     # describes the kept rows, which are what training reads.
     rb = rb.filter(pa.array(keep)) if not keep.all() else rb
     n = kept = rb.num_rows
-    stats[P.dropped(split, F.DROP_MISSING_LABEL)] += int(labels.missing.sum())
-    stats[P.dropped(split, F.DROP_INVALID_LABEL)] += int(labels.invalid.sum())
-    stats[P.positives(split)] += float(label[keep].sum())
+    stats[partials.dropped(split, features.DROP_MISSING_LABEL)] += int(labels.missing.sum())
+    stats[partials.dropped(split, features.DROP_INVALID_LABEL)] += int(labels.invalid.sum())
+    stats[partials.positives(split)] += float(label[keep].sum())
     ones = np.ones(n, np.int64)
     columns: Dict[str, pa.Array] = {cfg.label: as_list_array(label[keep], ones)}
     for d in cfg.dense_features:
-        dense = F.extract_dense(column(rb, d.source), n, d.fill_value)
-        stats[P.dense_missing(split, d.name)] += int(dense.missing)
+        dense = features.extract_dense(column(rb, d.source), n, d.fill_value)
+        stats[partials.dense_missing(split, d.name)] += int(dense.missing)
         # Mean and spread of what the model reads (model.dense_input), for drift between runs.
         values = dense.values.astype(np.float64)
         model_input = np.sign(values) * np.log1p(np.abs(values))
-        stats[P.dense_sum(split, d.name, 1)] += float(model_input.sum())
-        stats[P.dense_sum(split, d.name, 2)] += float(np.square(model_input).sum())
+        stats[partials.dense_sum(split, d.name, 1)] += float(model_input.sum())
+        stats[partials.dense_sum(split, d.name, 2)] += float(np.square(model_input).sum())
         for reason, c in dense.invalid.items():
-            stats[P.dense_invalid(split, d.name, reason)] += c
+            stats[partials.dense_invalid(split, d.name, reason)] += c
         if split == "train":  # the distribution the plan's bucket boundaries come from
-            sample = S.quantile_sample(dense.values)
-            stats[P.dense_quantiles(split, d.name)] = S.quantiles_sketch(sample)
-            stats[P.dense_quantile_values(split, d.name)] += len(sample)
+            sample = statistics.quantile_sample(dense.values)
+            stats[partials.dense_quantiles(split, d.name)] = statistics.quantiles_sketch(sample)
+            stats[partials.dense_quantile_values(split, d.name)] += len(sample)
         columns[d.name] = as_list_array(dense.values, ones)
     table_ids: Dict[str, List[Tuple[np.ndarray, np.ndarray]]] = {}
     for f in cfg.categorical_features:
         table = cfg.feature_table(f).name
         lookup = lookups[table]
-        weights = F.extract_weights(column(rb, f.weight_column), n) if f.weight_column else None
-        toks = F.extract_tokens(column(rb, f.source), n, f.separator, f.max_length, getattr(lookup, "id_filter", None),
+        weights = features.extract_weights(column(rb, f.weight_column), n) if f.weight_column else None
+        toks = features.extract_tokens(column(rb, f.source), n, f.separator, f.max_length, getattr(lookup, "id_filter", None),
                                 weights)
         ids, oov = lookup.lookup(toks.values)
         per_row = toks.ids_per_row()
-        stats[P.ids_per_example_histogram(split, f.name)] = np.bincount(per_row).astype(np.int64)
-        stats[P.feature(split, f.name, "present")] += int(np.count_nonzero(per_row))
-        stats[P.feature(split, f.name, "ids")] += int(len(ids))
-        stats[P.feature(split, f.name, "oov")] += oov
-        stats[P.feature(split, f.name, "truncated")] += toks.truncated
+        stats[partials.ids_per_example_histogram(split, f.name)] = np.bincount(per_row).astype(np.int64)
+        stats[partials.feature(split, f.name, "present")] += int(np.count_nonzero(per_row))
+        stats[partials.feature(split, f.name, "ids")] += int(len(ids))
+        stats[partials.feature(split, f.name, "oov")] += oov
+        stats[partials.feature(split, f.name, "truncated")] += toks.truncated
         for reason, c in toks.invalid.items():
-            stats[P.feature_invalid(split, f.name, reason)] += c
+            stats[partials.feature_invalid(split, f.name, reason)] += c
         table_ids.setdefault(table, []).append((ids, toks.row))
         columns[f.name] = as_list_array(ids, per_row)
         if weights is not None:  # W1: each ID weighs its row's weight
@@ -150,11 +150,11 @@ def transform_record_batch(
         bs = cfg.training.batch_size
         num_batches = -(-n // bs)
         batch_is_full = np.array([min(bs, n - k * bs) == bs for k in range(num_batches)], dtype=bool)
-        stats[P.partial_batches("train")] += int(num_batches - batch_is_full.sum())
+        stats[partials.partial_batches("train")] += int(num_batches - batch_is_full.sum())
         for table, parts in table_ids.items():
             ids = np.concatenate([i for i, _ in parts])
             batch_of_id = np.concatenate([r for _, r in parts]) // bs
-            for k, v in S.batch_table_stats(
+            for k, v in statistics.batch_table_stats(
                 split, table, ids, batch_of_id, batch_is_full, lookups[table].rows, cfg.statistics.shard_counts
             ).items():
                 stats[k] = v

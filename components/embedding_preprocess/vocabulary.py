@@ -6,7 +6,7 @@ File formats (read by standard tools):
   value_index=TextFileIndex.LINE_NUMBER)`, which is what the serving graph does.
 - `<name>.counts.txt`: `<count> <token>` per line in the same order, tf.Transform's
   `store_frequency=True` convention.
-IDs: the rulebook's V1-V2 (`components.rulebook`): token at line i -> i; any other valid token ->
+IDs: the rulebook's V1-V2 (`components.rules.rulebook`): token at line i -> i; any other valid token ->
 size + `rulebook.oov_bucket(token)`, i.e. Fingerprint64(token) % num_oov_buckets, the same bucket
 `tf.lookup.StaticVocabularyTable` (FastHashSpec, farmhash Fingerprint64) assigns in the serving graph.
 """
@@ -20,10 +20,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from components.config import ConfigError, VocabularyOptions
+from components.config.schema import ConfigError, VocabularyOptions
 from components.config.binding import check_vocabulary_values
-from components.rulebook import IDENTITY_TEXT, INVALID_NOT_AN_ID, INVALID_OUT_OF_RANGE
-from components.rulebook import oov_bucket  # V2; importable from here as before
+from components.rules.rulebook import IDENTITY_TEXT, INVALID_NOT_AN_ID, INVALID_OUT_OF_RANGE
+from components.rules.rulebook import oov_bucket  # V2; importable from here as before
 
 
 def order_vocabulary(counts: Iterable[Tuple[bytes, int]], options: VocabularyOptions) -> List[Tuple[bytes, int]]:

@@ -23,13 +23,13 @@ from typing import Any, Dict, Optional
 import numpy as np
 import tensorflow as tf
 
-from components.config import PipelineConfig
+from components.config.schema import PipelineConfig
 from components.contracts.manifest import VocabularyManifest, weights_key
 from components.contracts.plan import EmbeddingPlan, optimizer_spec
-from components.embedding_trainer import plan as P
+from components.embedding_trainer import plan as plan_lib
 from components.embedding_model.input import make_dataset
 from components.embedding_model.model import dense_input
-from components.metrics import log_loss, roc_auc
+from components.rules.metrics import log_loss, roc_auc
 
 MODEL_NAME = "logistic_regression"
 CHUNK = 200  # training steps per tf.function call
@@ -135,7 +135,7 @@ def train_baseline(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: Vocabular
     spec = optimizer_spec(b.optimizer)
     with tf.device("/cpu:0"):
         model = LinearBaseline(plan, manifest)
-        opt = P.keras_optimizer(spec)
+        opt = plan_lib.keras_optimizer(spec)
         variables = [v for v in model.trainable_variables if v is not model.w_dense or model.dense_names]
 
         def step(features, label):

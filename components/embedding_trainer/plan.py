@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional
 import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
 
-from components.config import PipelineConfig
+from components.config.schema import PipelineConfig
 from components.contracts.artifacts import PLAN_FILE  # noqa: F401  (re-exported)
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import (  # noqa: F401  (re-exported: the plan's vocabulary)

@@ -30,8 +30,8 @@ import components  # noqa: F401
 import tensorflow as tf
 from absl import logging
 
-from components import progress
-from components.config import PipelineConfig
+from components.reporting import progress
+from components.config.schema import PipelineConfig
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
 from components.embedding_model.input import make_dataset

@@ -177,27 +177,27 @@ def with_adagrad_table(raw: Dict[str, Any], plan) -> Dict[str, Any]:
 
 def parity_plan(raw: Dict[str, Any], train_files: List[str]):
     """(config, plan, manifest) of the parity configuration on the transformed data `train_files`."""
-    from components.config import parse_config
-    from components.embedding_trainer import plan as P
+    from components.config.loading import parse_config
+    from components.embedding_trainer import plan as plan_lib
     from components.embedding_trainer import trainer_module as tm
 
     manifest = tm.read_manifest_for(train_files)
     statistics = tm.read_statistics_for(train_files)
     raw = parity_raw_config(raw)
-    plan = P.derive_plan(parse_config(raw), manifest, statistics)
+    plan = plan_lib.derive_plan(parse_config(raw), manifest, statistics)
     raw = with_adagrad_table(raw, plan)
     cfg = parse_config(raw)
-    plan = P.derive_plan(cfg, manifest, statistics).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    plan = plan_lib.derive_plan(cfg, manifest, statistics).with_run(vocabulary_dir=manifest.vocabulary_dir)
     return cfg, plan, manifest
 
 
 def coverage(plan, replicas: int, sparse_cores_per_chip: int) -> str:
     """What the parity plan covers on this topology; raises unless it has an FTRL and an Adagrad
     TPU-embedding table, a SparseCore stack of several tables and a one-dimensional wide table."""
-    from components.embedding_model import layouts as L
+    from components.embedding_model import layouts as layouts_lib
 
     tpu = plan.tables_placed("tpu_embedding")
-    layouts = L.plan_sparse_core_layouts(plan, replicas, sparse_cores_per_chip, plan.global_batch_size // replicas)
+    layouts = layouts_lib.plan_sparse_core_layouts(plan, replicas, sparse_cores_per_chip, plan.global_batch_size // replicas)
     stacks: Dict[str, List[str]] = {}
     for name, layout in layouts.items():
         stacks.setdefault(layout.stacked_table_name, []).append(name)
@@ -249,12 +249,12 @@ def _slots(prefix: str, plan, table: str, source) -> Dict[str, np.ndarray]:
     """A TPU-embedding table's optimizer slots in a checkpoint, by their key below the slot mark:
     layout A the table's own keys, layout B its rows out of the stack's slot variables
     (TensorFlow's unshuffle_from_sc_to_cpu)."""
-    from tensorflow.python.tpu import tpu_embedding_v3_utils as U
+    from tensorflow.python.tpu import tpu_embedding_v3_utils
 
-    from components.embedding_model import layouts as L
+    from components.embedding_model import layouts as layouts_lib
 
     reader = tf.train.load_checkpoint(prefix)
-    base = source.key[: -len(L.ATTR)] + SLOT_MARK
+    base = source.key[: -len(layouts_lib.ATTR)] + SLOT_MARK
     out = {}
     t = plan.tables[table]
     for key in reader.get_variable_to_shape_map():
@@ -263,7 +263,7 @@ def _slots(prefix: str, plan, table: str, source) -> Dict[str, np.ndarray]:
         value = reader.get_tensor(key)
         if source.kind == "B":
             s = source.shard
-            value = U.unshuffle_from_sc_to_cpu(tf.constant(value), s["num_sparse_cores"], s["offset"], s["size"],
+            value = tpu_embedding_v3_utils.unshuffle_from_sc_to_cpu(tf.constant(value), s["num_sparse_cores"], s["offset"], s["size"],
                                                s["rotation"]).numpy()
         out[key[len(base):]] = np.asarray(value)[: t.rows, : t.dim]
     return out
@@ -315,7 +315,7 @@ def sparsecore_training(strategy, cfg, plan, manifest, train_files: List[str], s
     the transformed train split. Raises ParityError naming every failing table; returns the
     report {"layout", "tables": {table: {max_diff, moved, moved_reference, rows_moved, slots}}}."""
     from components.contracts.plan import CheckpointLayout
-    from components.embedding_model import layouts as L
+    from components.embedding_model import layouts as layouts_lib
     from components.embedding_model.model import CHECKPOINT_ROOT
     from components.embedding_trainer import trainer_module as tm
 
@@ -364,9 +364,9 @@ def sparsecore_training(strategy, cfg, plan, manifest, train_files: List[str], s
         tf.config.experimental.enable_tensor_float_32_execution(full_precision)
 
     # Read back as the exporter reads a training checkpoint.
-    read_tpu = L.CheckpointTables(tpu_prefix, plan_tpu)
-    read_cpu = L.CheckpointTables(cpu_prefix, plan_cpu)
-    read_start = L.CheckpointTables(start_prefix, plan_cpu)
+    read_tpu = layouts_lib.CheckpointTables(tpu_prefix, plan_tpu)
+    read_cpu = layouts_lib.CheckpointTables(cpu_prefix, plan_cpu)
+    read_start = layouts_lib.CheckpointTables(start_prefix, plan_cpu)
     wrong = {n: s.kind for n, s in read_tpu.sources.items()
              if s.kind != (layout.kind if plan.tables[n].placement == "tpu_embedding" else "A")}
     if wrong:
@@ -400,24 +400,24 @@ def describe(result: Dict[str, Any]) -> str:
 def sparsecore_optimizer(plan) -> str:
     """The parity plan's TPU-embedding optimizers (every table's) pass the SparseCore check;
     clipped Adagrad is refused there."""
-    from components.config import OptimizerConfig
-    from components.embedding_model import optimizers as O
-    from components.embedding_trainer import plan as P
+    from components.config.schema import OptimizerConfig
+    from components.embedding_model import optimizers as optimizers_lib
+    from components.embedding_trainer import plan as plan_lib
 
     def tpu_opt(spec):
-        return O.tpu_optimizer(spec, P.learning_rate(spec), step_fn=lambda: 0)
+        return optimizers_lib.tpu_optimizer(spec, plan_lib.learning_rate(spec), step_fn=lambda: 0)
 
-    clipped = P.optimizer_spec(OptimizerConfig(name="adagrad", learning_rate=0.1, clipvalue=0.5))
+    clipped = plan_lib.optimizer_spec(OptimizerConfig(name="adagrad", learning_rate=0.1, clipvalue=0.5))
     try:
-        O.check_sparsecore_optimizer(tpu_opt(clipped))
-    except O.EmbeddingOptimizerError as err:
+        optimizers_lib.check_sparsecore_optimizer(tpu_opt(clipped))
+    except optimizers_lib.EmbeddingOptimizerError as err:
         if "clipvalue" not in str(err):
             raise AssertionError(f"clipped Adagrad refused for another reason: {err}") from None
     else:
         raise AssertionError("Adagrad with clipvalue was accepted for SparseCore, which ignores clipping")
     specs: Dict[str, List[str]] = {}
     for name, t in sorted(plan.tables_placed("tpu_embedding").items()):
-        O.check_sparsecore_optimizer(tpu_opt(dict(t.optimizer)), f"the optimizer of table {name!r}")
+        optimizers_lib.check_sparsecore_optimizer(tpu_opt(dict(t.optimizer)), f"the optimizer of table {name!r}")
         specs.setdefault(f"{t.optimizer['name']} lr {t.optimizer['learning_rate']}", []).append(name)
     return ("adagrad with clipvalue 0.5 refused on SparseCore; the TPU-embedding tables' optimizers accepted: "
             + "; ".join(f"{k} ({len(v)} tables)" for k, v in specs.items()))
@@ -430,9 +430,9 @@ def prepare_data(args, root: str) -> str:
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from components.config import parse_config
+    from components.config.loading import parse_config
     from components.embedding_preprocess.run import run_preprocessing
-    from components.synthetic_data import GeneratorSpec, write_csv
+    from components.example_gen.synthetic_data import GeneratorSpec, write_csv
 
     write_csv(GeneratorSpec(rows=args.rows, seed=11), os.path.join(root, "train.csv"))
     write_csv(GeneratorSpec(rows=max(args.rows // 5, 1000), seed=12), os.path.join(root, "eval.csv"))
@@ -454,7 +454,7 @@ def split_files(root: str, split: str) -> List[str]:
 def eval_records(root: str, n: int = 64):
     """`n` transformed eval rows as serialized tf.Examples (what the Trainer's signature takes)."""
     from components.embedding_trainer import trainer_module as tm
-    from components.examples_io import transformed_rows
+    from components.data_io.examples_io import transformed_rows
 
     files = split_files(root, "eval")
     return transformed_rows(files[0], tm.read_manifest_for(files), n)
@@ -462,7 +462,7 @@ def eval_records(root: str, n: int = 64):
 
 def trainer_tpu(args, root: str, expect_v2: bool) -> str:
     """The whole Trainer under TPUStrategy: run_fn completes and its artifact is complete."""
-    from components.config import parse_config
+    from components.config.loading import parse_config
     from components.embedding_trainer import trainer_module as tm
 
     cfg = parse_config(trainer_raw_config(args, root, args.tpu))

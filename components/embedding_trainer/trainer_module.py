@@ -45,32 +45,33 @@ import tensorflow as tf
 from absl import logging
 from tfx.utils import io_utils  # read_string_file: any filesystem TFX reads (gs://, local)
 
-from components import progress
-from components.config import PipelineConfig, config_from_json
-from components.contracts import artifacts as A
+from components.reporting import progress
+from components.config.loading import config_from_json
+from components.config.schema import PipelineConfig
+from components.contracts import artifacts
 from components.contracts import sizing
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import CheckpointLayout, EmbeddingPlan
 from components.contracts.statistics import EmbeddingStatistics
-from components.ledger import check_ledger
-from components.embedding_model import optimizers as O
-from components.embedding_trainer import plan as P
+from components.rows.ledger import check_ledger
+from components.embedding_model import optimizers as optimizers_lib
+from components.embedding_trainer import plan as plan_lib
 from components.embedding_model.input import make_dataset, parse_batch
-from components.embedding_model import sparsecore_state as S
+from components.embedding_model import sparsecore_state
 from components.embedding_model.model import (
     CHECKPOINT_ROOT, VARIABLE_VALUE, RankingModel, TableOptimizer, check_sparsecore_features, table_checkpoint_key,
 )
 from components.embedding_trainer.hardware import plan_for_hardware, reported_embedding
 from components.embedding_trainer.tpu_rules import check_tpu_rules
-from components.metrics import log_loss, roc_auc
+from components.rules.metrics import log_loss, roc_auc
 
-from components.executor_base import CONFIG_KEY, config_of  # noqa: E402
+from components.tfx_wiring.executor_base import CONFIG_KEY, config_of  # noqa: E402
 # The Model artifact's files (contracts.artifacts), under the names the tests and benches use.
-CHECKPOINT_DIR = A.CHECKPOINT_DIR
-EVAL_METRICS_FILE = A.EVAL_METRICS_FILE
-TPU_RULES_FILE = A.TPU_RULES_FILE
-TRAINING_RUN_FILE = A.TRAINING_RUN_FILE
-CONFIG_FILE = A.TRAINER_CONFIG_FILE
+CHECKPOINT_DIR = artifacts.CHECKPOINT_DIR
+EVAL_METRICS_FILE = artifacts.EVAL_METRICS_FILE
+TPU_RULES_FILE = artifacts.TPU_RULES_FILE
+TRAINING_RUN_FILE = artifacts.TRAINING_RUN_FILE
+CONFIG_FILE = artifacts.TRAINER_CONFIG_FILE
 STATE_DIR = "training_state"
 
 
@@ -81,19 +82,19 @@ def examples_root(train_files) -> str:
 
 def read_manifest_for(train_files) -> VocabularyManifest:
     """The manifest preprocessing wrote beside the transformed examples."""
-    path = os.path.join(examples_root(train_files), A.EMBEDDING_MANIFEST_FILE)
+    path = os.path.join(examples_root(train_files), artifacts.EMBEDDING_MANIFEST_FILE)
     return VocabularyManifest.from_json(io_utils.read_string_file(path), path)
 
 
 def read_statistics_for(train_files) -> Optional[EmbeddingStatistics]:
     """The statistics preprocessing copied beside the transformed examples (None for examples
     written before the copy existed: the plan then reports SparseCore limits as unknown)."""
-    path = os.path.join(examples_root(train_files), A.EMBEDDING_STATISTICS_FILE)
+    path = os.path.join(examples_root(train_files), artifacts.EMBEDDING_STATISTICS_FILE)
     return EmbeddingStatistics.from_json(io_utils.read_string_file(path), path) if tf.io.gfile.exists(path) else None
 
 
 def read_plan(model_uri: str) -> EmbeddingPlan:
-    path = os.path.join(model_uri, A.PLAN_FILE)
+    path = os.path.join(model_uri, artifacts.PLAN_FILE)
     return EmbeddingPlan.from_json(io_utils.read_string_file(path), path)
 
 
@@ -145,25 +146,25 @@ def build_model(plan: EmbeddingPlan, manifest: VocabularyManifest, cfg: Pipeline
     t = cfg.training
     if not for_training:
         return RankingModel(plan, manifest, t)
-    spec = P.optimizer_spec(t.embedding_optimizer)
+    spec = plan_lib.optimizer_spec(t.embedding_optimizer)
     keras_embedding, tpu_embedding = embedding_optimizers(spec)
     return RankingModel(
-        plan, manifest, t, keras_embedding, P.keras_optimizer(P.optimizer_spec(t.dense_optimizer)), tpu_embedding,
+        plan, manifest, t, keras_embedding, plan_lib.keras_optimizer(plan_lib.optimizer_spec(t.dense_optimizer)), tpu_embedding,
         tpu_output_batch=per_replica_batch if on_tpu else None,
         embedding_clipvalue=spec.get("clipvalue"),
         pipeline_execution_with_tensor_core=t.pipeline_execution_with_tensor_core,
         table_optimizers=table_optimizers(plan, spec),
-        gradient_multiplier=P.gradient_multiplier(plan.embedding_gradient_multiplier),
+        gradient_multiplier=plan_lib.gradient_multiplier(plan.embedding_gradient_multiplier),
     )
 
 
 def embedding_optimizers(spec: Dict[str, Any]):
     """(Keras, TPU) embedding optimizers of one spec: the Keras one updates CPU/GPU and TensorCore
     tables and owns the slots; the TPU one's learning rate follows the Keras one's step."""
-    rate = P.learning_rate(spec)
-    keras_opt = O.keras_optimizer(spec, rate)
+    rate = plan_lib.learning_rate(spec)
+    keras_opt = optimizers_lib.keras_optimizer(spec, rate)
     keras_opt.iterations  # noqa: B018  created now, in the strategy's scope, not inside the first step
-    return keras_opt, O.tpu_optimizer(spec, rate, step_fn=lambda: keras_opt.iterations, keras_opt=keras_opt)
+    return keras_opt, optimizers_lib.tpu_optimizer(spec, rate, step_fn=lambda: keras_opt.iterations, keras_opt=keras_opt)
 
 
 def table_optimizers(plan: EmbeddingPlan, default_spec: Dict[str, Any]) -> Dict[str, TableOptimizer]:
@@ -224,7 +225,7 @@ def warm_start_sparse_core(model: RankingModel, plan: EmbeddingPlan, layout: Che
     would find nothing and a lone table's rows would come back permuted."""
     with strategy.scope():
         model.embedding_layer.build(None)  # TFRS's layer: TPUEmbeddingV2.build(), the stacks
-    S.restore_all_but_tpu_embedding(model, warm_prefix, CHECKPOINT_ROOT)
+    sparsecore_state.restore_all_but_tpu_embedding(model, warm_prefix, CHECKPOINT_ROOT)
     reader = tf.train.load_checkpoint(warm_prefix)
     keys = reader.get_variable_to_shape_map()
 
@@ -236,7 +237,7 @@ def warm_start_sparse_core(model: RankingModel, plan: EmbeddingPlan, layout: Che
         found = [k for k in keys if k.startswith(base) and k.endswith(f"/{slot_name}{VARIABLE_VALUE}")]
         return reader.get_tensor(found[0]) if len(found) == 1 else None
 
-    return S.assign_logical_tables(model, plan, layout, table, slot)
+    return sparsecore_state.assign_logical_tables(model, plan, layout, table, slot)
 
 
 def training_input(train_files, manifest: VocabularyManifest, plan: EmbeddingPlan, t, per_replica: int,
@@ -253,7 +254,7 @@ def training_input(train_files, manifest: VocabularyManifest, plan: EmbeddingPla
     multiple of the pipelines). Skipping only `start` batches would feed a resumed multi-replica
     run examples it has already seen. `holdout_fraction`: the held-out slice (selection.py) is
     left out."""
-    widths, lengths = P.dense_id_widths(plan), P.sequence_lengths(plan)
+    widths, lengths = plan_lib.dense_id_widths(plan), plan_lib.sequence_lengths(plan)
 
     def train_input(ctx: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
         return make_dataset(train_files, manifest, per_replica, training=True, seed=t.seed,
@@ -267,8 +268,8 @@ def training_input(train_files, manifest: VocabularyManifest, plan: EmbeddingPla
 def sample_batch(train_files, manifest: VocabularyManifest, plan: EmbeddingPlan, per_replica: int):
     """One per-replica batch of features, in the training step's input form (builds a model's variables)."""
     features, _ = next(iter(make_dataset(train_files, manifest, per_replica, training=False,
-                                         dense_id_widths=P.dense_id_widths(plan),
-                                         sequence_lengths=P.sequence_lengths(plan))))
+                                         dense_id_widths=plan_lib.dense_id_widths(plan),
+                                         sequence_lengths=plan_lib.sequence_lengths(plan))))
     return features
 
 
@@ -278,10 +279,10 @@ def require_consumed(status, checkpoint: str, model: RankingModel) -> None:
     a one-line error naming the checkpoint and what did not match."""
     optimizers = [model.dense_optimizer] + [o for o, _ in model._embedding_optimizers().values()]  # pylint: disable=protected-access
     hyper = {k: v for opt in optimizers for k, v in getattr(opt, "_hyper", {}).items()}
-    missing = S.restore_mismatches(status, [v for v in hyper.values() if isinstance(v, tf.Variable)], set(hyper))
+    missing = sparsecore_state.restore_mismatches(status, [v for v in hyper.values() if isinstance(v, tf.Variable)], set(hyper))
     if missing:
         shown = "; ".join(missing[:5]) + (f"; and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise S.LayoutMismatch(
+        raise sparsecore_state.LayoutMismatch(
             f"checkpoint {checkpoint} does not hold exactly this model's variables ({shown}): it was written by "
             "another model; run with the config that wrote it, or point training.checkpoint_dir at an empty "
             "directory to train from the start")
@@ -310,7 +311,7 @@ def restore_built(model: RankingModel, ckpt: tf.train.Checkpoint, prefix: str, o
             status.assert_existing_objects_matched()
         except AssertionError as err:
             first = str(err).strip().splitlines()[0][:400]
-            raise S.LayoutMismatch(f"checkpoint {prefix} does not hold this model's TPU embedding tables ({first}): "
+            raise sparsecore_state.LayoutMismatch(f"checkpoint {prefix} does not hold this model's TPU embedding tables ({first}): "
                                    "run with the config that wrote it, or point training.checkpoint_dir at an "
                                    "empty directory to train from the start") from None
     else:
@@ -361,7 +362,7 @@ class _Checkpointer(tf.keras.callbacks.Callback):
 
 
 class _Progress:
-    """Live progress (components/progress.py): the step, loss and examples per second, at most
+    """Live progress (components/reporting/progress.py): the step, loss and examples per second, at most
     once a second and at the last step. Called by `_Checkpointer` with the step it already read
     (one read of the step variable per step, not two)."""
 
@@ -412,7 +413,7 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
     plan = plan_for_hardware(plan, strategy, on_tpu)
     if layout.kind == "B":
         # What SparseCore cannot train stops the run here, before anything is built or read.
-        check_sparsecore_features({n: c for n, c in P.feature_configs(plan, output_batch=per_replica, on_tpu=True).items()
+        check_sparsecore_features({n: c for n, c in plan_lib.feature_configs(plan, output_batch=per_replica, on_tpu=True).items()
                                    if n in manifest.categorical_names and plan.feature_table(n).placement == "tpu_embedding"})
     with strategy.scope():
         model = build_model(plan, manifest, cfg, for_training=True, on_tpu=on_tpu, per_replica_batch=per_replica)
@@ -425,23 +426,23 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
     # model may live on a TPU); the same input feeds the step.
     check_model = build_model(plan, manifest, cfg, for_training=False)
     # TensorCore-table features are fed as padded dense IDs on every platform: the TPU step's input.
-    widths = P.dense_id_widths(plan)
+    widths = plan_lib.dense_id_widths(plan)
     rules = check_tpu_rules(
         check_model, plan,
         make_dataset(train_files, manifest, per_replica, training=True, seed=t.seed, dense_id_widths=widths,
-                     sequence_lengths=P.sequence_lengths(plan)),
+                     sequence_lengths=plan_lib.sequence_lengths(plan)),
     )
 
     step = model.dense_optimizer.iterations  # one dense update per training step
     ckpt = tf.train.Checkpoint(model=model)
     manager = tf.train.CheckpointManager(ckpt, state, max_to_keep=2)
     start, resumed_from = 0, manager.latest_checkpoint
-    signature = S.plan_signature(plan, layout, cfg, manifest.dense_names)
+    signature = sparsecore_state.plan_signature(plan, layout, cfg, manifest.dense_names)
     restored = None  # (restore status, checkpoint) of a resume or warm start, checked again after a TPU step
     if resumed_from:
         # Only under the table layout and the plan it was written with (TF cannot map SparseCore
         # stacks; a table added, removed or reshaped would start fresh), checked before anything is restored.
-        S.check_resumable(state, resumed_from, layout, signature)
+        sparsecore_state.check_resumable(state, resumed_from, layout, signature)
         restored = (restore_built(model, ckpt, resumed_from, on_tpu, strategy, sample_batch(
             train_files, manifest, plan, per_replica)), resumed_from)
         start = int(step.numpy())
@@ -472,7 +473,7 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
             fh.write(json.dumps(warm_report, sort_keys=True))
         if int(step.numpy()) != 0:
             raise RuntimeError(f"warm start restored step {int(step.numpy())}; expected a fresh step counter")
-    S.write_layout(state, layout, signature)  # what the checkpoints of this state hold (check_resumable)
+    sparsecore_state.write_layout(state, layout, signature)  # what the checkpoints of this state hold (check_resumable)
     if start > steps:
         raise ValueError(f"checkpoint in {state} is at step {start}, beyond train_steps {steps}; remove it or raise train_steps")
 
@@ -581,7 +582,7 @@ def continuous_start(cfg: PipelineConfig, base_model: Optional[str], manifest: V
     from) when warm-starting."""
     if not base_model:
         return {"base_model": None, "drift": None, "note": "no blessed model yet: trained from scratch"}
-    from components.embedding_trainer import warm_start as W
+    from components.embedding_trainer import warm_start
     from components.model_registry.registry import read_lookup
 
     found = read_lookup(base_model)
@@ -596,8 +597,8 @@ def continuous_start(cfg: PipelineConfig, base_model: Optional[str], manifest: V
             return {"base_model": None, "drift": None, "registry": registry, "note": found.warm_start_note}
         base_model = found.warm_start_model
     try:
-        prev = W.previous_model(base_model)
-    except W.WarmStartError as e:
+        prev = warm_start.previous_model(base_model)
+    except warm_start.WarmStartError as e:
         if found is None:
             raise
         # The served version's Trainer model is there but incomplete (cleaned up in part, or not
@@ -605,9 +606,9 @@ def continuous_start(cfg: PipelineConfig, base_model: Optional[str], manifest: V
         note = f"{e}; the served version's Trainer model cannot start this run: trained from scratch"
         logging.warning("%s", note)
         return {"base_model": None, "drift": None, "registry": registry, "note": note}
-    figures = W.drift(prev, manifest, statistics)
+    figures = warm_start.drift(prev, manifest, statistics)
     logging.info("drift from %s: %s", prev.uri, json.dumps(figures, sort_keys=True))
-    W.check_drift(figures, cfg, prev.uri)
+    warm_start.check_drift(figures, cfg, prev.uri)
     out: Dict[str, Any] = {"base_model": prev.uri, "drift": figures, "registry": registry}
     if cfg.continuous.warm_start:
         out["previous"] = prev
@@ -623,10 +624,10 @@ def run_fn(fn_args) -> None:
     statistics = read_statistics_for(fn_args.train_files)
     # No training on rows that were lost (or invented) on the way: the ledger must add up.
     check_ledger(statistics.ledger if statistics else None, "Trainer")
-    plan = P.derive_plan(cfg, manifest, statistics).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    plan = plan_lib.derive_plan(cfg, manifest, statistics).with_run(vocabulary_dir=manifest.vocabulary_dir)
     model_root = os.path.dirname(fn_args.serving_model_dir.rstrip("/"))
     state = state_dir(cfg, model_root, fn_args.train_files)
-    length = P.training_steps(cfg, statistics, fn_args.train_steps)
+    length = plan_lib.training_steps(cfg, statistics, fn_args.train_steps)
     continuous = continuous_start(cfg, getattr(fn_args, "base_model", None), manifest, statistics)
     checkpoint, rules, run = train(
         cfg, plan, manifest, fn_args.train_files, fn_args.eval_files, state,
@@ -653,11 +654,11 @@ def run_fn(fn_args) -> None:
             progress.phase(progress.TRAINER, f"baseline eval AUC {metrics['baseline']['auc']:.4f}")
     logging.info("eval metrics: %s", metrics)
     # The config travels with the model so the standalone exporter CLI can rebuild it without one.
-    for name, obj in ((A.EMBEDDING_MANIFEST_FILE, manifest.to_dict()), (A.PLAN_FILE, plan.to_dict()),
+    for name, obj in ((artifacts.EMBEDDING_MANIFEST_FILE, manifest.to_dict()), (artifacts.PLAN_FILE, plan.to_dict()),
                       (EVAL_METRICS_FILE, metrics), (TPU_RULES_FILE, rules), (TRAINING_RUN_FILE, run),
-                      (CONFIG_FILE, json.loads(cfg.to_json())), (A.CONTINUOUS_FILE, continuous),
+                      (CONFIG_FILE, json.loads(cfg.to_json())), (artifacts.CONTINUOUS_FILE, continuous),
                       # The next run's drift reference (warm_start.drift).
-                      (A.EMBEDDING_STATISTICS_FILE, statistics.to_dict() if statistics else None)):
+                      (artifacts.EMBEDDING_STATISTICS_FILE, statistics.to_dict() if statistics else None)):
         if obj is None:
             continue
         with tf.io.gfile.GFile(os.path.join(model_root, name), "w") as fh:

@@ -41,12 +41,12 @@ import numpy as np
 import tensorflow as tf
 from tfx.utils import io_utils
 
-from components.config import PipelineConfig
-from components.contracts import artifacts as A
+from components.config.schema import PipelineConfig
+from components.contracts import artifacts
 from components.contracts.manifest import VocabularyEntry, VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
 from components.contracts.statistics import EmbeddingStatistics
-from components.embedding_model import model as M
+from components.embedding_model import model
 
 TOKEN_KINDS = ("counted", "list", "file")  # vocabularies whose rows are tokens (manifest kind)
 # Kept fresh: optimizer step counters and hyperparameters (this run's config), the save counter.
@@ -78,7 +78,7 @@ def previous_model(base_model: str) -> PreviousModel:
     """The last blessed Trainer Model from TFX's `fn_args.base_model` (its serving directory) or
     its artifact directory."""
     uri = base_model.rstrip("/")
-    if os.path.basename(uri) == A.SERVING_DIR:
+    if os.path.basename(uri) == artifacts.SERVING_DIR:
         uri = os.path.dirname(uri)
     way_out = "set continuous.warm_start: false to train from scratch"
 
@@ -86,17 +86,17 @@ def previous_model(base_model: str) -> PreviousModel:
         path = os.path.join(uri, name)
         return io_utils.read_string_file(path) if tf.io.gfile.exists(path) else None
 
-    plan_text, manifest_text = read(A.PLAN_FILE), read(A.EMBEDDING_MANIFEST_FILE)
-    checkpoint = tf.train.latest_checkpoint(os.path.join(uri, A.CHECKPOINT_DIR))
+    plan_text, manifest_text = read(artifacts.PLAN_FILE), read(artifacts.EMBEDDING_MANIFEST_FILE)
+    checkpoint = tf.train.latest_checkpoint(os.path.join(uri, artifacts.CHECKPOINT_DIR))
     if plan_text is None or manifest_text is None or checkpoint is None:
         raise WarmStartError(f"last blessed model {uri}: no plan, manifest or checkpoint (a Trainer Model of this pipeline?); {way_out}")
-    stats_text = read(A.EMBEDDING_STATISTICS_FILE)
+    stats_text = read(artifacts.EMBEDDING_STATISTICS_FILE)
     return PreviousModel(
         uri=uri,
-        plan=EmbeddingPlan.from_json(plan_text, os.path.join(uri, A.PLAN_FILE)),
-        manifest=VocabularyManifest.from_json(manifest_text, os.path.join(uri, A.EMBEDDING_MANIFEST_FILE)),
+        plan=EmbeddingPlan.from_json(plan_text, os.path.join(uri, artifacts.PLAN_FILE)),
+        manifest=VocabularyManifest.from_json(manifest_text, os.path.join(uri, artifacts.EMBEDDING_MANIFEST_FILE)),
         checkpoint=checkpoint,
-        statistics=EmbeddingStatistics.from_json(stats_text, A.EMBEDDING_STATISTICS_FILE) if stats_text else None,
+        statistics=EmbeddingStatistics.from_json(stats_text, artifacts.EMBEDDING_STATISTICS_FILE) if stats_text else None,
     )
 
 
@@ -184,11 +184,11 @@ def row_map(old: VocabularyEntry, old_tokens: Optional[List[bytes]], new: Vocabu
 
 def table_key_prefixes(plan: EmbeddingPlan) -> Dict[str, str]:
     """{table: its variable's object path} (a table's slots hang under it: `.OPTIMIZER_SLOT/...`)."""
-    return {t: M.table_checkpoint_key(t, p.placement)[: -len(M.VARIABLE_VALUE)] for t, p in plan.tables.items()}
+    return {t: model.table_checkpoint_key(t, p.placement)[: -len(model.VARIABLE_VALUE)] for t, p in plan.tables.items()}
 
 
 def warm_start_checkpoint(prev: PreviousModel, cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest,
-                          fresh: M.RankingModel, out_prefix: str) -> Dict[str, Any]:
+                          fresh: model.RankingModel, out_prefix: str) -> Dict[str, Any]:
     """Writes at `out_prefix` a training checkpoint of `fresh` (this run's model, built, its
     optimizer slots created, on the host) holding the previous model's weights where they carry
     over (module docstring). Returns the carry-over report. One table (and its slots) is in memory
@@ -197,7 +197,7 @@ def warm_start_checkpoint(prev: PreviousModel, cfg: PipelineConfig, plan: Embedd
 
     work = tempfile.mkdtemp(prefix="warm_start_")
     # `save`, not `write`: the trainer's checkpoint object has a save counter to bind too.
-    fresh_prefix = tf.train.Checkpoint(**{M.CHECKPOINT_ROOT: fresh}).save(os.path.join(work, "fresh"))
+    fresh_prefix = tf.train.Checkpoint(**{model.CHECKPOINT_ROOT: fresh}).save(os.path.join(work, "fresh"))
     new_reader = tf.train.load_checkpoint(fresh_prefix)
     old_reader = tf.train.load_checkpoint(prev.checkpoint)
     new_shapes, new_dtypes = new_reader.get_variable_to_shape_map(), new_reader.get_variable_to_dtype_map()
@@ -251,7 +251,7 @@ def _carry_table(table, keys, prev, manifest, plan, new_reader, old_reader, old_
     report = dict(mapping.report, slots_carried=[], slots_fresh=[])
     for key in keys:
         suffix = key[len(new_prefix):]
-        if suffix == M.VARIABLE_VALUE:
+        if suffix == model.VARIABLE_VALUE:
             old = old_tables.read(table)
         else:
             old_key = (old_prefix or "") + suffix
@@ -282,7 +282,7 @@ def _carry_rest(keys, new_reader, old_reader, old_shapes, carry_slots=True):
             elif slot:
                 report["slots_fresh"] += 1
             else:
-                report["weights_fresh"].append(key.replace(M.VARIABLE_VALUE, ""))
+                report["weights_fresh"].append(key.replace(model.VARIABLE_VALUE, ""))
         values[key] = value
     return values, report
 

@@ -20,7 +20,7 @@ counted on two sides, no row data crossing a stage boundary.
   checked before the pipeline, each unit read with pyarrow and conformed to the kinds TFRecord
   input decodes to, then typed and written as above;
 - counts every file's data rows a second way (`ranges.count_range_lines` per range, or
-  `components.row_counts` per whole file, or a Parquet unit's rows in the file's footer: not the
+  `components.rows.row_counts` per whole file, or a Parquet unit's rows in the file's footer: not the
   parser) and writes the merged counts next to the output; the executor turns them into the
   ExampleGen ledger.
 """
@@ -34,10 +34,11 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 import apache_beam as beam
 import pyarrow as pa
 
-from components import progress, row_counts
+from components.reporting import progress
+from components.rows import row_counts
 from components.example_gen import ranges, split_hash
 
-# Live progress (components/progress.py): the rows read and the byte ranges finished.
+# Live progress (components/reporting/progress.py): the rows read and the byte ranges finished.
 ROWS_READ, RANGES_DONE = "rows read", "byte ranges"
 READ_BLOCK_BYTES = 16 << 20  # pyarrow CSV block: one RecordBatch per block
 TFRECORD_BATCH = 4096
@@ -203,7 +204,7 @@ class ReadAndWriteRange(beam.DoFn):
     def setup(self):
         from tfx_bsl.coders import example_coder
 
-        from components.config import config_from_json
+        from components.config.loading import config_from_json
 
         self._cfg = config_from_json(self._config_json)
         self._decoder_cls = example_coder.ExamplesToRecordBatchDecoder

@@ -11,7 +11,7 @@ from tfx.types import standard_artifacts, standard_component_specs
 from tfx.types.component_spec import ExecutionParameter
 
 from components.config.stages import stage_json
-from components.config import PipelineConfig
+from components.config.schema import PipelineConfig
 from components.example_gen import executor
 
 

@@ -24,10 +24,11 @@ from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils, standard_component_specs
 from tfx.utils import proto_utils
 
-from components import ledger as L
-from components import progress, row_counts
-from components.errors import InputError
-from components.executor_base import CONFIG_KEY, config_of, read_json, write_text
+from components.rows import ledger
+from components.reporting import progress
+from components.rows import row_counts
+from components.reporting.errors import InputError
+from components.tfx_wiring.executor_base import CONFIG_KEY, config_of, read_json, write_text
 COUNTS_FILE = "_input_counts.json"
 TMP_DIR = "_tmp"  # in the artifact, beside the splits: files being written; removed when done
 PAYLOAD_FORMAT = example_gen_pb2.FORMAT_PARQUET
@@ -119,7 +120,7 @@ class Executor(BaseExampleGenExecutor):
     ) -> None:
         from apache_beam.io.filesystems import FileSystems
 
-        from components.beam_runtime import ensure_local_runner_safe
+        from components.data_io.beam_runtime import ensure_local_runner_safe
         from components.example_gen import ranges
         from components.example_gen.beam_io import RANGES_DONE, WriteExamples
 
@@ -162,16 +163,16 @@ class Executor(BaseExampleGenExecutor):
         FileSystems.delete([counts_path] + ([tmp_dir] if FileSystems.exists(tmp_dir) else []))
         fill_empty_splits(split_dirs)
         written = {s: row_counts.count_parquet_rows(d.rstrip("/") + "/*.parquet") for s, d in split_dirs.items()}
-        stage = L.example_gen_stage(counts, written)
+        stage = ledger.example_gen_stage(counts, written)
         # What was read: the files, and the span TFX's driver resolved (span inputs; 0 otherwise).
         stage["files"] = [p for p, _ in files]
         stage["row_group_units" if cfg.input.format == "parquet" else "byte_ranges"] = len(byte_ranges)
         stage["span"] = int(exec_properties.get("span") or 0)
-        write_text(os.path.join(examples.uri, L.LEDGER_FILE), L.to_json(L.ledger([stage])))
+        write_text(os.path.join(examples.uri, ledger.LEDGER_FILE), ledger.to_json(ledger.ledger([stage])))
         examples_utils.set_payload_format(examples, PAYLOAD_FORMAT)
         examples_utils.set_file_format(examples, FILE_FORMAT)
         examples.set_int_custom_property("input_rows", stage["rows_in"])
         for s, n in written.items():
             examples.set_int_custom_property(f"{s}_rows", n)
         examples.set_string_custom_property("row_ledger", json.dumps({k: stage[k] for k in ("rows_in", "malformed", "dropped", "rows_out", "balanced")}, sort_keys=True))
-        L.check_stage(stage)
+        ledger.check_stage(stage)

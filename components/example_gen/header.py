@@ -6,7 +6,7 @@ import csv
 import io
 from typing import List, Optional
 
-from components.errors import InputError
+from components.reporting.errors import InputError
 
 
 def read_csv_header(path: str) -> Optional[List[str]]:

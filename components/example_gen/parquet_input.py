@@ -37,8 +37,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from components.config import PipelineConfig
-from components.errors import InputError
+from components.config.schema import PipelineConfig
+from components.reporting.errors import InputError
 
 BATCH_ROWS = 65536  # rows per RecordBatch read from a row group (pyarrow's default)
 MAX_EXAMPLES = 5  # unreadable row groups named in the ledger

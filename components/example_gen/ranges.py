@@ -17,7 +17,7 @@ row ledger then finds the parser's rows and the independent count apart and the 
 The independent count (`count_range_lines`) counts the records and blank lines whose line break
 lies in the range's own bytes [start, end), not the extended block the parser reads, so summed over
 a file's ranges it does not depend on where the boundaries were drawn; it gives the same result as
-`components.row_counts.count_csv_records` on the whole file.
+`components.rows.row_counts.count_csv_records` on the whole file.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from components import row_counts
+from components.rows import row_counts
 
 SCAN_BLOCK = 8 << 20
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".zst", ".deflate", ".zip", ".lz4", ".snappy")

@@ -12,7 +12,7 @@ and returns the RecordBatch ExampleGen writes, plus counts:
   is missing.
 - the label: one number per row; with `label_rule` derived from the rule's column. A row whose label
   is missing is dropped as `missing_label`; one whose label is not exactly 0 or 1 (e.g. 2, -1, 0.5,
-  "yes", several values) as `invalid_label` (the rulebook's L1, `components.rulebook.binary_label`).
+  "yes", several values) as `invalid_label` (the rulebook's L1, `components.rules.rulebook.binary_label`).
   The label is written as int64 0/1.
 - missing configured columns are counted per column (`cells/missing/<column>`); other columns pass
   through unchanged (CSV: as text).
@@ -27,14 +27,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from components.config import PipelineConfig
+from components.config.schema import PipelineConfig
 
 _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt, "==": operator.eq, "!=": operator.ne}
 
-# The rulebook's label rule L1 (`components.rulebook.binary_label`), which preprocessing's
+# The rulebook's label rule L1 (`components.rules.rulebook.binary_label`), which preprocessing's
 # `features.extract_label` applies again to what ExampleGen wrote; this one also reads labels
 # written as text and applies `label_rule`.
-from components.rulebook import DROP_INVALID_LABEL, DROP_MISSING_LABEL, binary_label  # noqa: E402
+from components.rules.rulebook import DROP_INVALID_LABEL, DROP_MISSING_LABEL, binary_label  # noqa: E402
 
 
 def _is_list(arr: pa.Array) -> bool:

@@ -12,14 +12,14 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # the file systems come from TensorFlow: no start-up log
-from components.model_registry import registry as R  # noqa: E402
+from components.model_registry import registry  # noqa: E402
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m components.model_registry", description=__doc__.split("\n")[0])
     parser.add_argument("serving_dir", help="the push destination (kubeflow.serving_dir, or <output dir>/serving for a local run)")
     args = parser.parse_args(argv)
-    rows = R.history(args.serving_dir)
+    rows = registry.history(args.serving_dir)
     print(f"{'version':<12}{'state':<12}{'eval AUC':>9}  {'pushed at':<21}{'pipeline':<22}run")
     for r in rows:
         e = r.get("entry") or {}
@@ -29,8 +29,8 @@ def main(argv=None) -> int:
         if "error" in r:
             print(f"{'':<12}entry: {r['error']}")
     try:
-        found = R.lookup(args.serving_dir)
-    except R.RegistryError as err:
+        found = registry.lookup(args.serving_dir)
+    except registry.RegistryError as err:
         print(f"error: the next run stops here: {err}", file=sys.stderr)
         return 2
     print(f"next run compares with: {found.served_model or 'nothing'} ({found.note})")

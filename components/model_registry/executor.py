@@ -14,10 +14,10 @@ from tfx.proto import pusher_pb2
 from tfx.types import artifact_utils, standard_component_specs as specs
 from tfx.utils import proto_utils
 
-from components import progress
-from components.contracts import artifacts as A
-from components.executor_base import read_json_if_exists
-from components.model_registry import registry as R
+from components.reporting import progress
+from components.contracts import artifacts
+from components.tfx_wiring.executor_base import read_json_if_exists
+from components.model_registry import registry
 
 # LastBlessedModel
 SERVING_DIR_KEY = "serving_dir"
@@ -44,14 +44,14 @@ class LookupExecutor(base_executor.BaseExecutor):
     def Do(self, input_dict: Dict[str, List[types.Artifact]], output_dict: Dict[str, List[types.Artifact]],
            exec_properties: Dict[str, Any]) -> None:
         out = artifact_utils.get_single_instance(output_dict[MODEL_KEY])
-        found = R.lookup(exec_properties[SERVING_DIR_KEY])
+        found = registry.lookup(exec_properties[SERVING_DIR_KEY])
         for s in found.skipped:
             logging.warning("model registry: %s: %s", s["path"], s["reason"])
         if found.warm_start_note:
             logging.warning("model registry: %s", found.warm_start_note)
         logging.info("model registry: %s", found.note)
         progress.phase(progress.LAST_BLESSED, found.note)
-        R.write_lookup(out.uri, found)
+        registry.write_lookup(out.uri, found)
         out.set_int_custom_property("found", int(found.found))
         if found.found:
             out.set_string_custom_property("served_model", found.served_model)
@@ -61,9 +61,9 @@ class LookupExecutor(base_executor.BaseExecutor):
 
 
 def export_report(serving_model_uri: str) -> Dict[str, Any]:
-    report = read_json_if_exists(os.path.join(serving_model_uri, A.EXPORT_REPORT_FILE))
+    report = read_json_if_exists(os.path.join(serving_model_uri, artifacts.EXPORT_REPORT_FILE))
     if report is None:
-        raise R.RegistryError(f"{serving_model_uri}: no {A.EXPORT_REPORT_FILE}; only a complete export is registered")
+        raise registry.RegistryError(f"{serving_model_uri}: no {artifacts.EXPORT_REPORT_FILE}; only a complete export is registered")
     return report
 
 
@@ -75,9 +75,9 @@ def check_still_served(report: Dict[str, Any], serving_dir: str) -> None:
     last = validation.get("last_blessed")
     if last is None or not any(c["name"] == "last_blessed" for c in validation.get("checks", [])):
         return
-    now = R.lookup(serving_dir)
+    now = registry.lookup(serving_dir)
     if now.version != last.get("version"):
-        raise R.RegistryError(
+        raise registry.RegistryError(
             f"{serving_dir}: the served model changed while this run ran: its gate compared with "
             f"{last.get('served_model') or 'nothing (no model served then)'}, {now.served_model or 'nothing'} is "
             "served now; nothing pushed: rerun, so that this model is compared with the one served now")
@@ -105,8 +105,8 @@ def entry_fields(report: Dict[str, Any], serving_model_uri: str, trainer_model_u
         "gate": [{k: c.get(k) for k in ("name", "passed", "skipped", "model_auc", "reference_auc", "margin")}
                  for c in checks],
         "evaluator": evaluator,
-        "manifest": read_json_if_exists(os.path.join(trainer_model_uri, A.EMBEDDING_MANIFEST_FILE)),
-        "plan": read_json_if_exists(os.path.join(trainer_model_uri, A.PLAN_FILE)),
+        "manifest": read_json_if_exists(os.path.join(trainer_model_uri, artifacts.EMBEDDING_MANIFEST_FILE)),
+        "plan": read_json_if_exists(os.path.join(trainer_model_uri, artifacts.PLAN_FILE)),
     }
 
 
@@ -178,9 +178,9 @@ class RegistryPusherExecutor(tfx_pusher.Executor):
         check_still_served(report, serving_dir)
         fields = entry_fields(report, model.uri, trainer_model, exec_properties.get(PIPELINE_NAME_KEY) or "",
                               _run(exec_properties, getattr(self, "_context", None)), evaluator)
-        entry = R.push(self.GetModelPath(input_dict), serving_dir, fields)
+        entry = registry.push(self.GetModelPath(input_dict), serving_dir, fields)
         logging.info("model pushed to %s and registered as %s", entry["serving_model"],
-                     R.entry_path(destination.filesystem.base_directory, entry["version"]))
+                     registry.entry_path(destination.filesystem.base_directory, entry["version"]))
         progress.phase(progress.PUSHER, f"pushed to {entry['serving_model']}")
         # TFX's Pusher keeps a copy in its output artifact too (its archive of what was pushed).
         from tfx.utils import io_utils

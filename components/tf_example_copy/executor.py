@@ -20,7 +20,7 @@ from tfx.dsl.components.base import base_beam_executor
 from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils
 
-from components import row_counts
+from components.rows import row_counts
 
 EXAMPLES_KEY = "examples"  # input: Parquet examples
 OUTPUT_KEY = "tf_examples"  # output: the copy

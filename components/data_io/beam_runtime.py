@@ -48,7 +48,7 @@ def _check_version(version: str) -> None:
     if version not in VERIFIED_BEAM_VERSIONS:
         raise UnverifiedBeamError(
             f"apache-beam {version} is installed, but the local-runner data-loss workaround in "
-            f"components/beam_runtime.py was verified only for {', '.join(VERIFIED_BEAM_VERSIONS)}; "
+            f"components/data_io/beam_runtime.py was verified only for {', '.join(VERIFIED_BEAM_VERSIONS)}; "
             "install the pinned requirements.lock, or re-read the data plane source named there and "
             "add the version to VERIFIED_BEAM_VERSIONS"
         )
@@ -59,7 +59,7 @@ def _locked_write(base_write):
         with self._flush_lock:
             base_write(self, b, nested)
 
-    write.__doc__ = "OutputStream.write under the stream's flush lock (components/beam_runtime.py)."
+    write.__doc__ = "OutputStream.write under the stream's flush lock (components/data_io/beam_runtime.py)."
     write._tpu_embedding_locked = True  # marks the patch, for idempotence and tests
     return write
 
@@ -72,7 +72,7 @@ def ensure_local_runner_safe(beam_args: Optional[List[str]] = None) -> None:
         if "data_buffer_time_limit_ms" in a:
             raise ValueError(
                 f"Beam option {a!r} turns on timed flushing in the SDK workers, which can lose data "
-                "(see components/beam_runtime.py); remove it"
+                "(see components/data_io/beam_runtime.py); remove it"
             )
     with _lock:
         if _applied:
@@ -89,7 +89,7 @@ def ensure_local_runner_safe(beam_args: Optional[List[str]] = None) -> None:
         _check_version(apache_beam.__version__)
         cls = data_plane.TimeBasedBufferingClosableOutputStream
         if not hasattr(worker_handlers, "DATA_BUFFER_TIME_LIMIT_MS") or not hasattr(cls, "flush"):
-            raise UnverifiedBeamError("Beam's data plane is not shaped as components/beam_runtime.py expects")
+            raise UnverifiedBeamError("Beam's data plane is not shaped as components/data_io/beam_runtime.py expects")
         worker_handlers.DATA_BUFFER_TIME_LIMIT_MS = 0
         if not getattr(cls.write, "_tpu_embedding_locked", False):
             cls.write = _locked_write(data_plane.ClosableOutputStream.write)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional
 
-from components.errors import LedgerError
-from components.progress import EXAMPLE_GEN, PREPROCESS  # noqa: F401  (the stages' names, used as ledger stage names)
+from components.reporting.errors import LedgerError
+from components.reporting.progress import EXAMPLE_GEN, PREPROCESS  # noqa: F401  (the stages' names, used as ledger stage names)
 
 LEDGER_FILE = "ledger.json"
 LEDGER_VERSION = 1

@@ -36,7 +36,7 @@ def serialized_examples(file_pattern: str, limit: int) -> List[bytes]:
                     if len(out) >= limit:
                         return out
         return out
-    from components.tfrecords import compression_type
+    from components.data_io.tfrecords import compression_type
 
     for record in tf.data.TFRecordDataset(files, compression_type=compression_type(files)).take(limit):
         out.append(record.numpy())
@@ -61,7 +61,7 @@ def transformed_rows(file_pattern: str, manifest, limit: int) -> List[bytes]:
     files = sorted(tf.io.gfile.glob(file_pattern), key=lambda f: (os.path.basename(f).startswith(TAIL_PREFIX), f))
     decoder, encoder = example_coder.ExamplesToRecordBatchDecoder(), example_coder.RecordBatchToExamplesEncoder()
     out: List[bytes] = []
-    from components.tfrecords import compression_type
+    from components.data_io.tfrecords import compression_type
 
     for path in files:
         for batch in tf.data.TFRecordDataset([path], compression_type=compression_type([path])).batch(64):

@@ -1,6 +1,6 @@
 """Counting rows without the parser: the independent side of the row ledger.
 
-The ledger (components/ledger.py) compares what each stage's parser says it read with a count
+The ledger (components/rows/ledger.py) compares what each stage's parser says it read with a count
 taken another way, so that a parser, a runner or a writer that loses rows cannot hide it:
 - `count_csv_records`: data records of a CSV file by a quote-aware scan of its bytes (RFC 4180:
   a line break inside double quotes belongs to the field; `""` is an escaped quote), blank lines
@@ -263,7 +263,7 @@ def count_written_file(path: str, stage: str, block_label: Optional[str] = None,
     every block holds `block_rows` rows (`count_full_blocks`). Raises LedgerError, naming `stage`
     and the file, when the file ends inside a record or its first block holds another number of
     rows."""
-    from components.errors import LedgerError
+    from components.reporting.errors import LedgerError
 
     if block_label is None:
         c = count_file(path, count_tfrecords)

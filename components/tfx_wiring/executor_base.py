@@ -13,7 +13,7 @@ CONFIG_KEY = "config_json"  # the execution property (or Trainer custom_config k
 
 def config_of(properties: Dict[str, Any]):
     """The PipelineConfig in an executor's execution properties (or the Trainer's custom_config)."""
-    from components.config import config_from_json
+    from components.config.loading import config_from_json
 
     return config_from_json(properties[CONFIG_KEY])
 
@@ -40,6 +40,6 @@ def read_json_if_exists(path: str) -> Optional[Any]:
 
 def upstream_ledger(examples_uri: str) -> Optional[Dict[str, Any]]:
     """ExampleGen's row ledger beside its splits; None for Examples from another ExampleGen."""
-    from components.ledger import LEDGER_FILE
+    from components.rows.ledger import LEDGER_FILE
 
     return read_json_if_exists(os.path.join(examples_uri, LEDGER_FILE))

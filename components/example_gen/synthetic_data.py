@@ -14,7 +14,7 @@ its own rows (the AUC of the true probability), which a trained model can be hel
 Everything is vectorised with numpy and seeded per chunk, so output is byte-identical for the
 same arguments and the generator scales to tens of millions of rows (written chunk by chunk).
 
-CLI: python -m components.synthetic_data --rows 20000 --output data/demo/criteo_like.csv
+CLI: python -m components.example_gen.synthetic_data --rows 20000 --output data/demo/criteo_like.csv
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from components.metrics import roc_auc
+from components.rules.metrics import roc_auc
 
 NUM_DENSE = 13
 NUM_CATEGORICAL = 26
