@@ -9,16 +9,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Optional, Tuple
 
-from components.config.checks import check_choice, check_positive
-from components.rules.rulebook import token_invalid_reason
+from components.config.checks import check_positive
+from components.config.choices import InitializerKind, SequencePooling, VocabularyKind
 from components.config.resolved import ResolvedTable
 from components.config.schema import (
-    COMBINERS,
-    INITIALIZERS,
-    OPTIMIZERS,
-    SEQUENCE_PERCENTILES,
-    SEQUENCE_POOLINGS,
-    VOCABULARY_KINDS,
     CategoricalDefaults,
     CategoricalFeature,
     ConfigError,
@@ -30,11 +24,24 @@ from components.config.schema import (
     TableConfig,
     VocabularyOptions,
 )
+from components.rules.rulebook import token_invalid_reason
 
 
 def bind_tables(cfg: PipelineConfig) -> Tuple[ResolvedTable, ...]:
-    """Checks the features and tables, completes `cfg.tables` in place (implicit tables appended,
-    dim / combiner / vocabulary filled in) and returns each table's binding, in that order."""
+    """Binds every categorical feature to one table and completes the tables.
+
+    Checks the features and tables, then completes `cfg.tables` in place: implicit tables appended,
+    dim, combiner, vocabulary and initializer filled in from `categorical_defaults`.
+
+    Args:
+      cfg: the configuration being resolved (its `tables` are replaced).
+
+    Returns:
+      Each table's binding, in the order of the completed `cfg.tables`.
+
+    Raises:
+      ConfigError: a feature or table is invalid, two features clash, or a table is unused.
+    """
     if not cfg.categorical_features:
         raise ConfigError("categorical_features: empty; list at least one categorical feature")
     names = _FeatureNames(cfg.label)
@@ -70,7 +77,7 @@ def bind_tables(cfg: PipelineConfig) -> Tuple[ResolvedTable, ...]:
 def _check_uniform_range(t: TableConfig) -> None:
     """A random_uniform range with one end left to its default (+-1/sqrt(dim)) must still be a range."""
     init = t.initializer
-    if init is None or init.name != "random_uniform" or t.dim is None:
+    if init is None or init.name != InitializerKind.RANDOM_UNIFORM or t.dim is None:
         return
     scale = 1.0 / t.dim ** 0.5
     low = init.minval if init.minval is not None else -scale
@@ -108,18 +115,33 @@ class _FeatureNames:
 
 # The fields each vocabulary kind takes (the others must be left at their defaults).
 _VOCABULARY_FIELDS = {
-    "counted": ("top_k", "min_frequency", "num_oov_buckets", "weight_column"),
-    "list": ("values", "num_oov_buckets"),
-    "file": ("file", "num_oov_buckets"),
-    "hashed": ("num_buckets",),
-    "identity": ("num_buckets", "default_value"),
+    VocabularyKind.COUNTED: ("top_k", "min_frequency", "num_oov_buckets", "weight_column"),
+    VocabularyKind.LIST: ("values", "num_oov_buckets"),
+    VocabularyKind.FILE: ("file", "num_oov_buckets"),
+    VocabularyKind.HASHED: ("num_buckets",),
+    VocabularyKind.IDENTITY: ("num_buckets", "default_value"),
+}
+# The fields each initializer kind takes (the others must be left unset).
+_INITIALIZER_FIELDS = {
+    InitializerKind.TRUNCATED_NORMAL: ("mean", "stddev"),
+    InitializerKind.RANDOM_NORMAL: ("mean", "stddev"),
+    InitializerKind.RANDOM_UNIFORM: ("minval", "maxval"),
+    InitializerKind.ZEROS: (),
 }
 
 
 def check_vocabulary(v: Optional[VocabularyOptions], path: str) -> None:
+    """Checks a table's vocabulary options: the fields its kind takes, and their values.
+
+    Args:
+      v: the options, or None when unset.
+      path: the field's path in the config, e.g. `tables[0].vocabulary`.
+
+    Raises:
+      ConfigError: a field the kind does not take is set, or a value is out of range or missing.
+    """
     if v is None:
         return
-    check_choice(v.kind, VOCABULARY_KINDS, f"{path}.kind")
     defaults = VocabularyOptions()
     takes = _VOCABULARY_FIELDS[v.kind]
     for attr in ("top_k", "min_frequency", "num_oov_buckets", "weight_column", "values", "file", "num_buckets",
@@ -131,7 +153,7 @@ def check_vocabulary(v: Optional[VocabularyOptions], path: str) -> None:
     check_positive(v.num_oov_buckets, f"{path}.num_oov_buckets", "at least one row for unseen values")
     if v.weight_column == "":
         raise ConfigError(f"{path}.weight_column: empty; name a numeric column or remove the field")
-    if v.kind in ("hashed", "identity"):
+    if v.kind in (VocabularyKind.HASHED, VocabularyKind.IDENTITY):
         if v.num_buckets is None:
             raise ConfigError(f"{path}.num_buckets: missing; a {v.kind} column needs its number of rows")
         check_positive(v.num_buckets, f"{path}.num_buckets", "the table's rows")
@@ -140,17 +162,26 @@ def check_vocabulary(v: Optional[VocabularyOptions], path: str) -> None:
             f"{path}.default_value: {v.default_value} is not a row of the table (0 to {v.num_buckets - 1}); "
             "set a row for out-of-range IDs, or remove it to drop them"
         )
-    if v.kind == "list":
+    if v.kind == VocabularyKind.LIST:
         if not v.values:
             raise ConfigError(f"{path}.values: missing or empty; list the vocabulary, one value per row")
         check_vocabulary_values([t.encode("utf-8") for t in v.values], f"{path}.values", "item")
-    if v.kind == "file" and not v.file:
+    if v.kind == VocabularyKind.FILE and not v.file:
         raise ConfigError(f"{path}.file: missing; name the vocabulary file (one value per line)")
 
 
 def check_vocabulary_values(tokens: List[bytes], where: str, unit: str) -> None:
-    """A given vocabulary's values must be tokens (rulebook T5-T6: non-empty, UTF-8, no line
-    break) and distinct; `unit` names a position in `where` ("item" of a list, "line" of a file)."""
+    """Checks the values of a given vocabulary: tokens (rulebook T5-T6: non-empty, UTF-8, no line break), each once.
+
+    Args:
+      tokens: the values, in row order.
+      where: the list's field path or the file, for messages.
+      unit: what a position in `where` is called: "item" of a list (counted from 0) or "line" of a
+        file (counted from 1).
+
+    Raises:
+      ConfigError: a value is not a token, or repeats an earlier one.
+    """
     seen: Dict[bytes, int] = {}
     for i, token in enumerate(tokens):
         reason = "empty" if not token else token_invalid_reason(token)
@@ -164,12 +195,18 @@ def check_vocabulary_values(tokens: List[bytes], where: str, unit: str) -> None:
 
 
 def check_initializer(init: Optional[InitializerOptions], path: str) -> None:
-    """An initializer's kind and the fields that kind takes (the others must be left unset)."""
+    """Checks an initializer's fields: those its kind takes, and their values.
+
+    Args:
+      init: the options, or None when unset.
+      path: the field's path in the config.
+
+    Raises:
+      ConfigError: a parameter the kind does not take is set, or the values are no distribution.
+    """
     if init is None:
         return
-    check_choice(init.name, INITIALIZERS, f"{path}.name")
-    takes = {"truncated_normal": ("mean", "stddev"), "random_normal": ("mean", "stddev"),
-             "random_uniform": ("minval", "maxval"), "zeros": ()}[init.name]
+    takes = _INITIALIZER_FIELDS[init.name]
     for attr in ("mean", "stddev", "minval", "maxval"):
         if getattr(init, attr) is not None and attr not in takes:
             uses = f"takes {', '.join(takes)}" if takes else "takes no parameters"
@@ -182,7 +219,6 @@ def check_initializer(init: Optional[InitializerOptions], path: str) -> None:
 
 def _check_defaults(defaults: CategoricalDefaults) -> None:
     check_positive(defaults.dim, "categorical_defaults.dim", "set a positive embedding dimension")
-    check_choice(defaults.combiner, COMBINERS, "categorical_defaults.combiner")
     check_vocabulary(defaults.vocabulary, "categorical_defaults.vocabulary")
     check_initializer(defaults.initializer, "categorical_defaults.initializer")
 
@@ -198,7 +234,6 @@ def _check_declared_tables(tables: List[TableConfig]) -> Dict[str, int]:
             raise ConfigError(f"{path}.name: table {t.name!r} is declared twice (also tables[{declared[t.name]}])")
         declared[t.name] = i
         check_positive(t.dim, f"{path}.dim", "set a positive embedding dimension")
-        check_choice(t.combiner, COMBINERS, f"{path}.combiner")
         check_vocabulary(t.vocabulary, f"{path}.vocabulary")
         check_initializer(t.initializer, f"{path}.initializer")
     return declared
@@ -207,7 +242,6 @@ def _check_declared_tables(tables: List[TableConfig]) -> Dict[str, int]:
 def _check_feature(f: CategoricalFeature, path: str) -> None:
     """One categorical feature's own fields (before it is bound)."""
     check_positive(f.dim, f"{path}.dim", "set a positive embedding dimension")
-    check_choice(f.combiner, COMBINERS, f"{path}.combiner")
     check_vocabulary(f.vocabulary, f"{path}.vocabulary")
     check_initializer(f.initializer, f"{path}.initializer")
     if not isinstance(f.use_safe_embedding_lookup, bool):
@@ -222,15 +256,13 @@ def _check_feature(f: CategoricalFeature, path: str) -> None:
     if f.sequence is not None:
         q = f.sequence
         check_positive(q.length, f"{path}.sequence.length", "positions kept per example")
-        check_choice(q.percentile, SEQUENCE_PERCENTILES, f"{path}.sequence.percentile")
-        check_choice(q.pooling, SEQUENCE_POOLINGS, f"{path}.sequence.pooling")
         if f.combiner is not None:
             raise ConfigError(f"{path}.combiner: {f.name!r} is a sequence feature, whose positions are pooled by "
                               "sequence.pooling, not by a combiner; remove combiner")
         if f.weight_column is not None:
             raise ConfigError(f"{path}.weight_column: a sequence feature keeps one vector per position; weights "
                               "apply to pooled features only")
-        if (q.pooling == "attention") != (q.query is not None):
+        if (q.pooling == SequencePooling.ATTENTION) != (q.query is not None):
             raise ConfigError(f"{path}.sequence.query: attention pooling needs the candidate feature it attends "
                               "from (query), and only attention takes one")
     if f.max_length is not None and f.separator is None:
@@ -291,13 +323,25 @@ def _fill_defaults(t: TableConfig, defaults: CategoricalDefaults) -> None:
 
 
 def merge_optimizer(base: OptimizerConfig, override: Optional[OptimizerOverride], path: str) -> OptimizerConfig:
-    """A table's embedding optimizer: `base` (training.embedding_optimizer) with the override's set
-    fields; an override naming another optimizer starts from that optimizer's defaults instead
-    (nothing inherited: hyperparameters and rates of one optimizer mean nothing to another) and
-    must set its learning rate."""
+    """A table's embedding optimizer: its override merged over `training.embedding_optimizer`.
+
+    An override naming another optimizer starts from that optimizer's defaults instead (nothing is
+    inherited: one optimizer's hyperparameters and rates mean nothing to another) and must set its
+    learning rate.
+
+    Args:
+      base: `training.embedding_optimizer`.
+      override: the table's override, or None.
+      path: where the override is written, for messages.
+
+    Returns:
+      `base` itself without an override, else a new optimizer config.
+
+    Raises:
+      ConfigError: the override names another optimizer without a learning rate.
+    """
     if override is None:
         return base
-    check_choice(override.name, OPTIMIZERS, f"{path}.name")
     fields = {k: v for k, v in dataclasses.asdict(override).items() if v is not None}
     if "schedule" in fields:
         fields["schedule"] = override.schedule
@@ -312,12 +356,32 @@ def merge_optimizer(base: OptimizerConfig, override: Optional[OptimizerOverride]
 
 
 def table_optimizer(cfg: PipelineConfig, table: str) -> OptimizerConfig:
-    """The embedding optimizer of a (resolved) table: its override merged over training.embedding_optimizer."""
+    """The embedding optimizer of a resolved table (`merge_optimizer` of its override).
+
+    Args:
+      cfg: a resolved configuration.
+      table: the table's name.
+
+    Returns:
+      The optimizer config the table trains with.
+
+    Raises:
+      KeyError: no table is named `table`.
+      ConfigError: the override names another optimizer without a learning rate.
+    """
     return merge_optimizer(cfg.training.embedding_optimizer, cfg.table(table).optimizer, optimizer_path(cfg, table))
 
 
 def optimizer_path(cfg: PipelineConfig, table: str) -> str:
-    """Where a table's optimizer override is written: tables[i].optimizer, or the feature's own."""
+    """Where a table's optimizer override is written, for messages.
+
+    Args:
+      cfg: a resolved configuration.
+      table: the table's name.
+
+    Returns:
+      `categorical_features[i].optimizer` for a feature's own table, else `tables[i].optimizer`.
+    """
     for i, f in enumerate(cfg.categorical_features):
         if f.table is None and f.name == table:
             return f"categorical_features[{i}].optimizer"

@@ -1,18 +1,61 @@
 """The field checks every section uses; each raises `ConfigError` naming the field and the fix."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Type, TypeVar
 
+from components.config.choices import Choice
 from components.config.schema import ConfigError
+
+ChoiceT = TypeVar("ChoiceT", bound=Choice)
 
 
 def check_positive(value: Optional[float], path: str, what: str) -> None:
-    """`value` unset or > 0; `what` says what the field is for (part of the message)."""
+    """Checks that a number is unset or above zero.
+
+    Args:
+      value: the field's value, or None when unset.
+      path: the field's path in the config, e.g. `training.batch_size`.
+      what: what the field is for (part of the message).
+
+    Raises:
+      ConfigError: `value` is set and not positive.
+    """
     if value is not None and value <= 0:
         raise ConfigError(f"{path}: must be positive, got {value} ({what})")
 
 
 def check_choice(value: Optional[str], choices: tuple, path: str) -> None:
-    """`value` unset or one of `choices`."""
+    """Checks that a string is unset or one of a set of values (sets not typed as a `Choice`).
+
+    Args:
+      value: the field's value, or None when unset.
+      choices: the allowed values.
+      path: the field's path in the config.
+
+    Raises:
+      ConfigError: `value` is set and not among `choices`.
+    """
     if value is not None and value not in choices:
         raise ConfigError(f"{path}: {value!r} is not one of {', '.join(choices)}")
+
+
+def choice_member(value: Optional[str], choices: Type[ChoiceT], path: str) -> Optional[ChoiceT]:
+    """Converts a string to the member of a closed set whose value it is.
+
+    Args:
+      value: the field's value (a string or already a member), or None when unset.
+      choices: the closed set, a `Choice` subclass.
+      path: the field's path in the config.
+
+    Returns:
+      The member of `choices` equal to `value`; None when `value` is None.
+
+    Raises:
+      ConfigError: `value` is set and not one of `choices`' values.
+    """
+    if value is None:
+        return None
+    try:
+        return choices(value)
+    except ValueError:
+        raise ConfigError(f"{path}: {value!r} is not one of {', '.join(choices.values())}") from None

@@ -14,11 +14,14 @@ from typing import Any, Dict, List
 
 import yaml
 
+from components.config.checks import choice_member
+from components.config.choices import Choice
 from components.config.schema import ConfigError, PipelineConfig
 from components.config.validation import resolve
 
 SERIALIZED_SOURCE = "<serialized config>"  # source_file of a config read by config_from_json
-_OLD_RESOLVED_KEYS = ("features", "dim_explicit")  # in each table of JSON from before ResolvedConfig
+# JSON without a "resolved" section carries the derived bindings in each table instead; they are not fields.
+_OLD_RESOLVED_KEYS = ("features", "dim_explicit")
 
 
 def _type_name(tp: Any) -> str:
@@ -30,6 +33,8 @@ def _type_name(tp: Any) -> str:
         return "a list of " + _type_name(typing.get_args(tp)[0])
     if dataclasses.is_dataclass(tp):
         return "a mapping"
+    if _is_choice(tp):
+        return "a string"
     if origin in (dict, Dict):
         return "a mapping of " + _type_name(typing.get_args(tp)[1])
     return {int: "an integer", float: "a number", str: "a string", bool: "true/false"}.get(tp, str(tp))
@@ -70,11 +75,15 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{path}: expected a number, got {value!r}")
         return float(value)
-    if tp is str:
+    if tp is str or _is_choice(tp):
         if not isinstance(value, str):
             raise ConfigError(f"{path}: expected a string, got {value!r} (quote it in YAML)")
-        return value
+        return choice_member(value, tp, path) if _is_choice(tp) else value
     raise TypeError(f"unsupported config type {tp}")  # a bug in this module, not in the YAML
+
+
+def _is_choice(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, Choice)
 
 
 def _build(cls: Any, data: Dict[str, Any], path: str) -> Any:
@@ -90,7 +99,18 @@ def _build(cls: Any, data: Dict[str, Any], path: str) -> Any:
 
 
 def parse_config(data: Any, source: str = "<config>") -> PipelineConfig:
-    """Builds and resolves a config from already-parsed YAML data."""
+    """Builds and resolves a config from already-parsed YAML data.
+
+    Args:
+      data: the parsed document.
+      source: where it came from, the prefix of every message.
+
+    Returns:
+      The resolved configuration; closed-set fields hold `Choice` members.
+
+    Raises:
+      ConfigError: a field is unknown, has the wrong type or value, or fails a check.
+    """
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of fields, got {type(data).__name__}")
     try:
@@ -100,7 +120,19 @@ def parse_config(data: Any, source: str = "<config>") -> PipelineConfig:
 
 
 def load_config(path: str) -> PipelineConfig:
-    """Loads `path` (YAML), checks it and makes input.path absolute (relative to the file)."""
+    """Loads a YAML configuration file, checks it and resolves it.
+
+    `input.path` and given vocabulary files are made absolute, relative to the file.
+
+    Args:
+      path: the YAML file.
+
+    Returns:
+      The resolved configuration.
+
+    Raises:
+      ConfigError: the file is missing, empty, not UTF-8 or not YAML, or its content is invalid.
+    """
     if not os.path.isfile(path):
         raise ConfigError(f"{path}: configuration file not found; pass an existing YAML file with --config")
     try:
@@ -127,28 +159,25 @@ def load_config(path: str) -> PipelineConfig:
     return cfg
 
 
-def config_to_dict(cfg: PipelineConfig) -> Dict[str, Any]:
-    """The fields as resolved (implicit tables listed, defaults filled in), and, under "resolved",
-    what resolution derived (`ResolvedConfig.to_dict`)."""
-    d = dataclasses.asdict(cfg)
-    r = cfg.__dict__.get("_resolved")
-    if r is not None:
-        d["resolved"] = r.to_dict()
-    return d
-
-
-def config_to_json(cfg: PipelineConfig) -> str:
-    return json.dumps(config_to_dict(cfg), sort_keys=True)
-
-
 def config_from_json(text: str) -> PipelineConfig:
-    """Inverse of `PipelineConfig.to_json` (how the config travels to TFX executors): the fields
-    are resolved again, which derives the same `resolved` form."""
+    """Reads back `PipelineConfig.to_json` (how the config travels to TFX executors).
+
+    The fields are resolved again, which derives the same `resolved` form.
+
+    Args:
+      text: the JSON.
+
+    Returns:
+      The resolved configuration.
+
+    Raises:
+      ConfigError: the content fails a check (a share of a config that does not stand on its own).
+    """
     data = json.loads(text)
     resolved_tables = (data.pop("resolved", None) or {}).get("tables", {})
     # Implicit tables are derived again, so only the tables features name are kept. A dim filled in
-    # from categorical_defaults is dropped, so that it stays "not explicit". (JSON written before the
-    # resolved form had its own section carries features / dim_explicit in each table.)
+    # from categorical_defaults is dropped, so that it stays "not explicit" (read from the table
+    # itself in JSON without a "resolved" section).
     explicit = {f.get("table") for f in data.get("categorical_features", []) if f.get("table")}
     tables = []
     for t in data.get("tables", []):

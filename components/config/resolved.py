@@ -2,7 +2,7 @@
 
 `validation.resolve` binds every categorical feature to one table and attaches a `ResolvedConfig`
 to the `PipelineConfig` it checked (`cfg.resolved`). It travels with the config's JSON (under
-"resolved", see `loading.config_to_dict`); `config_from_json` resolves again and gets the same one.
+"resolved", see `serialization.config_to_dict`); `config_from_json` resolves again and gets the same one.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ class ResolvedTable:
 
     @property
     def shared(self) -> bool:
+        """Whether more than one feature looks up this table."""
         return len(self.features) > 1
 
 
@@ -31,11 +32,27 @@ class ResolvedConfig:
     source_file: Optional[str] = None  # the YAML file, or "<serialized config>" / "<config>"; for messages
 
     def table(self, name: str) -> ResolvedTable:
+        """One table's binding.
+
+        Args:
+          name: the table's name.
+
+        Returns:
+          Its `ResolvedTable`.
+
+        Raises:
+          KeyError: no table is named `name`.
+        """
         for t in self.tables:
             if t.name == name:
                 return t
         raise KeyError(name)
 
     def to_dict(self) -> Dict[str, Any]:
-        """The derived bindings (not source_file: where a config was read from is not its content)."""
+        """The derived bindings, as the config's JSON carries them under "resolved".
+
+        Returns:
+          {"tables": {name: {"features": [...], "dim_explicit": bool}}}; not `source_file`, since where a
+          config was read from is not its content.
+        """
         return {"tables": {t.name: {"features": list(t.features), "dim_explicit": t.dim_explicit} for t in self.tables}}

@@ -3,34 +3,41 @@
 These are the fields a user writes (configs/README.md documents them) and nothing else: what
 resolution derives (which features share a table, whether a dim was set, where the file came from)
 is the frozen `ResolvedConfig` (`components.config.resolved`), reached as `PipelineConfig.resolved`.
-Loading is `components.config.loading`, the checks `components.config.validation`.
+Loading is `components.config.loading`, the checks `components.config.validation`, and the closed sets
+a field takes its value from `components.config.choices`.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
-if TYPE_CHECKING:
-    from components.config.resolved import ResolvedConfig
+from components.config.choices import (
+    BucketEncoding,
+    Combiner,
+    Compression,
+    DimRule,
+    DirectRunningMode,
+    InitializerKind,
+    InputFormat,
+    LabelRuleOp,
+    LayoutKind,
+    ModelType,
+    OptimizerName,
+    PartitionStrategy,
+    ScheduleName,
+    SequencePercentile,
+    SequencePooling,
+    TableDtype,
+    VocabularyKind,
+)
+from components.config.resolved import ResolvedConfig
+from components.config.serialization import config_to_dict, config_to_json
 
-# Allowed values, checked by components.config.validation.
-COMBINERS = ("mean", "sum", "sqrtn")
-VOCABULARY_KINDS = ("counted", "list", "file", "hashed", "identity")
-INITIALIZERS = ("truncated_normal", "random_normal", "random_uniform", "zeros")
-INPUT_FORMATS = ("csv", "tfrecord", "parquet")
-LABEL_RULE_OPS = (">=", ">", "<=", "<", "==", "!=")
-MODEL_TYPES = ("dlrm", "dcn_v2")
-BUCKET_ENCODINGS = ("embedding", "piecewise_linear")  # training.dense_buckets.encoding
-OPTIMIZERS = ("sgd", "adagrad", "adam", "ftrl")
-SCHEDULES = ("constant", "exponential", "cosine")
-DIM_RULES = ("config", "fourth_root")
-TABLE_DTYPES = ("float32", "float16", "int8")  # serving table storage (export.table_dtype)
-LAYOUT_KINDS = ("auto", "A", "B", "C")  # checkpoint table layouts (docs/export.md)
-PARTITION_STRATEGIES = ("div", "mod")
-COMPRESSIONS = ("none", "gzip")  # transformed_examples.compression
-DIRECT_RUNNING_MODES = ("in_memory", "multi_threading", "multi_processing")  # beam.direct_running_mode
+# The values the exporter's command line offers for the `export` fields it overrides.
+TABLE_DTYPES = TableDtype.values()
+LAYOUT_KINDS = LayoutKind.values()
+PARTITION_STRATEGIES = PartitionStrategy.values()
 
 
 class ConfigError(ValueError):
@@ -43,7 +50,7 @@ class VocabularyOptions:
     the training split (`counted`, the default), one given as a list (`list`) or a file (`file`),
     hashing without a vocabulary (`hashed`), or integer IDs used as rows (`identity`)."""
 
-    kind: str = "counted"  # counted | list | file | hashed | identity
+    kind: VocabularyKind = VocabularyKind.COUNTED
     top_k: Optional[int] = None  # counted: keep the k most frequent values; None keeps all
     min_frequency: int = 1  # counted: drop values seen fewer times
     num_oov_buckets: int = 1  # counted, list, file: out-of-vocabulary values hash into this many rows after the vocabulary
@@ -60,7 +67,7 @@ class LabelRule:
     """Derives the binary label from another column: 1 where `column op value` holds, else 0."""
 
     column: str = ""  # a numeric column of the input, e.g. rating
-    op: str = ">="  # >= | > | <= | < | == | !=
+    op: LabelRuleOp = LabelRuleOp.GE
     value: float = 0.0  # e.g. 4 for "positive when rating >= 4"
 
 
@@ -71,7 +78,7 @@ class InputConfig:
     path: str = ""  # file, directory or glob; relative paths are relative to the config file
     # csv | tfrecord (gzipped or plain TFRecord of tf.Example) | parquet (flat or list columns;
     # files named _* or .* beside them, such as _SUCCESS, are not read)
-    format: str = "csv"
+    format: InputFormat = InputFormat.CSV
     train_buckets: int = 4  # ExampleGen hash split: train gets train_buckets / (train+eval)
     eval_buckets: int = 1
     # ExampleGen reads an uncompressed CSV file in byte ranges of this many MiB, spread over the
@@ -97,6 +104,7 @@ class DenseFeature:
 
     @property
     def source(self) -> str:
+        """The input column the feature is read from (`column`, else `name`)."""
         return self.column or self.name
 
 
@@ -106,15 +114,11 @@ class InitializerOptions:
     Unset fields take the defaults: truncated normal, mean 0, stddev 0.2/sqrt(dim) (a fifth of the
     seeds' 1/sqrt(dim): contracts.plan.DEFAULT_STDDEV_SCALE says why)."""
 
-    name: str = "truncated_normal"  # truncated_normal | random_normal | random_uniform | zeros
+    name: InitializerKind = InitializerKind.TRUNCATED_NORMAL
     mean: Optional[float] = None  # normal kinds; default 0
     stddev: Optional[float] = None  # normal kinds; default 0.2/sqrt(dim)
     minval: Optional[float] = None  # random_uniform; default -1/sqrt(dim)
     maxval: Optional[float] = None  # random_uniform; default 1/sqrt(dim)
-
-
-SEQUENCE_POOLINGS = ("mean", "attention")
-SEQUENCE_PERCENTILES = ("p50", "p90", "p99", "max")
 
 
 @dataclass
@@ -124,8 +128,8 @@ class SequenceOptions:
     zeros after them), and the model pools the positions with `pooling`."""
 
     length: Optional[int] = None  # max_sequence_length; null: the train split's `percentile` of IDs per example
-    percentile: str = "p99"  # p50 | p90 | p99 | max (when length is null)
-    pooling: str = "mean"  # mean (over the row's positions) | attention (DIN-style, against `query`)
+    percentile: SequencePercentile = SequencePercentile.P99  # when length is null
+    pooling: SequencePooling = SequencePooling.MEAN  # mean: over the row's positions; attention: DIN-style, against `query`
     query: Optional[str] = None  # attention: the candidate feature (not a sequence; the same dim)
 
 
@@ -137,7 +141,7 @@ class CategoricalFeature:
     column: Optional[str] = None  # source column; defaults to name
     table: Optional[str] = None  # a table from `tables`; defaults to a table of its own named after the feature
     dim: Optional[int] = None  # embedding dim; for a table of its own, or must equal the shared table's dim
-    combiner: Optional[str] = None  # mean | sum | sqrtn; for a table of its own
+    combiner: Optional[Combiner] = None  # for a table of its own
     separator: Optional[str] = None  # multi-hot: split the raw string on this separator
     max_length: Optional[int] = None  # multi-hot: keep at most this many values per example
     vocabulary: Optional[VocabularyOptions] = None  # for a table of its own
@@ -156,6 +160,7 @@ class CategoricalFeature:
 
     @property
     def source(self) -> str:
+        """The input column the feature is read from (`column`, else `name`)."""
         return self.column or self.name
 
 
@@ -168,7 +173,7 @@ class TableConfig:
 
     name: str = ""
     dim: Optional[int] = None
-    combiner: Optional[str] = None
+    combiner: Optional[Combiner] = None
     vocabulary: Optional[VocabularyOptions] = None
     initializer: Optional[InitializerOptions] = None
     optimizer: Optional[OptimizerOverride] = None  # this table's embedding optimizer; null: training.embedding_optimizer
@@ -179,7 +184,7 @@ class CategoricalDefaults:
     """Dim, combiner, vocabulary and initializer of tables that do not set them."""
 
     dim: int = 16
-    combiner: str = "mean"
+    combiner: Combiner = Combiner.MEAN
     vocabulary: VocabularyOptions = field(default_factory=VocabularyOptions)
     initializer: InitializerOptions = field(default_factory=InitializerOptions)
 
@@ -188,7 +193,7 @@ class CategoricalDefaults:
 class ScheduleConfig:
     """Learning rate as a function of the step: `learning_rate` x decay, after an optional linear warm-up."""
 
-    name: str = "constant"  # constant | exponential | cosine
+    name: ScheduleName = ScheduleName.CONSTANT
     warmup_steps: int = 0  # linear ramp from 0 to learning_rate over these steps
     decay_steps: int = 1000  # exponential: rate^(step/decay_steps); cosine: to alpha over decay_steps
     decay_rate: float = 0.96  # exponential
@@ -199,7 +204,7 @@ class ScheduleConfig:
 class OptimizerConfig:
     """An optimizer (training.embedding_optimizer / training.dense_optimizer) and its schedule."""
 
-    name: str = "adagrad"  # sgd | adagrad | adam | ftrl
+    name: OptimizerName = OptimizerName.ADAGRAD
     learning_rate: float = 0.05
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     clipnorm: Optional[float] = None  # dense optimizer only (TPU embedding optimizers cannot clip by norm)
@@ -223,7 +228,7 @@ class OptimizerOverride:
     naming another optimizer inherits nothing (that optimizer's defaults) and needs a learning_rate.
     Merged by `components.config.binding.table_optimizer`."""
 
-    name: Optional[str] = None
+    name: Optional[OptimizerName] = None
     learning_rate: Optional[float] = None
     schedule: Optional[ScheduleConfig] = None
     clipvalue: Optional[float] = None
@@ -268,7 +273,7 @@ class EmbeddingConfig:
     # Keras embeddings on the TensorCore, as tensorflow-recommenders' PartialTPUEmbedding places them.
     # 0: every table in TPU embedding; null: none.
     size_threshold: Optional[int] = 0
-    dim_rule: str = "config"  # config: the configured dim; fourth_root: tables without an explicit dim get 8*ceil(6*rows^0.25/8)
+    dim_rule: DimRule = DimRule.CONFIG  # config: the configured dim; fourth_root: tables without an explicit dim get 8*ceil(6*rows^0.25/8)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
 
 
@@ -297,12 +302,12 @@ class WideConfig:
     weight per embedding row (a one-dimensional table beside every table, same rows, same
     vocabulary, pooled per feature as its embedding is) and one per dense feature, added to the
     deep part's logit. Its tables have their own optimizer (FTRL, the usual one for wide linear
-    models) and are placed like their deep tables (TPU embedding or TensorCore). Off by default:
-    on the public datasets it moved eval AUC by -0.012 to +0.005 (bench/README.md "Defaults on real data")."""
+    models) and are placed like their deep tables (TPU embedding or TensorCore). Off by default: it
+    did not help consistently on the public datasets (bench/README.md "Defaults on real data")."""
 
     enabled: bool = False
     optimizer: OptimizerConfig = field(
-        default_factory=lambda: OptimizerConfig("ftrl", 0.1, l2_regularization_strength=0.01))
+        default_factory=lambda: OptimizerConfig(OptimizerName.FTRL, 0.1, l2_regularization_strength=0.01))
 
 
 @dataclass
@@ -319,22 +324,30 @@ class DenseBucketsConfig:
     # piecewise-linear encoding over the same boundaries (each bin between two boundaries 0 below
     # it, 1 above it, the fraction inside it) times a [bins, dim] matrix: neighbouring values get
     # neighbouring vectors (Gorishniy et al. 2022, "On embeddings for numerical features").
-    encoding: str = "embedding"
+    encoding: BucketEncoding = BucketEncoding.EMBEDDING
 
 
 # The default training length (training.epochs unset) from the train split's size: DEFAULT_EPOCHS
 # passes over splits of up to DEFAULT_EPOCHS_ROWS rows, then fewer as sqrt(DEFAULT_EPOCHS_ROWS /
 # rows) (about 9.8 at 236k rows, 4.7 at 1M, 1.5 at 10M), never under MIN_DEFAULT_EPOCHS. Chosen on
-# four public datasets (bench/README.md "Defaults on real data"): with input dropout the held-out
-# AUC peaked at 12-15 epochs on 22k-72k rows and near 9 on 236k; early stopping ends a run whose
-# held-out AUC has peaked, so a length on the long side costs time, not accuracy.
+# four public datasets (bench/README.md "Defaults on real data"): more passes suit small data, and
+# early stopping ends a run whose held-out AUC has peaked, so a length on the long side costs time,
+# not accuracy.
 DEFAULT_EPOCHS = 15.0
 DEFAULT_EPOCHS_ROWS = 100_000
 MIN_DEFAULT_EPOCHS = 1.0
 
 
 def default_epochs(train_rows: int) -> float:
-    """Passes over a train split of `train_rows` rows when training.epochs is unset (two decimals)."""
+    """Passes over the train split when `training.epochs` is unset.
+
+    Args:
+      train_rows: rows of the train split.
+
+    Returns:
+      DEFAULT_EPOCHS up to DEFAULT_EPOCHS_ROWS rows, then fewer as sqrt(DEFAULT_EPOCHS_ROWS / rows),
+      never under MIN_DEFAULT_EPOCHS; rounded to two decimals.
+    """
     scaled = DEFAULT_EPOCHS * math.sqrt(DEFAULT_EPOCHS_ROWS / max(int(train_rows), 1))
     return round(max(MIN_DEFAULT_EPOCHS, min(DEFAULT_EPOCHS, scaled)), 2)
 
@@ -345,7 +358,7 @@ class TrainingConfig:
 
     # The defaults (model, embedding optimizer, input dropout, length) were chosen on four real public datasets
     # with configs that state only their schema (bench/README.md "Defaults on real data").
-    model: str = "dcn_v2"  # dcn_v2 (cross layers) | dlrm (dot interaction)
+    model: ModelType = ModelType.DCN_V2  # dcn_v2: cross layers; dlrm: dot interaction
     batch_size: int = 256  # global batch size (split evenly over the replicas)
     cross_layers: int = 3  # dcn_v2: number of cross layers
     cross_projection_dim: Optional[int] = None  # dcn_v2: low-rank cross layers of this rank; null: full rank
@@ -360,12 +373,11 @@ class TrainingConfig:
     dropout: float = 0.0  # dropout rate after each hidden top-MLP layer in training (0: none)
     # Dropout rate in training on every categorical feature's and dense bucket's vector where it
     # enters the cross layers (DCN) or the interaction (DLRM), not on the bottom MLP's output; 0:
-    # none. It keeps the per-ID vectors of rarely seen IDs from being fitted alone (bench/README.md
-    # "Defaults on real data": with the longer default length it needs, +0.008 eval AUC on
-    # MovieLens, +0.006 movies, +0.001 chem97, -0.002 flights; 0.1 and 0.3 did less in sum).
+    # none. It keeps the per-ID vectors of rarely seen IDs from being fitted alone; 0.2 with the
+    # longer default length it needs did more in sum than 0.1 or 0.3 (bench/README.md "Defaults on real data").
     input_dropout: float = 0.2
-    embedding_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig("adagrad", 0.1))
-    dense_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig("adam", 0.001))
+    embedding_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(OptimizerName.ADAGRAD, 0.1))
+    dense_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(OptimizerName.ADAM, 0.001))
     # Every embedding gradient times this factor (a schedule of the step) on CPU/GPU and TPU alike;
     # null: none. Applied to each feature's pooled-vector gradient, so before clipping.
     embedding_gradient_multiplier: Optional[GradientMultiplierConfig] = None
@@ -387,8 +399,15 @@ class TrainingConfig:
     dense_buckets: DenseBucketsConfig = field(default_factory=DenseBucketsConfig)
 
     def holdout_fraction(self, train_rows: Optional[int]) -> float:
-        """The share of the train split's records held out for early stopping (0: it is off):
-        early_stopping.holdout_fraction, less where that would exceed max_holdout_rows rows."""
+        """The share of the train split's records held out for early stopping.
+
+        Args:
+          train_rows: rows of the train split, or None when unknown.
+
+        Returns:
+          0 when early stopping is off; else `early_stopping.holdout_fraction`, less where that would
+          hold out more than `max_holdout_rows` rows.
+        """
         es = self.early_stopping
         if not es.enabled:
             return 0.0
@@ -397,20 +416,39 @@ class TrainingConfig:
         return min(es.holdout_fraction, es.max_holdout_rows / train_rows)
 
     def epochs_for(self, train_rows: int) -> float:
-        """The passes over a train split of `train_rows` rows when train_steps is unset: `epochs`
-        when set, else `default_epochs(train_rows)`."""
+        """The passes over the train split when `train_steps` is unset.
+
+        Args:
+          train_rows: rows of the train split.
+
+        Returns:
+          `epochs` when set, else `default_epochs(train_rows)`.
+        """
         return self.epochs if self.epochs is not None else default_epochs(train_rows)
 
     def steps_for_epochs(self, train_rows: int, epochs: Optional[float] = None) -> int:
-        """Steps of `epochs` (default: `epochs_for(train_rows)`) passes over the `train_rows` rows
-        of the train split less its held-out slice, rounded up to whole steps_per_execution: the
-        training length when train_steps is unset."""
+        """The training length in steps when `train_steps` is unset.
+
+        Args:
+          train_rows: rows of the train split (its held-out slice is not trained on).
+          epochs: passes over the trained rows; None: `epochs_for(train_rows)`.
+
+        Returns:
+          Steps over the trained rows, at least 1, rounded up to whole `steps_per_execution`.
+        """
         trained = train_rows * (1.0 - self.holdout_fraction(train_rows))
         steps = max(1, math.ceil((self.epochs_for(train_rows) if epochs is None else epochs) * trained / self.batch_size))
         return self._whole_executions(steps)
 
     def evaluation_every(self, total_steps: int) -> int:
-        """Steps between holdout evaluations (early_stopping.evaluations over `total_steps`)."""
+        """Steps between holdout evaluations.
+
+        Args:
+          total_steps: the training length.
+
+        Returns:
+          `total_steps / early_stopping.evaluations`, rounded up to whole `steps_per_execution`.
+        """
         return self._whole_executions(max(1, math.ceil(total_steps / self.early_stopping.evaluations)))
 
     def _whole_executions(self, steps: int) -> int:
@@ -423,8 +461,8 @@ class TrainingConfig:
 class ExportLayoutConfig:
     """How the training checkpoint holds its tables, where the checkpoint cannot say (docs/export.md)."""
 
-    kind: str = "auto"  # auto | A | B | C (auto: detected per table from the checkpoint and the plan)
-    partition_strategy: Optional[str] = None  # C: div | mod, as training partitioned the tables
+    kind: LayoutKind = LayoutKind.AUTO  # auto: detected per table from the checkpoint and the plan
+    partition_strategy: Optional[PartitionStrategy] = None  # C: as training partitioned the tables
     num_partitions: Optional[int] = None  # C, tables saved as slices of one key: the host count
     num_sparse_cores: Optional[int] = None  # B without a layout record: overrides the plan's topology
     sparse_cores_per_chip: Optional[int] = None
@@ -437,7 +475,7 @@ class ExportConfig:
 
     parity_tolerance: float = 1e-5  # max |trained - serving| click probability on the parity sample
     parity_sample_size: int = 512  # eval examples scored by both models before the export is accepted
-    table_dtype: str = "float32"  # float32 | float16 | int8 (per-row scale): the serving model's tables
+    table_dtype: TableDtype = TableDtype.FLOAT32  # the serving model's tables (int8: with a per-row scale)
     compare_compression: bool = True  # report size and AUC change of float16 and int8 even if not chosen
     max_auc_drop: float = 0.005  # a compressed serving model losing more eval AUC is refused
     auc_sample_size: int = 20000  # eval examples the AUC (and its change under compression) is measured on
@@ -451,10 +489,10 @@ class BaselineConfig:
     per embedding row, one per dense feature, a bias) on the same transformed batches."""
 
     enabled: bool = True
-    # FTRL: the usual optimizer of wide linear models (per-coordinate rates). The defaults came
-    # within 0.003-0.012 AUC of scikit-learn's converged fit on the public datasets (bench/README.md "Defaults on real data").
+    # FTRL: the usual optimizer of wide linear models (per-coordinate rates). The defaults come close
+    # to scikit-learn's converged fit on the public datasets (bench/README.md "Defaults on real data").
     optimizer: OptimizerConfig = field(
-        default_factory=lambda: OptimizerConfig("ftrl", 1.0, l2_regularization_strength=0.01))
+        default_factory=lambda: OptimizerConfig(OptimizerName.FTRL, 1.0, l2_regularization_strength=0.01))
     # Length: train_steps when set; else `epochs` over the train split, between the model's steps
     # and max_steps_ratio times them (the baseline stays cheap next to the model).
     train_steps: Optional[int] = None
@@ -519,7 +557,7 @@ class TransformedExamplesConfig:
 
     # none: plain TFRecords (default: gzip at Beam's fixed level 6 costs about a third of the
     # preprocessing CPU, and every training host pays again to inflate them); gzip: ~4.8x smaller.
-    compression: str = "none"
+    compression: Compression = Compression.NONE
     # blocks: one record per block of `block_rows` rows, parsed by the trainer a block at a time
     # (see contracts.manifest); examples: one tf.Example per row, for TFX components that read
     # transformed examples row by row (StatisticsGen, Evaluator).
@@ -531,7 +569,7 @@ class TransformedExamplesConfig:
 class BeamConfig:
     """Beam of a local run (the `beam` section); `PipelineConfig.beam_pipeline_args` turns it into options."""
 
-    direct_running_mode: str = "multi_processing"  # in_memory | multi_threading | multi_processing
+    direct_running_mode: DirectRunningMode = DirectRunningMode.MULTI_PROCESSING
     direct_num_workers: int = 0  # 0: one per core
     # CombinePerKey hot-key fan-out for merging the vocabulary pass's bucket summaries per table
     # (intermediate keys per table); >1 spreads a table's merges when there are many buckets
@@ -668,46 +706,104 @@ class PipelineConfig:
 
     # --- derived views, valid after resolution ---
     def table(self, name: str) -> TableConfig:
+        """A table by name (after resolution every table is listed, implicit ones too).
+
+        Args:
+          name: the table's name.
+
+        Returns:
+          Its `TableConfig`.
+
+        Raises:
+          KeyError: no table is named `name`.
+        """
         for t in self.tables:
             if t.name == name:
                 return t
         raise KeyError(name)
 
     def feature_table(self, feature: CategoricalFeature) -> TableConfig:
+        """The table a categorical feature looks up (after resolution).
+
+        Args:
+          feature: one of `categorical_features`.
+
+        Returns:
+          The named table, or the feature's own.
+
+        Raises:
+          KeyError: the table does not exist (the config is not resolved).
+        """
         return self.table(feature.table or feature.name)
 
     def label_source(self) -> str:
-        """The input column the label is read from (the rule's column when the label is derived)."""
+        """The input column the label is read from.
+
+        Returns:
+          The label rule's column when the label is derived, else `label`.
+        """
         return self.label_rule.column if self.label_rule is not None else self.label
 
     def numeric_columns(self) -> List[str]:
-        """Input columns typed as numbers at ingestion: dense features, vocabulary weights and the
-        label's source. A column named both numeric and categorical is refused when loading."""
+        """Input columns typed as numbers at ingestion.
+
+        A column named both numeric and categorical is refused when loading.
+
+        Returns:
+          The label's source, dense features' columns and weight columns, each once, in that order.
+        """
         cols = [self.label_source()] + [d.source for d in self.dense_features] + self.weight_columns()
         return list(dict.fromkeys(cols))
 
     def categorical_columns(self) -> List[str]:
+        """Input columns read as categorical values.
+
+        Returns:
+          The categorical features' source columns, each once, in config order.
+        """
         return list(dict.fromkeys(f.source for f in self.categorical_features))
 
     def weight_columns(self) -> List[str]:
-        """Numeric columns that weigh values: vocabulary counts' and features' IDs'."""
+        """Numeric columns that weigh values: vocabulary counts' and features' IDs'.
+
+        Returns:
+          The column names, sorted.
+        """
         counts = {t.vocabulary.weight_column for t in self.tables if t.vocabulary.weight_column}
         return sorted(counts | {f.weight_column for f in self.categorical_features if f.weight_column})
 
     def beam_pipeline_args(self) -> List[str]:
-        """Beam options of a local run from the `beam` section (components.config.beam_args)."""
-        from components.config.beam_args import local_beam_args
+        """Beam options of a local run from the `beam` section.
 
-        return local_beam_args(self.beam)
+        Component CLIs (`python -m components.embedding_preprocess`) run Beam from a config without
+        the pipeline, so these live with the config; Kubeflow's Beam options are
+        pipelines/kubeflow_config.py's.
+
+        Returns:
+          `--runner=DirectRunner` with the configured running mode and workers, then
+          `beam.extra_args`; a `--runner` among `extra_args` replaces the DirectRunner options.
+        """
+        args = [
+            "--runner=DirectRunner",  # named explicitly: newer Beam would pick Prism and download it
+            f"--direct_running_mode={self.beam.direct_running_mode}",
+            f"--direct_num_workers={self.beam.direct_num_workers}",
+        ]
+        if any(a.startswith("--runner") for a in self.beam.extra_args):
+            args = []
+        return args + list(self.beam.extra_args)
 
     def to_dict(self) -> Dict[str, Any]:
-        """The fields, plus the resolved form under "resolved" (components.config.loading)."""
-        from components.config.loading import config_to_dict
+        """The fields, plus the resolved form under "resolved".
 
+        Returns:
+          `components.config.serialization.config_to_dict(self)`.
+        """
         return config_to_dict(self)
 
     def to_json(self) -> str:
-        """What `config_from_json` reads back (how the config travels to TFX executors)."""
-        from components.config.loading import config_to_json
+        """What `config_from_json` reads back (how the config travels to TFX executors).
 
+        Returns:
+          `components.config.serialization.config_to_json(self)`.
+        """
         return config_to_json(self)

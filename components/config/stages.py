@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict
 
+from components.config.loading import config_from_json
 from components.config.schema import (
     BeamConfig,
     ContinuousConfig,
@@ -73,9 +74,19 @@ _SHARES: Dict[str, Callable[[PipelineConfig], None]] = {
 
 
 def stage_config(cfg: PipelineConfig, stage: str) -> PipelineConfig:
-    """A copy of `cfg` with the sections `stage` does not read at their defaults (checked again)."""
-    from components.config.loading import config_from_json
+    """A copy of the configuration with the sections a stage does not read at their defaults.
 
+    Args:
+      cfg: a resolved configuration.
+      stage: one of `STAGES`.
+
+    Returns:
+      A new, resolved configuration (the share is checked again, so it must stand on its own).
+
+    Raises:
+      ValueError: `stage` is not one of `STAGES`.
+      ConfigError: the share does not pass the checks on its own.
+    """
     if stage not in _SHARES:
         raise ValueError(f"unknown stage {stage!r}; one of {STAGES}")
     share = config_from_json(cfg.to_json())
@@ -84,5 +95,14 @@ def stage_config(cfg: PipelineConfig, stage: str) -> PipelineConfig:
 
 
 def stage_json(cfg: PipelineConfig, stage: str) -> str:
-    """What the `stage` component gets as its `config_json` execution property."""
+    """What a stage's component gets as its `config_json` execution property.
+
+    Args:
+      cfg: a resolved configuration.
+      stage: one of `STAGES`.
+
+    Returns:
+      `stage_config(cfg, stage).to_json()`: TFX fingerprints it, so a field the stage does not read
+      leaves it unchanged.
+    """
     return stage_config(cfg, stage).to_json()

@@ -11,43 +11,44 @@ from __future__ import annotations
 from typing import Callable, Dict, Optional
 
 from components.config.binding import bind_tables, optimizer_path, table_optimizer
-from components.config.checks import check_choice, check_positive
+from components.config.checks import check_choice, check_positive, choice_member
 from components.config.resolved import ResolvedConfig
 from components.contracts.manifest import TRANSFORMED_FORMATS
 from components.contracts.sizing import CHIPS
 from components.contracts.statistics import DENSE_QUANTILE_POINTS as QUANTILE_POINTS
-from components.config.schema import (
-    BUCKET_ENCODINGS,
-    COMPRESSIONS,
-    DIM_RULES,
-    DIRECT_RUNNING_MODES,
-    INPUT_FORMATS,
-    LABEL_RULE_OPS,
-    LAYOUT_KINDS,
-    MODEL_TYPES,
-    OPTIMIZERS,
-    PARTITION_STRATEGIES,
-    SCHEDULES,
-    TABLE_DTYPES,
-    ConfigError,
-    ExportConfig,
-    OptimizerConfig,
-    PipelineConfig,
-)
+from components.config.choices import BucketEncoding, LayoutKind, ModelType, PartitionStrategy, TableDtype
+from components.config.schema import ConfigError, ExportConfig, OptimizerConfig, PipelineConfig, ScheduleConfig
 
 Check = Callable[[PipelineConfig], None]
 _REGISTERED: Dict[str, Check] = {}
 
 
 def register_check(name: str, check: Check) -> None:
-    """Adds a check `resolve` runs after the sections of this package (registering a name again
-    replaces its check). pipelines/kubeflow_config.py registers "kubeflow" when pipelines/ loads."""
+    """Adds a check `resolve` runs after this package's sections.
+
+    pipelines/kubeflow_config.py registers "kubeflow" when pipelines/ loads: which runners and
+    component ids exist is the pipeline's knowledge.
+
+    Args:
+      name: the check's name; registering a name again replaces its check.
+      check: a function of the config that raises `ConfigError` on a problem.
+    """
     _REGISTERED[name] = check
 
 
 def resolve(cfg: PipelineConfig, source_file: Optional[str] = None) -> PipelineConfig:
-    """Checks every section and binds every categorical feature to one table (completing
-    `cfg.tables` in place); attaches the derived `ResolvedConfig` as `cfg.resolved`."""
+    """Checks every section and binds every categorical feature to one table.
+
+    Args:
+      cfg: a configuration as the loader built it; its `tables` are completed in place.
+      source_file: where it was read from, kept for messages.
+
+    Returns:
+      `cfg` itself, with its derived `ResolvedConfig` attached (`cfg.resolved`).
+
+    Raises:
+      ConfigError: the first problem found, naming the field and the fix.
+    """
     for check in (_check_input, _check_label, _check_input_health, _check_label_rule):
         check(cfg)
     tables = bind_tables(cfg)
@@ -75,7 +76,6 @@ def resolve(cfg: PipelineConfig, source_file: Optional[str] = None) -> PipelineC
 def _check_input(cfg: PipelineConfig) -> None:
     if not cfg.input.path:
         raise ConfigError("input.path: missing; set the CSV, TFRecord or Parquet file, directory or glob to read")
-    check_choice(cfg.input.format, INPUT_FORMATS, "input.format")
     check_positive(cfg.input.train_buckets, "input.train_buckets", "hash buckets for the train split")
     check_positive(cfg.input.eval_buckets, "input.eval_buckets", "hash buckets for the eval split")
     check_positive(cfg.input.range_mb, "input.range_mb", "MiB per byte range of a CSV file (or row-group unit of a Parquet file) that ExampleGen reads")
@@ -109,7 +109,6 @@ def _check_label_rule(cfg: PipelineConfig) -> None:
             f"label_rule.column: {rule.column!r} is also the label's name; the derived label "
             "is written under `label`, so give it another name (e.g. label: clicked)"
         )
-    check_choice(rule.op, LABEL_RULE_OPS, "label_rule.op")
 
 
 def _check_allow_invalid(cfg: PipelineConfig) -> None:
@@ -153,7 +152,6 @@ def _check_column_roles(cfg: PipelineConfig) -> None:
 
 def _check_training(cfg: PipelineConfig) -> None:
     tr = cfg.training
-    check_choice(tr.model, MODEL_TYPES, "training.model")
     for name in ("batch_size", "train_steps", "eval_steps", "checkpoint_every_steps", "steps_per_execution",
                  "shuffle_buffer_rows"):
         check_positive(getattr(tr, name), f"training.{name}", "set a positive integer")
@@ -163,7 +161,7 @@ def _check_training(cfg: PipelineConfig) -> None:
             f"training.steps_per_execution: {tr.steps_per_execution} must divide checkpoint_every_steps "
             f"({tr.checkpoint_every_steps}) and train_steps ({tr.train_steps}) so checkpoints fall on whole executions"
         )
-    if tr.model == "dcn_v2":
+    if tr.model == ModelType.DCN_V2:
         check_positive(tr.cross_layers, "training.cross_layers", "set at least one cross layer")
         if tr.cross_projection_dim is not None:
             check_positive(tr.cross_projection_dim, "training.cross_projection_dim", "set a positive rank or null")
@@ -193,8 +191,7 @@ def _check_training(cfg: PipelineConfig) -> None:
         raise ConfigError(f"training.dense_buckets.buckets: {db.buckets!r} is not a whole number in [2, {QUANTILE_POINTS}] "
                           f"(preprocessing records {QUANTILE_POINTS} quantile intervals)")
     check_positive(db.dim, "training.dense_buckets.dim", "set a positive embedding width, e.g. 8")
-    check_choice(db.encoding, BUCKET_ENCODINGS, "training.dense_buckets.encoding")
-    if db.encoding == "piecewise_linear" and db.enabled and db.buckets < 3:
+    if db.encoding == BucketEncoding.PIECEWISE_LINEAR and db.enabled and db.buckets < 3:
         raise ConfigError(f"training.dense_buckets.buckets: {db.buckets} buckets have {db.buckets - 1} boundary, no bin "
                           "between two for the piecewise_linear encoding; set at least 3, or encoding: embedding")
     wide = tr.wide
@@ -206,15 +203,13 @@ def _check_training(cfg: PipelineConfig) -> None:
 
 
 def _check_optimizer(o: OptimizerConfig, path: str) -> None:
-    check_choice(o.name, OPTIMIZERS, f"{path}.name")
     check_positive(o.learning_rate, f"{path}.learning_rate", "set a positive learning rate")
     check_positive(o.clipnorm, f"{path}.clipnorm", "set a positive clipping norm or remove it")
     check_positive(o.clipvalue, f"{path}.clipvalue", "set a positive clipping limit or remove it")
     _check_schedule(o.schedule, f"{path}.schedule")
 
 
-def _check_schedule(sc, path: str) -> None:
-    check_choice(sc.name, SCHEDULES, f"{path}.name")
+def _check_schedule(sc: ScheduleConfig, path: str) -> None:
     if sc.warmup_steps < 0:
         raise ConfigError(f"{path}.warmup_steps: must be 0 or more, got {sc.warmup_steps}")
     check_positive(sc.decay_steps, f"{path}.decay_steps", "steps over which the rate decays")
@@ -246,7 +241,6 @@ def _check_embedding_plan(cfg: PipelineConfig) -> None:
     emb = cfg.training.embedding
     if emb.size_threshold is not None and emb.size_threshold < 0:
         raise ConfigError("training.embedding.size_threshold: must be 0 (all tables in TPU embedding), a row count, or null")
-    check_choice(emb.dim_rule, DIM_RULES, "training.embedding.dim_rule")
     topo = emb.topology
     for name in ("num_chips", "hbm_gib_per_chip", "sparse_cores_per_chip"):
         if getattr(topo, name) is not None:
@@ -267,19 +261,29 @@ def _check_dense_optimizer(cfg: PipelineConfig) -> None:
 
 
 def check_export_config(e: ExportConfig) -> None:
-    """The `export` section's checks (also run by the exporter CLI after its overrides)."""
+    """Checks the `export` section and holds its closed-set fields as members.
+
+    The exporter CLI runs it again after its options override the section (they set plain strings).
+
+    Args:
+      e: the `export` section; `table_dtype`, `layout.kind` and `layout.partition_strategy` are
+        converted to their `Choice` members in place.
+
+    Raises:
+      ConfigError: a field is out of range, or layout C lacks its partition strategy.
+    """
     check_positive(e.parity_tolerance, "export.parity_tolerance", "e.g. 1e-5")
     check_positive(e.parity_sample_size, "export.parity_sample_size", "e.g. 512")
-    check_choice(e.table_dtype, TABLE_DTYPES, "export.table_dtype")
+    e.table_dtype = choice_member(e.table_dtype, TableDtype, "export.table_dtype")
     check_positive(e.auc_sample_size, "export.auc_sample_size", "e.g. 20000")
     if not 0 <= e.max_auc_drop < 1:
         raise ConfigError(f"export.max_auc_drop: {e.max_auc_drop} is not in [0, 1); e.g. 0.005")
     lay = e.layout
-    check_choice(lay.kind, LAYOUT_KINDS, "export.layout.kind")
-    check_choice(lay.partition_strategy, PARTITION_STRATEGIES, "export.layout.partition_strategy")
+    lay.kind = choice_member(lay.kind, LayoutKind, "export.layout.kind")
+    lay.partition_strategy = choice_member(lay.partition_strategy, PartitionStrategy, "export.layout.partition_strategy")
     for name in ("num_partitions", "num_sparse_cores", "sparse_cores_per_chip"):
         check_positive(getattr(lay, name), f"export.layout.{name}", "leave it unset when not needed")
-    if lay.kind == "C" and lay.partition_strategy is None:
+    if lay.kind == LayoutKind.C and lay.partition_strategy is None:
         raise ConfigError("export.layout.kind: C needs export.layout.partition_strategy (div or mod, as in training)")
 
 
@@ -321,7 +325,6 @@ def _check_statistics(cfg: PipelineConfig) -> None:
 
 def _check_transformed_examples(cfg: PipelineConfig) -> None:
     t = cfg.transformed_examples
-    check_choice(t.compression, COMPRESSIONS, "transformed_examples.compression")
     check_choice(t.format, TRANSFORMED_FORMATS, "transformed_examples.format")
     if isinstance(t.block_rows, bool) or not isinstance(t.block_rows, int) or t.block_rows < 1:
         raise ConfigError(f"transformed_examples.block_rows: {t.block_rows!r} is not a whole number of rows >= 1; "
@@ -329,7 +332,6 @@ def _check_transformed_examples(cfg: PipelineConfig) -> None:
 
 
 def _check_beam(cfg: PipelineConfig) -> None:
-    check_choice(cfg.beam.direct_running_mode, DIRECT_RUNNING_MODES, "beam.direct_running_mode")
     if cfg.beam.hot_key_fanout < 0:
         raise ConfigError("beam.hot_key_fanout: must be 0 (off) or a positive number of intermediate keys")
     b = cfg.beam.value_count_buckets

@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
-from typing import Any, Dict, Iterable
+import typing
+from typing import Any, Dict, Iterable, Optional
+
+from components.config.choices import Choice
 
 
 class ContractError(ValueError):
@@ -11,8 +15,15 @@ class ContractError(ValueError):
 
 
 def plain(obj: Any, omit_none: Iterable[str] = ()) -> Any:
-    """Dataclasses -> dicts, tuples -> lists, recursively; the top-level fields named in `omit_none`
-    are left out when None (optional parts a later stage adds)."""
+    """A contract as plain data: dataclasses to dicts, tuples to lists, recursively.
+
+    Args:
+      obj: a dataclass, dict, list, tuple or leaf value.
+      omit_none: top-level fields left out when None (optional parts a later stage adds).
+
+    Returns:
+      The same data in JSON-able containers; `Choice` members stay members (they serialize as strings).
+    """
     if dataclasses.is_dataclass(obj):
         skip = set(omit_none)
         out = {}
@@ -30,24 +41,76 @@ def plain(obj: Any, omit_none: Iterable[str] = ()) -> Any:
 
 
 def dumps(data: Dict[str, Any]) -> str:
-    """The one JSON form every contract file is written in (sorted keys, indented, newline)."""
+    """The one JSON form every contract file is written in.
+
+    Args:
+      data: plain data (`plain`).
+
+    Returns:
+      Indented JSON with sorted keys and a final newline.
+    """
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
 def check_version(data: Dict[str, Any], expected: int, what: str, fix: str) -> None:
+    """Refuses a stored contract written in another version.
+
+    Args:
+      data: the stored contract's top level.
+      expected: the version this code reads.
+      what: the contract, for the message.
+      fix: what to do about it, for the message.
+
+    Raises:
+      ContractError: `data`'s version is not `expected`.
+    """
     version = data.get("version")
     if version != expected:
         raise ContractError(f"{what}: version {version!r}, this code reads version {expected}; {fix}")
 
 
-def pick(cls, data: Dict[str, Any], what: str, **converted: Any):
-    """`cls(**fields)` from `data`, with `converted` fields given already typed; a missing field names itself."""
+def pick(cls: Any, data: Dict[str, Any], what: str, **converted: Any) -> Any:
+    """Builds a contract dataclass from its stored fields.
+
+    Args:
+      cls: the dataclass.
+      data: the stored fields (from JSON); a field typed as a `Choice` is converted to its member.
+      what: where `data` comes from, for messages (e.g. "embedding plan: tables.t").
+      **converted: fields given already typed (nested dataclasses, tuples), used instead of `data`'s.
+
+    Returns:
+      `cls(**fields)`.
+
+    Raises:
+      ContractError: a field without a default is missing, or a closed-set field holds another value.
+    """
     kwargs = {}
+    choices = _choice_fields(cls)
     for f in dataclasses.fields(cls):
         if f.name in converted:
             kwargs[f.name] = converted[f.name]
         elif f.name in data:
-            kwargs[f.name] = data[f.name]
+            kwargs[f.name] = _member(data[f.name], choices.get(f.name), f"{what}: field {f.name!r}")
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
             raise ContractError(f"{what}: field {f.name!r} missing")
     return cls(**kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _choice_fields(cls: Any) -> Dict[str, type]:
+    """{field: its Choice type} of a dataclass's fields typed `SomeChoice` or `Optional[SomeChoice]`."""
+    out = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        args = [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_origin(hint) is typing.Union else [hint]
+        if len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], Choice):
+            out[name] = args[0]
+    return out
+
+
+def _member(value: Any, choices: Optional[type], what: str) -> Any:
+    if choices is None or value is None:
+        return value
+    try:
+        return choices(value)
+    except ValueError:
+        raise ContractError(f"{what}: {value!r} is not one of {', '.join(choices.values())}") from None

@@ -11,12 +11,28 @@ VOCABULARY_MANIFEST_FILE = "manifest.json"
 
 
 def vocabulary_file(directory: str, table: str) -> str:
-    """A table's vocabulary: one token per line, line i = embedding ID i."""
+    """A table's vocabulary file: one token per line, line i = embedding ID i.
+
+    Args:
+      directory: the EmbeddingVocabulary artifact's directory.
+      table: the table's name.
+
+    Returns:
+      The file's path.
+    """
     return os.path.join(directory, f"{table}.txt")
 
 
 def counts_file(directory: str, table: str) -> str:
-    """A table's vocabulary with each token's count (`count<TAB>token`), same order."""
+    """A table's vocabulary with each token's count (`count<TAB>token`), in the same order.
+
+    Args:
+      directory: the EmbeddingVocabulary artifact's directory.
+      table: the table's name.
+
+    Returns:
+      The file's path.
+    """
     return os.path.join(directory, f"{table}.counts.txt")
 
 

@@ -6,10 +6,11 @@ model features, plan rows) and the exporter (serving transform, vocabulary asset
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
-import json
 
+from components.config.choices import Combiner, VocabularyKind
 from components.contracts._json import check_version, dumps, pick, plain
 
 MANIFEST_VERSION = 1
@@ -26,16 +27,18 @@ class VocabularyEntry:
     num_oov_buckets: int
     rows: int  # size + num_oov_buckets (contracts.sizing.table_rows)
     dim: Optional[int]
-    combiner: str
+    combiner: Combiner
     features: Tuple[str, ...]
     # rulebook V1-V4: counted / list / file (the vocabulary file's lines), hashed (size 0,
     # num_oov_buckets = num_buckets), identity (size = num_buckets IDs, no file lines, no OOV rows)
-    kind: str = "counted"
+    kind: VocabularyKind = VocabularyKind.COUNTED
     default_value: Optional[int] = None  # identity: the row of tokens that are no IDs; None: dropped
 
 
 @dataclass(frozen=True)
 class DenseFeatureEntry:
+    """A dense feature as preprocessing read it."""
+
     name: str
     column: str  # the raw column it is read from
     fill_value: float
@@ -45,7 +48,14 @@ WEIGHTS_SUFFIX = "__weights"  # a weighted feature's ID weights in the transform
 
 
 def weights_key(feature: str) -> str:
-    """Where a weighted feature's ID weights travel (transformed examples, model inputs)."""
+    """Where a weighted feature's ID weights travel (transformed examples, model inputs).
+
+    Args:
+      feature: the categorical feature's name.
+
+    Returns:
+      `<feature>__weights`.
+    """
     return feature + WEIGHTS_SUFFIX
 
 
@@ -67,12 +77,21 @@ TAIL_PREFIX = "transformed_tail"
 
 
 def row_lengths_key(feature: str) -> str:
-    """Where a categorical feature's IDs per row travel in a block of transformed rows."""
+    """Where a categorical feature's IDs per row travel in a block of transformed rows.
+
+    Args:
+      feature: the categorical feature's name.
+
+    Returns:
+      `<feature>__row_lengths`.
+    """
     return feature + ROW_LENGTHS_SUFFIX
 
 
 @dataclass(frozen=True)
 class CategoricalFeatureEntry:
+    """A categorical feature as preprocessing read it: its column, table and multi-hot rules."""
+
     name: str
     column: str
     table: str
@@ -92,21 +111,34 @@ class VocabularyManifest:
     categorical_features: Tuple[CategoricalFeatureEntry, ...]
     vocabularies: Mapping[str, VocabularyEntry]
     version: int = MANIFEST_VERSION
-    # FORMAT_BLOCKS or FORMAT_EXAMPLES; manifests written before blocks existed described rows
+    # FORMAT_BLOCKS or FORMAT_EXAMPLES; a manifest without the field describes rows
     transformed_format: str = FORMAT_EXAMPLES
     block_rows: int = 0  # rows per block with FORMAT_BLOCKS (the last block of a batch may hold fewer)
 
     def vocabulary(self, table: str) -> VocabularyEntry:
+        """One table's vocabulary entry.
+
+        Args:
+          table: the table's name.
+
+        Returns:
+          Its `VocabularyEntry`.
+
+        Raises:
+          KeyError: the manifest has no vocabulary for `table`.
+        """
         if table not in self.vocabularies:
             raise KeyError(f"table {table!r} has no vocabulary in the manifest (tables: {', '.join(self.vocabularies)})")
         return self.vocabularies[table]
 
     @property
     def dense_names(self) -> List[str]:
+        """The dense features' names, in manifest order."""
         return [d.name for d in self.dense_features]
 
     @property
     def categorical_names(self) -> List[str]:
+        """The categorical features' names, in manifest order."""
         return [f.name for f in self.categorical_features]
 
     @property
@@ -115,17 +147,28 @@ class VocabularyManifest:
         return [f.name for f in self.categorical_features if f.weight_column]
 
     def raw_columns(self) -> List[str]:
-        """Every raw column the model reads (dense first, then categorical, then ID weights), once each."""
+        """Every raw column the model reads.
+
+        Returns:
+          Dense columns first, then categorical, then ID weights; each once.
+        """
         cols = [d.column for d in self.dense_features] + [f.column for f in self.categorical_features]
         cols += [f.weight_column for f in self.categorical_features if f.weight_column]
         return list(dict.fromkeys(cols))
 
     def kind_mismatches(self, found: Mapping[str, str]) -> List[str]:
-        """The raw columns the model reads that examples hold as another kind than preprocessing
-        read them as, e.g. "I3 (int64 in the examples, parsed as float)": the serving model's
-        `serving_default` parses each column as its `raw_feature_kinds` entry, and
-        `tf.io.parse_example` fails on any other type. `found`: column -> kind of the columns that
-        hold values in the examples (a column without a value fits any parse spec)."""
+        """The raw columns the model reads that the examples hold as another kind than preprocessing read.
+
+        The serving model's `serving_default` parses each column as its `raw_feature_kinds` entry, and
+        `tf.io.parse_example` fails on any other type.
+
+        Args:
+          found: column -> kind of the columns that hold values in the examples (a column without a
+            value fits any parse spec).
+
+        Returns:
+          One line per mismatch, e.g. "I3 (int64 in the examples, parsed as float)".
+        """
         return [
             f"{c} ({found[c]} in the examples, parsed as {self.raw_feature_kinds[c]})"
             for c in self.raw_columns()
@@ -133,13 +176,35 @@ class VocabularyManifest:
         ]
 
     def to_dict(self) -> Dict[str, Any]:
+        """The manifest as plain data.
+
+        Returns:
+          Nested dicts and lists, as `manifest.json` holds them.
+        """
         return plain(self)
 
     def to_json(self) -> str:
+        """The manifest as `manifest.json` holds it.
+
+        Returns:
+          The contracts' JSON form (`_json.dumps`).
+        """
         return dumps(self.to_dict())
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any], source: str = "vocabulary manifest") -> "VocabularyManifest":
+        """Reads a manifest back from plain data; closed-set fields become `Choice` members.
+
+        Args:
+          data: what `to_dict` wrote.
+          source: the file, for messages.
+
+        Returns:
+          The manifest.
+
+        Raises:
+          ContractError: another version wrote it, a field is missing, or a kind or combiner is unknown.
+        """
         check_version(data, MANIFEST_VERSION, source, "rerun preprocessing with this version of the pipeline")
         vocabularies = {
             name: pick(VocabularyEntry, v, f"{source}: vocabularies.{name}", features=tuple(v.get("features", ())))
@@ -157,4 +222,16 @@ class VocabularyManifest:
 
     @classmethod
     def from_json(cls, text: str, source: str = "vocabulary manifest") -> "VocabularyManifest":
+        """Reads a manifest back from `manifest.json`'s text.
+
+        Args:
+          text: the JSON.
+          source: the file, for messages.
+
+        Returns:
+          The manifest.
+
+        Raises:
+          ContractError: another version wrote it, a field is missing, or a kind or combiner is unknown.
+        """
         return cls.from_dict(json.loads(text), source)

@@ -39,7 +39,19 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+import numpy as np
+
 from components.config.binding import table_optimizer
+from components.config.choices import (
+    BucketEncoding,
+    Combiner,
+    DimRule,
+    InitializerKind,
+    LayoutKind,
+    OptimizerName,
+    Placement,
+    SequencePooling,
+)
 from components.config.schema import OptimizerConfig, PipelineConfig, WIDE_SUFFIX
 from components.contracts._json import check_version, dumps, pick, plain
 from components.contracts.manifest import VocabularyManifest
@@ -52,10 +64,10 @@ MAX_RULE_DIM = 256
 # Each optimizer's hyperparameters beyond the learning rate and clipping; the Keras (legacy) and the
 # TPU embedding optimizers take them under the same names.
 HYPERPARAMETERS = {
-    "sgd": (),
-    "adagrad": ("initial_accumulator_value",),
-    "adam": ("beta_1", "beta_2", "epsilon"),
-    "ftrl": ("initial_accumulator_value", "l1_regularization_strength", "l2_regularization_strength"),
+    OptimizerName.SGD: (),
+    OptimizerName.ADAGRAD: ("initial_accumulator_value",),
+    OptimizerName.ADAM: ("beta_1", "beta_2", "epsilon"),
+    OptimizerName.FTRL: ("initial_accumulator_value", "l1_regularization_strength", "l2_regularization_strength"),
 }
 
 
@@ -64,27 +76,42 @@ class PlanError(ValueError):
 
 
 def fourth_root_dim(rows: int) -> int:
+    """The dim of the `fourth_root` rule: 8 * ceil(6 * rows^0.25 / 8), at most MAX_RULE_DIM.
+
+    Args:
+      rows: the table's rows.
+
+    Returns:
+      A multiple of 8 (TPU lanes).
+    """
     return int(min(MAX_RULE_DIM, 8 * math.ceil(6 * max(rows, 1) ** 0.25 / 8)))
 
 
 def optimizer_spec(o: OptimizerConfig) -> Dict[str, Any]:
-    """An optimizer config as the JSON-able spec the plan stores and the trainer's builders take."""
+    """An optimizer config as the JSON-able spec the plan stores and the trainer's builders take.
+
+    Args:
+      o: the optimizer config.
+
+    Returns:
+      {name, learning_rate, schedule, clipping where set, the optimizer's HYPERPARAMETERS, and for
+      Adam `lazy_adam` (the embedding optimizer's rule; dense Adam ignores it)}.
+    """
     spec: Dict[str, Any] = {"name": o.name, "learning_rate": o.learning_rate, "schedule": dict(vars(o.schedule))}
     if o.clipvalue is not None:
         spec["clipvalue"] = o.clipvalue
     if o.clipnorm is not None:
         spec["clipnorm"] = o.clipnorm
     spec.update({k: getattr(o, k) for k in HYPERPARAMETERS[o.name]})
-    if o.name == "adam":
+    if o.name == OptimizerName.ADAM:
         spec["lazy_adam"] = o.lazy_adam  # the embedding optimizer's rule (optimizers.py); dense Adam ignores it
     return spec
 
 
 # A normal initializer's default stddev is DEFAULT_STDDEV_SCALE / sqrt(dim) (0.05 at the default dim
-# 16), a fifth of the seeds' 1/sqrt(dim): with the default embedding optimizer (Adagrad 0.1) it
-# raised eval AUC on MovieLens (+0.006, mean of three seeds), chem97 (+0.0035) and movies (+0.002),
-# at -0.003 on flights and -0.002 on the demo (bench/README.md "Defaults on real data"). A row
-# seen ten times in a run keeps most of its random start, which the model reads as signal.
+# 16), a fifth of the seeds' 1/sqrt(dim): a row seen ten times in a run keeps most of its random
+# start, which the model reads as signal, and with the default embedding optimizer (Adagrad 0.1)
+# the smaller start raised eval AUC on most public datasets (bench/README.md "Defaults on real data").
 DEFAULT_STDDEV_SCALE = 0.2
 
 
@@ -93,7 +120,7 @@ class Initializer:
     """A table's initializer, its defaults filled in: truncated_normal / random_normal (mean,
     stddev), random_uniform (minval, maxval) or zeros."""
 
-    name: str
+    name: InitializerKind
     mean: Optional[float] = None
     stddev: Optional[float] = None
     minval: Optional[float] = None
@@ -101,14 +128,22 @@ class Initializer:
 
     @classmethod
     def from_options(cls, options: Any, dim: int) -> "Initializer":
-        """From the config's InitializerOptions (None: the default truncated normal), for a table of `dim`."""
+        """A table's initializer with its defaults filled in.
+
+        Args:
+          options: the config's `InitializerOptions`; None: the default truncated normal.
+          dim: the table's dim (the defaults scale with 1/sqrt(dim)).
+
+        Returns:
+          The initializer.
+        """
         scale = 1.0 / math.sqrt(dim)
-        name = options.name if options is not None else "truncated_normal"
-        if name in ("truncated_normal", "random_normal"):
+        name = options.name if options is not None else InitializerKind.TRUNCATED_NORMAL
+        if name in (InitializerKind.TRUNCATED_NORMAL, InitializerKind.RANDOM_NORMAL):
             mean = options.mean if options is not None and options.mean is not None else 0.0
             stddev = options.stddev if options is not None and options.stddev is not None else DEFAULT_STDDEV_SCALE * scale
             return cls(name, mean=float(mean), stddev=float(stddev))
-        if name == "random_uniform":
+        if name == InitializerKind.RANDOM_UNIFORM:
             low = options.minval if options.minval is not None else -scale
             high = options.maxval if options.maxval is not None else scale
             return cls(name, minval=float(low), maxval=float(high))
@@ -117,6 +152,8 @@ class Initializer:
 
 @dataclass(frozen=True)
 class SparseCoreLimits:
+    """A table's SparseCore limits, and where they come from (or what to do to get them)."""
+
     max_ids_per_table: Optional[int]
     max_unique_ids_per_table: Optional[int]
     source: str  # where the numbers come from, or what to do to get them
@@ -124,15 +161,17 @@ class SparseCoreLimits:
 
 @dataclass(frozen=True)
 class TablePlan:
+    """One embedding table as planned: rows, dim, pooling, initializer, optimizer, placement and memory."""
+
     rows: int
     vocabulary_size: int
     num_oov_buckets: int
     dim: int
     dim_source: str
-    combiner: str
+    combiner: Combiner
     initializer: Initializer
     optimizer: Mapping[str, Any]  # optimizer_spec(...) of the embedding optimizer
-    placement: str  # "tpu_embedding" (sharded) or "tensor_core" (replicated)
+    placement: Placement
     features: Tuple[str, ...]
     sparsecore_limits: SparseCoreLimits
     memory: TableMemory
@@ -142,6 +181,8 @@ class TablePlan:
 
 @dataclass(frozen=True)
 class FeaturePlan:
+    """One categorical feature as planned: its table and how its IDs reach it."""
+
     table: str
     max_sequence_length: int
     ids_per_example: Optional[Mapping[str, Any]]  # train split's {mean, p99, max}, when known
@@ -149,7 +190,7 @@ class FeaturePlan:
     validate_weights_and_indices: bool = True  # the config's use_safe_embedding_lookup
     # A sequence feature (max_sequence_length > 0): how its positions are pooled (mean | attention),
     # the attention's candidate feature, and where the length came from.
-    sequence_pooling: Optional[str] = None
+    sequence_pooling: Optional[SequencePooling] = None
     sequence_query: Optional[str] = None
     sequence_length_source: Optional[str] = None
     # A wide (linear) part's feature (training.wide): the categorical feature whose IDs it reads.
@@ -158,13 +199,15 @@ class FeaturePlan:
 
 @dataclass(frozen=True)
 class Topology:
+    """The TPU slice a plan is sized for."""
+
     num_chips: int
     hbm_gib_per_chip: float
     sparse_cores_per_chip: int
     num_sparse_cores: int
     usable_hbm_fraction: float
-    # What the tables are sized for (sizing.EMBEDDING_APIS); None in plans written before it was
-    # recorded (sized as ceil(rows / chips), unpadded).
+    # What the tables are sized for (sizing.EMBEDDING_APIS); None in a plan that does not record
+    # it (sized as ceil(rows / chips), unpadded).
     embedding_api: Optional[str] = None
     chip: Optional[str] = None  # training.embedding.topology.chip when set (sizing.CHIPS)
 
@@ -186,6 +229,8 @@ class PlanMemory:
 
 @dataclass(frozen=True)
 class SparseCoreConfigNote:
+    """Whether the SparseCore limits are passed to TensorFlow, and why not where they are not."""
+
     available_in_tensorflow: bool
     note: str
 
@@ -195,7 +240,7 @@ class CheckpointLayout:
     """How a training run's checkpoint holds the TPU-embedding tables (set by the trainer; the
     exporter recomputes a SparseCore layout from it, which TensorFlow 2.16 does not save)."""
 
-    kind: str  # "A": one variable per table; "B": SparseCore stacked/sharded
+    kind: LayoutKind  # A: one variable per table; B: SparseCore stacked/sharded
     embedding_api: str = ""
     num_replicas: Optional[int] = None
     sparse_cores_per_chip: Optional[int] = None
@@ -216,7 +261,7 @@ class DenseBuckets:
     source: str
     # embedding: the bucket's row of a [buckets, dim] table; piecewise_linear: the value's encoding
     # over the boundaries' bins times a [bins, dim] matrix (model.piecewise_linear)
-    encoding: str = "embedding"
+    encoding: BucketEncoding = BucketEncoding.EMBEDDING
 
 
 _OPTIONAL_PLAN_FIELDS = ("checkpoint_layout", "vocabulary_dir", "embedding_gradient_multiplier", "dense_buckets")
@@ -224,6 +269,8 @@ _OPTIONAL_PLAN_FIELDS = ("checkpoint_layout", "vocabulary_dir", "embedding_gradi
 
 @dataclass(frozen=True)
 class EmbeddingPlan:
+    """Every table's and feature's plan, the slice it is sized for and its memory (`embedding_plan.json`)."""
+
     global_batch_size: int
     size_threshold: Optional[int]
     topology: Topology
@@ -239,30 +286,79 @@ class EmbeddingPlan:
     version: int = PLAN_VERSION
 
     def table(self, name: str) -> TablePlan:
+        """One table's plan.
+
+        Args:
+          name: the table's name.
+
+        Returns:
+          Its `TablePlan`.
+
+        Raises:
+          KeyError: the plan has no such table (the message lists its tables).
+        """
         if name not in self.tables:
             raise KeyError(f"table {name!r} is not in the embedding plan (tables: {', '.join(self.tables)})")
         return self.tables[name]
 
     def feature_table(self, feature: str) -> TablePlan:
+        """The plan of the table a feature looks up.
+
+        Args:
+          feature: the categorical (or wide) feature's name.
+
+        Returns:
+          Its table's `TablePlan`.
+
+        Raises:
+          KeyError: the plan has no such feature or table.
+        """
         return self.table(self.features[feature].table)
 
     def vocabulary_table(self, name: str) -> str:
-        """The table whose vocabulary (manifest entry) gives `name`'s rows: its own, or for a wide
-        table the table it stands beside."""
+        """The table whose vocabulary (manifest entry) gives a table's rows.
+
+        Args:
+          name: the table's name.
+
+        Returns:
+          `name` itself, or for a wide table the table it stands beside.
+        """
         return self.table(name).wide_of or name
 
     def wide_features(self) -> Dict[str, str]:
-        """{wide feature: the categorical feature whose IDs it reads}; empty without a wide part."""
+        """The wide part's features.
+
+        Returns:
+          {wide feature: the categorical feature whose IDs it reads}; empty without a wide part.
+        """
         return {n: f.wide_of for n, f in self.features.items() if f.wide_of}
 
     def tables_placed(self, placement: str) -> Dict[str, TablePlan]:
+        """The tables with one placement.
+
+        Args:
+          placement: a `Placement`.
+
+        Returns:
+          {name: TablePlan} of the tables placed there, in plan order.
+        """
         return {n: t for n, t in self.tables.items() if t.placement == placement}
 
     def with_run(self, checkpoint_layout: Optional[CheckpointLayout] = None, vocabulary_dir: Optional[str] = None) -> "EmbeddingPlan":
-        """A copy with what one training run adds (the plan itself is never changed in place). A
-        layout from a TPU (`hardware_api` set) also re-sizes the copy for that API and the
-        SparseCores the TPU reported, as the trainer checked it (components.embedding_trainer.hardware),
-        so the recorded plan says what was allocated."""
+        """A copy with what one training run adds; the plan itself is never changed in place.
+
+        A layout from a TPU (`hardware_api` set) also re-sizes the copy for that API and the SparseCores
+        the TPU reported, as the trainer checked it (components.embedding_trainer.hardware), so the
+        recorded plan says what was allocated.
+
+        Args:
+          checkpoint_layout: how the run's checkpoint holds the tables, or None.
+          vocabulary_dir: where the run's vocabulary files are, or None.
+
+        Returns:
+          The copy.
+        """
         plan = self
         if checkpoint_layout is not None and checkpoint_layout.hardware_api:
             plan = plan.sized_for(checkpoint_layout.hardware_api, checkpoint_layout.sparse_cores_per_chip)
@@ -274,9 +370,17 @@ class EmbeddingPlan:
         return dataclasses.replace(plan, **changes)
 
     def sized_for(self, embedding_api: str, sparse_cores_per_chip: Optional[int] = None) -> "EmbeddingPlan":
-        """A copy whose tables and memory are sized for `embedding_api` (sizing.EMBEDDING_APIS) and,
-        on SparseCore, `sparse_cores_per_chip` (default: the topology's); the budget, chips and
-        chip stay. Not checked against the budget (`check_fits`)."""
+        """A copy whose tables and memory are sized for an embedding API.
+
+        The budget, chips and chip stay; the copy is not checked against the budget (`check_fits`).
+
+        Args:
+          embedding_api: one of sizing.EMBEDDING_APIS.
+          sparse_cores_per_chip: on SparseCore, the SparseCores per chip; default the topology's.
+
+        Returns:
+          The copy, or the plan itself when nothing changes.
+        """
         topo = self.topology
         if embedding_api == sizing.SPARSE_CORE:
             per_chip = int(sparse_cores_per_chip or topo.sparse_cores_per_chip or sizing.DEFAULT_SPARSE_CORES_PER_CHIP)
@@ -299,28 +403,39 @@ class EmbeddingPlan:
         num_chips: int = 1,
         sparse_cores_per_chip: int = 4,
         optimizer: Optional[Mapping[str, Any]] = None,
-        combiner: str = "mean",
+        combiner: Combiner = Combiner.MEAN,
         optimizers: Optional[Mapping[str, Mapping[str, Any]]] = None,
         embedding_api: str = sizing.DEFAULT_EMBEDDING_API,
     ) -> "EmbeddingPlan":
-        """A plan for tables this pipeline did not derive (hand-built checkpoints in tests and
-        benchmarks): `tables` {name: (rows, dim, placement)}, `features` {feature: table} (default:
-        one feature `f_<table>` per table), `optimizers` {table: spec} of tables with their own.
-        Sizes come from contracts.sizing for `embedding_api`; nothing is checked against a memory
-        budget."""
-        optimizer = dict(optimizer or {"name": "adagrad", "learning_rate": 0.1})
+        """A plan for tables this pipeline did not derive (hand-built checkpoints in tests and benchmarks).
+
+        Sizes come from contracts.sizing for `embedding_api`; nothing is checked against a memory budget.
+
+        Args:
+          tables: {name: (rows, dim, placement)}.
+          features: {feature: table}; default one feature `f_<table>` per table.
+          global_batch_size: the plan's global batch size.
+          num_chips: chips the tables are sharded over.
+          sparse_cores_per_chip: SparseCores per chip.
+          optimizer: the optimizer spec of every table without its own; default Adagrad 0.1.
+          combiner: every table's combiner.
+          optimizers: {table: spec} of tables with their own optimizer.
+          embedding_api: what the tables are sized for (sizing.EMBEDDING_APIS).
+
+        Returns:
+          A plan whose budget is its own peak (so it fits).
+
+        Raises:
+          ValueError: a placement, optimizer, combiner or embedding API is not one this code knows.
+        """
+        optimizer = dict(optimizer or {"name": OptimizerName.ADAGRAD, "learning_rate": 0.1})
         optimizers = optimizers or {}
         features = dict(features or {f"f_{n}": n for n in tables})
         num_sc = num_chips * sparse_cores_per_chip
         topology = Topology(num_chips, 0.0, sparse_cores_per_chip, num_sc, 1.0, embedding_api=embedding_api)
         plans = {
-            n: TablePlan(
-                rows=r, vocabulary_size=r, num_oov_buckets=0, dim=d, dim_source="given", combiner=combiner,
-                initializer=Initializer.from_options(None, d), optimizer=dict(optimizers.get(n, optimizer)),
-                placement=p, features=tuple(f for f, t in features.items() if t == n),
-                sparsecore_limits=SparseCoreLimits(None, None, "not measured"),
-                memory=_table_memory(r, d, optimizers.get(n, optimizer)["name"], p, topology),
-            )
+            n: _hand_built_table(r, d, p, Combiner(combiner), optimizers.get(n, optimizer),
+                                 tuple(f for f, t in features.items() if t == n), topology)
             for n, (r, d, p) in tables.items()
         }
         memory = plan_memory(plans, topology, 0)
@@ -335,13 +450,35 @@ class EmbeddingPlan:
         )
 
     def to_dict(self) -> Dict[str, Any]:
+        """The plan as plain data.
+
+        Returns:
+          Nested dicts and lists, as `embedding_plan.json` holds them (unset optional parts left out).
+        """
         return plain(self, omit_none=_OPTIONAL_PLAN_FIELDS)
 
     def to_json(self) -> str:
+        """The plan as `embedding_plan.json` holds it.
+
+        Returns:
+          The contracts' JSON form (`_json.dumps`).
+        """
         return dumps(self.to_dict())
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any], source: str = "embedding plan") -> "EmbeddingPlan":
+        """Reads a plan back from plain data; closed-set fields become `Choice` members.
+
+        Args:
+          data: what `to_dict` wrote.
+          source: the file, for messages.
+
+        Returns:
+          The plan.
+
+        Raises:
+          ContractError: another version wrote it, a field is missing, or a closed-set field is unknown.
+        """
         check_version(data, PLAN_VERSION, source, "retrain the model with this version of the pipeline")
 
         def table(name: str, t: Dict[str, Any]) -> TablePlan:
@@ -373,20 +510,51 @@ class EmbeddingPlan:
 
     @classmethod
     def from_json(cls, text: str, source: str = "embedding plan") -> "EmbeddingPlan":
+        """Reads a plan back from `embedding_plan.json`'s text.
+
+        Args:
+          text: the JSON.
+          source: the file, for messages.
+
+        Returns:
+          The plan.
+
+        Raises:
+          ContractError: another version wrote it, a field is missing, or a closed-set field is unknown.
+        """
         return cls.from_dict(json.loads(text), source)
+
+
+def _hand_built_table(rows: int, dim: int, placement: str, combiner: Combiner, optimizer: Mapping[str, Any],
+                      features: Tuple[str, ...], topology: Topology) -> TablePlan:
+    """A table of `EmbeddingPlan.for_tables`: its whole vocabulary given, nothing measured."""
+    memory = _table_memory(rows, dim, optimizer["name"], placement, topology)  # refuses an unknown placement first
+    return TablePlan(
+        rows=rows, vocabulary_size=rows, num_oov_buckets=0, dim=dim, dim_source="given", combiner=combiner,
+        initializer=Initializer.from_options(None, dim), optimizer=dict(optimizer), placement=Placement(placement),
+        features=features, sparsecore_limits=SparseCoreLimits(None, None, "not measured"), memory=memory,
+    )
 
 
 # ---- sizing -------------------------------------------------------------------------------------
 
 
 def _table_memory(rows: int, dim: int, optimizer: str, placement: str, topology: Topology) -> TableMemory:
-    # A plan written before its API was recorded was sized as TPUEmbedding (V1) tables are.
+    # A plan that does not record its API is sized as TPUEmbedding (V1) tables are.
     api = topology.embedding_api or sizing.TPU_EMBEDDING_V1
     return table_memory(rows, dim, optimizer, placement, topology.num_chips, api, topology.sparse_cores_per_chip)
 
 
 def size_tables(tables: Mapping[str, TablePlan], topology: Topology) -> Dict[str, TablePlan]:
-    """The tables with their memory sized for `topology` (its chips, API and SparseCores)."""
+    """The tables with their memory sized for a topology (its chips, API and SparseCores).
+
+    Args:
+      tables: {name: TablePlan}.
+      topology: what to size them for.
+
+    Returns:
+      {name: TablePlan} with new `memory`.
+    """
     return {n: dataclasses.replace(t, memory=_table_memory(t.rows, t.dim, t.optimizer["name"], t.placement, topology))
             for n, t in tables.items()}
 
@@ -398,14 +566,24 @@ def _optimizer_key(spec: Mapping[str, Any]) -> str:
 
 
 def plan_memory(tables: Mapping[str, TablePlan], topology: Topology, budget_per_chip_bytes: int) -> PlanMemory:
-    """Total and per-chip bytes of sized tables, with SparseCore's initialization transient (the
-    largest group of TPU-embedding tables that could share a stack: equal padded dim and equal
-    optimizer spec, fully padded, plus one shard of it; sizing.sparse_core_init_transient, a safe
-    upper bound of any stack TF forms) on top of the steady bytes."""
+    """Total and per-chip bytes of sized tables, with SparseCore's initialization transient on top.
+
+    The transient is that of the largest group of TPU-embedding tables that could share a stack
+    (equal padded dim and equal optimizer spec), fully padded, plus one shard of it
+    (sizing.sparse_core_init_transient, a safe upper bound of any stack TF forms).
+
+    Args:
+      tables: {name: TablePlan}, sized.
+      topology: what they are sized for.
+      budget_per_chip_bytes: the bytes a chip may give the tables.
+
+    Returns:
+      The plan's memory; `fits` says whether the per-chip peak is within the budget.
+    """
     steady = sum(t.memory.per_chip_bytes for t in tables.values())
     transient, names = 0, ()
     if topology.embedding_api == sizing.SPARSE_CORE:
-        tpu = {n: t for n, t in tables.items() if t.placement == "tpu_embedding"}
+        tpu = {n: t for n, t in tables.items() if t.placement == Placement.TPU_EMBEDDING}
         groups = sizing.sparse_core_stack_groups((n, t.dim, _optimizer_key(t.optimizer)) for n, t in tpu.items())
         transient, names = sizing.sparse_core_init_transient(
             {n: t.memory.weight_bytes for n, t in tpu.items()}, groups.values(), topology.num_chips)
@@ -426,8 +604,15 @@ def _gib(n: int) -> str:
 
 
 def check_fits(plan: "EmbeddingPlan") -> None:
-    """Refuses a plan whose per-chip peak (steady + initialization transient) exceeds its budget,
-    naming the tables that take most per chip, largest first, with their allocated shapes."""
+    """Refuses a plan whose per-chip peak (steady + initialization transient) exceeds its budget.
+
+    Args:
+      plan: the plan.
+
+    Raises:
+      PlanError: it does not fit; the message names the tables that take most per chip, largest
+        first, with their allocated shapes, and what to change.
+    """
     memory, topo = plan.memory, plan.topology
     if memory.fits:
         return
@@ -451,11 +636,18 @@ def check_fits(plan: "EmbeddingPlan") -> None:
 
 
 def check_embedding_api(plan: "EmbeddingPlan", hardware: str) -> None:
-    """Refuses TPU-embedding tables where the chip has no embedding engine (`hardware`: how the
-    chip was named, e.g. "training.embedding.topology.chip v5e")."""
+    """Refuses TPU-embedding tables where the chip has no embedding engine.
+
+    Args:
+      plan: the plan.
+      hardware: how the chip was named, e.g. "training.embedding.topology.chip v5e".
+
+    Raises:
+      PlanError: the chip has no embedding engine and some table is placed in TPU embedding.
+    """
     if plan.topology.embedding_api != sizing.NO_EMBEDDING_API:
         return
-    tpu = sorted(plan.tables_placed("tpu_embedding"))
+    tpu = sorted(plan.tables_placed(Placement.TPU_EMBEDDING))
     if tpu:
         raise PlanError(
             f"{hardware} has no embedding engine (TFRS would replicate every table on every chip), but "
@@ -503,11 +695,11 @@ def _table_plan(cfg: PipelineConfig, name: str, manifest: VocabularyManifest, st
         raise PlanError(f"table {name!r} has no vocabulary in the manifest; rerun preprocessing with this config")
     v = manifest.vocabularies[name]
     rows = int(v.rows)
-    if emb.dim_rule == "fourth_root" and not cfg.resolved.table(name).dim_explicit:
+    if emb.dim_rule == DimRule.FOURTH_ROOT and not cfg.resolved.table(name).dim_explicit:
         dim, dim_source = fourth_root_dim(rows), "fourth_root rule"
     else:
         dim, dim_source = int(t.dim), "config"
-    placement = "tpu_embedding" if emb.size_threshold is not None and rows > emb.size_threshold else "tensor_core"
+    placement = Placement.TPU_EMBEDDING if emb.size_threshold is not None and rows > emb.size_threshold else Placement.TENSOR_CORE
     optimizer = table_optimizer(cfg, name)  # tables[].optimizer over training.embedding_optimizer
     return TablePlan(
         rows=rows,
@@ -532,7 +724,7 @@ def _feature_plans(cfg: PipelineConfig, tables: Mapping[str, TablePlan], statist
         pooling = statistics.ids_per_example(f.name, "train")
         length, source = _sequence_length(f, pooling)
         width = None
-        if tables[table].placement == "tensor_core":
+        if tables[table].placement == Placement.TENSOR_CORE:
             width = length or _dense_width(f.max_length, pooling.get("max"))
         features[f.name] = FeaturePlan(
             table=table,
@@ -561,7 +753,7 @@ def _with_wide_part(cfg: PipelineConfig, tables: Dict[str, TablePlan], features:
     out_tables, out_features = dict(tables), dict(features)
     for name, t in tables.items():
         out_tables[name + WIDE_SUFFIX] = dataclasses.replace(
-            t, dim=1, dim_source="wide part (training.wide)", initializer=Initializer("zeros"), optimizer=spec,
+            t, dim=1, dim_source="wide part (training.wide)", initializer=Initializer(InitializerKind.ZEROS), optimizer=spec,
             features=tuple(f + WIDE_SUFFIX for f in t.features),
             memory=_table_memory(t.rows, 1, wide.name, t.placement, topology), wide_of=name)
     for name, f in features.items():
@@ -571,13 +763,20 @@ def _with_wide_part(cfg: PipelineConfig, tables: Dict[str, TablePlan], features:
 
 
 def bucket_boundaries(quantiles: Tuple[float, ...], buckets: int) -> Tuple[float, ...]:
-    """`buckets` buckets of about equal rows from a feature's 101 train quantiles: the quantiles
-    at every 100/buckets percent, as float32 (the model's values and TF's Bucketize boundaries are
-    float32). Repeats are kept (a value many rows hold repeats a boundary; the buckets between
-    equal boundaries stay empty), so a feature has the same number of buckets in every run and a
-    warm start carries their embeddings (tests/test_continuous.py)."""
-    import numpy as np
+    """Bucket boundaries of about equal rows from a dense feature's train quantiles.
 
+    Repeats are kept (a value many rows hold repeats a boundary; the buckets between equal
+    boundaries stay empty), so a feature has the same number of buckets in every run and a warm
+    start carries their embeddings (tests/test_continuous.py).
+
+    Args:
+      quantiles: the feature's 101 train quantiles (statistics).
+      buckets: how many buckets.
+
+    Returns:
+      `buckets - 1` non-decreasing float32 values (the model's values and TF's Bucketize
+      boundaries are float32), the quantiles at every 100/buckets percent.
+    """
     points = len(quantiles) - 1
     picked = np.asarray([quantiles[int(round(j * points / buckets))] for j in range(1, buckets)], np.float32)
     return tuple(float(v) for v in np.maximum.accumulate(picked))  # non-decreasing, as Bucketize needs
@@ -631,9 +830,17 @@ def _gradient_multiplier(cfg: PipelineConfig) -> Optional[Dict[str, Any]]:
 
 
 def resolve_topology(cfg: PipelineConfig) -> Topology:
-    """The plan's topology from training.embedding.topology: a chip's facts (sizing.CHIPS) fill
-    what is not set; without a chip, sized for SparseCore (sizing.DEFAULT_EMBEDDING_API) with
-    16 GiB and 4 SparseCores per chip unless set."""
+    """The plan's topology from `training.embedding.topology`.
+
+    A chip's facts (sizing.CHIPS) fill what is not set; without a chip, the plan is sized for
+    SparseCore (sizing.DEFAULT_EMBEDDING_API) with 16 GiB and 4 SparseCores per chip unless set.
+
+    Args:
+      cfg: a resolved configuration.
+
+    Returns:
+      The topology.
+    """
     topo = cfg.training.embedding.topology
     chip = sizing.chip_facts(topo.chip) if topo.chip else None
     api = chip.embedding_api if chip else sizing.DEFAULT_EMBEDDING_API
@@ -658,8 +865,22 @@ def derive_plan(
     statistics: Optional[EmbeddingStatistics] = None,
     sparsecore_config_available: bool = False,
 ) -> EmbeddingPlan:
-    """The plan for `cfg`'s tables, sized by the vocabulary `manifest` and (optionally) the statistics.
-    `sparsecore_config_available`: whether the installed TensorFlow has SparseCoreEmbeddingConfig."""
+    """The plan for a configuration's tables, sized by the vocabulary manifest and the statistics.
+
+    Args:
+      cfg: a resolved configuration.
+      manifest: what preprocessing built (each table's rows).
+      statistics: what preprocessing measured (SparseCore limits, sequence lengths, dense
+        quantiles); None: nothing measured.
+      sparsecore_config_available: whether the installed TensorFlow has SparseCoreEmbeddingConfig.
+
+    Returns:
+      The plan.
+
+    Raises:
+      PlanError: a table has no vocabulary, a sequence length is unknown, the chip has no embedding
+        engine for a TPU-embedding table, or the tables do not fit the slice.
+    """
     emb = cfg.training.embedding
     topology = resolve_topology(cfg)
     statistics = statistics or EmbeddingStatistics.empty()

@@ -33,9 +33,10 @@ import math
 from dataclasses import dataclass
 from typing import Dict, Iterable, Optional, Tuple
 
+from components.config.choices import OptimizerName, Placement
+
 FLOAT32_BYTES = 4
-OPTIMIZER_SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2, "ftrl": 2}
-PLACEMENTS = ("tpu_embedding", "tensor_core")
+OPTIMIZER_SLOTS = {OptimizerName.SGD: 0, OptimizerName.ADAGRAD: 1, OptimizerName.ADAM: 2, OptimizerName.FTRL: 2}
 
 # The embedding API a chip's TPU-embedding tables go through (TF's HardwareFeature.EmbeddingFeature:
 # V2, V1, UNSUPPORTED).
@@ -78,23 +79,59 @@ CHIPS: Dict[str, Chip] = {c.name: c for c in (
 
 
 def chip_facts(name: str) -> Chip:
+    """A TPU generation's facts.
+
+    Args:
+      name: the chip, one of `CHIPS` (e.g. "v5p").
+
+    Returns:
+      Its `Chip`.
+
+    Raises:
+      ValueError: `name` is not one of `CHIPS`.
+    """
     if name not in CHIPS:
         raise ValueError(f"chip {name!r} is not one of {', '.join(CHIPS)}")
     return CHIPS[name]
 
 
 def chips_with(api: str) -> Tuple[str, ...]:
-    """The chips whose embedding API is `api`."""
+    """The chips whose embedding API is `api`.
+
+    Args:
+      api: one of `EMBEDDING_APIS`.
+
+    Returns:
+      The chips' names, in `CHIPS` order.
+    """
     return tuple(n for n, c in CHIPS.items() if c.embedding_api == api)
 
 
 def table_rows(vocabulary_size: int, num_oov_buckets: int) -> int:
-    """Rows of a table: its vocabulary, then its OOV buckets."""
+    """Rows of a table: its vocabulary, then its OOV buckets.
+
+    Args:
+      vocabulary_size: values in the vocabulary.
+      num_oov_buckets: rows that out-of-vocabulary values hash into.
+
+    Returns:
+      Their sum.
+    """
     return int(vocabulary_size) + int(num_oov_buckets)
 
 
 def optimizer_slots(optimizer: str) -> int:
-    """Slot variables the optimizer keeps beside a table (each of the table's shape)."""
+    """Slot variables the optimizer keeps beside a table (each of the table's shape).
+
+    Args:
+      optimizer: the optimizer's name.
+
+    Returns:
+      0 (sgd), 1 (adagrad) or 2 (adam, ftrl).
+
+    Raises:
+      ValueError: the optimizer is not one of `OPTIMIZER_SLOTS`.
+    """
     if optimizer not in OPTIMIZER_SLOTS:
         raise ValueError(f"optimizer {optimizer!r} is not one of {', '.join(OPTIMIZER_SLOTS)}")
     return OPTIMIZER_SLOTS[optimizer]
@@ -105,8 +142,19 @@ def _round_up(n: int, m: int) -> int:
 
 
 def sparse_core_padded_shape(rows: int, dim: int, num_sparse_cores: int) -> Tuple[int, int]:
-    """(rows, dim) of a table as TPUEmbeddingV2 allocates it (`_round_table_sizes`): rows up to a
-    multiple of 8 x `num_sparse_cores` (chips x SparseCores per chip), dim up to a multiple of 8."""
+    """The shape of a table as TPUEmbeddingV2 allocates it (`_round_table_sizes`).
+
+    Args:
+      rows: the table's rows.
+      dim: the table's dim.
+      num_sparse_cores: chips x SparseCores per chip.
+
+    Returns:
+      (rows, dim): rows rounded up to a multiple of 8 x `num_sparse_cores`, dim up to a multiple of 8.
+
+    Raises:
+      ValueError: `num_sparse_cores` is below 1.
+    """
     if num_sparse_cores < 1:
         raise ValueError(f"num_sparse_cores must be >= 1, got {num_sparse_cores}")
     return (_round_up(rows, SPARSE_CORE_PADDING * num_sparse_cores), _round_up(dim, SPARSE_CORE_PADDING))
@@ -129,6 +177,11 @@ class TableMemory:
     per_chip_rows: Optional[int] = None
 
     def to_dict(self) -> dict:
+        """The memory as plain data.
+
+        Returns:
+          Every field by name.
+        """
         return {
             "weight_bytes": self.weight_bytes,
             "slots_per_row": self.slots_per_row,
@@ -140,22 +193,37 @@ class TableMemory:
         }
 
 
-def table_memory(rows: int, dim: int, optimizer: str, placement: str = "tensor_core", num_chips: int = 1,
+def table_memory(rows: int, dim: int, optimizer: str, placement: str = Placement.TENSOR_CORE, num_chips: int = 1,
                  embedding_api: str = DEFAULT_EMBEDDING_API,
                  sparse_cores_per_chip: int = DEFAULT_SPARSE_CORES_PER_CHIP) -> TableMemory:
-    """Training memory of a float32 table with `optimizer`'s slots, placed as `placement`, on
-    `num_chips` chips whose embedding API is `embedding_api` (module docstring)."""
-    if placement not in PLACEMENTS:
-        raise ValueError(f"placement {placement!r} is not one of {', '.join(PLACEMENTS)}")
+    """Training memory of a float32 table with its optimizer's slots (module docstring).
+
+    Args:
+      rows: the table's rows.
+      dim: the table's dim.
+      optimizer: the optimizer's name (its slots count).
+      placement: a `Placement` value.
+      num_chips: chips the table is sharded over, or replicated on.
+      embedding_api: the chips' embedding API, one of `EMBEDDING_APIS`.
+      sparse_cores_per_chip: SparseCores per chip (SparseCore padding).
+
+    Returns:
+      The table's memory, in total and per chip.
+
+    Raises:
+      ValueError: the placement, embedding API or optimizer is unknown.
+    """
+    if placement not in Placement.values():
+        raise ValueError(f"placement {placement!r} is not one of {', '.join(Placement.values())}")
     if embedding_api not in EMBEDDING_APIS:
         raise ValueError(f"embedding API {embedding_api!r} is not one of {', '.join(EMBEDDING_APIS)}")
     slots = optimizer_slots(optimizer)
     rows, dim, num_chips = int(rows), int(dim), int(num_chips)
     p_rows, p_dim = rows, dim
-    if placement == "tpu_embedding" and embedding_api == SPARSE_CORE:
+    if placement == Placement.TPU_EMBEDDING and embedding_api == SPARSE_CORE:
         p_rows, p_dim = sparse_core_padded_shape(rows, dim, num_chips * int(sparse_cores_per_chip))
         chip_rows = p_rows // num_chips  # a multiple of 8 x SparseCores: even over the chips
-    elif placement == "tpu_embedding" and embedding_api == TPU_EMBEDDING_V1:
+    elif placement == Placement.TPU_EMBEDDING and embedding_api == TPU_EMBEDDING_V1:
         chip_rows = math.ceil(rows / num_chips)  # whole rows of each chip's shard
     else:  # replicated: TensorCore tables, and every table where there is no embedding engine
         chip_rows = rows
@@ -165,10 +233,17 @@ def table_memory(rows: int, dim: int, optimizer: str, placement: str = "tensor_c
 
 
 def sparse_core_stack_groups(tables: Iterable[Tuple[str, int, str]]) -> Dict[Tuple[int, str], Tuple[str, ...]]:
-    """{(padded dim, optimizer key): table names}: the tables TPUEmbeddingV2 may stack together
-    (`_stack_tables_with_same_table_dim_and_optimizer` groups by padded dim and optimizer; its
-    C++ `stack_tables` may split a group into several stacks, never join two). `tables`: (name,
-    dim, optimizer key) of the SparseCore tables, the key equal for equal optimizers."""
+    """The tables TPUEmbeddingV2 may stack together.
+
+    `_stack_tables_with_same_table_dim_and_optimizer` groups by padded dim and optimizer; its C++
+    `stack_tables` may split a group into several stacks, never join two.
+
+    Args:
+      tables: (name, dim, optimizer key) of the SparseCore tables, the key equal for equal optimizers.
+
+    Returns:
+      {(padded dim, optimizer key): table names}.
+    """
     groups: Dict[Tuple[int, str], Tuple[str, ...]] = {}
     for name, dim, key in tables:
         g = (_round_up(dim, SPARSE_CORE_PADDING), key)
@@ -178,12 +253,21 @@ def sparse_core_stack_groups(tables: Iterable[Tuple[str, int, str]]) -> Dict[Tup
 
 def sparse_core_init_transient(padded_bytes: Dict[str, int], groups: Iterable[Tuple[str, ...]],
                                num_chips: int) -> Tuple[int, Tuple[str, ...]]:
-    """(bytes, tables): the most a chip holds beyond its steady bytes while TPUEmbeddingV2
-    initializes its stacks with initializers that are not sharding-aware: the full padded
-    parameters of every table of the stack being initialized (`padded_bytes`: padded rows x
-    padded dim x 4 per table) plus one more shard of them (the slices collected before the
-    concatenation). Taken over the groups that could share a stack (`sparse_core_stack_groups`),
-    which is a safe upper bound of any stack TF forms; the tables of the largest group."""
+    """The most a chip holds beyond its steady bytes while TPUEmbeddingV2 initializes its stacks.
+
+    With initializers that are not sharding-aware, a chip holds the full padded parameters of every
+    table of the stack being initialized plus one more shard of them (the slices collected before
+    the concatenation). Taken over the groups that could share a stack (`sparse_core_stack_groups`),
+    which is a safe upper bound of any stack TF forms.
+
+    Args:
+      padded_bytes: padded rows x padded dim x 4 per table.
+      groups: the table names of each group.
+      num_chips: chips the stacks are sharded over.
+
+    Returns:
+      (bytes, tables): the transient of the largest group, and its tables.
+    """
     best: Tuple[int, Tuple[str, ...]] = (0, ())
     for names in groups:
         full = sum(padded_bytes[n] for n in names)

@@ -24,6 +24,12 @@ DENSE_QUANTILE_POINTS = 100
 
 @dataclass(frozen=True)
 class EmbeddingStatistics:
+    """What preprocessing measured: rows per split, per-feature IDs, per-table batches and shards, input problems.
+
+    The nested sections keep the form the report renders (configs/README.md); the parts another stage
+    reads have typed accessors.
+    """
+
     global_batch_size: int
     shard_counts: Tuple[int, ...]
     splits: Mapping[str, Any]  # split -> rows read / dropped by reason / written, positive rate
@@ -38,37 +44,96 @@ class EmbeddingStatistics:
 
     @classmethod
     def empty(cls) -> "EmbeddingStatistics":
-        """No statistics (examples written before they were copied beside them): every accessor
-        answers 'unknown'."""
+        """No statistics: every accessor answers "unknown".
+
+        Returns:
+          Statistics with every section empty.
+        """
         return cls(0, (), {}, {}, {}, {}, 0, {})
 
     def suggested_sparsecore_limits(self, table: str, num_sparse_cores: int) -> Optional[Mapping[str, Any]]:
-        """The statistics' SparseCore limits for `table` sharded over `num_sparse_cores` (None when
-        that shard count was not measured)."""
+        """The statistics' SparseCore limits for a table sharded over some SparseCores.
+
+        Args:
+          table: the table's name.
+          num_sparse_cores: the shard count (chips x SparseCores per chip).
+
+        Returns:
+          {max_ids_per_table, max_unique_ids_per_table, basis, headroom}, or None when that shard count
+          was not measured.
+        """
         shard = self.tables.get(table, {}).get("shards", {}).get(str(num_sparse_cores))
         return shard["suggested_sparsecore_limits"] if shard else None
 
     def dense_quantiles(self, feature: str) -> Optional[Tuple[float, ...]]:
-        """The train split's DENSE_QUANTILE_POINTS + 1 quantiles of a dense feature's filled values
-        (minimum, ..., maximum); None when unknown (statistics from before they were measured)."""
+        """A dense feature's train-split quantiles of its filled values.
+
+        Args:
+          feature: the dense feature's name.
+
+        Returns:
+          DENSE_QUANTILE_POINTS + 1 floats (minimum, ..., maximum), or None when unknown.
+        """
         q = (self.dense_features.get(feature, {}).get("train", {}) or {}).get("quantiles")
         return tuple(float(v) for v in q) if q else None
 
     def ids_per_example(self, feature: str, split: str) -> Dict[str, Any]:
-        """{mean, p50, p90, p99, max, ...} IDs per example of `feature` on `split` ({} when unknown)."""
+        """IDs per example of a categorical feature on a split.
+
+        Args:
+          feature: the categorical feature's name.
+          split: "train" or "eval".
+
+        Returns:
+          {mean, p50, p90, p99, max, ...}; {} when unknown.
+        """
         return dict(self.features.get(feature, {}).get("splits", {}).get(split, {}).get("ids_per_example", {}) or {})
 
     def to_dict(self) -> Dict[str, Any]:
+        """The statistics as plain data.
+
+        Returns:
+          Nested dicts and lists, as `statistics.json` holds them.
+        """
         return plain(self)
 
     def to_json(self) -> str:
+        """The statistics as `statistics.json` holds them.
+
+        Returns:
+          The contracts' JSON form (`_json.dumps`).
+        """
         return dumps(self.to_dict())
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any], source: str = "embedding statistics") -> "EmbeddingStatistics":
+        """Reads statistics back from plain data.
+
+        Args:
+          data: what `to_dict` wrote.
+          source: the file, for messages.
+
+        Returns:
+          The statistics.
+
+        Raises:
+          ContractError: another version wrote them, or a field is missing.
+        """
         check_version(data, STATISTICS_VERSION, source, "rerun preprocessing with this version of the pipeline")
         return pick(cls, data, source, shard_counts=tuple(data.get("shard_counts", ())))
 
     @classmethod
     def from_json(cls, text: str, source: str = "embedding statistics") -> "EmbeddingStatistics":
+        """Reads statistics back from `statistics.json`'s text.
+
+        Args:
+          text: the JSON.
+          source: the file, for messages.
+
+        Returns:
+          The statistics.
+
+        Raises:
+          ContractError: another version wrote them, or a field is missing.
+        """
         return cls.from_dict(json.loads(text), source)
