@@ -21,11 +21,15 @@ import os
 import sys
 
 import components  # noqa: F401
+from components.config.loading import config_from_json, load_config
+from components.config.schema import LAYOUT_KINDS, PARTITION_STRATEGIES, TABLE_DTYPES, ConfigError, PipelineConfig
+from components.config.validation import check_export_config
+from components.contracts.artifacts import TRAINER_CONFIG_FILE
+from components.reporting.errors import one_line
+from components.reporting.report import Report, emit, error_line, write_traceback
 
 
 def _parser() -> argparse.ArgumentParser:
-    from components.config.schema import LAYOUT_KINDS, PARTITION_STRATEGIES, TABLE_DTYPES
-
     p = argparse.ArgumentParser(prog="python -m components.embedding_exporter", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="Model artifact directory written by this product's trainer")
     p.add_argument("--output", required=True, help="where Format-Serving/, tables/ and export_report.json go")
@@ -45,43 +49,53 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
-    from components.reporting.errors import one_line
-    from components.reporting import emit, error_line, write_traceback
+def _config_from_args(args: argparse.Namespace) -> PipelineConfig:
+    """The pipeline config (--config, or the one stored beside the model) with the options'
+    overrides of its `export` section, checked. Raises ConfigError."""
+    if args.config:
+        cfg = load_config(args.config)
+    else:
+        path = os.path.join(args.model, TRAINER_CONFIG_FILE)
+        if not os.path.exists(path):
+            raise ConfigError(f"--config: not given and {path} does not exist (models trained before it was written); pass the pipeline YAML")
+        with open(path, encoding="utf-8") as fh:
+            cfg = config_from_json(fh.read())
+    e = cfg.export
+    if args.table_dtype:
+        e.table_dtype = args.table_dtype
+    if args.no_tables:
+        e.write_tables = False
+    lay = e.layout
+    for opt, name in (("layout", "kind"), ("partition_strategy", "partition_strategy"),
+                      ("num_partitions", "num_partitions"), ("num_sparse_cores", "num_sparse_cores"),
+                      ("sparse_cores_per_chip", "sparse_cores_per_chip")):
+        if getattr(args, opt) is not None:
+            setattr(lay, name, getattr(args, opt))
+    for item in args.table_key:
+        table, sep, key = item.partition("=")
+        if not sep or not table or not key:
+            raise ConfigError(f"--table-key {item!r}: expected TABLE=CHECKPOINT_KEY")
+        lay.table_keys[table] = key
+    check_export_config(e)  # the overrides get the config's own checks
+    return cfg
 
+
+def main(argv=None) -> int:
+    """Runs the standalone exporter.
+
+    Args:
+      argv: the command line's arguments (None: sys.argv's).
+
+    Returns:
+      The exit status: 0 exported, 1 failed, 2 bad arguments or config, 3 export refused.
+    """
     args = _parser().parse_args(argv)
-    from components.config.loading import config_from_json, load_config
-    from components.config.schema import ConfigError
-    from components.config.validation import check_export_config
-    from components.embedding_exporter.export import ExportRefused, export_serving_model
-    from components.contracts.artifacts import TRAINER_CONFIG_FILE as CONFIG_FILE
+    # lazy: TensorFlow and TFX load only once the arguments parse (--help stays fast)
+    from components.embedding_exporter.export import export_serving_model
+    from components.embedding_model.restore import ExportRefused
 
     try:
-        if args.config:
-            cfg = load_config(args.config)
-        else:
-            path = os.path.join(args.model, CONFIG_FILE)
-            if not os.path.exists(path):
-                raise ConfigError(f"--config: not given and {path} does not exist (models trained before it was written); pass the pipeline YAML")
-            with open(path, encoding="utf-8") as fh:
-                cfg = config_from_json(fh.read())
-        e = cfg.export
-        if args.table_dtype:
-            e.table_dtype = args.table_dtype
-        if args.no_tables:
-            e.write_tables = False
-        lay = e.layout
-        for opt, name in (("layout", "kind"), ("partition_strategy", "partition_strategy"),
-                          ("num_partitions", "num_partitions"), ("num_sparse_cores", "num_sparse_cores"),
-                          ("sparse_cores_per_chip", "sparse_cores_per_chip")):
-            if getattr(args, opt) is not None:
-                setattr(lay, name, getattr(args, opt))
-        for item in args.table_key:
-            table, sep, key = item.partition("=")
-            if not sep or not table or not key:
-                raise ConfigError(f"--table-key {item!r}: expected TABLE=CHECKPOINT_KEY")
-            lay.table_keys[table] = key
-        check_export_config(e)  # the overrides get the config's own checks
+        cfg = _config_from_args(args)
     except ConfigError as err:
         print(error_line(err), file=sys.stderr)
         return 2
@@ -98,10 +112,16 @@ def main(argv=None) -> int:
     return 0
 
 
-def export_summary(report, output: str):
-    """The export in brief, as every tool of the product prints it (components/reporting/__init__.py)."""
-    from components.reporting import Report
+def export_summary(report, output: str) -> Report:
+    """Summarises an export, as every tool of the product prints it (components/reporting/report.py).
 
+    Args:
+      report: the export report (`export_serving_model`'s).
+      output: the serving Model directory it was written to.
+
+    Returns:
+      The summary.
+    """
     r = Report("export summary", data=report)
     p = report["parity"]
     r.add("serving model", os.path.join(output, "Format-Serving"))

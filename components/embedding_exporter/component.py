@@ -8,10 +8,14 @@ from tfx.types.component_spec import ChannelParameter, ExecutionParameter
 from components.config.stages import stage_json
 from components.config.schema import PipelineConfig
 from components.embedding_exporter import executor
+from components.tfx_wiring.executor_base import CONFIG_KEY
 
 
 class EmbeddingExporterSpec(ComponentSpec):
-    PARAMETERS = {executor.CONFIG_KEY: ExecutionParameter(type=str)}
+    """The exporter's inputs (the Trainer's Model, ExampleGen's Examples, optionally the last
+    blessed model), outputs (serving Model, ModelBlessing) and its config parameter."""
+
+    PARAMETERS = {CONFIG_KEY: ExecutionParameter(type=str)}
     INPUTS = {
         executor.MODEL_KEY: ChannelParameter(type=standard_artifacts.Model),
         executor.EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples),
@@ -32,6 +36,13 @@ class EmbeddingExporter(base_component.BaseComponent):
     the validation gate (the trainer's baseline; the last blessed model, i.e. the one served at
     the push destination, given by LastBlessedModel as `last_blessed_model`) is published with a
     NOT_BLESSED blessing, which the Pusher does not push.
+
+    Args:
+      model: channel of the Trainer's Model.
+      examples: channel of ExampleGen's Examples (the raw eval split is read).
+      config: the pipeline config; the exporter gets its share (components/config/stages.py).
+      last_blessed_model: channel of LastBlessedModel's Model (None: no comparison with the
+        served model).
     """
 
     SPEC_CLASS = EmbeddingExporterSpec

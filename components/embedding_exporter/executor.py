@@ -1,14 +1,12 @@
 """TFX executor of EmbeddingExporter."""
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Dict, List
 
 from tfx import types
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
-from tfx.dsl.io import fileio
 from tfx.utils import io_utils
 
 from absl import logging
@@ -18,7 +16,7 @@ from components.reporting import progress
 from components.model_registry import registry
 
 from components.embedding_exporter.export import export_serving_model
-from components.tfx_wiring.executor_base import CONFIG_KEY, config_of, upstream_ledger
+from components.tfx_wiring.executor_base import config_of, upstream_ledger
 
 MODEL_KEY = "model"
 EXAMPLES_KEY = "examples"
@@ -29,6 +27,8 @@ SERVING_MODEL_PROPERTY = "serving_model"  # the blessing's: the serving Model ar
 
 
 class Executor(base_executor.BaseExecutor):
+    """Exports the Trainer's model as a verified serving model and writes its blessing."""
+
     @progress.staged(progress.EXPORTER)
     def Do(
         self,
@@ -36,6 +36,18 @@ class Executor(base_executor.BaseExecutor):
         output_dict: Dict[str, List[types.Artifact]],
         exec_properties: Dict[str, Any],
     ) -> None:
+        """Runs the export (export.py) and records the gate's decision as a ModelBlessing.
+
+        Args:
+          input_dict: `model` (the Trainer's Model), `examples` (ExampleGen's, its eval split read)
+            and optionally `last_blessed_model` (LastBlessedModel's lookup).
+          output_dict: `serving_model` (Model) and `blessing` (ModelBlessing).
+          exec_properties: `config_json`, the exporter's share of the pipeline config.
+
+        Raises:
+          ExportRefused: the export is refused (nothing is published or pushed).
+          ValueError: `last_blessed_model` is not LastBlessedModel's output.
+        """
         cfg = config_of(exec_properties)
         model = artifact_utils.get_single_instance(input_dict[MODEL_KEY])
         examples = artifact_utils.get_single_instance(input_dict[EXAMPLES_KEY])
@@ -55,25 +67,36 @@ class Executor(base_executor.BaseExecutor):
                              "LastBlessedModel (components.model_registry)")
         # Raises ExportRefused (the execution fails, nothing is published or pushed) on any mismatch.
         report = export_serving_model(cfg, model.uri, eval_pattern, serving.uri, last_blessed=previous)
-        parity = report["parity"]
-        serving.set_float_custom_property("parity_max_abs_diff", parity["max_abs_diff"])
-        serving.set_string_custom_property("table_layouts", ",".join(report["layout"]["kinds"]))
-        serving.set_string_custom_property("table_dtype", report["table_dtype"])
-        serving.set_float_custom_property("eval_auc", report["eval_auc"]["serving"])
-        decision = report["validation"]
-        blessed = bool(decision["blessed"])
-        # TFX's blessing properties (Evaluator's names); `current_model` (the Trainer model) goes
-        # into the registry entry the Pusher writes (the next run's warm start).
-        blessing.set_int_custom_property("blessed", int(blessed))
-        blessing.set_int_custom_property("current_model_id", model.id)
-        blessing.set_string_custom_property("current_model", model.uri)
-        blessing.set_string_custom_property(SERVING_MODEL_PROPERTY, serving.uri)
-        blessing.set_float_custom_property("parity_max_abs_diff", parity["max_abs_diff"])
-        blessing.set_int_custom_property("parity_examples", parity["examples"])
-        for c in decision["checks"]:
-            if "model_auc" in c:
-                blessing.set_float_custom_property(f"{c['name']}_reference_auc", c["reference_auc"])
-        if not blessed:
-            blessing.set_string_custom_property("not_blessed_reason", "; ".join(decision["reasons"]))
-            logging.warning("model not blessed (kept, not pushed): %s", "; ".join(decision["reasons"]))
-        io_utils.write_string_file(os.path.join(blessing.uri, "BLESSED" if blessed else "NOT_BLESSED"), "")
+        _record_serving_model(serving, report)
+        _write_blessing(blessing, model, serving, report)
+
+
+def _record_serving_model(serving: types.Artifact, report: Dict[str, Any]) -> None:
+    """The export's figures as the serving Model's properties."""
+    serving.set_float_custom_property("parity_max_abs_diff", report["parity"]["max_abs_diff"])
+    serving.set_string_custom_property("table_layouts", ",".join(report["layout"]["kinds"]))
+    serving.set_string_custom_property("table_dtype", report["table_dtype"])
+    serving.set_float_custom_property("eval_auc", report["eval_auc"]["serving"])
+
+
+def _write_blessing(blessing: types.Artifact, model: types.Artifact, serving: types.Artifact,
+                    report: Dict[str, Any]) -> None:
+    """The gate's decision as the ModelBlessing's properties and its BLESSED/NOT_BLESSED file."""
+    parity = report["parity"]
+    decision = report["validation"]
+    blessed = bool(decision["blessed"])
+    # TFX's blessing properties (Evaluator's names); `current_model` (the Trainer model) goes
+    # into the registry entry the Pusher writes (the next run's warm start).
+    blessing.set_int_custom_property("blessed", int(blessed))
+    blessing.set_int_custom_property("current_model_id", model.id)
+    blessing.set_string_custom_property("current_model", model.uri)
+    blessing.set_string_custom_property(SERVING_MODEL_PROPERTY, serving.uri)
+    blessing.set_float_custom_property("parity_max_abs_diff", parity["max_abs_diff"])
+    blessing.set_int_custom_property("parity_examples", parity["examples"])
+    for c in decision["checks"]:
+        if "model_auc" in c:
+            blessing.set_float_custom_property(f"{c['name']}_reference_auc", c["reference_auc"])
+    if not blessed:
+        blessing.set_string_custom_property("not_blessed_reason", "; ".join(decision["reasons"]))
+        logging.warning("model not blessed (kept, not pushed): %s", "; ".join(decision["reasons"]))
+    io_utils.write_string_file(os.path.join(blessing.uri, "BLESSED" if blessed else "NOT_BLESSED"), "")

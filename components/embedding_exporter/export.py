@@ -25,54 +25,73 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import components  # noqa: F401
 import numpy as np
 import tensorflow as tf
 from tfx.utils import io_utils  # read_string_file: any filesystem TFX reads (gs://, local)
+from tfx_bsl.coders import example_coder
 
 from components.reporting import progress
 from components.config.schema import PipelineConfig
 from components.contracts import artifacts
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
+from components.data_io.examples_io import serialized_examples
 from components.embedding_exporter import gate
+from components.embedding_exporter.scoring import score
 from components.embedding_model import layouts
 from components.embedding_exporter import tables as tables_lib
-from components.embedding_model.restore import (  # noqa: F401  (re-exported)
-    ExportRefused, build_serving_model, cfg_hint, dense_variables, load_tables, open_checkpoint_tables, restore_dense,
+from components.embedding_model.restore import (
+    ExportRefused, build_serving_model, dense_variables, load_tables, open_checkpoint_tables, restore_dense,
 )
 from components.embedding_exporter.serving import RawFeatureTransform, ServingModule
 from components.embedding_preprocess.features import KIND_NONE, kind_of
 from components.embedding_model.saving import save_serving_model
-from components.embedding_preprocess import transform as preprocess_transform
+from components.embedding_preprocess.transform import make_lookups, transform_batch
 from components.embedding_preprocess import vocabulary
 from components.tfx_wiring.executor_base import read_json_if_exists
 from components.embedding_model.input import parse_batch
-from components.embedding_model.model import RankingModel
+from components.embedding_model.serving_model import ServingRankingModel
 from components.rules.metrics import roc_auc
 from components.model_registry.registry import Lookup
+from components.config.choices import LayoutKind, TableDtype
 
-SERVING_DIR = artifacts.SERVING_DIR
-REPORT_FILE = artifacts.EXPORT_REPORT_FILE
-STAGING_DIR = artifacts.EXPORT_STAGING_DIR
+# Names of optimizer slot variables as Keras and the TPU embedding API save them.
 SLOT_MARKERS = ("OPTIMIZER_SLOT", "accumulator", "momenta", "velocities", "linears")
-SCORE_BATCH = 1024
 
 
 def read_raw_examples(file_pattern: str, limit: int) -> List[bytes]:
-    """Raw eval rows as serialized tf.Examples (what a serving client sends), from ExampleGen's
-    Parquet files or from TFRecords of tf.Examples."""
-    from components.data_io.examples_io import serialized_examples
+    """Reads raw eval rows as serialized tf.Examples (what a serving client sends).
 
+    Args:
+      file_pattern: ExampleGen's Parquet files, or TFRecords of tf.Examples.
+      limit: the most rows to read.
+
+    Returns:
+      Up to `limit` serialized tf.Examples, in file order.
+
+    Raises:
+      ExportRefused: no file matches `file_pattern`.
+    """
     if not tf.io.gfile.glob(file_pattern):
         raise ExportRefused(f"no eval examples match {file_pattern}; cannot verify the export")
     return serialized_examples(file_pattern, limit)
 
 
 def read_model_plan(model_uri: str) -> EmbeddingPlan:
-    """The embedding plan the Model artifact was trained with (the exporter trusts nothing else)."""
+    """Reads the embedding plan the Model artifact was trained with (the exporter trusts nothing else).
+
+    Args:
+      model_uri: the trainer's Model artifact directory.
+
+    Returns:
+      The plan stored beside the model.
+
+    Raises:
+      ExportRefused: the artifact holds no plan.
+    """
     plan_path = os.path.join(model_uri, artifacts.PLAN_FILE)
     if not tf.io.gfile.exists(plan_path):
         raise ExportRefused(f"no embedding plan at {plan_path}; the Model artifact is not from this trainer")
@@ -80,7 +99,17 @@ def read_model_plan(model_uri: str) -> EmbeddingPlan:
 
 
 def read_model_manifest(model_uri: str) -> VocabularyManifest:
-    """The vocabulary manifest the Model artifact was trained with."""
+    """Reads the vocabulary manifest the Model artifact was trained with.
+
+    Args:
+      model_uri: the trainer's Model artifact directory.
+
+    Returns:
+      The manifest stored beside the model.
+
+    Raises:
+      ExportRefused: the artifact holds no manifest.
+    """
     path = os.path.join(model_uri, artifacts.EMBEDDING_MANIFEST_FILE)
     if not tf.io.gfile.exists(path):
         raise ExportRefused(f"no vocabulary manifest at {path}; the Model artifact is not from this trainer")
@@ -88,7 +117,14 @@ def read_model_manifest(model_uri: str) -> VocabularyManifest:
 
 
 def saved_variable_shapes(saved_model_dir: str) -> Dict[str, List[int]]:
-    """Every variable a SavedModel holds, with its shape (the object graph entry excluded)."""
+    """Lists every variable a SavedModel holds, with its shape (the object graph entry excluded).
+
+    Args:
+      saved_model_dir: a SavedModel directory.
+
+    Returns:
+      {checkpoint key: shape as a list of ints}.
+    """
     reader = tf.train.load_checkpoint(os.path.join(saved_model_dir, "variables", "variables"))
     shapes = reader.get_variable_to_shape_map()
     shapes.pop("_CHECKPOINTABLE_OBJECT_GRAPH", None)
@@ -96,8 +132,21 @@ def saved_variable_shapes(saved_model_dir: str) -> Dict[str, List[int]]:
 
 
 def check_no_optimizer_state(saved_model_dir: str, model: tf.keras.Model) -> int:
-    """The SavedModel must hold exactly the model's weights: slot variables would be extra entries
-    (Keras saves them under opaque positional names, so counting and shapes are the real check)."""
+    """Checks that a SavedModel holds exactly the model's weights, so no optimizer slot variable.
+
+    Keras saves slot variables under opaque positional names, so counting the variables and
+    comparing their shapes is the real check; the names catch the rest.
+
+    Args:
+      saved_model_dir: the serving SavedModel just written.
+      model: the model it was written from.
+
+    Returns:
+      How many variables the SavedModel holds.
+
+    Raises:
+      ExportRefused: the SavedModel holds other variables than the model's weights.
+    """
     saved = saved_variable_shapes(saved_model_dir)
     named_slots = [n for n in saved if any(m in n for m in SLOT_MARKERS)]
     expected = sorted(tuple(v.shape.as_list()) for v in model.variables)
@@ -110,19 +159,23 @@ def check_no_optimizer_state(saved_model_dir: str, model: tf.keras.Model) -> int
     return len(got)
 
 
-
 def latest_checkpoint(model_uri: str) -> str:
+    """Finds the newest training checkpoint of a Model artifact.
+
+    Args:
+      model_uri: the trainer's Model artifact directory.
+
+    Returns:
+      The checkpoint's path prefix.
+
+    Raises:
+      ExportRefused: the artifact holds no checkpoint.
+    """
     ckpt_dir = os.path.join(model_uri, artifacts.CHECKPOINT_DIR)
     path = tf.train.latest_checkpoint(ckpt_dir)
     if path is None:
         raise ExportRefused(f"no training checkpoint in {ckpt_dir}")
     return path
-
-
-def score(fn, serialized: List[bytes], batch: int = SCORE_BATCH) -> np.ndarray:
-    out = [fn(examples=tf.constant(serialized[i: i + batch]))["probabilities"].numpy().ravel()
-           for i in range(0, len(serialized), batch)]
-    return np.concatenate(out) if out else np.zeros([0], np.float32)
 
 
 def _dir_bytes(path: str) -> int:
@@ -165,8 +218,15 @@ def _move(src: str, dst: str) -> None:
 
 @dataclass
 class EvalSample:
-    """Labelled eval rows for the checks, raw (the serving model's input) and through the
-    preprocessing code (the trained model's input), in the same order."""
+    """Labelled eval rows for the checks, raw and through the preprocessing code, in the same order.
+
+    Attributes:
+      raw: serialized raw tf.Examples (the serving model's input), [n].
+      transformed: the same rows as preprocessing writes them (the trained model's input), [n].
+      labels: their labels, float32 [n].
+      parity_examples: the first this many rows are compared example by example.
+      features: a few rows as model features: what builds a model's variables.
+    """
 
     raw: List[bytes]
     transformed: List[bytes]
@@ -178,7 +238,12 @@ class EvalSample:
 @dataclass
 class ExportContext:
     """One export: what it reads (set by `prepare`), the staging directory the steps write into,
-    and what each step leaves for the next and for the report."""
+    and what each step leaves for the next and for the report.
+
+    `convert` sets `model`, `writer`, `table_report`, `convert_seconds` and `dense_restored`;
+    `verify` sets `float32_dir`, `serving_variables`, `parity`, `p_float32` (float32 [n]) and the
+    AUCs; `compress` adds its dtype to `compression` ({dtype: size and AUC figures}).
+    """
 
     cfg: PipelineConfig
     model_uri: str
@@ -190,7 +255,7 @@ class ExportContext:
     staging: str
     clock: _Clock = field(default_factory=_Clock)
     # convert
-    model: Optional[RankingModel] = None  # the float32 serving model
+    model: Optional[ServingRankingModel] = None  # the float32 serving model
     writer: Optional[tables_lib.TableWriter] = None
     table_report: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     convert_seconds: float = 0.0
@@ -211,9 +276,20 @@ class ExportContext:
 
 
 def read_eval_sample(cfg: PipelineConfig, manifest: VocabularyManifest, raw_eval_pattern: str) -> EvalSample:
-    """Eval rows, raw (for the serving model) and through the preprocessing code (for the trained one)."""
-    from tfx_bsl.coders import example_coder
+    """Reads eval rows, raw (for the serving model) and through the preprocessing code (for the trained one).
 
+    Args:
+      cfg: the pipeline config (label, features, `export` sample sizes).
+      manifest: the Model artifact's vocabulary manifest (vocabularies, raw column kinds).
+      raw_eval_pattern: ExampleGen's raw eval files.
+
+    Returns:
+      The labelled rows, raw and transformed, in the same order.
+
+    Raises:
+      ExportRefused: no file matches, a column's kind differs from the one preprocessing read, or
+        no row has a usable label.
+    """
     e = cfg.export
     raw = read_raw_examples(raw_eval_pattern, max(e.parity_sample_size, e.auc_sample_size))
     vocabularies = {name: vocabulary.read_vocabulary(manifest.vocabulary_dir, name) for name in manifest.vocabularies}
@@ -225,14 +301,13 @@ def read_eval_sample(cfg: PipelineConfig, manifest: VocabularyManifest, raw_eval
             f"eval examples at {raw_eval_pattern} hold {', '.join(mismatched)}: the serving model parses each "
             "column as the examples preprocessing read held it; give the exporter the Examples artifact preprocessing read"
         )
-    transformed, keep, _ = preprocess_transform.transform_record_batch(
-        cfg, preprocess_transform.make_lookups(cfg, vocabularies), rb, "export"
-    )
+    result = transform_batch(cfg, make_lookups(cfg, vocabularies), rb)
+    transformed = result.batch
     if transformed is None:
         raise ExportRefused(f"no labelled eval example among the {len(raw)} read from {raw_eval_pattern}")
     labels = np.asarray(transformed.column(transformed.schema.get_field_index(cfg.label)).flatten())
     transformed_serialized = example_coder.RecordBatchToExamplesEncoder().encode(transformed)
-    raw_labelled = [r for r, k in zip(raw, keep) if k]
+    raw_labelled = [r for r, k in zip(raw, result.keep) if k]
     features, _ = parse_batch(tf.constant(transformed_serialized[:8]), manifest)
     return EvalSample(
         raw=raw_labelled, transformed=transformed_serialized, labels=labels,
@@ -243,8 +318,21 @@ def read_eval_sample(cfg: PipelineConfig, manifest: VocabularyManifest, raw_eval
 def prepare(
     cfg: PipelineConfig, model_uri: str, raw_eval_pattern: str, staging: str, checkpoint_path: Optional[str] = None
 ) -> ExportContext:
-    """Reads what the export needs (plan, manifest, the checkpoint's tables located, the eval
-    sample); writes nothing. ExportRefused when the Model artifact is not one this exporter reads."""
+    """Reads what the export needs; writes nothing.
+
+    Args:
+      cfg: the pipeline config.
+      model_uri: the trainer's Model artifact directory.
+      raw_eval_pattern: ExampleGen's raw eval files.
+      staging: the directory the steps will write into.
+      checkpoint_path: the checkpoint to export (None: the newest of the artifact).
+
+    Returns:
+      The context: plan, manifest, the checkpoint's tables located in their layout, the eval sample.
+
+    Raises:
+      ExportRefused: the Model artifact is not one this exporter reads, or the eval rows are unusable.
+    """
     plan = read_model_plan(model_uri)
     manifest = read_model_manifest(model_uri)
     checkpoint_path = checkpoint_path or latest_checkpoint(model_uri)
@@ -254,8 +342,17 @@ def prepare(
 
 
 def convert(ctx: ExportContext) -> None:
-    """Conversion: the float32 CPU serving model (dense network restored, then the tables one at a
-    time: read in their layout, checked, assigned) and, for float32 exports, `tables/` files."""
+    """Builds the float32 CPU serving model from the checkpoint, and `tables/` files for float32 exports.
+
+    The dense network is restored first, then the tables one at a time: read in their layout,
+    checked, assigned.
+
+    Args:
+      ctx: the export; sets its `model`, `writer`, `table_report`, `convert_seconds`, `dense_restored`.
+
+    Raises:
+      ExportRefused: a dense weight or a table does not match the model.
+    """
     ctx.clock.restart()
     plan, manifest = ctx.plan, ctx.manifest
     ctx.model = build_serving_model(plan, manifest, ctx.cfg, "float32", ctx.sample.features)
@@ -266,12 +363,12 @@ def convert(ctx: ExportContext) -> None:
     last = [start]  # when the previous table was done: each table's seconds include its read
 
     def report_table(name: str, source: layouts.TableSource, values: np.ndarray) -> None:
-        if ctx.writer is not None and ctx.table_dtype == "float32":
+        if ctx.writer is not None and ctx.table_dtype == TableDtype.FLOAT32:
             ctx.writer.write(name, plan.tables[name], values, None)
         slots = plan.tables[name].memory.slots_per_row
         trained_weights = (  # B: with the row and column padding the SparseCores held
             source.shard["size"] * source.shard["num_sparse_cores"] * source.shard["padded_cols"] * 4
-            if source.kind == "B" else values.nbytes
+            if source.kind == LayoutKind.B else values.nbytes
         )
         now = time.perf_counter()
         ctx.table_report[name] = {
@@ -293,15 +390,25 @@ def convert(ctx: ExportContext) -> None:
 
 
 def verify(ctx: ExportContext) -> None:
-    """Verification: the float32 serving model, written and loaded back, scores the raw eval rows
-    as the trainer's own SavedModel scores them preprocessed; ExportRefused above the tolerance."""
+    """Checks that the float32 serving model, written and loaded back, scores as the trained one.
+
+    The serving model scores the raw eval rows, the trainer's own SavedModel the same rows
+    preprocessed.
+
+    Args:
+      ctx: the export after `convert`; sets its parity, AUC and `compression["float32"]` figures.
+
+    Raises:
+      ExportRefused: the SavedModel holds optimizer state, or the scores differ by more than
+        `export.parity_tolerance`.
+    """
     e, s = ctx.cfg.export, ctx.sample
-    ctx.float32_dir = os.path.join(ctx.staging, SERVING_DIR if ctx.table_dtype == "float32" else "_float32_check")
+    ctx.float32_dir = os.path.join(ctx.staging, artifacts.SERVING_DIR if ctx.table_dtype == TableDtype.FLOAT32 else "_float32_check")
     module = ServingModule(ctx.model, RawFeatureTransform(ctx.manifest, ctx.manifest.vocabulary_dir))
     save_serving_model(module, ctx.float32_dir)
     ctx.serving_variables = check_no_optimizer_state(ctx.float32_dir, ctx.model)
     ctx.clock.lap("save float32 serving model")
-    trained = tf.saved_model.load(os.path.join(ctx.model_uri, SERVING_DIR))
+    trained = tf.saved_model.load(os.path.join(ctx.model_uri, artifacts.SERVING_DIR))
     serving = tf.saved_model.load(ctx.float32_dir)
     p_trained = score(trained.signatures["serving_default"], s.transformed)
     p_float32 = score(serving.signatures["serving_default"], s.raw)
@@ -334,20 +441,22 @@ def verify(ctx: ExportContext) -> None:
 
 
 def compression_variants(ctx: ExportContext) -> List[str]:
-    """The compressed variants to build: the chosen table dtype, and both with compare_compression."""
+    """Lists the compressed variants to build.
+
+    Args:
+      ctx: the export.
+
+    Returns:
+      The chosen table dtype when it is compressed, and both float16 and int8 with
+      `export.compare_compression`.
+    """
     return [d for d in ("float16", "int8") if d == ctx.table_dtype or ctx.cfg.export.compare_compression]
 
 
-def compress(ctx: ExportContext, dtype: str) -> None:
-    """Compression: the serving model with `dtype` tables (from the verified float32 ones), its
-    size and AUC change. The chosen dtype's model is written (and its `tables/` files); losing more
-    than export.max_auc_drop refuses the export."""
-    e, s = ctx.cfg.export, ctx.sample
-    chosen = dtype == ctx.table_dtype
-    writer = ctx.writer if chosen else None
-    variant = build_serving_model(ctx.plan, ctx.manifest, ctx.cfg, dtype, s.features)
-    for dst, src in zip(dense_variables(variant), dense_variables(ctx.model)):
-        dst.assign(src)
+def _assign_compressed_tables(ctx: ExportContext, variant: ServingRankingModel, dtype: str,
+                              writer: Optional[tables_lib.TableWriter]) -> Tuple[Dict[str, int], float]:
+    """Assigns the float32 model's tables, compressed to `dtype`, to `variant` (and to `writer`'s
+    `tables/` files). Returns {table: stored bytes} and the largest error of a stored value."""
     sizes: Dict[str, int] = {}
     max_err = 0.0
     for name, stack in variant.serving_tables.items():
@@ -362,9 +471,32 @@ def compress(ctx: ExportContext, dtype: str) -> None:
         sizes[name] = tables_lib.stored_bytes(stored, scale)
         if writer is not None:
             writer.write(name, ctx.plan.tables[name], stored, scale)
+    return sizes, max_err
+
+
+def compress(ctx: ExportContext, dtype: str) -> None:
+    """Builds the serving model with `dtype` tables from the verified float32 ones, with its size and AUC change.
+
+    The chosen dtype's model is written (and its `tables/` files).
+
+    Args:
+      ctx: the export after `verify`; `compression[dtype]` gets the variant's figures.
+      dtype: float16 or int8.
+
+    Raises:
+      ExportRefused: a table cannot be compressed, or the chosen dtype loses more than
+        `export.max_auc_drop` eval AUC.
+    """
+    e, s = ctx.cfg.export, ctx.sample
+    chosen = dtype == ctx.table_dtype
+    writer = ctx.writer if chosen else None
+    variant = build_serving_model(ctx.plan, ctx.manifest, ctx.cfg, dtype, s.features)
+    for dst, src in zip(dense_variables(variant), dense_variables(ctx.model)):
+        dst.assign(src)
+    sizes, max_err = _assign_compressed_tables(ctx, variant, dtype, writer)
     module = ServingModule(variant, RawFeatureTransform(ctx.manifest, ctx.manifest.vocabulary_dir))
     if chosen:
-        path = os.path.join(ctx.staging, SERVING_DIR)
+        path = os.path.join(ctx.staging, artifacts.SERVING_DIR)
         save_serving_model(module, path)
         ctx.serving_variables = check_no_optimizer_state(path, variant)
         fn = tf.saved_model.load(path).signatures["serving_default"]
@@ -391,14 +523,20 @@ def compress(ctx: ExportContext, dtype: str) -> None:
 
 
 def build_report(ctx: ExportContext) -> Dict[str, Any]:
-    """The report of a verified export (and the staged `tables/` manifest; the float32 check model
-    of a compressed export removed)."""
+    """Writes the staged `tables/` manifest, removes a compressed export's float32 check model, and reports.
+
+    Args:
+      ctx: the verified export.
+
+    Returns:
+      The export report, without its `validation` and `continuous` sections.
+    """
     chosen = ctx.table_dtype
     for name, t in ctx.table_report.items():
         t["serving_bytes"] = ctx.compression[chosen].get("tables", {}).get(name, t["float32_bytes"])
     for d in ctx.compression.values():
         d.pop("tables", None)
-    if chosen != "float32":
+    if chosen != TableDtype.FLOAT32:
         tf.io.gfile.rmtree(ctx.float32_dir)
     tables_manifest = ctx.writer.finish() if ctx.writer is not None else None
     trained_bytes = sum(t["trained_bytes"] for t in ctx.table_report.values())
@@ -413,7 +551,7 @@ def build_report(ctx: ExportContext) -> Dict[str, Any]:
             "trained_table_bytes": trained_bytes,
             "serving_table_bytes": serving_bytes,
             "checkpoint_file_bytes": _checkpoint_bytes(ctx.checkpoint_path),
-            "serving_model_bytes": _dir_bytes(os.path.join(ctx.staging, SERVING_DIR)),
+            "serving_model_bytes": _dir_bytes(os.path.join(ctx.staging, artifacts.SERVING_DIR)),
         },
         "table_dtype": chosen,
         "compression": ctx.compression,
@@ -423,14 +561,26 @@ def build_report(ctx: ExportContext) -> Dict[str, Any]:
         "eval_auc": {"examples": int(len(ctx.sample.labels)), "trained_model": ctx.auc_trained,
                      "serving_float32": ctx.auc_float32, "serving": ctx.compression[chosen]["eval_auc"]},
         "signatures": ["serving_default", "serve_features"],
-        "tables_manifest": os.path.join(tables_lib.TABLES_DIR, tables_lib.TABLES_MANIFEST) if tables_manifest else None,
+        "tables_manifest": os.path.join(artifacts.TABLES_DIR, artifacts.TABLES_MANIFEST_FILE) if tables_manifest else None,
         "seconds": ctx.clock.laps,
     }
 
 
 def validate(ctx: ExportContext, last_blessed: Optional[Lookup]) -> Dict[str, Any]:
-    """The gate's decision (gate.py) with the figures it used. `last_blessed`: what the push
-    destination serves (LastBlessedModel's registry lookup; None: not looked up)."""
+    """Decides whether the export is blessed (gate.py), with the figures the gate used.
+
+    Args:
+      ctx: the verified export.
+      last_blessed: what the push destination serves (LastBlessedModel's registry lookup; None:
+        not looked up).
+
+    Returns:
+      The report's `validation` section: `gate.decide`'s decision with the trainer's figures and
+      the last blessed model's.
+
+    Raises:
+      ExportRefused: the last blessed model cannot be loaded and scored while the gate compares with it.
+    """
     metrics = read_json_if_exists(os.path.join(ctx.model_uri, artifacts.EVAL_METRICS_FILE))
     previous = None
     served = last_blessed.served_model if last_blessed is not None and last_blessed.found else None
@@ -467,14 +617,22 @@ def validate(ctx: ExportContext, last_blessed: Optional[Lookup]) -> Dict[str, An
 
 
 def publish(ctx: ExportContext, output_uri: str, report: Dict[str, Any]) -> None:
-    """The staged serving model and tables moved into place (a previous export's stale ones
-    removed), then the report: written last, so a report means a complete export."""
-    for name in (SERVING_DIR, tables_lib.TABLES_DIR):
+    """Moves the staged serving model and tables into place, then writes the report.
+
+    A previous export's serving model or tables that this export has none of are removed; the
+    report is written last, so a report means a complete export.
+
+    Args:
+      ctx: the export, staged.
+      output_uri: the serving Model artifact directory.
+      report: the export report.
+    """
+    for name in (artifacts.SERVING_DIR, artifacts.TABLES_DIR):
         if tf.io.gfile.exists(os.path.join(ctx.staging, name)):
             _move(os.path.join(ctx.staging, name), os.path.join(output_uri, name))
         elif tf.io.gfile.exists(os.path.join(output_uri, name)):  # a previous export's: stale now
             tf.io.gfile.rmtree(os.path.join(output_uri, name))
-    with tf.io.gfile.GFile(os.path.join(output_uri, REPORT_FILE), "w") as fh:
+    with tf.io.gfile.GFile(os.path.join(output_uri, artifacts.EXPORT_REPORT_FILE), "w") as fh:
         fh.write(json.dumps(report, indent=2, sort_keys=True))
 
 
@@ -486,13 +644,31 @@ def export_serving_model(
     checkpoint_path: Optional[str] = None,
     last_blessed: Optional[Lookup] = None,
 ) -> Dict[str, Any]:
-    """Writes `output_uri/Format-Serving`, `output_uri/tables/` (export.write_tables) and
-    `output_uri/export_report.json`; returns the report. Raises ExportRefused, writing nothing there.
-    The report's `validation` is the gate's decision (gate.py): against the trainer's baseline and,
-    given `last_blessed` (the model served at the push destination: model_registry's Lookup), against
-    that model scored on the same raw eval rows; `continuous` is the Trainer's continuous.json (warm start and drift; null
-    for a model trained before it existed). A refused model is exported all the same; the caller withholds the blessing."""
-    staging = os.path.join(output_uri, STAGING_DIR)
+    """Exports a trained model as a verified CPU serving model.
+
+    Writes `output_uri/Format-Serving`, `output_uri/tables/` (export.write_tables) and
+    `output_uri/export_report.json`. A model the gate refuses is exported all the same; the caller
+    withholds the blessing.
+
+    Args:
+      cfg: the pipeline config.
+      model_uri: the trainer's Model artifact directory.
+      raw_eval_pattern: ExampleGen's raw eval files.
+      output_uri: the serving Model artifact directory.
+      checkpoint_path: the checkpoint to export (None: the newest of the artifact).
+      last_blessed: the model served at the push destination (model_registry's Lookup; None:
+        not looked up).
+
+    Returns:
+      The export report. Its `validation` is the gate's decision (gate.py): against the trainer's
+      baseline and, given `last_blessed`, against that model scored on the same raw eval rows;
+      `continuous` is the Trainer's continuous.json (warm start and drift; null when the model
+      artifact has none).
+
+    Raises:
+      ExportRefused: the export is refused; nothing is written under `output_uri`.
+    """
+    staging = os.path.join(output_uri, artifacts.EXPORT_STAGING_DIR)
     ctx = prepare(cfg, model_uri, raw_eval_pattern, staging, checkpoint_path)
     if tf.io.gfile.exists(staging):
         tf.io.gfile.rmtree(staging)

@@ -23,16 +23,29 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+import numpy as np
 import tensorflow as tf
 
 from components.config.schema import PipelineConfig
+from components.embedding_exporter.scoring import score
+from components.rules.metrics import roc_auc
 
 
-def score_previous(previous_serving_dir: str, raw: List[bytes], labels) -> Dict[str, Any]:
-    """The last blessed serving model's AUC on this run's raw eval rows."""
-    from components.embedding_exporter.export import score
-    from components.rules.metrics import roc_auc
+def score_previous(previous_serving_dir: str, raw: List[bytes], labels: np.ndarray) -> Dict[str, Any]:
+    """Scores the last blessed serving model on this run's raw eval rows.
 
+    Args:
+      previous_serving_dir: the served model's SavedModel directory (its `serving_default` scores).
+      raw: serialized raw tf.Examples, shape [n].
+      labels: their 0/1 labels, shape [n].
+
+    Returns:
+      {"serving_dir", "examples": n, "eval_auc"}: what `decide` takes as `previous`.
+
+    Raises:
+      OSError, ValueError, tf.errors.OpError: the model cannot be loaded or scored.
+      KeyError: the model has no `serving_default` signature.
+    """
     loaded = tf.saved_model.load(previous_serving_dir)
     probs = score(loaded.signatures["serving_default"], raw)
     return {"serving_dir": previous_serving_dir, "examples": int(len(labels)), "eval_auc": roc_auc(probs, labels)}
@@ -40,10 +53,19 @@ def score_previous(previous_serving_dir: str, raw: List[bytes], labels) -> Dict[
 
 def decide(cfg: PipelineConfig, model_metrics: Optional[Dict[str, Any]], serving_auc: float,
            previous: Optional[Dict[str, Any]], no_previous: Optional[str] = None) -> Dict[str, Any]:
-    """The `validation` section: {blessed, checks: [...], reasons: [...]}. `model_metrics`: the
-    trainer's eval_metrics.json; `serving_auc`: the new serving model's AUC on the rows `previous`
-    (score_previous's result, None for a pipeline's first model) was scored on; `no_previous`:
-    why there is none (the registry lookup's note)."""
+    """Decides whether the exported model is blessed, by the `baseline` and `last_blessed` checks.
+
+    Args:
+      cfg: the pipeline config; its `validation` margins choose the checks (None: check off).
+      model_metrics: the trainer's eval_metrics.json (None: not written).
+      serving_auc: the new serving model's AUC on the rows `previous` was scored on.
+      previous: `score_previous`'s result, None for a push destination's first model.
+      no_previous: why there is no previous model (the registry lookup's note).
+
+    Returns:
+      The report's `validation` section: {"blessed": bool, "checks": [one dict per check, with its
+      figures and reason], "reasons": [the failed checks' reasons]}.
+    """
     v = cfg.validation
     checks: List[Dict[str, Any]] = []
     if v.baseline_margin is not None:
@@ -84,9 +106,16 @@ def decide(cfg: PipelineConfig, model_metrics: Optional[Dict[str, Any]], serving
 
 
 def read_evaluation(evaluation_uri: str) -> Dict[str, Any]:
-    """What TFX's Evaluator wrote at `evaluation_uri` (TFMA's output): the overall slice's metrics
-    {name: value}, the number of slices, whether its thresholds held and each failure's message."""
-    import tensorflow_model_analysis as tfma
+    """Reads what TFX's Evaluator wrote (TFMA's output).
+
+    Args:
+      evaluation_uri: the Evaluator's ModelEvaluation artifact directory.
+
+    Returns:
+      {"overall": {metric name: value} of the overall slice, "slices": how many slices,
+      "validation_ok": whether its thresholds held, "failures": each failed threshold's message}.
+    """
+    import tensorflow_model_analysis as tfma  # lazy: TFMA is heavy and only a pipeline with the Evaluator reads it
 
     overall: Dict[str, float] = {}
     slices = 0
@@ -104,8 +133,17 @@ def read_evaluation(evaluation_uri: str) -> Dict[str, Any]:
 
 
 def evaluator_check(blessed: bool, evaluation: Optional[Dict[str, Any]], evaluation_uri: Optional[str]) -> Dict[str, Any]:
-    """The `evaluator` check from the Evaluator's blessing and its evaluation (read_evaluation;
-    None when the Pusher was given no evaluation): passed exactly when the blessing blesses."""
+    """Builds the `evaluator` check from the Evaluator's blessing: passed exactly when it blesses.
+
+    Args:
+      blessed: whether the Evaluator's blessing blesses the serving model.
+      evaluation: `read_evaluation`'s result, None when the Pusher was given no evaluation.
+      evaluation_uri: where that evaluation was read from (None: none given).
+
+    Returns:
+      The check as `decide` writes its checks: {"name": "evaluator", "passed", "model_auc",
+      "calibration", "examples", "slices", "evaluation", "reason"}.
+    """
     overall = (evaluation or {}).get("overall", {})
     auc, calibration = overall.get("auc"), overall.get("calibration")
     figures = ", ".join(f"{k} {v:.4f}" for k, v in (("AUC", auc), ("calibration", calibration)) if v is not None)

@@ -23,16 +23,19 @@ Both return {"probabilities": float32 [batch, 1]}.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import components  # noqa: F401
 import tensorflow as tf
 
 from components.rules import rulebook
 from components.contracts.manifest import CategoricalFeatureEntry, VocabularyManifest, weights_key
-from components.embedding_model.model import BATCH_KEY, DENSE_KEY, fused_key
+from components.embedding_model.dense_tower import BATCH_KEY, DENSE_KEY
+from components.embedding_model.serving_model import fused_key
+from components.config.choices import VocabularyKind
 
 _DTYPES = {rulebook.KIND_BYTES: tf.string, rulebook.KIND_INT: tf.int64, rulebook.KIND_FLOAT: tf.float32}
 
@@ -129,9 +132,17 @@ def _int_texts(values: tf.RaggedTensor) -> tf.RaggedTensor:
 
 
 def identity_ids(flat: tf.Tensor, num_buckets: int) -> tf.Tensor:
-    """Rulebook V4 for an identity table: each token (int64 value, or text) -> its row when it is
-    an ID 0 <= i < num_buckets (text: `rulebook.IDENTITY_TEXT`, no sign or leading zero), else -1
-    (what a vocabulary miss is; `_categorical` then gives it the default row or drops it)."""
+    """Looks tokens up in an identity table (rulebook V4).
+
+    Args:
+      flat: tokens, int64 values or text, shape [n].
+      num_buckets: the table's rows.
+
+    Returns:
+      int64 [n]: each token's row when it is an ID 0 <= i < num_buckets (text:
+      `rulebook.IDENTITY_TEXT`, no sign or leading zero), else -1 (what a vocabulary miss is;
+      `_categorical` then gives it the default row or drops it).
+    """
     if flat.dtype == tf.int64:
         return tf.where((flat >= 0) & (flat < num_buckets), flat, -1)
     text = tf.strings.regex_full_match(flat, rulebook.IDENTITY_TEXT.decode())
@@ -141,8 +152,15 @@ def identity_ids(flat: tf.Tensor, num_buckets: int) -> tf.Tensor:
 
 
 def vocabulary_lines(v) -> int:
-    """Lines of a table's vocabulary file (hashed and identity tables have none, V3-V4)."""
-    return 0 if v.kind in ("hashed", "identity") else v.size
+    """Counts the lines of a table's vocabulary file.
+
+    Args:
+      v: the table's manifest entry.
+
+    Returns:
+      Its vocabulary's lines; 0 for hashed and identity tables, which have none (V3-V4).
+    """
+    return 0 if v.kind in (VocabularyKind.HASHED, VocabularyKind.IDENTITY) else v.size
 
 
 # A fused group's IDs are pooled in this many parts (contiguous runs of features, one segment op
@@ -150,9 +168,8 @@ def vocabulary_lines(v) -> int:
 _POOL_PARTS = 2
 
 # Categorical features are cut into this many shards, each fused on its own: the shards' ops are
-# independent, so two inter-op threads can run them side by side. Measured on the 2-core machine
-# (A/B in one process, the demo's 26 features): 5-10% faster at batch 1024, 3-4% slower at batch
-# 1 and 64 (twice the fused ops).
+# independent, so two inter-op threads can run them side by side (at the cost of twice the fused
+# ops, which small batches feel).
 _SHARDS = 2
 
 
@@ -175,10 +192,45 @@ def _stack_rows(parts: List[tf.RaggedTensor]) -> tf.RaggedTensor:
         return parts[0]
     splits = tf.stack([p.row_splits for p in parts])  # [k, batch + 1]
     offsets = tf.cumsum(splits[:, -1], exclusive=True)  # where each part's values start
-    # each row's end, offset by its part's start (a cumsum over all rows took 0.3 ms at batch 1024)
+    # each row's end, offset by its part's start (cheaper than a cumsum over all rows)
     ends = tf.reshape(splits[:, 1:] + tf.reshape(offsets, [-1, 1]), [-1])
     row_splits = tf.concat([tf.zeros([1], tf.int64), ends], 0)
     return tf.RaggedTensor.from_row_splits(tf.concat([p.flat_values for p in parts], 0), row_splits, validate=False)
+
+
+def _stack_offsets(order, fused) -> List[int]:
+    """Each feature's table offset in its stack (`fused`: `_categorical`'s pair); 0 unfused."""
+    offset = {n: o for part in fused[1] for n, o in zip(part.features, part.offsets)} if fused else {}
+    return [offset.get(f.name, 0) for f in order]
+
+
+def _drop_invalid(flat: tf.Tensor, splits: tf.Tensor, miss: tf.Tensor, valid: tf.Tensor, finish):
+    """T5-T6, in the rare batch that has invalid tokens: the stacked IDs without the invalid
+    misses (`valid`: one bool per miss), through `finish`."""
+    keep = tf.tensor_scatter_nd_update(tf.ones(tf.shape(flat), tf.bool), miss, valid)
+    out = _keep(tf.RaggedTensor.from_row_splits(flat, splits, validate=False), keep)
+    return finish(out.flat_values, out.row_splits)
+
+
+def _checked(fast, flat: tf.Tensor, splits: tf.Tensor, miss: tf.Tensor, missed: tf.Tensor, plain: tf.Tensor,
+             kept: Optional[tf.Tensor], finish):
+    """The full T5-T6 checks on the missed tokens (V4's drops with them): `fast` when all pass,
+    else the IDs with the invalid ones dropped."""
+    valid = _valid_tokens_fast(missed, plain)
+    if kept is not None:
+        valid &= kept
+    return tf.cond(tf.reduce_all(valid), lambda: fast,
+                   functools.partial(_drop_invalid, flat, splits, miss, valid, finish))
+
+
+def _unless_valid(fast, flat: tf.Tensor, splits: tf.Tensor, miss: tf.Tensor, missed: tf.Tensor, plain: tf.Tensor,
+                  kept: Optional[tf.Tensor], finish):
+    """`fast` (the IDs as they are, through `finish`) when every missed token is surely valid:
+    plain ASCII (`plain`) and not dropped by its table (`kept`, None: no table drops); else the
+    full checks (`_checked`) in a branch that only such a batch runs."""
+    sure = plain if kept is None else plain & kept
+    return tf.cond(tf.reduce_all(sure), lambda: fast,
+                   functools.partial(_checked, fast, flat, splits, miss, missed, plain, kept, finish))
 
 
 class RawFeatureTransform(tf.Module):
@@ -188,10 +240,17 @@ class RawFeatureTransform(tf.Module):
     feature (parsing, T1-T4, the vocabulary lookup: one op each for a plain string column); the
     rest runs once for all features on their IDs stacked into one ragged tensor of (features x
     batch) rows: misses, validity (T5-T6), OOV buckets (V2, one hash per bucket count), truncation
-    (T7) and the cut into per-feature SparseTensors; dense columns are stacked the same way. At
-    batch 1 the serving model's time over the trained model's was mostly per-op overhead of the
-    feature-by-feature transform this replaces (issue 17), which is kept as the test oracle:
-    `serving_reference.FeatureByFeatureTransform`."""
+    (T7) and the cut into per-feature SparseTensors; dense columns are stacked the same way. So
+    the number of ops, whose per-op overhead dominates at small batches, does not grow with every
+    feature. The feature-by-feature form is the test oracle:
+    `serving_reference.FeatureByFeatureTransform`.
+
+    Args:
+      manifest: the vocabulary manifest (features, tables, raw column kinds).
+      vocabulary_dir: the directory holding the vocabulary files (they become SavedModel assets).
+      integer_tables: look tables up by int64 value where every feature reading them allows it;
+        False: every table by string.
+    """
 
     def __init__(self, manifest: VocabularyManifest, vocabulary_dir: str, integer_tables: bool = True):
         super().__init__(name="raw_feature_transform")
@@ -219,9 +278,9 @@ class RawFeatureTransform(tf.Module):
         # Per table, what a token that misses its vocabulary gets (V2-V4): the first OOV row
         # (size; default_value for an identity table), the number of OOV buckets, and whether
         # it is dropped instead (an identity table without default_value).
-        self._miss_row = {t: (v.default_value or 0) if v.kind == "identity" else v.size for t, v in manifest.vocabularies.items()}
-        self._miss_buckets = {t: 1 if v.kind == "identity" else v.num_oov_buckets for t, v in manifest.vocabularies.items()}
-        self._miss_dropped = {t: v.kind == "identity" and v.default_value is None for t, v in manifest.vocabularies.items()}
+        self._miss_row = {t: (v.default_value or 0) if v.kind == VocabularyKind.IDENTITY else v.size for t, v in manifest.vocabularies.items()}
+        self._miss_buckets = {t: 1 if v.kind == VocabularyKind.IDENTITY else v.num_oov_buckets for t, v in manifest.vocabularies.items()}
+        self._miss_dropped = {t: v.kind == VocabularyKind.IDENTITY and v.default_value is None for t, v in manifest.vocabularies.items()}
         # Stacked in this order: features of string tables, then of integer tables.
         self._order = self._ordered(manifest.categorical_features)
         # Per fused group: the chunks the model pools (contiguous parts) and the group's entries, in
@@ -251,13 +310,21 @@ class RawFeatureTransform(tf.Module):
             f for f in features if f.table in self.integer_tables]
 
     def fuse(self, groups) -> list:
-        """Features the model pools together (`RankingModel.serving_fusion_groups`: stack, combiner,
-        features, table offsets): one transform pass per group, its features in stacking order
-        (those with `max_length` first), cut into `_POOL_PARTS` contiguous parts (chunks). From
-        then on their IDs leave as one (rows, segments) pair per chunk (`model.fused_key`) instead
-        of a SparseTensor per feature, looked up as rows of the stack: each (table, offset) gets a
-        table whose rows start at the offset (no per-ID add), and the tables no feature reads at
-        offset 0 any more are dropped. Returns the chunks, for `RankingModel.set_serving_chunks`."""
+        """Fuses the features the model pools together: one transform pass per group.
+
+        A group's features go in stacking order (those with `max_length` first), cut into
+        `_POOL_PARTS` contiguous parts (chunks). From then on their IDs leave as one (rows,
+        segments) pair per chunk (`model.fused_key`) instead of a SparseTensor per feature,
+        looked up as rows of the stack: each (table, offset) gets a table whose rows start at the
+        offset (no per-ID add), and the tables no feature reads at offset 0 any more are dropped.
+
+        Args:
+          groups: the model's serving fusion groups (`FusedChunk`s: stack, combiner, features,
+            table offsets).
+
+        Returns:
+          The chunks (`FusedChunk`s), for the model's `set_serving_chunks`.
+        """
         entries = {f.name: f for f in self._manifest.categorical_features}
         fused = []
         for group in groups:
@@ -282,9 +349,19 @@ class RawFeatureTransform(tf.Module):
         return [c for parts, _ in fused for c in parts]
 
     def lookup(self, table: str, flat: tf.Tensor, offset: int = 0) -> tf.Tensor:
-        """A table's rows of tokens found in it (V1, V4), plus `offset`; -1 for the others."""
+        """Looks tokens up in a table's vocabulary (V1, V4).
+
+        Args:
+          table: the table's name.
+          flat: tokens, string (or int64 for an integer or identity table), shape [n].
+          offset: added to every found row (the table's offset in its stack); `fuse` must have
+            made a table for a non-zero offset.
+
+        Returns:
+          int64 [n]: each found token's row plus `offset`; -1 for the others.
+        """
         v = self._manifest.vocabularies[table]
-        if v.kind == "identity":
+        if v.kind == VocabularyKind.IDENTITY:
             ids = identity_ids(flat, v.size)  # an identity table's size is its num_buckets
             return tf.where(ids >= 0, ids + offset, ids) if offset else ids
         if not vocabulary_lines(v):  # no vocabulary lines: every token misses
@@ -298,17 +375,32 @@ class RawFeatureTransform(tf.Module):
         ids.set_shape(flat.shape)  # what the table's own lookup sets (the op's shape function does not know it)
         return ids
 
-    def raw_columns(self):
+    def raw_columns(self) -> List[str]:
+        """Lists the raw columns the model reads.
+
+        Returns:
+          The manifest's raw columns: the serving signatures' inputs.
+        """
         return self._manifest.raw_columns()
 
-    def dense_columns(self):
-        """Numeric columns: dense features and ID weights (float32 in the JSON signature)."""
+    def dense_columns(self) -> Set[str]:
+        """Finds the numeric columns: dense features and ID weights.
+
+        Returns:
+          The set of their names (float32 inputs of the JSON signature).
+        """
         return {d.column for d in self._manifest.dense_features} | {
             f.weight_column for f in self._manifest.categorical_features if f.weight_column}
 
     def integer_columns(self) -> List[str]:
-        """int64 columns read only by categorical features (`serve_typed_features` takes them as
-        int64 numbers): one value per row then holds what a JSON client sends."""
+        """Finds the int64 columns read only by categorical features.
+
+        `serve_typed_features` takes them as int64 numbers: one value per row then holds what a
+        JSON client sends.
+
+        Returns:
+          Their names, sorted.
+        """
         return sorted({f.column for f in self._manifest.categorical_features if self.kinds[f.column] == rulebook.KIND_INT}
                       - self.dense_columns())
 
@@ -341,13 +433,29 @@ class RawFeatureTransform(tf.Module):
         return tf.where(tf.math.is_finite(w) & (w >= 0), w, float("nan"))
 
     def example_spec(self) -> Dict[str, Any]:
-        """Every raw column as a [batch, None] ragged feature (a missing feature: an empty row), of
-        the type the examples preprocessing read hold it as (the manifest's kinds: int64 where a
-        stock ExampleGen wrote int64, float where it wrote float, bytes for text); numeric columns
-        are cast to float32 after parsing (`from_examples`)."""
+        """Builds the parsing spec of the raw tf.Examples.
+
+        Each column is parsed as the type the examples preprocessing read hold it as (the
+        manifest's kinds: int64 where a stock ExampleGen wrote int64, float where it wrote float,
+        bytes for text); `from_examples` casts numeric columns to float32 after parsing.
+
+        Returns:
+          {column: tf.io.RaggedFeature}: each a [batch, None] ragged feature (a missing feature:
+          an empty row).
+        """
         return {c: tf.io.RaggedFeature(_DTYPES[self.kinds[c]], row_splits_dtype=tf.int64) for c in self.raw_columns()}
 
     def from_examples(self, serialized: tf.Tensor) -> Dict[str, Any]:
+        """Transforms serialized raw tf.Examples into the model's inputs (`serving_default`).
+
+        Args:
+          serialized: string [batch].
+
+        Returns:
+          The model's inputs: dense float32 [batch, 1] per feature (or one [batch, features]
+          matrix under `model.DENSE_KEY`), categorical int64 SparseTensor [batch, None] per
+          feature (fused: each chunk's rows and segments, and `model.BATCH_KEY`).
+        """
         parsed = tf.io.parse_example(serialized, self.example_spec())
 
         def stacked(columns: List[str]) -> tf.RaggedTensor:
@@ -356,7 +464,16 @@ class RawFeatureTransform(tf.Module):
         return self._to_model_inputs(parsed.__getitem__, stacked, tf.shape(serialized, out_type=tf.int64)[0], False)
 
     def from_feature_tensors(self, columns: Dict[str, tf.Tensor]) -> Dict[str, Any]:
-        """One value per row: strings for categorical ('' = missing), floats for dense (NaN = missing)."""
+        """Transforms one tensor per raw column into the model's inputs (the JSON signatures).
+
+        Args:
+          columns: {column: [batch]}, one value per row: strings for categorical ('' = missing),
+            float32 for dense (NaN = missing), int64 for `integer_columns` in `serve_typed_features`
+            (negative = missing).
+
+        Returns:
+          The model's inputs, as `from_examples` gives them.
+        """
 
         def ragged(values: tf.Tensor) -> tf.RaggedTensor:
             if values.dtype == tf.int64:  # an integer column sent as numbers: every row one value
@@ -403,14 +520,46 @@ class RawFeatureTransform(tf.Module):
             values = _split(values, f.separator)
         return values
 
-    def _categorical(self, column, batch: tf.Tensor, from_json: bool, order, fused=None) -> Dict[str, tf.SparseTensor]:
+    def _categorical(self, column, batch: tf.Tensor, from_json: bool, order, fused=None) -> Dict[str, Any]:
         """Every categorical feature's IDs: V1 (vocabulary line), V2 (OOV bucket), T5-T6 (invalid
         tokens dropped) and T7 (the first `max_length` valid tokens). A token found in the
         vocabulary is valid (preprocessing counts valid tokens only), so validity checks and OOV
         hashing run on the tokens the vocabulary misses. `fused` ((first chunk index, the group's
         chunks), `fuse`): the IDs leave as each chunk's (rows, segments) instead of a SparseTensor
         per feature."""
-        n = len(order)
+        tokens, row_weights = self._weighed_tokens(column, from_json, order)
+        ids = self._stacked_ids(tokens, order, fused)
+        flat, splits = ids.flat_values, ids.row_splits  # n * batch rows: feature after feature
+        bounds = tf.gather(splits, tf.range(len(order) + 1, dtype=tf.int64) * batch)  # each feature's first ID
+        miss = tf.where(flat < 0)
+        missed = self._missed_tokens(tokens, order, bounds, miss)
+        feature = _searchsorted(bounds, miss[:, 0], "right") - 1  # of each missed token
+        flat = self._with_miss_rows(flat, miss, missed, feature, order, fused)
+        # T5-T6 (and V4's drops), in the ops a batch needs: when every missed token is plain ASCII
+        # (valid for sure) and no table drops its misses, one regex; else the full checks on the
+        # others, and the drop when some token is invalid.
+        plain = _plain_tokens(missed)
+        dropped = [self._miss_dropped[f.table] for f in order]
+        kept = tf.logical_not(tf.gather(tf.constant(dropped), feature)) if any(dropped) else None  # V4, before T7
+        limits = [f.max_length for f in order]
+        finish = functools.partial(self._finish, batch=batch, limits=limits, fused=fused)
+        if fused is not None:
+            # The index work from the splits, beside the miss handling; a batch with drops plans again.
+            fast = finish(flat, splits, plan=self._fused_plan(ids.flat_values, splits, batch, limits, *fused))
+        else:
+            fast = (flat, splits)
+        result = _unless_valid(fast, flat, splits, miss, missed, plain, kept, finish)
+        if fused is not None:
+            return result
+        return self._per_feature_sparse(*result, batch, order, limits, row_weights)
+
+    def _weighed_tokens(self, column, from_json: bool, order) -> Tuple[List[tf.RaggedTensor], Dict[str, tf.Tensor]]:
+        """Each feature's tokens per row (T1-T4), the rows without a usable weight emptied (W1).
+
+        Returns:
+          (tokens, row_weights): one [batch, None] ragged tensor per feature of `order`, and
+          {feature name: float32 [batch] row weights} for the weighted features.
+        """
         tokens = [self._tokens(column(f.column), f, from_json) for f in order]
         row_weights = {}
         for i, f in enumerate(order):
@@ -418,15 +567,20 @@ class RawFeatureTransform(tf.Module):
                 row_weights[f.name] = self._row_weights(column, f, from_json)
                 weighed = tf.logical_not(tf.math.is_nan(row_weights[f.name]))
                 tokens[i] = _keep(tokens[i], tf.repeat(weighed, tokens[i].row_lengths()))
-        # fused: IDs as rows of their stack (the table's offset in it), misses' rows too
-        offset = {n: o for part in fused[1] for n, o in zip(part.features, part.offsets)} if fused else {}
-        offsets = [offset.get(f.name, 0) for f in order]
-        ids = _stack_rows([t.with_flat_values(self.lookup(f.table, t.flat_values, o)) for f, t, o in zip(order, tokens, offsets)])
-        flat, splits = ids.flat_values, ids.row_splits  # n * batch rows: feature after feature
-        bounds = tf.gather(splits, tf.range(n + 1, dtype=tf.int64) * batch)  # each feature's first ID
-        miss = tf.where(flat < 0)
-        # The missed tokens as text (what OOV hashing and T5-T6 read): strings, then the decimal
-        # texts of integer tables' missed values; a negative value's text is empty, so T5 drops it.
+        return tokens, row_weights
+
+    def _stacked_ids(self, tokens: List[tf.RaggedTensor], order, fused) -> tf.RaggedTensor:
+        """The features' tokens looked up (V1, V4; -1 for a miss), stacked feature after feature
+        into one ragged tensor of [n * batch, None]; fused, as rows of their stack (the table's
+        offset in it)."""
+        offsets = _stack_offsets(order, fused)
+        return _stack_rows([t.with_flat_values(self.lookup(f.table, t.flat_values, o)) for f, t, o in zip(order, tokens, offsets)])
+
+    def _missed_tokens(self, tokens: List[tf.RaggedTensor], order, bounds: tf.Tensor, miss: tf.Tensor) -> tf.Tensor:
+        """The missed tokens as text (what OOV hashing and T5-T6 read), string [misses]: strings,
+        then the decimal texts of integer tables' missed values; a negative value's text is empty,
+        so T5 drops it. `bounds`: each feature's first position in the stack; `miss`: [misses, 1]
+        positions, ascending."""
         n_strings = sum(f.table not in self.integer_tables for f in order)
         strings, integers = [t.flat_values for t in tokens[:n_strings]], [t.flat_values for t in tokens[n_strings:]]
         if strings and integers:
@@ -438,47 +592,30 @@ class RawFeatureTransform(tf.Module):
         if integers:
             values = tf.gather(tf.concat(integers, 0), miss[in_strings:, 0] - first_integer if strings else miss[:, 0])
             missed.append(tf.where(values >= 0, tf.strings.as_string(values), ""))
-        missed = tf.concat(missed, 0) if len(missed) > 1 else missed[0]
-        feature = _searchsorted(bounds, miss[:, 0], "right") - 1  # of each missed token
+        return tf.concat(missed, 0) if len(missed) > 1 else missed[0]
+
+    def _with_miss_rows(self, flat: tf.Tensor, miss: tf.Tensor, missed: tf.Tensor, feature: tf.Tensor, order,
+                        fused) -> tf.Tensor:
+        """The stacked IDs with each miss given its table's OOV row (V2-V4); fused, offset in the
+        stack as the found IDs are. `feature`: each missed token's index in `order`."""
+        offsets = _stack_offsets(order, fused)
         rows = tf.gather(tf.constant([self._miss_row[f.table] + o for f, o in zip(order, offsets)], tf.int64), feature)
-        flat = tf.tensor_scatter_nd_update(flat, miss, rows + self._oov_buckets(missed, feature, order))
-        # T5-T6 (and V4's drops), in the ops a batch needs: when every missed token is plain ASCII
-        # (valid for sure) and no table drops its misses, one regex; else the full checks on the
-        # others, and the drop when some token is invalid.
-        plain = _plain_tokens(missed)
-        dropped = [self._miss_dropped[f.table] for f in order]
-        kept = tf.logical_not(tf.gather(tf.constant(dropped), feature)) if any(dropped) else None  # V4, before T7
+        return tf.tensor_scatter_nd_update(flat, miss, rows + self._oov_buckets(missed, feature, order))
 
-        limits = [f.max_length for f in order]
-        if fused is not None:
-            # The index work from the splits, beside the miss handling; a batch with drops plans again.
-            def finish(ids, row_splits, plan=None):
-                return self._fused_apply(ids, plan if plan is not None else self._fused_plan(ids, row_splits, batch, limits, *fused), fused[0])
+    def _finish(self, ids: tf.Tensor, row_splits: tf.Tensor, batch: tf.Tensor, limits, fused, plan=None):
+        """The stacked IDs as `_categorical` returns them before the per-feature cut: fused, the
+        chunks' (rows, segments) by `plan` (planned from `row_splits` when not given); else the
+        (ids, row_splits) pair itself."""
+        if fused is None:
+            return ids, row_splits
+        return self._fused_apply(ids, plan if plan is not None else self._fused_plan(ids, row_splits, batch, limits, *fused), fused[0])
 
-            fast = finish(flat, splits, self._fused_plan(ids.flat_values, splits, batch, limits, *fused))
-        else:
-            def finish(ids, row_splits):
-                return ids, row_splits
-
-            fast = (flat, splits)
-
-        def checked():
-            valid = _valid_tokens_fast(missed, plain)
-            if kept is not None:
-                valid &= kept
-
-            def drop_invalid():  # T5-T6, in the rare batch that has invalid tokens
-                keep = tf.tensor_scatter_nd_update(tf.ones(tf.shape(flat), tf.bool), miss, valid)
-                out = _keep(tf.RaggedTensor.from_row_splits(flat, splits, validate=False), keep)
-                return finish(out.flat_values, out.row_splits)
-
-            return tf.cond(tf.reduce_all(valid), lambda: fast, drop_invalid)
-
-        sure = plain if kept is None else plain & kept
-        result = tf.cond(tf.reduce_all(sure), lambda: fast, checked)
-        if fused is not None:
-            return result
-        flat, splits = result
+    @staticmethod
+    def _per_feature_sparse(flat: tf.Tensor, splits: tf.Tensor, batch: tf.Tensor, order, limits,
+                            row_weights: Dict[str, tf.Tensor]) -> Dict[str, tf.SparseTensor]:
+        """The stacked valid IDs cut into one int64 SparseTensor [batch, longest row] per feature,
+        as RaggedTensor.to_sparse gives, T7 applied; a weighted feature's weights beside its IDs."""
+        n = len(order)
         # (feature, row, place in row) of every ID: RaggedTensorToSparse over [features, batch, None].
         features = tf.range(n + 1, dtype=tf.int64) * batch
         position = tf.RaggedTensor.from_nested_row_splits(flat, [features, splits], validate=False).to_sparse().indices
@@ -486,9 +623,8 @@ class RawFeatureTransform(tf.Module):
         lengths = tf.reshape(splits[1:] - splits[:-1], [n, batch])
         if any(m is not None for m in limits):  # T7 in the shapes
             lengths = tf.minimum(lengths, tf.constant([rulebook.INT64_MAX if m is None else m for m in limits], tf.int64)[:, None])
-        # One SparseTensor [batch, longest row] per feature, as RaggedTensor.to_sparse gives; the
-        # cut per feature keeps T7 off features without max_length, and lets both cores work.
-        # int32: Eigen reduces int64 rows several times slower (0.1 ms of 26 x 1024 at batch 1024)
+        # The cut per feature keeps T7 off features without max_length, and lets both cores work.
+        # int32: Eigen reduces int64 rows several times slower.
         widths = tf.cast(tf.maximum(tf.reduce_max(tf.cast(lengths, tf.int32), axis=1), 0), tf.int64)  # 0: empty batch
         shapes = tf.unstack(tf.stack([tf.fill([n], batch), widths], 1), num=n)
         out = {}
@@ -594,7 +730,13 @@ class RawFeatureTransform(tf.Module):
 
 
 class ServingModule(tf.Module):
-    """What the serving SavedModel holds: the raw-feature transform and the CPU model."""
+    """What the serving SavedModel holds: the raw-feature transform and the CPU model.
+
+    Args:
+      model: the serving model (no optimizer); when it stacks its serving tables, its fusion
+        groups are fused into the transform.
+      transform: the raw-feature transform of the model's manifest.
+    """
 
     def __init__(self, model: tf.keras.Model, transform: RawFeatureTransform):
         super().__init__(name="serving_module")
@@ -635,11 +777,18 @@ class ServingModule(tf.Module):
             self.serve_typed_features = serve_typed_features
 
     def signatures(self) -> Dict[str, Any]:
-        """The tf.functions themselves, not concrete functions: `tf.saved_model.save` traces them
+        """Lists the signatures to save.
+
+        The tf.functions themselves, not concrete functions: `tf.saved_model.save` traces them
         inside its save context, and a trace made outside it is not reused there (the save
         context's variable policy is part of tf.function's cache key,
         tensorflow/python/eager/polymorphic_function/function_context.py), so each signature
-        would be traced twice."""
+        would be traced twice.
+
+        Returns:
+          {signature name: tf.function}: `serving_default`, `serve_features` and, with integer
+          columns, `serve_typed_features`; each returns {"probabilities": float32 [batch, 1]}.
+        """
         out = {"serving_default": self.serve_examples, "serve_features": self.serve_features}
         if self.serve_typed_features is not None:
             out["serve_typed_features"] = self.serve_typed_features

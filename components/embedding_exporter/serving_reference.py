@@ -1,5 +1,5 @@
-"""The serving transform as it was before issue 17: every categorical feature through its own
-ops (split, lookup, validity, truncation, to_sparse), every dense column through its own.
+"""The serving transform feature by feature: every categorical feature through its own ops
+(split, lookup, validity, truncation, to_sparse), every dense column through its own.
 
 Kept as the oracle `tests/test_serving_transform.py` compares the fused transform of
 `components.embedding_exporter.serving` against, value for value, on every rulebook case and on
@@ -16,13 +16,13 @@ import tensorflow as tf
 from components.rules import rulebook
 from components.contracts.manifest import CategoricalFeatureEntry, VocabularyManifest
 from components.embedding_exporter.serving import (
-    _DTYPES,
     RawFeatureTransform,
     _first_or_nan,
     _int_texts,
     _keep,
     _valid_tokens,
 )
+from components.config.choices import VocabularyKind
 
 
 def _split(values: tf.RaggedTensor, separator: str) -> tf.RaggedTensor:
@@ -42,16 +42,37 @@ def _first_n(values: tf.RaggedTensor, n: int) -> tf.RaggedTensor:
 class FeatureByFeatureTransform(RawFeatureTransform):
     """Raw columns -> model inputs (dense float32 [B,1], categorical int64 SparseTensor [B, None]),
     feature by feature. The columns and parsing spec are the fused transform's; every table is
-    looked up by string, as before."""
+    looked up by string.
+
+    Args:
+      manifest: the vocabulary manifest (features, tables, raw column kinds).
+      vocabulary_dir: the directory holding the vocabulary files.
+    """
 
     def __init__(self, manifest: VocabularyManifest, vocabulary_dir: str):
         super().__init__(manifest, vocabulary_dir, integer_tables=False)
 
     def from_examples(self, serialized: tf.Tensor) -> Dict[str, Any]:
+        """Transforms serialized raw tf.Examples.
+
+        Args:
+          serialized: string [batch].
+
+        Returns:
+          {feature name: float32 [batch, 1] (dense) or int64 SparseTensor [batch, None] (categorical)}.
+        """
         return self._to_model_inputs(tf.io.parse_example(serialized, self.example_spec()))
 
     def from_feature_tensors(self, columns: Dict[str, tf.Tensor]) -> Dict[str, Any]:
-        """One value per row: strings for categorical ('' = missing), floats for dense (NaN = missing)."""
+        """Transforms one tensor per raw column, as the JSON signature takes them.
+
+        Args:
+          columns: {column: [batch]}: strings for categorical ('' = missing), float32 for dense
+            (NaN = missing).
+
+        Returns:
+          {feature name: float32 [batch, 1] (dense) or int64 SparseTensor [batch, None] (categorical)}.
+        """
         ragged = {}
         for c, t in columns.items():
             if t.dtype == tf.string:
@@ -85,14 +106,13 @@ class FeatureByFeatureTransform(RawFeatureTransform):
         """Tokens -> embedding IDs: V1 (vocabulary line), V2 (OOV bucket), T5-T6 (invalid tokens
         dropped) and T7 (the first `max_length` valid tokens). A token found in the vocabulary is
         valid (preprocessing counts valid tokens only), so the validity checks and the OOV hash
-        run on the tokens the vocabulary misses, not on every token: on raw eval rows of the demo
-        model they were most of the transform's time at batch 1024."""
+        run on the tokens the vocabulary misses, not on every token."""
         v = self._manifest.vocabularies[f.table]
         flat = tokens.flat_values
         ids = self.lookup(f.table, flat)
         miss = tf.where(ids < 0)
         missed = tf.gather(flat, miss[:, 0])
-        if v.kind == "identity":  # V4: the default row, or dropped (checked with T5-T6, before T7)
+        if v.kind == VocabularyKind.IDENTITY:  # V4: the default row, or dropped (checked with T5-T6, before T7)
             oov = tf.fill(tf.shape(missed, out_type=tf.int64), tf.constant(v.default_value or 0, tf.int64))
             if v.default_value is None:
                 check = True
@@ -101,7 +121,7 @@ class FeatureByFeatureTransform(RawFeatureTransform):
         ids = tokens.with_flat_values(tf.tensor_scatter_nd_update(ids, miss, oov))
         if check:
             valid = _valid_tokens(missed) if missed.dtype == tf.string else tf.ones(tf.shape(missed), tf.bool)
-            if v.kind == "identity" and v.default_value is None:
+            if v.kind == VocabularyKind.IDENTITY and v.default_value is None:
                 valid = tf.zeros(tf.shape(missed), tf.bool)
             ids = _keep(ids, tf.tensor_scatter_nd_update(tf.ones(tf.shape(flat), tf.bool), miss, valid))
         if f.max_length is not None:

@@ -24,25 +24,39 @@ from components.contracts.artifacts import TABLES_DIR
 from components.contracts.artifacts import TABLES_MANIFEST_FILE as TABLES_MANIFEST
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import TablePlan
+from components.config.choices import TableDtype
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 
 
 class CompressionError(ValueError):
-    pass
+    """A table cannot be stored in the asked dtype (its values are out of range, or the dtype is unknown)."""
 
 
 def compress(table: np.ndarray, dtype: str, name: str = "") -> Tuple[np.ndarray, Optional[np.ndarray]]:
-    """(stored values, per-row scale or None) of a float32 table."""
-    if dtype == "float32":
+    """Compresses a float32 table.
+
+    Args:
+      table: float32 [rows, dim].
+      dtype: float32, float16 or int8.
+      name: the table's name, for the error message.
+
+    Returns:
+      (stored, scale): the stored values [rows, dim] in `dtype`, and for int8 the float32 per-row
+      scale [rows] (None otherwise).
+
+    Raises:
+      CompressionError: float16 and a value beyond its range, or an unknown dtype.
+    """
+    if dtype == TableDtype.FLOAT32:
         return table.astype(np.float32, copy=False), None
-    if dtype == "float16":
+    if dtype == TableDtype.FLOAT16:
         peak = float(np.abs(table).max()) if table.size else 0.0
         if peak > FLOAT16_MAX:
             raise CompressionError(
                 f"table {name!r} holds |value| {peak:.3g} > {FLOAT16_MAX:g}, beyond float16; use int8 or float32"
             )
         return table.astype(np.float16), None
-    if dtype == "int8":
+    if dtype == TableDtype.INT8:
         peak = np.abs(table).max(axis=1) if table.size else np.zeros([table.shape[0]], np.float32)
         scale = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
         q = np.clip(np.rint(table / scale[:, None]), -127, 127).astype(np.int8)
@@ -51,11 +65,29 @@ def compress(table: np.ndarray, dtype: str, name: str = "") -> Tuple[np.ndarray,
 
 
 def decompress(stored: np.ndarray, scale: Optional[np.ndarray]) -> np.ndarray:
+    """Turns a stored table back into float32.
+
+    Args:
+      stored: [rows, dim] as `compress` stored it.
+      scale: its float32 per-row scale [rows] (int8), or None.
+
+    Returns:
+      float32 [rows, dim].
+    """
     values = stored.astype(np.float32)
     return values * scale[:, None] if scale is not None else values
 
 
 def stored_bytes(stored: np.ndarray, scale: Optional[np.ndarray]) -> int:
+    """Counts the bytes a stored table takes, its scale included.
+
+    Args:
+      stored: [rows, dim] as `compress` stored it.
+      scale: its per-row scale [rows], or None.
+
+    Returns:
+      The bytes of both arrays.
+    """
     return int(stored.nbytes + (scale.nbytes if scale is not None else 0))
 
 
@@ -65,7 +97,13 @@ def _save_npy(path: str, array: np.ndarray) -> None:
 
 
 class TableWriter:
-    """Writes each table as it is converted (one in memory at a time) and then the manifest."""
+    """Writes each table as it is converted (one in memory at a time) and then the manifest.
+
+    Args:
+      output_dir: the directory `tables/` is created in.
+      manifest: the vocabulary manifest (each table's vocabulary file and OOV buckets).
+      vocabulary_dir: the directory holding the vocabulary files (copied beside the tables).
+    """
 
     def __init__(self, output_dir: str, manifest: VocabularyManifest, vocabulary_dir: str):
         self.dir = os.path.join(output_dir, TABLES_DIR)
@@ -75,6 +113,17 @@ class TableWriter:
         self.entries: Dict[str, Any] = {}
 
     def write(self, name: str, plan_table: TablePlan, stored: np.ndarray, scale: Optional[np.ndarray]) -> Dict[str, Any]:
+        """Writes one table's files and its vocabulary file beside them.
+
+        Args:
+          name: the table's name.
+          plan_table: its plan entry (combiner, features, the table a wide table belongs to).
+          stored: the table as `compress` stored it, [rows, dim].
+          scale: its per-row scale [rows] (int8), or None.
+
+        Returns:
+          The table's manifest entry.
+        """
         vocab = self._manifest.vocabulary(plan_table.wide_of or name)  # a wide table's rows are its table's
         files = {"values": f"{name}.npy"}
         _save_npy(os.path.join(self.dir, files["values"]), stored)
@@ -104,6 +153,11 @@ class TableWriter:
         return entry
 
     def finish(self) -> str:
+        """Writes the manifest of the tables written.
+
+        Returns:
+          The manifest's path.
+        """
         path = os.path.join(self.dir, TABLES_MANIFEST)
         with tf.io.gfile.GFile(path, "w") as fh:
             fh.write(json.dumps({"tables": self.entries}, indent=2, sort_keys=True))
