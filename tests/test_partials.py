@@ -62,3 +62,94 @@ def test_parse_raw_kind_inverts_raw_kind():
     for column, kind in (("user_id", "bytes"), ("a/b", "float"), ("x", "none")):
         assert partials.parse_raw_kind(partials.raw_kind(column, kind)) == (column, kind)
     assert partials.parse_raw_kind(partials.examples_read("train")) is None
+
+
+# ---- transform_batch and batch_statistics ------------------------------------------------------
+
+SPLIT_CONFIG = {
+    "input": {"path": "unused.csv"},
+    "label": "label",
+    "dense_features": [{"name": "I1", "fill_value": -1.0}],
+    "tables": [{"name": "shared", "dim": 4, "vocabulary": {"num_oov_buckets": 1}}],
+    "categorical_features": [
+        {"name": "C1", "table": "shared", "weight_column": "w"},
+        {"name": "C3", "separator": "|", "dim": 4, "max_length": 2, "vocabulary": {"num_oov_buckets": 1}},
+    ],
+    "training": {"batch_size": 2},
+    "statistics": {"shard_counts": [2]},
+}
+
+
+def _three_rows():
+    """Row 0: label 1, all present; row 1: label 0, I1 missing, C1 out of vocabulary, a non-UTF-8
+    token; row 2: no label (dropped)."""
+    import pyarrow as pa
+
+    from components.config.loading import parse_config
+    from components.embedding_preprocess.transform import make_lookups
+
+    cfg = parse_config(SPLIT_CONFIG)
+    lookups = make_lookups(cfg, {"shared": [b"a", b"b"], "C3": [b"x", b"y"]})
+    rb = pa.RecordBatch.from_pydict({
+        "label": pa.array([[1], [0], None], pa.list_(pa.int64())),
+        "I1": pa.array([[0.5], None, [float("nan")]], pa.list_(pa.float32())),
+        "w": pa.array([[2.0], [1.0], [1.0]], pa.list_(pa.float32())),
+        "C1": pa.array([[b"a"], [b"zz"], [b"b"]], pa.list_(pa.binary())),
+        "C3": pa.array([[b"x|y|y"], [b"caf\xe9|x"], None], pa.list_(pa.binary())),
+    })
+    return cfg, lookups, rb
+
+
+def test_transform_batch_and_batch_statistics_give_the_combined_partial():
+    from components.embedding_preprocess.batch_statistics import batch_statistics
+    from components.embedding_preprocess.transform import transform_batch
+
+    cfg, lookups, rb = _three_rows()
+    transformed = transform_batch(cfg, lookups, rb)
+    assert transformed.keep.tolist() == [True, True, False]
+    assert transformed.batch.to_pydict() == {
+        "label": [[1.0], [0.0]], "I1": [[0.5], [-1.0]], "C1": [[0], [2]], "C1__weights": [[2.0], [1.0]],
+        "C3": [[0, 1], [0]]}
+    # Counted by hand (and equal to what the combined transform-and-statistics function returned).
+    common = {
+        "kind/C1/bytes": 1, "kind/C3/bytes": 1, "kind/I1/float": 1, "kind/label/int64": 1, "kind/w/float": 1,
+        "{s}/dense/I1/input_sum_1": float(np.log1p(0.5) - np.log1p(1.0)),
+        "{s}/dense/I1/input_sum_2": float(np.log1p(0.5) ** 2 + np.log1p(1.0) ** 2), "{s}/dense/I1/missing": 1,
+        "{s}/dropped/invalid_label": 0, "{s}/dropped/missing_label": 1, "{s}/examples_read": 3,
+        "{s}/feature/C1/ids": 2, "{s}/feature/C1/oov": 1, "{s}/feature/C1/present": 2, "{s}/feature/C1/truncated": 0,
+        "{s}/feature/C3/ids": 3, "{s}/feature/C3/invalid/not_utf8": 1, "{s}/feature/C3/oov": 0,
+        "{s}/feature/C3/present": 2, "{s}/feature/C3/truncated": 1, "{s}/positives": 1.0,
+        "vec/{s}/feature/C1/ids_per_example_histogram": [0, 2], "vec/{s}/feature/C3/ids_per_example_histogram": [0, 1, 1],
+    }
+    train_only = {
+        "max/train/table/C3/batch_ids": 3, "max/train/table/C3/batch_unique_ids": 2,
+        "max/train/table/C3/div/2/max_ids_per_shard": 3, "max/train/table/C3/div/2/max_unique_ids_per_shard": 2,
+        "max/train/table/C3/mod/2/max_ids_per_shard": 2, "max/train/table/C3/mod/2/max_unique_ids_per_shard": 1,
+        "max/train/table/shared/batch_ids": 2, "max/train/table/shared/batch_unique_ids": 2,
+        "max/train/table/shared/div/2/max_ids_per_shard": 1, "max/train/table/shared/div/2/max_unique_ids_per_shard": 1,
+        "max/train/table/shared/mod/2/max_ids_per_shard": 2, "max/train/table/shared/mod/2/max_unique_ids_per_shard": 2,
+        "sketch/train/dense/I1/quantiles": [-1.0] * 50 + [0.5] * 51, "train/dense/I1/quantile_values": 2,
+        "train/partial_batches": 0, "train/table/C3/batch_ids": 3, "train/table/C3/batch_unique_ids": 2,
+        "train/table/C3/batches": 1, "train/table/shared/batch_ids": 2, "train/table/shared/batch_unique_ids": 2,
+        "train/table/shared/batches": 1, "vec/train/table/C3/div/2/load": [3, 0], "vec/train/table/C3/mod/2/load": [2, 1],
+        "vec/train/table/shared/div/2/load": [1, 1], "vec/train/table/shared/mod/2/load": [2, 0],
+    }
+    for split, extra in (("train", train_only), ("eval", {})):
+        got = statistics.jsonable(batch_statistics(cfg, lookups, rb, transformed, split))
+        expected = {k.format(s=split): v for k, v in {**common, **extra}.items()}
+        assert got.keys() == expected.keys(), split
+        for k, v in expected.items():
+            assert got[k] == pytest.approx(v, rel=1e-6), (split, k)
+
+
+def test_transform_batch_computes_no_statistics(monkeypatch):
+    from components.embedding_preprocess.transform import transform_batch
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("transform_batch computed a statistic")
+
+    for name in ("quantile_sample", "quantiles_sketch", "batch_table_stats"):
+        monkeypatch.setattr(statistics, name, refuse)
+    cfg, lookups, rb = _three_rows()
+    transformed = transform_batch(cfg, lookups, rb)
+    assert transformed.batch.num_rows == 2 and transformed.num_kept == 2

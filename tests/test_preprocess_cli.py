@@ -4,6 +4,7 @@ import json
 import os
 from collections import Counter
 
+import pyarrow as pa
 import pytest
 import yaml
 
@@ -127,3 +128,73 @@ def test_cli_analyze_only_gives_the_same_vocabularies(data, full_run):
     stats = json.loads((only / "statistics" / "statistics.json").read_text())
     assert stats["splits"]["train"]["examples_read"] == 605
     assert stats["splits"]["train"]["examples_dropped"] == {"missing_label": 1, "invalid_label": 0}
+
+
+# ---- the CLI reads CSV as ExampleGen does (components.example_gen.csv_records) ------------------
+
+READER_CONFIG = {
+    "input": {"path": "unused.csv"},
+    "label": "label",
+    "dense_features": [{"name": "I1", "column": "I,1"}],
+    "categorical_features": [{"name": "C1", "dim": 4}],
+}
+# A byte-order mark and a quoted header name holding the separator; a quoted separator and a quoted
+# line break in the rows, CRLF; a text label (invalid) and an empty one (missing), as
+# tests/test_example_gen.py's MESSY_CSV has them.
+MESSY = b'\xef\xbb\xbflabel,"I,1",C1\r\n1,0.5,"a,b"\r\n0,,"multi\nline"\r\nyes,2,c\r\n,3,d\r\n'
+RULE_CONFIG = {**READER_CONFIG, "label": "clicked", "label_rule": {"column": "rating", "op": ">=", "value": 4},
+               "dense_features": []}
+
+
+def test_cli_checks_headers_by_example_gen_rules(tmp_path):
+    from components.config.loading import parse_config
+    from components.embedding_preprocess.csv_input import check_csv_input, read_header
+    from components.reporting.errors import InputError
+
+    (tmp_path / "messy.csv").write_bytes(MESSY)
+    check_csv_input(parse_config(READER_CONFIG), str(tmp_path / "messy.csv"))
+    assert read_header(str(tmp_path / "messy.csv")) == ["label", "I,1", "C1"]
+    # With label_rule the header holds the rule's column, not the derived label.
+    (tmp_path / "rated.csv").write_bytes(b"rating,C1\n5,a\n")
+    check_csv_input(parse_config(RULE_CONFIG), str(tmp_path / "rated.csv"))
+    (tmp_path / "clash.csv").write_bytes(b"rating,C1,clicked\n5,a,1\n")
+    with pytest.raises(InputError, match="rename `label`"):
+        check_csv_input(parse_config(RULE_CONFIG), str(tmp_path / "clash.csv"))
+
+
+def _read_csv_rows(path, columns, cfg, label_name):
+    """(label as text, *the other columns) of every row the CLI's CSV reader gives for `path`, its
+    ranges read one by one as the PTransform's workers do (`csv_input._ParseCsvRange`)."""
+    from components.embedding_preprocess import csv_input
+    from components.example_gen import ranges
+
+    rs = csv_input.csv_ranges(path)
+    before = ranges.before_each_range([ranges.count_quotes(r) for r in rs])
+    fn = csv_input._ParseCsvRange(columns, cfg.to_json(), 2)
+    fn.setup()
+    rows = []
+    for r in rs:
+        for rb in fn.process(r, before):
+            if isinstance(rb, pa.RecordBatch):
+                values = [rb.column(rb.schema.get_field_index(c)).to_pylist() for c in [label_name, *columns[1:]]]
+                rows += [(str(label), *rest) for label, *rest in zip(*values)]
+    return len(rs), rows
+
+
+def test_cli_reads_quoted_line_breaks_compressed_files_and_label_rules_as_example_gen(tmp_path, monkeypatch):
+    import gzip
+
+    from components.config.loading import parse_config
+    from components.embedding_preprocess import csv_input
+
+    monkeypatch.setattr(csv_input, "RANGE_BYTES", 7)  # ranges that cut the quoted line break
+    (tmp_path / "messy.csv").write_bytes(MESSY)
+    (tmp_path / "messy.csv.gz").write_bytes(gzip.compress(MESSY))  # one range, streamed
+    (tmp_path / "rated.csv").write_bytes(b"rating,C1\n5,a\n3,b\n,c\nhigh,d\n")
+    # The label as preprocessing's L1 reads it: 0/1, None when missing, NaN (here "nan") when invalid.
+    messy = [("1.0", 0.5, b"a,b"), ("0.0", None, b"multi\nline"), ("nan", 2.0, b"c"), ("None", 3.0, b"d")]
+    cfg = parse_config(READER_CONFIG)
+    assert _read_csv_rows(str(tmp_path / "messy.csv"), ["label", "I,1", "C1"], cfg, "label") == (len(MESSY) // 7 + 1, messy)
+    assert _read_csv_rows(str(tmp_path / "messy.csv.gz"), ["label", "I,1", "C1"], cfg, "label") == (1, messy)
+    rated = [("1.0", b"a"), ("0.0", b"b"), ("None", b"c"), ("nan", b"d")]
+    assert _read_csv_rows(str(tmp_path / "rated.csv"), ["rating", "C1"], parse_config(RULE_CONFIG), "clicked")[1] == rated

@@ -32,16 +32,22 @@ import uuid
 from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
 
 import apache_beam as beam
+from apache_beam import coders
 from apache_beam.io import filebasedsink
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
+from apache_beam.utils.windowed_value import WindowedValue
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from tfx_bsl.coders import example_coder
 
 from components.rows import ledger
 from components.reporting import progress
 from components.rows import row_counts
 from components.data_io import tfrecords
-from components.config.schema import PipelineConfig
+from components.config.loading import config_from_json
+from components.config.schema import PipelineConfig, VocabularyOptions
 from components.contracts.manifest import FORMAT_BLOCKS, TAIL_PREFIX, TRANSFORMED_PREFIX
 from components.embedding_preprocess import partials as partials_lib
 from components.embedding_preprocess import spill
@@ -52,10 +58,9 @@ from components.embedding_preprocess.counting import (
 )
 from components.embedding_preprocess.csv_input import ReadCsvRecordBatches, read_header
 
-# Beam-free names that used to live here (bench/export_bench.py and older callers import them from here).
-from components.embedding_preprocess.transform import (  # noqa: F401  (re-exported)
-    load_lookups, make_lookups, read_batch_rows, to_blocks, transform_record_batch,
-)
+from components.embedding_preprocess.batch_statistics import batch_statistics
+from components.embedding_preprocess.transform import load_lookups, read_batch_rows, to_blocks, transform_batch
+from components.config.choices import Compression, InputFormat, VocabularyKind
 
 STATS_FILE_PREFIX = "_partial_statistics"
 COUNTING = "counting values"  # live progress: the vocabulary pass's rows (components/reporting/progress.py)
@@ -80,8 +85,6 @@ class FramedTFRecordSink(filebasedsink.FileBasedSink):
     `WriteToTFRecord`; the compression follows the suffix (`.gz`: gzip)."""
 
     def __init__(self, file_path_prefix: str, file_name_suffix: str = ""):
-        from apache_beam import coders
-
         super().__init__(
             file_path_prefix=file_path_prefix,
             coder=coders.BytesCoder(),
@@ -151,8 +154,6 @@ class _DecodeExamples(beam.DoFn):
         self._file_pattern = file_pattern
 
     def setup(self):
-        from tfx_bsl.coders import example_coder
-
         self._decoder = example_coder.ExamplesToRecordBatchDecoder()
 
     def process(self, batch: List[bytes]) -> Iterator[pa.RecordBatch]:
@@ -182,8 +183,6 @@ class _CountPerBundle(beam.DoFn):
         self._count_rows = count_rows  # analysis only: no transform pass counts the rows
 
     def setup(self):
-        from components.config.loading import config_from_json
-
         self._cfg = config_from_json(self._config_json)
 
     def start_bundle(self):
@@ -212,10 +211,6 @@ class _CountPerBundle(beam.DoFn):
             self._refs.append((b, spill.write(spill.spill_path(self._spill_dir, b), bucket_parts)))
 
     def finish_bundle(self):
-        from apache_beam.transforms.window import GlobalWindow
-        from apache_beam.utils.timestamp import MIN_TIMESTAMP
-        from apache_beam.utils.windowed_value import WindowedValue
-
         self._spill()
         for ref in self._refs:
             yield WindowedValue(ref, MIN_TIMESTAMP, [GlobalWindow()])
@@ -234,8 +229,6 @@ class _SummarizeBucket(beam.DoFn):
         self._vocabulary_dir = vocabulary_dir
 
     def setup(self):
-        from components.config.loading import config_from_json
-
         cfg = config_from_json(self._config_json)
         self._top_values = cfg.statistics.top_values
         self._tables = {t.name: t.vocabulary for t in cfg.tables}
@@ -267,8 +260,6 @@ class _SummarizeBucket(beam.DoFn):
 
 
 def _write_vocabulary(item: KeyedSummary, out_dir: str, options_json: str):
-    from components.config.schema import VocabularyOptions
-
     name, summary = item
     options = VocabularyOptions(**json.loads(options_json)[name])
     covered = None
@@ -280,11 +271,11 @@ def _write_vocabulary(item: KeyedSummary, out_dir: str, options_json: str):
         vocabulary.write_vocabulary_arrays(out_dir, name, given_tokens, pc.cast(seen, occurring.counts.type))
         kept = len(given_tokens)
         covered = pc.sum(seen).as_py() or 0
-    elif options.kind in ("hashed", "identity"):  # no vocabulary (V3, V4): empty files
+    elif options.kind in (VocabularyKind.HASHED, VocabularyKind.IDENTITY):  # no vocabulary (V3, V4): empty files
         vocabulary.write_vocabulary_arrays(out_dir, name, summary.top.values.slice(0, 0), summary.top.counts.slice(0, 0))
         kept = 0
         # identity: the occurrences that are IDs of the table; hashed: every token has a row
-        covered = summary.covered if options.kind == "identity" else summary.histogram.occurrences()
+        covered = summary.covered if options.kind == VocabularyKind.IDENTITY else summary.histogram.occurrences()
     else:
         tokens, counts = vocabulary.order_arrays(summary.candidates.values, summary.candidates.counts)
         kept = vocabulary.prune(counts, options)
@@ -314,10 +305,6 @@ class _TransformBatch(beam.DoFn):
         self._run_id = run_id
 
     def setup(self):
-        from tfx_bsl.coders import example_coder
-
-        from components.config.loading import config_from_json
-
         self._cfg = config_from_json(self._config_json)
         self._encoder = example_coder.RecordBatchToExamplesEncoder()
         self._lookups: Optional[Dict[str, vocabulary.VocabularyLookup]] = None
@@ -326,10 +313,6 @@ class _TransformBatch(beam.DoFn):
         self._stats = statistics.StatisticsAccumulator()
 
     def finish_bundle(self):
-        from apache_beam.transforms.window import GlobalWindow
-        from apache_beam.utils.timestamp import MIN_TIMESTAMP
-        from apache_beam.utils.windowed_value import WindowedValue
-
         if self._stats.values:  # a bundle with batches (each partial counts its rows read)
             yield beam.pvalue.TaggedOutput("stats", WindowedValue(self._stats.values, MIN_TIMESTAMP, [GlobalWindow()]))
 
@@ -338,7 +321,9 @@ class _TransformBatch(beam.DoFn):
             self._lookups = load_lookups(self._cfg, self._vocabulary_dir, vocabulary_sizes, self._run_id)
         if self._split == "train":
             rb = shuffled_rows(rb, self._cfg.training.seed)
-        out, _, stats = transform_record_batch(self._cfg, self._lookups, rb, self._split)
+        transformed = transform_batch(self._cfg, self._lookups, rb)
+        stats = batch_statistics(self._cfg, self._lookups, rb, transformed, self._split)
+        out = transformed.batch
         progress.count(ledger.PREPROCESS, transforming(self._split), rb.num_rows)
         if out is not None:
             t = self._cfg.transformed_examples
@@ -500,7 +485,7 @@ class TransformedSplit(NamedTuple):
 
 class TransformSplit(beam.PTransform):
     """RecordBatches of one split -> `TransformedSplit`: the labelled rows as tf.Examples of int64
-    embedding IDs and float32 dense values (`transform.transform_record_batch`), one block of framed
+    embedding IDs and float32 dense values (`transform.transform_batch`), one block of framed
     TFRecords per batch, plus the statistics (merged per bundle: rows read and dropped, presence, OOV,
     invalid values; on the train split also per-batch and per-shard ID counts).
 
@@ -531,7 +516,7 @@ class WriteTransformedExamples(beam.PTransform):
     def __init__(self, directory: str, compression: str, prefix: str = TRANSFORMED_PREFIX):
         super().__init__()
         self._prefix = os.path.join(directory, prefix)
-        self._suffix = ".gz" if compression == "gzip" else ""
+        self._suffix = ".gz" if compression == Compression.GZIP else ""
 
     def expand(self, blocks):
         return blocks | "Write" >> beam.io.Write(
@@ -602,9 +587,9 @@ def read_source(
     pipeline: beam.Pipeline, cfg: PipelineConfig, label: str, pattern: str, input_format: str
 ) -> Tuple[beam.PCollection, Optional[beam.PCollection]]:
     """RecordBatches of one input, plus statistics partials of the input itself (CSV only)."""
-    if input_format == "tfrecord":
+    if input_format == InputFormat.TFRECORD:
         return pipeline | label >> ReadRecordBatches(pattern, cfg.training.batch_size), None
-    if input_format == "parquet":
+    if input_format == InputFormat.PARQUET:
         return pipeline | label >> ReadParquetRecordBatches(pattern, cfg.training.batch_size), None
     return pipeline | label >> ReadCsvRecordBatches(pattern, read_header(pattern), cfg)
 

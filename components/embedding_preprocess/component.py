@@ -9,11 +9,12 @@ from tfx.types import channel_utils
 from components.config.stages import stage_json
 from components.tfx_wiring.artifact_types import EmbeddingStatistics, EmbeddingVocabulary
 from components.config.schema import PipelineConfig
+from components.tfx_wiring.executor_base import CONFIG_KEY
 from components.embedding_preprocess import executor
 
 
 class EmbeddingPreprocessSpec(ComponentSpec):
-    PARAMETERS = {executor.CONFIG_KEY: ExecutionParameter(type=str)}
+    PARAMETERS = {CONFIG_KEY: ExecutionParameter(type=str)}
     INPUTS = {executor.EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples)}
     OUTPUTS = {
         executor.TRANSFORMED_EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples),

@@ -15,11 +15,13 @@ import pyarrow.compute as pc
 
 from components.config.schema import PipelineConfig, VocabularyOptions
 from components.embedding_preprocess import features
+from components.rules.rulebook import DROP_INVALID_LABEL, DROP_MISSING_LABEL
 from components.embedding_preprocess import partials
 from components.embedding_preprocess import statistics
 from components.embedding_preprocess import vocabulary
 from components.embedding_preprocess.transform import column
 from components.example_gen.split_hash import binary_value_hashes
+from components.config.choices import VocabularyKind
 
 
 def count_values(tokens: pa.Array, counts: Optional[pa.Array] = None) -> Tuple[pa.Array, pa.Array]:
@@ -149,10 +151,10 @@ class CountSummary:
         if options is not None and options.kind in vocabulary.GIVEN_KINDS:
             mask = pc.is_in(counts.values, value_set=given if given is not None else pa.array([], pa.binary()))
             candidates = ValueCounts(counts.values.filter(mask), counts.counts.filter(mask))
-        elif options is not None and options.kind == "identity":
+        elif options is not None and options.kind == VocabularyKind.IDENTITY:
             keep = vocabulary.IdentityLookup(options.num_buckets, None).id_filter(counts.values)[0]
             covered = pc.sum(counts.counts.filter(pa.array(keep))).as_py() or 0
-        elif options is not None and options.kind != "hashed":  # counted
+        elif options is not None and options.kind != VocabularyKind.HASHED:  # counted
             mask = pc.greater_equal(counts.counts, options.min_frequency)
             candidates = ValueCounts(counts.values.filter(mask), counts.counts.filter(mask))
             top_k = options.top_k
@@ -199,8 +201,8 @@ class RowCounts:
         """The statistics partial the transform pass would have counted for these rows."""
         return {
             partials.examples_read(split): self.read,
-            partials.dropped(split, features.DROP_MISSING_LABEL): self.missing_label,
-            partials.dropped(split, features.DROP_INVALID_LABEL): self.invalid_label,
+            partials.dropped(split, DROP_MISSING_LABEL): self.missing_label,
+            partials.dropped(split, DROP_INVALID_LABEL): self.invalid_label,
         }
 
 

@@ -1,7 +1,6 @@
 """TFX executor of EmbeddingPreprocess: reads artifacts, calls `run_preprocessing`, writes artifacts."""
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Dict, List
 
@@ -10,14 +9,12 @@ from tfx.dsl.components.base import base_beam_executor
 from tfx.components.util import examples_utils
 from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils
-from tfx.dsl.io import fileio
 from tfx.utils import io_utils
 
-from components.rows import ledger
 from components.reporting import progress
 
 from components.embedding_preprocess.run import run_preprocessing
-from components.tfx_wiring.executor_base import CONFIG_KEY, config_of, upstream_ledger
+from components.tfx_wiring.executor_base import config_of, upstream_ledger
 
 EXAMPLES_KEY = "examples"
 TRANSFORMED_EXAMPLES_KEY = "transformed_examples"

@@ -4,7 +4,7 @@ Pure functions over pyarrow arrays: no Beam, no TensorFlow. They implement the r
 `components.rules.rulebook` (rules T1-T7 for tokens, D1-D5 for dense values, L1 for labels; its module
 docstring states them and its case table is what `tests/test_rulebook.py` runs through this module
 and through the serving graph, `components.embedding_exporter.serving`). The kinds and the reasons
-are the rulebook's constants, importable from here under the same names.
+are the rulebook's constants (import them from `components.rules.rulebook`).
 """
 from __future__ import annotations
 
@@ -15,9 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from components.rules.rulebook import (  # noqa: F401  (re-exported: the names code imports from here)
-    DROP_INVALID_LABEL,
-    DROP_MISSING_LABEL,
+from components.rules.rulebook import (
     INVALID_FLOAT_IN_CATEGORICAL,
     INVALID_INFINITE,
     INVALID_LINE_BREAK,

@@ -13,6 +13,7 @@ values, rare among categorical tokens, go through pyfarmhash one by one.
 """
 from __future__ import annotations
 
+import farmhash
 import numpy as np
 import pyarrow as pa
 
@@ -87,8 +88,6 @@ def fingerprint64(values: pa.Array) -> np.ndarray:
             out[pick] = _hash_len16(_rotate(a + b, 43) + _rotate(c, 30) + d, a + _rotate(b + _K2, 18) + c, mul)
     longer = np.flatnonzero(length > 32)
     if len(longer):
-        import farmhash
-
         for i in longer:
             s = int(start[i])
             out[i] = farmhash.fingerprint64(bytes(data[s : s + int(length[i])]).decode("utf-8"))

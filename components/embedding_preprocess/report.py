@@ -85,13 +85,33 @@ def _table(headers: List[str], rows: List[List[Any]]) -> str:
     return f"<div style='overflow-x:auto'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
 
 
-def render_html(stats: Dict[str, Any], title: str = "Embedding-ID statistics") -> str:
-    parts = [
+_STYLE = (
+    "<style>body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;"
+    "margin:1em 0}td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}th{background:#f0f0f0}"
+    "figure{display:inline-block;margin:0.5em}figcaption{font-size:12px;text-align:center}"
+    "section{border-top:1px solid #ccc;margin-top:1.5em}</style></head><body>"
+)
+
+
+def _coverage_points(curve: List[Dict[str, Any]]) -> List[Tuple[float, float]]:
+    """A coverage curve's (1 + log2 N, share covered by the top N values) points, from (0, 0)."""
+    return [(0.0, 0.0)] + [(math.log2(c["top"]) + 1, c["share"]) for c in curve]
+
+
+def _hottest(values: Dict[str, Any]) -> str:
+    """The hottest values with their shares of occurrences, as escaped text."""
+    return ", ".join(f"{html.escape(h['value'])} ({h['share']:.1%})" for h in values.get("hottest_values", []))
+
+
+def _reasons(invalid: Dict[str, int]) -> str:
+    return ", ".join(f"{k}: {c}" for k, c in invalid.items()) or "none"
+
+
+def _head_and_splits_html(stats: Dict[str, Any], title: str) -> List[str]:
+    """The page's head, its summary line and the table of splits."""
+    return [
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-        "<style>body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;"
-        "margin:1em 0}td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}th{background:#f0f0f0}"
-        "figure{display:inline-block;margin:0.5em}figcaption{font-size:12px;text-align:center}"
-        "section{border-top:1px solid #ccc;margin-top:1.5em}</style></head><body>",
+        _STYLE,
         f"<h1>{html.escape(title)}</h1>",
         f"<p>Statistics version {stats.get('version')}, global batch size {stats.get('global_batch_size')}, "
         f"shard counts {stats.get('shard_counts')}. Exact counts over all rows; per-batch figures use full "
@@ -106,28 +126,54 @@ def render_html(stats: Dict[str, Any], title: str = "Embedding-ID statistics") -
             ],
         ),
     ]
-    parts += ledger_html(stats.get("ledger"))
-    parts += health_html(stats.get("feature_health"))
+
+
+def _table_row(name: str, t: Dict[str, Any], largest: Optional[str]) -> List[Any]:
+    """One table's summary row; the shard columns are for `largest` shards (None: no shard counts)."""
+    limits = t["shards"][largest]["suggested_sparsecore_limits"] if largest else {}
+    voc = t.get("vocabulary") or {}
+    return [
+        name, t.get("kind", "counted"), ", ".join(t["features"]), t["distinct_values"], t["vocabulary_size"],
+        t["rows"], t["dim"],
+        voc.get("covered_by_vocabulary"), (voc.get("skew") or {}).get("gini"),
+        t["batches"]["ids_per_batch_mean"], t["batches"]["ids_per_batch_max"],
+        t["batches"]["unique_ids_per_batch_mean"], t["batches"]["unique_ids_per_batch_max"],
+        t["shards"][largest]["div"]["max_over_mean_load"] if largest else None,
+        t["shards"][largest]["mod"]["max_over_mean_load"] if largest else None,
+        limits.get("max_ids_per_table"), limits.get("max_unique_ids_per_table"),
+        t["memory"]["total_bytes"] / 2**20,
+    ]
+
+
+def _table_section(name: str, t: Dict[str, Any], shard_counts: Sequence[int]) -> List[str]:
+    """One table's section: its coverage curve, its load per shard for each shard count, its hottest values."""
+    voc = t.get("vocabulary") or {}
+    curve = voc.get("coverage_curve") or []
+    charts = [line_chart(_coverage_points(curve), "coverage of occurrences by the top N values", "1+log2 N")]
+    for n in shard_counts:
+        per = t["shards"][str(n)]
+        charts.append(
+            bar_chart(
+                [("div", per["div"]["load_per_shard"], "#d62728"), ("mod", per["mod"]["load_per_shard"], "#2ca02c")],
+                f"IDs per shard over the train split, {n} shards",
+                "shard",
+            )
+        )
+    return [f"<section><h3>table {html.escape(name)}</h3><p>hottest values: {_hottest(voc) or '–'}</p>", *charts, "</section>"]
+
+
+def tables_html(stats: Dict[str, Any]) -> List[str]:
+    """The tables: one summary row each (sizes, coverage, IDs per batch and per shard, memory), then a section each.
+
+    Args:
+      stats: the statistics as a dict (`EmbeddingStatistics.to_dict()`).
+
+    Returns:
+      HTML fragments, in page order.
+    """
     shard_counts = stats.get("shard_counts") or []
     largest = str(max(shard_counts)) if shard_counts else None
-    rows = []
-    for name, t in stats["tables"].items():
-        limits = t["shards"][largest]["suggested_sparsecore_limits"] if largest else {}
-        voc = t.get("vocabulary") or {}
-        rows.append(
-            [
-                name, t.get("kind", "counted"), ", ".join(t["features"]), t["distinct_values"], t["vocabulary_size"],
-                t["rows"], t["dim"],
-                voc.get("covered_by_vocabulary"), (voc.get("skew") or {}).get("gini"),
-                t["batches"]["ids_per_batch_mean"], t["batches"]["ids_per_batch_max"],
-                t["batches"]["unique_ids_per_batch_mean"], t["batches"]["unique_ids_per_batch_max"],
-                t["shards"][largest]["div"]["max_over_mean_load"] if largest else None,
-                t["shards"][largest]["mod"]["max_over_mean_load"] if largest else None,
-                limits.get("max_ids_per_table"), limits.get("max_unique_ids_per_table"),
-                t["memory"]["total_bytes"] / 2**20,
-            ]
-        )
-    parts += [
+    parts = [
         "<h2>Tables</h2>",
         f"<p>Shard columns are for {largest} shards; suggested SparseCore limits carry the configured "
         "headroom. Memory is rows × dim × 4 bytes × (1 + optimizer slots).</p>",
@@ -135,62 +181,70 @@ def render_html(stats: Dict[str, Any], title: str = "Embedding-ID statistics") -
             ["table", "kind", "features", "distinct", "vocab", "rows", "dim", "coverage", "gini", "IDs/batch",
              "max IDs/batch", "unique/batch", "max unique/batch", "div max/mean", "mod max/mean",
              "max_ids_per_table", "max_unique_ids_per_table", "MiB"],
-            rows,
+            [_table_row(name, t, largest) for name, t in stats["tables"].items()],
         ),
     ]
     for name, t in stats["tables"].items():
-        voc = t.get("vocabulary") or {}
-        curve = voc.get("coverage_curve") or []
-        points = [(0.0, 0.0)] + [(math.log2(c["top"]) + 1, c["share"]) for c in curve]
-        charts = [line_chart(points, "coverage of occurrences by the top N values", "1+log2 N")]
-        for n in shard_counts:
-            per = t["shards"][str(n)]
-            charts.append(
-                bar_chart(
-                    [("div", per["div"]["load_per_shard"], "#d62728"), ("mod", per["mod"]["load_per_shard"], "#2ca02c")],
-                    f"IDs per shard over the train split, {n} shards",
-                    "shard",
-                )
-            )
-        hottest = ", ".join(
-            f"{html.escape(h['value'])} ({h['share']:.1%})" for h in voc.get("hottest_values", [])
+        parts += _table_section(name, t, shard_counts)
+    return parts
+
+
+def _feature_section(stats: Dict[str, Any], name: str, f: Dict[str, Any]) -> List[str]:
+    """One categorical feature: its splits' presence, IDs per example, OOV and invalid values, and its charts."""
+    rows = []
+    for split, v in f["splits"].items():
+        pe = v["ids_per_example"]
+        rows.append(
+            [split, v["present_rate"], pe["mean"], pe["p50"], pe["p90"], pe["p99"], pe["max"], v["truncated_ids"],
+             v["oov_rate"], _reasons(v["invalid_values"])]
         )
-        parts += [f"<section><h3>table {html.escape(name)}</h3><p>hottest values: {hottest or '–'}</p>", *charts, "</section>"]
+    charts = []
+    train = f["splits"].get("train")
+    if train:
+        charts.append(bar_chart([("examples", train["ids_per_example"]["histogram"], "#1f77b4")],
+                                "IDs per example (train)", "IDs"))
+    values = f.get("values") or {}
+    shared = len(stats["tables"].get(f["table"], {}).get("features", [])) > 1
+    if shared and values.get("coverage_curve"):  # a table of its own: the table's chart above is the feature's
+        charts.append(line_chart(_coverage_points(values["coverage_curve"]),
+                                 "coverage of this feature's occurrences by its top N values", "1+log2 N"))
+    return [
+        f"<section><h3>{html.escape(name)} → table {html.escape(f['table'])}</h3>",
+        f"<p>{values.get('distinct_values', '–')} distinct values, gini "
+        f"{_fmt((values.get('skew') or {}).get('gini'))}; hottest: {_hottest(values) or '–'}</p>",
+        _table(["split", "present", "IDs/example", "p50", "p90", "p99", "max", "truncated", "OOV rate", "invalid"], rows),
+        *charts,
+        "</section>",
+    ]
+
+
+def dense_html(dense_features: Optional[Dict[str, Any]]) -> List[str]:
+    """The dense features: values missing (filled) and invalid, per split; nothing when there is none."""
+    if not dense_features:
+        return []
+    rows = [[name, split, v["missing"], _reasons(v["invalid_values"])]
+            for name, per in dense_features.items() for split, v in per.items()]
+    return ["<h2>Dense features</h2>", _table(["feature", "split", "missing (filled)", "invalid"], rows)]
+
+
+def render_html(stats: Dict[str, Any], title: str = "Embedding-ID statistics") -> str:
+    """The statistics as one self-contained HTML page.
+
+    Args:
+      stats: the statistics as a dict (`EmbeddingStatistics.to_dict()`).
+      title: the page's title and heading.
+
+    Returns:
+      The page: splits, row ledger, feature health, tables, categorical and dense features.
+    """
+    parts = _head_and_splits_html(stats, title)
+    parts += ledger_html(stats.get("ledger"))
+    parts += health_html(stats.get("feature_health"))
+    parts += tables_html(stats)
     parts.append("<h2>Categorical features</h2>")
     for name, f in stats["features"].items():
-        rows = []
-        charts = []
-        for split, v in f["splits"].items():
-            pe = v["ids_per_example"]
-            rows.append(
-                [split, v["present_rate"], pe["mean"], pe["p50"], pe["p90"], pe["p99"], pe["max"], v["truncated_ids"],
-                 v["oov_rate"], ", ".join(f"{k}: {c}" for k, c in v["invalid_values"].items()) or "none"]
-            )
-        train = f["splits"].get("train")
-        if train:
-            charts.append(bar_chart([("examples", train["ids_per_example"]["histogram"], "#1f77b4")],
-                                    "IDs per example (train)", "IDs"))
-        values = f.get("values") or {}
-        shared = len(stats["tables"].get(f["table"], {}).get("features", [])) > 1
-        if shared and values.get("coverage_curve"):  # a table of its own: the table's chart above is the feature's
-            points = [(0.0, 0.0)] + [(math.log2(c["top"]) + 1, c["share"]) for c in values["coverage_curve"]]
-            charts.append(line_chart(points, "coverage of this feature's occurrences by its top N values", "1+log2 N"))
-        hottest = ", ".join(f"{html.escape(h['value'])} ({h['share']:.1%})" for h in values.get("hottest_values", []))
-        parts += [
-            f"<section><h3>{html.escape(name)} → table {html.escape(f['table'])}</h3>",
-            f"<p>{values.get('distinct_values', '–')} distinct values, gini "
-            f"{_fmt((values.get('skew') or {}).get('gini'))}; hottest: {hottest or '–'}</p>",
-            _table(["split", "present", "IDs/example", "p50", "p90", "p99", "max", "truncated", "OOV rate", "invalid"], rows),
-            *charts,
-            "</section>",
-        ]
-    if stats.get("dense_features"):
-        parts.append("<h2>Dense features</h2>")
-        rows = []
-        for name, per in stats["dense_features"].items():
-            for split, v in per.items():
-                rows.append([name, split, v["missing"], ", ".join(f"{k}: {c}" for k, c in v["invalid_values"].items()) or "none"])
-        parts.append(_table(["feature", "split", "missing (filled)", "invalid"], rows))
+        parts += _feature_section(stats, name, f)
+    parts += dense_html(stats.get("dense_features"))
     parts.append("</body></html>")
     return "\n".join(parts)
 

@@ -6,7 +6,6 @@ ready `beam.Pipeline` so the caller decides the runner and its arguments.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from typing import Any, Dict, List, Optional
@@ -34,12 +33,14 @@ from components.contracts.statistics import EmbeddingStatistics
 from components.embedding_preprocess import beam_pipeline
 from components.embedding_preprocess.counting import shared_table_features
 from components.embedding_preprocess.health import check_health, feature_health
-from components.embedding_preprocess import features
 from components.embedding_preprocess import partials
 from components.embedding_preprocess import spill
 from components.embedding_preprocess import statistics
 from components.embedding_preprocess.report import render_html
 from components.embedding_preprocess import vocabulary as vocabulary_lib
+from components.rules.rulebook import DROP_INVALID_LABEL, DROP_MISSING_LABEL, KIND_BYTES, KIND_FLOAT, KIND_NONE
+from components.tfx_wiring.executor_base import read_json, write_text
+from components.config.choices import InputFormat
 
 # The artifacts' file names (contracts.artifacts), under the names callers of this module use.
 MANIFEST_FILE = artifacts.VOCABULARY_MANIFEST_FILE
@@ -47,11 +48,6 @@ STATISTICS_FILE = artifacts.STATISTICS_FILE
 REPORT_FILE = artifacts.STATISTICS_REPORT_FILE
 EMBEDDING_MANIFEST_FILE = artifacts.EMBEDDING_MANIFEST_FILE
 EMBEDDING_STATISTICS_FILE = artifacts.EMBEDDING_STATISTICS_FILE
-
-
-# Beam's FileSystems reach local disk, GCS, S3, HDFS alike, without importing TensorFlow (which
-# costs ~20 s of start-up in every process that imports it).
-from components.tfx_wiring.executor_base import read_json, write_text  # noqa: E402,F401  (used here and re-exported)
 
 
 def _makedirs(path: str) -> None:
@@ -64,7 +60,7 @@ def _observed_kinds(raw: Dict[str, float]) -> Dict[str, set]:
     seen: Dict[str, set] = {}
     for key in raw:
         parsed = partials.parse_raw_kind(key)
-        if parsed is not None and parsed[1] != features.KIND_NONE:
+        if parsed is not None and parsed[1] != KIND_NONE:
             seen.setdefault(parsed[0], set()).add(parsed[1])
     return seen
 
@@ -75,10 +71,10 @@ def _raw_kinds(cfg: PipelineConfig, raw: Dict[str, float]) -> Dict[str, str]:
     without a value in any example gets its feature's natural kind."""
     seen = _observed_kinds(raw)
     kinds = {}
-    defaults = [(cfg.label, features.KIND_FLOAT)]
-    defaults += [(d.source, features.KIND_FLOAT) for d in cfg.dense_features]
-    defaults += [(f.source, features.KIND_BYTES) for f in cfg.categorical_features]
-    defaults += [(f.weight_column, features.KIND_FLOAT) for f in cfg.categorical_features if f.weight_column]
+    defaults = [(cfg.label, KIND_FLOAT)]
+    defaults += [(d.source, KIND_FLOAT) for d in cfg.dense_features]
+    defaults += [(f.source, KIND_BYTES) for f in cfg.categorical_features]
+    defaults += [(f.weight_column, KIND_FLOAT) for f in cfg.categorical_features if f.weight_column]
     for column, default in defaults:
         found = seen.get(column, set())
         if len(found) > 1:
@@ -105,10 +101,10 @@ def column_notes(cfg: PipelineConfig, raw: Dict[str, float]) -> Dict[str, str]:
         kinds = seen.get(column, set())
         if not kinds:
             notes[column] = f"column {column!r} holds no value in any example (absent from the input?)"
-        elif column in numeric and features.KIND_BYTES in kinds:
+        elif column in numeric and KIND_BYTES in kinds:
             notes[column] = (f"the examples store column {column!r} as text (bytes), not numbers: fix its "
                              "non-numeric cells (a stock CsvExampleGen types a column as text when one cell is no number)")
-        elif column not in numeric and features.KIND_FLOAT in kinds:
+        elif column not in numeric and KIND_FLOAT in kinds:
             notes[column] = (f"the examples store column {column!r} as float: categorical values must be "
                              "text or int64")
     return notes
@@ -183,7 +179,7 @@ def _by_reason(raw: Dict[str, Any], prefix: str) -> Dict[str, int]:
 def _split_statistics(raw: Dict[str, Any], split: str) -> Dict[str, Any]:
     """Rows read, dropped by reason and written (the labelled ones), and the positive rate."""
     read = int(raw.get(partials.examples_read(split), 0))
-    dropped = {r: int(raw.get(partials.dropped(split, r), 0)) for r in (features.DROP_MISSING_LABEL, features.DROP_INVALID_LABEL)}
+    dropped = {r: int(raw.get(partials.dropped(split, r), 0)) for r in (DROP_MISSING_LABEL, DROP_INVALID_LABEL)}
     kept = read - sum(dropped.values())
     return {
         "examples_read": read,
@@ -310,7 +306,7 @@ def build_ledger(
     read = {s: v["examples_read"] for s, v in stats.splits.items()}
     stages = list(upstream_ledger["stages"]) if upstream_ledger else []
     upstream = dict(stages[-1]["rows_out"]) if stages else None
-    if not stages and input_format == "csv":
+    if not stages and input_format == InputFormat.CSV:
         data_rows = {s: _csv_data_rows(p) for s, p in split_patterns.items()}
         stages.append(ledger.csv_input_stage(data_rows, read, stats.input["malformed_rows"]))
     # The written files were read back inside the pipeline (beam_pipeline.CountWrittenRows), spread

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Iterator, List, Sequence, Tuple
+from typing import Iterator, Sequence, Tuple
 
 import pyarrow as pa
+from apache_beam.io.filesystems import FileSystems
 
 from components.embedding_preprocess.counting import ValueCounts
+from components.rows.row_counts import files_in
 
 SCHEMA = pa.schema([("value", pa.binary()), ("count", pa.int64()), ("weight", pa.float64())])
 SUFFIX = ".arrow"
@@ -46,8 +48,6 @@ def _batch(counts: ValueCounts) -> pa.RecordBatch:
 
 def write(path: str, parts: Sequence[Tuple[str, ValueCounts]]) -> SpillRef:
     """Writes `parts` ((feature, counts) in order) to `path`; returns the reference to it."""
-    from apache_beam.io.filesystems import FileSystems
-
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, SCHEMA) as writer:
         for _, counts in parts:
@@ -59,8 +59,6 @@ def write(path: str, parts: Sequence[Tuple[str, ValueCounts]]) -> SpillRef:
 
 def read(ref: SpillRef) -> Iterator[Tuple[str, ValueCounts]]:
     """(feature, counts) of each record batch of a spill file, in the order it was written."""
-    from apache_beam.io.filesystems import FileSystems
-
     path, names = ref
     with FileSystems.open(path) as fh:
         data = fh.read()
@@ -78,10 +76,6 @@ def delete(directory: str) -> None:
     """Removes the spill files and their directory, if they exist. The files are matched and
     deleted one by one: object stores (GCS, S3) have no directories, so there `exists(directory)`
     is false while files under it exist."""
-    from apache_beam.io.filesystems import FileSystems
-
-    from components.rows.row_counts import files_in
-
     files = files_in(directory)
     if files:
         FileSystems.delete(files)

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
+import pyarrow as pa
 
 from components.contracts.statistics import DENSE_QUANTILE_POINTS
-from components.contracts.statistics import STATISTICS_VERSION  # noqa: F401  (re-exported)
 from components.embedding_preprocess import partials as partials_lib
+from components.config.choices import PartitionStrategy
 
 SHARDING_STRATEGIES = ("div", "mod")
 # Dense features' quantiles: the sketch's rank error (a share of the rows) and the number of
@@ -48,8 +49,7 @@ def quantile_sample(values: np.ndarray) -> np.ndarray:
 def quantiles_sketch(values: np.ndarray = None):
     """A quantiles sketch (tfx_bsl's, the one TFDV's statistics use: C++, mergeable, bounded
     memory whatever the rows), with `values` added."""
-    import pyarrow as pa
-    from tfx_bsl import sketches
+    from tfx_bsl import sketches  # lazy: tfx_bsl only where a sketch is built, not on counting's and the statistics readers' import path
 
     sketch = sketches.QuantilesSketch(QUANTILE_EPSILON, 1 << 32, 1)
     if values is not None and len(values):
@@ -69,8 +69,6 @@ def compact_sketches(values: Dict[str, Any]) -> Dict[str, Any]:
     QUANTILE_COMPACT + 1 quantiles weighted by the values behind them (partials.dense_quantile_values):
     a bounded accumulator (adds at most 1 / (2 QUANTILE_COMPACT) of rank error, once per worker
     bundle). The other keys are kept as they are."""
-    import pyarrow as pa
-
     out = dict(values)
     for k, sketch in values.items():
         if not k.startswith(partials_lib.SKETCH):
@@ -214,7 +212,7 @@ def batch_table_stats(
     out: Dict[str, Any] = {}
     for n in shard_counts:
         for strategy in SHARDING_STRATEGIES:
-            if strategy == "div":
+            if strategy == PartitionStrategy.DIV:
                 load, per, uper = counts(div_shard(ids, rows, n), div_shard(u_ids, rows, n), n)
             elif mod_at_lcm is not None:
                 load, per, uper = (None if a is None else a.reshape(*a.shape[:-1], lcm // n, n).sum(axis=-2)

@@ -3,23 +3,23 @@
 What the Beam pipeline's `TransformSplit` applies to every batch of every split, and what the
 exporter applies to the eval rows it scores with the trained model (so both read the same code).
 The transformed batch has the label and every dense feature as one float32 per row and every
-categorical feature as a list of int64 embedding IDs: what the trainer reads.
+categorical feature as a list of int64 embedding IDs: what the trainer reads. The batch's
+statistics are a separate step that only preprocessing runs (batch_statistics.py).
 """
 from __future__ import annotations
 
-from collections import Counter
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from components.config.schema import PipelineConfig
+from components.config.schema import CategoricalFeature, PipelineConfig
 from components.contracts.manifest import ROW_LENGTHS_SUFFIX, row_lengths_key, weights_key
 from components.embedding_preprocess import features
-from components.embedding_preprocess import partials
-from components.embedding_preprocess import statistics
 from components.embedding_preprocess import vocabulary
+from components.config.choices import VocabularyKind
 
 
 def column(rb: pa.RecordBatch, name: str) -> Optional[pa.Array]:
@@ -36,9 +36,15 @@ def as_list_array(values, lengths: np.ndarray) -> pa.Array:
 
 def read_batch_rows(batch_size: int) -> int:
     """Rows per RecordBatch read: a multiple of the training batch size (per-batch statistics slice
-    it into consecutive training batches), large enough that Arrow work dominates per-batch overhead:
-    preprocessing 5M rows (Parquet, 2 workers) took 80.6 s at 4,096 rows, 59.5 s at 16,384 and
-    59.0 s at whole 38k-row Parquet row groups, at the same peak memory (2.65 / 2.53 / 2.50 GB)."""
+    it into consecutive training batches), about 16,384 rows so that Arrow work dominates the
+    per-batch overhead (larger batches gained nothing measurable, bench/README.md).
+
+    Args:
+      batch_size: the global training batch size.
+
+    Returns:
+      The smallest multiple of `batch_size` that is at least 16,384.
+    """
     return batch_size * max(1, -(-16384 // batch_size))
 
 
@@ -49,7 +55,7 @@ def make_lookups(cfg: PipelineConfig, vocabularies: Dict[str, Sequence[bytes]]) 
     out: Dict[str, vocabulary.VocabularyLookup] = {}
     for t in cfg.tables:
         v = t.vocabulary
-        if v.kind == "identity":
+        if v.kind == VocabularyKind.IDENTITY:
             out[t.name] = vocabulary.IdentityLookup(v.num_buckets, v.default_value)
             continue
         tokens = vocabularies.get(t.name, [])
@@ -86,84 +92,109 @@ def load_lookups(
     return _LOOKUP_CACHE[key]
 
 
-def transform_record_batch(
-    cfg: PipelineConfig, lookups: Dict[str, vocabulary.VocabularyLookup], rb: pa.RecordBatch, split: str
-) -> Tuple[Optional[pa.RecordBatch], np.ndarray, Dict[str, float]]:
-    """Raw RecordBatch -> (transformed RecordBatch of the labelled rows or None, kept-row mask, stats).
+@dataclass(frozen=True, eq=False)
+class CategoricalColumn:
+    """One categorical feature extracted from a batch's kept rows.
 
-    The transformed batch has the label and every dense feature as one float32 per row and every
-    categorical feature as a list of int64 embedding IDs: what the trainer reads. `stats` is the
-    batch's statistics partial (see statistics.py for how partials merge).
+    Attributes:
+      table: the name of the feature's table.
+      tokens: the feature's valid tokens (`features.Tokens`), with their truncated and invalid counts.
+      ids: int64 embedding row IDs, one per token, shape [num_tokens].
+      oov: how many of `ids` fell out of the vocabulary.
+      ids_per_row: int64 IDs per kept row, shape [num_kept].
+      weights: float32 weight per kept row (NaN: its tokens dropped), shape [num_kept]; None
+        when the feature has no weight column.
     """
-    stats: Counter = Counter()
-    stats[partials.examples_read(split)] += rb.num_rows
-    for i, name in enumerate(rb.schema.names):
-        stats[partials.raw_kind(name, features.kind_of(rb.column(i)))] += 1
+
+    table: str
+    tokens: features.Tokens
+    ids: np.ndarray
+    oov: int
+    ids_per_row: np.ndarray
+    weights: Optional[np.ndarray]
+
+
+@dataclass(frozen=True, eq=False)
+class TransformedBatch:
+    """A raw batch transformed into what the trainer reads, with the extraction results behind it.
+
+    Attributes:
+      batch: the labelled rows, or None when no row has a usable label: the label and every dense
+        feature as list<float32> of one value per row, every categorical feature as list<int64>
+        embedding IDs, and a weighted feature's weights (`weights_key`) as list<float32>.
+      keep: bool per raw row, shape [num_raw]: the row has a usable label (it is in `batch`).
+      labels: the label extraction over the raw rows (`features.Labels`, shape [num_raw] each).
+      dense: dense feature name -> its `features.DenseValues` over the kept rows.
+      categorical: categorical feature name -> its `CategoricalColumn` over the kept rows.
+    """
+
+    batch: Optional[pa.RecordBatch]
+    keep: np.ndarray
+    labels: features.Labels
+    dense: Dict[str, features.DenseValues]
+    categorical: Dict[str, CategoricalColumn]
+
+    @property
+    def num_kept(self) -> int:
+        """The number of labelled rows (the rows of `batch`)."""
+        return int(np.count_nonzero(self.keep))
+
+
+def _extract_categorical(
+    cfg: PipelineConfig, lookups: Dict[str, vocabulary.VocabularyLookup], feature: CategoricalFeature,
+    rb: pa.RecordBatch,
+) -> CategoricalColumn:
+    """One categorical feature of the kept rows `rb`: its tokens (weighed), their IDs and OOV count."""
+    n = rb.num_rows
+    table = cfg.feature_table(feature).name
+    lookup = lookups[table]
+    weights = features.extract_weights(column(rb, feature.weight_column), n) if feature.weight_column else None
+    tokens = features.extract_tokens(column(rb, feature.source), n, feature.separator, feature.max_length,
+                                     getattr(lookup, "id_filter", None), weights)
+    ids, oov = lookup.lookup(tokens.values)
+    return CategoricalColumn(table, tokens, ids, oov, tokens.ids_per_row(), weights)
+
+
+def transform_batch(
+    cfg: PipelineConfig, lookups: Dict[str, vocabulary.VocabularyLookup], rb: pa.RecordBatch
+) -> TransformedBatch:
+    """Transforms a raw batch into the trainer's columns; computes no statistics.
+
+    Rows without a usable label are dropped (rulebook L1); dense values are filled (D1-D5),
+    categorical values split into tokens and looked up (T1-T7, W1).
+
+    Args:
+      cfg: the pipeline configuration (label, features, tables).
+      lookups: table name -> its lookup (`make_lookups`, `load_lookups`).
+      rb: raw rows as tf.Examples decode (list columns) or as the CLI's CSV reader gives them
+        (flat columns), shape [num_raw] rows.
+
+    Returns:
+      The `TransformedBatch`: `batch` holds the labelled rows (None when there is none), `keep`
+      says which raw rows they are.
+    """
     labels = features.extract_label(column(rb, cfg.label), rb.num_rows)
     keep = labels.keep
-    label = labels.values
-    # Rows without a usable label are dropped (counted here by reason); every other statistic
-    # describes the kept rows, which are what training reads.
-    rb = rb.filter(pa.array(keep)) if not keep.all() else rb
-    n = kept = rb.num_rows
-    stats[partials.dropped(split, features.DROP_MISSING_LABEL)] += int(labels.missing.sum())
-    stats[partials.dropped(split, features.DROP_INVALID_LABEL)] += int(labels.invalid.sum())
-    stats[partials.positives(split)] += float(label[keep].sum())
+    kept = rb.filter(pa.array(keep)) if not keep.all() else rb
+    n = kept.num_rows
     ones = np.ones(n, np.int64)
-    columns: Dict[str, pa.Array] = {cfg.label: as_list_array(label[keep], ones)}
+    columns: Dict[str, pa.Array] = {cfg.label: as_list_array(labels.values[keep], ones)}
+    dense: Dict[str, features.DenseValues] = {}
     for d in cfg.dense_features:
-        dense = features.extract_dense(column(rb, d.source), n, d.fill_value)
-        stats[partials.dense_missing(split, d.name)] += int(dense.missing)
-        # Mean and spread of what the model reads (model.dense_input), for drift between runs.
-        values = dense.values.astype(np.float64)
-        model_input = np.sign(values) * np.log1p(np.abs(values))
-        stats[partials.dense_sum(split, d.name, 1)] += float(model_input.sum())
-        stats[partials.dense_sum(split, d.name, 2)] += float(np.square(model_input).sum())
-        for reason, c in dense.invalid.items():
-            stats[partials.dense_invalid(split, d.name, reason)] += c
-        if split == "train":  # the distribution the plan's bucket boundaries come from
-            sample = statistics.quantile_sample(dense.values)
-            stats[partials.dense_quantiles(split, d.name)] = statistics.quantiles_sketch(sample)
-            stats[partials.dense_quantile_values(split, d.name)] += len(sample)
-        columns[d.name] = as_list_array(dense.values, ones)
-    table_ids: Dict[str, List[Tuple[np.ndarray, np.ndarray]]] = {}
+        dense[d.name] = features.extract_dense(column(kept, d.source), n, d.fill_value)
+        columns[d.name] = as_list_array(dense[d.name].values, ones)
+    categorical: Dict[str, CategoricalColumn] = {}
     for f in cfg.categorical_features:
-        table = cfg.feature_table(f).name
-        lookup = lookups[table]
-        weights = features.extract_weights(column(rb, f.weight_column), n) if f.weight_column else None
-        toks = features.extract_tokens(column(rb, f.source), n, f.separator, f.max_length, getattr(lookup, "id_filter", None),
-                                weights)
-        ids, oov = lookup.lookup(toks.values)
-        per_row = toks.ids_per_row()
-        stats[partials.ids_per_example_histogram(split, f.name)] = np.bincount(per_row).astype(np.int64)
-        stats[partials.feature(split, f.name, "present")] += int(np.count_nonzero(per_row))
-        stats[partials.feature(split, f.name, "ids")] += int(len(ids))
-        stats[partials.feature(split, f.name, "oov")] += oov
-        stats[partials.feature(split, f.name, "truncated")] += toks.truncated
-        for reason, c in toks.invalid.items():
-            stats[partials.feature_invalid(split, f.name, reason)] += c
-        table_ids.setdefault(table, []).append((ids, toks.row))
-        columns[f.name] = as_list_array(ids, per_row)
-        if weights is not None:  # W1: each ID weighs its row's weight
-            columns[weights_key(f.name)] = as_list_array(weights[toks.row].astype(np.float32), per_row)
-    if split == "train":  # batch and shard statistics size the tables: computed on what training reads
-        bs = cfg.training.batch_size
-        num_batches = -(-n // bs)
-        batch_is_full = np.array([min(bs, n - k * bs) == bs for k in range(num_batches)], dtype=bool)
-        stats[partials.partial_batches("train")] += int(num_batches - batch_is_full.sum())
-        for table, parts in table_ids.items():
-            ids = np.concatenate([i for i, _ in parts])
-            batch_of_id = np.concatenate([r for _, r in parts]) // bs
-            for k, v in statistics.batch_table_stats(
-                split, table, ids, batch_of_id, batch_is_full, lookups[table].rows, cfg.statistics.shard_counts
-            ).items():
-                stats[k] = v
-    out = pa.RecordBatch.from_arrays(list(columns.values()), list(columns.keys())) if kept else None
-    return out, keep, dict(stats)
+        c = categorical[f.name] = _extract_categorical(cfg, lookups, f, kept)
+        columns[f.name] = as_list_array(c.ids, c.ids_per_row)
+        if c.weights is not None:  # W1: each ID weighs its row's weight
+            columns[weights_key(f.name)] = as_list_array(c.weights[c.tokens.row].astype(np.float32), c.ids_per_row)
+    batch = pa.RecordBatch.from_arrays(list(columns.values()), list(columns.keys())) if n else None
+    return TransformedBatch(batch, keep, labels, dense, categorical)
 
 
 def to_blocks(cfg: PipelineConfig, rb: pa.RecordBatch, block_rows: int) -> pa.RecordBatch:
-    """A transformed batch (`transform_record_batch`'s) -> one row per block of `block_rows`
+    """A transformed batch (`transform_batch`'s) -> one row per block of `block_rows`
     consecutive rows (the last block holds the rest), in the `blocks` layout of
     `contracts.manifest`: each column's values of the block's rows as one list, plus each
     categorical feature's IDs per row (`row_lengths_key`). Encoded, each row is one tf.Example.
@@ -172,7 +203,7 @@ def to_blocks(cfg: PipelineConfig, rb: pa.RecordBatch, block_rows: int) -> pa.Re
     starts = np.unique(np.minimum(np.arange(0, n + block_rows, block_rows), n))  # [0, b, 2b, ..., n]
     row_cuts = pa.array(starts.astype(np.int32))
     categorical = {f.name: weights_key(f.name) if f.weight_column else None for f in cfg.categorical_features}
-    # A categorical feature's cuts serve its weights too (transform_record_batch puts the weights after it).
+    # A categorical feature's cuts serve its weights too (transform_batch puts the weights after it).
     cuts_of: Dict[str, np.ndarray] = {}
     names, arrays = [], []
     for name in rb.schema.names:
@@ -192,7 +223,7 @@ def to_blocks(cfg: PipelineConfig, rb: pa.RecordBatch, block_rows: int) -> pa.Re
 
 def from_blocks(cfg_or_manifest, blocks: pa.RecordBatch) -> pa.RecordBatch:
     """`to_blocks`' inverse: decoded blocks (one row per block) -> one row per transformed row,
-    the columns `transform_record_batch` writes. `cfg_or_manifest`: a PipelineConfig or a
+    the columns `transform_batch` writes. `cfg_or_manifest`: a PipelineConfig or a
     VocabularyManifest (both name the categorical features)."""
     cats = cfg_or_manifest.categorical_features
     weights_of = {weights_key(f.name): f.name for f in cats if f.weight_column}

@@ -22,8 +22,11 @@ import pyarrow.compute as pc
 
 from components.config.schema import ConfigError, VocabularyOptions
 from components.config.binding import check_vocabulary_values
+from components.embedding_preprocess.fingerprint import fingerprint64
+from components.example_gen import split_hash
 from components.rules.rulebook import IDENTITY_TEXT, INVALID_NOT_AN_ID, INVALID_OUT_OF_RANGE
 from components.rules.rulebook import oov_bucket  # V2; importable from here as before
+from components.config.choices import VocabularyKind
 
 
 def order_vocabulary(counts: Iterable[Tuple[bytes, int]], options: VocabularyOptions) -> List[Tuple[bytes, int]]:
@@ -82,7 +85,7 @@ def _lines(values: pa.Array) -> bytes:
 
 def write_vocabulary_arrays(directory: str, name: str, tokens: pa.Array, counts: pa.Array) -> None:
     """`write_vocabulary` for ordered Arrow arrays: tokens (binary) and their counts."""
-    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.io.filesystems import FileSystems  # lazy: keeps Beam off the transform's import path (the exporter and the rulebook's tests read it)
 
     with FileSystems.create(vocabulary_file(directory, name)) as fh:
         fh.write(_lines(tokens))
@@ -110,7 +113,7 @@ def read_vocabulary_tokens(directory: str, name: str) -> pa.Array:
     bytes objects took 312 MB while it was read, and left memory the allocator does not give back;
     as one Arrow array it is 58 MB (bench/lookup_bench.py --load). Every transform worker loads
     every vocabulary, so this is per worker."""
-    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.io.filesystems import FileSystems  # lazy: keeps Beam off the transform's import path (the exporter and the rulebook's tests read it)
 
     path = vocabulary_file(directory, name)
     with FileSystems.open(path) as fh:
@@ -142,12 +145,10 @@ class VocabularyLookup:
     one in a million for 5M tokens) falls back to an index of the tokens themselves."""
 
     def __init__(self, tokens: Sequence[bytes], num_oov_buckets: int):
-        from components.example_gen.split_hash import binary_value_hashes
-
         self.size = len(tokens)
         self.num_oov_buckets = num_oov_buckets
         self._tokens = tokens if isinstance(tokens, pa.Array) else pa.array(list(tokens), pa.binary())
-        hashes = binary_value_hashes(self._tokens)
+        hashes = split_hash.binary_value_hashes(self._tokens)
         self._by_hash = len(np.unique(hashes)) == len(hashes)
         if self._by_hash:
             self._index = pd.Index(hashes)
@@ -160,8 +161,6 @@ class VocabularyLookup:
 
     def lookup(self, tokens) -> Tuple[np.ndarray, int]:
         """IDs of `tokens` (a pyarrow binary array or a sequence of bytes) and how many were OOV."""
-        from components.example_gen.split_hash import binary_value_hashes
-
         if len(tokens) == 0:
             return np.zeros(0, dtype=np.int64), 0
         if not isinstance(tokens, pa.Array):
@@ -169,7 +168,7 @@ class VocabularyLookup:
         if not pa.types.is_binary(tokens.type):
             tokens = tokens.cast(pa.binary())
         if self._by_hash:
-            ids = self._index.get_indexer(binary_value_hashes(tokens)).astype(np.int64)
+            ids = self._index.get_indexer(split_hash.binary_value_hashes(tokens)).astype(np.int64)
             hit = np.flatnonzero(ids >= 0)
             if len(hit):
                 same = np.asarray(pc.equal(self._tokens.take(pa.array(ids[hit])), tokens.take(pa.array(hit))))
@@ -181,8 +180,6 @@ class VocabularyLookup:
             if self.num_oov_buckets == 1:  # every bucket is 0: skip the hashing
                 ids[missing] = self.size
             else:
-                from components.embedding_preprocess.fingerprint import fingerprint64
-
                 buckets = fingerprint64(tokens.take(pa.array(missing))) % np.uint64(self.num_oov_buckets)
                 ids[missing] = self.size + buckets.astype(np.int64)
         return ids, int(len(missing))
@@ -198,11 +195,11 @@ def given_vocabulary(options: VocabularyOptions) -> Optional[List[bytes]]:
     """The tokens of a vocabulary given in the config (`kind: list`) or as a file (`kind: file`,
     one token per line; a trailing CR of a line and the last line break are not part of the
     token), checked (T5-T6, distinct) with the file and line named; None for other kinds."""
-    if options.kind == "list":
+    if options.kind == VocabularyKind.LIST:
         return [t.encode("utf-8") for t in options.values]
-    if options.kind != "file":
+    if options.kind != VocabularyKind.FILE:
         return None
-    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.io.filesystems import FileSystems  # lazy: keeps Beam off the transform's import path (the exporter and the rulebook's tests read it)
 
     try:
         with FileSystems.open(options.file) as fh:
@@ -224,9 +221,9 @@ def table_layout(options: VocabularyOptions, vocabulary_size: int) -> Tuple[int,
     """(size, num_oov_buckets) of a table whose vocabulary file has `vocabulary_size` lines: rows
     are size + num_oov_buckets. Hashed: no vocabulary, num_buckets hash rows (V3); identity: the
     num_buckets IDs, no OOV rows (V4)."""
-    if options.kind == "hashed":
+    if options.kind == VocabularyKind.HASHED:
         return 0, int(options.num_buckets)
-    if options.kind == "identity":
+    if options.kind == VocabularyKind.IDENTITY:
         return int(options.num_buckets), 0
     return vocabulary_size, options.num_oov_buckets
 

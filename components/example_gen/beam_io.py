@@ -28,19 +28,28 @@ from __future__ import annotations
 
 import json
 import struct
+import uuid
 from collections import Counter
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import apache_beam as beam
 import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+from tfx_bsl.coders import example_coder
 
+from components.config.loading import config_from_json
 from components.reporting import progress
 from components.rows import row_counts
 from components.example_gen import ranges, split_hash
+from components.example_gen.csv_records import MalformedRows, read_csv_range
+from components.example_gen.header import read_csv_header
+from components.example_gen.parquet_input import read_unit, unit_counts
+from components.example_gen.records import type_rows
+from components.config.choices import InputFormat
 
 # Live progress (components/reporting/progress.py): the rows read and the byte ranges finished.
 ROWS_READ, RANGES_DONE = "rows read", "byte ranges"
-READ_BLOCK_BYTES = 16 << 20  # pyarrow CSV block: one RecordBatch per block
 TFRECORD_BATCH = 4096
 MAX_EXAMPLES = 5  # malformed / corrupt rows named per reason
 
@@ -74,7 +83,7 @@ class SumCountsFn(beam.CombineFn):
 
 def count_whole_file(path: str, input_format: str) -> Dict[str, int]:
     """The independent count of one whole file (compressed CSV, TFRecord): `row_counts`."""
-    if input_format == "csv":
+    if input_format == InputFormat.CSV:
         c = row_counts.count_file(path, row_counts.count_csv_records)
         return {"input/lines": c.data_records + (1 if c.has_header else 0), "input/blank_lines": c.blank_lines,
                 **({"input/files_ending_inside_quotes": 1} if c.unterminated_quote else {})}
@@ -85,9 +94,7 @@ def count_whole_file(path: str, input_format: str) -> Dict[str, int]:
 def count_range(r, input_format: str, before: Dict) -> Tuple[str, Dict[str, int]]:
     """(file, independent counts of the range): lines counted on the bytes, not by the parser (a
     Parquet unit: its rows in the footer)."""
-    if input_format == "parquet":
-        from components.example_gen.parquet_input import unit_counts
-
+    if input_format == InputFormat.PARQUET:
         return r.path, unit_counts(r)
     if r.whole_file:
         return r.path, count_whole_file(r.path, input_format)
@@ -99,13 +106,13 @@ def file_totals(item: Tuple[str, Dict[str, int]], input_format: str) -> Dict[str
     _, c = item
     out = {k: v for k, v in c.items() if k != "input/lines"}
     out["input/files"] = 1
-    if input_format == "csv":
+    if input_format == InputFormat.CSV:
         lines = c.get("input/lines", 0)
         out["input/data_rows"] = max(0, lines - 1)
         out.setdefault("input/blank_lines", 0)
         if lines == 0:
             out["input/files_without_header"] = 1
-    elif input_format == "parquet" and not c.get("input/data_rows", 0):
+    elif input_format == InputFormat.PARQUET and not c.get("input/data_rows", 0):
         out["input/files_without_rows"] = 1
     return out
 
@@ -159,11 +166,6 @@ class SplitWriter:
         self.rows += rb.num_rows
 
     def _open(self, schema: pa.Schema) -> None:
-        import uuid
-
-        from apache_beam.io.filesystems import FileSystems
-        import pyarrow.parquet as pq
-
         self._close_writer()
         part = len(self._parts)
         final = FileSystems.join(self._split_dir, f"{self._name}{'' if part == 0 else f'-part{part}'}.parquet")
@@ -183,8 +185,6 @@ class SplitWriter:
 
     def close(self) -> None:
         """Finishes the files and moves them into the split."""
-        from apache_beam.io.filesystems import FileSystems
-
         self._close_writer()
         if self._parts:
             FileSystems.rename([t for t, _ in self._parts], [f for _, f in self._parts])
@@ -202,25 +202,17 @@ class ReadAndWriteRange(beam.DoFn):
         self._total = total
 
     def setup(self):
-        from tfx_bsl.coders import example_coder
-
-        from components.config.loading import config_from_json
-
         self._cfg = config_from_json(self._config_json)
         self._decoder_cls = example_coder.ExamplesToRecordBatchDecoder
         self._hashed = sorted(set(self._cfg.numeric_columns() + self._cfg.categorical_columns() + [self._cfg.label]))
 
     def process(self, r, before: Dict):
         """`r`: a ranges.ByteRange, or a parquet_input.RowGroupRange for Parquet input."""
-        from components.example_gen.records import type_rows
-
         counts: Counter = Counter()
         samples: Dict[str, List[str]] = {}
-        if self._cfg.input.format == "csv":
+        if self._cfg.input.format == InputFormat.CSV:
             batches = self._read_csv_range(r, before, counts, samples)
-        elif self._cfg.input.format == "parquet":
-            from components.example_gen.parquet_input import read_unit
-
+        elif self._cfg.input.format == InputFormat.PARQUET:
             batches = read_unit(r, self._cfg, counts, samples)
         else:
             batches = self._read_tfrecord(r.path, counts, samples)
@@ -250,57 +242,18 @@ class ReadAndWriteRange(beam.DoFn):
         yield out
 
     def _read_csv_range(self, r: ranges.ByteRange, before: Dict, counts: Counter, samples: Dict[str, List[str]]):
-        from pyarrow import csv
-
-        from components.example_gen.header import read_csv_header
-
+        """The range's records (`csv_records.read_csv_range`); malformed rows counted into `counts`
+        and located in `samples`, an empty file counted as `files/empty`."""
         header = read_csv_header(r.path)
         if header is None:  # an empty file: no header, no rows (the ledger says so)
             if r.start == 0:
                 counts["files/empty"] += 1
             return
-        convert = csv.ConvertOptions(
-            column_types={c: pa.binary() for c in header}, strings_can_be_null=False, quoted_strings_can_be_null=False
-        )
-        bad: List[Tuple[str, int, int, int]] = []  # (reason, record number, fields, expected)
-
-        def invalid_row(row) -> str:
-            reason = "too_few_fields" if row.actual_columns < row.expected_columns else "too_many_fields"
-            counts[f"rows/malformed/{reason}"] += 1
-            if sum(1 for b in bad if b[0] == reason) < MAX_EXAMPLES:
-                bad.append((reason, row.number, row.actual_columns, row.expected_columns))
-            return "skip"
-
-        parse = csv.ParseOptions(newlines_in_values=True, invalid_row_handler=invalid_row)
-        if r.whole_file:  # compressed: streamed from the start, its header read by pyarrow
-            from apache_beam.io.filesystems import FileSystems
-
-            with FileSystems.open(r.path) as fh:  # compression from the extension (.gz, .bz2, ...)
-                reader = csv.open_csv(fh, read_options=csv.ReadOptions(use_threads=False, block_size=READ_BLOCK_BYTES),
-                                      parse_options=parse, convert_options=convert)
-                for rb in reader:
-                    if rb.num_rows:
-                        yield rb
-            for reason, number, got, want in bad:
-                samples.setdefault(f"malformed/{reason}", []).append(f"{r.path}: record {number} ({got} fields, header has {want})")
-            return
-        q, n = before.get(r.key(), (0, 0))
-        owned = ranges.read_owned_records(r, q, n)
-        if not owned.data or owned.data.isspace():  # (no strip(): that copies the range's bytes)
-            return
-        reader = csv.open_csv(
-            pa.BufferReader(owned.data),
-            read_options=csv.ReadOptions(column_names=header, use_threads=False, block_size=READ_BLOCK_BYTES),
-            parse_options=parse, convert_options=convert,
-        )
-        for rb in reader:
-            if rb.num_rows:
-                yield rb
-        lines = owned.record_lines(b[1] for b in bad)
-        for reason, number, got, want in bad:
-            samples.setdefault(f"malformed/{reason}", []).append(
-                f"{r.path}:{lines.get(number, '?')} ({got} fields, header has {want})"
-            )
+        malformed = MalformedRows(MAX_EXAMPLES)
+        yield from read_csv_range(r, header, before, malformed)
+        counts.update({f"rows/malformed/{reason}": c for reason, c in malformed.counts.items()})
+        for key, where in malformed.examples.items():
+            samples.setdefault(key, []).extend(where)
 
     def _read_tfrecord(self, path: str, counts: Counter, samples: Dict[str, List[str]]):
         decoder = self._decoder_cls()
@@ -346,7 +299,7 @@ def _decode(decoder, records: List[bytes], path: str, counts: Counter, samples: 
 
 
 def _masked_crc(data: bytes) -> int:
-    import google_crc32c
+    import google_crc32c  # lazy: google_crc32c comes with Beam's GCP extra: only TFRecord input, which checks CRCs, needs it
 
     crc = google_crc32c.value(data)
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
@@ -400,7 +353,7 @@ class WriteExamples(beam.PTransform):
 
     def expand(self, pbegin):
         rs = pbegin | "Ranges" >> beam.Create(self._ranges) | "SpreadRanges" >> beam.Reshuffle()
-        if self._format == "csv":  # where each range starts: quotes and newlines before it
+        if self._format == InputFormat.CSV:  # where each range starts: quotes and newlines before it
             before = (
                 rs
                 | "CountQuotes" >> beam.Map(ranges.count_quotes)

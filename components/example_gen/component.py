@@ -12,13 +12,14 @@ from tfx.types.component_spec import ExecutionParameter
 
 from components.config.stages import stage_json
 from components.config.schema import PipelineConfig
+from components.tfx_wiring.executor_base import CONFIG_KEY
 from components.example_gen import executor
 
 
 class EmbeddingExampleGenSpec(standard_component_specs.FileBasedExampleGenSpec):
     PARAMETERS = dict(
         standard_component_specs.FileBasedExampleGenSpec.PARAMETERS,
-        **{executor.CONFIG_KEY: ExecutionParameter(type=str)},
+        **{CONFIG_KEY: ExecutionParameter(type=str)},
     )
 
 
@@ -38,7 +39,7 @@ class EmbeddingExampleGen(FileBasedExampleGen):
             output_data_format=example_gen_pb2.FORMAT_PARQUET,
             output_file_format=example_gen_pb2.FILE_FORMAT_PARQUET,
             examples=types.Channel(type=standard_artifacts.Examples),
-            **{executor.CONFIG_KEY: stage_json(config, "example_gen")},  # its share only (components/config/stages.py)
+            **{CONFIG_KEY: stage_json(config, "example_gen")},  # its share only (components/config/stages.py)
         )
         # FileBasedExampleGen.__init__ builds its own spec; the base class takes ours.
         base_beam_component.BaseBeamComponent.__init__(self, spec=spec)

@@ -16,6 +16,9 @@ import json
 import os
 from typing import Any, Dict, List, Tuple
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
 from tfx import types
 from tfx.components.example_gen import utils as example_gen_utils
 from tfx.components.util import examples_utils
@@ -24,11 +27,17 @@ from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils, standard_component_specs
 from tfx.utils import proto_utils
 
+from components.data_io.beam_runtime import ensure_local_runner_safe
+from components.example_gen import parquet_input, ranges
+from components.example_gen.beam_io import RANGES_DONE, WriteExamples
+from components.example_gen.split_hash import bucket_bounds
 from components.rows import ledger
 from components.reporting import progress
 from components.rows import row_counts
 from components.reporting.errors import InputError
+from components.example_gen.header import check_csv_headers
 from components.tfx_wiring.executor_base import CONFIG_KEY, config_of, read_json, write_text
+from components.config.choices import InputFormat
 COUNTS_FILE = "_input_counts.json"
 TMP_DIR = "_tmp"  # in the artifact, beside the splits: files being written; removed when done
 PAYLOAD_FORMAT = example_gen_pb2.FORMAT_PARQUET
@@ -41,8 +50,6 @@ def _input_config(exec_properties: Dict[str, Any]) -> example_gen_pb2.Input:
 
 def input_files(exec_properties: Dict[str, Any]) -> List[Tuple[str, int]]:
     """(path, size in bytes) of every input file matching the input config's split pattern."""
-    from apache_beam.io.filesystems import FileSystems
-
     input_config = _input_config(exec_properties)
     files: Dict[str, int] = {}
     for split in input_config.splits:
@@ -54,21 +61,8 @@ def input_files(exec_properties: Dict[str, Any]) -> List[Tuple[str, int]]:
     return sorted(files.items())
 
 
-def check_csv_headers(cfg, files: List[str]) -> None:
-    """Every CSV file's header must hold the configured columns (an empty file holds none: counted)."""
-    from components.example_gen.header import check_header, read_csv_header
-
-    wanted = cfg.numeric_columns() + cfg.categorical_columns()
-    for path in files:
-        header = read_csv_header(path)
-        if header is not None:
-            check_header(path, header, wanted, cfg.label, cfg.label_rule is not None)
-
-
 def output_splits(exec_properties: Dict[str, Any]) -> Tuple[List[str], List[int]]:
     """The output split names and their cumulative hash-bucket bounds (one input split, hashed)."""
-    from components.example_gen.split_hash import bucket_bounds
-
     input_config = _input_config(exec_properties)
     output_config = example_gen_pb2.Output()
     proto_utils.json_to_proto(exec_properties[standard_component_specs.OUTPUT_CONFIG_KEY], output_config)
@@ -85,10 +79,6 @@ def output_splits(exec_properties: Dict[str, Any]) -> Tuple[List[str], List[int]
 def fill_empty_splits(split_dirs: Dict[str, str]) -> List[str]:
     """A split that got no row gets one empty Parquet file (with the other splits' columns), so
     that its readers find a file and read 0 rows, as with TFX's own writer; returns those splits."""
-    from apache_beam.io.filesystems import FileSystems
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     files = {s: sorted(m.path for m in FileSystems.match([d.rstrip("/") + "/*.parquet"])[0].metadata_list)
              for s, d in split_dirs.items()}
     schema = pa.schema([])
@@ -118,20 +108,12 @@ class Executor(BaseExampleGenExecutor):
         output_dict: Dict[str, List[types.Artifact]],
         exec_properties: Dict[str, Any],
     ) -> None:
-        from apache_beam.io.filesystems import FileSystems
-
-        from components.data_io.beam_runtime import ensure_local_runner_safe
-        from components.example_gen import ranges
-        from components.example_gen.beam_io import RANGES_DONE, WriteExamples
-
         self._log_startup(input_dict, output_dict, exec_properties)
         ensure_local_runner_safe(self._beam_pipeline_args)
         cfg = config_of(exec_properties)
         files = input_files(exec_properties)
         range_bytes = max(1, int(cfg.input.range_mb * (1 << 20)))
-        if cfg.input.format == "parquet":
-            from components.example_gen import parquet_input
-
+        if cfg.input.format == InputFormat.PARQUET:
             files = [(p, n) for p, n in files if not parquet_input.is_hidden(p)]
             if not files:
                 raise InputError(f"EmbeddingExampleGen: input {cfg.input.path!r} holds no Parquet file (names starting "
@@ -140,9 +122,9 @@ class Executor(BaseExampleGenExecutor):
             byte_ranges = parquet_input.plan_units(cfg, files, range_bytes)
             unit = "row-group unit(s)"
         else:
-            if cfg.input.format == "csv":
+            if cfg.input.format == InputFormat.CSV:
                 check_csv_headers(cfg, [p for p, _ in files])
-            byte_ranges = ranges.plan_ranges(files, range_bytes, splittable=cfg.input.format == "csv")
+            byte_ranges = ranges.plan_ranges(files, range_bytes, splittable=cfg.input.format == InputFormat.CSV)
             unit = "byte range(s)"
         names, bounds = output_splits(exec_properties)
         examples = artifact_utils.get_single_instance(output_dict[standard_component_specs.EXAMPLES_KEY])
@@ -166,7 +148,7 @@ class Executor(BaseExampleGenExecutor):
         stage = ledger.example_gen_stage(counts, written)
         # What was read: the files, and the span TFX's driver resolved (span inputs; 0 otherwise).
         stage["files"] = [p for p, _ in files]
-        stage["row_group_units" if cfg.input.format == "parquet" else "byte_ranges"] = len(byte_ranges)
+        stage["row_group_units" if cfg.input.format == InputFormat.PARQUET else "byte_ranges"] = len(byte_ranges)
         stage["span"] = int(exec_properties.get("span") or 0)
         write_text(os.path.join(examples.uri, ledger.LEDGER_FILE), ledger.to_json(ledger.ledger([stage])))
         examples_utils.set_payload_format(examples, PAYLOAD_FORMAT)

@@ -6,6 +6,8 @@ import csv
 import io
 from typing import List, Optional
 
+from components.config.schema import PipelineConfig
+from components.example_gen.ranges import open_decompressed
 from components.reporting.errors import InputError
 
 
@@ -13,9 +15,7 @@ def read_csv_header(path: str) -> Optional[List[str]]:
     """The column names of a CSV file: its first line with content, by the byte-range reader's rule
     (`ranges._data_start`: a line that is not empty or a lone carriage return), so that both agree
     on where the rows start; None for a file with no bytes (or only blank lines)."""
-    from apache_beam.io.filesystems import FileSystems
-
-    with FileSystems.open(path) as fh:  # compression from the extension
+    with open_decompressed(path) as fh:
         text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="replace", newline="")
         for row in csv.reader(text):
             if row:  # csv.reader gives [] for an empty line only
@@ -47,3 +47,28 @@ def check_header(path: str, header: List[str], wanted: List[str], label: str, la
             f"{path}: the input has a column {label!r}, but with label_rule the label is derived and written "
             f"under that name; rename `label` in the config (e.g. label: derived_label)"
         )
+
+
+def check_csv_headers(cfg: PipelineConfig, files: List[str]) -> List[str]:
+    """Checks that every CSV file's header holds the configured columns.
+
+    Args:
+      cfg: the configuration (its numeric and categorical columns, the label and its rule).
+      files: paths of the CSV files.
+
+    Returns:
+      The files that have a header (an empty file has none, holds no row and is not refused:
+      ExampleGen counts it).
+
+    Raises:
+      InputError: a header names no column, names one twice, lacks a configured column, or holds
+        the derived label's name.
+    """
+    wanted = cfg.numeric_columns() + cfg.categorical_columns()
+    with_header = []
+    for path in files:
+        header = read_csv_header(path)
+        if header is not None:
+            check_header(path, header, wanted, cfg.label, cfg.label_rule is not None)
+            with_header.append(path)
+    return with_header

@@ -36,8 +36,13 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
 
 from components.config.schema import PipelineConfig
+from components.example_gen.header import check_header
+from components.example_gen.records import _rebuild
 from components.reporting.errors import InputError
 
 BATCH_ROWS = 65536  # rows per RecordBatch read from a row group (pyarrow's default)
@@ -106,8 +111,6 @@ def _role(cfg: PipelineConfig, name: str) -> Optional[Tuple[str, Tuple[str, ...]
 def check_schema(path: str, schema: pa.Schema, cfg: PipelineConfig) -> None:
     """Raises InputError naming the file when its schema lacks a configured column or holds one in
     a type the config cannot read (e.g. text for a dense feature, a list of structs)."""
-    from components.example_gen.header import check_header
-
     check_header(path, list(schema.names), cfg.numeric_columns() + cfg.categorical_columns(), cfg.label,
                  cfg.label_rule is not None, source="Parquet schema")
     wrong = []
@@ -128,9 +131,6 @@ def columns_to_read(schema: pa.Schema, cfg: PipelineConfig) -> List[str]:
 
 
 def _open(path: str):
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
-
     return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
 
 
@@ -141,8 +141,6 @@ def _first_line(e: BaseException) -> str:
 def read_footer(path: str, size: int):
     """The file's Parquet metadata (None for a file of 0 bytes: no rows); InputError naming the
     file when it is not Parquet."""
-    import pyarrow.parquet as pq
-
     if size == 0:
         return None
     try:
@@ -204,8 +202,6 @@ def _values(arr: pa.Array, kind: Optional[str], role: Optional[Tuple[str, Tuple[
 
 def _conform_column(arr: pa.Array, kind: Optional[str], role) -> Tuple[pa.Array, int]:
     """One column as ExampleGen's reader hands it to `type_rows`, and the null values removed."""
-    from components.example_gen.records import _rebuild
-
     if not _is_list_type(arr.type):
         return _values(arr, kind, role), 0
     if pa.types.is_fixed_size_list(arr.type):  # pyarrow 10 has no cast from it to a list
@@ -238,8 +234,6 @@ def read_unit(u: RowGroupRange, cfg: PipelineConfig, counts: Counter, samples: D
               batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
     """The rows of a unit's row groups, conformed; a row group that fails to decode counts its
     unread rows as `rows/malformed/unreadable_row_group` and names itself in `samples`."""
-    import pyarrow.parquet as pq
-
     if u.stop == u.first:
         return
     with _open(u.path) as fh:

@@ -28,6 +28,8 @@ from typing import Iterable, List, Sequence, Tuple
 import numpy as np
 import pyarrow as pa
 
+from components.example_gen.records import as_list_column
+
 _P = np.uint64(0x100000001B3)  # odd: invertible modulo 2**64
 _P_INV = np.uint64(pow(0x100000001B3, -1, 1 << 64))
 _K_POS = np.uint64(0x9E3779B97F4A7C15)
@@ -137,8 +139,6 @@ def column_row_hashes(column: pa.Array, name: str) -> np.ndarray:
     """One uint64 per row of a list column (or a flat column, read as lists of one value)."""
     n = len(column)
     if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
-        from components.example_gen.records import as_list_column
-
         column = as_list_column(column)
     lengths = np.asarray(column.value_lengths().fill_null(0), dtype=np.int64) if n else np.zeros(0, np.int64)
     values = column.flatten()  # the values of the (non-null) lists, in row order
