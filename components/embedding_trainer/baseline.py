@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -26,9 +26,9 @@ import tensorflow as tf
 from components.config.schema import PipelineConfig
 from components.contracts.manifest import VocabularyManifest, weights_key
 from components.contracts.plan import EmbeddingPlan, optimizer_spec
-from components.embedding_trainer import plan as plan_lib
 from components.embedding_model.input import make_dataset
-from components.embedding_model.model import dense_input
+from components.embedding_model.dense_tower import dense_input
+from components.embedding_model.tf_objects import keras_optimizer
 from components.rules.metrics import log_loss, roc_auc
 
 MODEL_NAME = "logistic_regression"
@@ -45,7 +45,12 @@ class LinearBaseline(tf.Module):
     Every table's weights are one [total rows, 1] variable (tables at offsets), and every
     feature's IDs of a batch are pooled at once: one gather and one segment sum per step instead
     of one `safe_embedding_lookup_sparse` (about 25 ops) per feature; `reference_logits` is that
-    per-feature form, and the tests hold the two equal."""
+    per-feature form, and the tests hold the two equal.
+
+    Args:
+      plan: the embedding plan (tables, rows, combiners).
+      manifest: preprocessing's manifest (categorical, weighted and dense features).
+    """
 
     def __init__(self, plan: EmbeddingPlan, manifest: VocabularyManifest):
         super().__init__(name="baseline")
@@ -72,6 +77,14 @@ class LinearBaseline(tf.Module):
         return tf.shape(first, out_type=tf.int64)[0]
 
     def logits(self, features: Dict[str, Any]) -> tf.Tensor:
+        """The baseline's logits.
+
+        Args:
+          features: a batch as make_dataset yields it: SparseTensors of IDs (and weights), dense features.
+
+        Returns:
+          float32 logits of shape [batch, 1].
+        """
         n = self._rows(features)
         out = tf.zeros(tf.stack([n, tf.constant(1, tf.int64)])) + self.bias
         if self.features:
@@ -100,7 +113,14 @@ class LinearBaseline(tf.Module):
         return out
 
     def reference_logits(self, features: Dict[str, Any]) -> tf.Tensor:
-        """The same logits, one TF embedding lookup per feature (the tests' reference)."""
+        """The same logits, one TF embedding lookup per feature (the tests' reference).
+
+        Args:
+          features: a batch as for `logits`.
+
+        Returns:
+          float32 logits of shape [batch, 1].
+        """
         out = tf.zeros(tf.stack([self._rows(features), tf.constant(1, tf.int64)])) + self.bias
         for f in self.features:
             t = self.table_of[f]
@@ -115,7 +135,16 @@ class LinearBaseline(tf.Module):
 def baseline_steps(cfg: PipelineConfig, model_steps: int, train_rows: Optional[int]) -> int:
     """validation.baseline.train_steps when set; else validation.baseline.epochs over the train
     split (when its row count is known), at most max_steps_ratio x the model's steps and at least
-    the model's."""
+    the model's.
+
+    Args:
+      cfg: the pipeline config (`validation.baseline`, the batch size).
+      model_steps: the model's training steps.
+      train_rows: the train split's row count, None when unknown.
+
+    Returns:
+      The baseline's training steps.
+    """
     b = cfg.validation.baseline
     if b.train_steps:
         return int(b.train_steps)
@@ -127,7 +156,20 @@ def baseline_steps(cfg: PipelineConfig, model_steps: int, train_rows: Optional[i
 
 def train_baseline(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, train_files,
                    eval_files, model_steps: int, train_rows: Optional[int] = None) -> Dict[str, Any]:
-    """Fits the baseline and scores it on the eval split: the `baseline` entry of eval_metrics.json."""
+    """Fits the baseline and scores it on the eval split: the `baseline` entry of eval_metrics.json.
+
+    Args:
+      cfg: the pipeline config.
+      plan: the embedding plan.
+      manifest: preprocessing's manifest.
+      train_files: the train split's file patterns (its held-out slice is left out).
+      eval_files: the eval split's file patterns.
+      model_steps: the model's training steps.
+      train_rows: the train split's row count, None when unknown.
+
+    Returns:
+      {model, auc, log_loss, examples, train_steps, train_loss_last_chunk, optimizer, weights, seconds}.
+    """
     b = cfg.validation.baseline
     steps = baseline_steps(cfg, model_steps, train_rows)
     start = time.time()
@@ -135,42 +177,10 @@ def train_baseline(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: Vocabular
     spec = optimizer_spec(b.optimizer)
     with tf.device("/cpu:0"):
         model = LinearBaseline(plan, manifest)
-        opt = plan_lib.keras_optimizer(spec)
+        opt = keras_optimizer(spec)
         variables = [v for v in model.trainable_variables if v is not model.w_dense or model.dense_names]
-
-        def step(features, label):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(
-                    tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=model.logits(features)))
-            opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
-            return loss
-
-        # The steps run inside one tf.function per chunk, pulling batches from the iterator there:
-        # stepping from Python costs ~30 ms a batch in converting its SparseTensors (measured on the
-        # demo's 26 features), more than the step.
-        @tf.function
-        def run(iterator, k):
-            total = tf.constant(0.0)
-            for _ in tf.range(k):
-                total += step(*next(iterator))
-            return total / tf.cast(k, tf.float32)
-
-        # the rows the model trains on: its held-out slice (selection.py) is left out here too
-        train = make_dataset(train_files, manifest, cfg.training.batch_size, training=True, seed=cfg.training.seed,
-                             shuffle_rows=cfg.training.shuffle_buffer_rows, part="train",
-                             holdout_fraction=cfg.training.holdout_fraction(train_rows))
-        iterator = iter(train)
-        losses, done = [], 0
-        while done < steps:
-            k = min(CHUNK, steps - done)
-            losses.append(float(run(iterator, tf.constant(k))))
-            done += k
-        scores, labels = [], []
-        score = tf.function(lambda f: tf.sigmoid(model.logits(f)), reduce_retracing=True)
-        for f, y in make_dataset(eval_files, manifest, EVAL_BATCH, training=False):
-            scores.append(score(f).numpy())
-            labels.append(y.numpy())
-    p, y = np.concatenate(scores).ravel(), np.concatenate(labels).ravel()
+        losses = _fit_baseline(cfg, model, opt, variables, manifest, train_files, steps, train_rows)
+        p, y = _score_baseline(model, manifest, eval_files)
     tail = losses[-1:]
     return {
         "model": MODEL_NAME,
@@ -183,3 +193,46 @@ def train_baseline(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: Vocabular
         "weights": int(sum(int(np.prod(v.shape)) for v in variables)),
         "seconds": round(time.time() - start, 2),
     }
+
+
+def _fit_baseline(cfg: PipelineConfig, model: LinearBaseline, opt, variables, manifest: VocabularyManifest,
+                  train_files, steps: int, train_rows: Optional[int]) -> List[float]:
+    """Trains the baseline for `steps` steps on the model's training rows; returns each chunk's mean loss."""
+
+    def step(features, label):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(
+                tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=model.logits(features)))
+        opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
+    # The steps run inside one tf.function per chunk, pulling batches from the iterator there:
+    # stepping from Python converts every batch's SparseTensors, which costs more than the step.
+    @tf.function
+    def run(iterator, k):
+        total = tf.constant(0.0)
+        for _ in tf.range(k):
+            total += step(*next(iterator))
+        return total / tf.cast(k, tf.float32)
+
+    # the rows the model trains on: its held-out slice (selection.py) is left out here too
+    train = make_dataset(train_files, manifest, cfg.training.batch_size, training=True, seed=cfg.training.seed,
+                         shuffle_rows=cfg.training.shuffle_buffer_rows, part="train",
+                         holdout_fraction=cfg.training.holdout_fraction(train_rows))
+    iterator = iter(train)
+    losses, done = [], 0
+    while done < steps:
+        k = min(CHUNK, steps - done)
+        losses.append(float(run(iterator, tf.constant(k))))
+        done += k
+    return losses
+
+
+def _score_baseline(model: LinearBaseline, manifest: VocabularyManifest, eval_files) -> Tuple[np.ndarray, np.ndarray]:
+    """(probabilities, labels) of the whole eval split, float32 arrays of shape [examples]."""
+    scores, labels = [], []
+    score = tf.function(lambda f: tf.sigmoid(model.logits(f)), reduce_retracing=True)
+    for f, y in make_dataset(eval_files, manifest, EVAL_BATCH, training=False):
+        scores.append(score(f).numpy())
+        labels.append(y.numpy())
+    return np.concatenate(scores).ravel(), np.concatenate(labels).ravel()

@@ -25,9 +25,18 @@ from components.contracts.plan import EmbeddingPlan, PlanError, check_embedding_
 
 
 def reported_embedding(strategy: tf.distribute.Strategy) -> Tuple[str, str, int]:
-    """(API (sizing.EMBEDDING_APIS), TF's EmbeddingFeature name, SparseCores per chip) of the TPU
-    under `strategy` (a TPUStrategy). SparseCores per chip: what the hardware says, else 4 as
-    TPUEmbeddingV2 assumes (tpu_embedding_v3.py)."""
+    """The embedding API the TPU under `strategy` reports.
+
+    Args:
+      strategy: a TPUStrategy.
+
+    Returns:
+      (API (sizing.EMBEDDING_APIS), TF's EmbeddingFeature name, SparseCores per chip): SparseCores
+      per chip is what the hardware says, else 4 as TPUEmbeddingV2 assumes (tpu_embedding_v3.py).
+
+    Raises:
+      PlanError: the TPU reports an embedding feature this trainer does not know.
+    """
     hw = strategy.extended.tpu_hardware_feature
     feature = getattr(hw.embedding_feature, "name", str(hw.embedding_feature))
     if feature not in sizing.EMBEDDING_FEATURE_APIS:
@@ -38,8 +47,19 @@ def reported_embedding(strategy: tf.distribute.Strategy) -> Tuple[str, str, int]
 
 
 def plan_for_hardware(plan: EmbeddingPlan, strategy: tf.distribute.Strategy, on_tpu: bool) -> EmbeddingPlan:
-    """`plan` checked against and sized for the TPU under `strategy` (module docstring); off TPU,
-    `plan` unchanged. Raises PlanError (one line) before anything is built."""
+    """`plan` checked against and sized for the TPU under `strategy` (module docstring).
+
+    Args:
+      plan: the embedding plan.
+      strategy: the training strategy.
+      on_tpu: whether training runs on a TPU.
+
+    Returns:
+      The plan sized for the TPU's embedding API; off TPU, `plan` unchanged.
+
+    Raises:
+      PlanError: the TPU cannot train the plan, or contradicts the chip it was sized for (one line).
+    """
     if not on_tpu:
         return plan
     api, feature, per_chip = reported_embedding(strategy)

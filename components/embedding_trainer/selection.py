@@ -26,7 +26,7 @@ import json
 import os
 from typing import Any, Dict, List, Optional
 
-import components  # noqa: F401
+import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
 from absl import logging
 
@@ -35,14 +35,28 @@ from components.config.schema import PipelineConfig
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
 from components.embedding_model.input import make_dataset
+from components.embedding_model.restore import build_serving_model, load_tables, open_checkpoint_tables, restore_dense
 from components.embedding_trainer.baseline import EVAL_BATCH  # the eval batch the baseline scores with
+from components.embedding_trainer.checkpoints import copy_checkpoint
+from components.embedding_trainer.evaluation import evaluate
 
 BEST_DIR = "best"
 RECORD_FILE = "selection.json"
 
 
 class HoldoutSelection:
-    """Scores checkpoints on the held-out slice, keeps the best one, says when to stop."""
+    """Scores checkpoints on the held-out slice, keeps the best one, says when to stop.
+
+    Args:
+      cfg: the pipeline config (`training.early_stopping`, the evaluation cadence).
+      plan: the embedding plan with this run's checkpoint layout (`plan.with_run`), which the CPU
+        twin reads the checkpoints through.
+      manifest: preprocessing's manifest.
+      train_files: the train split's file patterns (never the eval split's).
+      state: the run's state directory; the best checkpoint and the record go to `<state>/best`.
+      fraction: the share of the train split held out (`TrainingConfig.holdout_fraction`).
+      total_steps: the run's length in steps.
+    """
 
     def __init__(self, cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, train_files,
                  state: str, fraction: float, total_steps: int):
@@ -63,10 +77,19 @@ class HoldoutSelection:
 
     @property
     def stopped(self) -> bool:
+        """Whether an earlier evaluation stopped training (a resumed run then trains no further)."""
         return self.record["stopped_at"] is not None
 
     def due(self, step: int) -> bool:
-        """Whether the checkpoint of `step` is evaluated: every `every` steps and at the last."""
+        """Whether the checkpoint of `step` is evaluated: every `every` steps and at the last.
+
+        Args:
+          step: the training step the checkpoint was written at.
+
+        Returns:
+          False once the slice was found unable to rank models; else whether `step` is the last
+          step or `every` steps past the last evaluation.
+        """
         if self.record["note"] is not None:  # the slice cannot rank models (see _score)
             return False
         done: List[Dict[str, Any]] = self.record["evaluations"]
@@ -74,7 +97,18 @@ class HoldoutSelection:
         return step >= self.total or step - last >= self.every
 
     def evaluate(self, checkpoint_path: str, step: int) -> bool:
-        """Scores the checkpoint of `step`; keeps it if it is the best so far. True: stop training."""
+        """Scores the checkpoint of `step` on the slice; keeps it if it is the best so far.
+
+        The record (`<state>/best/selection.json`) is written after every call.
+
+        Args:
+          checkpoint_path: the prefix of the checkpoint written at `step`.
+          step: the training step it was written at.
+
+        Returns:
+          True when training should stop: `patience` evaluations without a gain of more than
+          `min_improvement`, before the last step.
+        """
         metrics = self._score(checkpoint_path)
         r = self.record
         if metrics is None:
@@ -96,14 +130,19 @@ class HoldoutSelection:
         return stop
 
     def best_checkpoint(self) -> Optional[str]:
-        """The best checkpoint's path, None when none was kept (the slice could not rank models)."""
+        """The best checkpoint so far.
+
+        Returns:
+          Its prefix under `<state>/best`, None when none was kept (the slice could not rank models).
+        """
         return tf.train.latest_checkpoint(self.dir) if self.record["best_step"] is not None else None
 
     def prepare(self) -> None:
-        """Builds the CPU twin, before training: Keras runs callbacks inside the training
-        strategy's scope, where the twin's variables would become the strategy's."""
-        from components.embedding_model.restore import build_serving_model
+        """Builds the CPU twin that scores checkpoints; call it before training.
 
+        Before, because Keras runs callbacks inside the training strategy's scope, where the twin's
+        variables would become the strategy's. An empty slice is recorded as unable to rank models.
+        """
         if self._twin is not None or self.record["note"] is not None:
             return
         sample = next(iter(self.dataset), None)
@@ -115,9 +154,6 @@ class HoldoutSelection:
             self._twin = build_serving_model(self.plan, self.manifest, self.cfg, "float32", sample[0], stacked=False)
 
     def _score(self, checkpoint_path: str) -> Optional[Dict[str, Any]]:
-        from components.embedding_model.restore import load_tables, open_checkpoint_tables, restore_dense
-        from components.embedding_trainer.trainer_module import evaluate
-
         self.prepare()
         if self._twin is None:
             return None
@@ -135,8 +171,6 @@ class HoldoutSelection:
         return None
 
     def _keep(self, checkpoint_path: str) -> None:
-        from components.embedding_trainer.trainer_module import copy_checkpoint
-
         if tf.io.gfile.exists(self.dir):
             for old in tf.io.gfile.glob(os.path.join(self.dir, "ckpt-*")):
                 tf.io.gfile.remove(old)

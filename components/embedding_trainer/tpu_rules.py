@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from components.contracts.plan import EmbeddingPlan
 from components.embedding_model.input import PAD_ID
+from components.config.choices import Placement
 
 # Ops whose string tensors are metadata of the graph itself, not data flowing through the step.
 _METADATA_OPS = {"NoOp", "Const", "Assert", "PrintV2", "StringFormat", "VarHandleOp", "ReadVariableOp",
@@ -64,7 +65,7 @@ def _id_violations(features: Dict[str, Any], plan: EmbeddingPlan) -> List[str]:
             continue
         t = features[source]
         placement = plan.tables[f.table].placement
-        if isinstance(t, tf.SparseTensor) and placement == "tensor_core":
+        if isinstance(t, tf.SparseTensor) and placement == Placement.TENSOR_CORE:
             out.append(
                 f"feature {name!r} (TensorCore table {f.table!r}) is a SparseTensor: its value count changes "
                 "per batch, which the XLA-compiled step cannot take; feed padded dense IDs "
@@ -112,8 +113,21 @@ def _graph_string_ops(model: tf.keras.Model, features: Dict[str, Any], labels: t
 def check_tpu_rules(model: tf.keras.Model, plan: EmbeddingPlan, dataset: tf.data.Dataset, batches: int = 2,
                     raise_on_violation: bool = True) -> Dict[str, Any]:
     """Checks `dataset` (batched (features, label) pairs as fed to training) and `model` against the
-    TPU rules; returns {"passed", "batches_checked", "violations"} and raises TPURulesError (with
-    every violation) unless `raise_on_violation` is False."""
+    TPU rules.
+
+    Args:
+      model: a CPU twin of the model (built here by its first call).
+      plan: the embedding plan (tables, bounds, placements).
+      dataset: batched (features, label) pairs as fed to training.
+      batches: how many batches to check.
+      raise_on_violation: False returns the report instead of raising.
+
+    Returns:
+      {"passed", "batches_checked", "rules", "violations"}.
+
+    Raises:
+      TPURulesError: some rule is broken (every violation listed), unless `raise_on_violation` is False.
+    """
     violations = _spec_violations(dataset.element_spec)
     checked = 0
     first = None

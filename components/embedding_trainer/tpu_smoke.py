@@ -5,9 +5,8 @@
 
 It ships in the package (the TPU image, docker/Dockerfile.tpu, installs it; its build imports this
 module) and imports nothing from the repository's tests/ or bench/. Run it from a directory holding
-the configs (the image's working directory does) or pass --config. Not run by CI on a TPU (none
-there), and never run by the authors on one (none reachable): its first run on a TPU is the first
-TPU evidence. Prints one `PASS name: detail` / `FAIL name: error` / `SKIP name: why` line per check,
+the configs (the image's working directory does) or pass --config. Not run by CI (it has no TPU), so
+a run on a TPU VM is the only TPU evidence. Prints one `PASS name: detail` / `FAIL name: error` / `SKIP name: why` line per check,
 then a summary, and exits 1 on any failure.
 
 Checks (those marked TPU are skipped by --dry-run, which says so):
@@ -55,10 +54,27 @@ import traceback
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import components  # noqa: F401
+import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import numpy as np
 import tensorflow as tf
 import yaml
+from tensorflow.python.tpu import tpu_embedding_v3_utils
+
+from components.config.loading import parse_config
+from components.config.schema import OptimizerConfig
+from components.contracts import artifacts
+from components.contracts.plan import CheckpointLayout, optimizer_spec
+from components.data_io.examples_io import transformed_rows
+from components.embedding_model import optimizers as optimizers_lib
+from components.embedding_model.layouts import CheckpointTables
+from components.embedding_model.checkpoint_keys import CHECKPOINT_ROOT, VARIABLE_VALUE
+from components.embedding_model.sparsecore_layout import plan_sparse_core_layouts
+from components.embedding_model.tf_objects import learning_rate
+from components.embedding_trainer import trainer_module
+from components.embedding_trainer.run_plan import derive_plan
+from components.example_gen.synthetic_data import GeneratorSpec, write_csv
+from components.tfx_wiring.executor_base import CONFIG_KEY
+from components.config.choices import LayoutKind, Placement
 
 RESULTS: List[Tuple[str, str]] = []  # (name, "PASS" | "FAIL" | "SKIP")
 
@@ -68,6 +84,7 @@ TPU_STRATEGY_NAMES = ("TPUStrategy", "TPUStrategyV2")
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PARITY_ADAGRAD = {"name": "adagrad", "learning_rate": 0.1}
 SLOT_MARK = "/.OPTIMIZER_SLOT/"
+NO_TPU = "needs the TPU runtime (--dry-run)"
 
 
 class ParityError(AssertionError):
@@ -75,6 +92,15 @@ class ParityError(AssertionError):
 
 
 def check(name: str, fn: Callable[[], Any]):
+    """Runs one check and prints its `PASS` or `FAIL` line; a failure is reported, never raised.
+
+    Args:
+      name: the check's name, as printed and recorded in RESULTS.
+      fn: the check; returns its detail line, or (detail line, value to hand on).
+
+    Returns:
+      The value handed on (the detail itself when `fn` returns no pair), None when the check failed.
+    """
     start = time.time()
     try:
         detail = fn()
@@ -90,11 +116,21 @@ def check(name: str, fn: Callable[[], Any]):
 
 
 def skip(name: str, why: str) -> None:
+    """Records and prints a `SKIP name: why` line."""
     RESULTS.append((name, "SKIP"))
     print(f"SKIP {name}: {why}", flush=True)
 
 
 def tpu_init(args):
+    """Initialises the TPU runtime under TPUStrategy and reads the embedding hardware it reports.
+
+    Args:
+      args: the parsed command line (`--tpu`: the TPU's name or address).
+
+    Returns:
+      (the facts as a JSON line, (strategy, facts)): facts hold the strategy's class, TPU cores,
+      replicas, the embedding feature, whether it is SparseCore (V2) and SparseCores per chip.
+    """
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=args.tpu)
     tf.config.experimental_connect_to_cluster(resolver)
     tf.tpu.experimental.initialize_tpu_system(resolver)
@@ -118,13 +154,29 @@ def tpu_init(args):
 
 
 def config_path(path: str) -> str:
-    """--config: as given, else relative to the checkout or image root that holds configs/."""
+    """The config file's path: as given when it exists, else relative to the checkout or image root.
+
+    Args:
+      path: `--config`.
+
+    Returns:
+      `path` itself when absolute or present, else `path` under the root that holds configs/.
+    """
     if os.path.isabs(path) or os.path.exists(path):
         return path
     return os.path.join(PACKAGE_ROOT, path)
 
 
 def base_raw_config(args, root: str) -> Dict[str, Any]:
+    """The raw config of `--config`, reading the generated `train.csv` under `root`.
+
+    Args:
+      args: the parsed command line (`--config`, `--size-threshold`).
+      root: the work directory.
+
+    Returns:
+      The config as parsed YAML, with input.path and, if given, the embedding size threshold set.
+    """
     with open(config_path(args.config), encoding="utf-8") as fh:
         raw = yaml.safe_load(fh)
     raw["input"]["path"] = os.path.join(root, "train.csv")
@@ -134,8 +186,19 @@ def base_raw_config(args, root: str) -> Dict[str, Any]:
 
 
 def trainer_raw_config(args, root: str, tpu: Optional[str]) -> Dict[str, Any]:
-    """trainer_tpu's config: the given one for --steps steps (the held-out selection runs, its CPU
-    twin reading the TPU checkpoints, but never stops the run before --steps)."""
+    """trainer_tpu's raw config: the given one, trained for --steps steps.
+
+    The held-out selection runs (its CPU twin reading the TPU checkpoints) but never stops the run
+    before --steps.
+
+    Args:
+      args: the parsed command line.
+      root: the work directory.
+      tpu: training.tpu (`local` on a TPU VM).
+
+    Returns:
+      The raw config.
+    """
     raw = base_raw_config(args, root)
     raw["training"].update(train_steps=args.steps, checkpoint_every_steps=args.steps, tpu=tpu,
                            pipeline_execution_with_tensor_core=args.pipelining,
@@ -148,7 +211,14 @@ def parity_raw_config(raw: Dict[str, Any]) -> Dict[str, Any]:
     optimizers with the wide part on (one-dimensional FTRL tables), and nothing that makes a
     multi-replica TPU step differ from a CPU step by design: no dropout (masks are drawn per
     replica), no pipelining (the SparseCore then looks up with the previous step's tables), no
-    early stopping. Stays on CPU (training.tpu unset): `sparsecore_training` takes the strategy."""
+    early stopping. Stays on CPU (training.tpu unset): `sparsecore_training` takes the strategy.
+
+    Args:
+      raw: a raw config (parsed YAML).
+
+    Returns:
+      The parity configuration, a deep copy.
+    """
     raw = copy.deepcopy(raw)
     t = raw.setdefault("training", {})
     t.update(dropout=0.0, input_dropout=0.0, pipeline_execution_with_tensor_core=False, tpu=None,
@@ -160,7 +230,18 @@ def parity_raw_config(raw: Dict[str, Any]) -> Dict[str, Any]:
 def with_adagrad_table(raw: Dict[str, Any], plan) -> Dict[str, Any]:
     """`raw` with an Adagrad TPU-embedding table beside the FTRL ones when the plan has none: the
     largest TPU-embedding table that belongs to one feature gets `optimizer: adagrad` (that
-    feature's own). Unchanged when one is there already."""
+    feature's own). Unchanged when one is there already.
+
+    Args:
+      raw: the parity configuration (raw).
+      plan: its embedding plan.
+
+    Returns:
+      `raw` itself, or a deep copy with one feature's optimizer set to Adagrad.
+
+    Raises:
+      AssertionError: no TPU-embedding table of a feature of its own exists.
+    """
     tpu = plan.tables_placed("tpu_embedding")
     if any(t.optimizer.get("name") == "adagrad" for t in tpu.values()):
         return raw
@@ -176,28 +257,42 @@ def with_adagrad_table(raw: Dict[str, Any], plan) -> Dict[str, Any]:
 
 
 def parity_plan(raw: Dict[str, Any], train_files: List[str]):
-    """(config, plan, manifest) of the parity configuration on the transformed data `train_files`."""
-    from components.config.loading import parse_config
-    from components.embedding_trainer import plan as plan_lib
-    from components.embedding_trainer import trainer_module as tm
+    """The parity configuration on the transformed data.
 
-    manifest = tm.read_manifest_for(train_files)
-    statistics = tm.read_statistics_for(train_files)
+    Args:
+      raw: the base raw config (`base_raw_config`).
+      train_files: the transformed train split's file patterns.
+
+    Returns:
+      (config, plan, manifest) of the parity configuration (`parity_raw_config`, with an Adagrad table).
+    """
+    manifest = trainer_module.read_manifest_for(train_files)
+    statistics = trainer_module.read_statistics_for(train_files)
     raw = parity_raw_config(raw)
-    plan = plan_lib.derive_plan(parse_config(raw), manifest, statistics)
+    plan = derive_plan(parse_config(raw), manifest, statistics)
     raw = with_adagrad_table(raw, plan)
     cfg = parse_config(raw)
-    plan = plan_lib.derive_plan(cfg, manifest, statistics).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    plan = derive_plan(cfg, manifest, statistics).with_run(vocabulary_dir=manifest.vocabulary_dir)
     return cfg, plan, manifest
 
 
 def coverage(plan, replicas: int, sparse_cores_per_chip: int) -> str:
-    """What the parity plan covers on this topology; raises unless it has an FTRL and an Adagrad
-    TPU-embedding table, a SparseCore stack of several tables and a one-dimensional wide table."""
-    from components.embedding_model import layouts as layouts_lib
+    """What the parity plan covers on this topology.
 
+    Args:
+      plan: the parity plan.
+      replicas: the TPU's replicas.
+      sparse_cores_per_chip: SparseCores per chip.
+
+    Returns:
+      One line: the TPU-embedding tables, their optimizers and SparseCore stacks.
+
+    Raises:
+      AssertionError: the plan lacks an FTRL or an Adagrad TPU-embedding table, a SparseCore stack
+        of several tables or a one-dimensional wide table.
+    """
     tpu = plan.tables_placed("tpu_embedding")
-    layouts = layouts_lib.plan_sparse_core_layouts(plan, replicas, sparse_cores_per_chip, plan.global_batch_size // replicas)
+    layouts = plan_sparse_core_layouts(plan, replicas, sparse_cores_per_chip, plan.global_batch_size // replicas)
     stacks: Dict[str, List[str]] = {}
     for name, layout in layouts.items():
         stacks.setdefault(layout.stacked_table_name, []).append(name)
@@ -221,7 +316,15 @@ def coverage(plan, replicas: int, sparse_cores_per_chip: int) -> str:
 def global_batches(per_replica: tf.data.Dataset, replicas: int) -> tf.data.Dataset:
     """The CPU run's input: each step's `replicas` consecutive per-replica batches (what the TPU
     strategy hands its replicas from one input pipeline) as one batch, replica after replica, so
-    both runs see the same examples whatever the input's block layout."""
+    both runs see the same examples whatever the input's block layout.
+
+    Args:
+      per_replica: batches of per-replica size.
+      replicas: how many make one step.
+
+    Returns:
+      A dataset of global batches.
+    """
 
     def merge(x):
         if isinstance(x, tf.SparseTensor):
@@ -249,19 +352,15 @@ def _slots(prefix: str, plan, table: str, source) -> Dict[str, np.ndarray]:
     """A TPU-embedding table's optimizer slots in a checkpoint, by their key below the slot mark:
     layout A the table's own keys, layout B its rows out of the stack's slot variables
     (TensorFlow's unshuffle_from_sc_to_cpu)."""
-    from tensorflow.python.tpu import tpu_embedding_v3_utils
-
-    from components.embedding_model import layouts as layouts_lib
-
     reader = tf.train.load_checkpoint(prefix)
-    base = source.key[: -len(layouts_lib.ATTR)] + SLOT_MARK
+    base = source.key[: -len(VARIABLE_VALUE)] + SLOT_MARK
     out = {}
     t = plan.tables[table]
     for key in reader.get_variable_to_shape_map():
         if not key.startswith(base):
             continue
         value = reader.get_tensor(key)
-        if source.kind == "B":
+        if source.kind == LayoutKind.B:
             s = source.shard
             value = tpu_embedding_v3_utils.unshuffle_from_sc_to_cpu(tf.constant(value), s["num_sparse_cores"], s["offset"], s["size"],
                                                s["rotation"]).numpy()
@@ -284,7 +383,19 @@ def judge(trained: Dict[str, np.ndarray], reference: Dict[str, np.ndarray], star
     """Per table: max |trained - reference| (row by row; relative above 1), how far each run moved
     from `start`, and the slots' differences ({table: {slot: (trained, reference)}}). Returns (the
     report, the failures): a difference above `tolerance`, or a table that either run left where
-    it started (untrained, or not looked up in these steps: untested)."""
+    it started (untrained, or not looked up in these steps: untested).
+
+    Args:
+      trained: {table: values [rows, dim]} of the run under test.
+      reference: {table: values [rows, dim]} of the reference run.
+      start: {table: values [rows, dim]} both runs started from.
+      tolerance: the largest difference allowed.
+      slots: {table: {slot: (trained, reference)}} optimizer slots, each [rows, dim].
+
+    Returns:
+      (report, failures): {table: {max_diff, moved, moved_reference, rows_moved, slots}}, and one
+      sentence per failure.
+    """
     report: Dict[str, Dict[str, Any]] = {}
     failures: List[str] = []
     for name in sorted(reference):
@@ -309,48 +420,74 @@ def judge(trained: Dict[str, np.ndarray], reference: Dict[str, np.ndarray], star
 
 def sparsecore_training(strategy, cfg, plan, manifest, train_files: List[str], steps: int, workdir: str,
                         tolerance: float = 1e-4) -> Dict[str, Any]:
-    """The TPU run of the Trainer's model vs the same steps on CPU, table by table (check 5 of the
-    module docstring). `strategy`: TPUStrategy (or a stand-in the trainer's `is_tpu_strategy`
-    accepts); `cfg`/`plan`/`manifest`: the parity configuration (`parity_plan`); `train_files`:
-    the transformed train split. Raises ParityError naming every failing table; returns the
-    report {"layout", "tables": {table: {max_diff, moved, moved_reference, rows_moved, slots}}}."""
-    from components.contracts.plan import CheckpointLayout
-    from components.embedding_model import layouts as layouts_lib
-    from components.embedding_model.model import CHECKPOINT_ROOT
-    from components.embedding_trainer import trainer_module as tm
+    """The TPU run of the Trainer's model against the same steps on CPU, table by table.
 
+    Check 5 of the module docstring.
+
+    Args:
+      strategy: TPUStrategy, or a stand-in the trainer's `is_tpu_strategy` accepts.
+      cfg: the parity configuration (`parity_plan`).
+      plan: its embedding plan.
+      manifest: preprocessing's manifest.
+      train_files: the transformed train split's file patterns.
+      steps: the steps each run trains.
+      workdir: where the start, TPU and CPU checkpoints are written.
+      tolerance: the largest |TPU - CPU| per table value (relative above 1).
+
+    Returns:
+      The report {"layout", "replicas", "steps", "placement",
+      "tables": {table: {max_diff, moved, moved_reference, rows_moved, slots}}}.
+
+    Raises:
+      ValueError: the configuration or the strategy cannot be compared step by step.
+      ParityError: a table differs beyond `tolerance`, did not move, or sits in another layout.
+    """
+    per_replica = _comparable_per_replica_batch(strategy, cfg, plan)
+    replicas = strategy.num_replicas_in_sync
+    layout = trainer_module.checkpoint_layout(strategy, per_replica)
+    os.makedirs(workdir, exist_ok=True)
+    start_prefix, tpu_prefix, cpu_prefix = _train_on_both(strategy, cfg, plan, manifest, train_files, steps, workdir,
+                                                          per_replica, layout)
+    return _compare_checkpoints(plan, layout, replicas, steps, tolerance, start_prefix, tpu_prefix, cpu_prefix)
+
+
+def _comparable_per_replica_batch(strategy, cfg, plan) -> int:
+    """Each replica's batch, once the config and the strategy are known to compare step by step."""
     t = cfg.training
     if t.dropout or t.input_dropout or t.pipeline_execution_with_tensor_core:
         raise ValueError("training.dropout, input_dropout and pipeline_execution_with_tensor_core must be off "
                          "for a step-by-step comparison (parity_raw_config)")
-    if not tm.is_tpu_strategy(strategy):
+    if not trainer_module.is_tpu_strategy(strategy):
         raise ValueError(f"{type(strategy).__name__} is not a TPU strategy: nothing to compare")
     replicas = strategy.num_replicas_in_sync
     if plan.global_batch_size % replicas:
         raise ValueError(f"training.batch_size {plan.global_batch_size} is not a multiple of {replicas} replicas")
-    per_replica = plan.global_batch_size // replicas
-    layout = tm.checkpoint_layout(strategy, per_replica)
-    plan_tpu = plan.with_run(checkpoint_layout=layout)
-    plan_cpu = plan.with_run(checkpoint_layout=CheckpointLayout(kind="A", embedding_api="TPUEmbeddingForServing (CPU/GPU variables)"))
-    os.makedirs(workdir, exist_ok=True)
+    return plan.global_batch_size // replicas
+
+
+def _train_on_both(strategy, cfg, plan, manifest, train_files: List[str], steps: int, workdir: str, per_replica: int,
+                   layout: CheckpointLayout) -> Tuple[str, str, str]:
+    """Trains the model from one start under `strategy` and on the host CPU; returns the
+    checkpoint prefixes of (the start, the TPU run, the CPU run)."""
+    replicas = strategy.num_replicas_in_sync
     full_precision = tf.config.experimental.tensor_float_32_execution_enabled()
     tf.config.experimental.enable_tensor_float_32_execution(False)  # TPUs: float32 matmuls not in bfloat16
     try:
         # The CPU run, on the host: its start (tables, slots, dense weights) is both runs' start.
         with tf.device("/cpu:0"):
-            cpu = tm.build_model(plan, manifest, cfg, for_training=True)
+            cpu = trainer_module.build_model(plan, manifest, cfg, for_training=True)
             _compile(cpu)
-            train_input = tm.training_input(train_files, manifest, plan, t, per_replica, 0, replicas)
+            train_input = trainer_module.training_input(train_files, manifest, plan, cfg.training, per_replica, 0, replicas)
             # (a dataset of its own: a second iterator of one dataset would reshuffle)
             sample, _ = next(iter(global_batches(train_input(), replicas)))
             cpu(sample)
             cpu.create_optimizer_slots()
             start_prefix = tf.train.Checkpoint(**{CHECKPOINT_ROOT: cpu}).save(os.path.join(workdir, "start", "ckpt"))
         with strategy.scope():
-            tpu = tm.build_model(plan, manifest, cfg, for_training=True, on_tpu=True, per_replica_batch=per_replica)
+            tpu = trainer_module.build_model(plan, manifest, cfg, for_training=True, on_tpu=True, per_replica_batch=per_replica)
             _compile(tpu)
-        if layout.kind == "B":  # the Trainer's warm start into SparseCore stacks
-            tm.warm_start_sparse_core(tpu, plan, layout, start_prefix, strategy)
+        if layout.kind == LayoutKind.B:  # the Trainer's warm start into SparseCore stacks
+            trainer_module.warm_start_sparse_core(tpu, plan, layout, start_prefix, strategy)
         else:
             tf.train.Checkpoint(**{CHECKPOINT_ROOT: tpu}).restore(start_prefix).assert_existing_objects_matched()
         tpu_ds = strategy.distribute_datasets_from_function(
@@ -362,13 +499,19 @@ def sparsecore_training(strategy, cfg, plan, manifest, train_files: List[str], s
         cpu_prefix = tf.train.Checkpoint(**{CHECKPOINT_ROOT: cpu}).save(os.path.join(workdir, "cpu", "ckpt"))
     finally:
         tf.config.experimental.enable_tensor_float_32_execution(full_precision)
+    return start_prefix, tpu_prefix, cpu_prefix
 
-    # Read back as the exporter reads a training checkpoint.
-    read_tpu = layouts_lib.CheckpointTables(tpu_prefix, plan_tpu)
-    read_cpu = layouts_lib.CheckpointTables(cpu_prefix, plan_cpu)
-    read_start = layouts_lib.CheckpointTables(start_prefix, plan_cpu)
+
+def _compare_checkpoints(plan, layout: CheckpointLayout, replicas: int, steps: int, tolerance: float,
+                         start_prefix: str, tpu_prefix: str, cpu_prefix: str) -> Dict[str, Any]:
+    """The TPU run's tables and slots against the CPU run's, read as the exporter reads a training checkpoint."""
+    plan_tpu = plan.with_run(checkpoint_layout=layout)
+    plan_cpu = plan.with_run(checkpoint_layout=CheckpointLayout(kind="A", embedding_api="TPUEmbeddingForServing (CPU/GPU variables)"))
+    read_tpu = CheckpointTables(tpu_prefix, plan_tpu)
+    read_cpu = CheckpointTables(cpu_prefix, plan_cpu)
+    read_start = CheckpointTables(start_prefix, plan_cpu)
     wrong = {n: s.kind for n, s in read_tpu.sources.items()
-             if s.kind != (layout.kind if plan.tables[n].placement == "tpu_embedding" else "A")}
+             if s.kind != (layout.kind if plan.tables[n].placement == Placement.TPU_EMBEDDING else "A")}
     if wrong:
         raise ParityError(f"tables located in another layout than the run's ({layout.kind}): {wrong}")
     names = sorted(plan.tables)
@@ -388,7 +531,14 @@ def sparsecore_training(strategy, cfg, plan, manifest, train_files: List[str], s
 
 
 def describe(result: Dict[str, Any]) -> str:
-    """One line per table of a `sparsecore_training` report."""
+    """One line per table of a `sparsecore_training` report.
+
+    Args:
+      result: `sparsecore_training`'s report.
+
+    Returns:
+      The layout, replicas and steps, then each table's differences and rows moved.
+    """
     parts = []
     for name, e in result["tables"].items():
         slots = "".join(f", {s} {d:.2g}" for s, d in sorted(e.get("slots", {}).items()))
@@ -398,16 +548,23 @@ def describe(result: Dict[str, Any]) -> str:
 
 
 def sparsecore_optimizer(plan) -> str:
-    """The parity plan's TPU-embedding optimizers (every table's) pass the SparseCore check;
-    clipped Adagrad is refused there."""
-    from components.config.schema import OptimizerConfig
-    from components.embedding_model import optimizers as optimizers_lib
-    from components.embedding_trainer import plan as plan_lib
+    """The parity plan's TPU-embedding optimizers (every table's) pass the SparseCore check.
+
+    Args:
+      plan: the parity plan.
+
+    Returns:
+      One line: clipped Adagrad refused, and the optimizers accepted.
+
+    Raises:
+      AssertionError: Adagrad with clipvalue was accepted, or refused for another reason.
+      EmbeddingOptimizerError: a table's optimizer fails the SparseCore check.
+    """
 
     def tpu_opt(spec):
-        return optimizers_lib.tpu_optimizer(spec, plan_lib.learning_rate(spec), step_fn=lambda: 0)
+        return optimizers_lib.tpu_optimizer(spec, learning_rate(spec), step_fn=lambda: 0)
 
-    clipped = plan_lib.optimizer_spec(OptimizerConfig(name="adagrad", learning_rate=0.1, clipvalue=0.5))
+    clipped = optimizer_spec(OptimizerConfig(name="adagrad", learning_rate=0.1, clipvalue=0.5))
     try:
         optimizers_lib.check_sparsecore_optimizer(tpu_opt(clipped))
     except optimizers_lib.EmbeddingOptimizerError as err:
@@ -427,12 +584,19 @@ def sparsecore_optimizer(plan) -> str:
 
 
 def prepare_data(args, root: str) -> str:
+    """Generates train and eval CSVs under `root` and preprocesses them with Beam.
+
+    Args:
+      args: the parsed command line (`--rows`, `--config`).
+      root: the work directory; the transformed splits go to `root/tx`.
+
+    Returns:
+      One line: the rows generated and preprocessed.
+    """
+    # lazy: keeps Beam off the checks that tests import without preprocessing
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
-
-    from components.config.loading import parse_config
     from components.embedding_preprocess.run import run_preprocessing
-    from components.example_gen.synthetic_data import GeneratorSpec, write_csv
 
     write_csv(GeneratorSpec(rows=args.rows, seed=11), os.path.join(root, "train.csv"))
     write_csv(GeneratorSpec(rows=max(args.rows // 5, 1000), seed=12), os.path.join(root, "eval.csv"))
@@ -448,27 +612,43 @@ def prepare_data(args, root: str) -> str:
 
 
 def split_files(root: str, split: str) -> List[str]:
+    """The file pattern of a transformed split under `root`, as the Trainer's FnArgs give it."""
     return [os.path.join(root, "tx", f"Split-{split}", "*")]
 
 
 def eval_records(root: str, n: int = 64):
-    """`n` transformed eval rows as serialized tf.Examples (what the Trainer's signature takes)."""
-    from components.embedding_trainer import trainer_module as tm
-    from components.data_io.examples_io import transformed_rows
+    """`n` transformed eval rows as serialized tf.Examples (what the Trainer's signature takes).
 
+    Args:
+      root: the work directory.
+      n: how many rows.
+
+    Returns:
+      The serialized tf.Examples, a list of bytes.
+    """
     files = split_files(root, "eval")
-    return transformed_rows(files[0], tm.read_manifest_for(files), n)
+    return transformed_rows(files[0], trainer_module.read_manifest_for(files), n)
 
 
 def trainer_tpu(args, root: str, expect_v2: bool) -> str:
-    """The whole Trainer under TPUStrategy: run_fn completes and its artifact is complete."""
-    from components.config.loading import parse_config
-    from components.embedding_trainer import trainer_module as tm
+    """The whole Trainer under TPUStrategy: run_fn completes and its artifact is complete.
 
+    Args:
+      args: the parsed command line (`--tpu`, `--steps`).
+      root: the work directory holding the transformed splits.
+      expect_v2: whether the TPU has SparseCore (the checkpoint layout must then be B).
+
+    Returns:
+      One line: the steps, strategy, layout and eval AUC.
+
+    Raises:
+      AssertionError: the run used another strategy, ended at another step, recorded another
+        layout, or its SavedModel scores non-finite probabilities.
+    """
     cfg = parse_config(trainer_raw_config(args, root, args.tpu))
     model_uri = os.path.join(root, "Trainer", "model", "tpu")
-    tm.run_fn(SimpleNamespace(
-        custom_config={tm.CONFIG_KEY: cfg.to_json()}, train_files=split_files(root, "train"),
+    trainer_module.run_fn(SimpleNamespace(
+        custom_config={CONFIG_KEY: cfg.to_json()}, train_files=split_files(root, "train"),
         eval_files=split_files(root, "eval"), serving_model_dir=os.path.join(model_uri, "Format-Serving"),
         model_run_dir=os.path.join(root, "Trainer", "model_run", "tpu"), train_steps=None,
     ))
@@ -477,7 +657,7 @@ def trainer_tpu(args, root: str, expect_v2: bool) -> str:
         with open(os.path.join(model_uri, name), encoding="utf-8") as fh:
             return json.load(fh)
 
-    run, plan, metrics = read(tm.TRAINING_RUN_FILE), read("embedding_plan.json"), read(tm.EVAL_METRICS_FILE)
+    run, plan, metrics = read(artifacts.TRAINING_RUN_FILE), read("embedding_plan.json"), read(artifacts.EVAL_METRICS_FILE)
     kind = "B" if expect_v2 else "A"
     if run["strategy"] not in TPU_STRATEGY_NAMES:
         raise AssertionError(f"trained under {run['strategy']}, not a TPU strategy ({' or '.join(TPU_STRATEGY_NAMES)})")
@@ -497,7 +677,33 @@ def trainer_tpu(args, root: str, expect_v2: bool) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Runs the checks; returns the exit status (1 on any failure)."""
+    """Runs the checks and prints their lines and a summary.
+
+    Args:
+      argv: the command line without the program name; None reads sys.argv.
+
+    Returns:
+      The exit status: 1 on any failure, else 0.
+    """
+    args = _parser().parse_args(argv)
+    RESULTS.clear()
+    root = args.workdir or tempfile.mkdtemp(prefix="tpu_smoke_")
+    os.makedirs(root, exist_ok=True)
+    mode = "dry run (no TPU)" if args.dry_run else f"TPU {args.tpu}"
+    print(f"tensorflow {tf.__version__}; {mode}; config {config_path(args.config)}; work dir {root}", flush=True)
+    hardware = _tpu_or_dry_run(args)
+    if hardware is None:
+        return summary(args)
+    data = check("data", lambda: prepare_data(args, root))
+    if data is None:
+        for name in ("sparsecore_optimizer", "plan", "sparsecore_training", "trainer_tpu"):
+            skip(name, "needs the data step, which failed")
+        return summary(args)
+    _plan_and_training_checks(args, root, *hardware)
+    return summary(args)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tpu", default="local", help="TPU name or grpc address (local: this TPU VM)")
     parser.add_argument("--rows", type=int, default=20000)
@@ -516,31 +722,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--dry-replicas", type=int, default=2, help="--dry-run: replicas of the SparseCore layout")
     parser.add_argument("--dry-sparse-cores-per-chip", type=int, default=4,
                         help="--dry-run: SparseCores per chip of the SparseCore layout")
-    args = parser.parse_args(argv)
-    RESULTS.clear()
-    root = args.workdir or tempfile.mkdtemp(prefix="tpu_smoke_")
-    os.makedirs(root, exist_ok=True)
-    mode = "dry run (no TPU)" if args.dry_run else f"TPU {args.tpu}"
-    print(f"tensorflow {tf.__version__}; {mode}; config {config_path(args.config)}; work dir {root}", flush=True)
-    no_tpu = "needs the TPU runtime (--dry-run)"
+    return parser
 
+
+def _tpu_or_dry_run(args):
+    """(strategy, replicas, SparseCores per chip, SparseCore or not): the TPU's, or --dry-run's
+    stand-ins with no strategy; None when the TPU did not initialise."""
     if args.dry_run:
-        skip("tpu_init", no_tpu)
-        strategy = None
-        replicas, per_chip, v2 = args.dry_replicas, args.dry_sparse_cores_per_chip, True
-    else:
-        init = check("tpu_init", lambda: tpu_init(args))
-        if init is None:
-            return summary(args)
-        strategy, facts = init
-        replicas, per_chip, v2 = facts["replicas"], facts["sparse_cores_per_chip"], facts["v2"]
+        skip("tpu_init", NO_TPU)
+        return None, args.dry_replicas, args.dry_sparse_cores_per_chip, True
+    init = check("tpu_init", lambda: tpu_init(args))
+    if init is None:
+        return None
+    strategy, facts = init
+    return strategy, facts["replicas"], facts["sparse_cores_per_chip"], facts["v2"]
 
-    data = check("data", lambda: prepare_data(args, root))
-    parity = None
-    if data is None:
-        for name in ("sparsecore_optimizer", "plan", "sparsecore_training", "trainer_tpu"):
-            skip(name, "needs the data step, which failed")
-        return summary(args)
+
+def _plan_and_training_checks(args, root: str, strategy, replicas: int, per_chip: int, v2: bool) -> None:
+    """Checks 3 to 6 of the module docstring, on the preprocessed data under `root`."""
 
     def plan_step():
         cfg, plan, manifest = parity_plan(base_raw_config(args, root), split_files(root, "train"))
@@ -552,22 +751,29 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         check("sparsecore_optimizer", lambda: sparsecore_optimizer(parity[1]))
     if args.dry_run:
-        skip("sparsecore_training", f"the TPU run {no_tpu}; tests/test_sparsecore_training.py runs this check with a "
+        skip("sparsecore_training", f"the TPU run {NO_TPU}; tests/test_sparsecore_training.py runs this check with a "
                                     "CPU SparseCore step in place of the TPU")
-        skip("trainer_tpu", no_tpu)
+        skip("trainer_tpu", NO_TPU)
+        return
+    if parity is None:
+        skip("sparsecore_training", "needs the plan step, which failed")
     else:
-        if parity is None:
-            skip("sparsecore_training", "needs the plan step, which failed")
-        else:
-            cfg, plan, manifest = parity
-            check("sparsecore_training", lambda: describe(sparsecore_training(
-                strategy, cfg, plan, manifest, split_files(root, "train"), args.parity_steps,
-                os.path.join(root, "parity"), args.parity_tolerance)))
-        check("trainer_tpu", lambda: trainer_tpu(args, root, v2))
-    return summary(args)
+        cfg, plan, manifest = parity
+        check("sparsecore_training", lambda: describe(sparsecore_training(
+            strategy, cfg, plan, manifest, split_files(root, "train"), args.parity_steps,
+            os.path.join(root, "parity"), args.parity_tolerance)))
+    check("trainer_tpu", lambda: trainer_tpu(args, root, v2))
 
 
 def summary(args) -> int:
+    """Prints the passed, skipped and failed checks and the verdict.
+
+    Args:
+      args: the parsed command line (`--dry-run` changes the verdict's wording).
+
+    Returns:
+      The exit status: 1 on any failure, else 0.
+    """
     by = {s: [n for n, status in RESULTS if status == s] for s in ("PASS", "FAIL", "SKIP")}
     print(f"passed: {', '.join(by['PASS']) or '-'}", flush=True)
     if by["SKIP"]:

@@ -39,67 +39,104 @@ import os
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
-import components  # noqa: F401
+import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import numpy as np
 import tensorflow as tf
 from absl import logging
 from tfx.utils import io_utils  # read_string_file: any filesystem TFX reads (gs://, local)
 
 from components.reporting import progress
-from components.config.loading import config_from_json
 from components.config.schema import PipelineConfig
 from components.contracts import artifacts
 from components.contracts import sizing
 from components.contracts.manifest import VocabularyManifest
-from components.contracts.plan import CheckpointLayout, EmbeddingPlan
+from components.contracts.plan import CheckpointLayout, EmbeddingPlan, optimizer_spec
 from components.contracts.statistics import EmbeddingStatistics
 from components.rows.ledger import check_ledger
 from components.embedding_model import optimizers as optimizers_lib
-from components.embedding_trainer import plan as plan_lib
+from components.embedding_model import tf_objects
 from components.embedding_model.input import make_dataset, parse_batch
 from components.embedding_model import sparsecore_state
-from components.embedding_model.model import (
-    CHECKPOINT_ROOT, VARIABLE_VALUE, RankingModel, TableOptimizer, check_sparsecore_features, table_checkpoint_key,
-)
+from components.embedding_model.checkpoint_keys import CHECKPOINT_ROOT, VARIABLE_VALUE, table_checkpoint_key
+from components.embedding_model.model import RankingModel, TableOptimizer, check_sparsecore_features
+from components.embedding_model.restore import model_from_checkpoint
+from components.embedding_model.saving import save_serving_model
+from components.embedding_trainer import warm_start
+from components.embedding_trainer.baseline import train_baseline
+from components.embedding_trainer.checkpoints import copy_checkpoint
+from components.embedding_trainer.evaluation import evaluate
 from components.embedding_trainer.hardware import plan_for_hardware, reported_embedding
+from components.embedding_trainer.run_plan import derive_plan, training_steps
+from components.embedding_trainer.selection import HoldoutSelection
 from components.embedding_trainer.tpu_rules import check_tpu_rules
-from components.rules.metrics import log_loss, roc_auc
+from components.model_registry.registry import read_lookup
+from components.tfx_wiring.executor_base import config_of
+from components.config.choices import LayoutKind, Placement
 
-from components.tfx_wiring.executor_base import CONFIG_KEY, config_of  # noqa: E402
-# The Model artifact's files (contracts.artifacts), under the names the tests and benches use.
-CHECKPOINT_DIR = artifacts.CHECKPOINT_DIR
-EVAL_METRICS_FILE = artifacts.EVAL_METRICS_FILE
-TPU_RULES_FILE = artifacts.TPU_RULES_FILE
-TRAINING_RUN_FILE = artifacts.TRAINING_RUN_FILE
-CONFIG_FILE = artifacts.TRAINER_CONFIG_FILE
 STATE_DIR = "training_state"
 
 
 def examples_root(train_files) -> str:
-    """The transformed-examples artifact directory (<uri>/Split-train/* -> <uri>)."""
+    """The transformed-examples artifact directory of the train split's files.
+
+    Args:
+      train_files: the train split's file patterns (`<uri>/Split-train/*`).
+
+    Returns:
+      `<uri>`.
+    """
     return os.path.dirname(os.path.dirname(train_files[0]))
 
 
 def read_manifest_for(train_files) -> VocabularyManifest:
-    """The manifest preprocessing wrote beside the transformed examples."""
+    """The manifest preprocessing wrote beside the transformed examples.
+
+    Args:
+      train_files: the train split's file patterns.
+
+    Returns:
+      The vocabulary manifest.
+    """
     path = os.path.join(examples_root(train_files), artifacts.EMBEDDING_MANIFEST_FILE)
     return VocabularyManifest.from_json(io_utils.read_string_file(path), path)
 
 
 def read_statistics_for(train_files) -> Optional[EmbeddingStatistics]:
-    """The statistics preprocessing copied beside the transformed examples (None for examples
-    written before the copy existed: the plan then reports SparseCore limits as unknown)."""
+    """The statistics preprocessing copied beside the transformed examples.
+
+    Args:
+      train_files: the train split's file patterns.
+
+    Returns:
+      The statistics, None when the examples have no copy (the plan then reports SparseCore limits
+      as unknown).
+    """
     path = os.path.join(examples_root(train_files), artifacts.EMBEDDING_STATISTICS_FILE)
     return EmbeddingStatistics.from_json(io_utils.read_string_file(path), path) if tf.io.gfile.exists(path) else None
 
 
 def read_plan(model_uri: str) -> EmbeddingPlan:
+    """The embedding plan a Trainer Model artifact holds.
+
+    Args:
+      model_uri: the Model artifact's directory.
+
+    Returns:
+      The plan of its `embedding_plan.json`.
+    """
     path = os.path.join(model_uri, artifacts.PLAN_FILE)
     return EmbeddingPlan.from_json(io_utils.read_string_file(path), path)
 
 
 def distribution_strategy(cfg: PipelineConfig) -> tf.distribute.Strategy:
-    """TPUStrategy when a TPU is configured, MirroredStrategy on several GPUs, else the default."""
+    """The strategy to train under; connects to and initialises a configured TPU.
+
+    Args:
+      cfg: the pipeline config (`training.tpu`).
+
+    Returns:
+      TPUStrategy when a TPU is configured, MirroredStrategy on several GPUs, else the default strategy.
+    """
     if cfg.training.tpu:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=cfg.training.tpu)
         tf.config.experimental_connect_to_cluster(resolver)
@@ -111,8 +148,22 @@ def distribution_strategy(cfg: PipelineConfig) -> tf.distribute.Strategy:
 
 
 def checkpoint_layout(strategy: tf.distribute.Strategy, per_replica: int) -> CheckpointLayout:
-    """How this run's checkpoint will hold the TPU-embedding tables (recorded in the plan, so the
-    exporter can recompute a SparseCore layout that TensorFlow 2.16 does not save)."""
+    """How this run's checkpoint will hold the TPU-embedding tables.
+
+    Recorded in the plan, so the exporter can recompute a SparseCore layout that TensorFlow 2.16
+    does not save.
+
+    Args:
+      strategy: the training strategy.
+      per_replica: each replica's batch size.
+
+    Returns:
+      Layout A (one variable per table) off TPU and on TPUs without SparseCore, B (SparseCore
+      stacks) on SparseCore, with the replicas, SparseCores per chip and per-replica batch.
+
+    Raises:
+      PlanError: the TPU reports an embedding feature this trainer does not know.
+    """
     if not is_tpu_strategy(strategy):
         return CheckpointLayout(kind="A", embedding_api="TPUEmbeddingForServing (CPU/GPU variables)")
     api, feature, sparse_cores = reported_embedding(strategy)
@@ -132,46 +183,86 @@ def checkpoint_layout(strategy: tf.distribute.Strategy, per_replica: int) -> Che
 
 
 def is_tpu_strategy(strategy: tf.distribute.Strategy) -> bool:
-    """Whether training takes the TPU branch (tests/test_tpu_conformance.py walks that branch on CPU
-    with a recording strategy by replacing this one predicate)."""
+    """Whether training takes the TPU branch.
+
+    The one predicate that decides it, so that tests can walk the TPU branch on CPU with a
+    recording strategy by replacing it (tests/test_tpu_conformance.py).
+
+    Args:
+      strategy: the training strategy.
+
+    Returns:
+      True for a TPUStrategy.
+    """
     return isinstance(strategy, tf.distribute.TPUStrategy)
 
 
 def build_model(plan: EmbeddingPlan, manifest: VocabularyManifest, cfg: PipelineConfig, for_training: bool,
                 on_tpu: bool = False, per_replica_batch: Optional[int] = None) -> RankingModel:
-    """The ranking model for a plan; `for_training=False` builds it without optimizers. For
-    training, the embedding optimizers of both platforms come from one spec (optimizers.py): the
-    Keras one updates CPU/GPU and TensorCore tables and owns the slots, the TPU one is what the
-    TPU embedding engine applies."""
+    """The ranking model for a plan.
+
+    For training, the embedding optimizers of both platforms come from one spec (optimizers.py):
+    the Keras one updates CPU/GPU and TensorCore tables and owns the slots, the TPU one is what the
+    TPU embedding engine applies.
+
+    Args:
+      plan: the embedding plan.
+      manifest: preprocessing's manifest.
+      cfg: the pipeline config (`training`).
+      for_training: False builds the model without optimizers (a CPU twin to check or score).
+      on_tpu: whether the model trains under a TPU strategy.
+      per_replica_batch: each replica's batch, the TPU embedding's output batch on TPU.
+
+    Returns:
+      The model, unbuilt (variables are created by its first call).
+    """
     t = cfg.training
     if not for_training:
         return RankingModel(plan, manifest, t)
-    spec = plan_lib.optimizer_spec(t.embedding_optimizer)
+    spec = optimizer_spec(t.embedding_optimizer)
     keras_embedding, tpu_embedding = embedding_optimizers(spec)
     return RankingModel(
-        plan, manifest, t, keras_embedding, plan_lib.keras_optimizer(plan_lib.optimizer_spec(t.dense_optimizer)), tpu_embedding,
+        plan, manifest, t, keras_embedding, tf_objects.keras_optimizer(optimizer_spec(t.dense_optimizer)), tpu_embedding,
         tpu_output_batch=per_replica_batch if on_tpu else None,
         embedding_clipvalue=spec.get("clipvalue"),
         pipeline_execution_with_tensor_core=t.pipeline_execution_with_tensor_core,
         table_optimizers=table_optimizers(plan, spec),
-        gradient_multiplier=plan_lib.gradient_multiplier(plan.embedding_gradient_multiplier),
+        gradient_multiplier=tf_objects.gradient_multiplier(plan.embedding_gradient_multiplier),
     )
 
 
 def embedding_optimizers(spec: Dict[str, Any]):
-    """(Keras, TPU) embedding optimizers of one spec: the Keras one updates CPU/GPU and TensorCore
-    tables and owns the slots; the TPU one's learning rate follows the Keras one's step."""
-    rate = plan_lib.learning_rate(spec)
+    """The Keras and TPU embedding optimizers of one spec.
+
+    The Keras one updates CPU/GPU and TensorCore tables and owns the slots; the TPU one's learning
+    rate follows the Keras one's step.
+
+    Args:
+      spec: an optimizer spec (contracts.plan.optimizer_spec).
+
+    Returns:
+      (Keras optimizer, TPU embedding optimizer).
+    """
+    rate = tf_objects.learning_rate(spec)
     keras_opt = optimizers_lib.keras_optimizer(spec, rate)
     keras_opt.iterations  # noqa: B018  created now, in the strategy's scope, not inside the first step
     return keras_opt, optimizers_lib.tpu_optimizer(spec, rate, step_fn=lambda: keras_opt.iterations, keras_opt=keras_opt)
 
 
 def table_optimizers(plan: EmbeddingPlan, default_spec: Dict[str, Any]) -> Dict[str, TableOptimizer]:
-    """{table: TableOptimizer} for the plan's tables whose optimizer differs from `default_spec`.
+    """The optimizers of the plan's tables whose optimizer differs from `default_spec`.
+
     Tables with equal specs share one pair (TPUEmbeddingV2 stacks tables whose TPU optimizers are
     equal, and the exporter's layout reader groups them by spec); the pair's key is the first such
-    table's name."""
+    table's name.
+
+    Args:
+      plan: the embedding plan.
+      default_spec: the embedding optimizer's spec (training.embedding_optimizer).
+
+    Returns:
+      {table: TableOptimizer}, tables with the default optimizer left out.
+    """
     by_spec: Dict[str, TableOptimizer] = {}
     out: Dict[str, TableOptimizer] = {}
     for name in sorted(plan.tables):
@@ -187,6 +278,16 @@ def table_optimizers(plan: EmbeddingPlan, default_spec: Dict[str, Any]) -> Dict[
 
 
 def transformed_serving_function(model: RankingModel, manifest: VocabularyManifest):
+    """The Trainer's serving signature: serialized transformed tf.Examples in, probabilities out.
+
+    Args:
+      model: the CPU model.
+      manifest: preprocessing's manifest (how to parse the examples).
+
+    Returns:
+      A tf.function taking `examples`, string [n], and returning {"probabilities": float32 [n, 1]}.
+    """
+
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
     def serve(examples):
         features, _ = parse_batch(examples, manifest)
@@ -196,7 +297,12 @@ def transformed_serving_function(model: RankingModel, manifest: VocabularyManife
 
 
 class TransformedServing(tf.Module):
-    """What the Trainer's SavedModel holds: the CPU model and `serving_default` on transformed examples."""
+    """What the Trainer's SavedModel holds: the CPU model and `serving_default` on transformed examples.
+
+    Args:
+      model: the CPU model.
+      manifest: preprocessing's manifest.
+    """
 
     def __init__(self, model: RankingModel, manifest: VocabularyManifest):
         super().__init__(name="trainer_serving")
@@ -204,16 +310,8 @@ class TransformedServing(tf.Module):
         self.serve = transformed_serving_function(model, manifest)
 
     def signatures(self) -> Dict[str, Any]:
+        """The SavedModel's signatures: {"serving_default": the serving function}."""
         return {"serving_default": self.serve}
-
-
-def evaluate(model: RankingModel, dataset: tf.data.Dataset) -> Dict[str, float]:
-    probs, labels = [], []
-    for features, label in dataset:
-        probs.append(model(features).numpy())
-        labels.append(label.numpy())
-    p, y = np.concatenate(probs).ravel(), np.concatenate(labels).ravel()
-    return {"auc": roc_auc(p, y), "log_loss": log_loss(p, y), "examples": int(len(y)), "positive_rate": float(y.mean())}
 
 
 def warm_start_sparse_core(model: RankingModel, plan: EmbeddingPlan, layout: CheckpointLayout, warm_prefix: str,
@@ -222,7 +320,18 @@ def warm_start_sparse_core(model: RankingModel, plan: EmbeddingPlan, layout: Che
     SparseCore model: TF builds the stacks now, everything but the TPU embedding layer is restored
     as usual, and each TPU-embedding table and its slots are placed into its stack through the
     layout the exporter reads (sparsecore_state.py). Restored by name, a stack of several tables
-    would find nothing and a lone table's rows would come back permuted."""
+    would find nothing and a lone table's rows would come back permuted.
+
+    Args:
+      model: the training model, built under `strategy`.
+      plan: the embedding plan.
+      layout: the run's checkpoint layout (kind B).
+      warm_prefix: the warm-start checkpoint's prefix.
+      strategy: the training strategy.
+
+    Returns:
+      What was placed, per table (sparsecore_state.assign_logical_tables).
+    """
     with strategy.scope():
         model.embedding_layer.build(None)  # TFRS's layer: TPUEmbeddingV2.build(), the stacks
     sparsecore_state.restore_all_but_tpu_embedding(model, warm_prefix, CHECKPOINT_ROOT)
@@ -252,9 +361,22 @@ def training_input(train_files, manifest: VocabularyManifest, plan: EmbeddingPla
     `start x replicas` batches over all pipelines, `start x replicas / P` of each pipeline's
     stream: each pipeline yields the batches it would have yielded next (the replicas are a
     multiple of the pipelines). Skipping only `start` batches would feed a resumed multi-replica
-    run examples it has already seen. `holdout_fraction`: the held-out slice (selection.py) is
-    left out."""
-    widths, lengths = plan_lib.dense_id_widths(plan), plan_lib.sequence_lengths(plan)
+    run examples it has already seen.
+
+    Args:
+      train_files: the train split's file patterns.
+      manifest: preprocessing's manifest.
+      plan: the embedding plan (padded dense-ID widths, sequence lengths).
+      t: the training config (seed, shuffle buffer).
+      per_replica: each replica's batch size.
+      start: the step the run starts from.
+      replicas: the replicas in sync.
+      holdout_fraction: the share held out for the selection (selection.py), left out here.
+
+    Returns:
+      A function of an optional tf.distribute.InputContext returning the batched dataset.
+    """
+    widths, lengths = tf_objects.dense_id_widths(plan), tf_objects.sequence_lengths(plan)
 
     def train_input(ctx: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
         return make_dataset(train_files, manifest, per_replica, training=True, seed=t.seed,
@@ -266,17 +388,36 @@ def training_input(train_files, manifest: VocabularyManifest, plan: EmbeddingPla
 
 
 def sample_batch(train_files, manifest: VocabularyManifest, plan: EmbeddingPlan, per_replica: int):
-    """One per-replica batch of features, in the training step's input form (builds a model's variables)."""
+    """One per-replica batch of features in the training step's input form, to build a model's variables.
+
+    Args:
+      train_files: the train split's file patterns.
+      manifest: preprocessing's manifest.
+      plan: the embedding plan.
+      per_replica: each replica's batch size.
+
+    Returns:
+      The batch's features, {name: tensor} with batch dimension `per_replica`.
+    """
     features, _ = next(iter(make_dataset(train_files, manifest, per_replica, training=False,
-                                         dense_id_widths=plan_lib.dense_id_widths(plan),
-                                         sequence_lengths=plan_lib.sequence_lengths(plan))))
+                                         dense_id_widths=tf_objects.dense_id_widths(plan),
+                                         sequence_lengths=tf_objects.sequence_lengths(plan))))
     return features
 
 
 def require_consumed(status, checkpoint: str, model: RankingModel) -> None:
-    """Every value of `checkpoint` restored into the model and every variable of the model restored
-    from it (both directions; the optimizers' hyperparameters, which the config sets, excepted), or
-    a one-line error naming the checkpoint and what did not match."""
+    """Checks that every value of `checkpoint` was restored into the model and every variable restored from it.
+
+    Both directions; the optimizers' hyperparameters, which the config sets, are excepted.
+
+    Args:
+      status: the restore status of `checkpoint`.
+      checkpoint: the checkpoint's prefix (named in the error).
+      model: the model restored into.
+
+    Raises:
+      sparsecore_state.LayoutMismatch: something did not match (one line naming the checkpoint).
+    """
     optimizers = [model.dense_optimizer] + [o for o, _ in model._embedding_optimizers().values()]  # pylint: disable=protected-access
     hyper = {k: v for opt in optimizers for k, v in getattr(opt, "_hyper", {}).items()}
     missing = sparsecore_state.restore_mismatches(status, [v for v in hyper.values() if isinstance(v, tf.Variable)], set(hyper))
@@ -297,7 +438,22 @@ def restore_built(model: RankingModel, ckpt: tf.train.Checkpoint, prefix: str, o
     embedding tables and their slots are built first (TFRS and TPUEmbeddingV2 create them lazily;
     a renamed stack then fails here); the dense network can only be built inside the training step
     there, so the existing objects are checked now and everything once the first step has run
-    (`_Checkpointer`). Returns the restore status."""
+    (`_Checkpointer`).
+
+    Args:
+      model: the training model.
+      ckpt: the run's checkpoint object (holding the model).
+      prefix: the checkpoint to restore.
+      on_tpu: whether the model trains under a TPU strategy.
+      strategy: the training strategy.
+      sample: a batch of features (`sample_batch`) that builds the model off TPU.
+
+    Returns:
+      The restore status.
+
+    Raises:
+      sparsecore_state.LayoutMismatch: the checkpoint does not hold this model's variables.
+    """
     with strategy.scope():
         if on_tpu:
             if model.embedding_layer is not None:
@@ -320,7 +476,17 @@ def restore_built(model: RankingModel, ckpt: tf.train.Checkpoint, prefix: str, o
 
 
 def state_dir(cfg: PipelineConfig, model_uri: str, train_files) -> str:
-    """Where checkpoints of an unfinished run live: stable across executions of the same training."""
+    """Where checkpoints of an unfinished run live: stable across executions of the same training.
+
+    Args:
+      cfg: the pipeline config (`training.checkpoint_dir`).
+      model_uri: the Model artifact's directory.
+      train_files: the train split's file patterns.
+
+    Returns:
+      training.checkpoint_dir when set; else `<pipeline root>/Trainer/training_state/<key>`, the
+      key fingerprinting the config and the examples.
+    """
     if cfg.training.checkpoint_dir:
         return cfg.training.checkpoint_dir
     key = hashlib.sha256((cfg.to_json() + "\n" + examples_root(train_files)).encode()).hexdigest()[:16]
@@ -383,122 +549,218 @@ class _Progress:
         self._last = (now, n)
 
 
+@dataclasses.dataclass
+class _Hardware:
+    """Where the run trains: the strategy, its replicas, each replica's batch, the checkpoint layout."""
+
+    strategy: tf.distribute.Strategy
+    on_tpu: bool
+    replicas: int
+    per_replica: int
+    layout: CheckpointLayout
+
+
+@dataclasses.dataclass
+class _Checkpoints:
+    """The run's checkpoints in its state directory, and the step training starts from."""
+
+    ckpt: tf.train.Checkpoint
+    manager: tf.train.CheckpointManager
+    step: tf.Variable  # the dense optimizer's iterations: one dense update per training step
+    signature: Dict[str, Any]  # what the state's checkpoints hold (sparsecore_state.plan_signature)
+    start: int = 0
+    resumed_from: Optional[str] = None
+    # (restore status, checkpoint) of a resume or warm start, checked again after a TPU step
+    restored: Optional[Tuple[Any, str]] = None
+
+
 def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, train_files, eval_files,
           state: str, log_dir: Optional[str] = None, train_steps: Optional[int] = None, warm_from=None,
           train_rows: Optional[int] = None):
-    """Builds, checks and trains (resuming from `state` when it holds a checkpoint; else, given
-    `warm_from` (warm_start.PreviousModel), starting from the last blessed model's weights: the
-    record's `warm_start` says what carried over). With `training.early_stopping`, a held-out
-    slice of the train split (`train_rows` rows: its size) picks the checkpoint and may stop
-    training early (selection.py); `eval_files` are not read here.
-    Returns (the model's checkpoint: the best on the slice, else the last; TPU-rules report;
-    training-run record); the record's `checkpoint_layout` is how the checkpoint holds the tables
-    (`plan.with_run` takes it); `finish` does the rest."""
+    """Builds, checks and trains the model, resuming or warm-starting it.
+
+    A run resumes from `state` when it holds a checkpoint; else, given `warm_from`, it starts from
+    the last blessed model's weights. With `training.early_stopping`, a held-out slice of the train
+    split picks the checkpoint and may stop training early (selection.py). `finish` does the rest.
+
+    Args:
+      cfg: the pipeline config.
+      plan: the embedding plan (`run_plan.derive_plan`, with the vocabularies' location).
+      manifest: preprocessing's manifest.
+      train_files: the transformed train split's file patterns.
+      eval_files: the eval split's file patterns; not read here (the validation gate's split).
+      state: the state directory holding the run's checkpoints (`state_dir`).
+      log_dir: TensorBoard's log directory, None for none.
+      train_steps: the run's length; defaults to training.train_steps.
+      warm_from: the last blessed model to start from (warm_start.PreviousModel), None for a fresh start.
+      train_rows: the train split's row count, which sizes the held-out slice.
+
+    Returns:
+      (checkpoint, rules, run): the model's checkpoint prefix (the best on the slice, else the
+      last), the TPU-rules report, and the training-run record, whose `checkpoint_layout` is how
+      the checkpoint holds the tables (`plan.with_run` takes it) and whose `warm_start` says what
+      carried over.
+
+    Raises:
+      ValueError: no training length, a batch size the replicas do not divide, or a checkpoint
+        beyond the run's length.
+      RuntimeError: training did not end at the expected step, or its checkpoint is missing.
+      PlanError, TPURulesError, sparsecore_state.LayoutMismatch: the plan, the input or the state
+        does not fit this hardware or this model.
+    """
     t = cfg.training
     tf.keras.utils.set_random_seed(t.seed)
     steps = train_steps or t.train_steps
     if not steps:
-        raise ValueError("no training length: pass train_steps (run_fn derives it: plan.training_steps)")
+        raise ValueError("no training length: pass train_steps (run_fn derives it: run_plan.training_steps)")
     holdout = t.holdout_fraction(train_rows)
     # Evaluations fall on checkpoints: with early stopping, at least `evaluations` over the run.
     every = min(t.checkpoint_every_steps, t.evaluation_every(steps)) if holdout else t.checkpoint_every_steps
+    hardware = _place_training(cfg)
+    plan, model = _build_training_model(cfg, plan, manifest, hardware)
+    rules = _check_rules_on_host(cfg, plan, manifest, train_files, hardware.per_replica)
+    checkpoints = _resume_from_state(cfg, plan, manifest, train_files, state, model, hardware, steps)
+    warm_report = _warm_start(cfg, plan, manifest, train_files, state, model, hardware, checkpoints, warm_from)
+    sparsecore_state.write_layout(state, hardware.layout, checkpoints.signature)  # what the checkpoints of this state hold (check_resumable)
+    if checkpoints.start > steps:
+        raise ValueError(f"checkpoint in {state} is at step {checkpoints.start}, beyond train_steps {steps}; remove it or raise train_steps")
+    selection = None
+    if holdout:
+        selection = HoldoutSelection(cfg, plan.with_run(checkpoint_layout=hardware.layout), manifest, train_files, state,
+                                     holdout, steps)
+        selection.prepare()
+    train_ds = _training_dataset(cfg, plan, manifest, train_files, hardware, checkpoints.start, holdout)
+    checkpointer = _fit(cfg, model, train_ds, hardware, checkpoints, selection, steps, every, log_dir)
+    checkpoint, run = _final_checkpoint(state, hardware, checkpoints, checkpointer, selection, steps, warm_report)
+    return checkpoint, rules, run
+
+
+def _place_training(cfg: PipelineConfig) -> _Hardware:
+    """The strategy, its replicas and the checkpoint layout they give; the batch must split evenly."""
+    t = cfg.training
     strategy = distribution_strategy(cfg)
     on_tpu = is_tpu_strategy(strategy)
     replicas = strategy.num_replicas_in_sync
     if t.batch_size % replicas:
         raise ValueError(f"training.batch_size {t.batch_size} must be a multiple of the {replicas} replicas")
     per_replica = t.batch_size // replicas
-    layout = checkpoint_layout(strategy, per_replica)
+    return _Hardware(strategy, on_tpu, replicas, per_replica, checkpoint_layout(strategy, per_replica))
+
+
+def _build_training_model(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest,
+                          hardware: _Hardware) -> Tuple[EmbeddingPlan, RankingModel]:
+    """(the plan sized for the hardware, the compiled training model built under the strategy)."""
     # What this TPU cannot train is refused, and the plan sized for what it has, before anything is built.
-    plan = plan_for_hardware(plan, strategy, on_tpu)
-    if layout.kind == "B":
+    plan = plan_for_hardware(plan, hardware.strategy, hardware.on_tpu)
+    if hardware.layout.kind == LayoutKind.B:
         # What SparseCore cannot train stops the run here, before anything is built or read.
-        check_sparsecore_features({n: c for n, c in plan_lib.feature_configs(plan, output_batch=per_replica, on_tpu=True).items()
-                                   if n in manifest.categorical_names and plan.feature_table(n).placement == "tpu_embedding"})
-    with strategy.scope():
-        model = build_model(plan, manifest, cfg, for_training=True, on_tpu=on_tpu, per_replica_batch=per_replica)
+        check_sparsecore_features({n: c for n, c in tf_objects.feature_configs(plan, output_batch=hardware.per_replica, on_tpu=True).items()
+                                   if n in manifest.categorical_names and plan.feature_table(n).placement == Placement.TPU_EMBEDDING})
+    with hardware.strategy.scope():
+        model = build_model(plan, manifest, cfg, for_training=True, on_tpu=hardware.on_tpu,
+                            per_replica_batch=hardware.per_replica)
         model.compile(
             optimizer=model.dense_optimizer,
             loss=tf.keras.losses.BinaryCrossentropy(),
-            steps_per_execution=t.steps_per_execution,
+            steps_per_execution=cfg.training.steps_per_execution,
         )
+    return plan, model
+
+
+def _check_rules_on_host(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, train_files,
+                         per_replica: int) -> Dict[str, Any]:
+    """The TPU-rules report of the training input and a CPU twin of the model (tpu_rules.py)."""
+    t = cfg.training
     # The check runs on the host with a CPU twin of the model on every platform (the training
     # model may live on a TPU); the same input feeds the step.
     check_model = build_model(plan, manifest, cfg, for_training=False)
     # TensorCore-table features are fed as padded dense IDs on every platform: the TPU step's input.
-    widths = plan_lib.dense_id_widths(plan)
-    rules = check_tpu_rules(
+    widths = tf_objects.dense_id_widths(plan)
+    return check_tpu_rules(
         check_model, plan,
         make_dataset(train_files, manifest, per_replica, training=True, seed=t.seed, dense_id_widths=widths,
-                     sequence_lengths=plan_lib.sequence_lengths(plan)),
+                     sequence_lengths=tf_objects.sequence_lengths(plan)),
     )
 
+
+def _resume_from_state(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, train_files, state: str,
+                       model: RankingModel, hardware: _Hardware, steps: int) -> _Checkpoints:
+    """The run's checkpoint manager over `state`, with the state's last checkpoint restored if any."""
     step = model.dense_optimizer.iterations  # one dense update per training step
     ckpt = tf.train.Checkpoint(model=model)
     manager = tf.train.CheckpointManager(ckpt, state, max_to_keep=2)
-    start, resumed_from = 0, manager.latest_checkpoint
-    signature = sparsecore_state.plan_signature(plan, layout, cfg, manifest.dense_names)
-    restored = None  # (restore status, checkpoint) of a resume or warm start, checked again after a TPU step
+    checkpoints = _Checkpoints(ckpt, manager, step, signature=sparsecore_state.plan_signature(
+        plan, hardware.layout, cfg, manifest.dense_names), resumed_from=manager.latest_checkpoint)
+    resumed_from = checkpoints.resumed_from
     if resumed_from:
         # Only under the table layout and the plan it was written with (TF cannot map SparseCore
         # stacks; a table added, removed or reshaped would start fresh), checked before anything is restored.
-        sparsecore_state.check_resumable(state, resumed_from, layout, signature)
-        restored = (restore_built(model, ckpt, resumed_from, on_tpu, strategy, sample_batch(
-            train_files, manifest, plan, per_replica)), resumed_from)
-        start = int(step.numpy())
-        logging.info("resuming from %s at step %d of %d", resumed_from, start, steps)
+        sparsecore_state.check_resumable(state, resumed_from, hardware.layout, checkpoints.signature)
+        checkpoints.restored = (restore_built(model, ckpt, resumed_from, hardware.on_tpu, hardware.strategy, sample_batch(
+            train_files, manifest, plan, hardware.per_replica)), resumed_from)
+        checkpoints.start = int(step.numpy())
+        logging.info("resuming from %s at step %d of %d", resumed_from, checkpoints.start, steps)
+    return checkpoints
+
+
+def _warm_start(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, train_files, state: str,
+                model: RankingModel, hardware: _Hardware, checkpoints: _Checkpoints,
+                warm_from) -> Optional[Dict[str, Any]]:
+    """Starts a fresh run from the last blessed model's weights; returns what carried over (None: no warm start)."""
     warm_report = None
     warm_report_path = os.path.join(state, "warm_start", "report.json")
-    if resumed_from and warm_from is not None and tf.io.gfile.exists(warm_report_path):
+    if checkpoints.resumed_from and warm_from is not None and tf.io.gfile.exists(warm_report_path):
         # A killed run that had warm-started: its checkpoint holds the carried weights already.
-        warm_report = dict(json.loads(io_utils.read_string_file(warm_report_path)), resumed_from=resumed_from)
-    if not resumed_from and warm_from is not None:
+        warm_report = dict(json.loads(io_utils.read_string_file(warm_report_path)), resumed_from=checkpoints.resumed_from)
+    if not checkpoints.resumed_from and warm_from is not None:
         # The previous model's weights in this model's checkpoint, written by a host twin and
         # restored as a resumed run restores its own (warm_start.py).
-        from components.embedding_trainer.warm_start import warm_start_checkpoint
-
         with tf.device("/cpu:0"):
             twin = build_model(plan, manifest, cfg, for_training=True)
-            sample = sample_batch(train_files, manifest, plan, per_replica)
+            sample = sample_batch(train_files, manifest, plan, hardware.per_replica)
             twin(sample)
             twin.create_optimizer_slots()
             warm_prefix = os.path.join(state, "warm_start", "ckpt")
-            warm_report = warm_start_checkpoint(warm_from, cfg, plan, manifest, twin, warm_prefix)
+            warm_report = warm_start.warm_start_checkpoint(warm_from, cfg, plan, manifest, twin, warm_prefix)
         del twin
-        if layout.kind == "B":
-            warm_report["sparse_core"] = warm_start_sparse_core(model, plan, layout, warm_prefix, strategy)
+        if hardware.layout.kind == LayoutKind.B:
+            warm_report["sparse_core"] = warm_start_sparse_core(model, plan, hardware.layout, warm_prefix, hardware.strategy)
         else:
-            restored = (restore_built(model, ckpt, warm_prefix, on_tpu, strategy, sample), warm_prefix)
+            checkpoints.restored = (restore_built(model, checkpoints.ckpt, warm_prefix, hardware.on_tpu, hardware.strategy,
+                                                  sample), warm_prefix)
         with tf.io.gfile.GFile(warm_report_path, "w") as fh:  # for a resumed execution's record
             fh.write(json.dumps(warm_report, sort_keys=True))
-        if int(step.numpy()) != 0:
-            raise RuntimeError(f"warm start restored step {int(step.numpy())}; expected a fresh step counter")
-    sparsecore_state.write_layout(state, layout, signature)  # what the checkpoints of this state hold (check_resumable)
-    if start > steps:
-        raise ValueError(f"checkpoint in {state} is at step {start}, beyond train_steps {steps}; remove it or raise train_steps")
+        if int(checkpoints.step.numpy()) != 0:
+            raise RuntimeError(f"warm start restored step {int(checkpoints.step.numpy())}; expected a fresh step counter")
+    return warm_report
 
-    selection = None
-    if holdout:
-        from components.embedding_trainer.selection import HoldoutSelection
 
-        selection = HoldoutSelection(cfg, plan.with_run(checkpoint_layout=layout), manifest, train_files, state,
-                                     holdout, steps)
-        selection.prepare()
-    train_input = training_input(train_files, manifest, plan, t, per_replica, start, replicas, holdout)
-    if on_tpu:
+def _training_dataset(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, train_files,
+                      hardware: _Hardware, start: int, holdout: float):
+    """The training input from step `start`, distributed over the replicas as the strategy needs it."""
+    train_input = training_input(train_files, manifest, plan, cfg.training, hardware.per_replica, start,
+                                 hardware.replicas, holdout)
+    if hardware.on_tpu:
         # Sparse features stay on the host for the TPU embedding enqueue.
         options = tf.distribute.InputOptions(experimental_fetch_to_device=False)
-        train_ds = strategy.distribute_datasets_from_function(train_input, options)
-    elif replicas > 1:
-        train_ds = strategy.distribute_datasets_from_function(train_input)
-    else:
-        train_ds = train_input()
-    checkpointer = _Checkpointer(manager, step, steps, _Progress(steps, t.batch_size) if progress.enabled() else None,
-                                 selection, restored if on_tpu else None)
+        return hardware.strategy.distribute_datasets_from_function(train_input, options)
+    if hardware.replicas > 1:
+        return hardware.strategy.distribute_datasets_from_function(train_input)
+    return train_input()
+
+
+def _fit(cfg: PipelineConfig, model: RankingModel, train_ds, hardware: _Hardware, checkpoints: _Checkpoints,
+         selection: Optional[HoldoutSelection], steps: int, every: int, log_dir: Optional[str]) -> _Checkpointer:
+    """Trains from the start step to `steps`, checkpointing every `every` steps; returns the checkpointer."""
+    t = cfg.training
+    start = checkpoints.start
+    checkpointer = _Checkpointer(checkpoints.manager, checkpoints.step, steps,
+                                 _Progress(steps, t.batch_size) if progress.enabled() else None,
+                                 selection, checkpoints.restored if hardware.on_tpu else None)
     callbacks = [checkpointer]
     progress.phase(progress.TRAINER, f"training {steps:,} steps of {t.batch_size} examples"
                                      + (f", resuming at step {start:,}" if start else "")
-                                     + f" ({type(strategy).__name__}, {replicas} replica(s))")
+                                     + f" ({type(hardware.strategy).__name__}, {hardware.replicas} replica(s))")
     if log_dir:
         # Batch-level loss about 100 times a run too (the run report's training curve), not only per epoch.
         callbacks.append(tf.keras.callbacks.TensorBoard(log_dir=log_dir, update_freq=max(1, steps // 100)))
@@ -511,7 +773,15 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
             callbacks=callbacks,
             verbose=2,
         )
-    final_step = int(step.numpy())
+    return checkpointer
+
+
+def _final_checkpoint(state: str, hardware: _Hardware, checkpoints: _Checkpoints, checkpointer: _Checkpointer,
+                      selection: Optional[HoldoutSelection], steps: int,
+                      warm_report: Optional[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
+    """(the model's checkpoint: the best on the slice, else the last; the training-run record)."""
+    manager = checkpoints.manager
+    final_step = int(checkpoints.step.numpy())
     if selection is not None and selection.due(final_step) and not any(
             e["step"] == final_step for e in selection.record["evaluations"]):
         # a run killed between its last checkpoint and that checkpoint's evaluation
@@ -525,20 +795,20 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
     chosen = selection.best_checkpoint() if selection is not None else None
     run = {
         "final_step": final_step,
-        "resumed_from_step": start,
-        "resumed_from_checkpoint": resumed_from,
+        "resumed_from_step": checkpoints.start,
+        "resumed_from_checkpoint": checkpoints.resumed_from,
         "checkpoint_steps": checkpointer.saved_steps,
         "state_dir": state,
-        "replicas": replicas,
-        "per_replica_batch_size": per_replica,
-        "strategy": type(strategy).__name__,
-        "checkpoint_layout": dataclasses.asdict(layout),
+        "replicas": hardware.replicas,
+        "per_replica_batch_size": hardware.per_replica,
+        "strategy": type(hardware.strategy).__name__,
+        "checkpoint_layout": dataclasses.asdict(hardware.layout),
         "warm_start": warm_report,
         # the step of the checkpoint kept as the model, and how it was chosen
         "model_step": selection.record["best_step"] if chosen else final_step,
         "selection": selection.record if selection is not None else None,
     }
-    return chosen or final_checkpoint, rules, run
+    return chosen or final_checkpoint, run
 
 
 def finish(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, checkpoint_path: str,
@@ -547,10 +817,19 @@ def finish(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifes
     the final checkpoint (exporter's restore.py: dense weights restored, tables read in whatever
     layout the platform saved them), evaluated on the whole eval split and saved as the Trainer's
     SavedModel. Nothing here touches the training model or its strategy (a TFRS layer built under
-    TPUStrategy refuses calls outside `strategy.run`)."""
-    from components.embedding_model.restore import model_from_checkpoint
-    from components.embedding_model.saving import save_serving_model
+    TPUStrategy refuses calls outside `strategy.run`).
 
+    Args:
+      cfg: the pipeline config.
+      plan: the embedding plan with the run's checkpoint layout.
+      manifest: preprocessing's manifest.
+      checkpoint_path: the model's checkpoint.
+      eval_files: the eval split's file patterns.
+      serving_model_dir: where the SavedModel goes.
+
+    Returns:
+      (metrics, model): `evaluation.evaluate`'s metrics on the eval split and the CPU model.
+    """
     eval_ds = make_dataset(eval_files, manifest, cfg.training.batch_size, training=False)
     # Pinned to the host CPU: on a TPU VM nothing here may be placed on (or compiled for) the TPU.
     with tf.device("/cpu:0"):
@@ -561,30 +840,30 @@ def finish(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifes
     return metrics, model
 
 
-def copy_checkpoint(checkpoint_path: str, directory: str) -> str:
-    """Copies one checkpoint (index and data files) into `directory` with its `checkpoint` state
-    file, so tf.train.latest_checkpoint(directory) finds it. Returns the new prefix."""
-    tf.io.gfile.makedirs(directory)
-    base = os.path.basename(checkpoint_path)
-    for src in tf.io.gfile.glob(checkpoint_path + ".*"):
-        tf.io.gfile.copy(src, os.path.join(directory, os.path.basename(src)), overwrite=True)
-    # Relative to the directory (as CheckpointManager writes it), so the artifact can be copied or moved.
-    tf.compat.v1.train.update_checkpoint_state(directory, base, all_model_checkpoint_paths=[base])
-    return os.path.join(directory, base)
-
-
 def continuous_start(cfg: PipelineConfig, base_model: Optional[str], manifest: VocabularyManifest,
                      statistics: Optional[EmbeddingStatistics]) -> Dict[str, Any]:
     """Before training: the last blessed model (TFX's `base_model`: the pipeline's LastBlessedModel
     output, which points at the Trainer model of the version served at the push destination; or a
     Trainer model itself) and the drift from its data, which stops the run past `continuous.drift`
-    (warm_start.py). Returns the record of `continuous.json`, with `previous` (the model to start
-    from) when warm-starting."""
+    (warm_start.py).
+
+    Args:
+      cfg: the pipeline config (`continuous`).
+      base_model: TFX's `base_model`, None or empty on a first run.
+      manifest: this run's manifest.
+      statistics: this run's statistics.
+
+    Returns:
+      The record of `continuous.json`: base_model, drift, registry and a note, with `previous`
+      (a warm_start.PreviousModel) when warm-starting.
+
+    Raises:
+      warm_start.DriftStop: the data drifted past `continuous.drift`.
+      warm_start.WarmStartError: `base_model` is not a usable Trainer Model (and no registry
+        lookup stands behind it).
+    """
     if not base_model:
         return {"base_model": None, "drift": None, "note": "no blessed model yet: trained from scratch"}
-    from components.embedding_trainer import warm_start
-    from components.model_registry.registry import read_lookup
-
     found = read_lookup(base_model)
     registry = None
     if found is not None:
@@ -619,15 +898,25 @@ def continuous_start(cfg: PipelineConfig, base_model: Optional[str], manifest: V
 
 @progress.staged(progress.TRAINER)
 def run_fn(fn_args) -> None:
+    """Trains, evaluates and saves the model into the Trainer's Model artifact (module docstring).
+
+    Args:
+      fn_args: TFX's FnArgs: custom_config (the config under CONFIG_KEY), train_files, eval_files,
+        serving_model_dir, model_run_dir, train_steps and, in a continuous pipeline, base_model.
+
+    Raises:
+      LedgerError: the row ledger of the examples does not add up.
+      ValueError, RuntimeError, PlanError, DriftStop: from the steps it runs (`train`, `continuous_start`).
+    """
     cfg = config_of(fn_args.custom_config)
     manifest = read_manifest_for(fn_args.train_files)
     statistics = read_statistics_for(fn_args.train_files)
     # No training on rows that were lost (or invented) on the way: the ledger must add up.
     check_ledger(statistics.ledger if statistics else None, "Trainer")
-    plan = plan_lib.derive_plan(cfg, manifest, statistics).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    plan = derive_plan(cfg, manifest, statistics).with_run(vocabulary_dir=manifest.vocabulary_dir)
     model_root = os.path.dirname(fn_args.serving_model_dir.rstrip("/"))
     state = state_dir(cfg, model_root, fn_args.train_files)
-    length = plan_lib.training_steps(cfg, statistics, fn_args.train_steps)
+    length = training_steps(cfg, statistics, fn_args.train_steps)
     continuous = continuous_start(cfg, getattr(fn_args, "base_model", None), manifest, statistics)
     checkpoint, rules, run = train(
         cfg, plan, manifest, fn_args.train_files, fn_args.eval_files, state,
@@ -639,15 +928,13 @@ def run_fn(fn_args) -> None:
     # The final state (weights and optimizer slots, as the training platform saved them) goes into
     # the artifact; the state dir is removed below. Evaluation and the SavedModel come from it.
     plan = plan.with_run(checkpoint_layout=CheckpointLayout(**run["checkpoint_layout"]))
-    copy_checkpoint(checkpoint, os.path.join(model_root, CHECKPOINT_DIR))
+    copy_checkpoint(checkpoint, os.path.join(model_root, artifacts.CHECKPOINT_DIR))
     progress.phase(progress.TRAINER, "evaluating on the eval split and saving the model")
     metrics, _ = finish(cfg, plan, manifest, checkpoint, fn_args.eval_files, fn_args.serving_model_dir)
     progress.evaluated(progress.TRAINER, run["final_step"], {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
     if cfg.validation.baseline.enabled:
         progress.phase(progress.TRAINER, "training the logistic-regression baseline (the validation gate's reference)")
         # The validation gate's reference (exporter): a logistic regression on the same batches.
-        from components.embedding_trainer.baseline import train_baseline
-
         metrics["baseline"] = train_baseline(cfg, plan, manifest, fn_args.train_files, fn_args.eval_files,
                                              model_steps=length["steps"], train_rows=length.get("train_rows"))
         if isinstance(metrics["baseline"], dict) and metrics["baseline"].get("auc") is not None:
@@ -655,8 +942,8 @@ def run_fn(fn_args) -> None:
     logging.info("eval metrics: %s", metrics)
     # The config travels with the model so the standalone exporter CLI can rebuild it without one.
     for name, obj in ((artifacts.EMBEDDING_MANIFEST_FILE, manifest.to_dict()), (artifacts.PLAN_FILE, plan.to_dict()),
-                      (EVAL_METRICS_FILE, metrics), (TPU_RULES_FILE, rules), (TRAINING_RUN_FILE, run),
-                      (CONFIG_FILE, json.loads(cfg.to_json())), (artifacts.CONTINUOUS_FILE, continuous),
+                      (artifacts.EVAL_METRICS_FILE, metrics), (artifacts.TPU_RULES_FILE, rules), (artifacts.TRAINING_RUN_FILE, run),
+                      (artifacts.TRAINER_CONFIG_FILE, json.loads(cfg.to_json())), (artifacts.CONTINUOUS_FILE, continuous),
                       # The next run's drift reference (warm_start.drift).
                       (artifacts.EMBEDDING_STATISTICS_FILE, statistics.to_dict() if statistics else None)):
         if obj is None:

@@ -3,7 +3,7 @@
 The pipeline's LastBlessedModel step hands the Trainer (`base_model`) a pointer to the Trainer
 Model of the version served at the push destination (components/model_registry). That Trainer
 Model holds everything needed (trainer_module): the final checkpoint, the plan, the manifest (its
-`vocabulary_dir` names the previous vocabularies) and, from this version on, the statistics.
+`vocabulary_dir` names the previous vocabularies) and, when it has them, the statistics.
 
 Warm start = one training checkpoint in *this* run's model, written before training and restored
 by `train` as a resumed run restores its own (so the same restore path serves every platform):
@@ -34,9 +34,9 @@ import math
 import os
 import tempfile
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
-import components  # noqa: F401
+import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import numpy as np
 import tensorflow as tf
 from tfx.utils import io_utils
@@ -46,7 +46,10 @@ from components.contracts import artifacts
 from components.contracts.manifest import VocabularyEntry, VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
 from components.contracts.statistics import EmbeddingStatistics
-from components.embedding_model import model
+from components.embedding_model.checkpoint_keys import CHECKPOINT_ROOT, VARIABLE_VALUE, table_checkpoint_key
+from components.embedding_model.model import RankingModel
+from components.embedding_model.restore import open_checkpoint_tables
+from components.config.choices import VocabularyKind
 
 TOKEN_KINDS = ("counted", "list", "file")  # vocabularies whose rows are tokens (manifest kind)
 # Kept fresh: optimizer step counters and hyperparameters (this run's config), the save counter.
@@ -67,6 +70,16 @@ class WarmStartError(RuntimeError):
 
 @dataclass
 class PreviousModel:
+    """The last blessed Trainer Model: what a warm start and the drift check read from it.
+
+    Attributes:
+      uri: the Model artifact's directory.
+      plan: its embedding plan.
+      manifest: its preprocessing manifest (`vocabulary_dir`: its vocabularies).
+      checkpoint: its final checkpoint's prefix.
+      statistics: its training data's statistics, None when it has no copy.
+    """
+
     uri: str
     plan: EmbeddingPlan
     manifest: VocabularyManifest
@@ -75,8 +88,17 @@ class PreviousModel:
 
 
 def previous_model(base_model: str) -> PreviousModel:
-    """The last blessed Trainer Model from TFX's `fn_args.base_model` (its serving directory) or
-    its artifact directory."""
+    """Reads the last blessed Trainer Model.
+
+    Args:
+      base_model: TFX's `fn_args.base_model` (the model's serving directory) or its artifact directory.
+
+    Returns:
+      The model's plan, manifest, checkpoint and statistics.
+
+    Raises:
+      WarmStartError: the directory holds no plan, manifest or checkpoint.
+    """
     uri = base_model.rstrip("/")
     if os.path.basename(uri) == artifacts.SERVING_DIR:
         uri = os.path.dirname(uri)
@@ -104,13 +126,25 @@ def previous_model(base_model: str) -> PreviousModel:
 
 
 def read_lines(path: str) -> List[bytes]:
+    """The lines of a file on any filesystem tf.io.gfile reads, as bytes without their newlines."""
     with tf.io.gfile.GFile(path, "rb") as fh:
         data = fh.read()
     return data.split(b"\n")[:-1] if data else []
 
 
 def table_tokens(manifest: VocabularyManifest, table: str) -> Optional[List[bytes]]:
-    """The table's vocabulary (line i = row i), None for hashed and identity tables (no tokens)."""
+    """A table's vocabulary tokens, line i being row i.
+
+    Args:
+      manifest: the manifest that names the vocabulary.
+      table: the vocabulary's table.
+
+    Returns:
+      The tokens, None for hashed and identity tables (no tokens).
+
+    Raises:
+      WarmStartError: the vocabulary file is gone.
+    """
     entry = manifest.vocabulary(table)
     if entry.kind not in TOKEN_KINDS:
         return None
@@ -122,7 +156,15 @@ def table_tokens(manifest: VocabularyManifest, table: str) -> Optional[List[byte
 
 
 def table_counts(manifest: VocabularyManifest, table: str) -> Optional[Dict[bytes, float]]:
-    """{token: train-split count} of a token vocabulary (`<count> <token>` lines), None if absent."""
+    """The train-split count of each token of a table's vocabulary.
+
+    Args:
+      manifest: the manifest that names the vocabulary.
+      table: the vocabulary's table.
+
+    Returns:
+      {token: count} from its `<count> <token>` lines, None for a vocabulary without tokens or counts.
+    """
     entry = manifest.vocabulary(table)
     path = os.path.join(manifest.vocabulary_dir, entry.counts_file)
     if entry.kind not in TOKEN_KINDS or not tf.io.gfile.exists(path):
@@ -136,7 +178,13 @@ def table_counts(manifest: VocabularyManifest, table: str) -> Optional[Dict[byte
 
 @dataclass
 class RowMap:
-    """Rows of this run's table taken from the previous one: new[i] <- old[i]."""
+    """Rows of this run's table taken from the previous one: new[i] <- old[i].
+
+    Attributes:
+      new: int64 row IDs in this run's table, shape [n].
+      old: int64 row IDs in the previous table, shape [n].
+      report: what carried over (tokens carried, new and dropped; OOV buckets).
+    """
 
     new: np.ndarray
     old: np.ndarray
@@ -145,7 +193,17 @@ class RowMap:
 
 def row_map(old: VocabularyEntry, old_tokens: Optional[List[bytes]], new: VocabularyEntry,
             new_tokens: Optional[List[bytes]]) -> RowMap:
-    """Which rows carry over between two vocabularies of one table (module docstring's rules)."""
+    """Which rows carry over between two vocabularies of one table (module docstring's rules).
+
+    Args:
+      old: the previous vocabulary's entry.
+      old_tokens: its tokens (None without tokens).
+      new: this run's vocabulary's entry.
+      new_tokens: its tokens (None without tokens).
+
+    Returns:
+      The row map and its report.
+    """
     new_rows: List[int] = []
     old_rows: List[int] = []
     report: Dict[str, Any] = {"kind": new.kind, "rows": new.rows, "previous_rows": old.rows}
@@ -161,7 +219,7 @@ def row_map(old: VocabularyEntry, old_tokens: Optional[List[bytes]], new: Vocabu
         dropped = [t for t in old_tokens if t not in present]  # most frequent first (vocabulary order)
         report.update(tokens_carried=carried, tokens_new=len(new_tokens) - carried, tokens_dropped=len(dropped),
                       dropped_examples=[t.decode("utf-8", "replace") for t in dropped[:TOP_DROPPED]])
-    elif new.kind == old.kind == "identity":
+    elif new.kind == old.kind == VocabularyKind.IDENTITY:
         n = min(old.size, new.size)
         new_rows, old_rows = list(range(n)), list(range(n))
         report.update(ids_carried=n)
@@ -183,21 +241,38 @@ def row_map(old: VocabularyEntry, old_tokens: Optional[List[bytes]], new: Vocabu
 
 
 def table_key_prefixes(plan: EmbeddingPlan) -> Dict[str, str]:
-    """{table: its variable's object path} (a table's slots hang under it: `.OPTIMIZER_SLOT/...`)."""
-    return {t: model.table_checkpoint_key(t, p.placement)[: -len(model.VARIABLE_VALUE)] for t, p in plan.tables.items()}
+    """Each table's variable's object path in a training checkpoint.
+
+    Args:
+      plan: the embedding plan (tables and placements).
+
+    Returns:
+      {table: object path}; a table's slots hang under it (`.OPTIMIZER_SLOT/...`).
+    """
+    return {t: table_checkpoint_key(t, p.placement)[: -len(VARIABLE_VALUE)] for t, p in plan.tables.items()}
 
 
 def warm_start_checkpoint(prev: PreviousModel, cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest,
-                          fresh: model.RankingModel, out_prefix: str) -> Dict[str, Any]:
+                          fresh: RankingModel, out_prefix: str) -> Dict[str, Any]:
     """Writes at `out_prefix` a training checkpoint of `fresh` (this run's model, built, its
     optimizer slots created, on the host) holding the previous model's weights where they carry
     over (module docstring). Returns the carry-over report. One table (and its slots) is in memory
-    at a time: each is written as its own checkpoint shard, and the shards are merged."""
-    from components.embedding_model.restore import open_checkpoint_tables
+    at a time: each is written as its own checkpoint shard, and the shards are merged.
 
+    Args:
+      prev: the last blessed model.
+      cfg: the pipeline config (`continuous.carry_slots`).
+      plan: this run's embedding plan.
+      manifest: this run's manifest.
+      fresh: this run's model, built, its optimizer slots created, on the host.
+      out_prefix: where the checkpoint is written.
+
+    Returns:
+      The carry-over report: per table, the dense weights, and rows carried out of all rows.
+    """
     work = tempfile.mkdtemp(prefix="warm_start_")
     # `save`, not `write`: the trainer's checkpoint object has a save counter to bind too.
-    fresh_prefix = tf.train.Checkpoint(**{model.CHECKPOINT_ROOT: fresh}).save(os.path.join(work, "fresh"))
+    fresh_prefix = tf.train.Checkpoint(**{CHECKPOINT_ROOT: fresh}).save(os.path.join(work, "fresh"))
     new_reader = tf.train.load_checkpoint(fresh_prefix)
     old_reader = tf.train.load_checkpoint(prev.checkpoint)
     new_shapes, new_dtypes = new_reader.get_variable_to_shape_map(), new_reader.get_variable_to_dtype_map()
@@ -251,7 +326,7 @@ def _carry_table(table, keys, prev, manifest, plan, new_reader, old_reader, old_
     report = dict(mapping.report, slots_carried=[], slots_fresh=[])
     for key in keys:
         suffix = key[len(new_prefix):]
-        if suffix == model.VARIABLE_VALUE:
+        if suffix == VARIABLE_VALUE:
             old = old_tables.read(table)
         else:
             old_key = (old_prefix or "") + suffix
@@ -282,7 +357,7 @@ def _carry_rest(keys, new_reader, old_reader, old_shapes, carry_slots=True):
             elif slot:
                 report["slots_fresh"] += 1
             else:
-                report["weights_fresh"].append(key.replace(model.VARIABLE_VALUE, ""))
+                report["weights_fresh"].append(key.replace(VARIABLE_VALUE, ""))
         values[key] = value
     return values, report
 
@@ -291,7 +366,17 @@ def _carry_rest(keys, new_reader, old_reader, old_shapes, carry_slots=True):
 
 
 def drift(prev: PreviousModel, manifest: VocabularyManifest, statistics: Optional[EmbeddingStatistics]) -> Dict[str, Any]:
-    """This run's data against the previous model's (module docstring); figures only."""
+    """This run's data against the previous model's (module docstring); figures only.
+
+    Args:
+      prev: the last blessed model.
+      manifest: this run's manifest.
+      statistics: this run's statistics, None when it has none.
+
+    Returns:
+      {"tables", "features", "dense_features"} figures, with "unknown" or "unknown_tables" saying
+      what could not be compared.
+    """
     out: Dict[str, Any] = {"tables": {}, "features": {}, "dense_features": {}}
     for table, entry in sorted(manifest.vocabularies.items()):
         if table not in prev.manifest.vocabularies or entry.kind not in TOKEN_KINDS:
@@ -342,7 +427,15 @@ def _share(part: float, whole: float) -> float:
 
 
 def drift_violations(figures: Dict[str, Any], cfg: PipelineConfig) -> List[str]:
-    """Each `continuous.drift` limit this run crosses, as a sentence naming the figure and the field."""
+    """Each `continuous.drift` limit this run crosses.
+
+    Args:
+      figures: `drift`'s figures.
+      cfg: the pipeline config (`continuous.drift`).
+
+    Returns:
+      One sentence per limit crossed, naming the figure and the config field.
+    """
     d = cfg.continuous.drift
     out: List[str] = []
     for table, row in figures["tables"].items():
@@ -364,6 +457,16 @@ def drift_violations(figures: Dict[str, Any], cfg: PipelineConfig) -> List[str]:
 
 
 def check_drift(figures: Dict[str, Any], cfg: PipelineConfig, prev_uri: str) -> None:
+    """Stops the run when the data drifted past `continuous.drift`.
+
+    Args:
+      figures: `drift`'s figures.
+      cfg: the pipeline config.
+      prev_uri: the last blessed model (named in the error).
+
+    Raises:
+      DriftStop: a limit is crossed; the message lists each one and the way out.
+    """
     violations = drift_violations(figures, cfg)
     if violations:
         raise DriftStop(
