@@ -29,8 +29,10 @@ import tensorflow as tf  # noqa: E402
 import yaml  # noqa: E402
 
 from components.config.loading import parse_config  # noqa: E402
-from components.embedding_trainer import plan as plan_lib  # noqa: E402
+from components.embedding_model.tf_objects import dense_id_widths  # noqa: E402
+from components.embedding_trainer.run_plan import derive_plan  # noqa: E402
 from components.embedding_trainer import trainer_module as tm  # noqa: E402
+from components.embedding_trainer.evaluation import evaluate  # noqa: E402
 from components.embedding_model.input import make_dataset  # noqa: E402
 
 
@@ -57,9 +59,9 @@ def main() -> int:
     train_files = [os.path.join(args.examples, "Split-train", "*")]
     eval_files = [os.path.join(args.examples, "Split-eval", "*")]
     manifest = tm.read_manifest_for(train_files)
-    plan = plan_lib.derive_plan(cfg, manifest, tm.read_statistics_for(train_files))
+    plan = derive_plan(cfg, manifest, tm.read_statistics_for(train_files))
     tf.keras.utils.set_random_seed(t.seed)
-    train = make_dataset(train_files, manifest, t.batch_size, True, seed=t.seed, dense_id_widths=plan_lib.dense_id_widths(plan))
+    train = make_dataset(train_files, manifest, t.batch_size, True, seed=t.seed, dense_id_widths=dense_id_widths(plan))
     evaluation = make_dataset(eval_files, manifest, 1024, False)
     model = tm.build_model(plan, manifest, cfg, for_training=True)
     model.compile(optimizer=model.dense_optimizer, loss=tf.keras.losses.BinaryCrossentropy())
@@ -68,7 +70,7 @@ def main() -> int:
     print("step auc log_loss seconds", flush=True)
     for k in range(1, steps // args.every + 1):
         model.fit(train, epochs=1, steps_per_epoch=args.every, verbose=0)
-        m = tm.evaluate(model, evaluation)
+        m = evaluate(model, evaluation)
         print(k * args.every, f"{m['auc']:.4f}", f"{m['log_loss']:.4f}", f"{time.time() - start:.0f}", flush=True)
     print(json.dumps({"eval_examples": m["examples"], "positive_rate": round(m["positive_rate"], 4)}))
     return 0

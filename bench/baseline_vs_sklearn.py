@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import components  # noqa: E402,F401
 
 from bench.defaults_sweep import config_with, finished_run  # noqa: E402
-from components.embedding_trainer import plan as plan_lib  # noqa: E402
+from components.embedding_trainer.run_plan import derive_plan, training_steps  # noqa: E402
 from components.embedding_trainer.baseline import train_baseline  # noqa: E402
 from components.rules.metrics import roc_auc  # noqa: E402
 from tests.test_validation_gate import _one_hot  # noqa: E402  (the test's independent design matrix)
@@ -29,8 +29,8 @@ def main(output_dir: str, config_path: str, cs) -> None:
 
     train, evals, manifest, stats = finished_run(output_dir)
     cfg = config_with(config_path)
-    plan = plan_lib.derive_plan(cfg, manifest, stats)
-    length = plan_lib.training_steps(cfg, stats)
+    plan = derive_plan(cfg, manifest, stats)
+    length = training_steps(cfg, stats)
     start = time.time()
     ours = train_baseline(cfg, plan, manifest, train, evals, model_steps=length["steps"],
                           train_rows=stats.splits["train"]["examples_written"])

@@ -8,7 +8,7 @@ the pipeline output's ExampleGen Parquet files and vocabularies. Times, each ove
 - ExampleGen: two byte ranges of 64 MB through `ReadAndWriteRange` (CSV parsing, typing, the split
   hash, Parquet writing), then the independent line count of the same ranges (`count_range_lines`);
 - preprocessing's counting pass (`FeatureValueCounter.add`) over two train Parquet files;
-- the transform (the seeded row shuffle, `transform_record_batch`, the block encoding) over the same.
+- the transform (the seeded row shuffle, `transform_batch` and `batch_statistics`, the block encoding) over the same.
 Prints microseconds per row for each, the faster of two runs. `--profile PART` adds cProfile's top functions for one part.
 """
 from __future__ import annotations
@@ -37,9 +37,10 @@ def main() -> None:
     from tfx_bsl.coders import example_coder
 
     from components.config.loading import load_config
-    from components.config.loading import config_to_json
+    from components.config.serialization import config_to_json
     from components.embedding_preprocess import transform as transform_lib
     from components.embedding_preprocess import vocabulary
+    from components.embedding_preprocess.batch_statistics import batch_statistics
     from components.embedding_preprocess.beam_pipeline import shuffled_rows
     from components.embedding_preprocess.counting import FeatureValueCounter
     from components.example_gen import beam_io, ranges, split_hash
@@ -87,8 +88,10 @@ def main() -> None:
 
     def transform():
         for b in batches:
-            out, _, _ = transform_lib.transform_record_batch(cfg, lookups, shuffled_rows(b, cfg.training.seed), "train")
-            encoder.encode(transform_lib.to_blocks(cfg, out, cfg.transformed_examples.block_rows))
+            rb = shuffled_rows(b, cfg.training.seed)
+            transformed = transform_lib.transform_batch(cfg, lookups, rb)
+            batch_statistics(cfg, lookups, rb, transformed, "train")
+            encoder.encode(transform_lib.to_blocks(cfg, transformed.batch, cfg.transformed_examples.block_rows))
 
     parts = {"example_gen": example_gen, "line_count": line_count, "count": count, "transform": transform}
     for name, f in parts.items():

@@ -23,7 +23,7 @@ import components  # noqa: E402,F401
 
 from components.config.loading import parse_config  # noqa: E402
 from components.contracts.plan import CheckpointLayout  # noqa: E402
-from components.embedding_trainer import plan as plan_lib  # noqa: E402
+from components.embedding_trainer.run_plan import derive_plan, training_steps  # noqa: E402
 from components.embedding_trainer import trainer_module  # noqa: E402
 
 
@@ -49,8 +49,8 @@ def main(output_dir: str, config_path: str, candidates) -> None:
     train, evals, manifest, stats = finished_run(output_dir)
     for spec in candidates:
         cfg = config_with(config_path, json.loads(spec))
-        plan = plan_lib.derive_plan(cfg, manifest, stats).with_run(vocabulary_dir=manifest.vocabulary_dir)
-        length = plan_lib.training_steps(cfg, stats)
+        plan = derive_plan(cfg, manifest, stats).with_run(vocabulary_dir=manifest.vocabulary_dir)
+        length = training_steps(cfg, stats)
         work = tempfile.mkdtemp(prefix="sweep-")
         start = time.time()
         ckpt, _, run = trainer_module.train(cfg, plan, manifest, train, evals, os.path.join(work, "state"), train_steps=length["steps"],

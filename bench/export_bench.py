@@ -136,11 +136,12 @@ def build_checkpoints(work: str, gib: float) -> dict:
     from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
 
     from components.embedding_model import layouts as layouts_lib
+    from components.embedding_model.sparsecore_layout import recompute_sparse_core_layouts, stacked_variables
 
     per_table = gib * 2**30 / len(TABLE_DIMS)
     rows = {n: int(per_table // (d * 4)) + 3 for n, d in TABLE_DIMS.items()}  # +3: uneven, padded
     plan = _plan(rows)
-    layouts = layouts_lib.recompute_sparse_core_layouts(
+    layouts = recompute_sparse_core_layouts(
         [{"name": n, "rows": rows[n], "dim": d, "group": "adagrad", "samples": 128} for n, d in TABLE_DIMS.items()],
         NUM_CHIPS, SC_PER_CHIP,
     )
@@ -148,7 +149,7 @@ def build_checkpoints(work: str, gib: float) -> dict:
     values = {n: rng.standard_normal((rows[n], d), dtype=np.float32) for n, d in TABLE_DIMS.items()}
     a_names = [layouts_lib.table_key(n, "tpu_embedding") for n in values]
     a_tensors = list(values.values())
-    stacked = layouts_lib.stacked_variables(values, layouts)
+    stacked = stacked_variables(values, layouts)
     b_names = [layouts_lib.TPU_PREFIX + layouts_lib.escape_name(name) + layouts_lib.ATTR for name in stacked]
     b_tensors = list(stacked.values())
     stacks = {}
@@ -279,15 +280,16 @@ def run_latency(args) -> dict:
 
     from components.config.loading import config_from_json, load_config
     from components.embedding_exporter.export import export_serving_model
-    from components.embedding_preprocess import beam_pipeline
     from components.embedding_preprocess import vocabulary
+    from components.embedding_preprocess.transform import make_lookups, transform_batch
     from components.contracts.manifest import VocabularyManifest
     from components.embedding_trainer import trainer_module as tm
+    from components.contracts.artifacts import TRAINER_CONFIG_FILE
     from components.embedding_model.input import parse_batch
 
     model_dir = args.model or max(glob.glob(os.path.join(REPO, "output/demo/pipeline_root/Trainer/model/*")), key=os.path.getmtime)
     examples = args.examples or glob.glob(os.path.join(REPO, "output/demo/pipeline_root/EmbeddingExampleGen/examples/*/Split-eval"))[0] + "/*"
-    cfg_file = os.path.join(model_dir, tm.CONFIG_FILE)
+    cfg_file = os.path.join(model_dir, TRAINER_CONFIG_FILE)
     cfg = config_from_json(open(cfg_file).read()) if os.path.exists(cfg_file) else load_config(os.path.join(REPO, "configs/demo.yaml"))
     cfg.export.compare_compression = False
     cfg.export.auc_sample_size = 2048
@@ -310,9 +312,9 @@ def run_latency(args) -> dict:
         raw = read_raw_examples(examples, 2048)
         vocabs = {n: vocabulary.read_vocabulary(manifest.vocabulary_dir, n) for n in manifest.vocabularies}
         rb = example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(raw)
-        transformed, keep, _ = beam_pipeline.transform_record_batch(cfg, beam_pipeline.make_lookups(cfg, vocabs), rb, "bench")
-        raw = [r for r, k in zip(raw, keep) if k]
-        tx = example_coder.RecordBatchToExamplesEncoder().encode(transformed)
+        transformed = transform_batch(cfg, make_lookups(cfg, vocabs), rb)
+        raw = [r for r, k in zip(raw, transformed.keep) if k]
+        tx = example_coder.RecordBatchToExamplesEncoder().encode(transformed.batch)
         features, _ = parse_batch(tf.constant(tx[:8]), manifest)
         keras_model(features)
         tf.train.Checkpoint(model=keras_model).restore(tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))).expect_partial()

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import components  # noqa: E402,F401
 
 from bench.defaults_sweep import config_with, finished_run  # noqa: E402
-from components.embedding_trainer import plan as plan_lib  # noqa: E402
+from components.embedding_trainer.run_plan import derive_plan  # noqa: E402
 from components.rules.metrics import roc_auc  # noqa: E402
 from tests.test_validation_gate import _one_hot  # noqa: E402  (the test's independent design matrix)
 
@@ -45,7 +45,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
 
     train, evals, manifest, stats = finished_run(args.output_dir)
-    plan = plan_lib.derive_plan(config_with(args.config), manifest, stats)
+    plan = derive_plan(config_with(args.config), manifest, stats)
     x, y = _one_hot(train, manifest, plan)
     xe, ye = _one_hot(evals, manifest, plan)
     print(f"train {x.shape[0]:,} rows, eval {xe.shape[0]:,} rows, {x.shape[1]:,} columns", flush=True)

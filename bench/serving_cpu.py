@@ -68,14 +68,15 @@ def run(args) -> dict:
     from components.config.loading import config_from_json
     from components.embedding_exporter import export
     from components.embedding_exporter import serving
-    from components.embedding_trainer import trainer_module as tm
+    from components.embedding_model.restore import build_serving_model
+    from components.contracts.artifacts import TRAINER_CONFIG_FILE
     from components.embedding_model.input import feature_spec
 
     model_dir = args.model or max(glob.glob(os.path.join(REPO, "output/demo/pipeline_root/Trainer/model/*")), key=os.path.getmtime)
     root = os.path.dirname(os.path.dirname(os.path.dirname(model_dir)))  # the pipeline root
     raw_pattern = glob.glob(os.path.join(root, "EmbeddingExampleGen/examples/*/Split-eval"))[0] + "/*"
     pre_pattern = max(glob.glob(os.path.join(root, "EmbeddingPreprocess/transformed_examples/*/Split-eval")), key=os.path.getmtime) + "/*"
-    cfg = config_from_json(open(os.path.join(model_dir, tm.CONFIG_FILE)).read())
+    cfg = config_from_json(open(os.path.join(model_dir, TRAINER_CONFIG_FILE)).read())
     plan, manifest = export.read_model_plan(model_dir), export.read_model_manifest(model_dir)
     sample = export.read_eval_sample(cfg, manifest, raw_pattern)
     raw, pre = serving_floor._records(raw_pattern, args.batch), serving_floor._records(pre_pattern, args.batch)
@@ -83,7 +84,7 @@ def run(args) -> dict:
     fns = {}
     trainer = tf.saved_model.load(os.path.join(model_dir, "Format-Serving")).signatures["serving_default"]
     fns[TRAINER] = lambda: trainer(examples=pre)
-    model = export.build_serving_model(plan, manifest, cfg, "float32", sample.features)
+    model = build_serving_model(plan, manifest, cfg, "float32", sample.features)
     module = serving.ServingModule(model, serving.RawFeatureTransform(manifest, manifest.vocabulary_dir))
     fns[SERVING] = lambda: module.serve_examples(raw)
     groups = model.serving_fusion_groups()

@@ -85,10 +85,10 @@ def _stub(variant: str) -> None:
 def export_child(variant: str, model_dir: str, examples: str, out: str) -> None:
     from components.config.loading import config_from_json
     from components.embedding_exporter.export import export_serving_model
-    from components.embedding_trainer import trainer_module as tm
+    from components.contracts.artifacts import TRAINER_CONFIG_FILE
 
     _stub(variant)
-    cfg = config_from_json(open(os.path.join(model_dir, tm.CONFIG_FILE)).read())
+    cfg = config_from_json(open(os.path.join(model_dir, TRAINER_CONFIG_FILE)).read())
     cfg.export.compare_compression = False
     cfg.export.table_dtype = "float32"
     if variant != "full":

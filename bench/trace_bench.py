@@ -50,7 +50,8 @@ TRAIN_STEPS = 30
 
 def _model_and_batch(workdir: str):
     from components.config.loading import config_from_json
-    from components.embedding_trainer import plan as plan_lib
+    from components.embedding_model.tf_objects import dense_id_widths
+    from components.embedding_trainer.run_plan import derive_plan
     from components.embedding_trainer import trainer_module as tm
     from components.embedding_model.input import make_dataset
 
@@ -58,8 +59,8 @@ def _model_and_batch(workdir: str):
         cfg = config_from_json(fh.read())
     files = [os.path.join(workdir, "tx", "Split-train", "*")]
     manifest = tm.read_manifest_for(files)
-    plan = plan_lib.derive_plan(cfg, manifest, tm.read_statistics_for(files))
-    batch = next(iter(make_dataset(files, manifest, 64, training=True, seed=1, dense_id_widths=plan_lib.dense_id_widths(plan))))
+    plan = derive_plan(cfg, manifest, tm.read_statistics_for(files))
+    batch = next(iter(make_dataset(files, manifest, 64, training=True, seed=1, dense_id_widths=dense_id_widths(plan))))
     return cfg, plan, manifest, batch
 
 
@@ -106,6 +107,7 @@ class LibraryOps:
         import tensorflow as tf
 
         from components.embedding_exporter import serving_reference
+        from components.embedding_exporter.serving import _DTYPES
 
         self.saved = {k: getattr(serving_reference, k) for k in ("_keep", "_split", "_first_n", "_first_or_nan")}
         self.saved_spec = serving_reference.FeatureByFeatureTransform.example_spec
@@ -116,7 +118,7 @@ class LibraryOps:
         serving_reference._first_or_nan = lambda values: tf.cast(values[:, :1], tf.float32).to_tensor(
             default_value=float("nan"), shape=[None, 1])
         serving_reference.FeatureByFeatureTransform.example_spec = lambda self: {
-            c: tf.io.VarLenFeature(serving_reference._DTYPES[self.kinds[c]]) for c in self.raw_columns()}
+            c: tf.io.VarLenFeature(_DTYPES[self.kinds[c]]) for c in self.raw_columns()}
         serving_reference.FeatureByFeatureTransform.from_examples = lambda self, serialized: self._to_model_inputs({
             c: tf.RaggedTensor.from_sparse(t) for c, t in tf.io.parse_example(serialized, self.example_spec()).items()})
         return self

@@ -41,10 +41,12 @@ import components  # noqa: E402,F401
 import tensorflow as tf  # noqa: E402
 import tensorflow_recommenders as tfrs  # noqa: E402
 
-from components.embedding_trainer import plan as plan_lib  # noqa: E402
+from components.contracts.plan import optimizer_spec  # noqa: E402
+from components.embedding_model import tf_objects  # noqa: E402
+from components.embedding_trainer.run_plan import derive_plan  # noqa: E402
 from components.embedding_trainer import trainer_module as tm  # noqa: E402
 from components.embedding_model.input import make_dataset  # noqa: E402
-from components.embedding_model.model import _mlp  # noqa: E402
+from components.embedding_model.dense_tower import mlp as _mlp  # noqa: E402
 
 
 class PlainKerasDLRM(tf.keras.Model):
@@ -155,7 +157,7 @@ def main() -> int:
     manifest = tm.read_manifest_for(files)
     example_files = [os.path.join(workdir, "tx_examples", "Split-train", "*")]
     example_manifest = tm.read_manifest_for(example_files)
-    plan = plan_lib.derive_plan(cfg, manifest, tm.read_statistics_for(files))
+    plan = derive_plan(cfg, manifest, tm.read_statistics_for(files))
     t = cfg.training
     bs = t.batch_size
 
@@ -176,7 +178,7 @@ def main() -> int:
 
     # Ours gets the trainer's input (TensorCore-table features as padded dense IDs), the baseline
     # SparseTensors (it pads them itself).
-    widths = plan_lib.dense_id_widths(plan)
+    widths = tf_objects.dense_id_widths(plan)
     cached = input_ds().take(64).cache().repeat()
     cached_ours = input_ds(widths).take(64).cache().repeat()
     for _ in cached.take(64):  # fill the caches
@@ -186,8 +188,8 @@ def main() -> int:
 
     ours = tm.build_model(plan, manifest, cfg, for_training=True)
     ours.compile(optimizer=ours.dense_optimizer, loss=tf.keras.losses.BinaryCrossentropy())
-    plain = PlainKerasDLRM(plan, manifest, t, plan_lib.keras_optimizer(plan_lib.optimizer_spec(t.embedding_optimizer)),
-                           plan_lib.keras_optimizer(plan_lib.optimizer_spec(t.dense_optimizer)))
+    plain = PlainKerasDLRM(plan, manifest, t, tf_objects.keras_optimizer(optimizer_spec(t.embedding_optimizer)),
+                           tf_objects.keras_optimizer(optimizer_spec(t.dense_optimizer)))
     plain.compile(optimizer=plain.dense_optimizer, loss=tf.keras.losses.BinaryCrossentropy())
 
     results = {"ours": [], "plain_keras": [], "input": [], "input_per_row_examples": []}

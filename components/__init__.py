@@ -17,6 +17,7 @@ _ARTIFACT_TYPES = ("EmbeddingVocabulary", "EmbeddingStatistics")
 
 def __getattr__(name: str):
     if name in _ARTIFACT_TYPES:
+        # lazy: the artifact types load TFX; `import components` stays light for the config path
         from components.tfx_wiring import artifact_types
 
         return getattr(artifact_types, name)

@@ -20,14 +20,25 @@ import sys
 import components  # noqa: F401  (selects legacy Keras; light: imports no TensorFlow)
 from components.config.loading import load_config
 from components.config.schema import ConfigError
-from components.reporting import emit, error_line
+from components.example_gen.synthetic_data import GeneratorSpec, ensure_dataset
+from components.reporting.report import Report, emit, error_line
+from pipelines import runner
+from pipelines.continuous import run_spans, span_config
+from pipelines.kubeflow import compile_pipeline
+from pipelines.pipeline import input_location, stock_data_components
 from pipelines.runner import DEMO_ROWS, RunFailed
-from pipelines.summary import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PUSHED, summary_report
+from pipelines.summary import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NOT_PUSHED, EXIT_PUSHED, exit_status, summary_report
 
 
 def compile_command(args) -> int:
-    from pipelines.kubeflow import compile_pipeline
+    """Runs `compile`: writes the Kubeflow Pipelines v2 spec and prints its tasks.
 
+    Args:
+      args: the parsed arguments (`config`, `image`, `output`, `pipeline_root`, `tpu_image`).
+
+    Returns:
+      The exit status: 0, or `EXIT_BAD_INPUT` on a ConfigError (printed).
+    """
     try:
         cfg = load_config(args.config)
         job = compile_pipeline(cfg, args.image, args.output, pipeline_root=args.pipeline_root, tpu_image=args.tpu_image)
@@ -40,10 +51,17 @@ def compile_command(args) -> int:
 
 
 def continuous_command(args) -> int:
-    from components.reporting import Report
-    from pipelines.continuous import run_spans, span_config
-    from pipelines.summary import EXIT_NOT_PUSHED, exit_status
+    """Runs `continuous`: one warm-started pipeline run per daily span, then a report of the spans.
 
+    Args:
+      args: the parsed arguments (`config`, `data_dir`, `output_dir`, `spans`, `rows`, `id_shift`,
+        `cold`, `no_slots`, `json`).
+
+    Returns:
+      The exit status: `EXIT_BAD_INPUT` on a ConfigError, `EXIT_FAILED` when a run fails or a
+      span pushed nothing for another reason, else `EXIT_NOT_PUSHED` when the gate kept any
+      span's model back, else `EXIT_PUSHED`.
+    """
     try:
         continuous = dict({"warm_start": False} if args.cold else {}, **({"carry_slots": False} if args.no_slots else {}))
         cfg = span_config(args.config, args.data_dir, args.output_dir, {"continuous": continuous} if continuous else None)
@@ -72,6 +90,11 @@ def continuous_command(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Builds the command line's parser: the subcommands run, demo, continuous and compile.
+
+    Returns:
+      The parser.
+    """
     parser = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("run", "demo"):
@@ -108,32 +131,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Runs the command line.
+
+    Args:
+      argv: the arguments (without the program name); None reads sys.argv.
+
+    Returns:
+      The exit status (module docstring).
+    """
     args = build_parser().parse_args(argv)
     if args.command == "compile":
         return compile_command(args)
     if args.command == "continuous":
         return continuous_command(args)
-    from pipelines.pipeline import input_location
-
     try:
         cfg = load_config(args.config)
         if args.command == "demo":
-            from components.example_gen.synthetic_data import GeneratorSpec, ensure_dataset
-
             meta = ensure_dataset(cfg.input.path, GeneratorSpec(rows=args.rows))
             print(f"demo data: {cfg.input.path} ({meta['rows']:,} rows)", file=sys.stderr if args.json else sys.stdout)
         input_location(cfg)
     except ConfigError as e:
         print(error_line(e), file=sys.stderr)
         return EXIT_BAD_INPUT
-    from pipelines.runner import run
-
     try:
         # with --json, stdout carries the JSON alone: the progress goes to stderr
-        from pipelines.pipeline import stock_data_components
-
         extra = {"extra_components": stock_data_components} if args.with_data_validation else {}
-        result = run(cfg, args.output_dir, quiet=True, cache=not args.no_cache, progress_to_stderr=args.json, **extra)
+        result = runner.run(cfg, args.output_dir, quiet=True, cache=not args.no_cache, progress_to_stderr=args.json, **extra)
     except RunFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED

@@ -18,13 +18,33 @@ import yaml
 
 from components.config.loading import load_config
 from components.config.schema import PipelineConfig
+from components.example_gen.synthetic_data import CRITEO_CARDINALITIES, GeneratorSpec, ensure_dataset
+from components.reporting.report import Report, emit
+from pipelines.runner import run
+from pipelines.summary import continuous_rows, not_pushed_reason
 
 SPAN_DIR = "span-{SPAN}"
 
 
 def span_config(base_config: str, data_dir: str, output_dir: str, overrides: Optional[Dict[str, Any]] = None) -> PipelineConfig:
-    """`base_config` with its input at the spans (written to <output_dir>/continuous.yaml, so the
-    run's config is a file a user can read and reuse)."""
+    """Loads a configuration whose input is the daily spans.
+
+    It is written to `<output_dir>/continuous.yaml`, so that the run's config is a file a user
+    can read and reuse.
+
+    Args:
+      base_config: the YAML configuration to start from.
+      data_dir: where the spans are written (`<data_dir>/span-<day>`).
+      output_dir: the runs' output folder.
+      overrides: sections to merge into the config (a dict updates the section, anything else
+        replaces it).
+
+    Returns:
+      The resolved configuration, named `<name>-continuous`.
+
+    Raises:
+      ConfigError: the resulting configuration is invalid.
+    """
     with open(base_config, encoding="utf-8") as fh:
         raw = yaml.safe_load(fh)
     raw["name"] = raw.get("name", "pipeline") + "-continuous"
@@ -42,8 +62,19 @@ def span_config(base_config: str, data_dir: str, output_dir: str, overrides: Opt
 
 
 def write_span(data_dir: str, day: int, rows: int, id_shift: int, seed: int, max_cardinality: Optional[int] = None) -> Dict[str, Any]:
-    from components.example_gen.synthetic_data import CRITEO_CARDINALITIES, GeneratorSpec, ensure_dataset
+    """Writes one day's span of synthetic data, unless the same span is already there.
 
+    Args:
+      data_dir: where the spans go (`<data_dir>/span-<day>/data.csv`).
+      day: the day, from 1.
+      rows: the span's rows.
+      id_shift: IDs shift by this much per day after the first.
+      seed: the generator's seed on day 0 (day d uses seed + d).
+      max_cardinality: caps every feature's cardinality; None keeps Criteo's.
+
+    Returns:
+      The span's metadata (its `.meta.json`: `rows`, the spec, ...).
+    """
     cards = [min(c, max_cardinality) for c in CRITEO_CARDINALITIES] if max_cardinality else list(CRITEO_CARDINALITIES)
     spec = GeneratorSpec(rows=rows, seed=seed + day, cardinalities=cards, id_shift=id_shift * (day - 1))
     return ensure_dataset(os.path.join(data_dir, f"span-{day}", "data.csv"), spec)
@@ -52,11 +83,24 @@ def write_span(data_dir: str, day: int, rows: int, id_shift: int, seed: int, max
 def run_spans(cfg: PipelineConfig, data_dir: str, output_dir: str, spans: int, rows: int, id_shift: int,
               seed: int = 7, max_cardinality: Optional[int] = None, quiet: bool = True,
               show: bool = True, progress_to_stderr: bool = False) -> List[Dict[str, Any]]:
-    """Day by day: write the span, run the pipeline, collect its summary (with `span`, `rows`);
-    with `show`, each span's report is printed when its run ends."""
-    from components.reporting import emit
-    from pipelines.runner import run
+    """Runs the pipeline once per daily span: writes the span, runs on it, collects its summary.
 
+    Args:
+      cfg: the configuration (`span_config`).
+      data_dir: where the spans are written.
+      output_dir: the runs' shared output folder (one push destination).
+      spans: the number of days.
+      rows: rows per span.
+      id_shift: IDs shift by this much per day.
+      seed: the generator's base seed.
+      max_cardinality: caps every feature's cardinality; None keeps Criteo's.
+      quiet: send the runs' logs to `<output_dir>/pipeline.log`.
+      show: print each span's report when its run ends.
+      progress_to_stderr: the quiet runs' progress goes to stderr.
+
+    Returns:
+      Each run's summary (pipelines.summary.summarize), with `span` and `rows` added.
+    """
     out = []
     for day in range(1, spans + 1):
         meta = write_span(data_dir, day, rows, id_shift, seed, max_cardinality)
@@ -72,10 +116,14 @@ def run_spans(cfg: PipelineConfig, data_dir: str, output_dir: str, spans: int, r
 
 
 def span_report(s: Dict[str, Any]):
-    """One span's run in brief: warm start and drift, the AUCs, the gate, what was pushed."""
-    from components.reporting import Report
-    from pipelines.summary import continuous_rows, not_pushed_reason
+    """Builds one span's report: warm start and drift, the AUCs, the gate, what was pushed.
 
+    Args:
+      s: the span's summary (`run_spans`).
+
+    Returns:
+      The Report, whose data is the summary.
+    """
     r = Report(f"span {s['span']} (ExampleGen read span {(s.get('input') or {}).get('span')})", data=s)
     continuous_rows(r, s.get("continuous"))
     base = s.get("baseline_auc")

@@ -40,7 +40,15 @@ CALIBRATION_METRIC = "calibration"
 
 
 def check_evaluator_config(cfg: PipelineConfig) -> None:
-    """The `evaluator` section: a threshold TFX's Evaluator can bless by, slices on known columns."""
+    """Checks the `evaluator` section: a threshold TFX's Evaluator can bless by, slices on known columns.
+
+    Args:
+      cfg: the configuration being resolved.
+
+    Raises:
+      ConfigError: min_auc is not in (0, 1), calibration_bounds is not [lower, upper] with
+        0 <= lower < upper, or a slice feature is the label, unknown, or named twice.
+    """
     e, prefix = cfg.evaluator, ""  # parse_config names the file
     if isinstance(e.min_auc, bool) or not isinstance(e.min_auc, (int, float)) or not 0 < e.min_auc < 1:
         raise ConfigError(f"{prefix}evaluator.min_auc: {e.min_auc!r} is not an AUC in (0, 1); e.g. 0.5 (better than chance)")
@@ -65,9 +73,17 @@ register_check("evaluator", check_evaluator_config)
 
 
 def eval_config(cfg: PipelineConfig):
-    """The Evaluator's EvalConfig: the serving signature and its output, the label, AUC and
-    calibration (with the section's thresholds on the overall slice), and one slicing spec per
-    named feature besides the overall slice."""
+    """Builds the Evaluator's EvalConfig from the `evaluator` section.
+
+    Args:
+      cfg: the resolved configuration.
+
+    Returns:
+      A `tfma.EvalConfig`: the serving signature and its output, the label, AUC and calibration
+      (with the section's thresholds on the overall slice), and one slicing spec per named
+      feature besides the overall slice.
+    """
+    # lazy: TFMA loads TensorFlow and Beam; the evaluator section's checks run on the config path
     import tensorflow_model_analysis as tfma
 
     e = cfg.evaluator
@@ -93,10 +109,19 @@ def eval_config(cfg: PipelineConfig):
 
 
 def evaluator_components(cfg: PipelineConfig, examples, serving_model) -> List:
-    """[TFExampleCopy of the eval split, Evaluator] for `create_pipeline` (the Evaluator's outputs:
-    `blessing`, `evaluation`)."""
-    from tfx.components.evaluator.component import Evaluator
+    """Builds the components that run TFX's Evaluator, for `create_pipeline`.
 
+    Args:
+      cfg: the resolved configuration.
+      examples: ExampleGen's Parquet `Examples` channel.
+      serving_model: the exporter's serving `Model` channel.
+
+    Returns:
+      [TFExampleCopy of the eval split, Evaluator]; the Evaluator's outputs are `blessing` and
+      `evaluation`.
+    """
+    # lazy: TFX's components load TensorFlow; the evaluator section's checks run on the config path
+    from tfx.components.evaluator.component import Evaluator
     from components.tf_example_copy.component import TFExampleCopy
 
     copy = TFExampleCopy(examples=examples, splits=[SPLIT])

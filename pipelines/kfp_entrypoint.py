@@ -25,6 +25,10 @@ import logging
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
+import yaml
+from absl import logging as absl_logging
+from google.protobuf import json_format
+
 import components  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow is imported)
 
 log = logging.getLogger("kfp_entrypoint")
@@ -34,9 +38,14 @@ _GENERIC_TITLES = ("", "system.Artifact")
 
 
 def artifact_type_title(type_schema: Optional[Dict[str, Any]]) -> str:
-    """The type title of an ArtifactTypeSchema dict ('' when it carries none)."""
-    import yaml
+    """The type title of an ArtifactTypeSchema dict.
 
+    Args:
+      type_schema: an artifact's `type` (ArtifactTypeSchema as a dict), or None.
+
+    Returns:
+      Its schema title, '' when it carries none.
+    """
     if not type_schema:
         return ""
     if "schemaTitle" in type_schema:
@@ -51,9 +60,19 @@ def artifact_type_title(type_schema: Optional[Dict[str, Any]]) -> str:
 
 
 def restore_input_types(executor_input: Dict[str, Any], inputs_spec: Optional[Dict[str, Any]]) -> List[str]:
-    """Gives every untyped input artifact of `executor_input` (dict form of ExecutorInput) the type
-    its inputs spec declares. Returns the input names it restored. An input that is untyped and not
-    in the spec is an error that names it (TFX could only fail later, less clearly)."""
+    """Gives every untyped input artifact the type its inputs spec declares.
+
+    Args:
+      executor_input: the task's ExecutorInput as a dict, changed in place.
+      inputs_spec: the task's ComponentInputsSpec as a dict (`--json_serialized_inputs_spec_args`).
+
+    Returns:
+      The names of the inputs whose types it restored.
+
+    Raises:
+      ValueError: an input is untyped and the spec does not declare it (TFX could only fail later,
+        less clearly).
+    """
     restored = []
     declared = (inputs_spec or {}).get("artifacts", {})
     for name, artifact_list in executor_input.get("inputs", {}).get("artifacts", {}).items():
@@ -81,6 +100,7 @@ def _parse_flags(argv: List[str]) -> Tuple[argparse.Namespace, List[str]]:
 
 
 def _is_file_based_example_gen(executor_class_path: str, executor_input: Dict[str, Any]) -> bool:
+    # lazy: TFX loads TensorFlow; the type-restoring functions above are used without it
     from tfx.components.example_gen.base_example_gen_executor import BaseExampleGenExecutor
     from tfx.utils import import_utils
 
@@ -92,7 +112,7 @@ def _is_file_based_example_gen(executor_class_path: str, executor_input: Dict[st
 def _run_example_gen_driver(executor_input: Dict[str, Any], inputs_spec_json: Optional[str]) -> None:
     # TFX's own driver function (module-private, the same code Vertex's preCacheCheck hook runs);
     # calling it keeps span / version / fingerprint logic in one place.
-    from google.protobuf import json_format
+    # lazy: TFX loads TensorFlow; the type-restoring functions above are used without it
     from kfp.pipeline_spec import pipeline_spec_pb2
     from tfx.orchestration.kubeflow.v2.file_based_example_gen import driver
 
@@ -106,6 +126,19 @@ def _run_example_gen_driver(executor_input: Dict[str, Any], inputs_spec_json: Op
 
 
 def run(argv: List[str]) -> None:
+    """Runs one task through TFX's Kubeflow V2 executor entrypoint, supplying what KFP left out.
+
+    Restores the input artifact types first, and runs the ExampleGen driver where KFP did not.
+
+    Args:
+      argv: the task's arguments as TFX compiled them (`--executor_class_path`,
+        `--json_serialized_invocation_args`, `--json_serialized_inputs_spec_args`, Beam's options).
+
+    Raises:
+      ValueError: an untyped input artifact its inputs spec does not declare.
+    """
+    # lazy: TFX loads TensorFlow; the type-restoring functions above are used without it
+    from tfx.dsl.io import fileio
     from tfx.orchestration.kubeflow.v2.container import kubeflow_v2_run_executor
 
     args, beam_args = _parse_flags(argv)
@@ -117,8 +150,6 @@ def run(argv: List[str]) -> None:
                  ", ".join(restored))
     output_file = executor_input.get("outputs", {}).get("outputFile", "")
     if output_file and _is_file_based_example_gen(args.executor_class_path, executor_input):
-        from tfx.dsl.io import fileio
-
         if not fileio.exists(output_file):
             log.info("ExampleGen driver has not run (open-source KFP skips lifecycle hooks): running it")
             _run_example_gen_driver(executor_input, args.json_serialized_inputs_spec_args)
@@ -127,8 +158,14 @@ def run(argv: List[str]) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from absl import logging as absl_logging
+    """The container command: INFO logging, then `run`.
 
+    Args:
+      argv: the arguments (default: the process's).
+
+    Returns:
+      0 (a failing task raises).
+    """
     absl_logging.set_verbosity(absl_logging.INFO)
     logging.basicConfig(level=logging.INFO)
     run(list(sys.argv[1:] if argv is None else argv))

@@ -48,13 +48,18 @@ import time
 import uuid
 from typing import Any, Dict, List, Optional
 
+from google.protobuf import json_format
+from kfp.pipeline_spec import pipeline_spec_pb2
+
+from pipelines.kubeflow import load_compiled
+
 MODES = ("vertex", "oss")
 UNTYPED = {"instanceSchema": ""}  # what open-source KFP v2 passes as an input artifact's type
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class HarnessError(RuntimeError):
-    pass
+    """The harness refuses a spec, a task fails, or the spec needs something the harness does not emulate."""
 
 
 # ---- open-source KFP's backend compiler, as strict as it is ---------------------------------------
@@ -135,12 +140,17 @@ def _oss_dag_refusal(name: str, dag: Dict[str, Any], executors: Dict[str, Any], 
 
 
 def oss_backend_refusal(spec: Dict[str, Any]) -> Optional[str]:
-    """What open-source KFP's API server answers when this spec is submitted as a run (the
-    compiler's part of it: the server prefixes "Failed to create a new run: Failed to generate the
-    ExecutionSpec: "), or None when its compiler takes it."""
-    from google.protobuf import json_format
-    from kfp.pipeline_spec import pipeline_spec_pb2
+    """Gives open-source KFP's answer to submitting this spec as a run, the compiler's part of it.
 
+    The API server prefixes the answer with "Failed to create a new run: Failed to generate the
+    ExecutionSpec: ".
+
+    Args:
+      spec: the compiled PipelineSpec, as a dict.
+
+    Returns:
+      The backend's refusal ("Failed to compile job: ..."), or None when its compiler takes the spec.
+    """
     if not spec.get("pipelineInfo", {}).get("name"):
         return "Failed to compile job: pipelineInfo.name is empty"
     try:  # compiler.GetDeploymentConfig: protojson, unknown fields discarded, a oneof set twice refused
@@ -186,9 +196,18 @@ def oss_backend_refusal(spec: Dict[str, Any]) -> Optional[str]:
 
 
 def oss_parameters_refusal(spec: Dict[str, Any], values: Dict[str, Any]) -> Optional[str]:
-    """The API server's check of a run's parameter values (template/v2_template.go
-    validatePipelineJobInputs), the part about names: values the pipeline does not take, and
-    required parameters without one."""
+    """Checks a run's parameter names as open-source KFP's API server does.
+
+    That is the part about names of template/v2_template.go validatePipelineJobInputs: values the
+    pipeline does not take, and required parameters without one.
+
+    Args:
+      spec: the compiled PipelineSpec, as a dict.
+      values: the run's parameter values, by name.
+
+    Returns:
+      The server's refusal, or None when the names pass.
+    """
     declared = spec.get("root", {}).get("inputDefinitions", {}).get("parameters", {})
     for name, p in sorted(declared.items()):
         if name not in values and not p.get("isOptional") and "defaultValue" not in p:
@@ -209,15 +228,29 @@ RUN_PLACEHOLDERS = {
 
 
 def parse_pipeline_spec(spec: Dict[str, Any]):
-    """Strict parse into KFP's PipelineSpec proto (unknown fields are errors)."""
-    from google.protobuf import json_format
-    from kfp.pipeline_spec import pipeline_spec_pb2
+    """Strict parse into KFP's PipelineSpec proto.
 
+    Args:
+      spec: a PipelineSpec as a dict.
+
+    Returns:
+      The `pipeline_spec_pb2.PipelineSpec`.
+
+    Raises:
+      json_format.ParseError: a field KFP does not know, or a value of the wrong type.
+    """
     return json_format.ParseDict(spec, pipeline_spec_pb2.PipelineSpec(), ignore_unknown_fields=False)
 
 
 def task_order(spec: Dict[str, Any]) -> List[str]:
-    """The root DAG's tasks in dependency order (ties broken by name, so the order is stable)."""
+    """Orders the root DAG's tasks by their dependencies, ties broken by name so the order is stable.
+
+    Args:
+      spec: the compiled PipelineSpec, as a dict.
+
+    Returns:
+      The task names, each after the tasks it depends on.
+    """
     tasks = spec["root"]["dag"]["tasks"]
     graph = {}
     for name, t in tasks.items():
@@ -255,12 +288,24 @@ def _local_command(cmd: List[str]) -> List[str]:
 
 
 class LocalKfpRun:
-    """One execution of a compiled pipeline spec. `run()` returns a per-task record."""
+    """Runs a compiled pipeline spec once, task by task; `run()` returns a record per task.
+
+    Args:
+      compiled_path: the compiled pipeline (.yaml PipelineSpec or .json PipelineJob).
+      work_dir: where logs, run.json and (oss mode) the per-task output files go.
+      mode: `oss` (open-source KFP v2) or `vertex` (Vertex AI Pipelines).
+      pipeline_root: a local pipeline root; None takes the compiled one.
+      env: environment variables added to every task's.
+      parameter_values: pipeline parameter values over the compiled ones.
+
+    Raises:
+      HarnessError: an unknown mode, a spec open-source KFP refuses (oss mode), or a pipeline
+        root that is not local.
+      json_format.ParseError: a spec KFP's PipelineSpec proto does not take.
+    """
 
     def __init__(self, compiled_path: str, work_dir: str, mode: str = "oss", pipeline_root: Optional[str] = None,
                  env: Optional[Dict[str, str]] = None, parameter_values: Optional[Dict[str, Any]] = None):
-        from pipelines.kubeflow import load_compiled
-
         if mode not in MODES:
             raise HarnessError(f"mode {mode!r} is not one of {', '.join(MODES)}")
         loaded = load_compiled(compiled_path)
@@ -327,6 +372,19 @@ class LocalKfpRun:
         return t, self.spec["components"][t["componentRef"]["name"]]
 
     def executor_input(self, task: str, task_uid: str) -> Dict[str, Any]:
+        """Builds a task's ExecutorInput as KFP's driver does.
+
+        Args:
+          task: the task's name in the root DAG.
+          task_uid: a unique suffix for the task's directories.
+
+        Returns:
+          The ExecutorInput as a dict: parameter values, input artifacts from upstream outputs,
+          output artifacts with fresh URIs, and the output file's path.
+
+        Raises:
+          HarnessError: the task needs a binding, policy or placeholder this harness does not emulate.
+        """
         t, comp = self._task_and_component(task)
         for unsupported in ("triggerPolicy", "iteratorPolicy", "parameterIterator", "artifactIterator"):
             if unsupported in t:
@@ -380,6 +438,19 @@ class LocalKfpRun:
         return time.time() - start
 
     def run_task(self, task: str) -> Dict[str, Any]:
+        """Runs one task's container command locally and records its outputs for downstream tasks.
+
+        Args:
+          task: the task's name in the root DAG.
+
+        Returns:
+          The task's record: image, resources, Kubernetes settings, ExecutorInput, log path,
+          seconds per command, and outputs.
+
+        Raises:
+          HarnessError: the executor is not a container (or a resolver in vertex mode), a
+            placeholder is not emulated, or the command fails.
+        """
         _, comp = self._task_and_component(task)
         label = comp["executorLabel"]
         executor = self.spec["deploymentSpec"]["executors"][label]
@@ -438,6 +509,17 @@ class LocalKfpRun:
         return result
 
     def run(self, log=print) -> List[Dict[str, Any]]:
+        """Runs every task in dependency order and writes `run.json` to the work directory.
+
+        Args:
+          log: called with one line per task started and finished.
+
+        Returns:
+          The tasks' records, in the order they ran.
+
+        Raises:
+          HarnessError: a task fails or needs something this harness does not emulate.
+        """
         records = []
         for task in task_order(self.spec):
             log(f"[kfp-local {self.mode}] {task} ...")
@@ -450,6 +532,14 @@ class LocalKfpRun:
 
 
 def main(argv=None) -> int:
+    """Runs a compiled pipeline locally from the command line.
+
+    Args:
+      argv: the command-line arguments (without the program name); None reads sys.argv.
+
+    Returns:
+      The exit status: 0 when every task succeeded, 1 on a HarnessError (printed).
+    """
     parser = argparse.ArgumentParser(prog="python -m pipelines.kfp_local", description=__doc__.split("\n")[0])
     parser.add_argument("--spec", required=True, help="compiled pipeline (.yaml PipelineSpec or .json PipelineJob)")
     parser.add_argument("--work-dir", required=True, help="local pipeline root, logs and executor files")

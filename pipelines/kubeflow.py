@@ -29,14 +29,18 @@ import os
 import tempfile
 from typing import Any, Dict, List, Optional
 
+import yaml
+
 from components.config.schema import ConfigError, PipelineConfig
 from pipelines.kubeflow_config import kubeflow_beam_args
+from pipelines.pipeline import NEVER_CACHED, create_pipeline
 
 ENTRYPOINT = ["python", "-m", "pipelines.kfp_entrypoint"]
 OUTPUT_SUFFIXES = (".yaml", ".yml", ".json")
 
 
 def _resource_spec(c) -> Any:
+    # lazy: keeps the KFP SDK off the command line's config path
     from kfp.pipeline_spec import pipeline_spec_pb2
 
     spec = pipeline_spec_pb2.PipelineDeploymentConfig.PipelineContainerSpec.ResourceSpec()
@@ -59,15 +63,31 @@ def _has_resources(c) -> bool:
 
 
 def is_tpu_accelerator(accelerator_type: Optional[str]) -> bool:
-    """A TPU as open-source KFP names it (the Kubernetes resource `google.com/tpu`) or as Vertex
-    does (`TPU_V3`, `TPU_V4_POD`, ...: pipelines.kubeflow_config.VERTEX_TPU_CHIPS)."""
+    """Tells whether an accelerator type names a TPU.
+
+    Args:
+      accelerator_type: as open-source KFP names it (the Kubernetes resource `google.com/tpu`) or
+        as Vertex does (`TPU_V3`, `TPU_V4_POD`, ...: pipelines.kubeflow_config.VERTEX_TPU_CHIPS);
+        None for no accelerator.
+
+    Returns:
+      True for a TPU.
+    """
     t = (accelerator_type or "").strip()
     return t.lower() == "google.com/tpu" or t.upper().startswith("TPU")
 
 
 def tpu_routes(cfg: PipelineConfig) -> Dict[str, str]:
-    """How the Trainer reaches a TPU: {'task': field} when its own task asks for TPU chips (GKE
-    node pool), {'vertex_job': field} when it submits a Vertex AI custom job on a TPU machine."""
+    """Finds how the Trainer reaches a TPU.
+
+    Args:
+      cfg: the resolved configuration.
+
+    Returns:
+      {'task': field} when the Trainer's own task asks for TPU chips (GKE node pool),
+      {'vertex_job': field} when it submits a Vertex AI custom job on a TPU machine (both can
+      be there); each value names the config field. Empty without a TPU route.
+    """
     routes = {}
     trainer = cfg.kubeflow.components.get("Trainer")
     if trainer is not None and is_tpu_accelerator(trainer.accelerator_type):
@@ -79,9 +99,20 @@ def tpu_routes(cfg: PipelineConfig) -> Dict[str, str]:
 
 
 def trainer_tpu_image(cfg: PipelineConfig, tpu_image: Optional[str]) -> Optional[str]:
-    """The image the Trainer trains in on a TPU route (`--tpu-image`, else
-    `kubeflow.tpu_trainer_image`); None without a TPU route. A TPU route without one is refused:
-    the main image's plain `tensorflow` wheel has no TPU runtime and cannot initialise a TPU."""
+    """Chooses the image the Trainer trains in on a TPU route.
+
+    The main image's plain `tensorflow` wheel has no TPU runtime, so a TPU route needs this image.
+
+    Args:
+      cfg: the resolved configuration (`kubeflow.tpu_trainer_image`).
+      tpu_image: `--tpu-image`, over the config's; None when not given.
+
+    Returns:
+      The image, or None without a TPU route.
+
+    Raises:
+      ConfigError: `tpu_image` is empty, or a TPU route has no TPU image.
+    """
     if tpu_image is not None and not tpu_image.strip():
         raise ConfigError("--tpu-image: empty; give the TPU trainer image (docker/Dockerfile.tpu)")
     routes = tpu_routes(cfg)
@@ -98,8 +129,15 @@ def trainer_tpu_image(cfg: PipelineConfig, tpu_image: Optional[str]) -> Optional
 
 
 def kubernetes_platform_spec(cfg: PipelineConfig) -> Optional[Dict[str, Any]]:
-    """The KFP PlatformSpec document (kfp-kubernetes' `KubernetesExecutorConfig` per executor) for
-    components with node selectors or tolerations; None when there are none."""
+    """Builds the KFP PlatformSpec document for components with node selectors or tolerations.
+
+    Args:
+      cfg: the resolved configuration (`kubeflow.components`).
+
+    Returns:
+      The document (kfp-kubernetes' `KubernetesExecutorConfig` per executor), or None when no
+      component has node selectors or tolerations.
+    """
     executors = {}
     for cid, c in sorted(cfg.kubeflow.components.items()):
         entry: Dict[str, Any] = {}
@@ -118,11 +156,18 @@ def kubernetes_platform_spec(cfg: PipelineConfig) -> Optional[Dict[str, Any]]:
 
 
 def build_pipeline(cfg: PipelineConfig, image: str, pipeline_root: str, tpu_image: Optional[str] = None):
-    """The TFX pipeline with Kubeflow settings applied (no metadata connection: KFP brings its own).
-    `tpu_image`: the image of a Vertex AI training job on a TPU machine (the task that submits it
-    stays on `image`); the Trainer task's own image is the runner's business (compile_pipeline)."""
-    from pipelines.pipeline import create_pipeline
+    """Builds the TFX pipeline with Kubeflow settings applied (no metadata connection: KFP brings its own).
 
+    Args:
+      cfg: the resolved configuration.
+      image: the main container image (Beam workers, the Vertex training job off a TPU route).
+      pipeline_root: the pipeline root; the push destination defaults to `<root>/serving`.
+      tpu_image: the image of a Vertex AI training job on a TPU machine (the task that submits
+        it stays on `image`). The Trainer task's own image is set by compile_pipeline.
+
+    Returns:
+      The TFX pipeline, with Beam options and per-component resources set.
+    """
     serving_dir = cfg.kubeflow.serving_dir or pipeline_root.rstrip("/") + "/serving"
     # create_pipeline uses `image` only for the Vertex AI training job's worker pool.
     job_image = tpu_image if tpu_image and "vertex_job" in tpu_routes(cfg) else image
@@ -141,13 +186,23 @@ def build_pipeline(cfg: PipelineConfig, image: str, pipeline_root: str, tpu_imag
 
 def compile_pipeline(cfg: PipelineConfig, image: str, output: str, pipeline_root: Optional[str] = None,
                      tpu_image: Optional[str] = None) -> Dict[str, Any]:
-    """Compiles to `output` (.yaml: PipelineSpec [+ platform spec]; .json: Vertex PipelineJob).
-    `tpu_image` (else `kubeflow.tpu_trainer_image`): the Trainer's image on a TPU route.
-    Returns the PipelineJob dict TFX built."""
-    from tfx.orchestration.kubeflow.v2 import kubeflow_v2_dag_runner as v2
-    from tfx.orchestration.kubeflow.v2.pipeline_builder import DEFAULT_IMAGE_PATH_KEY
-    import yaml
+    """Compiles the pipeline for Kubeflow Pipelines v2 and writes it to `output`.
 
+    Args:
+      cfg: the resolved configuration.
+      image: the container image with the project installed (docker/Dockerfile).
+      output: `.yaml`: the KFP PipelineSpec (and its Kubernetes platform spec); `.json`: a Vertex
+        PipelineJob.
+      pipeline_root: overrides `kubeflow.pipeline_root`.
+      tpu_image: the Trainer's image on a TPU route (else `kubeflow.tpu_trainer_image`).
+
+    Returns:
+      The PipelineJob dict TFX built.
+
+    Raises:
+      ConfigError: an empty image, an output suffix other than .yaml or .json, no pipeline root,
+        a TPU route without a TPU image, or a missing output folder.
+    """
     if not image or not image.strip():
         raise ConfigError("--image: empty; give the container image that has the project installed (docker/Dockerfile)")
     if not output.endswith(OUTPUT_SUFFIXES):
@@ -158,28 +213,40 @@ def compile_pipeline(cfg: PipelineConfig, image: str, output: str, pipeline_root
             f"{cfg.resolved.source_file}: kubeflow.pipeline_root: not set; set it (e.g. gs://BUCKET/tpu-embedding) "
             "or pass --pipeline-root"
         )
+    job = _compiled_job(cfg, image, output, root, tpu_image)
+    # TFX puts the pipeline root only into a PipelineJob's runtimeConfig; the bare PipelineSpec that
+    # open-source KFP uploads would otherwise run under KFP's default root (minio://), which
+    # TensorFlow's file system cannot write. KFP's own compiler sets defaultPipelineRoot the same way.
+    job["pipelineSpec"]["defaultPipelineRoot"] = root
+    _turn_cache_off(job["pipelineSpec"]["root"]["dag"]["tasks"], vertex=output.endswith(".json"))
+    _write_atomically(output, _spec_text(cfg, job, output))
+    return job
+
+
+def _compiled_job(cfg: PipelineConfig, image: str, output: str, root: str, tpu_image: Optional[str]) -> Dict[str, Any]:
+    """The PipelineJob dict TFX's KubeflowV2DagRunner builds, each task on its image."""
+    # lazy: TFX's Kubeflow runner loads TensorFlow and the KFP SDK; this module is on the CLI's path
+    from tfx.orchestration.kubeflow.v2 import kubeflow_v2_dag_runner
+    from tfx.orchestration.kubeflow.v2.pipeline_builder import DEFAULT_IMAGE_PATH_KEY
+
     trainer_image = trainer_tpu_image(cfg, tpu_image)
     p = build_pipeline(cfg, image, root, tpu_image=trainer_image)
     default_image: Any = image
     if trainer_image and "task" in tpu_routes(cfg):  # the Trainer's own pod holds the TPU chips
         default_image = {DEFAULT_IMAGE_PATH_KEY: image, "Trainer": trainer_image}
-    runner = v2.KubeflowV2DagRunner(
-        config=v2.KubeflowV2DagRunnerConfig(default_image=default_image, default_commands=list(ENTRYPOINT),
-                                            use_pipeline_spec_2_1=True),
+    runner = kubeflow_v2_dag_runner.KubeflowV2DagRunner(
+        config=kubeflow_v2_dag_runner.KubeflowV2DagRunnerConfig(
+            default_image=default_image, default_commands=list(ENTRYPOINT), use_pipeline_spec_2_1=True),
         output_filename=os.path.basename(output),
     )
-    job = runner.run(p, write_out=False)
-    # TFX puts the pipeline root only into a PipelineJob's runtimeConfig; the bare PipelineSpec that
-    # open-source KFP uploads would otherwise run under KFP's default root (minio://), which
-    # TensorFlow's file system cannot write. KFP's own compiler sets defaultPipelineRoot the same way.
-    job["pipelineSpec"]["defaultPipelineRoot"] = root
-    # Caching: TFX writes the pipeline's flag into every task (step_builder.py); the steps that read
-    # or write the registry at the push destination must run every time (pipeline.NEVER_CACHED).
-    from pipelines.pipeline import NEVER_CACHED
+    return runner.run(p, write_out=False)
 
-    tasks = job["pipelineSpec"]["root"]["dag"]["tasks"]
+
+def _turn_cache_off(tasks: Dict[str, Any], vertex: bool) -> None:
+    """Caching: TFX writes the pipeline's flag into every task (step_builder.py); the steps that read
+    or write the registry at the push destination must run every time (pipeline.NEVER_CACHED)."""
     never = list(NEVER_CACHED)
-    if not output.endswith(".json"):
+    if not vertex:
         # Open-source KFP checks its cache before the task runs, and the ExampleGen driver (span,
         # version, input fingerprint) runs inside the task there (kfp_entrypoint.py): a file
         # rewritten at the same path would be missed. Vertex runs the driver first (preCacheCheck).
@@ -187,17 +254,24 @@ def compile_pipeline(cfg: PipelineConfig, image: str, output: str, pipeline_root
     for node_id in never:
         if node_id in tasks:
             tasks[node_id]["cachingOptions"] = {"enableCache": False}
+
+
+def _spec_text(cfg: PipelineConfig, job: Dict[str, Any], output: str) -> str:
+    """The file's text: the PipelineJob as JSON, or KFP's YAML (the spec, then its platform spec)."""
     platform = kubernetes_platform_spec(cfg)
     if output.endswith(".json"):
-        text = json.dumps(job, sort_keys=True, indent=1) + "\n"
-    else:
-        spec = job["pipelineSpec"]
-        header = (
-            f"# PIPELINE DEFINITION\n# Name: {spec['pipelineInfo']['name']}\n"
-            f"# Compiled by `python -m pipelines compile` ({spec.get('sdkVersion', 'tfx')}, schema {spec['schemaVersion']})\n"
-        )
-        docs = [spec] + ([platform] if platform else [])
-        text = header + yaml.safe_dump_all(docs, sort_keys=True)
+        return json.dumps(job, sort_keys=True, indent=1) + "\n"
+    spec = job["pipelineSpec"]
+    header = (
+        f"# PIPELINE DEFINITION\n# Name: {spec['pipelineInfo']['name']}\n"
+        f"# Compiled by `python -m pipelines compile` ({spec.get('sdkVersion', 'tfx')}, schema {spec['schemaVersion']})\n"
+    )
+    docs = [spec] + ([platform] if platform else [])
+    return header + yaml.safe_dump_all(docs, sort_keys=True)
+
+
+def _write_atomically(output: str, text: str) -> None:
+    """Writes through a temporary file beside `output`: no half-written spec is left."""
     out_dir = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(out_dir):
         raise ConfigError(f"--output: directory {out_dir} does not exist")
@@ -213,13 +287,17 @@ def compile_pipeline(cfg: PipelineConfig, image: str, output: str, pipeline_root
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    return job
 
 
 def load_compiled(path: str) -> Dict[str, Any]:
-    """{'pipeline_spec', 'platform_spec' (or None), 'runtime_config', 'pipeline_root'} of a compiled file."""
-    import yaml
+    """Reads a compiled file back.
 
+    Args:
+      path: a `.json` PipelineJob or a `.yaml` PipelineSpec written by `compile_pipeline`.
+
+    Returns:
+      {'pipeline_spec', 'platform_spec' (or None), 'runtime_config', 'pipeline_root'}.
+    """
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
     if path.endswith(".json"):

@@ -36,7 +36,16 @@ VERTEX_TPU_CHIPS = {"TPU_V2": "v2", "TPU_V3": "v3", "TPU_V4_POD": "v4", "TPU_V5_
 
 
 def kubeflow_beam_args(cfg: PipelineConfig, image: str) -> List[str]:
-    """Beam options of the Beam components on Kubeflow (from `kubeflow.beam`)."""
+    """Builds the Beam options of the Beam components on Kubeflow from `kubeflow.beam`.
+
+    Args:
+      cfg: the resolved configuration.
+      image: the project's container image, given to Dataflow's workers unless
+        `--sdk_container_image` is set.
+
+    Returns:
+      `--runner=...`, the runner's defaults, then `kubeflow.beam.args`.
+    """
     kb = cfg.kubeflow.beam
     args = [f"--runner={KFP_RUNNERS[kb.runner]}"]
     if kb.runner == "direct":
@@ -48,7 +57,14 @@ def kubeflow_beam_args(cfg: PipelineConfig, image: str) -> List[str]:
 
 
 def check_kubeflow_config(cfg: PipelineConfig) -> None:
-    """The `kubeflow` section's checks (run by the configuration's resolution once registered)."""
+    """Checks the `kubeflow` section; the configuration's resolution runs it once registered.
+
+    Args:
+      cfg: the configuration being resolved.
+
+    Raises:
+      ConfigError: a field is wrong (the message names it and the fix).
+    """
     kf = cfg.kubeflow
     _check_locations(kf)
     _check_beam(kf)
@@ -133,8 +149,15 @@ def _check_component(cid: str, c: KubeflowComponentConfig) -> None:
 
 
 def route_chips(cfg: PipelineConfig) -> List[Tuple[str, str]]:
-    """[(field, chip)] for each TPU route whose accelerator names a known chip: the Trainer's GKE node
-    pool label, the Vertex AI accelerator type."""
+    """Finds the TPU chip each TPU route names.
+
+    Args:
+      cfg: the configuration.
+
+    Returns:
+      [(field, chip)], one per route whose accelerator names a known chip: the Trainer's GKE node
+      pool label, the Vertex AI accelerator type.
+    """
     found = []
     trainer = cfg.kubeflow.components.get("Trainer")
     label = (trainer.node_selector.get(GKE_TPU_ACCELERATOR_LABEL) if trainer is not None else None) or ""

@@ -1,6 +1,7 @@
 """`create_pipeline(config, ...)`: the whole product as one TFX pipeline.
 
-Imports are narrow (`from tfx import v1` costs about a minute on 2 cores: it loads every component).
+TFX is imported narrowly, inside the functions that build or run the pipeline: `from tfx import v1`
+loads every standard component, and `input_location` is on the command line's config path.
 """
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from components.config.schema import ConfigError, PipelineConfig
 from components.reporting.progress import LAST_BLESSED, PUSHER  # the registry's read and write steps
+from pipelines.evaluation import evaluator_components
+from components.config.choices import InputFormat
 
 TRAINER_RUN_FN = "components.embedding_trainer.trainer_module.run_fn"
 PIPELINE_ROOT = "pipeline_root"
@@ -29,15 +32,25 @@ SPAN_SPEC = re.compile(r"\{(SPAN(:\d+)?|VERSION(:\d+)?|YYYY|MM|DD)\}")
 
 
 def input_location(cfg: PipelineConfig) -> Tuple[str, str]:
-    """(input_base directory, file pattern) for ExampleGen; a clear error if nothing matches.
+    """Splits `input.path` into ExampleGen's input base and file pattern, checking that files match.
 
     A path with TFX's span specs (`{SPAN}`, `{SPAN:n}`, `{YYYY}{MM}{DD}`, `{VERSION}`) is a span
     input: ExampleGen's driver picks the latest span (docs/continuous.md); the base is
     the directory above the first part with a spec. A pattern naming directories reads their
-    `*.csv` files (csv) or every file (tfrecord)."""
+    `*.csv` files (csv) or every file (tfrecord).
+
+    Args:
+      cfg: the resolved configuration.
+
+    Returns:
+      (input_base directory, file pattern relative to it).
+
+    Raises:
+      ConfigError: a local path matches no file.
+    """
     path = cfg.input.path
     remote = "://" in path
-    files = "*.csv" if cfg.input.format == "csv" else "*"
+    files = "*.csv" if cfg.input.format == InputFormat.CSV else "*"
     if SPAN_SPEC.search(path):
         parts = path.rstrip("/").split("/")
         first = next(i for i, p in enumerate(parts) if SPAN_SPEC.search(p))
@@ -61,8 +74,19 @@ def input_location(cfg: PipelineConfig) -> Tuple[str, str]:
 
 
 def vertex_training_config(cfg: PipelineConfig, image: str) -> dict:
-    """custom_config keys of TFX's Vertex AI Trainer: one worker pool running `image` on the
-    configured machine (TFX sets the container's command to its own run_executor)."""
+    """The custom_config keys of TFX's Vertex AI Trainer for `kubeflow.vertex_training`.
+
+    One worker pool runs `image` on the configured machine (TFX sets the container's command to
+    its own run_executor).
+
+    Args:
+      cfg: a configuration whose `kubeflow.vertex_training` is set.
+      image: the container image with the project installed.
+
+    Returns:
+      The keys to merge into the Trainer's custom_config.
+    """
+    # lazy: only a Vertex route needs TFX's Google Cloud extension and its client libraries
     from tfx.extensions.google_cloud_ai_platform import constants
     from tfx.extensions.google_cloud_ai_platform.trainer import executor as vertex_executor
 
@@ -83,9 +107,18 @@ def vertex_training_config(cfg: PipelineConfig, image: str) -> dict:
 
 
 def stock_data_components(ours: Dict[str, Any]) -> List[Any]:
-    """TFX's stock StatisticsGen, SchemaGen and ExampleValidator on `EmbeddingExampleGen`'s examples
-    (an `extra_components` function for `create_pipeline`; `python -m pipelines run
-    --with-data-validation`; docs/tfx.md). They read its Parquet payload through tfx_bsl."""
+    """TFX's stock StatisticsGen, SchemaGen and ExampleValidator on `EmbeddingExampleGen`'s examples.
+
+    An `extra_components` function for `create_pipeline` (`python -m pipelines run
+    --with-data-validation`; docs/tfx.md). They read its Parquet payload through tfx_bsl.
+
+    Args:
+      ours: {component id: our component}.
+
+    Returns:
+      [StatisticsGen, SchemaGen, ExampleValidator].
+    """
+    # lazy: TFX's components load TensorFlow; this module is on the CLI's config path
     from tfx.components.example_validator.component import ExampleValidator
     from tfx.components.schema_gen.component import SchemaGen
     from tfx.components.statistics_gen.component import StatisticsGen
@@ -107,24 +140,80 @@ def create_pipeline(
     enable_cache: bool = True,
     extra_components: Optional[Callable[[Dict[str, Any]], List[Any]]] = None,
 ):
-    """The pipeline. `image` (Kubeflow only): the container image, needed when the config sends
-    training to a Vertex AI custom job (`kubeflow.vertex_training`). `span`: with a span input,
-    read this span (TFX's RangeConfig static range) instead of the latest. `kubeflow`: the
-    Pusher records KFP's run placeholders (the local run records LocalDagRunner's run id).
-    `enable_cache`: a component whose execution properties (its share of the config,
-    components/config/stages.py) and inputs are unchanged reuses its last outputs, except the
-    NEVER_CACHED steps (`run_locally` and the Kubeflow compiler turn caching off for them).
-    `extra_components`: given {component id: our component}, the stock components to add around
-    ours (e.g. StatisticsGen on `EmbeddingExampleGen`'s `examples`; docs/tfx.md)."""
-    from tfx.components.trainer.component import Trainer
-    from tfx.orchestration import metadata, pipeline
-    from tfx.proto import example_gen_pb2, trainer_pb2
+    """Builds the pipeline: LastBlessedModel -> EmbeddingExampleGen -> EmbeddingPreprocess -> Trainer
+    -> EmbeddingExporter [-> TFExampleCopy, Evaluator] -> Pusher.
 
+    Args:
+      cfg: the resolved configuration.
+      pipeline_root: where the components write their artifacts.
+      metadata_path: the local run's SQLite ML Metadata file; None on Kubeflow (the platform's).
+      serving_dir: the push destination, where the model registry lives.
+      beam_pipeline_args: Beam's options; default the config's (`cfg.beam_pipeline_args()`).
+      image: (Kubeflow only) the container image, needed when the config sends training to a
+        Vertex AI custom job (`kubeflow.vertex_training`).
+      span: with a span input, read this span (TFX's RangeConfig static range) instead of the latest.
+      kubeflow: the registry steps record KFP's run placeholders (locally: LocalDagRunner's run id).
+      enable_cache: a component whose execution properties (its share of the config,
+        components/config/stages.py) and inputs are unchanged reuses its last outputs, except the
+        NEVER_CACHED steps.
+      extra_components: given {component id: our component}, the stock components to add around
+        ours (e.g. StatisticsGen on `EmbeddingExampleGen`'s `examples`; docs/tfx.md).
+
+    Returns:
+      The `tfx.orchestration.pipeline.Pipeline`.
+
+    Raises:
+      ConfigError: `input.path` matches no file.
+    """
+    # lazy: TFX and our components load TensorFlow and Beam; this module is on the CLI's config path
+    from tfx.orchestration import metadata, pipeline
     from components.embedding_exporter.component import EmbeddingExporter
     from components.embedding_preprocess.component import EmbeddingPreprocess
+
+    example_gen = _example_gen(cfg, span)
+    preprocess = EmbeddingPreprocess(examples=example_gen.outputs["examples"], config=cfg)
+    last_blessed = _last_blessed(serving_dir, kubeflow)
+    # First: a registry that cannot say what is served stops the run before any data is read.
+    example_gen.add_upstream_node(last_blessed)
+    trainer = _trainer(cfg, preprocess.outputs["transformed_examples"], last_blessed.outputs["model"], image)
+    exporter = EmbeddingExporter(
+        model=trainer.outputs["model"], examples=example_gen.outputs["examples"], config=cfg,
+        last_blessed_model=last_blessed.outputs["model"],
+    )
+    pushing = _push_steps(cfg, example_gen.outputs["examples"], exporter, serving_dir, kubeflow)
+    ours = [last_blessed, example_gen, preprocess, trainer, exporter, *pushing]
+    added = list(extra_components({c.id: c for c in ours})) if extra_components else []
+    return pipeline.Pipeline(
+        pipeline_name=cfg.name,
+        pipeline_root=pipeline_root,
+        components=ours + added,
+        enable_cache=enable_cache,
+        metadata_connection_config=metadata.sqlite_metadata_connection_config(metadata_path) if metadata_path else None,
+        beam_pipeline_args=beam_pipeline_args if beam_pipeline_args is not None else cfg.beam_pipeline_args(),
+    )
+
+
+def _last_blessed(serving_dir: str, kubeflow: bool):
+    """The step that reads the last blessed model, the one served at the push destination, from the
+    model registry the Pusher keeps there (components/model_registry).
+
+    The Trainer warm-starts from it and measures drift against it (continuous); the exporter's
+    validation gate compares with it. A container step rather than TFX's Resolver (an ML Metadata
+    query that open-source KFP cannot run): the same decision on LocalDagRunner, open-source KFP and
+    Vertex.
+    """
+    # lazy: TFX and our components load TensorFlow and Beam; this module is on the CLI's config path
+    from components.model_registry.component import LastBlessedModel
+
+    return LastBlessedModel(serving_dir=serving_dir, run_id=KFP_RUN_ID if kubeflow else None).with_id(LAST_BLESSED)
+
+
+def _example_gen(cfg: PipelineConfig, span: Optional[int]):
+    """EmbeddingExampleGen over the configured input: one input split, hashed into train and eval
+    by the configured buckets; with `span`, that span only."""
+    # lazy: TFX and our components load TensorFlow and Beam; this module is on the CLI's config path
+    from tfx.proto import example_gen_pb2, range_config_pb2
     from components.example_gen.component import EmbeddingExampleGen
-    from components.embedding_trainer.trainer_module import CONFIG_KEY
-    from components.model_registry.component import LastBlessedModel, RegistryPusher
 
     base, pattern = input_location(cfg)
     input_config = example_gen_pb2.Input(splits=[example_gen_pb2.Input.Split(name="single_split", pattern=pattern)])
@@ -138,72 +227,68 @@ def create_pipeline(
     )
     range_config = None
     if span is not None:
-        from tfx.proto import range_config_pb2
-
         range_config = range_config_pb2.RangeConfig(
             static_range=range_config_pb2.StaticRange(start_span_number=span, end_span_number=span))
-    example_gen = EmbeddingExampleGen(cfg, input_base=base, input_config=input_config, output_config=output_config,
-                                      range_config=range_config)
-    preprocess = EmbeddingPreprocess(examples=example_gen.outputs["examples"], config=cfg)
-    # The last blessed model, i.e. the one served at the push destination, read from the model
-    # registry the Pusher keeps there (components/model_registry): the Trainer warm-starts from it
-    # and measures drift against it (continuous), the exporter's validation gate compares with it.
-    # A container step rather than TFX's Resolver (an ML Metadata query that open-source KFP
-    # cannot run): the same decision on LocalDagRunner, open-source KFP and Vertex.
-    last_blessed = LastBlessedModel(serving_dir=serving_dir, run_id=KFP_RUN_ID if kubeflow else None).with_id(LAST_BLESSED)
-    # First: a registry that cannot say what is served stops the run before any data is read.
-    example_gen.add_upstream_node(last_blessed)
+    return EmbeddingExampleGen(cfg, input_base=base, input_config=input_config, output_config=output_config,
+                               range_config=range_config)
+
+
+def _trainer(cfg: PipelineConfig, examples, base_model, image: Optional[str]):
+    """TFX's standard Trainer running our run_fn with the config in its custom_config, or, on
+    Kubeflow with `kubeflow.vertex_training`, TFX's Vertex AI Trainer running `image`."""
+    # lazy: TFX and our components load TensorFlow and Beam; this module is on the CLI's config path
+    from tfx.components.trainer.component import Trainer
+    from tfx.proto import trainer_pb2
+    from components.tfx_wiring.executor_base import CONFIG_KEY
+
     trainer_cls, custom_config = Trainer, {CONFIG_KEY: cfg.to_json()}
     if image and cfg.kubeflow.vertex_training is not None:
+        # lazy: only a Vertex route needs TFX's Google Cloud extension and its client libraries
         from tfx.extensions.google_cloud_ai_platform.trainer.component import Trainer as VertexTrainer
 
         trainer_cls = VertexTrainer
         custom_config.update(vertex_training_config(cfg, image))
-    trainer = trainer_cls(
+    return trainer_cls(
         run_fn=TRAINER_RUN_FN,
-        examples=preprocess.outputs["transformed_examples"],
-        base_model=last_blessed.outputs["model"],
+        examples=examples,
+        base_model=base_model,
         # Unset train_steps: the run_fn derives the length from training.epochs and the row count.
         train_args=trainer_pb2.TrainArgs(num_steps=cfg.training.train_steps or 0),
         eval_args=trainer_pb2.EvalArgs(num_steps=cfg.training.eval_steps),
         custom_config=custom_config,
     )
-    exporter = EmbeddingExporter(
-        model=trainer.outputs["model"], examples=example_gen.outputs["examples"], config=cfg,
-        last_blessed_model=last_blessed.outputs["model"],
-    )
-    # With `evaluator.enabled`: TFX's stock Evaluator on the serving model, reading a tf.Example copy
-    # of the eval split (pipelines/evaluation.py says why); the Pusher then needs its blessing too.
-    evaluation: List = []
-    if cfg.evaluator.enabled:
-        from pipelines.evaluation import evaluator_components
 
-        evaluation = evaluator_components(cfg, example_gen.outputs["examples"], exporter.outputs["serving_model"])
-    pusher = RegistryPusher(
+
+def _push_steps(cfg: PipelineConfig, examples, exporter, serving_dir: str, kubeflow: bool) -> List[Any]:
+    """The registering Pusher of the exporter's serving model, after [TFExampleCopy, Evaluator] with
+    `evaluator.enabled`: TFX's stock Evaluator on the serving model, reading a tf.Example copy of
+    the eval split (pipelines/evaluation.py says why); the Pusher then needs its blessing too."""
+    # lazy: TFX and our components load TensorFlow and Beam; this module is on the CLI's config path
+    from components.model_registry.component import RegistryPusher
+
+    evaluation = evaluator_components(cfg, examples, exporter.outputs["serving_model"]) if cfg.evaluator.enabled else []
+    return [*evaluation, RegistryPusher(
         model=exporter.outputs["serving_model"], model_blessing=exporter.outputs["blessing"],
         serving_dir=serving_dir, pipeline_name=cfg.name,
         run_id=KFP_RUN_ID if kubeflow else None, run_name=KFP_RUN_NAME if kubeflow else None,
         evaluator_blessing=evaluation[-1].outputs["blessing"] if evaluation else None,
         evaluation=evaluation[-1].outputs["evaluation"] if evaluation else None,
-    ).with_id(PUSHER)
-    ours = [last_blessed, example_gen, preprocess, trainer, exporter, *evaluation, pusher]
-    added = list(extra_components({c.id: c for c in ours})) if extra_components else []
-    return pipeline.Pipeline(
-        pipeline_name=cfg.name,
-        pipeline_root=pipeline_root,
-        components=ours + added,
-        enable_cache=enable_cache,
-        metadata_connection_config=(
-            metadata.sqlite_metadata_connection_config(metadata_path) if metadata_path else None
-        ),
-        beam_pipeline_args=beam_pipeline_args if beam_pipeline_args is not None else cfg.beam_pipeline_args(),
-    )
+    ).with_id(PUSHER)]
 
 
 def without_cache_for(ir, node_ids=NEVER_CACHED):
-    """The compiled pipeline IR with caching off for `node_ids` (TFX's compiler gives every node the
-    pipeline's flag, tfx/dsl/compiler/compiler.py; the launcher honours each node's own,
-    tfx/orchestration/portable/launcher.py)."""
+    """Turns caching off for `node_ids` in a compiled pipeline.
+
+    TFX's compiler gives every node the pipeline's flag (tfx/dsl/compiler/compiler.py); the launcher
+    honours each node's own (tfx/orchestration/portable/launcher.py).
+
+    Args:
+      ir: the compiled pipeline (`pipeline_pb2.Pipeline`), changed in place.
+      node_ids: the nodes never taken from the cache.
+
+    Returns:
+      `ir`.
+    """
     for node in ir.nodes:
         if node.pipeline_node.node_info.id in node_ids:
             node.pipeline_node.execution_options.caching_options.enable_cache = False
@@ -211,7 +296,15 @@ def without_cache_for(ir, node_ids=NEVER_CACHED):
 
 
 def run_locally(p) -> None:
-    """`LocalDagRunner().run(p)`, with the NEVER_CACHED steps always executed."""
+    """Runs the pipeline with TFX's LocalDagRunner, the NEVER_CACHED steps always executed.
+
+    Args:
+      p: the pipeline (`create_pipeline`).
+
+    Raises:
+      Exception: whatever a component raised; TFX has marked its execution FAILED in ML Metadata.
+    """
+    # lazy: TFX's runner loads TensorFlow; this module is on the CLI's config path
     from tfx.orchestration.local.local_dag_runner import LocalDagRunner
     from tfx.orchestration.portable import tfx_runner
 

@@ -63,7 +63,16 @@ class _Stage:
 
 
 def count_text(name: str, c: _Count, now: float) -> str:
-    """`counting values: 1,234,567 / 3,000,000 rows (41%, 52.1k rows/s, ETA 34s)`."""
+    """Formats a count as one line of the view.
+
+    Args:
+      name: the count's phase name.
+      c: the count so far (done, total, unit, times of its first and last events).
+      now: the current time (unused: the rate runs to the last event).
+
+    Returns:
+      E.g. `counting values: 1,234,567 / 3,000,000 rows (41%, 52.1k rows/s, ETA 34s)`.
+    """
     parts = []
     elapsed = (c.last_t - c.first_t) if c.first_t is not None else 0.0
     rate = (c.done - c.first_done) / elapsed if elapsed > 0 else None
@@ -79,6 +88,15 @@ def count_text(name: str, c: _Count, now: float) -> str:
 
 
 def step_text(e: Dict[str, Any], st: _Stage) -> str:
+    """Formats a training step event as one line of the view.
+
+    Args:
+      e: the `step` event (`t`, `step`, `total`, `loss`, `examples_per_second`).
+      st: the stage's state (its first step event is the ETA's base).
+
+    Returns:
+      E.g. `step 1,000/5,000, loss 0.4512, 52.1k examples/s, ETA 2m05s`.
+    """
     parts = [f"step {e['step']:,}/{e['total']:,}"]
     if e.get("loss") is not None:
         parts.append(f"loss {e['loss']:.4f}")
@@ -91,14 +109,23 @@ def step_text(e: Dict[str, Any], st: _Stage) -> str:
 
 
 class ProgressPrinter:
-    """Tails `path` (progress events) and prints them to `stream` until `stop()`."""
+    """Tails a progress file and prints its events to a stream, from `start()` until `stop()`.
+
+    Args:
+      path: the progress file (JSON lines, components/reporting/progress.py).
+      stream: where to print.
+      tty: draw tqdm bars in place; None asks `stream.isatty()`. Off without tqdm.
+      every: without bars, print a stage's counts and steps at most once per this many seconds.
+      poll: seconds between reads of the file.
+    """
 
     def __init__(self, path: str, stream: TextIO, tty: Optional[bool] = None, every: float = 10.0, poll: float = 0.25):
         self.path, self.stream, self.every, self.poll = path, stream, every, poll
         self.tty = stream.isatty() if tty is None else tty
         if self.tty:
             try:
-                import tqdm  # noqa: F401  (bars on a terminal; plain lines without it)
+                # lazy: tqdm is optional (bars on a terminal; plain lines without it)
+                import tqdm  # noqa: F401
             except ImportError:
                 self.tty = False
         self._stages: Dict[str, _Stage] = {}
@@ -111,6 +138,11 @@ class ProgressPrinter:
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> "ProgressPrinter":
+        """Starts the tailing thread.
+
+        Returns:
+          This printer, to chain calls.
+        """
         self._thread = threading.Thread(target=self._loop, name="progress", daemon=True)
         self._thread.start()
         return self
@@ -128,6 +160,7 @@ class ProgressPrinter:
             pass
 
     def drain_quietly(self) -> None:
+        """Like `drain`, but never raises: the view is best effort and the run goes on."""
         try:
             self.drain()
         except Exception:  # noqa: BLE001 - a closed terminal, an unreadable file: the run goes on
@@ -139,6 +172,14 @@ class ProgressPrinter:
 
     # -- reading ----------------------------------------------------------------------------------
     def drain(self) -> None:
+        """Reads the events appended since the last read and prints them.
+
+        An unfinished last line waits for the next read; torn lines and events this view does not
+        understand are skipped.
+
+        Raises:
+          OSError: the file cannot be read (a missing file is no error).
+        """
         try:
             with open(self.path, "rb") as fh:
                 fh.seek(self._offset)
@@ -163,6 +204,7 @@ class ProgressPrinter:
     # -- printing ---------------------------------------------------------------------------------
     def _print(self, text: str) -> None:
         if self.tty:
+            # lazy: tqdm is optional (the view prints plain lines without it)
             from tqdm import tqdm
 
             tqdm.write(text, file=self.stream)
@@ -185,6 +227,14 @@ class ProgressPrinter:
             st.step_bar = None
 
     def handle(self, e: Dict[str, Any]) -> None:
+        """Updates the view with one event and prints what it changes.
+
+        Args:
+          e: the event (`t`, `stage`, `event` and the kind's fields).
+
+        Raises:
+          KeyError, TypeError, ValueError: an event this view does not understand.
+        """
         name, kind, t = e.get("stage", "?"), e.get("event"), float(e.get("t", time.time()))
         if kind == progress.START:
             self._stages[name] = _Stage(started=t, totals=dict(e.get("totals") or {}))
@@ -223,6 +273,7 @@ class ProgressPrinter:
 
     def _show_count(self, name: str, st: _Stage, phase: str, c: _Count, t: float) -> None:
         if self.tty:
+            # lazy: tqdm is optional (the view prints plain lines without it)
             from tqdm import tqdm
 
             if c.bar is None:
@@ -244,6 +295,7 @@ class ProgressPrinter:
 
     def _show_step(self, name: str, st: _Stage, e: Dict[str, Any], t: float) -> None:
         if self.tty:
+            # lazy: tqdm is optional (the view prints plain lines without it)
             from tqdm import tqdm
 
             if st.step_bar is None:
@@ -265,4 +317,12 @@ class ProgressPrinter:
 
 
 def progress_path(output_dir: str) -> str:
+    """Gives the progress file of a local run.
+
+    Args:
+      output_dir: the run's output folder.
+
+    Returns:
+      `<output_dir>/progress.jsonl`.
+    """
     return os.path.join(output_dir, "progress.jsonl")

@@ -16,7 +16,10 @@ import html
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from components.reporting.report import count_list, reasons_list
+from components.reporting.report import render as render_text
 from pipelines.pipeline import PIPELINE_ROOT
+from pipelines.summary import _latest, summary_report
 
 SECTIONS = (
     ("summary", "Summary"),
@@ -60,7 +63,17 @@ def _verdict(ok: bool, yes: str = "passed", no: str = "FAILED") -> _Raw:
 
 
 def line_chart(series: Dict[str, List[Tuple[float, float]]], title: str, width: int = 560, height: int = 220) -> str:
-    """An SVG line chart of `series` (name -> [(step, value)]), axes labelled with their ranges."""
+    """An SVG line chart, axes labelled with their ranges.
+
+    Args:
+      series: name -> [(step, value)].
+      title: the chart's title.
+      width: in pixels.
+      height: in pixels.
+
+    Returns:
+      The `<svg>` element; empty when there are no points.
+    """
     points = [p for s in series.values() for p in s]
     if not points:
         return ""
@@ -100,10 +113,17 @@ def line_chart(series: Dict[str, List[Tuple[float, float]]], title: str, width: 
 
 
 def training_curves(run_dir: Optional[str]) -> Dict[str, Dict[str, List[Tuple[float, float]]]]:
-    """metric -> {series (train, validation...): [(step, value)]} from the TensorBoard event files
-    under `run_dir` (the Trainer's model_run artifact), read with TensorBoard's own loader."""
+    """Reads the scalar curves of the TensorBoard event files under `run_dir`, with TensorBoard's own loader.
+
+    Args:
+      run_dir: the Trainer's model_run artifact (None or missing: no curves).
+
+    Returns:
+      metric -> {series (train, validation...): [(step, value)]}.
+    """
     if not run_dir or not os.path.isdir(run_dir):
         return {}
+    # lazy: TensorBoard's loader imports TensorFlow; the runner imports this module on the CLI's path
     from tensorboard.backend.event_processing import event_accumulator
     from tensorboard.util import tensor_util
 
@@ -126,37 +146,58 @@ def training_curves(run_dir: Optional[str]) -> Dict[str, Dict[str, List[Tuple[fl
     return curves
 
 
-def _latest(root: str, pattern: str) -> Optional[str]:
-    from pipelines.summary import _latest as latest
-
-    return latest(os.path.join(root, pattern))
+def _latest_under(root: str, pattern: str) -> Optional[str]:
+    return _latest(os.path.join(root, pattern))
 
 
 def render(summary: Dict[str, Any], output_dir: str, path: str) -> str:
-    from components.reporting import count_list, reasons_list, render as render_text
-    from pipelines.summary import summary_report
+    """The run report's HTML page.
 
+    Args:
+      summary: the run's summary (pipelines/summary.py `summarize`).
+      output_dir: the run's output folder (its pipeline root holds the artifacts linked and read).
+      path: where the page will be written (links are relative to it).
+
+    Returns:
+      The whole page, one section per entry of `SECTIONS`.
+    """
     root = os.path.join(output_dir, PIPELINE_ROOT)
     here = os.path.dirname(os.path.abspath(path))
-    body: Dict[str, str] = {}
+    body = {
+        "summary": f"<pre>{_e(render_text(summary_report(summary)))}</pre>",
+        "ledger": _ledger_section(summary),
+        "statistics": _statistics_section(summary, root, here),
+        "training": _training_section(root),
+        "evaluation": _evaluation_section(summary),
+        "export": _export_section(summary),
+        "continuous": _continuous_section(summary),
+    }
+    title = f"Run report: {os.path.basename(output_dir.rstrip('/'))}"
+    nav = " · ".join(f'<a href="#{k}">{_e(t)}</a>' for k, t in SECTIONS)
+    sections = "".join(f'<h2 id="{k}">{_e(t)}</h2>{body[k]}' for k, t in SECTIONS)
+    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{_e(title)}</title>"
+            f"<style>{_CSS}</style></head><body><h1>{_e(title)}</h1><p>{nav}</p>{sections}</body></html>\n")
 
-    body["summary"] = f"<pre>{_e(render_text(summary_report(summary)))}</pre>"
 
+def _ledger_section(summary: Dict[str, Any]) -> str:
     stages = (summary.get("ledger") or {}).get("stages") or []
+
     def counts(v):
         return count_list(v) if isinstance(v, dict) else (f"{v:,}" if isinstance(v, int) else v)
 
     def reasons(v):
         return reasons_list(v) if isinstance(v, dict) else (v or "")
 
-    body["ledger"] = _table(
+    return _table(
         [[s["stage"], counts(s["rows_in"]), reasons(s.get("malformed")), reasons(s.get("dropped")), counts(s["rows_out"]),
           _verdict(s["balanced"], "adds up", "DOES NOT ADD UP: " + "; ".join(s.get("problems") or []))]
          for s in stages],
         ["stage", "rows in", "malformed", "dropped", "rows out", "verdict"],
     ) if stages else '<p class="muted">No row ledger (the run stopped before preprocessing).</p>'
 
-    stats_html = _latest(root, os.path.join("EmbeddingPreprocess", "statistics", "*", "statistics.html"))
+
+def _statistics_section(summary: Dict[str, Any], root: str, here: str) -> str:
+    stats_html = _latest_under(root, os.path.join("EmbeddingPreprocess", "statistics", "*", "statistics.html"))
     sizes = summary.get("vocabulary_sizes") or {}
     parts = []
     if stats_html:
@@ -169,15 +210,20 @@ def render(summary: Dict[str, Any], output_dir: str, path: str) -> str:
         parts.append("<p>Feature health warnings:</p>" + _table(
             [[n, f"{w['share']:.1%}", w["status"], w["reasons"]] for n, w in sorted(warnings.items())],
             ["feature", "unusable", "status", "reasons"]))
-    body["statistics"] = "".join(parts) or '<p class="muted">No preprocessing statistics.</p>'
+    return "".join(parts) or '<p class="muted">No preprocessing statistics.</p>'
 
-    run_dir = _latest(root, os.path.join("Trainer", "model_run", "*"))
+
+def _training_section(root: str) -> str:
+    run_dir = _latest_under(root, os.path.join("Trainer", "model_run", "*"))
     curves = training_curves(run_dir)
-    body["training"] = "".join(line_chart(s, tag) for tag, s in sorted(curves.items())) or \
+    text = "".join(line_chart(s, tag) for tag, s in sorted(curves.items())) or \
         '<p class="muted">No TensorBoard events found under the Trainer\'s model_run artifact.</p>'
     if run_dir:
-        body["training"] += f'<p class="muted">Events: {_e(run_dir)} (open with TensorBoard for more).</p>'
+        text += f'<p class="muted">Events: {_e(run_dir)} (open with TensorBoard for more).</p>'
+    return text
 
+
+def _evaluation_section(summary: Dict[str, Any]) -> str:
     rows = []
     if summary.get("eval_auc") is not None:
         rows.append(["this run's model", f"{summary['eval_auc']:.4f}", f"log loss {summary['eval_log_loss']:.4f}"])
@@ -193,47 +239,52 @@ def render(summary: Dict[str, Any], output_dir: str, path: str) -> str:
             if c["name"] != "baseline" and ref is not None:
                 rows.append([f"last blessed model ({c['name']})", f"{ref:.4f}", "scored on this run's eval rows"])
             checks.append([c["name"], _verdict(bool(c["passed"])), c.get("reason")])
-    body["evaluation"] = (_table(rows, ["model", "eval AUC", ""]) if rows else "") + (
+    return (_table(rows, ["model", "eval AUC", ""]) if rows else "") + (
         f"<p>Validation gate: {_verdict(bool(v['blessed']), 'blessed, pushed', 'NOT BLESSED: kept, not pushed')}</p>"
         + _table(checks, ["check", "result", "reason"]) if v else '<p class="muted">No gate decision (the export did not run).</p>')
 
+
+def _export_section(summary: Dict[str, Any]) -> str:
     p = summary.get("export_parity")
-    if p:
-        comp = summary.get("export_compression") or {}
-        body["export"] = (
-            f"<p>Parity: {_verdict(bool(p['passed']))}: max |trained - serving| = {p['max_abs_diff']:.2e} on "
-            f"{p['examples']} raw eval examples (tolerance {p['tolerance']:g}); table layout "
-            f"{_e(summary.get('export_layout'))}.</p>"
-            + _table([[d, f"{c['table_bytes'] / 1e6:.1f} MB", f"{c['auc_change']:+.1e}"]
-                      for d, c in sorted(comp.items(), key=lambda kv: -kv[1]["table_bytes"])],
-                     ["table dtype", "tables", "AUC change vs float32"]))
-    else:
-        body["export"] = '<p class="muted">No export (the run stopped before it).</p>'
+    if not p:
+        return '<p class="muted">No export (the run stopped before it).</p>'
+    comp = summary.get("export_compression") or {}
+    return (
+        f"<p>Parity: {_verdict(bool(p['passed']))}: max |trained - serving| = {p['max_abs_diff']:.2e} on "
+        f"{p['examples']} raw eval examples (tolerance {p['tolerance']:g}); table layout "
+        f"{_e(summary.get('export_layout'))}.</p>"
+        + _table([[d, f"{c['table_bytes'] / 1e6:.1f} MB", f"{c['auc_change']:+.1e}"]
+                  for d, c in sorted(comp.items(), key=lambda kv: -kv[1]["table_bytes"])],
+                 ["table dtype", "tables", "AUC change vs float32"]))
 
+
+def _continuous_section(summary: Dict[str, Any]) -> str:
     c = summary.get("continuous")
-    if c:
-        w, d = c.get("warm_start"), c.get("drift") or {}
-        rows = [["base model", c.get("base_model") or f"none ({c.get('note')})"]]
-        if w:
-            rows += [["embedding rows carried", f"{w['rows_carried']:,} of {w['rows']:,}"],
-                     ["tokens", f"{w['tokens_carried']:,} carried, {w['tokens_new']:,} new, {w['tokens_dropped']:,} dropped"],
-                     ["dense weights", f"{w['dense_weights_carried']} carried, {w['dense_weights_fresh']} fresh"]]
-        for key in ("new_token_share", "vocabulary_overlap", "ids_per_example_change", "dense_mean_shift_in_std"):
-            if d.get(key):
-                rows.append([f"drift: {key.replace('_', ' ')}", f"{d[key]['value']:.3f} ({d[key]['name']})"])
-        body["continuous"] = _table(rows)
-    else:
-        body["continuous"] = '<p class="muted">No warm start or drift record.</p>'
-
-    title = f"Run report: {os.path.basename(output_dir.rstrip('/'))}"
-    nav = " · ".join(f'<a href="#{k}">{_e(t)}</a>' for k, t in SECTIONS)
-    sections = "".join(f'<h2 id="{k}">{_e(t)}</h2>{body[k]}' for k, t in SECTIONS)
-    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{_e(title)}</title>"
-            f"<style>{_CSS}</style></head><body><h1>{_e(title)}</h1><p>{nav}</p>{sections}</body></html>\n")
+    if not c:
+        return '<p class="muted">No warm start or drift record.</p>'
+    w, d = c.get("warm_start"), c.get("drift") or {}
+    rows = [["base model", c.get("base_model") or f"none ({c.get('note')})"]]
+    if w:
+        rows += [["embedding rows carried", f"{w['rows_carried']:,} of {w['rows']:,}"],
+                 ["tokens", f"{w['tokens_carried']:,} carried, {w['tokens_new']:,} new, {w['tokens_dropped']:,} dropped"],
+                 ["dense weights", f"{w['dense_weights_carried']} carried, {w['dense_weights_fresh']} fresh"]]
+    for key in ("new_token_share", "vocabulary_overlap", "ids_per_example_change", "dense_mean_shift_in_std"):
+        if d.get(key):
+            rows.append([f"drift: {key.replace('_', ' ')}", f"{d[key]['value']:.3f} ({d[key]['name']})"])
+    return _table(rows)
 
 
 def write_run_report(summary: Dict[str, Any], output_dir: str, path: str) -> str:
-    """Writes the page (through a temporary file: no half-written report) and returns its path."""
+    """Writes the run report's page through a temporary file, so that no half-written report is left.
+
+    Args:
+      summary: the run's summary (pipelines/summary.py `summarize`).
+      output_dir: the run's output folder.
+      path: the page's path.
+
+    Returns:
+      `path`.
+    """
     text = render(summary, output_dir, path)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:

@@ -11,18 +11,27 @@ line naming the component, the cause and the log.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional, TextIO
 
-from components.reporting import progress
 from components.config.schema import PipelineConfig
+from components.data_io.beam_runtime import ensure_local_runner_safe
+from components.reporting import progress
 from components.reporting.errors import one_line
-from components.reporting import error_line
+from components.reporting.report import error_line
+from pipelines.pipeline import METADATA_FILE, PIPELINE_ROOT, SERVING_DIR, create_pipeline, run_locally
+from pipelines.progress_view import ProgressPrinter, progress_path
+from pipelines.run_report import write_run_report
+from pipelines.summary import exit_status, summarize
+
+if TYPE_CHECKING:
+    from ml_metadata.metadata_store.metadata_store import MetadataStore
 
 DEMO_ROWS = 375_000
 LOG_FILE = "pipeline.log"
@@ -35,35 +44,51 @@ class RunFailed(RuntimeError):
 
 @dataclass
 class RunResult:
-    """What a run did: its summary (pipelines/summary.py `summarize`, also written to
-    `<output_dir>/summary.json`) and the exit status it calls for (0 pushed, 3 the gate kept the
-    model back, 1 nothing pushed for another reason)."""
+    """What a run did.
+
+    Attributes:
+      summary: the run's summary (pipelines/summary.py `summarize`, also written to
+        `<output_dir>/summary.json`).
+      output_dir: the run's output folder.
+    """
 
     summary: Dict[str, Any]
     output_dir: str
 
     @property
     def exit_status(self) -> int:
-        from pipelines.summary import exit_status
-
+        """The exit status the run calls for: 0 pushed, 3 the gate kept the model back, 1 nothing
+        pushed for another reason."""
         return exit_status(self.summary)
 
     @property
     def pushed(self) -> bool:
+        """Whether this run pushed its model."""
         return bool(self.summary.get("pushed_by_this_run"))
 
 
 class _ComponentLog(logging.Handler):
-    """Remembers which component TFX's runner started last (the one to name when a run fails
-    outside our own code) and which ones it took from the cache (no executor ran: no progress
-    events); prints a line for each cached one."""
+    """Prints a line for each component TFX's runner took from the cache (no executor ran, so no
+    progress events come for it), and remembers which component the runner started last.
 
-    def __init__(self, stream):
+    TFX's LocalDagRunner logs `Component <id> is running.` before each component and the launcher
+    `A cached execution <n> is used.` when it reuses one: the only live signal of a cached step.
+
+    Args:
+      stream: where the cached lines go (the terminal).
+    """
+
+    def __init__(self, stream: TextIO):
         super().__init__(logging.INFO)
         self.stream = stream
         self.current: Optional[str] = None
 
     def emit(self, record: logging.LogRecord) -> None:
+        """Notes a component's start, or prints its cached line.
+
+        Args:
+          record: any record that reaches the root logger.
+        """
         msg = record.getMessage()
         m = re.match(r"Component (\S+) is (running|finished)\.", msg)
         if m:
@@ -73,35 +98,92 @@ class _ComponentLog(logging.Handler):
                   file=self.stream, flush=True)
 
 
-# Where each component's code lives: the innermost matching frame of a failure's traceback names
-# the component (the progress log alone cannot: TensorFlow may turn INFO logging down mid-run).
-_COMPONENT_CODE = (
-    ("components/example_gen/", "EmbeddingExampleGen"),
-    ("components/embedding_preprocess/", "EmbeddingPreprocess"),
-    ("components/embedding_trainer/", "Trainer"),
-    ("tfx/components/trainer/", "Trainer"),
-    ("components/embedding_exporter/", "EmbeddingExporter"),
-    ("tfx/components/pusher/", "Pusher"),
-)
+def failed_node(store: MetadataStore, since_ms: int) -> Optional[str]:
+    """Names the pipeline node whose execution failed, as TFX recorded it in ML Metadata.
 
+    TFX's launcher marks an execution FAILED when its executor raises
+    (tfx/orchestration/portable/launcher.py `launch`), and associates every execution with its
+    node's context, named `<pipeline name>.<node id>` (tfx/dsl/compiler/compiler_utils.py
+    `node_context_name`). Without a FAILED execution, the latest execution left NEW or RUNNING names
+    the node: one whose driver or publishing raised.
 
-def failed_component(e: BaseException) -> Optional[str]:
-    import traceback
+    Args:
+      store: the run's ML Metadata store.
+      since_ms: the run's start, in milliseconds since the epoch: executions created before it
+        belong to earlier runs into the same store.
 
-    for frame in reversed(traceback.extract_tb(e.__traceback__)):
-        path = frame.filename.replace(os.sep, "/")
-        for code, name in _COMPONENT_CODE:
-            if code in path:
-                return name
+    Returns:
+      The node id (e.g. `Trainer`), or None when no execution of this run failed or was left
+      unfinished.
+    """
+    # lazy: keeps TFX and ML Metadata off the command line's config path
+    from ml_metadata.proto.metadata_store_pb2 import Execution
+    from tfx.dsl.compiler.constants import NODE_CONTEXT_TYPE_NAME, PIPELINE_CONTEXT_TYPE_NAME
+
+    runs = [e for e in store.get_executions() if e.create_time_since_epoch >= since_ms]
+    # NEW or RUNNING: registered and never finished, as when its driver or the publishing of its
+    # outputs raised (the launcher marks FAILED only what its executor raised).
+    failed = ([e for e in runs if e.last_known_state == Execution.FAILED]
+              or [e for e in runs if e.last_known_state in (Execution.NEW, Execution.RUNNING)])
+    if not failed:
+        return None
+    contexts = store.get_contexts_by_execution(max(failed, key=lambda e: e.id).id)
+    pipeline_names = [c.name for c in contexts if c.type == PIPELINE_CONTEXT_TYPE_NAME]
+    for c in contexts:
+        if c.type == NODE_CONTEXT_TYPE_NAME:
+            prefix = f"{pipeline_names[0]}." if pipeline_names else ""
+            return c.name[len(prefix):] if c.name.startswith(prefix) else c.name
     return None
+
+
+def failed_component(metadata_path: str, since: float) -> Optional[str]:
+    """Names the component that failed in the run that started at `since`, read from its ML Metadata.
+
+    Args:
+      metadata_path: the run's SQLite ML Metadata file (opened read-only; it may not exist yet
+        when the run failed before TFX started).
+      since: when the run started (`time.time()`).
+
+    Returns:
+      The component's node id, or None when ML Metadata names none (or cannot be read).
+    """
+    # lazy: keeps ML Metadata off the command line's config path
+    from ml_metadata.metadata_store.metadata_store import MetadataStore
+    from ml_metadata.proto.metadata_store_pb2 import ConnectionConfig, SqliteMetadataSourceConfig
+
+    if not os.path.exists(metadata_path):
+        return None
+    config = ConnectionConfig()
+    config.sqlite.filename_uri = metadata_path
+    config.sqlite.connection_mode = SqliteMetadataSourceConfig.READONLY
+    try:
+        return failed_node(MetadataStore(config), int(since * 1000))
+    except Exception:  # noqa: BLE001 - naming the component is best effort: the run's own error must come through
+        logging.exception("ML Metadata could not say which component failed")
+        return None
 
 
 def run(cfg: PipelineConfig, output_dir: str, quiet: bool = False, span: Optional[int] = None,
         cache: bool = True, progress_to_stderr: bool = False, extra_components=None) -> RunResult:
     """Runs the pipeline with TFX's LocalDagRunner into `output_dir` and summarizes it.
-    `progress_to_stderr`: the quiet run's progress goes to stderr (stdout then carries only what
-    the caller prints, e.g. the summary as JSON). `extra_components`: stock components to add
-    (pipelines.pipeline.create_pipeline)."""
+
+    Args:
+      cfg: the resolved configuration.
+      output_dir: where the pipeline root, ML Metadata, the serving models, the log and the summary go.
+      quiet: send everything TFX, Beam, TensorFlow and Python's warnings write to
+        `<output_dir>/pipeline.log`; the terminal shows the stages' progress only.
+      span: with a span input, read this span instead of the latest.
+      cache: reuse the outputs of components whose inputs and settings are unchanged.
+      progress_to_stderr: the quiet run's progress goes to stderr (stdout then carries only what
+        the caller prints, e.g. the summary as JSON).
+      extra_components: stock components to add (pipelines.pipeline.create_pipeline).
+
+    Returns:
+      The run's summary and output folder.
+
+    Raises:
+      RunFailed: (quiet only) a component failed; one line names it, the cause and the log.
+    """
     output_dir = os.path.abspath(output_dir)
     os.makedirs(output_dir, exist_ok=True)
     if quiet:
@@ -114,12 +196,6 @@ class _SummaryFailed(RuntimeError):
 
 
 def _run(cfg: PipelineConfig, output_dir: str, span: Optional[int], cache: bool, extra_components=None) -> RunResult:
-    import json
-
-    from components.data_io.beam_runtime import ensure_local_runner_safe
-    from pipelines.pipeline import METADATA_FILE, PIPELINE_ROOT, SERVING_DIR, create_pipeline, run_locally
-    from pipelines.summary import summarize
-
     ensure_local_runner_safe(cfg.beam_pipeline_args())
     p = create_pipeline(
         cfg,
@@ -138,8 +214,6 @@ def _run(cfg: PipelineConfig, output_dir: str, span: Optional[int], cache: bool,
         raise _SummaryFailed(f"the run finished, but its summary could not be read back: {type(e).__name__}: {e}") from e
     summary["seconds"] = round(time.time() - start, 1)
     try:
-        from pipelines.run_report import write_run_report
-
         summary["report_html"] = write_run_report(summary, output_dir, os.path.join(output_dir, REPORT_HTML))
     except Exception:  # noqa: BLE001 - the HTML report is a view: the run's outcome does not depend on it
         logging.exception("the HTML run report could not be written")
@@ -160,8 +234,6 @@ def _log_handler() -> logging.Handler:
 
 def _run_logged(cfg: PipelineConfig, output_dir: str, span: Optional[int] = None, cache: bool = True,
                 progress_to_stderr: bool = False, extra_components=None) -> RunResult:
-    from pipelines.progress_view import ProgressPrinter, progress_path
-
     log_path = os.path.join(output_dir, LOG_FILE)
     events = progress_path(output_dir)
     if os.path.exists(events):
@@ -182,6 +254,7 @@ def _run_logged(cfg: PipelineConfig, output_dir: str, span: Optional[int] = None
     root.setLevel(min(old_level or logging.INFO, logging.INFO))
     print(f"running {cfg.name}; full log: {log_path}", file=terminal, flush=True)
     printer.start()
+    started = time.time()
     try:
         return _run(cfg, output_dir, span, cache, extra_components)
     except Exception as e:  # noqa: BLE001 - every failure becomes one line; the traceback is in the log
@@ -190,7 +263,8 @@ def _run_logged(cfg: PipelineConfig, output_dir: str, span: Optional[int] = None
             where = "the run summary"
         else:
             printer.drain_quietly()  # the last events name the stage that was running
-            where = failed_component(e) or printer.current or component_log.current or "the pipeline"
+            where = (failed_component(os.path.join(output_dir, METADATA_FILE), started) or printer.current
+                     or component_log.current or "the pipeline")
         raise RunFailed(error_line(one_line(e), where, log_path)[len("error: "):]) from e
     finally:
         # The process's own output first: nothing below may leave it pointing at the log.

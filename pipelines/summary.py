@@ -12,7 +12,8 @@ import os
 from typing import Any, Dict, Optional
 
 from components.config.schema import PipelineConfig
-from components.reporting import Report, count_list, reasons_list
+from components.model_registry.registry import RegistryError, lookup
+from components.reporting.report import Report, count_list, reasons_list
 from pipelines.pipeline import PIPELINE_ROOT, SERVING_DIR
 
 # Exit statuses of `python -m pipelines run` (and demo, continuous): README "Your own data".
@@ -41,6 +42,18 @@ def _read(path: Optional[str]) -> Optional[Dict[str, Any]]:
 
 
 def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
+    """Reads what a local run did back from its artifacts (the newest execution of each step).
+
+    Args:
+      cfg: the run's configuration.
+      output_dir: the run's output folder (its pipeline root and push destination).
+
+    Returns:
+      The summary: the ledger, feature warnings, input span, what is served and whether this run
+      pushed it, rows read and dropped, vocabulary sizes, warm start and drift, AUCs, the gate's
+      and the Evaluator's decisions, training length, and the export's parity, layout and
+      compression. Parts whose artifact is missing are None.
+    """
     root = os.path.join(output_dir, PIPELINE_ROOT)
     stats = _read(_latest(os.path.join(root, "EmbeddingPreprocess", "statistics", "*", "statistics.json")))
     gen = _read(_latest(os.path.join(root, "EmbeddingExampleGen", "examples", "*", "ledger.json")))
@@ -94,8 +107,18 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
 
 
 def training_length(cfg: PipelineConfig, run: Optional[Dict[str, Any]], stats: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-    """How long the model trained, in steps and in passes over the train split, and how long the
-    defaults (training.train_steps unset: training.epochs passes) would train it."""
+    """Says how long the model trained, and how long the defaults would train it.
+
+    Args:
+      cfg: the run's configuration (batch size, epochs).
+      run: the Trainer's `training_run.json`, or None.
+      stats: preprocessing's `statistics.json` (the train split's rows), or None.
+
+    Returns:
+      None without a training run; else steps, length source, batch size, train rows, early
+      stopping's choice, and, when the rows are known, epochs trained and the defaults' steps
+      and epochs (training.train_steps unset: training.epochs passes).
+    """
     if not run:
         return None
     t = cfg.training
@@ -117,13 +140,18 @@ def training_length(cfg: PipelineConfig, run: Optional[Dict[str, Any]], stats: O
 
 
 def served_model(serving_dir: str) -> Optional[Dict[str, Any]]:
-    """{model, exported_model} of the version served at `serving_dir` (its model registry), None
-    when nothing is; {model: None, error} when the registry cannot say."""
-    from components.model_registry import registry
+    """What the model registry at `serving_dir` says is served.
 
+    Args:
+      serving_dir: the push destination.
+
+    Returns:
+      {model, exported_model} of the version served; None when nothing is; {model: None,
+      exported_model: None, error} when the registry cannot say.
+    """
     try:
-        found = registry.lookup(serving_dir)
-    except registry.RegistryError as e:
+        found = lookup(serving_dir)
+    except RegistryError as e:
         return {"model": None, "exported_model": None, "error": str(e)}
     if not found.found:
         return None
@@ -131,7 +159,15 @@ def served_model(serving_dir: str) -> Optional[Dict[str, Any]]:
 
 
 def continuous_summary(c: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-    """The Trainer's continuous.json in brief: what the warm start carried, the largest drift."""
+    """Sums up the Trainer's continuous.json: what the warm start carried and the largest drift.
+
+    Args:
+      c: the parsed continuous.json, or None.
+
+    Returns:
+      None without it; else base model, note, warm start totals and, per drift measure, the
+      worst table or feature (`{name, value}`).
+    """
     if not c:
         return None
     out: Dict[str, Any] = {"base_model": c.get("base_model"), "note": c.get("note")}
@@ -170,8 +206,15 @@ def continuous_summary(c: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 
 
 def exit_status(s: Dict[str, Any]) -> int:
-    """0 when this run pushed its model, 3 when the validation gate (or TFX's Evaluator) kept it back, 1 otherwise (a
-    run that ended without a failure but pushed nothing and was not refused by the gate)."""
+    """Chooses the exit status of a run that ended without a failure.
+
+    Args:
+      s: the run's summary (`summarize`).
+
+    Returns:
+      `EXIT_PUSHED` (0) when this run pushed its model, `EXIT_NOT_PUSHED` (3) when the validation
+      gate or TFX's Evaluator kept it back, else `EXIT_FAILED` (1).
+    """
     if s.get("pushed_by_this_run"):
         return EXIT_PUSHED
     if s.get("validation") and not s["validation"]["blessed"]:
@@ -182,6 +225,15 @@ def exit_status(s: Dict[str, Any]) -> int:
 
 
 def not_pushed_reason(s: Dict[str, Any]) -> str:
+    """Says why a run pushed no model.
+
+    Args:
+      s: the run's summary (`summarize`).
+
+    Returns:
+      The gate's reasons, the Evaluator's refusal, the registry's error, or that the run ended
+      without a push.
+    """
     v = s.get("validation")
     if v and not v["blessed"]:
         return "the validation gate kept the model back: " + "; ".join(v.get("reasons") or ["not blessed"])
@@ -193,8 +245,15 @@ def not_pushed_reason(s: Dict[str, Any]) -> str:
 
 
 def refusal_hints(s: Dict[str, Any]) -> list:
-    """What a user whose model the gate refused can try: how far it was from each reference, how
-    long it trained against what the defaults would train."""
+    """Lists what a user whose model the gate refused can try.
+
+    Args:
+      s: the run's summary (`summarize`).
+
+    Returns:
+      One sentence per hint: how far the model was from each failed check's reference, and how
+      long it trained against what the defaults would train.
+    """
     hints = []
     v = s.get("validation") or {}
     for c in v.get("checks") or []:
@@ -221,6 +280,12 @@ def refusal_hints(s: Dict[str, Any]) -> list:
 
 
 def continuous_rows(r: Report, c: Optional[Dict[str, Any]]) -> None:
+    """Adds the warm start and drift rows to a report.
+
+    Args:
+      r: the report to add to.
+      c: the summary's `continuous` part (`continuous_summary`); None adds nothing.
+    """
     if not c:
         return
     if not c.get("base_model"):
@@ -250,13 +315,35 @@ def continuous_rows(r: Report, c: Optional[Dict[str, Any]]) -> None:
 
 
 def summary_report(s: Dict[str, Any]) -> Report:
-    """The pipeline summary as a Report (its data: the summary itself)."""
+    """The pipeline summary as a Report.
+
+    Args:
+      s: the run's summary (`summarize`).
+
+    Returns:
+      A report whose data is the summary itself: what is served, the rows, the training, the gate
+      and the export.
+    """
     r = Report("pipeline summary", data=s)
     if s.get("pushed_by_this_run"):
         r.add("serving model", f"{s['serving_model']} (pushed by this run)")
     else:
         r.add("serving model", f"none pushed: {not_pushed_reason(s)}")
         r.sub("still served", s.get("serving_model") or "nothing")
+    _input_rows(r, s)
+    continuous_rows(r, s.get("continuous"))
+    _training_rows(r, s)
+    _gate_rows(r, s)
+    _export_rows(r, s)
+    if s.get("report_html"):
+        r.add("run report", s["report_html"])
+    if s.get("seconds") is not None:
+        r.add("took", f"{s['seconds']:.0f}s")
+    return r
+
+
+def _input_rows(r: Report, s: Dict[str, Any]) -> None:
+    """The span read, the rows read and dropped, each stage's ledger, feature health, vocabularies."""
     if (s.get("input") or {}).get("span"):
         r.add("input", f"span {s['input']['span']} ({s['input']['files']} files)")
     if s.get("rows_read"):
@@ -277,7 +364,10 @@ def summary_report(s: Dict[str, Any]) -> Report:
         sizes = s["vocabulary_sizes"]
         r.add("vocabularies", f"{len(sizes)} tables, {sum(sizes.values()):,} entries in all")
         r.sub("", ", ".join(f"{k}={v:,}" for k, v in sizes.items()))
-    continuous_rows(r, s.get("continuous"))
+
+
+def _training_rows(r: Report, s: Dict[str, Any]) -> None:
+    """How long it trained and which step is the model; eval AUC against the baseline's."""
     t = s.get("training") or {}
     if t.get("steps"):
         epochs = f", {t['epochs']:g} epochs" if t.get("epochs") is not None else ""
@@ -294,6 +384,10 @@ def summary_report(s: Dict[str, Any]) -> Report:
         r.add("eval AUC", f"{s['eval_auc']:.4f}{extra}; log loss {s['eval_log_loss']:.4f}")
     if s.get("baseline_auc") is not None:
         r.add("baseline AUC", f"{s['baseline_auc']:.4f} (logistic regression on the same features and eval split)")
+
+
+def _gate_rows(r: Report, s: Dict[str, Any]) -> None:
+    """The validation gate's decision and checks; for a refused model, what to try."""
     v = s.get("validation")
     if v:
         r.add("validation gate", "blessed, pushed" if v["blessed"] else "NOT BLESSED: kept, not pushed")
@@ -303,6 +397,10 @@ def summary_report(s: Dict[str, Any]) -> Report:
             r.sub("the refused model", s.get("serving_model_this_run"))
             for hint in refusal_hints(s):
                 r.sub("what to try", hint)
+
+
+def _export_rows(r: Report, s: Dict[str, Any]) -> None:
+    """The export's parity and its table files by dtype."""
     if s.get("export_parity"):
         p = s["export_parity"]
         r.add("export parity", f"{'passed' if p['passed'] else 'FAILED'}: max |trained - serving| = "
@@ -311,8 +409,3 @@ def summary_report(s: Dict[str, Any]) -> Report:
         r.add("export tables", f"layout {s['export_layout']}; " + ", ".join(
             f"{d} {v['table_bytes'] / 1e6:.1f} MB (AUC {v['auc_change']:+.1e})"
             for d, v in sorted((s.get("export_compression") or {}).items(), key=lambda kv: -kv[1]["table_bytes"])))
-    if s.get("report_html"):
-        r.add("run report", s["report_html"])
-    if s.get("seconds") is not None:
-        r.add("took", f"{s['seconds']:.0f}s")
-    return r

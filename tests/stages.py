@@ -75,6 +75,7 @@ def run_example_gen(cfg, input_dir, out_dir, pattern="*", buckets=(4, 1)):
     from components.rows import ledger
     from components.reporting.errors import LedgerError
     from components.example_gen import executor as ex
+    from components.tfx_wiring.executor_base import CONFIG_KEY
 
     examples = standard_artifacts.Examples()
     examples.uri = str(out_dir)
@@ -91,7 +92,7 @@ def run_example_gen(cfg, input_dir, out_dir, pattern="*", buckets=(4, 1)):
         ),
         "output_data_format": example_gen_pb2.FORMAT_PARQUET,
         "output_file_format": example_gen_pb2.FILE_FORMAT_PARQUET,
-        ex.CONFIG_KEY: cfg.to_json(),
+        CONFIG_KEY: cfg.to_json(),
     }
     executor = ex.Executor(ex.Executor.Context(beam_pipeline_args=cfg.beam_pipeline_args(), tmp_dir=str(out_dir) + "_tmp"))
     err = None
@@ -186,11 +187,11 @@ def preprocess_trainer_data(root, categorical=TRAINER_CATEGORICAL):
 def fn_args(root, cfg, execution):
     """The Trainer's FnArgs for run_fn on `root`'s transformed splits, writing under
     root/Trainer/*/<execution>: give every run its own `execution` (the data is shared)."""
-    from components.embedding_trainer import trainer_module as tm
+    from components.tfx_wiring.executor_base import CONFIG_KEY
 
     model_uri = root / "Trainer" / "model" / str(execution)
     return SimpleNamespace(
-        custom_config={tm.CONFIG_KEY: cfg.to_json()},
+        custom_config={CONFIG_KEY: cfg.to_json()},
         train_files=[str(root / "tx" / "Split-train" / "*")],
         eval_files=[str(root / "tx" / "Split-eval" / "*")],
         serving_model_dir=str(model_uri / "Format-Serving"),
@@ -263,8 +264,8 @@ def run_chain(root, cfg, data):
 
     from components.tfx_wiring.artifact_types import EmbeddingStatistics, EmbeddingVocabulary
     from components.embedding_exporter import executor as export_executor
+    from components.tfx_wiring.executor_base import CONFIG_KEY
     from components.embedding_preprocess import executor as preprocess_executor
-    from components.embedding_trainer.trainer_module import CONFIG_KEY as TRAINER_CONFIG_KEY
     from components.example_gen import executor as example_gen_executor
 
     a = {}
@@ -282,7 +283,7 @@ def run_chain(root, cfg, data):
         specs.OUTPUT_CONFIG_KEY: proto_utils.proto_to_json(output_config),
         specs.OUTPUT_DATA_FORMAT_KEY: example_gen_pb2.FORMAT_PARQUET,
         specs.OUTPUT_FILE_FORMAT_KEY: example_gen_pb2.FILE_FORMAT_PARQUET,
-        example_gen_executor.CONFIG_KEY: cfg.to_json(),
+        CONFIG_KEY: cfg.to_json(),
     })
 
     a["transformed"] = artifact(standard_artifacts.Examples, root / "Preprocess" / "transformed")
@@ -295,7 +296,7 @@ def run_chain(root, cfg, data):
             preprocess_executor.VOCABULARY_KEY: [a["vocabulary"]],
             preprocess_executor.STATISTICS_KEY: [a["statistics"]],
         },
-        {preprocess_executor.CONFIG_KEY: cfg.to_json()},
+        {CONFIG_KEY: cfg.to_json()},
     )
 
     a["model"] = artifact(standard_artifacts.Model, root / "Trainer" / "model")
@@ -307,7 +308,7 @@ def run_chain(root, cfg, data):
             specs.RUN_FN_KEY: RUN_FN,
             specs.TRAIN_ARGS_KEY: proto_utils.proto_to_json(trainer_pb2.TrainArgs(num_steps=cfg.training.train_steps)),
             specs.EVAL_ARGS_KEY: proto_utils.proto_to_json(trainer_pb2.EvalArgs(num_steps=cfg.training.eval_steps)),
-            specs.CUSTOM_CONFIG_KEY: json.dumps({TRAINER_CONFIG_KEY: cfg.to_json()}),
+            specs.CUSTOM_CONFIG_KEY: json.dumps({CONFIG_KEY: cfg.to_json()}),
         },
     )
 
@@ -317,7 +318,7 @@ def run_chain(root, cfg, data):
         {export_executor.MODEL_KEY: [a["model"]], export_executor.EXAMPLES_KEY: [a["examples"]],
          export_executor.LAST_MODEL_KEY: [a["last_blessed"]]},
         {export_executor.SERVING_MODEL_KEY: [a["serving"]], export_executor.BLESSING_KEY: [a["blessing"]]},
-        {export_executor.CONFIG_KEY: cfg.to_json()},
+        {CONFIG_KEY: cfg.to_json()},
     )
 
     a["pushed"] = push(a["serving"], a["blessing"], root / "Pusher" / "pushed_model", root / "serving", cfg.name)

@@ -13,8 +13,9 @@ from components.config.loading import parse_config
 from components.config.schema import ConfigError
 from components.config.schema import ContinuousConfig, DriftLimits
 from components.contracts.manifest import VocabularyEntry, VocabularyManifest
-from components.embedding_model import model as model_lib
-from components.embedding_trainer import plan as plan_lib
+from components.embedding_model import checkpoint_keys as model_lib
+from components.embedding_model.tf_objects import dense_id_widths, sequence_lengths
+from components.embedding_trainer.run_plan import derive_plan
 from components.embedding_trainer import warm_start
 from components.embedding_model.input import make_dataset
 from components.embedding_trainer.trainer_module import build_model
@@ -90,11 +91,11 @@ def warm(chain, tmp_path_factory):
     prev = warm_start.previous_model(a["model"].uri)
     root = tmp_path_factory.mktemp("warm")
     manifest = _changed_manifest(prev, root / "vocabulary")
-    plan = plan_lib.derive_plan(cfg, manifest, prev.statistics)
+    plan = derive_plan(cfg, manifest, prev.statistics)
     twin = build_model(plan, manifest, cfg, for_training=True)
     train_files = tf.io.gfile.glob(os.path.join(a["transformed"].uri, "Split-train", "*"))
     sample, _ = next(iter(make_dataset(train_files, prev.manifest, 8, training=False,
-                                       dense_id_widths=plan_lib.dense_id_widths(plan), sequence_lengths=plan_lib.sequence_lengths(plan))))
+                                       dense_id_widths=dense_id_widths(plan), sequence_lengths=sequence_lengths(plan))))
     sample = _ids_within(sample, manifest, plan)  # the previous IDs, folded into the smaller tables
     twin(sample)
     twin.create_optimizer_slots()

@@ -16,6 +16,7 @@ from components.config.schema import ConfigError
 from components.embedding_model import input as input_lib
 from components.embedding_trainer import selection as SEL
 from components.embedding_trainer import trainer_module as tm
+from components.contracts.artifacts import CHECKPOINT_DIR, TRAINING_RUN_FILE
 from tests.stages import fn_args as _fn_args, trainer_config as _config
 
 
@@ -220,13 +221,13 @@ def test_training_never_reads_the_eval_split_and_keeps_the_best_checkpoint(data,
     tm.run_fn(fn_args)
     assert opened and all("Split-eval" not in p for ps in opened for p in ps), opened
     model_uri = os.path.dirname(fn_args.serving_model_dir)
-    run = json.load(open(os.path.join(model_uri, tm.TRAINING_RUN_FILE)))
+    run = json.load(open(os.path.join(model_uri, TRAINING_RUN_FILE)))
     sel = run["selection"]
     assert sel["evaluations"] and sel["best_step"] == run["model_step"]
     assert max(e["auc"] for e in sel["evaluations"]) == sel["best_auc"]
     assert sel["evaluations"][0]["examples"] > 0
     # the artifact's checkpoint is the best one: its step counter says so
-    reader = tf.train.load_checkpoint(os.path.join(model_uri, tm.CHECKPOINT_DIR))
+    reader = tf.train.load_checkpoint(os.path.join(model_uri, CHECKPOINT_DIR))
     assert reader.get_tensor("model/dense_optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE") == run["model_step"]
     assert run["final_step"] == (sel["stopped_at"] or 60)
 
@@ -267,9 +268,9 @@ def test_a_killed_two_replica_run_resumes_with_the_same_selection(data, tmp_path
                   early_stopping={"evaluations": 6, "patience": 100, "holdout_fraction": 0.2})
     pattern = [str(data / "tx" / "Split-train" / "*")]
     manifest = tm.read_manifest_for(pattern)
-    from components.embedding_trainer import plan as plan_lib
+    from components.embedding_trainer.run_plan import derive_plan
 
-    plan = plan_lib.derive_plan(cfg, manifest, tm.read_statistics_for(pattern)).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    plan = derive_plan(cfg, manifest, tm.read_statistics_for(pattern)).with_run(vocabulary_dir=manifest.vocabulary_dir)
     evals = ["/nonexistent/eval/*"]  # never read while training
     _, _, whole = tm.train(cfg, plan, manifest, pattern, evals, str(tmp_path / "whole"))
 

@@ -21,6 +21,7 @@ from components.embedding_preprocess import executor as preprocess_executor
 from components.model_registry import registry
 
 from tests.stages import BEAM_ARGS, ROWS, artifact as _artifact, beam_context as _beam_context, look_up, push
+from components.tfx_wiring.executor_base import CONFIG_KEY
 
 
 @pytest.mark.slow(reason="reads the executors' chain (every executor's Do() on 2,500 rows)")
@@ -110,7 +111,7 @@ def test_preprocess_do_refuses_examples_without_an_eval_split(chain, tmp_path):
     }
     with pytest.raises(ValueError, match=r"lack split\(s\) \['eval'\]"):
         preprocess_executor.Executor(_beam_context()).Do(
-            {preprocess_executor.EXAMPLES_KEY: [only_train]}, outputs, {preprocess_executor.CONFIG_KEY: cfg.to_json()}
+            {preprocess_executor.EXAMPLES_KEY: [only_train]}, outputs, {CONFIG_KEY: cfg.to_json()}
         )
     assert not any(os.listdir(tmp_path / d) for d in ("t", "v", "s"))
 
@@ -129,7 +130,7 @@ def test_exporter_do_refuses_examples_whose_ledger_does_not_balance(chain, tmp_p
         export_executor.Executor().Do(
             {export_executor.MODEL_KEY: [a["model"]], export_executor.EXAMPLES_KEY: [examples]},
             {export_executor.SERVING_MODEL_KEY: [serving], export_executor.BLESSING_KEY: [blessing]},
-            {export_executor.CONFIG_KEY: cfg.to_json()},
+            {CONFIG_KEY: cfg.to_json()},
         )
     assert not os.listdir(serving.uri) and not os.listdir(blessing.uri)
 

@@ -22,8 +22,11 @@ import tensorflow as tf
 from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
 
 from components.embedding_model import layouts as layouts_lib
-from components.embedding_exporter import tables
-from components.embedding_exporter.export import REPORT_FILE, SERVING_DIR, ExportRefused, export_serving_model
+from components.embedding_model.sparsecore_layout import recompute_sparse_core_layouts, stacked_variables
+from components.contracts.artifacts import EXPORT_REPORT_FILE as REPORT_FILE, SERVING_DIR
+from components.embedding_exporter.export import export_serving_model
+from components.embedding_model.restore import ExportRefused
+from components.contracts.artifacts import TABLES_DIR, TABLES_MANIFEST_FILE
 
 
 def _trained(chain):
@@ -73,12 +76,12 @@ def _relayout(model_uri, dst, kind, replicas=2, per_chip=4, record=True, strateg
                 order.append(t)
         per_replica = plan["global_batch_size"] // replicas
         samples = {t: per_replica * sum(1 for f in plan["features"].values() if f["table"] == t) for t in order}
-        layouts = layouts_lib.recompute_sparse_core_layouts(
+        layouts = recompute_sparse_core_layouts(
             [{"name": t, "rows": tpu[t]["rows"], "dim": tpu[t]["dim"], "samples": samples[t],
               "group": json.dumps(tpu[t]["optimizer"], sort_keys=True)} for t in order],
             replicas, per_chip,
         )
-        for stacked, value in layouts_lib.stacked_variables(values, layouts).items():
+        for stacked, value in stacked_variables(values, layouts).items():
             names.append(layouts_lib.TPU_PREFIX + layouts_lib.escape_name(stacked) + layouts_lib.ATTR)
             specs.append("")
             tensors.append(tf.constant(value))
@@ -132,14 +135,14 @@ def test_layout_a_export_report_and_table_files(chain, layout_a_export):
     assert report["parity"]["passed"] and report["parity"]["max_abs_diff"] <= 1e-5
     assert abs(report["eval_auc"]["trained_model"] - report["eval_auc"]["serving_float32"]) < 1e-6
     assert json.loads((dst / REPORT_FILE).read_text())["parity"] == report["parity"]
-    manifest = json.loads((dst / tables.TABLES_DIR / tables.TABLES_MANIFEST).read_text())["tables"]
+    manifest = json.loads((dst / TABLES_DIR / TABLES_MANIFEST_FILE).read_text())["tables"]
     assert set(manifest) == set(plan["tables"])
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(model, "checkpoints")))
     for name, entry in manifest.items():
-        values = np.load(dst / tables.TABLES_DIR / entry["files"]["values"])
+        values = np.load(dst / TABLES_DIR / entry["files"]["values"])
         placement = plan["tables"][name]["placement"]
         np.testing.assert_array_equal(values, reader.get_tensor(layouts_lib.table_key(name, placement)))
-        vocab = (dst / tables.TABLES_DIR / entry["vocabulary_file"]).read_text(encoding="utf-8").splitlines()
+        vocab = (dst / TABLES_DIR / entry["vocabulary_file"]).read_text(encoding="utf-8").splitlines()
         # row-aligned: vocabulary entries, then the OOV buckets
         assert len(vocab) == entry["vocabulary_size"] and entry["rows"] == len(vocab) + entry["num_oov_buckets"]
         assert entry["features"] == plan["tables"][name]["features"] and entry["dtype"] == "float32"
@@ -174,10 +177,10 @@ def test_every_layout_exports_the_same_verified_model(chain, layout_a_export, tm
     assert report["parity"]["passed"] and report["parity"]["max_abs_diff"] <= 1e-5
     a_dir, a_report = layout_a_export
     assert report["eval_auc"]["serving_float32"] == a_report["eval_auc"]["serving_float32"]
-    for name, entry in json.loads((tmp_path / "out" / tables.TABLES_DIR / tables.TABLES_MANIFEST).read_text())["tables"].items():
+    for name, entry in json.loads((tmp_path / "out" / TABLES_DIR / TABLES_MANIFEST_FILE).read_text())["tables"].items():
         np.testing.assert_array_equal(
-            np.load(tmp_path / "out" / tables.TABLES_DIR / entry["files"]["values"]),
-            np.load(a_dir / tables.TABLES_DIR / entry["files"]["values"]),
+            np.load(tmp_path / "out" / TABLES_DIR / entry["files"]["values"]),
+            np.load(a_dir / TABLES_DIR / entry["files"]["values"]),
         )
     if kind == "B":  # padding counted in what training held
         b = [r for r in report["tables"].values() if r["layout"] == "B"]
@@ -209,10 +212,10 @@ def test_int8_serving_model_and_compression_report(chain, tmp_path):
     shapes = reader.get_variable_to_shape_map()
     assert sum(shapes[k][0] for k in int8_tables) == sum(t["rows"] for t in plan["tables"].values())
     assert len(saved_variable_shapes(os.path.join(str(tmp_path), SERVING_DIR))) == report["serving_variables"]
-    manifest = json.loads((tmp_path / tables.TABLES_DIR / tables.TABLES_MANIFEST).read_text())["tables"]
+    manifest = json.loads((tmp_path / TABLES_DIR / TABLES_MANIFEST_FILE).read_text())["tables"]
     entry = next(iter(manifest.values()))
-    values = np.load(tmp_path / tables.TABLES_DIR / entry["files"]["values"])
-    scale = np.load(tmp_path / tables.TABLES_DIR / entry["files"]["scale"])
+    values = np.load(tmp_path / TABLES_DIR / entry["files"]["values"])
+    scale = np.load(tmp_path / TABLES_DIR / entry["files"]["scale"])
     assert values.dtype == np.int8 and scale.shape == (entry["rows"],) and entry["dtype"] == "int8"
     assert not os.path.exists(tmp_path / "_incomplete_export")
 
@@ -285,7 +288,7 @@ def test_cli_runs_the_same_conversion_and_reports_errors(chain, tmp_path, capsys
                  "--table-dtype", "float16", "--no-tables"]) == 0
     text = capsys.readouterr().out
     assert "=== export summary ===" in text and "parity:               passed: max |trained - serving|" in text
-    assert os.path.isdir(tmp_path / "cli" / SERVING_DIR) and not os.path.exists(tmp_path / "cli" / tables.TABLES_DIR)
+    assert os.path.isdir(tmp_path / "cli" / SERVING_DIR) and not os.path.exists(tmp_path / "cli" / TABLES_DIR)
     assert main(["--model", model, "--output", str(tmp_path / "x"), "--examples", eval_pattern,
                  "--table-key", "no-equals-sign"]) == 2
     assert "TABLE=CHECKPOINT_KEY" in capsys.readouterr().err

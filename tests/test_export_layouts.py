@@ -22,6 +22,7 @@ from tensorflow.python.tpu import tpu_embedding_v3_utils
 from components.config.schema import ExportLayoutConfig
 from components.contracts.plan import EmbeddingPlan
 from components.embedding_model import layouts as layouts_lib
+from components.embedding_model.sparsecore_layout import recompute_sparse_core_layouts, stacked_variables
 
 
 def _plan(tables, topology=(2, 4), batch=64):
@@ -37,7 +38,7 @@ def _known(rows, dim, seed):
 
 def _write_b(tmp_path, values, layouts, with_record):
     emb = tf.train.Checkpoint()
-    for stacked, value in layouts_lib.stacked_variables(values, layouts).items():
+    for stacked, value in stacked_variables(values, layouts).items():
         setattr(emb, stacked, tf.Variable(value))
     if with_record:
         record = sparse_core_layout_pb2.SparseCoreTableLayouts(tables=list(layouts.values()))
@@ -60,7 +61,7 @@ def _b_layouts(plan, replicas, per_chip):
         {"name": n, "rows": t.rows, "dim": t.dim, "group": "adagrad", "samples": 32}
         for n, t in sorted(plan.tables.items())
     ]
-    return layouts_lib.recompute_sparse_core_layouts(tables, replicas, per_chip)
+    return recompute_sparse_core_layouts(tables, replicas, per_chip)
 
 
 @pytest.mark.parametrize("replicas,per_chip", [(1, 4), (2, 4), (4, 2)])
@@ -121,7 +122,7 @@ def test_layout_b_without_record_is_recomputed_from_the_topology(tmp_path):
         n = plan.features[fname].table
         tables_in.append({"name": n, "rows": TABLES_B[n][0], "dim": TABLES_B[n][1], "samples": 32,
                           "group": '{"learning_rate": 0.1, "name": "adagrad"}'})
-    layouts = layouts_lib.recompute_sparse_core_layouts(tables_in, 2, 4)
+    layouts = recompute_sparse_core_layouts(tables_in, 2, 4)
     path = _write_b(tmp_path, values, layouts, with_record=False)
     tables = layouts_lib.CheckpointTables(path, plan)
     assert all("recomputed" in s.source for s in tables.sources.values())
@@ -250,7 +251,7 @@ def test_layout_b_saved_in_per_device_slices(tmp_path):
     values = {n: _known(t[0], t[1], 30 + i) for i, (n, t) in enumerate(TABLES_B.items())}
     layouts = _b_layouts(plan, replicas, per_chip)
     names, specs, tensors = [], [], []
-    for stacked, full in layouts_lib.stacked_variables(values, layouts).items():
+    for stacked, full in stacked_variables(values, layouts).items():
         rows_per_device = full.shape[0] // replicas
         for d in range(replicas):
             names.append(layouts_lib.TPU_PREFIX + stacked + layouts_lib.ATTR)
@@ -276,8 +277,8 @@ def test_model_publishes_where_its_tables_are_in_a_checkpoint(tmp_path, model_ty
     needs escaping; the exporter reads the checkpoint back as the model holds it."""
     from components.config.loading import parse_config
     from components.embedding_model.restore import build_serving_model, load_tables, restore_dense
-    from components.embedding_model import model as model_lib
-    from components.embedding_trainer import plan as plan_lib
+    from components.embedding_model import checkpoint_keys as model_lib
+    from components.embedding_trainer.run_plan import derive_plan
     from components.embedding_trainer import trainer_module as tm
 
     cfg = parse_config({
@@ -304,7 +305,7 @@ def test_model_publishes_where_its_tables_are_in_a_checkpoint(tmp_path, model_ty
               for i, n in enumerate(("A", "B", "big", "small"))),
         {n: VocabularyEntry(f"{n}.txt", f"{n}.counts.txt", s, s, 1, s + 1, None, "mean", ()) for n, s in sizes.items()},
     )
-    plan = plan_lib.derive_plan(cfg, manifest)
+    plan = derive_plan(cfg, manifest)
     assert {t.placement for t in plan.tables.values()} == {"tpu_embedding", "tensor_core"}
     features = {"I1": tf.constant([[1.0], [2.0]])}
     for n, rows in (("A", 101), ("B", 101), ("big", 201), ("small", 11)):

@@ -27,7 +27,7 @@ from components.config.loading import config_from_json, load_config, parse_confi
 from components.config.schema import ConfigError
 from components.config.stages import stage_config
 from components.contracts.sizing import CHIPS, SPARSE_CORE
-from components.embedding_trainer.trainer_module import CONFIG_KEY
+from components.tfx_wiring.executor_base import CONFIG_KEY
 from pipelines.pipeline import KFP_RUN_ID, KFP_RUN_NAME, LAST_BLESSED, stock_data_components
 from pipelines import kfp_entrypoint
 from pipelines.kfp_local import (HarnessError, LocalKfpRun, _substitute, oss_backend_refusal, parse_pipeline_spec,

@@ -94,3 +94,213 @@ def test_xdist_groups_keep_a_group_in_one_worker(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:]
     workers = (tmp_path / "workers.txt").read_text().split()
     assert len(workers) == 12 and len(set(workers)) == 1, workers
+
+
+# ---- one home for every name, no import cycles (docs/development.md, "Layout") ---------------------
+
+REPO = TESTS.parent
+PRODUCT = ("components", "pipelines")
+TREE = ("components", "pipelines", "tests", "bench", "scripts")
+# Package __init__ files that define names of their own (not re-exports): the legacy-Keras switch and
+# the artifact types' lazy names, the pipeline CLI's side-effect registrations, the report renderer.
+INIT_WITH_CODE = {"components/__init__.py", "pipelines/__init__.py", "components/reporting/__init__.py"}
+
+
+def _py_files(tops):
+    return sorted(p for top in tops for p in (REPO / top).rglob("*.py"))
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_block(node) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def _executed_imports(tree):
+    """(import node, inside a function) for every import that runs (not under `if TYPE_CHECKING:`)."""
+    def walk(node, in_function):
+        for child in ast.iter_child_nodes(node):
+            if _type_checking_block(child):
+                for sub in child.orelse:
+                    yield from walk(ast.Module(body=[sub], type_ignores=[]), in_function)
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                yield child, in_function
+            yield from walk(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+    yield from walk(tree, False)
+
+
+def _targets(node, module: str, is_package: bool):
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = node.module or ""
+    if node.level:
+        here = module.split(".") if is_package else module.split(".")[:-1]
+        base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
+    return [base] + [f"{base}.{a.name}" for a in node.names]
+
+
+def import_graph():
+    """module -> the product modules it imports (imports inside functions included)."""
+    files = _py_files(PRODUCT)
+    modules = {_module_name(p): p for p in files}
+
+    def owner(name):
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        edges = set()
+        for node, _ in _executed_imports(tree):
+            for target in _targets(node, name, path.name == "__init__.py"):
+                hit = owner(target)
+                if hit and hit != name:
+                    edges.add(hit)
+        graph[name] = edges
+    return graph
+
+
+def find_cycles(graph):
+    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_cycles():
+    """A package imports a package below it, never one that imports it back, even lazily."""
+    assert find_cycles(import_graph()) == []
+
+
+def test_the_cycle_check_sees_a_cycle_through_a_function_level_import():
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    tree = ast.parse("def f():\n    from components.x import y\nif TYPE_CHECKING:\n    import components.z\n")
+    assert [(type(n).__name__, inner) for n, inner in _executed_imports(tree)] == [("ImportFrom", True)]
+
+
+def _lazy_reason(lines, node) -> bool:
+    """A function-level import carries `# lazy: <reason>` on its line or on the line above it; a
+    comment above a run of consecutive import lines covers the run."""
+    if "# lazy:" in lines[node.lineno - 1]:
+        return True
+    k = node.lineno - 2
+    while k >= 0:
+        text = lines[k].strip()
+        if text.startswith("# lazy:") and len(text) > len("# lazy:") + 3:
+            return True
+        if not (text.startswith(("import ", "from ")) or (text.endswith((",", ")")) and not text.startswith("#"))):
+            return False
+        k -= 1
+    return False
+
+
+def function_level_imports_without_reason(paths):
+    found = []
+    for path in paths:
+        lines = path.read_text().splitlines()
+        for node, in_function in _executed_imports(ast.parse("\n".join(lines), str(path))):
+            if in_function and not _lazy_reason(lines, node):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    return found
+
+
+def test_every_function_level_import_says_why():
+    """An import inside a function hides a dependency: it stays only for an optional dependency or a
+    heavy import kept off a light path, and says which in a `# lazy:` comment."""
+    assert function_level_imports_without_reason(_py_files(PRODUCT)) == []
+
+
+def test_the_reason_check_refuses_a_bare_lazy_import(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    import json\n\n\ndef g():\n    # lazy: keeps TensorFlow off the config path\n"
+                     "    import tensorflow as tf\n    from x import (\n        a,\n    )\n\n\n"
+                     "def h():\n    import tensorflow  # lazy: heavy\n")
+    global REPO
+    saved, REPO = REPO, tmp_path
+    try:
+        assert function_level_imports_without_reason([probe]) == ["probe.py:2"]
+    finally:
+        REPO = saved
+
+
+def test_no_one_letter_module_aliases():
+    """`import plan as P` means a different module in every file: names are spelled out."""
+    found = [f"{p.relative_to(REPO)}:{node.lineno} {a.name} as {a.asname}"
+             for p in _py_files(TREE) for node, _ in _executed_imports(ast.parse(p.read_text(), str(p)))
+             for a in node.names if a.asname and len(a.asname) == 1]
+    assert found == []
+
+
+def test_every_name_is_imported_from_its_home():
+    """No module re-exports another's names, and a package's __init__ holds its docstring only."""
+    found = []
+    for p in _py_files(PRODUCT):
+        rel = str(p.relative_to(REPO))
+        text = p.read_text()
+        if "re-export" in text.lower() and "noqa: F401" in text:
+            found.append(f"{rel}: re-exports")
+        if p.name == "__init__.py" and rel not in INIT_WITH_CODE:
+            body = ast.parse(text).body
+            if body[1:] or (body and not (isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant))):
+                found.append(f"{rel}: holds more than its docstring")
+    assert found == []
+
+
+def documented_modules():
+    """Module paths in docs/development.md's layout block: a folder line (`config/`) opens a level,
+    each deeper line (two more spaces) is a module of it (`schema.py  the dataclasses ...`)."""
+    text = (REPO / "docs" / "development.md").read_text()
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    listed, folders = set(), []
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        depth = (len(line) - len(line.lstrip(" "))) // 2
+        name = line.split()[0]
+        folders = folders[:depth]
+        if name.endswith("/"):
+            folders.append(name)
+        elif name.endswith(".py") and len(folders) == depth:
+            listed.add("".join(folders) + name)
+    return listed
+
+
+def test_the_documented_layout_matches_the_tree():
+    """docs/development.md lists every module of components/ and pipelines/, one line each, and no
+    module that does not exist."""
+    tree = {str(p.relative_to(REPO)) for p in _py_files(PRODUCT)}
+    listed = documented_modules()
+    assert sorted(tree - listed) == [] and sorted(listed - tree) == []

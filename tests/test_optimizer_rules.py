@@ -26,7 +26,8 @@ from tensorflow.core.protobuf.tpu import optimization_parameters_pb2
 
 from components.config.schema import OptimizerConfig, ScheduleConfig
 from components.embedding_model import optimizers
-from components.embedding_trainer import plan
+from components.contracts.plan import optimizer_spec
+from components.embedding_model.tf_objects import learning_rate
 from tests.optimizer_reference import optimization_parameters as _proto, tpu_reference_step as _tpu_reference_step
 
 ROWS, DIM, STEPS = 12, 4, 6
@@ -65,8 +66,8 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_cpu_update_equals_tpu_documented_rule(case):
-    spec = plan.optimizer_spec(CASES[case])
-    rate = plan.learning_rate(spec)
+    spec = optimizer_spec(CASES[case])
+    rate = learning_rate(spec)
     keras_opt = optimizers.keras_optimizer(spec, rate)
     tpu_opt = optimizers.tpu_optimizer(spec, rate, step_fn=lambda: keras_opt.iterations, keras_opt=keras_opt)
     proto = _proto(tpu_opt)
@@ -102,22 +103,22 @@ def test_cpu_update_equals_tpu_documented_rule(case):
 
 def test_proto_says_what_the_config_says():
     """The settings reach the TPU: clipping limits, laziness, sum_inside_sqrt off, FTRL's l1/l2."""
-    spec = plan.optimizer_spec(CASES["adam_not_lazy"])
-    p = _proto(optimizers.tpu_optimizer(spec, plan.learning_rate(spec), step_fn=lambda: 0))
+    spec = optimizer_spec(CASES["adam_not_lazy"])
+    p = _proto(optimizers.tpu_optimizer(spec, learning_rate(spec), step_fn=lambda: 0))
     assert p.adam.use_non_lazy_adam and not p.adam.use_sum_inside_sqrt
     assert p.adam.beta1 == pytest.approx(0.8) and p.adam.beta2 == pytest.approx(0.99)
     assert callable(optimizers.tpu_optimizer(spec, 0.05, step_fn=lambda: 0).learning_rate)  # fed every step (bias-corrected)
-    spec = plan.optimizer_spec(CASES["ftrl_l1_l2_clip"])
-    p = _proto(optimizers.tpu_optimizer(spec, plan.learning_rate(spec), step_fn=lambda: 0))
+    spec = optimizer_spec(CASES["ftrl_l1_l2_clip"])
+    p = _proto(optimizers.tpu_optimizer(spec, learning_rate(spec), step_fn=lambda: 0))
     assert (p.ftrl.l1, p.ftrl.l2, p.ftrl.lr_power) == pytest.approx((0.05, 10.0, -0.5))
     assert (p.gradient_clipping_limits.lower.value, p.gradient_clipping_limits.upper.value) == pytest.approx((-1.2, 1.2))
     assert p.gradient_accumulation_status == optimization_parameters_pb2.GradientAccumulationStatus.ENABLED
 
 
 def test_adam_learning_rate_carries_bias_correction():
-    spec = plan.optimizer_spec(OptimizerConfig(name="adam", learning_rate=0.01, beta_1=0.9, beta_2=0.999))
+    spec = optimizer_spec(OptimizerConfig(name="adam", learning_rate=0.01, beta_1=0.9, beta_2=0.999))
     step = tf.Variable(0, dtype=tf.int64)
-    tpu_opt = optimizers.tpu_optimizer(spec, plan.learning_rate(spec), step_fn=lambda: step)
+    tpu_opt = optimizers.tpu_optimizer(spec, learning_rate(spec), step_fn=lambda: step)
     for s in (0, 1, 9, 999):
         step.assign(s)
         t = s + 1
@@ -128,11 +129,11 @@ def test_adam_learning_rate_carries_bias_correction():
 def test_sparsecore_refuses_what_it_would_ignore():
     for cfg, match in ((OptimizerConfig(name="adagrad", clipvalue=1.0), "clipvalue"),
                        (OptimizerConfig(name="adam", lazy_adam=False), "lazy_adam")):
-        spec = plan.optimizer_spec(cfg)
+        spec = optimizer_spec(cfg)
         with pytest.raises(optimizers.EmbeddingOptimizerError, match=match):
-            optimizers.check_sparsecore_optimizer(optimizers.tpu_optimizer(spec, plan.learning_rate(spec), step_fn=lambda: 0))
-    spec = plan.optimizer_spec(OptimizerConfig(name="adam"))
-    optimizers.check_sparsecore_optimizer(optimizers.tpu_optimizer(spec, plan.learning_rate(spec), step_fn=lambda: 0))
+            optimizers.check_sparsecore_optimizer(optimizers.tpu_optimizer(spec, learning_rate(spec), step_fn=lambda: 0))
+    spec = optimizer_spec(OptimizerConfig(name="adam"))
+    optimizers.check_sparsecore_optimizer(optimizers.tpu_optimizer(spec, learning_rate(spec), step_fn=lambda: 0))
 
 
 def test_clipping_sums_repeated_rows_first():

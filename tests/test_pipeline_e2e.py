@@ -196,7 +196,9 @@ def test_export_refuses_a_serving_graph_that_differs(pipeline_run, tmp_path):
     is refused, and nothing is left where a pusher would look."""
     import shutil
 
-    from components.embedding_exporter.export import SERVING_DIR, ExportRefused, export_serving_model
+    from components.contracts.artifacts import SERVING_DIR
+    from components.embedding_exporter.export import export_serving_model
+    from components.embedding_model.restore import ExportRefused
 
     cfg, out, _, _ = pipeline_run
     model_uri = glob.glob(str(out / "pipeline_root" / "Trainer" / "model" / "*"))[0]

@@ -96,7 +96,7 @@ def test_a_model_the_gate_keeps_back_exits_3_with_progress_and_no_noise(tmp_path
     summary as JSON and nothing else; stderr showed every stage's progress, the Beam workers'
     counts and the Trainer's steps included, and nothing else (no TF, XLA, absl or Beam lines, no
     Python warnings); the summary says why no model was pushed; the run report was written."""
-    from components.reporting import render
+    from components.reporting.report import render
     from components.example_gen.synthetic_data import GeneratorSpec, ensure_dataset
     from pipelines.summary import summary_report
 
@@ -132,3 +132,43 @@ def test_a_model_the_gate_keeps_back_exits_3_with_progress_and_no_noise(tmp_path
     assert noise == [], noise  # no TF / XLA / absl / Beam lines, no Python warnings
     assert os.path.exists(summary["report_html"])
     assert not os.path.exists(tmp_path / "out" / "serving")  # nothing pushed
+
+
+def test_the_failed_component_is_the_one_ml_metadata_marks_failed_in_this_run(tmp_path):
+    """The run's ML Metadata names the failed component: the node of this run's FAILED execution
+    (not an earlier run's), else of one it registered and never finished (its driver raised)."""
+    import time
+
+    from ml_metadata.metadata_store.metadata_store import MetadataStore
+    from ml_metadata.proto import metadata_store_pb2 as mlmd
+
+    from pipelines.runner import failed_component, failed_node
+
+    path = str(tmp_path / "metadata.sqlite")
+    config = mlmd.ConnectionConfig()
+    config.sqlite.filename_uri = path
+    store = MetadataStore(config)
+    execution_type = store.put_execution_type(mlmd.ExecutionType(name="component"))
+    pipeline_type = store.put_context_type(mlmd.ContextType(name="pipeline"))
+    node_type = store.put_context_type(mlmd.ContextType(name="node"))
+    [pipeline] = store.put_contexts([mlmd.Context(type_id=pipeline_type, name="demo.v2")])
+    nodes = dict(zip(("LastBlessedModel", "EmbeddingExampleGen", "Trainer"), store.put_contexts(
+        [mlmd.Context(type_id=node_type, name=f"demo.v2.{n}") for n in ("LastBlessedModel", "EmbeddingExampleGen", "Trainer")])))
+
+    def execution(node, state):
+        [e] = store.put_executions([mlmd.Execution(type_id=execution_type, last_known_state=state)])
+        store.put_attributions_and_associations([], [mlmd.Association(execution_id=e, context_id=c)
+                                                     for c in (pipeline, nodes[node])])
+
+    execution("LastBlessedModel", mlmd.Execution.FAILED)  # an earlier run's
+    time.sleep(0.01)
+    since = time.time()
+    time.sleep(0.01)
+    execution("LastBlessedModel", mlmd.Execution.COMPLETE)
+    execution("EmbeddingExampleGen", mlmd.Execution.NEW)
+    assert failed_node(store, int(since * 1000)) == "EmbeddingExampleGen"  # registered, never finished
+    execution("Trainer", mlmd.Execution.FAILED)
+    assert failed_node(store, int(since * 1000)) == "Trainer"
+    assert failed_component(path, since) == "Trainer"  # read back from the file, read-only
+    assert failed_component(path, time.time() + 1) is None  # nothing of a later run
+    assert failed_component(str(tmp_path / "none.sqlite"), since) is None

@@ -11,7 +11,9 @@ from components.config.schema import OptimizerConfig, ScheduleConfig
 from components.contracts.manifest import VocabularyEntry, VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
 from components.contracts.statistics import EmbeddingStatistics
-from components.embedding_trainer import plan as plan_lib
+from components.contracts.plan import fourth_root_dim, MAX_RULE_DIM, optimizer_spec, PlanError
+from components.embedding_model.tf_objects import dense_id_widths, feature_configs, gradient_multiplier, learning_rate, table_configs
+from components.embedding_trainer.run_plan import derive_plan
 
 
 def _config(**training):
@@ -62,7 +64,7 @@ def _typed(stats) -> EmbeddingStatistics:
 
 def test_plan_places_sizes_and_limits_tables():
     cfg = _config()
-    plan = plan_lib.derive_plan(cfg, MANIFEST, _typed(_statistics())).to_dict()  # the JSON form the artifact holds
+    plan = derive_plan(cfg, MANIFEST, _typed(_statistics())).to_dict()  # the JSON form the artifact holds
     t = plan["tables"]
     assert t["big"]["placement"] == "tpu_embedding" and t["shared"]["placement"] == "tpu_embedding"
     assert t["small"]["placement"] == "tensor_core"  # 11 rows <= size_threshold 1000
@@ -95,17 +97,17 @@ def test_plan_places_sizes_and_limits_tables():
 
 
 def test_fourth_root_rule_only_replaces_implicit_dims():
-    plan = plan_lib.derive_plan(_config(embedding={"dim_rule": "fourth_root"}), MANIFEST).to_dict()
-    assert plan["tables"]["big"]["dim"] == plan_lib.fourth_root_dim(100_010) == 8 * math.ceil(6 * 100_010 ** 0.25 / 8)
+    plan = derive_plan(_config(embedding={"dim_rule": "fourth_root"}), MANIFEST).to_dict()
+    assert plan["tables"]["big"]["dim"] == fourth_root_dim(100_010) == 8 * math.ceil(6 * 100_010 ** 0.25 / 8)
     assert plan["tables"]["big"]["dim_source"] == "fourth_root rule"
     assert plan["tables"]["shared"]["dim"] == 8 and plan["tables"]["small"]["dim"] == 4  # explicit
-    assert plan_lib.fourth_root_dim(10 ** 12) == plan_lib.MAX_RULE_DIM
+    assert fourth_root_dim(10 ** 12) == MAX_RULE_DIM
 
 
 def test_size_threshold_extremes():
-    all_tpu = plan_lib.derive_plan(_config(embedding={"size_threshold": 0}), MANIFEST).to_dict()
+    all_tpu = derive_plan(_config(embedding={"size_threshold": 0}), MANIFEST).to_dict()
     assert {t["placement"] for t in all_tpu["tables"].values()} == {"tpu_embedding"}
-    none_tpu = plan_lib.derive_plan(_config(embedding={"size_threshold": None}), MANIFEST).to_dict()
+    none_tpu = derive_plan(_config(embedding={"size_threshold": None}), MANIFEST).to_dict()
     assert {t["placement"] for t in none_tpu["tables"].values()} == {"tensor_core"}
 
 
@@ -115,31 +117,31 @@ def test_dense_id_widths_of_tensor_core_features():
     stats = _statistics()
     stats["features"]["small"] = {"splits": {"train": {"ids_per_example": {"mean": 1.0, "p99": 1, "max": 1}}}}
     stats["features"]["A"]["splits"]["train"]["ids_per_example"]["max"] = 7
-    plan = plan_lib.derive_plan(_config(embedding={"size_threshold": None}), MANIFEST, _typed(stats))
+    plan = derive_plan(_config(embedding={"size_threshold": None}), MANIFEST, _typed(stats))
     with pytest.raises(ValueError, match="'B' uses TensorCore table 'shared'.*set max_length"):
-        plan_lib.dense_id_widths(plan)  # B has no statistics and no max_length
+        dense_id_widths(plan)  # B has no statistics and no max_length
     stats["features"]["B"] = {"splits": {"train": {"ids_per_example": {"mean": 1.0, "p99": 1, "max": 0}}}}
     stats["features"]["big"] = stats["features"]["small"]
-    plan = plan_lib.derive_plan(_config(embedding={"size_threshold": None}), MANIFEST, _typed(stats))
-    assert plan_lib.dense_id_widths(plan) == {"A": 7, "B": 1, "big": 1, "small": 1}  # an all-empty feature: width 1
+    plan = derive_plan(_config(embedding={"size_threshold": None}), MANIFEST, _typed(stats))
+    assert dense_id_widths(plan) == {"A": 7, "B": 1, "big": 1, "small": 1}  # an all-empty feature: width 1
     # Only TensorCore tables are padded; TPU-embedding features stay SparseTensors.
-    assert set(plan_lib.dense_id_widths(plan_lib.derive_plan(_config(), MANIFEST, _typed(stats)))) == {"small"}
+    assert set(dense_id_widths(derive_plan(_config(), MANIFEST, _typed(stats)))) == {"small"}
 
 
 def test_plan_that_cannot_fit_is_refused_naming_the_tables():
     cfg = _config(embedding={"topology": {"num_chips": 1, "hbm_gib_per_chip": 0.01}})
-    with pytest.raises(plan_lib.PlanError, match=r"per chip.*largest: big"):
-        plan_lib.derive_plan(cfg, MANIFEST)
+    with pytest.raises(PlanError, match=r"per chip.*largest: big"):
+        derive_plan(cfg, MANIFEST)
 
 
 def test_missing_vocabulary_is_refused():
-    with pytest.raises(plan_lib.PlanError, match="'small' has no vocabulary"):
-        plan_lib.derive_plan(_config(), _manifest({k: v for k, v in VOCABULARIES.items() if k != "small"}))
+    with pytest.raises(PlanError, match="'small' has no vocabulary"):
+        derive_plan(_config(), _manifest({k: v for k, v in VOCABULARIES.items() if k != "small"}))
 
 
 def test_table_and_feature_configs_render_the_plan():
-    plan = plan_lib.derive_plan(_config(), MANIFEST)
-    features = plan_lib.feature_configs(plan)
+    plan = derive_plan(_config(), MANIFEST)
+    features = feature_configs(plan)
     assert features["A"].table is features["B"].table  # one shared TableConfig object
     assert features["big"].table.vocabulary_size == 100_010 and features["big"].table.dim == 16
     assert features["A"].table.combiner == "mean" and features["A"].max_sequence_length == 0
@@ -153,25 +155,25 @@ def test_clipping_and_schedules_map_to_both_apis():
     # Which update each platform applies, clipping included: tests/test_optimizer_rules.py.
     from components.embedding_model import optimizers
 
-    spec = plan_lib.optimizer_spec(opt)
-    keras = optimizers.keras_optimizer(spec, plan_lib.learning_rate(spec))
+    spec = optimizer_spec(opt)
+    keras = optimizers.keras_optimizer(spec, learning_rate(spec))
     assert keras.clipvalue is None  # the trainer clips embedding gradients itself (TPU rule)
     sched = keras.learning_rate
     assert float(sched(0)) == pytest.approx(0.1 / 10)  # warm-up
     assert float(sched(9)) == pytest.approx(0.1)
     assert float(sched(110)) == pytest.approx(0.1 * 0.5)  # 100 steps after warm-up: one halving
     step = tf.Variable(110, dtype=tf.int64)
-    tpu = optimizers.tpu_optimizer(spec, plan_lib.learning_rate(spec), step_fn=lambda: step)
+    tpu = optimizers.tpu_optimizer(spec, learning_rate(spec), step_fn=lambda: step)
     assert (tpu.clip_gradient_min, tpu.clip_gradient_max) == (-2.0, 2.0)
     assert float(tpu.learning_rate()) == pytest.approx(0.05)
-    cosine = plan_lib.learning_rate(plan_lib.optimizer_spec(OptimizerConfig(
+    cosine = learning_rate(optimizer_spec(OptimizerConfig(
         learning_rate=1.0, schedule=ScheduleConfig(name="cosine", decay_steps=10, alpha=0.1))))
     assert float(cosine(0)) == pytest.approx(1.0) and float(cosine(10)) == pytest.approx(0.1)
     assert float(cosine(5)) == pytest.approx(0.1 + 0.9 * 0.5)
 
 
 def test_plan_round_trips_through_its_json_and_refuses_other_versions():
-    plan = plan_lib.derive_plan(_config(), MANIFEST, _typed(_statistics()))
+    plan = derive_plan(_config(), MANIFEST, _typed(_statistics()))
     assert EmbeddingPlan.from_json(plan.to_json()) == plan
     run = plan.with_run(vocabulary_dir="/vocab")
     assert plan.vocabulary_dir is None and run.vocabulary_dir == "/vocab"  # a copy: the plan is never changed
@@ -203,14 +205,14 @@ def test_initializers_and_safe_lookups_reach_the_tpu_configs_and_the_keras_table
         ],
         "training": {"embedding": {"size_threshold": 1000}},
     })
-    plan = EmbeddingPlan.from_json(plan_lib.derive_plan(cfg, MANIFEST).to_json())
+    plan = EmbeddingPlan.from_json(derive_plan(cfg, MANIFEST).to_json())
     init = {n: t.initializer for n, t in plan.tables.items()}
     assert (init["shared"].name, init["shared"].minval, init["shared"].maxval) == ("random_uniform", 0.1, 1 / math.sqrt(8))
     assert init["big"].name == "zeros" and init["big"].stddev is None
     assert (init["small"].name, init["small"].mean, init["small"].stddev) == ("random_normal", 1.0, pytest.approx(0.2 / math.sqrt(4)))
-    on_tpu = plan_lib.feature_configs(plan, on_tpu=True)
+    on_tpu = feature_configs(plan, on_tpu=True)
     assert [on_tpu[n].validate_weights_and_indices for n in ("A", "B", "big")] == [False, True, True]
-    features = plan_lib.feature_configs(plan)  # CPU/GPU: TF 2.16's unchecked CPU lookup drops empty trailing rows
+    features = feature_configs(plan)  # CPU/GPU: TF 2.16's unchecked CPU lookup drops empty trailing rows
     assert all(f.validate_weights_and_indices for f in features.values())
     assert isinstance(features["big"].table.initializer, tf.initializers.Zeros)
     uniform = features["A"].table.initializer
@@ -222,7 +224,7 @@ def test_initializers_and_safe_lookups_reach_the_tpu_configs_and_the_keras_table
     layer.build()
     assert abs(float(tf.reduce_mean(layer.embeddings)) - 1.0) < 0.2
     # an old plan without the new fields still loads (the seeds' default, validation on)
-    data = plan_lib.derive_plan(_config(), MANIFEST).to_dict()
+    data = derive_plan(_config(), MANIFEST).to_dict()
     for t in data["tables"].values():
         t["initializer"] = {"name": "truncated_normal", "mean": 0.0, "stddev": 0.25}
     for f in data["features"].values():
@@ -250,23 +252,23 @@ def test_table_optimizers_and_gradient_multiplier_in_the_plan():
                      "embedding_gradient_multiplier": {"value": 2.0, "schedule": {"name": "exponential", "decay_steps": 10,
                                                                                   "decay_rate": 0.5}}},
     })
-    plan = EmbeddingPlan.from_json(plan_lib.derive_plan(cfg, MANIFEST).to_json())
+    plan = EmbeddingPlan.from_json(derive_plan(cfg, MANIFEST).to_json())
     spec = {n: t.optimizer for n, t in plan.tables.items()}
     assert (spec["shared"]["name"], spec["shared"]["learning_rate"], spec["shared"]["beta_1"]) == ("adam", 0.01, 0.9)
     assert (spec["big"]["name"], spec["small"]["name"], spec["small"]["learning_rate"]) == ("sgd", "adagrad", 0.2)
     assert spec["small"]["initial_accumulator_value"] == 0.1  # inherited from training.embedding_optimizer
     assert [plan.tables[n].memory.slots_per_row for n in ("shared", "big", "small")] == [2, 0, 1]
-    multiplier = plan_lib.gradient_multiplier(plan.embedding_gradient_multiplier)
+    multiplier = gradient_multiplier(plan.embedding_gradient_multiplier)
     assert [float(multiplier(s)) for s in (0, 10, 20)] == pytest.approx([2.0, 1.0, 0.5])
     # One optimizer pair per distinct spec; tables with the default spec keep the layer's.
-    default = plan_lib.optimizer_spec(cfg.training.embedding_optimizer)
+    default = optimizer_spec(cfg.training.embedding_optimizer)
     opts = tm.table_optimizers(plan, default)
     assert sorted(opts) == ["big", "shared", "small"] and len({id(o) for o in opts.values()}) == 3
     assert tm.table_optimizers(plan, dict(plan.tables["small"].optimizer)).keys() == {"big", "shared"}
-    configs = plan_lib.table_configs(plan, {n: o.tpu for n, o in opts.items()})
+    configs = table_configs(plan, {n: o.tpu for n, o in opts.items()})
     assert isinstance(configs["shared"].optimizer, tf.tpu.experimental.embedding.Adam)
     assert isinstance(configs["big"].optimizer, tf.tpu.experimental.embedding.SGD)
-    assert plan_lib.table_configs(plan)["big"].optimizer is None  # no override given: the layer's optimizer
+    assert table_configs(plan)["big"].optimizer is None  # no override given: the layer's optimizer
     old = plan.to_dict()
     del old["embedding_gradient_multiplier"]
     assert EmbeddingPlan.from_dict(old).embedding_gradient_multiplier is None
@@ -290,18 +292,18 @@ def test_sequence_length_from_config_or_statistics():
 
     stats = _statistics()
     stats["features"]["A"]["splits"]["train"]["ids_per_example"].update({"p50": 1, "p90": 2.5})
-    plan = plan_lib.derive_plan(cfg({"length": 7}), MANIFEST, _typed(stats))
+    plan = derive_plan(cfg({"length": 7}), MANIFEST, _typed(stats))
     assert (plan.features["A"].max_sequence_length, plan.features["A"].sequence_length_source) == (7, "config")
-    plan = plan_lib.derive_plan(cfg({"percentile": "p90"}), MANIFEST, _typed(stats))
+    plan = derive_plan(cfg({"percentile": "p90"}), MANIFEST, _typed(stats))
     assert plan.features["A"].max_sequence_length == 3 and "p90" in plan.features["A"].sequence_length_source
-    assert plan_lib.derive_plan(cfg({"percentile": "max"}, max_length=2), MANIFEST, _typed(stats)).features["A"].max_sequence_length == 2
+    assert derive_plan(cfg({"percentile": "max"}, max_length=2), MANIFEST, _typed(stats)).features["A"].max_sequence_length == 2
     assert plan.features["B"].max_sequence_length == 0 and plan.features["B"].sequence_pooling is None
     with pytest.raises(ValueError, match="sequence feature 'A' has no sequence.length and no statistics"):
-        plan_lib.derive_plan(cfg({}), MANIFEST)
-    on_tpu = plan_lib.feature_configs(EmbeddingPlan.from_json(plan.to_json()), output_batch=32, on_tpu=True)
+        derive_plan(cfg({}), MANIFEST)
+    on_tpu = feature_configs(EmbeddingPlan.from_json(plan.to_json()), output_batch=32, on_tpu=True)
     assert (on_tpu["A"].max_sequence_length, on_tpu["A"].output_shape) == (3, None)
     assert on_tpu["B"].output_shape == [32]
-    small = plan_lib.derive_plan(cfg({"length": 5}), _manifest({**VOCABULARIES, "shared": {"rows": 11, "size": 10, "num_oov_buckets": 1}}),
+    small = derive_plan(cfg({"length": 5}), _manifest({**VOCABULARIES, "shared": {"rows": 11, "size": 10, "num_oov_buckets": 1}}),
                           _typed(stats))
     assert small.tables["shared"].placement == "tensor_core" and small.features["A"].dense_width == 5
 
@@ -314,7 +316,7 @@ def test_wide_part_tables_and_features_beside_every_table_and_feature():
 
     stats = _statistics()
     stats["features"]["small"] = {"splits": {"train": {"ids_per_example": {"mean": 1.0, "p99": 1, "max": 2}}}}
-    plan = plan_lib.derive_plan(_config(wide={"enabled": True, "optimizer": {"name": "ftrl", "learning_rate": 2.0}}), MANIFEST, _typed(stats))
+    plan = derive_plan(_config(wide={"enabled": True, "optimizer": {"name": "ftrl", "learning_rate": 2.0}}), MANIFEST, _typed(stats))
     deep = {"shared", "big", "small"}
     assert set(plan.tables) == deep | {t + WIDE_SUFFIX for t in deep}
     for name in deep:
@@ -330,13 +332,13 @@ def test_wide_part_tables_and_features_beside_every_table_and_feature():
     assert plan.features["A" + WIDE_SUFFIX].table == "shared" + WIDE_SUFFIX
     assert plan.memory.total_bytes == sum(t.memory.total_bytes for t in plan.tables.values())
     # the input features are the configured ones: a wide feature reads its feature's (padded) IDs
-    assert set(plan_lib.dense_id_widths(plan)) == {"small"}
-    configs = plan_lib.feature_configs(plan)
+    assert set(dense_id_widths(plan)) == {"small"}
+    configs = feature_configs(plan)
     assert configs["A" + WIDE_SUFFIX].table is configs["B" + WIDE_SUFFIX].table
     assert configs["big" + WIDE_SUFFIX].table.dim == 1
     again = EmbeddingPlan.from_json(plan.to_json())
     assert again == plan and again.wide_features() == plan.wide_features()
-    off = plan_lib.derive_plan(_config(), MANIFEST)  # off by default
+    off = derive_plan(_config(), MANIFEST)  # off by default
     assert set(off.tables) == deep and not off.wide_features()
     with pytest.raises(ConfigError, match=r"categorical_features\[0\].name: 'A__wide' ends in '__wide'"):
         parse_config({"input": {"path": "x.csv"}, "label": "label", "categorical_features": [{"name": "A__wide"}]})
@@ -360,16 +362,16 @@ def test_dense_buckets_come_from_the_statistics_quantiles():
     manifest = _manifest({"A": {"rows": 11, "size": 10, "num_oov_buckets": 1}})
     quantiles = {"d1": [float(v) for v in range(101)], "d2": [0.0] * 90 + [5.0] * 11}
     stats = EmbeddingStatistics(64, (8,), {}, {}, {d: {"train": {"quantiles": q}} for d, q in quantiles.items()}, {}, 0, {})
-    plan = plan_lib.derive_plan(config(), manifest, stats)
+    plan = derive_plan(config(), manifest, stats)
     b = plan.dense_buckets
     assert b.dim == 8 and set(b.boundaries) == {"d1", "d2"}
     assert b.boundaries["d1"] == tuple(float(v) for v in range(5, 100, 5))  # 20 buckets by default
     assert b.boundaries["d2"] == (0.0,) * 17 + (5.0, 5.0)  # repeats kept: 20 buckets in every run
     assert "not bucketed" in b.source and "d3" in b.source
     assert EmbeddingPlan.from_json(plan.to_json()) == plan
-    assert plan_lib.derive_plan(config(buckets=4, dim=3), manifest, stats).dense_buckets.boundaries["d1"] == (25.0, 50.0, 75.0)
-    assert plan_lib.derive_plan(config(enabled=False), manifest, stats).dense_buckets is None
-    assert plan_lib.derive_plan(config(), manifest).dense_buckets is None  # no statistics: numeric only
+    assert derive_plan(config(buckets=4, dim=3), manifest, stats).dense_buckets.boundaries["d1"] == (25.0, 50.0, 75.0)
+    assert derive_plan(config(enabled=False), manifest, stats).dense_buckets is None
+    assert derive_plan(config(), manifest).dense_buckets is None  # no statistics: numeric only
     for bad, match in (({"buckets": 1}, "buckets: 1 is not a whole number in \\[2, 100\\]"),
                        ({"buckets": 101}, "buckets: 101"), ({"dim": 0}, "dense_buckets.dim")):
         with pytest.raises(ConfigError, match=match):
@@ -414,17 +416,17 @@ def test_fit_check_refuses_by_the_allocated_size_naming_the_tables():
     budget = 16_000_000 / 2**30  # GiB: the unpadded 14.0 MB would fit
     assert 100_000 * 16 * 4 * 2 + 100_000 * 1 * 4 * 3 < 16_000_000
     cfg, manifest = _one_table(hbm_gib_per_chip=budget)
-    with pytest.raises(plan_lib.PlanError) as err:
-        plan_lib.derive_plan(cfg, manifest)
+    with pytest.raises(PlanError) as err:
+        derive_plan(cfg, manifest)
     message = str(err.value)
     assert "\n" not in message and "sized for sparse_core" in message
     assert "largest: items (100000x16 padded from 100000x16, adagrad, 0.01 GiB/chip, tpu_embedding), " \
            "items__wide (100000x8 padded from 100000x1, ftrl, 0.01 GiB/chip, tpu_embedding)" in message
     # Kept bytes fit, the initialization transient does not: named too.
     cfg, manifest = _one_table(hbm_gib_per_chip=30_000_000 / 2**30)
-    with pytest.raises(plan_lib.PlanError, match=r"\+ 0.01 GiB while SparseCore initializes the stack of items \(whole padded"):
-        plan_lib.derive_plan(cfg, manifest)
-    plan = plan_lib.derive_plan(*_one_table(hbm_gib_per_chip=36_000_000 / 2**30))
+    with pytest.raises(PlanError, match=r"\+ 0.01 GiB while SparseCore initializes the stack of items \(whole padded"):
+        derive_plan(cfg, manifest)
+    plan = derive_plan(*_one_table(hbm_gib_per_chip=36_000_000 / 2**30))
     m = plan.memory
     assert (m.per_chip_bytes, m.init_transient_bytes, m.init_transient_tables) == (22_400_000, 12_800_000, ("items",))
     assert m.peak_per_chip_bytes == 35_200_000 and m.fits
@@ -436,23 +438,23 @@ def test_chips_size_or_refuse_the_plan():
     the plan says it is sized for SparseCore."""
     from components.config.schema import ConfigError
 
-    with pytest.raises(plan_lib.PlanError, match=r"^training.embedding.topology.chip v5e has no embedding engine .* 2 table\(s\) "
+    with pytest.raises(PlanError, match=r"^training.embedding.topology.chip v5e has no embedding engine .* 2 table\(s\) "
                                           r"are placed in tpu_embedding \(items, items__wide\); set training.embedding."
                                           r"size_threshold: null .* or train on a v5p/v6e \(SparseCore\) or v4"):
-        plan_lib.derive_plan(*_one_table(chip="v5e"))
+        derive_plan(*_one_table(chip="v5e"))
     cfg, manifest = _one_table(chip="v5e")
     cfg.training.embedding.size_threshold = None
-    v5e = plan_lib.derive_plan(cfg, manifest)
+    v5e = derive_plan(cfg, manifest)
     assert (v5e.topology.embedding_api, v5e.topology.hbm_gib_per_chip, v5e.memory.init_transient_bytes) == ("none", 16.0, 0)
     assert v5e.memory.per_chip_bytes == 100_000 * 16 * 4 * 2 + 100_000 * 4 * 3  # replicated, unpadded
-    v4 = plan_lib.derive_plan(*_one_table(rows=1001, chip="v4", num_chips=4))
+    v4 = derive_plan(*_one_table(rows=1001, chip="v4", num_chips=4))
     assert (v4.topology.embedding_api, v4.topology.sparse_cores_per_chip) == ("tpu_embedding_v1", 0)
     assert v4.tables["items"].memory.per_chip_bytes == 251 * 16 * 4 * 2  # ceil(1001 / 4) rows, unpadded
     assert v4.tables["items"].sparsecore_limits.source.startswith("not applicable")
-    v6e = plan_lib.derive_plan(*_one_table(rows=1001, chip="v6e", num_chips=4))
+    v6e = derive_plan(*_one_table(rows=1001, chip="v6e", num_chips=4))
     assert (v6e.topology.sparse_cores_per_chip, v6e.topology.num_sparse_cores, v6e.topology.hbm_gib_per_chip) == (2, 8, 32.0)
     assert v6e.tables["items"].memory.padded_rows == 1024  # a multiple of 8 x 8 SparseCores
-    default = plan_lib.derive_plan(*_one_table(rows=1001))
+    default = derive_plan(*_one_table(rows=1001))
     assert (default.topology.embedding_api, default.topology.chip, default.topology.sparse_cores_per_chip) == ("sparse_core", None, 4)
     with pytest.raises(ConfigError, match="topology.chip"):
         _one_table(chip="v7")
@@ -461,7 +463,7 @@ def test_chips_size_or_refuse_the_plan():
 
 
 def test_an_old_plan_without_the_sizing_fields_loads():
-    data = plan_lib.derive_plan(_config(), MANIFEST).to_dict()
+    data = derive_plan(_config(), MANIFEST).to_dict()
     for key in ("embedding_api", "chip"):
         del data["topology"][key]
     for key in ("init_transient_bytes", "init_transient_tables", "peak_per_chip_bytes"):
@@ -491,7 +493,7 @@ def test_the_plan_is_sized_for_the_api_the_tpu_reports_or_refused():
     from components.contracts.plan import CheckpointLayout
     from components.embedding_trainer.hardware import plan_for_hardware
 
-    plan = plan_lib.derive_plan(*_one_table(rows=1001, num_chips=4))
+    plan = derive_plan(*_one_table(rows=1001, num_chips=4))
     assert plan_for_hardware(plan, None, on_tpu=False) is plan
     assert plan_for_hardware(plan, _TPU("V2"), on_tpu=True) == plan  # sized for SparseCore, 4 per chip already
     v1 = plan_for_hardware(plan, _TPU("V1"), on_tpu=True)
@@ -501,16 +503,16 @@ def test_the_plan_is_sized_for_the_api_the_tpu_reports_or_refused():
     assert recorded.tables == v1.tables and recorded.memory == v1.memory
     two = plan_for_hardware(plan, _TPU("V2", sparse_cores=2), on_tpu=True)
     assert two.topology.num_sparse_cores == 8 and two.tables["items"].memory.padded_rows == 1024
-    with pytest.raises(plan_lib.PlanError, match=r"^the TPU \(EmbeddingFeature.UNSUPPORTED\) has no embedding engine .*"
+    with pytest.raises(PlanError, match=r"^the TPU \(EmbeddingFeature.UNSUPPORTED\) has no embedding engine .*"
                                           r"size_threshold: null"):
         plan_for_hardware(plan, _TPU("UNSUPPORTED"), on_tpu=True)
     cfg, manifest = _one_table(rows=1001, num_chips=4)
     cfg.training.embedding.size_threshold = None
-    none = plan_for_hardware(plan_lib.derive_plan(cfg, manifest), _TPU("UNSUPPORTED"), on_tpu=True)
+    none = plan_for_hardware(derive_plan(cfg, manifest), _TPU("UNSUPPORTED"), on_tpu=True)
     assert none.topology.embedding_api == "none" and none.memory.per_chip_bytes == none.memory.total_bytes
-    v5p = plan_lib.derive_plan(*_one_table(rows=1001, num_chips=4, chip="v5p"))
-    with pytest.raises(plan_lib.PlanError, match=r"^training.embedding.topology.chip v5p sized the embedding plan for SparseCore "
+    v5p = derive_plan(*_one_table(rows=1001, num_chips=4, chip="v5p"))
+    with pytest.raises(PlanError, match=r"^training.embedding.topology.chip v5p sized the embedding plan for SparseCore "
                                           r"\(TPUEmbeddingV2\), 4 SparseCores per chip, but the TPU reports EmbeddingFeature.V1"):
         plan_for_hardware(v5p, _TPU("V1"), on_tpu=True)
-    with pytest.raises(plan_lib.PlanError, match=r"reports EmbeddingFeature.V2 \(SparseCore \(TPUEmbeddingV2\), 2 SparseCores per chip\)"):
+    with pytest.raises(PlanError, match=r"reports EmbeddingFeature.V2 \(SparseCore \(TPUEmbeddingV2\), 2 SparseCores per chip\)"):
         plan_for_hardware(v5p, _TPU("V2", sparse_cores=2), on_tpu=True)

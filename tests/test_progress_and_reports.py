@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 import pytest
 
 from components.reporting import progress
-from components.reporting import Report, error_line, render
+from components.reporting.report import Report, error_line, render
 from pipelines import summary as summary_lib
 from pipelines.progress_view import ProgressPrinter
 

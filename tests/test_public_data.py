@@ -40,7 +40,7 @@ def test_defaults_on_chem97_beat_the_baseline_and_the_buckets_are_compared(chem9
     from bench.defaults_sweep import config_with, finished_run
     from components.config.loading import load_config
     from components.contracts.plan import CheckpointLayout
-    from components.embedding_trainer import plan as plan_lib
+    from components.embedding_trainer.run_plan import derive_plan, training_steps
     from components.embedding_trainer import trainer_module
     from pipelines.runner import run
 
@@ -57,13 +57,13 @@ def test_defaults_on_chem97_beat_the_baseline_and_the_buckets_are_compared(chem9
     assert set(stats.dense_features) == {"age", "gcsescore"}
     quantiles = stats.dense_quantiles("gcsescore")
     assert len(quantiles) == 101 and quantiles == tuple(sorted(quantiles)) and 0.0 <= quantiles[0] < quantiles[-1] <= 8.0
-    plan = plan_lib.derive_plan(cfg, manifest, stats)
+    plan = derive_plan(cfg, manifest, stats)
     assert set(plan.dense_buckets.boundaries) == {"age", "gcsescore"}
     # the sweep's other candidate: no buckets, on the same transformed split
     off = config_with(str(config_path), {"training": {"dense_buckets": {"enabled": False}}})
-    plan_off = plan_lib.derive_plan(off, manifest, stats).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    plan_off = derive_plan(off, manifest, stats).with_run(vocabulary_dir=manifest.vocabulary_dir)
     assert plan_off.dense_buckets is None
-    length = plan_lib.training_steps(off, stats)
+    length = training_steps(off, stats)
     ckpt, _, record = trainer_module.train(off, plan_off, manifest, train, evals, str(root / "off" / "state"),
                               train_steps=length["steps"], train_rows=length.get("train_rows"))
     plan_off = plan_off.with_run(checkpoint_layout=CheckpointLayout(**record["checkpoint_layout"]))

@@ -18,7 +18,8 @@ import components  # noqa: F401
 import tensorflow as tf
 
 from components.embedding_model.input import make_dataset
-from components.embedding_trainer import plan as plan_lib
+from components.embedding_model.tf_objects import dense_id_widths, sequence_lengths
+from components.embedding_trainer.run_plan import derive_plan
 from components.embedding_trainer import trainer_module as tm
 from tests import tpu_harness
 from components.config.loading import parse_config
@@ -40,7 +41,7 @@ def _files(root):
 def _plan(cfg, root):
     train, _ = _files(root)
     manifest = tm.read_manifest_for(train)
-    return plan_lib.derive_plan(cfg, manifest, tm.read_statistics_for(train)), manifest
+    return derive_plan(cfg, manifest, tm.read_statistics_for(train)), manifest
 
 
 def _concat(a, b):
@@ -73,7 +74,7 @@ def test_one_step_on_two_replicas_updates_tables_as_one_replica_on_the_global_ba
     cfg = _config(data, embedding_optimizer=optimizer, dropout=0.0, input_dropout=0.0)
     plan, manifest = _plan(cfg, data)
     train, _ = _files(data)
-    widths, lengths = plan_lib.dense_id_widths(plan), plan_lib.sequence_lengths(plan)
+    widths, lengths = dense_id_widths(plan), sequence_lengths(plan)
     batches = list(make_dataset(train, manifest, 32, training=True, seed=3, dense_id_widths=widths,
                                 sequence_lengths=lengths).take(REPLICAS))
     features = {k: _concat(batches[0][0][k], batches[1][0][k]) for k in batches[0][0]}

@@ -551,7 +551,7 @@ def _bucket_params():
 def test_bucket_case_serving(served, name, path):
     """B1 in the serving graph: the raw rows through every TensorFlow path, then the model's
     Bucketize (model.bucket_ids, the op the training step runs too)."""
-    from components.embedding_model.model import bucket_ids
+    from components.embedding_model.dense_tower import bucket_ids
 
     case = BUCKET_CASES[name]
     values = served.dense(path, case.case.name, len(case.case.rows))
@@ -587,7 +587,7 @@ def test_piecewise_linear_reference_by_hand_and_against_the_buckets():
 def test_piecewise_linear_case_serving(served, name, path):
     """B2 in the serving graph: the raw rows through every TensorFlow path, then the model's
     encoding (model.piecewise_linear, which the training step runs too)."""
-    from components.embedding_model.model import piecewise_linear
+    from components.embedding_model.dense_tower import piecewise_linear
 
     case = BUCKET_CASES[name]
     values = served.dense(path, case.case.name, len(case.case.rows))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.embedding_model.model import ServingTable
+from components.embedding_model.serving_model import ServingTable
 
 ROWS, DIM = 50, 4
 
@@ -87,7 +87,9 @@ def test_weighted_pooling_matches_tensorflow_on_every_path(combiner):
 
     from components.contracts.plan import EmbeddingPlan
     from components.embedding_model.input import to_dense_ids
-    from components.embedding_model.model import ServingTable, TensorCoreTable, pool_sparse
+    from components.embedding_model.lookups import pool_sparse
+    from components.embedding_model.model import TensorCoreTable
+    from components.embedding_model.serving_model import ServingTable
 
     rng = np.random.default_rng(0)
     table = tf.constant(rng.normal(size=(7, 3)).astype(np.float32))
@@ -122,7 +124,10 @@ def test_sequence_lookups_and_pooling():
 
     from components.contracts.plan import EmbeddingPlan
     from components.embedding_model.input import to_dense_ids
-    from components.embedding_model.model import SequencePooling, ServingTable, TensorCoreTable, sequence_mask
+    from components.embedding_model.dense_tower import SequencePooling
+    from components.embedding_model.lookups import sequence_mask
+    from components.embedding_model.model import TensorCoreTable
+    from components.embedding_model.serving_model import ServingTable
 
     rng = np.random.default_rng(1)
     table = tf.constant(rng.normal(size=(9, 4)).astype(np.float32))
@@ -161,7 +166,7 @@ def test_sequence_lookups_and_pooling():
 def _attention_with_score(weights):
     """SequencePooling("attention") whose score is exactly sum(weights * [query, key, q - k, q * k])
     (identity-like hidden layer, relu on non-negative inputs): the expected weights by hand."""
-    from components.embedding_model.model import SequencePooling
+    from components.embedding_model.dense_tower import SequencePooling
 
     dim = len(weights) // 4
     layer = SequencePooling("attention", "a", hidden=1)
@@ -196,7 +201,7 @@ def test_sequence_lengths_from_the_host_mask_like_the_ids():
 
     from components.contracts.manifest import VocabularyManifest, CategoricalFeatureEntry
     from components.embedding_model.input import length_key, parse_batch
-    from components.embedding_model.model import sequence_mask
+    from components.embedding_model.lookups import sequence_mask
 
     rows = [[1, 2, 3, 4], [5], [], [7, 7]]
     examples = [tf.train.Example(features=tf.train.Features(feature={
@@ -218,7 +223,7 @@ def test_wide_weights_pool_beside_the_rows_in_float32_on_every_path(storage, com
     the wide column, bit for bit on the plain paths; `assign` / `read` address a wide table by
     its own name."""
     from components.contracts.plan import EmbeddingPlan
-    from components.embedding_model.model import ServingTables
+    from components.embedding_model.serving_model import ServingTables
 
     plan = EmbeddingPlan.for_tables({"a": (7, 3, "tensor_core"), "b": (5, 3, "tensor_core")}, combiner=combiner)
     stack = ServingTables(dict(plan.tables), "s", storage, wide={"a": "a__wide", "b": "b__wide"})

@@ -190,7 +190,7 @@ def _scores(inputs, manifest):
     would score, without training one."""
     from types import SimpleNamespace
 
-    from components.embedding_model.model import ServingTable
+    from components.embedding_model.serving_model import ServingTable
 
     total = 0.0
     for i, f in enumerate(manifest.categorical_features):
@@ -277,7 +277,7 @@ def _stacks_and_groups(manifest, storage):
     (tables take mean, sum, sqrtn in turn), every feature in one."""
     from types import SimpleNamespace
 
-    from components.embedding_model.model import FusedChunk, ServingTables
+    from components.embedding_model.serving_model import FusedChunk, ServingTables
 
     combiners = ("mean", "sum", "sqrtn")
     specs = {t: SimpleNamespace(rows=v.rows, dim=3, combiner=combiners[i % 3])
@@ -306,7 +306,8 @@ def test_fused_ids_pool_exactly_as_per_feature_sparse_tensors(transforms, storag
     through `ServingTables.lookup`, on the messy batches and the rulebook cases, both entry points,
     every table dtype: offsets, shared tables, max_length, empty rows and batches included."""
     from components.embedding_exporter.serving import RawFeatureTransform, vocabulary_lines
-    from components.embedding_model.model import BATCH_KEY, DENSE_KEY, fused_key
+    from components.embedding_model.dense_tower import BATCH_KEY, DENSE_KEY
+    from components.embedding_model.serving_model import fused_key
 
     per_feature = transforms[0]
     manifest, kinds = per_feature._manifest, transforms[2]

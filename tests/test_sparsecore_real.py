@@ -23,6 +23,7 @@ import tensorflow as tf
 from components.config.schema import OptimizerConfig
 from components.contracts.plan import CheckpointLayout, EmbeddingPlan, optimizer_spec
 from components.embedding_model import layouts
+from components.embedding_model.sparsecore_layout import plan_sparse_core_layouts
 from components.embedding_model import tf_objects
 from components.embedding_trainer import trainer_module as tm
 from tests import tpu_harness
@@ -85,7 +86,7 @@ def test_tf_constructor_lays_tables_out_as_the_exporter_recomputes(case, replica
     per_replica = plan.global_batch_size // replicas
     mid = _model_v2(plan, _strategy(monkeypatch, replicas, per_chip), per_replica)
     ours = {n: tpu_harness.layout_as_dict(l) for n, l in
-            layouts.plan_sparse_core_layouts(plan, replicas, per_chip, per_replica).items()}
+            plan_sparse_core_layouts(plan, replicas, per_chip, per_replica).items()}
     assert tpu_harness.tf_layout(mid) == ours
     assert set(ours) == set(plan.tables_placed("tpu_embedding"))
 

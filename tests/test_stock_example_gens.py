@@ -17,6 +17,7 @@ import pytest
 
 from components.rules import rulebook
 from tests.stages import artifact, beam_context, trainer_raw_config
+from components.tfx_wiring.executor_base import CONFIG_KEY
 
 CATEGORICAL = ("C1", "C2", "C3")  # C3: multi-hot ('|', max_length)
 # T1: a dense column holding one cell of text per split (CsvExampleGen types it as text);
@@ -148,7 +149,7 @@ def _preprocess(cfg, examples, root):
         {ex.EXAMPLES_KEY: [examples]},
         {ex.TRANSFORMED_EXAMPLES_KEY: [out["transformed"]], ex.VOCABULARY_KEY: [out["vocabulary"]],
          ex.STATISTICS_KEY: [out["statistics"]]},
-        {ex.CONFIG_KEY: cfg.to_json()},
+        {CONFIG_KEY: cfg.to_json()},
     )
     return out
 
@@ -160,7 +161,7 @@ def _train_and_export(cfg, examples, pre, root):
     from tfx.utils import proto_utils
 
     from components.embedding_exporter import executor as export_executor
-    from components.embedding_trainer.trainer_module import CONFIG_KEY as TRAINER_CONFIG_KEY
+    from components.tfx_wiring.executor_base import CONFIG_KEY as TRAINER_CONFIG_KEY
     from tests.stages import RUN_FN
 
     model = artifact(standard_artifacts.Model, root / "Trainer" / "model")
@@ -179,7 +180,7 @@ def _train_and_export(cfg, examples, pre, root):
     export_executor.Executor().Do(
         {export_executor.MODEL_KEY: [model], export_executor.EXAMPLES_KEY: [examples]},
         {export_executor.SERVING_MODEL_KEY: [serving], export_executor.BLESSING_KEY: [blessing]},
-        {export_executor.CONFIG_KEY: cfg.to_json()},
+        {CONFIG_KEY: cfg.to_json()},
     )
     return serving
 
@@ -274,7 +275,8 @@ def test_stock_example_gen_round_trip_to_the_stock_evaluator(tmp_path, kind):
     loaded = tf.saved_model.load(os.path.join(serving.uri, artifacts.SERVING_DIR))
     with pytest.raises(tf.errors.InvalidArgumentError, match="Data types don't match"):
         loaded.signatures["serving_default"](examples=tf.constant([_all_float_example(rows["eval"][0])]))
-    from components.embedding_exporter.export import ExportRefused, read_eval_sample
+    from components.embedding_exporter.export import read_eval_sample
+    from components.embedding_model.restore import ExportRefused
 
     with pytest.raises(ExportRefused) as refused:
         read_eval_sample(cfg, manifest, str(other))

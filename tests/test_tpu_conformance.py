@@ -43,8 +43,10 @@ from tensorflow.python.tpu import tpu_embedding_for_serving as serving_lib
 from tensorflow_recommenders.layers.embedding import tpu_embedding_layer as tfrs_layer
 
 from components.embedding_trainer import trainer_module as tm
+from components.embedding_trainer.checkpoints import copy_checkpoint
 from tests import tpu_harness
 from tests.stages import fn_args as _fn_args, trainer_config as _config, trainer_raw_config as _raw_config
+from components.contracts.artifacts import CHECKPOINT_DIR, EVAL_METRICS_FILE, TPU_RULES_FILE, TRAINING_RUN_FILE
 
 
 @pytest.fixture(scope="session")
@@ -270,9 +272,9 @@ def test_tpu_branch_calls_bind_and_stay_in_scope_and_run(feature, tpu_branch, da
     init = next(c for c in rec.calls if c["call"] == f"{mid}.__init__")
     assert init["in_scope"] and "pipeline_execution_with_tensor_core" in init["args"]
     # Everything after training ran on CPU from the checkpoint: the artifact is complete.
-    for name in (tm.EVAL_METRICS_FILE, tm.TPU_RULES_FILE, tm.TRAINING_RUN_FILE, "embedding_plan.json"):
+    for name in (EVAL_METRICS_FILE, TPU_RULES_FILE, TRAINING_RUN_FILE, "embedding_plan.json"):
         assert os.path.exists(os.path.join(model_uri, name)), name
-    run = json.load(open(os.path.join(model_uri, tm.TRAINING_RUN_FILE)))
+    run = json.load(open(os.path.join(model_uri, TRAINING_RUN_FILE)))
     assert run["final_step"] == 20 and run["strategy"] == "RecordingTPUStrategy"
     assert [e["step"] for e in run["selection"]["evaluations"]] == [10, 20]
     assert run["model_step"] == run["selection"]["best_step"] in (10, 20)
@@ -287,7 +289,7 @@ def test_tpu_branch_calls_bind_and_stay_in_scope_and_run(feature, tpu_branch, da
     records = transformed_rows(eval_pattern, tm.read_manifest_for([eval_pattern]), 8)
     probs = loaded.signatures["serving_default"](examples=tf.constant(records))["probabilities"].numpy()
     assert probs.shape == (8, 1) and np.isfinite(probs).all()
-    assert tf.train.latest_checkpoint(os.path.join(model_uri, tm.CHECKPOINT_DIR))
+    assert tf.train.latest_checkpoint(os.path.join(model_uri, CHECKPOINT_DIR))
     if feature == "V2":
         _assert_checkpoint_tables_are_the_trained_ones(rec.mids[-1], model_uri)
 
@@ -301,7 +303,7 @@ def _assert_checkpoint_tables_are_the_trained_ones(mid, model_uri):
 
     with open(os.path.join(model_uri, "embedding_plan.json")) as fh:
         plan = EmbeddingPlan.from_json(fh.read())
-    tables = CheckpointTables(tf.train.latest_checkpoint(os.path.join(model_uri, tm.CHECKPOINT_DIR)), plan)
+    tables = CheckpointTables(tf.train.latest_checkpoint(os.path.join(model_uri, CHECKPOINT_DIR)), plan)
     tpu_tables = plan.tables_placed("tpu_embedding")
     assert tpu_tables and mid._num_sc_shards == REPLICAS * 4  # pylint: disable=protected-access
     assert any(len(ts) > 1 for ts in mid._stacked_table_to_tables.values())  # pylint: disable=protected-access
@@ -316,16 +318,17 @@ def test_calling_the_tpu_layer_outside_run_fails(tpu_branch, data):
     rec = tpu_branch(Feature.V1)
     cfg = _config(data, tpu="local")
     manifest = tm.read_manifest_for([str(data / "tx" / "Split-train" / "*")])
-    from components.embedding_trainer import plan as plan_lib
+    from components.embedding_model.tf_objects import dense_id_widths
+    from components.embedding_trainer.run_plan import derive_plan
 
-    plan = plan_lib.derive_plan(cfg, manifest, tm.read_statistics_for([str(data / "tx" / "Split-train" / "*")]))
+    plan = derive_plan(cfg, manifest, tm.read_statistics_for([str(data / "tx" / "Split-train" / "*")]))
     strategy = tm.distribution_strategy(cfg)
     with strategy.scope():
         model = tm.build_model(plan, manifest, cfg, for_training=True, on_tpu=True, per_replica_batch=64)
     from components.embedding_model.input import make_dataset
 
     features, _ = next(iter(make_dataset([str(data / "tx" / "Split-eval" / "*")], manifest, 64, training=False,
-                                         dense_id_widths=plan_lib.dense_id_widths(plan))))
+                                         dense_id_widths=dense_id_widths(plan))))
     strategy.run(lambda f: model(f, training=True), args=(features,))  # built in a step, as fit does
     with pytest.raises(RuntimeError, match="strategy.run"):
         model(features)  # e.g. evaluating the training model after fit
@@ -400,11 +403,11 @@ def _files(data):
 
 
 def _plan(cfg, data):
-    from components.embedding_trainer import plan as plan_lib
+    from components.embedding_trainer.run_plan import derive_plan
 
     train_files, _ = _files(data)
     manifest = tm.read_manifest_for(train_files)
-    plan = plan_lib.derive_plan(cfg, manifest, tm.read_statistics_for(train_files)).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    plan = derive_plan(cfg, manifest, tm.read_statistics_for(train_files)).with_run(vocabulary_dir=manifest.vocabulary_dir)
     return plan, manifest
 
 
@@ -417,9 +420,9 @@ def test_clipvalue_trains_on_cpu(data, tmp_path):
     fn_args = _fn_args(data, cfg, f"clip-{tmp_path.name}")
     tm.run_fn(fn_args)
     model_uri = os.path.dirname(fn_args.serving_model_dir)
-    metrics = json.load(open(os.path.join(model_uri, tm.EVAL_METRICS_FILE)))
+    metrics = json.load(open(os.path.join(model_uri, EVAL_METRICS_FILE)))
     assert metrics["examples"] > 0 and np.isfinite(metrics["log_loss"])
-    reader = tf.train.load_checkpoint(os.path.join(model_uri, tm.CHECKPOINT_DIR))
+    reader = tf.train.load_checkpoint(os.path.join(model_uri, CHECKPOINT_DIR))
     assert any("OPTIMIZER_SLOT/model/embedding_optimizer/accumulator" in k for k in reader.get_variable_to_shape_map())
 
 
@@ -428,7 +431,7 @@ def test_artifact_checkpoint_is_found_after_the_artifact_moves(tmp_path):
     import shutil
 
     prefix = tf.train.Checkpoint(v=tf.Variable(3.0)).save(str(tmp_path / "state" / "ckpt"))
-    tm.copy_checkpoint(prefix, str(tmp_path / "model" / "checkpoints"))
+    copy_checkpoint(prefix, str(tmp_path / "model" / "checkpoints"))
     shutil.move(str(tmp_path / "model"), str(tmp_path / "moved"))
     found = tf.train.latest_checkpoint(str(tmp_path / "moved" / "checkpoints"))
     assert found == str(tmp_path / "moved" / "checkpoints" / os.path.basename(prefix))
@@ -517,7 +520,7 @@ def test_weighted_and_sequence_features_on_the_tpu_branch(feature, tpu_branch, d
         assert (init["C24__wide"].max_sequence_length, init["C24__wide"].table.dim) == (4, 1)
     else:
         _assert_checkpoint_tables_are_the_trained_ones(rec.mids[-1], model_uri)
-    assert os.path.exists(os.path.join(model_uri, tm.EVAL_METRICS_FILE))
+    assert os.path.exists(os.path.join(model_uri, EVAL_METRICS_FILE))
 
 
 @pytest.mark.slow(reason="two Trainer runs: CPU, then a TPU-branch warm start")
@@ -528,7 +531,7 @@ def test_sparsecore_warm_start_places_the_last_models_tables_in_tfs_stacks(tpu_b
     (the stand-in step is told not to update tables, so what training starts from is what it ends with).
     Restored by name, the stacks of several tables would start fresh and a lone one permuted."""
     from components.embedding_model.layouts import CheckpointTables
-    from components.embedding_model.model import VARIABLE_VALUE, table_checkpoint_key
+    from components.embedding_model.checkpoint_keys import VARIABLE_VALUE, table_checkpoint_key
     from components.embedding_trainer import warm_start
 
     cfg_cpu = _config(data, train_steps=10, checkpoint_every_steps=10)

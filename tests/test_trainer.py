@@ -17,13 +17,15 @@ import tensorflow as tf
 
 from components.config.loading import parse_config
 from components.contracts.plan import Initializer
-from components.embedding_trainer import plan as plan_lib
+from components.embedding_model.tf_objects import dense_id_widths
+from components.embedding_trainer.run_plan import derive_plan
 from components.embedding_trainer import trainer_module as tm
 from components.embedding_model.input import PAD_ID, make_dataset, to_dense_ids
 from components.embedding_model.model import TensorCoreTable
 from components.embedding_trainer.tpu_rules import TPURulesError, check_tpu_rules
 
 from tests.stages import REPO, fn_args as _fn_args, trainer_config as _config, trainer_raw_config as _raw_config
+from components.contracts.artifacts import CHECKPOINT_DIR, EVAL_METRICS_FILE, TABLES_DIR, TABLES_MANIFEST_FILE, TPU_RULES_FILE, TRAINING_RUN_FILE
 
 
 @pytest.fixture(scope="session")
@@ -56,16 +58,16 @@ def test_model_artifact_holds_plan_checkpoint_and_reports(trained, data):
     assert placements == {"tpu_embedding", "tensor_core"}, plan["tables"]
     assert plan["vocabulary_dir"] == str(data / "vocab")
     assert os.path.isfile(os.path.join(plan["vocabulary_dir"], "manifest.json"))
-    rules = json.load(open(os.path.join(model_uri, tm.TPU_RULES_FILE)))
+    rules = json.load(open(os.path.join(model_uri, TPU_RULES_FILE)))
     assert rules["passed"] and rules["batches_checked"] == 2 and not rules["violations"]
-    metrics = json.load(open(os.path.join(model_uri, tm.EVAL_METRICS_FILE)))
+    metrics = json.load(open(os.path.join(model_uri, EVAL_METRICS_FILE)))
     assert metrics["examples"] == 600 and 0.5 < metrics["auc"] <= 1.0
-    run = json.load(open(os.path.join(model_uri, tm.TRAINING_RUN_FILE)))
+    run = json.load(open(os.path.join(model_uri, TRAINING_RUN_FILE)))
     assert run["final_step"] == 40 and run["resumed_from_step"] == 0
     assert run["checkpoint_steps"] == [10, 20, 30, 40]
     # The final checkpoint: every table at its planned shape, Adagrad slots for TensorCore tables too
     # (they are trained by the embedding optimizer, not the dense one).
-    reader = tf.train.load_checkpoint(os.path.join(model_uri, tm.CHECKPOINT_DIR))
+    reader = tf.train.load_checkpoint(os.path.join(model_uri, CHECKPOINT_DIR))
     shapes = reader.get_variable_to_shape_map()
     assert reader.get_tensor("model/dense_optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE") == 40
     for name, t in plan["tables"].items():
@@ -142,6 +144,7 @@ def test_killed_run_resumes_and_ends_with_the_same_steps(data, tmp_path):
         from types import SimpleNamespace
         import components
         from components.embedding_trainer import trainer_module as tm
+        from components.tfx_wiring.executor_base import CONFIG_KEY
         original = tm._Checkpointer.on_epoch_end
         def kill_after_20(self, epoch, logs=None):
             original(self, epoch, logs)
@@ -150,7 +153,7 @@ def test_killed_run_resumes_and_ends_with_the_same_steps(data, tmp_path):
         tm._Checkpointer.on_epoch_end = kill_after_20
         root = {str(data)!r}
         tm.run_fn(SimpleNamespace(
-            custom_config={{tm.CONFIG_KEY: open(sys.argv[1]).read()}},
+            custom_config={{CONFIG_KEY: open(sys.argv[1]).read()}},
             train_files=[root + "/tx/Split-train/*"], eval_files=[root + "/tx/Split-eval/*"],
             serving_model_dir=root + "/Trainer/model/21/Format-Serving",
             model_run_dir=root + "/Trainer/model_run/21", train_steps=None))
@@ -166,7 +169,7 @@ def test_killed_run_resumes_and_ends_with_the_same_steps(data, tmp_path):
     resumed = _fn_args(data, cfg, 22)
     tm.run_fn(resumed)
     resumed_uri = os.path.dirname(resumed.serving_model_dir)
-    run = json.load(open(os.path.join(resumed_uri, tm.TRAINING_RUN_FILE)))
+    run = json.load(open(os.path.join(resumed_uri, TRAINING_RUN_FILE)))
     assert run["resumed_from_step"] == 20 and run["final_step"] == 40
     assert run["checkpoint_steps"] == [30, 40]
     assert not os.path.exists(states[0])  # the state of the finished run is removed
@@ -175,9 +178,9 @@ def test_killed_run_resumes_and_ends_with_the_same_steps(data, tmp_path):
     straight = _fn_args(data, cfg, 23)
     tm.run_fn(straight)
     straight_uri = os.path.dirname(straight.serving_model_dir)
-    assert json.load(open(os.path.join(straight_uri, tm.TRAINING_RUN_FILE)))["resumed_from_step"] == 0
-    a = tf.train.load_checkpoint(os.path.join(resumed_uri, tm.CHECKPOINT_DIR))
-    b = tf.train.load_checkpoint(os.path.join(straight_uri, tm.CHECKPOINT_DIR))
+    assert json.load(open(os.path.join(straight_uri, TRAINING_RUN_FILE)))["resumed_from_step"] == 0
+    a = tf.train.load_checkpoint(os.path.join(resumed_uri, CHECKPOINT_DIR))
+    b = tf.train.load_checkpoint(os.path.join(straight_uri, CHECKPOINT_DIR))
     names = [n for n in a.get_variable_to_shape_map() if n != "_CHECKPOINTABLE_OBJECT_GRAPH"]
     assert names
     for n in names:
@@ -193,13 +196,13 @@ def _check_inputs(data, trained):
 
 
 def _tpu_input(files, manifest, plan, training=True, batch_size=32):
-    return make_dataset(files, manifest, batch_size, training=training, dense_id_widths=plan_lib.dense_id_widths(plan))
+    return make_dataset(files, manifest, batch_size, training=training, dense_id_widths=dense_id_widths(plan))
 
 
 @pytest.mark.slow(reason="reads the Trainer run's artifact (run_fn, 40 steps)")
 def test_tpu_rules_pass_on_training_input(data, trained):
     plan, manifest, model, files = _check_inputs(data, trained)
-    widths = plan_lib.dense_id_widths(plan)
+    widths = dense_id_widths(plan)
     on_core = {n for n, f in plan.features.items() if plan.tables[f.table].placement == "tensor_core"}
     assert set(widths) == on_core and 0 < len(on_core) < len(plan.features)
     # Widths: one ID for single-valued features (statistics), at most max_length for multi-hot ones.
@@ -290,7 +293,7 @@ def test_configured_initializers_and_unsafe_lookups_train_on_cpu(data, tmp_path)
 
     raw = _raw_config(data, train_steps=8, checkpoint_every_steps=8)
     manifest = VocabularyManifest.from_json((data / "vocab" / "manifest.json").read_text())
-    placement = {n: t.placement for n, t in plan_lib.derive_plan(parse_config(raw), manifest).tables.items()}
+    placement = {n: t.placement for n, t in derive_plan(parse_config(raw), manifest).tables.items()}
     own = [f["name"] for f in raw["categorical_features"] if "table" not in f]
     tpu = next(n for n in own if placement[n] == "tpu_embedding")  # a table in each placement
     core = next(n for n in own if placement[n] == "tensor_core")
@@ -303,7 +306,7 @@ def test_configured_initializers_and_unsafe_lookups_train_on_cpu(data, tmp_path)
             f["use_safe_embedding_lookup"] = False
     raw["tables"][0]["initializer"] = {"name": "random_normal", "mean": 2.0, "stddev": 0.01}  # shared_c3_c4
     cfg = parse_config(raw)
-    plan = plan_lib.derive_plan(cfg, manifest)
+    plan = derive_plan(cfg, manifest)
     model = tm.build_model(plan, manifest, cfg, for_training=True)
     features, _ = next(iter(make_dataset(
         [str(data / "tx" / "Split-train" / "*")], manifest, 64, training=False)))
@@ -324,7 +327,7 @@ def test_configured_initializers_and_unsafe_lookups_train_on_cpu(data, tmp_path)
     fn_args.train_files = [str(data / "tx" / "Split-train" / "*")]
     fn_args.eval_files = [str(data / "tx" / "Split-eval" / "*")]
     tm.run_fn(fn_args)
-    run = json.load(open(os.path.join(os.path.dirname(fn_args.serving_model_dir), tm.TRAINING_RUN_FILE)))
+    run = json.load(open(os.path.join(os.path.dirname(fn_args.serving_model_dir), TRAINING_RUN_FILE)))
     assert run["final_step"] == 8
     written = tm.read_plan(os.path.dirname(fn_args.serving_model_dir))
     assert written.tables[core].initializer.minval == 0.25 and not written.features["C20"].validate_weights_and_indices
@@ -342,7 +345,7 @@ def test_per_table_optimizers_and_gradient_multiplier_update_as_documented(data)
 
     raw = _raw_config(data, dropout=0.0, input_dropout=0.0, embedding_gradient_multiplier={"value": 0.5})
     manifest = VocabularyManifest.from_json((data / "vocab" / "manifest.json").read_text())
-    placement = {n: t.placement for n, t in plan_lib.derive_plan(parse_config(raw), manifest).tables.items()}
+    placement = {n: t.placement for n, t in derive_plan(parse_config(raw), manifest).tables.items()}
     own = [f["name"] for f in raw["categorical_features"] if "table" not in f]
     tpus = [n for n in own if placement[n] == "tpu_embedding"]
     core = next(n for n in own if placement[n] == "tensor_core")
@@ -355,14 +358,14 @@ def test_per_table_optimizers_and_gradient_multiplier_update_as_documented(data)
             f["optimizer"] = overrides[f["name"]]
     cfg = parse_config(raw)
     train_files = [str(data / "tx" / "Split-train" / "*")]
-    plan = plan_lib.derive_plan(cfg, manifest, tm.read_statistics_for(train_files))
+    plan = derive_plan(cfg, manifest, tm.read_statistics_for(train_files))
     assert plan.tables[core].optimizer["name"] == "sgd" and plan.tables[default].optimizer["name"] == "ftrl"
     assert plan.tables[adagrad_tpu].memory.slots_per_row == 1 and plan.tables[sgd_tpu].memory.slots_per_row == 0
     model = tm.build_model(plan, manifest, cfg, for_training=True)
     model.compile(optimizer=model.dense_optimizer, loss=tf.keras.losses.BinaryCrossentropy())
     features, labels = next(iter(make_dataset(
         train_files, manifest, 64, training=True, seed=3,
-        dense_id_widths=plan_lib.dense_id_widths(plan))))
+        dense_id_widths=dense_id_widths(plan))))
     model(features)
     mid = model.embedding_layer._tpu_embedding
     var = {n: mid._variables[n]["parameters"] for n in (sgd_tpu, adagrad_tpu, default) if n in mid._variables}
@@ -434,7 +437,7 @@ def test_wide_part_is_a_linear_model_added_to_the_logit_and_trained_by_its_optim
     dense feature; the wide tables and the dense term are updated by the wide optimizer (FTRL)
     and moved from their zero start."""
     from components.config.schema import WIDE_SUFFIX
-    from components.embedding_model.model import dense_input
+    from components.embedding_model.dense_tower import dense_input
     from components.embedding_model.restore import model_from_checkpoint, open_checkpoint_tables
     from components.embedding_exporter.export import latest_checkpoint, read_model_manifest, read_model_plan
 
@@ -476,7 +479,6 @@ def test_wide_part_is_a_linear_model_added_to_the_logit_and_trained_by_its_optim
     # weights stay float32 beside the compressed rows, and their files carry their table's vocabulary
     import pyarrow.csv as pacsv
     from tfx_bsl.coders import example_coder
-    from components.embedding_exporter import tables as tables_lib
     from components.embedding_exporter.export import export_serving_model
 
     raw = _raw_eval_records(data, manifest)
@@ -489,16 +491,16 @@ def test_wide_part_is_a_linear_model_added_to_the_logit_and_trained_by_its_optim
     deep_tables = set(plan.tables) - wide_tables
     assert report["compression"]["int8"]["table_bytes"] == (
         sum(plan.tables[t].rows * (plan.tables[t].dim + 4) for t in deep_tables) + sum(plan.tables[t].rows * 4 for t in wide_tables))
-    entries = json.loads((out / tables_lib.TABLES_DIR / tables_lib.TABLES_MANIFEST).read_text())["tables"]
+    entries = json.loads((out / TABLES_DIR / TABLES_MANIFEST_FILE).read_text())["tables"]
     for t in wide_tables:
         deep = plan.tables[t].wide_of
         assert entries[t]["dtype"] == "float32" and entries[t]["vocabulary_file"] == entries[deep]["vocabulary_file"]
-        np.testing.assert_array_equal(np.load(out / tables_lib.TABLES_DIR / entries[t]["files"]["values"]), tables.read(t))
+        np.testing.assert_array_equal(np.load(out / TABLES_DIR / entries[t]["files"]["values"]), tables.read(t))
 
     # one training step: the wide tables and the dense term move by the wide optimizer's rule
     train_model = tm.build_model(plan, manifest, cfg, for_training=True)
     train_features, labels = next(iter(make_dataset(
-        [str(data / "tx" / "Split-train" / "*")], manifest, 64, training=True, seed=5, dense_id_widths=plan_lib.dense_id_widths(plan))))
+        [str(data / "tx" / "Split-train" / "*")], manifest, 64, training=True, seed=5, dense_id_widths=dense_id_widths(plan))))
     train_model(train_features)
     wide_table = plan.features[manifest.categorical_names[0] + WIDE_SUFFIX].table
     optimizer = train_model._table_optimizer[wide_table]
@@ -523,11 +525,11 @@ def test_input_dropout_acts_in_training_only_and_adds_no_state(data, model_type,
     models = {}
     for rate in (0.0, 0.5):
         cfg = _config(data, model=model_type, dropout=0.0, input_dropout=rate)
-        plan = plan_lib.derive_plan(cfg, manifest, tm.read_statistics_for(train_files))
+        plan = derive_plan(cfg, manifest, tm.read_statistics_for(train_files))
         tf.keras.utils.set_random_seed(5)
         models[rate] = tm.build_model(plan, manifest, cfg, for_training=True)
     features, _ = next(iter(make_dataset(train_files, manifest, 64, training=True, seed=3,
-                                         dense_id_widths=plan_lib.dense_id_widths(plan))))
+                                         dense_id_widths=dense_id_widths(plan))))
     for m in models.values():
         m(features)
     plain, dropped = models[0.0], models[0.5]

@@ -23,7 +23,7 @@ from components.embedding_exporter import executor as export_executor
 from components.embedding_exporter.export import export_serving_model
 from components.embedding_exporter.gate import decide
 from components.model_registry import registry
-from components.embedding_trainer import plan as plan_lib
+from components.embedding_trainer.run_plan import derive_plan
 from components.embedding_trainer import trainer_module
 from components.embedding_trainer.baseline import LinearBaseline, train_baseline
 from components.embedding_model.input import make_dataset
@@ -32,6 +32,7 @@ from tfx.types import standard_artifacts
 from tfx.utils import io_utils
 
 from tests.stages import artifact as _artifact, look_up, minimal_raw_config, push
+from components.tfx_wiring.executor_base import CONFIG_KEY
 
 
 def _gate_config(cfg, **validation):
@@ -114,7 +115,7 @@ def _export_with_previous(chain, tmp_path, previous_serving, name):
         {export_executor.MODEL_KEY: [a["model"]], export_executor.EXAMPLES_KEY: [a["examples"]],
          export_executor.LAST_MODEL_KEY: [last]},
         {export_executor.SERVING_MODEL_KEY: [serving], export_executor.BLESSING_KEY: [blessing]},
-        {export_executor.CONFIG_KEY: cfg.to_json()},
+        {CONFIG_KEY: cfg.to_json()},
     )
     pushed = push(serving, blessing, tmp_path / name / "pushed_model", destination, cfg.name)
     report = json.loads(io_utils.read_string_file(os.path.join(serving.uri, "export_report.json")))
@@ -213,7 +214,7 @@ def test_baseline_auc_matches_an_independent_fit(chain):
     cfg, a, _ = chain
     train, evals = [os.path.join(a["transformed"].uri, f"Split-{s}", "*") for s in ("train", "eval")]
     manifest, stats = trainer_module.read_manifest_for([train]), trainer_module.read_statistics_for([train])
-    plan = plan_lib.derive_plan(cfg, manifest, stats)
+    plan = derive_plan(cfg, manifest, stats)
     rows = stats.splits["train"]["examples_written"]
     ours = train_baseline(cfg, plan, manifest, [train], [evals], model_steps=cfg.training.train_steps, train_rows=rows)
     # fitted on the same rows: the train split less the model's held-out slice (early stopping)
@@ -231,7 +232,7 @@ def test_baseline_fused_pooling_equals_tf_embedding_lookups(chain):
     cfg, a, _ = chain
     train = os.path.join(a["transformed"].uri, "Split-train", "*")
     manifest = trainer_module.read_manifest_for([train])
-    plan = plan_lib.derive_plan(cfg, manifest, trainer_module.read_statistics_for([train]))
+    plan = derive_plan(cfg, manifest, trainer_module.read_statistics_for([train]))
     model = LinearBaseline(plan, manifest)
     rng = np.random.default_rng(0)
     model.weights.assign(rng.normal(size=model.weights.shape).astype(np.float32))

@@ -11,7 +11,6 @@ The race (Apache Beam 2.59, read in the installed source):
 - `write()` is the Cython `OutputStream.write` (`apache_beam/coders/stream.pyx`): it takes no
   lock. A chunk the runner writes (`fn_runner.py` lines 1217-1225) between the flush's `get()` and
   its `_clear()` is wiped without ever being sent; the bundle still succeeds and no counter notices.
-  A pipeline run on 375,000 rows lost two 10 MiB input chunks this way (28,259 and 28,253 rows).
 
 The workaround, narrow and in-process (no installed file is edited):
 1. `DATA_BUFFER_TIME_LIMIT_MS = 0`: the data plane then builds size-based streams, which flush
@@ -65,8 +64,18 @@ def _locked_write(base_write):
 
 
 def ensure_local_runner_safe(beam_args: Optional[List[str]] = None) -> None:
-    """Applies the workaround once per process; raises UnverifiedBeamError on another Beam version
-    and ValueError for Beam options that would re-open the race in subprocess workers."""
+    """Applies the data-loss workaround once per process; call it before running any Beam pipeline.
+
+    Idempotent: later calls only set `DATA_BUFFER_TIME_LIMIT_MS` back to 0.
+
+    Args:
+      beam_args: the pipeline's Beam options, checked for options that re-open the race.
+
+    Raises:
+      ValueError: an option sets `data_buffer_time_limit_ms` (timed flushing in subprocess workers).
+      UnverifiedBeamError: the installed Beam is not in `VERIFIED_BEAM_VERSIONS`, or its data
+        plane is not shaped as expected.
+    """
     global _applied
     for a in beam_args or []:
         if "data_buffer_time_limit_ms" in a:
@@ -76,12 +85,14 @@ def ensure_local_runner_safe(beam_args: Optional[List[str]] = None) -> None:
             )
     with _lock:
         if _applied:
-            # Set again on every call: anything in the process may have raised it since (a test
-            # forcing 1 ms saw multi_threading workers corrupt their output: "Invalid PaneInfoEncoding").
+            # Set again on every call: anything in the process may have raised it since, and any
+            # limit above 0 lets multi_threading workers corrupt their output ("Invalid PaneInfoEncoding").
+            # lazy: keeps Beam off the command line's config path (the runner imports this module)
             from apache_beam.runners.portability.fn_api_runner import worker_handlers
 
             worker_handlers.DATA_BUFFER_TIME_LIMIT_MS = 0
             return
+        # lazy: keeps Beam off the command line's config path (the runner imports this module)
         import apache_beam
         from apache_beam.runners.portability.fn_api_runner import worker_handlers
         from apache_beam.runners.worker import data_plane

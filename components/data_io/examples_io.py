@@ -7,6 +7,15 @@ from __future__ import annotations
 import os
 from typing import List
 
+import pyarrow.parquet as pq
+import tensorflow as tf
+from apache_beam.io.filesystems import FileSystems
+from tfx_bsl.coders import example_coder
+
+from components.contracts.manifest import FORMAT_BLOCKS, TAIL_PREFIX
+from components.data_io.tfrecords import compression_type
+from components.embedding_preprocess.transform import from_blocks
+
 
 def _is_parquet(files: List[str]) -> bool:
     kinds = {str(f).endswith(".parquet") for f in files}
@@ -16,18 +25,24 @@ def _is_parquet(files: List[str]) -> bool:
 
 
 def serialized_examples(file_pattern: str, limit: int) -> List[bytes]:
-    """Up to `limit` serialized tf.Examples of the files matching `file_pattern`, in file order."""
-    import tensorflow as tf
+    """Reads serialized tf.Examples from an Examples split, whatever its payload.
 
+    Args:
+      file_pattern: the split's files (Parquet, or TFRecords of tf.Examples).
+      limit: at most this many.
+
+    Returns:
+      Up to `limit` serialized tf.Examples, in file order.
+
+    Raises:
+      ValueError: the pattern matches Parquet and TFRecord files both, or gzipped and plain
+        TFRecords.
+    """
     files = sorted(tf.io.gfile.glob(file_pattern))
     if not files:
         return []
     out: List[bytes] = []
     if _is_parquet(files):
-        import pyarrow.parquet as pq
-        from apache_beam.io.filesystems import FileSystems
-        from tfx_bsl.coders import example_coder
-
         encoder = example_coder.RecordBatchToExamplesEncoder()
         for path in files:
             with FileSystems.open(path) as fh:  # local or gs://, seekable (pyarrow reads the footer first)
@@ -36,33 +51,34 @@ def serialized_examples(file_pattern: str, limit: int) -> List[bytes]:
                     if len(out) >= limit:
                         return out
         return out
-    from components.data_io.tfrecords import compression_type
-
     for record in tf.data.TFRecordDataset(files, compression_type=compression_type(files)).take(limit):
         out.append(record.numpy())
     return out
 
 
 def transformed_rows(file_pattern: str, manifest, limit: int) -> List[bytes]:
-    """Up to `limit` transformed rows of the files matching `file_pattern` as serialized
-    tf.Examples, one per row, in file order, whatever `transformed_examples.format` wrote them
-    (`manifest`, the preprocessing manifest, says which): what the Trainer's SavedModel signature
-    on transformed examples takes. Blocks are decoded and cut back into rows (`transform.from_blocks`)."""
-    import tensorflow as tf
+    """Reads transformed rows as serialized tf.Examples, whatever `transformed_examples.format` wrote.
 
-    from components.contracts.manifest import FORMAT_BLOCKS, TAIL_PREFIX
+    The result is what the Trainer's SavedModel signature on transformed examples takes. Blocks
+    are decoded and cut back into rows (`transform.from_blocks`).
 
+    Args:
+      file_pattern: the transformed split's files.
+      manifest: the preprocessing manifest (`VocabularyManifest`): it says how the rows were written.
+      limit: at most this many rows.
+
+    Returns:
+      Up to `limit` serialized tf.Examples, in file order.
+
+    Raises:
+      ValueError: rows not written as blocks, in a split that mixes Parquet and TFRecord files
+        or gzipped and plain ones.
+    """
     if manifest.transformed_format != FORMAT_BLOCKS:
         return serialized_examples(file_pattern, limit)
-    from tfx_bsl.coders import example_coder
-
-    from components.embedding_preprocess.transform import from_blocks
-
     files = sorted(tf.io.gfile.glob(file_pattern), key=lambda f: (os.path.basename(f).startswith(TAIL_PREFIX), f))
     decoder, encoder = example_coder.ExamplesToRecordBatchDecoder(), example_coder.RecordBatchToExamplesEncoder()
     out: List[bytes] = []
-    from components.data_io.tfrecords import compression_type
-
     for path in files:
         for batch in tf.data.TFRecordDataset([path], compression_type=compression_type([path])).batch(64):
             out += encoder.encode(from_blocks(manifest, decoder.DecodeBatch(list(batch.numpy()))))

@@ -16,7 +16,17 @@ import google_crc32c  # C (hardware-accelerated) CRC32C; a dependency of the Goo
 
 
 def compression_type(files: Sequence[str]) -> str:
-    """`"GZIP"` when every file ends in `.gz`, `""` when none does (tf.data's compression_type)."""
+    """tf.data's compression_type for a split's files.
+
+    Args:
+      files: the split's TFRecord paths.
+
+    Returns:
+      `"GZIP"` when every file ends in `.gz`, `""` when none does.
+
+    Raises:
+      ValueError: some files are gzipped and some are not.
+    """
     gz = {str(f).endswith(".gz") for f in files}
     if len(gz) > 1:
         raise ValueError(f"mixed gzipped and plain TFRecord files, e.g. {sorted(files)[:2]}; keep one kind per split")
@@ -29,7 +39,14 @@ def _masked_crc(data: bytes) -> int:
 
 
 def frame(records: Iterable[bytes]) -> bytes:
-    """The TFRecord file bytes of `records`, in order (concatenations of framed blocks are valid files)."""
+    """Frames records as TFRecord file bytes (concatenations of framed blocks are valid files).
+
+    Args:
+      records: serialized records, in order.
+
+    Returns:
+      Each record as length, masked CRC32C of the length, the bytes, masked CRC32C of the bytes.
+    """
     parts = []
     for r in records:
         length = struct.pack("<Q", len(r))

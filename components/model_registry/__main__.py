@@ -16,6 +16,14 @@ from components.model_registry import registry  # noqa: E402
 
 
 def main(argv=None) -> int:
+    """Prints a push destination's served model, the next run's lookup and every version's history.
+
+    Args:
+      argv: the command-line arguments (without the program name); None reads sys.argv.
+
+    Returns:
+      The exit status: 0 when the next run can start, 2 when the registry cannot say what is served.
+    """
     parser = argparse.ArgumentParser(prog="python -m components.model_registry", description=__doc__.split("\n")[0])
     parser.add_argument("serving_dir", help="the push destination (kubeflow.serving_dir, or <output dir>/serving for a local run)")
     args = parser.parse_args(argv)

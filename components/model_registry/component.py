@@ -23,6 +23,8 @@ from components.model_registry import executor
 
 
 class LastBlessedModelSpec(ComponentSpec):
+    """`LastBlessedModel`'s parameters (serving_dir, run_id) and its one output, `model`."""
+
     PARAMETERS = {
         executor.SERVING_DIR_KEY: ExecutionParameter(type=str),
         # Kubeflow: `{{$.pipeline_job_uuid}}`, so that no two runs share a cache key (a cached
@@ -34,7 +36,13 @@ class LastBlessedModelSpec(ComponentSpec):
 
 
 class LastBlessedModel(base_component.BaseComponent):
-    """The model served at `serving_dir` (the Pusher's destination), from its registry."""
+    """Outputs the model served at `serving_dir` (the Pusher's destination), read from its registry.
+
+    Args:
+      serving_dir: the push destination whose registry is read.
+      run_id: a value unique to each run (Kubeflow: `{{$.pipeline_job_uuid}}`), so that no
+        cached lookup is reused; None locally.
+    """
 
     SPEC_CLASS = LastBlessedModelSpec
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.LookupExecutor)
@@ -45,6 +53,8 @@ class LastBlessedModel(base_component.BaseComponent):
 
 
 class RegistryPusherSpec(ComponentSpec):
+    """`RegistryPusher`'s parameters, inputs (model, blessings, evaluation) and output, `pushed_model`."""
+
     PARAMETERS = {
         specs.PUSH_DESTINATION_KEY: ExecutionParameter(type=pusher_pb2.PushDestination),
         executor.PIPELINE_NAME_KEY: ExecutionParameter(type=str),
@@ -64,8 +74,18 @@ class RegistryPusherSpec(ComponentSpec):
 
 
 class RegistryPusher(base_component.BaseComponent):
-    """Pushes a blessed model to a filesystem destination and registers it there. `evaluator_blessing`
-    / `evaluation`: TFX's Evaluator's outputs; given, the push also needs its blessing."""
+    """Pushes a blessed model to a filesystem destination and registers it there.
+
+    Args:
+      model: the Trainer's `Model` channel.
+      model_blessing: the exporter's `ModelBlessing` channel.
+      serving_dir: the push destination.
+      pipeline_name: recorded in each registry entry.
+      run_id: the run's ID, recorded in the entry (Kubeflow: `{{$.pipeline_job_uuid}}`); None locally.
+      run_name: the run's name, recorded in the entry (Kubeflow: `{{$.pipeline_job_name}}`); None locally.
+      evaluator_blessing: TFX's Evaluator's blessing channel; given, the push also needs it to bless.
+      evaluation: TFX's Evaluator's `ModelEvaluation` channel, recorded in the entry.
+    """
 
     SPEC_CLASS = RegistryPusherSpec
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(executor.RegistryPusherExecutor)

@@ -1,18 +1,17 @@
 """Executors of the registry's two steps: LastBlessedModel (read) and the registering Pusher (write)."""
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Dict, List, Optional
 
 from absl import logging
 from tfx import types
 from tfx.components.pusher import executor as tfx_pusher
+from tfx.components.util import model_utils
 from tfx.dsl.components.base import base_executor
-from tfx.dsl.io import fileio
 from tfx.proto import pusher_pb2
 from tfx.types import artifact_utils, standard_component_specs as specs
-from tfx.utils import proto_utils
+from tfx.utils import io_utils, proto_utils
 
 from components.reporting import progress
 from components.contracts import artifacts
@@ -35,14 +34,28 @@ NOT_PUSHED_REASON = "not_pushed_reason"  # on the PushedModel artifact of a mode
 
 
 class LookupExecutor(base_executor.BaseExecutor):
-    """Reads the registry at the push destination (registry.lookup) into a Model artifact that
-    holds `last_blessed.json`: what is served there, its entry, and the Trainer model to warm-start
-    from. The Trainer (`base_model`) and the exporter (`last_blessed_model`) read that file; the
-    artifact holds no model of its own. A registry that cannot say what is served fails the step."""
+    """Reads the registry at the push destination (registry.lookup) into a Model artifact.
+
+    The artifact holds `last_blessed.json` (what is served there, its entry, and the Trainer model
+    to warm-start from) and no model of its own. The Trainer (`base_model`) and the exporter
+    (`last_blessed_model`) read that file. A registry that cannot say what is served fails the step.
+    """
 
     @progress.staged(progress.LAST_BLESSED)
     def Do(self, input_dict: Dict[str, List[types.Artifact]], output_dict: Dict[str, List[types.Artifact]],
            exec_properties: Dict[str, Any]) -> None:
+        """Looks the served model up and writes it to the `model` artifact.
+
+        Args:
+          input_dict: none.
+          output_dict: `model`: one Model artifact, given `last_blessed.json` and the
+            custom properties `found`, `served_model`, `pushed_version`, `trainer_model`,
+            `registered_eval_auc`.
+          exec_properties: `serving_dir` (the push destination), `run_id`.
+
+        Raises:
+          RegistryError: the registry cannot say what is served.
+        """
         out = artifact_utils.get_single_instance(output_dict[MODEL_KEY])
         found = registry.lookup(exec_properties[SERVING_DIR_KEY])
         for s in found.skipped:
@@ -61,6 +74,17 @@ class LookupExecutor(base_executor.BaseExecutor):
 
 
 def export_report(serving_model_uri: str) -> Dict[str, Any]:
+    """Reads the exporter's report of a serving model.
+
+    Args:
+      serving_model_uri: the exporter's model folder.
+
+    Returns:
+      The parsed `artifacts.EXPORT_REPORT_FILE`.
+
+    Raises:
+      RegistryError: the folder has no report (the export is not complete).
+    """
     report = read_json_if_exists(os.path.join(serving_model_uri, artifacts.EXPORT_REPORT_FILE))
     if report is None:
         raise registry.RegistryError(f"{serving_model_uri}: no {artifacts.EXPORT_REPORT_FILE}; only a complete export is registered")
@@ -68,9 +92,18 @@ def export_report(serving_model_uri: str) -> Dict[str, Any]:
 
 
 def check_still_served(report: Dict[str, Any], serving_dir: str) -> None:
-    """Refuses the push when the destination's served version is not the one this model's gate
-    compared with (another run pushed meanwhile): pushing would replace a model nobody compared it
-    with. Only when the gate compared with the last blessed model (validation.regression_margin)."""
+    """Refuses the push when the served version changed since this model's gate compared with it.
+
+    Another run pushing meanwhile would make this push replace a model nobody compared it with.
+    Checked only when the gate compared with the last blessed model (validation.regression_margin).
+
+    Args:
+      report: the exporter's report (its `validation` section).
+      serving_dir: the push destination.
+
+    Raises:
+      RegistryError: another version is served now, or the registry cannot say which.
+    """
     validation = report.get("validation") or {}
     last = validation.get("last_blessed")
     if last is None or not any(c["name"] == "last_blessed" for c in validation.get("checks", [])):
@@ -85,10 +118,25 @@ def check_still_served(report: Dict[str, Any], serving_dir: str) -> None:
 
 def entry_fields(report: Dict[str, Any], serving_model_uri: str, trainer_model_uri: str, pipeline: str,
                  run: Dict[str, Any], evaluator: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """A registry entry's fields (registry.push adds version, place and time) from the exporter's
-    report and the Trainer model: the AUCs the gate used, the run, the plan and the manifest;
-    `evaluator`: TFX's Evaluator's check (gate.evaluator_check), recorded with the gate's checks and
-    in full under `evaluator` (null without an Evaluator)."""
+    """Builds a registry entry's fields from the exporter's report and the Trainer model.
+
+    registry.push adds the version, place and time.
+
+    Args:
+      report: the exporter's report (AUCs, validation, table dtype).
+      serving_model_uri: the exporter's model folder.
+      trainer_model_uri: the Trainer's model folder (its plan and manifest are recorded).
+      pipeline: the pipeline's name.
+      run: the run that made the model (`id`, `name`, `orchestrator`).
+      evaluator: TFX's Evaluator's check (gate.evaluator_check), or None without an Evaluator;
+        recorded with the gate's checks and in full under `evaluator`.
+
+    Returns:
+      The entry's fields: pipeline, run, models, AUCs, gate checks, evaluator, manifest and plan.
+
+    Raises:
+      KeyError: the report has no `eval_auc.serving` or `eval_auc.examples`.
+    """
     validation = report.get("validation") or {}
     baseline = validation.get("baseline") or {}
     checks = list(validation.get("checks", [])) + ([evaluator] if evaluator else [])
@@ -125,10 +173,15 @@ def _run(exec_properties: Dict[str, Any], context) -> Dict[str, Any]:
 
 
 def evaluator_check_of(input_dict: Dict[str, List[types.Artifact]]) -> Optional[Dict[str, Any]]:
-    """The `evaluator` check (embedding_exporter.gate.evaluator_check) from TFX's Evaluator's blessing
-    and evaluation among the Pusher's inputs; None when the pipeline has no Evaluator."""
-    from tfx.components.util import model_utils
+    """Builds the `evaluator` check from TFX's Evaluator's blessing and evaluation.
 
+    Args:
+      input_dict: the Pusher's inputs (`evaluator_blessing`, `evaluation`, both optional).
+
+    Returns:
+      The check (embedding_exporter.gate.evaluator_check), or None when the pipeline has no Evaluator.
+    """
+    # lazy: only a pipeline with TFX's Evaluator needs the gate's check, which loads TensorFlow
     from components.embedding_exporter.gate import evaluator_check, read_evaluation
 
     blessings = input_dict.get(EVALUATOR_BLESSING_KEY) or []
@@ -141,17 +194,32 @@ def evaluator_check_of(input_dict: Dict[str, List[types.Artifact]]) -> Optional[
 
 
 class RegistryPusherExecutor(tfx_pusher.Executor):
-    """TFX's Pusher (blessing check, model path, `pushed_model` output and its properties) with the
-    filesystem push replaced by registry.push: the version is never one that exists (TFX's copy
-    is skipped, yet reported pushed, when two pushes fall in one second), the model becomes
-    loadable last, and its registry entry is written before that. A model whose gate compared with
-    a version that is no longer the one served is not pushed (check_still_served). Given TFX's
-    Evaluator's blessing (`evaluator_blessing`), the push needs it too: a model the exporter blessed
-    and the Evaluator did not is not pushed, with the Evaluator's reason on the output artifact."""
+    """TFX's Pusher with the filesystem push replaced by registry.push.
+
+    Kept from TFX: the blessing check, the model path, the `pushed_model` output and its
+    properties. registry.push never reuses a version that exists (TFX's copy is skipped, yet
+    reported pushed, when two pushes fall in one second), writes the registry entry first and
+    makes the model loadable last. A model whose gate compared with a version that is no longer
+    served is not pushed (check_still_served). Given TFX's Evaluator's blessing
+    (`evaluator_blessing`), the push needs it too; when it does not bless, the model is not pushed
+    and the Evaluator's reason goes on the output artifact.
+    """
 
     @progress.staged(progress.PUSHER)
     def Do(self, input_dict: Dict[str, List[types.Artifact]], output_dict: Dict[str, List[types.Artifact]],
            exec_properties: Dict[str, Any]) -> None:
+        """Pushes and registers the model when both blessings bless, else marks it not pushed.
+
+        Args:
+          input_dict: `model`, `model_blessing`, and optionally `evaluator_blessing` and `evaluation`.
+          output_dict: `pushed_model`: one PushedModel artifact, marked pushed or not (with
+            `not_pushed_reason`).
+          exec_properties: `push_destination` (JSON), `pipeline_name`, `run_id`, `run_name`.
+
+        Raises:
+          NotImplementedError: the push destination is not a filesystem.
+          RegistryError: the model has no export report, or the served version changed meanwhile.
+        """
         model_push = artifact_utils.get_single_instance(output_dict[specs.PUSHED_MODEL_KEY])
         if not self.CheckBlessing(input_dict):
             self._MarkNotPushed(model_push)
@@ -183,7 +251,5 @@ class RegistryPusherExecutor(tfx_pusher.Executor):
                      registry.entry_path(destination.filesystem.base_directory, entry["version"]))
         progress.phase(progress.PUSHER, f"pushed to {entry['serving_model']}")
         # TFX's Pusher keeps a copy in its output artifact too (its archive of what was pushed).
-        from tfx.utils import io_utils
-
         io_utils.copy_dir(self.GetModelPath(input_dict), model_push.uri)
         self._MarkPushed(model_push, pushed_destination=entry["serving_model"], pushed_version=entry["version"])

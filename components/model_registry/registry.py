@@ -56,16 +56,35 @@ class RegistryError(RuntimeError):
 
 
 def _fileio():
-    from tfx.dsl.io import fileio  # TensorFlow's file systems (local, gs://, ...)
+    """TFX's file I/O: TensorFlow's file systems (local, gs://, ...)."""
+    # lazy: it loads TensorFlow; the run summary reads the registry on the command line's path
+    from tfx.dsl.io import fileio
 
     return fileio
 
 
 def registry_dir(serving_dir: str) -> str:
+    """Gives the folder of a push destination's registry entries.
+
+    Args:
+      serving_dir: the push destination.
+
+    Returns:
+      `<serving_dir>/_registry`.
+    """
     return os.path.join(serving_dir, REGISTRY_DIR)
 
 
 def entry_path(serving_dir: str, version: str) -> str:
+    """Gives the path of a version's registry entry.
+
+    Args:
+      serving_dir: the push destination.
+      version: the version's directory name.
+
+    Returns:
+      `<serving_dir>/_registry/<version>.json`.
+    """
     return os.path.join(registry_dir(serving_dir), f"{version}.json")
 
 
@@ -86,24 +105,52 @@ def _version_name(name: str) -> Optional[int]:
 
 
 def versions(serving_dir: str) -> List[int]:
-    """Version directories at the push destination (names that are integers, as TF Serving reads
-    them), oldest first."""
+    """Lists the version directories at a push destination, oldest first.
+
+    Args:
+      serving_dir: the push destination.
+
+    Returns:
+      The versions: children whose names are canonical integers, as TF Serving reads them.
+    """
     return sorted(v for v in map(_version_name, _children(serving_dir)) if v is not None)
 
 
 def odd_names(serving_dir: str) -> List[str]:
-    """Children TF Serving may read as versions but this registry cannot (`0042`): refused by lookup."""
+    """Lists children TF Serving may read as versions but this registry cannot (`0042`); lookup refuses them.
+
+    Args:
+      serving_dir: the push destination.
+
+    Returns:
+      Their names, sorted.
+    """
     return sorted(c for c in _children(serving_dir)
                   if c.isascii() and c.isdigit() and _version_name(c) is None)
 
 
 def is_servable(version_dir: str) -> bool:
+    """Tells whether a version directory holds a complete SavedModel.
+
+    Args:
+      version_dir: `<serving_dir>/<version>`.
+
+    Returns:
+      True when it holds `saved_model.pb` or `saved_model.pbtxt`.
+    """
     fio = _fileio()
     return any(fio.exists(os.path.join(version_dir, f)) for f in SAVED_MODEL_FILES)
 
 
 def entry_versions(serving_dir: str) -> List[int]:
-    """Versions that have an entry file, oldest first."""
+    """Lists the versions that have an entry file, oldest first.
+
+    Args:
+      serving_dir: the push destination.
+
+    Returns:
+      The versions, as ints.
+    """
     out = []
     for c in _children(registry_dir(serving_dir)):
         stem, ext = os.path.splitext(c)
@@ -113,8 +160,19 @@ def entry_versions(serving_dir: str) -> List[int]:
 
 
 def read_entry(serving_dir: str, version: int) -> Dict[str, Any]:
-    """The entry of `version`; RegistryError naming the file when it is missing, half-written or
-    of another format."""
+    """Reads and checks a version's registry entry.
+
+    Args:
+      serving_dir: the push destination.
+      version: the version.
+
+    Returns:
+      The entry, with every key of `REQUIRED_KEYS` of the right type.
+
+    Raises:
+      RegistryError: the entry is missing, half-written, of another format, names another
+        version, or has a field of the wrong type (the message names the file).
+    """
     path = entry_path(serving_dir, str(version))
     fio = _fileio()
     if not fio.exists(path):
@@ -144,7 +202,19 @@ def read_entry(serving_dir: str, version: int) -> Dict[str, Any]:
 
 @dataclass
 class Lookup:
-    """What the push destination serves, as the gate and the warm start need it."""
+    """What the push destination serves, as the gate and the warm start need it (`lookup` builds it).
+
+    Attributes:
+      serving_dir: the push destination.
+      found: whether a servable version with a valid entry was found.
+      note: one line saying what was found, for the logs.
+      version: the served version's name, or None.
+      served_model: `<serving_dir>/<version>`, the SavedModel TF Serving loads, or None.
+      entry: the served version's registry entry, or None.
+      warm_start_model: the Trainer model to warm-start from; None when none is usable.
+      warm_start_note: why there is no warm start although a model is served, or None.
+      skipped: entries and version directories passed over, each `{path, reason}`.
+    """
 
     serving_dir: str
     found: bool
@@ -157,19 +227,40 @@ class Lookup:
     skipped: List[Dict[str, str]] = field(default_factory=list)  # [{path, reason}]
 
     def to_dict(self) -> Dict[str, Any]:
+        """Gives the lookup as a JSON-ready dict, the form `last_blessed.json` holds."""
         return {k: getattr(self, k) for k in (
             "serving_dir", "found", "note", "version", "served_model", "entry", "warm_start_model",
             "warm_start_note", "skipped")}
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "Lookup":
+        """Rebuilds a lookup from `to_dict`'s form.
+
+        Args:
+          d: the dict; keys it lacks are None (`skipped`: empty).
+
+        Returns:
+          The lookup.
+        """
         return cls(**{k: d.get(k) for k in (
             "serving_dir", "found", "note", "version", "served_model", "entry", "warm_start_model",
             "warm_start_note")}, skipped=list(d.get("skipped") or []))
 
 
 def lookup(serving_dir: str) -> Lookup:
-    """The served model at `serving_dir` and its registry entry (module docstring: the rules)."""
+    """Finds the served model at a push destination and its registry entry (the module docstring gives the rules).
+
+    Args:
+      serving_dir: the push destination.
+
+    Returns:
+      The lookup: `found` False when nothing servable was pushed yet; `warm_start_model` None
+      (with `warm_start_note`) when the entry's Trainer model is gone; entries skipped, with reasons.
+
+    Raises:
+      RegistryError: the served version has no readable entry, or a child's name TF Serving
+        reads as a version and this registry cannot (`0042`).
+    """
     fio = _fileio()
     serving_dir = serving_dir.rstrip("/")
     reg = registry_dir(serving_dir)
@@ -225,8 +316,15 @@ def lookup(serving_dir: str) -> Lookup:
 
 
 def history(serving_dir: str) -> List[Dict[str, Any]]:
-    """Every entry with its state (`served`, `history`, or why it is not usable), newest first;
-    entries that cannot be read are listed with their error."""
+    """Lists every version and entry at a push destination with its state, newest first.
+
+    Args:
+      serving_dir: the push destination.
+
+    Returns:
+      One dict per version: `version`, `model`, `on_disk`, `servable`, `state` (`served`,
+      `history`, `deleted` or `unfinished`), and `entry`, or `error` when it cannot be read.
+    """
     serving_dir = serving_dir.rstrip("/")
     on_disk = set(versions(serving_dir))
     rows = []
@@ -251,9 +349,19 @@ def history(serving_dir: str) -> List[Dict[str, Any]]:
 
 
 def next_version(serving_dir: str, now: Optional[float] = None) -> int:
-    """A version after every existing one: the push time in seconds (TFX's UNIX_TIMESTAMP rule),
-    or one more than the newest version or entry when that is later (two pushes in one second:
-    TFX's Pusher would skip the copy and still report the second model as pushed)."""
+    """Chooses a version after every existing one.
+
+    That is the push time in seconds (TFX's UNIX_TIMESTAMP rule), or one more than the newest
+    version or entry when that is later: with two pushes in one second, TFX's Pusher would skip
+    the copy and still report the second model as pushed.
+
+    Args:
+      serving_dir: the push destination.
+      now: the push time in seconds since the epoch; None is the current time.
+
+    Returns:
+      The new version.
+    """
     latest = max(versions(serving_dir) + entry_versions(serving_dir), default=0)
     return max(int(time.time() if now is None else now), latest + 1)
 
@@ -299,9 +407,23 @@ def _claim(serving_dir: str, now: Optional[float]) -> Tuple[int, str]:
 
 
 def push(model_dir: str, serving_dir: str, entry: Dict[str, Any], now: Optional[float] = None) -> Dict[str, Any]:
-    """Copies the SavedModel at `model_dir` to a new version at `serving_dir` and registers it
-    (module docstring: the order). `entry`: the entry's fields but `format`, `version`,
-    `serving_model`, `pushed_at`. Returns the entry written."""
+    """Copies a SavedModel to a new version at a push destination and registers it.
+
+    The module docstring gives the order of the writes.
+
+    Args:
+      model_dir: the SavedModel to push.
+      serving_dir: the push destination.
+      entry: the entry's fields, all but `format`, `version`, `serving_model` and `pushed_at`.
+      now: the push time in seconds since the epoch; None is the current time.
+
+    Returns:
+      The entry written.
+
+    Raises:
+      RegistryError: `model_dir` has no saved_model.pb, or another push claimed the version.
+      ValueError: `entry` lacks a required field.
+    """
     fio = _fileio()
     serving_dir = serving_dir.rstrip("/")
     present = [f for f in SAVED_MODEL_FILES if fio.exists(os.path.join(model_dir, f))]
@@ -323,12 +445,25 @@ def push(model_dir: str, serving_dir: str, entry: Dict[str, Any], now: Optional[
 
 
 def write_lookup(artifact_dir: str, found: Lookup) -> None:
+    """Writes a lookup into a LastBlessedModel artifact, whole or not at all.
+
+    Args:
+      artifact_dir: the artifact's directory.
+      found: the lookup, written as `last_blessed.json`.
+    """
     _write_whole(os.path.join(artifact_dir, LOOKUP_FILE), json.dumps(found.to_dict(), indent=2, sort_keys=True))
 
 
 def read_lookup(path: str) -> Optional[Lookup]:
-    """The Lookup a LastBlessedModel artifact holds (`path`: its directory, or TFX's serving path
-    inside it, as a Trainer's `base_model` is given); None when `path` is no such artifact."""
+    """Reads the lookup a LastBlessedModel artifact holds.
+
+    Args:
+      path: the artifact's directory, or TFX's serving path inside it (as a Trainer's
+        `base_model` is given).
+
+    Returns:
+      The lookup, or None when `path` is no such artifact.
+    """
     fio = _fileio()
     path = path.rstrip("/")
     for d in (path, os.path.dirname(path)):

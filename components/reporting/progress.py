@@ -37,10 +37,18 @@ EVAL = "eval"  # {"step", "metrics"}: an evaluation finished
 
 
 def enabled() -> bool:
+    """Whether a watcher asked for progress events (`TPU_EMBEDDING_PROGRESS` is set)."""
     return bool(os.environ.get(ENV))
 
 
 def emit(stage: str, event: str, **fields: Any) -> None:
+    """Appends one event line to the progress file; does nothing when no file is set.
+
+    Args:
+      stage: the stage's node id (e.g. `TRAINER`).
+      event: the event kind (`START`, `DONE`, `FAILED`, `PHASE`, `COUNT`, `STEP`, `EVAL`).
+      **fields: the event's fields, as JSON.
+    """
     path = os.environ.get(ENV)
     if not path:
         return
@@ -57,36 +65,89 @@ def emit(stage: str, event: str, **fields: Any) -> None:
 
 
 def start(stage: str, **fields: Any) -> None:
+    """Emits the stage's start.
+
+    Args:
+      stage: the stage's node id.
+      **fields: extra fields of the event.
+    """
     emit(stage, START, **fields)
 
 
 def done(stage: str, **fields: Any) -> None:
+    """Emits the stage's end.
+
+    Args:
+      stage: the stage's node id.
+      **fields: extra fields of the event (e.g. `seconds`).
+    """
     emit(stage, DONE, **fields)
 
 
 def phase(stage: str, text: str) -> None:
+    """Emits that the stage moved on to another part of its work.
+
+    Args:
+      stage: the stage's node id.
+      text: what it does now, as the terminal shows it.
+    """
     emit(stage, PHASE, text=text)
 
 
 def count(stage: str, phase_name: str, done_units: int, total: Optional[int] = None, unit: str = "rows") -> None:
-    """`done_units` more units of `phase_name` finished (deltas from any process add up)."""
+    """Emits that `done_units` more units of `phase_name` finished (deltas from any process add up).
+
+    Args:
+      stage: the stage's node id.
+      phase_name: the count's name (e.g. `counting values`).
+      done_units: units finished since this process last reported.
+      total: the phase's total when known.
+      unit: what is counted.
+    """
     emit(stage, COUNT, phase=phase_name, done=int(done_units), total=None if total is None else int(total), unit=unit)
 
 
 def step(stage: str, step_no: int, total: int, loss: Optional[float] = None,
          examples_per_second: Optional[float] = None) -> None:
+    """Emits a training step reached.
+
+    Args:
+      stage: the stage's node id.
+      step_no: the step reached.
+      total: the run's steps.
+      loss: the latest training loss.
+      examples_per_second: the training throughput.
+    """
     emit(stage, STEP, step=int(step_no), total=int(total),
          loss=None if loss is None else round(float(loss), 5),
          examples_per_second=None if examples_per_second is None else round(float(examples_per_second), 1))
 
 
 def evaluated(stage: str, step_no: int, metrics: Dict[str, float]) -> None:
+    """Emits a finished evaluation.
+
+    Args:
+      stage: the stage's node id.
+      step_no: the step evaluated.
+      metrics: metric name -> value.
+    """
     emit(stage, EVAL, step=int(step_no), metrics={k: round(float(v), 5) for k, v in metrics.items()})
 
 
 @contextlib.contextmanager
 def stage(name: str, **fields: Any) -> Iterator[None]:
-    """`start` on entry; `done` (with the seconds it took) on a normal exit, `failed` otherwise."""
+    """Brackets a stage's work with progress events, as a context manager.
+
+    Emits `start` on entry; `done` (with the seconds it took) on a normal exit, `failed` (with
+    the error's type and seconds) when an exception leaves, which is re-raised.
+
+    Args:
+      name: the stage's node id.
+      **fields: extra fields of the start event.
+
+    Yields:
+      None.
+    """
     began = time.time()
     start(name, **fields)
     try:
@@ -98,7 +159,14 @@ def stage(name: str, **fields: Any) -> Iterator[None]:
 
 
 def staged(name: str) -> Callable[[Callable], Callable]:
-    """Decorates a stage's entry point (an executor's `Do`, the Trainer's `run_fn`) with `stage`."""
+    """Decorates a stage's entry point (an executor's `Do`, the Trainer's `run_fn`) with `stage`.
+
+    Args:
+      name: the stage's node id.
+
+    Returns:
+      The decorator.
+    """
     def wrap(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def inner(*args, **kwargs):

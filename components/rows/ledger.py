@@ -37,7 +37,17 @@ def _equal(problems: List[str], what: str, left: int, right: int, left_name: str
 
 
 def example_gen_stage(counts: Dict[str, Any], written_files: Dict[str, int]) -> Dict[str, Any]:
-    """The ExampleGen stage from the Beam counts (`beam_io`) and the records counted per split."""
+    """Builds the ExampleGen stage entry and checks that its sums add up.
+
+    Args:
+      counts: the Beam counters (`beam_io`), by name (`input/data_rows`, `rows/parsed`,
+        `rows/malformed/<reason>`, `rows/dropped/<reason>`, `rows/written`, ...).
+      written_files: the records found in the written files, per split.
+
+    Returns:
+      The stage entry: rows in, parsed, malformed and dropped by reason, rows out per split,
+      cell counts, `balanced` and the `problems` that fail.
+    """
     data_rows = int(counts.get("input/data_rows", 0))
     parsed = int(counts.get("rows/parsed", 0))
     malformed = _by_prefix(counts, "rows/malformed/")
@@ -75,7 +85,18 @@ def preprocess_stage(
     upstream: Optional[Dict[str, int]],
     upstream_name: str = EXAMPLE_GEN,
 ) -> Dict[str, Any]:
-    """The preprocessing stage: per split rows read, dropped by reason and found in the output."""
+    """Builds the preprocessing stage entry and checks that its sums add up, per split.
+
+    Args:
+      read: the rows read, per split.
+      dropped: the rows dropped, per split and reason.
+      written_files: the rows found in the transformed files, per split.
+      upstream: the rows the stage before wrote, per split; None when unknown (not checked).
+      upstream_name: the stage before's name, used in the problems.
+
+    Returns:
+      The stage entry: rows in, expected in, dropped, rows out, `balanced` and `problems`.
+    """
     problems: List[str] = []
     for split in sorted(read):
         if upstream is not None:
@@ -94,17 +115,40 @@ def preprocess_stage(
 
 
 def check_stage(stage: Dict[str, Any]) -> None:
-    """Raises LedgerError naming the stage and every sum that fails."""
+    """Refuses a stage entry whose sums fail.
+
+    Args:
+      stage: a stage entry (`example_gen_stage`, `preprocess_stage`, `csv_input_stage`).
+
+    Raises:
+      LedgerError: the stage is not balanced; names the stage and every sum that fails.
+    """
     if not stage["balanced"]:
         raise LedgerError(f"row ledger of {stage['stage']} does not add up: " + "; ".join(stage["problems"]))
 
 
 def ledger(stages: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Assembles stage entries into a ledger.
+
+    Args:
+      stages: the stage entries, in order.
+
+    Returns:
+      The ledger: `version`, `stages`, and `balanced` (every stage balanced).
+    """
     return {"version": LEDGER_VERSION, "stages": stages, "balanced": all(s["balanced"] for s in stages)}
 
 
 def check_ledger(led: Optional[Dict[str, Any]], who: str) -> None:
-    """For consumers (trainer, exporter): refuse an input whose ledger is missing or not balanced."""
+    """Refuses an input whose ledger is missing or not balanced; consumers (trainer, exporter) call it.
+
+    Args:
+      led: the input's ledger, or None.
+      who: the consumer's name, used in the message.
+
+    Raises:
+      LedgerError: the ledger is missing or empty, or a stage is not balanced.
+    """
     if not led:
         raise LedgerError(f"{who}: the input carries no row ledger; it was not produced by this pipeline's preprocessing")
     for stage in led["stages"]:
@@ -113,6 +157,14 @@ def check_ledger(led: Optional[Dict[str, Any]], who: str) -> None:
 
 
 def to_json(led: Dict[str, Any]) -> str:
+    """Serializes a ledger as `ledger.json` holds it (indented, sorted keys, final newline).
+
+    Args:
+      led: the ledger.
+
+    Returns:
+      The JSON text.
+    """
     return json.dumps(led, indent=2, sort_keys=True) + "\n"
 
 
@@ -120,7 +172,18 @@ CSV_INPUT = "CSV input"
 
 
 def csv_input_stage(data_rows: Dict[str, int], read: Dict[str, int], malformed: int) -> Dict[str, Any]:
-    """The preprocessing CLI's own CSV reading: data rows counted on the bytes = rows read + malformed."""
+    """Builds the stage entry of the preprocessing CLI's own CSV reading.
+
+    Checks data rows counted on the bytes = rows read + malformed rows.
+
+    Args:
+      data_rows: the data rows counted on the bytes, per split.
+      read: the rows read, per split.
+      malformed: the rows with a wrong field count.
+
+    Returns:
+      The stage entry: rows in, malformed, rows out, `balanced` and `problems`.
+    """
     problems: List[str] = []
     _equal(problems, "input rows", sum(data_rows.values()), sum(read.values()) + malformed,
            "counted in the files", "read + malformed")

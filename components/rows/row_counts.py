@@ -12,8 +12,8 @@ taken another way, so that a parser, a runner or a writer that loses rows cannot
   the label alone (the other features are skipped, not decoded).
 - `count_full_blocks`: rows of a file whose blocks all hold the same number of rows (the
   `transformed_examples-*` files, see contracts.manifest): its records by their framing, times
-  that number, the first block decoded to check it. Decoding every block read the whole file's
-  protos back, 1.4 us a row (30-40 s of a 20M-row run); the framing walk costs about a tenth.
+  that number, the first block decoded to check it: walking the framing costs far less than
+  decoding every block's protos back.
 - `count_parquet_rows`: rows of the Parquet files matching a pattern, from their footers (what is
   on disk, not what the writer said).
 All stream through Beam's FileSystems (local, gs://, ...), in blocks; none imports TensorFlow.
@@ -28,11 +28,15 @@ from typing import BinaryIO, Callable, Iterator, List, Optional
 
 import numpy as np
 
+from components.reporting.errors import LedgerError
+
 BLOCK = 8 << 20
 
 
 @dataclass
 class CsvRecordCount:
+    """What `count_csv_records` found in one CSV stream."""
+
     data_records: int = 0  # records after the header, blank lines excluded
     blank_lines: int = 0  # lines with nothing (or only a carriage return) outside quotes
     has_header: bool = False  # the file has at least one record (its header)
@@ -50,14 +54,24 @@ class CsvScanState:
 
 
 def scan_csv(stream: BinaryIO, in_quote: bool = False, line_has_content: bool = False, strip_bom: bool = True) -> CsvScanState:
-    """Counts the lines that end inside `stream`, starting from the given state (a byte range of a
-    file starts inside quotes or inside a line; components/example_gen/ranges.py).
+    """Counts the CSV lines that end inside `stream`, starting from a given state.
 
-    Vectorised per block with numpy (a Python loop over the lines cost 1.07 s per 1M rows, about
-    a tenth of ExampleGen's CPU): a newline ends a line when an even number of quotes precede it
-    (counting from the state); a line is blank when all its bytes are carriage returns (a quote, a
-    quoted line break and any other byte are content). `tests/test_row_counts.py` holds it to the
-    line-by-line scan it replaced."""
+    A byte range of a file can start inside quotes or inside a line (components/example_gen/ranges.py).
+
+    Vectorised per block with numpy (a Python loop over the lines is a noticeable share of
+    ExampleGen's CPU): a newline ends a line when an even number of quotes precede it (counting
+    from the state); a line is blank when all its bytes are carriage returns (a quote, a quoted line
+    break and any other byte are content). `tests/test_row_counts.py` holds it to a line-by-line scan.
+
+    Args:
+      stream: the bytes to scan.
+      in_quote: the scan starts inside a quoted field.
+      line_has_content: the scan starts inside a line that already has content.
+      strip_bom: skip a UTF-8 byte-order mark at the start.
+
+    Returns:
+      The lines counted and the state at the stream's end.
+    """
     records = blank = 0
     first = True
     while True:
@@ -100,14 +114,30 @@ def scan_csv(stream: BinaryIO, in_quote: bool = False, line_has_content: bool = 
 
 
 def count_csv_records(stream: BinaryIO) -> CsvRecordCount:
-    """Records of one CSV stream (the header included in `has_header`, not in `data_records`)."""
+    """Counts the records of one CSV stream by a quote-aware scan of its bytes.
+
+    Args:
+      stream: the whole file's bytes (a UTF-8 byte-order mark is skipped).
+
+    Returns:
+      The data records (header excluded; it sets `has_header`), blank lines, and whether the
+      file ends inside a quoted field.
+    """
     state = scan_csv(stream)
     records = state.records + (1 if state.line_has_content else 0)  # a last record without a newline
     return CsvRecordCount(max(0, records - 1), state.blank_lines, records > 0, state.in_quote)
 
 
 def open_maybe_gzip(path: str) -> BinaryIO:
-    """The file's bytes, inflated when it is gzip (by extension or magic number)."""
+    """Opens a file on any Beam filesystem, inflating it when it is gzip (by extension or magic number).
+
+    Args:
+      path: the file's path (local, gs://, ...).
+
+    Returns:
+      A binary stream of the file's (inflated) bytes; the caller closes it.
+    """
+    # lazy: Beam's file systems only for paths; the counters read open files without Beam
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
@@ -122,6 +152,8 @@ def open_maybe_gzip(path: str) -> BinaryIO:
 
 @dataclass
 class TFRecordCount:
+    """What `count_tfrecords` found in one TFRecord stream."""
+
     records: int = 0
     truncated: bool = False  # the file ends inside a record's framing or payload
 
@@ -150,7 +182,14 @@ def _framed(stream: BinaryIO, keep: bool) -> Iterator[Optional[bytes]]:
 
 
 def count_tfrecords(stream: BinaryIO) -> TFRecordCount:
-    """Records of one TFRecord stream, by its framing alone."""
+    """Counts the records of one TFRecord stream by its framing alone (no CRC check, no parsing).
+
+    Args:
+      stream: the file's (inflated) bytes.
+
+    Returns:
+      The records, and whether the stream ends inside one (`truncated`).
+    """
     records = 0
     try:
         for _ in _framed(stream, keep=False):
@@ -161,7 +200,17 @@ def count_tfrecords(stream: BinaryIO) -> TFRecordCount:
 
 
 def tfrecord_payloads(stream: BinaryIO) -> Iterator[bytes]:
-    """The records of one TFRecord stream, in order (no CRC check); ValueError when it ends inside one."""
+    """Yields the records of one TFRecord stream, in order (no CRC check).
+
+    Args:
+      stream: the file's (inflated) bytes.
+
+    Yields:
+      Each record's payload.
+
+    Raises:
+      ValueError: the stream ends inside a record.
+    """
     try:
         yield from _framed(stream, keep=True)
     except _EndsInsideRecord:
@@ -170,13 +219,24 @@ def tfrecord_payloads(stream: BinaryIO) -> Iterator[bytes]:
 
 @dataclass
 class BlockRowCount:
+    """What `count_block_rows` found in one TFRecord stream of blocks."""
+
     rows: int = 0
     blocks: int = 0
     truncated: bool = False  # the file ends inside a record's framing or payload
 
 
 def count_block_rows(stream: BinaryIO, label: str, chunk: int = 1024) -> BlockRowCount:
-    """Rows of one TFRecord stream of blocks of rows: the values of every block's `label`."""
+    """Counts the rows of one TFRecord stream of blocks by decoding every block's label values.
+
+    Args:
+      stream: the file's (inflated) bytes.
+      label: the label feature, one value per row.
+      chunk: how many blocks to decode at once.
+
+    Returns:
+      The rows, the blocks, and whether the stream ends inside a record (`truncated`).
+    """
     rows_of = _block_rows_counter(label)
     out = BlockRowCount()
     pending: List[bytes] = []
@@ -200,6 +260,7 @@ def count_block_rows(stream: BinaryIO, label: str, chunk: int = 1024) -> BlockRo
 
 def _block_rows_counter(label: str) -> Callable[[List[bytes]], int]:
     """serialized blocks -> their rows: their `label` values (one per row), decoded by tfx_bsl."""
+    # lazy: tfx_bsl and pyarrow only for block files; the record counters run without them
     from tensorflow_metadata.proto.v0 import schema_pb2
     from tfx_bsl.coders import example_coder
     import pyarrow.compute as pc
@@ -217,13 +278,24 @@ def _block_rows_counter(label: str) -> Callable[[List[bytes]], int]:
 
 @dataclass
 class FullBlockCount:
+    """What `count_full_blocks` found in one TFRecord stream of equal blocks."""
+
     blocks: int = 0
     first_block_rows: Optional[int] = None  # rows of the first block (None: no block)
     truncated: bool = False  # the file ends inside a record's framing or payload
 
 
 def count_full_blocks(stream: BinaryIO, label: str) -> FullBlockCount:
-    """Blocks of one TFRecord stream by their framing, and the rows of its first block (decoded)."""
+    """Counts the blocks of one TFRecord stream by their framing, decoding only the first block's rows.
+
+    Args:
+      stream: the file's (inflated) bytes.
+      label: the label feature, one value per row.
+
+    Returns:
+      The blocks, the rows of the first block (None without a block), and whether the stream ends
+      inside a record (`truncated`).
+    """
     out = FullBlockCount()
     buffered = io.BufferedReader(stream, BLOCK)  # one buffer for both walks below
     try:
@@ -252,19 +324,38 @@ def _skip(stream: BinaryIO, n: int, parts: Optional[List[bytes]] = None) -> int:
 
 
 def count_file(path: str, counter: Callable[[BinaryIO], object]):
+    """Runs a counter over one file's bytes (inflated when gzip).
+
+    Args:
+      path: the file's path, on any Beam filesystem.
+      counter: one of the stream counters above.
+
+    Returns:
+      What the counter returns.
+    """
     with open_maybe_gzip(path) as fh:
         return counter(fh)
 
 
 def count_written_file(path: str, stage: str, block_label: Optional[str] = None,
                        block_rows: Optional[int] = None) -> int:
-    """Records of one written TFRecord file, or with `block_label` the rows of its blocks
-    (`count_block_rows`), read back from the file itself; with `block_rows` as well, a file whose
-    every block holds `block_rows` rows (`count_full_blocks`). Raises LedgerError, naming `stage`
-    and the file, when the file ends inside a record or its first block holds another number of
-    rows."""
-    from components.reporting.errors import LedgerError
+    """Counts the rows of one written TFRecord file, read back from the file itself.
 
+    Args:
+      path: the file.
+      stage: the writing stage's name, used in the message.
+      block_label: for a file of blocks, the label feature whose values count the rows
+        (`count_block_rows`); None counts records (`count_tfrecords`).
+      block_rows: with `block_label`, the rows every block holds: only the framing is walked
+        and the first block decoded (`count_full_blocks`).
+
+    Returns:
+      The file's rows.
+
+    Raises:
+      LedgerError: the file ends inside a record, or its first block holds another number of
+        rows than `block_rows`.
+    """
     if block_label is None:
         c = count_file(path, count_tfrecords)
         n = c.records
@@ -283,7 +374,15 @@ def count_written_file(path: str, stage: str, block_label: Optional[str] = None,
 
 
 def count_parquet_rows(pattern: str) -> int:
-    """Rows in the Parquet files matching `pattern`, from their footers."""
+    """Counts the rows in the Parquet files matching a pattern, from their footers.
+
+    Args:
+      pattern: a file pattern on any Beam filesystem.
+
+    Returns:
+      The total rows.
+    """
+    # lazy: Beam's file systems and pyarrow only for paths; the counters read open files without them
     from apache_beam.io.filesystems import FileSystems
     import pyarrow.parquet as pq
 
@@ -295,8 +394,15 @@ def count_parquet_rows(pattern: str) -> int:
 
 
 def files_in(directory: str) -> List[str]:
-    """The paths of the files directly in `directory`, on any Beam filesystem (local, GCS, ...;
-    none when it does not exist)."""
+    """Lists the files directly in a directory, on any Beam filesystem (local, GCS, ...).
+
+    Args:
+      directory: the directory.
+
+    Returns:
+      The files' paths; none when the directory does not exist.
+    """
+    # lazy: Beam's file systems only for paths; the counters read open files without Beam
     from apache_beam.io.filesystems import FileSystems
 
     return [m.path for m in FileSystems.match([directory.rstrip("/") + "/*"])[0].metadata_list]

@@ -5,7 +5,16 @@ import numpy as np
 
 
 def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """AUC by the rank-sum (Mann-Whitney) statistic, ties counted half."""
+    """Exact ROC AUC by the rank-sum (Mann-Whitney) statistic, ties counted half.
+
+    Args:
+      scores: model scores, any shape (flattened), float.
+      labels: 0/1 labels, same number of elements.
+
+    Returns:
+      The AUC; NaN when the labels hold one class only.
+    """
+    # lazy: keeps scipy off the command line's start (the demo's data generator imports this module)
     from scipy.stats import rankdata
 
     scores = np.asarray(scores, dtype=np.float64).ravel()
@@ -19,6 +28,16 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
 
 
 def log_loss(probs: np.ndarray, labels: np.ndarray, eps: float = 1e-7) -> float:
+    """Mean binary cross-entropy.
+
+    Args:
+      probs: predicted probabilities, any shape (flattened).
+      labels: 0/1 labels, same number of elements.
+      eps: probabilities are clipped to [eps, 1 - eps].
+
+    Returns:
+      The mean log loss.
+    """
     p = np.clip(np.asarray(probs, dtype=np.float64).ravel(), eps, 1 - eps)
     y = np.asarray(labels, dtype=np.float64).ravel()
     return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))

@@ -144,13 +144,28 @@ INTEGER_TEXT = rb"[+-]?[0-9]+"  # J2
 
 @dataclass(frozen=True)
 class RowTokens:
+    """The tokens of one categorical row (T1-T7), with what was counted instead of kept.
+
+    Attributes:
+      tokens: the row's valid tokens, in order, after truncation.
+      invalid: count of dropped values per reason (`INVALID_*`).
+      truncated: how many valid tokens `max_length` cut off.
+    """
+
     tokens: Tuple[bytes, ...]
     invalid: Mapping[str, int] = field(default_factory=dict)
     truncated: int = 0
 
 
 def token_invalid_reason(token: bytes) -> Optional[str]:
-    """T6: why a non-empty token cannot be looked up, or None."""
+    """T6: says why a non-empty token cannot be looked up.
+
+    Args:
+      token: one non-empty token.
+
+    Returns:
+      `INVALID_NOT_UTF8`, `INVALID_LINE_BREAK`, or None for a valid token.
+    """
     try:
         token.decode("utf-8")
     except UnicodeDecodeError:
@@ -162,7 +177,17 @@ def token_invalid_reason(token: bytes) -> Optional[str]:
 
 def row_tokens(kind: str, values: Optional[Sequence], separator: Optional[str] = None,
                max_length: Optional[int] = None) -> RowTokens:
-    """T1-T7: the tokens of one row of a categorical column of raw `kind` (None = missing)."""
+    """T1-T7: turns one row of a categorical column into its tokens.
+
+    Args:
+      kind: the column's raw kind (`KIND_BYTES`, `KIND_INT`, `KIND_FLOAT` or `KIND_NONE`).
+      values: the row's raw values (bytes or int), or None when missing.
+      separator: splits each text into several tokens (a literal string), or None.
+      max_length: keeps at most this many valid tokens, or None for all.
+
+    Returns:
+      The row's tokens, invalid counts by reason and truncated count.
+    """
     invalid: Counter = Counter()
     if not values or kind == KIND_NONE:
         return RowTokens(())
@@ -188,7 +213,14 @@ def row_tokens(kind: str, values: Optional[Sequence], separator: Optional[str] =
 
 
 def tokens_by_reason(rows: Sequence[RowTokens]) -> Tuple[Dict[str, int], int]:
-    """The invalid counts (by reason) and truncated count of several rows, added up."""
+    """Adds up the invalid and truncated counts of several rows.
+
+    Args:
+      rows: the rows' tokens.
+
+    Returns:
+      (invalid, truncated): invalid counts by reason, and the total truncated count.
+    """
     invalid: Counter = Counter()
     for r in rows:
         invalid.update(r.invalid)
@@ -196,8 +228,16 @@ def tokens_by_reason(rows: Sequence[RowTokens]) -> Tuple[Dict[str, int], int]:
 
 
 def int_text_value(text: bytes) -> Tuple[Optional[int], Optional[str]]:
-    """J2: the int64 value a JSON string sent for an int64 column stands for, or why none.
-    (None, None): the string is empty after stripping whitespace, no value."""
+    """J2: parses a JSON string sent for an int64 column into its int64 value.
+
+    Args:
+      text: one part of the string (after splitting on the separator).
+
+    Returns:
+      (value, None) for a valid non-negative integer; (None, reason) with `INVALID_NOT_INTEGER`
+      or `INVALID_NEGATIVE_INT`; (None, None) when the text is empty after stripping ASCII
+      whitespace (no value).
+    """
     s = text.strip(ASCII_WHITESPACE)
     if not s:
         return None, None
@@ -213,7 +253,17 @@ def int_text_value(text: bytes) -> Tuple[Optional[int], Optional[str]]:
 
 def json_row_tokens(kind: str, text: bytes, separator: Optional[str] = None,
                     max_length: Optional[int] = None) -> RowTokens:
-    """J1-J3: the tokens of one JSON string sent to `serve_features` for a column of raw `kind`."""
+    """J1-J3: turns one JSON string sent to `serve_features` into its tokens.
+
+    Args:
+      kind: the column's raw kind (`KIND_BYTES`, `KIND_INT` or `KIND_FLOAT`).
+      text: the row's string; b"" is missing.
+      separator: splits the string into several values (a literal string), or None.
+      max_length: keeps at most this many valid tokens, or None for all.
+
+    Returns:
+      The row's tokens, invalid counts by reason and truncated count.
+    """
     if not text:
         return RowTokens(())
     if kind == KIND_FLOAT:
@@ -232,12 +282,29 @@ def json_row_tokens(kind: str, text: bytes, separator: Optional[str] = None,
 
 
 def oov_bucket(token: bytes, num_oov_buckets: int) -> int:
-    """V2: Fingerprint64(token) % num_oov_buckets (tokens are valid UTF-8, T6)."""
+    """V2: computes an out-of-vocabulary token's bucket, Fingerprint64(token) % num_oov_buckets.
+
+    Args:
+      token: a valid UTF-8 token (T6).
+      num_oov_buckets: the number of OOV buckets, > 0.
+
+    Returns:
+      The bucket, in [0, num_oov_buckets).
+    """
     return farmhash.fingerprint64(token.decode("utf-8")) % num_oov_buckets
 
 
 def embedding_id(token: bytes, vocabulary: Sequence[bytes], num_oov_buckets: int) -> int:
-    """V1-V2: a token's row in the embedding table."""
+    """V1-V2: looks up a token's row in the embedding table.
+
+    Args:
+      token: a valid token.
+      vocabulary: the vocabulary's tokens, in file order.
+      num_oov_buckets: the number of OOV buckets after the vocabulary.
+
+    Returns:
+      The token's index in `vocabulary`, else len(vocabulary) + its OOV bucket.
+    """
     if token in vocabulary:
         return list(vocabulary).index(token)
     return len(vocabulary) + oov_bucket(token, num_oov_buckets)
@@ -247,8 +314,17 @@ IDENTITY_TEXT = rb"0|[1-9][0-9]*"  # V4: the texts T2 gives non-negative int64 v
 
 
 def identity_id(token: bytes, num_buckets: int, default_value: Optional[int] = None) -> Tuple[Optional[int], Optional[str]]:
-    """V4: (row, None) for an ID of an identity table; (default_value, None) for any other token
-    when set; else (None, reason): `out_of_range` or `not_an_id`."""
+    """V4: looks up a token's row in an identity table.
+
+    Args:
+      token: the token, the canonical decimal text of an ID.
+      num_buckets: the table's row count.
+      default_value: the row for any other token, or None to drop it.
+
+    Returns:
+      (row, None) for an ID below `num_buckets`; (default_value, None) for any other token when
+      it is set; else (None, reason) with `INVALID_OUT_OF_RANGE` or `INVALID_NOT_AN_ID`.
+    """
     if re.fullmatch(IDENTITY_TEXT, token):
         if int(token) < num_buckets:
             return int(token), None
@@ -259,8 +335,17 @@ def identity_id(token: bytes, num_buckets: int, default_value: Optional[int] = N
 
 
 def as_float32(kind: str, value) -> np.float32:
-    """D4: a numeric value as float32; an int64 value rounded once (`np.float32(int)` would round
-    it to float64 first: twice)."""
+    """D4: converts a numeric value to float32, rounding an int64 value once.
+
+    `np.float32(int)` would round through float64 first, twice; this does not.
+
+    Args:
+      kind: the value's raw kind (`KIND_INT` or `KIND_FLOAT`).
+      value: the int or float value.
+
+    Returns:
+      The nearest float32 (inf for a number beyond float32).
+    """
     if kind == KIND_INT:
         return np.array([value], np.int64).astype(np.float32)[0]
     with np.errstate(over="ignore"):
@@ -268,7 +353,16 @@ def as_float32(kind: str, value) -> np.float32:
 
 
 def row_weight(kind: str, values: Optional[Sequence]) -> Optional[float]:
-    """W1: a row's ID weight (float32), or None when the row's tokens are dropped."""
+    """W1: reads a row's ID weight from its weight column.
+
+    Args:
+      kind: the weight column's raw kind.
+      values: the row's raw weight values, or None when missing.
+
+    Returns:
+      The first value as float32 (as a Python float), or None when the row's tokens are dropped
+      (missing, not numeric, NaN, infinite or negative).
+    """
     if not values or kind not in (KIND_INT, KIND_FLOAT):
         return None
     w = as_float32(kind, values[0])
@@ -293,13 +387,30 @@ WEIGHT_CASES: Tuple[Tuple[str, Optional[Tuple], Optional[float]], ...] = (
 
 @dataclass(frozen=True)
 class DenseRow:
+    """One row's dense value (D1-D5).
+
+    Attributes:
+      value: the float32 value, or the fill value when missing.
+      missing: whether the fill value was used.
+      invalid: count of rejected values per reason (`INVALID_*`).
+    """
+
     value: float  # float32
     missing: bool
     invalid: Mapping[str, int] = field(default_factory=dict)
 
 
 def dense_value(kind: str, values: Optional[Sequence], fill_value: float) -> DenseRow:
-    """D1-D5: one row's dense value."""
+    """D1-D5: reads one row's dense value.
+
+    Args:
+      kind: the column's raw kind.
+      values: the row's raw values, or None when missing.
+      fill_value: the value of a missing or invalid row (rounded to float32).
+
+    Returns:
+      The row's value, whether it is missing, and invalid counts by reason.
+    """
     fill = float(np.float32(fill_value))
     if not values or kind == KIND_NONE:
         return DenseRow(fill, True)
@@ -315,10 +426,16 @@ def dense_value(kind: str, values: Optional[Sequence], fill_value: float) -> Den
 
 
 def binary_label(first: np.ndarray, counts: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """L1, vectorised (the one implementation; ExampleGen and preprocessing call it).
+    """L1, vectorised: checks binary labels (the one implementation; ExampleGen and preprocessing call it).
 
-    `first`: each row's first value as a number (NaN where it is none, e.g. text); `counts`: how
-    many values each row holds. Returns (label float32 0/1, missing, invalid) per row."""
+    Args:
+      first: each row's first value as a number (NaN where it is none, e.g. text), shape [n].
+      counts: how many values each row holds, shape [n].
+
+    Returns:
+      (label, missing, invalid): float32 0/1 labels (0 where dropped), and bool masks of rows
+      dropped as missing and as invalid; each of shape [n].
+    """
     first = np.asarray(first, dtype=np.float64)
     counts = np.asarray(counts)
     binary = (first == 0.0) | (first == 1.0)
@@ -349,9 +466,12 @@ class TokenCase:
     num_oov_buckets: int = 5
 
     def json_rows(self) -> Optional[Tuple[bytes, ...]]:
-        """The rows as a JSON client sends them to `serve_features` (one string per row, values
-        joined by the separator, '' = missing), or None where they have no such form (several
-        values without a separator). They give the same tokens (J1-J3)."""
+        """Gives the rows as a JSON client sends them to `serve_features`; they give the same tokens (J1-J3).
+
+        Returns:
+          One string per row (values joined by the separator, b'' = missing), or None where the
+          rows have no such form (several values without a separator).
+        """
         out = []
         for values in self.rows:
             values = values or ()
@@ -503,8 +623,12 @@ class DenseCase:
     invalid: Mapping[str, int] = field(default_factory=dict)
 
     def json_rows(self) -> Optional[Tuple[float, ...]]:
-        """The rows as a JSON client sends them (the first value as float32, NaN = missing), or
-        None for a text column (JSON dense columns are numbers)."""
+        """Gives the rows as a JSON client sends them.
+
+        Returns:
+          One float per row (the first value as float32, NaN = missing), or None for a text
+          column (JSON dense columns are numbers).
+        """
         if self.kind == KIND_BYTES:
             return None
         # an int64 value as the float32 it is (D4): a JSON number is read as float32 itself
@@ -554,14 +678,31 @@ DENSE_CASES: Tuple[DenseCase, ...] = (
 
 
 def dense_bucket(value: float, boundaries: Sequence[float]) -> int:
-    """B1: the bucket of a dense value (float32) among sorted float32 boundaries."""
+    """B1: finds a dense value's bucket among the feature's boundaries.
+
+    Args:
+      value: the dense value (compared as float32).
+      boundaries: non-decreasing boundaries (compared as float32).
+
+    Returns:
+      The number of boundaries <= the value, in [0, len(boundaries)].
+    """
     v = np.float32(value)
     return sum(1 for b in boundaries if np.float32(b) <= v)
 
 
 def dense_piecewise_linear(value: float, boundaries: Sequence[float]) -> Tuple[float, ...]:
-    """B2: the piecewise-linear encoding of a dense value (float32) over the bins between sorted
-    float32 boundaries (computed in float64 from the float32 values)."""
+    """B2: encodes a dense value piecewise-linearly over the bins between boundaries.
+
+    Computed in float64 from the float32 value and boundaries.
+
+    Args:
+      value: the dense value (rounded to float32).
+      boundaries: non-decreasing boundaries (rounded to float32).
+
+    Returns:
+      One number in [0, 1] per bin, len(boundaries) - 1 of them.
+    """
     v, b = float(np.float32(value)), [float(np.float32(x)) for x in boundaries]
     out = []
     for lower, upper in zip(b[:-1], b[1:]):

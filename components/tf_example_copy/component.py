@@ -13,14 +13,22 @@ from components.tf_example_copy import executor
 
 
 class TFExampleCopySpec(ComponentSpec):
+    """`TFExampleCopy`'s parameter (`splits`, a JSON list), input `examples` and output `tf_examples`."""
+
     PARAMETERS = {executor.SPLITS_KEY: ExecutionParameter(type=str)}
     INPUTS = {executor.EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples)}
     OUTPUTS = {executor.OUTPUT_KEY: ChannelParameter(type=standard_artifacts.Examples)}
 
 
 class TFExampleCopy(base_beam_component.BaseBeamComponent):
-    """The `splits` of a Parquet Examples artifact (EmbeddingExampleGen's) as tf.Example TFRecords,
-    every row copied (counted). Used by the pipeline only when the stock Evaluator is on."""
+    """Copies splits of a Parquet Examples artifact (EmbeddingExampleGen's) into tf.Example TFRecords.
+
+    Every row is copied and counted. The pipeline uses it only when the stock Evaluator is on.
+
+    Args:
+      examples: the Parquet `Examples` channel.
+      splits: the splits to copy; None copies `eval` only.
+    """
 
     SPEC_CLASS = TFExampleCopySpec
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(executor.Executor)

@@ -14,11 +14,15 @@ import json
 import os
 from typing import Any, Dict, List
 
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics.metric import MetricsFilter
 from tfx import types
 from tfx.components.util import examples_utils
 from tfx.dsl.components.base import base_beam_executor
 from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils
+from tfx_bsl.coders import example_coder
 
 from components.rows import row_counts
 
@@ -30,14 +34,19 @@ COUNTER_NAMESPACE = "TFExampleCopy"
 
 
 def encode_split(pcoll_root, pattern: str, output_prefix: str, split: str):
-    """Beam: the Parquet files at `pattern` as gzipped TFRecords of tf.Examples under `output_prefix`;
-    counts the rows written under the counter `rows_<split>`."""
-    import apache_beam as beam
+    """Adds Beam steps that re-encode Parquet files as gzipped TFRecords of tf.Examples.
 
+    Args:
+      pcoll_root: the Beam pipeline (or a PBegin) to add the steps to.
+      pattern: the split's Parquet files.
+      output_prefix: the output files' path prefix (`.gz` suffix added).
+      split: the split's name, for the step labels and the counter `rows_<split>` (rows written).
+
+    Returns:
+      The PCollection of written file names.
+    """
     class _Encode(beam.DoFn):
         def setup(self):
-            from tfx_bsl.coders import example_coder
-
             self._encoder = example_coder.RecordBatchToExamplesEncoder()
             self._rows = beam.metrics.Metrics.counter(COUNTER_NAMESPACE, f"rows_{split}")
 
@@ -54,13 +63,22 @@ def encode_split(pcoll_root, pattern: str, output_prefix: str, split: str):
 
 
 class Executor(base_beam_executor.BaseBeamExecutor):
-    """Copies the splits named in `splits` (exec property, JSON list) of `examples` (Parquet) into
-    `tf_examples` as tf.Example TFRecords."""
+    """Copies the splits named in `splits` of `examples` (Parquet) into `tf_examples` as tf.Example TFRecords."""
 
     def Do(self, input_dict: Dict[str, List[types.Artifact]], output_dict: Dict[str, List[types.Artifact]],
            exec_properties: Dict[str, Any]) -> None:
-        from apache_beam.io.filesystems import FileSystems
+        """Copies each chosen split, checks the rows written against the input's footers.
 
+        Args:
+          input_dict: `examples`: one Parquet Examples artifact.
+          output_dict: `tf_examples`: one Examples artifact, given the splits, payload
+            FORMAT_TF_EXAMPLE, the source's span and version, and `<split>_rows` properties.
+          exec_properties: `splits`: a JSON list of split names.
+
+        Raises:
+          ValueError: a split is missing from the input, or the input is not Parquet.
+          RuntimeError: the rows written differ from the rows in the input files.
+        """
         source = artifact_utils.get_single_instance(input_dict[EXAMPLES_KEY])
         out = artifact_utils.get_single_instance(output_dict[OUTPUT_KEY])
         splits = json.loads(exec_properties[SPLITS_KEY])
@@ -106,9 +124,16 @@ class Executor(base_beam_executor.BaseBeamExecutor):
 
 
 def rows_written(result, splits: List[str]) -> Dict[str, int]:
-    """{split: rows encoded} from the pipeline's counters (committed where the runner has them)."""
-    from apache_beam.metrics.metric import MetricsFilter
+    """Reads the rows encoded per split from a finished pipeline's counters.
 
+    Args:
+      result: the Beam PipelineResult.
+      splits: the splits copied.
+
+    Returns:
+      {split: rows}, committed counts where the runner has them, else attempted; a split without
+      a counter is absent.
+    """
     out = {}
     for s in splits:
         found = result.metrics().query(MetricsFilter().with_namespace(COUNTER_NAMESPACE).with_name(f"rows_{s}"))

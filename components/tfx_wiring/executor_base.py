@@ -1,45 +1,77 @@
 """What the executors of this project share: the pipeline configuration as an execution property,
 ExampleGen's row ledger read by the stages after it, and small JSON / text files on any
-filesystem Beam reaches (local disk, GCS, S3, HDFS) without importing TensorFlow (which costs
-~20 s of start-up in every process that imports it)."""
+filesystem Beam reaches (local disk, GCS, S3, HDFS) without importing TensorFlow (a long start-up
+in every process that imports it)."""
 from __future__ import annotations
 
 import json
 import os
 from typing import Any, Dict, Optional
 
+from apache_beam.io.filesystems import FileSystems
+
+from components.config.loading import config_from_json
+from components.config.schema import PipelineConfig
+from components.rows.ledger import LEDGER_FILE
+
 CONFIG_KEY = "config_json"  # the execution property (or Trainer custom_config key) holding the config
 
 
-def config_of(properties: Dict[str, Any]):
-    """The PipelineConfig in an executor's execution properties (or the Trainer's custom_config)."""
-    from components.config.loading import config_from_json
+def config_of(properties: Dict[str, Any]) -> PipelineConfig:
+    """Reads the pipeline configuration from an executor's execution properties.
 
+    Args:
+      properties: the execution properties (or the Trainer's custom_config), holding `CONFIG_KEY`.
+
+    Returns:
+      The resolved configuration.
+    """
     return config_from_json(properties[CONFIG_KEY])
 
 
 def write_text(path: str, text: str) -> None:
-    from apache_beam.io.filesystems import FileSystems
+    """Writes `text` (UTF-8) to `path` on any filesystem Beam reaches.
 
+    Args:
+      path: local or remote (gs://, s3://, hdfs://).
+      text: the whole file.
+    """
     with FileSystems.create(path) as fh:
         fh.write(text.encode("utf-8"))
 
 
 def read_json(path: str) -> Any:
-    from apache_beam.io.filesystems import FileSystems
+    """Reads a JSON file on any filesystem Beam reaches.
 
+    Args:
+      path: local or remote.
+
+    Returns:
+      The parsed JSON.
+    """
     with FileSystems.open(path) as fh:
         return json.loads(fh.read().decode("utf-8"))
 
 
 def read_json_if_exists(path: str) -> Optional[Any]:
-    from apache_beam.io.filesystems import FileSystems
+    """Like `read_json`, None when the file does not exist.
 
+    Args:
+      path: local or remote.
+
+    Returns:
+      The parsed JSON, or None.
+    """
     return read_json(path) if FileSystems.exists(path) else None
 
 
 def upstream_ledger(examples_uri: str) -> Optional[Dict[str, Any]]:
-    """ExampleGen's row ledger beside its splits; None for Examples from another ExampleGen."""
-    from components.rows.ledger import LEDGER_FILE
+    """Reads ExampleGen's row ledger beside its splits.
 
+    Args:
+      examples_uri: the Examples artifact's URI.
+
+    Returns:
+      The ledger dict; None for Examples from another ExampleGen.
+    """
     return read_json_if_exists(os.path.join(examples_uri, LEDGER_FILE))
