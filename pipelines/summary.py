@@ -1,5 +1,5 @@
 """The run's summary: what a local run did, read back from its artifacts (`summarize`), and its
-report (`summary_report`, rendered by components/reporting/__init__.py like every other tool's).
+report (`summary_report`, rendered by components/reporting/report.py like every other tool's).
 
 The serving-model row names the model this run pushed, or says that none was pushed and why (the
 gate's reasons); the exit status follows from the same facts (`exit_status`).

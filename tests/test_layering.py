@@ -102,8 +102,8 @@ REPO = TESTS.parent
 PRODUCT = ("components", "pipelines")
 TREE = ("components", "pipelines", "tests", "bench", "scripts")
 # Package __init__ files that define names of their own (not re-exports): the legacy-Keras switch and
-# the artifact types' lazy names, the pipeline CLI's side-effect registrations, the report renderer.
-INIT_WITH_CODE = {"components/__init__.py", "pipelines/__init__.py", "components/reporting/__init__.py"}
+# the artifact types' lazy names, and the pipeline CLI's side-effect registrations.
+INIT_WITH_CODE = {"components/__init__.py", "pipelines/__init__.py"}
 
 
 def _py_files(tops):

@@ -1,5 +1,5 @@
 """Live progress (components/reporting/progress.py, pipelines/progress_view.py), the one report renderer
-(components/reporting/__init__.py, pipelines/summary.py), the exit statuses and the HTML run report."""
+(components/reporting/report.py, pipelines/summary.py), the exit statuses and the HTML run report."""
 import io
 import json
 import multiprocessing

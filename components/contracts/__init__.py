@@ -9,5 +9,5 @@ through one definition instead of string keys. `artifacts` names every file they
 
 Nothing here imports TensorFlow or Beam: the contracts load in a second and can be checked without
 a pipeline. Rendering the plan into TensorFlow objects stays in the trainer
-(`components.embedding_trainer.plan`).
+(`components.embedding_model.tf_objects`; the run's length: `components.embedding_trainer.run_plan`).
 """

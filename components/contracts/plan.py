@@ -3,7 +3,7 @@ derived from the config, the vocabulary manifest and the embedding-ID statistics
 
 `derive_plan(cfg, manifest, statistics)` returns an `EmbeddingPlan` (written as
 `embedding_plan.json` beside the model). The trainer renders it into TensorFlow objects
-(`components.embedding_trainer.plan`); the exporter reads it to find and check the trained tables.
+(`components.embedding_model.tf_objects`; the run's length: `components.embedding_trainer.run_plan`); the exporter reads it to find and check the trained tables.
 Nothing in the plan is guessed by the user: rows come from the vocabulary manifest (vocabulary +
 OOV buckets), SparseCore limits and sequence lengths from the statistics, memory from
 `contracts.sizing`.

@@ -274,6 +274,9 @@ class RawFeatureTransform(tf.Module):
         # (table, offset) -> the table with `offset` added to every row (`fuse`: fused features
         # look their IDs up as rows of their stack, with no per-ID add).
         self.offset_tables: Dict[str, Any] = {}
+        # tf.Module's private `_no_dependency` (TF has no public NoDependency wrapper): these
+        # containers point at tables tracked in `tables` / `offset_tables`, and tracking them again
+        # would add second paths to the same objects in the SavedModel's object graph.
         self._offset_of: Dict[Tuple[str, int], str] = self._no_dependency({})
         # Per table, what a token that misses its vocabulary gets (V2-V4): the first OOV row
         # (size; default_value for an identity table), the number of OOV buckets, and whether
@@ -285,7 +288,7 @@ class RawFeatureTransform(tf.Module):
         self._order = self._ordered(manifest.categorical_features)
         # Per fused group: the chunks the model pools (contiguous parts) and the group's entries, in
         # stacking order (set by `fuse`).
-        self._chunks: List[Tuple[Any, List[CategoricalFeatureEntry]]] = self._no_dependency([])
+        self._chunks: List[Tuple[Any, List[CategoricalFeatureEntry]]] = self._no_dependency([])  # as above
 
     def _table(self, name: str, offset: int = 0) -> tf.lookup.StaticHashTable:
         """A vocabulary table: each line's row (plus `offset`), -1 for other tokens."""
@@ -335,7 +338,7 @@ class RawFeatureTransform(tf.Module):
             parts = [ordered[i:i + size] for i in range(0, len(ordered), size)]
             fused.append(([group._replace(features=tuple(f.name for f in part),
                                           offsets=tuple(offset[f.name] for f in part)) for part in parts], ordered))
-        self._chunks = self._no_dependency(fused)
+        self._chunks = self._no_dependency(fused)  # private, as in __init__: no second path
         offsets = {n: o for parts, _ in fused for part in parts for n, o in zip(part.features, part.offsets)}
         for f in self._manifest.categorical_features:
             o = offsets.get(f.name, 0)

@@ -79,9 +79,23 @@ def extract_tokens(
     row_weights: Optional[np.ndarray] = None,
 ) -> Tokens:
     """Rulebook T1-T7 over a batch: the valid tokens, the truncated ones and the invalid ones by reason.
-    `id_filter(tokens) -> (keep, dropped by reason)`: the table's own rule (an identity column's
-    tokens that are no IDs, V4), applied with T5-T6, before T7. `row_weights` (`extract_weights`,
-    a weighted feature's): rows whose weight is NaN keep no token (W1, `invalid_weight`)."""
+
+    Each step filters the (row, value) pairs with one boolean mask, vectorised over the batch.
+
+    Args:
+      arr: the feature's column (a list or flat array), or None when the batch lacks it.
+      num_rows: the batch's rows.
+      separator: T4's separator, or None.
+      max_length: T7's tokens kept per row, or None for all.
+      id_filter: `id_filter(tokens) -> (keep, dropped by reason)`: the table's own rule (an identity
+        column's tokens that are no IDs, V4), applied with T5-T6, before T7.
+      row_weights: float32 per row (`extract_weights`, a weighted feature's): rows whose weight is
+        NaN keep no token (W1, `invalid_weight`).
+
+    Returns:
+      The tokens: `row` int64 of shape [tokens] (ascending), `values` binary of the same length,
+      the truncated count and the invalid counts by reason.
+    """
     if arr is None or kind_of(arr) == KIND_NONE:
         return Tokens(np.zeros(0, np.int64), pa.array([], pa.binary()), num_rows)
     invalid: Dict[str, int] = {}
@@ -90,6 +104,22 @@ def extract_tokens(
     if kind == KIND_FLOAT:
         invalid[INVALID_FLOAT_IN_CATEGORICAL] = len(values) - values.null_count
         return Tokens(np.zeros(0, np.int64), pa.array([], pa.binary()), num_rows, invalid=invalid)
+    row, values = _as_binary_tokens(row, values, kind, invalid)
+    if separator is not None:
+        parts = pc.split_pattern(values, separator)
+        row = row[np.asarray(pc.list_parent_indices(parts))]
+        values = parts.flatten()
+    row, values = _drop_empty_and_malformed(row, values, invalid)
+    if row_weights is not None and len(values):
+        row, values = _drop_unweighted_rows(row, values, row_weights, invalid)
+    if id_filter is not None and len(values):
+        row, values = _drop_filtered_ids(row, values, id_filter, invalid)
+    row, values, truncated = _truncate_rows(row, values, max_length)
+    return Tokens(row, values, num_rows, truncated, invalid)
+
+
+def _as_binary_tokens(row: np.ndarray, values: pa.Array, kind: str, invalid: Dict[str, int]):
+    """T1-T2: (row, values) with values as binary text; negative integers dropped and counted in `invalid`."""
     if kind == KIND_INT:
         # Integer categorical values are vocabulary keys (their decimal text); a negative one is
         # almost always a sentinel for "missing" (-1) or an overflowed hash, so it is invalid.
@@ -100,10 +130,12 @@ def extract_tokens(
         values = pc.cast(pc.cast(values, pa.string()), pa.binary())
     elif not pa.types.is_binary(values.type):
         values = pc.cast(values, pa.binary())
-    if separator is not None:
-        parts = pc.split_pattern(values, separator)
-        row = row[np.asarray(pc.list_parent_indices(parts))]
-        values = parts.flatten()
+    return row, values
+
+
+def _drop_empty_and_malformed(row: np.ndarray, values: pa.Array, invalid: Dict[str, int]):
+    """T5-T6: (row, values) without empty tokens, nor ones that are not UTF-8 or hold a line break
+    (those two counted in `invalid`)."""
     keep = np.asarray(pc.fill_null(pc.greater(pc.binary_length(values), 0), False))
     bad_utf8 = _invalid_utf8_mask(values)
     bad_break = _line_break_mask(values)
@@ -114,19 +146,30 @@ def extract_tokens(
     if n_break:
         invalid[INVALID_LINE_BREAK] = n_break
     keep &= ~bad_utf8 & ~bad_break
-    row = row[keep]
-    values = values.filter(pa.array(keep))
-    if row_weights is not None and len(values):
-        weighed = ~np.isnan(row_weights[row])
-        if not weighed.all():
-            invalid[INVALID_WEIGHT] = int(np.count_nonzero(~weighed))
-            row, values = row[weighed], values.filter(pa.array(weighed))
-    if id_filter is not None and len(values):
-        ids_kept, dropped = id_filter(values)
-        for reason, count in dropped.items():
-            invalid[reason] = invalid.get(reason, 0) + count
-        if not ids_kept.all():
-            row, values = row[ids_kept], values.filter(pa.array(ids_kept))
+    return row[keep], values.filter(pa.array(keep))
+
+
+def _drop_unweighted_rows(row: np.ndarray, values: pa.Array, row_weights: np.ndarray, invalid: Dict[str, int]):
+    """W1: (row, values) without the tokens of rows whose weight is NaN (counted in `invalid`)."""
+    weighed = ~np.isnan(row_weights[row])
+    if not weighed.all():
+        invalid[INVALID_WEIGHT] = int(np.count_nonzero(~weighed))
+        row, values = row[weighed], values.filter(pa.array(weighed))
+    return row, values
+
+
+def _drop_filtered_ids(row: np.ndarray, values: pa.Array, id_filter, invalid: Dict[str, int]):
+    """V4: (row, values) with only the tokens `id_filter` keeps; its drops added to `invalid`."""
+    ids_kept, dropped = id_filter(values)
+    for reason, count in dropped.items():
+        invalid[reason] = invalid.get(reason, 0) + count
+    if not ids_kept.all():
+        row, values = row[ids_kept], values.filter(pa.array(ids_kept))
+    return row, values
+
+
+def _truncate_rows(row: np.ndarray, values: pa.Array, max_length: Optional[int]):
+    """T7: (row, values, truncated): each row's first `max_length` tokens, and how many were dropped."""
     truncated = 0
     if max_length is not None and len(row):
         # position of each token within its row: rows are ascending, so subtract the row's first index
@@ -137,7 +180,7 @@ def extract_tokens(
         if truncated:
             row = row[within]
             values = values.filter(pa.array(within))
-    return Tokens(row, values, num_rows, truncated, invalid)
+    return row, values, truncated
 
 
 def _line_break_mask(values: pa.Array) -> np.ndarray:

@@ -335,34 +335,91 @@ def run_preprocessing(
     input_format: str = "tfrecord",
     upstream_ledger: Optional[Dict[str, Any]] = None,
 ) -> EmbeddingStatistics:
-    """Runs Beam, then writes manifest.json (vocabulary dir), statistics.json and statistics.html,
-    and copies of the manifest and statistics beside the transformed examples (for the trainer). Returns the statistics.
+    """Runs Beam, then writes the manifest, the statistics and their report.
 
-    `transformed_dirs=None` analyses only (vocabularies and their statistics, row counts).
-    `upstream_ledger`: ExampleGen's row ledger; this stage's rows in must equal its rows out.
-    The statistics carry the row ledger and the feature health; after they are written, a ledger
-    that does not add up raises LedgerError and an unhealthy feature FeatureHealthError (the run
-    stops before training; the report says why)."""
+    Writes manifest.json (vocabulary dir), statistics.json and statistics.html, and copies of the
+    manifest and statistics beside the transformed examples (for the trainer). The statistics
+    carry the row ledger and the feature health; they are checked only after they are written
+    (the run stops before training; the report says why).
+
+    Args:
+      pipeline: a ready Beam pipeline (the caller chooses the runner and its arguments).
+      cfg: the pipeline's config.
+      split_patterns: the file pattern of each split; needs a `train` split.
+      vocabulary_dir: where the vocabularies and the manifest go.
+      transformed_dirs: each split's output directory; None analyses only (vocabularies and their
+        statistics, row counts).
+      statistics_dir: where statistics.json and statistics.html go.
+      input_format: the input files' format.
+      upstream_ledger: ExampleGen's row ledger; this stage's rows in must equal its rows out.
+
+    Returns:
+      The statistics written.
+
+    Raises:
+      ValueError: `split_patterns` has no `train` split.
+      ConfigError: a given vocabulary file cannot be read or is empty.
+      LedgerError: the row ledger does not add up.
+      FeatureHealthError: a feature is unhealthy.
+    """
     ensure_local_runner_safe(list(pipeline.options.get_all_options(drop_default=True).get("experiments") or []))
     if "train" not in split_patterns:
         raise ValueError(f"preprocessing needs a 'train' split to build vocabularies; got {sorted(split_patterns)}")
-    # Given vocabularies (list / file) are read and checked before Beam starts, and written into
-    # the vocabulary directory: every later reader (the transform pass, the exporter) reads this
-    # copy, never the config's file (which a Kubeflow task may not reach).
+    _prepare_outputs(cfg, vocabulary_dir, transformed_dirs, statistics_dir)
+    _announce_progress(split_patterns, transformed_dirs, upstream_ledger)
+    raw = _run_beam(pipeline, cfg, split_patterns, vocabulary_dir, transformed_dirs, statistics_dir, input_format)
+    for t in cfg.tables:  # a vocabulary no train example fed still gets (empty) files
+        if not FileSystems.exists(vocabulary_lib.vocabulary_file(vocabulary_dir, t.name)):
+            vocabulary_lib.write_vocabulary(vocabulary_dir, t.name, [])
+    manifest = build_manifest(cfg, raw, vocabulary_dir)
+    stats = _summarize(cfg, raw, manifest, split_patterns, transformed_dirs, input_format, upstream_ledger)
+    _write_outputs(cfg, manifest, stats, vocabulary_dir, transformed_dirs, statistics_dir)
+    if stats.ledger is not None:
+        for stage in stats.ledger["stages"]:
+            ledger.check_stage(stage)
+    if stats.feature_health is not None:
+        check_health(stats.feature_health)
+    return stats
+
+
+def _prepare_outputs(
+    cfg: PipelineConfig, vocabulary_dir: str, transformed_dirs: Optional[Dict[str, str]], statistics_dir: str
+) -> None:
+    """Creates the output directories and writes the given vocabularies (list / file) into the vocabulary directory."""
+    # Given vocabularies are read and checked before Beam starts, and written into the vocabulary
+    # directory: every later reader (the transform pass, the exporter) reads this copy, never the
+    # config's file (which a Kubeflow task may not reach).
     given = {t.name: vocabulary_lib.given_vocabulary(t.vocabulary) for t in cfg.tables if t.vocabulary.kind in vocabulary_lib.GIVEN_KINDS}
     for d in [vocabulary_dir, statistics_dir, *(transformed_dirs or {}).values()]:
         _makedirs(d)
     for name, tokens in given.items():  # counts 0 until the vocabulary writer counts the train split
         vocabulary_lib.write_vocabulary(vocabulary_dir, name, [(tok, 0) for tok in tokens])
-    spill_dir = beam_pipeline.spill_dir_of(statistics_dir)
-    # Live progress (a no-op unless a local run's terminal watches): the rows each pass will read,
-    # where ExampleGen's ledger says.
+
+
+def _announce_progress(
+    split_patterns: Dict[str, str], transformed_dirs: Optional[Dict[str, str]], upstream_ledger: Optional[Dict[str, Any]]
+) -> None:
+    """Starts the live progress (a no-op unless a local run's terminal watches): the rows each pass
+    will read, where ExampleGen's ledger says."""
     expected = ((upstream_ledger or {}).get("stages") or [{}])[-1].get("rows_out") or {}
     progress.phase(ledger.PREPROCESS, "counting the train split's values" + (
         f", transforming {' and '.join(sorted(split_patterns))}" if transformed_dirs else ""))
     progress.count(ledger.PREPROCESS, beam_pipeline.COUNTING, 0, total=expected.get("train"))
     for split in sorted(split_patterns) if transformed_dirs else []:
         progress.count(ledger.PREPROCESS, beam_pipeline.transforming(split), 0, total=expected.get(split))
+
+
+def _run_beam(
+    pipeline: beam.Pipeline,
+    cfg: PipelineConfig,
+    split_patterns: Dict[str, str],
+    vocabulary_dir: str,
+    transformed_dirs: Optional[Dict[str, str]],
+    statistics_dir: str,
+    input_format: str,
+) -> Dict[str, Any]:
+    """Runs the Beam pipeline and gives its merged statistics partial (the file it wrote is deleted)."""
+    spill_dir = beam_pipeline.spill_dir_of(statistics_dir)
     try:
         with pipeline as p:
             beam_pipeline.build_pipeline(
@@ -374,10 +431,19 @@ def run_preprocessing(
     partial = os.path.join(statistics_dir, beam_pipeline.STATS_FILE_PREFIX)
     raw = read_json(partial)
     FileSystems.delete([partial])
-    for t in cfg.tables:  # a vocabulary no train example fed still gets (empty) files
-        if not FileSystems.exists(vocabulary_lib.vocabulary_file(vocabulary_dir, t.name)):
-            vocabulary_lib.write_vocabulary(vocabulary_dir, t.name, [])
-    manifest = build_manifest(cfg, raw, vocabulary_dir)
+    return raw
+
+
+def _summarize(
+    cfg: PipelineConfig,
+    raw: Dict[str, Any],
+    manifest: VocabularyManifest,
+    split_patterns: Dict[str, str],
+    transformed_dirs: Optional[Dict[str, str]],
+    input_format: str,
+    upstream_ledger: Optional[Dict[str, Any]],
+) -> EmbeddingStatistics:
+    """The run's statistics; with a transform pass, also its row ledger and feature health."""
     stats = build_statistics(cfg, raw, manifest, sorted(split_patterns) if transformed_dirs else ["train"])
     if transformed_dirs:
         stats = dataclasses.replace(
@@ -385,6 +451,19 @@ def run_preprocessing(
         )
         # Analysis only reads no feature presence: health needs the transform pass.
         stats = dataclasses.replace(stats, feature_health=feature_health(cfg, stats, notes=column_notes(cfg, raw)))
+    return stats
+
+
+def _write_outputs(
+    cfg: PipelineConfig,
+    manifest: VocabularyManifest,
+    stats: EmbeddingStatistics,
+    vocabulary_dir: str,
+    transformed_dirs: Optional[Dict[str, str]],
+    statistics_dir: str,
+) -> None:
+    """Writes the manifest, the statistics and their HTML report, and copies of the first two
+    beside the transformed examples (for the trainer)."""
     write_text(os.path.join(vocabulary_dir, MANIFEST_FILE), manifest.to_json())
     write_text(os.path.join(statistics_dir, STATISTICS_FILE), stats.to_json())
     write_text(
@@ -394,9 +473,3 @@ def run_preprocessing(
         root = os.path.dirname(next(iter(transformed_dirs.values())).rstrip("/"))
         write_text(os.path.join(root, EMBEDDING_STATISTICS_FILE), stats.to_json())
         write_text(os.path.join(root, EMBEDDING_MANIFEST_FILE), manifest.to_json())
-    if stats.ledger is not None:
-        for stage in stats.ledger["stages"]:
-            ledger.check_stage(stage)
-    if stats.feature_health is not None:
-        check_health(stats.feature_health)
-    return stats

@@ -33,10 +33,9 @@ QUANTILE_POINTS = DENSE_QUANTILE_POINTS
 
 
 # At most this many values of a record batch go into its sketch: every k-th row (k = ceil(rows /
-# QUANTILE_SAMPLE)). Adding and merging cost ~75 ns a value (tfx_bsl 1.16), ~1.2 ms per dense
-# feature for a 16,384-row batch: 20 s of CPU over 20M rows of 13 dense features, 4% of the
-# preprocessing; a stride sample of 2,048 per batch costs an eighth of that, and over 1M rows
-# (about 128k values) each percentile is within ~0.3% of rank of the exact one.
+# QUANTILE_SAMPLE)). Sketching every value was a visible share of preprocessing's CPU; the stride
+# sample costs an eighth of it and keeps each percentile within a fraction of a percent of rank
+# (figures: bench/README.md, "Figures behind the code").
 QUANTILE_SAMPLE = 2048
 
 
@@ -59,8 +58,9 @@ def quantiles_sketch(values: np.ndarray = None):
 
 # A sketch leaving a worker (a lifted combine's accumulator, `compact_sketches`) is replaced by
 # this many + 1 of its quantiles, each weighing an equal share of its values: ~17 KB whatever the
-# rows behind it. Uncompacted, a sketch of 400 batches pickled to 2.4 MB, and the runner holds
-# every bundle's accumulator until the merge: at 20M rows its peak grew by 0.25 GB.
+# rows behind it. Uncompacted, a sketch grows with the batches behind it, and the runner holds
+# every bundle's accumulator until the merge, so its peak memory grew with the rows (figures:
+# bench/README.md, "Figures behind the code").
 QUANTILE_COMPACT = 512
 
 
@@ -170,66 +170,118 @@ def batch_table_stats(
 ) -> Dict[str, Any]:
     """Statistics of one table's IDs (all its features together) over consecutive training batches.
 
-    `batch_of_id[i]` is the batch of `ids[i]`; only full batches (`batch_is_full`) count towards
-    per-batch figures (a partial batch says nothing about a training step), every ID counts towards
-    the whole-data load per shard. Vectorised over batches: one bincount per (strategy, shards).
-    """
-    num_batches = len(batch_is_full)
-    full = batch_is_full[batch_of_id] if len(ids) else np.zeros(0, bool)
-    ids_full, batch_full = ids[full], batch_of_id[full]
-    # unique (batch, id) pairs of the full batches, sorted: by a presence count when the table is
-    # small (a sort-free pass; half the tables of a typical config have at most a few thousand rows)
-    keys = batch_full.astype(np.int64) * rows + ids_full
-    if num_batches * rows <= _PRESENCE_LIMIT:
-        pairs = np.flatnonzero(np.bincount(keys, minlength=num_batches * rows))
-    elif num_batches * rows < 2**31:  # sorted as int32: 1.2 ms instead of 2.1 ms for 49k keys
-        pairs = np.unique(keys.astype(np.int32)).astype(np.int64)
-    else:
-        pairs = np.unique(keys)
-    u_batch, u_ids = pairs // rows, pairs % rows
-    ids_per_batch = np.bincount(batch_full, minlength=num_batches)[batch_is_full]
-    unique_per_batch = np.bincount(u_batch, minlength=num_batches)[batch_is_full]
-    all_full = bool(full.all())
-    any_full = bool(batch_is_full.any())
+    Only full batches count towards per-batch figures (a partial batch says nothing about a
+    training step); every ID counts towards the whole-data load per shard. Vectorised over
+    batches: one bincount per (strategy, shards).
 
-    def counts(shards: np.ndarray, u_shards: Optional[np.ndarray], n: int):
+    Args:
+      split: the split's name (in the keys).
+      table: the table's name (in the keys).
+      ids: int64 row IDs of shape [n].
+      batch_of_id: the batch of each ID, int64 of shape [n] (`batch_of_id[i]` is `ids[i]`'s).
+      batch_is_full: bool per batch, shape [batches].
+      rows: the table's rows.
+      shard_counts: the shard counts to count loads for, under each of SHARDING_STRATEGIES.
+
+    Returns:
+      The statistics partial: the load per shard (int64 vectors of shape [shards]), the busiest
+      shard's IDs and unique IDs per full batch, and the full batches' ID totals and maxima.
+    """
+    batches = _TableBatches.of(ids, batch_of_id, batch_is_full, rows)
+    out = _shard_stats(split, table, batches, shard_counts)
+    if batch_is_full.any():
+        out.update(_full_batch_totals(split, table, batches))
+    return out
+
+
+def _unique_pairs(keys: np.ndarray, num_batches: int, rows: int) -> np.ndarray:
+    """The distinct (batch * rows + id) keys, sorted: by a presence count when the table is small (a
+    sort-free pass; half the tables of a typical config have at most a few thousand rows)."""
+    if num_batches * rows <= _PRESENCE_LIMIT:
+        return np.flatnonzero(np.bincount(keys, minlength=num_batches * rows))
+    if num_batches * rows < 2**31:  # sorting int32 keys is markedly faster than int64 ones
+        return np.unique(keys.astype(np.int32)).astype(np.int64)
+    return np.unique(keys)
+
+
+@dataclass(frozen=True, eq=False)
+class _TableBatches:
+    """One table's IDs over consecutive batches, with the unique (batch, ID) pairs of the full ones."""
+
+    ids: np.ndarray  # every ID, [n]
+    batch_of_id: np.ndarray  # [n]
+    batch_is_full: np.ndarray  # bool, [batches]
+    rows: int  # the table's rows
+    batch_full: np.ndarray  # the batch of each ID in a full batch
+    u_batch: np.ndarray  # unique (batch, ID) pairs of the full batches: their batches
+    u_ids: np.ndarray  # ... and their IDs
+    all_full: bool
+    any_full: bool
+
+    @classmethod
+    def of(cls, ids: np.ndarray, batch_of_id: np.ndarray, batch_is_full: np.ndarray, rows: int) -> "_TableBatches":
+        full = batch_is_full[batch_of_id] if len(ids) else np.zeros(0, bool)
+        ids_full, batch_full = ids[full], batch_of_id[full]
+        keys = batch_full.astype(np.int64) * rows + ids_full
+        pairs = _unique_pairs(keys, len(batch_is_full), rows)
+        return cls(ids, batch_of_id, batch_is_full, rows, batch_full, pairs // rows, pairs % rows,
+                   bool(full.all()), bool(batch_is_full.any()))
+
+    @property
+    def num_batches(self) -> int:
+        return len(self.batch_is_full)
+
+    def counts(self, shards: np.ndarray, u_shards: Optional[np.ndarray], n: int):
         """(load per shard, IDs and unique IDs per (full batch, shard) as [batches, n] or None).
         One bincount over every (batch, shard) gives both the load (its column sums) and the full
         batches' rows (a partial batch's row zeroed)."""
-        grid = np.bincount(batch_of_id * n + shards, minlength=num_batches * n).reshape(num_batches, n)
+        num_batches = self.num_batches
+        grid = np.bincount(self.batch_of_id * n + shards, minlength=num_batches * n).reshape(num_batches, n)
         load = grid.sum(axis=0).astype(np.int64)
-        if not any_full:
+        if not self.any_full:
             return load, None, None
-        per = grid if all_full else grid * batch_is_full[:, None]
-        uper = np.bincount(u_batch * n + u_shards, minlength=num_batches * n)
+        per = grid if self.all_full else grid * self.batch_is_full[:, None]
+        uper = np.bincount(self.u_batch * n + u_shards, minlength=num_batches * n)
         return load, per, uper.reshape(num_batches, n)
 
+
+def _shard_stats(split: str, table: str, batches: _TableBatches, shard_counts: Sequence[int]) -> Dict[str, Any]:
+    """The load per shard and the busiest shard per full batch, for each shard count and strategy."""
     # `mod` for every shard count at once: counted at the counts' least common multiple M, a count n
     # that divides M sums M's shards s, s + n, s + 2n, ... (ID % n == (ID % M) % n). One set of
     # bincounts instead of one per count (the defaults 8, 32, 128: a third of the passes).
     lcm = int(np.lcm.reduce(np.asarray(list(shard_counts), np.int64))) if len(shard_counts) else 1
-    mod_at_lcm = counts(mod_shard(ids, lcm), mod_shard(u_ids, lcm), lcm) if 0 < lcm <= _MOD_LCM_LIMIT else None
+    mod_at_lcm = (batches.counts(mod_shard(batches.ids, lcm), mod_shard(batches.u_ids, lcm), lcm)
+                  if 0 < lcm <= _MOD_LCM_LIMIT else None)
     out: Dict[str, Any] = {}
     for n in shard_counts:
         for strategy in SHARDING_STRATEGIES:
             if strategy == PartitionStrategy.DIV:
-                load, per, uper = counts(div_shard(ids, rows, n), div_shard(u_ids, rows, n), n)
+                load, per, uper = batches.counts(
+                    div_shard(batches.ids, batches.rows, n), div_shard(batches.u_ids, batches.rows, n), n)
             elif mod_at_lcm is not None:
                 load, per, uper = (None if a is None else a.reshape(*a.shape[:-1], lcm // n, n).sum(axis=-2)
                                    for a in mod_at_lcm)
             else:
-                load, per, uper = counts(mod_shard(ids, n), mod_shard(u_ids, n), n)
+                load, per, uper = batches.counts(mod_shard(batches.ids, n), mod_shard(batches.u_ids, n), n)
             out[partials_lib.shard_load(split, table, strategy, n)] = load
-            if any_full:
+            if batches.any_full:
                 out[partials_lib.shard_max(split, table, strategy, n, "max_ids_per_shard")] = int(per.max())
                 out[partials_lib.shard_max(split, table, strategy, n, "max_unique_ids_per_shard")] = int(uper.max())
-    if batch_is_full.any():
-        out[partials_lib.table_batch(split, table, "batches")] = int(batch_is_full.sum())
-        out[partials_lib.table_batch(split, table, "batch_ids")] = int(ids_per_batch.sum())
-        out[partials_lib.table_batch(split, table, "batch_unique_ids")] = int(unique_per_batch.sum())
-        out[partials_lib.table_batch_max(split, table, "batch_ids")] = int(ids_per_batch.max())
-        out[partials_lib.table_batch_max(split, table, "batch_unique_ids")] = int(unique_per_batch.max())
     return out
+
+
+def _full_batch_totals(split: str, table: str, batches: _TableBatches) -> Dict[str, Any]:
+    """The full batches' count, IDs and unique IDs (their sums, and the largest of one batch)."""
+    ids_per_batch = np.bincount(batches.batch_full, minlength=batches.num_batches)[batches.batch_is_full]
+    unique_per_batch = np.bincount(batches.u_batch, minlength=batches.num_batches)[batches.batch_is_full]
+    return {
+        partials_lib.table_batch(split, table, "batches"): int(batches.batch_is_full.sum()),
+        partials_lib.table_batch(split, table, "batch_ids"): int(ids_per_batch.sum()),
+        partials_lib.table_batch(split, table, "batch_unique_ids"): int(unique_per_batch.sum()),
+        partials_lib.table_batch_max(split, table, "batch_ids"): int(ids_per_batch.max()),
+        partials_lib.table_batch_max(split, table, "batch_unique_ids"): int(unique_per_batch.max()),
+    }
 
 
 DISTRIBUTION_KEYS = ("distinct_values", "occurrences", "coverage_curve", "hottest_values", "skew")

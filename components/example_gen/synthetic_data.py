@@ -59,7 +59,7 @@ class GeneratorSpec:
     signal_hot_ranks: int = 64  # ... counting only its this-many most frequent values
     effect_scale: float = 0.5
     bias: float = -1.4  # about 25-30% positives, as in Criteo
-    # Extra columns for the column kinds, sequences and weights (issue 18), off by default (the
+    # Extra columns for the column kinds, sequences and weights, off by default (the
     # demo's columns stay Criteo's): `item_id` (integer IDs 0..item_cardinality-1, for identity
     # columns; IDs >= 1000 are out of range for a 1000-bucket table), `history` (the 1..10 item IDs
     # a user clicked before, '|'-separated, most recent first; the candidate item in it raises the

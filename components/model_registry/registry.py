@@ -264,15 +264,44 @@ def lookup(serving_dir: str) -> Lookup:
     fio = _fileio()
     serving_dir = serving_dir.rstrip("/")
     reg = registry_dir(serving_dir)
+    _refuse_odd_names(serving_dir)
+    on_disk = versions(serving_dir)
+    servable = [v for v in on_disk if is_servable(os.path.join(serving_dir, str(v)))]
+    newest = servable[-1] if servable else None
+    skipped = _skipped_versions(serving_dir, on_disk, servable, newest)
+    if newest is None:
+        if not fio.isdir(reg) and not on_disk:
+            note = f"no model pushed to {serving_dir} yet (no registry at {reg}): nothing to compare with"
+        else:
+            note = f"no servable model at {serving_dir}: nothing to compare with"
+        return Lookup(serving_dir, False, note, skipped=skipped)
+    vdir = os.path.join(serving_dir, str(newest))
+    entry = _served_entry(serving_dir, newest)
+    warm, warm_note = entry["trainer_model"], None
+    if not warm or not fio.isdir(warm):
+        warm_note = (f"the Trainer model {warm!r} of the served version {newest} is gone (deleted with its pipeline "
+                     "root?): no warm start, trained from scratch; the gate still compares with the served model")
+        warm = None
+    return Lookup(serving_dir, True, f"version {newest} of {serving_dir}, pushed by run {entry['run'].get('id')!r} "
+                  f"of pipeline {entry['pipeline']!r}", version=str(newest), served_model=vdir, entry=entry,
+                  warm_start_model=warm, warm_start_note=warm_note, skipped=skipped)
+
+
+def _refuse_odd_names(serving_dir: str) -> None:
+    """Raises RegistryError when a child's name TF Serving reads as a version and this registry cannot (`0042`)."""
     odd = odd_names(serving_dir)
     if odd:
         raise RegistryError(
             f"{serving_dir}: {', '.join(odd)}: TF Serving reads such names as versions, this registry does not; "
             f"rename each to its number without leading zeros (with its registry entry) or move it out of {serving_dir}")
-    on_disk = versions(serving_dir)
-    servable = [v for v in on_disk if is_servable(os.path.join(serving_dir, str(v)))]
+
+
+def _skipped_versions(
+    serving_dir: str, on_disk: List[int], servable: List[int], newest: Optional[int]
+) -> List[Dict[str, str]]:
+    """The entries newer than the served version and the unfinished versions without an entry, each `{path, reason}`."""
+    fio = _fileio()
     skipped: List[Dict[str, str]] = []
-    newest = servable[-1] if servable else None
     for v in reversed(entry_versions(serving_dir)):
         if newest is not None and v <= newest:
             continue  # older than the served version: history, not skipped
@@ -286,33 +315,24 @@ def lookup(serving_dir: str) -> Lookup:
             skipped.append({"path": os.path.join(serving_dir, str(v)),
                             "reason": "no saved_model.pb and no registry entry (a push that did not finish): "
                                       "not served; skipped"})
-    if newest is None:
-        if not fio.isdir(reg) and not on_disk:
-            note = f"no model pushed to {serving_dir} yet (no registry at {reg}): nothing to compare with"
-        else:
-            note = f"no servable model at {serving_dir}: nothing to compare with"
-        return Lookup(serving_dir, False, note, skipped=skipped)
+    return skipped
+
+
+def _served_entry(serving_dir: str, newest: int) -> Dict[str, Any]:
+    """The served version's entry; RegistryError, with the way out, when it is missing or unreadable."""
     vdir = os.path.join(serving_dir, str(newest))
     path = entry_path(serving_dir, str(newest))
     way_out = (f"if {vdir} is this pipeline's model, its push did not finish: delete {vdir} (and {path}) so the "
                f"version before it is served again, then rerun; a model another tool pushed must be moved out of "
                f"{serving_dir}, or push this pipeline to an empty destination (kubeflow.serving_dir)")
-    if not fio.exists(path):
+    if not _fileio().exists(path):
         raise RegistryError(
             f"{vdir} is served (the newest version with saved_model.pb) but has no registry entry {path}: "
             f"the gate cannot compare with a model it knows nothing about; {way_out}")
     try:
-        entry = read_entry(serving_dir, newest)
+        return read_entry(serving_dir, newest)
     except RegistryError as e:
         raise RegistryError(f"{e}; {vdir} is served but cannot be described; {way_out}") from None
-    warm, warm_note = entry["trainer_model"], None
-    if not warm or not fio.isdir(warm):
-        warm_note = (f"the Trainer model {warm!r} of the served version {newest} is gone (deleted with its pipeline "
-                     "root?): no warm start, trained from scratch; the gate still compares with the served model")
-        warm = None
-    return Lookup(serving_dir, True, f"version {newest} of {serving_dir}, pushed by run {entry['run'].get('id')!r} "
-                  f"of pipeline {entry['pipeline']!r}", version=str(newest), served_model=vdir, entry=entry,
-                  warm_start_model=warm, warm_start_note=warm_note, skipped=skipped)
 
 
 def history(serving_dir: str) -> List[Dict[str, Any]]:
