@@ -9,13 +9,26 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-import components  # noqa: F401
+import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.protobuf import tensor_bundle_pb2
 
 
 def restore_rows(prefix: str, key: str, full_shape: List[int], start: int, count: int, dtype=tf.float32) -> np.ndarray:
-    """Rows [start, start+count) of a saved tensor, read without loading the rest (RestoreV2 slice)."""
+    """Rows [start, start+count) of a saved tensor, read without loading the rest (RestoreV2 slice).
+
+    Args:
+      prefix: the checkpoint's path prefix.
+      key: the tensor's checkpoint key.
+      full_shape: the saved tensor's shape.
+      start: the first row.
+      count: the rows to read.
+      dtype: the tensor's dtype.
+
+    Returns:
+      [count, *full_shape[1:]] of `dtype`.
+    """
     spec = " ".join(str(int(d)) for d in full_shape) + f" {int(start)},{int(count)}" + ":-" * (len(full_shape) - 1)
     return tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[key], shape_and_slices=[spec], dtypes=[dtype])[0].numpy()
 
@@ -29,13 +42,15 @@ class BundleIndex:
     tensor saved whole is memory-mapped and only the rows wanted are read. The index is a
     TensorFlow table (LevelDB format: blocks of prefix-compressed entries, a block index, a
     48-byte footer) mapping tensor names to `BundleEntryProto`s. Any surprise (a compressed block,
-    another format) makes `entry` return None, and the caller falls back to RestoreV2."""
+    another format) makes `entry` return None, and the caller falls back to RestoreV2.
+
+    Args:
+      prefix: the checkpoint's path prefix (`<prefix>.index`, `<prefix>.data-*`).
+    """
 
     MAGIC = 0xDB4775248B80FB57
 
     def __init__(self, prefix: str):
-        from tensorflow.core.protobuf import tensor_bundle_pb2
-
         self.prefix = prefix
         self.entries: Dict[str, Any] = {}
         self.num_shards = 1
@@ -95,14 +110,31 @@ class BundleIndex:
             pos += vlen
 
     def entry(self, key: str):
-        """The entry of a tensor saved whole as float32, else None."""
+        """Where a tensor saved whole as float32 is.
+
+        Args:
+          key: the tensor's checkpoint key.
+
+        Returns:
+          Its BundleEntryProto, or None (not found, saved in slices, another dtype, or the index
+          could not be read).
+        """
         e = self.entries.get(key) if self.ok else None
         if e is None or e.slices or e.dtype != tf.float32.as_datatype_enum:
             return None
         return e
 
     def rows(self, key: str, shape: List[int]) -> Optional[np.ndarray]:
-        """A read-only memory map of a whole-saved float32 [rows, cols] tensor, or None."""
+        """A read-only memory map of a whole-saved float32 tensor.
+
+        Args:
+          key: the tensor's checkpoint key.
+          shape: its [rows, cols].
+
+        Returns:
+          A little-endian float32 np.memmap of `shape`, or None (no usable entry, another size,
+          or a data file not on the local file system).
+        """
         e = self.entry(key)
         if e is None or int(np.prod(shape)) * 4 != e.size:
             return None

@@ -19,13 +19,14 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-import components  # noqa: F401
+import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
 from absl import logging
 
 from components.contracts.manifest import (
     FORMAT_BLOCKS, TAIL_PREFIX, VocabularyManifest, row_lengths_key, weights_key,
 )
+from components.data_io.tfrecords import compression_type
 
 PAD_ID = -1  # padding of dense ID rows; TensorCoreTable and the TPU-rules check skip it
 LENGTH_SUFFIX = "__length"  # a sequence feature's positions per row, computed on the host
@@ -33,17 +34,16 @@ LENGTH_SUFFIX = "__length"  # a sequence feature's positions per row, computed o
 
 # The training shuffle buffer's default, in rows (`training.shuffle_buffer_rows`). Transformed rows
 # keep the input's order (files are read in byte ranges, written where they were read), and real
-# input is often ordered by time: with 4,096 rows (16 batches) a date-ordered public dataset
-# (flights, 262k train rows) reached eval AUC 0.7456, with 65,536 rows 0.7889, and 0.7851 with
-# its rows shuffled in the CSV itself (bench/README.md "Defaults on real data"). About 10 MB of
-# serialized rows for the demo's features.
+# input is often ordered by time: a buffer of 16 batches leaves a date-ordered dataset's batches
+# far from shuffled and costs AUC, this one trains as well as rows shuffled at the source
+# (bench/README.md "Defaults on real data"). About 10 MB of serialized rows for the demo's features.
 DEFAULT_SHUFFLE_ROWS = 65_536
 
 # The train split's held-out slice (training.early_stopping): records whose content key falls in
 # the first `fraction` of HOLDOUT_BUCKETS buckets. A record is a row or a block of rows. The key
 # reads the record's content, not its bytes: a tf.Example's bytes are not canonical (the encoder
 # writes the feature map in an order that differs between processes: the same blocks written by
-# two pipeline runs had other bytes), so the slice is the same for the same transformed rows
+# two pipeline runs can have other bytes), so the slice is the same for the same transformed rows
 # whatever process wrote them, and it never touches the eval split (other files).
 HOLDOUT_BUCKETS = 1_000_000
 
@@ -58,15 +58,30 @@ _FILTER_BATCH = 256  # records keyed at once (decode_proto is vectorised)
 
 
 def holdout_buckets(fraction: float) -> int:
-    """How many of HOLDOUT_BUCKETS buckets the held-out slice takes."""
+    """How many of HOLDOUT_BUCKETS buckets the held-out slice takes.
+
+    Args:
+      fraction: the held-out slice's fraction of the train split, in [0, 1].
+
+    Returns:
+      The number of buckets, rounded to the nearest.
+    """
     return int(round(float(fraction) * HOLDOUT_BUCKETS))
 
 
 def record_keys(records: tf.Tensor) -> tf.Tensor:
-    """int64 per serialized tf.Example ([n]): the sum (wrapping) of the Fingerprint64 buckets of
-    its feature map's entries (each entry's bytes: the name and its values, which the writer
-    encodes one way), so the same content gives the same key in any map order. Stock ops only:
-    `decode_proto` of tensorflow.Example, then of tensorflow.Features."""
+    """Content keys of serialized tf.Examples, the same for the same content in any map order.
+
+    A key is the sum (wrapping) of the Fingerprint64 buckets of the record's feature map entries
+    (each entry's bytes: the name and its values, which the writer encodes one way). Stock ops
+    only: `decode_proto` of tensorflow.Example, then of tensorflow.Features.
+
+    Args:
+      records: string [n], serialized tf.Examples (rows or blocks of rows).
+
+    Returns:
+      int64 [n], one key per record.
+    """
     top = tf.io.decode_proto(records, "tensorflow.Example", ["features"], [tf.string])
     # one `features` per record; a record without it (padded to "" here) has no entries
     features = tf.reshape(tf.pad(top.values[0], [[0, 0], [0, 1]])[:, :1], [-1])
@@ -77,7 +92,15 @@ def record_keys(records: tf.Tensor) -> tf.Tensor:
 
 
 def in_holdout(records: tf.Tensor, fraction: float) -> tf.Tensor:
-    """bool per serialized record ([n]): whether it is in the train split's held-out slice."""
+    """Whether each serialized record is in the train split's held-out slice.
+
+    Args:
+      records: string [n], serialized tf.Examples.
+      fraction: the held-out slice's fraction of the train split.
+
+    Returns:
+      bool [n].
+    """
     return tf.math.floormod(record_keys(records), HOLDOUT_BUCKETS) < holdout_buckets(fraction)
 
 
@@ -101,11 +124,27 @@ def _records_of(part: str, fraction: float):
 
 
 def length_key(feature: str) -> str:
-    """Where a sequence feature's [batch] int32 lengths (IDs per row, at most its length) travel."""
+    """Where a sequence feature's lengths travel among the model inputs.
+
+    Args:
+      feature: the sequence feature's name.
+
+    Returns:
+      The key of its int32 [batch] lengths (IDs per row, at most its max_sequence_length).
+    """
     return feature + LENGTH_SUFFIX
 
 
 def feature_spec(manifest: VocabularyManifest) -> Dict[str, Any]:
+    """The `tf.io.parse_example` spec of one transformed example per record.
+
+    Args:
+      manifest: the transformed data's manifest.
+
+    Returns:
+      {name: FixedLenFeature([1], float32)} for the label and dense features,
+      VarLenFeature(int64) for categorical IDs, VarLenFeature(float32) for their weights.
+    """
     spec: Dict[str, Any] = {manifest.label: tf.io.FixedLenFeature([1], tf.float32)}
     for name in manifest.dense_names:
         spec[name] = tf.io.FixedLenFeature([1], tf.float32)
@@ -117,8 +156,15 @@ def feature_spec(manifest: VocabularyManifest) -> Dict[str, Any]:
 
 
 def to_dense_ids(ids: tf.SparseTensor, width: int) -> tf.Tensor:
-    """[batch, width] int64 IDs, each row's first `width` IDs, PAD_ID after them (float weights:
-    0 after them)."""
+    """Each row's first `width` IDs (or weights) as a padded dense tensor.
+
+    Args:
+      ids: int64 IDs (or float32 weights), a SparseTensor [batch, None].
+      width: the columns kept.
+
+    Returns:
+      [batch, width] of the input's dtype: int64 padded with PAD_ID, float32 with 0.
+    """
     shape = tf.stack([tf.shape(ids, out_type=tf.int64)[0], tf.constant(width, tf.int64)])
     kept = tf.sparse.reset_shape(tf.sparse.slice(ids, [0, 0], shape), shape)
     dense = tf.sparse.to_dense(kept, default_value=PAD_ID if ids.dtype == tf.int64 else 0.0)
@@ -133,20 +179,36 @@ def parse_batch(
     dense_id_widths: Optional[Dict[str, int]] = None,
     sequence_lengths: Optional[Dict[str, int]] = None,
 ) -> Tuple[Dict[str, Any], tf.Tensor]:
-    """(features, label) of a batch of serialized examples. With `static_batch`, every tensor,
-    SparseTensors included (parse_example leaves their dense shape unknown), gets that static batch
-    dimension, as the TPU step requires. Features named in `dense_id_widths` come as padded dense
-    IDs of that width. Features named in `sequence_lengths` ({feature: max_sequence_length}) also
-    get `length_key(feature)`: each row's positions, a dense [batch] tensor the model masks with
-    (computed here, on the host: sparse ops have no place in a TPU step)."""
+    """Parses a batch of serialized transformed examples into the model's inputs.
+
+    Args:
+      serialized: string [batch], one tf.Example per row.
+      manifest: the transformed data's manifest.
+      static_batch: when set, every tensor, SparseTensors included (parse_example leaves their
+        dense shape unknown), gets this static batch dimension, as the TPU step requires.
+      dense_id_widths: {feature: width} of the features fed as padded dense IDs.
+      sequence_lengths: {feature: max_sequence_length}; each also gets `length_key(feature)`,
+        the rows' positions the model masks with (counted here, on the host: sparse ops have no
+        place in a TPU step).
+
+    Returns:
+      (features, label): label float32 [batch, 1]; dense features float32 [batch, 1]; IDs int64
+      SparseTensors [batch, None] or [batch, width] int64 (`dense_id_widths`); lengths int32 [batch].
+    """
     return model_inputs(tf.io.parse_example(serialized, feature_spec(manifest)), manifest, static_batch,
                         dense_id_widths, sequence_lengths)
 
 
 def block_spec(manifest: VocabularyManifest) -> Dict[str, Any]:
-    """The parse spec of one block of transformed rows (the `blocks` layout of contracts.manifest):
-    label and dense values one per row, each categorical feature (and its weights) ragged by its
-    row lengths."""
+    """The parse spec of one block of transformed rows (the `blocks` layout of contracts.manifest).
+
+    Args:
+      manifest: the transformed data's manifest.
+
+    Returns:
+      {name: RaggedFeature}: label and dense values one per row (float32), each categorical
+      feature (int64) and its weights (float32) ragged by its row lengths.
+    """
     spec: Dict[str, Any] = {manifest.label: tf.io.RaggedFeature(tf.float32)}
     for name in manifest.dense_names:
         spec[name] = tf.io.RaggedFeature(tf.float32)
@@ -161,7 +223,16 @@ def block_spec(manifest: VocabularyManifest) -> Dict[str, Any]:
 
 
 def parse_block(serialized: tf.Tensor, manifest: VocabularyManifest) -> Dict[str, Any]:
-    """One serialized block -> {name: [rows] values (label, dense) or [rows, None] RaggedTensor}."""
+    """Parses one serialized block of transformed rows.
+
+    Args:
+      serialized: a string scalar, one block.
+      manifest: the transformed data's manifest.
+
+    Returns:
+      {name: values}: float32 [rows] for the label and dense features, [rows, None] RaggedTensors
+      (int64 IDs, float32 weights) for categorical features.
+    """
     return tf.io.parse_single_example(serialized, block_spec(manifest))
 
 
@@ -171,10 +242,21 @@ def rows_as_parsed(
     dense_id_widths: Optional[Dict[str, int]] = None,
     sequence_lengths: Optional[Dict[str, int]] = None,
 ) -> Dict[str, Any]:
-    """A batch of rows parsed from blocks -> what `model_inputs` takes: [batch, 1] label and dense
-    values, SparseTensors of IDs; the features of `dense_id_widths` already padded and the lengths
-    of `sequence_lengths` already counted, straight from the ragged rows (cheaper than through a
-    SparseTensor; the same values, tests/test_transformed_blocks.py)."""
+    """A batch of rows parsed from blocks in the form `model_inputs` takes.
+
+    The features of `dense_id_widths` are padded and the lengths of `sequence_lengths` counted
+    straight from the ragged rows: cheaper than through a SparseTensor, with the same values.
+
+    Args:
+      rows: {name: float32 [batch] values or [batch, None] RaggedTensor}, as `parse_block` gives.
+      manifest: the transformed data's manifest.
+      dense_id_widths: {feature: width} of the features fed as padded dense IDs.
+      sequence_lengths: {feature: max_sequence_length} whose lengths to count.
+
+    Returns:
+      {name: tensor}: float32 [batch, 1] label and dense values; IDs (and weights) as
+      SparseTensors [batch, None], or padded [batch, width]; int32 [batch] sequence lengths.
+    """
     widths, lengths = dense_id_widths or {}, sequence_lengths or {}
     owner = {weights_key(n): n for n in manifest.weighted_names}
     out: Dict[str, Any] = {}
@@ -200,8 +282,19 @@ def model_inputs(
     dense_id_widths: Optional[Dict[str, int]] = None,
     sequence_lengths: Optional[Dict[str, int]] = None,
 ) -> Tuple[Dict[str, Any], tf.Tensor]:
-    """Parsed transformed rows (label and dense values [batch, 1], IDs as SparseTensors) ->
-    (features, label) as the model reads them (see `parse_batch`)."""
+    """Parsed transformed rows as the model reads them (see `parse_batch`).
+
+    Args:
+      parsed: {name: tensor}: label and dense values float32 [batch, 1], IDs as SparseTensors
+        (or already padded and counted, `rows_as_parsed`); updated in place.
+      manifest: the transformed data's manifest.
+      static_batch: the static batch dimension to set, or None.
+      dense_id_widths: {feature: width} of the features fed as padded dense IDs.
+      sequence_lengths: {feature: max_sequence_length} whose lengths come with the batch.
+
+    Returns:
+      (features, label), as `parse_batch` returns them.
+    """
     rows = tf.shape(parsed[manifest.label])[0]
     for name, length in (sequence_lengths or {}).items():
         if length_key(name) in parsed:  # counted already (rows_as_parsed)
@@ -273,68 +366,135 @@ def make_dataset(
     holdout_fraction: float = 0.0,
     input_context: Optional[tf.distribute.InputContext] = None,
 ) -> tf.data.Dataset:
-    """Batches of (features, label). `batch_size` is per replica when distributed. Training input
-    repeats, shuffles (seeded) and has a static batch size; `skip_batches` fast-forwards a resumed
-    run to where the killed run stopped (the same batch order as an uninterrupted run; skipped
-    batches are read but not parsed). Files are read in parallel, INTERLEAVE_CYCLE at a time (a
-    fixed cycle: the order does not depend on the host's cores), parsing is vectorised per batch
-    (`tf.io.parse_example`) and runs in parallel with training (AUTOTUNE). `dense_id_widths`:
-    features fed as padded dense IDs (see the module docstring); `sequence_lengths`: sequence
-    features whose row lengths come with the batch (`parse_batch`). `global_batch` (several
-    replicas, `batch_size` per replica): files are read and examples shuffled in units of the
-    global batch, so the replicas' consecutive batches of a step hold the examples one replica
-    would get as that step's global batch. `shuffle_rows`: the training shuffle buffer, in rows
-    (at least 16 global batches; `training.shuffle_buffer_rows`). `part` with `holdout_fraction`:
-    every record (`all`), those outside the train split's held-out slice (`train`) or the slice
-    itself (`holdout`; see `in_holdout`).
+    """The batches of (features, label) of a split's transformed examples, in either layout.
 
-    `input_context` (tf.distribute's InputContext) with P input pipelines: this pipeline (index
-    i) reads the files i, i+P, ... of the sorted file list and yields the per-replica batches of
-    its own replicas, in units of its share of the global batch (`global_batch` / P; default
-    `batch_size` x the context's replicas); `global_batch` and `skip_batches` still count all
-    replicas (steps x replicas), and the pipeline skips its share. With fewer files than pipelines,
-    every pipeline reads all files and keeps every P-th batch of the one stream (logged). One
-    pipeline (or none) is the single stream above."""
-    from components.data_io.tfrecords import compression_type
+    Training input repeats, shuffles (seeded) and has a static batch size. Files are read in
+    parallel, INTERLEAVE_CYCLE at a time (a fixed cycle: the order does not depend on the host's
+    cores); parsing is vectorised per batch and runs in parallel with training (AUTOTUNE). With a
+    `global_batch` of several replicas, files are read and examples shuffled in units of it, so
+    the replicas' consecutive batches of a step hold the examples one replica would get as that
+    step's global batch.
 
+    With P input pipelines (`input_context`), pipeline i reads the files i, i+P, ... of the sorted
+    file list and yields the per-replica batches of its own replicas, in units of its share of the
+    global batch; with fewer files than pipelines, every pipeline reads all files and keeps every
+    P-th batch of the one stream (logged).
+
+    Args:
+      file_patterns: globs of the split's TFRecord files.
+      manifest: the transformed data's manifest (features, label, layout).
+      batch_size: rows per batch (per replica when distributed).
+      training: repeat, shuffle and drop the last partial batch.
+      seed: the shuffles' and the blocks' stream choice's seed.
+      skip_batches: per-replica batches of all pipelines to fast-forward (steps x replicas): a
+        resumed run continues where the killed run stopped; skipped batches are read, not parsed.
+      dense_id_widths: {feature: width} fed as padded dense IDs (see the module docstring).
+      sequence_lengths: {feature: max_sequence_length} whose row lengths come with the batch.
+      global_batch: rows per step over all replicas; default `batch_size` x the replicas.
+      shuffle_rows: the training shuffle buffer in rows (at least 16 global batches).
+      part: `all` records, `train` (outside the held-out slice) or `holdout` (see `in_holdout`).
+      holdout_fraction: the held-out slice's fraction of the train split.
+      input_context: tf.distribute's InputContext; None is one pipeline.
+
+    Returns:
+      A dataset of (features, label): label float32 [batch, 1], dense features float32
+      [batch, 1], IDs int64 SparseTensors [batch, None] (or [batch, width] with
+      `dense_id_widths`), sequence lengths int32 [batch]; batch static when training.
+
+    Raises:
+      ValueError: no file matches, `part` is unknown, or the batches do not split evenly over
+        the input pipelines.
+    """
     select = _records_of(part, holdout_fraction)
     index, pipelines = _pipeline_of(input_context)
     unit = global_batch or batch_size * (input_context.num_replicas_in_sync if input_context else 1)
-    if manifest.transformed_format == FORMAT_BLOCKS:
-        return _blocks_dataset(file_patterns, manifest, batch_size, training, seed, skip_batches,
-                               dense_id_widths, sequence_lengths, unit, shuffle_rows, select, (index, pipelines))
-    static = batch_size if training else None
-    files = sorted({f for p in file_patterns for f in tf.io.gfile.glob(p)})
-    if not files:
-        raise ValueError(f"no transformed examples match {file_patterns}")
-    compression = compression_type(files)
-    keep_every = 1  # with fewer files than pipelines: this pipeline's batches of the one stream
-    if pipelines > 1 and _reads_own_files(files, pipelines, file_patterns):
-        files = files[index::pipelines]
+    build = _blocks_dataset if manifest.transformed_format == FORMAT_BLOCKS else _examples_dataset
+    return build(file_patterns, manifest, batch_size, training, seed, skip_batches, dense_id_widths,
+                 sequence_lengths, unit, shuffle_rows, select, (index, pipelines))
+
+
+def _matching_files(file_patterns: List[str]) -> List[str]:
+    """The files matching any of `file_patterns`, each once, sorted (the list pipelines split)."""
+    return sorted({f for p in file_patterns for f in tf.io.gfile.glob(p)})
+
+
+def _share_of_pipeline(
+    groups: List[List[str]], main_files: List[str], shard: Tuple[int, int], unit: int, skip_batches: int,
+    batch_size: int, file_patterns: List[str],
+) -> Tuple[List[List[str]], int, int, int]:
+    """This pipeline's files of each of `groups`, its rows per step and batches to skip, and
+    `keep_every`: 1, or P where every pipeline reads every file and keeps every P-th batch of the
+    one stream (`main_files` decide, `_reads_own_files`). `shard`: (index, P)."""
+    index, pipelines = shard
+    if pipelines > 1 and main_files and _reads_own_files(main_files, pipelines, file_patterns):
         unit, skip_batches = _pipeline_share(unit, skip_batches, batch_size, pipelines)
-    elif pipelines > 1:
-        keep_every = pipelines
-    shuffle_rows = max(int(shuffle_rows), 16 * unit)
+        return [g[index::pipelines] for g in groups], unit, skip_batches, 1
+    return groups, unit, skip_batches, pipelines if pipelines > 1 else 1
+
+
+def _file_names(files: List[str], training: bool, seed: int) -> tf.data.Dataset:
+    """The file names to read, in a seeded order reshuffled every epoch when training."""
     names = tf.data.Dataset.from_tensor_slices(files)
     if training:
         names = names.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    # Files are read in parallel, a block of `unit` records at a time from each: measured on the
-    # trainer benchmark's data, TFRecordDataset(num_parallel_reads=AUTOTUNE) hands records over
-    # one by one through the parallel interleave and read 36k records/s; blocks read 220k/s.
-    ds = names.interleave(
+    return names
+
+
+def _read_records(names: tf.data.Dataset, select, compression: str, block_length: Optional[int] = None
+                  ) -> tf.data.Dataset:
+    """The records `select` keeps of the files in `names`, INTERLEAVE_CYCLE files open at once,
+    `block_length` consecutive records of a file per visit (None: one), in a deterministic order."""
+    return names.interleave(
         lambda f: select(tf.data.TFRecordDataset(f, compression_type=compression)),
         cycle_length=INTERLEAVE_CYCLE,
-        block_length=unit,
+        block_length=block_length,
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     )
-    if training:
-        ds = ds.shuffle(shuffle_rows, seed=seed, reshuffle_each_iteration=True).repeat()
-    ds = ds.batch(batch_size, drop_remainder=training)
+
+
+def _this_pipelines_batches(ds: tf.data.Dataset, skip_batches: int, keep_every: int, index: int
+                            ) -> tf.data.Dataset:
+    """`ds` past its first `skip_batches`, every `keep_every`-th batch from `index` on: applied
+    before parsing, so skipped batches and the other pipelines' batches are not parsed."""
     if skip_batches:
         ds = ds.skip(skip_batches)
     if keep_every > 1:
-        ds = ds.shard(keep_every, index)  # before parsing: the other pipelines' batches are not parsed
+        ds = ds.shard(keep_every, index)
+    return ds
+
+
+def _examples_dataset(
+    file_patterns: List[str],
+    manifest: VocabularyManifest,
+    batch_size: int,
+    training: bool,
+    seed: int,
+    skip_batches: int,
+    dense_id_widths: Optional[Dict[str, int]],
+    sequence_lengths: Optional[Dict[str, int]],
+    unit: int,
+    shuffle_rows: int,
+    select,
+    shard: Tuple[int, int],
+) -> tf.data.Dataset:
+    """`make_dataset` over one transformed example per record; `unit` and `skip_batches` count all
+    pipelines, `shard` is (this pipeline's index, the number of pipelines)."""
+    static = batch_size if training else None
+    files = _matching_files(file_patterns)
+    if not files:
+        raise ValueError(f"no transformed examples match {file_patterns}")
+    compression = compression_type(files)
+    (files,), unit, skip_batches, keep_every = _share_of_pipeline(
+        [files], files, shard, unit, skip_batches, batch_size, file_patterns)
+    shuffle_rows = max(int(shuffle_rows), 16 * unit)
+    # A block of `unit` records at a time from each file: handing records over one by one through
+    # the parallel interleave is several times slower.
+    ds = _read_records(_file_names(files, training, seed), select, compression, block_length=unit)
+    if training:
+        ds = ds.shuffle(shuffle_rows, seed=seed, reshuffle_each_iteration=True).repeat()
+    ds = ds.batch(batch_size, drop_remainder=training)
+    ds = _this_pipelines_batches(ds, skip_batches, keep_every, shard[0])
     ds = ds.map(lambda s: parse_batch(s, manifest, static, dense_id_widths, sequence_lengths),
                 num_parallel_calls=tf.data.AUTOTUNE)
     return ds.prefetch(tf.data.AUTOTUNE)
@@ -361,79 +521,33 @@ def _blocks_dataset(
     TAIL_PREFIX files, a few rows per 16,384) are parsed one by one and their rows re-cut into
     batches. Training draws each step's batches (the global batch, or this pipeline's share of it)
     from one stream or the other (seeded; in proportion to their bytes), so every replica of a
-    step fed by this pipeline reads the same stream. The shuffle buffer holds
-    as many rows as with examples (`shuffle_rows`), as blocks, and the rows of each block were
-    shuffled within their batch by preprocessing. With a batch size that is no multiple of
-    `block_rows`, every block takes the re-cut path (correct, slower).
+    step fed by this pipeline reads the same stream. The shuffle buffer holds as many rows as with
+    examples (`shuffle_rows`), as blocks; preprocessing shuffled each block's rows within its batch.
 
     `shard` (this input pipeline's index, the number of pipelines P; `make_dataset`'s
     `input_context`): the whole-block files and the tail files are each split i, i+P, ... (a
     pipeline may get no tail file); `unit` and `skip_batches` count all pipelines. With fewer
     whole-block files than pipelines, every pipeline reads all files and keeps every P-th batch."""
-    from components.data_io.tfrecords import compression_type
-
     select = select or _ALL
-    index, pipelines = shard
-    files = sorted({f for p in file_patterns for f in tf.io.gfile.glob(p)})
+    files = _matching_files(file_patterns)
     compression = compression_type(files)
-    is_tail = [os.path.basename(f).startswith(TAIL_PREFIX) for f in files]
-    tail = [f for f, t in zip(files, is_tail) if t]
-    whole = [f for f, t in zip(files, is_tail) if not t]
-    keep_every = 1  # with fewer files than pipelines: this pipeline's batches of the one stream
-    if pipelines > 1 and files and _reads_own_files(whole or tail, pipelines, file_patterns):
-        whole, tail = whole[index::pipelines], tail[index::pipelines]
-        unit, skip_batches = _pipeline_share(unit, skip_batches, batch_size, pipelines)
-    elif pipelines > 1:
-        keep_every = pipelines
+    whole, tail = _whole_and_tail_files(files)
+    (whole, tail), unit, skip_batches, keep_every = _share_of_pipeline(
+        [whole, tail], whole or tail, shard, unit, skip_batches, batch_size, file_patterns)
     shuffle_rows = max(int(shuffle_rows), 16 * unit)
     per_batch = batch_size // manifest.block_rows if batch_size % manifest.block_rows == 0 else 0
-    if not per_batch:
+    if not per_batch:  # a batch size that is no multiple of block_rows: every block re-cut (slower)
         tail, whole = sorted(whole + tail), []
     kept_tail_bytes = None
     if training and select is not _ALL:
-        # The held-out slice can take every record of a stream (the tail files hold one short
-        # block per preprocessing batch: a handful on small data). An empty stream would end the
-        # endless training input the first time it is drawn, so it is left out; with both
-        # streams, the tail's share of the draws is the bytes the filter leaves of it (the tail
-        # files are small: read whole here).
-        records = lambda names: select(tf.data.TFRecordDataset(names, compression_type=compression))  # noqa: E731
-        if whole and next(records(whole).take(1).as_numpy_iterator(), None) is None:
-            whole = []
-        if tail and whole:
-            kept_tail_bytes = sum(len(r) for r in records(tail).as_numpy_iterator())
-            tail = tail if kept_tail_bytes else []
-        elif tail and next(records(tail).take(1).as_numpy_iterator(), None) is None:
-            tail = []
-    static = batch_size if training else None
-    to_inputs = lambda p: model_inputs(  # noqa: E731
-        rows_as_parsed(p, manifest, dense_id_widths, sequence_lengths), manifest, static, dense_id_widths,
-        sequence_lengths)
-
-    def blocks(names: List[str]) -> tf.data.Dataset:
-        ds = tf.data.Dataset.from_tensor_slices(names)
-        if training:
-            ds = ds.shuffle(len(names), seed=seed, reshuffle_each_iteration=True)
-        ds = ds.interleave(lambda f: select(tf.data.TFRecordDataset(f, compression_type=compression)),
-                           cycle_length=INTERLEAVE_CYCLE, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        if training:
-            ds = ds.shuffle(max(16, -(-shuffle_rows // manifest.block_rows)), seed=seed,
-                            reshuffle_each_iteration=True).repeat()
-        return ds
-
+        whole, tail, kept_tail_bytes = _without_emptied_streams(whole, tail, select, compression)
     streams = []
     if whole:
-        spec = block_spec(manifest)
-        streams.append(
-            blocks(whole).batch(per_batch, drop_remainder=training)
-            .map(lambda s: {k: v.merge_dims(0, 1) if v.ragged_rank > 1 else v.values
-                            for k, v in tf.io.parse_example(s, spec).items()},
-                 num_parallel_calls=tf.data.AUTOTUNE)
-        )
+        blocks = _shuffled_blocks(whole, select, compression, training, seed, shuffle_rows, manifest.block_rows)
+        streams.append(_whole_block_batches(blocks, manifest, per_batch, training))
     if tail:
-        streams.append(
-            blocks(tail).map(lambda s: parse_block(s, manifest), num_parallel_calls=tf.data.AUTOTUNE)
-            .unbatch().batch(batch_size, drop_remainder=training)
-        )
+        blocks = _shuffled_blocks(tail, select, compression, training, seed, shuffle_rows, manifest.block_rows)
+        streams.append(_tail_row_batches(blocks, manifest, batch_size, training))
     if not streams:
         raise ValueError(f"no transformed examples match {file_patterns}")
     if len(streams) == 1:
@@ -441,19 +555,86 @@ def _blocks_dataset(
     elif not training:
         ds = streams[0].concatenate(streams[1])
     else:
-        # One choice per step (this pipeline's share of the global batch), repeated for its
-        # per-replica batches.
-        size = {f: tf.io.gfile.stat(f).length for f in tail + whole}
-        tail_bytes = sum(size[f] for f in tail) if kept_tail_bytes is None else kept_tail_bytes
-        whole_bytes = sum(size[f] for f in whole)
-        tail_share = tail_bytes / max(1, tail_bytes + whole_bytes)
-        per_step = max(1, unit // batch_size)
-        choices = (tf.data.Dataset.random(seed=seed)
-                   .map(lambda r: tf.cast(r % 1_000_000 < int(tail_share * 1_000_000), tf.int64))
-                   .flat_map(lambda c: tf.data.Dataset.from_tensors(c).repeat(per_step)))
-        ds = tf.data.Dataset.choose_from_datasets(streams, choices)
-    if skip_batches:
-        ds = ds.skip(skip_batches)
-    if keep_every > 1:
-        ds = ds.shard(keep_every, index)  # before the rows become model inputs
+        ds = _drawn_per_step(streams, seed, _tail_share(whole, tail, kept_tail_bytes), max(1, unit // batch_size))
+    ds = _this_pipelines_batches(ds, skip_batches, keep_every, shard[0])
+    static = batch_size if training else None
+    to_inputs = lambda p: model_inputs(  # noqa: E731
+        rows_as_parsed(p, manifest, dense_id_widths, sequence_lengths), manifest, static, dense_id_widths,
+        sequence_lengths)
     return ds.map(to_inputs, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+
+def _whole_and_tail_files(files: List[str]) -> Tuple[List[str], List[str]]:
+    """(the whole-block files, the TAIL_PREFIX files) of `files`, each in the order of `files`."""
+    is_tail = [os.path.basename(f).startswith(TAIL_PREFIX) for f in files]
+    tail = [f for f, t in zip(files, is_tail) if t]
+    whole = [f for f, t in zip(files, is_tail) if not t]
+    return whole, tail
+
+
+def _without_emptied_streams(whole: List[str], tail: List[str], select, compression: str
+                             ) -> Tuple[List[str], List[str], Optional[int]]:
+    """(whole, tail, kept_tail_bytes): the streams `select` leaves records in, and with both, the
+    bytes it leaves of the tail (its share of the training draws; None otherwise).
+
+    The held-out slice can take every record of a stream (the tail files hold one short block per
+    preprocessing batch: a handful on small data), and an empty stream would end the endless
+    training input the first time it is drawn. The tail files are small: read whole here."""
+    records = lambda names: select(tf.data.TFRecordDataset(names, compression_type=compression))  # noqa: E731
+    kept_tail_bytes = None
+    if whole and next(records(whole).take(1).as_numpy_iterator(), None) is None:
+        whole = []
+    if tail and whole:
+        kept_tail_bytes = sum(len(r) for r in records(tail).as_numpy_iterator())
+        tail = tail if kept_tail_bytes else []
+    elif tail and next(records(tail).take(1).as_numpy_iterator(), None) is None:
+        tail = []
+    return whole, tail, kept_tail_bytes
+
+
+def _shuffled_blocks(names: List[str], select, compression: str, training: bool, seed: int, shuffle_rows: int,
+                     block_rows: int) -> tf.data.Dataset:
+    """The serialized blocks of the files `names`, one at a time from each file in turn; when
+    training, shuffled (a buffer of `shuffle_rows` rows as blocks, at least 16) and repeated."""
+    ds = _read_records(_file_names(names, training, seed), select, compression)
+    if training:
+        ds = ds.shuffle(max(16, -(-shuffle_rows // block_rows)), seed=seed, reshuffle_each_iteration=True).repeat()
+    return ds
+
+
+def _whole_block_batches(blocks: tf.data.Dataset, manifest: VocabularyManifest, per_batch: int, training: bool
+                         ) -> tf.data.Dataset:
+    """Batches of `per_batch` whole blocks, parsed by one `parse_example` call each, their rows
+    flattened into one batch of parsed rows ({name: [rows] or [rows, None] RaggedTensor})."""
+    spec = block_spec(manifest)
+    return blocks.batch(per_batch, drop_remainder=training).map(
+        lambda s: {k: v.merge_dims(0, 1) if v.ragged_rank > 1 else v.values
+                   for k, v in tf.io.parse_example(s, spec).items()},
+        num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _tail_row_batches(blocks: tf.data.Dataset, manifest: VocabularyManifest, batch_size: int, training: bool
+                      ) -> tf.data.Dataset:
+    """The rows of `blocks` (parsed one block at a time) re-cut into batches of `batch_size`."""
+    return (blocks.map(lambda s: parse_block(s, manifest), num_parallel_calls=tf.data.AUTOTUNE)
+            .unbatch().batch(batch_size, drop_remainder=training))
+
+
+def _tail_share(whole: List[str], tail: List[str], kept_tail_bytes: Optional[int]) -> float:
+    """The tail stream's share of the bytes of both streams (`kept_tail_bytes`: what the held-out
+    filter left of the tail, when it was counted)."""
+    size = {f: tf.io.gfile.stat(f).length for f in tail + whole}
+    tail_bytes = sum(size[f] for f in tail) if kept_tail_bytes is None else kept_tail_bytes
+    whole_bytes = sum(size[f] for f in whole)
+    return tail_bytes / max(1, tail_bytes + whole_bytes)
+
+
+def _drawn_per_step(streams: List[tf.data.Dataset], seed: int, tail_share: float, per_step: int
+                    ) -> tf.data.Dataset:
+    """The training input of the whole-block and tail `streams`: one seeded draw per step (the
+    tail with probability `tail_share`), repeated for its `per_step` per-replica batches (this
+    pipeline's share of the global batch), so a step's replicas read the same stream."""
+    choices = (tf.data.Dataset.random(seed=seed)
+               .map(lambda r: tf.cast(r % 1_000_000 < int(tail_share * 1_000_000), tf.int64))
+               .flat_map(lambda c: tf.data.Dataset.from_tensors(c).repeat(per_step)))
+    return tf.data.Dataset.choose_from_datasets(streams, choices)

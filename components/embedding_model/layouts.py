@@ -23,8 +23,8 @@ would cost several times the largest one). Any disagreement between the checkpoi
 `LayoutError` naming the table, the key and what was expected.
 
 Here: locating each table (which layout, which keys) and reading it. The checkpoint `.index`
-reader is checkpoint_index.py, the SparseCore layout maths sparsecore_layout.py (both re-exported),
-and the checkpoint paths of the model's tables are the model's own (embedding_model/model.py).
+reader is checkpoint_index.py, the SparseCore layout maths sparsecore_layout.py, and the checkpoint
+paths of the model's tables are the model's own (checkpoint_keys.py).
 """
 from __future__ import annotations
 
@@ -32,27 +32,26 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-import components  # noqa: F401
+import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import numpy as np
 import tensorflow as tf
 
 from components.config.schema import ExportLayoutConfig
 from components.contracts.plan import CheckpointLayout, EmbeddingPlan, TablePlan
-from components.embedding_model.checkpoint_index import BundleIndex, restore_rows  # noqa: F401  (re-exported)
-from components.embedding_model.sparsecore_layout import (  # noqa: F401  (re-exported)
-    parse_layout_record, plan_sparse_core_layouts, recompute_sparse_core_layouts, stack_table_to_shards,
-    stacked_variables,
+from components.embedding_model.checkpoint_index import BundleIndex, restore_rows
+from components.embedding_model.checkpoint_keys import (
+    TPU_EMBEDDING_CHECKPOINT_PATH, VARIABLE_VALUE, checkpoint_name, table_checkpoint_key, tpu_embedding_checkpoint_key,
 )
-from components.embedding_model import model
+from components.embedding_model.sparsecore_layout import parse_layout_record, plan_sparse_core_layouts
 
-# Where the model keeps its tables in a checkpoint: the model's own published paths (model.py).
-ATTR = model.VARIABLE_VALUE
-TPU_PREFIX = model.TPU_EMBEDDING_CHECKPOINT_PATH + "/"
-escape_name = model.checkpoint_name
-table_key = model.table_checkpoint_key  # layout-A key of a plan table
+# Where the model keeps its tables in a checkpoint: the model's own published paths (checkpoint_keys.py).
+ATTR = VARIABLE_VALUE
+TPU_PREFIX = TPU_EMBEDDING_CHECKPOINT_PATH + "/"
+escape_name = checkpoint_name
+table_key = table_checkpoint_key  # layout-A key of a plan table
 # tpu_embedding_v3_utils.SPARSECORE_LAYOUTS_CHECKPOINT_KEY (TensorFlow's name for the record).
 SPARSECORE_LAYOUTS_KEY = "_sparse_core_table_layouts"
-LAYOUT_RECORD_KEY = model.tpu_embedding_checkpoint_key(SPARSECORE_LAYOUTS_KEY)
+LAYOUT_RECORD_KEY = tpu_embedding_checkpoint_key(SPARSECORE_LAYOUTS_KEY)
 
 
 class LayoutError(ValueError):
@@ -61,6 +60,20 @@ class LayoutError(ValueError):
 
 @dataclass
 class TableSource:
+    """Where a plan table is in a checkpoint, and in which layout.
+
+    Attributes:
+      table: the plan table's name.
+      kind: the layout, A, B or C.
+      key: the checkpoint key read (B: the stacked variable's; C: the first partition's or the sliced key).
+      rows: the table's rows (vocabulary entries + OOV buckets).
+      dim: its embedding dimension.
+      source: how the layout was determined, for the report.
+      shard: B only: num_sparse_cores, offset, size, rotation, padded_cols, stacked_rows.
+      partitions: C only: (key, rows) per partition (the same key when sliced).
+      strategy: C only: div or mod.
+    """
+
     table: str
     kind: str  # A | B | C
     key: str
@@ -73,7 +86,15 @@ class TableSource:
 
 
 def div_partition_sizes(rows: int, parts: int) -> List[int]:
-    """Rows per partition under `div` (and, equally, the count of r % parts == i under `mod`)."""
+    """Rows per partition under `div` (and, equally, the count of r % parts == i under `mod`).
+
+    Args:
+      rows: the table's rows.
+      parts: the partitions.
+
+    Returns:
+      [parts] row counts: the first rows % parts partitions one row longer (TensorFlow's rule).
+    """
     return [rows // parts + (1 if i < rows % parts else 0) for i in range(parts)]
 
 
@@ -81,10 +102,18 @@ def div_partition_sizes(rows: int, parts: int) -> List[int]:
 
 
 class CheckpointTables:
-    """The plan's tables in a training checkpoint: locate each (and its layout), then read each."""
+    """The plan's tables in a training checkpoint: locate each (and its layout), then read each.
+
+    Args:
+      checkpoint_prefix: the training checkpoint's path prefix.
+      plan: the embedding plan the checkpoint was trained with.
+      options: the config's `export.layout` (checked there): what the checkpoint cannot say.
+
+    Raises:
+      LayoutError: a table cannot be located, or its layout disagrees with the plan.
+    """
 
     def __init__(self, checkpoint_prefix: str, plan: EmbeddingPlan, options: Optional[ExportLayoutConfig] = None):
-        """`options`: the config's `export.layout` (checked there): what the checkpoint cannot say."""
         self.prefix = checkpoint_prefix
         self.plan = plan
         self.options = options or ExportLayoutConfig()
@@ -233,7 +262,7 @@ class CheckpointTables:
             f"recomputed (no _sparse_core_table_layouts record): TensorFlow's stack_tables over "
             f"{replicas} replicas x {per_chip} SparseCores per chip, per-replica batch {per_replica}"
         )
-        expected = {model.tpu_embedding_checkpoint_key(l.stacked_table_name) for l in self._recomputed.values()}
+        expected = {tpu_embedding_checkpoint_key(l.stacked_table_name) for l in self._recomputed.values()}
         present = set(self._stacked_keys())
         if not expected <= present:
             raise LayoutError(
@@ -245,7 +274,7 @@ class CheckpointTables:
         return self._recomputed
 
     def _source_b(self, name, rows, dim, layout, how) -> TableSource:
-        key = model.tpu_embedding_checkpoint_key(layout.stacked_table_name)
+        key = tpu_embedding_checkpoint_key(layout.stacked_table_name)
         if key not in self.shapes:
             raise LayoutError(f"table {name!r}: its stacked variable {key} (from the layout) is not in the checkpoint")
         n = int(layout.num_sparse_cores)
@@ -279,7 +308,17 @@ class CheckpointTables:
 
     # -- reading --
     def read(self, name: str) -> np.ndarray:
-        """The logical [rows, dim] float32 table (row i = vocabulary entry i, then OOV buckets)."""
+        """Reads one logical table.
+
+        Args:
+          name: the plan table's name.
+
+        Returns:
+          float32 [rows, dim]: row i is vocabulary entry i, then the OOV buckets.
+
+        Raises:
+          LayoutError: what was read does not have the table's shape.
+        """
         s = self.sources[name]
         if s.kind == "A":
             mapped = self.index.rows(s.key, [s.rows, s.dim])
@@ -326,6 +365,12 @@ class CheckpointTables:
         return out
 
     def summary(self) -> Dict[str, Any]:
+        """The layouts found, for the export report.
+
+        Returns:
+          {"kinds": sorted layout kinds, "detected": tables per kind as text,
+          "tables": {table: {"layout", "key", "source"}}}.
+        """
         kinds = sorted({s.kind for s in self.sources.values()})
         return {
             "kinds": kinds,

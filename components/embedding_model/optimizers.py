@@ -84,7 +84,20 @@ class LazyAdam(tf.keras.optimizers.legacy.Adam):
 
 
 def keras_optimizer(spec: Dict[str, Any], learning_rate) -> tf.keras.optimizers.legacy.Optimizer:
-    """The CPU/GPU embedding optimizer: no clipping kwargs (`clip_embedding_gradients` clips)."""
+    """The CPU/GPU embedding optimizer of a spec.
+
+    Built without clipping arguments: `clip_embedding_gradients` clips, as the TPU does.
+
+    Args:
+      spec: the embedding optimizer spec: name, hyperparameters, `lazy_adam`.
+      learning_rate: a float or a schedule (`tf_objects.learning_rate`).
+
+    Returns:
+      A Keras (legacy) optimizer; `LazyAdam` for Adam with `lazy_adam` (the default).
+
+    Raises:
+      PlanError: the spec names an unknown optimizer.
+    """
     legacy = tf.keras.optimizers.legacy
     adam = LazyAdam if spec.get("lazy_adam", True) else legacy.Adam
     classes = {"sgd": legacy.SGD, "adagrad": legacy.Adagrad, "adam": adam, "ftrl": legacy.Ftrl}
@@ -92,10 +105,21 @@ def keras_optimizer(spec: Dict[str, Any], learning_rate) -> tf.keras.optimizers.
 
 
 def slot_variable_creation_fn(keras_opt: tf.keras.optimizers.legacy.Optimizer, name: str):
-    """The TPU optimizer's slot creator: the Keras optimizer's `add_slot`, under Keras' names (so
-    the slots are tracked, saved and restored by the Keras optimizer on every platform)."""
+    """The TPU optimizer's slot creator: the Keras optimizer's `add_slot`, under Keras' names.
+
+    The slots are then tracked, saved and restored by the Keras optimizer on every platform.
+
+    Args:
+      keras_opt: the Keras embedding optimizer that owns the slots.
+      name: the optimizer's name (a key of KERAS_SLOT_NAMES).
+
+    Returns:
+      create(table, slot_names, slot_initializers) -> {TPU slot name: tf.Variable}.
+    """
     mapping = KERAS_SLOT_NAMES[name]
-    no_dependency = tf.Module()._no_dependency  # pylint: disable=protected-access  (as TFRS does)
+    # Private, as in TFRS: the mid-level API tracks what the creator returns, so unwrapped slots
+    # would be saved twice (there and under the Keras optimizer); TF has no public NoDependency.
+    no_dependency = tf.Module()._no_dependency  # pylint: disable=protected-access
 
     def create(table, slot_names: List[str], slot_initializers: List[Any]) -> Dict[str, tf.Variable]:
         return {
@@ -107,9 +131,18 @@ def slot_variable_creation_fn(keras_opt: tf.keras.optimizers.legacy.Optimizer, n
 
 
 def tpu_learning_rate(spec: Dict[str, Any], learning_rate, step_fn: Callable[[], tf.Tensor]):
-    """The TPU optimizer's learning rate: a float, or a callable evaluated in the step (the
-    schedule at `step_fn()`, the step before this update, as Keras evaluates it; for Adam times
-    the bias correction sqrt(1 - b2^t) / (1 - b1^t), t = step + 1)."""
+    """The TPU optimizer's learning rate, as Keras applies it.
+
+    Args:
+      spec: the embedding optimizer spec (name; beta_1 and beta_2 for Adam).
+      learning_rate: a float or a schedule of the step.
+      step_fn: returns the step before this update (Keras evaluates the schedule there).
+
+    Returns:
+      The float itself (constant rate, not Adam), else a callable evaluated in the step: the
+      schedule at `step_fn()`, for Adam times the bias correction sqrt(1 - b2^t) / (1 - b1^t),
+      t = step + 1, as a float32 scalar.
+    """
     adam = spec["name"] == "adam"
     if isinstance(learning_rate, float) and not adam:
         return learning_rate
@@ -127,9 +160,21 @@ def tpu_learning_rate(spec: Dict[str, Any], learning_rate, step_fn: Callable[[],
 
 def tpu_optimizer(spec: Dict[str, Any], learning_rate, step_fn: Callable[[], tf.Tensor],
                   keras_opt: Optional[tf.keras.optimizers.legacy.Optimizer] = None):
-    """The `tf.tpu.experimental.embedding` optimizer applying the same update as
-    `keras_optimizer(spec)` with `clip_embedding_gradients` (see the module docstring).
-    `keras_opt`: the Keras embedding optimizer that owns the slots (checkpoint keys)."""
+    """The TPU embedding optimizer applying the update of `keras_optimizer(spec)` with
+    `clip_embedding_gradients` (see the module docstring).
+
+    Args:
+      spec: the embedding optimizer spec.
+      learning_rate: a float or a schedule of the step.
+      step_fn: returns the step before this update (`tpu_learning_rate`).
+      keras_opt: the Keras embedding optimizer that owns the slots (their checkpoint keys), or None.
+
+    Returns:
+      A tf.tpu.experimental.embedding optimizer (SGD, Adagrad, Adam or FTRL).
+
+    Raises:
+      PlanError: the spec names an unknown optimizer.
+    """
     emb = tf.tpu.experimental.embedding
     name = spec["name"]
     kw: Dict[str, Any] = {"learning_rate": tpu_learning_rate(spec, learning_rate, step_fn)}
@@ -150,9 +195,18 @@ def tpu_optimizer(spec: Dict[str, Any], learning_rate, step_fn: Callable[[], tf.
 
 
 def check_sparsecore_optimizer(opt, where: str = "training.embedding_optimizer") -> None:
-    """Refuses settings TF 2.16's TPUEmbeddingV2 would silently ignore (tpu_embedding_v3.py's
-    apply_gradients passes no clipping limits and no laziness flag to the SparseCore kernels).
-    `where`: the config field the optimizer comes from (a table's own optimizer names its table)."""
+    """Refuses settings TF 2.16's TPUEmbeddingV2 would silently ignore.
+
+    tpu_embedding_v3.py's apply_gradients passes no clipping limits and no laziness flag to the
+    SparseCore kernels.
+
+    Args:
+      opt: a tf.tpu.experimental.embedding optimizer.
+      where: the config field the optimizer comes from (a table's own optimizer names its table).
+
+    Raises:
+      EmbeddingOptimizerError: the optimizer clips gradients, or is a non-lazy Adam.
+    """
     if getattr(opt, "clip_gradient_min", None) is not None or getattr(opt, "clip_gradient_max", None) is not None:
         raise EmbeddingOptimizerError(
             f"{where}.clipvalue: SparseCore (TPUEmbeddingV2 in TensorFlow 2.16) does not "
@@ -168,8 +222,19 @@ def check_sparsecore_optimizer(opt, where: str = "training.embedding_optimizer")
 def clip_embedding_gradients(
     grads_and_vars: Sequence[Tuple[Any, tf.Variable]], clipvalue: Optional[float]
 ) -> List[Tuple[Any, tf.Variable]]:
-    """The TPU embedding clipping rule on CPU/GPU: each row's gradient summed over the batch
-    (IndexedSlices deduplicated, as gradient accumulation does), then clipped to +-clipvalue."""
+    """The TPU embedding clipping rule on CPU/GPU.
+
+    Each row's gradient is summed over the batch (IndexedSlices deduplicated, as gradient
+    accumulation does), then clipped to +-clipvalue.
+
+    Args:
+      grads_and_vars: (gradient, variable) pairs; a gradient is an IndexedSlices, a dense tensor
+        of the variable's shape, or None.
+      clipvalue: the limit, or None for no clipping.
+
+    Returns:
+      The pairs with clipped gradients (IndexedSlices with one entry per row), in the same order.
+    """
     if clipvalue is None:
         return list(grads_and_vars)
     out = []

@@ -12,15 +12,27 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List
 
-import components  # noqa: F401
+import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
+# Private modules: TF's own SparseCore stacking and row placement have no public API, and the
+# layouts must be exactly TF's.
+from tensorflow.python.tpu import _pywrap_tpu_embedding
+from tensorflow.python.tpu import tpu_embedding_v3_utils
 
 from components.contracts.sizing import sparse_core_padded_shape
 
 
 def parse_layout_record(record: bytes) -> Dict[str, sparse_core_layout_pb2.SparseCoreTableLayout]:
+    """Reads the SparseCore layouts TensorFlow >= 2.17 saves in a checkpoint.
+
+    Args:
+      record: a serialized SparseCoreTableLayouts proto.
+
+    Returns:
+      {table name: its SparseCoreTableLayout}.
+    """
     layouts = sparse_core_layout_pb2.SparseCoreTableLayouts()
     layouts.ParseFromString(record)
     return {t.table_name: t for t in layouts.tables}
@@ -31,14 +43,19 @@ def recompute_sparse_core_layouts(
 ) -> Dict[str, sparse_core_layout_pb2.SparseCoreTableLayout]:
     """SparseCoreTableLayouts as TPUEmbeddingV2 (TF 2.16, tpu_embedding_v3.py) lays tables out.
 
-    `tables`: in the order TPUEmbeddingV2 sees them (first appearance over the features sorted by
-    name), each {name, rows, dim, group, samples}: `group` equal for equal optimizers and
-    quantization, `samples` = IDs per replica batch (per-replica batch x the table's features).
     Stacking is TensorFlow's own C++ `stack_tables`; padding (`_round_table_sizes`), offsets and
     rotations (`_stack_tables_with_same_table_dim_and_optimizer`) follow the Python code there.
-    """
-    from tensorflow.python.tpu import _pywrap_tpu_embedding
 
+    Args:
+      tables: in the order TPUEmbeddingV2 sees them (first appearance over the features sorted by
+        name), each {name, rows, dim, group, samples}: `group` equal for equal optimizers and
+        quantization, `samples` = IDs per replica batch (per-replica batch x the table's features).
+      num_replicas: the TPU chips trained on.
+      sparse_cores_per_chip: SparseCores per chip.
+
+    Returns:
+      {table name: its SparseCoreTableLayout}.
+    """
     n = num_replicas * sparse_cores_per_chip
     padded = {t["name"]: sparse_core_padded_shape(t["rows"], t["dim"], n) for t in tables}  # the plan's sizing rule
     groups: Dict[Any, int] = {}
@@ -76,13 +93,24 @@ def recompute_sparse_core_layouts(
 
 
 def plan_sparse_core_layouts(plan, num_replicas: int, sparse_cores_per_chip: int, per_replica_batch: int):
-    """The SparseCore layout of a plan's TPU-embedding tables, as TPUEmbeddingV2 lays out the model's
-    feature configs (model.EmbeddingLayer, tf_objects.feature_configs): tables in their first
-    appearance over the features sorted by name (nest.flatten of the feature dict), each feature
-    `per_replica_batch` samples (its output_shape), grouped by optimizer spec (tables with equal
-    specs share one TPU optimizer object, trainer_module.table_optimizers). One source for the
-    exporter's reader and the trainer's warm start; tests/test_sparsecore_real.py checks it against
-    TF's own constructor."""
+    """The SparseCore layout of a plan's TPU-embedding tables, as TPUEmbeddingV2 lays out the
+    model's feature configs (model.EmbeddingLayer, tf_objects.feature_configs).
+
+    Tables come in their first appearance over the features sorted by name (nest.flatten of the
+    feature dict), each feature `per_replica_batch` samples (its output_shape), grouped by
+    optimizer spec (tables with equal specs share one TPU optimizer object,
+    trainer_module.table_optimizers). One source for the exporter's reader and the trainer's warm
+    start; tests/test_sparsecore_real.py checks it against TF's own constructor.
+
+    Args:
+      plan: the embedding plan.
+      num_replicas: the TPU chips trained on.
+      sparse_cores_per_chip: SparseCores per chip.
+      per_replica_batch: the per-replica batch size.
+
+    Returns:
+      {table name: its SparseCoreTableLayout}.
+    """
     tpu_tables = set(plan.tables_placed("tpu_embedding"))
     order: List[str] = []
     for fname in sorted(plan.features):
@@ -102,11 +130,18 @@ def plan_sparse_core_layouts(plan, num_replicas: int, sparse_cores_per_chip: int
 
 
 def stack_table_to_shards(table: np.ndarray, layout) -> Dict[int, np.ndarray]:
-    """The forward map (logical table -> this table's rows in each SparseCore shard), for tests
-    and benchmarks that build layout-B checkpoints: TensorFlow's `map_indices_in_shard` places
-    each row; rows and columns are zero-padded to the layout's padded shape."""
-    from tensorflow.python.tpu import tpu_embedding_v3_utils
+    """A logical table's rows in each SparseCore shard (the forward map of layout B).
 
+    For tests and benchmarks that build layout-B checkpoints: TensorFlow's `map_indices_in_shard`
+    places each row; rows and columns are zero-padded to the layout's padded shape.
+
+    Args:
+      table: [rows, dim] values.
+      layout: the table's SparseCoreTableLayout.
+
+    Returns:
+      {shard: [padded rows / num_sparse_cores, padded cols]} of the table's dtype.
+    """
     n = layout.num_sparse_cores
     p_rows, p_cols = layout.unsharded_padded_shape
     padded = np.zeros((p_rows, p_cols), table.dtype)
@@ -124,9 +159,18 @@ def stack_table_to_shards(table: np.ndarray, layout) -> Dict[int, np.ndarray]:
 
 
 def stacked_variables(values: Dict[str, np.ndarray], layouts: Dict[str, Any]) -> Dict[str, np.ndarray]:
-    """{stacked variable name: [N x rows per shard, padded cols]}: the layout-B checkpoint values
-    of `values` (logical tables) under `layouts`, for tests and benchmarks. Every row of every
-    shard must come from some table's padded rows, or the layouts do not describe whole stacks."""
+    """The layout-B checkpoint values of logical tables, for tests and benchmarks.
+
+    Args:
+      values: {table name: [rows, dim] values}.
+      layouts: {table name: SparseCoreTableLayout}, whole stacks.
+
+    Returns:
+      {stacked variable name: float32 [N x rows per shard, padded cols]}, N the SparseCores.
+
+    Raises:
+      ValueError: a row of some shard comes from no table (the layouts are not whole stacks).
+    """
     stacks: Dict[str, List[str]] = {}
     for name, layout in layouts.items():
         stacks.setdefault(layout.stacked_table_name, []).append(name)

@@ -24,11 +24,13 @@ import json
 import os
 from typing import Any, Callable, Dict, List, Optional
 
-import components  # noqa: F401
+import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.checkpoint import checkpoint as checkpoint_lib  # ObjectGraphProtoPrettyPrinter
-from tensorflow.python.checkpoint import util as checkpoint_util  # list_objects
+# Private modules: TF has no public API that names a checkpoint's nodes by their paths
+# (ObjectGraphProtoPrettyPrinter) or lists the objects a restore walked (list_objects).
+from tensorflow.python.checkpoint import checkpoint as checkpoint_lib
+from tensorflow.python.checkpoint import util as checkpoint_util
 
 from components.contracts.plan import CheckpointLayout, EmbeddingPlan
 from components.embedding_model.sparsecore_layout import plan_sparse_core_layouts, stacked_variables
@@ -41,7 +43,14 @@ class LayoutMismatch(RuntimeError):
 
 
 def sparse_core_object(model) -> Optional[Any]:
-    """The model's TPUEmbeddingV2 (SparseCore) object, or None (CPU/GPU, TPUEmbedding, TensorCore only)."""
+    """The model's TPUEmbeddingV2 (SparseCore) object.
+
+    Args:
+      model: the embedding model.
+
+    Returns:
+      Its TPUEmbeddingV2, or None (CPU/GPU, TPUEmbedding, TensorCore tables only).
+    """
     layer = getattr(model, "embedding_layer", None)
     mid = getattr(layer, "_tpu_embedding", None)
     return mid if isinstance(mid, tf.tpu.experimental.embedding.TPUEmbeddingV2) else None
@@ -64,9 +73,23 @@ def _assign_stacked(variable, full: np.ndarray, what: str) -> None:
 def assign_logical_tables(model, plan: EmbeddingPlan, layout: CheckpointLayout,
                           read_table: Callable[[str], np.ndarray],
                           read_slot: Callable[[str, str], Optional[np.ndarray]]) -> Dict[str, Any]:
-    """Places logical tables into the built SparseCore stacks of `model`: `read_table(table)` the
-    [rows, dim] values, `read_slot(table, keras slot name)` a slot's [rows, dim] values (None: the
-    slot keeps what the optimizer initialized, for every table of its stack). Returns a report."""
+    """Places logical tables, and their optimizer slots, into the built SparseCore stacks of `model`.
+
+    Args:
+      model: the embedding model, on SparseCore.
+      plan: the embedding plan.
+      layout: the run's checkpoint layout (B: replicas, SparseCores per chip, per-replica batch).
+      read_table: table name -> its float32 [rows, dim] values.
+      read_slot: (table name, Keras slot name) -> the slot's float32 [rows, dim] values, or None:
+        the slot keeps what the optimizer initialized, for every table of its stack.
+
+    Returns:
+      {"stacks": {stack name: {"tables": [names], "slots": [slot names placed]}}}.
+
+    Raises:
+      LayoutMismatch: the model has no SparseCore object, or the stacks TensorFlow built are not
+        the plan's.
+    """
     mid = sparse_core_object(model)
     if mid is None:
         raise LayoutMismatch("the model has no SparseCore (TPUEmbeddingV2) object to place tables into")
@@ -104,24 +127,45 @@ def assign_logical_tables(model, plan: EmbeddingPlan, layout: CheckpointLayout,
 
 
 def restore_all_but_tpu_embedding(model, prefix: str, root: str) -> None:
-    """Restores everything of `model` from `prefix` except its TPU embedding layer (whose tables
-    `assign_logical_tables` places): the dense network, TensorCore tables, optimizers and their
-    counters. Every object restored must match (assert_existing_objects_matched)."""
-    children = {k: v for k, v in model._trackable_children().items() if k != "embedding_layer"}  # pylint: disable=protected-access
+    """Restores everything of `model` but its TPU embedding layer from a checkpoint.
+
+    That is the dense network, TensorCore tables, optimizers and their counters;
+    `assign_logical_tables` places the TPU embedding tables.
+
+    Args:
+      model: the embedding model.
+      prefix: the checkpoint's path prefix.
+      root: the name the model is saved under in the checkpoint.
+
+    Raises:
+      AssertionError: an object restored does not match (assert_existing_objects_matched).
+    """
+    children = {k: v for k, v in tf.train.TrackableView.children(model).items() if k != "embedding_layer"}
     status = tf.train.Checkpoint(**{root: tf.train.Checkpoint(**children)}).restore(prefix)
     status.assert_existing_objects_matched()
     status.expect_partial()  # the TPU embedding layer's variables (placed through the layout instead)
 
 
 def restore_mismatches(status, exempt=(), exempt_names=()) -> List[str]:
-    """What a checkpoint restore left unmatched, in both directions: checkpoint values no object of
-    the model took ("in the checkpoint only: <path>") and the model's variables no checkpoint value
-    set ("in the model only: <name>"), apart from Keras optimizers' hyperparameters, which the
-    config sets and which only the platform whose Keras optimizer applied updates has created:
-    `exempt` variables of the model, and checkpoint values named `<...optimizer...>.<name>` for a
-    name in `exempt_names`. TF's
-    `assert_consumed` makes the same two checks (tensorflow/python/checkpoint/checkpoint.py,
-    CheckpointLoadStatus) but has no exemption and reports only the first kind it meets."""
+    """What a checkpoint restore left unmatched, in both directions.
+
+    TF's `assert_consumed` makes the same two checks (tensorflow/python/checkpoint/checkpoint.py,
+    CheckpointLoadStatus) but has no exemption and reports only the first kind it meets. The
+    exemptions are Keras optimizers' hyperparameters, which the config sets and which only the
+    platform whose Keras optimizer applied updates has created.
+
+    Args:
+      status: the load status `tf.train.Checkpoint.restore` returned.
+      exempt: variables of the model not to report.
+      exempt_names: checkpoint values named `<...optimizer...>.<name>` with one of these names are
+        not reported.
+
+    Returns:
+      One line each: "in the checkpoint only: <path>" for values no object of the model took,
+      "in the model only: <name>" for variables no checkpoint value set.
+    """
+    # Private: a load status exposes neither the checkpoint's object graph nor the objects it bound
+    # through a public API, and both directions of the check need them.
     c = status._checkpoint  # pylint: disable=protected-access
     names = checkpoint_lib.ObjectGraphProtoPrettyPrinter(c.object_graph_proto).node_names
 
@@ -133,14 +177,22 @@ def restore_mismatches(status, exempt=(), exempt_names=()) -> List[str]:
            if node.attributes and c.object_by_proto_id.get(i) is None and not hyperparameter(names[i])]
     bound = {id(o) for o in c.object_by_proto_id.values()}
     skip = {id(v) for v in exempt}
-    for obj in checkpoint_util.list_objects(status._object_graph_view):  # pylint: disable=protected-access
+    for obj in checkpoint_util.list_objects(status._object_graph_view):  # pylint: disable=protected-access  (as above)
         if isinstance(obj, tf.Variable) and id(obj) not in bound and id(obj) not in skip:
             out.append(f"in the model only: {obj.name}")
     return out
 
 
 def layout_record(layout: CheckpointLayout) -> Dict[str, Any]:
-    """What must agree for a checkpoint to be restored (B: the stacks depend on all of it)."""
+    """What must agree for a checkpoint to be restored.
+
+    Args:
+      layout: a checkpoint layout.
+
+    Returns:
+      {"kind": A or C}, or for B also num_replicas, sparse_cores_per_chip and
+      per_replica_batch_size (the stacks depend on all of them).
+    """
     if layout.kind != "B":
         return {"kind": layout.kind}
     return {"kind": "B", "num_replicas": layout.num_replicas, "sparse_cores_per_chip": layout.sparse_cores_per_chip,
@@ -148,12 +200,23 @@ def layout_record(layout: CheckpointLayout) -> Dict[str, Any]:
 
 
 def plan_signature(plan: EmbeddingPlan, layout: CheckpointLayout, cfg, dense_features: List[str]) -> Dict[str, Any]:
-    """What a training checkpoint's variables are, as far as the plan and the config decide them:
-    every table's rows, dim, placement and optimizer (its slots), the wide part (its tables), the
-    features' tables, the dense buckets, the dense network's shape and optimizer, and under layout
-    B the SparseCore stacks TF builds (their names: the tables of each, `plan_sparse_core_layouts`).
+    """What a training checkpoint's variables are, as far as the plan and the config decide them.
+
     Two runs with equal signatures build the same variables; a learning rate may change between
-    them, except where it regroups SparseCore stacks (the stacks then differ)."""
+    them, except where it regroups SparseCore stacks (the stacks then differ).
+
+    Args:
+      plan: the embedding plan.
+      layout: the run's checkpoint layout.
+      cfg: the pipeline config (its `training` section).
+      dense_features: the dense feature names.
+
+    Returns:
+      A JSON-shaped dict: every table's rows, dim, placement and optimizer (its slots) and wide
+      part, the features' tables, the dense buckets, the dense network's shape and optimizers,
+      and under layout B the SparseCore stacks TF builds ({stack name: tables},
+      `plan_sparse_core_layouts`).
+    """
     t = cfg.training
     tables = {n: {"rows": int(p.rows), "dim": int(p.dim), "placement": p.placement,
                   "optimizer": p.optimizer["name"], "wide_of": p.wide_of} for n, p in plan.tables.items()}
@@ -182,9 +245,16 @@ SIGNATURE_ORDER = ("tables", "stacks", "model", "dense_buckets", "dense_features
 
 
 def signature_differences(saved: Dict[str, Any], wanted: Dict[str, Any]) -> List[str]:
-    """What differs between a checkpoint's plan signature and this run's, one phrase each, most
-    telling first: `tables only in this run: C1__wide, C2__wide`, `tables.C1.dim 16 -> 8`,
-    `stacks only in the checkpoint: C1_C2`."""
+    """What differs between a checkpoint's plan signature and this run's.
+
+    Args:
+      saved: the checkpoint's `plan_signature`.
+      wanted: this run's.
+
+    Returns:
+      One phrase per difference, most telling section first, e.g. `tables only in this run:
+      C1__wide, C2__wide`, `tables.C1.dim 16 -> 8`, `stacks only in the checkpoint: C1_C2`.
+    """
     out: List[str] = []
 
     def walk(a: Any, b: Any, path: str) -> None:
@@ -214,7 +284,13 @@ def _summary(signature: Dict[str, Any]) -> str:
 
 
 def write_layout(state_dir: str, layout: CheckpointLayout, signature: Optional[Dict[str, Any]] = None) -> None:
-    """The state's record: its checkpoints' table layout and the plan signature they were written under."""
+    """Writes the state's record: its checkpoints' table layout and the plan signature they were written under.
+
+    Args:
+      state_dir: the training state directory (LAYOUT_FILE is written there).
+      layout: the run's checkpoint layout.
+      signature: the run's `plan_signature`, or None.
+    """
     tf.io.gfile.makedirs(state_dir)
     record = dict(layout_record(layout), embedding_api=layout.embedding_api)
     if signature is not None:
@@ -229,10 +305,20 @@ class PlanMismatch(LayoutMismatch):
 
 def check_resumable(state_dir: str, checkpoint: str, layout: CheckpointLayout,
                     signature: Optional[Dict[str, Any]] = None) -> None:
-    """Refuses to resume `checkpoint` (in `state_dir`) under another table layout than it was
-    written with, or under another plan (`signature`, when the state recorded one). A state without
-    a record was written before records existed, by a run with one variable per table (A):
-    resumable under A only."""
+    """Refuses to resume a checkpoint under another table layout or plan than it was written with.
+
+    A state without a record is taken as one variable per table (A): resumable under A only.
+
+    Args:
+      state_dir: the training state directory holding the record.
+      checkpoint: the checkpoint to resume, for the message.
+      layout: this run's checkpoint layout.
+      signature: this run's `plan_signature`; None skips the plan check (as does a record without one).
+
+    Raises:
+      LayoutMismatch: the recorded layout is not this run's.
+      PlanMismatch: the recorded plan signature is not this run's.
+    """
     path = os.path.join(state_dir, LAYOUT_FILE)
     if tf.io.gfile.exists(path):
         with tf.io.gfile.GFile(path) as fh:

@@ -15,6 +15,19 @@ from components.contracts.plan import HYPERPARAMETERS, EmbeddingPlan, PlanError
 
 
 def build_optimizer(classes: Dict[str, Any], spec: Dict[str, Any], kw: Dict[str, Any]):
+    """Instantiates the optimizer class a spec names, with the spec's hyperparameters.
+
+    Args:
+      classes: {optimizer name: class} of one implementation (Keras or TPU embedding).
+      spec: the optimizer spec: `name` and its HYPERPARAMETERS.
+      kw: further keyword arguments (learning rate, clipping, ...).
+
+    Returns:
+      The optimizer object.
+
+    Raises:
+      PlanError: the spec names an optimizer not in `classes`.
+    """
     name = spec["name"]
     if name not in classes:
         raise PlanError(f"optimizer {name!r} is not one of {', '.join(classes)}")
@@ -22,13 +35,19 @@ def build_optimizer(classes: Dict[str, Any], spec: Dict[str, Any], kw: Dict[str,
 
 
 class WarmupDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warm-up to `learning_rate`, then constant / exponential / cosine decay (ScheduleConfig)."""
+    """Linear warm-up to `learning_rate`, then constant / exponential / cosine decay (ScheduleConfig).
+
+    Args:
+      learning_rate: the rate reached at the end of the warm-up.
+      schedule: the ScheduleConfig as a dict: name, warmup_steps, decay_steps, decay_rate, alpha.
+    """
 
     def __init__(self, learning_rate: float, schedule: Dict[str, Any]):
         self.learning_rate = learning_rate
         self.schedule = dict(schedule)
 
     def __call__(self, step):
+        """The rate at `step` (a scalar, any numeric dtype): a float32 scalar."""
         sc = self.schedule
         step = tf.cast(step, tf.float32)
         lr = tf.constant(self.learning_rate, tf.float32)
@@ -43,11 +62,19 @@ class WarmupDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
         return lr
 
     def get_config(self):
+        """The constructor's arguments, for Keras serialization."""
         return {"learning_rate": self.learning_rate, "schedule": self.schedule}
 
 
 def learning_rate(spec: Dict[str, Any]):
-    """A float, or a `WarmupDecay` schedule, for an optimizer spec's learning rate and schedule."""
+    """An optimizer spec's learning rate with its schedule.
+
+    Args:
+      spec: the optimizer spec: `learning_rate` and `schedule`.
+
+    Returns:
+      A float for a constant rate without warm-up, else a `WarmupDecay`.
+    """
     sc = spec["schedule"]
     if sc["name"] == "constant" and not sc["warmup_steps"]:
         return float(spec["learning_rate"])
@@ -55,8 +82,19 @@ def learning_rate(spec: Dict[str, Any]):
 
 
 def keras_optimizer(spec: Dict[str, Any]):
-    """The Keras (legacy) optimizer for a spec: the dense optimizer on every platform (the embedding
-    optimizers, CPU and TPU, come from optimizers.py)."""
+    """The Keras (legacy) dense optimizer of a spec, the same on every platform.
+
+    The embedding optimizers, CPU and TPU, come from optimizers.py.
+
+    Args:
+      spec: the optimizer spec: name, learning rate, schedule, hyperparameters, clipping.
+
+    Returns:
+      A tf.keras.optimizers.legacy optimizer.
+
+    Raises:
+      PlanError: the spec names an unknown optimizer.
+    """
     kw: Dict[str, Any] = {"learning_rate": learning_rate(spec)}
     for k in ("clipnorm", "clipvalue"):
         if spec.get(k) is not None:
@@ -67,8 +105,19 @@ def keras_optimizer(spec: Dict[str, Any]):
 
 
 def tf_initializer(init):
-    """The Keras initializer of a plan's `Initializer`: what TableConfig gets on TPU and the
-    TensorCore and serving tables elsewhere."""
+    """The Keras initializer of a plan's `Initializer`.
+
+    TableConfig gets it on TPU, the TensorCore and serving tables elsewhere.
+
+    Args:
+      init: the plan's Initializer (name and its parameters).
+
+    Returns:
+      A tf.initializers object.
+
+    Raises:
+      ValueError: an unknown initializer name.
+    """
     if init.name == "truncated_normal":
         return tf.initializers.TruncatedNormal(mean=init.mean, stddev=init.stddev)
     if init.name == "random_normal":
@@ -81,9 +130,16 @@ def tf_initializer(init):
 
 
 def table_configs(plan: EmbeddingPlan, table_optimizers: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """name -> TableConfig for every table in the plan. `table_optimizers`: {table: TPU embedding
-    optimizer} of the tables with an optimizer of their own (TableConfig.optimizer); the others
-    take the layer's."""
+    """The TPU embedding TableConfig of every table in the plan.
+
+    Args:
+      plan: the embedding plan.
+      table_optimizers: {table: TPU embedding optimizer} of the tables with an optimizer of their
+        own (TableConfig.optimizer); the others take the layer's.
+
+    Returns:
+      {table name: tf.tpu.experimental.embedding.TableConfig}.
+    """
     table_optimizers = table_optimizers or {}
     out = {}
     for name, t in plan.tables.items():
@@ -99,8 +155,14 @@ def table_configs(plan: EmbeddingPlan, table_optimizers: Optional[Dict[str, Any]
 
 
 def gradient_multiplier(spec: Optional[Dict[str, Any]]):
-    """The embedding gradients' factor as a function of the step (`WarmupDecay` of the plan's
-    {value, schedule}), or None."""
+    """The embedding gradients' factor as a function of the step.
+
+    Args:
+      spec: the plan's {value, schedule}, or None.
+
+    Returns:
+      A `WarmupDecay` of them, or None without a spec.
+    """
     if not spec:
         return None
     return WarmupDecay(float(spec["value"]), spec["schedule"])
@@ -110,14 +172,24 @@ def feature_configs(
     plan: EmbeddingPlan, tables: Optional[Dict[str, Any]] = None, output_batch: Optional[int] = None,
     on_tpu: bool = False, table_optimizers: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
-    """feature -> FeatureConfig (shared tables are the same TableConfig object). `output_batch`:
-    the static per-replica batch a TPU step sees (FeatureConfig.output_shape).
+    """The TPU embedding FeatureConfig of every feature in the plan.
 
     `validate_weights_and_indices` (the config's use_safe_embedding_lookup) is passed as planned
     only for a TPU (`on_tpu`); elsewhere it stays on: without it TensorFlow 2.16's CPU lookups
     (tpu_embedding_for_serving.cpu_embedding_lookup -> embedding_lookup_sparse_v2, no
     num_segments) drop the trailing rows of a batch that have no IDs, and the pooled output no
-    longer has the batch's rows (tests/test_trainer.py: [63, 16] for a batch of 64)."""
+    longer has the batch's rows (tests/test_trainer.py checks the shape).
+
+    Args:
+      plan: the embedding plan.
+      tables: {table name: TableConfig}; default `table_configs(plan, table_optimizers)`.
+      output_batch: the static per-replica batch a TPU step sees (FeatureConfig.output_shape).
+      on_tpu: whether the configs are for a TPU.
+      table_optimizers: as for `table_configs`, when `tables` is not given.
+
+    Returns:
+      {feature name: FeatureConfig}; features of a shared table hold the same TableConfig object.
+    """
     tables = tables or table_configs(plan, table_optimizers)
     return {
         name: tf.tpu.experimental.embedding.FeatureConfig(
@@ -133,14 +205,30 @@ def feature_configs(
 
 
 def sequence_lengths(plan: EmbeddingPlan) -> Dict[str, int]:
-    """{feature: max_sequence_length} of the plan's sequence features (input features: a wide
-    feature reads its feature's input)."""
+    """The plan's sequence input features and their lengths.
+
+    Args:
+      plan: the embedding plan.
+
+    Returns:
+      {feature: max_sequence_length}, input features only (a wide feature reads its feature's input).
+    """
     return {n: f.max_sequence_length for n, f in plan.features.items() if f.max_sequence_length and not f.wide_of}
 
 
 def dense_id_widths(plan: EmbeddingPlan) -> Dict[str, int]:
-    """{feature: width} of the features fed as padded dense IDs (those of TensorCore tables; input
-    features only: a wide feature reads its feature's input, of the same width)."""
+    """The features fed as padded dense IDs: those of TensorCore tables.
+
+    Args:
+      plan: the embedding plan.
+
+    Returns:
+      {feature: width}, input features only (a wide feature reads its feature's input, of the
+      same width).
+
+    Raises:
+      ValueError: a TensorCore table's feature has no planned width (no max_length).
+    """
     out: Dict[str, int] = {}
     for name, f in plan.features.items():
         if plan.tables[f.table].placement != "tensor_core" or f.wide_of:

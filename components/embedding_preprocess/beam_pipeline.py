@@ -42,7 +42,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tfx_bsl.coders import example_coder
 
-from components.rows import ledger
 from components.reporting import progress
 from components.rows import row_counts
 from components.data_io import tfrecords
@@ -191,7 +190,7 @@ class _CountPerBundle(beam.DoFn):
 
     def process(self, rb: pa.RecordBatch) -> None:
         self._counter.add(rb)
-        progress.count(ledger.PREPROCESS, COUNTING, rb.num_rows)
+        progress.count(progress.PREPROCESS, COUNTING, rb.num_rows)
         if self._counter.held() > self.SPILL_VALUES:
             self._spill()
 
@@ -324,7 +323,7 @@ class _TransformBatch(beam.DoFn):
         transformed = transform_batch(self._cfg, self._lookups, rb)
         stats = batch_statistics(self._cfg, self._lookups, rb, transformed, self._split)
         out = transformed.batch
-        progress.count(ledger.PREPROCESS, transforming(self._split), rb.num_rows)
+        progress.count(progress.PREPROCESS, transforming(self._split), rb.num_rows)
         if out is not None:
             t = self._cfg.transformed_examples
             if t.format != FORMAT_BLOCKS:
@@ -530,7 +529,7 @@ def count_written_rows(path: str, split: str, block_label: Optional[str],
     its blocks; with `block_rows` too, its blocks times `block_rows`) as a statistics partial for
     the ledger (`row_counts.count_written_file`). Raises, naming the file, when it ends inside a
     record."""
-    return {partials_lib.written_rows(split): row_counts.count_written_file(path, ledger.PREPROCESS, block_label, block_rows),
+    return {partials_lib.written_rows(split): row_counts.count_written_file(path, progress.PREPROCESS, block_label, block_rows),
             partials_lib.written_files(split): 1}
 
 

@@ -318,7 +318,7 @@ def build_ledger(
         found = len(row_counts.files_in(d))
         counted = int(raw.get(partials.written_files(s), 0))
         if found != counted:
-            raise LedgerError(f"{ledger.PREPROCESS}: {d} holds {found} files, but the pipeline wrote and counted {counted}; "
+            raise LedgerError(f"{progress.PREPROCESS}: {d} holds {found} files, but the pipeline wrote and counted {counted}; "
                               "a file there was not written by this run (or was removed): clear the directory and run again")
     dropped = {s: v["examples_dropped"] for s, v in stats.splits.items()}
     stages.append(ledger.preprocess_stage(read, dropped, written, upstream))
@@ -402,11 +402,11 @@ def _announce_progress(
     """Starts the live progress (a no-op unless a local run's terminal watches): the rows each pass
     will read, where ExampleGen's ledger says."""
     expected = ((upstream_ledger or {}).get("stages") or [{}])[-1].get("rows_out") or {}
-    progress.phase(ledger.PREPROCESS, "counting the train split's values" + (
+    progress.phase(progress.PREPROCESS, "counting the train split's values" + (
         f", transforming {' and '.join(sorted(split_patterns))}" if transformed_dirs else ""))
-    progress.count(ledger.PREPROCESS, beam_pipeline.COUNTING, 0, total=expected.get("train"))
+    progress.count(progress.PREPROCESS, beam_pipeline.COUNTING, 0, total=expected.get("train"))
     for split in sorted(split_patterns) if transformed_dirs else []:
-        progress.count(ledger.PREPROCESS, beam_pipeline.transforming(split), 0, total=expected.get(split))
+        progress.count(progress.PREPROCESS, beam_pipeline.transforming(split), 0, total=expected.get(split))
 
 
 def _run_beam(
@@ -427,7 +427,7 @@ def _run_beam(
             )
     finally:  # the vocabulary pass's spilled counts, whether the run succeeded or not
         spill.delete(spill_dir)
-    progress.phase(ledger.PREPROCESS, "vocabularies written; building the statistics and the row ledger")
+    progress.phase(progress.PREPROCESS, "vocabularies written; building the statistics and the row ledger")
     partial = os.path.join(statistics_dir, beam_pipeline.STATS_FILE_PREFIX)
     raw = read_json(partial)
     FileSystems.delete([partial])

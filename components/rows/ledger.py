@@ -17,7 +17,7 @@ import json
 from typing import Any, Dict, List, Optional
 
 from components.reporting.errors import LedgerError
-from components.reporting.progress import EXAMPLE_GEN, PREPROCESS  # noqa: F401  (the stages' names, used as ledger stage names)
+from components.reporting.progress import EXAMPLE_GEN, PREPROCESS  # the stages' names are the ledger's stage names
 
 LEDGER_FILE = "ledger.json"
 LEDGER_VERSION = 1
