@@ -87,7 +87,8 @@ def _predict_in_fresh_process(model_uri, examples_path, cfg):
         import numpy as np
         import components
         import tensorflow as tf
-        from components.config import config_from_json
+        from components.config.loading import config_from_json
+        from components.contracts.manifest import VocabularyManifest
         from components.embedding_trainer import trainer_module as tm
         from components.embedding_model.input import parse_batch
         model_uri = {model_uri!r}
@@ -95,7 +96,7 @@ def _predict_in_fresh_process(model_uri, examples_path, cfg):
         cfg = config_from_json(open(sys.argv[1]).read())
         saved = tf.saved_model.load(model_uri + "/Format-Serving")
         p_saved = saved.signatures["serving_default"](examples=examples)["probabilities"].numpy()
-        manifest = tm.VocabularyManifest.from_json(open(model_uri + "/embedding_manifest.json").read())
+        manifest = VocabularyManifest.from_json(open(model_uri + "/embedding_manifest.json").read())
         model = tm.build_model(tm.read_plan(model_uri), manifest, cfg, for_training=False)
         features, _ = parse_batch(examples, manifest)
         model(features)
