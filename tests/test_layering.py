@@ -3,6 +3,7 @@
 Checked on the source (every import statement, including those inside functions), so a lazy import
 that would tie the trainer to the exporter again fails here before it ships."""
 import ast
+import functools
 import pathlib
 
 import pytest
@@ -106,6 +107,12 @@ TREE = ("components", "pipelines", "tests", "bench", "scripts")
 INIT_WITH_CODE = {"components/__init__.py", "pipelines/__init__.py"}
 
 
+@functools.lru_cache(maxsize=None)
+def _parse(path: pathlib.Path) -> ast.Module:
+    """Each file parsed once per session: several checks walk the same trees."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def _py_files(tops):
     return sorted(p for top in tops for p in (REPO / top).rglob("*.py"))
 
@@ -158,7 +165,7 @@ def import_graph():
 
     graph = {}
     for name, path in modules.items():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = _parse(path)
         edges = set()
         for node, _ in _executed_imports(tree):
             for target in _targets(node, name, path.name == "__init__.py"):
@@ -231,7 +238,7 @@ def function_level_imports_without_reason(paths):
     found = []
     for path in paths:
         lines = path.read_text().splitlines()
-        for node, in_function in _executed_imports(ast.parse("\n".join(lines), str(path))):
+        for node, in_function in _executed_imports(_parse(path)):
             if in_function and not _lazy_reason(lines, node):
                 found.append(f"{path.relative_to(REPO)}:{node.lineno}")
     return found
@@ -259,7 +266,7 @@ def test_the_reason_check_refuses_a_bare_lazy_import(tmp_path):
 def test_no_one_letter_module_aliases():
     """`import plan as P` means a different module in every file: names are spelled out."""
     found = [f"{p.relative_to(REPO)}:{node.lineno} {a.name} as {a.asname}"
-             for p in _py_files(TREE) for node, _ in _executed_imports(ast.parse(p.read_text(), str(p)))
+             for p in _py_files(TREE) for node, _ in _executed_imports(_parse(p))
              for a in node.names if a.asname and len(a.asname) == 1]
     assert found == []
 
