@@ -80,6 +80,14 @@ def read_raw_examples(file_pattern: str, limit: int) -> List[bytes]:
     return serialized_examples(file_pattern, limit)
 
 
+def _model_file(model_uri: str, name: str, what: str) -> Tuple[str, str]:
+    """(text, path) of the Model artifact's file `name`; ExportRefused, naming `what`, if it is absent."""
+    path = os.path.join(model_uri, name)
+    if not tf.io.gfile.exists(path):
+        raise ExportRefused(f"no {what} at {path}; the Model artifact is not from this trainer")
+    return io_utils.read_string_file(path), path
+
+
 def read_model_plan(model_uri: str) -> EmbeddingPlan:
     """Reads the embedding plan the Model artifact was trained with (the exporter trusts nothing else).
 
@@ -92,10 +100,7 @@ def read_model_plan(model_uri: str) -> EmbeddingPlan:
     Raises:
       ExportRefused: the artifact holds no plan.
     """
-    plan_path = os.path.join(model_uri, artifacts.PLAN_FILE)
-    if not tf.io.gfile.exists(plan_path):
-        raise ExportRefused(f"no embedding plan at {plan_path}; the Model artifact is not from this trainer")
-    return EmbeddingPlan.from_json(io_utils.read_string_file(plan_path), plan_path)
+    return EmbeddingPlan.from_json(*_model_file(model_uri, artifacts.PLAN_FILE, "embedding plan"))
 
 
 def read_model_manifest(model_uri: str) -> VocabularyManifest:
@@ -110,10 +115,7 @@ def read_model_manifest(model_uri: str) -> VocabularyManifest:
     Raises:
       ExportRefused: the artifact holds no manifest.
     """
-    path = os.path.join(model_uri, artifacts.EMBEDDING_MANIFEST_FILE)
-    if not tf.io.gfile.exists(path):
-        raise ExportRefused(f"no vocabulary manifest at {path}; the Model artifact is not from this trainer")
-    return VocabularyManifest.from_json(io_utils.read_string_file(path), path)
+    return VocabularyManifest.from_json(*_model_file(model_uri, artifacts.EMBEDDING_MANIFEST_FILE, "vocabulary manifest"))
 
 
 def saved_variable_shapes(saved_model_dir: str) -> Dict[str, List[int]]:

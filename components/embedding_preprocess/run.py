@@ -42,13 +42,6 @@ from components.rules.rulebook import DROP_INVALID_LABEL, DROP_MISSING_LABEL, KI
 from components.tfx_wiring.executor_base import read_json, write_text
 from components.config.choices import InputFormat
 
-# The artifacts' file names (contracts.artifacts), under the names callers of this module use.
-MANIFEST_FILE = artifacts.VOCABULARY_MANIFEST_FILE
-STATISTICS_FILE = artifacts.STATISTICS_FILE
-REPORT_FILE = artifacts.STATISTICS_REPORT_FILE
-EMBEDDING_MANIFEST_FILE = artifacts.EMBEDDING_MANIFEST_FILE
-EMBEDDING_STATISTICS_FILE = artifacts.EMBEDDING_STATISTICS_FILE
-
 
 def _makedirs(path: str) -> None:
     if not FileSystems.exists(path):
@@ -464,12 +457,12 @@ def _write_outputs(
 ) -> None:
     """Writes the manifest, the statistics and their HTML report, and copies of the first two
     beside the transformed examples (for the trainer)."""
-    write_text(os.path.join(vocabulary_dir, MANIFEST_FILE), manifest.to_json())
-    write_text(os.path.join(statistics_dir, STATISTICS_FILE), stats.to_json())
+    write_text(os.path.join(vocabulary_dir, artifacts.VOCABULARY_MANIFEST_FILE), manifest.to_json())
+    write_text(os.path.join(statistics_dir, artifacts.STATISTICS_FILE), stats.to_json())
     write_text(
-        os.path.join(statistics_dir, REPORT_FILE), render_html(stats.to_dict(), f"Embedding-ID statistics: {cfg.name}")
+        os.path.join(statistics_dir, artifacts.STATISTICS_REPORT_FILE), render_html(stats.to_dict(), f"Embedding-ID statistics: {cfg.name}")
     )
     if transformed_dirs:
         root = os.path.dirname(next(iter(transformed_dirs.values())).rstrip("/"))
-        write_text(os.path.join(root, EMBEDDING_STATISTICS_FILE), stats.to_json())
-        write_text(os.path.join(root, EMBEDDING_MANIFEST_FILE), manifest.to_json())
+        write_text(os.path.join(root, artifacts.EMBEDDING_STATISTICS_FILE), stats.to_json())
+        write_text(os.path.join(root, artifacts.EMBEDDING_MANIFEST_FILE), manifest.to_json())
