@@ -19,6 +19,7 @@ from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from components.data_io import tfrecords
+from components.rows import row_counts
 from components.config.loading import parse_config
 from components.embedding_preprocess import beam_pipeline
 from components.embedding_preprocess import statistics
@@ -317,6 +318,26 @@ def test_read_record_batches_and_write_transformed_examples(cfg, tmp_path):
     with BeamTestPipeline() as p:
         batches = p | beam_pipeline.ReadRecordBatches(str(tmp_path / "tx" / "*"), cfg.training.batch_size)
         assert_that(batches, check)
+
+
+def test_transformed_files_roll_over_after_their_share_of_read_batches(tmp_path):
+    """`elements_per_file` caps a file at that many elements (read batches), in the order they came:
+    each file holds one short stretch of the input, the unit the trainer reads in a new order."""
+    elements = [tfrecords.frame([b"%02d" % i]) for i in range(7)]
+    with BeamTestPipeline() as p:
+        _ = p | beam.Create(elements) | beam_pipeline.WriteTransformedExamples(str(tmp_path), "none", elements_per_file=2)
+    names = sorted(os.listdir(tmp_path))
+    contents = [[int(r) for r in row_counts.tfrecord_payloads(open(tmp_path / n, "rb"))] for n in names]
+    assert len(names) == 4 and all(n.endswith("-of-00004") for n in names), names
+    assert sorted(len(c) for c in contents) == [1, 2, 2, 2]
+    assert sorted(v for c in contents for v in c) == list(range(7))
+
+
+@pytest.mark.parametrize("rows_per_file, expected", [(0, None), (1, 1), (16_384, 1), (65_536, 4), (100_000, 6)])
+def test_elements_per_file_is_rows_per_file_in_whole_read_batches(cfg, rows_per_file, expected):
+    cfg.transformed_examples.rows_per_file = rows_per_file
+    cfg.training.batch_size = 256  # read batches of 16,384 rows
+    assert beam_pipeline.elements_per_file(cfg) == expected
 
 
 def test_read_csv_record_batches_counts_bad_rows(cfg, tmp_path):

@@ -274,3 +274,42 @@ def test_a_wide_shuffle_buffer_draws_from_the_whole_split(runs, fmt):
 
     narrow, wide = reach(1), reach(ROWS)  # 1: at least 16 batches (512 rows)
     assert narrow < 0.6 * len(order) < wide, (narrow, wide, len(order))
+
+
+def _rewritten_in_stretches(tx, split, out_dir, files):
+    """The split's records, in the order a reader of its sorted files meets them (the input's order:
+    a time-ordered split), rewritten into `files` files of consecutive records, as preprocessing
+    writes them with `transformed_examples.rows_per_file`."""
+    names = sorted(tf.io.gfile.glob(_pattern(tx, split)), key=lambda f: (os.path.basename(f).startswith(TAIL_PREFIX), f))
+    records = list(tf.data.TFRecordDataset(names).as_numpy_iterator())
+    per_file = -(-len(records) // files)
+    os.makedirs(out_dir)
+    for i in range(files):
+        with tf.io.TFRecordWriter(os.path.join(out_dir, f"{TRANSFORMED_PREFIX}-{i:05d}-of-{files:05d}")) as w:
+            for r in records[i * per_file:(i + 1) * per_file]:
+                w.write(r)
+    return str(out_dir / "*")
+
+
+@pytest.mark.slow(reason="reads a 1,500-row split three times through make_dataset, row by row in Python")
+def test_a_time_sorted_split_in_many_files_is_drawn_from_its_whole_range(runs, tmp_path):
+    """A split whose rows are sorted (by time, as logs are) and written as many files of
+    consecutive rows: the trainer reads the files in a seeded order, 16 at a time, so its first
+    two batches already hold rows from both ends of the range with the smallest shuffle buffer,
+    where the same rows in one file give only rows from its first part."""
+    cfg, tx = runs["blocks"]
+    manifest = tm.read_manifest_for([_pattern(tx, "train")])
+    one_file = _rewritten_in_stretches(tx, "train", tmp_path / "one", 1)
+    many = _rewritten_in_stretches(tx, "train", tmp_path / "many", 30)
+    position = {}  # a row's place in the sorted split (its "time")
+    for f, y in make_dataset([one_file], manifest, 32, training=False):
+        for row in _rows(f, y):
+            position.setdefault(row, len(position) / ROWS)
+
+    def first_rows(pattern):
+        ds = make_dataset([pattern], manifest, 32, training=True, seed=3, shuffle_rows=1)
+        return [position[r] for f, y in ds.take(2) for r in _rows(f, y) if r in position]
+
+    narrow, spread = first_rows(one_file), first_rows(many)
+    assert max(narrow) < 0.5, max(narrow)
+    assert min(spread) < 0.2 and max(spread) > 0.8, (min(spread), max(spread))

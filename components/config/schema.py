@@ -563,6 +563,11 @@ class TransformedExamplesConfig:
     # transformed examples row by row (StatisticsGen, Evaluator).
     format: str = "blocks"
     block_rows: int = 64
+    # At most about this many rows per file (whole read batches of about 16,384 rows each). The
+    # trainer reads the train split's files in a new seeded order every epoch, INTERLEAVE_CYCLE at
+    # a time, so smaller files let the first batches of a time-ordered split draw from across its
+    # whole range rather than from its start (bench/README.md "Input order").
+    rows_per_file: int = 65_536
 
 
 @dataclass

@@ -329,6 +329,11 @@ def _check_transformed_examples(cfg: PipelineConfig) -> None:
     if isinstance(t.block_rows, bool) or not isinstance(t.block_rows, int) or t.block_rows < 1:
         raise ConfigError(f"transformed_examples.block_rows: {t.block_rows!r} is not a whole number of rows >= 1; "
                           "64 (the default) lets a training batch mix rows from several blocks")
+    n = t.rows_per_file
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ConfigError(f"transformed_examples.rows_per_file: {n!r} is not a whole number of rows >= 0; "
+                          "65536 (the default) writes files the trainer can read in a mixed order, 0 leaves "
+                          "the file count to the Beam runner (one file per bundle)")
 
 
 def _check_beam(cfg: PipelineConfig) -> None:

@@ -83,12 +83,15 @@ class FramedTFRecordSink(filebasedsink.FileBasedSink):
     Beam's FileBasedSink does the sharding, temporary files and the final rename, exactly as for
     `WriteToTFRecord`; the compression follows the suffix (`.gz`: gzip)."""
 
-    def __init__(self, file_path_prefix: str, file_name_suffix: str = ""):
+    def __init__(self, file_path_prefix: str, file_name_suffix: str = "", max_elements_per_file: Optional[int] = None):
         super().__init__(
             file_path_prefix=file_path_prefix,
             coder=coders.BytesCoder(),
             file_name_suffix=file_name_suffix,
             mime_type="application/octet-stream",
+            # Beam's own roll-over: a bundle's writer closes its file after this many elements and
+            # opens the next; finalize_write renames them all (shards of one -NNNNN-of-NNNNN set).
+            max_records_per_shard=max_elements_per_file,
         )
 
     def write_encoded_record(self, file_handle, value: bytes) -> None:
@@ -510,17 +513,39 @@ class TransformSplit(beam.PTransform):
 
 
 class WriteTransformedExamples(beam.PTransform):
-    """Blocks of framed TFRecords -> `<directory>/<prefix>-*` files (`.gz` with gzip)."""
+    """Blocks of framed TFRecords -> `<directory>/<prefix>-*` files (`.gz` with gzip), at most
+    `elements_per_file` elements (read batches) a file when set: the train split's files are the
+    units the trainer reads in a new order each epoch, so a file must hold a short stretch of a
+    time-ordered input, not a worker's whole share of it."""
 
-    def __init__(self, directory: str, compression: str, prefix: str = TRANSFORMED_PREFIX):
+    def __init__(self, directory: str, compression: str, prefix: str = TRANSFORMED_PREFIX,
+                 elements_per_file: Optional[int] = None):
         super().__init__()
         self._prefix = os.path.join(directory, prefix)
         self._suffix = ".gz" if compression == Compression.GZIP else ""
+        self._elements_per_file = elements_per_file
 
     def expand(self, blocks):
         return blocks | "Write" >> beam.io.Write(
-            FramedTFRecordSink(self._prefix, file_name_suffix=self._suffix)
+            FramedTFRecordSink(self._prefix, file_name_suffix=self._suffix,
+                               max_elements_per_file=self._elements_per_file)
         )
+
+
+def elements_per_file(cfg: PipelineConfig) -> Optional[int]:
+    """The read batches (one element of the transform's output each) per transformed file:
+    `transformed_examples.rows_per_file` in whole read batches, at least one; None when it is 0.
+
+    Args:
+      cfg: the pipeline configuration.
+
+    Returns:
+      The elements per file, or None (the runner decides: one file per bundle).
+    """
+    rows = cfg.transformed_examples.rows_per_file
+    if not rows:
+        return None
+    return max(1, rows // read_batch_rows(cfg.training.batch_size))
 
 
 def count_written_rows(path: str, split: str, block_label: Optional[str],
@@ -630,7 +655,7 @@ def build_pipeline(
             cfg, split, vocabulary_dir, vocabularies.sizes, run_id
         )
         files = transformed.examples | f"Write[{split}]" >> WriteTransformedExamples(
-            transformed_dirs[split], cfg.transformed_examples.compression
+            transformed_dirs[split], cfg.transformed_examples.compression, elements_per_file=elements_per_file(cfg)
         )
         if cfg.transformed_examples.format == FORMAT_BLOCKS:
             # Blocks hold several rows. The whole-block files: their blocks times block_rows (the
