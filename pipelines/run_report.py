@@ -1,9 +1,11 @@
 """One static HTML page per local run: `<output_dir>/run_report.html`.
 
 Sections (each an `<h2 id=...>`, `SECTIONS`): the summary, the row ledger, the preprocessing
-statistics (a link to the statistics report preprocessing wrote, plus its headline figures), the
-training curves (from the Trainer's TensorBoard event files), eval AUC against the baseline and
-the last blessed model, export parity and compression, and warm start and drift.
+statistics (a link to the statistics report preprocessing wrote, plus its headline figures and the
+feature health warnings in words), the training curves (the loss from the Trainer's TensorBoard
+event files, beside the held-out AUC at each evaluation from its `training_run.json`), eval AUC
+against the baseline and the last blessed model, export parity and compression, and warm start
+and drift.
 
 Plain HTML with inline SVG line charts: no script, no network, no file beside it but the links to
 the run's own artifacts; it opens from a file system or a bucket alike. The charts are drawn here
@@ -13,13 +15,16 @@ from __future__ import annotations
 
 import glob
 import html
+import json
 import os
+import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from components.embedding_preprocess.health import describe_reasons
 from components.reporting.report import count_list, reasons_list
 from components.reporting.report import render as render_text
 from pipelines.pipeline import PIPELINE_ROOT
-from pipelines.summary import _latest, summary_report
+from pipelines.summary import _latest, feature_health_hints, feature_health_lines, summary_report
 
 SECTIONS = (
     ("summary", "Summary"),
@@ -37,6 +42,7 @@ h1{font-size:1.5em}h2{font-size:1.2em;border-bottom:1px solid #ccc;margin-top:2e
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left;vertical-align:top}
 th{background:#f4f4f4}.ok{color:#176317}.bad{color:#a31515;font-weight:bold}.muted{color:#777}
 pre{background:#f7f7f7;padding:.6em;overflow-x:auto}svg{background:#fcfcfc;border:1px solid #eee}
+.charts{display:flex;flex-wrap:wrap;gap:.6em}
 """
 
 
@@ -62,7 +68,8 @@ def _verdict(ok: bool, yes: str = "passed", no: str = "FAILED") -> _Raw:
     return _Raw(f'<span class="{"ok" if ok else "bad"}">{_e(yes if ok else no)}</span>')
 
 
-def line_chart(series: Dict[str, List[Tuple[float, float]]], title: str, width: int = 560, height: int = 220) -> str:
+def line_chart(series: Dict[str, List[Tuple[float, float]]], title: str, width: int = 560, height: int = 220,
+               x_label: str = "step", highlight: Optional[Tuple[float, float]] = None) -> str:
     """An SVG line chart, axes labelled with their ranges.
 
     Args:
@@ -70,6 +77,8 @@ def line_chart(series: Dict[str, List[Tuple[float, float]]], title: str, width: 
       title: the chart's title.
       width: in pixels.
       height: in pixels.
+      x_label: what the x axis counts (written beside its last value).
+      highlight: one point to ring, e.g. the checkpoint kept as the model; None for none.
 
     Returns:
       The `<svg>` element; empty when there are no points.
@@ -98,7 +107,7 @@ def line_chart(series: Dict[str, List[Tuple[float, float]]], title: str, width: 
              f'<text x="{left - 4}" y="{top + 4}" font-size="11" text-anchor="end">{y1:.4g}</text>',
              f'<text x="{left - 4}" y="{top + h}" font-size="11" text-anchor="end">{y0:.4g}</text>',
              f'<text x="{left}" y="{top + h + 16}" font-size="11">{x0:,.0f}</text>',
-             f'<text x="{left + w}" y="{top + h + 16}" font-size="11" text-anchor="end">step {x1:,.0f}</text>']
+             f'<text x="{left + w}" y="{top + h + 16}" font-size="11" text-anchor="end">{_e(x_label)} {x1:,.0f}</text>']
     for k, (name, pts) in enumerate(sorted(series.items())):
         color = colors[k % len(colors)]
         coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(p) for p in sorted(pts)))
@@ -108,6 +117,9 @@ def line_chart(series: Dict[str, List[Tuple[float, float]]], title: str, width: 
         else:
             parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{coords}"/>')
         parts.append(f'<text x="{left + w + 8}" y="{top + 14 + 16 * k}" font-size="11" fill="{color}">{_e(name)}</text>')
+    if highlight is not None:
+        x, y = xy(highlight)
+        parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="5" fill="none" stroke="#222" stroke-width="1.5"/>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -144,6 +156,39 @@ def training_curves(run_dir: Optional[str]) -> Dict[str, Dict[str, List[Tuple[fl
                 if value.size == 1 and value.dtype.kind in "fiu":
                     curves.setdefault(tag, {}).setdefault(series, []).append((ev.step, float(value.reshape(()))))
     return curves
+
+
+def holdout_evaluations(run: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The held-out evaluations of a training run, as the Trainer recorded them.
+
+    The Trainer's `training_run.json` (in its Model artifact) keeps, under `selection`, the record
+    of the held-out selection (components/embedding_trainer/selection.py): one entry per
+    evaluation with its step, AUC and log loss, the step kept as the model and where training
+    stopped. (The same evaluations reach the live progress file as `eval` events.)
+
+    Args:
+      run: the parsed `training_run.json`, or None.
+
+    Returns:
+      None when there is no run record; else {auc, log_loss: [(step, value)], best_step, best_auc,
+      stopped_at, note}, the lists empty when the selection was off (`note` then says so) or could
+      not rank models (`note` says why).
+    """
+    if run is None:
+        return None
+    selection = run.get("selection")
+    if not selection:
+        return {"auc": [], "log_loss": [], "best_step": None, "best_auc": None, "stopped_at": None,
+                "note": "training.early_stopping is off: no held-out slice, the last checkpoint is the model"}
+    evaluations = sorted(selection.get("evaluations") or [], key=lambda e: e["step"])
+    return {
+        "auc": [(e["step"], float(e["auc"])) for e in evaluations if e.get("auc") is not None],
+        "log_loss": [(e["step"], float(e["log_loss"])) for e in evaluations if e.get("log_loss") is not None],
+        "best_step": selection.get("best_step"),
+        "best_auc": selection.get("best_auc"),
+        "stopped_at": selection.get("stopped_at"),
+        "note": selection.get("note"),
+    }
 
 
 def _latest_under(root: str, pattern: str) -> Optional[str]:
@@ -207,20 +252,75 @@ def _statistics_section(summary: Dict[str, Any], root: str, here: str) -> str:
         parts.append(_table(sorted(sizes.items()), ["table", "vocabulary size"]))
     warnings = summary.get("feature_warnings") or {}
     if warnings:
-        parts.append("<p>Feature health warnings:</p>" + _table(
-            [[n, f"{w['share']:.1%}", w["status"], w["reasons"]] for n, w in sorted(warnings.items())],
-            ["feature", "unusable", "status", "reasons"]))
+        limits = summary.get("feature_health_limits") or {}
+        warn = limits.get("warn_invalid_share")
+        parts.append(f"<p>Feature health: {len(warnings)} feature{'' if len(warnings) == 1 else 's'} flagged"
+                     + (f" above input.warn_invalid_share ({warn:.0%})" if warn is not None else "") + ":</p><ul>"
+                     + "".join(f"<li>{_e(kind)}: {_e(line)}</li>" for kind, line in feature_health_lines(warnings))
+                     + "</ul><p>What to do:</p><ul>"
+                     + "".join(f"<li>{_e(h)}</li>" for h in feature_health_hints(warnings, limits)) + "</ul>")
+        parts.append(_table(
+            [[n, w.get("kind") or "", f"{w['share']:.1%}", w["status"], describe_reasons(w["reasons"], w.get("rows"))]
+             for n, w in sorted(warnings.items(), key=lambda kv: _natural(kv[0]))],
+            ["feature", "kind", "unusable", "status", "reasons"]))
     return "".join(parts) or '<p class="muted">No preprocessing statistics.</p>'
+
+
+# The loss curve shown beside the held-out AUC, by preference: per batch (its x axis is steps, as
+# the held-out evaluations'), else per epoch (Keras' epochs: one per checkpoint interval).
+_LOSS_TAGS = ("batch_loss", "epoch_loss", "loss")
+
+
+def _natural(name: str) -> tuple:
+    """Sort key: I2 before I10."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", name) if p)
 
 
 def _training_section(root: str) -> str:
     run_dir = _latest_under(root, os.path.join("Trainer", "model_run", "*"))
     curves = training_curves(run_dir)
-    text = "".join(line_chart(s, tag) for tag, s in sorted(curves.items())) or \
-        '<p class="muted">No TensorBoard events found under the Trainer\'s model_run artifact.</p>'
+    holdout = holdout_evaluations(_read_json(_latest_under(root, os.path.join("Trainer", "model", "*",
+                                                                              "training_run.json"))))
+    loss_tag = next((t for t in _LOSS_TAGS if t in curves), None)
+    pair = []
+    if loss_tag:
+        loss = dict(curves[loss_tag])
+        if holdout and holdout["log_loss"] and loss_tag != "epoch_loss":  # same x axis: steps
+            loss["held-out"] = holdout["log_loss"]
+        pair.append(line_chart(loss, f"training loss ({loss_tag})", width=460, x_label=_x_label(loss_tag)))
+    if holdout and holdout["auc"]:
+        best = next((p for p in holdout["auc"] if p[0] == holdout["best_step"]), None)
+        title = "held-out AUC" + (f" (model: step {best[0]:,}, {best[1]:.4f})" if best else "")
+        pair.append(line_chart({"held-out": holdout["auc"]}, title, width=460, highlight=best))
+    text = f'<div class="charts">{"".join(pair)}</div>' if pair else ""
+    if holdout and holdout["auc"]:
+        text += ("<p>Held-out AUC: the train split's held-out slice, scored at each evaluation; the ringed point "
+                 "is the checkpoint kept as the model"
+                 + (f"; training stopped early at step {holdout['stopped_at']:,}" if holdout["stopped_at"] else "")
+                 + ".</p>")
+    elif holdout:
+        text += f'<p class="muted">No held-out AUC curve: {_e(holdout["note"] or "no evaluation was recorded")}.</p>'
+    else:
+        text += ('<p class="muted">No held-out AUC curve: no training_run.json in the Trainer\'s model artifact '
+                 "(the run stopped before training ended).</p>")
+    text += "".join(line_chart(s, tag, x_label=_x_label(tag)) for tag, s in sorted(curves.items()) if tag != loss_tag)
+    if not curves:
+        text += '<p class="muted">No TensorBoard events found under the Trainer\'s model_run artifact.</p>'
     if run_dir:
         text += f'<p class="muted">Events: {_e(run_dir)} (open with TensorBoard for more).</p>'
     return text
+
+
+def _x_label(tag: str) -> str:
+    """Keras writes its epoch-level scalars at the epoch's number, the others at the step."""
+    return "epoch" if tag.startswith("epoch_") else "step"
+
+
+def _read_json(path: Optional[str]) -> Optional[Dict[str, Any]]:
+    if not path or not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
 
 
 def _evaluation_section(summary: Dict[str, Any]) -> str:

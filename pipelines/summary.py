@@ -2,18 +2,23 @@
 report (`summary_report`, rendered by components/reporting/report.py like every other tool's).
 
 The serving-model row names the model this run pushed, or says that none was pushed and why (the
-gate's reasons); the exit status follows from the same facts (`exit_status`).
+gate's reasons); the exit status follows from the same facts (`exit_status`). Flagged features are
+grouped where they read the same, with what to do and the config fields that decide
+(`feature_health_lines`, `feature_health_hints`); rows wrap at `SUMMARY_WIDTH` columns.
 """
 from __future__ import annotations
 
 import glob
 import json
+import math
 import os
-from typing import Any, Dict, Optional
+import re
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from components.config.schema import PipelineConfig
 from components.model_registry.registry import RegistryError, lookup
-from components.reporting.report import Report, count_list, reasons_list
+from components.embedding_preprocess.health import VALUE_PREFIX, reason_words
+from components.reporting.report import LABEL_WIDTH, Report, count_list, reasons_list
 from pipelines.pipeline import PIPELINE_ROOT, SERVING_DIR
 
 # Exit statuses of `python -m pipelines run` (and demo, continuous): README "Your own data".
@@ -21,6 +26,9 @@ EXIT_PUSHED = 0  # the run worked and pushed its model
 EXIT_FAILED = 1  # a component failed
 EXIT_BAD_INPUT = 2  # bad configuration or input path: nothing ran
 EXIT_NOT_PUSHED = 3  # the run worked, but the validation gate kept the model back
+
+# The summary's widest line: rows wrap to it (`wrap_rows`), so a terminal never scrolls sideways.
+SUMMARY_WIDTH = 100
 
 
 def _latest(pattern: str) -> Optional[str]:
@@ -69,12 +77,18 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
     # TFX's Evaluator's blessing (evaluator.enabled): its BLESSED / NOT_BLESSED file
     blessing = _latest(os.path.join(root, "Evaluator", "blessing", "*", "*BLESSED")) if cfg.evaluator.enabled else None
     health = (stats or {}).get("feature_health") or {}
+    fill_values = {d.name: d.fill_value for d in cfg.dense_features}
     return {
         "ledger": (stats or {}).get("ledger"),
         "feature_warnings": {
-            n: {"share": e["share"], "status": e["status"], "reasons": {k: v for k, v in e["reasons"].items() if v}}
+            n: {"share": e["share"], "status": e["status"], "reasons": {k: v for k, v in e["reasons"].items() if v},
+                "kind": e.get("kind"), "unusable_rows": e.get("unusable_rows"), "rows": health.get("rows"),
+                **({"fill_value": fill_values[n]} if n in fill_values else {})}
             for n, e in health.get("features", {}).items() if e["status"] != "ok"
         },
+        # the limits the warnings were drawn with (input.warn_invalid_share, input.max_invalid_share)
+        "feature_health_limits": {k: health.get(k) for k in ("rows", "warn_invalid_share", "max_invalid_share")}
+        if health else None,
         "input": {"span": gen_stage.get("span"), "files": len(gen_stage.get("files", []))} if gen else None,
         # What the push destination serves now (its model registry), and whether this run pushed it.
         "serving_model": served["model"] if served else None,
@@ -314,6 +328,185 @@ def continuous_rows(r: Report, c: Optional[Dict[str, Any]]) -> None:
         r.add("drift", f"partly unknown: {d['unknown']}")
 
 
+def name_ranges(names: Iterable[str]) -> str:
+    """Feature names in natural order, runs of three or more numbered alike shortened to `first..last`.
+
+    Args:
+      names: feature names.
+
+    Returns:
+      E.g. I1..I13 for I1, I2, ..., I13, and "C2, C6, C16..C18" for C18, C2, C16, C6, C17.
+    """
+    def split(name: str) -> Tuple[str, Optional[int]]:
+        m = re.fullmatch(r"(.*?)(\d+)", name)
+        return (m.group(1), int(m.group(2))) if m else (name, None)
+
+    ordered = sorted(set(names), key=lambda n: (split(n)[0], split(n)[1] is not None, split(n)[1] or 0, n))
+    runs: List[List[str]] = []
+    for name in ordered:
+        prefix, number = split(name)
+        if runs and number is not None:
+            last_prefix, last_number = split(runs[-1][-1])
+            if last_prefix == prefix and last_number is not None and number == last_number + 1:
+                runs[-1].append(name)
+                continue
+        runs.append([name])
+    parts: List[str] = []
+    for run in runs:
+        parts += [f"{run[0]}..{run[-1]}"] if len(run) >= 3 else run
+    return ", ".join(parts)
+
+
+def _warning_kind(w: Dict[str, Any]) -> str:
+    """dense or categorical (a summary written before entries carried their kind: from the reasons)."""
+    if w.get("kind"):
+        return w["kind"]
+    return "categorical" if any(k == "rows_without_a_valid_value" or k.startswith(VALUE_PREFIX)
+                                for k in w.get("reasons") or {}) else "dense"
+
+
+def _share_label(share: float) -> str:
+    return f"{share:.0%}" if share >= 0.01 else f"{share:.1%}"
+
+
+def feature_health_groups(warnings: Dict[str, Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Groups flagged features that read the same: kind, status, share to the percent, reasons.
+
+    Args:
+      warnings: the summary's `feature_warnings` (feature -> share, status, reasons, kind).
+
+    Returns:
+      One dict per group, largest first: kind, status, share (its label: "10%"; one decimal for a
+      lone feature), row_reasons (largest first) and value_reasons (keys of `reasons`), names.
+    """
+    groups: Dict[tuple, Dict[str, Any]] = {}
+    for name, w in warnings.items():
+        reasons = w.get("reasons") or {}
+        row_keys = tuple(sorted((k for k, v in reasons.items() if v and not k.startswith(VALUE_PREFIX)),
+                                key=lambda k: -reasons[k]))
+        value_keys = tuple(sorted(k for k, v in reasons.items() if v and k.startswith(VALUE_PREFIX)))
+        key = (_warning_kind(w), w["status"], _share_label(w["share"]), row_keys, value_keys)
+        g = groups.setdefault(key, {"kind": key[0], "status": key[1], "share": key[2], "row_reasons": row_keys,
+                                    "value_reasons": value_keys, "names": [], "shares": []})
+        g["names"].append(name)
+        g["shares"].append(w["share"])
+    out = []
+    for g in groups.values():
+        if len(g["names"]) == 1:
+            g["share"] = f"{g['shares'][0]:.1%}"
+        out.append(g)
+    return sorted(out, key=lambda g: (-len(g["names"]), g["kind"], g["share"], g["names"]))
+
+
+def feature_health_lines(warnings: Dict[str, Dict[str, Any]]) -> List[Tuple[str, str]]:
+    """The flagged features in groups that read the same, one line each.
+
+    Args:
+      warnings: the summary's `feature_warnings`.
+
+    Returns:
+      (kind, text) per group, e.g. ("dense", "13 features: 10% of rows missing (I1..I13)").
+    """
+    lines = []
+    for g in feature_health_groups(warnings):
+        n = len(g["names"])
+        what = " or ".join(reason_words(k) for k in g["row_reasons"]) or "unusable"
+        line = f"{n} feature{'' if n == 1 else 's'}: {g['share']} of rows {what}"
+        if g["value_reasons"]:
+            line += "; values dropped as " + ", ".join(reason_words(k) for k in g["value_reasons"])
+        line += f" ({name_ranges(g['names'])})"
+        if g["status"] == "allowed":
+            line += ": above input.max_invalid_share, allowed by input.allow_invalid"
+        elif g["status"] == "stop":
+            line += ": above input.max_invalid_share, the run stops"
+        lines.append((g["kind"], line))
+    return lines
+
+
+def feature_health_hints(warnings: Dict[str, Dict[str, Any]], limits: Optional[Dict[str, Any]] = None) -> List[str]:
+    """What a user can do about the flagged features, naming the config fields that decide.
+
+    Args:
+      warnings: the summary's `feature_warnings`.
+      limits: the summary's `feature_health_limits` (warn_invalid_share, max_invalid_share), or None.
+
+    Returns:
+      One sentence per kind of problem: dense values missing (their fill_value), dense values
+      invalid, categorical rows without a valid value, then the warning threshold.
+    """
+    limits = limits or {}
+    hints = []
+    dense = {n: w for n, w in warnings.items() if _warning_kind(w) == "dense"}
+    missing = [n for n, w in dense.items() if (w.get("reasons") or {}).get("missing")]
+    if missing:
+        by_value: Dict[float, List[str]] = {}
+        for n in missing:
+            if dense[n].get("fill_value") is not None:
+                by_value.setdefault(float(dense[n]["fill_value"]), []).append(n)
+        now = "; ".join(f"{v} for {name_ranges(names)}" if len(by_value) > 1 else str(v)
+                        for v, names in sorted(by_value.items()))
+        hints.append("missing dense values are replaced by dense_features[].fill_value"
+                     + (f" (now {now})" if now else "") + ": make sure it is a value the model cannot mistake "
+                     "for real data, or fill the gaps at the source")
+    found = {k for w in dense.values() for k, v in (w.get("reasons") or {}).items() if v}
+    invalid = sorted(found - {"missing", "multi_valued_dense"})
+    if invalid:
+        hints.append("dense rows " + " or ".join(reason_words(k) for k in invalid)
+                     + " get the fill_value too: check the source column's values")
+    if "multi_valued_dense" in found:
+        hints.append("dense rows with several values keep the first: store one value per row")
+    if any(_warning_kind(w) == "categorical" for w in warnings.values()):
+        hints.append("a categorical feature's rows without a valid value pool to a zero vector: check the "
+                     "source column for empty cells, or for the values statistics.html counts as invalid")
+    warn, stop = limits.get("warn_invalid_share"), limits.get("max_invalid_share")
+    highest = max((w["share"] for w in warnings.values()), default=0.0)
+    enough = math.ceil(highest * 100) / 100  # the whole percent that flags none of these
+    quiet = f": {enough:.0%} quiets all of these" if stop is None or enough < stop else ""
+    hints.append("if this much is expected, raise input.warn_invalid_share"
+                 + (f" (now {warn:.0%})" if warn is not None else "") + quiet + "; above input.max_invalid_share"
+                 + (f" ({stop:.0%})" if stop is not None else "")
+                 + " the run stops unless the feature is listed in input.allow_invalid")
+    return hints
+
+
+def wrap_rows(report: Report, width: int = SUMMARY_WIDTH) -> Report:
+    """Wraps each row's text so that no rendered line is wider than `width` (a word longer than
+    the room, such as a path, keeps a line of its own); continuation lines align under the text.
+
+    Args:
+      report: the report; its rows are replaced.
+      width: the widest line, in characters.
+
+    Returns:
+      The same report.
+    """
+    rows = []
+    for indent, label, text in report.rows:
+        head = f"{'  ' * indent}{label}:" if label else "  " * indent
+        first = width - max(LABEL_WIDTH, len(head) + 1)
+        lines = _wrap(text, max(first, 20), width - LABEL_WIDTH)
+        rows.append((indent, label, lines[0]))
+        rows += [(indent, "", line) for line in lines[1:]]
+    report.rows = rows
+    return report
+
+
+def _wrap(text: str, first: int, rest: int) -> List[str]:
+    """Greedy word wrap: the first line `first` characters wide, the others `rest`."""
+    lines: List[str] = []
+    for paragraph in text.split("\n"):
+        line = ""
+        for word in paragraph.split(" "):
+            room = first if not lines else rest
+            if line and len(line) + 1 + len(word) > room:
+                lines.append(line)
+                line = word
+            else:
+                line = f"{line} {word}" if line else word
+        lines.append(line)
+    return lines
+
+
 def summary_report(s: Dict[str, Any]) -> Report:
     """The pipeline summary as a Report.
 
@@ -339,7 +532,7 @@ def summary_report(s: Dict[str, Any]) -> Report:
         r.add("run report", s["report_html"])
     if s.get("seconds") is not None:
         r.add("took", f"{s['seconds']:.0f}s")
-    return r
+    return wrap_rows(r)
 
 
 def _input_rows(r: Report, s: Dict[str, Any]) -> None:
@@ -358,8 +551,15 @@ def _input_rows(r: Report, s: Dict[str, Any]) -> None:
               f"in {count_list(rows_in) if isinstance(rows_in, dict) else f'{rows_in:,}'}{extra}; "
               f"out {count_list(stage['rows_out'])} ({verdict})")
     if s.get("feature_warnings"):
-        r.add("feature health", ", ".join(
-            f"{n} {w['share']:.1%} unusable ({w['status']})" for n, w in sorted(s["feature_warnings"].items())))
+        warnings = s["feature_warnings"]
+        limits = s.get("feature_health_limits") or {}
+        above = f" above input.warn_invalid_share ({limits['warn_invalid_share']:.0%})" \
+            if limits.get("warn_invalid_share") is not None else ""
+        r.add("feature health", f"{len(warnings)} feature{'' if len(warnings) == 1 else 's'} flagged{above}")
+        for kind, line in feature_health_lines(warnings):
+            r.sub(kind, line)
+        for hint in feature_health_hints(warnings, limits):
+            r.sub("what to do", hint)
     if s.get("vocabulary_sizes"):
         sizes = s["vocabulary_sizes"]
         r.add("vocabularies", f"{len(sizes)} tables, {sum(sizes.values()):,} entries in all")

@@ -149,13 +149,25 @@ REFUSED = dict(PUSHED, serving_model="/o/serving/1", pushed_by_this_run=False, s
                            "checks": [{"name": "baseline", "passed": False, "reason": "AUC 0.70 < 0.76"}]})
 
 
+def _unwrapped(text):
+    """The summary's rows as one line each: a wrapped row's continuation lines (text alone, under
+    the text column) joined back onto it."""
+    lines = []
+    for line in text.splitlines():
+        if lines and line.startswith(" " * 22) and line[22:23] != " ":
+            lines[-1] += " " + line.strip()
+        else:
+            lines.append(line)
+    return "\n".join(lines)
+
+
 def test_summary_names_this_runs_model_or_why_none_was_pushed():
     text = render(summary_lib.summary_report(PUSHED))
     assert "serving model:        /o/serving/2 (pushed by this run)" in text
     assert "rows read:            eval 25, train 75 (dropped: train/missing_label 2)" in text
     assert "ledger EmbeddingExampleGen: in 102; dropped missing_label 2; out eval 25, train 75 (adds up)" in text
     assert "{" not in text  # no dict reprs
-    text = render(summary_lib.summary_report(REFUSED))
+    text = _unwrapped(render(summary_lib.summary_report(REFUSED)))
     assert ("serving model:        none pushed: the validation gate kept the model back: "
             "AUC 0.70 is below the baseline's 0.75 + 0.01") in text
     assert "  still served:       /o/serving/1" in text  # the earlier push, named as such
@@ -249,6 +261,16 @@ def test_run_report_has_every_section_and_the_training_curves(tmp_path):
             for step, v in enumerate(values):
                 tf.summary.scalar("epoch_loss", v, step=step * 100)
         w.close()
+    w = tf.summary.create_file_writer(str(run_dir / "train"))
+    with w.as_default():
+        for step, v in ((100, 0.69), (200, 0.62)):
+            tf.summary.scalar("batch_loss", v, step=step)
+    w.close()
+    model = out / "pipeline_root" / "Trainer" / "model" / "5"
+    model.mkdir(parents=True)
+    (model / "training_run.json").write_text(json.dumps({"selection": {
+        "evaluations": [{"step": 100, "auc": 0.7, "log_loss": 0.66}, {"step": 200, "auc": 0.72, "log_loss": 0.63}],
+        "best_step": 200, "best_auc": 0.72, "stopped_at": None, "note": None}}))
     stats = out / "pipeline_root" / "EmbeddingPreprocess" / "statistics" / "3"
     stats.mkdir(parents=True)
     (stats / "statistics.html").write_text("<html></html>")
@@ -269,7 +291,10 @@ def test_run_report_has_every_section_and_the_training_curves(tmp_path):
     parsed.feed(page)
     parsed.close()
     assert parsed.ids == [k for k, _ in SECTIONS]
-    assert parsed.svgs == 1 and "epoch_loss" in page and "validation" in page
+    assert parsed.svgs == 3 and "epoch_loss" in page and "validation" in page
+    # the loss per batch (with the held-out log loss on the same steps) beside the held-out AUC
+    pair = page[page.index('<div class="charts">'):page.index("</div>", page.index('<div class="charts">'))]
+    assert pair.count("<svg") == 2 and "training loss (batch_loss)" in pair and "held-out AUC (model: step 200" in pair
     assert "pipeline_root/EmbeddingPreprocess/statistics/3/statistics.html" in parsed.links
     assert "0.7900" in page and "0.7500" in page  # the last blessed model's and the baseline's AUC
     assert "rows carried" in page and "new token share" in page
@@ -293,14 +318,114 @@ def test_a_refusal_says_how_far_the_model_was_and_what_to_try():
     # the default length at 16,000 rows, 15 epochs, over the 14,400 rows trained on (16,000 less
     # the held-out tenth) / 256
     assert s["training"]["epochs"] == 1.6 and s["training"]["default_steps"] == 844
-    text = render(summary_lib.summary_report(s))
+    text = _unwrapped(render(summary_lib.summary_report(s)))
     assert ("  what to try:        the model's eval AUC 0.7000 is 0.0400 short of what the baseline check asks "
             "(0.7500 - margin 0.01)") in text
     assert ("  what to try:        trained 100 steps, 1.6 epochs of 16,000 train rows; the defaults would train "
             "844 steps (15 epochs): unset training.train_steps, or raise it") in text
     s["training"] = summary_lib.training_length(cfg, {"final_step": 900}, {"splits": {"train": {"examples_written": 16_000}}})
-    assert "more epochs (training.epochs)" in render(summary_lib.summary_report(s))
+    assert "more epochs (training.epochs)" in _unwrapped(render(summary_lib.summary_report(s)))
     stopped = {"final_step": 160, "model_step": 100, "selection": {"stopped_at": 160, "best_auc": 0.71, "best_step": 100}}
     s["training"] = summary_lib.training_length(cfg, stopped, {"splits": {"train": {"examples_written": 16_000}}})
     assert ("trained 160 steps, 2.56 epochs of 16,000 train rows: stopped early, the held-out slice of the train "
-            "split peaked at step 100 (AUC 0.7100)") in render(summary_lib.summary_report(s))
+            "split peaked at step 100 (AUC 0.7100)") in _unwrapped(render(summary_lib.summary_report(s)))
+
+
+# ---- feature health in words, grouped; the summary's width -------------------------------------
+
+
+def test_health_reasons_read_as_words():
+    """One wording for a feature's reasons: rows with their share, dropped values by count."""
+    from components.embedding_preprocess.health import describe_reasons
+
+    assert describe_reasons({"missing": 30105}, 301050) == "30,105 rows missing (10.0%)"
+    assert describe_reasons({"not_numeric": 270, "missing": 29, "nan": 0}, 299) == (
+        "270 rows not a number (90.3%), 29 rows missing (9.7%)")
+    assert describe_reasons({"rows_without_a_valid_value": 1, "invalid_values/not_utf8": 12}, 4) == (
+        "1 row without a valid value (25.0%), 12 values not UTF-8 text")
+    assert describe_reasons({"missing": 5}) == "5 rows missing"  # no rows: no share
+    assert describe_reasons({"missing": 0}, 10) == "none"
+
+
+def test_every_invalid_reason_of_the_rulebook_has_words():
+    from components.embedding_preprocess import health
+    from components.rules import rulebook
+
+    reasons = {v for k, v in vars(rulebook).items() if k.startswith("INVALID_")}
+    assert reasons <= set(health.ROW_REASONS) | set(health.VALUE_REASONS)
+
+
+def _warnings():
+    """The embedded demo's warnings, by hand: 13 dense features 10% missing, 11 categorical 5% without a value."""
+    dense = {f"I{k}": {"kind": "dense", "share": 0.1 + k / 10_000, "status": "warn", "reasons": {"missing": 1000 + k},
+                       "rows": 10_000, "fill_value": -2.0 if k == 2 else -1.0} for k in range(1, 14)}
+    cat = {f"C{k}": {"kind": "categorical", "share": 0.0505, "status": "warn", "rows": 10_000,
+                     "reasons": {"rows_without_a_valid_value": 505}} for k in (2, 6, 9, 14, 16, 17, 18, 20, 22, 23, 24)}
+    return {**dense, **cat}
+
+
+def test_name_ranges_shorten_numbered_runs():
+    assert summary_lib.name_ranges([f"I{k}" for k in range(13, 0, -1)]) == "I1..I13"
+    assert summary_lib.name_ranges(["C18", "C2", "C16", "C6", "C17", "C7", "x"]) == "C2, C6, C7, C16..C18, x"
+
+
+def test_summary_groups_the_feature_warnings_and_says_what_to_do():
+    s = {"feature_warnings": _warnings(),
+         "feature_health_limits": {"rows": 10_000, "warn_invalid_share": 0.05, "max_invalid_share": 0.5}}
+    text = _unwrapped(render(summary_lib.summary_report(s)))
+    lines = text.splitlines()
+    start = lines.index("feature health:       24 features flagged above input.warn_invalid_share (5%)")
+    assert lines[start + 1:start + 6] == [
+        "  dense:              13 features: 10% of rows missing (I1..I13)",
+        "  categorical:        11 features: 5% of rows without a valid value (C2, C6, C9, C14, C16..C18, C20, "
+        "C22..C24)",
+        "  what to do:         missing dense values are replaced by dense_features[].fill_value (now -2.0 for I2; "
+        "-1.0 for I1, I3..I13): make sure it is a value the model cannot mistake for real data, or fill the gaps "
+        "at the source",
+        "  what to do:         a categorical feature's rows without a valid value pool to a zero vector: check the "
+        "source column for empty cells, or for the values statistics.html counts as invalid",
+        "  what to do:         if this much is expected, raise input.warn_invalid_share (now 5%): 11% quiets all "
+        "of these; above input.max_invalid_share (50%) the run stops unless the feature is listed in "
+        "input.allow_invalid",
+    ]
+    # a lone feature keeps its own share; invalid values and an allowed stop say so
+    alone = {"T1": {"kind": "dense", "share": 0.9, "status": "allowed", "rows": 10,
+                    "reasons": {"not_numeric": 8, "missing": 1}, "fill_value": 0.0}}
+    assert summary_lib.feature_health_lines(alone) == [
+        ("dense", "1 feature: 90.0% of rows not a number or missing (T1): above input.max_invalid_share, allowed "
+                  "by input.allow_invalid")]
+    assert "dense rows not a number get the fill_value too" in " ".join(summary_lib.feature_health_hints(alone))
+
+
+def test_summary_lines_wrap_at_100_columns_under_the_text():
+    path = "/o/" + "x" * 120  # longer than a line: kept whole
+    s = dict(PUSHED, serving_model=path, feature_warnings=_warnings(),
+             vocabulary_sizes={f"C{k}": 1000 * k for k in range(40)})
+    lines = render(summary_lib.summary_report(s)).splitlines()
+    assert max(len(x) for x in lines if path not in x) <= summary_lib.SUMMARY_WIDTH
+    assert f"serving model:        {path}" in lines
+    vocab = lines.index("vocabularies:         40 tables, 780,000 entries in all")
+    assert lines[vocab + 1].startswith(" " * 22 + "C0=0, C1=1,000") and lines[vocab + 2].startswith(" " * 22 + "C")
+
+
+def test_run_report_shows_the_held_out_auc_and_health_in_words(tmp_path):
+    """The held-out evaluations the Trainer recorded in training_run.json (no TensorBoard events
+    here): the AUC chart with the kept checkpoint ringed; the health table in words."""
+    from pipelines.run_report import holdout_evaluations, write_run_report
+
+    out = tmp_path / "run"
+    model = out / "pipeline_root" / "Trainer" / "model" / "4"
+    model.mkdir(parents=True)
+    selection = {"evaluations": [{"step": s, "auc": a, "log_loss": 0.5, "examples": 9}
+                                 for s, a in ((100, 0.70), (200, 0.71), (300, 0.705))],
+                 "best_step": 200, "best_auc": 0.71, "stopped_at": 300, "note": None}
+    (model / "training_run.json").write_text(json.dumps({"final_step": 300, "selection": selection}))
+    summary = dict(PUSHED, feature_warnings={"I1": _warnings()["I1"]})
+    page = open(write_run_report(summary, str(out), str(out / "r.html"))).read()
+    parsed = _Sections()
+    parsed.feed(page)
+    assert parsed.svgs == 1 and "held-out AUC (model: step 200, 0.7100)" in page
+    assert '<circle cx="' in page and "training stopped early at step 300" in page
+    assert "1,001 rows missing (10.0%)" in page and "{&#x27;missing" not in page
+    assert holdout_evaluations({"final_step": 5, "selection": None})["note"].startswith("training.early_stopping is off")
+    assert holdout_evaluations(None) is None

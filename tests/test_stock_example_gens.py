@@ -373,7 +373,7 @@ def test_the_health_stop_line_carries_each_column_note():
     with pytest.raises(FeatureHealthError) as stopped:
         check_health(health)
     assert str(stopped.value) == (
-        "feature health: I9 (dense): 100.0% of 299 train rows unusable (missing 299; column 'I9' holds no value "
-        "in any example); T1 (dense): 100.0% of 299 train rows unusable (not_numeric 270, missing 29; the examples "
-        "store column 'T1' as text (bytes)); above input.max_invalid_share 50%. Fix the column, or list the "
-        "feature under input.allow_invalid")
+        "feature health: I9 (dense): 100.0% of 299 train rows unusable (299 rows missing; column 'I9' holds no "
+        "value in any example); T1 (dense): 100.0% of 299 train rows unusable (270 rows not a number, 29 rows "
+        "missing; the examples store column 'T1' as text (bytes)); above input.max_invalid_share 50%. Fix the "
+        "column, or list the feature under input.allow_invalid")

@@ -4,6 +4,9 @@ A dense feature's row is unusable when its value is missing or invalid (not nume
 infinite, several values); a categorical feature's when no valid token is left (missing, or every
 token invalid). Above `input.max_invalid_share` the run stops before training (unless the feature
 is in `input.allow_invalid`); above `input.warn_invalid_share` the feature is flagged. Pure Python.
+
+`describe_reasons` says a feature's reasons in words ("30,105 rows missing (10.0%)"): the stop line
+here, the pipeline's summary and its run report all show them through it.
 """
 from __future__ import annotations
 
@@ -14,6 +17,68 @@ from components.contracts.statistics import EmbeddingStatistics
 from components.reporting.errors import FeatureHealthError
 
 OK, WARN, STOP, ALLOWED = "ok", "warn", "stop", "allowed"
+
+# The reasons of a feature's entry (`reasons`) that count rows, in words: "<n> rows <words>". A
+# dense feature's invalid reasons are the rulebook's (D1, D3, D5), each row counted once.
+ROW_REASONS = {
+    "missing": "missing",
+    "rows_without_a_valid_value": "without a valid value",
+    "not_numeric": "not a number",
+    "nan": "NaN",
+    "infinite": "infinite or beyond float32",
+    "multi_valued_dense": "with several values",
+}
+# A categorical feature's reasons `invalid_values/<reason>` count values (tokens) dropped, by the
+# rulebook's reason (T2-T6, J2-J3, V4, W1), in words: "<n> values <words>".
+VALUE_PREFIX = "invalid_values/"
+VALUE_REASONS = {
+    "not_utf8": "not UTF-8 text",
+    "line_break": "holding a line break",
+    "float_in_categorical": "floats in a categorical column",
+    "negative_int": "negative integers",
+    "not_integer": "not integers",
+    "out_of_range": "out of the ID range",
+    "invalid_weight": "with a missing or invalid weight",
+    "not_an_id": "not an ID",
+}
+
+
+def reason_words(reason: str) -> str:
+    """One reason of a feature's entry in words, without its count.
+
+    Args:
+      reason: a key of the entry's `reasons` (`missing`, `invalid_values/not_utf8`, ...).
+
+    Returns:
+      E.g. "missing", "not a number", "not UTF-8 text"; an unknown key with its underscores as spaces.
+    """
+    if reason.startswith(VALUE_PREFIX):
+        key = reason[len(VALUE_PREFIX):]
+        return VALUE_REASONS.get(key, key.replace("_", " "))
+    return ROW_REASONS.get(reason, reason.replace("_", " "))
+
+
+def describe_reasons(reasons: Mapping[str, Any], rows: Optional[int] = None) -> str:
+    """A feature's unusable rows by reason, in words: the one wording every report uses.
+
+    Args:
+      reasons: the entry's `reasons` (reason -> count); zero counts are left out.
+      rows: the rows the shares are of (the split's rows); None gives counts without shares.
+
+    Returns:
+      E.g. "30,105 rows missing (10.0%)" or "15,152 rows without a valid value (5.1%), 12 values
+      not UTF-8 text"; "none" when every count is zero.
+    """
+    parts = []
+    for reason, n in reasons.items():
+        if not n:
+            continue
+        if reason.startswith(VALUE_PREFIX):
+            parts.append(f"{n:,} value{'' if n == 1 else 's'} {reason_words(reason)}")
+        else:
+            share = f" ({n / rows:.1%})" if rows else ""
+            parts.append(f"{n:,} row{'' if n == 1 else 's'} {reason_words(reason)}{share}")
+    return ", ".join(parts) if parts else "none"
 
 
 def feature_health(
@@ -78,7 +143,7 @@ def check_health(health: Dict[str, Any]) -> None:
     parts: List[str] = []
     for name in health["stopped"]:
         e = health["features"][name]
-        reasons = ", ".join(f"{k} {v:,}" for k, v in e["reasons"].items() if v)
+        reasons = describe_reasons(e["reasons"])  # the share of all of them is said before
         if e.get("not_numeric_at_ingestion_all_splits"):
             reasons += f"; {e['not_numeric_at_ingestion_all_splits']:,} cells were not numbers at ingestion (all splits)"
         if e.get("column"):

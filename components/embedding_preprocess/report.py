@@ -11,6 +11,8 @@ import html
 import math
 from typing import Optional, Any, Dict, List, Sequence, Tuple
 
+from components.embedding_preprocess.health import describe_reasons
+
 W, H, PAD = 360, 160, 30
 
 
@@ -279,6 +281,6 @@ def health_html(health: Optional[Dict[str, Any]]) -> List[str]:
     if not flagged:
         return [head, "<p>No feature above the warning level.</p>"]
     rows = [[n, e["kind"], f"{e['share']:.1%}", e["status"].upper(),
-             ", ".join(f"{k} {v:,}" for k, v in e["reasons"].items() if v) + (f"; {e['column']}" if e.get("column") else "")]
+             describe_reasons(e["reasons"], health["rows"]) + (f"; {e['column']}" if e.get("column") else "")]
             for n, e in flagged]
     return [head, _table(["feature", "kind", "unusable share", "status", "reasons"], rows)]
