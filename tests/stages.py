@@ -375,3 +375,22 @@ def run_demo_pipeline(root):
     cfg = load_config(str(cfg_path))
     summary = run(cfg, str(root / "out")).summary
     return cfg, root / "out", summary, meta
+
+
+# ---- input in the order a new user's logs come in (tests/test_ordered_input.py) ------------------
+
+def write_sorted_by_label(path, rows, seed=5):
+    """Generated demo rows written to the CSV `path` sorted by label (every 0 first, then every 1):
+    the first rows of each split hold one class. Returns (rows, positives)."""
+    from components.example_gen.synthetic_data import GeneratorSpec, write_csv
+
+    unsorted = str(path) + ".unsorted"
+    write_csv(GeneratorSpec(rows=rows, seed=seed), unsorted)
+    with open(unsorted, encoding="utf-8") as fh:
+        header, *body = fh.read().splitlines()
+    os.remove(unsorted), os.remove(unsorted + ".meta.json")
+    label = header.split(",").index("label")
+    body.sort(key=lambda line: line.split(",")[label])
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write("\n".join([header, *body]) + "\n")
+    return len(body), sum(line.split(",")[label] == "1" for line in body)

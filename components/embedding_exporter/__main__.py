@@ -129,11 +129,16 @@ def export_summary(report, output: str) -> Report:
     r.add("parity", f"{'passed' if p['passed'] else 'FAILED'}: max |trained - serving| = {p['max_abs_diff']:.2e} "
                     f"on {p['examples']} raw eval examples (tolerance {p['tolerance']:g})")
     auc = report["eval_auc"]
-    r.add("eval AUC", f"serving {auc['serving']:.4f}, trained model {auc['trained_model']:.4f} "
-                      f"on {auc['examples']:,} eval rows")
+    if auc.get("serving") is not None and auc.get("trained_model") is not None:
+        r.add("eval AUC", f"serving {auc['serving']:.4f}, trained model {auc['trained_model']:.4f} "
+                          f"on {auc['examples']:,} eval rows")
+    else:  # undefined on the sample, e.g. one label only: the reason instead of a NaN
+        r.add("eval AUC", f"{auc.get('undefined') or 'undefined'} ({auc['examples']:,} eval rows)")
     for dtype, c in sorted((report.get("compression") or {}).items()):
         if "table_bytes" in c:
-            r.sub(dtype, f"{c['table_bytes'] / 1e6:.1f} MB of tables, AUC {c.get('auc_change', 0):+.1e}")
+            change = c.get("auc_change", 0)
+            r.sub(dtype, f"{c['table_bytes'] / 1e6:.1f} MB of tables, AUC "
+                         + (f"{change:+.1e}" if change is not None else c.get("auc_undefined") or "change undefined"))
     r.add("report", os.path.join(output, "export_report.json"))
     return r
 

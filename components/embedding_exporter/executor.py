@@ -17,6 +17,7 @@ from components.model_registry import registry
 
 from components.embedding_exporter.export import export_serving_model
 from components.tfx_wiring.executor_base import config_of, upstream_ledger
+from components.tfx_wiring.metric_properties import set_metric_property
 
 MODEL_KEY = "model"
 EXAMPLES_KEY = "examples"
@@ -72,11 +73,12 @@ class Executor(base_executor.BaseExecutor):
 
 
 def _record_serving_model(serving: types.Artifact, report: Dict[str, Any]) -> None:
-    """The export's figures as the serving Model's properties."""
-    serving.set_float_custom_property("parity_max_abs_diff", report["parity"]["max_abs_diff"])
+    """The export's figures as the serving Model's properties (an undefined metric as its reason,
+    `<name>_undefined`: metric_properties.py)."""
+    set_metric_property(serving, "parity_max_abs_diff", report["parity"]["max_abs_diff"])
     serving.set_string_custom_property("table_layouts", ",".join(report["layout"]["kinds"]))
     serving.set_string_custom_property("table_dtype", report["table_dtype"])
-    serving.set_float_custom_property("eval_auc", report["eval_auc"]["serving"])
+    set_metric_property(serving, "eval_auc", report["eval_auc"]["serving"], report["eval_auc"].get("undefined"))
 
 
 def _write_blessing(blessing: types.Artifact, model: types.Artifact, serving: types.Artifact,
@@ -91,11 +93,11 @@ def _write_blessing(blessing: types.Artifact, model: types.Artifact, serving: ty
     blessing.set_int_custom_property("current_model_id", model.id)
     blessing.set_string_custom_property("current_model", model.uri)
     blessing.set_string_custom_property(SERVING_MODEL_PROPERTY, serving.uri)
-    blessing.set_float_custom_property("parity_max_abs_diff", parity["max_abs_diff"])
+    set_metric_property(blessing, "parity_max_abs_diff", parity["max_abs_diff"])
     blessing.set_int_custom_property("parity_examples", parity["examples"])
     for c in decision["checks"]:
-        if "model_auc" in c:
-            blessing.set_float_custom_property(f"{c['name']}_reference_auc", c["reference_auc"])
+        if "reference_auc" in c:
+            set_metric_property(blessing, f"{c['name']}_reference_auc", c["reference_auc"], c.get("undefined"))
     if not blessed:
         blessing.set_string_custom_property("not_blessed_reason", "; ".join(decision["reasons"]))
         logging.warning("model not blessed (kept, not pushed): %s", "; ".join(decision["reasons"]))

@@ -4,7 +4,8 @@
 staging directory:
 1. `prepare`: the plan and vocabulary manifest of the Model artifact, every table of the plan
    located in the checkpoint with its layout (layouts.py; a missing table, rows that disagree with
-   the vocabulary or an inconsistent layout refuse the export) and a sample of raw eval examples;
+   the vocabulary or an inconsistent layout refuse the export) and a sample of raw eval examples
+   drawn across the whole eval split, whatever its order (data_io/sampling.py);
 2. `convert`: the serving model (RankingModel with plain tables, those of one dim stacked in one
    `ServingTables`, no optimizer, so no slot variables), its dense network restored from the checkpoint (every dense weight must match) and
    the tables converted one at a time into it (and into `tables/` as row-aligned arrays);
@@ -38,7 +39,7 @@ from components.config.schema import PipelineConfig
 from components.contracts import artifacts
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
-from components.data_io.examples_io import serialized_examples
+from components.data_io.sampling import sample_examples
 from components.embedding_exporter import gate
 from components.embedding_exporter.scoring import score
 from components.embedding_model import layouts
@@ -54,7 +55,7 @@ from components.embedding_preprocess import vocabulary
 from components.tfx_wiring.executor_base import read_json_if_exists
 from components.embedding_model.input import parse_batch
 from components.embedding_model.serving_model import ServingRankingModel
-from components.rules.metrics import roc_auc
+from components.rules.metrics import auc_undefined_reason, reported, roc_auc
 from components.model_registry.registry import Lookup
 from components.config.choices import LayoutKind, TableDtype
 
@@ -62,22 +63,26 @@ from components.config.choices import LayoutKind, TableDtype
 SLOT_MARKERS = ("OPTIMIZER_SLOT", "accumulator", "momenta", "velocities", "linears")
 
 
-def read_raw_examples(file_pattern: str, limit: int) -> List[bytes]:
-    """Reads raw eval rows as serialized tf.Examples (what a serving client sends).
+def read_raw_examples(file_pattern: str, limit: int, seed: int = 0) -> List[bytes]:
+    """Reads raw eval rows as serialized tf.Examples (what a serving client sends), drawn across the split.
+
+    The rows come from every part of the split (data_io/sampling.py), never its first rows only:
+    on input sorted by label or time those hold one class or one day.
 
     Args:
       file_pattern: ExampleGen's Parquet files, or TFRecords of tf.Examples.
       limit: the most rows to read.
+      seed: the draw's seed (the same seed, the same rows).
 
     Returns:
-      Up to `limit` serialized tf.Examples, in file order.
+      Up to `limit` serialized tf.Examples, in a seeded random order.
 
     Raises:
       ExportRefused: no file matches `file_pattern`.
     """
     if not tf.io.gfile.glob(file_pattern):
         raise ExportRefused(f"no eval examples match {file_pattern}; cannot verify the export")
-    return serialized_examples(file_pattern, limit)
+    return sample_examples(file_pattern, limit, seed)
 
 
 def _model_file(model_uri: str, name: str, what: str) -> Tuple[str, str]:
@@ -226,7 +231,8 @@ class EvalSample:
       raw: serialized raw tf.Examples (the serving model's input), [n].
       transformed: the same rows as preprocessing writes them (the trained model's input), [n].
       labels: their labels, float32 [n].
-      parity_examples: the first this many rows are compared example by example.
+      parity_examples: the first this many rows are compared example by example (the rows are in
+        a random order, so these too come from across the split).
       features: a few rows as model features: what builds a model's variables.
     """
 
@@ -244,7 +250,7 @@ class ExportContext:
 
     `convert` sets `model`, `writer`, `table_report`, `convert_seconds` and `dense_restored`;
     `verify` sets `float32_dir`, `serving_variables`, `parity`, `p_float32` (float32 [n]) and the
-    AUCs; `compress` adds its dtype to `compression` ({dtype: size and AUC figures}).
+    AUCs (None, with `auc_undefined`, when the sample's labels leave them undefined); `compress` adds its dtype to `compression` ({dtype: size and AUC figures}).
     """
 
     cfg: PipelineConfig
@@ -267,8 +273,9 @@ class ExportContext:
     serving_variables: int = 0  # of the model that is exported
     parity: Dict[str, Any] = field(default_factory=dict)
     p_float32: Optional[np.ndarray] = None
-    auc_trained: float = 0.0
-    auc_float32: float = 0.0
+    auc_trained: Optional[float] = None  # None: undefined on the sample (`auc_undefined` says why)
+    auc_float32: Optional[float] = None
+    auc_undefined: Optional[str] = None  # why the sample's AUC is undefined (e.g. one label only)
     # compress: dtype -> size and AUC figures ("float32" set by verify)
     compression: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
@@ -286,14 +293,15 @@ def read_eval_sample(cfg: PipelineConfig, manifest: VocabularyManifest, raw_eval
       raw_eval_pattern: ExampleGen's raw eval files.
 
     Returns:
-      The labelled rows, raw and transformed, in the same order.
+      The labelled rows, raw and transformed, in the same order: drawn across the whole eval
+      split (`read_raw_examples`), in a seeded random order.
 
     Raises:
       ExportRefused: no file matches, a column's kind differs from the one preprocessing read, or
         no row has a usable label.
     """
     e = cfg.export
-    raw = read_raw_examples(raw_eval_pattern, max(e.parity_sample_size, e.auc_sample_size))
+    raw = read_raw_examples(raw_eval_pattern, max(e.parity_sample_size, e.auc_sample_size), cfg.training.seed)
     vocabularies = {name: vocabulary.read_vocabulary(manifest.vocabulary_dir, name) for name in manifest.vocabularies}
     rb = example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(raw)
     found = {n: kind_of(rb.column(i)) for i, n in enumerate(rb.schema.names)}
@@ -435,11 +443,32 @@ def verify(ctx: ExportContext) -> None:
             f"{p_float32[worst]:.6f}); nothing exported"
         )
     ctx.p_float32 = p_float32
-    ctx.auc_trained, ctx.auc_float32 = roc_auc(p_trained, s.labels), roc_auc(p_float32, s.labels)
+    ctx.auc_undefined = auc_undefined_reason(s.labels, "eval sample")
+    ctx.auc_trained, why_trained = sample_auc(p_trained, s.labels, ctx.auc_undefined)
+    ctx.auc_float32, why = sample_auc(p_float32, s.labels, ctx.auc_undefined)
+    ctx.auc_undefined = ctx.auc_undefined or why or why_trained
+    if ctx.auc_undefined:
+        progress.phase(progress.EXPORTER, f"eval AUC of the serving model: {ctx.auc_undefined}")
     ctx.compression["float32"] = {
         "table_bytes": sum(t["float32_bytes"] for t in ctx.table_report.values()), "eval_auc": ctx.auc_float32,
-        "auc_change": 0.0, "max_abs_diff_vs_float32": 0.0,
+        "auc_change": 0.0 if ctx.auc_float32 is not None else None, "max_abs_diff_vs_float32": 0.0,
     }
+    if ctx.auc_float32 is None:
+        ctx.compression["float32"]["auc_undefined"] = ctx.auc_undefined
+
+
+def sample_auc(scores: np.ndarray, labels: np.ndarray, reason: Optional[str] = None) -> Tuple[Optional[float], Optional[str]]:
+    """A model's AUC on the eval sample, as the report holds it.
+
+    Args:
+      scores: the model's scores of the sample's rows.
+      labels: their labels.
+      reason: why the AUC is undefined on these labels, when already known.
+
+    Returns:
+      (AUC, None), or (None, why it is undefined): one label only, or scores that are not numbers.
+    """
+    return reported(roc_auc(scores, labels), reason or auc_undefined_reason(labels, "eval sample"))
 
 
 def compression_variants(ctx: ExportContext) -> List[str]:
@@ -505,16 +534,23 @@ def compress(ctx: ExportContext, dtype: str) -> None:
     else:
         fn = module.serve_examples
     p = score(fn, s.raw)
-    auc = roc_auc(p, s.labels)
+    auc, why = sample_auc(p, s.labels, ctx.auc_undefined)
     ctx.compression[dtype] = {
         "table_bytes": sum(sizes.values()),
         "tables": sizes,
         "eval_auc": auc,
-        "auc_change": auc - ctx.auc_float32,
+        "auc_change": auc - ctx.auc_float32 if auc is not None and ctx.auc_float32 is not None else None,
         "max_abs_diff_vs_float32": float(np.abs(p - ctx.p_float32).max()),
         "max_table_value_error": max_err,
     }
     ctx.clock.lap(f"{dtype} variant")
+    if auc is None or ctx.auc_float32 is None:
+        # The AUC change cannot be measured: the check is not made, and the report says why.
+        ctx.compression[dtype]["auc_undefined"] = why or ctx.auc_undefined
+        if chosen:
+            progress.phase(progress.EXPORTER, f"export.max_auc_drop not checked for {dtype} tables: "
+                                              f"{why or ctx.auc_undefined}")
+        return
     drop = ctx.auc_float32 - auc
     if chosen and drop > e.max_auc_drop:
         raise ExportRefused(
@@ -561,7 +597,10 @@ def build_report(ctx: ExportContext) -> Dict[str, Any]:
         "dense_variables_restored": ctx.dense_restored,
         "parity": ctx.parity,
         "eval_auc": {"examples": int(len(ctx.sample.labels)), "trained_model": ctx.auc_trained,
-                     "serving_float32": ctx.auc_float32, "serving": ctx.compression[chosen]["eval_auc"]},
+                     "serving_float32": ctx.auc_float32, "serving": ctx.compression[chosen]["eval_auc"],
+                     # why any of these is null (e.g. "undefined: the 400-row eval sample holds only label 0")
+                     "undefined": ctx.compression[chosen].get("auc_undefined") or (
+                         ctx.auc_undefined if ctx.auc_trained is None else None)},
         "signatures": ["serving_default", "serve_features"],
         "tables_manifest": os.path.join(artifacts.TABLES_DIR, artifacts.TABLES_MANIFEST_FILE) if tables_manifest else None,
         "seconds": ctx.clock.laps,
@@ -595,11 +634,13 @@ def validate(ctx: ExportContext, last_blessed: Optional[Lookup]) -> Dict[str, An
                 "model cannot be compared with it: restore that model, or set validation.regression_margin: null "
                 "for this run") from None
         ctx.clock.lap("score the last blessed model")
-    decision = gate.decide(ctx.cfg, metrics, ctx.compression[ctx.table_dtype]["eval_auc"], previous,
-                        no_previous=last_blessed.note if last_blessed is not None else None)
+    chosen = ctx.compression[ctx.table_dtype]
+    decision = gate.decide(ctx.cfg, metrics, chosen["eval_auc"], previous,
+                           no_previous=last_blessed.note if last_blessed is not None else None,
+                           serving_auc_undefined=chosen.get("auc_undefined"))
     progress.phase(progress.EXPORTER, "validation gate: " + (
         "blessed" if decision["blessed"] else "not blessed: " + "; ".join(decision["reasons"])))
-    decision["model_eval_auc"] = metrics.get("auc") if metrics else None
+    decision["model_eval_auc"] = reported(metrics.get("auc"))[0] if metrics else None
     decision["baseline"] = metrics.get("baseline") if metrics else None
     decision["last_blessed"] = None
     if last_blessed is not None:

@@ -10,6 +10,12 @@ Two checks, each with its figures in the export report's `validation` section:
   run, less `validation.regression_margin`. The first model of a push destination has nothing to
   compare with: the check is recorded as skipped, with the lookup's note.
 
+A check whose figure is undefined (an AUC measured on rows of one label: "undefined: the 400-row
+eval sample holds only label 0") fails with that reason: a model is never blessed on a comparison
+with NaN, which would pass or fail by accident. And a model whose serving AUC is undefined is not
+blessed even with both checks off (check `eval_auc`): the model registry records every pushed
+model's AUC, and the eval rows say nothing of the model.
+
 A refused model is still exported and kept (its artifact, report and `NOT_BLESSED` blessing); only
 the push is withheld.
 
@@ -28,7 +34,7 @@ import tensorflow as tf
 
 from components.config.schema import PipelineConfig
 from components.embedding_exporter.scoring import score
-from components.rules.metrics import roc_auc
+from components.rules.metrics import auc_undefined_reason, is_defined, reported, roc_auc
 
 
 def score_previous(previous_serving_dir: str, raw: List[bytes], labels: np.ndarray) -> Dict[str, Any]:
@@ -40,7 +46,8 @@ def score_previous(previous_serving_dir: str, raw: List[bytes], labels: np.ndarr
       labels: their 0/1 labels, shape [n].
 
     Returns:
-      {"serving_dir", "examples": n, "eval_auc"}: what `decide` takes as `previous`.
+      {"serving_dir", "examples": n, "eval_auc"}: what `decide` takes as `previous`; `eval_auc`
+      is None when undefined on these rows, with `eval_auc_undefined` saying why.
 
     Raises:
       OSError, ValueError, tf.errors.OpError: the model cannot be loaded or scored.
@@ -48,19 +55,33 @@ def score_previous(previous_serving_dir: str, raw: List[bytes], labels: np.ndarr
     """
     loaded = tf.saved_model.load(previous_serving_dir)
     probs = score(loaded.signatures["serving_default"], raw)
-    return {"serving_dir": previous_serving_dir, "examples": int(len(labels)), "eval_auc": roc_auc(probs, labels)}
+    auc, why = reported(roc_auc(probs, labels), auc_undefined_reason(labels, "eval sample"))
+    out = {"serving_dir": previous_serving_dir, "examples": int(len(labels)), "eval_auc": auc}
+    if why:
+        out["eval_auc_undefined"] = why
+    return out
 
 
-def decide(cfg: PipelineConfig, model_metrics: Optional[Dict[str, Any]], serving_auc: float,
-           previous: Optional[Dict[str, Any]], no_previous: Optional[str] = None) -> Dict[str, Any]:
+def _undefined(value: Any, reason: Optional[str], what: str) -> Optional[str]:
+    """Why `value` (a compared figure) is undefined, naming `what` it is; None when it is a number."""
+    if is_defined(value):
+        return None
+    return f"{what} is {reason or 'undefined: not a finite number (' + repr(value) + ')'}"
+
+
+def decide(cfg: PipelineConfig, model_metrics: Optional[Dict[str, Any]], serving_auc: Optional[float],
+           previous: Optional[Dict[str, Any]], no_previous: Optional[str] = None,
+           serving_auc_undefined: Optional[str] = None) -> Dict[str, Any]:
     """Decides whether the exported model is blessed, by the `baseline` and `last_blessed` checks.
 
     Args:
       cfg: the pipeline config; its `validation` margins choose the checks (None: check off).
       model_metrics: the trainer's eval_metrics.json (None: not written).
-      serving_auc: the new serving model's AUC on the rows `previous` was scored on.
+      serving_auc: the new serving model's AUC on the rows `previous` was scored on (None or NaN:
+        undefined on them).
       previous: `score_previous`'s result, None for a push destination's first model.
       no_previous: why there is no previous model (the registry lookup's note).
+      serving_auc_undefined: why `serving_auc` is undefined, when it is.
 
     Returns:
       The report's `validation` section: {"blessed": bool, "checks": [one dict per check, with its
@@ -74,6 +95,13 @@ def decide(cfg: PipelineConfig, model_metrics: Optional[Dict[str, Any]], serving
             checks.append({"name": "baseline", "passed": False, "reason": (
                 "the Trainer's eval_metrics.json has no baseline (a model trained before validation.baseline "
                 "existed, or with it disabled); retrain, or set validation.baseline_margin: null")})
+        elif why := (_undefined(model_metrics.get("auc"), (model_metrics.get("undefined") or {}).get("auc"),
+                                "the model's eval AUC")
+                     or _undefined(base.get("auc"), (base.get("undefined") or {}).get("auc"), "the baseline's eval AUC")):
+            checks.append({"name": "baseline", "passed": False, "model_auc": _number(model_metrics.get("auc")),
+                           "reference_auc": _number(base.get("auc")), "margin": v.baseline_margin,
+                           "examples": base.get("examples"), "undefined": why,
+                           "reason": f"{why}: the model cannot be compared with the baseline"})
         else:
             model_auc, ref = float(model_metrics["auc"]), float(base["auc"])
             ok = model_auc >= ref - v.baseline_margin
@@ -87,6 +115,13 @@ def decide(cfg: PipelineConfig, model_metrics: Optional[Dict[str, Any]], serving
         if previous is None:
             checks.append({"name": "last_blessed", "passed": True, "skipped": True,
                            "reason": no_previous or "no blessed model before this one"})
+        elif (why := _undefined(serving_auc, serving_auc_undefined, "the serving model's AUC on the eval sample")
+              or _undefined(previous.get("eval_auc"), previous.get("eval_auc_undefined"),
+                            "the last blessed model's AUC on the eval sample")):
+            checks.append({"name": "last_blessed", "passed": False, "model_auc": _number(serving_auc),
+                           "reference_auc": _number(previous.get("eval_auc")), "margin": v.regression_margin,
+                           "examples": previous["examples"], "reference_model": previous["serving_dir"],
+                           "undefined": why, "reason": f"{why}: the model cannot be compared with the last blessed one"})
         else:
             prev = float(previous["eval_auc"])
             ok = serving_auc >= prev - v.regression_margin
@@ -97,12 +132,22 @@ def decide(cfg: PipelineConfig, model_metrics: Optional[Dict[str, Any]], serving
                 "reason": (f"serving AUC {serving_auc:.4f} {'>=' if ok else '<'} last blessed model's {prev:.4f} "
                            f"on the same {previous['examples']} eval rows - margin {v.regression_margin}"),
             })
+    if not is_defined(serving_auc) and not any(c.get("undefined") for c in checks):
+        why = _undefined(serving_auc, serving_auc_undefined, "the serving model's AUC on the eval sample")
+        checks.append({"name": "eval_auc", "passed": False, "model_auc": None, "undefined": why,
+                       "reason": f"{why}: a model whose AUC cannot be measured is not pushed (the registry "
+                                 "records each pushed model's AUC); give the eval split rows of both labels"})
     blessed = all(c["passed"] for c in checks)
     return {
         "blessed": blessed,
         "checks": checks,
         "reasons": [c["reason"] for c in checks if not c["passed"]],
     }
+
+
+def _number(value: Any) -> Optional[float]:
+    """`value` as a float when it is a finite number, else None (what the report holds)."""
+    return float(value) if is_defined(value) else None
 
 
 def read_evaluation(evaluation_uri: str) -> Dict[str, Any]:
@@ -145,8 +190,11 @@ def evaluator_check(blessed: bool, evaluation: Optional[Dict[str, Any]], evaluat
       "calibration", "examples", "slices", "evaluation", "reason"}.
     """
     overall = (evaluation or {}).get("overall", {})
-    auc, calibration = overall.get("auc"), overall.get("calibration")
-    figures = ", ".join(f"{k} {v:.4f}" for k, v in (("AUC", auc), ("calibration", calibration)) if v is not None)
+    # TFMA's NaN (an AUC of one label) is no figure: None here, and named in the reason
+    undefined = [k for k in ("auc", "calibration") if k in overall and not is_defined(overall[k])]
+    auc, calibration = _number(overall.get("auc")), _number(overall.get("calibration"))
+    figures = ", ".join([f"{k} {v:.4f}" for k, v in (("AUC", auc), ("calibration", calibration)) if v is not None]
+                        + [f"{'AUC' if k == 'auc' else k} undefined ({overall[k]!r})" for k in undefined])
     if blessed:
         reason = f"TFX's Evaluator blessed the serving model ({figures or 'no metrics read'})"
     else:

@@ -29,7 +29,7 @@ from components.contracts.plan import EmbeddingPlan, optimizer_spec
 from components.embedding_model.input import make_dataset
 from components.embedding_model.dense_tower import dense_input
 from components.embedding_model.tf_objects import keras_optimizer
-from components.rules.metrics import log_loss, roc_auc
+from components.rules.metrics import auc_undefined_reason, log_loss, log_loss_undefined_reason, roc_auc, with_reasons
 
 MODEL_NAME = "logistic_regression"
 CHUNK = 200  # training steps per tf.function call
@@ -168,7 +168,9 @@ def train_baseline(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: Vocabular
       train_rows: the train split's row count, None when unknown.
 
     Returns:
-      {model, auc, log_loss, examples, train_steps, train_loss_last_chunk, optimizer, weights, seconds}.
+      {model, auc, log_loss, examples, train_steps, train_loss_last_chunk, optimizer, weights, seconds};
+      an AUC or log loss undefined on the eval split (one label only; no rows) is None, with its
+      reason under `undefined` (rules/metrics.py `with_reasons`).
     """
     b = cfg.validation.baseline
     steps = baseline_steps(cfg, model_steps, train_rows)
@@ -182,7 +184,7 @@ def train_baseline(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: Vocabular
         losses = _fit_baseline(cfg, model, opt, variables, manifest, train_files, steps, train_rows)
         p, y = _score_baseline(model, manifest, eval_files)
     tail = losses[-1:]
-    return {
+    return with_reasons({
         "model": MODEL_NAME,
         "auc": roc_auc(p, y),
         "log_loss": log_loss(p, y),
@@ -192,7 +194,7 @@ def train_baseline(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: Vocabular
         "optimizer": spec,
         "weights": int(sum(int(np.prod(v.shape)) for v in variables)),
         "seconds": round(time.time() - start, 2),
-    }
+    }, {"auc": auc_undefined_reason(y, "eval split"), "log_loss": log_loss_undefined_reason(y, "eval split")})
 
 
 def _fit_baseline(cfg: PipelineConfig, model: LinearBaseline, opt, variables, manifest: VocabularyManifest,
@@ -235,4 +237,6 @@ def _score_baseline(model: LinearBaseline, manifest: VocabularyManifest, eval_fi
     for f, y in make_dataset(eval_files, manifest, EVAL_BATCH, training=False):
         scores.append(score(f).numpy())
         labels.append(y.numpy())
+    if not scores:  # an empty eval split: its metrics are undefined (train_baseline says so)
+        return np.zeros(0, np.float32), np.zeros(0, np.float32)
     return np.concatenate(scores).ravel(), np.concatenate(labels).ravel()

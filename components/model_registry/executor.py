@@ -17,6 +17,7 @@ from components.reporting import progress
 from components.contracts import artifacts
 from components.tfx_wiring.executor_base import read_json_if_exists
 from components.model_registry import registry
+from components.tfx_wiring.metric_properties import set_metric_property
 
 # LastBlessedModel
 SERVING_DIR_KEY = "serving_dir"
@@ -70,7 +71,7 @@ class LookupExecutor(base_executor.BaseExecutor):
             out.set_string_custom_property("served_model", found.served_model)
             out.set_string_custom_property("pushed_version", found.version)
             out.set_string_custom_property("trainer_model", found.entry["trainer_model"])
-            out.set_float_custom_property("registered_eval_auc", float(found.entry["eval_auc"]))
+            set_metric_property(out, "registered_eval_auc", found.entry["eval_auc"])
 
 
 def export_report(serving_model_uri: str) -> Dict[str, Any]:
