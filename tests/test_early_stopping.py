@@ -149,7 +149,6 @@ class _Scores:
 
 def _selection(tmp_path, monkeypatch, aucs, total=100, **options):
     cfg = parse_config({**_minimal(), "training": {"early_stopping": {"evaluations": 10, **options}}})
-    monkeypatch.setattr(SEL, "make_dataset", lambda *a, **k: tf.data.Dataset.range(0))  # _score is replaced
     sel = SEL.HoldoutSelection(cfg, None, None, ["train/*"], str(tmp_path / "state"), 0.1, total)
     monkeypatch.setattr(sel, "_score", _Scores(aucs))
     return sel
@@ -211,8 +210,15 @@ def test_training_never_reads_the_eval_split_and_keeps_the_best_checkpoint(data,
             opened.append(list(patterns))
         return real(patterns, *a, **k)
 
-    for module in (tm, SEL):
-        monkeypatch.setattr(module, "make_dataset", recording)
+    real_holdout = SEL.read_holdout
+
+    def recording_holdout(patterns, *a, **k):
+        if not training_done:
+            opened.append(list(patterns))
+        return real_holdout(patterns, *a, **k)
+
+    monkeypatch.setattr(tm, "make_dataset", recording)
+    monkeypatch.setattr(SEL, "read_holdout", recording_holdout)
     real_finish = tm.finish
     monkeypatch.setattr(tm, "finish", lambda *a, **k: (training_done.append(True), real_finish(*a, **k))[1])
     cfg = _config(data, train_steps=60, checkpoint_every_steps=10,
@@ -225,7 +231,10 @@ def test_training_never_reads_the_eval_split_and_keeps_the_best_checkpoint(data,
     sel = run["selection"]
     assert sel["evaluations"] and sel["best_step"] == run["model_step"]
     assert max(e["auc"] for e in sel["evaluations"]) == sel["best_auc"]
-    assert sel["evaluations"][0]["examples"] > 0
+    assert sel["evaluations"][0]["examples"] == sel["holdout_rows"] > 0
+    # where the Trainer's time went: training steps, the slice's one read, its evaluations, the final evaluation
+    assert set(run["seconds"]) == {"training", "holdout_read", "holdout_evaluations", "final_evaluation"}
+    assert all(v > 0 for v in run["seconds"].values()), run["seconds"]
     # the artifact's checkpoint is the best one: its step counter says so
     reader = tf.train.load_checkpoint(os.path.join(model_uri, CHECKPOINT_DIR))
     assert reader.get_tensor("model/dense_optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE") == run["model_step"]

@@ -16,10 +16,12 @@ pipelines, every pipeline reads all files and keeps every P-th batch (`make_data
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
 import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
@@ -55,6 +57,7 @@ HOLDOUT_BUCKETS = 1_000_000
 INTERLEAVE_CYCLE = 16
 PARTS = ("all", "train", "holdout")
 _FILTER_BATCH = 256  # records keyed at once (decode_proto is vectorised)
+_HOLDOUT_READ_BATCH = 1024  # records keyed at once by read_holdout's single pass
 
 
 def holdout_buckets(fraction: float) -> int:
@@ -121,6 +124,137 @@ def _records_of(part: str, fraction: float):
 
     # keyed a batch of records at a time; the order of the records kept is the file's
     return lambda ds: ds.batch(_FILTER_BATCH).map(pick).unbatch()
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldOutSlice:
+    """The held-out slice's serialized records, read once (`read_holdout`).
+
+    Attributes:
+      records: string [n], the records kept, in the order the files are read (sorted, interleaved).
+      rows: the rows of `records`.
+      slice_rows: the rows of the whole slice in the split (more than `rows` where the cap applied).
+      bucket_bound: the records kept are those of the slice whose bucket is below this bound
+        (`holdout_buckets(fraction)` when the cap did not apply).
+    """
+
+    records: tf.Tensor
+    rows: int
+    slice_rows: int
+    bucket_bound: int
+
+
+def read_holdout(file_patterns: List[str], manifest: VocabularyManifest, fraction: float,
+                 max_rows: Optional[int] = None) -> HeldOutSlice:
+    """The train split's held-out slice (`in_holdout`) as serialized records, in one pass.
+
+    Every record of the split is read and keyed once (files INTERLEAVE_CYCLE at a time, keyed
+    in batches, in parallel); only the slice's records are kept. Where the slice holds more than
+    `max_rows` rows (its fraction was not capped by a known row count), a uniform part of it is
+    kept: the records of the lowest buckets (their content keys decide, as for the slice itself),
+    so memory stays under about twice `max_rows` rows' records while reading. Every record kept
+    is held out of training (`part="train"` leaves the whole slice out).
+
+    Args:
+      file_patterns: globs of the train split's TFRecord files.
+      manifest: the transformed data's manifest (rows per record in the `blocks` layout).
+      fraction: the held-out slice's fraction of the train split.
+      max_rows: the most rows to keep, None for all (a single record over it is still kept).
+
+    Returns:
+      The records kept and their row counts.
+
+    Raises:
+      ValueError: no file matches `file_patterns`, or `max_rows` is below 1.
+    """
+    if max_rows is not None and max_rows < 1:
+        raise ValueError(f"read_holdout: max_rows {max_rows} must be at least 1 (training.early_stopping.max_holdout_rows)")
+    files = _matching_files(file_patterns)
+    if not files:
+        raise ValueError(f"no transformed examples match {file_patterns}")
+    compression = compression_type(files)
+    bound = holdout_buckets(fraction)
+    blocks = manifest.transformed_format == FORMAT_BLOCKS
+    label_spec = {manifest.label: tf.io.RaggedFeature(tf.float32)}
+
+    def kept(records):
+        buckets = tf.math.floormod(record_keys(records), HOLDOUT_BUCKETS)  # as in_holdout
+        chosen = buckets < bound
+        records, buckets = tf.boolean_mask(records, chosen), tf.boolean_mask(buckets, chosen)
+        if blocks:  # a block's rows: its label's values
+            rows = tf.cast(tf.io.parse_example(records, label_spec)[manifest.label].row_lengths(), tf.int64)
+        else:
+            rows = tf.ones_like(buckets)
+        return records, buckets, rows
+
+    ds = _file_names(files, False, 0).interleave(
+        lambda f: tf.data.TFRecordDataset(f, compression_type=compression).batch(_HOLDOUT_READ_BATCH).map(
+            kept, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True),
+        cycle_length=INTERLEAVE_CYCLE, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
+    ).prefetch(tf.data.AUTOTUNE)
+    parts: List[Tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    held = slice_rows = 0
+    for records, buckets, rows in ds.as_numpy_iterator():
+        slice_rows += int(rows.sum())
+        if max_rows is not None and bound < holdout_buckets(fraction):
+            below = buckets < bound
+            records, buckets, rows = records[below], buckets[below], rows[below]
+        parts.append((records, buckets, rows))
+        held += int(rows.sum())
+        if max_rows is not None and held > 2 * max_rows:
+            parts, held, bound = _lowest_buckets(parts, max_rows, bound)
+    if max_rows is not None and held > max_rows:
+        parts, held, bound = _lowest_buckets(parts, max_rows, bound)
+    kept_records = np.concatenate([p[0] for p in parts]) if parts else np.zeros([0], dtype=object)
+    if held < slice_rows:
+        logging.info("held-out slice: %d of its %d rows kept (training.early_stopping.max_holdout_rows %d): "
+                     "the records of its lowest content buckets", held, slice_rows, max_rows)
+    return HeldOutSlice(tf.constant(kept_records, dtype=tf.string), held, slice_rows, bound)
+
+
+def _lowest_buckets(parts: List[Tuple[np.ndarray, np.ndarray, np.ndarray]], max_rows: int, bound: int
+                    ) -> Tuple[List[Tuple[np.ndarray, np.ndarray, np.ndarray]], int, int]:
+    """The records of `parts` ((records, buckets, rows) arrays) whose bucket is below the highest
+    bound that keeps at most `max_rows` rows (or the lowest bucket's records alone), in their
+    order; returns (parts, rows kept, the bound)."""
+    buckets = np.concatenate([p[1] for p in parts])
+    rows = np.concatenate([p[2] for p in parts])
+    order = np.argsort(buckets, kind="stable")
+    within = int(np.searchsorted(np.cumsum(rows[order]), max_rows, side="right"))
+    sorted_buckets = buckets[order]
+    new_bound = int(sorted_buckets[within]) if within < len(order) else bound
+    new_bound = max(new_bound, int(sorted_buckets[0]) + 1)  # never nothing
+    kept = [(r[b < new_bound], b[b < new_bound], n[b < new_bound]) for r, b, n in parts]
+    return kept, int(sum(int(n.sum()) for _, _, n in kept)), min(bound, new_bound)
+
+
+def records_dataset(records: tf.Tensor, manifest: VocabularyManifest, batch_size: int,
+                    dense_id_widths: Optional[Dict[str, int]] = None,
+                    sequence_lengths: Optional[Dict[str, int]] = None) -> tf.data.Dataset:
+    """Batches of (features, label) of serialized records held in memory (`read_holdout`), for
+    evaluation: in order, the last batch shorter; in the `blocks` layout a batch is
+    `batch_size / block_rows` whole blocks (short blocks included), so its rows vary a little.
+
+    Args:
+      records: string [n], serialized transformed records of `manifest`'s layout.
+      manifest: the transformed data's manifest.
+      batch_size: rows per batch (rounded down to whole blocks, at least one, with blocks).
+      dense_id_widths: {feature: width} fed as padded dense IDs.
+      sequence_lengths: {feature: max_sequence_length} whose row lengths come with the batch.
+
+    Returns:
+      A dataset of (features, label), as `make_dataset` gives them with `training=False`.
+    """
+    ds = tf.data.Dataset.from_tensor_slices(tf.convert_to_tensor(records, tf.string))
+    if manifest.transformed_format != FORMAT_BLOCKS:
+        return ds.batch(batch_size).map(
+            lambda s: parse_batch(s, manifest, None, dense_id_widths, sequence_lengths),
+            num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    ds = _whole_block_batches(ds, manifest, max(1, batch_size // max(1, manifest.block_rows)), training=False)
+    to_inputs = lambda p: model_inputs(  # noqa: E731
+        rows_as_parsed(p, manifest, dense_id_widths, sequence_lengths), manifest, None, dense_id_widths,
+        sequence_lengths)
+    return ds.map(to_inputs, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 
 def length_key(feature: str) -> str:

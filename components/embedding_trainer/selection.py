@@ -5,11 +5,17 @@ when that slice stops improving (`training.early_stopping`).
   record's content, not of its bytes, which are not canonical; so the same records for the same
   transformed rows in every run, with any file order and on every platform) is held out of training: `TrainingConfig.holdout_fraction`, at most `max_holdout_rows` rows. The
   training input and the logistic-regression baseline read the rest (`part="train"`).
+- **Reading it once.** Finding the slice means keying every record of the train split; that one
+  pass runs before training (`prepare`: input.read_holdout), and the slice's serialized records
+  (at most about `max_holdout_rows` rows: a few MB) stay in memory, so each evaluation reads only
+  them. The pass's seconds and the slice's rows go into the record.
 - **Evaluation.** At the checkpoints every `TrainingConfig.evaluation_every` steps and at the last
   step, the checkpoint just written is read into a CPU twin of the model (restore.py: the reader
   the Trainer's own evaluation and the exporter use, whatever table layout the platform saved; the
   twin is built once, before training, outside the strategy's scope, and reloaded each time) and
-  scored on the slice (exact AUC and log loss).
+  scored on the slice (exact AUC and log loss, evaluation.evaluate: one compiled function per
+  batch of EVAL_ROWS rows). Each evaluation's seconds (and those of the checkpoint's reload
+  alone, `load_seconds`) go into its entry of the record.
 - **Selection.** The best checkpoint by holdout AUC is copied to `<state>/best`; after `patience`
   evaluations without a gain of more than `min_improvement`, training stops. The Trainer
   evaluates, saves and hands the exporter that checkpoint.
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any, Dict, List, Optional
 
 import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
@@ -34,11 +41,10 @@ from components.reporting import progress
 from components.config.schema import PipelineConfig
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
-from components.embedding_model.input import make_dataset
+from components.embedding_model.input import read_holdout, records_dataset
 from components.embedding_model.restore import build_serving_model, load_tables, open_checkpoint_tables, restore_dense
-from components.embedding_trainer.baseline import EVAL_BATCH  # the eval batch the baseline scores with
 from components.embedding_trainer.checkpoints import copy_checkpoint
-from components.embedding_trainer.evaluation import evaluate
+from components.embedding_trainer.evaluation import evaluate, evaluation_batch
 
 BEST_DIR = "best"
 RECORD_FILE = "selection.json"
@@ -65,10 +71,13 @@ class HoldoutSelection:
         self.dir = os.path.join(state, BEST_DIR)
         self.total = total_steps
         self.every = cfg.training.evaluation_every(total_steps)
-        # Kept in memory after the first full pass (at most ~max_holdout_rows rows): finding the
-        # slice reads the whole train split, which each evaluation would otherwise do again.
-        self.dataset = make_dataset(list(train_files), manifest, EVAL_BATCH, training=False, part="holdout",
-                                    holdout_fraction=fraction).cache()
+        self.train_files, self.fraction = list(train_files), fraction
+        # The slice's serialized records, read once by `prepare` (finding them reads the whole
+        # train split, which each evaluation would otherwise do again), and their batches.
+        self.dataset: Optional[tf.data.Dataset] = None
+        # This process's seconds: the slice's one pass, and the evaluations (restore, scoring, keeping the best)
+        self.read_seconds = 0.0
+        self.evaluation_seconds = 0.0
         self.record: Dict[str, Any] = self._read() or {
             "holdout_fraction": fraction, "evaluation_every": self.every, "evaluations": [],
             "best_step": None, "best_auc": None, "without_improvement": 0, "stopped_at": None, "note": None,
@@ -109,12 +118,19 @@ class HoldoutSelection:
           True when training should stop: `patience` evaluations without a gain of more than
           `min_improvement`, before the last step.
         """
+        start, read_before = time.perf_counter(), self.read_seconds
+        try:
+            return self._evaluate(checkpoint_path, step, start)
+        finally:  # a slice read on the way (prepare was not called) counts as the read's
+            self.evaluation_seconds += time.perf_counter() - start - (self.read_seconds - read_before)
+
+    def _evaluate(self, checkpoint_path: str, step: int, start: float) -> bool:
         metrics = self._score(checkpoint_path)
         r = self.record
         if metrics is None:
             self._write()
             return False
-        r["evaluations"].append({"step": step, **metrics})
+        r["evaluations"].append({"step": step, **metrics, "seconds": round(time.perf_counter() - start, 3)})
         progress.evaluated(progress.TRAINER, step, {"holdout_auc": metrics["auc"]})
         if r["best_auc"] is None or metrics["auc"] > r["best_auc"] + self.options.min_improvement:
             self._keep(checkpoint_path)
@@ -141,10 +157,14 @@ class HoldoutSelection:
         """Builds the CPU twin that scores checkpoints; call it before training.
 
         Before, because Keras runs callbacks inside the training strategy's scope, where the twin's
-        variables would become the strategy's. An empty slice is recorded as unable to rank models.
+        variables would become the strategy's. The slice is read here, in one pass over the train
+        split (its seconds and rows go into the record). An empty slice is recorded as unable to
+        rank models.
         """
         if self._twin is not None or self.record["note"] is not None:
             return
+        if self.dataset is None:
+            self._read_slice()
         sample = next(iter(self.dataset), None)
         if sample is None:
             self._cannot_rank("the held-out slice of the train split is empty")
@@ -153,17 +173,32 @@ class HoldoutSelection:
         with tf.device("/cpu:0"):  # as Trainer.finish: nothing here may be placed on a TPU
             self._twin = build_serving_model(self.plan, self.manifest, self.cfg, "float32", sample[0], stacked=False)
 
+    def _read_slice(self) -> None:
+        start = time.perf_counter()
+        held = read_holdout(self.train_files, self.manifest, self.fraction, self.options.max_holdout_rows)
+        self.read_seconds += time.perf_counter() - start
+        self.dataset = records_dataset(held.records, self.manifest, evaluation_batch(self.manifest))
+        self.record.update(holdout_rows=held.rows, holdout_slice_rows=held.slice_rows,
+                           holdout_read_seconds=round(self.read_seconds, 3))
+        logging.info("held-out slice: %d rows (of %d in the slice) read in one pass over the train split in %.1f s",
+                     held.rows, held.slice_rows, self.read_seconds)
+        progress.phase(progress.TRAINER, f"held-out slice: {held.rows:,} rows, found in one pass over the train "
+                                         f"split in {self.read_seconds:.1f} s")
+
     def _score(self, checkpoint_path: str) -> Optional[Dict[str, Any]]:
         self.prepare()
         if self._twin is None:
             return None
+        start = time.perf_counter()
         with tf.device("/cpu:0"):
             restore_dense(self._twin, checkpoint_path)
             load_tables(self._twin, open_checkpoint_tables(checkpoint_path, self.plan))
+            loaded = time.perf_counter() - start
             metrics = evaluate(self._twin, self.dataset)
         if metrics["positive_rate"] in (0.0, 1.0):
             return self._cannot_rank(f"the held-out slice's {metrics['examples']} examples all have one label")
-        return {k: metrics[k] for k in ("auc", "log_loss", "examples")}
+        # the checkpoint's reload (grows with the tables) apart from the scoring (grows with the slice)
+        return {**{k: metrics[k] for k in ("auc", "log_loss", "examples")}, "load_seconds": round(loaded, 3)}
 
     def _cannot_rank(self, why: str) -> None:
         self.record["note"] = f"{why}: no AUC to choose by, so the last checkpoint is the model (no early stopping)"

@@ -11,7 +11,9 @@ What it leaves in the Model artifact (the exporter needs nothing else):
 - `eval_metrics.json`: exact AUC and log loss on the whole eval split, and under `baseline` the
   same for the logistic regression fitted beside the model (baseline.py; `validation.baseline`);
 - `training_run.json`: steps (and under `length` where their number came from: train_steps, or
-  training.epochs over the train rows), the step a resumed run started from, the steps checkpointed;
+  training.epochs over the train rows), the step a resumed run started from, the steps checkpointed,
+  and under `seconds` where the Trainer's time went: training steps, the held-out slice's one read,
+  the held-out evaluations and selection, the final evaluation;
 - `continuous.json`: the last blessed model the run started from (TFX's `base_model`, from the
   pipeline's LastBlessedModel step: the version served at the push destination), what its warm
   start carried over, and the drift from that model's data (warm_start.py; a drift past
@@ -64,12 +66,13 @@ from components.embedding_model.saving import save_serving_model
 from components.embedding_trainer import warm_start
 from components.embedding_trainer.baseline import train_baseline
 from components.embedding_trainer.checkpoints import copy_checkpoint
-from components.embedding_trainer.evaluation import evaluate
+from components.embedding_trainer.evaluation import evaluate, evaluation_batch
 from components.embedding_trainer.hardware import plan_for_hardware, reported_embedding
 from components.embedding_trainer.run_plan import derive_plan, training_steps
 from components.embedding_trainer.selection import HoldoutSelection
 from components.embedding_trainer.tpu_rules import check_tpu_rules
 from components.model_registry.registry import read_lookup
+from components.rules.metrics import UNDEFINED_KEY, evaluation_reasons, json_safe, with_reasons
 from components.tfx_wiring.executor_base import config_of
 from components.config.choices import LayoutKind, Placement
 
@@ -628,11 +631,31 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
     if holdout:
         selection = HoldoutSelection(cfg, plan.with_run(checkpoint_layout=hardware.layout), manifest, train_files, state,
                                      holdout, steps)
-        selection.prepare()
+        if checkpoints.start < steps and not selection.stopped:  # else nothing trains: no pass over the split
+            selection.prepare()
     train_ds = _training_dataset(cfg, plan, manifest, train_files, hardware, checkpoints.start, holdout)
+    fit_start = time.perf_counter()
     checkpointer = _fit(cfg, model, train_ds, hardware, checkpoints, selection, steps, every, log_dir)
+    fit_seconds = time.perf_counter() - fit_start
+    during_fit = selection.evaluation_seconds if selection is not None else 0.0
     checkpoint, run = _final_checkpoint(state, hardware, checkpoints, checkpointer, selection, steps, warm_report)
+    run["seconds"] = _seconds(fit_seconds, during_fit, selection)
     return checkpoint, rules, run
+
+
+def _seconds(fit_seconds: float, during_fit: float, selection: Optional[HoldoutSelection]) -> Dict[str, Any]:
+    """The run record's `seconds`: where this process's training time went. `training`: model.fit's
+    wall time less the held-out evaluations run inside it (its checkpoint saves and first-step
+    tracing included); `holdout_read`: the one pass that finds the held-out slice;
+    `holdout_evaluations`: every held-out evaluation with the selection's copy of the best
+    checkpoint. run_fn adds `final_evaluation`; their sum against the Trainer's whole time is the
+    evaluation and selection share of the run."""
+    out = {"training": round(fit_seconds - during_fit, 3), "holdout_read": 0.0, "holdout_evaluations": 0.0}
+    if selection is not None:
+        out.update(holdout_read=round(selection.read_seconds, 3), holdout_evaluations=round(selection.evaluation_seconds, 3))
+    progress.phase(progress.TRAINER, f"training steps {out['training']:.1f} s; held-out slice read "
+                                     f"{out['holdout_read']:.1f} s, evaluations and selection {out['holdout_evaluations']:.1f} s")
+    return out
 
 
 def _place_training(cfg: PipelineConfig) -> _Hardware:
@@ -828,14 +851,21 @@ def finish(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifes
       serving_model_dir: where the SavedModel goes.
 
     Returns:
-      (metrics, model): `evaluation.evaluate`'s metrics on the eval split and the CPU model.
+      (metrics, model): `evaluation.evaluate`'s metrics on the eval split (`seconds`: the wall
+      seconds of its reading and scoring) and the CPU model.
     """
-    eval_ds = make_dataset(eval_files, manifest, cfg.training.batch_size, training=False)
+    # Batches of about EVAL_ROWS rows scored by one compiled function each (evaluation.py): the
+    # training batch, scored eagerly, read the eval split at a small fraction of training's rate.
+    eval_ds = make_dataset(eval_files, manifest, evaluation_batch(manifest), training=False)
     # Pinned to the host CPU: on a TPU VM nothing here may be placed on (or compiled for) the TPU.
     with tf.device("/cpu:0"):
         sample, _ = next(iter(eval_ds))
         model = model_from_checkpoint(plan, manifest, cfg, checkpoint_path, sample)
         metrics = evaluate(model, eval_ds)
+        rate = metrics["examples"] / max(metrics["seconds"], 1e-9)
+        logging.info("final evaluation: %d rows in %.1f s (%.0f rows/s)", metrics["examples"], metrics["seconds"], rate)
+        progress.phase(progress.TRAINER, f"final evaluation: {metrics['examples']:,} rows in "
+                                         f"{metrics['seconds']:.1f} s ({rate:,.0f} rows/s)")
         save_serving_model(TransformedServing(model, manifest), serving_model_dir)
     return metrics, model
 
@@ -931,7 +961,12 @@ def run_fn(fn_args) -> None:
     copy_checkpoint(checkpoint, os.path.join(model_root, artifacts.CHECKPOINT_DIR))
     progress.phase(progress.TRAINER, "evaluating on the eval split and saving the model")
     metrics, _ = finish(cfg, plan, manifest, checkpoint, fn_args.eval_files, fn_args.serving_model_dir)
+    run["seconds"]["final_evaluation"] = round(metrics.pop("seconds"), 3)  # train's `_seconds`
+    # An AUC or log loss undefined on the eval split (one label only) is null, with its reason.
+    metrics = with_reasons(metrics, evaluation_reasons(metrics, "eval split"))
     progress.evaluated(progress.TRAINER, run["final_step"], {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+    for name, why in (metrics.get(UNDEFINED_KEY) or {}).items():
+        progress.phase(progress.TRAINER, f"eval {name}: {why}")
     if cfg.validation.baseline.enabled:
         progress.phase(progress.TRAINER, "training the logistic-regression baseline (the validation gate's reference)")
         # The validation gate's reference (exporter): a logistic regression on the same batches.
@@ -939,6 +974,9 @@ def run_fn(fn_args) -> None:
                                              model_steps=length["steps"], train_rows=length.get("train_rows"))
         if isinstance(metrics["baseline"], dict) and metrics["baseline"].get("auc") is not None:
             progress.phase(progress.TRAINER, f"baseline eval AUC {metrics['baseline']['auc']:.4f}")
+        elif isinstance(metrics["baseline"], dict):
+            why = (metrics["baseline"].get(UNDEFINED_KEY) or {}).get("auc")
+            progress.phase(progress.TRAINER, f"baseline eval AUC: {why or 'not measured'}")
     logging.info("eval metrics: %s", metrics)
     # The config travels with the model so the standalone exporter CLI can rebuild it without one.
     for name, obj in ((artifacts.EMBEDDING_MANIFEST_FILE, manifest.to_dict()), (artifacts.PLAN_FILE, plan.to_dict()),
@@ -949,6 +987,7 @@ def run_fn(fn_args) -> None:
         if obj is None:
             continue
         with tf.io.gfile.GFile(os.path.join(model_root, name), "w") as fh:
-            fh.write(json.dumps(obj, indent=2, sort_keys=True))
+            # strict JSON: a NaN left anywhere (a diverged loss) is null, its reason beside it
+            fh.write(json.dumps(json_safe(obj), indent=2, sort_keys=True, allow_nan=False))
     if not cfg.training.checkpoint_dir and tf.io.gfile.exists(state):
         tf.io.gfile.rmtree(state)
