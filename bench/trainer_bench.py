@@ -2,6 +2,7 @@
 input pipeline alone vs the training step.
 
     .venv/bin/python bench/trainer_bench.py [--rows 50000] [--steps 300] [--repeats 3]
+        [--variants default,...] [--variant NAME='{"training field": value, ...}' ...] [--no-input]
 
 One process, one machine, the demo config (configs/demo.yaml) with `model: dlrm`, no dropout, no
 input dropout, no dense buckets and no wide part (the baseline's architecture) on generated data
@@ -16,6 +17,12 @@ preprocessed by our Beam code (in-process DirectRunner):
   inside TensorFlow (`Dataset.reduce`) without a model, on the transformed examples as written by
   default (`transformed_examples.format: blocks`, a block of rows per record) and, beside it, on
   the same rows written one tf.Example per row (`format: examples`).
+Beside them, `--variants` (comma-separated names from VARIANTS; `all` for every one; default
+`default`) and `--variant NAME=JSON` (training-section fields merged over the defaults' model) train
+other models of ours on the same batches, each reported as its ratio to the plain model: `default`
+is the model a config gets when it states no training field of the model's shape (dcn_v2, full-rank
+cross layers, input dropout 0.2, the dense features' embedded buckets; the demo's optimizers), the
+others switch its parts off or try a cheaper form of them. `--no-input` skips the input rates.
 Training throughput is measured on batches cached in memory (so it measures the step, not the
 input), after a warm-up of the same length, alternating contenders `--repeats` times. The
 headline is each contender's best repeat (the least disturbed: on the shared 2-core machine single
@@ -47,6 +54,45 @@ from components.embedding_trainer.run_plan import derive_plan  # noqa: E402
 from components.embedding_trainer import trainer_module as tm  # noqa: E402
 from components.embedding_model.input import make_dataset  # noqa: E402
 from components.embedding_model.dense_tower import mlp as _mlp  # noqa: E402
+
+# The model a config gets when it states no field of the model's shape (TrainingConfig's defaults),
+# as training-section overrides of the demo config (whose optimizers and batch size stay).
+DEFAULT_MODEL = {"model": "dcn_v2", "cross_layers": 3, "cross_projection_dim": None, "dropout": 0.0,
+                 "input_dropout": 0.2, "dense_buckets": {"enabled": True}, "wide": {"enabled": False}}
+# The baseline's architecture in ours: a DLRM without the defaults the plain model lacks.
+SAME_AS_PLAIN = {"model": "dlrm", "dropout": 0.0, "input_dropout": 0.0, "dense_buckets": {"enabled": False},
+                 "wide": {"enabled": False}}
+# Named variants: training-section overrides merged over DEFAULT_MODEL (a dict value replaces the
+# default's dict value as a whole).
+VARIANTS = {
+    "default": {},
+    "dlrm_as_plain": SAME_AS_PLAIN,
+    "no_buckets": {"dense_buckets": {"enabled": False}},
+    "no_input_dropout": {"input_dropout": 0.0},
+    "neither": {"dense_buckets": {"enabled": False}, "input_dropout": 0.0},
+    "buckets_bottom": {"dense_buckets": {"enabled": True, "into": "bottom_mlp"}},
+    "low_rank_16": {"cross_projection_dim": 16},
+    "low_rank_32": {"cross_projection_dim": 32},
+    "bottom_low_rank_16": {"cross_projection_dim": 16, "dense_buckets": {"enabled": True, "into": "bottom_mlp"}},
+    "bottom_low_rank_32": {"cross_projection_dim": 32, "dense_buckets": {"enabled": True, "into": "bottom_mlp"}},
+    "lr32_bottom_no_input_dropout": {"cross_projection_dim": 32, "dense_buckets": {"enabled": True, "into": "bottom_mlp"},
+                                     "input_dropout": 0.0},
+    "lr32_neither": {"cross_projection_dim": 32, "dense_buckets": {"enabled": False}, "input_dropout": 0.0},
+    "lr32_bottom_2_layers": {"cross_projection_dim": 32, "dense_buckets": {"enabled": True, "into": "bottom_mlp"},
+                             "cross_layers": 2},
+    "lr32_bottom_1_layer": {"cross_projection_dim": 32, "dense_buckets": {"enabled": True, "into": "bottom_mlp"},
+                            "cross_layers": 1},
+    "byte_mask": {"input_dropout_mask": "byte"},
+    "low_rank_32_no_input_dropout": {"cross_projection_dim": 32, "input_dropout": 0.0},
+    "low_rank_32_byte_mask": {"cross_projection_dim": 32, "input_dropout_mask": "byte"},
+    "low_rank_16_byte_mask": {"cross_projection_dim": 16, "input_dropout_mask": "byte"},
+    "low_rank_64": {"cross_projection_dim": 64},
+    "low_rank_64_byte_mask": {"cross_projection_dim": 64, "input_dropout_mask": "byte"},
+    "lr32_bottom_byte_mask": {"cross_projection_dim": 32, "dense_buckets": {"enabled": True, "into": "bottom_mlp"},
+                              "input_dropout_mask": "byte"},
+    "default_dlrm": {"model": "dlrm"},
+    "dlrm_buckets_bottom": {"model": "dlrm", "dense_buckets": {"enabled": True, "into": "bottom_mlp"}},
+}
 
 
 class PlainKerasDLRM(tf.keras.Model):
@@ -102,11 +148,12 @@ class PlainKerasDLRM(tf.keras.Model):
         return {}
 
 
-def prepare(rows: int, workdir: str, training=None, formats=("blocks",)):
+def prepare(rows: int, workdir: str, training=None, formats=("blocks",), preprocess=True):
     """Generated rows (cached under data/bench) preprocessed by our Beam code into `workdir`, with
     the demo config; `training` overrides its training section (default: the baseline's DLRM
     without dropout). Each of `formats` (transformed_examples.format) is written to
-    `<workdir>/tx` (the first) or `<workdir>/tx_<format>`. Returns (config, data metadata)."""
+    `<workdir>/tx` (the first) or `<workdir>/tx_<format>` (`preprocess` False: already there, only
+    the config is parsed). Returns (config, data metadata)."""
     import apache_beam as beam
     import yaml
     from apache_beam.options.pipeline_options import PipelineOptions
@@ -122,11 +169,9 @@ def prepare(rows: int, workdir: str, training=None, formats=("blocks",)):
     raw["input"]["path"] = data
     # The baseline below is a DLRM without dropout: ours is measured as the same architecture (no
     # input dropout, no embedded dense buckets, no wide part: defaults that the baseline lacks).
-    same_as_plain = {"model": "dlrm", "dropout": 0.0, "input_dropout": 0.0, "dense_buckets": {"enabled": False},
-                     "wide": {"enabled": False}}
-    raw["training"].update(same_as_plain if training is None else training)
+    raw["training"].update(SAME_AS_PLAIN if training is None else training)
     opts = PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"])
-    for i, fmt in enumerate(formats):
+    for i, fmt in enumerate(formats if preprocess else ()):
         raw["transformed_examples"] = {"format": fmt}
         cfg = parse_config(raw)
         name = "" if i == 0 else f"_{fmt}"
@@ -136,11 +181,49 @@ def prepare(rows: int, workdir: str, training=None, formats=("blocks",)):
     return parse_config({**raw, "transformed_examples": {"format": formats[0]}}), meta
 
 
-def examples_per_second(model, batches, steps, batch_size, warmup=True):
+def variant_config(cfg, overrides):
+    """`cfg` with its training section's model fields at DEFAULT_MODEL, then `overrides` merged.
+
+    Args:
+      cfg: the parsed config `prepare` returned.
+      overrides: training-section fields (a dict value replaces the default's as a whole).
+
+    Returns:
+      The parsed config.
+    """
+    import yaml  # lazy: as in prepare
+
+    from components.config.loading import parse_config  # lazy: as in prepare
+
+    with open(os.path.join(REPO, "configs", "demo.yaml")) as fh:
+        raw = yaml.safe_load(fh)
+    raw["input"]["path"] = cfg.input.path
+    raw["training"].update({**DEFAULT_MODEL, **overrides})
+    raw["transformed_examples"] = {"format": "blocks"}  # as main's `prepare` writes the measured rows
+    return parse_config(raw)
+
+
+def examples_per_second(model, batches, steps, batch_size, warmup=True, cpu=None):
+    """Training examples a wall-clock second (and, into `cpu`, a second of this process's CPU time).
+
+    Args:
+      model: a compiled model.
+      batches: the cached batches it trains on.
+      steps: steps measured.
+      batch_size: examples a step.
+      warmup: whether to train `steps` steps first (traces the step).
+      cpu: a list the examples per CPU-second (all threads of the process) is appended to; on a
+        machine shared with other work it moves less than the wall-clock rate.
+
+    Returns:
+      Examples per wall-clock second.
+    """
     if warmup:
         model.fit(batches, epochs=1, steps_per_epoch=steps, verbose=0)
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     model.fit(batches, epochs=1, steps_per_epoch=steps, verbose=0)
+    if cpu is not None:
+        cpu.append(steps * batch_size / (time.process_time() - start_cpu))
     return steps * batch_size / (time.perf_counter() - start)
 
 
@@ -149,14 +232,34 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=50_000)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--variants", default="default",
+                    help=f"comma-separated, of: {', '.join(VARIANTS)}; all: every one; none: only ours as plain")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
+                    help="another variant: training-section fields merged over the defaults' model")
+    ap.add_argument("--no-input", action="store_true", help="skip the input pipeline's rates")
+    ap.add_argument("--workdir", help="keep the preprocessed rows here and reuse them when present (default: a new temp dir)")
     args = ap.parse_args()
-    workdir = tempfile.mkdtemp(prefix="trainer_bench_")
-    cfg, meta = prepare(args.rows, workdir, formats=("blocks", "examples"))
+    names = [] if args.variants == "none" else list(VARIANTS) if args.variants == "all" else args.variants.split(",")
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}")
+    variants = {n: VARIANTS[n] for n in names}
+    for spec in args.variant:
+        name, _, text = spec.partition("=")
+        try:
+            variants[name] = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise SystemExit(f"--variant {spec!r}: not NAME=JSON ({err})")
+    workdir = args.workdir or tempfile.mkdtemp(prefix="trainer_bench_")
+    formats = ("blocks",) if args.no_input else ("blocks", "examples")
+    done = os.path.join(workdir, f"prepared_{args.rows}_{'_'.join(formats)}")
+    cfg, meta = prepare(args.rows, workdir, formats=formats, preprocess=not os.path.exists(done))
+    open(done, "w").close()
     root = os.path.join(workdir, "tx")
     files = [os.path.join(root, "Split-train", "*")]
     manifest = tm.read_manifest_for(files)
     example_files = [os.path.join(workdir, "tx_examples", "Split-train", "*")]
-    example_manifest = tm.read_manifest_for(example_files)
+    example_manifest = None if args.no_input else tm.read_manifest_for(example_files)
     plan = derive_plan(cfg, manifest, tm.read_statistics_for(files))
     t = cfg.training
     bs = t.batch_size
@@ -191,13 +294,29 @@ def main() -> int:
     plain = PlainKerasDLRM(plan, manifest, t, tf_objects.keras_optimizer(optimizer_spec(t.embedding_optimizer)),
                            tf_objects.keras_optimizer(optimizer_spec(t.dense_optimizer)))
     plain.compile(optimizer=plain.dense_optimizer, loss=tf.keras.losses.BinaryCrossentropy())
+    models = {}
+    for name, overrides in variants.items():
+        vcfg = variant_config(cfg, overrides)
+        vplan = derive_plan(vcfg, manifest, tm.read_statistics_for(files))
+        model = tm.build_model(vplan, manifest, vcfg, for_training=True)
+        model.compile(optimizer=model.dense_optimizer, loss=tf.keras.losses.BinaryCrossentropy())
+        models[name] = model
 
-    results = {"ours": [], "plain_keras": [], "input": [], "input_per_row_examples": []}
+    results = {"ours": [], "plain_keras": [], **{f"variant:{n}": [] for n in models}}
+    cpu = {k: [] for k in results}  # examples per CPU-second
+    if not args.no_input:
+        results.update(input=[], input_per_row_examples=[])
     for r in range(args.repeats):
-        results["ours"].append(examples_per_second(ours, cached_ours, args.steps, bs, warmup=r == 0))
-        results["plain_keras"].append(examples_per_second(plain, cached, args.steps, bs, warmup=r == 0))
-        results["input"].append(input_rate(per_row=False))
-        results["input_per_row_examples"].append(input_rate(per_row=True))
+        results["ours"].append(examples_per_second(ours, cached_ours, args.steps, bs, r == 0, cpu["ours"]))
+        results["plain_keras"].append(examples_per_second(plain, cached, args.steps, bs, r == 0, cpu["plain_keras"]))
+        for name, model in models.items():
+            key = f"variant:{name}"
+            results[key].append(examples_per_second(model, cached_ours, args.steps, bs, r == 0, cpu[key]))
+        if not args.no_input:
+            results["input"].append(input_rate(per_row=False))
+            results["input_per_row_examples"].append(input_rate(per_row=True))
+        print(f"repeat {r + 1}: " + ", ".join(f"{k} {v[-1]:,.0f} ({cpu[k][-1]:,.0f} a CPU-s)" if k in cpu else
+                                              f"{k} {v[-1]:,.0f}" for k, v in results.items()), flush=True)
     med = {k: st.median(v) for k, v in results.items()}
     best = {k: max(v) for k, v in results.items()}
     out = {
@@ -211,20 +330,36 @@ def main() -> int:
         "median": med,
         "best": best,
         "ours_vs_plain": best["ours"] / best["plain_keras"],
-        "input_vs_ours": best["input"] / best["ours"],
         "median_ours_vs_plain": med["ours"] / med["plain_keras"],
-        "median_input_vs_ours": med["input"] / med["ours"],
-        "input_blocks_vs_per_row": best["input"] / best["input_per_row_examples"],
-        "median_input_blocks_vs_per_row": med["input"] / med["input_per_row_examples"],
+        "examples_per_cpu_second": cpu,
+        "variants": {n: {"training": variants[n], "vs_plain": best[f"variant:{n}"] / best["plain_keras"],
+                         "median_vs_plain": med[f"variant:{n}"] / med["plain_keras"],
+                         "cpu_vs_plain": max(cpu[f"variant:{n}"]) / max(cpu["plain_keras"]),
+                         "median_cpu_vs_plain": st.median(cpu[f"variant:{n}"]) / st.median(cpu["plain_keras"])}
+                     for n in models},
     }
+    if not args.no_input:
+        out.update({
+            "input_vs_ours": best["input"] / best["ours"],
+            "median_input_vs_ours": med["input"] / med["ours"],
+            "input_blocks_vs_per_row": best["input"] / best["input_per_row_examples"],
+            "median_input_blocks_vs_per_row": med["input"] / med["input_per_row_examples"],
+        })
     os.makedirs(os.path.join(REPO, "bench", "results"), exist_ok=True)
-    with open(os.path.join(REPO, "bench", "results", "trainer.json"), "w") as fh:
+    result_name = "trainer.json" if not args.no_input and not args.variant else "trainer_variants.json"
+    with open(os.path.join(REPO, "bench", "results", result_name), "w") as fh:
         json.dump(out, fh, indent=2)
     print(f"| contender | examples/s, best of {args.repeats} | median | ratio (best; median) |")
     print("|---|---|---|---|")
     print(f"| plain Keras (tf.keras.layers.Embedding) train step | {best['plain_keras']:,.0f} | {med['plain_keras']:,.0f} | 1.00 |")
     print(f"| ours (embedding plan: {' + '.join(out['placement'])}) train step | {best['ours']:,.0f} | {med['ours']:,.0f} | "
           f"{out['ours_vs_plain']:.2f}; {out['median_ours_vs_plain']:.2f} vs plain (target >= 0.9) |")
+    for n, v in out["variants"].items():
+        print(f"| ours, variant `{n}` {json.dumps(variants[n])} | {best['variant:' + n]:,.0f} | "
+              f"{med['variant:' + n]:,.0f} | {v['vs_plain']:.2f}; {v['median_vs_plain']:.2f} vs plain "
+              f"(a CPU-second: {v['cpu_vs_plain']:.2f}; {v['median_cpu_vs_plain']:.2f}) |")
+    if args.no_input:
+        return 0
     print(f"| input pipeline alone | {best['input']:,.0f} | {med['input']:,.0f} | "
           f"{out['input_vs_ours']:.2f}x; {out['median_input_vs_ours']:.2f}x our step (target >= 4) |")
     print(f"| input pipeline, one tf.Example per row | {best['input_per_row_examples']:,.0f} | "

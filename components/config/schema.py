@@ -325,6 +325,11 @@ class DenseBucketsConfig:
     # it, 1 above it, the fraction inside it) times a [bins, dim] matrix: neighbouring values get
     # neighbouring vectors (Gorishniy et al. 2022, "On embeddings for numerical features").
     encoding: BucketEncoding = BucketEncoding.EMBEDDING
+    # Where the bucket vectors enter the model: `interaction` beside the categorical features'
+    # vectors (into the cross layers or the dot interaction, under input dropout); `bottom_mlp`
+    # beside the dense values as the bottom MLP's input, which keeps the cross layers / interaction
+    # as wide as without buckets (bench/README.md "Trainer": what each costs).
+    into: str = "interaction"
 
 
 # The default training length (training.epochs unset) from the train split's size: DEFAULT_EPOCHS
@@ -376,6 +381,9 @@ class TrainingConfig:
     # none. It keeps the per-ID vectors of rarely seen IDs from being fitted alone; 0.2 with the
     # longer default length it needs did more in sum than 0.1 or 0.3 (bench/README.md "Defaults on real data").
     input_dropout: float = 0.2
+    # How the input dropout's stateless mask is drawn: float (one random float an entry) or byte
+    # (one random byte an entry, the rate rounded to a multiple of 1/256; a quarter of the draws).
+    input_dropout_mask: str = "float"
     embedding_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(OptimizerName.ADAGRAD, 0.1))
     dense_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(OptimizerName.ADAM, 0.001))
     # Every embedding gradient times this factor (a schedule of the step) on CPU/GPU and TPU alike;

@@ -8,11 +8,14 @@ feature's [batch, length, dim] vectors, pooled here); its output the click proba
   embedding (tables of another width are projected), top MLP on [bottom, interactions];
 - `dcn_v2`: the bottom output and the embeddings concatenated, `cross_layers` DCN-v2 cross layers
   (tfrs.layers.dcn.Cross, low-rank when `cross_projection_dim` is set), then the top MLP.
+The dense features' bucket vectors (training.dense_buckets) join the categorical features' vectors
+there (`into: interaction`) or the dense values as the bottom MLP's input (`into: bottom_mlp`).
 `dropout` (training only) follows each hidden top-MLP layer, and `input_dropout` applies to the
-features' and buckets' vectors that enter the cross layers or the interaction (not the bottom
-MLP's output); their masks are stateless in the step. With the wide part (training.wide) the
-wide features' pooled weights, a linear term of the dense features and the buckets' weights are
-added to the logit.
+features' (and, `into: interaction`, buckets') vectors that enter the cross layers or the
+interaction (not the bottom MLP's input or output); their masks are stateless in the step
+(`input_dropout_mask: byte`: drawn a byte an entry). With the wide part (training.wide) the wide
+features' pooled weights, a linear term of the dense features and the buckets' weights are added
+to the logit.
 
 The tower is a plain Python object, not a Keras layer: each model tracks the tower's layers as
 attributes of its own (`DenseTower.layers`), so checkpoint keys (`model/bottom_mlp/...`) and
@@ -35,6 +38,11 @@ from components.embedding_model.lookups import sequence_mask
 from components.config.choices import BucketEncoding, ModelType
 from components.config.choices import SequencePooling as PoolingKind
 
+# training.dense_buckets.into: where the bucket vectors enter the model
+BUCKETS_INTO_INTERACTION = "interaction"
+BUCKETS_INTO_BOTTOM_MLP = "bottom_mlp"
+# training.input_dropout_mask: one float draw per masked entry (float) or one byte (byte)
+INPUT_DROPOUT_BYTE_MASK = "byte"
 BATCH_KEY = "__batch"  # int64 scalar: the batch size, with fused inputs
 DENSE_KEY = "__dense"  # float32 [batch, dense features]: the dense features in one matrix, with fused inputs
 
@@ -137,11 +145,15 @@ class StepDropout(tf.keras.layers.Layer):
     Args:
       rate: the fraction dropped, in [0, 1).
       seed: the layer's seed.
+      byte_mask: draw one random byte per entry (four from each 32-bit draw) and drop the entries
+        whose byte is under round(rate * 256): a quarter of the random draws of a float mask, the
+        rate rounded to a multiple of 1/256 (0.2: 51/256 = 0.1992; kept entries scaled by 1 / (1 -
+        that)). False: one float draw per entry (tf.nn.experimental.stateless_dropout).
     """
 
-    def __init__(self, rate: float, seed: int, **kwargs):
+    def __init__(self, rate: float, seed: int, byte_mask: bool = False, **kwargs):
         super().__init__(**kwargs)
-        self.rate, self.seed = rate, seed
+        self.rate, self.seed, self.byte_mask = rate, seed, byte_mask
         self.step_fn = None
 
     def call(self, x, training=False):
@@ -153,7 +165,30 @@ class StepDropout(tf.keras.layers.Layer):
         replica_id = replica.replica_id_in_sync_group if replica is not None else 0
         step = tf.cast(self.step_fn(), tf.int64) if self.step_fn is not None else tf.constant(0, tf.int64)
         key = tf.cast(self.seed, tf.int64) * 1_000_003 + tf.cast(replica_id, tf.int64)
-        return tf.nn.experimental.stateless_dropout(x, self.rate, seed=tf.stack([key, step]))
+        if not self.byte_mask:
+            return tf.nn.experimental.stateless_dropout(x, self.rate, seed=tf.stack([key, step]))
+        return x * byte_keep_mask(tf.shape(x), self.rate, tf.stack([key, step]), x.dtype)
+
+
+def byte_keep_mask(shape: tf.Tensor, rate: float, seed: tf.Tensor, dtype=tf.float32) -> tf.Tensor:
+    """A stateless dropout keep-mask from one random byte per entry.
+
+    Args:
+      shape: int32 [2], the mask's [rows, columns].
+      rate: the fraction dropped, in [0, 1); rounded to a multiple of 1/256, at most 255/256.
+      seed: int64 [2], the stateless seed.
+      dtype: the mask's dtype.
+
+    Returns:
+      [rows, columns] of 0 (dropped: the entry's byte < round(rate * 256)) and 1 / (1 - rounded
+      rate) elsewhere.
+    """
+    threshold = min(int(round(rate * 256)), 255)
+    size = tf.reduce_prod(shape)
+    words = tf.random.stateless_uniform([(size + 3) // 4], seed=seed, minval=None, maxval=None, dtype=tf.uint32)
+    drawn = tf.reshape(tf.bitcast(words, tf.uint8), [-1])[:size]
+    keep = tf.cast(drawn >= threshold, dtype) * (256.0 / (256 - threshold))
+    return tf.reshape(keep, shape)
 
 
 def mlp(widths: List[int], name: str, last_activation: Optional[str] = "relu", dropout: float = 0.0,
@@ -371,6 +406,10 @@ class DenseTower:
         self.wide_dense = (tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros", name="wide_dense")
                            if features.wide_features and features.dense_names else None)
         buckets = plan.dense_buckets  # in the model's dense feature order
+        # Where the bucket vectors enter: beside the features' vectors (interaction), or beside the
+        # dense values into the bottom MLP (bottom_mlp: the cross layers / interaction stay as wide
+        # as without buckets, which is where their cost was).
+        self.buckets_into = training.dense_buckets.into
         self.bucket_tables = {
             n: BucketTable(buckets.boundaries[n], buckets.dim, bool(features.wide_features), f"buckets_{n}", buckets.encoding)
             for n in features.dense_names if buckets is not None and n in buckets.boundaries}
@@ -385,7 +424,8 @@ class DenseTower:
                            seed=training.seed)
         # No variables, so checkpoints and the serving model do not change with it. The bottom
         # MLP's output is left out: without buckets a dense feature reaches the model only through it.
-        self.input_dropout = (StepDropout(training.input_dropout, seed=training.seed * 100 + 99, name="input_dropout")
+        self.input_dropout = (StepDropout(training.input_dropout, seed=training.seed * 100 + 99, name="input_dropout",
+                                          byte_mask=training.input_dropout_mask == INPUT_DROPOUT_BYTE_MASK)
                               if training.input_dropout else None)
         if step_fn is not None:
             for layer in self.top_mlp.layers + [self.input_dropout]:
@@ -396,8 +436,9 @@ class DenseTower:
         """DotInteraction needs one width: features and buckets of another dim are projected (no bias)."""
         self.projections = {n: tf.keras.layers.Dense(width, use_bias=False, name=f"project_{n}")
                             for n in self.features.categorical_names if self.features.feature_dim[n] != width}
-        self.projections.update({n: tf.keras.layers.Dense(width, use_bias=False, name=f"project_{n}")
-                                 for n, t in self.bucket_tables.items() if t.dim != width})
+        if self.buckets_into == BUCKETS_INTO_INTERACTION:
+            self.projections.update({n: tf.keras.layers.Dense(width, use_bias=False, name=f"project_{n}")
+                                     for n, t in self.bucket_tables.items() if t.dim != width})
         self.interaction = tfrs.layers.feature_interaction.DotInteraction(self_interaction=False)
 
     def layers(self) -> Dict[str, Any]:
@@ -463,7 +504,9 @@ class DenseTower:
         Returns:
           (dense, buckets, bottom): float32 [batch, dense] signed log1p values ([batch, 1] zeros
           without dense features); {feature: ([batch, dim] vectors, [batch, 1] wide weights or
-          None)} per bucketed feature; the bottom MLP's float32 [batch, bottom_mlp[-1]] output.
+          None)} per bucketed feature; the bottom MLP's float32 [batch, bottom_mlp[-1]] output (its
+          input the dense values, and with `into: bottom_mlp` the bucket vectors after them, in the
+          model's dense feature order).
         """
         names = self.features.dense_names
         buckets: Dict[str, Tuple[tf.Tensor, Optional[tf.Tensor]]] = {}
@@ -477,6 +520,8 @@ class DenseTower:
             first = self.features.categorical_names[0]
             batch = inputs[BATCH_KEY] if BATCH_KEY in inputs else tf.shape(inputs[first], out_type=tf.int64)[0]
             dense = tf.zeros([batch, 1])
+        if buckets and self.buckets_into == BUCKETS_INTO_BOTTOM_MLP:
+            return dense, buckets, self.bottom_mlp(tf.concat([dense] + [v for v, _ in buckets.values()], axis=1))
         return dense, buckets, self.bottom_mlp(dense)
 
     def pool_sequences(self, out: Dict[str, tf.Tensor], inputs: Dict[str, Any]) -> Dict[str, tf.Tensor]:
@@ -519,8 +564,11 @@ class DenseTower:
         Returns:
           float32 [batch, 1] probabilities.
         """
-        # the categorical features' pooled vectors, then the dense features' bucket vectors
-        names = list(self.features.categorical_names) + list(buckets)
+        # the categorical features' pooled vectors, then the dense features' bucket vectors (unless
+        # they went into the bottom MLP)
+        names = list(self.features.categorical_names)
+        if self.buckets_into == BUCKETS_INTO_INTERACTION:
+            names += list(buckets)
         vectors = {**embedded, **{n: v for n, (v, _) in buckets.items()}}
         if self.model_type == ModelType.DLRM:
             top_input = self._interact(bottom, [vectors[n] for n in names], names, training)
