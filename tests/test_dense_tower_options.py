@@ -13,6 +13,7 @@ import tensorflow as tf
 from components.config.schema import DenseBucketsConfig, TrainingConfig
 from components.contracts.plan import DenseBuckets
 from components.embedding_model.dense_tower import DenseTower, ModelFeatures, StepDropout, byte_keep_mask
+from components.embedding_model.sparsecore_state import plan_signature
 
 BOUNDARIES = {"a": (0.0, 1.0), "b": (5.0,)}  # a: 3 buckets, b: 2
 DIM = 2  # the buckets' width
@@ -136,3 +137,14 @@ def test_buckets_into_bottom_mlp_train_and_restore_for_serving(trainer_data):
     assert all(np.abs(t.embeddings.numpy()).max() > 0 for t in model.bucket_tables.values())
     probs = model(features).numpy()
     assert probs.shape == (64, 1) and np.all((probs > 0) & (probs < 1))
+
+
+@pytest.mark.parametrize("into, recorded", [("interaction", None), ("bottom_mlp", "bottom_mlp")])
+def test_the_resume_signature_holds_where_the_buckets_enter(into, recorded):
+    """A run resumed with another `into` builds other dense kernels: the state's plan signature
+    names it, and leaves the default out (records written before the option compare equal)."""
+    plan = SimpleNamespace(tables={}, features={},
+                           dense_buckets=DenseBuckets(dim=DIM, boundaries=BOUNDARIES, source="hand-set"))
+    training = dataclasses.replace(TrainingConfig(), dense_buckets=DenseBucketsConfig(dim=DIM, into=into))
+    signature = plan_signature(plan, SimpleNamespace(kind="A"), SimpleNamespace(training=training), ["a", "b"])
+    assert signature["model"].get("dense_buckets_into") == recorded

@@ -231,6 +231,10 @@ def plan_signature(plan: EmbeddingPlan, layout: CheckpointLayout, cfg, dense_fea
                   "bottom_mlp": list(t.bottom_mlp), "top_mlp": list(t.top_mlp),
                   "dense_optimizer": t.dense_optimizer.name, "embedding_optimizer": t.embedding_optimizer.name},
     }
+    if plan.dense_buckets is not None and t.dense_buckets.into != "interaction":
+        # where the bucket vectors enter changes the dense kernels' shapes; the default is left out,
+        # so the records of runs written before the option compare equal
+        signature["model"]["dense_buckets_into"] = t.dense_buckets.into
     if layout.kind == "B":
         stacks: Dict[str, List[str]] = {}
         layouts = plan_sparse_core_layouts(plan, int(layout.num_replicas), int(layout.sparse_cores_per_chip),
