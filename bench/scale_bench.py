@@ -2,6 +2,7 @@
 single-process pyarrow floor on the same CSV.
 
     .venv/bin/python bench/scale_bench.py [--rows 1000000 5000000 20000000] [--steps 100] [--workers 0] [--data-only]
+        [--train-epochs 1]
 
 For each row count:
 - the data: `components.example_gen.synthetic_data` (Criteo-like, about 350 bytes a row), generated once into
@@ -18,6 +19,14 @@ For each row count:
   distinct values (`pc.value_counts`): the least a vocabulary count costs, the floor of 370k rows/s
   at 1M that the data path's 8x target was set against. It holds the columns in memory (about
   7 GB at 20M rows).
+With `--train-epochs E` the Trainer trains E passes over the train split (the demo config's model,
+the Trainer's default checkpoint interval and held-out evaluations; no `--steps`), and the run
+reports the Trainer's examples/s (its training steps' own seconds, from `training_run.json`), the
+rate of the same training input alone (`trainer_module.training_input` consumed inside TensorFlow,
+in a fresh process after the run; target at least 4x the step), the seconds of the held-out slice's
+read, the held-out evaluations with the selection, and the final evaluation (target under 10% of
+the Trainer's time together), the peak process-tree memory of the Trainer and the Exporter (target
+under 8 GB), the Exporter's seconds and the eval AUC.
 With `--data-only` each run is stopped once preprocessing finished (the ledger then comes from
 preprocessing's statistics). The row ledger must balance and the run must succeed, or the bench fails. Results go to
 bench/results/scale.json (and are printed as a markdown table); `bench/README.md` keeps them with
@@ -144,7 +153,12 @@ def counting_floor(data: str) -> float:
     return float(out.split()[-1])
 
 
-def bench_config(path: str, data: str, steps: int, workers: int, top_k: Optional[int] = None) -> None:
+def bench_config(path: str, data: str, steps: int, workers: int, top_k: Optional[int] = None,
+                 epochs: Optional[float] = None, rows: int = 0) -> None:
+    """Writes the benchmark's config: configs/demo.yaml on `data`, `steps` training steps, or with
+    `epochs` that many passes over the train split at the Trainer's default checkpoint interval and
+    held-out evaluations (the cosine decay over the run's estimated steps: `rows` x the train share
+    of ExampleGen's hash split / the batch size)."""
     with open(os.path.join(REPO, "configs", "demo.yaml")) as fh:
         cfg = yaml.safe_load(fh)
     if top_k:  # every vocabulary capped: the same vocabulary sizes at every row count
@@ -152,9 +166,17 @@ def bench_config(path: str, data: str, steps: int, workers: int, top_k: Optional
             vocabulary["top_k"] = top_k
     cfg["name"] = "scale-bench"
     cfg["input"]["path"] = data
-    cfg["training"]["train_steps"] = steps
-    cfg["training"]["checkpoint_every_steps"] = steps
-    cfg["training"]["dense_optimizer"].get("schedule", {})["decay_steps"] = steps
+    training = cfg["training"]
+    if epochs:
+        training.pop("train_steps", None)
+        training.pop("checkpoint_every_steps", None)
+        training["epochs"] = epochs
+        share = cfg["input"]["train_buckets"] / (cfg["input"]["train_buckets"] + cfg["input"]["eval_buckets"])
+        steps = max(1, int(epochs * rows * share / training["batch_size"]))
+    else:
+        training["train_steps"] = steps
+        training["checkpoint_every_steps"] = steps
+    training["dense_optimizer"].get("schedule", {})["decay_steps"] = steps
     cfg["beam"]["direct_num_workers"] = workers
     with open(path, "w") as fh:
         yaml.safe_dump(cfg, fh)
@@ -174,7 +196,7 @@ def one_size(rows: int, args) -> Dict:
         count_s = min(counting_floor(data), counting_floor(data))
         print(f"  counting floor: {count_s:.1f}s ({rows / count_s:,.0f} rows/s)", flush=True)
     cfg = os.path.join(args.work_dir, f"scale_{rows}.yaml")
-    bench_config(cfg, data, args.steps, args.workers, args.top_k)
+    bench_config(cfg, data, args.steps, args.workers, args.top_k, args.train_epochs, rows)
     out = os.path.join(args.work_dir, f"out_{rows}")
     subprocess.run(["rm", "-rf", out], check=True)
     stamps, wall, _ = run_pipeline(cfg, out, args.data_only)
@@ -208,10 +230,81 @@ def one_size(rows: int, args) -> Dict:
               + (f", {secs / count_s:.1f}x the counting floor's" if count_s else ""), flush=True)
     if not ledger or not all(st["balanced"] for st in ledger.get("stages", [])):
         raise RuntimeError(f"{rows} rows: the row ledger does not balance: {ledger}")
-    return {"rows": rows, "csv_gb": round(os.path.getsize(data) / 1e9, 2), "floor": {"seconds": round(floor_s, 1), "rows_per_s": round(floor_rows / floor_s)},
+    training = None
+    if args.train_epochs and not args.data_only:
+        training = training_figures(out, stamps, cfg)
+    return {"rows": rows, "training": training, "csv_gb": round(os.path.getsize(data) / 1e9, 2), "floor": {"seconds": round(floor_s, 1), "rows_per_s": round(floor_rows / floor_s)},
             "counting_floor": {"seconds": round(count_s, 1), "rows_per_s": round(rows / count_s)} if count_s else None,
             "stages": stages, "ingest": ingest, "wall_seconds": None if args.data_only else round(wall, 1),
             "eval_auc": summary.get("eval_auc")}
+
+
+def stage_figures(stamps: Dict[str, Dict[str, float]], name: str) -> Optional[Dict[str, float]]:
+    """{seconds, peak_rss_gb} of one component from its progress lines, or None."""
+    s = stamps.get(name)
+    if not s or "end" not in s or "start" not in s:
+        return None
+    return {"seconds": round(s["end"] - s["start"], 1), "peak_rss_gb": round(s["peak_rss"] / 1e9, 2)}
+
+
+def input_rate(out: str, config: str, batches: int = 2000) -> float:
+    """Examples/s of the Trainer's own training input (`trainer_module.training_input`: the same
+    files, plan, held-out slice and batch) alone, consumed inside TensorFlow, in a fresh process."""
+    code = """
+import glob, json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+import components
+import tensorflow as tf
+from components.config.loading import load_config
+from components.embedding_trainer import trainer_module
+out, config, batches = sys.argv[2], sys.argv[3], int(sys.argv[4])
+cfg = load_config(config)
+root = os.path.join(out, "pipeline_root")
+train = glob.glob(os.path.join(root, "EmbeddingPreprocess", "transformed_examples", "*", "Split-train"))[0]
+model = sorted(glob.glob(os.path.join(root, "Trainer", "model", "*")))[-1]
+files = [os.path.join(train, "*")]
+manifest = trainer_module.read_manifest_for(files)
+plan = trainer_module.read_plan(model)
+t = cfg.training
+rows = (json.load(open(os.path.join(out, "summary.json"))).get("rows_read") or {}).get("train")
+fraction = t.holdout_fraction(rows) if rows else 0.0
+ds = trainer_module.training_input(files, manifest, plan, t, t.batch_size, 0, 1, fraction)(None)
+ds.take(50).reduce(0, lambda n, b: n + 1)
+start = time.time()
+n = ds.take(batches).reduce(tf.constant(0, tf.int64), lambda n, b: n + tf.shape(b[1], out_type=tf.int64)[0])
+print(int(n) / (time.time() - start))
+"""
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "-c", code, REPO, out, config, str(batches)], capture_output=True,
+                          text=True, env=env)
+    if proc.returncode:
+        raise RuntimeError(f"input rate measurement failed:\n{proc.stderr[-3000:]}")
+    return float(proc.stdout.split()[-1])
+
+
+def training_figures(out: str, stamps: Dict[str, Dict[str, float]], config: str) -> Dict:
+    """The epoch run's Trainer and Exporter: examples/s, the input's rate beside the step's, the
+    time held-out evaluation, selection and the final evaluation took, peak memory, eval AUC."""
+    model = sorted(glob.glob(os.path.join(out, "pipeline_root", "Trainer", "model", "*")))[-1]
+    with open(os.path.join(model, "training_run.json")) as fh:
+        run = json.load(fh)
+    trainer, exporter = stage_figures(stamps, "Trainer"), stage_figures(stamps, "EmbeddingExporter")
+    seconds = run.get("seconds") or {}  # trainer_module._seconds: training, holdout_read, holdout_evaluations, final_evaluation
+    steps = run["final_step"] - (run.get("resumed_from_step") or 0)
+    batch = run["per_replica_batch_size"] * run["replicas"]
+    train_s = seconds.get("training")
+    step_rate = steps * batch / train_s if steps and train_s else None
+    feed = input_rate(out, config)
+    figures = {"trainer": trainer, "exporter": exporter, "steps": steps, "seconds": seconds,
+               "examples_per_s": round(step_rate) if step_rate else None, "input_examples_per_s": round(feed),
+               "input_x_step": round(feed / step_rate, 2) if step_rate else None,
+               "model_step": run.get("model_step"), "selection": run.get("selection")}
+    evaluating = sum(seconds.get(k) or 0 for k in ("holdout_read", "holdout_evaluations", "final_evaluation"))
+    if trainer and evaluating:
+        figures["evaluation_share_of_trainer"] = round(evaluating / trainer["seconds"], 3)
+    print(f"  Trainer: {json.dumps(figures, default=str)}", flush=True)
+    return figures
 
 
 def markdown(results: List[Dict]) -> str:
@@ -245,6 +338,9 @@ def main() -> int:
                    help="stop each run once preprocessing finished (ExampleGen and preprocessing measured; no training)")
     p.add_argument("--counting-floor", action="store_true",
                    help="also time bench/preprocess_bench.py's floor (the categorical columns read and their values counted) on each CSV")
+    p.add_argument("--train-epochs", type=float, default=None,
+                   help="train this many passes over the train split at the defaults (instead of --steps) and report "
+                        "the Trainer's examples/s, its input's rate, evaluation time, peak memory and the Exporter's")
     p.add_argument("--results", default=os.path.join(REPO, "bench", "results", "scale.json"))
     args = p.parse_args()
     os.makedirs(args.work_dir, exist_ok=True)
@@ -253,7 +349,26 @@ def main() -> int:
     with open(args.results, "w") as fh:
         json.dump({"machine": f"{os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB", "results": results}, fh, indent=2)
     print(markdown(results))
+    trained = [r for r in results if r.get("training")]
+    if trained:
+        print(training_markdown(trained))
     return 0
+
+
+def training_markdown(results: List[Dict]) -> str:
+    """The epoch runs' Trainer and Exporter figures as a markdown table."""
+    lines = ["| rows | steps | examples/s | input examples/s (x step) | held-out read / evaluations + selection / final evaluation s "
+             "(share of Trainer) | Trainer s / peak GB | Exporter s / peak GB | eval AUC |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        t = r["training"]
+        sec = t["seconds"]
+        tr, ex = t["trainer"] or {}, t["exporter"] or {}
+        lines.append(f"| {r['rows']:,} | {t['steps']:,} | {t['examples_per_s']:,} | {t['input_examples_per_s']:,} "
+                     f"({t['input_x_step']}x) | {sec.get('holdout_read')} / {sec.get('holdout_evaluations')} / "
+                     f"{sec.get('final_evaluation')} ({t.get('evaluation_share_of_trainer')}) | {tr.get('seconds')} / "
+                     f"{tr.get('peak_rss_gb')} | {ex.get('seconds')} / {ex.get('peak_rss_gb')} | {r.get('eval_auc')} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
