@@ -17,7 +17,18 @@ from components.data_io.tfrecords import compression_type
 from components.embedding_preprocess.transform import from_blocks
 
 
-def _is_parquet(files: List[str]) -> bool:
+def is_parquet(files: List[str]) -> bool:
+    """Whether a split's files are Parquet (else TFRecords of tf.Examples).
+
+    Args:
+      files: the split's files.
+
+    Returns:
+      True for Parquet files.
+
+    Raises:
+      ValueError: the files mix both kinds.
+    """
     kinds = {str(f).endswith(".parquet") for f in files}
     if len(kinds) > 1:
         raise ValueError(f"mixed Parquet and TFRecord files, e.g. {sorted(files)[:2]}; keep one kind per split")
@@ -42,7 +53,7 @@ def serialized_examples(file_pattern: str, limit: int) -> List[bytes]:
     if not files:
         return []
     out: List[bytes] = []
-    if _is_parquet(files):
+    if is_parquet(files):
         encoder = example_coder.RecordBatchToExamplesEncoder()
         for path in files:
             with FileSystems.open(path) as fh:  # local or gs://, seekable (pyarrow reads the footer first)

@@ -25,6 +25,7 @@ import tensorflow as tf
 from apache_beam.io.filesystems import FileSystems
 from tfx_bsl.coders import example_coder
 
+from components.data_io.examples_io import is_parquet
 from components.data_io.tfrecords import compression_type
 
 # Strata of a Parquet sample: the number of places a sample is read from (each a run of rows).
@@ -53,11 +54,8 @@ def sample_examples(file_pattern: str, size: int, seed: int, blocks: int = SAMPL
     files = sorted(tf.io.gfile.glob(file_pattern))
     if not files:
         return []
-    kinds = {f.endswith(".parquet") for f in files}
-    if len(kinds) > 1:
-        raise ValueError(f"mixed Parquet and TFRecord files in {file_pattern}, e.g. {files[:2]}; keep one kind per split")
     rng = np.random.default_rng(seed)
-    out = _parquet_sample(files, size, blocks, rng) if kinds == {True} else _reservoir_sample(files, size, rng)
+    out = _parquet_sample(files, size, blocks, rng) if is_parquet(files) else _reservoir_sample(files, size, rng)
     return [out[i] for i in rng.permutation(len(out))]
 
 

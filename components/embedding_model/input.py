@@ -94,6 +94,18 @@ def record_keys(records: tf.Tensor) -> tf.Tensor:
     return tf.reduce_sum(tf.where(present, hashes, tf.zeros_like(hashes)), axis=1)
 
 
+def record_buckets(records: tf.Tensor) -> tf.Tensor:
+    """Each serialized record's held-out bucket: its content key modulo HOLDOUT_BUCKETS.
+
+    Args:
+      records: string [n], serialized tf.Examples.
+
+    Returns:
+      int64 [n], in [0, HOLDOUT_BUCKETS).
+    """
+    return tf.math.floormod(record_keys(records), HOLDOUT_BUCKETS)
+
+
 def in_holdout(records: tf.Tensor, fraction: float) -> tf.Tensor:
     """Whether each serialized record is in the train split's held-out slice.
 
@@ -104,7 +116,7 @@ def in_holdout(records: tf.Tensor, fraction: float) -> tf.Tensor:
     Returns:
       bool [n].
     """
-    return tf.math.floormod(record_keys(records), HOLDOUT_BUCKETS) < holdout_buckets(fraction)
+    return record_buckets(records) < holdout_buckets(fraction)
 
 
 def _ALL(ds: tf.data.Dataset) -> tf.data.Dataset:
@@ -178,7 +190,7 @@ def read_holdout(file_patterns: List[str], manifest: VocabularyManifest, fractio
     label_spec = {manifest.label: tf.io.RaggedFeature(tf.float32)}
 
     def kept(records):
-        buckets = tf.math.floormod(record_keys(records), HOLDOUT_BUCKETS)  # as in_holdout
+        buckets = record_buckets(records)
         chosen = buckets < bound
         records, buckets = tf.boolean_mask(records, chosen), tf.boolean_mask(buckets, chosen)
         if blocks:  # a block's rows: its label's values
@@ -251,8 +263,15 @@ def records_dataset(records: tf.Tensor, manifest: VocabularyManifest, batch_size
             lambda s: parse_batch(s, manifest, None, dense_id_widths, sequence_lengths),
             num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
     ds = _whole_block_batches(ds, manifest, max(1, batch_size // max(1, manifest.block_rows)), training=False)
+    return _block_rows_as_inputs(ds, manifest, None, dense_id_widths, sequence_lengths)
+
+
+def _block_rows_as_inputs(ds: tf.data.Dataset, manifest: VocabularyManifest, static: Optional[int],
+                          dense_id_widths: Optional[Dict[str, int]], sequence_lengths: Optional[Dict[str, int]]
+                          ) -> tf.data.Dataset:
+    """Batches of rows parsed from blocks ({name: values}) -> (features, label), in parallel, prefetched."""
     to_inputs = lambda p: model_inputs(  # noqa: E731
-        rows_as_parsed(p, manifest, dense_id_widths, sequence_lengths), manifest, None, dense_id_widths,
+        rows_as_parsed(p, manifest, dense_id_widths, sequence_lengths), manifest, static, dense_id_widths,
         sequence_lengths)
     return ds.map(to_inputs, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
@@ -691,11 +710,7 @@ def _blocks_dataset(
     else:
         ds = _drawn_per_step(streams, seed, _tail_share(whole, tail, kept_tail_bytes), max(1, unit // batch_size))
     ds = _this_pipelines_batches(ds, skip_batches, keep_every, shard[0])
-    static = batch_size if training else None
-    to_inputs = lambda p: model_inputs(  # noqa: E731
-        rows_as_parsed(p, manifest, dense_id_widths, sequence_lengths), manifest, static, dense_id_widths,
-        sequence_lengths)
-    return ds.map(to_inputs, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    return _block_rows_as_inputs(ds, manifest, batch_size if training else None, dense_id_widths, sequence_lengths)
 
 
 def _whole_and_tail_files(files: List[str]) -> Tuple[List[str], List[str]]:
