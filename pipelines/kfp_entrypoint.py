@@ -30,6 +30,7 @@ from absl import logging as absl_logging
 from google.protobuf import json_format
 
 import components  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow is imported)
+from components.data_io.beam_runtime import skip_tfx_sdist_for_local_runners
 
 log = logging.getLogger("kfp_entrypoint")
 
@@ -142,6 +143,7 @@ def run(argv: List[str]) -> None:
     from tfx.orchestration.kubeflow.v2.container import kubeflow_v2_run_executor
 
     args, beam_args = _parse_flags(argv)
+    skip_tfx_sdist_for_local_runners()
     executor_input = json.loads(args.json_serialized_invocation_args)
     inputs_spec = json.loads(args.json_serialized_inputs_spec_args) if args.json_serialized_inputs_spec_args else None
     restored = restore_input_types(executor_input, inputs_spec)

@@ -10,6 +10,7 @@ import os
 import re
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from components.data_io.beam_runtime import skip_tfx_sdist_for_local_runners
 from components.config.schema import ConfigError, PipelineConfig
 from components.reporting.progress import LAST_BLESSED, PUSHER  # the registry's read and write steps
 from pipelines.evaluation import evaluator_components
@@ -308,4 +309,5 @@ def run_locally(p) -> None:
     from tfx.orchestration.local.local_dag_runner import LocalDagRunner
     from tfx.orchestration.portable import tfx_runner
 
+    skip_tfx_sdist_for_local_runners()
     LocalDagRunner().run_with_ir(without_cache_for(tfx_runner._make_pipeline_proto(p)))  # pylint: disable=protected-access

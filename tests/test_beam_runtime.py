@@ -83,3 +83,50 @@ def test_example_gen_reads_every_row_under_a_forced_short_flush(tmp_path):
     assert worker_handlers.DATA_BUFFER_TIME_LIMIT_MS == 0
     assert err is None and led["balanced"]
     assert led["stages"][0]["rows_in"] == rows == len(records)
+
+
+@pytest.mark.parametrize("args, local", [
+    ([], True),  # Beam's default runner
+    (["--runner=DirectRunner", "--direct_running_mode=multi_processing"], True),
+    (["--runner=SwitchingDirectRunner"], True),
+    (["--runner=apache_beam.runners.direct.direct_runner.BundleBasedDirectRunner"], True),
+    (["--runner=DataflowRunner", "--project=p", "--region=r"], False),
+    (["--runner=PortableRunner", "--job_endpoint=localhost:8099"], False),
+    (["--runner=FlinkRunner"], False),
+])
+def test_runs_on_this_machine(args, local):
+    assert beam_runtime.runs_on_this_machine(args) is local
+
+
+def _beam_executor(args):
+    """Our preprocessing executor, a BaseBeamExecutor, constructed as TFX's launcher does."""
+    from tfx.dsl.components.base.base_beam_executor import BaseBeamExecutor
+
+    from components.embedding_preprocess.executor import Executor
+
+    return Executor(BaseBeamExecutor.Context(beam_pipeline_args=list(args)))
+
+
+def test_a_local_beam_executor_builds_no_tfx_sdist_and_a_remote_one_still_does(monkeypatch, tmp_path):
+    """TFX's BaseBeamExecutor packages tfx into a never-removed temp sdist for every Beam component;
+    our executor wraps that on construction: a DirectRunner's executor keeps its options and leaves
+    nothing in the temp dir, while a remote runner's executor still gets TFX's package."""
+    import tempfile
+
+    from tfx.utils import dependency_utils
+
+    tfx_flags = getattr(dependency_utils.make_beam_dependency_flags, "tfx_original",
+                        dependency_utils.make_beam_dependency_flags)
+    monkeypatch.setattr(dependency_utils, "make_beam_dependency_flags", tfx_flags)  # unwrapped, as TFX ships it
+    monkeypatch.setattr(beam_runtime, "_dependency_wrapped", False)
+    built = []
+    monkeypatch.setattr(dependency_utils, "build_ephemeral_package", lambda: built.append(1) or "/pkg/tfx.tar.gz")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    local = ["--runner=DirectRunner", "--direct_num_workers=2"]
+    assert _beam_executor(local)._beam_pipeline_args[:2] == local
+    assert not built and not os.listdir(tmp_path)
+    remote = _beam_executor(["--runner=DataflowRunner", "--project=p", "--region=r"])._beam_pipeline_args
+    assert "--extra_package=/pkg/tfx.tar.gz" in remote and built == [1]
+    beam_runtime.skip_tfx_sdist_for_local_runners()  # idempotent: still wrapped once
+    assert dependency_utils.make_beam_dependency_flags.tfx_original is tfx_flags

@@ -27,6 +27,9 @@ The workaround, narrow and in-process (no installed file is edited):
 (ExampleGen and EmbeddingPreprocess executors, the preprocessing CLI, the pipeline CLI, the Kubeflow
 task entry point). It refuses to run on a Beam version this was not verified for: the lines above
 must be read again before the version pin moves.
+
+`skip_tfx_sdist_for_local_runners()` wraps a second piece, TFX's Beam dependency flags, so that a
+local run does not build and leave behind a copy of tfx per Beam component (see the function).
 """
 from __future__ import annotations
 
@@ -105,3 +108,60 @@ def ensure_local_runner_safe(beam_args: Optional[List[str]] = None) -> None:
         if not getattr(cls.write, "_tpu_embedding_locked", False):
             cls.write = _locked_write(data_plane.ClosableOutputStream.write)
         _applied = True
+
+
+# TFX's BaseBeamExecutor.__init__ (tfx/dsl/components/base/base_beam_executor.py line 83) calls
+# `dependency_utils.make_beam_dependency_flags` whenever Beam options are given. Unless one of
+# --extra_package(s), --setup_file, --requirements_file or a worker/SDK container image is set, that
+# repackages the whole installed tfx into an sdist (`build_ephemeral_package`, tfx/utils/
+# dependency_utils.py lines 88-135): a 49 MB copy under `tempfile.mkdtemp()` that is never removed,
+# and about 3 s of `setup.py sdist`, for every Beam component of every run. Remote workers need a
+# package; a DirectRunner's workers are this machine's Python (in-process threads or subprocesses of
+# `sys.executable`, fn_api_runner/worker_handlers.py), which never read it. A local pipeline of four
+# Beam components left 200 MB in /tmp per run and filled a test machine's disk.
+_LOCAL_RUNNERS = ("DirectRunner", "SwitchingDirectRunner", "BundleBasedDirectRunner")
+_dependency_wrapped = False
+
+
+def runs_on_this_machine(beam_args: List[str]) -> bool:
+    """Whether Beam options pick a runner whose workers are this machine's Python (a DirectRunner).
+
+    Args:
+      beam_args: Beam's options as a command line; no `--runner` means Beam's default.
+
+    Returns:
+      True for DirectRunner (named or by default), SwitchingDirectRunner and BundleBasedDirectRunner.
+    """
+    # lazy: keeps Beam off the command line's config path (the runner imports this module)
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+    runner = PipelineOptions(flags=list(beam_args)).view_as(StandardOptions).runner or StandardOptions.DEFAULT_RUNNER
+    if not isinstance(runner, str):  # a runner object passed programmatically
+        runner = type(runner).__name__
+    return runner.rsplit(".", 1)[-1] in _LOCAL_RUNNERS
+
+
+def skip_tfx_sdist_for_local_runners() -> None:
+    """Stops TFX's Beam executors from building an unused tfx sdist when the runner is local.
+
+    Wraps `tfx.utils.dependency_utils.make_beam_dependency_flags` (what BaseBeamExecutor calls) once
+    per process: options that pick a DirectRunner come back unchanged; any other runner's go to
+    TFX's own function, which adds its package as before. Idempotent.
+    """
+    global _dependency_wrapped
+    with _lock:
+        if _dependency_wrapped:
+            return
+        # lazy: TFX loads TensorFlow
+        from tfx.utils import dependency_utils
+
+        tfx_flags = dependency_utils.make_beam_dependency_flags
+
+        def make_beam_dependency_flags(beam_pipeline_args: List[str]) -> List[str]:
+            if runs_on_this_machine(beam_pipeline_args):
+                return beam_pipeline_args
+            return tfx_flags(beam_pipeline_args)
+
+        make_beam_dependency_flags.tfx_original = tfx_flags
+        dependency_utils.make_beam_dependency_flags = make_beam_dependency_flags
+        _dependency_wrapped = True

@@ -14,7 +14,7 @@ from tfx.utils import io_utils
 from components.reporting import progress
 
 from components.embedding_preprocess.run import run_preprocessing
-from components.tfx_wiring.executor_base import config_of, upstream_ledger
+from components.tfx_wiring.executor_base import NoSdistOnLocalRunners, config_of, upstream_ledger
 
 EXAMPLES_KEY = "examples"
 TRANSFORMED_EXAMPLES_KEY = "transformed_examples"
@@ -36,7 +36,7 @@ def input_format_of(examples: types.Artifact) -> str:
     )
 
 
-class Executor(base_beam_executor.BaseBeamExecutor):
+class Executor(NoSdistOnLocalRunners, base_beam_executor.BaseBeamExecutor):
     @progress.staged(progress.PREPROCESS)
     def Do(
         self,

@@ -36,7 +36,7 @@ from components.reporting import progress
 from components.rows import row_counts
 from components.reporting.errors import InputError
 from components.example_gen.header import check_csv_headers
-from components.tfx_wiring.executor_base import CONFIG_KEY, config_of, read_json, write_text
+from components.tfx_wiring.executor_base import CONFIG_KEY, NoSdistOnLocalRunners, config_of, read_json, write_text
 from components.config.choices import InputFormat
 COUNTS_FILE = "_input_counts.json"
 TMP_DIR = "_tmp"  # in the artifact, beside the splits: files being written; removed when done
@@ -94,7 +94,7 @@ def fill_empty_splits(split_dirs: Dict[str, str]) -> List[str]:
     return empty
 
 
-class Executor(BaseExampleGenExecutor):
+class Executor(NoSdistOnLocalRunners, BaseExampleGenExecutor):
     """A BaseExampleGenExecutor (what TFX and pipelines/kfp_entrypoint.py recognise as a
     file-based ExampleGen, whose driver must run first) whose `Do` is its own."""
 

@@ -25,6 +25,7 @@ from tfx.types import artifact_utils
 from tfx_bsl.coders import example_coder
 
 from components.rows import row_counts
+from components.tfx_wiring.executor_base import NoSdistOnLocalRunners
 
 EXAMPLES_KEY = "examples"  # input: Parquet examples
 OUTPUT_KEY = "tf_examples"  # output: the copy
@@ -62,7 +63,7 @@ def encode_split(pcoll_root, pattern: str, output_prefix: str, split: str):
             | f"Write[{split}]" >> beam.io.WriteToTFRecord(output_prefix, file_name_suffix=".gz"))
 
 
-class Executor(base_beam_executor.BaseBeamExecutor):
+class Executor(NoSdistOnLocalRunners, base_beam_executor.BaseBeamExecutor):
     """Copies the splits named in `splits` of `examples` (Parquet) into `tf_examples` as tf.Example TFRecords."""
 
     def Do(self, input_dict: Dict[str, List[types.Artifact]], output_dict: Dict[str, List[types.Artifact]],

@@ -11,6 +11,7 @@ from typing import Any, Dict, Optional
 from apache_beam.io.filesystems import FileSystems
 
 from components.config.loading import config_from_json
+from components.data_io.beam_runtime import skip_tfx_sdist_for_local_runners
 from components.config.schema import PipelineConfig
 from components.rows.ledger import LEDGER_FILE
 
@@ -75,3 +76,17 @@ def upstream_ledger(examples_uri: str) -> Optional[Dict[str, Any]]:
       The ledger dict; None for Examples from another ExampleGen.
     """
     return read_json_if_exists(os.path.join(examples_uri, LEDGER_FILE))
+
+
+class NoSdistOnLocalRunners:
+    """Mixin, first among an executor's bases: a BaseBeamExecutor that builds no unused tfx sdist.
+
+    `BaseBeamExecutor.__init__` packages tfx into a temp sdist that is never removed unless the Beam
+    options name a dependency; `skip_tfx_sdist_for_local_runners` (components/data_io/beam_runtime.py)
+    skips it for a DirectRunner. Installed here too, not only by the local pipeline runner, because
+    an executor is also constructed on its own (a Kubeflow task, a test, the component CLIs).
+    """
+
+    def __init__(self, context=None):
+        skip_tfx_sdist_for_local_runners()
+        super().__init__(context)
