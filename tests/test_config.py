@@ -155,6 +155,7 @@ def test_kubeflow_section_is_checked_once_pipelines_is_loaded():
         ({"training": {"model": "dcn_v2", "cross_layers": 0}}, "training.cross_layers: must be positive"),
         ({"training": {"dropout": 1.0}}, "training.dropout: 1.0 is not a rate in [0, 1)"),
         ({"training": {"input_dropout": -0.1}}, "training.input_dropout: -0.1 is not a rate in [0, 1)"),
+        ({"training": {"input_dropout_mask": "bits"}}, "training.input_dropout_mask: 'bits' is not one of float, byte"),
         ({"training": {"dense_buckets": {"encoding": "ple"}}}, "training.dense_buckets.encoding"),
         ({"training": {"dense_buckets": {"encoding": "piecewise_linear", "buckets": 2}}},
          "training.dense_buckets.buckets: 2 buckets have 1 boundary, no bin"),

@@ -97,7 +97,7 @@ def test_byte_mask_drops_the_entries_whose_byte_is_under_the_rounded_rate():
 def test_byte_mask_dropout_is_stateless_and_drops_about_the_rate():
     """The same step draws the same mask, the next step another; about a fifth of 20,000 entries
     dropped; inference unchanged."""
-    layer = StepDropout(0.2, seed=5, byte_mask=True)
+    layer = StepDropout(0.2, seed=5, mask="byte")
     step = tf.Variable(0, dtype=tf.int64)
     layer.step_fn = lambda: step
     x = tf.ones([100, 200])
@@ -107,6 +107,11 @@ def test_byte_mask_dropout_is_stateless_and_drops_about_the_rate():
     step.assign_add(1)
     assert not np.array_equal(first, layer(x, training=True).numpy())
     np.testing.assert_array_equal(layer(x, training=False).numpy(), x.numpy())
+
+
+def test_an_unknown_mask_is_refused():
+    with pytest.raises(ValueError, match="'bits' is not one of float, byte"):
+        StepDropout(0.2, seed=5, mask="bits")
 
 
 @pytest.mark.slow(reason="a Trainer run (run_fn, 20 steps) and its model restored for serving from the checkpoint")

@@ -42,7 +42,9 @@ from components.config.choices import SequencePooling as PoolingKind
 BUCKETS_INTO_INTERACTION = "interaction"
 BUCKETS_INTO_BOTTOM_MLP = "bottom_mlp"
 # training.input_dropout_mask: one float draw per masked entry (float) or one byte (byte)
+INPUT_DROPOUT_FLOAT_MASK = "float"
 INPUT_DROPOUT_BYTE_MASK = "byte"
+INPUT_DROPOUT_MASKS = (INPUT_DROPOUT_FLOAT_MASK, INPUT_DROPOUT_BYTE_MASK)
 BATCH_KEY = "__batch"  # int64 scalar: the batch size, with fused inputs
 DENSE_KEY = "__dense"  # float32 [batch, dense features]: the dense features in one matrix, with fused inputs
 
@@ -145,15 +147,18 @@ class StepDropout(tf.keras.layers.Layer):
     Args:
       rate: the fraction dropped, in [0, 1).
       seed: the layer's seed.
-      byte_mask: draw one random byte per entry (four from each 32-bit draw) and drop the entries
-        whose byte is under round(rate * 256): a quarter of the random draws of a float mask, the
-        rate rounded to a multiple of 1/256 (0.2: 51/256 = 0.1992; kept entries scaled by 1 / (1 -
-        that)). False: one float draw per entry (tf.nn.experimental.stateless_dropout).
+      mask: how the mask is drawn. `float`: one float draw per entry
+        (tf.nn.experimental.stateless_dropout). `byte`: one random byte per entry (four from each
+        32-bit draw), dropping the entries whose byte is under round(rate * 256): a quarter of the
+        random draws, the rate rounded to a multiple of 1/256 (0.2: 51/256 = 0.1992; kept entries
+        scaled by 1 / (1 - that)).
     """
 
-    def __init__(self, rate: float, seed: int, byte_mask: bool = False, **kwargs):
+    def __init__(self, rate: float, seed: int, mask: str = INPUT_DROPOUT_FLOAT_MASK, **kwargs):
         super().__init__(**kwargs)
-        self.rate, self.seed, self.byte_mask = rate, seed, byte_mask
+        if mask not in INPUT_DROPOUT_MASKS:
+            raise ValueError(f"mask {mask!r} is not one of {', '.join(INPUT_DROPOUT_MASKS)}")
+        self.rate, self.seed, self.mask = rate, seed, mask
         self.step_fn = None
 
     def call(self, x, training=False):
@@ -165,9 +170,10 @@ class StepDropout(tf.keras.layers.Layer):
         replica_id = replica.replica_id_in_sync_group if replica is not None else 0
         step = tf.cast(self.step_fn(), tf.int64) if self.step_fn is not None else tf.constant(0, tf.int64)
         key = tf.cast(self.seed, tf.int64) * 1_000_003 + tf.cast(replica_id, tf.int64)
-        if not self.byte_mask:
-            return tf.nn.experimental.stateless_dropout(x, self.rate, seed=tf.stack([key, step]))
-        return x * byte_keep_mask(tf.shape(x), self.rate, tf.stack([key, step]), x.dtype)
+        seed = tf.stack([key, step])
+        if self.mask == INPUT_DROPOUT_FLOAT_MASK:
+            return tf.nn.experimental.stateless_dropout(x, self.rate, seed=seed)
+        return x * byte_keep_mask(tf.shape(x), self.rate, seed, x.dtype)
 
 
 def byte_keep_mask(shape: tf.Tensor, rate: float, seed: tf.Tensor, dtype=tf.float32) -> tf.Tensor:
@@ -425,7 +431,7 @@ class DenseTower:
         # No variables, so checkpoints and the serving model do not change with it. The bottom
         # MLP's output is left out: without buckets a dense feature reaches the model only through it.
         self.input_dropout = (StepDropout(training.input_dropout, seed=training.seed * 100 + 99, name="input_dropout",
-                                          byte_mask=training.input_dropout_mask == INPUT_DROPOUT_BYTE_MASK)
+                                          mask=training.input_dropout_mask)
                               if training.input_dropout else None)
         if step_fn is not None:
             for layer in self.top_mlp.layers + [self.input_dropout]:
