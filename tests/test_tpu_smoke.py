@@ -75,6 +75,51 @@ def test_parity_config_turns_off_what_differs_by_design_and_adds_adagrad():
     assert (t["dropout"], t["input_dropout"], t["pipeline_execution_with_tensor_core"], t["wide"]["enabled"]) == (0, 0, False, True)
 
 
+def _sorted_eval_split(root, fmt, rows=400, block_rows=4):
+    """A transformed eval split under `root/tx` in `fmt`, its rows sorted by `I1` (= the row's number)."""
+    import pyarrow as pa
+    import tensorflow as tf
+    from tfx_bsl.coders import example_coder
+
+    from components.contracts import artifacts
+    from components.contracts.manifest import DenseFeatureEntry, VocabularyManifest
+    from components.embedding_preprocess.transform import to_blocks
+
+    manifest = VocabularyManifest("unused", "label", {}, (DenseFeatureEntry("I1", "I1", 0.0),), (), {},
+                                  transformed_format=fmt, block_rows=block_rows if fmt == "blocks" else 0)
+    tx = root / "tx"
+    (tx / "Split-eval").mkdir(parents=True)
+    (tx / artifacts.EMBEDDING_MANIFEST_FILE).write_text(manifest.to_json())
+    one = pa.array(np.arange(rows + 1, dtype=np.int32))
+    rb = pa.RecordBatch.from_arrays([pa.ListArray.from_arrays(one, pa.array(np.arange(rows) % 2, pa.float32())),
+                                     pa.ListArray.from_arrays(one, pa.array(np.arange(rows), pa.float32()))],
+                                    ["label", "I1"])
+    if fmt == "blocks":
+        rb = to_blocks(manifest, rb, block_rows)
+    with tf.io.TFRecordWriter(str(tx / "Split-eval" / "transformed_examples-00000-of-00001")) as w:
+        for record in example_coder.RecordBatchToExamplesEncoder().encode(rb):
+            w.write(record)
+
+
+@pytest.mark.parametrize("fmt", ["blocks", "examples"])
+def test_the_saved_models_eval_rows_are_drawn_across_the_split_not_its_first_rows(tmp_path, fmt):
+    """trainer_tpu scores `eval_records`: a sample across the eval split (data_io/sampling.py), so a
+    split sorted by a value gives rows from its whole range, whatever transformed_examples.format."""
+    import tensorflow as tf
+    from components.embedding_trainer import tpu_smoke
+
+    _sorted_eval_split(tmp_path, fmt)
+
+    def values(records):
+        return [tf.train.Example.FromString(r).features.feature["I1"].float_list.value[0] for r in records]
+
+    sample = values(tpu_smoke.eval_records(str(tmp_path), 16))
+    assert len(sample) == len(set(sample)) == 16
+    assert min(sample) < 100 and max(sample) >= 300, sample  # the first 16 rows are 0-15
+    assert values(tpu_smoke.eval_records(str(tmp_path), 16)) == sample  # the same for a seed
+    assert sorted(values(tpu_smoke.eval_records(str(tmp_path), 1000))) == list(range(400))  # small split: all rows
+
+
 @pytest.mark.slow(reason="the TPU smoke module's dry run in a subprocess: generated data through Beam preprocessing")
 def test_dry_run_passes_every_step_that_needs_no_tpu(tmp_path):
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
