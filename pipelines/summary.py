@@ -19,6 +19,7 @@ from components.config.schema import PipelineConfig
 from components.model_registry.registry import RegistryError, lookup
 from components.embedding_preprocess.health import VALUE_PREFIX, reason_words
 from components.reporting.report import LABEL_WIDTH, Report, count_list, reasons_list
+from components.rules.metrics import UNDEFINED_KEY
 from pipelines.pipeline import PIPELINE_ROOT, SERVING_DIR
 
 # Exit statuses of `python -m pipelines run` (and demo, continuous): README "Your own data".
@@ -58,9 +59,10 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
 
     Returns:
       The summary: the ledger, feature warnings, input span, what is served and whether this run
-      pushed it, rows read and dropped, vocabulary sizes, warm start and drift, AUCs, the gate's
-      and the Evaluator's decisions, training length, and the export's parity, layout and
-      compression. Parts whose artifact is missing are None.
+      pushed it, rows read and dropped, vocabulary sizes, warm start and drift, AUCs (an undefined
+      one None, its reason under `<key>_undefined`), the gate's and the Evaluator's decisions,
+      training length, and the export's parity, layout and compression. Parts whose artifact is
+      missing are None.
     """
     root = os.path.join(output_dir, PIPELINE_ROOT)
     stats = _read(_latest(os.path.join(root, "EmbeddingPreprocess", "statistics", "*", "statistics.json")))
@@ -99,7 +101,10 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
         "vocabulary_sizes": {t: v["vocabulary_size"] for t, v in stats["tables"].items()} if stats else None,
         "continuous": continuous_summary(continuous),
         "eval_auc": metrics["auc"] if metrics else None,
+        # why a metric the Trainer measured is undefined (one label in the eval split): None when defined
+        "eval_auc_undefined": undefined_reason(metrics, "auc"),
         "baseline_auc": (metrics.get("baseline") or {}).get("auc") if metrics else None,
+        "baseline_auc_undefined": undefined_reason((metrics or {}).get("baseline"), "auc"),
         "validation": {
             "blessed": report["validation"]["blessed"],
             "checks": [{k: c.get(k) for k in ("name", "passed", "model_auc", "reference_auc", "margin", "reason")}
@@ -110,6 +115,7 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
         "serving_model_this_run": this_run,
         "training": training_length(cfg, training_run, stats),
         "eval_log_loss": metrics["log_loss"] if metrics else None,
+        "eval_log_loss_undefined": undefined_reason(metrics, "log_loss"),
         "best_achievable_auc": meta["best_achievable_auc"] if meta else None,
         "export_parity": report["parity"] if report else None,
         "export_layout": report["layout"]["detected"] if report and "layout" in report else None,
@@ -118,6 +124,23 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
             for d, v in report.get("compression", {}).items()
         } if report else None,
     }
+
+
+def undefined_reason(metrics: Optional[Dict[str, Any]], name: str) -> Optional[str]:
+    """Why a metric of an evaluation is undefined, as its stage recorded it (rules/metrics.py `with_reasons`).
+
+    Args:
+      metrics: the evaluation's metrics (`eval_metrics.json`, or its `baseline`); None when not measured.
+      name: the metric, e.g. `auc`.
+
+    Returns:
+      None when there is no evaluation or the metric is a number; else its reason ("undefined: the
+      300-row eval split holds only label 0"), or a sentence saying none was recorded.
+    """
+    if not isinstance(metrics, dict) or metrics.get(name) is not None:
+        return None
+    recorded = (metrics.get(UNDEFINED_KEY) or {}).get(name)
+    return recorded or f"undefined: eval_metrics.json records no {name} and no reason"
 
 
 def training_length(cfg: PipelineConfig, run: Optional[Dict[str, Any]], stats: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
@@ -578,12 +601,20 @@ def _training_rows(r: Report, s: Dict[str, Any]) -> None:
         r.add("training", line)
         if t.get("selection_note"):
             r.sub("model choice", t["selection_note"])
-    if s.get("eval_auc") is not None:
-        best = s.get("best_achievable_auc")
-        extra = f" (best achievable on this data: {best:.4f})" if best else ""
-        r.add("eval AUC", f"{s['eval_auc']:.4f}{extra}; log loss {s['eval_log_loss']:.4f}")
-    if s.get("baseline_auc") is not None:
-        r.add("baseline AUC", f"{s['baseline_auc']:.4f} (logistic regression on the same features and eval split)")
+    if s.get("eval_auc") is not None or s.get("eval_auc_undefined"):
+        r.add("eval AUC", f"{_metric_text(s, 'eval_auc', s.get('best_achievable_auc'))}; "
+                          f"log loss {_metric_text(s, 'eval_log_loss')}")
+    if s.get("baseline_auc") is not None or s.get("baseline_auc_undefined"):
+        r.add("baseline AUC",
+              f"{_metric_text(s, 'baseline_auc')} (logistic regression on the same features and eval split)")
+
+
+def _metric_text(s: Dict[str, Any], key: str, best: Optional[float] = None) -> str:
+    """A summary's metric as text: `0.7712` (with the best achievable, when known), or its reason
+    (`undefined: the 300-row eval split holds only label 0`); `not measured` when it has neither."""
+    if s.get(key) is not None:
+        return f"{s[key]:.4f}" + (f" (best achievable on this data: {best:.4f})" if best else "")
+    return s.get(key + "_undefined") or "not measured"
 
 
 def _gate_rows(r: Report, s: Dict[str, Any]) -> None:

@@ -249,3 +249,31 @@ def test_a_sample_of_a_split_sorted_by_label_holds_both_labels(tmp_path, kind):
     assert sorted(rows(sample_examples(pattern, 100, seed=7))) == list(range(40))  # small split: all rows
     if kind == "parquet":  # a run per quarter of the split: rows 0-9, 10-19, 20-29, 30-39
         assert sorted(r // 10 for r in sample) == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+
+
+# ---- the run summary --------------------------------------------------------------------------
+
+
+def test_the_summary_says_why_the_eval_and_baseline_auc_are_undefined(tmp_path):
+    """A Trainer whose eval split holds one label wrote null AUCs with their reasons: the summary
+    names each reason on the AUC's line (before, the lines were left out), within the summary's width."""
+    from components.reporting.report import render
+    from pipelines.pipeline import PIPELINE_ROOT
+    from pipelines.summary import SUMMARY_WIDTH, summarize, summary_report
+
+    one_label = "undefined: the 300-row eval split holds only label 0"
+    metrics = with_reasons({"auc": NAN, "log_loss": 0.1234, "examples": 300, "positive_rate": 0.0},
+                           evaluation_reasons({"examples": 300, "positive_rate": 0.0}))
+    metrics["baseline"] = with_reasons({"auc": NAN, "log_loss": 0.2}, {"auc": one_label})
+    model = tmp_path / PIPELINE_ROOT / "Trainer" / "model" / "7"
+    model.mkdir(parents=True)
+    (model / "eval_metrics.json").write_text(json.dumps(metrics, allow_nan=False))
+    cfg = parse_config(minimal_raw_config())
+
+    summary = summarize(cfg, str(tmp_path))
+    assert (summary["eval_auc"], summary["eval_auc_undefined"]) == (None, one_label)
+    assert summary["eval_log_loss_undefined"] is None  # log loss is defined on one label
+    lines = render(summary_report(summary)).splitlines()
+    assert f"eval AUC:             {one_label}; log loss 0.1234" in lines
+    assert any(line.startswith(f"baseline AUC:         {one_label} (logistic regression") for line in lines), lines
+    assert max(len(line) for line in lines) <= SUMMARY_WIDTH
