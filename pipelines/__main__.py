@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any, Dict, List
 
 import components  # noqa: F401  (selects legacy Keras; light: imports no TensorFlow)
 from components.config.loading import load_config
@@ -27,7 +28,9 @@ from pipelines.continuous import run_spans, span_config
 from pipelines.kubeflow import compile_pipeline
 from pipelines.pipeline import input_location, stock_data_components
 from pipelines.runner import DEMO_ROWS, RunFailed
-from pipelines.summary import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NOT_PUSHED, EXIT_PUSHED, exit_status, summary_report
+from pipelines.summary import (
+    EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NOT_PUSHED, EXIT_PUSHED, exit_status, summary_report, wrap_rows,
+)
 
 
 def compile_command(args) -> int:
@@ -75,18 +78,33 @@ def continuous_command(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED
     statuses = [exit_status(s) for s in summaries]
+    emit(spans_report(summaries, statuses), as_json=args.json)
+    # 3 when the gate kept any span's model back; 1 when a span pushed nothing for another reason
+    return max(statuses, key=lambda x: (x == EXIT_FAILED, x == EXIT_NOT_PUSHED)) if statuses else EXIT_PUSHED
+
+
+def spans_report(summaries: List[Dict[str, Any]], statuses: List[int]) -> Report:
+    """The `continuous` command's report: one row per span, wrapped like the run summary's
+    (`summary.wrap_rows`, at SUMMARY_WIDTH columns).
+
+    Args:
+      summaries: each span's run summary (`summary.summarize`, with its `span`).
+      statuses: each span's exit status, in the same order.
+
+    Returns:
+      The report; its data is the summaries and statuses (what `--json` prints).
+    """
     report = Report("spans", data={"spans": summaries, "exit_statuses": statuses})
     for s in summaries:
         v, c = s.get("validation") or {}, s.get("continuous") or {}
         w = c.get("warm_start")
         carried = f"{w['rows_carried']:,}/{w['rows']:,} rows" if w else "from scratch"
         base = f", baseline {s['baseline_auc']:.4f}" if s.get("baseline_auc") is not None else ""
-        auc = f"{s['eval_auc']:.4f}" if s.get("eval_auc") is not None else "-"
+        # an AUC undefined on the eval split (one label) shows its reason, as the run summary does
+        auc = f"{s['eval_auc']:.4f}" if s.get("eval_auc") is not None else s.get("eval_auc_undefined") or "-"
         report.add(f"span {s['span']}", f"warm start {carried}; model AUC {auc}{base}; "
                                         f"{'blessed, pushed' if v.get('blessed') else 'not blessed, not pushed'}")
-    emit(report, as_json=args.json)
-    # 3 when the gate kept any span's model back; 1 when a span pushed nothing for another reason
-    return max(statuses, key=lambda x: (x == EXIT_FAILED, x == EXIT_NOT_PUSHED)) if statuses else EXIT_PUSHED
+    return wrap_rows(report)
 
 
 def build_parser() -> argparse.ArgumentParser:

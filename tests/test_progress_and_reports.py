@@ -429,3 +429,22 @@ def test_run_report_shows_the_held_out_auc_and_health_in_words(tmp_path):
     assert "1,001 rows missing (10.0%)" in page and "{&#x27;missing" not in page
     assert holdout_evaluations({"final_step": 5, "selection": None})["note"].startswith("training.early_stopping is off")
     assert holdout_evaluations(None) is None
+
+
+def test_the_continuous_spans_report_wraps_like_the_summary():
+    """`python -m pipelines continuous`'s rows wrap at SUMMARY_WIDTH (summary.wrap_rows), a span's
+    long AUC reason included; the --json data is the summaries as they are."""
+    import pipelines.__main__ as cli
+
+    why = "undefined: the 1,234,567-row eval split holds only label 0 (every click of the day was dropped)"
+    spans = [dict(PUSHED, span=1, eval_auc=0.8, baseline_auc=0.75, validation={"blessed": True},
+                  continuous={"warm_start": {"rows_carried": 1_234_567, "rows": 2_345_678}}),
+             dict(REFUSED, span=2, eval_auc=None, eval_auc_undefined=why, validation={"blessed": False})]
+    report = cli.spans_report(spans, [0, 3])
+    lines = render(report).splitlines()
+    assert max(len(line) for line in lines) <= summary_lib.SUMMARY_WIDTH, lines
+    text = _unwrapped(render(report))
+    assert ("span 1:               warm start 1,234,567/2,345,678 rows; model AUC 0.8000, baseline 0.7500; "
+            "blessed, pushed") in text
+    assert f"span 2:               warm start from scratch; model AUC {why}; not blessed, not pushed" in text
+    assert report.data == {"spans": spans, "exit_statuses": [0, 3]}
