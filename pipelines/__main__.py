@@ -29,7 +29,7 @@ from pipelines.kubeflow import compile_pipeline
 from pipelines.pipeline import input_location, stock_data_components
 from pipelines.runner import DEMO_ROWS, RunFailed
 from pipelines.summary import (
-    EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NOT_PUSHED, EXIT_PUSHED, exit_status, summary_report, wrap_rows,
+    EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NOT_PUSHED, EXIT_PUSHED, exit_status, metric_text, summary_report, wrap_rows,
 )
 
 
@@ -99,10 +99,10 @@ def spans_report(summaries: List[Dict[str, Any]], statuses: List[int]) -> Report
         v, c = s.get("validation") or {}, s.get("continuous") or {}
         w = c.get("warm_start")
         carried = f"{w['rows_carried']:,}/{w['rows']:,} rows" if w else "from scratch"
-        base = f", baseline {s['baseline_auc']:.4f}" if s.get("baseline_auc") is not None else ""
         # an AUC undefined on the eval split (one label) shows its reason, as the run summary does
-        auc = f"{s['eval_auc']:.4f}" if s.get("eval_auc") is not None else s.get("eval_auc_undefined") or "-"
-        report.add(f"span {s['span']}", f"warm start {carried}; model AUC {auc}{base}; "
+        base = (f", baseline {metric_text(s, 'baseline_auc')}"
+                if s.get("baseline_auc") is not None or s.get("baseline_auc_undefined") else "")
+        report.add(f"span {s['span']}", f"warm start {carried}; model AUC {metric_text(s, 'eval_auc')}{base}; "
                                         f"{'blessed, pushed' if v.get('blessed') else 'not blessed, not pushed'}")
     return wrap_rows(report)
 

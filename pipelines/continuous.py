@@ -21,7 +21,7 @@ from components.config.schema import PipelineConfig
 from components.example_gen.synthetic_data import CRITEO_CARDINALITIES, GeneratorSpec, ensure_dataset
 from components.reporting.report import Report, emit
 from pipelines.runner import run
-from pipelines.summary import continuous_rows, not_pushed_reason
+from pipelines.summary import continuous_rows, metric_text, not_pushed_reason
 
 SPAN_DIR = "span-{SPAN}"
 
@@ -126,9 +126,10 @@ def span_report(s: Dict[str, Any]):
     """
     r = Report(f"span {s['span']} (ExampleGen read span {(s.get('input') or {}).get('span')})", data=s)
     continuous_rows(r, s.get("continuous"))
-    base = s.get("baseline_auc")
-    auc = f"{s['eval_auc']:.4f}" if s.get("eval_auc") is not None else "-"
-    r.add("AUC", f"model {auc}" + (f", baseline {base:.4f}" if base is not None else ""))
+    # an AUC undefined on the eval split (one label) shows its reason, as the run summary does
+    base = s.get("baseline_auc") is not None or s.get("baseline_auc_undefined")
+    r.add("AUC", f"model {metric_text(s, 'eval_auc')}"
+          + (f", baseline {metric_text(s, 'baseline_auc')}" if base else ""))
     v = s.get("validation") or {}
     r.add("validation gate", "blessed" if v.get("blessed") else "NOT BLESSED")
     for c in v.get("checks", []):

@@ -24,7 +24,9 @@ from components.embedding_preprocess.health import describe_reasons
 from components.reporting.report import count_list, reasons_list
 from components.reporting.report import render as render_text
 from pipelines.pipeline import PIPELINE_ROOT
-from pipelines.summary import _latest, feature_health_hints, feature_health_lines, summary_report
+from pipelines.summary import (
+    _latest, feature_health_hints, feature_health_lines, metric_text, summary_report,
+)
 
 SECTIONS = (
     ("summary", "Summary"),
@@ -325,10 +327,13 @@ def _read_json(path: Optional[str]) -> Optional[Dict[str, Any]]:
 
 def _evaluation_section(summary: Dict[str, Any]) -> str:
     rows = []
-    if summary.get("eval_auc") is not None:
-        rows.append(["this run's model", f"{summary['eval_auc']:.4f}", f"log loss {summary['eval_log_loss']:.4f}"])
-    if summary.get("baseline_auc") is not None:
-        rows.append(["baseline (logistic regression)", f"{summary['baseline_auc']:.4f}", "same features and eval split"])
+    # an undefined metric (one label in the eval split) keeps its row and shows its reason
+    if summary.get("eval_auc") is not None or summary.get("eval_auc_undefined"):
+        rows.append(["this run's model", metric_text(summary, "eval_auc"),
+                     f"log loss {metric_text(summary, 'eval_log_loss')}"])
+    if summary.get("baseline_auc") is not None or summary.get("baseline_auc_undefined"):
+        rows.append(["baseline (logistic regression)", metric_text(summary, "baseline_auc"),
+                     "same features and eval split"])
     if summary.get("best_achievable_auc"):
         rows.append(["best achievable on this data", f"{summary['best_achievable_auc']:.4f}", "the generator's own"])
     v = summary.get("validation")

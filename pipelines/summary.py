@@ -602,14 +602,14 @@ def _training_rows(r: Report, s: Dict[str, Any]) -> None:
         if t.get("selection_note"):
             r.sub("model choice", t["selection_note"])
     if s.get("eval_auc") is not None or s.get("eval_auc_undefined"):
-        r.add("eval AUC", f"{_metric_text(s, 'eval_auc', s.get('best_achievable_auc'))}; "
-                          f"log loss {_metric_text(s, 'eval_log_loss')}")
+        r.add("eval AUC", f"{metric_text(s, 'eval_auc', s.get('best_achievable_auc'))}; "
+                          f"log loss {metric_text(s, 'eval_log_loss')}")
     if s.get("baseline_auc") is not None or s.get("baseline_auc_undefined"):
         r.add("baseline AUC",
-              f"{_metric_text(s, 'baseline_auc')} (logistic regression on the same features and eval split)")
+              f"{metric_text(s, 'baseline_auc')} (logistic regression on the same features and eval split)")
 
 
-def _metric_text(s: Dict[str, Any], key: str, best: Optional[float] = None) -> str:
+def metric_text(s: Dict[str, Any], key: str, best: Optional[float] = None) -> str:
     """A summary's metric as text: `0.7712` (with the best achievable, when known), or its reason
     (`undefined: the 300-row eval split holds only label 0`); `not measured` when it has neither."""
     if s.get(key) is not None:

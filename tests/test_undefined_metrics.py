@@ -277,3 +277,33 @@ def test_the_summary_says_why_the_eval_and_baseline_auc_are_undefined(tmp_path):
     assert f"eval AUC:             {one_label}; log loss 0.1234" in lines
     assert any(line.startswith(f"baseline AUC:         {one_label} (logistic regression") for line in lines), lines
     assert max(len(line) for line in lines) <= SUMMARY_WIDTH
+
+
+def test_a_span_report_says_why_its_auc_is_undefined():
+    """`python -m pipelines continuous --show`'s per-span report names the AUC's reason (before: `-`)."""
+    from components.reporting.report import render
+    from pipelines.continuous import span_report
+
+    one_label = "undefined: the 300-row eval split holds only label 0"
+    s = {"span": 2, "eval_auc": None, "eval_auc_undefined": one_label, "baseline_auc": None,
+         "baseline_auc_undefined": one_label, "validation": {"blessed": False, "checks": [], "reasons": []}}
+    text = render(span_report(s))
+    assert f"model {one_label}, baseline {one_label}" in text, text
+
+
+def test_the_run_report_keeps_an_undefined_metrics_row_with_its_reason(tmp_path):
+    """The HTML run report's evaluation table shows each undefined AUC and log loss's reason (before,
+    the AUC row was left out, and a None log loss beside a number failed to format)."""
+    from pipelines.run_report import write_run_report
+
+    one_label = "undefined: the 300-row eval split holds only label 0"
+    no_rows = "undefined: the eval split holds no rows"
+    summary = {"serving_model": None, "eval_auc": None, "eval_auc_undefined": one_label, "eval_log_loss": None,
+               "eval_log_loss_undefined": no_rows, "baseline_auc": None, "baseline_auc_undefined": one_label}
+    page = open(write_run_report(summary, str(tmp_path), str(tmp_path / "r.html"))).read()
+    assert f"<td>this run&#x27;s model</td><td>{one_label}</td><td>log loss {no_rows}</td>" in page  # ' escaped
+    assert f"<td>baseline (logistic regression)</td><td>{one_label}</td>" in page
+    # a defined AUC beside a log loss that is None (a summary without its reason) renders too
+    summary = {"serving_model": None, "eval_auc": 0.75, "eval_log_loss": None}
+    page = open(write_run_report(summary, str(tmp_path), str(tmp_path / "r2.html"))).read()
+    assert "<td>0.7500</td><td>log loss not measured</td>" in page
