@@ -48,6 +48,7 @@ import components  # noqa: E402,F401
 import tensorflow as tf  # noqa: E402
 import tensorflow_recommenders as tfrs  # noqa: E402
 
+from components.config.schema import TrainingConfig  # noqa: E402
 from components.contracts.plan import optimizer_spec  # noqa: E402
 from components.embedding_model import tf_objects  # noqa: E402
 from components.embedding_trainer.run_plan import derive_plan  # noqa: E402
@@ -55,43 +56,60 @@ from components.embedding_trainer import trainer_module as tm  # noqa: E402
 from components.embedding_model.input import make_dataset  # noqa: E402
 from components.embedding_model.dense_tower import mlp as _mlp  # noqa: E402
 
-# The model a config gets when it states no field of the model's shape (TrainingConfig's defaults),
-# as training-section overrides of the demo config (whose optimizers and batch size stay).
-DEFAULT_MODEL = {"model": "dcn_v2", "cross_layers": 3, "cross_projection_dim": None, "dropout": 0.0,
-                 "input_dropout": 0.2, "dense_buckets": {"enabled": True}, "wide": {"enabled": False}}
+# The model a config gets when it states no field of the model's shape (TrainingConfig's defaults,
+# read from it), as training-section overrides of the demo config (whose optimizers and batch size stay).
+_T = TrainingConfig()
+DEFAULT_MODEL = {"model": str(_T.model.value), "cross_layers": _T.cross_layers, "cross_projection_dim": _T.cross_projection_dim,
+                 "dropout": _T.dropout, "input_dropout": _T.input_dropout, "input_dropout_mask": _T.input_dropout_mask,
+                 "dense_buckets": {"enabled": True, "into": _T.dense_buckets.into}, "wide": {"enabled": False}}
+# The defaults before the cheaper model (dcn_v2, three full-rank cross layers, buckets beside the
+# features, a float mask): the variants below but `default` and `dlrm_as_plain` change these, so
+# that their names keep the meaning of bench/README.md's earlier runs.
+FORMER_DEFAULT = {"model": "dcn_v2", "cross_layers": 3, "cross_projection_dim": None, "dropout": 0.0,
+                  "input_dropout": 0.2, "input_dropout_mask": "float",
+                  "dense_buckets": {"enabled": True, "into": "interaction"}, "wide": {"enabled": False}}
 # The baseline's architecture in ours: a DLRM without the defaults the plain model lacks.
 SAME_AS_PLAIN = {"model": "dlrm", "dropout": 0.0, "input_dropout": 0.0, "dense_buckets": {"enabled": False},
                  "wide": {"enabled": False}}
+_BOTTOM = {"enabled": True, "into": "bottom_mlp"}
+
+
+def _former(**fields):
+    return {**FORMER_DEFAULT, **fields}
+
+
 # Named variants: training-section overrides merged over DEFAULT_MODEL (a dict value replaces the
 # default's dict value as a whole).
 VARIANTS = {
     "default": {},
     "dlrm_as_plain": SAME_AS_PLAIN,
-    "no_buckets": {"dense_buckets": {"enabled": False}},
-    "no_input_dropout": {"input_dropout": 0.0},
-    "neither": {"dense_buckets": {"enabled": False}, "input_dropout": 0.0},
-    "buckets_bottom": {"dense_buckets": {"enabled": True, "into": "bottom_mlp"}},
-    "low_rank_16": {"cross_projection_dim": 16},
-    "low_rank_32": {"cross_projection_dim": 32},
-    "bottom_low_rank_16": {"cross_projection_dim": 16, "dense_buckets": {"enabled": True, "into": "bottom_mlp"}},
-    "bottom_low_rank_32": {"cross_projection_dim": 32, "dense_buckets": {"enabled": True, "into": "bottom_mlp"}},
-    "lr32_bottom_no_input_dropout": {"cross_projection_dim": 32, "dense_buckets": {"enabled": True, "into": "bottom_mlp"},
-                                     "input_dropout": 0.0},
-    "lr32_neither": {"cross_projection_dim": 32, "dense_buckets": {"enabled": False}, "input_dropout": 0.0},
-    "lr32_bottom_2_layers": {"cross_projection_dim": 32, "dense_buckets": {"enabled": True, "into": "bottom_mlp"},
-                             "cross_layers": 2},
-    "lr32_bottom_1_layer": {"cross_projection_dim": 32, "dense_buckets": {"enabled": True, "into": "bottom_mlp"},
-                            "cross_layers": 1},
-    "byte_mask": {"input_dropout_mask": "byte"},
-    "low_rank_32_no_input_dropout": {"cross_projection_dim": 32, "input_dropout": 0.0},
-    "low_rank_32_byte_mask": {"cross_projection_dim": 32, "input_dropout_mask": "byte"},
-    "low_rank_16_byte_mask": {"cross_projection_dim": 16, "input_dropout_mask": "byte"},
-    "low_rank_64": {"cross_projection_dim": 64},
-    "low_rank_64_byte_mask": {"cross_projection_dim": 64, "input_dropout_mask": "byte"},
-    "lr32_bottom_byte_mask": {"cross_projection_dim": 32, "dense_buckets": {"enabled": True, "into": "bottom_mlp"},
-                              "input_dropout_mask": "byte"},
-    "default_dlrm": {"model": "dlrm"},
-    "dlrm_buckets_bottom": {"model": "dlrm", "dense_buckets": {"enabled": True, "into": "bottom_mlp"}},
+    "former_default": FORMER_DEFAULT,
+    "no_buckets": _former(dense_buckets={"enabled": False}),
+    "no_input_dropout": _former(input_dropout=0.0),
+    "neither": _former(dense_buckets={"enabled": False}, input_dropout=0.0),
+    "buckets_bottom": _former(dense_buckets=_BOTTOM),
+    "low_rank_16": _former(cross_projection_dim=16),
+    "low_rank_32": _former(cross_projection_dim=32),
+    "bottom_low_rank_16": _former(cross_projection_dim=16, dense_buckets=_BOTTOM),
+    "bottom_low_rank_32": _former(cross_projection_dim=32, dense_buckets=_BOTTOM),
+    "lr32_bottom_no_input_dropout": _former(cross_projection_dim=32, dense_buckets=_BOTTOM, input_dropout=0.0),
+    "lr32_neither": _former(cross_projection_dim=32, dense_buckets={"enabled": False}, input_dropout=0.0),
+    "lr32_bottom_2_layers": _former(cross_projection_dim=32, dense_buckets=_BOTTOM, cross_layers=2),
+    "lr32_bottom_1_layer": _former(cross_projection_dim=32, dense_buckets=_BOTTOM, cross_layers=1),
+    "byte_mask": _former(input_dropout_mask="byte"),
+    "low_rank_32_no_input_dropout": _former(cross_projection_dim=32, input_dropout=0.0),
+    "low_rank_32_byte_mask": _former(cross_projection_dim=32, input_dropout_mask="byte"),
+    "low_rank_16_byte_mask": _former(cross_projection_dim=16, input_dropout_mask="byte"),
+    "low_rank_64": _former(cross_projection_dim=64),
+    "low_rank_64_byte_mask": _former(cross_projection_dim=64, input_dropout_mask="byte"),
+    "lr32_bottom_byte_mask": _former(cross_projection_dim=32, dense_buckets=_BOTTOM, input_dropout_mask="byte"),
+    "default_dlrm": _former(model="dlrm"),
+    "dlrm_buckets_bottom": _former(model="dlrm", dense_buckets=_BOTTOM),
+    "dlrm_bottom_byte": _former(model="dlrm", dense_buckets=_BOTTOM, input_dropout_mask="byte"),
+    "lr32_1_layer_byte_mask": _former(cross_layers=1, cross_projection_dim=32, input_dropout_mask="byte"),
+    "lr32_2_layers_byte_mask": _former(cross_layers=2, cross_projection_dim=32, input_dropout_mask="byte"),
+    "lr64_1_layer_byte_mask": _former(cross_layers=1, cross_projection_dim=64, input_dropout_mask="byte"),
+    "full_rank_1_layer_byte_mask": _former(cross_layers=1, input_dropout_mask="byte"),
 }
 
 
