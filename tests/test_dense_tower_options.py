@@ -109,6 +109,15 @@ def test_byte_mask_dropout_is_stateless_and_drops_about_the_rate():
     np.testing.assert_array_equal(layer(x, training=False).numpy(), x.numpy())
 
 
+def test_byte_mask_compiles_under_xla_and_draws_the_eager_mask():
+    """A TPU step is XLA-compiled: the byte mask's ops (stateless full-range uint32 draws, a bitcast
+    to four bytes each, a compare) compile with XLA on CPU and give the mask eager mode gives. The
+    TPU backend itself is not run here."""
+    seed = tf.constant([7, 3], tf.int64)
+    compiled = tf.function(lambda s: byte_keep_mask(tf.constant([64, 130]), 0.2, s), jit_compile=True)
+    np.testing.assert_array_equal(compiled(seed).numpy(), byte_keep_mask(tf.constant([64, 130]), 0.2, seed).numpy())
+
+
 def test_an_unknown_mask_is_refused():
     with pytest.raises(ValueError, match="'bits' is not one of float, byte"):
         StepDropout(0.2, seed=5, mask="bits")
