@@ -28,6 +28,7 @@ def _tower(model: str, into: str) -> DenseTower:
         weighted_features=frozenset(), sequence_length={}, sequence_query={}, sequence_pooling={}, wide_combiner={})
     plan = SimpleNamespace(dense_buckets=DenseBuckets(dim=DIM, boundaries=BOUNDARIES, source="hand-set"))
     training = dataclasses.replace(TrainingConfig(), model=model, bottom_mlp=[3], top_mlp=[2], cross_layers=1,
+                                   cross_projection_dim=None,  # full rank: one [width, width] kernel to read
                                    input_dropout=0.0, dense_buckets=DenseBucketsConfig(dim=DIM, into=into))
     return DenseTower(plan, features, training)
 
