@@ -89,10 +89,12 @@ def test_example_gen_reads_every_row_under_a_forced_short_flush(tmp_path):
     ([], True),  # Beam's default runner
     (["--runner=DirectRunner", "--direct_running_mode=multi_processing"], True),
     (["--runner=SwitchingDirectRunner"], True),
+    (["--runner=direct"], True),
     (["--runner=apache_beam.runners.direct.direct_runner.BundleBasedDirectRunner"], True),
     (["--runner=DataflowRunner", "--project=p", "--region=r"], False),
     (["--runner=PortableRunner", "--job_endpoint=localhost:8099"], False),
     (["--runner=FlinkRunner"], False),
+    (["--runner=dataflow"], False),
 ])
 def test_runs_on_this_machine(args, local):
     assert beam_runtime.runs_on_this_machine(args) is local

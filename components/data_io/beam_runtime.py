@@ -119,7 +119,8 @@ def ensure_local_runner_safe(beam_args: Optional[List[str]] = None) -> None:
 # package; a DirectRunner's workers are this machine's Python (in-process threads or subprocesses of
 # `sys.executable`, fn_api_runner/worker_handlers.py), which never read it. A local pipeline of four
 # Beam components left 200 MB in /tmp per run and filled a test machine's disk.
-_LOCAL_RUNNERS = ("DirectRunner", "SwitchingDirectRunner", "BundleBasedDirectRunner")
+# Beam's names for them, lower case and without "Runner" (Beam's create_runner accepts either form)
+_LOCAL_RUNNERS = ("direct", "switchingdirect", "bundlebaseddirect")
 _dependency_wrapped = False
 
 
@@ -130,7 +131,8 @@ def runs_on_this_machine(beam_args: List[str]) -> bool:
       beam_args: Beam's options as a command line; no `--runner` means Beam's default.
 
     Returns:
-      True for DirectRunner (named or by default), SwitchingDirectRunner and BundleBasedDirectRunner.
+      True for DirectRunner (named, as `direct`, or by default), SwitchingDirectRunner and
+      BundleBasedDirectRunner.
     """
     # lazy: keeps Beam off the command line's config path (the runner imports this module)
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
@@ -138,7 +140,8 @@ def runs_on_this_machine(beam_args: List[str]) -> bool:
     runner = PipelineOptions(flags=list(beam_args)).view_as(StandardOptions).runner or StandardOptions.DEFAULT_RUNNER
     if not isinstance(runner, str):  # a runner object passed programmatically
         runner = type(runner).__name__
-    return runner.rsplit(".", 1)[-1] in _LOCAL_RUNNERS
+    name = runner.rsplit(".", 1)[-1].lower()
+    return (name[: -len("runner")] if name.endswith("runner") else name) in _LOCAL_RUNNERS
 
 
 def skip_tfx_sdist_for_local_runners() -> None:
