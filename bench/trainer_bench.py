@@ -20,9 +20,10 @@ preprocessed by our Beam code (in-process DirectRunner):
 Beside them, `--variants` (comma-separated names from VARIANTS; `all` for every one; default
 `default`) and `--variant NAME=JSON` (training-section fields merged over the defaults' model) train
 other models of ours on the same batches, each reported as its ratio to the plain model: `default`
-is the model a config gets when it states no training field of the model's shape (dcn_v2, full-rank
-cross layers, input dropout 0.2, the dense features' embedded buckets; the demo's optimizers), the
-others switch its parts off or try a cheaper form of them. `--no-input` skips the input rates.
+is the model a config gets when it states no training field of the model's shape (dcn_v2, two
+rank-32 cross layers, input dropout 0.2 with the byte mask, the dense features' embedded buckets;
+the demo's optimizers), `former_default` the defaults before (three full-rank cross layers, the
+float mask), the others switch parts of the former defaults off or try a cheaper form of them. `--no-input` skips the input rates.
 Training throughput is measured on batches cached in memory (so it measures the step, not the
 input), after a warm-up of the same length, alternating contenders `--repeats` times. The
 headline is each contender's best repeat (the least disturbed: on the shared 2-core machine single
@@ -59,7 +60,8 @@ from components.embedding_model.dense_tower import mlp as _mlp  # noqa: E402
 # The model a config gets when it states no field of the model's shape (TrainingConfig's defaults,
 # read from it), as training-section overrides of the demo config (whose optimizers and batch size stay).
 _T = TrainingConfig()
-DEFAULT_MODEL = {"model": str(_T.model.value), "cross_layers": _T.cross_layers, "cross_projection_dim": _T.cross_projection_dim,
+DEFAULT_MODEL = {"model": str(_T.model.value), "cross_layers": _T.cross_layers,
+                 "cross_projection_dim": _T.cross_projection_dim,
                  "dropout": _T.dropout, "input_dropout": _T.input_dropout, "input_dropout_mask": _T.input_dropout_mask,
                  "dense_buckets": {"enabled": True, "into": _T.dense_buckets.into}, "wide": {"enabled": False}}
 # The defaults before the cheaper model (dcn_v2, three full-rank cross layers, buckets beside the

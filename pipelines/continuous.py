@@ -21,7 +21,7 @@ from components.config.schema import PipelineConfig
 from components.example_gen.synthetic_data import CRITEO_CARDINALITIES, GeneratorSpec, ensure_dataset
 from components.reporting.report import Report, emit
 from pipelines.runner import run
-from pipelines.summary import continuous_rows, metric_text, not_pushed_reason
+from pipelines.summary import continuous_rows, metric_text, not_pushed_reason, wrap_rows
 
 SPAN_DIR = "span-{SPAN}"
 
@@ -136,4 +136,4 @@ def span_report(s: Dict[str, Any]):
         r.sub(c["name"], f"{'passed' if c['passed'] else 'FAILED'}: {c['reason']}")
     r.add("pushed", s["serving_model"] if s.get("pushed_by_this_run")
           else f"nothing ({not_pushed_reason(s)}; serving stays {s.get('serving_model')})")
-    return r
+    return wrap_rows(r)

@@ -94,6 +94,8 @@ def test_example_gen_reads_every_row_under_a_forced_short_flush(tmp_path):
     (["--runner=DataflowRunner", "--project=p", "--region=r"], False),
     (["--runner=PortableRunner", "--job_endpoint=localhost:8099"], False),
     (["--runner=FlinkRunner"], False),
+    (["--runner=DirectRunner", "--environment_type=LOOPBACK"], True),
+    (["--runner=DirectRunner", "--environment_type=DOCKER"], False),  # workers in a container: TFX's package
     (["--runner=dataflow"], False),
 ])
 def test_runs_on_this_machine(args, local):
@@ -127,6 +129,7 @@ def test_a_local_beam_executor_builds_no_tfx_sdist_and_a_remote_one_still_does(m
 
     local = ["--runner=DirectRunner", "--direct_num_workers=2"]
     assert _beam_executor(local)._beam_pipeline_args[:2] == local
+    assert local == ["--runner=DirectRunner", "--direct_num_workers=2"]  # the caller's list left alone
     assert not built and not os.listdir(tmp_path)
     remote = _beam_executor(["--runner=DataflowRunner", "--project=p", "--region=r"])._beam_pipeline_args
     assert "--extra_package=/pkg/tfx.tar.gz" in remote and built == [1]

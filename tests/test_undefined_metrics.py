@@ -280,7 +280,8 @@ def test_the_summary_says_why_the_eval_and_baseline_auc_are_undefined(tmp_path):
 
 
 def test_a_span_report_says_why_its_auc_is_undefined():
-    """`python -m pipelines continuous --show`'s per-span report names the AUC's reason (before: `-`)."""
+    """`python -m pipelines continuous --show`'s per-span report names the AUC's reason (before: `-`),
+    wrapped at the summary's 100 columns."""
     from components.reporting.report import render
     from pipelines.continuous import span_report
 
@@ -288,7 +289,8 @@ def test_a_span_report_says_why_its_auc_is_undefined():
     s = {"span": 2, "eval_auc": None, "eval_auc_undefined": one_label, "baseline_auc": None,
          "baseline_auc_undefined": one_label, "validation": {"blessed": False, "checks": [], "reasons": []}}
     text = render(span_report(s))
-    assert f"model {one_label}, baseline {one_label}" in text, text
+    assert max(len(line) for line in text.splitlines()) <= 100, text
+    assert f"model {one_label}, baseline {one_label}" in " ".join(text.split()), text
 
 
 def test_the_run_report_keeps_an_undefined_metrics_row_with_its_reason(tmp_path):

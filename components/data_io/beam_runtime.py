@@ -116,28 +116,35 @@ def ensure_local_runner_safe(beam_args: Optional[List[str]] = None) -> None:
 # repackages the whole installed tfx into an sdist (`build_ephemeral_package`, tfx/utils/
 # dependency_utils.py lines 88-135): a 49 MB copy under `tempfile.mkdtemp()` that is never removed,
 # and about 3 s of `setup.py sdist`, for every Beam component of every run. Remote workers need a
-# package; a DirectRunner's workers are this machine's Python (in-process threads or subprocesses of
-# `sys.executable`, fn_api_runner/worker_handlers.py), which never read it. A local pipeline of four
+# package; a DirectRunner's own workers are this machine's Python (in-process threads or subprocesses
+# of `sys.executable`, fn_api_runner/worker_handlers.py), which never read it. A local pipeline of four
 # Beam components left 200 MB in /tmp per run and filled a test machine's disk.
 # Beam's names for them, lower case and without "Runner" (Beam's create_runner accepts either form)
 _LOCAL_RUNNERS = ("direct", "switchingdirect", "bundlebaseddirect")
+# Worker environments that run in this Python (threads) or as subprocesses of it; DOCKER, PROCESS and
+# EXTERNAL workers are started elsewhere and are served the staged packages, so they keep TFX's.
+_LOCAL_ENVIRONMENTS = (None, "", "EMBEDDED", "LOOPBACK")
 _dependency_wrapped = False
 
 
 def runs_on_this_machine(beam_args: List[str]) -> bool:
-    """Whether Beam options pick a runner whose workers are this machine's Python (a DirectRunner).
+    """Whether Beam options pick a runner whose workers are this machine's Python: a DirectRunner
+    with its own workers (no `--environment_type`, or EMBEDDED / LOOPBACK).
 
     Args:
       beam_args: Beam's options as a command line; no `--runner` means Beam's default.
 
     Returns:
       True for DirectRunner (named, as `direct`, or by default), SwitchingDirectRunner and
-      BundleBasedDirectRunner.
+      BundleBasedDirectRunner, unless an environment type starts the workers elsewhere.
     """
     # lazy: keeps Beam off the command line's config path (the runner imports this module)
-    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+    from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions, StandardOptions
 
-    runner = PipelineOptions(flags=list(beam_args)).view_as(StandardOptions).runner or StandardOptions.DEFAULT_RUNNER
+    options = PipelineOptions(flags=list(beam_args))
+    if (options.view_as(PortableOptions).environment_type or "").upper() not in _LOCAL_ENVIRONMENTS:
+        return False
+    runner = options.view_as(StandardOptions).runner or StandardOptions.DEFAULT_RUNNER
     if not isinstance(runner, str):  # a runner object passed programmatically
         runner = type(runner).__name__
     name = runner.rsplit(".", 1)[-1].lower()
@@ -162,7 +169,7 @@ def skip_tfx_sdist_for_local_runners() -> None:
 
         def make_beam_dependency_flags(beam_pipeline_args: List[str]) -> List[str]:
             if runs_on_this_machine(beam_pipeline_args):
-                return beam_pipeline_args
+                return list(beam_pipeline_args)  # a new list, as TFX's: the executor appends to it
             return tfx_flags(beam_pipeline_args)
 
         make_beam_dependency_flags.tfx_original = tfx_flags
