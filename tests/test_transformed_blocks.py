@@ -74,8 +74,11 @@ def _rows(features, label):
     """One hashable row per example of a batch: label, every dense value, every feature's IDs."""
     cols = {"label": label.numpy().ravel().tolist()}
     for k, t in sorted(features.items()):
-        if isinstance(t, tf.SparseTensor):
-            cols[k] = [tuple(r) for r in tf.RaggedTensor.from_sparse(t).to_list()]
+        if isinstance(t, tf.SparseTensor):  # rows of IDs in index order, read in numpy (no eager op per feature)
+            rows = [[] for _ in range(int(t.dense_shape[0]))]
+            for i, v in zip(t.indices.numpy()[:, 0].tolist(), t.values.numpy().tolist()):
+                rows[i].append(v)
+            cols[k] = [tuple(r) for r in rows]
         else:
             cols[k] = [tuple(np.ravel(r).tolist()) for r in t.numpy()]
     return list(zip(*(cols[k] for k in sorted(cols))))
