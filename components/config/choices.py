@@ -107,6 +107,20 @@ class BucketEncoding(Choice):
     PIECEWISE_LINEAR = "piecewise_linear"
 
 
+class BucketsInto(Choice):
+    """Where the dense features' bucket vectors enter the model (`training.dense_buckets.into`)."""
+
+    INTERACTION = "interaction"  # beside the categorical features' vectors (cross layers / interaction)
+    BOTTOM_MLP = "bottom_mlp"  # beside the dense values, as the bottom MLP's input
+
+
+class DropoutMask(Choice):
+    """How the input dropout's stateless mask is drawn (`training.input_dropout_mask`)."""
+
+    FLOAT = "float"  # one random float an entry
+    BYTE = "byte"  # one random byte an entry (four from each 32-bit draw)
+
+
 class OptimizerName(Choice):
     """The optimizers the embedding and dense parts can use (TPU embedding and Keras alike)."""
 

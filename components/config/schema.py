@@ -14,10 +14,12 @@ from typing import Any, Dict, List, Optional
 
 from components.config.choices import (
     BucketEncoding,
+    BucketsInto,
     Combiner,
     Compression,
     DimRule,
     DirectRunningMode,
+    DropoutMask,
     InitializerKind,
     InputFormat,
     LabelRuleOp,
@@ -329,7 +331,7 @@ class DenseBucketsConfig:
     # vectors (into the cross layers or the dot interaction, under input dropout); `bottom_mlp`
     # beside the dense values as the bottom MLP's input, which keeps the cross layers / interaction
     # as wide as without buckets (bench/README.md "Trainer": what each costs).
-    into: str = "interaction"
+    into: BucketsInto = BucketsInto.INTERACTION
 
 
 # The default training length (training.epochs unset) from the train split's size: DEFAULT_EPOCHS
@@ -386,7 +388,7 @@ class TrainingConfig:
     input_dropout: float = 0.2
     # How the input dropout's stateless mask is drawn: float (one random float an entry) or byte
     # (one random byte an entry, the rate rounded to a multiple of 1/256; a quarter of the draws).
-    input_dropout_mask: str = "byte"
+    input_dropout_mask: DropoutMask = DropoutMask.BYTE
     embedding_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(OptimizerName.ADAGRAD, 0.1))
     dense_optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(OptimizerName.ADAM, 0.001))
     # Every embedding gradient times this factor (a schedule of the step) on CPU/GPU and TPU alike;

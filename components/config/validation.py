@@ -184,9 +184,6 @@ def _check_training(cfg: PipelineConfig) -> None:
         check_positive(getattr(es, name), f"training.early_stopping.{name}", "set a positive integer")
     if not 0.0 <= es.min_improvement < 1.0:
         raise ConfigError(f"training.early_stopping.min_improvement: {es.min_improvement} is not an AUC gain in [0, 1)")
-    if tr.input_dropout_mask not in ("float", "byte"):
-        raise ConfigError(f"training.input_dropout_mask: {tr.input_dropout_mask!r} is not one of float, byte "
-                          "(how the input dropout's mask is drawn)")
     db = tr.dense_buckets
     if not isinstance(db.enabled, bool):
         raise ConfigError(f"training.dense_buckets.enabled: {db.enabled!r} is not true or false")
@@ -194,9 +191,6 @@ def _check_training(cfg: PipelineConfig) -> None:
         raise ConfigError(f"training.dense_buckets.buckets: {db.buckets!r} is not a whole number in [2, {QUANTILE_POINTS}] "
                           f"(preprocessing records {QUANTILE_POINTS} quantile intervals)")
     check_positive(db.dim, "training.dense_buckets.dim", "set a positive embedding width, e.g. 8")
-    if db.into not in ("interaction", "bottom_mlp"):
-        raise ConfigError(f"training.dense_buckets.into: {db.into!r} is not one of interaction, bottom_mlp "
-                          "(where the bucket vectors enter the model)")
     if db.encoding == BucketEncoding.PIECEWISE_LINEAR and db.enabled and db.buckets < 3:
         raise ConfigError(f"training.dense_buckets.buckets: {db.buckets} buckets have {db.buckets - 1} boundary, no bin "
                           "between two for the piecewise_linear encoding; set at least 3, or encoding: embedding")

@@ -35,16 +35,9 @@ from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
 from components.embedding_model.input import length_key
 from components.embedding_model.lookups import sequence_mask
-from components.config.choices import BucketEncoding, ModelType
+from components.config.choices import BucketEncoding, BucketsInto, DropoutMask, ModelType
 from components.config.choices import SequencePooling as PoolingKind
 
-# training.dense_buckets.into: where the bucket vectors enter the model
-BUCKETS_INTO_INTERACTION = "interaction"
-BUCKETS_INTO_BOTTOM_MLP = "bottom_mlp"
-# training.input_dropout_mask: one float draw per masked entry (float) or one byte (byte)
-INPUT_DROPOUT_FLOAT_MASK = "float"
-INPUT_DROPOUT_BYTE_MASK = "byte"
-INPUT_DROPOUT_MASKS = (INPUT_DROPOUT_FLOAT_MASK, INPUT_DROPOUT_BYTE_MASK)
 BATCH_KEY = "__batch"  # int64 scalar: the batch size, with fused inputs
 DENSE_KEY = "__dense"  # float32 [batch, dense features]: the dense features in one matrix, with fused inputs
 
@@ -154,10 +147,10 @@ class StepDropout(tf.keras.layers.Layer):
         scaled by 1 / (1 - that)).
     """
 
-    def __init__(self, rate: float, seed: int, mask: str = INPUT_DROPOUT_FLOAT_MASK, **kwargs):
+    def __init__(self, rate: float, seed: int, mask: str = DropoutMask.FLOAT, **kwargs):
         super().__init__(**kwargs)
-        if mask not in INPUT_DROPOUT_MASKS:
-            raise ValueError(f"mask {mask!r} is not one of {', '.join(INPUT_DROPOUT_MASKS)}")
+        if mask not in DropoutMask.values():
+            raise ValueError(f"mask {mask!r} is not one of {', '.join(DropoutMask.values())}")
         self.rate, self.seed, self.mask = rate, seed, mask
         self.step_fn = None
 
@@ -171,7 +164,7 @@ class StepDropout(tf.keras.layers.Layer):
         step = tf.cast(self.step_fn(), tf.int64) if self.step_fn is not None else tf.constant(0, tf.int64)
         key = tf.cast(self.seed, tf.int64) * 1_000_003 + tf.cast(replica_id, tf.int64)
         seed = tf.stack([key, step])
-        if self.mask == INPUT_DROPOUT_FLOAT_MASK:
+        if self.mask == DropoutMask.FLOAT:
             return tf.nn.experimental.stateless_dropout(x, self.rate, seed=seed)
         return x * byte_keep_mask(tf.shape(x), self.rate, seed, x.dtype)
 
@@ -442,7 +435,7 @@ class DenseTower:
         """DotInteraction needs one width: features and buckets of another dim are projected (no bias)."""
         self.projections = {n: tf.keras.layers.Dense(width, use_bias=False, name=f"project_{n}")
                             for n in self.features.categorical_names if self.features.feature_dim[n] != width}
-        if self.buckets_into == BUCKETS_INTO_INTERACTION:
+        if self.buckets_into == BucketsInto.INTERACTION:
             self.projections.update({n: tf.keras.layers.Dense(width, use_bias=False, name=f"project_{n}")
                                      for n, t in self.bucket_tables.items() if t.dim != width})
         self.interaction = tfrs.layers.feature_interaction.DotInteraction(self_interaction=False)
@@ -526,7 +519,7 @@ class DenseTower:
             first = self.features.categorical_names[0]
             batch = inputs[BATCH_KEY] if BATCH_KEY in inputs else tf.shape(inputs[first], out_type=tf.int64)[0]
             dense = tf.zeros([batch, 1])
-        if buckets and self.buckets_into == BUCKETS_INTO_BOTTOM_MLP:
+        if buckets and self.buckets_into == BucketsInto.BOTTOM_MLP:
             return dense, buckets, self.bottom_mlp(tf.concat([dense] + [v for v, _ in buckets.values()], axis=1))
         return dense, buckets, self.bottom_mlp(dense)
 
@@ -573,7 +566,7 @@ class DenseTower:
         # the categorical features' pooled vectors, then the dense features' bucket vectors (unless
         # they went into the bottom MLP)
         names = list(self.features.categorical_names)
-        if self.buckets_into == BUCKETS_INTO_INTERACTION:
+        if self.buckets_into == BucketsInto.INTERACTION:
             names += list(buckets)
         vectors = {**embedded, **{n: v for n, (v, _) in buckets.items()}}
         if self.model_type == ModelType.DLRM:

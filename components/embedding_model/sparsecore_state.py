@@ -32,6 +32,7 @@ import tensorflow as tf
 from tensorflow.python.checkpoint import checkpoint as checkpoint_lib
 from tensorflow.python.checkpoint import util as checkpoint_util
 
+from components.config.choices import BucketsInto
 from components.contracts.plan import CheckpointLayout, EmbeddingPlan
 from components.embedding_model.sparsecore_layout import plan_sparse_core_layouts, stacked_variables
 
@@ -231,7 +232,7 @@ def plan_signature(plan: EmbeddingPlan, layout: CheckpointLayout, cfg, dense_fea
                   "bottom_mlp": list(t.bottom_mlp), "top_mlp": list(t.top_mlp),
                   "dense_optimizer": t.dense_optimizer.name, "embedding_optimizer": t.embedding_optimizer.name},
     }
-    if plan.dense_buckets is not None and t.dense_buckets.into != "interaction":
+    if plan.dense_buckets is not None and t.dense_buckets.into != BucketsInto.INTERACTION:
         # where the bucket vectors enter changes the dense kernels' shapes; the default is left out,
         # so the records of runs written before the option compare equal
         signature["model"]["dense_buckets_into"] = t.dense_buckets.into
