@@ -64,9 +64,8 @@ def score_previous(previous_serving_dir: str, raw: List[bytes], labels: np.ndarr
 
 def _undefined(value: Any, reason: Optional[str], what: str) -> Optional[str]:
     """Why `value` (a compared figure) is undefined, naming `what` it is; None when it is a number."""
-    if is_defined(value):
-        return None
-    return f"{what} is {reason or 'undefined: not a finite number (' + repr(value) + ')'}"
+    _, why = reported(value, reason)
+    return f"{what} is {why}" if why else None
 
 
 def decide(cfg: PipelineConfig, model_metrics: Optional[Dict[str, Any]], serving_auc: Optional[float],
@@ -147,7 +146,7 @@ def decide(cfg: PipelineConfig, model_metrics: Optional[Dict[str, Any]], serving
 
 def _number(value: Any) -> Optional[float]:
     """`value` as a float when it is a finite number, else None (what the report holds)."""
-    return float(value) if is_defined(value) else None
+    return reported(value)[0]
 
 
 def read_evaluation(evaluation_uri: str) -> Dict[str, Any]:

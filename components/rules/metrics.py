@@ -76,6 +76,16 @@ def _rows(n: int, what: str) -> str:
     return f"the {n:,}-row {what}"
 
 
+def _no_rows_reason(examples: int, what: str) -> Optional[str]:
+    """Why a metric is undefined on no rows, or None when there are some."""
+    return None if examples > 0 else f"undefined: the {what} holds no rows"
+
+
+def _non_finite_float(value: Any) -> bool:
+    """A float that is NaN or infinite (what an undefined metric is before it leaves a stage)."""
+    return isinstance(value, (float, np.floating)) and not math.isfinite(float(value))
+
+
 def auc_undefined_reason(labels: np.ndarray, what: str = "sample") -> Optional[str]:
     """Why ROC AUC is undefined on these labels, or None when it is defined.
 
@@ -102,7 +112,7 @@ def counts_undefined_reason(examples: int, positives: int, what: str = "sample")
       The reason, or None when both labels are present.
     """
     if examples <= 0:
-        return f"undefined: the {what} holds no rows"
+        return _no_rows_reason(examples, what)
     if positives <= 0:
         return f"undefined: {_rows(examples, what)} holds only label 0"
     if positives >= examples:
@@ -120,7 +130,7 @@ def log_loss_undefined_reason(labels: np.ndarray, what: str = "sample") -> Optio
     Returns:
       The reason, or None.
     """
-    return None if np.asarray(labels).size else f"undefined: the {what} holds no rows"
+    return _no_rows_reason(int(np.asarray(labels).size), what)
 
 
 def reported(value: Any, reason: Optional[str] = None) -> Tuple[Optional[float], Optional[str]]:
@@ -153,7 +163,7 @@ def with_reasons(metrics: Dict[str, Any], reasons: Optional[Dict[str, Optional[s
     out: Dict[str, Any] = dict(metrics)
     undefined: Dict[str, str] = dict(out.get(UNDEFINED_KEY) or {})
     for name, value in metrics.items():
-        if isinstance(value, (float, np.floating)) and not math.isfinite(float(value)):
+        if _non_finite_float(value):
             out[name], undefined[name] = reported(value, (reasons or {}).get(name))
     if undefined:
         out[UNDEFINED_KEY] = undefined
@@ -174,7 +184,7 @@ def evaluation_reasons(metrics: Dict[str, Any], what: str = "eval split") -> Dic
     rate = metrics.get("positive_rate")
     positives = int(round(float(rate) * examples)) if is_defined(rate) else 0
     return {"auc": counts_undefined_reason(examples, positives, what),
-            "log_loss": None if examples else f"undefined: the {what} holds no rows"}
+            "log_loss": _no_rows_reason(examples, what)}
 
 
 def json_safe(obj: Any) -> Any:
@@ -189,13 +199,10 @@ def json_safe(obj: Any) -> Any:
     """
     if isinstance(obj, dict):
         out = {k: json_safe(v) for k, v in obj.items()}
-        replaced = {k: "undefined: not a finite number" for k, v in obj.items()
-                    if isinstance(v, (float, np.floating)) and not math.isfinite(float(v))}
+        replaced = {k: "undefined: not a finite number" for k, v in obj.items() if _non_finite_float(v)}
         if replaced:
             out[UNDEFINED_KEY] = {**replaced, **(obj.get(UNDEFINED_KEY) or {})}
         return out
     if isinstance(obj, (list, tuple)):
         return [json_safe(v) for v in obj]
-    if isinstance(obj, (float, np.floating)) and not math.isfinite(float(obj)):
-        return None
-    return obj
+    return None if _non_finite_float(obj) else obj
