@@ -67,6 +67,23 @@ def serialized_examples(file_pattern: str, limit: int) -> List[bytes]:
     return out
 
 
+def block_records_as_rows(manifest, records: List[bytes]) -> List[bytes]:
+    """Serialized block records (`transformed_examples.format: blocks`) cut back into one serialized
+    tf.Example per row (`transform.from_blocks`).
+
+    Args:
+      manifest: the preprocessing manifest (`VocabularyManifest`): the blocks' layout.
+      records: serialized block records.
+
+    Returns:
+      The rows' serialized tf.Examples, block by block in order.
+    """
+    if len(records) == 0:  # a list or a numpy array of records
+        return []
+    decoder, encoder = example_coder.ExamplesToRecordBatchDecoder(), example_coder.RecordBatchToExamplesEncoder()
+    return encoder.encode(from_blocks(manifest, decoder.DecodeBatch(list(records))))
+
+
 def transformed_rows(file_pattern: str, manifest, limit: int) -> List[bytes]:
     """Reads transformed rows as serialized tf.Examples, whatever `transformed_examples.format` wrote.
 
@@ -88,11 +105,10 @@ def transformed_rows(file_pattern: str, manifest, limit: int) -> List[bytes]:
     if manifest.transformed_format != FORMAT_BLOCKS:
         return serialized_examples(file_pattern, limit)
     files = sorted(tf.io.gfile.glob(file_pattern), key=lambda f: (os.path.basename(f).startswith(TAIL_PREFIX), f))
-    decoder, encoder = example_coder.ExamplesToRecordBatchDecoder(), example_coder.RecordBatchToExamplesEncoder()
     out: List[bytes] = []
     for path in files:
         for batch in tf.data.TFRecordDataset([path], compression_type=compression_type([path])).batch(64):
-            out += encoder.encode(from_blocks(manifest, decoder.DecodeBatch(list(batch.numpy()))))
+            out += block_records_as_rows(manifest, batch.numpy())
             if len(out) >= limit:
                 return out[:limit]
     return out

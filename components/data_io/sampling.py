@@ -25,7 +25,8 @@ import tensorflow as tf
 from apache_beam.io.filesystems import FileSystems
 from tfx_bsl.coders import example_coder
 
-from components.data_io.examples_io import is_parquet
+from components.contracts.manifest import FORMAT_BLOCKS
+from components.data_io.examples_io import block_records_as_rows, is_parquet
 from components.data_io.tfrecords import compression_type
 
 # Strata of a Parquet sample: the number of places a sample is read from (each a run of rows).
@@ -57,6 +58,31 @@ def sample_examples(file_pattern: str, size: int, seed: int, blocks: int = SAMPL
     rng = np.random.default_rng(seed)
     out = _parquet_sample(files, size, blocks, rng) if is_parquet(files) else _reservoir_sample(files, size, rng)
     return [out[i] for i in rng.permutation(len(out))]
+
+
+def sample_transformed_rows(file_pattern: str, manifest, size: int, seed: int) -> List[bytes]:
+    """Transformed rows drawn across a split as serialized tf.Examples (what the Trainer's signature
+    takes), whatever `transformed_examples.format` wrote.
+
+    Records are drawn by `sample_examples`; rows written as blocks are drawn a block at a time:
+    `size` blocks, cut back into rows (`examples_io.block_records_as_rows`), of which `size` are kept
+    at random.
+
+    Args:
+      file_pattern: the transformed split's files.
+      manifest: the preprocessing manifest (`VocabularyManifest`): how the rows were written.
+      size: how many rows.
+      seed: the draw's seed (the same seed and split give the same rows).
+
+    Returns:
+      min(size, rows in the split) serialized tf.Examples.
+    """
+    records = sample_examples(file_pattern, size, seed)
+    if manifest.transformed_format != FORMAT_BLOCKS:
+        return records
+    rows = block_records_as_rows(manifest, records)
+    keep = np.random.default_rng(seed).choice(len(rows), min(size, len(rows)), replace=False)
+    return [rows[i] for i in keep]
 
 
 def stratified_runs(total: int, size: int, blocks: int, rng: np.random.Generator) -> List[Tuple[int, int]]:

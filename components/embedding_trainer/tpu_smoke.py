@@ -59,15 +59,12 @@ import numpy as np
 import tensorflow as tf
 import yaml
 from tensorflow.python.tpu import tpu_embedding_v3_utils
-from tfx_bsl.coders import example_coder
 
 from components.config.loading import parse_config
 from components.config.schema import OptimizerConfig
 from components.contracts import artifacts
 from components.contracts.plan import CheckpointLayout, optimizer_spec
-from components.contracts.manifest import FORMAT_BLOCKS
-from components.data_io.sampling import sample_examples
-from components.embedding_preprocess.transform import from_blocks
+from components.data_io.sampling import sample_transformed_rows
 from components.embedding_model import optimizers as optimizers_lib
 from components.embedding_model.layouts import CheckpointTables
 from components.embedding_model.checkpoint_keys import CHECKPOINT_ROOT, VARIABLE_VALUE
@@ -623,9 +620,7 @@ def eval_records(root: str, n: int = 64, seed: int = 0):
     """`n` transformed eval rows drawn across the split, as serialized tf.Examples (what the
     Trainer's signature takes); never its first rows, which in a sorted split are one part of it.
 
-    Records are drawn across the split by `sampling.sample_examples`. Rows written as blocks
-    (`transformed_examples.format: blocks`) are drawn a block at a time: `n` blocks, cut back into
-    rows (`transform.from_blocks`), of which `n` are kept at random.
+    Drawn by `sampling.sample_transformed_rows` (blocks cut back into rows).
 
     Args:
       root: the work directory.
@@ -636,14 +631,7 @@ def eval_records(root: str, n: int = 64, seed: int = 0):
       min(n, rows in the split) serialized tf.Examples, a list of bytes.
     """
     files = split_files(root, "eval")
-    manifest = trainer_module.read_manifest_for(files)
-    records = sample_examples(files[0], n, seed)
-    if manifest.transformed_format != FORMAT_BLOCKS:
-        return records
-    rows = example_coder.RecordBatchToExamplesEncoder().encode(
-        from_blocks(manifest, example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(records))) if records else []
-    keep = np.random.default_rng(seed).choice(len(rows), min(n, len(rows)), replace=False)
-    return [rows[i] for i in keep]
+    return sample_transformed_rows(files[0], trainer_module.read_manifest_for(files), n, seed)
 
 
 def trainer_tpu(args, root: str, expect_v2: bool) -> str:
