@@ -29,7 +29,8 @@ from pipelines.kubeflow import compile_pipeline
 from pipelines.pipeline import input_location, stock_data_components
 from pipelines.runner import DEMO_ROWS, RunFailed
 from pipelines.summary import (
-    EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NOT_PUSHED, EXIT_PUSHED, exit_status, metric_text, summary_report, wrap_rows,
+    EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NOT_PUSHED, EXIT_PUSHED, exit_status, metric_measured, metric_text, summary_report,
+    wrap_rows,
 )
 
 
@@ -100,8 +101,7 @@ def spans_report(summaries: List[Dict[str, Any]], statuses: List[int]) -> Report
         w = c.get("warm_start")
         carried = f"{w['rows_carried']:,}/{w['rows']:,} rows" if w else "from scratch"
         # an AUC undefined on the eval split (one label) shows its reason, as the run summary does
-        base = (f", baseline {metric_text(s, 'baseline_auc')}"
-                if s.get("baseline_auc") is not None or s.get("baseline_auc_undefined") else "")
+        base = f", baseline {metric_text(s, 'baseline_auc')}" if metric_measured(s, "baseline_auc") else ""
         report.add(f"span {s['span']}", f"warm start {carried}; model AUC {metric_text(s, 'eval_auc')}{base}; "
                                         f"{'blessed, pushed' if v.get('blessed') else 'not blessed, not pushed'}")
     return wrap_rows(report)

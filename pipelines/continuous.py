@@ -21,7 +21,7 @@ from components.config.schema import PipelineConfig
 from components.example_gen.synthetic_data import CRITEO_CARDINALITIES, GeneratorSpec, ensure_dataset
 from components.reporting.report import Report, emit
 from pipelines.runner import run
-from pipelines.summary import continuous_rows, metric_text, not_pushed_reason, wrap_rows
+from pipelines.summary import continuous_rows, metric_measured, metric_text, not_pushed_reason, wrap_rows
 
 SPAN_DIR = "span-{SPAN}"
 
@@ -127,9 +127,8 @@ def span_report(s: Dict[str, Any]):
     r = Report(f"span {s['span']} (ExampleGen read span {(s.get('input') or {}).get('span')})", data=s)
     continuous_rows(r, s.get("continuous"))
     # an AUC undefined on the eval split (one label) shows its reason, as the run summary does
-    base = s.get("baseline_auc") is not None or s.get("baseline_auc_undefined")
     r.add("AUC", f"model {metric_text(s, 'eval_auc')}"
-          + (f", baseline {metric_text(s, 'baseline_auc')}" if base else ""))
+          + (f", baseline {metric_text(s, 'baseline_auc')}" if metric_measured(s, "baseline_auc") else ""))
     v = s.get("validation") or {}
     r.add("validation gate", "blessed" if v.get("blessed") else "NOT BLESSED")
     for c in v.get("checks", []):

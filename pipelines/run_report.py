@@ -25,7 +25,7 @@ from components.reporting.report import count_list, reasons_list
 from components.reporting.report import render as render_text
 from pipelines.pipeline import PIPELINE_ROOT
 from pipelines.summary import (
-    _latest, feature_health_hints, feature_health_lines, metric_text, summary_report,
+    _latest, feature_health_hints, feature_health_lines, metric_measured, metric_text, summary_report,
 )
 
 SECTIONS = (
@@ -328,10 +328,10 @@ def _read_json(path: Optional[str]) -> Optional[Dict[str, Any]]:
 def _evaluation_section(summary: Dict[str, Any]) -> str:
     rows = []
     # an undefined metric (one label in the eval split) keeps its row and shows its reason
-    if summary.get("eval_auc") is not None or summary.get("eval_auc_undefined"):
+    if metric_measured(summary, "eval_auc"):
         rows.append(["this run's model", metric_text(summary, "eval_auc"),
                      f"log loss {metric_text(summary, 'eval_log_loss')}"])
-    if summary.get("baseline_auc") is not None or summary.get("baseline_auc_undefined"):
+    if metric_measured(summary, "baseline_auc"):
         rows.append(["baseline (logistic regression)", metric_text(summary, "baseline_auc"),
                      "same features and eval split"])
     if summary.get("best_achievable_auc"):

@@ -601,12 +601,17 @@ def _training_rows(r: Report, s: Dict[str, Any]) -> None:
         r.add("training", line)
         if t.get("selection_note"):
             r.sub("model choice", t["selection_note"])
-    if s.get("eval_auc") is not None or s.get("eval_auc_undefined"):
+    if metric_measured(s, "eval_auc"):
         r.add("eval AUC", f"{metric_text(s, 'eval_auc', s.get('best_achievable_auc'))}; "
                           f"log loss {metric_text(s, 'eval_log_loss')}")
-    if s.get("baseline_auc") is not None or s.get("baseline_auc_undefined"):
+    if metric_measured(s, "baseline_auc"):
         r.add("baseline AUC",
               f"{metric_text(s, 'baseline_auc')} (logistic regression on the same features and eval split)")
+
+
+def metric_measured(s: Dict[str, Any], key: str) -> bool:
+    """Whether a summary holds the metric `key`, as a number or with the reason it is undefined."""
+    return s.get(key) is not None or bool(s.get(key + "_undefined"))
 
 
 def metric_text(s: Dict[str, Any], key: str, best: Optional[float] = None) -> str:
