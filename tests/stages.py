@@ -388,7 +388,8 @@ def write_sorted_by_label(path, rows, seed=5):
     write_csv(GeneratorSpec(rows=rows, seed=seed), unsorted)
     with open(unsorted, encoding="utf-8") as fh:
         header, *body = fh.read().splitlines()
-    os.remove(unsorted), os.remove(unsorted + ".meta.json")
+    os.remove(unsorted)
+    os.remove(unsorted + ".meta.json")
     label = header.split(",").index("label")
     body.sort(key=lambda line: line.split(",")[label])
     with open(path, "w", encoding="utf-8") as fh:
