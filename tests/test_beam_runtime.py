@@ -133,5 +133,8 @@ def test_a_local_beam_executor_builds_no_tfx_sdist_and_a_remote_one_still_does(m
     assert not built and not os.listdir(tmp_path)
     remote = _beam_executor(["--runner=DataflowRunner", "--project=p", "--region=r"])._beam_pipeline_args
     assert "--extra_package=/pkg/tfx.tar.gz" in remote and built == [1]
+    # TFX's own rule still decides for remote runners: Dataflow with the project's image gets no package
+    imaged = ["--runner=DataflowRunner", "--project=p", "--region=r", "--sdk_container_image=gcr.io/p/img"]
+    assert _beam_executor(imaged)._beam_pipeline_args[:4] == imaged and built == [1]
     beam_runtime.skip_tfx_sdist_for_local_runners()  # idempotent: still wrapped once
     assert dependency_utils.make_beam_dependency_flags.tfx_original is tfx_flags
