@@ -452,14 +452,18 @@ class RankingModel(tf.keras.Model):
         """Each embedding optimizer applies its tables' gradients (clipped by its limit); one with
         none this step still counts the step. With several replicas the gradients are summed over
         the replicas first and clipped after (`sum_over_replicas`), the rule the TPU embedding
-        engine applies to TPU-embedding tables; Keras' own aggregation is then off."""
-        emb_gv, summed = sum_over_replicas(emb_gv)
+        engine applies to TPU-embedding tables; Keras' own aggregation is always off. The sparse rows
+        are applied with operations XLA compiles (xla_updates.py), as the TPU step needs."""
+        emb_gv, _ = sum_over_replicas(emb_gv)
         groups = self._embedding_optimizer_groups(emb_gv)
         for key, (optimizer, clipvalue) in self._embedding_optimizers().items():
             gv = groups.get(key)
             if gv:
+                # Never Keras' aggregation, even at one replica: under TPUStrategy its all-reduce
+                # would make an IndexedSlices dense, and a dense FTRL or Adam update moves rows
+                # the batch never looked up (another model than the CPU one trains).
                 optimizer.apply_gradients(optimizers_lib.clip_embedding_gradients(gv, clipvalue),
-                                          experimental_aggregate_gradients=not summed)
+                                          experimental_aggregate_gradients=False)
             else:
                 optimizer.iterations.assign_add(1)
 

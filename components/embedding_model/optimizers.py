@@ -13,7 +13,7 @@ module builds both from one spec so they apply the same update, and says where t
   the raw rate, which trains another model on TPU than on CPU.
 - **Adam's laziness.** The TPU Adam is lazy by default (rows not looked up in a step keep their
   moments and values); Keras' Adam decays every row's moments and moves every row. `lazy_adam`
-  (config, default true like the TPU) selects the rule on both: `LazyAdam` below on CPU/GPU, the
+  (config, default true like the TPU) selects the rule on both: `LazyAdam` (xla_updates.py) on CPU/GPU, the
   TPU optimizer's `lazy_adam` on TPU. `sum_inside_sqrt` is set to False on TPU so the update is
   Keras' `m / (sqrt(v) + epsilon)`.
 - **Clipping.** TFRS refuses to translate a Keras optimizer with `clipvalue`; the TPU optimizers
@@ -44,7 +44,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
 
-from components.embedding_model import tf_objects
+from components.embedding_model import tf_objects, xla_updates
+from components.embedding_model.xla_updates import LazyAdam  # noqa: F401  (the lazy rule, named here too)
 
 # TPU embedding slot name -> Keras (legacy) slot name, per optimizer (as tensorflow-recommenders'
 # _SLOT_NAME_MAPPING): the names both platforms save the slots under.
@@ -60,29 +61,6 @@ class EmbeddingOptimizerError(ValueError):
     """An embedding optimizer setting the platform cannot apply; says what to change."""
 
 
-class LazyAdam(tf.keras.optimizers.legacy.Adam):
-    """Keras (legacy) Adam whose sparse update touches only the rows in the gradient, as the TPU
-    embedding Adam does by default (`lazy_adam=True`): for those rows
-    m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2, w -= lr_t m / (sqrt(v) + epsilon), with Keras'
-    bias-corrected lr_t. Hand-written because neither Keras 2 nor TFRS has a lazy Adam (TF Addons'
-    LazyAdam is not in the stack). Slots keep Adam's names (m, v); dense gradients follow Adam."""
-
-    def _resource_apply_sparse(self, grad, var, indices, apply_state=None):
-        var_device, var_dtype = var.device, var.dtype.base_dtype
-        coefficients = (apply_state or {}).get((var_device, var_dtype)) or self._fallback_apply_state(
-            var_device, var_dtype
-        )
-        m = self.get_slot(var, "m")
-        v = self.get_slot(var, "v")
-        m_rows = coefficients["beta_1_t"] * tf.gather(m, indices) + coefficients["one_minus_beta_1_t"] * grad
-        v_rows = coefficients["beta_2_t"] * tf.gather(v, indices) + coefficients["one_minus_beta_2_t"] * grad * grad
-        m_update = m.scatter_update(tf.IndexedSlices(m_rows, indices))
-        v_update = v.scatter_update(tf.IndexedSlices(v_rows, indices))
-        step = coefficients["lr"] * m_rows / (tf.sqrt(v_rows) + coefficients["epsilon"])
-        var_update = var.scatter_sub(tf.IndexedSlices(step, indices))
-        return tf.group(var_update, m_update, v_update)
-
-
 def keras_optimizer(spec: Dict[str, Any], learning_rate) -> tf.keras.optimizers.legacy.Optimizer:
     """The CPU/GPU embedding optimizer of a spec.
 
@@ -93,14 +71,15 @@ def keras_optimizer(spec: Dict[str, Any], learning_rate) -> tf.keras.optimizers.
       learning_rate: a float or a schedule (`tf_objects.learning_rate`).
 
     Returns:
-      A Keras (legacy) optimizer; `LazyAdam` for Adam with `lazy_adam` (the default).
+      A Keras (legacy) optimizer whose sparse rows XLA compiles (xla_updates.py); `LazyAdam` for
+      Adam with `lazy_adam` (the default).
 
     Raises:
       PlanError: the spec names an unknown optimizer.
     """
-    legacy = tf.keras.optimizers.legacy
-    adam = LazyAdam if spec.get("lazy_adam", True) else legacy.Adam
-    classes = {"sgd": legacy.SGD, "adagrad": legacy.Adagrad, "adam": adam, "ftrl": legacy.Ftrl}
+    classes = dict(xla_updates.KERAS_CLASSES)
+    if spec.get("lazy_adam", True):
+        classes["adam"] = LazyAdam
     return tf_objects.build_optimizer(classes, spec, {"learning_rate": learning_rate})
 
 
@@ -233,16 +212,18 @@ def clip_embedding_gradients(
       clipvalue: the limit, or None for no clipping.
 
     Returns:
-      The pairs with clipped gradients (IndexedSlices with one entry per row), in the same order.
+      The pairs with clipped gradients, in the same order. An IndexedSlices keeps its indices
+      (static shapes, for XLA): each row's clipped sum at its first occurrence, zeros at the
+      others, so the optimizer's summing of duplicates gives exactly the clipped sum.
     """
     if clipvalue is None:
         return list(grads_and_vars)
     out = []
     for g, v in grads_and_vars:
         if isinstance(g, tf.IndexedSlices):
-            rows, position = tf.unique(g.indices)
-            summed = tf.math.unsorted_segment_sum(g.values, position, tf.shape(rows)[0])
-            g = tf.IndexedSlices(tf.clip_by_value(summed, -clipvalue, clipvalue), rows, g.dense_shape)
+            sums, first = xla_updates.occurrence_sums(g.values, g.indices)
+            clipped = tf.clip_by_value(sums, -clipvalue, clipvalue)
+            g = tf.IndexedSlices(tf.where(first[:, None], clipped, tf.zeros_like(clipped)), g.indices, g.dense_shape)
         elif g is not None:
             g = tf.clip_by_value(g, -clipvalue, clipvalue)
         out.append((g, v))

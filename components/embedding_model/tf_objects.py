@@ -12,6 +12,7 @@ import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
 
 from components.contracts.plan import HYPERPARAMETERS, EmbeddingPlan, PlanError
+from components.embedding_model.xla_updates import KERAS_CLASSES
 
 
 def build_optimizer(classes: Dict[str, Any], spec: Dict[str, Any], kw: Dict[str, Any]):
@@ -90,7 +91,7 @@ def keras_optimizer(spec: Dict[str, Any]):
       spec: the optimizer spec: name, learning rate, schedule, hyperparameters, clipping.
 
     Returns:
-      A tf.keras.optimizers.legacy optimizer.
+      A tf.keras.optimizers.legacy optimizer (xla_updates.KERAS_CLASSES).
 
     Raises:
       PlanError: the spec names an unknown optimizer.
@@ -99,9 +100,8 @@ def keras_optimizer(spec: Dict[str, Any]):
     for k in ("clipnorm", "clipvalue"):
         if spec.get(k) is not None:
             kw[k] = spec[k]
-    legacy = tf.keras.optimizers.legacy
-    classes = {"sgd": legacy.SGD, "adagrad": legacy.Adagrad, "adam": legacy.Adam, "ftrl": legacy.Ftrl}
-    return build_optimizer(classes, spec, kw)
+    # The classes whose sparse rows XLA compiles: a TPU step is one XLA computation.
+    return build_optimizer(KERAS_CLASSES, spec, kw)
 
 
 def tf_initializer(init):

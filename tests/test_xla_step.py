@@ -1,0 +1,205 @@
+"""The TPU training step compiles with XLA, and its sparse updates are Keras' own rules.
+
+On a TPU the Trainer's step (`RankingModel.train_step`, run by Keras' `fit` inside
+`strategy.run`) is one XLA computation. TensorCore tables are looked up with `tf.gather`, so their
+gradients are IndexedSlices; Keras' legacy Adagrad and FTRL apply those with fused kernels XLA
+cannot translate. These tests compile the Trainer's own step with `jit_compile=True` on CPU (XLA's
+CPU backend translates the same TensorFlow ops as the TPU's) for every embedding optimizer, with
+tables on the TensorCore, per-table optimizers, the wide part's FTRL, clipping and each dense
+optimizer, check that it computes what the uncompiled step computes, and that the row rules
+(components/embedding_model/xla_updates.py) equal Keras' fused kernels.
+
+Not compiled here: TPU-embedding tables' lookups and updates, which the TPU embedding engine does
+outside the TensorCore's XLA computation (its CPU stand-in, TPUEmbeddingForServing's sparse
+lookup, is not what a TPU runs), and the cross-replica collectives (one replica here).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from components.embedding_model import optimizers, xla_updates
+
+legacy = tf.keras.optimizers.legacy
+XLA_ERRORS = (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError, tf.errors.InternalError)
+
+# indices with repeats, out of order; a gradient row each
+# (numpy: TensorFlow may not initialize at import, tests/conftest.py sets its logical devices first)
+INDICES = np.array([3, 1, 3, 0, 7, 3, 1], np.int64)
+VALUES = (np.random.default_rng(0).normal(size=(7, 4)) * 0.3).astype(np.float32)
+
+
+def _sparse_steps(optimizer, steps=3, jit=False, seed=1):
+    """`steps` sparse updates of an [8, 4] table (random start) by `optimizer`; the table and its slots."""
+    rng = np.random.default_rng(seed)
+    var = tf.Variable(rng.normal(size=(8, 4)).astype(np.float32))
+
+    def step(k):
+        g = tf.IndexedSlices(tf.constant(VALUES) * (1.0 + k), tf.constant(INDICES), tf.constant([8, 4], tf.int64))
+        optimizer.apply_gradients([(g, var)])
+
+    run = tf.function(step, jit_compile=True) if jit else step
+    for k in range(steps):
+        run(tf.constant(float(k)))
+    return {"var": var.numpy(), **{s: optimizer.get_slot(var, s).numpy() for s in optimizer.get_slot_names()}}
+
+
+FTRL = dict(learning_rate=0.2, initial_accumulator_value=0.1, l1_regularization_strength=0.01,
+            l2_regularization_strength=0.05)
+
+
+def test_keras_own_sparse_adagrad_and_ftrl_do_not_compile():
+    """Why xla_updates exists: Keras' fused sparse kernels have no XLA translation."""
+    for opt in (legacy.Adagrad(0.1), legacy.Ftrl(**FTRL)):
+        with pytest.raises(XLA_ERRORS, match="ResourceSparseApply"):
+            _sparse_steps(opt, steps=1, jit=True)
+
+
+@pytest.mark.parametrize("name, ours, keras", [
+    ("adagrad", lambda: xla_updates.Adagrad(0.1, initial_accumulator_value=0.1), lambda: legacy.Adagrad(0.1, initial_accumulator_value=0.1)),
+    ("ftrl", lambda: xla_updates.Ftrl(**FTRL), lambda: legacy.Ftrl(**FTRL)),
+    ("ftrl_power", lambda: xla_updates.Ftrl(learning_rate_power=-0.7, **FTRL), lambda: legacy.Ftrl(learning_rate_power=-0.7, **FTRL)),
+    ("adam", lambda: xla_updates.Adam(0.05), lambda: legacy.Adam(0.05)),
+])
+def test_row_rules_compile_and_equal_keras_fused_kernels(name, ours, keras):
+    """3 steps with repeated rows: compiled with XLA, our rule gives Keras' own (eager, fused
+    kernel) tables and slots."""
+    want = _sparse_steps(keras())
+    got = _sparse_steps(ours(), jit=True)
+    assert set(got) == set(want)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-7, err_msg=f"{name} {k}")
+    assert not np.allclose(want["var"], _sparse_steps(keras(), steps=0)["var"])  # the table moved
+
+
+def test_lazy_adam_compiles_and_moves_only_looked_up_rows():
+    """The lazy rule, compiled, equals its eager self and the formula on the summed row gradients;
+    rows never looked up keep their values and moments."""
+    eager = _sparse_steps(optimizers.LazyAdam(0.05))
+    compiled = _sparse_steps(optimizers.LazyAdam(0.05), jit=True)
+    for k in eager:
+        np.testing.assert_allclose(compiled[k], eager[k], rtol=1e-6, atol=1e-7)
+    start = _sparse_steps(optimizers.LazyAdam(0.05), steps=0)["var"]
+    untouched = [2, 4, 5, 6]
+    np.testing.assert_array_equal(compiled["var"][untouched], start[untouched])
+    assert not np.any(compiled["m"][untouched]) and not np.any(compiled["v"][untouched])
+    # one step by hand: the summed gradient of each row, Keras' bias-corrected rate
+    one = _sparse_steps(optimizers.LazyAdam(0.05), steps=1, jit=True)
+    g = np.zeros((8, 4), np.float32)
+    np.add.at(g, INDICES, VALUES)
+    m, v = 0.1 * g, 0.001 * g * g
+    lr = 0.05 * np.sqrt(1 - 0.999) / (1 - 0.9)
+    np.testing.assert_allclose(one["var"], start - lr * m / (np.sqrt(v) + 1e-7), rtol=1e-5, atol=1e-6)
+
+
+def test_occurrence_sums_and_static_clipping():
+    sums, first = xla_updates.occurrence_sums(tf.constant(VALUES), tf.constant(INDICES))
+    dense = np.zeros((8, 4), np.float32)
+    np.add.at(dense, INDICES, VALUES)
+    np.testing.assert_allclose(sums.numpy(), dense[INDICES], rtol=1e-6)
+    assert first.numpy().tolist() == [True, True, False, True, True, False, False]
+    v = tf.Variable(tf.zeros([8, 4]))
+    [(clipped, _)] = tf.function(lambda: optimizers.clip_embedding_gradients(
+        [(tf.IndexedSlices(tf.constant(VALUES), tf.constant(INDICES), tf.constant([8, 4], tf.int64)), v)], 0.2), jit_compile=True)()
+    np.testing.assert_allclose(tf.convert_to_tensor(clipped).numpy(), np.clip(dense, -0.2, 0.2), rtol=1e-6)
+    empty, first = xla_updates.occurrence_sums(tf.zeros([0, 4]), tf.zeros([0], tf.int64))
+    assert empty.shape == (0, 4) and first.shape == (0,)
+
+
+# The Trainer's own step, compiled. Every table on the TensorCore (size_threshold: null), dropout
+# off (the compiled and uncompiled steps are compared), the wide part on (its FTRL), a TensorCore
+# table with an SGD override and one with Adagrad, and each dense optimizer in turn.
+STEP_CASES = {
+    # embedding optimizer, dense optimizer, embedding clipvalue
+    "ftrl": ({"name": "ftrl", "learning_rate": 0.1, "l1_regularization_strength": 0.001,
+              "l2_regularization_strength": 0.01}, {"name": "adam", "learning_rate": 0.01}, None),
+    "adagrad": ({"name": "adagrad", "learning_rate": 0.1}, {"name": "adagrad", "learning_rate": 0.05, "clipnorm": 1.0}, 0.05),
+    "lazy_adam": ({"name": "adam", "learning_rate": 0.01}, {"name": "ftrl", "learning_rate": 0.05}, 0.05),
+    "adam": ({"name": "adam", "learning_rate": 0.01, "lazy_adam": False}, {"name": "sgd", "learning_rate": 0.05}, None),
+    "sgd": ({"name": "sgd", "learning_rate": 0.1}, {"name": "adam", "learning_rate": 0.01, "clipvalue": 0.5}, 0.05),
+}
+
+
+def _step_model(data, embedding_optimizer, dense_optimizer, clipvalue):
+    """(model, batch): the Trainer's compiled training model (trainer_module._build_training_model)
+    with every optimizer's slots built, and one training batch as the trainer feeds it."""
+    from components.config.loading import parse_config
+    from components.contracts.manifest import VocabularyManifest
+    from components.embedding_model.input import make_dataset
+    from components.embedding_model.tf_objects import dense_id_widths, sequence_lengths
+    from components.embedding_trainer import trainer_module as tm
+    from components.embedding_trainer.run_plan import derive_plan
+    from tests.stages import trainer_raw_config
+
+    emb = dict(embedding_optimizer, clipvalue=clipvalue)
+    raw = trainer_raw_config(data, dropout=0.0, input_dropout=0.0, embedding={"size_threshold": None},
+                             embedding_optimizer=emb, dense_optimizer=dense_optimizer, wide={"enabled": True})
+    own = [f for f in raw["categorical_features"] if "table" not in f]
+    own[0]["optimizer"] = {"name": "sgd", "learning_rate": 0.3}
+    own[1]["optimizer"] = {"name": "adagrad", "learning_rate": 0.2}
+    cfg = parse_config(raw)
+    manifest = VocabularyManifest.from_json((data / "vocab" / "manifest.json").read_text())
+    train_files = [str(data / "tx" / "Split-train" / "*")]
+    plan = derive_plan(cfg, manifest, tm.read_statistics_for(train_files))
+    assert {t.placement for t in plan.tables.values()} == {"tensor_core"}
+    tf.keras.utils.set_random_seed(7)
+    _, model = tm._build_training_model(cfg, plan, manifest, tm._place_training(cfg))
+    batch = next(iter(make_dataset(train_files, manifest, 64, training=True, seed=3, dense_id_widths=dense_id_widths(plan),
+                                   sequence_lengths=sequence_lengths(plan))))
+    model(batch[0])
+    model.create_optimizer_slots()
+    return model, batch
+
+
+def _state(model):
+    variables = model.variables + [v for o in [model.dense_optimizer] + [o for o, _ in model._embedding_optimizers().values()]
+                                   for v in o.variables()]
+    return {id(v): v for v in variables}
+
+
+def _check_step_compiles(data, case):
+    """Two compiled steps of the Trainer's train_step equal two uncompiled ones from the same start."""
+    model, batch = _step_model(data, *STEP_CASES[case])
+    state = _state(model)
+    start = {k: v.numpy() for k, v in state.items()}
+    compiled = tf.function(model.train_step, jit_compile=True)
+    for _ in range(2):
+        loss = compiled(batch)["loss"]
+    assert np.isfinite(float(loss))
+    after_xla = {k: v.numpy() for k, v in state.items()}
+    for k, v in state.items():
+        v.assign(start[k])
+    plain = tf.function(model.train_step)
+    for _ in range(2):
+        plain(batch)
+    moved = 0
+    for k, v in state.items():
+        np.testing.assert_allclose(after_xla[k], v.numpy(), rtol=2e-5, atol=2e-6, err_msg=v.name)
+        moved += not np.array_equal(after_xla[k], start[k])
+    tables = [t.embeddings for t in model.tensor_core_tables.values()]
+    assert all(not np.array_equal(after_xla[id(t)], start[id(t)]) for t in tables)  # every table trained
+    assert moved > len(tables)
+
+
+def test_trainer_step_compiles_with_xla_ftrl(trainer_data):
+    """The demo's TensorCore optimizer (FTRL), fast tier; the other optimizers in the full suite."""
+    _check_step_compiles(trainer_data, "ftrl")
+
+
+@pytest.mark.slow(reason="one model build and two XLA compilations per optimizer, ~15 s each")
+@pytest.mark.parametrize("case", [c for c in STEP_CASES if c != "ftrl"])
+def test_trainer_step_compiles_with_xla(trainer_data, case):
+    _check_step_compiles(trainer_data, case)
+
+
+def test_trainer_step_with_keras_own_optimizers_does_not_compile(trainer_data, monkeypatch):
+    """The test above fails on the Trainer as it was (Keras' own classes): it guards the fix."""
+    monkeypatch.setattr(xla_updates, "KERAS_CLASSES", {"sgd": legacy.SGD, "adagrad": legacy.Adagrad,
+                                                       "adam": legacy.Adam, "ftrl": legacy.Ftrl})
+    from components.embedding_model import tf_objects
+
+    monkeypatch.setattr(tf_objects, "KERAS_CLASSES", xla_updates.KERAS_CLASSES)
+    model, batch = _step_model(trainer_data, *STEP_CASES["ftrl"])
+    with pytest.raises(XLA_ERRORS, match="ResourceSparseApply"):
+        tf.function(model.train_step, jit_compile=True)(batch)
