@@ -1,4 +1,4 @@
-"""Sparse (row) updates of the Keras optimizers that XLA compiles: one rule on CPU, GPU and TPU.
+"""Sparse (row) updates of the Keras optimizers that XLA compiles: the same values on CPU, GPU and TPU.
 
 A TensorCore table is looked up with `tf.gather`, so its gradient is a `tf.IndexedSlices`, and the
 legacy Keras optimizers apply an IndexedSlices with fused kernels that XLA has no translation for
@@ -13,11 +13,14 @@ ops XLA compiles, at static shapes:
 - `occurrence_sums` sums a row's gradients over its duplicates with a stable sort, a cumulative
   sum and `unsorted_segment_sum` into as many segments as there are occurrences (static), and
   gives every occurrence its row's sum, and which occurrence is a row's first.
-- Adagrad, FTRL and lazy Adam gather the rows, apply the kernel's formula (the same operations, in
+- In an XLA computation (`in_xla_context`: a TPU step, or `jit_compile=True`), Adagrad, FTRL
+  and lazy Adam gather the rows, apply the kernel's formula (the same operations, in
   the same order, as TensorFlow's `SparseApplyAdagradV2` / `SparseApplyFtrl` kernels in
   training_ops.cc) and `scatter_update` them; duplicate occurrences write identical values.
-- Adam (not lazy) keeps Keras' own rule (`scatter_add` into decayed moments), fed each row's sum at
-  its first occurrence and zeros at the others, which add nothing.
+  Outside XLA (the CPU/GPU Trainer) Keras' own path runs: its fused kernels are 2-2.5x faster
+  on CPU and give the same values to 1e-6.
+- Adam (not lazy) keeps Keras' own rule (`scatter_add` into decayed moments), under XLA fed each
+  row's sum at its first occurrence and zeros at the others, which add nothing.
 - SGD needs nothing: Keras' `scatter_add` compiles and sums duplicates itself.
 
 Hand-written because no library offers XLA-compilable sparse Adagrad/FTRL for legacy Keras; the
@@ -78,20 +81,37 @@ def _coefficients(optimizer, var, apply_state):
     return (apply_state or {}).get((var_device, var_dtype)) or optimizer._fallback_apply_state(var_device, var_dtype)  # pylint: disable=protected-access
 
 
+def in_xla_context() -> bool:
+    """Whether the graph being traced is compiled by XLA: a TPU computation (TPUReplicateContext)
+    or a `tf.function(jit_compile=True)`. Both are XLA control-flow contexts; the test is
+    TensorFlow's own (control_flow_util.GraphOrParentsInXlaContext)."""
+    from tensorflow.python.ops import control_flow_util  # pylint: disable=import-outside-toplevel
+
+    return not tf.executing_eagerly() and control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
 class RowUpdates:
-    """Mixin for a legacy Keras optimizer whose `_resource_apply_sparse` gathers rows, computes and
-    `scatter_update`s them: it receives every occurrence with its row's summed gradient (duplicates
-    write identical values), instead of Keras' `tf.unique` deduplication."""
+    """Mixin for a legacy Keras optimizer with a row rule (`_row_update`: gather the rows, compute,
+    `scatter_update` them). In an XLA computation it gets every occurrence with its row's summed
+    gradient (duplicates write identical values); elsewhere Keras' own path runs (`tf.unique`,
+    then its fused kernel), which is 2-2.5x faster on CPU for Adagrad and FTRL (bench/README.md,
+    "Figures behind the code") and gives
+    the same values (tests/test_xla_step.py, 1e-6)."""
+
+    def _row_update(self, grad, var, indices, apply_state=None):
+        raise NotImplementedError
 
     def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
+        if not in_xla_context():
+            return super()._resource_apply_sparse_duplicate_indices(grad, handle, indices, **kwargs)
         sums, _ = occurrence_sums(grad, indices)
-        return self._resource_apply_sparse(sums, handle, indices, **kwargs)
+        return self._row_update(sums, handle, indices, **kwargs)
 
 
 class Adagrad(RowUpdates, _legacy.Adagrad):
-    """Keras (legacy) Adagrad; sparse rows as `SparseApplyAdagradV2`: a += g^2, w -= lr g / (sqrt(a) + eps)."""
+    """Keras (legacy) Adagrad; sparse rows under XLA as `SparseApplyAdagradV2`: a += g^2, w -= lr g / (sqrt(a) + eps)."""
 
-    def _resource_apply_sparse(self, grad, var, indices, apply_state=None):
+    def _row_update(self, grad, var, indices, apply_state=None):
         c = _coefficients(self, var, apply_state)
         acc = self.get_slot(var, "accumulator")
         a = tf.gather(acc, indices) + grad * grad
@@ -100,7 +120,7 @@ class Adagrad(RowUpdates, _legacy.Adagrad):
 
 
 class Ftrl(RowUpdates, _legacy.Ftrl):
-    """Keras (legacy) FTRL; sparse rows as `SparseApplyFtrl` (training_ops.cc, not multiplying the
+    """Keras (legacy) FTRL; sparse rows under XLA as `SparseApplyFtrl` (training_ops.cc, not multiplying the
     linear term by the rate): n' = n + g^2; z += g - (n'^-p - n^-p) / lr * w;
     w = (clip(z, -l1, l1) - z) / (n'^-p / lr + 2 l2), with p the learning-rate power (sqrt at -0.5)
     and l2 including beta / (2 lr) as Keras passes it. L2 shrinkage is not offered."""
@@ -111,7 +131,7 @@ class Ftrl(RowUpdates, _legacy.Ftrl):
             raise ValueError("l2_shrinkage_regularization_strength is not supported by this FTRL's sparse rule")
         self._power = float(kwargs.get("learning_rate_power", -0.5))
 
-    def _resource_apply_sparse(self, grad, var, indices, apply_state=None):
+    def _row_update(self, grad, var, indices, apply_state=None):
         c = _coefficients(self, var, apply_state)
         lr = c["lr_t"]
         l1 = c["l1_regularization_strength"]
@@ -132,10 +152,12 @@ class Ftrl(RowUpdates, _legacy.Ftrl):
 
 
 class Adam(_legacy.Adam):
-    """Keras (legacy) Adam (every row's moments decay every step), its duplicate rows summed at
-    static shapes; Keras' own sparse rule (`scatter_add`) then applies them."""
+    """Keras (legacy) Adam (every row's moments decay every step); under XLA its duplicate rows are
+    summed at static shapes, and Keras' own sparse rule (`scatter_add`) applies them."""
 
     def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
+        if not in_xla_context():
+            return super()._resource_apply_sparse_duplicate_indices(grad, handle, indices, **kwargs)
         return self._resource_apply_sparse(first_occurrence_sums(grad, indices), handle, indices, **kwargs)
 
 
@@ -144,9 +166,13 @@ class LazyAdam(RowUpdates, _legacy.Adam):
     embedding Adam does by default (`lazy_adam=True`): for those rows
     m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2, w -= lr_t m / (sqrt(v) + epsilon), with Keras'
     bias-corrected lr_t. Hand-written because neither Keras 2 nor TFRS has a lazy Adam (TF Addons'
-    LazyAdam is not in the stack). Slots keep Adam's names (m, v); dense gradients follow Adam."""
+    LazyAdam is not in the stack). Slots keep Adam's names (m, v); dense gradients follow Adam.
+    Its rule is the row rule on every platform (Keras deduplicates first outside XLA)."""
 
     def _resource_apply_sparse(self, grad, var, indices, apply_state=None):
+        return self._row_update(grad, var, indices, apply_state)
+
+    def _row_update(self, grad, var, indices, apply_state=None):
         c = _coefficients(self, var, apply_state)
         m = self.get_slot(var, "m")
         v = self.get_slot(var, "v")
