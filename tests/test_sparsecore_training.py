@@ -144,12 +144,13 @@ def test_sparsecore_training_matches_cpu_row_by_row(trainer_data, monkeypatch, t
     files = [str(trainer_data / "tx" / "Split-train" / "*")]
     cfg, plan, manifest = tpu_smoke.parity_plan(trainer_raw_config(trainer_data), files)
     covered = tpu_smoke.coverage(plan, REPLICAS, PER_CHIP)  # FTRL and Adagrad, a stack of several, dim-1 wide
-    result = tpu_smoke.sparsecore_training(strategy, cfg, plan, manifest, files, 3, str(tmp_path), tolerance=1e-6)
+    result = tpu_smoke.sparsecore_training(strategy, cfg, plan, manifest, files, 3, str(tmp_path), tolerance=1e-4)
     assert result["layout"] == "B", result
     tpu = plan.tables_placed("tpu_embedding")
     for name, entry in result["tables"].items():
-        assert entry["max_diff"] <= 1e-6 and entry["moved"] > 1e-4 and entry["rows_moved"] > 0, (name, entry)
+        assert entry["change_diff"] <= 1e-4 and entry["max_diff"] <= 1e-6, (name, entry)
+        assert entry["moved"] > 1e-4 and entry["rows_moved"] > 0, (name, entry)
         if name in tpu:  # and the slots TF created for the stacks, FTRL's and Adagrad's
             want = {"accumulator", "linear"} if tpu[name].optimizer["name"] == "ftrl" else {"accumulator"}
-            assert set(entry["slots"]) == want and max(entry["slots"].values()) <= 1e-6, (name, entry)
+            assert set(entry["slots"]) == want and max(entry["slots"].values()) <= 1e-4, (name, entry)
     assert {tpu[n].optimizer["name"] for n in tpu} == {"ftrl", "adagrad"}, covered

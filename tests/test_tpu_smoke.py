@@ -2,8 +2,9 @@
 
 - It ships where users run it: the module imports nothing from tests/ or bench/ (the TPU image
   copies neither), and the image build imports it (docker/Dockerfile.tpu).
-- Its judgement of the parity check on hand-written tables: equal tables pass, a table that never
-  trained, one read back permuted, one off by more than the tolerance, or a slot that differs fail.
+- Its judgement of the parity check on hand-written tables: equal changes pass; a table that never
+  trained, one read back permuted, one whose change is off by more than the tolerance (a fraction
+  of the change), a slot never written back or one that moved twice as far fail.
 - Its `--dry-run` (`python -m components.embedding_trainer.tpu_smoke`, from outside the checkout)
   runs every step that needs no TPU runtime (generated data, preprocessing, the parity plan and what
   it covers on 2 replicas x 4 SparseCores, the SparseCore optimizer check) and says which TPU steps
@@ -42,24 +43,36 @@ def test_tpu_strategy_is_recognised_by_its_runtime_class():
     assert tf.distribute.TPUStrategy.__name__ in tpu_smoke.TPU_STRATEGY_NAMES
 
 
-def test_judge_fails_an_untrained_a_permuted_and_a_distant_table():
+def test_judge_compares_changes_and_fails_untrained_permuted_distant_and_unwritten():
+    """The verdict compares each table's and slot's change from the start, relative to the CPU
+    run's change: an Adagrad accumulator that moved 3e-5 and was never written back fails (an
+    absolute 1e-4 on values passed it), and so does one that moved twice as far."""
     from components.embedding_trainer import tpu_smoke
 
     start = np.arange(12, dtype=np.float32).reshape(6, 2) / 10
     cpu = start.copy()
     cpu[[1, 4]] -= 0.25  # the CPU run moved rows 1 and 4
-    acc = np.full((6, 2), 1.5, np.float32)
+    acc0 = np.full((6, 2), 0.1, np.float32)
+    acc = acc0.copy()
+    acc[[1, 4]] += 3e-5
     tables = {"same": cpu, "untrained": start, "permuted": cpu[[1, 0, 2, 3, 4, 5]],
-              "distant": cpu + np.float32(2e-4), "slot": cpu}
-    report, failures = tpu_smoke.judge(tables, {n: cpu for n in tables}, {n: start for n in tables}, 1e-4,
-                               slots={"same": {"accumulator": (acc, acc)}, "slot": {"accumulator": (acc * 1.01, acc)}})
-    assert report["same"]["max_diff"] == 0 and report["same"]["rows_moved"] == 2 and report["same"]["slots"] == {"accumulator": 0}
+              "distant": start + (cpu - start) * np.float32(1.05), "unwritten": cpu, "doubled": cpu}
+    report, failures = tpu_smoke.judge(
+        tables, {n: cpu for n in tables}, {n: start for n in tables}, tpu_smoke.DEFAULT_TOLERANCE,
+        slots={"same": {"accumulator": (acc, acc, acc0)}, "unwritten": {"accumulator": (acc0, acc, acc0)},
+               "doubled": {"accumulator": (acc0 + 2 * (acc - acc0), acc, acc0)}})
+    assert report["same"]["change_diff"] == 0 and report["same"]["rows_moved"] == 2 and report["same"]["slots"] == {"accumulator": 0}
     text = "; ".join(failures)
-    assert "untrained: never trained" in text and "permuted: max |diff|" in text, text
-    assert "distant: max |diff| 0.0002" in text and re.search(r"slot slot accumulator: max \|diff\| 0.01\b", text), text
+    assert "untrained: never trained" in text and "permuted: its change differs from the CPU run's by 0.2 " in text, text
+    assert re.search(r"distant: its change differs from the CPU run's by 0\.05 ", text), text
+    assert "unwritten slot accumulator: never trained" in text, text
+    assert re.search(r"doubled slot accumulator: its change differs from the CPU run's by 1 ", text), text
     assert not any(f.startswith("same") for f in failures) and len(failures) == 5, failures
+    # within the tolerance: a change 0.5% off passes
+    _, failures = tpu_smoke.judge({"t": start + (cpu - start) * np.float32(1.005)}, {"t": cpu}, {"t": start}, 1e-2)
+    assert failures == []
     # a table the CPU run did not move either is untested, not passed
-    _, failures = tpu_smoke.judge({"t": start}, {"t": start}, {"t": start}, 1e-4)
+    _, failures = tpu_smoke.judge({"t": start}, {"t": start}, {"t": start}, 1e-2)
     assert failures == ["t: the CPU run left it where it started (not looked up: untested)"]
 
 

@@ -29,9 +29,13 @@ Checks (those marked TPU are skipped by --dry-run, which says so):
    warm-start path places the CPU model's start into the SparseCore stacks). Each table is read
    back from the TPU run's checkpoint by the exporter's reader (layouts.CheckpointTables: layout B
    on SparseCore, A on TPU v2-v4) and compared row by row with the CPU run's, and the TPU-embedding
-   tables' optimizer slots likewise (TensorFlow's own `unshuffle_from_sc_to_cpu`); max |diff| per
-   table is reported. FAILS on a difference above --parity-tolerance (relative above 1), and on a
-   table that did not move from its start on either run (untrained, or not looked up: untested).
+   tables' optimizer slots likewise (TensorFlow's own `unshuffle_from_sc_to_cpu`). What is compared
+   is each table's and slot's change from the start, TPU against CPU, relative to the CPU run's
+   largest change (3 steps move an Adagrad accumulator by about 3e-5: an absolute tolerance would
+   pass one never written back). FAILS on a difference above --parity-tolerance (1e-2 of the
+   change), and on a table or slot that did not move on either run (untrained, or not looked up:
+   untested). tests/test_smoke_mutations.py breaks the CPU SparseCore step seven ways and requires
+   this check to fail on each.
    Float32 matmuls run at full precision for this check (TensorFloat-32 / bfloat16 passes off).
 6. trainer_tpu (TPU): the whole Trainer (`run_fn` with training.tpu = local) on the data with the
    given config: training ends at --steps under TPUStrategy, the artifact is complete, the recorded
@@ -368,58 +372,92 @@ def _slots(prefix: str, plan, table: str, source) -> Dict[str, np.ndarray]:
     return out
 
 
+DEFAULT_TOLERANCE = 1e-2  # of each table's and slot's change over the parity steps
+
+
 def _difference(a: np.ndarray, b: np.ndarray) -> float:
-    """max over elements of |a - b| / max(1, |b|): absolute for values up to 1, relative above
-    (accumulators grow past 1)."""
+    """max over elements of |a - b| (inf when the shapes differ)."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     if a.shape != b.shape:
         return float("inf")
-    return float(np.max(np.abs(a - b) / np.maximum(1.0, np.abs(b)))) if a.size else 0.0
+    return float(np.max(np.abs(a - b))) if a.size else 0.0
+
+
+def change_difference(trained, reference, start) -> Dict[str, float]:
+    """How far the trained run's change from `start` is from the reference run's.
+
+    The change, not the value: 3 steps move an Adagrad accumulator of 0.1 by about 3e-5, so an
+    absolute tolerance on values would pass an accumulator never written back. Normalised by the
+    reference's largest change, so the tolerance means "this fraction of what training moved".
+
+    Args:
+      trained, reference, start: arrays of one shape ([rows, dim]).
+
+    Returns:
+      {"relative": max |dT - dR| / max |dR| (inf when the reference did not move but the trained
+      run did, or the shapes differ; 0 when neither moved), "max_diff": max |T - R|, "moved":
+      max |dT|, "moved_reference": max |dR|} with dT = trained - start, dR = reference - start.
+    """
+    t, r, s = (np.asarray(x, np.float64) for x in (trained, reference, start))
+    if not (t.shape == r.shape == s.shape):
+        return {"relative": float("inf"), "max_diff": float("inf"), "moved": float("inf"), "moved_reference": 0.0}
+    dt, dr = t - s, r - s
+    moved, moved_reference = (float(np.max(np.abs(d))) if d.size else 0.0 for d in (dt, dr))
+    gap = float(np.max(np.abs(dt - dr))) if dt.size else 0.0
+    relative = gap / moved_reference if moved_reference > 0 else (float("inf") if gap > 0 else 0.0)
+    return {"relative": relative, "max_diff": _difference(t, r), "moved": moved, "moved_reference": moved_reference}
 
 
 def judge(trained: Dict[str, np.ndarray], reference: Dict[str, np.ndarray], start: Dict[str, np.ndarray],
-          tolerance: float, slots: Optional[Dict[str, Dict[str, Tuple[np.ndarray, np.ndarray]]]] = None
+          tolerance: float, slots: Optional[Dict[str, Dict[str, Tuple[np.ndarray, np.ndarray, np.ndarray]]]] = None
           ) -> Tuple[Dict[str, Dict[str, Any]], List[str]]:
-    """Per table: max |trained - reference| (row by row; relative above 1), how far each run moved
-    from `start`, and the slots' differences ({table: {slot: (trained, reference)}}). Returns (the
-    report, the failures): a difference above `tolerance`, or a table that either run left where
-    it started (untrained, or not looked up in these steps: untested).
+    """Per table and per optimizer slot: its change from `start` in the run under test against
+    the reference run's (`change_difference`). Returns (the report, the failures): a change that
+    differs by more than `tolerance` of the reference's change, a table or slot that the
+    reference run left where it started (not looked up: untested), or one the run under test
+    never moved.
 
     Args:
       trained: {table: values [rows, dim]} of the run under test.
       reference: {table: values [rows, dim]} of the reference run.
       start: {table: values [rows, dim]} both runs started from.
-      tolerance: the largest difference allowed.
-      slots: {table: {slot: (trained, reference)}} optimizer slots, each [rows, dim].
+      tolerance: the largest difference of the changes allowed, as a fraction of the reference's
+        largest change.
+      slots: {table: {slot: (trained, reference, start)}} optimizer slots, each [rows, dim].
 
     Returns:
-      (report, failures): {table: {max_diff, moved, moved_reference, rows_moved, slots}}, and one
-      sentence per failure.
+      (report, failures): {table: {change_diff, max_diff, moved, moved_reference, rows_moved,
+      slots: {slot: change_diff}}}, and one sentence per failure.
     """
     report: Dict[str, Dict[str, Any]] = {}
     failures: List[str] = []
+
+    def verdict(what: str, d: Dict[str, float], rows_moved: str = "") -> None:
+        if d["moved_reference"] == 0.0:
+            failures.append(f"{what}: the CPU run left it where it started (not looked up: untested)")
+        elif d["moved"] == 0.0:
+            failures.append(f"{what}: never trained (equal to its start), the CPU run moved it{rows_moved}")
+        elif d["relative"] > tolerance:
+            failures.append(f"{what}: its change differs from the CPU run's by {d['relative']:.3g} of that change "
+                            f"(max |diff| {d['max_diff']:.3g}, the CPU run moved it up to {d['moved_reference']:.3g}) "
+                            f"> {tolerance:g}")
+
     for name in sorted(reference):
-        t, r, s = trained[name], reference[name], start[name]
-        entry = {"max_diff": _difference(t, r), "moved": float(np.max(np.abs(np.asarray(t, np.float64) - s))),
-                 "moved_reference": float(np.max(np.abs(np.asarray(r, np.float64) - s))),
-                 "rows_moved": int(np.any(np.asarray(r) != s, axis=1).sum())}
-        for slot, (a, b) in sorted((slots or {}).get(name, {}).items()):
-            entry.setdefault("slots", {})[slot] = _difference(a, b)
+        d = change_difference(trained[name], reference[name], start[name])
+        entry = {"change_diff": d["relative"], "max_diff": d["max_diff"], "moved": d["moved"],
+                 "moved_reference": d["moved_reference"],
+                 "rows_moved": int(np.any(np.asarray(reference[name]) != start[name], axis=1).sum())}
+        verdict(name, d, f" ({entry['rows_moved']} rows)")
+        for slot, (a, b, s0) in sorted((slots or {}).get(name, {}).items()):
+            ds = change_difference(a, b, s0)
+            entry.setdefault("slots", {})[slot] = ds["relative"]
+            verdict(f"{name} slot {slot}", ds)
         report[name] = entry
-        if entry["moved_reference"] == 0.0:
-            failures.append(f"{name}: the CPU run left it where it started (not looked up: untested)")
-        elif entry["moved"] == 0.0:
-            failures.append(f"{name}: never trained (equal to its start), the CPU run moved {entry['rows_moved']} rows")
-        if entry["max_diff"] > tolerance:
-            failures.append(f"{name}: max |diff| {entry['max_diff']:.3g} > {tolerance:g}")
-        for slot, diff in entry.get("slots", {}).items():
-            if diff > tolerance:
-                failures.append(f"{name} slot {slot}: max |diff| {diff:.3g} > {tolerance:g}")
     return report, failures
 
 
 def sparsecore_training(strategy, cfg, plan, manifest, train_files: List[str], steps: int, workdir: str,
-                        tolerance: float = 1e-4) -> Dict[str, Any]:
+                        tolerance: float = DEFAULT_TOLERANCE) -> Dict[str, Any]:
     """The TPU run of the Trainer's model against the same steps on CPU, table by table.
 
     Check 5 of the module docstring.
@@ -432,11 +470,12 @@ def sparsecore_training(strategy, cfg, plan, manifest, train_files: List[str], s
       train_files: the transformed train split's file patterns.
       steps: the steps each run trains.
       workdir: where the start, TPU and CPU checkpoints are written.
-      tolerance: the largest |TPU - CPU| per table value (relative above 1).
+      tolerance: the largest difference of a table's or slot's change from the start, TPU
+        against CPU, as a fraction of the CPU run's largest change (`judge`).
 
     Returns:
       The report {"layout", "replicas", "steps", "placement",
-      "tables": {table: {max_diff, moved, moved_reference, rows_moved, slots}}}.
+      "tables": {table: {change_diff, max_diff, moved, moved_reference, rows_moved, slots}}}.
 
     Raises:
       ValueError: the configuration or the strategy cannot be compared step by step.
@@ -518,9 +557,11 @@ def _compare_checkpoints(plan, layout: CheckpointLayout, replicas: int, steps: i
     slots = {}
     for n in plan.tables_placed("tpu_embedding"):
         ours, theirs = _slots(tpu_prefix, plan, n, read_tpu.sources[n]), _slots(cpu_prefix, plan, n, read_cpu.sources[n])
-        if sorted(ours) != sorted(theirs) or not theirs:
-            raise ParityError(f"table {n}: slots {sorted(ours)} in the TPU checkpoint, {sorted(theirs)} in the CPU one")
-        slots[n] = {k.split("/")[-3]: (ours[k], theirs[k]) for k in theirs}
+        first = _slots(start_prefix, plan, n, read_start.sources[n])
+        if sorted(ours) != sorted(theirs) or sorted(first) != sorted(theirs) or not theirs:
+            raise ParityError(f"table {n}: slots {sorted(ours)} in the TPU checkpoint, {sorted(theirs)} in the CPU one, "
+                              f"{sorted(first)} at the start")
+        slots[n] = {k.split("/")[-3]: (ours[k], theirs[k], first[k]) for k in theirs}
     report, failures = judge({n: read_tpu.read(n) for n in names}, {n: read_cpu.read(n) for n in names},
                              {n: read_start.read(n) for n in names}, tolerance, slots)
     result = {"layout": layout.kind, "replicas": replicas, "steps": steps, "tables": report,
@@ -542,8 +583,8 @@ def describe(result: Dict[str, Any]) -> str:
     parts = []
     for name, e in result["tables"].items():
         slots = "".join(f", {s} {d:.2g}" for s, d in sorted(e.get("slots", {}).items()))
-        parts.append(f"{name} ({result['placement'][name]}): max |diff| {e['max_diff']:.2g}{slots}; "
-                     f"{e['rows_moved']} rows moved (up to {e['moved_reference']:.2g})")
+        parts.append(f"{name} ({result['placement'][name]}): change differs by {e['change_diff']:.2g} of the CPU's{slots}; "
+                     f"max |diff| {e['max_diff']:.2g}; {e['rows_moved']} rows moved (up to {e['moved_reference']:.2g})")
     return (f"layout {result['layout']}, {result['replicas']} replicas, {result['steps']} steps: " + "; ".join(parts))
 
 
@@ -713,8 +754,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rows", type=int, default=20000)
     parser.add_argument("--steps", type=int, default=200, help="trainer_tpu's training steps")
     parser.add_argument("--parity-steps", type=int, default=3, help="sparsecore_training's steps on each platform")
-    parser.add_argument("--parity-tolerance", type=float, default=1e-4,
-                        help="sparsecore_training: largest |TPU - CPU| per table value (relative above 1)")
+    parser.add_argument("--parity-tolerance", type=float, default=DEFAULT_TOLERANCE,
+                        help="sparsecore_training: largest difference of a table's or slot's change, TPU against CPU, "
+                             "as a fraction of the CPU run's change")
     parser.add_argument("--config", default="configs/demo.yaml")
     parser.add_argument("--pipelining", action="store_true",
                         help="trainer_tpu with pipeline_execution_with_tensor_core (sparsecore_training runs without)")
