@@ -76,16 +76,16 @@ def test_row_rules_compile_and_equal_keras_fused_kernels(name, ours, keras):
 def test_lazy_adam_compiles_and_moves_only_looked_up_rows():
     """The lazy rule, compiled, equals its eager self and the formula on the summed row gradients;
     rows never looked up keep their values and moments."""
-    eager = _sparse_steps(optimizers.LazyAdam(0.05))
-    compiled = _sparse_steps(optimizers.LazyAdam(0.05), jit=True)
+    eager = _sparse_steps(xla_updates.LazyAdam(0.05))
+    compiled = _sparse_steps(xla_updates.LazyAdam(0.05), jit=True)
     for k in eager:
         np.testing.assert_allclose(compiled[k], eager[k], rtol=1e-6, atol=1e-7)
-    start = _sparse_steps(optimizers.LazyAdam(0.05), steps=0)["var"]
+    start = _sparse_steps(xla_updates.LazyAdam(0.05), steps=0)["var"]
     untouched = [2, 4, 5, 6]
     np.testing.assert_array_equal(compiled["var"][untouched], start[untouched])
     assert not np.any(compiled["m"][untouched]) and not np.any(compiled["v"][untouched])
     # one step by hand: the summed gradient of each row, Keras' bias-corrected rate
-    one = _sparse_steps(optimizers.LazyAdam(0.05), steps=1, jit=True)
+    one = _sparse_steps(xla_updates.LazyAdam(0.05), steps=1, jit=True)
     g = np.zeros((8, 4), np.float32)
     np.add.at(g, INDICES, VALUES)
     m, v = 0.1 * g, 0.001 * g * g

@@ -45,7 +45,6 @@ import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
 
 from components.embedding_model import tf_objects, xla_updates
-from components.embedding_model.xla_updates import LazyAdam  # noqa: F401  (the lazy rule, named here too)
 
 # TPU embedding slot name -> Keras (legacy) slot name, per optimizer (as tensorflow-recommenders'
 # _SLOT_NAME_MAPPING): the names both platforms save the slots under.
@@ -79,7 +78,7 @@ def keras_optimizer(spec: Dict[str, Any], learning_rate) -> tf.keras.optimizers.
     """
     classes = dict(xla_updates.KERAS_CLASSES)
     if spec.get("lazy_adam", True):
-        classes["adam"] = LazyAdam
+        classes["adam"] = xla_updates.LazyAdam
     return tf_objects.build_optimizer(classes, spec, {"learning_rate": learning_rate})
 
 

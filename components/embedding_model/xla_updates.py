@@ -33,6 +33,7 @@ from typing import Tuple
 
 import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
 
 _legacy = tf.keras.optimizers.legacy
 
@@ -85,8 +86,6 @@ def in_xla_context() -> bool:
     """Whether the graph being traced is compiled by XLA: a TPU computation (TPUReplicateContext)
     or a `tf.function(jit_compile=True)`. Both are XLA control-flow contexts; the test is
     TensorFlow's own (control_flow_util.GraphOrParentsInXlaContext)."""
-    from tensorflow.python.ops import control_flow_util  # pylint: disable=import-outside-toplevel
-
     return not tf.executing_eagerly() and control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 

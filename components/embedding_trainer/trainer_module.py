@@ -70,6 +70,7 @@ from components.embedding_trainer.evaluation import evaluate, evaluation_batch
 from components.embedding_trainer.hardware import plan_for_hardware, reported_embedding
 from components.embedding_trainer.run_plan import derive_plan, training_steps
 from components.embedding_trainer.selection import HoldoutSelection
+from components.embedding_trainer.sparsecore_limits import check_ids_per_chip
 from components.embedding_trainer.tpu_rules import check_tpu_rules
 from components.model_registry.registry import read_lookup
 from components.rules.metrics import UNDEFINED_KEY, evaluation_reasons, json_safe, with_reasons
@@ -561,6 +562,7 @@ class _Hardware:
     replicas: int
     per_replica: int
     layout: CheckpointLayout
+    ids_per_chip: Optional[Dict[str, Any]] = None  # SparseCore: sparsecore_limits.check_ids_per_chip's report
 
 
 @dataclasses.dataclass
@@ -622,6 +624,8 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
     hardware = _place_training(cfg)
     plan, model = _build_training_model(cfg, plan, manifest, hardware)
     rules = _check_rules_on_host(cfg, plan, manifest, train_files, hardware.per_replica)
+    if hardware.ids_per_chip is not None:
+        rules["sparsecore_ids_per_chip"] = hardware.ids_per_chip
     checkpoints = _resume_from_state(cfg, plan, manifest, train_files, state, model, hardware, steps)
     warm_report = _warm_start(cfg, plan, manifest, train_files, state, model, hardware, checkpoints, warm_from)
     sparsecore_state.write_layout(state, hardware.layout, checkpoints.signature)  # what the checkpoints of this state hold (check_resumable)
@@ -679,6 +683,10 @@ def _build_training_model(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: Vo
         # What SparseCore cannot train stops the run here, before anything is built or read.
         check_sparsecore_features({n: c for n, c in tf_objects.feature_configs(plan, output_batch=hardware.per_replica, on_tpu=True).items()
                                    if n in manifest.categorical_names and plan.feature_table(n).placement == Placement.TPU_EMBEDDING})
+        # Stacks whose measured IDs per example overflow TF 2.16's fixed per-chip buffer on an
+        # average step are refused; the report (kept in the TPU-rules report) says what is certified.
+        hardware.ids_per_chip = check_ids_per_chip(plan, None, hardware.replicas, hardware.layout.sparse_cores_per_chip,
+                                                   hardware.per_replica)
     with hardware.strategy.scope():
         model = build_model(plan, manifest, cfg, for_training=True, on_tpu=hardware.on_tpu,
                             per_replica_batch=hardware.per_replica)
