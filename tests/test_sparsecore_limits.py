@@ -154,3 +154,37 @@ def test_the_bound_and_the_sample_counts_are_tfs_own(monkeypatch):
     report = sl.check_ids_per_chip(plan, _statistics({**LIGHT, "history": {"mean": 2.0, "max": 3}}),
                                    replicas, 4, per_replica)
     assert {s: r["sample_count"] for s, r in report["stacks"].items()} == dict(mid._table_to_sample_count)  # pylint: disable=protected-access
+
+
+def test_the_trainer_checks_ids_per_chip_before_building_on_sparsecore(trainer_data, monkeypatch):
+    """Wiring: on the SparseCore branch (the harness's 2-replica TPU strategy) the Trainer's
+    `_build_training_model` runs the check with the run's replicas, SparseCores and per-replica
+    batch before anything is built; a buffer too small for the measured IDs stops it naming a
+    feature, and the report of a run that fits is kept for the TPU-rules report."""
+    import functools
+
+    from components.embedding_trainer import trainer_module as tm
+    from components.embedding_trainer.run_plan import derive_plan
+    from tests.stages import trainer_config
+
+    strategy = tpu_harness.install_sparsecore(monkeypatch, replicas=2, sparse_cores_per_chip=4)
+    cfg = trainer_config(trainer_data)
+    train_files = [str(trainer_data / "tx" / "Split-train" / "*")]
+    manifest = tm.read_manifest_for(train_files)
+    plan = derive_plan(cfg, manifest, tm.read_statistics_for(train_files)).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    per_replica = cfg.training.batch_size // 2
+
+    def hardware():
+        return tm._Hardware(strategy, True, 2, per_replica, tm.checkpoint_layout(strategy, per_replica))
+
+    built = []
+    monkeypatch.setattr(tm, "build_model", lambda *a, **k: built.append(1) or (_ for _ in ()).throw(RuntimeError("built")))
+    monkeypatch.setattr(tm, "check_ids_per_chip", functools.partial(sl.check_ids_per_chip, max_ids_per_chip_per_sample=1))
+    with pytest.raises(sl.IdsPerChipError, match=r"IDs per example: \w+: max \d+, mean .*Way out"):
+        tm._build_training_model(cfg, plan, manifest, hardware())
+    assert not built
+    monkeypatch.setattr(tm, "check_ids_per_chip", sl.check_ids_per_chip)
+    h = hardware()
+    with pytest.raises(RuntimeError, match="built"):  # checked, passed, then the build starts
+        tm._build_training_model(cfg, plan, manifest, h)
+    assert h.ids_per_chip["passed"] and h.ids_per_chip["topology"]
