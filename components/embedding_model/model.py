@@ -183,11 +183,14 @@ class TableOptimizer(NamedTuple):
 
 
 def sum_over_replicas(grads_and_vars):
-    """The embedding gradients of one step as one replica would compute them for the global batch.
+    """The gradients of one step as one replica would compute them for the global batch.
 
     Keras scales each replica's loss by 1 / replicas, so the sum over the replicas is the global
-    batch's mean-loss gradient. Sparse gradients are
-    gathered, not reduced: an all-reduce makes an IndexedSlices dense, and a lazy optimizer
+    batch's mean-loss gradient. Sparse gradients are gathered, not reduced: under TPUStrategy an
+    all-reduce makes an IndexedSlices a dense [rows, dim] tensor (`_reduce_to` hands it to
+    `cross_replica_sum`, which converts it), and `all_gather` refuses an IndexedSlices, so its
+    values and indices are gathered as tensors (static shapes: replicas x the replica's rows).
+    Dense, a lazy optimizer
     (LazyAdam, as the TPU's Adam) would then move every row; gathered rows and values stay an
     IndexedSlices whose duplicate rows sum, and clipping (clip_embedding_gradients) sums duplicates
     before it clips, so the clip applies to the summed gradient, as on TPU-embedding tables, not
@@ -205,12 +208,15 @@ def sum_over_replicas(grads_and_vars):
     ctx = tf.distribute.get_replica_context()
     if ctx is None or ctx.num_replicas_in_sync == 1 or not grads_and_vars:
         return list(grads_and_vars), False
+    grads = [g for g, _ in grads_and_vars]
+    dense = [i for i, g in enumerate(grads) if not isinstance(g, tf.IndexedSlices)]
+    if dense:  # one batched all-reduce, as Keras' own aggregation does
+        for i, g in zip(dense, ctx.all_reduce(tf.distribute.ReduceOp.SUM, [grads[i] for i in dense])):
+            grads[i] = g
     out = []
-    for g, v in grads_and_vars:
+    for g, (_, v) in zip(grads, grads_and_vars):
         if isinstance(g, tf.IndexedSlices):
             g = tf.IndexedSlices(ctx.all_gather(g.values, axis=0), ctx.all_gather(g.indices, axis=0), g.dense_shape)
-        else:
-            g = ctx.all_reduce(tf.distribute.ReduceOp.SUM, g)
         out.append((g, v))
     return out, True
 
@@ -490,7 +496,11 @@ class RankingModel(tf.keras.Model):
         emb_ids = self.embedding_variable_ids()
         dense_gv = [(g, v) for g, v in zip(grads, variables) if id(v) not in emb_ids and g is not None]
         emb_gv = [(g, v) for g, v in zip(grads, variables) if id(v) in emb_ids and g is not None]
-        self.dense_optimizer.apply_gradients(dense_gv)
+        # Summed over the replicas here, not by Keras: under TPUStrategy Keras' all-reduce makes a
+        # sparse gradient (the dense buckets' gathers) dense, and a dense FTRL update moves rows
+        # the batch never looked up, which the CPU's sparse update does not.
+        dense_gv, _ = sum_over_replicas(dense_gv)
+        self.dense_optimizer.apply_gradients(dense_gv, experimental_aggregate_gradients=False)
         self._apply_embedding_gradients(emb_gv)
         self.compiled_metrics.update_state(labels, probs)
         return {m.name: m.result() for m in self.metrics}
