@@ -49,6 +49,20 @@ def test_defaults_and_per_feature_overrides():
     assert cfg.table("C2").dim == 8 and cfg.table("C2").combiner == "sum"
 
 
+def test_num_chips_is_unset_unless_configured():
+    """Not set (None): the plan is sized for 8 chips until the TPU says how many it has; set: a TPU
+    with another count is refused (tests/test_plan.py). Both survive the JSON the Trainer reads."""
+    unset = parse_config(minimal())
+    assert unset.training.embedding.topology.num_chips is None
+    assert config_from_json(unset.to_json()).training.embedding.topology.num_chips is None
+    four = parse_config(minimal(training={"embedding": {"topology": {"num_chips": 4}}}))
+    assert config_from_json(four.to_json()).training.embedding.topology.num_chips == 4
+    assert "training.embedding.topology.num_chips: must be positive" in error_of(
+        minimal(training={"embedding": {"topology": {"num_chips": 0}}}))
+    assert "training.embedding.topology.num_chips: expected an integer" in error_of(
+        minimal(training={"embedding": {"topology": {"num_chips": "eight"}}}))
+
+
 def test_shared_table_takes_dim_from_features():
     cfg = parse_config(
         minimal(

@@ -78,9 +78,11 @@ def test_statistics_round_trip_and_typed_accessors():
 
 
 def test_sizing_rules():
+    # TPUEmbedding (V1): parameters, Adam's 2 slots and the gradient accumulators
     m = sizing.table_memory(1001, 16, "adam", "tpu_embedding", num_chips=4, embedding_api="tpu_embedding_v1")
-    assert (m.weight_bytes, m.slots_per_row, m.total_bytes) == (1001 * 16 * 4, 2, 1001 * 16 * 4 * 3)
-    assert m.per_chip_bytes == 251 * 16 * 4 * 3  # ceil(1001 / 4) whole rows per chip
+    assert (m.weight_bytes, m.slots_per_row, m.gradient_accumulators) == (1001 * 16 * 4, 2, 1)
+    assert m.total_bytes == 1001 * 16 * 4 * 4
+    assert m.per_chip_bytes == 251 * 16 * 4 * 4  # ceil(1001 / 4) whole rows per chip
     # SparseCore (the default API): rows padded to a multiple of 8 x 16 SparseCores, 8 columns for dim 1
     m = sizing.table_memory(1001, 1, "ftrl", "tpu_embedding", num_chips=4, sparse_cores_per_chip=4)
     assert (m.padded_rows, m.padded_dim, m.per_chip_rows) == (1024, 8, 256)
@@ -90,6 +92,48 @@ def test_sizing_rules():
         sizing.table_memory(10, 4, "rmsprop")
     with pytest.raises(ValueError, match="placement 'gpu' is not one of"):
         sizing.table_memory(10, 4, "sgd", "gpu")
+
+
+def test_v1_counts_the_gradient_accumulators_tf_adds():
+    """TPUEmbedding (V1) keeps a gradient_accumulators variable of the table's shape whenever
+    gradient accumulation is on (TF's default, which the trainer keeps): per-chip bytes x 2 for SGD,
+    x 1.5 for Adagrad, x 4/3 for FTRL and Adam against parameters + slots."""
+    for name, slots in (("sgd", 0), ("adagrad", 1), ("ftrl", 2), ("adam", 2)):
+        assert sizing.v1_gradient_accumulators(name) == 1 and sizing.v1_gradient_accumulators(name, False) == 0
+        on = sizing.table_memory(1000, 8, name, "tpu_embedding", num_chips=2, embedding_api="tpu_embedding_v1")
+        off = sizing.table_memory(1000, 8, name, "tpu_embedding", num_chips=2, embedding_api="tpu_embedding_v1",
+                                  use_gradient_accumulation=False)
+        assert (on.per_chip_bytes, off.per_chip_bytes) == (500 * 8 * 4 * (2 + slots), 500 * 8 * 4 * (1 + slots)), name
+        assert on.per_chip_bytes * (1 + slots) == off.per_chip_bytes * (2 + slots)
+    # SparseCore and TensorCore tables have no such variable (TF's Python creates them all: tests/test_sparsecore_real.py)
+    for api, placement in (("sparse_core", "tpu_embedding"), ("sparse_core", "tensor_core"), ("none", "tpu_embedding")):
+        assert sizing.table_memory(1000, 8, "sgd", placement, num_chips=2, embedding_api=api).gradient_accumulators == 0
+
+
+def test_initialization_transient_counts_the_initializers_temporaries():
+    """A stack's whole padded tables F, plus the larger of one chip's shard of them (F / chips) and
+    the initializer's extra full-size copies of its largest table ((copies - 1) x f)."""
+    assert sizing.INITIALIZER_COPIES == {"truncated_normal": 3, "random_normal": 3, "random_uniform": 3, "zeros": 1}
+    with pytest.raises(ValueError, match="initializer 'orthogonal' is not one of"):
+        sizing.initializer_copies("orthogonal")
+    padded = {"a": 800, "b": 200, "w": 80}
+    groups = [("a", "b"), ("w",)]
+    assert sizing.sparse_core_init_transient(padded, groups, 4) == (1000 + 250, ("a", "b"))  # zeros: F + F / 4
+    copies = {"a": 3, "b": 3, "w": 1}
+    assert sizing.sparse_core_init_transient(padded, groups, 4, copies) == (1000 + 2 * 800, ("a", "b"))
+    assert sizing.sparse_core_init_transient(padded, groups, 1, copies) == (1000 + 1600, ("a", "b"))  # 2 x 800 > F / 1
+    assert sizing.sparse_core_init_transient({"w": 80}, [("w",)], 1, copies) == (160, ("w",))
+
+
+def test_chips_hbm_in_the_unit_google_lists_and_their_devices():
+    gib = 2 ** 30
+    assert {n: c.hbm_bytes_per_chip for n, c in sizing.CHIPS.items()} == {
+        "v2": 16 * gib, "v3": 32 * gib, "v4": 32 * gib, "v5e": 16 * 10 ** 9, "v5p": 95 * gib, "v6e": 32 * 10 ** 9}
+    assert sizing.CHIPS["v5e"].hbm_gib_per_chip == pytest.approx(14.901, abs=1e-3)
+    assert sizing.CHIPS["v6e"].hbm_gib_per_chip == pytest.approx(29.802, abs=1e-3)
+    assert sizing.devices_per_chip("tpu_embedding_v1") == (1, 2)  # v4 (megacore) or v2/v3 (a device a TensorCore)
+    assert sizing.devices_per_chip("tpu_embedding_v1", "v3") == (2,)
+    assert sizing.devices_per_chip("sparse_core") == sizing.devices_per_chip("none") == (1,)
 
 
 def test_hand_built_plan_is_a_valid_stored_plan():

@@ -11,7 +11,7 @@ from components.config.schema import OptimizerConfig, ScheduleConfig
 from components.contracts.manifest import VocabularyEntry, VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
 from components.contracts.statistics import EmbeddingStatistics
-from components.contracts.plan import fourth_root_dim, MAX_RULE_DIM, optimizer_spec, PlanError
+from components.contracts.plan import fourth_root_dim, hardware_num_chips, MAX_RULE_DIM, optimizer_spec, PlanError
 from components.embedding_model.tf_objects import dense_id_widths, feature_configs, gradient_multiplier, learning_rate, table_configs
 from components.embedding_trainer.run_plan import derive_plan
 
@@ -80,9 +80,10 @@ def test_plan_places_sizes_and_limits_tables():
     assert t["big"]["memory"]["per_chip_bytes"] == 50_016 * 16 * 4 * 2
     assert t["shared"]["memory"]["per_chip_bytes"] == 5056 // 2 * 8 * 4 * 2
     assert t["small"]["memory"]["per_chip_bytes"] == 11 * 4 * 4 * 2
-    # the initialization transient: big's whole padded table (its own stack group) + one shard of it
+    # the initialization transient: big's whole padded table (its own stack group) + the larger of one
+    # shard of it and its truncated normal's two more full-size tensors (draw, draw x stddev, + mean)
     assert plan["memory"]["init_transient_tables"] == ["big"]
-    assert plan["memory"]["init_transient_bytes"] == 100_032 * 16 * 4 * 3 // 2
+    assert plan["memory"]["init_transient_bytes"] == 100_032 * 16 * 4 * (1 + max(1 / 2, 2))
     assert plan["memory"]["peak_per_chip_bytes"] == plan["memory"]["per_chip_bytes"] + plan["memory"]["init_transient_bytes"]
     # SparseCore limits come from the statistics for 2 chips x 4 SparseCores = 8 shards
     assert t["big"]["sparsecore_limits"]["max_ids_per_table"] == 120
@@ -394,14 +395,16 @@ def _one_table(rows=100_000, **topology):
 def test_sizes_follow_each_apis_layout_rule():
     """A dim-1 FTRL table of 100 rows on 2 chips: SparseCore allocates 128 x 8 (rows to 8 x 8
     SparseCores, columns to 8) and 3 variables of it; TPUEmbedding (V1) ceil(100 / 2) rows per
-    chip; no embedding engine: whole on every chip."""
+    chip of 4 variables (parameters, 2 slots, gradient accumulators); no embedding engine: whole on
+    every chip."""
     from components.contracts import sizing
 
     sc = sizing.table_memory(100, 1, "ftrl", "tpu_embedding", num_chips=2, embedding_api="sparse_core")
     assert (sc.padded_rows, sc.padded_dim, sc.per_chip_rows, sc.per_chip_bytes) == (128, 8, 64, 64 * 8 * 4 * 3)
     assert sc.per_chip_bytes // sc.per_chip_rows == 96  # bytes a row of a wide table takes, against 12 unpadded
     v1 = sizing.table_memory(100, 1, "ftrl", "tpu_embedding", num_chips=2, embedding_api="tpu_embedding_v1")
-    assert (v1.padded_rows, v1.per_chip_bytes, v1.total_bytes) == (100, 50 * 1 * 4 * 3, 100 * 4 * 3)
+    assert (v1.padded_rows, v1.per_chip_bytes, v1.total_bytes) == (100, 50 * 1 * 4 * 4, 100 * 4 * 4)
+    assert (v1.slots_per_row, v1.gradient_accumulators) == (2, 1)
     v0 = sizing.table_memory(100, 1, "ftrl", "tpu_embedding", num_chips=2, embedding_api="none")
     assert v0.per_chip_bytes == v0.total_bytes == 100 * 4 * 3
     tc = sizing.table_memory(100, 1, "sgd", "tensor_core", num_chips=2, embedding_api="sparse_core")
@@ -412,7 +415,8 @@ def test_sizes_follow_each_apis_layout_rule():
 def test_fit_check_refuses_by_the_allocated_size_naming_the_tables():
     """items (100,000 x 16, Adagrad: 12.8 MB) and its wide table (FTRL: 1.2 MB at the unpadded 12
     bytes a row, 9.6 MB at SparseCore's 96) on one chip: 14.0 MB under the unpadded rule, 22.4 MB
-    kept, plus 12.8 MB while items' stack is initialized (its whole table and one shard of it)."""
+    kept, plus 19.2 MB while items' stack is initialized (its whole 6.4 MB table, and the larger of
+    one shard of it, 6.4 MB, and its truncated normal's two more copies, 12.8 MB)."""
     budget = 16_000_000 / 2**30  # GiB: the unpadded 14.0 MB would fit
     assert 100_000 * 16 * 4 * 2 + 100_000 * 1 * 4 * 3 < 16_000_000
     cfg, manifest = _one_table(hbm_gib_per_chip=budget)
@@ -424,12 +428,16 @@ def test_fit_check_refuses_by_the_allocated_size_naming_the_tables():
            "items__wide (100000x8 padded from 100000x1, ftrl, 0.01 GiB/chip, tpu_embedding)" in message
     # Kept bytes fit, the initialization transient does not: named too.
     cfg, manifest = _one_table(hbm_gib_per_chip=30_000_000 / 2**30)
-    with pytest.raises(PlanError, match=r"\+ 0.01 GiB while SparseCore initializes the stack of items \(whole padded"):
+    with pytest.raises(PlanError, match=r"\+ 0.02 GiB while SparseCore initializes the stack of items \(whole padded "
+                                          r"tables and the initializer's temporaries"):
         derive_plan(cfg, manifest)
-    plan = derive_plan(*_one_table(hbm_gib_per_chip=36_000_000 / 2**30))
+    # 36 MB held the old figure (12.8 MB: the table and one shard, no initializer temporaries)
+    with pytest.raises(PlanError, match=r"need 0.04 GiB per chip"):
+        derive_plan(*_one_table(hbm_gib_per_chip=36_000_000 / 2**30))
+    plan = derive_plan(*_one_table(hbm_gib_per_chip=42_000_000 / 2**30))
     m = plan.memory
-    assert (m.per_chip_bytes, m.init_transient_bytes, m.init_transient_tables) == (22_400_000, 12_800_000, ("items",))
-    assert m.peak_per_chip_bytes == 35_200_000 and m.fits
+    assert (m.per_chip_bytes, m.init_transient_bytes, m.init_transient_tables) == (22_400_000, 19_200_000, ("items",))
+    assert m.peak_per_chip_bytes == 41_600_000 and m.fits
 
 
 def test_chips_size_or_refuse_the_plan():
@@ -445,14 +453,16 @@ def test_chips_size_or_refuse_the_plan():
     cfg, manifest = _one_table(chip="v5e")
     cfg.training.embedding.size_threshold = None
     v5e = derive_plan(cfg, manifest)
-    assert (v5e.topology.embedding_api, v5e.topology.hbm_gib_per_chip, v5e.memory.init_transient_bytes) == ("none", 16.0, 0)
+    # v5e's HBM is 16 GB (10**9 bytes, as Google lists it): 14.9 GiB
+    assert (v5e.topology.embedding_api, v5e.topology.hbm_gib_per_chip, v5e.memory.init_transient_bytes) == ("none", 16e9 / 2**30, 0)
+    assert v5e.memory.budget_per_chip_bytes == 16_000_000_000  # usable_hbm_fraction 1.0
     assert v5e.memory.per_chip_bytes == 100_000 * 16 * 4 * 2 + 100_000 * 4 * 3  # replicated, unpadded
     v4 = derive_plan(*_one_table(rows=1001, chip="v4", num_chips=4))
     assert (v4.topology.embedding_api, v4.topology.sparse_cores_per_chip) == ("tpu_embedding_v1", 0)
-    assert v4.tables["items"].memory.per_chip_bytes == 251 * 16 * 4 * 2  # ceil(1001 / 4) rows, unpadded
+    assert v4.tables["items"].memory.per_chip_bytes == 251 * 16 * 4 * 3  # ceil(1001 / 4) rows, unpadded, + grad. accumulators
     assert v4.tables["items"].sparsecore_limits.source.startswith("not applicable")
     v6e = derive_plan(*_one_table(rows=1001, chip="v6e", num_chips=4))
-    assert (v6e.topology.sparse_cores_per_chip, v6e.topology.num_sparse_cores, v6e.topology.hbm_gib_per_chip) == (2, 8, 32.0)
+    assert (v6e.topology.sparse_cores_per_chip, v6e.topology.num_sparse_cores, v6e.topology.hbm_gib_per_chip) == (2, 8, 32e9 / 2**30)
     assert v6e.tables["items"].memory.padded_rows == 1024  # a multiple of 8 x 8 SparseCores
     default = derive_plan(*_one_table(rows=1001))
     assert (default.topology.embedding_api, default.topology.chip, default.topology.sparse_cores_per_chip) == ("sparse_core", None, 4)
@@ -464,27 +474,32 @@ def test_chips_size_or_refuse_the_plan():
 
 def test_an_old_plan_without_the_sizing_fields_loads():
     data = derive_plan(_config(), MANIFEST).to_dict()
-    for key in ("embedding_api", "chip"):
+    for key in ("embedding_api", "chip", "num_chips_source"):
         del data["topology"][key]
     for key in ("init_transient_bytes", "init_transient_tables", "peak_per_chip_bytes"):
         del data["memory"][key]
     for t in data["tables"].values():
-        for key in ("padded_rows", "padded_dim", "per_chip_rows"):
+        for key in ("padded_rows", "padded_dim", "per_chip_rows", "gradient_accumulators"):
             del t["memory"][key]
     old = EmbeddingPlan.from_dict(data)
     assert old.topology.embedding_api is None and old.memory.init_transient_tables == ()
-    assert old.tables["big"].memory.padded_rows is None
+    assert old.tables["big"].memory.padded_rows is None and old.tables["big"].memory.gradient_accumulators == 0
+    # a plan that does not say where its chips come from is read as configured: a TPU must agree
+    assert old.topology.num_chips_source is None and old.topology.num_chips == 2
+    with pytest.raises(PlanError, match="num_chips is 2, but the TPU runs 4 replicas"):
+        hardware_num_chips(old.topology, "sparse_core", 4)
 
 
 class _TPU:
-    """What plan_for_hardware reads of a TPUStrategy: the hardware feature."""
+    """What plan_for_hardware reads of a TPUStrategy: the hardware feature and the replicas."""
 
-    def __init__(self, feature, sparse_cores=4):
+    def __init__(self, feature, sparse_cores=4, replicas=4):
         from types import SimpleNamespace
 
         feature = getattr(tf.tpu.experimental.HardwareFeature.EmbeddingFeature, feature)
         self.extended = SimpleNamespace(tpu_hardware_feature=SimpleNamespace(
             embedding_feature=feature, num_embedding_devices_per_chip=sparse_cores))
+        self.num_replicas_in_sync = replicas
 
 
 def test_the_plan_is_sized_for_the_api_the_tpu_reports_or_refused():
@@ -497,7 +512,7 @@ def test_the_plan_is_sized_for_the_api_the_tpu_reports_or_refused():
     assert plan_for_hardware(plan, None, on_tpu=False) is plan
     assert plan_for_hardware(plan, _TPU("V2"), on_tpu=True) == plan  # sized for SparseCore, 4 per chip already
     v1 = plan_for_hardware(plan, _TPU("V1"), on_tpu=True)
-    assert v1.topology.embedding_api == "tpu_embedding_v1" and v1.tables["items"].memory.per_chip_bytes == 251 * 16 * 4 * 2
+    assert v1.topology.embedding_api == "tpu_embedding_v1" and v1.tables["items"].memory.per_chip_bytes == 251 * 16 * 4 * 3
     recorded = plan.with_run(checkpoint_layout=CheckpointLayout(kind="A", embedding_api="TPUEmbedding", num_replicas=4,
                                                                 sparse_cores_per_chip=4, hardware_api="tpu_embedding_v1"))
     assert recorded.tables == v1.tables and recorded.memory == v1.memory
@@ -516,3 +531,61 @@ def test_the_plan_is_sized_for_the_api_the_tpu_reports_or_refused():
         plan_for_hardware(v5p, _TPU("V1"), on_tpu=True)
     with pytest.raises(PlanError, match=r"reports EmbeddingFeature.V2 \(SparseCore \(TPUEmbeddingV2\), 2 SparseCores per chip\)"):
         plan_for_hardware(v5p, _TPU("V2", sparse_cores=2), on_tpu=True)
+
+
+def test_a_plan_without_num_chips_is_sized_for_8_then_for_the_chips_the_tpu_has():
+    """num_chips not set: sized for 8 chips and recorded as the default; on a TPU re-derived for
+    the replicas TF shards over (TPUEmbeddingV2: num_replicas_in_sync x SparseCores per chip), and
+    recorded so by with_run. A v5p-8 (4 replicas) sized for 8 chips: items' rows padded to 8 x 32
+    SparseCores and 128 of them per chip, where TF pads to 8 x 16 and gives each chip 256."""
+    from components.contracts.plan import CheckpointLayout
+    from components.embedding_trainer.hardware import plan_for_hardware
+
+    plan = derive_plan(*_one_table(rows=1001, num_chips=None))
+    topo = plan.topology
+    assert (topo.num_chips, topo.num_chips_source, topo.num_sparse_cores) == (8, "default", 32)
+    assert (plan.tables["items"].memory.padded_rows, plan.tables["items"].memory.per_chip_rows) == (1024, 128)
+    assert EmbeddingPlan.from_json(plan.to_json()) == plan
+    sized = plan_for_hardware(plan, _TPU("V2", replicas=4), on_tpu=True)
+    assert (sized.topology.num_chips, sized.topology.num_chips_source, sized.topology.num_sparse_cores) == (4, "hardware", 16)
+    items = sized.tables["items"].memory
+    assert (items.padded_rows, items.per_chip_rows, items.per_chip_bytes) == (1024, 256, 256 * 16 * 4 * 2)
+    assert sized.memory.per_chip_bytes > plan.memory.per_chip_bytes
+    recorded = plan.with_run(checkpoint_layout=CheckpointLayout(
+        kind="B", embedding_api="TPUEmbeddingV2 (SparseCore)", num_replicas=4, sparse_cores_per_chip=4,
+        per_replica_batch_size=16, hardware_api="sparse_core"))
+    assert (recorded.topology, recorded.tables, recorded.memory) == (sized.topology, sized.tables, sized.memory)
+    assert plan_for_hardware(sized, _TPU("V2", replicas=4), on_tpu=True) is sized  # re-deriving again changes nothing
+    # SparseCore limits derived for another shard count keep their numbers and say so
+    two = derive_plan(_config(), MANIFEST, _typed(_statistics()))  # 2 chips x 4: the statistics' 8 shards
+    four = two.sized_for("sparse_core", 4, 4)
+    assert four.tables["big"].sparsecore_limits.max_ids_per_table == 120
+    assert "measured for 8 SparseCores, the TPU has 16: add 16 to statistics.shard_counts" in \
+        four.tables["big"].sparsecore_limits.source
+
+
+def test_a_configured_num_chips_the_tpu_contradicts_is_refused_naming_both():
+    from components.embedding_trainer.hardware import plan_for_hardware
+
+    eight = derive_plan(*_one_table(rows=1001, num_chips=8))
+    assert eight.topology.num_chips_source == "config"
+    with pytest.raises(PlanError, match=r"^training.embedding.topology.num_chips is 8, but the TPU runs 4 replicas: 4 chips "
+                                          r"\(TPUEmbeddingV2 pads and shards every table over 4 replicas x SparseCores per "
+                                          r"chip, one replica a chip\); set num_chips to the TPU's chips, or remove it"):
+        plan_for_hardware(eight, _TPU("V2", replicas=4), on_tpu=True)
+    assert plan_for_hardware(eight, _TPU("V2", replicas=8), on_tpu=True) == eight
+    # TPUEmbedding (V1): a v2/v3 chip is two replicas (one per TensorCore), a v4 chip one
+    v3 = derive_plan(*_one_table(rows=1001, num_chips=4, chip="v3"))
+    assert plan_for_hardware(v3, _TPU("V1", replicas=8), on_tpu=True).topology.num_chips == 4  # a v3-8
+    with pytest.raises(PlanError, match=r"num_chips is 4, but the TPU runs 4 replicas: 2 chips \(a v3 chip is 2 replica"):
+        plan_for_hardware(v3, _TPU("V1", replicas=4), on_tpu=True)
+    v4 = derive_plan(*_one_table(rows=1001, num_chips=4, chip="v4"))
+    assert plan_for_hardware(v4, _TPU("V1", replicas=4), on_tpu=True).topology.num_chips == 4  # a v4-8
+    # no chip named: a configured count either kind of V1 chip gives passes; unset, the fewest chips
+    # (most rows per chip) are sized for, and a count neither gives is refused
+    unnamed = derive_plan(*_one_table(rows=1001, num_chips=8))
+    assert plan_for_hardware(unnamed, _TPU("V1", replicas=8), on_tpu=True).topology.num_chips == 8
+    assert plan_for_hardware(derive_plan(*_one_table(rows=1001, num_chips=None)), _TPU("V1", replicas=8),
+                             on_tpu=True).topology.num_chips == 4
+    with pytest.raises(PlanError, match=r"num_chips is 8, but the TPU runs 4 replicas: 2 or 4 chips \(a chip is 1 or 2 replica"):
+        plan_for_hardware(unnamed, _TPU("V1", replicas=4), on_tpu=True)

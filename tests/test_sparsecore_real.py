@@ -11,8 +11,21 @@
    FTRL and Adam, the bytes of TF's stacked, sharded variables (parameters and every slot) per
    replica device and per stack equal the plan's per-chip bytes of the stack's tables, and the
    initialization transient the plan counts is what TF's initializer builds (its calls recorded).
+   A plan made for 8 chips (num_chips not set) and trained at 2 or 4 replicas is re-derived by the
+   trainer's plan_for_hardware from the strategy to TF's bytes per device (the 8-chip figure is
+   about half of them, and the fit check would have approved it).
+4. While TF builds its stacks, no replica device holds more than the plan's peak: every eager
+   tensor TF and the trainer's initializers create is measured (op callbacks, one device each), and
+   each initializer holds the full-size copies sizing.INITIALIZER_COPIES says.
+5. TPUEmbedding (V1): TF's own TPUEmbedding, constructed on CPU with the trainer's optimizers,
+   configures every table with gradient accumulation on, so the TPU runtime keeps a
+   gradient_accumulators variable beside the parameters and slots, as the plan counts.
 """
+import collections
 import dataclasses
+import math
+import types
+import weakref
 
 import numpy as np
 import pytest
@@ -20,8 +33,15 @@ import pytest
 import components  # noqa: F401
 import tensorflow as tf
 
+from tensorflow.core.protobuf.tpu import optimization_parameters_pb2
+from tensorflow.python.framework import op_callbacks
+from tensorflow.python.tpu import tpu_embedding_v2
+
+from components.config.choices import InitializerKind
 from components.config.schema import OptimizerConfig
-from components.contracts.plan import CheckpointLayout, EmbeddingPlan, optimizer_spec
+from components.contracts import sizing
+from components.contracts.plan import CheckpointLayout, EmbeddingPlan, Initializer, optimizer_spec, plan_memory
+from components.embedding_trainer.hardware import plan_for_hardware
 from components.embedding_model import layouts
 from components.embedding_model.sparsecore_layout import plan_sparse_core_layouts
 from components.embedding_model import tf_objects
@@ -149,15 +169,40 @@ def test_tf_cannot_build_a_sequence_feature_on_sparsecore_and_the_model_refuses_
     check_sparsecore_features({"item": configs["item"]})  # pooled features pass
 
 
-def _sized_plan(replicas, per_chip):
+def _sized_plan(replicas, per_chip, num_chips_source="config", big=False):
     """Wide (dim-1, FTRL) tables beside a dim-16 and a dim-6 table (default Adagrad), an SGD and
-    an Adam table, and a TensorCore table; sized for SparseCore on `replicas` chips."""
+    an Adam table, a TensorCore table and with `big` a 5,000-row Adagrad table; sized for SparseCore
+    on `replicas` chips."""
     return EmbeddingPlan.for_tables(
         {"a": (100, 16, "tpu_embedding"), "a__wide": (100, 1, "tpu_embedding"), "b": (300, 6, "tpu_embedding"),
          "b__wide": (300, 1, "tpu_embedding"), "c": (50, 8, "tpu_embedding"), "d": (70, 12, "tpu_embedding"),
-         "t": (10, 4, "tensor_core")},
+         "t": (10, 4, "tensor_core"), **({"e": (5000, 16, "tpu_embedding")} if big else {})},
         num_chips=replicas, sparse_cores_per_chip=per_chip, optimizer=DEFAULT,
-        optimizers={"a__wide": FTRL, "b__wide": FTRL, "c": OWN, "d": OTHER})
+        optimizers={"a__wide": FTRL, "b__wide": FTRL, "c": OWN, "d": OTHER}, num_chips_source=num_chips_source)
+
+
+def _tpu_configs(plan, strategy, per_replica):
+    """The TPU-placed feature configs and the layer's optimizer the model gives TPUEmbeddingV2."""
+    with strategy.scope():
+        _, tpu_opt = tm.embedding_optimizers(DEFAULT)
+        opts = tm.table_optimizers(plan, DEFAULT)
+        configs = tf_objects.feature_configs(plan, output_batch=per_replica, on_tpu=True,
+                                             table_optimizers={n: o.tpu for n, o in opts.items()})
+    return {n: c for n, c in configs.items() if plan.tables[plan.features[n].table].placement == "tpu_embedding"}, tpu_opt
+
+
+def _tf_bytes_per_device(mid, replicas):
+    """{stack: [bytes of its parameters and every slot on each replica device]} of TF's variables
+    (TF's make_sharded_variable_creator: one shard per replica device)."""
+    out = {}
+    for stacked in mid._stacked_table_to_tables:  # pylint: disable=protected-access
+        shard_bytes = [0] * replicas
+        for v in mid._variables[stacked].values():  # pylint: disable=protected-access
+            assert len(v.values) == replicas
+            for i, shard in enumerate(v.values):
+                shard_bytes[i] += shard.shape.num_elements() * shard.dtype.size
+        out[stacked] = shard_bytes
+    return out
 
 
 @pytest.mark.parametrize("replicas,per_chip", [(1, 2), (2, 4), (4, 4)])
@@ -203,14 +248,188 @@ def test_plan_memory_is_what_tf_allocates_on_sparse_core(replicas, per_chip, mon
     assert per_device == [sum(t.memory.per_chip_bytes for t in tpu.values())] * replicas
     assert sum(t.memory.total_bytes for t in tpu.values()) == sum(per_device)
     # The transient: for every device and SparseCore of it, TF's initializer builds every table of the
-    # stack at its whole padded shape, one stack at a time, the stack's tables together.
+    # stack at its whole padded shape, one stack at a time, the stack's tables together; beyond them a
+    # device holds the larger of its shard's slices (before their concatenation) and the initializer's
+    # extra copies of the largest table (test_tf_initialization_peak_is_within_the_plans_peak measures it).
     expected, transient = [], {}
     for stacked, tables in mid._stacked_table_to_tables.items():  # pylint: disable=protected-access
         block = [(t.name, (t.vocabulary_size, t.dim)) for t in tables]
         expected += block * (replicas * per_chip)
         full = sum(r * d * 4 for _, (r, d) in block)
-        transient[tuple(t.name for t in tables)] = full + full // replicas  # + the shard's slices before concat
+        extra = max((sizing.initializer_copies(plan.tables[n].initializer.name) - 1) * r * d * 4 for n, (r, d) in block)
+        transient[tuple(t.name for t in tables)] = full + max(full // replicas, extra)
     assert calls == expected
     largest = max(transient, key=transient.get)
     assert (plan.memory.init_transient_bytes, plan.memory.init_transient_tables) == (transient[largest], largest)
     assert largest == ("a__wide", "b__wide")  # the wide tables: one FTRL stack of 8 padded columns
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_a_plan_made_for_more_chips_is_re_derived_to_what_tf_allocates(replicas, monkeypatch):
+    """A plan sized for the default 8 chips, trained at fewer replicas (a v5p-8 runs 4): TF pads and
+    shards by num_replicas_in_sync x SparseCores per chip, so a device holds up to twice (4
+    replicas) or four times (2) the 8-chip figure of a table. plan_for_hardware re-derives the plan
+    from the strategy: its bytes per chip are TF's bytes per device."""
+    plan8 = _sized_plan(8, 4, num_chips_source="default", big=True)
+    strategy = _strategy(monkeypatch, replicas, 4)
+    roomy = dataclasses.replace(plan8, memory=dataclasses.replace(plan8.memory, budget_per_chip_bytes=1 << 30, fits=True))
+    sized = plan_for_hardware(roomy, strategy, on_tpu=True)
+    assert (sized.topology.num_chips, sized.topology.num_sparse_cores, sized.topology.num_chips_source) == (
+        replicas, replicas * 4, "hardware")
+    configs, tpu_opt = _tpu_configs(sized, strategy, 64 // replicas)
+    mid = tpu_harness.build_real_v2(strategy, configs, tpu_opt)
+    per_stack = _tf_bytes_per_device(mid, replicas)
+    for stacked, tables in mid._stacked_table_to_tables.items():  # pylint: disable=protected-access
+        planned = [sized.tables[t.name] for t in tables]
+        assert per_stack[stacked] == [sum(t.memory.per_chip_bytes for t in planned)] * replicas, stacked
+        assert [t.memory.padded_rows for t in planned] == [t.vocabulary_size for t in tables], stacked
+    per_device = [sum(b[i] for b in per_stack.values()) for i in range(replicas)]
+    tpu = sized.tables_placed("tpu_embedding")
+    assert per_device == [sum(t.memory.per_chip_bytes for t in tpu.values())] * replicas
+    # the 8-chip plan: e's 5,000 rows padded to 5,120 (8 x 32 SparseCores), 640 a chip; TF pads them to
+    # 8 x 16 (5,120) at 4 replicas, 8 x 8 (5,056) at 2, and gives each device its share
+    assert plan8.tables["e"].memory.per_chip_rows == 640
+    assert sized.tables["e"].memory.per_chip_rows == {2: 2528, 4: 1280}[replicas]
+    before = sum(t.memory.per_chip_bytes for t in plan8.tables_placed("tpu_embedding").values())
+    assert (before, per_device[0]) == (106_496, {2: 376_832, 4: 193_536}[replicas])
+
+
+class _LiveBytes:
+    """Every eager tensor created while it is on (op callbacks), by device, and the most alive at
+    once with the variables assigned so far: what a device holds, tensor by tensor (no allocator)."""
+
+    def __init__(self):
+        self.live, self.variables, self.peak = {}, collections.Counter(), collections.Counter()
+
+    def __call__(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
+        if graph is not None:
+            return None
+        if op_type == "AssignVariableOp":  # a variable's buffer: the value's size, on the variable's device
+            self.variables[inputs[0].device] += inputs[1].shape.num_elements() * inputs[1].dtype.size
+        for o in outputs or ():
+            if o is None or o.dtype == tf.resource:
+                continue
+            key = id(o)
+            self.live[key] = (weakref.ref(o, lambda _, k=key: self.live.pop(k, None)), o.device,
+                              o.shape.num_elements() * o.dtype.size)
+        now = collections.Counter(self.variables)
+        for _, device, n in list(self.live.values()):
+            now[device] += n
+        for device, n in now.items():
+            self.peak[device] = max(self.peak[device], n)
+        return None
+
+    def __enter__(self):
+        op_callbacks.add_op_callback(self)
+        return self
+
+    def __exit__(self, *exc):
+        op_callbacks.remove_op_callback(self)
+
+
+@pytest.mark.parametrize("kind", sorted(sizing.INITIALIZER_COPIES))
+def test_each_initializer_holds_the_full_size_copies_the_plan_counts(kind):
+    """tf_keras's initializers as the trainer builds them (tf_objects.tf_initializer, stateless draws):
+    the truncated and plain normal and the uniform hold the draw, draw x scale and that + shift at
+    once (3 tables' worth), zeros one."""
+    table = (1000, 8)
+    init = tf_objects.tf_initializer({
+        "truncated_normal": Initializer(InitializerKind.TRUNCATED_NORMAL, mean=0.0, stddev=0.1),
+        "random_normal": Initializer(InitializerKind.RANDOM_NORMAL, mean=0.0, stddev=0.1),
+        "random_uniform": Initializer(InitializerKind.RANDOM_UNIFORM, minval=-0.1, maxval=0.1),
+        "zeros": Initializer(InitializerKind.ZEROS)}[kind])
+    with tf.device("/CPU:0"), _LiveBytes() as meter:
+        value = init(shape=table, dtype=tf.float32)
+    assert value.shape == table
+    full = math.prod(table) * 4
+    assert full * sizing.INITIALIZER_COPIES[kind] <= max(meter.peak.values()) < full * sizing.INITIALIZER_COPIES[kind] + 1024
+
+
+def _one_sgd_table(replicas, per_chip):
+    return EmbeddingPlan.for_tables({"big": (20_000, 8, "tpu_embedding")}, num_chips=replicas,
+                                    sparse_cores_per_chip=per_chip, optimizer=OWN)
+
+
+def _wide_zeros(plan):
+    """The plan with its wide tables initialized to zeros, as the wide part's are."""
+    tables = {n: dataclasses.replace(t, initializer=Initializer(InitializerKind.ZEROS)) if n.endswith("__wide") else t
+              for n, t in plan.tables.items()}
+    return dataclasses.replace(plan, tables=tables, memory=plan_memory(tables, plan.topology, 0))
+
+
+@pytest.mark.parametrize("replicas,per_chip", [(1, 4), (2, 4), (4, 2)])
+@pytest.mark.parametrize("case", ["one_sgd", "sized"])
+def test_tf_initialization_peak_is_within_the_plans_peak(case, replicas, per_chip, monkeypatch):
+    """TF's real TPUEmbeddingV2 built with the trainer's initializers, every eager tensor measured per
+    replica device, variables placed as TPUStrategy places them (a shard on its own device only;
+    the harness's MirroredStrategy would mirror each shard to every device): no device ever holds
+    more than the plan's peak, and its variables are the plan's per-chip bytes. One SGD table:
+    without the initializer's temporaries (the table and one shard of it on top of the steady
+    bytes) the plan said about half of what a device holds."""
+    plan = _one_sgd_table(replicas, per_chip) if case == "one_sgd" else _wide_zeros(_sized_plan(replicas, per_chip))
+    strategy = _strategy(monkeypatch, replicas, per_chip)
+    mirrored = strategy.extended._create_variable  # pylint: disable=protected-access
+
+    def create_variable(next_creator, **kwargs):  # TPUStrategy's rule (tpu_strategy.py _create_variable)
+        if kwargs.pop("skip_mirrored_creator", False):
+            return next_creator(**kwargs)
+        return mirrored(next_creator, **kwargs)
+
+    monkeypatch.setattr(strategy.extended, "_create_variable", create_variable)
+    configs, tpu_opt = _tpu_configs(plan, strategy, 64 // replicas)
+    with _LiveBytes() as meter:
+        mid = tpu_harness.build_real_v2(strategy, configs, tpu_opt)
+    devices = [d for d in meter.peak if "CPU" in d]
+    assert len(devices) == replicas
+    tpu_steady = sum(t.memory.per_chip_bytes for t in plan.tables_placed("tpu_embedding").values())
+    assert all(meter.variables[d] == tpu_steady for d in devices)
+    assert max(meter.peak.values()) <= plan.memory.peak_per_chip_bytes
+    if case == "one_sgd":
+        full = plan.tables["big"].memory.weight_bytes
+        old = plan.memory.per_chip_bytes + full + full // replicas  # the figure without the temporaries
+        assert min(meter.peak[d] for d in devices) > old
+    assert set(mid._stacked_table_to_tables)  # pylint: disable=protected-access
+
+
+def test_tpu_embedding_v1_keeps_gradient_accumulators_for_the_trainers_optimizers(monkeypatch):
+    """TF's TPUEmbedding (V1) constructed on CPU under the harness strategy (V1 hardware) with the
+    trainer's optimizers (SGD with clipping, Adagrad, FTRL, Adam): the TPUEmbeddingConfiguration it
+    sends the TPU gives every table GradientAccumulationStatus.ENABLED. The TPU runtime keeps, per
+    table, the parameters, the algorithm's auxiliary parameters and, with accumulation ENABLED or
+    UNSPECIFIED and base count + 1 <= 7, `gradient_accumulators`
+    (tensorflow/core/tpu/tpu_embedding_optimization_parameters_utils.cc, UseGradientAccumulation and
+    GetOptimizationAlgorithmStateVariables; it runs in the TPU runtime, not on CPU): with it the
+    proto's tables take the plan's V1 bytes per chip, ceil(rows / chips) rows of each variable.
+    An optimizer built with use_gradient_accumulation=False says DISABLED."""
+    base_count = {"stochastic_gradient_descent": 0, "adagrad": 1, "ftrl": 2, "adam": 2}  # GetBaseAuxiliaryParameterCount
+    status = optimization_parameters_pb2.GradientAccumulationStatus
+    clipped_sgd = optimizer_spec(OptimizerConfig(name="sgd", learning_rate=0.5, clipvalue=1.0))
+    plan = EmbeddingPlan.for_tables(
+        {"a": (1001, 16, "tpu_embedding"), "w": (300, 1, "tpu_embedding"), "s": (70, 8, "tpu_embedding"),
+         "m": (50, 4, "tpu_embedding")},
+        num_chips=2, optimizer=DEFAULT, embedding_api="tpu_embedding_v1",
+        optimizers={"w": FTRL, "s": clipped_sgd, "m": OTHER})
+    cls = tpu_harness.recording_strategy_class(2, embedding_feature=tpu_harness.Feature.V1)
+    monkeypatch.setattr(tpu_embedding_v2, "tpu_strategy", types.SimpleNamespace(TPUStrategy=cls, TPUStrategyV2=cls))
+    strategy = cls()
+    strategy.extended.num_hosts = 1  # TPUStrategy's: one host here
+    configs, tpu_opt = _tpu_configs(plan, strategy, 32)
+    with strategy.scope():
+        mid = tf.tpu.experimental.embedding.TPUEmbedding(configs, tpu_opt)
+    proto = mid._create_config_proto()  # pylint: disable=protected-access
+    assert proto.num_tensor_cores == 2 and len(proto.table_descriptor) == 4
+    for t in proto.table_descriptor:
+        params = t.optimization_parameters
+        algorithm = params.WhichOneof("parameters")
+        assert params.gradient_accumulation_status == status.ENABLED, t.name
+        accumulate = params.gradient_accumulation_status in (status.ENABLED, status.UNSPECIFIED) and \
+            base_count[algorithm] + 1 <= sizing.MAX_AUXILIARY_PARAMETERS
+        variables = 1 + base_count[algorithm] + int(accumulate)
+        per_chip = math.ceil(t.vocabulary_size / plan.topology.num_chips) * t.dimension * 4 * variables
+        memory = plan.tables[t.name].memory
+        assert (per_chip, int(accumulate)) == (memory.per_chip_bytes, memory.gradient_accumulators), t.name
+    off = tf.tpu.experimental.embedding.Adagrad(0.1, use_gradient_accumulation=False)
+    params = optimization_parameters_pb2.OptimizationParameters()
+    off._set_optimization_parameters(params)  # pylint: disable=protected-access
+    assert params.gradient_accumulation_status == status.DISABLED
+    assert sizing.v1_gradient_accumulators("adagrad", off.use_gradient_accumulation) == 0

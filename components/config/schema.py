@@ -261,7 +261,10 @@ class TopologyConfig:
     # size_threshold: null) | v5p | v6e (SparseCore); null: sized for SparseCore, and the trainer
     # re-sizes the plan for the embedding API the TPU reports.
     chip: Optional[str] = None
-    num_chips: int = 8
+    # Chips the TPU-embedding tables are sharded over. null: sized for 8 until the hardware says (on a
+    # TPU the trainer re-sizes the plan for the chips its replicas are); set: a TPU with another count
+    # is refused, naming both.
+    num_chips: Optional[int] = None
     hbm_gib_per_chip: Optional[float] = None  # null: the chip's HBM, else 16
     sparse_cores_per_chip: Optional[int] = None  # null: the chip's (v5p: 4, v6e: 2, none before v5p), else 4
     usable_hbm_fraction: float = 0.7  # share of HBM the embedding tables may take (the rest: dense part, activations)

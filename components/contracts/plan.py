@@ -21,15 +21,19 @@ Rules (documented in configs/README.md):
 - SparseCore limits: the statistics' suggestion for num_chips x sparse_cores_per_chip shards
   (busiest SparseCore in any full batch, with headroom); `SparseCoreEmbeddingConfig` exists from
   TensorFlow 2.17, so on 2.16 they are reported in the plan and not passed.
-- memory: what TensorFlow allocates for the embedding API the plan is sized for
+- memory: what TensorFlow allocates for the embedding API and chips the plan is sized for
   (`topology.embedding_api`: the chip's, `training.embedding.topology.chip`; without a chip
-  `sparse_core`; the trainer re-sizes it for the API the TPU reports), by `contracts.sizing`:
+  `sparse_core`; `topology.num_chips`: the configured chips, else 8 until the TPU says; the
+  trainer re-sizes the plan for the API, SparseCores and replicas the TPU reports, refusing a
+  configured num_chips the TPU contradicts: `hardware_num_chips`), by `contracts.sizing`:
   on SparseCore padded shapes x (1 + the optimizer's slots), padded rows / chips per chip; on
-  TPUEmbedding (V1) ceil(rows / chips) per chip; TensorCore tables replicated. The fit check adds
-  SparseCore's initialization transient (sizing.sparse_core_init_transient) to the steady bytes; a
-  plan whose per-chip peak exceeds hbm_gib_per_chip x usable_hbm_fraction is refused, naming the
-  tables that take most with their padded shapes. A chip without an embedding engine (v5e) with a
-  table placed in `tpu_embedding` is refused.
+  TPUEmbedding (V1) ceil(rows / chips) per chip x (1 + slots + the gradient accumulators);
+  TensorCore tables replicated. The fit check adds SparseCore's initialization transient (the
+  stack's whole padded tables, its slices and the initializer's temporaries:
+  sizing.sparse_core_init_transient) to the steady bytes; a plan whose per-chip peak exceeds
+  hbm_gib_per_chip x usable_hbm_fraction is refused, naming the tables that take most with their
+  padded shapes. A chip without an embedding engine (v5e) with a table placed in `tpu_embedding` is
+  refused.
 """
 from __future__ import annotations
 
@@ -197,6 +201,12 @@ class FeaturePlan:
     wide_of: Optional[str] = None
 
 
+# Where a plan's `topology.num_chips` comes from: the config (training.embedding.topology.num_chips),
+# the default (sizing.DEFAULT_NUM_CHIPS, not configured: the TPU's count replaces it) or the TPU
+# (the replicas it runs, components.embedding_trainer.hardware).
+CHIPS_FROM_CONFIG, CHIPS_BY_DEFAULT, CHIPS_FROM_HARDWARE = "config", "default", "hardware"
+
+
 @dataclass(frozen=True)
 class Topology:
     """The TPU slice a plan is sized for."""
@@ -210,6 +220,9 @@ class Topology:
     # it (sized as ceil(rows / chips), unpadded).
     embedding_api: Optional[str] = None
     chip: Optional[str] = None  # training.embedding.topology.chip when set (sizing.CHIPS)
+    # CHIPS_FROM_CONFIG, CHIPS_BY_DEFAULT or CHIPS_FROM_HARDWARE; None in a plan that does not record
+    # it (read as configured).
+    num_chips_source: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -348,9 +361,9 @@ class EmbeddingPlan:
     def with_run(self, checkpoint_layout: Optional[CheckpointLayout] = None, vocabulary_dir: Optional[str] = None) -> "EmbeddingPlan":
         """A copy with what one training run adds; the plan itself is never changed in place.
 
-        A layout from a TPU (`hardware_api` set) also re-sizes the copy for that API and the SparseCores
-        the TPU reported, as the trainer checked it (components.embedding_trainer.hardware), so the
-        recorded plan says what was allocated.
+        A layout from a TPU (`hardware_api` set) also re-sizes the copy for that API, the SparseCores
+        the TPU reported and the chips its replicas are (`hardware_num_chips`), as the trainer checked
+        it (components.embedding_trainer.hardware), so the recorded plan says what was allocated.
 
         Args:
           checkpoint_layout: how the run's checkpoint holds the tables, or None.
@@ -358,10 +371,15 @@ class EmbeddingPlan:
 
         Returns:
           The copy.
+
+        Raises:
+          PlanError: the layout's replicas contradict a configured num_chips (`hardware_num_chips`).
         """
         plan = self
         if checkpoint_layout is not None and checkpoint_layout.hardware_api:
-            plan = plan.sized_for(checkpoint_layout.hardware_api, checkpoint_layout.sparse_cores_per_chip)
+            api, replicas = checkpoint_layout.hardware_api, checkpoint_layout.num_replicas
+            chips = hardware_num_chips(plan.topology, api, int(replicas)) if replicas else None
+            plan = plan.sized_for(api, checkpoint_layout.sparse_cores_per_chip, chips)
         changes: Dict[str, Any] = {}
         if checkpoint_layout is not None:
             changes["checkpoint_layout"] = checkpoint_layout
@@ -369,14 +387,18 @@ class EmbeddingPlan:
             changes["vocabulary_dir"] = vocabulary_dir
         return dataclasses.replace(plan, **changes)
 
-    def sized_for(self, embedding_api: str, sparse_cores_per_chip: Optional[int] = None) -> "EmbeddingPlan":
-        """A copy whose tables and memory are sized for an embedding API.
+    def sized_for(self, embedding_api: str, sparse_cores_per_chip: Optional[int] = None,
+                  num_chips: Optional[int] = None) -> "EmbeddingPlan":
+        """A copy whose tables and memory are sized for an embedding API and a number of chips.
 
-        The budget, chips and chip stay; the copy is not checked against the budget (`check_fits`).
+        The budget and chip stay; the copy is not checked against the budget (`check_fits`). A table's
+        SparseCore limits measured for another shard count keep their numbers and say so.
 
         Args:
           embedding_api: one of sizing.EMBEDDING_APIS.
           sparse_cores_per_chip: on SparseCore, the SparseCores per chip; default the topology's.
+          num_chips: the chips the TPU has (`hardware_num_chips`); default the topology's. Given, the
+            copy records them as the hardware's unless they are the configured ones.
 
         Returns:
           The copy, or the plan itself when nothing changes.
@@ -386,11 +408,19 @@ class EmbeddingPlan:
             per_chip = int(sparse_cores_per_chip or topo.sparse_cores_per_chip or sizing.DEFAULT_SPARSE_CORES_PER_CHIP)
         else:
             per_chip = int(topo.sparse_cores_per_chip)
-        if embedding_api == topo.embedding_api and per_chip == topo.sparse_cores_per_chip:
+        chips, source = topo.num_chips, topo.num_chips_source
+        if num_chips is not None:
+            chips = int(num_chips)
+            if not (chips == topo.num_chips and source in (None, CHIPS_FROM_CONFIG)):
+                source = CHIPS_FROM_HARDWARE
+        if (embedding_api, per_chip, chips, source) == (topo.embedding_api, topo.sparse_cores_per_chip,
+                                                        topo.num_chips, topo.num_chips_source):
             return self
         topology = dataclasses.replace(topo, embedding_api=embedding_api, sparse_cores_per_chip=per_chip,
-                                       num_sparse_cores=topo.num_chips * per_chip)
+                                       num_chips=chips, num_sparse_cores=chips * per_chip, num_chips_source=source)
         tables = size_tables(self.tables, topology)
+        if topology.num_sparse_cores != topo.num_sparse_cores:
+            tables = {n: _limits_for(t, topo.num_sparse_cores, topology.num_sparse_cores) for n, t in tables.items()}
         return dataclasses.replace(self, topology=topology, tables=tables,
                                    memory=plan_memory(tables, topology, self.memory.budget_per_chip_bytes))
 
@@ -406,6 +436,7 @@ class EmbeddingPlan:
         combiner: Combiner = Combiner.MEAN,
         optimizers: Optional[Mapping[str, Mapping[str, Any]]] = None,
         embedding_api: str = sizing.DEFAULT_EMBEDDING_API,
+        num_chips_source: str = CHIPS_FROM_CONFIG,
     ) -> "EmbeddingPlan":
         """A plan for tables this pipeline did not derive (hand-built checkpoints in tests and benchmarks).
 
@@ -421,6 +452,8 @@ class EmbeddingPlan:
           combiner: every table's combiner.
           optimizers: {table: spec} of tables with their own optimizer.
           embedding_api: what the tables are sized for (sizing.EMBEDDING_APIS).
+          num_chips_source: where `num_chips` comes from (CHIPS_FROM_CONFIG: a TPU that contradicts
+            it is refused; CHIPS_BY_DEFAULT: the TPU's count replaces it).
 
         Returns:
           A plan whose budget is its own peak (so it fits).
@@ -432,7 +465,8 @@ class EmbeddingPlan:
         optimizers = optimizers or {}
         features = dict(features or {f"f_{n}": n for n in tables})
         num_sc = num_chips * sparse_cores_per_chip
-        topology = Topology(num_chips, 0.0, sparse_cores_per_chip, num_sc, 1.0, embedding_api=embedding_api)
+        topology = Topology(num_chips, 0.0, sparse_cores_per_chip, num_sc, 1.0, embedding_api=embedding_api,
+                            num_chips_source=num_chips_source)
         plans = {
             n: _hand_built_table(r, d, p, Combiner(combiner), optimizers.get(n, optimizer),
                                  tuple(f for f, t in features.items() if t == n), topology)
@@ -559,6 +593,57 @@ def size_tables(tables: Mapping[str, TablePlan], topology: Topology) -> Dict[str
             for n, t in tables.items()}
 
 
+def _limits_for(t: TablePlan, measured_for: int, num_sparse_cores: int) -> TablePlan:
+    """A table whose SparseCore limits were derived for `measured_for` shards, re-sized for
+    `num_sparse_cores`: the numbers stay (TF 2.16 does not take them), the source says so."""
+    limits = t.sparsecore_limits
+    if limits.max_ids_per_table is None and limits.max_unique_ids_per_table is None:
+        return t
+    note = (f"{limits.source}; measured for {measured_for} SparseCores, the TPU has {num_sparse_cores}: add "
+            f"{num_sparse_cores} to statistics.shard_counts and rerun preprocessing")
+    return dataclasses.replace(t, sparsecore_limits=dataclasses.replace(limits, source=note))
+
+
+def hardware_num_chips(topology: Topology, embedding_api: str, replicas: int) -> int:
+    """The chips a TPU running `replicas` replicas has, which the plan must be sized for.
+
+    TPUEmbeddingV2 pads and shards every stack over num_replicas_in_sync x SparseCores per chip
+    (tpu_embedding_v3.py ~319, ~354), one shard per replica device, and a SparseCore chip (v5p, v6e)
+    is one device; a v2/v3 chip is two (one per TensorCore), a v4 chip one
+    (sizing.devices_per_chip). So the TPU's chips are `replicas` / devices per chip: the named
+    chip's count, else each count a chip of that API has. A configured num_chips must be one of
+    them; a plan whose num_chips was not configured takes the fewest (most rows per chip: on TPU
+    v2-v4 without `topology.chip` that is v2/v3's two devices per chip).
+
+    Args:
+      topology: the plan's topology.
+      embedding_api: the API the TPU reports (sizing.EMBEDDING_APIS).
+      replicas: the TPU strategy's num_replicas_in_sync.
+
+    Returns:
+      The chips to size the plan for.
+
+    Raises:
+      PlanError: the configured num_chips is not what the TPU has, or no chip count fits the
+        replicas; the message names both.
+    """
+    per_chip = sizing.devices_per_chip(embedding_api, topology.chip)
+    candidates = sorted({replicas // d for d in per_chip if replicas % d == 0 and replicas >= d})
+    configured = topology.num_chips_source in (None, CHIPS_FROM_CONFIG)
+    if candidates and (not configured or topology.num_chips in candidates):
+        return topology.num_chips if configured else candidates[0]
+    what = " or ".join(str(c) for c in candidates) or "no whole number of"
+    how = (f"TPUEmbeddingV2 pads and shards every table over {replicas} replicas x SparseCores per chip, one "
+           "replica a chip" if embedding_api == sizing.SPARSE_CORE else
+           f"a {topology.chip + ' ' if topology.chip else ''}chip is {' or '.join(str(d) for d in per_chip)} replica(s)")
+    if not configured:
+        raise PlanError(f"the TPU runs {replicas} replicas, which is {what} chips ({how}); the plan cannot be "
+                        "sized for it")
+    raise PlanError(
+        f"training.embedding.topology.num_chips is {topology.num_chips}, but the TPU runs {replicas} replicas: "
+        f"{what} chips ({how}); set num_chips to the TPU's chips, or remove it to size the plan for the TPU")
+
+
 def _optimizer_key(spec: Mapping[str, Any]) -> str:
     # Tables with equal specs share one TPU optimizer (trainer_module.table_optimizers), which is
     # what TPUEmbeddingV2 compares when it stacks them.
@@ -569,7 +654,8 @@ def plan_memory(tables: Mapping[str, TablePlan], topology: Topology, budget_per_
     """Total and per-chip bytes of sized tables, with SparseCore's initialization transient on top.
 
     The transient is that of the largest group of TPU-embedding tables that could share a stack
-    (equal padded dim and equal optimizer spec), fully padded, plus one shard of it
+    (equal padded dim and equal optimizer spec): its whole padded tables plus the larger of one
+    shard of them and its initializers' extra full-size copies of its largest table
     (sizing.sparse_core_init_transient, a safe upper bound of any stack TF forms).
 
     Args:
@@ -586,7 +672,8 @@ def plan_memory(tables: Mapping[str, TablePlan], topology: Topology, budget_per_
         tpu = {n: t for n, t in tables.items() if t.placement == Placement.TPU_EMBEDDING}
         groups = sizing.sparse_core_stack_groups((n, t.dim, _optimizer_key(t.optimizer)) for n, t in tpu.items())
         transient, names = sizing.sparse_core_init_transient(
-            {n: t.memory.weight_bytes for n, t in tpu.items()}, groups.values(), topology.num_chips)
+            {n: t.memory.weight_bytes for n, t in tpu.items()}, groups.values(), topology.num_chips,
+            {n: sizing.initializer_copies(t.initializer.name) for n, t in tpu.items()})
     peak = steady + transient
     return PlanMemory(
         total_bytes=sum(t.memory.total_bytes for t in tables.values()),
@@ -624,12 +711,13 @@ def check_fits(plan: "EmbeddingPlan") -> None:
     transient = ""
     if memory.init_transient_bytes:
         transient = (f" + {_gib(memory.init_transient_bytes)} while SparseCore initializes the stack of "
-                     f"{', '.join(memory.init_transient_tables)} (whole padded tables on every chip)")
+                     f"{', '.join(memory.init_transient_tables)} (whole padded tables and the initializer's "
+                     "temporaries on every chip)")
     raise PlanError(
         f"embedding tables need {_gib(memory.peak_per_chip_bytes or memory.per_chip_bytes)} per chip "
         f"({_gib(memory.per_chip_bytes)} kept{transient}) sized for {topo.embedding_api}"
         f"{' on ' + topo.chip if topo.chip else ''}, but training.embedding.topology allows "
-        f"{_gib(memory.budget_per_chip_bytes)} ({topo.hbm_gib_per_chip} GiB x {topo.usable_hbm_fraction} on each of "
+        f"{_gib(memory.budget_per_chip_bytes)} ({topo.hbm_gib_per_chip:.4g} GiB x {topo.usable_hbm_fraction} on each of "
         f"{topo.num_chips} chips); largest: {names}. Use more chips, smaller dims, a vocabulary top_k/min_frequency, "
         "or a lower size_threshold so large tables are sharded"
     )
@@ -833,7 +921,9 @@ def resolve_topology(cfg: PipelineConfig) -> Topology:
     """The plan's topology from `training.embedding.topology`.
 
     A chip's facts (sizing.CHIPS) fill what is not set; without a chip, the plan is sized for
-    SparseCore (sizing.DEFAULT_EMBEDDING_API) with 16 GiB and 4 SparseCores per chip unless set.
+    SparseCore (sizing.DEFAULT_EMBEDDING_API) with 16 GiB and 4 SparseCores per chip unless set;
+    without num_chips, for sizing.DEFAULT_NUM_CHIPS chips, recorded as the default (on a TPU the
+    trainer re-sizes it for the chips the TPU has).
 
     Args:
       cfg: a resolved configuration.
@@ -848,14 +938,16 @@ def resolve_topology(cfg: PipelineConfig) -> Topology:
         chip.hbm_gib_per_chip if chip else sizing.DEFAULT_HBM_GIB_PER_CHIP)
     per_chip = topo.sparse_cores_per_chip if topo.sparse_cores_per_chip is not None else (
         chip.sparse_cores_per_chip if chip else sizing.DEFAULT_SPARSE_CORES_PER_CHIP)
+    chips = int(topo.num_chips) if topo.num_chips is not None else sizing.DEFAULT_NUM_CHIPS
     return Topology(
-        num_chips=topo.num_chips,
+        num_chips=chips,
         hbm_gib_per_chip=float(hbm),
         sparse_cores_per_chip=int(per_chip),
-        num_sparse_cores=topo.num_chips * int(per_chip),
+        num_sparse_cores=chips * int(per_chip),
         usable_hbm_fraction=topo.usable_hbm_fraction,
         embedding_api=api,
         chip=topo.chip,
+        num_chips_source=CHIPS_FROM_CONFIG if topo.num_chips is not None else CHIPS_BY_DEFAULT,
     )
 
 

@@ -14,8 +14,10 @@
     shape, sharded evenly over the chips: each chip holds padded rows / chips rows of the table
     and of each slot;
   - `tpu_embedding_v1` (TPUEmbedding: v2, v3, v4): ceil(rows / chips) whole rows per chip, no
-    padding. The embedding engine shards over TPU cores (two per chip on v2/v3); the exact
-    per-core rule is not read here from TF (the tables live in the TPU runtime, not in Python).
+    padding, of the parameters, every slot and the gradient accumulators (`v1_gradient_accumulators`:
+    one more variable of the table's shape, which the trainer's optimizers always have). The
+    embedding engine shards over TPU cores (two per chip on v2/v3); the exact per-core rule is not
+    read here from TF (the tables live in the TPU runtime, not in Python).
   - `none` (v5e: no embedding engine): TFRS builds TPUEmbeddingV0, which keeps every table whole
     on every chip (replicated), as TensorCore tables are;
 - a TensorCore table (Keras embedding) is replicated on every chip.
@@ -23,8 +25,10 @@
   at a time, and an initializer that does not take `shard_info` (the trainer's do not: plain Keras
   initializers) builds the whole padded table of every table in the stack on each chip and slices
   that chip's shard out of it (`table_initialize_fn`), with the slices collected before their
-  concatenation. So while a stack is initialized a chip holds, beyond what it keeps, the stack's
-  full padded parameters plus one more shard of them.
+  concatenation; while it builds one table, the initializer itself holds `INITIALIZER_COPIES`
+  full-size tensors (a truncated normal: the raw draw, draw x stddev and that + mean). So while a
+  stack is initialized a chip holds, beyond what it keeps, the stack's full padded parameters plus
+  the larger of one more shard of them and the initializer's extra copies of its largest table.
 Preprocessing's statistics, the trainer's plan and the exporter's report all use these functions.
 """
 from __future__ import annotations
@@ -48,6 +52,9 @@ EMBEDDING_APIS = (SPARSE_CORE, TPU_EMBEDDING_V1, NO_EMBEDDING_API)
 DEFAULT_EMBEDDING_API = SPARSE_CORE
 DEFAULT_HBM_GIB_PER_CHIP = 16.0
 DEFAULT_SPARSE_CORES_PER_CHIP = 4
+# The chips a plan is sized for when training.embedding.topology.num_chips is not set, until a TPU
+# says how many it has (components.embedding_trainer.hardware re-sizes the plan for it).
+DEFAULT_NUM_CHIPS = 8
 # TF's EmbeddingFeature names -> the API.
 EMBEDDING_FEATURE_APIS = {"V2": SPARSE_CORE, "V1": TPU_EMBEDDING_V1, "UNSUPPORTED": NO_EMBEDDING_API}
 API_NAMES = {SPARSE_CORE: "SparseCore (TPUEmbeddingV2)", TPU_EMBEDDING_V1: "TPUEmbedding (V1 embedding engine)",
@@ -56,25 +63,38 @@ API_NAMES = {SPARSE_CORE: "SparseCore (TPUEmbeddingV2)", TPU_EMBEDDING_V1: "TPUE
 SPARSE_CORE_PADDING = 8
 
 
+GIB = 1 << 30
+
+
 @dataclass(frozen=True)
 class Chip:
-    """A TPU generation: its embedding API, SparseCores per chip and HBM per chip (GiB)."""
+    """A TPU generation: its embedding API, SparseCores per chip, HBM per chip (bytes) and the
+    TensorFlow devices (TPUStrategy replicas, one core each) a chip is."""
 
     name: str
     embedding_api: str
     sparse_cores_per_chip: int
-    hbm_gib_per_chip: float
+    hbm_bytes_per_chip: int
+    devices_per_chip: int = 1
+
+    @property
+    def hbm_gib_per_chip(self) -> float:
+        """HBM per chip in GiB (2**30 bytes), as training.embedding.topology.hbm_gib_per_chip takes it."""
+        return self.hbm_bytes_per_chip / GIB
 
 
-# Google Cloud's TPU system architecture pages; the API is what TF 2.16 reports for the chip
-# (v5e: EmbeddingFeature.UNSUPPORTED).
+# Google Cloud's TPU system architecture pages, in the unit each lists: v2 16 GiB, v3 and v4 32 GiB,
+# v5p 95 GiB, but v5e 16 GB and v6e 32 GB (10**9 bytes: 14.9 and 29.8 GiB). The API is what TF 2.16 reports for the chip (v5e:
+# EmbeddingFeature.UNSUPPORTED). Devices per chip: v2 and v3 chips are two TensorFlow devices (one
+# per TensorCore, a v3-8 runs 8 replicas on 4 chips); v4 and v5p (megacore) and v5e and v6e (one
+# TensorCore) are one.
 CHIPS: Dict[str, Chip] = {c.name: c for c in (
-    Chip("v2", TPU_EMBEDDING_V1, 0, 16.0),
-    Chip("v3", TPU_EMBEDDING_V1, 0, 32.0),
-    Chip("v4", TPU_EMBEDDING_V1, 0, 32.0),
-    Chip("v5e", NO_EMBEDDING_API, 0, 16.0),
-    Chip("v5p", SPARSE_CORE, 4, 95.0),
-    Chip("v6e", SPARSE_CORE, 2, 32.0),
+    Chip("v2", TPU_EMBEDDING_V1, 0, 16 * GIB, devices_per_chip=2),
+    Chip("v3", TPU_EMBEDDING_V1, 0, 32 * GIB, devices_per_chip=2),
+    Chip("v4", TPU_EMBEDDING_V1, 0, 32 * GIB),
+    Chip("v5e", NO_EMBEDDING_API, 0, 16 * 10**9),
+    Chip("v5p", SPARSE_CORE, 4, 95 * GIB),
+    Chip("v6e", SPARSE_CORE, 2, 32 * 10**9),
 )}
 
 
@@ -107,6 +127,22 @@ def chips_with(api: str) -> Tuple[str, ...]:
     return tuple(n for n, c in CHIPS.items() if c.embedding_api == api)
 
 
+def devices_per_chip(api: str, chip: Optional[str] = None) -> Tuple[int, ...]:
+    """How many TensorFlow devices (TPUStrategy replicas) one chip can be.
+
+    Args:
+      api: the embedding API the TPU reports (one of `EMBEDDING_APIS`).
+      chip: the chip named in the config, or None.
+
+    Returns:
+      The named chip's count, else every count a chip of `api` has, ascending (V1: (1, 2), v4 or
+      v2/v3; the others: (1,)).
+    """
+    if chip:
+        return (chip_facts(chip).devices_per_chip,)
+    return tuple(sorted({c.devices_per_chip for c in CHIPS.values() if c.embedding_api == api})) or (1,)
+
+
 def table_rows(vocabulary_size: int, num_oov_buckets: int) -> int:
     """Rows of a table: its vocabulary, then its OOV buckets.
 
@@ -137,6 +173,61 @@ def optimizer_slots(optimizer: str) -> int:
     return OPTIMIZER_SLOTS[optimizer]
 
 
+# TPUEmbedding (V1) keeps a `gradient_accumulators` state variable of the table's shape beside the
+# parameters and slots when gradient accumulation is on. TF's optimizers default to it
+# (`use_gradient_accumulation=True`, tpu_embedding_v2_utils.py ~239, ~356, ~489, ~639, ~814) and write
+# GradientAccumulationStatus.ENABLED into the table's OptimizationParameters (~113-118); the TPU
+# runtime then appends the state variable (tensorflow/core/tpu/
+# tpu_embedding_optimization_parameters_utils.cc: UseGradientAccumulation is true for ENABLED or
+# UNSPECIFIED when the algorithm supports it, i.e. its base auxiliary parameter count + 1 <=
+# kMaxAuxiliaryParameterCount = 7, which SGD (0), Adagrad (1), Adam (2) and FTRL (2) all meet;
+# GetOptimizationAlgorithmStateVariables appends "gradient_accumulators" last). Clipping
+# (`clipvalue`) requires it (`_Optimizer.__init__` refuses clipping without). The trainer's
+# optimizers (components/embedding_model/optimizers.py tpu_optimizer) never turn it off.
+MAX_AUXILIARY_PARAMETERS = 7
+
+
+def v1_gradient_accumulators(optimizer: str, use_gradient_accumulation: bool = True) -> int:
+    """State variables of the table's shape that TPUEmbedding (V1) adds for gradient accumulation.
+
+    Args:
+      optimizer: the optimizer's name.
+      use_gradient_accumulation: the TPU optimizer's setting (TF's default and the trainer's: True).
+
+    Returns:
+      1 when accumulation is on and the algorithm supports it, else 0 (see `MAX_AUXILIARY_PARAMETERS`).
+    """
+    return int(bool(use_gradient_accumulation) and optimizer_slots(optimizer) + 1 <= MAX_AUXILIARY_PARAMETERS)
+
+
+# Full-size tensors alive at once while the trainer's initializer builds one table
+# (components/embedding_model/tf_objects.py tf_initializer: tf_keras initializers, which draw with
+# the stateless ops, tf_keras/src/backend.py RandomGenerator): TF's
+# stateless_truncated_normal / stateless_random_normal (tensorflow/python/ops/stateless_random_ops.py)
+# return math_ops.add(rnd * stddev, mean) and stateless_random_uniform
+# math_ops.add(rnd * (maxval - minval), minval): the raw draw, its product and the sum are alive
+# together when the sum is allocated (3); Zeros is one tf.zeros (Fill) (1).
+INITIALIZER_COPIES = {"truncated_normal": 3, "random_normal": 3, "random_uniform": 3, "zeros": 1}
+
+
+def initializer_copies(name: str) -> int:
+    """Full-size tensors the trainer's initializer `name` holds at once while building one table.
+
+    Args:
+      name: the initializer's name (the plan's `Initializer.name`).
+
+    Returns:
+      `INITIALIZER_COPIES[name]`.
+
+    Raises:
+      ValueError: an initializer this code does not know.
+    """
+    name = str(getattr(name, "value", name))
+    if name not in INITIALIZER_COPIES:
+        raise ValueError(f"initializer {name!r} is not one of {', '.join(INITIALIZER_COPIES)}")
+    return INITIALIZER_COPIES[name]
+
+
 def _round_up(n: int, m: int) -> int:
     return -(-int(n) // m) * m
 
@@ -162,11 +253,12 @@ def sparse_core_padded_shape(rows: int, dim: int, num_sparse_cores: int) -> Tupl
 
 @dataclass(frozen=True)
 class TableMemory:
-    """A float32 table's memory while training (weights + optimizer slots), in total and per chip,
-    as allocated: `weight_bytes` = padded_rows x padded_dim x 4 (the parameters), `total_bytes`
-    = that x (1 + slots_per_row), `per_chip_bytes` = what each chip holds of it (its shard, or
-    the whole table where replicated), `per_chip_rows` rows of it. `padded_rows`/`padded_dim`
-    equal the table's rows/dim where nothing is padded."""
+    """A float32 table's memory while training (weights + optimizer slots + gradient accumulators),
+    in total and per chip, as allocated: `weight_bytes` = padded_rows x padded_dim x 4 (the
+    parameters), `total_bytes` = that x (1 + slots_per_row + gradient_accumulators),
+    `per_chip_bytes` = what each chip holds of it (its shard, or the whole table where replicated),
+    `per_chip_rows` rows of it. `padded_rows`/`padded_dim` equal the table's rows/dim where nothing
+    is padded; `gradient_accumulators` is 1 on TPUEmbedding (V1) (`v1_gradient_accumulators`)."""
 
     weight_bytes: int
     slots_per_row: int
@@ -175,6 +267,7 @@ class TableMemory:
     padded_rows: Optional[int] = None
     padded_dim: Optional[int] = None
     per_chip_rows: Optional[int] = None
+    gradient_accumulators: int = 0
 
     def to_dict(self) -> dict:
         """The memory as plain data.
@@ -190,12 +283,14 @@ class TableMemory:
             "padded_rows": self.padded_rows,
             "padded_dim": self.padded_dim,
             "per_chip_rows": self.per_chip_rows,
+            "gradient_accumulators": self.gradient_accumulators,
         }
 
 
 def table_memory(rows: int, dim: int, optimizer: str, placement: str = Placement.TENSOR_CORE, num_chips: int = 1,
                  embedding_api: str = DEFAULT_EMBEDDING_API,
-                 sparse_cores_per_chip: int = DEFAULT_SPARSE_CORES_PER_CHIP) -> TableMemory:
+                 sparse_cores_per_chip: int = DEFAULT_SPARSE_CORES_PER_CHIP,
+                 use_gradient_accumulation: bool = True) -> TableMemory:
     """Training memory of a float32 table with its optimizer's slots (module docstring).
 
     Args:
@@ -206,6 +301,8 @@ def table_memory(rows: int, dim: int, optimizer: str, placement: str = Placement
       num_chips: chips the table is sharded over, or replicated on.
       embedding_api: the chips' embedding API, one of `EMBEDDING_APIS`.
       sparse_cores_per_chip: SparseCores per chip (SparseCore padding).
+      use_gradient_accumulation: the TPU optimizer's setting; on TPUEmbedding (V1) it adds the
+        gradient accumulators (`v1_gradient_accumulators`).
 
     Returns:
       The table's memory, in total and per chip.
@@ -219,17 +316,19 @@ def table_memory(rows: int, dim: int, optimizer: str, placement: str = Placement
         raise ValueError(f"embedding API {embedding_api!r} is not one of {', '.join(EMBEDDING_APIS)}")
     slots = optimizer_slots(optimizer)
     rows, dim, num_chips = int(rows), int(dim), int(num_chips)
-    p_rows, p_dim = rows, dim
+    p_rows, p_dim, accumulators = rows, dim, 0
     if placement == Placement.TPU_EMBEDDING and embedding_api == SPARSE_CORE:
         p_rows, p_dim = sparse_core_padded_shape(rows, dim, num_chips * int(sparse_cores_per_chip))
         chip_rows = p_rows // num_chips  # a multiple of 8 x SparseCores: even over the chips
     elif placement == Placement.TPU_EMBEDDING and embedding_api == TPU_EMBEDDING_V1:
         chip_rows = math.ceil(rows / num_chips)  # whole rows of each chip's shard
+        accumulators = v1_gradient_accumulators(optimizer, use_gradient_accumulation)
     else:  # replicated: TensorCore tables, and every table where there is no embedding engine
         chip_rows = rows
     weight_bytes = p_rows * p_dim * FLOAT32_BYTES
-    per_chip = chip_rows * p_dim * FLOAT32_BYTES * (1 + slots)
-    return TableMemory(weight_bytes, slots, weight_bytes * (1 + slots), per_chip, p_rows, p_dim, chip_rows)
+    variables = 1 + slots + accumulators
+    per_chip = chip_rows * p_dim * FLOAT32_BYTES * variables
+    return TableMemory(weight_bytes, slots, weight_bytes * variables, per_chip, p_rows, p_dim, chip_rows, accumulators)
 
 
 def sparse_core_stack_groups(tables: Iterable[Tuple[str, int, str]]) -> Dict[Tuple[int, str], Tuple[str, ...]]:
@@ -252,26 +351,36 @@ def sparse_core_stack_groups(tables: Iterable[Tuple[str, int, str]]) -> Dict[Tup
 
 
 def sparse_core_init_transient(padded_bytes: Dict[str, int], groups: Iterable[Tuple[str, ...]],
-                               num_chips: int) -> Tuple[int, Tuple[str, ...]]:
+                               num_chips: int, copies: Optional[Dict[str, int]] = None) -> Tuple[int, Tuple[str, ...]]:
     """The most a chip holds beyond its steady bytes while TPUEmbeddingV2 initializes its stacks.
 
-    With initializers that are not sharding-aware, a chip holds the full padded parameters of every
-    table of the stack being initialized plus one more shard of them (the slices collected before
-    the concatenation). Taken over the groups that could share a stack (`sparse_core_stack_groups`),
-    which is a safe upper bound of any stack TF forms.
+    TF's `table_initialize_fn` (tpu_embedding_v3.py ~455-520), for each of the chip's S SparseCores
+    in turn, builds every table of the stack whole (an initializer without `shard_info`), keeps
+    them until the next SparseCore, and slices that SparseCore's rows out of each; the slices (the
+    chip's shard of the stack, F / chips over all S) are concatenated at the end. With F the
+    stack's padded parameters and f_k a table's, while table k is built a chip holds beyond the
+    stacks already made at most (S - 1) F / N + (F - f_k)(1 + 1/N) + copies_k f_k
+    <= F + F / chips + (copies_k - 1) f_k (N = chips x S), and at the concatenation F + 2 F / chips,
+    of which F / chips becomes the stack's parameters. So the transient over the steady bytes is
+    F + max(F / chips, max_k (copies_k - 1) f_k). Taken over the groups that could share a stack
+    (`sparse_core_stack_groups`), a safe upper bound of any stack TF forms.
 
     Args:
       padded_bytes: padded rows x padded dim x 4 per table.
       groups: the table names of each group.
       num_chips: chips the stacks are sharded over.
+      copies: full-size tensors each table's initializer holds at once (`initializer_copies`);
+        default 1 (the table itself only).
 
     Returns:
       (bytes, tables): the transient of the largest group, and its tables.
     """
+    copies = copies or {}
     best: Tuple[int, Tuple[str, ...]] = (0, ())
     for names in groups:
         full = sum(padded_bytes[n] for n in names)
-        transient = full + full // int(num_chips)
+        temporaries = max((copies.get(n, 1) - 1) * padded_bytes[n] for n in names) if names else 0
+        transient = full + max(full // int(num_chips), temporaries)
         if transient > best[0]:
             best = (transient, tuple(names))
     return best

@@ -1,17 +1,21 @@
-"""The embedding API the TPU reports, and the plan checked and sized for it before training.
+"""The embedding API and chips the TPU reports, and the plan checked and sized for them before training.
 
 A TPU reports its embedding engine as `strategy.extended.tpu_hardware_feature.embedding_feature`:
 V2 (SparseCore: TPUEmbeddingV2), V1 (TPUEmbedding) or UNSUPPORTED (no engine, e.g. v5e: TFRS
-would build TPUEmbeddingV0 and replicate every table on every chip). The plan was sized for the
-API of `training.embedding.topology.chip`, or for SparseCore when no chip was named
-(contracts.sizing). `plan_for_hardware`, called by the trainer once the strategy exists and before
-anything is built:
+would build TPUEmbeddingV0 and replicate every table on every chip), and its replicas as
+`strategy.num_replicas_in_sync`: TPUEmbeddingV2 pads and shards every stack over num_replicas_in_sync
+x SparseCores per chip (tpu_embedding_v3.py ~319, ~354). The plan was sized for the API of
+`training.embedding.topology.chip`, or for SparseCore when no chip was named, and for
+`topology.num_chips` chips, or 8 when not set (contracts.sizing). `plan_for_hardware`, called by the
+trainer once the strategy exists and before anything is built:
 - refuses TPU-embedding tables on a chip without an engine (way out: size_threshold: null, or a
   chip with an engine);
 - refuses a plan sized for a named chip whose API (or SparseCores per chip) the TPU contradicts;
-- otherwise re-sizes the plan for what the TPU reports and checks it against the HBM budget, so
-  the plan recorded with the model says what TensorFlow allocated (`EmbeddingPlan.with_run` does
-  the same sizing from the run's checkpoint layout).
+- refuses a configured num_chips the TPU's replicas contradict (contracts.plan.hardware_num_chips:
+  a SparseCore chip is one replica, a v2/v3 chip two), naming both;
+- otherwise re-sizes the plan for the API, SparseCores per chip and chips the TPU has and checks it
+  against the HBM budget, so the plan recorded with the model says what TensorFlow allocated
+  (`EmbeddingPlan.with_run` does the same sizing from the run's checkpoint layout).
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ import components  # noqa: F401
 import tensorflow as tf
 
 from components.contracts import sizing
-from components.contracts.plan import EmbeddingPlan, PlanError, check_embedding_api, check_fits
+from components.contracts.plan import EmbeddingPlan, PlanError, check_embedding_api, check_fits, hardware_num_chips
 
 
 def reported_embedding(strategy: tf.distribute.Strategy) -> Tuple[str, str, int]:
@@ -55,10 +59,12 @@ def plan_for_hardware(plan: EmbeddingPlan, strategy: tf.distribute.Strategy, on_
       on_tpu: whether training runs on a TPU.
 
     Returns:
-      The plan sized for the TPU's embedding API; off TPU, `plan` unchanged.
+      The plan sized for the TPU's embedding API, SparseCores per chip and chips
+      (`strategy.num_replicas_in_sync`); off TPU, `plan` unchanged.
 
     Raises:
-      PlanError: the TPU cannot train the plan, or contradicts the chip it was sized for (one line).
+      PlanError: the TPU cannot train the plan, or contradicts the chip or the number of chips it
+        was sized for (one line).
     """
     if not on_tpu:
         return plan
@@ -73,7 +79,8 @@ def plan_for_hardware(plan: EmbeddingPlan, strategy: tf.distribute.Strategy, on_
             f"training.embedding.topology.chip {topo.chip} sized the embedding plan for {planned}, but the TPU "
             f"reports {reported}; set topology.chip to the chip trained on, or remove it to size the plan for "
             "what the TPU reports")
-    sized = plan.sized_for(api, per_chip if api == sizing.SPARSE_CORE else None)
+    chips = hardware_num_chips(topo, api, int(strategy.num_replicas_in_sync))
+    sized = plan.sized_for(api, per_chip if api == sizing.SPARSE_CORE else None, chips)
     check_embedding_api(sized, f"the TPU (EmbeddingFeature.{feature})")
     check_fits(sized)
     return sized
