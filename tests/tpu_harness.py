@@ -149,7 +149,15 @@ def stacked_rows(mid: Any, table_name: str, ids: tf.Tensor) -> tf.Tensor:
     TF's constructor gave the table."""
     stacked, offset, rotation = mid._table_to_stacked_table_offset[table_name]  # pylint: disable=protected-access
     n = mid._num_sc_shards  # pylint: disable=protected-access
-    total = sum(t.vocabulary_size for t in mid._stacked_table_to_tables[stacked])  # pylint: disable=protected-access
+    tables = mid._stacked_table_to_tables[stacked]  # pylint: disable=protected-access
+    total = sum(t.vocabulary_size for t in tables)
+    mutation = getattr(mid, "mutation", None)  # MUTATIONS: a broken SparseCore the smoke test must catch
+    if mutation == "rotation":
+        rotation += 1
+    elif mutation == "padding":  # rows padded to 8 x SparseCores per chip, not 8 x all SparseCores
+        per_chip = n // mid._strategy.num_replicas_in_sync  # pylint: disable=protected-access
+        total = sum(-(-(t.vocabulary_size - mid._table_to_padding_rows[t.name]) // (8 * per_chip)) * 8 * per_chip  # pylint: disable=protected-access
+                    for t in tables)
     shard, position = tpu_embedding_v3_utils.map_indices_in_shard(n, offset // n, rotation, tf.cast(ids, tf.int64))
     return shard * (total // n) + position
 
@@ -213,7 +221,20 @@ def _write_rows(variable, rows: tf.Tensor, values: tf.Tensor) -> List[Any]:
     return ops
 
 
-def cpu_step_v2_class(on_call=None, on_apply=None):
+# Broken SparseCore steps (`cpu_step_v2_class(mutation=...)`), each a way a TPU kernel or layout
+# could go wrong; tests/test_smoke_mutations.py requires the smoke test's parity check to fail on each.
+MUTATIONS = {
+    "no_slot_write": "the optimizer slots are never written back",
+    "per_occurrence_square": "the accumulators add each occurrence's g^2, not the square of the row's summed g",
+    "averaged_replicas": "the replicas' row gradients averaged, not summed",
+    "replica_0_only": "only replica 0's row gradients applied",
+    "learning_rate": "twice the learning rate",
+    "rotation": "each table's shard rotation off by one",
+    "padding": "rows padded to 8 x SparseCores per chip, not 8 x all SparseCores",
+}
+
+
+def cpu_step_v2_class(on_call=None, on_apply=None, mutation=None):
     """TF's real `TPUEmbeddingV2` (constructor, build, variables, saving) with the SparseCore-only
     step (`__call__`, `apply_gradients`) done on CPU, on the padded stacked variables and the slot
     variables TF built:
@@ -230,7 +251,10 @@ def cpu_step_v2_class(on_call=None, on_apply=None):
       evaluated in the step as TF's `_wrap_param` does, a callable following the Keras step),
       written into the stacked parameters and slots through TF's index mapping, each part on its
       device. `apply_updates = False` (class attribute) checks and drops the gradients instead.
-    `on_call(mid, bound_arguments)`, `on_apply(mid, bound)`: recorders."""
+    `on_call(mid, bound_arguments)`, `on_apply(mid, bound)`: recorders. `mutation`: one of
+    MUTATIONS, a deliberately broken step (None: the correct one)."""
+    if mutation is not None and mutation not in MUTATIONS:
+        raise ValueError(f"unknown mutation {mutation!r}: one of {', '.join(MUTATIONS)}")
     import inspect
 
     from tests.optimizer_reference import sparse_core_parameters, sparse_core_step
@@ -289,9 +313,15 @@ def cpu_step_v2_class(on_call=None, on_apply=None):
         def _update_stack(self, stacked: str, optimizer, strategy, positions, row_gradients, lr) -> None:
             """Cross-replica: the replicas' row gradients summed per row, one update per touched row."""
             local = strategy.experimental_local_results if strategy is not None else (lambda x: (x,))
-            positions = tf.concat(local(positions), 0)
-            row_gradients = tf.concat(local(row_gradients), 0)
-            lr = local(lr)[0]
+            replicas = len(local(positions))
+            if mutation == "replica_0_only":
+                positions, row_gradients = local(positions)[0], local(row_gradients)[0]
+            else:
+                positions = tf.concat(local(positions), 0)
+                row_gradients = tf.concat(local(row_gradients), 0)
+            if mutation == "averaged_replicas":
+                row_gradients = row_gradients / replicas
+            lr = local(lr)[0] * (2.0 if mutation == "learning_rate" else 1.0)
             rows, index = tf.unique(positions)
             summed = tf.math.unsorted_segment_sum(row_gradients, index, tf.shape(rows)[0])
             variables = self._variables[stacked]
@@ -306,9 +336,16 @@ def cpu_step_v2_class(on_call=None, on_apply=None):
                 return [w.astype(np.float32)] + [slots[n].astype(np.float32) for n in names[1:]]
 
             after = tf.numpy_function(step, [lr, summed] + before, [tf.float32] * len(names), stateful=True)
+            after = [tf.reshape(value, tf.shape(before[0])) for value in after]
+            if mutation == "per_occurrence_square":
+                squares = tf.math.unsorted_segment_sum(row_gradients * row_gradients, index, tf.shape(rows)[0])
+                after = [b + squares if n == "accumulators" else a for n, a, b in zip(names, after, before)]
             for n, value in zip(names, after):
-                _write_rows(variables[n], rows, tf.reshape(value, tf.shape(before[0])))
+                if n != "parameters" and mutation == "no_slot_write":
+                    continue
+                _write_rows(variables[n], rows, value)
 
+    CpuStepV2.mutation = mutation
     return CpuStepV2
 
 
