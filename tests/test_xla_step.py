@@ -182,17 +182,13 @@ def _check_step_compiles(data, case):
     assert moved > len(tables)
 
 
-def test_trainer_step_compiles_with_xla_ftrl(trainer_data):
-    """The demo's TensorCore optimizer (FTRL), fast tier; the other optimizers in the full suite."""
-    _check_step_compiles(trainer_data, "ftrl")
-
-
-@pytest.mark.slow(reason="one model build and two XLA compilations per optimizer, ~15 s each")
-@pytest.mark.parametrize("case", [c for c in STEP_CASES if c != "ftrl"])
+@pytest.mark.slow(reason="one model build and two XLA compilations per optimizer, ~10 s each")
+@pytest.mark.parametrize("case", list(STEP_CASES))
 def test_trainer_step_compiles_with_xla(trainer_data, case):
     _check_step_compiles(trainer_data, case)
 
 
+@pytest.mark.slow(reason="the Trainer's model built and its step traced for XLA")
 def test_trainer_step_with_keras_own_optimizers_does_not_compile(trainer_data, monkeypatch):
     """The test above fails on the Trainer as it was (Keras' own classes): it guards the fix."""
     monkeypatch.setattr(xla_updates, "KERAS_CLASSES", {"sgd": legacy.SGD, "adagrad": legacy.Adagrad,
