@@ -665,3 +665,49 @@ def test_wide_tables_train_in_tpu_embedding_with_their_own_optimizer(feature, tp
         wide_stacks = [ts for ts in stacks.values() if {t.name for t in ts} & wide_tpu]
         assert wide_stacks and all({t.name for t in ts} <= wide_tpu for ts in wide_stacks)  # never with a deep table
         _assert_checkpoint_tables_are_the_trained_ones(mid, model_uri)
+
+
+@pytest.mark.slow(reason="a CPU Trainer run, then two TPU-branch warm starts refused")
+def test_a_sparsecore_warm_start_missing_a_dense_variable_is_refused(tpu_branch, data, tmp_path, monkeypatch):
+    """A warm-start checkpoint that lacks a dense variable (written here by a model with one cross
+    layer fewer) is refused before training on SparseCore, naming the variable: the host twin
+    must restore from it exactly (both directions). Past that check (switched off here), the
+    TPU model's own dense network, restored lazily at its first step, is checked then, before any
+    checkpoint is written. On today's code both warm-started silently with the kernel fresh."""
+    from components.config.loading import parse_config
+    from components.embedding_model.sparsecore_state import LayoutMismatch
+    from components.embedding_trainer import warm_start
+
+    cfg_cpu = _config(data, train_steps=10, checkpoint_every_steps=10)
+    fn_args = _fn_args(data, cfg_cpu, f"prev-{tmp_path.name}")
+    tm.run_fn(fn_args)
+    prev = warm_start.previous_model(os.path.dirname(fn_args.serving_model_dir))
+
+    write = warm_start.warm_start_checkpoint
+
+    def lossy(prev_model, cfg, plan, manifest, fresh, out_prefix):  # the checkpoint of a model without the last cross layer
+        raw = _raw_config(data, tpu="local", train_steps=10, checkpoint_every_steps=10)
+        raw["training"]["cross_layers"] = cfg.training.cross_layers - 1
+        smaller = tm.build_model(plan, manifest, parse_config(raw), for_training=True)
+        smaller(tm.sample_batch(_files(data)[0], manifest, plan, 8))
+        smaller.create_optimizer_slots()
+        return write(prev_model, cfg, plan, manifest, smaller, out_prefix)
+
+    monkeypatch.setattr(warm_start, "warm_start_checkpoint", lossy)
+    tpu_branch(Feature.V2)
+    monkeypatch.setattr(EMB.TPUEmbeddingV2, "apply_updates", False)
+    cfg = _config(data, tpu="local", train_steps=10, checkpoint_every_steps=10)
+    plan, manifest = _plan(cfg, data)
+    last = f"cross_{cfg.training.cross_layers - 1}"
+    with pytest.raises(LayoutMismatch, match=rf"checkpoint .*warm_start/ckpt does not hold exactly this model's variables "
+                                              rf"\(in the model only: .*{last}.*kernel"):
+        tm.train(cfg, plan, manifest, *_files(data), str(tmp_path / "state"), warm_from=prev)
+    assert not (tmp_path / "state" / "checkpoint").exists()
+
+    # the TPU model's own check after its first step, with the host check off
+    check = tm.require_consumed
+    monkeypatch.setattr(tm, "require_consumed", lambda status, prefix, model, model_side_only=False: (
+        check(status, prefix, model, model_side_only) if model_side_only else None))
+    with pytest.raises(LayoutMismatch, match=rf"in the model only: .*{last}.*kernel"):
+        tm.train(cfg, plan, manifest, *_files(data), str(tmp_path / "state2"), warm_from=prev)
+    assert not (tmp_path / "state2" / "checkpoint").exists()

@@ -127,7 +127,7 @@ def assign_logical_tables(model, plan: EmbeddingPlan, layout: CheckpointLayout,
     return report
 
 
-def restore_all_but_tpu_embedding(model, prefix: str, root: str) -> None:
+def restore_all_but_tpu_embedding(model, prefix: str, root: str):
     """Restores everything of `model` but its TPU embedding layer from a checkpoint.
 
     That is the dense network, TensorCore tables, optimizers and their counters;
@@ -138,6 +138,10 @@ def restore_all_but_tpu_embedding(model, prefix: str, root: str) -> None:
       prefix: the checkpoint's path prefix.
       root: the name the model is saved under in the checkpoint.
 
+    Returns:
+      The restore status: what exists now is matched; the dense network, created at the first step
+      on a TPU, is restored then (the trainer checks it was: trainer_module.require_consumed).
+
     Raises:
       AssertionError: an object restored does not match (assert_existing_objects_matched).
     """
@@ -145,6 +149,7 @@ def restore_all_but_tpu_embedding(model, prefix: str, root: str) -> None:
     status = tf.train.Checkpoint(**{root: tf.train.Checkpoint(**children)}).restore(prefix)
     status.assert_existing_objects_matched()
     status.expect_partial()  # the TPU embedding layer's variables (placed through the layout instead)
+    return status
 
 
 def restore_mismatches(status, exempt=(), exempt_names=()) -> List[str]:

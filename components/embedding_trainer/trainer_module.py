@@ -319,7 +319,7 @@ class TransformedServing(tf.Module):
 
 
 def warm_start_sparse_core(model: RankingModel, plan: EmbeddingPlan, layout: CheckpointLayout, warm_prefix: str,
-                           strategy: tf.distribute.Strategy) -> Dict[str, Any]:
+                           strategy: tf.distribute.Strategy, with_status: bool = False):
     """The warm-start checkpoint (one variable per table, written by the host twin) into a
     SparseCore model: TF builds the stacks now, everything but the TPU embedding layer is restored
     as usual, and each TPU-embedding table and its slots are placed into its stack through the
@@ -332,13 +332,16 @@ def warm_start_sparse_core(model: RankingModel, plan: EmbeddingPlan, layout: Che
       layout: the run's checkpoint layout (kind B).
       warm_prefix: the warm-start checkpoint's prefix.
       strategy: the training strategy.
+      with_status: also return the restore status of everything but the TPU embedding layer (its
+        dense network is restored lazily, at the first step: require_consumed checks it then).
 
     Returns:
-      What was placed, per table (sparsecore_state.assign_logical_tables).
+      What was placed, per table (sparsecore_state.assign_logical_tables); with `with_status`,
+      (that, the restore status).
     """
     with strategy.scope():
         model.embedding_layer.build(None)  # TFRS's layer: TPUEmbeddingV2.build(), the stacks
-    sparsecore_state.restore_all_but_tpu_embedding(model, warm_prefix, CHECKPOINT_ROOT)
+    status = sparsecore_state.restore_all_but_tpu_embedding(model, warm_prefix, CHECKPOINT_ROOT)
     reader = tf.train.load_checkpoint(warm_prefix)
     keys = reader.get_variable_to_shape_map()
 
@@ -350,7 +353,8 @@ def warm_start_sparse_core(model: RankingModel, plan: EmbeddingPlan, layout: Che
         found = [k for k in keys if k.startswith(base) and k.endswith(f"/{slot_name}{VARIABLE_VALUE}")]
         return reader.get_tensor(found[0]) if len(found) == 1 else None
 
-    return sparsecore_state.assign_logical_tables(model, plan, layout, table, slot)
+    placed = sparsecore_state.assign_logical_tables(model, plan, layout, table, slot)
+    return (placed, status) if with_status else placed
 
 
 def training_input(train_files, manifest: VocabularyManifest, plan: EmbeddingPlan, t, per_replica: int,
@@ -409,7 +413,7 @@ def sample_batch(train_files, manifest: VocabularyManifest, plan: EmbeddingPlan,
     return features
 
 
-def require_consumed(status, checkpoint: str, model: RankingModel) -> None:
+def require_consumed(status, checkpoint: str, model: RankingModel, model_side_only: bool = False) -> None:
     """Checks that every value of `checkpoint` was restored into the model and every variable restored from it.
 
     Both directions; the optimizers' hyperparameters, which the config sets, are excepted.
@@ -418,6 +422,9 @@ def require_consumed(status, checkpoint: str, model: RankingModel) -> None:
       status: the restore status of `checkpoint`.
       checkpoint: the checkpoint's prefix (named in the error).
       model: the model restored into.
+      model_side_only: check only that every variable of the model the status covers was restored
+        (a SparseCore warm start: its TPU-embedding tables are placed into TF's stacks, not
+        restored, so their values stay unbound).
 
     Raises:
       sparsecore_state.LayoutMismatch: something did not match (one line naming the checkpoint).
@@ -425,6 +432,8 @@ def require_consumed(status, checkpoint: str, model: RankingModel) -> None:
     optimizers = [model.dense_optimizer] + [o for o, _ in model._embedding_optimizers().values()]  # pylint: disable=protected-access
     hyper = {k: v for opt in optimizers for k, v in getattr(opt, "_hyper", {}).items()}
     missing = sparsecore_state.restore_mismatches(status, [v for v in hyper.values() if isinstance(v, tf.Variable)], set(hyper))
+    if model_side_only:
+        missing = [m for m in missing if m.startswith("in the model only")]
     if missing:
         shown = "; ".join(missing[:5]) + (f"; and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise sparsecore_state.LayoutMismatch(
@@ -514,8 +523,8 @@ class _Checkpointer(tf.keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if self.restored is not None:
-            (status, prefix), self.restored = self.restored, None
-            require_consumed(status, prefix, self.model)
+            (status, prefix, model_side_only), self.restored = self.restored, None
+            require_consumed(status, prefix, self.model, model_side_only)
         n = int(self.step.numpy())
         if self.on_step is not None:
             self.on_step(n, logs)
@@ -575,8 +584,8 @@ class _Checkpoints:
     signature: Dict[str, Any]  # what the state's checkpoints hold (sparsecore_state.plan_signature)
     start: int = 0
     resumed_from: Optional[str] = None
-    # (restore status, checkpoint) of a resume or warm start, checked again after a TPU step
-    restored: Optional[Tuple[Any, str]] = None
+    # (restore status, checkpoint, model side only) of a resume or warm start, checked again after a TPU step
+    restored: Optional[Tuple[Any, str, bool]] = None
 
 
 def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, train_files, eval_files,
@@ -728,7 +737,7 @@ def _resume_from_state(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: Vocab
         # stacks; a table added, removed or reshaped would start fresh), checked before anything is restored.
         sparsecore_state.check_resumable(state, resumed_from, hardware.layout, checkpoints.signature)
         checkpoints.restored = (restore_built(model, ckpt, resumed_from, hardware.on_tpu, hardware.strategy, sample_batch(
-            train_files, manifest, plan, hardware.per_replica)), resumed_from)
+            train_files, manifest, plan, hardware.per_replica)), resumed_from, False)
         checkpoints.start = int(step.numpy())
         logging.info("resuming from %s at step %d of %d", resumed_from, checkpoints.start, steps)
     return checkpoints
@@ -753,12 +762,20 @@ def _warm_start(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyMa
             twin.create_optimizer_slots()
             warm_prefix = os.path.join(state, "warm_start", "ckpt")
             warm_report = warm_start.warm_start_checkpoint(warm_from, cfg, plan, manifest, twin, warm_prefix)
+            if hardware.layout.kind == LayoutKind.B:
+                # The SparseCore model's dense network exists only after its first step and is
+                # restored lazily: the written checkpoint is checked now, before training, against
+                # the host twin (the same model), both directions, naming what is missing.
+                require_consumed(tf.train.Checkpoint(**{CHECKPOINT_ROOT: twin}).restore(warm_prefix), warm_prefix, twin)
         del twin
         if hardware.layout.kind == LayoutKind.B:
-            warm_report["sparse_core"] = warm_start_sparse_core(model, plan, hardware.layout, warm_prefix, hardware.strategy)
+            warm_report["sparse_core"], status = warm_start_sparse_core(model, plan, hardware.layout, warm_prefix,
+                                                                        hardware.strategy, with_status=True)
+            # and after the first step, that the TPU model's own dense variables were all restored
+            checkpoints.restored = (status, warm_prefix, True)
         else:
             checkpoints.restored = (restore_built(model, checkpoints.ckpt, warm_prefix, hardware.on_tpu, hardware.strategy,
-                                                  sample), warm_prefix)
+                                                  sample), warm_prefix, False)
         with tf.io.gfile.GFile(warm_report_path, "w") as fh:  # for a resumed execution's record
             fh.write(json.dumps(warm_report, sort_keys=True))
         if int(checkpoints.step.numpy()) != 0:
