@@ -361,21 +361,13 @@ def _wide_zeros(plan):
 @pytest.mark.parametrize("case", ["one_sgd", "sized"])
 def test_tf_initialization_peak_is_within_the_plans_peak(case, replicas, per_chip, monkeypatch):
     """TF's real TPUEmbeddingV2 built with the trainer's initializers, every eager tensor measured per
-    replica device, variables placed as TPUStrategy places them (a shard on its own device only;
-    the harness's MirroredStrategy would mirror each shard to every device): no device ever holds
+    replica device, variables placed as TPUStrategy places them (the harness: a shard on its own
+    device only): no device ever holds
     more than the plan's peak, and its variables are the plan's per-chip bytes. One SGD table:
     without the initializer's temporaries (the table and one shard of it on top of the steady
     bytes) the plan said about half of what a device holds."""
     plan = _one_sgd_table(replicas, per_chip) if case == "one_sgd" else _wide_zeros(_sized_plan(replicas, per_chip))
-    strategy = _strategy(monkeypatch, replicas, per_chip)
-    mirrored = strategy.extended._create_variable  # pylint: disable=protected-access
-
-    def create_variable(next_creator, **kwargs):  # TPUStrategy's rule (tpu_strategy.py _create_variable)
-        if kwargs.pop("skip_mirrored_creator", False):
-            return next_creator(**kwargs)
-        return mirrored(next_creator, **kwargs)
-
-    monkeypatch.setattr(strategy.extended, "_create_variable", create_variable)
+    strategy = _strategy(monkeypatch, replicas, per_chip)  # places a shard on its own device (tpu_harness)
     configs, tpu_opt = _tpu_configs(plan, strategy, 64 // replicas)
     with _LiveBytes() as meter:
         mid = tpu_harness.build_real_v2(strategy, configs, tpu_opt)

@@ -20,14 +20,20 @@ To get there, three things of a TPU are stood in for, and nothing else:
 - TPUEmbeddingV2's type check (`isinstance(strategy, (TPUStrategy, TPUStrategyV2))`) is pointed at
   that class by replacing the `tpu_strategy` module reference in tpu_embedding_v3 only;
 - TFRS's `_is_tpu_strategy` and the trainer's `is_tpu_strategy` answer True for it.
-A stand-in may be no more lenient than the real thing: the strategy refuses what TPUStrategy does
-where it matters here (dataset options keeping sparse features on the host).
+A stand-in may be no more lenient than the real thing (tests/test_harness_strictness.py): the
+strategy places each shard of a sharded variable on its own device only, as TPUStrategy's
+`skip_mirrored_creator` rule does, and refuses datasets that would not keep sparse features on the
+host; `CpuStepV2` refuses what TF's `enqueue` refuses (a call inside control flow or a nested
+tf.function within `strategy.run`) and what its SparseCore preprocessing refuses (more IDs in a
+replica's step than max_ids_per_chip_per_sample x the stack's samples, a sample count that is no
+multiple of the SparseCores per chip).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import operator
+import threading
 import types
 from typing import Any, Dict, List, NamedTuple, Tuple
 
@@ -64,6 +70,11 @@ class HardwareFeature:
         self.num_embedding_devices_per_chip = sparse_cores_per_chip
 
 
+# Per replica thread: the graph `RecordingTPUStrategy.run` called the replica function in, as
+# TPUStrategy's TPUReplicateContext marks it.
+_REPLICA = threading.local()
+
+
 def recording_strategy_class(replicas: int, embedding_feature=Feature.V2, sparse_cores_per_chip: int = 4,
                              on_scope=None, on_run=None, on_distribute=None):
     """A MirroredStrategy over `replicas` CPU devices with TPUStrategy's TPU-only attributes.
@@ -79,6 +90,18 @@ def recording_strategy_class(replicas: int, embedding_feature=Feature.V2, sparse
             super().__init__(devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
             self.extended.tpu_hardware_feature = HardwareFeature(embedding_feature, sparse_cores_per_chip)
             self.extended._tpu_devices = np.array([[d] for d in devices], dtype=object)  # pylint: disable=protected-access
+            # TPUStrategy's variable rule (tpu_strategy.py, `_create_variable`): a creator that asks
+            # to skip mirroring gets one plain variable where it stands. TPUEmbeddingV2's sharded
+            # creator asks it for every shard, so each shard lives on its own device only;
+            # MirroredStrategy alone would mirror every shard to every device.
+            mirrored = self.extended._create_variable  # pylint: disable=protected-access
+
+            def create_variable(next_creator, **kwargs):
+                if kwargs.pop("skip_mirrored_creator", False):
+                    return next_creator(**kwargs)
+                return mirrored(next_creator, **kwargs)
+
+            self.extended._create_variable = create_variable  # pylint: disable=protected-access
 
         @contextlib.contextmanager
         def scope(self):
@@ -94,8 +117,17 @@ def recording_strategy_class(replicas: int, embedding_feature=Feature.V2, sparse
         def run(self, fn, args=(), kwargs=None, options=None):
             if on_run:
                 on_run(self, fn, args, kwargs, options, True)
+
+            @functools.wraps(fn)
+            def replica_fn(*a, **k):  # the graph a TPU replicate context would hold (CpuStepV2 checks it)
+                _REPLICA.graph = tf.compat.v1.get_default_graph()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    _REPLICA.graph = None
+
             try:
-                return super().run(fn, args=args, kwargs=kwargs, options=options)
+                return super().run(replica_fn, args=args, kwargs=kwargs, options=options)
             finally:
                 if on_run:
                     on_run(self, fn, args, kwargs, options, False)
@@ -266,6 +298,7 @@ def cpu_step_v2_class(on_call=None, on_apply=None, mutation=None):
             a = inspect.signature(REAL_V2.__call__).bind(self, *args, **kwargs).arguments
             if on_call:
                 on_call(self, a)
+            self._refuse_as_enqueue_does()
             self._maybe_build()
             features, weights = a["features"], a.get("weights")
             nest.assert_same_structure(self._feature_config, features)  # as TF's enqueue
@@ -281,11 +314,45 @@ def cpu_step_v2_class(on_call=None, on_apply=None, mutation=None):
             activations, preserved = {}, {}
             for stacked, coos in parts.items():
                 coo = Coo(*(tf.concat([c[i] for c in coos], 0) for i in range(3)))
+                coo = self._within_ids_per_chip(stacked, coo)
                 rows = tf.gather(_read_full(self._variables[stacked]["parameters"]), coo.position)
                 activations[stacked] = tf.math.unsorted_segment_sum(
                     rows * coo.gain[:, None], coo.sample, self._table_to_sample_count[stacked])
                 preserved[stacked] = coo
             return self._unstack_activations(activations), preserved
+
+        def _refuse_as_enqueue_does(self) -> None:
+            """TF's `enqueue` (tpu_embedding_v3.py, `_raise_error_for_incorrect_control_flow_context`)
+            refuses to run anywhere but directly in the graph of `strategy.run`'s replica function:
+            inside control flow (a cond or loop branch) or a nested tf.function the outside
+            compilation of the enqueue fails. The harness's strategy records that graph."""
+            replica_graph = getattr(_REPLICA, "graph", None)
+            current = tf.compat.v1.get_default_graph()
+            if replica_graph is not None and current is not replica_graph:
+                raise RuntimeError(
+                    f"Current graph {current} does not match graph which contains TPUReplicateContext {replica_graph}. "
+                    "This is most likely due to the fact that enqueueing embedding data is called inside control flow "
+                    "or a tf.function inside `strategy.run`. This is not supported because outside compilation fails "
+                    "to extract the enqueue ops as the head of a computation.")
+
+        def _within_ids_per_chip(self, stacked: str, coo: "Coo") -> "Coo":
+            """TF 2.16's SparseCore preprocessing (`GetMinibatchesInCsrWithPhysicalReplica`, libtpu)
+            holds a stack's IDs of one replica and step in a buffer of max_ids_per_chip_per_sample
+            (TF's fixed 64) x the stack's sample count, and refuses a sample count that is no
+            multiple of the SparseCores per chip (components/embedding_trainer/sparsecore_limits.py
+            says what is known of it). The harness refuses both; the kernel's padding of each
+            partition, which only makes the buffer fill sooner, is not modelled."""
+            samples = self._table_to_sample_count[stacked]  # pylint: disable=protected-access
+            if samples % self._num_sc_per_chip:  # pylint: disable=protected-access
+                raise ValueError(f"stack {stacked}: sample count {samples} is not a multiple of the "
+                                 f"{self._num_sc_per_chip} SparseCores per chip")  # pylint: disable=protected-access
+            bound = self.max_ids_per_chip_per_sample * samples
+            check = tf.debugging.assert_less_equal(
+                tf.size(coo.position, out_type=tf.int64), tf.constant(bound, tf.int64),
+                message=f"stack {stacked}: more IDs in one replica step than max_ids_per_chip_per_sample "
+                        f"{self.max_ids_per_chip_per_sample} x {samples} samples")
+            with tf.control_dependencies([check]):
+                return Coo(tf.identity(coo.sample), coo.position, coo.gain)
 
         def apply_gradients(self, *args, **kwargs):
             a = inspect.signature(REAL_V2.apply_gradients).bind(self, *args, **kwargs).arguments
