@@ -688,7 +688,8 @@ def trainer_tpu(args, root: str, expect_v2: bool) -> str:
 
     Raises:
       AssertionError: the run used another strategy, ended at another step, recorded another
-        layout, or its SavedModel scores non-finite probabilities.
+        layout, saved a SparseCore plan sized for another number of chips than its replicas, or its
+        SavedModel scores non-finite probabilities.
     """
     cfg = parse_config(trainer_raw_config(args, root, args.tpu))
     model_uri = os.path.join(root, "Trainer", "model", "tpu")
@@ -710,6 +711,9 @@ def trainer_tpu(args, root: str, expect_v2: bool) -> str:
         raise AssertionError(f"training ended at step {run['final_step']}, expected {args.steps}")
     if plan["checkpoint_layout"]["kind"] != kind:
         raise AssertionError(f"recorded checkpoint layout {plan['checkpoint_layout']}, expected kind {kind}")
+    if expect_v2 and plan["topology"]["num_chips"] != run["replicas"]:  # a SparseCore chip is one replica
+        raise AssertionError(f"the plan saved with the model is sized for {plan['topology']['num_chips']} chips, "
+                             f"the run had {run['replicas']} replicas (hardware.plan_for_hardware re-sizes it)")
     probs = tf.saved_model.load(os.path.join(model_uri, "Format-Serving")).signatures["serving_default"](
         examples=tf.constant(eval_records(root)))["probabilities"].numpy()
     if not np.isfinite(probs).all():
