@@ -71,6 +71,9 @@ def test_judge_compares_changes_and_fails_untrained_permuted_distant_and_unwritt
     # within the tolerance: a change 0.5% off passes
     _, failures = tpu_smoke.judge({"t": start + (cpu - start) * np.float32(1.005)}, {"t": cpu}, {"t": start}, 1e-2)
     assert failures == []
+    # a table read back in another shape is named as such
+    _, failures = tpu_smoke.judge({"t": cpu[:5]}, {"t": cpu}, {"t": start}, 1e-2)
+    assert failures == ["t: read back as (5, 2) against the CPU's (6, 2) (start (6, 2))"], failures
     # a table the CPU run did not move either is untested, not passed
     _, failures = tpu_smoke.judge({"t": start}, {"t": start}, {"t": start}, 1e-2)
     assert failures == ["t: the CPU run left it where it started (not looked up: untested)"]

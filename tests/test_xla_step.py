@@ -60,6 +60,7 @@ def test_keras_own_sparse_adagrad_and_ftrl_do_not_compile():
     ("adagrad", lambda: xla_updates.Adagrad(0.1, initial_accumulator_value=0.1), lambda: legacy.Adagrad(0.1, initial_accumulator_value=0.1)),
     ("ftrl", lambda: xla_updates.Ftrl(**FTRL), lambda: legacy.Ftrl(**FTRL)),
     ("ftrl_power", lambda: xla_updates.Ftrl(learning_rate_power=-0.7, **FTRL), lambda: legacy.Ftrl(learning_rate_power=-0.7, **FTRL)),
+    ("ftrl_power_positional", lambda: xla_updates.Ftrl(0.2, -0.7, 0.1, 0.01, 0.05), lambda: legacy.Ftrl(0.2, -0.7, 0.1, 0.01, 0.05)),
     ("adam", lambda: xla_updates.Adam(0.05), lambda: legacy.Adam(0.05)),
 ])
 def test_row_rules_compile_and_equal_keras_fused_kernels(name, ours, keras):
@@ -103,6 +104,11 @@ def test_occurrence_sums_and_static_clipping():
     [(clipped, _)] = tf.function(lambda: optimizers.clip_embedding_gradients(
         [(tf.IndexedSlices(tf.constant(VALUES), tf.constant(INDICES), tf.constant([8, 4], tf.int64)), v)], 0.2), jit_compile=True)()
     np.testing.assert_allclose(tf.convert_to_tensor(clipped).numpy(), np.clip(dense, -0.2, 0.2), rtol=1e-6)
+    # any rank: a one-dimensional variable's gradient keeps its shape
+    [(flat, _)] = optimizers.clip_embedding_gradients(
+        [(tf.IndexedSlices(tf.constant([0.3, 0.3, -0.5]), tf.constant([1, 1, 2]), tf.constant([4])), tf.Variable(tf.zeros([4])))], 0.4)
+    assert flat.values.shape == (3,)
+    np.testing.assert_allclose(tf.convert_to_tensor(flat).numpy(), [0.0, 0.4, -0.4, 0.0], rtol=1e-6)
     empty, first = xla_updates.occurrence_sums(tf.zeros([0, 4]), tf.zeros([0], tf.int64))
     assert empty.shape == (0, 4) and first.shape == (0,)
 

@@ -220,9 +220,8 @@ def clip_embedding_gradients(
     out = []
     for g, v in grads_and_vars:
         if isinstance(g, tf.IndexedSlices):
-            sums, first = xla_updates.occurrence_sums(g.values, g.indices)
-            clipped = tf.clip_by_value(sums, -clipvalue, clipvalue)
-            g = tf.IndexedSlices(tf.where(first[:, None], clipped, tf.zeros_like(clipped)), g.indices, g.dense_shape)
+            clipped = tf.clip_by_value(xla_updates.first_occurrence_sums(g.values, g.indices), -clipvalue, clipvalue)
+            g = tf.IndexedSlices(clipped, g.indices, g.dense_shape)  # clip(0) = 0 at the other occurrences
         elif g is not None:
             g = tf.clip_by_value(g, -clipvalue, clipvalue)
         out.append((g, v))

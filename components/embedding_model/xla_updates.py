@@ -128,7 +128,7 @@ class Ftrl(RowUpdates, _legacy.Ftrl):
         super().__init__(*args, **kwargs)
         if self._l2_shrinkage_regularization_strength > 0.0:
             raise ValueError("l2_shrinkage_regularization_strength is not supported by this FTRL's sparse rule")
-        self._power = float(kwargs.get("learning_rate_power", -0.5))
+        self._power = float(self._get_hyper("learning_rate_power"))  # however it was passed
 
     def _row_update(self, grad, var, indices, apply_state=None):
         c = _coefficients(self, var, apply_state)

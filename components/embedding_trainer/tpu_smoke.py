@@ -400,7 +400,8 @@ def change_difference(trained, reference, start) -> Dict[str, float]:
     """
     t, r, s = (np.asarray(x, np.float64) for x in (trained, reference, start))
     if not (t.shape == r.shape == s.shape):
-        return {"relative": float("inf"), "max_diff": float("inf"), "moved": float("inf"), "moved_reference": 0.0}
+        return {"relative": float("inf"), "max_diff": float("inf"), "moved": float("inf"), "moved_reference": float("inf"),
+                "shapes": f"{t.shape} against the CPU's {r.shape} (start {s.shape})"}
     dt, dr = t - s, r - s
     moved, moved_reference = (float(np.max(np.abs(d))) if d.size else 0.0 for d in (dt, dr))
     gap = float(np.max(np.abs(dt - dr))) if dt.size else 0.0
@@ -432,8 +433,10 @@ def judge(trained: Dict[str, np.ndarray], reference: Dict[str, np.ndarray], star
     report: Dict[str, Dict[str, Any]] = {}
     failures: List[str] = []
 
-    def verdict(what: str, d: Dict[str, float], rows_moved: str = "") -> None:
-        if d["moved_reference"] == 0.0:
+    def verdict(what: str, d: Dict[str, Any], rows_moved: str = "") -> None:
+        if "shapes" in d:
+            failures.append(f"{what}: read back as {d['shapes']}")
+        elif d["moved_reference"] == 0.0:
             failures.append(f"{what}: the CPU run left it where it started (not looked up: untested)")
         elif d["moved"] == 0.0:
             failures.append(f"{what}: never trained (equal to its start), the CPU run moved it{rows_moved}")
@@ -446,7 +449,8 @@ def judge(trained: Dict[str, np.ndarray], reference: Dict[str, np.ndarray], star
         d = change_difference(trained[name], reference[name], start[name])
         entry = {"change_diff": d["relative"], "max_diff": d["max_diff"], "moved": d["moved"],
                  "moved_reference": d["moved_reference"],
-                 "rows_moved": int(np.any(np.asarray(reference[name]) != start[name], axis=1).sum())}
+                 "rows_moved": int(np.any(np.asarray(reference[name]) != start[name], axis=1).sum())
+                 if np.shape(reference[name]) == np.shape(start[name]) else 0}
         verdict(name, d, f" ({entry['rows_moved']} rows)")
         for slot, (a, b, s0) in sorted((slots or {}).get(name, {}).items()):
             ds = change_difference(a, b, s0)
