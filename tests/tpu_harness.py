@@ -23,16 +23,20 @@ To get there, three things of a TPU are stood in for, and nothing else:
 A stand-in may be no more lenient than the real thing (tests/test_harness_strictness.py): the
 strategy places each shard of a sharded variable on its own device only, as TPUStrategy's
 `skip_mirrored_creator` rule does, and refuses datasets that would not keep sparse features on the
-host; `CpuStepV2` refuses what TF's `enqueue` refuses (a call inside control flow or a nested
-tf.function within `strategy.run`) and what its SparseCore preprocessing refuses (more IDs in a
-replica's step than max_ids_per_chip_per_sample x the stack's samples, a sample count that is no
-multiple of the SparseCores per chip).
+host; `CpuStepV2` runs TF's own enqueue code on its input up to the SparseCore kernels: its
+structure checks, its control-flow check (`_raise_error_for_incorrect_control_flow_context`, with
+the replica function's graph marked as TPUStrategy's TPUReplicateContext marks it) and its COO
+preprocessing (`_preprocess_inputs_and_weights_to_coo_tensor`: input types, weights, casts, sample
+offsets, TF's row rotation), with only the kernels it calls, which have no CPU kernel in the wheel,
+stood in for: `ConvertToCooTensor` (`CpuConvertToCoo`: the kernel's input validation and combiner
+gains) and `GetMinibatchesInCsrWithPhysicalReplica`'s refusals (a sample count that is no multiple
+of the SparseCores per chip; more IDs in a replica's step, every (SparseCore, shard) partition
+padded to the XLA pad size, than max_ids_per_chip_per_sample x the stack's samples).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
-import operator
 import threading
 import types
 from typing import Any, Dict, List, NamedTuple, Tuple
@@ -44,6 +48,7 @@ import tensorflow as tf
 from tensorflow.python.util import nest
 from tensorflow.python.tpu import tpu_embedding_v3
 from tensorflow.python.tpu import tpu_embedding_v3_utils
+from tensorflow.python.tpu import tpu_replication
 
 Feature = tf.tpu.experimental.HardwareFeature.EmbeddingFeature
 REAL_V2 = tf.tpu.experimental.embedding.TPUEmbeddingV2
@@ -73,6 +78,17 @@ class HardwareFeature:
 # Per replica thread: the graph `RecordingTPUStrategy.run` called the replica function in, as
 # TPUStrategy's TPUReplicateContext marks it.
 _REPLICA = threading.local()
+
+
+class _ReplicateContextMark(tpu_replication.TPUReplicateContext):
+    """What TF's `_raise_error_for_incorrect_control_flow_context` looks for on a graph: a
+    TPUReplicateContext among its control-flow contexts (TPUStrategy's `tpu.replicate` sets one on
+    the graph the replica function is built in). Set on the replica function's graph only while
+    TF's check runs (`CpuStepV2._refuse_as_enqueue_does`), so no op is ever built under it; its
+    only member is the one the check reads, `outer_context`."""
+
+    def __init__(self, outer):  # pylint: disable=super-init-not-called
+        self._outer_context = outer
 
 
 def recording_strategy_class(replicas: int, embedding_feature=Feature.V2, sparse_cores_per_chip: int = 4,
@@ -194,44 +210,90 @@ def stacked_rows(mid: Any, table_name: str, ids: tf.Tensor) -> tf.Tensor:
     return shard * (total // n) + position
 
 
-def feature_coo(ids, weights, feature, sample_offset: int) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """(sample, logical ID, gain) of one feature's input, as TF's `_convert_input_feature_to_coo`
-    forms them for `convert_to_coo_tensor` (no CPU kernel): Tensor, SparseTensor or RaggedTensor
-    IDs, weights of the same kind or None (1), and the combiner's gains (sum: w; mean: w / sum w;
-    sqrtn: w / sqrt(sum w^2) over the sample's IDs; 0 where that sum is 0). Refuses what TF
-    refuses there."""
-    sample_count = functools.reduce(operator.mul, feature.output_shape)
-    if isinstance(ids, tf.SparseTensor):
-        if weights is not None and not isinstance(weights, tf.SparseTensor):
-            raise ValueError(f"Expect weight to be SparseTensor type but got {type(weights)}")
-        sample, values = ids.indices[:, 0], ids.values
-        w = weights.values if weights is not None else None
-    elif isinstance(ids, tf.RaggedTensor):
-        if weights is not None and not isinstance(weights, tf.RaggedTensor):
-            raise ValueError(f"Expect weight to be RaggedTensor type but got {type(weights)}")
-        sample, values = ids.value_rowids(), ids.values
-        w = weights.values if weights is not None else None
-    elif isinstance(ids, tf.Tensor):
-        if weights is not None and not isinstance(weights, tf.Tensor):
-            raise ValueError(f"Expect weight to be Tensor type but got {type(weights)}")
-        values = tf.reshape(ids, [-1])
-        per_sample = tf.size(values, out_type=tf.int64) // sample_count
-        sample = tf.range(tf.size(values, out_type=tf.int64)) // per_sample
-        w = tf.reshape(weights, [-1]) if weights is not None else None
-    else:
-        raise ValueError(f"Input of unknown type {type(ids)}. Please only pass Tensor, SparseTensor or "
-                         "RaggedTensor as input to embedding lookup.")
-    sample = tf.cast(sample, tf.int64)
-    w = tf.ones_like(values, dtype=tf.float32) if w is None else tf.cast(w, tf.float32)
-    combiner = feature.table.combiner
-    # A sample whose weights sum to 0 pools to zeros, as TF's CPU lookup (div_no_nan) has it.
-    if combiner == "mean":
-        w = tf.math.divide_no_nan(w, tf.gather(tf.math.unsorted_segment_sum(w, sample, sample_count), sample))
-    elif combiner == "sqrtn":
-        w = tf.math.divide_no_nan(w, tf.gather(tf.sqrt(tf.math.unsorted_segment_sum(w * w, sample, sample_count)), sample))
-    elif combiner != "sum":
-        raise ValueError(f"combiner {combiner!r} of table {feature.table.name!r}")
-    return sample + sample_offset, tf.cast(tf.cast(values, tf.int32), tf.int64), w
+# The XLA pad size `GetMinibatchesInCsrWithPhysicalReplica` rounds every partition up to (the TPU
+# topology's, `TpuUtil_GetXlaPadSizeFromTpuTopologyFn`; unknown on CPU): 8 assumed, as the
+# trainer's IDs-per-chip check assumes (components/embedding_trainer/sparsecore_limits.py).
+XLA_PAD_SIZE = 8
+
+
+class CpuConvertToCoo:
+    """TF's `xla_ops` module as TPUEmbeddingV2's COO preprocessing sees it while `CpuStepV2` runs
+    that preprocessing (TF's own `_preprocess_inputs_and_weights_to_coo_tensor` and
+    `_convert_input_feature_to_coo`): every op is TF's but `convert_to_coo_tensor`, the SparseCore
+    host kernel the wheel registers no CPU kernel for, done here as the kernel does it
+    (tensorflow/core/tpu/kernels/sparse_core_preprocess_ops.cc, `ConvertToCooTensorOp`):
+    - its input validation (`ValidateInputs`), each failure an InvalidArgumentError in the
+      kernel's words: as many weights as IDs; a dense input of exactly one ID per sample (TF
+      flattens it: [batch, k] with k > 1 is refused); a ragged input of exactly sample_count rows;
+      for a SparseTensor, sample rows below sample_count in non-decreasing order (refused by later
+      kernels; the early-2024 one put a row past the feature's samples into the next feature's,
+      and the minibatch split, which walks rows in order, misplaces unsorted ones);
+    - the combiner's gains (sum: w; mean: w / sum w; sqrtn: w / sqrt(sum w^2) over the sample's
+      IDs; 0 where that sum is 0, as TF's CPU lookup has it). The kernel also merges an ID repeated
+      next to itself in a sample (gains summed); the values looked up and the gradients are the
+      same either way, and the IDs are counted unmerged here (the buffer check: never fewer than
+      the kernel keeps).
+    `ids`: each call's IDs (the int32 `values`), in TF's call order (the flat feature order)."""
+
+    def __init__(self, real):
+        self._real = real
+        self.ids: List[tf.Tensor] = []
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def convert_to_coo_tensor(self, indices_or_row_splits, values, weights, sample_count, combiner):
+        if combiner not in ("sum", "mean", "sqrtn"):
+            raise ValueError(f"Invalid combiner {combiner!r}: one of sum, mean, sqrtn")
+        n = tf.size(values, out_type=tf.int64)
+        checks = [tf.debugging.assert_equal(
+            n, tf.size(weights, out_type=tf.int64),
+            message="Values and weights should have same elements (elements of values, of weights)")]
+        rank = indices_or_row_splits.shape.rank
+        if rank == 1 and indices_or_row_splits.shape[0] == 0:  # dense: TF passes zeros((0,))
+            checks.append(tf.debugging.assert_equal(
+                n, tf.constant(sample_count, tf.int64),
+                message=f"Dense tensor input should have values elements number the same as the sample count "
+                        f"{sample_count} (one ID per sample)"))
+            sample = tf.range(n)
+        elif rank == 2:  # SparseTensor indices
+            sample = tf.cast(indices_or_row_splits[:, 0], tf.int64)
+            checks.append(tf.debugging.assert_less(
+                sample, tf.constant(sample_count, tf.int64),
+                message=f"Invalid indices_or_row_splits input, indices of SparseTensor contained a row_id that was "
+                        f">= the sample count ({sample_count})"))
+            checks.append(tf.debugging.assert_greater_equal(
+                sample[1:], sample[:-1],
+                message="Invalid indices_or_row_splits input, indices of SparseTensor need to be sorted in "
+                        "ascending (non-decreasing) order"))
+        elif rank == 1:  # RaggedTensor row_splits
+            checks.append(tf.debugging.assert_equal(
+                tf.size(indices_or_row_splits, out_type=tf.int64), tf.constant(sample_count + 1, tf.int64),
+                message=f"Ragged tensor input should have row_splits elements number the same as the sample count "
+                        f"+ 1 ({sample_count + 1})"))
+            sample = tf.ragged.row_splits_to_segment_ids(tf.cast(indices_or_row_splits, tf.int64), out_type=tf.int64)
+        else:
+            raise ValueError(f"Invalid indices_or_row_splits input, Got dimension of {rank}")
+        with tf.control_dependencies(checks):  # nothing of the step reads the input unchecked
+            sample, values, w = tf.identity(sample), tf.identity(values), tf.cast(tf.reshape(weights, [-1]), tf.float32)
+        if combiner == "mean":
+            w = tf.math.divide_no_nan(w, tf.gather(tf.math.unsorted_segment_sum(w, sample, sample_count), sample))
+        elif combiner == "sqrtn":
+            w = tf.math.divide_no_nan(w, tf.gather(tf.sqrt(tf.math.unsorted_segment_sum(w * w, sample, sample_count)), sample))
+        self.ids.append(values)
+        return tf.cast(sample, tf.int32), values, w
+
+
+@contextlib.contextmanager
+def _kernel_stand_in(kernel: CpuConvertToCoo):
+    """TF's tpu_embedding_v3 calls `kernel` for its `xla_ops` while the block runs (one
+    synchronous call from one replica thread; MirroredStrategy runs its replicas one at a time)."""
+    real = tpu_embedding_v3.xla_ops
+    tpu_embedding_v3.xla_ops = kernel
+    try:
+        yield kernel
+    finally:
+        tpu_embedding_v3.xla_ops = real
 
 
 def _read_full(variable) -> tf.Tensor:
@@ -270,8 +332,10 @@ def cpu_step_v2_class(on_call=None, on_apply=None, mutation=None):
     """TF's real `TPUEmbeddingV2` (constructor, build, variables, saving) with the SparseCore-only
     step (`__call__`, `apply_gradients`) done on CPU, on the padded stacked variables and the slot
     variables TF built:
-    - `__call__`: each feature's IDs in COO form (`feature_coo`, TF's gains), placed into their
-      stack's rows by TF's index mapping (`stacked_rows`); per stack the rows times their gains
+    - `__call__`: TF's own enqueue checks and COO preprocessing (`_coo`, over CpuConvertToCoo:
+      each feature's samples, IDs and gains), each ID placed into its stack's row by TF's index
+      mapping (`stacked_rows`); the stack refused where TF's SparseCore preprocessing refuses it
+      (`_within_ids_per_chip`); per stack the rows times their gains
       summed per sample, split back into features by TF's own `_unstack_activations`. Returns the
       COO of each stack as the preserved outputs (the SparseCore keeps its CSR input for the
       backward pass).
@@ -298,61 +362,89 @@ def cpu_step_v2_class(on_call=None, on_apply=None, mutation=None):
             a = inspect.signature(REAL_V2.__call__).bind(self, *args, **kwargs).arguments
             if on_call:
                 on_call(self, a)
-            self._refuse_as_enqueue_does()
-            self._maybe_build()
+            self._maybe_build()  # as TF's embedding_lookup, then its enqueue:
             features, weights = a["features"], a.get("weights")
-            nest.assert_same_structure(self._feature_config, features)  # as TF's enqueue
+            nest.assert_same_structure(self._feature_config, features)
             flat_weights = [None] * len(self._flat_features)
             if weights is not None:
                 nest.assert_same_structure(self._feature_config, weights)
                 flat_weights = nest.flatten(weights)
-            parts: Dict[str, List[Tuple[tf.Tensor, tf.Tensor, tf.Tensor]]] = {n: [] for n in self._stacked_table_to_tables}
-            for ids, w, (path, feature) in zip(nest.flatten(features), flat_weights, self._flat_features):
-                sample, logical, gain = feature_coo(ids, w, feature, self._feature_to_sample_offset[path])
+            self._refuse_as_enqueue_does()
+            parts: Dict[str, List[Tuple[tf.Tensor, ...]]] = {n: [] for n in self._stacked_table_to_tables}
+            for sample, logical, gain, tf_col_ids, feature in self._coo(nest.flatten(features), flat_weights):
                 stacked = self._table_to_stacked_table_offset[feature.table.name][0]
-                parts[stacked].append((sample, stacked_rows(self, feature.table.name, logical), gain))
+                parts[stacked].append((sample, stacked_rows(self, feature.table.name, logical), gain, tf_col_ids))
             activations, preserved = {}, {}
             for stacked, coos in parts.items():
                 coo = Coo(*(tf.concat([c[i] for c in coos], 0) for i in range(3)))
-                coo = self._within_ids_per_chip(stacked, coo)
+                coo = self._within_ids_per_chip(stacked, coo, tf.concat([c[3] for c in coos], 0))
                 rows = tf.gather(_read_full(self._variables[stacked]["parameters"]), coo.position)
                 activations[stacked] = tf.math.unsorted_segment_sum(
                     rows * coo.gain[:, None], coo.sample, self._table_to_sample_count[stacked])
                 preserved[stacked] = coo
             return self._unstack_activations(activations), preserved
 
-        def _refuse_as_enqueue_does(self) -> None:
-            """TF's `enqueue` (tpu_embedding_v3.py, `_raise_error_for_incorrect_control_flow_context`)
-            refuses to run anywhere but directly in the graph of `strategy.run`'s replica function:
-            inside control flow (a cond or loop branch) or a nested tf.function the outside
-            compilation of the enqueue fails. The harness's strategy records that graph."""
-            replica_graph = getattr(_REPLICA, "graph", None)
-            current = tf.compat.v1.get_default_graph()
-            if replica_graph is not None and current is not replica_graph:
-                raise RuntimeError(
-                    f"Current graph {current} does not match graph which contains TPUReplicateContext {replica_graph}. "
-                    "This is most likely due to the fact that enqueueing embedding data is called inside control flow "
-                    "or a tf.function inside `strategy.run`. This is not supported because outside compilation fails "
-                    "to extract the enqueue ops as the head of a computation.")
+        def _coo(self, flat_inputs, flat_weights):
+            """Per feature, in TF's flat order: (sample in the stack's sample space, logical ID, gain,
+            TF's column ID in the stack), by TF's own `_preprocess_inputs_and_weights_to_coo_tensor`
+            (its type and weight checks, casts, sample offsets and row rotation) over the CPU
+            `ConvertToCooTensor` (CpuConvertToCoo)."""
+            with _kernel_stand_in(CpuConvertToCoo(tpu_embedding_v3.xla_ops)) as kernel:
+                coos = REAL_V2._preprocess_inputs_and_weights_to_coo_tensor(  # pylint: disable=protected-access
+                    flat_inputs, flat_weights, self._flat_features, self._stacked_table_to_tables,
+                    self._table_to_stacked_table_offset, self._feature_to_sample_offset, self._num_sc_shards)
+            seen = {n: 0 for n in coos}
+            for ids, (_, feature) in zip(kernel.ids, self._flat_features):
+                stacked = self._table_to_stacked_table_offset[feature.table.name][0]
+                i, seen[stacked] = seen[stacked], seen[stacked] + 1
+                rows, cols, gains = (coos[stacked][k][i] for k in range(3))
+                yield (tf.cast(rows, tf.int64), tf.cast(ids, tf.int64), gains, tf.cast(cols, tf.int64), feature)
 
-        def _within_ids_per_chip(self, stacked: str, coo: "Coo") -> "Coo":
-            """TF 2.16's SparseCore preprocessing (`GetMinibatchesInCsrWithPhysicalReplica`, libtpu)
-            holds a stack's IDs of one replica and step in a buffer of max_ids_per_chip_per_sample
-            (TF's fixed 64) x the stack's sample count, and refuses a sample count that is no
-            multiple of the SparseCores per chip (components/embedding_trainer/sparsecore_limits.py
-            says what is known of it). The harness refuses both; the kernel's padding of each
-            partition, which only makes the buffer fill sooner, is not modelled."""
+        def _refuse_as_enqueue_does(self) -> bool:
+            """TF's own `_raise_error_for_incorrect_control_flow_context`, which `enqueue` runs: it
+            refuses an enqueue anywhere but directly in the graph holding TPUStrategy's
+            TPUReplicateContext, i.e. inside control flow (a cond or loop branch) or a nested
+            tf.function within `strategy.run`, where outside compilation cannot extract the enqueue.
+            The harness's strategy records the replica function's graph; it is marked with a
+            TPUReplicateContext (`_ReplicateContextMark`) for the check only."""
+            graph = getattr(_REPLICA, "graph", None)
+            if graph is None:  # outside strategy.run: no TPUReplicateContext anywhere, as on a TPU
+                return REAL_V2._raise_error_for_incorrect_control_flow_context(self)  # pylint: disable=protected-access
+            outer = graph._get_control_flow_context()  # pylint: disable=protected-access
+            graph._set_control_flow_context(_ReplicateContextMark(outer))  # pylint: disable=protected-access
+            try:
+                return REAL_V2._raise_error_for_incorrect_control_flow_context(self)  # pylint: disable=protected-access
+            finally:
+                graph._set_control_flow_context(outer)  # pylint: disable=protected-access
+
+        def _within_ids_per_chip(self, stacked: str, coo: "Coo", tf_col_ids: tf.Tensor) -> "Coo":
+            """What TF 2.16's `GetMinibatchesInCsrWithPhysicalReplica` (libtpu; no CPU kernel) refuses
+            of a stack's input in one replica's step (sparse_core_preprocess_ops.cc;
+            components/embedding_trainer/sparsecore_limits.py says what is known of it):
+            - a sample count that is no multiple of the SparseCores per chip;
+            - more IDs than its buffer of max_ids_per_chip_per_sample (TF's fixed 64) x the stack's
+              samples, counted as the kernel packs them: per partition (the SparseCore of the
+              sample: sample // (samples / SparseCores per chip), and the physical replica, i.e.
+              shard, of the row: TF's column ID mod the shards), each rounded up to the XLA pad
+              size (XLA_PAD_SIZE, assumed). One minibatch per SparseCore is assumed: libtpu splits
+              a partition into more (each padded again) past its `max_ids_per_partition`, an FDO
+              figure not known off a TPU, so a TPU may refuse sooner, never later."""
             samples = self._table_to_sample_count[stacked]  # pylint: disable=protected-access
-            if samples % self._num_sc_per_chip:  # pylint: disable=protected-access
-                raise ValueError(f"stack {stacked}: sample count {samples} is not a multiple of the "
-                                 f"{self._num_sc_per_chip} SparseCores per chip")  # pylint: disable=protected-access
+            per_chip = self._num_sc_per_chip  # pylint: disable=protected-access
+            if samples % per_chip:
+                raise ValueError(f"stack {stacked}: sample_count {samples} is not divisible by the number of "
+                                 f"sparsecores per chip {per_chip}")
+            n = self._num_sc_shards  # pylint: disable=protected-access
+            partition = coo.sample // (samples // per_chip) * n + tf_col_ids % n
+            counts = tf.math.unsorted_segment_sum(tf.ones_like(partition), partition, per_chip * n)
+            padded = tf.reduce_sum((counts + XLA_PAD_SIZE - 1) // XLA_PAD_SIZE * XLA_PAD_SIZE)
             bound = self.max_ids_per_chip_per_sample * samples
             check = tf.debugging.assert_less_equal(
-                tf.size(coo.position, out_type=tf.int64), tf.constant(bound, tf.int64),
-                message=f"stack {stacked}: more IDs in one replica step than max_ids_per_chip_per_sample "
-                        f"{self.max_ids_per_chip_per_sample} x {samples} samples")
-            with tf.control_dependencies([check]):
-                return Coo(tf.identity(coo.sample), coo.position, coo.gain)
+                padded, tf.constant(bound, tf.int64),
+                message=f"stack {stacked}: more IDs after padding in one replica step than max_ids_per_chip "
+                        f"{bound} (max_ids_per_chip_per_sample {self.max_ids_per_chip_per_sample} x {samples} samples)")
+            with tf.control_dependencies([check]):  # no row is looked up or updated past a refusal
+                return Coo(*(tf.identity(t) for t in coo))
 
         def apply_gradients(self, *args, **kwargs):
             a = inspect.signature(REAL_V2.apply_gradients).bind(self, *args, **kwargs).arguments

@@ -29,6 +29,7 @@ embedding engine's documented rule (tests/test_optimizer_rules.py).
 """
 from __future__ import annotations
 
+import inspect
 from typing import Tuple
 
 import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
@@ -128,7 +129,10 @@ class Ftrl(RowUpdates, _legacy.Ftrl):
         super().__init__(*args, **kwargs)
         if self._l2_shrinkage_regularization_strength > 0.0:
             raise ValueError("l2_shrinkage_regularization_strength is not supported by this FTRL's sparse rule")
-        self._power = float(self._get_hyper("learning_rate_power"))  # however it was passed
+        # however it was passed (not through _get_hyper, which would create the hyperparameter
+        # variables now, outside the step's strategy)
+        bound = inspect.signature(_legacy.Ftrl.__init__).bind(self, *args, **kwargs).arguments
+        self._power = float(bound.get("learning_rate_power", -0.5))
 
     def _row_update(self, grad, var, indices, apply_state=None):
         c = _coefficients(self, var, apply_state)
