@@ -49,6 +49,7 @@ FTRL = dict(learning_rate=0.2, initial_accumulator_value=0.1, l1_regularization_
             l2_regularization_strength=0.05)
 
 
+@pytest.mark.slow(reason="XLA compilations that fail, ~5 s: the reason for xla_updates, not a check of it")
 def test_keras_own_sparse_adagrad_and_ftrl_do_not_compile():
     """Why xla_updates exists: Keras' fused sparse kernels have no XLA translation."""
     for opt in (legacy.Adagrad(0.1), legacy.Ftrl(**FTRL)):
