@@ -85,6 +85,7 @@ def test_each_shard_is_one_plain_variable_on_its_own_device(monkeypatch):
     assert set(mid._variables["t"]) == {"parameters", "accumulators"}  # pylint: disable=protected-access
 
 
+@pytest.mark.slow(reason="four tf.functions traced under the 2-replica harness (~1 s)")
 def test_a_lookup_inside_control_flow_or_a_nested_function_is_refused_by_tfs_check(monkeypatch):
     strategy, mid = _mid(monkeypatch)
     inputs = _per_replica(strategy, lambda r: {"f": _sparse(_ids(r))})
@@ -133,6 +134,7 @@ def test_a_lookup_inside_control_flow_or_a_nested_function_is_refused_by_tfs_che
         assert checked == ["refused"], fn  # by TF's own check
 
 
+@pytest.mark.slow(reason="four input kinds looked up under the 2-replica harness (~2 s)")
 def test_inputs_tf_accepts_look_up_their_rows(monkeypatch):
     """Dense IDs of one per sample, ragged rows of the feature's samples, sorted sparse rows: each
     looks up its rows (sum of the row-identity table's rows)."""
