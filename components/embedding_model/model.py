@@ -202,12 +202,12 @@ def sum_over_replicas(grads_and_vars):
         IndexedSlices.
 
     Returns:
-      (pairs, summed): the pairs with gradients summed over the replicas (IndexedSlices gathered),
-      and whether they were (False in a single replica or outside a replica context).
+      The pairs with gradients summed over the replicas (IndexedSlices gathered); unchanged in a
+      single replica or outside a replica context.
     """
     ctx = tf.distribute.get_replica_context()
     if ctx is None or ctx.num_replicas_in_sync == 1 or not grads_and_vars:
-        return list(grads_and_vars), False
+        return list(grads_and_vars)
     grads = [g for g, _ in grads_and_vars]
     dense = [i for i, g in enumerate(grads) if not isinstance(g, tf.IndexedSlices)]
     if dense:  # one batched all-reduce, as Keras' own aggregation does
@@ -218,7 +218,7 @@ def sum_over_replicas(grads_and_vars):
         if isinstance(g, tf.IndexedSlices):
             g = tf.IndexedSlices(ctx.all_gather(g.values, axis=0), ctx.all_gather(g.indices, axis=0), g.dense_shape)
         out.append((g, v))
-    return out, True
+    return out
 
 
 @tf.custom_gradient
@@ -460,7 +460,7 @@ class RankingModel(tf.keras.Model):
         the replicas first and clipped after (`sum_over_replicas`), the rule the TPU embedding
         engine applies to TPU-embedding tables; Keras' own aggregation is always off. The sparse rows
         are applied with operations XLA compiles (xla_updates.py), as the TPU step needs."""
-        emb_gv, _ = sum_over_replicas(emb_gv)
+        emb_gv = sum_over_replicas(emb_gv)
         groups = self._embedding_optimizer_groups(emb_gv)
         for key, (optimizer, clipvalue) in self._embedding_optimizers().items():
             gv = groups.get(key)
@@ -499,7 +499,7 @@ class RankingModel(tf.keras.Model):
         # Summed over the replicas here, not by Keras: under TPUStrategy Keras' all-reduce makes a
         # sparse gradient (the dense buckets' gathers) dense, and a dense FTRL update moves rows
         # the batch never looked up, which the CPU's sparse update does not.
-        dense_gv, _ = sum_over_replicas(dense_gv)
+        dense_gv = sum_over_replicas(dense_gv)
         self.dense_optimizer.apply_gradients(dense_gv, experimental_aggregate_gradients=False)
         self._apply_embedding_gradients(emb_gv)
         self.compiled_metrics.update_state(labels, probs)
