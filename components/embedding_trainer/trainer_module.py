@@ -319,7 +319,7 @@ class TransformedServing(tf.Module):
 
 
 def warm_start_sparse_core(model: RankingModel, plan: EmbeddingPlan, layout: CheckpointLayout, warm_prefix: str,
-                           strategy: tf.distribute.Strategy, with_status: bool = False):
+                           strategy: tf.distribute.Strategy) -> Tuple[Dict[str, Any], Any]:
     """The warm-start checkpoint (one variable per table, written by the host twin) into a
     SparseCore model: TF builds the stacks now, everything but the TPU embedding layer is restored
     as usual, and each TPU-embedding table and its slots are placed into its stack through the
@@ -332,12 +332,11 @@ def warm_start_sparse_core(model: RankingModel, plan: EmbeddingPlan, layout: Che
       layout: the run's checkpoint layout (kind B).
       warm_prefix: the warm-start checkpoint's prefix.
       strategy: the training strategy.
-      with_status: also return the restore status of everything but the TPU embedding layer (its
-        dense network is restored lazily, at the first step: require_consumed checks it then).
 
     Returns:
-      What was placed, per table (sparsecore_state.assign_logical_tables); with `with_status`,
-      (that, the restore status).
+      (what was placed, per table (sparsecore_state.assign_logical_tables); the restore status of
+      everything but the TPU embedding layer, whose dense network is restored lazily, at the first
+      step: require_consumed checks it then).
     """
     with strategy.scope():
         model.embedding_layer.build(None)  # TFRS's layer: TPUEmbeddingV2.build(), the stacks
@@ -353,8 +352,7 @@ def warm_start_sparse_core(model: RankingModel, plan: EmbeddingPlan, layout: Che
         found = [k for k in keys if k.startswith(base) and k.endswith(f"/{slot_name}{VARIABLE_VALUE}")]
         return reader.get_tensor(found[0]) if len(found) == 1 else None
 
-    placed = sparsecore_state.assign_logical_tables(model, plan, layout, table, slot)
-    return (placed, status) if with_status else placed
+    return sparsecore_state.assign_logical_tables(model, plan, layout, table, slot), status
 
 
 def training_input(train_files, manifest: VocabularyManifest, plan: EmbeddingPlan, t, per_replica: int,
@@ -770,7 +768,7 @@ def _warm_start(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyMa
         del twin
         if hardware.layout.kind == LayoutKind.B:
             warm_report["sparse_core"], status = warm_start_sparse_core(model, plan, hardware.layout, warm_prefix,
-                                                                        hardware.strategy, with_status=True)
+                                                                        hardware.strategy)
             # and after the first step, that the TPU model's own dense variables were all restored
             checkpoints.restored = (status, warm_prefix, True)
         else:
