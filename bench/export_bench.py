@@ -284,7 +284,7 @@ def run_latency(args) -> dict:
     from components.embedding_preprocess.transform import make_lookups, transform_batch
     from components.contracts.manifest import VocabularyManifest
     from components.embedding_trainer import trainer_module as tm
-    from components.contracts.artifacts import TRAINER_CONFIG_FILE
+    from components.contracts.artifacts import SERVING_INPUTS_FILE, TRAINER_CONFIG_FILE
     from components.embedding_model.input import parse_batch
 
     model_dir = args.model or max(glob.glob(os.path.join(REPO, "output/demo/pipeline_root/Trainer/model/*")), key=os.path.getmtime)
@@ -333,16 +333,20 @@ def run_latency(args) -> dict:
         if "float32" in args.dtypes:
             json_fn = tf.saved_model.load(os.path.join(out, "float32", "Format-Serving")).signatures["serve_features"]
             parsed = [tf.train.Example.FromString(r).features.feature for r in raw[:1024]]
+            # each input's raw column, as the exporter recorded it (docs/export.md, "Serving input names")
+            with open(os.path.join(out, "float32", "Format-Serving", SERVING_INPUTS_FILE), encoding="utf-8") as fh:
+                column_of = {e["input"]: e["column"] for e in json.load(fh)["serving_inputs"]}
             for name, spec in json_fn.structured_input_signature[1].items():
+                column = column_of[name]
                 if spec.dtype == tf.string:
                     cells = []
                     for f in parsed:
-                        values = list(f[name].bytes_list.value) or [str(v).encode() for v in f[name].int64_list.value]
+                        values = list(f[column].bytes_list.value) or [str(v).encode() for v in f[column].int64_list.value]
                         cells.append(values[0] if values else b"")
                     json_columns[name] = tf.constant(cells, tf.string)
                 else:
                     json_columns[name] = tf.constant(
-                        [(list(f[name].float_list.value) or [float("nan")])[0] for f in parsed], tf.float32)
+                        [(list(f[column].float_list.value) or [float("nan")])[0] for f in parsed], tf.float32)
             # What calling a loaded signature costs in Python before any graph runs (binding each
             # input: ~30 us apiece): no-op signatures of the same inputs, saved and loaded alike.
             # TF Serving's C++ server has no such cost.

@@ -152,6 +152,23 @@ def test_kubeflow_section_is_checked_once_pipelines_is_loaded():
         ({"categorical_features": [{"name": "C1", "vocabulary": {"num_oov_buckets": 0}}]},
          "categorical_features[0].vocabulary.num_oov_buckets: must be positive"),
         ({"categorical_features": [{"name": "C1"}, {"name": "C1"}]}, "'C1' is already used by categorical_features[0]"),
+        # Feature and table names name files, variables and keys: plain identifiers; a column is any text.
+        ({"categorical_features": [{"name": "C1"}, {"name": "C2"}, {"name": "Class Name"}]},
+         "categorical_features[2].name: 'Class Name' is not a valid feature name (letters, digits and _, not starting "
+         "with a digit); name the feature and read the column by `column`: {name: Class_Name, column: \"Class Name\"}"),
+        ({"categorical_features": [{"name": "../x"}]},
+         "categorical_features[0].name: '../x' is not a valid feature name (letters, digits and _, not starting with a "
+         "digit); name the feature and read the column by `column`: {name: x, column: \"../x\"}"),
+        ({"dense_features": [{"name": "1st order", "column": "1st order"}]},
+         "dense_features[0].name: '1st order' is not a valid feature name"),
+        ({"dense_features": [{"name": "größe"}]}, "dense_features[0].name: 'größe' is not a valid feature name"),
+        ({"categorical_features": [{"name": "C1", "column": ""}]},
+         "categorical_features[0].column: empty; name the input column to read (any text, e.g. \"Class Name\")"),
+        ({"dense_features": [{"name": "I1", "column": ""}]}, "dense_features[0].column: empty"),
+        ({"tables": [{"name": "sha.red"}], "categorical_features": [{"name": "a", "table": "sha.red"}]},
+         "tables[0].name: 'sha.red' is not a valid table name (letters, digits and _, not starting with a digit)"),
+        ({"tables": [{"name": "../t"}], "categorical_features": [{"name": "a", "table": "../t"}]},
+         "tables[0].name: '../t' is not a valid table name"),
         ({"categorical_features": []}, "categorical_features: empty"),
         ({"input": {"path": ""}}, "input.path: missing"),
         ({"input": {"path": "x", "format": "orc"}}, "input.format: 'orc' is not one of csv, tfrecord, parquet"),
@@ -185,6 +202,22 @@ def test_bad_configuration_names_the_field(overrides, expected):
     message = error_of(minimal(**overrides))
     assert message.startswith("test.yaml: ")
     assert expected in message
+
+
+def test_a_column_may_be_any_non_empty_text():
+    """Columns (a feature's `column`, the label, weight columns, the label rule's column) are read
+    by name from the input: spaces, dots, slashes, parentheses, non-ASCII letters, a leading digit."""
+    cfg = parse_config(minimal(
+        label="Recommended IND",
+        dense_features=[{"name": "price", "column": "price/unit"}, {"name": "size_cm", "column": "size (cm)"},
+                        {"name": "_private", "column": "Größe"}],
+        categorical_features=[{"name": "Class_Name", "column": "Class Name"}, {"name": "item_id", "column": "item.id"},
+                              {"name": "first", "column": "1st order", "separator": "|", "weight_column": "w t"}],
+    ))
+    assert cfg.numeric_columns() == ["Recommended IND", "price/unit", "size (cm)", "Größe", "w t"]
+    assert cfg.categorical_columns() == ["Class Name", "item.id", "1st order"]
+    derived = parse_config(minimal(label="clicked", label_rule={"column": "rating (1-5)", "op": ">=", "value": 4}))
+    assert derived.label_source() == "rating (1-5)"
 
 
 def test_top_level_must_be_mapping():

@@ -273,8 +273,9 @@ def test_layout_b_saved_in_per_device_slices(tmp_path):
 @pytest.mark.parametrize("model_type", ["dlrm", "dcn_v2"])
 def test_model_publishes_where_its_tables_are_in_a_checkpoint(tmp_path, model_type):
     """The checkpoint keys the exporter reads (model.table_checkpoint_key, the dense parts) are the
-    ones a trained RankingModel writes, for both placements, a shared table and a table name that
-    needs escaping; the exporter reads the checkpoint back as the model holds it."""
+    ones a trained RankingModel writes, for both placements and a shared table (named with `_`: a
+    table's name is a plain identifier, refused otherwise when the config loads); the exporter reads
+    the checkpoint back as the model holds it."""
     from components.config.loading import parse_config
     from components.embedding_model.restore import build_serving_model, load_tables, restore_dense
     from components.embedding_model import checkpoint_keys as model_lib
@@ -285,9 +286,9 @@ def test_model_publishes_where_its_tables_are_in_a_checkpoint(tmp_path, model_ty
         "input": {"path": "unused.csv"},
         "label": "label",
         "dense_features": [{"name": "I1"}],
-        "tables": [{"name": "sha.red", "dim": 8}],
+        "tables": [{"name": "sha_red", "dim": 8}],
         "categorical_features": [
-            {"name": "A", "table": "sha.red"}, {"name": "B", "table": "sha.red"},
+            {"name": "A", "table": "sha_red"}, {"name": "B", "table": "sha_red"},
             {"name": "big", "dim": 8}, {"name": "small", "dim": 4},
         ],
         "training": {"model": model_type, "bottom_mlp": [16, 8], "top_mlp": [8],
@@ -297,7 +298,7 @@ def test_model_publishes_where_its_tables_are_in_a_checkpoint(tmp_path, model_ty
         CategoricalFeatureEntry, DenseFeatureEntry, VocabularyEntry, VocabularyManifest,
     )
 
-    sizes = {"sha.red": 100, "big": 200, "small": 10}  # + 1 OOV bucket each
+    sizes = {"sha_red": 100, "big": 200, "small": 10}  # + 1 OOV bucket each
     manifest = VocabularyManifest(
         "unused", "label", {},
         (DenseFeatureEntry("I1", "I1", 0.0),),

@@ -7,9 +7,10 @@ takes what it still lacks from `categorical_defaults`. The bindings come back as
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Dict, List, Optional, Tuple
 
-from components.config.checks import check_positive
+from components.config.checks import check_column, check_positive
 from components.config.choices import InitializerKind, SequencePooling, VocabularyKind
 from components.config.resolved import ResolvedTable
 from components.config.schema import (
@@ -24,6 +25,7 @@ from components.config.schema import (
     TableConfig,
     VocabularyOptions,
 )
+from components.contracts.names import SAFE_NAME_RULE, is_safe_name, serving_name
 from components.rules.rulebook import token_invalid_reason
 
 
@@ -46,7 +48,7 @@ def bind_tables(cfg: PipelineConfig) -> Tuple[ResolvedTable, ...]:
         raise ConfigError("categorical_features: empty; list at least one categorical feature")
     names = _FeatureNames(cfg.label)
     for i, d in enumerate(cfg.dense_features):
-        names.claim(d.name, f"dense_features[{i}]")
+        names.claim(d.name, f"dense_features[{i}]", d.column)
     _check_defaults(cfg.categorical_defaults)
     declared = _check_declared_tables(cfg.tables)
     bound: Dict[str, List[str]] = {t.name: [] for t in cfg.tables}
@@ -54,7 +56,7 @@ def bind_tables(cfg: PipelineConfig) -> Tuple[ResolvedTable, ...]:
     origins: Dict[tuple, str] = {}  # (table, attr) -> the feature field that set it, for messages
     for i, f in enumerate(cfg.categorical_features):
         path = f"categorical_features[{i}]"
-        names.claim(f.name, path)
+        names.claim(f.name, path, f.column)
         _check_feature(f, path)
         if f.table is not None:
             _join_shared_table(f, path, cfg.tables, declared, origins)
@@ -102,9 +104,16 @@ class _FeatureNames:
         self.label = label
         self.seen: Dict[str, str] = {}
 
-    def claim(self, name: str, path: str) -> None:
+    def claim(self, name: str, path: str, column: Optional[str]) -> None:
         if not name:
             raise ConfigError(f"{path}.name: missing; give every feature a name")
+        check_column(column, f"{path}.column", "remove the field to read the column named like the feature")
+        if not is_safe_name(name):
+            example = json.dumps(column if column is not None else name, ensure_ascii=False)
+            raise ConfigError(
+                f"{path}.name: {name!r} is not a valid feature name ({SAFE_NAME_RULE}); name the feature and read "
+                f"the column by `column`: {{name: {serving_name(name)}, column: {example}}}"
+            )
         if name in self.seen:
             raise ConfigError(f"{path}.name: {name!r} is already used by {self.seen[name]}; feature names must be unique")
         if name == self.label:
@@ -230,6 +239,11 @@ def _check_declared_tables(tables: List[TableConfig]) -> Dict[str, int]:
         path = f"tables[{i}]"
         if not t.name:
             raise ConfigError(f"{path}.name: missing; give every table a name")
+        if not is_safe_name(t.name):
+            raise ConfigError(
+                f"{path}.name: {t.name!r} is not a valid table name ({SAFE_NAME_RULE}): it names the table's "
+                f"vocabulary file and variables; rename it, e.g. {serving_name(t.name)}, in its features' `table` too"
+            )
         if t.name in declared:
             raise ConfigError(f"{path}.name: table {t.name!r} is declared twice (also tables[{declared[t.name]}])")
         declared[t.name] = i

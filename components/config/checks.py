@@ -59,3 +59,19 @@ def choice_member(value: Optional[str], choices: Type[ChoiceT], path: str) -> Op
         return choices(value)
     except ValueError:
         raise ConfigError(f"{path}: {value!r} is not one of {', '.join(choices.values())}") from None
+
+
+def check_column(value: Optional[str], path: str, fix: str) -> None:
+    """Checks that a configured input column is unset or non-empty (any other text names a column:
+    spaces, dots, slashes, non-ASCII letters, a leading digit).
+
+    Args:
+      value: the field's value, or None when unset.
+      path: the field's path in the config, e.g. `dense_features[0].column`.
+      fix: what to do instead of an empty value (part of the message).
+
+    Raises:
+      ConfigError: `value` is the empty string.
+    """
+    if value is not None and value == "":
+        raise ConfigError(f"{path}: empty; name the input column to read (any text, e.g. \"Class Name\"), or {fix}")

@@ -60,6 +60,10 @@ CONTINUOUS_FILE = "continuous.json"  # the last blessed model it started from, c
 # The exporter's serving Model artifact.
 SERVING_DIR = "Format-Serving"  # TFX's serving-model directory name (path_utils.serving_model_dir)
 EXPORT_REPORT_FILE = "export_report.json"
+# Inside the serving SavedModel (so it travels with the model when the Pusher copies it): each JSON
+# signature input's raw column, dtype and features (`contracts.names.serving_inputs_record`). In
+# `assets.extra/`, the SavedModel directory TensorFlow and TF Serving leave to other files.
+SERVING_INPUTS_FILE = os.path.join("assets.extra", "serving_inputs.json")
 EXPORT_STAGING_DIR = "_incomplete_export"
 TABLES_DIR = "tables"
 TABLES_MANIFEST_FILE = "tables_manifest.json"

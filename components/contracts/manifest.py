@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Collection, Dict, List, Mapping, Optional, Set, Tuple
 
 from components.config.choices import Combiner, VocabularyKind
 from components.contracts._json import check_version, dumps, pick, plain
+from components.contracts.names import ServingInput, serving_input_names
 
 MANIFEST_VERSION = 1
 
@@ -155,6 +156,49 @@ class VocabularyManifest:
         cols = [d.column for d in self.dense_features] + [f.column for f in self.categorical_features]
         cols += [f.weight_column for f in self.categorical_features if f.weight_column]
         return list(dict.fromkeys(cols))
+
+    def numeric_columns(self) -> Set[str]:
+        """The raw columns the model reads as numbers: dense features' and ID weights'.
+
+        Returns:
+          Their names (float32 inputs of the JSON signatures).
+        """
+        return {d.column for d in self.dense_features} | {
+            f.weight_column for f in self.categorical_features if f.weight_column}
+
+    def serving_input_names(self) -> Dict[str, str]:
+        """Each raw column's input name in the serving model's JSON signatures.
+
+        Returns:
+          {column: input name} in `raw_columns` order, by the one rule of
+          `components.contracts.names.serving_input_names`.
+        """
+        return serving_input_names(self.raw_columns())
+
+    def serving_inputs(self, typed_columns: Collection[str] = ()) -> List[ServingInput]:
+        """The serving model's JSON inputs, as the exporter records them with the model.
+
+        Args:
+          typed_columns: the columns `serve_typed_features` takes as int64 numbers (the serving
+            transform's `integer_columns`); empty when the model has no such signature.
+
+        Returns:
+          One `ServingInput` per raw column, in `raw_columns` order: its input name, dtype and the
+          features that read it.
+        """
+        numeric = self.numeric_columns()
+        readers: Dict[str, List[str]] = {}
+        for d in self.dense_features:
+            readers.setdefault(d.column, []).append(d.name)
+        for f in self.categorical_features:
+            readers.setdefault(f.column, []).append(f.name)
+            if f.weight_column:
+                readers.setdefault(f.weight_column, []).append(f.name)
+        return [
+            ServingInput(input=name, column=c, dtype="float32" if c in numeric else "string",
+                         typed_dtype="int64" if c in typed_columns else None, features=tuple(dict.fromkeys(readers[c])))
+            for c, name in self.serving_input_names().items()
+        ]
 
     def kind_mismatches(self, found: Mapping[str, str]) -> List[str]:
         """The raw columns the model reads that the examples hold as another kind than preprocessing read.

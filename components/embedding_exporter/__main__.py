@@ -25,6 +25,7 @@ from components.config.loading import config_from_json, load_config
 from components.config.schema import LAYOUT_KINDS, PARTITION_STRATEGIES, TABLE_DTYPES, ConfigError, PipelineConfig
 from components.config.validation import check_export_config
 from components.contracts.artifacts import TRAINER_CONFIG_FILE
+from components.contracts.names import renamed_inputs_line
 from components.reporting.errors import one_line
 from components.reporting.report import Report, emit, error_line, write_traceback
 
@@ -128,6 +129,8 @@ def export_summary(report, output: str) -> Report:
     r.add("table layout", f"{report['layout']['detected']}; serving tables {report['table_dtype']}")
     r.add("parity", f"{'passed' if p['passed'] else 'FAILED'}: max |trained - serving| = {p['max_abs_diff']:.2e} "
                     f"on {p['examples']} raw eval examples (tolerance {p['tolerance']:g})")
+    if report.get("serving_inputs_renamed"):
+        r.add("serving inputs", renamed_inputs_line(report["serving_inputs_renamed"]))
     auc = report["eval_auc"]
     if auc.get("serving") is not None and auc.get("trained_model") is not None:
         r.add("eval AUC", f"serving {auc['serving']:.4f}, trained model {auc['trained_model']:.4f} "

@@ -38,6 +38,7 @@ from components.reporting import progress
 from components.config.schema import PipelineConfig
 from components.contracts import artifacts
 from components.contracts.manifest import VocabularyManifest
+from components.contracts.names import serving_inputs_record
 from components.contracts.plan import EmbeddingPlan
 from components.data_io.sampling import sample_examples
 from components.embedding_exporter import gate
@@ -271,6 +272,8 @@ class ExportContext:
     # verify
     float32_dir: str = ""
     serving_variables: int = 0  # of the model that is exported
+    signatures: List[str] = field(default_factory=list)  # the serving model's signature names
+    serving_inputs: Dict[str, Any] = field(default_factory=dict)  # contracts.names.serving_inputs_record
     parity: Dict[str, Any] = field(default_factory=dict)
     p_float32: Optional[np.ndarray] = None
     auc_trained: Optional[float] = None  # None: undefined on the sample (`auc_undefined` says why)
@@ -415,6 +418,8 @@ def verify(ctx: ExportContext) -> None:
     e, s = ctx.cfg.export, ctx.sample
     ctx.float32_dir = os.path.join(ctx.staging, artifacts.SERVING_DIR if ctx.table_dtype == TableDtype.FLOAT32 else "_float32_check")
     module = ServingModule(ctx.model, RawFeatureTransform(ctx.manifest, ctx.manifest.vocabulary_dir))
+    ctx.signatures = list(module.signatures())
+    ctx.serving_inputs = serving_inputs_record(module.serving_inputs())
     save_serving_model(module, ctx.float32_dir)
     ctx.serving_variables = check_no_optimizer_state(ctx.float32_dir, ctx.model)
     ctx.clock.lap("save float32 serving model")
@@ -577,6 +582,7 @@ def build_report(ctx: ExportContext) -> Dict[str, Any]:
     if chosen != TableDtype.FLOAT32:
         tf.io.gfile.rmtree(ctx.float32_dir)
     tables_manifest = ctx.writer.finish() if ctx.writer is not None else None
+    write_serving_inputs(os.path.join(ctx.staging, artifacts.SERVING_DIR), ctx.serving_inputs)
     trained_bytes = sum(t["trained_bytes"] for t in ctx.table_report.values())
     serving_bytes = sum(t["serving_bytes"] for t in ctx.table_report.values())
     return {
@@ -601,10 +607,30 @@ def build_report(ctx: ExportContext) -> Dict[str, Any]:
                      # why any of these is null (e.g. "undefined: the 400-row eval sample holds only label 0")
                      "undefined": ctx.compression[chosen].get("auc_undefined") or (
                          ctx.auc_undefined if ctx.auc_trained is None else None)},
-        "signatures": ["serving_default", "serve_features"],
+        "signatures": ctx.signatures,
+        # each JSON signature input's raw column (docs/export.md, "Serving input names")
+        "serving_inputs": ctx.serving_inputs["serving_inputs"],
+        "serving_inputs_renamed": ctx.serving_inputs["renamed"],
         "tables_manifest": os.path.join(artifacts.TABLES_DIR, artifacts.TABLES_MANIFEST_FILE) if tables_manifest else None,
         "seconds": ctx.clock.laps,
     }
+
+
+def write_serving_inputs(saved_model_dir: str, record: Dict[str, Any]) -> str:
+    """Writes the serving inputs' record into a serving SavedModel (`artifacts.SERVING_INPUTS_FILE`).
+
+    Args:
+      saved_model_dir: the serving SavedModel's directory.
+      record: `contracts.names.serving_inputs_record` of its module.
+
+    Returns:
+      The file's path.
+    """
+    path = os.path.join(saved_model_dir, artifacts.SERVING_INPUTS_FILE)
+    tf.io.gfile.makedirs(os.path.dirname(path))
+    with tf.io.gfile.GFile(path, "w") as fh:
+        fh.write(json.dumps(record, indent=2, ensure_ascii=False))
+    return path
 
 
 def validate(ctx: ExportContext, last_blessed: Optional[Lookup]) -> Dict[str, Any]:
@@ -689,7 +715,8 @@ def export_serving_model(
 ) -> Dict[str, Any]:
     """Exports a trained model as a verified CPU serving model.
 
-    Writes `output_uri/Format-Serving`, `output_uri/tables/` (export.write_tables) and
+    Writes `output_uri/Format-Serving` (with its JSON inputs' record,
+    `artifacts.SERVING_INPUTS_FILE`), `output_uri/tables/` (export.write_tables) and
     `output_uri/export_report.json`. A model the gate refuses is exported all the same; the caller
     withholds the blessing.
 

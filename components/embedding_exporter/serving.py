@@ -16,7 +16,9 @@ variables exist) and exposes two signatures:
   manifest's `raw_feature_kinds`), so a stock ExampleGen's int64 columns parse as int64;
 - `serve_features(**columns)`: one tensor per raw column for JSON/REST clients: categorical
   columns as strings (multi-hot values joined by the separator, '' when missing), dense columns
-  as float32 (NaN when missing);
+  as float32 (NaN when missing); each input named by the one rule of
+  `components.contracts.names` (the column itself when it is a valid name; `Class Name` is sent
+  as `Class_Name`), which the exporter records with the model;
 - `serve_typed_features(**columns)` (models with int64 categorical columns): the same, with those
   columns as int64 numbers, one per row (a negative number when missing, dropped as T2 drops it).
 Both return {"probabilities": float32 [batch, 1]}.
@@ -33,11 +35,13 @@ import tensorflow as tf
 
 from components.rules import rulebook
 from components.contracts.manifest import CategoricalFeatureEntry, VocabularyManifest, weights_key
+from components.contracts.names import ServingInput
 from components.embedding_model.dense_tower import BATCH_KEY, DENSE_KEY
 from components.embedding_model.serving_model import fused_key
 from components.config.choices import VocabularyKind
 
 _DTYPES = {rulebook.KIND_BYTES: tf.string, rulebook.KIND_INT: tf.int64, rulebook.KIND_FLOAT: tf.float32}
+_JSON_DTYPES = {"string": tf.string, "float32": tf.float32, "int64": tf.int64}  # ServingInput.dtype / typed_dtype
 
 
 def _keep(values: tf.RaggedTensor, mask: tf.Tensor) -> tf.RaggedTensor:
@@ -392,8 +396,16 @@ class RawFeatureTransform(tf.Module):
         Returns:
           The set of their names (float32 inputs of the JSON signature).
         """
-        return {d.column for d in self._manifest.dense_features} | {
-            f.weight_column for f in self._manifest.categorical_features if f.weight_column}
+        return self._manifest.numeric_columns()
+
+    def serving_inputs(self) -> List[ServingInput]:
+        """The JSON signatures' inputs: each raw column's input name, dtype and features.
+
+        Returns:
+          The manifest's `serving_inputs` (the one naming rule, `components.contracts.names`),
+          `integer_columns` typed int64 for `serve_typed_features`.
+        """
+        return self._manifest.serving_inputs(self.integer_columns())
 
     def integer_columns(self) -> List[str]:
         """Finds the int64 columns read only by categorical features.
@@ -748,11 +760,16 @@ class ServingModule(tf.Module):
         if getattr(model, "stack_serving_tables", False):
             # Stacked tables: features pooled together take their IDs fused (one segment op per chunk).
             model.set_serving_chunks(transform.fuse(model.serving_fusion_groups()))
-        columns = transform.raw_columns()
-        dense_columns = transform.dense_columns()
-        feature_spec = {
-            c: tf.TensorSpec([None], tf.float32 if c in dense_columns else tf.string, name=c) for c in columns
-        }
+        # One input per raw column, named by the one rule (components/contracts/names.py): the
+        # column itself when it is a valid name, else its serving name. `serving_default` reads
+        # the columns themselves as tf.Example keys.
+        inputs = transform.serving_inputs()
+        self._inputs = self._no_dependency(list(inputs))  # plain records, nothing to track
+        column_of = {i.input: i.column for i in inputs}
+        feature_spec = {i.input: tf.TensorSpec([None], _JSON_DTYPES[i.dtype], name=i.input) for i in inputs}
+
+        def columns_of(tensors: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+            return {column_of[name]: t for name, t in tensors.items()}
 
         # autograph off: the graph is plain ops over static Python loops, and converting the Keras
         # model code costs most of the export time.
@@ -762,22 +779,31 @@ class ServingModule(tf.Module):
 
         @tf.function(input_signature=[feature_spec], autograph=False)
         def serve_features(columns):
-            return {"probabilities": self.model(self.transform.from_feature_tensors(columns))}
+            return {"probabilities": self.model(self.transform.from_feature_tensors(columns_of(columns)))}
 
         self.serve_examples = serve_examples
         self.serve_features = serve_features
         self.serve_typed_features = None
-        integer_columns = transform.integer_columns()
-        if integer_columns:
+        typed = [i for i in inputs if i.typed_dtype is not None]
+        if typed:
             # The same, with integer ID columns sent as JSON numbers (int64, one per row; a negative
             # one for none): no decimal text parsed (J2), tables of int64 values looked up by value.
-            typed_spec = dict(feature_spec, **{c: tf.TensorSpec([None], tf.int64, name=c) for c in integer_columns})
+            typed_spec = dict(feature_spec, **{
+                i.input: tf.TensorSpec([None], _JSON_DTYPES[i.typed_dtype], name=i.input) for i in typed})
 
             @tf.function(input_signature=[typed_spec], autograph=False)
             def serve_typed_features(columns):
-                return {"probabilities": self.model(self.transform.from_feature_tensors(columns))}
+                return {"probabilities": self.model(self.transform.from_feature_tensors(columns_of(columns)))}
 
             self.serve_typed_features = serve_typed_features
+
+    def serving_inputs(self) -> List[ServingInput]:
+        """The JSON signatures' inputs, as recorded with the model (`contracts.names.ServingInput`).
+
+        Returns:
+          One entry per raw column, in the model's raw column order.
+        """
+        return list(self._inputs)
 
     def signatures(self) -> Dict[str, Any]:
         """Lists the signatures to save.

@@ -28,7 +28,7 @@ from components.embedding_preprocess.transform import read_batch_rows
 from components.example_gen import ranges
 from components.example_gen.csv_records import MalformedRows, read_csv_range
 from components.example_gen.header import check_csv_headers, read_csv_header
-from components.example_gen.records import as_list_column, derive_label
+from components.example_gen.records import as_list_column, derive_label, unnamed_or_repeated
 from components.reporting.errors import InputError
 
 # A range's rows are held whole to cut them into training-batch-aligned slices: ranges stay smaller
@@ -183,7 +183,9 @@ class ReadCsvRecordBatches(beam.PTransform):
     def __init__(self, pattern: str, columns: List[str], cfg: PipelineConfig):
         super().__init__()
         self._pattern = pattern
-        self._columns = columns
+        # not the unread columns with an empty or repeated name, as ExampleGen (records.unnamed_or_repeated)
+        left_out = unnamed_or_repeated(columns, cfg.numeric_columns() + cfg.categorical_columns())
+        self._columns = [c for c in columns if c not in left_out]
         self._config_json = cfg.to_json()
         self._rows = read_batch_rows(cfg.training.batch_size)
 

@@ -165,8 +165,9 @@ def build_statistics(
 
 def _by_reason(raw: Dict[str, Any], prefix: str) -> Dict[str, int]:
     """`{reason: count}` of the counters `<prefix><reason>` (prefix: partials.NOT_NUMERIC,
-    partials.feature_invalid_prefix, partials.dense_invalid_prefix)."""
-    return {k.rsplit("/", 1)[1]: int(v) for k, v in sorted(raw.items()) if k.startswith(prefix)}
+    partials.feature_invalid_prefix, partials.dense_invalid_prefix); the rest of the key after the
+    prefix, whole: a column's name may hold "/"."""
+    return {k[len(prefix):]: int(v) for k, v in sorted(raw.items()) if k.startswith(prefix)}
 
 
 def _split_statistics(raw: Dict[str, Any], split: str) -> Dict[str, Any]:

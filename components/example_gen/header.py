@@ -1,5 +1,10 @@
 """CSV headers, read with Python's csv module (quoted names, CRLF, a UTF-8 byte-order mark), and
-the check that a header (or a Parquet schema's column names) can feed the configuration."""
+the check that a header (or a Parquet schema's column names) can feed the configuration.
+
+A column name is any text (spaces, dots, slashes, non-ASCII letters, a leading digit). A column
+the configuration reads must be named once; a column it does not read may have an empty name
+(pandas' unnamed index column) or share its name with another such column: ExampleGen does not
+read it (`records.unnamed_or_repeated`)."""
 from __future__ import annotations
 
 import csv
@@ -32,9 +37,15 @@ def check_header(path: str, header: List[str], wanted: List[str], label: str, la
             f"{path}: the first line with content ({','.join(header)!r}) names no column; the header must be "
             "the file's first non-blank line: remove the lines above it"
         )
-    dupes = sorted({c for c in header if header.count(c) > 1})
+    configured = set(wanted)
+    dupes = sorted({c for c in header if c in configured and header.count(c) > 1})
     if dupes:
-        raise InputError(f"{path}: the header names column(s) {dupes} more than once; give every column one name")
+        where = "; ".join(
+            f"{c!r} at columns {', '.join(str(i + 1) for i, h in enumerate(header) if h == c)}" for c in dupes)
+        raise InputError(
+            f"{path}: the {source} names column(s) the config reads more than once ({where}); give every column "
+            "one name (other columns with an empty or repeated name are not read)"
+        )
     missing = [c for c in dict.fromkeys(wanted) if c not in header]
     if missing:
         shown = ", ".join(header[:12]) + (", ..." if len(header) > 12 else "")
@@ -61,8 +72,8 @@ def check_csv_headers(cfg: PipelineConfig, files: List[str]) -> List[str]:
       ExampleGen counts it).
 
     Raises:
-      InputError: a header names no column, names one twice, lacks a configured column, or holds
-        the derived label's name.
+      InputError: a header names no column, names a configured column twice, lacks a configured
+        column, or holds the derived label's name.
     """
     wanted = cfg.numeric_columns() + cfg.categorical_columns()
     with_header = []

@@ -42,7 +42,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from components.config.schema import PipelineConfig
 from components.example_gen.header import check_header
-from components.example_gen.records import _rebuild
+from components.example_gen.records import _rebuild, unnamed_or_repeated
 from components.reporting.errors import InputError
 
 BATCH_ROWS = 65536  # rows per RecordBatch read from a row group (pyarrow's default)
@@ -126,8 +126,11 @@ def check_schema(path: str, schema: pa.Schema, cfg: PipelineConfig) -> None:
 
 
 def columns_to_read(schema: pa.Schema, cfg: PipelineConfig) -> List[str]:
-    """The configured columns and the other columns of a tf.Example kind, in the file's order."""
-    return [f.name for f in schema if _role(cfg, f.name) is not None or column_kind(f.type) not in (None, NULL)]
+    """The configured columns and the other columns of a tf.Example kind, in the file's order; not
+    the other columns with an empty or repeated name (`records.unnamed_or_repeated`)."""
+    left_out = unnamed_or_repeated(schema.names, cfg.numeric_columns() + cfg.categorical_columns())
+    return [f.name for f in schema if f.name not in left_out and (
+        _role(cfg, f.name) is not None or column_kind(f.type) not in (None, NULL))]
 
 
 def _open(path: str):

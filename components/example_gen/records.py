@@ -15,13 +15,14 @@ and returns the RecordBatch ExampleGen writes, plus counts:
   "yes", several values) as `invalid_label` (the rulebook's L1, `components.rules.rulebook.binary_label`).
   The label is written as int64 0/1.
 - missing configured columns are counted per column (`cells/missing/<column>`); other columns pass
-  through unchanged (CSV: as text).
+  through unchanged (CSV: as text), but for those with an empty or repeated name, which are not
+  written (`unnamed_or_repeated`).
 """
 from __future__ import annotations
 
 import operator
 from collections import Counter
-from typing import Dict, Tuple
+from typing import Collection, Dict, Sequence, Set, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -128,6 +129,23 @@ def derive_label(cfg: PipelineConfig, column: pa.Array, num_rows: int) -> Tuple[
     return label.astype(np.int64), missing, invalid
 
 
+def unnamed_or_repeated(names: Sequence[str], configured: Collection[str]) -> Set[str]:
+    """The columns of a file that are not read: those the config does not read whose name is empty
+    (pandas' unnamed index column) or that share their name with another column. A tf.Example, and
+    so ExampleGen's output, holds one feature per name; a configured column named twice is refused
+    before anything runs (`header.check_header`).
+
+    Args:
+      names: the file's column names, in order (a CSV header, a Parquet schema's names).
+      configured: the columns the config reads.
+
+    Returns:
+      The names of the columns left out.
+    """
+    counts = Counter(names)
+    return {n for n, k in counts.items() if (n == "" or k > 1) and n not in configured}
+
+
 def type_rows(cfg: PipelineConfig, rb: pa.RecordBatch) -> Tuple[pa.RecordBatch, Dict[str, int]]:
     """The typed, labelled rows of `rb` and the counts (see the module docstring)."""
     counts: Counter = Counter()
@@ -140,7 +158,10 @@ def type_rows(cfg: PipelineConfig, rb: pa.RecordBatch) -> Tuple[pa.RecordBatch, 
     for name in configured:
         if rb.schema.get_field_index(name) < 0:
             counts[f"cells/missing/{name}"] += n
+    left_out = unnamed_or_repeated(rb.schema.names, configured)
     for i, name in enumerate(rb.schema.names):
+        if name in left_out:
+            continue
         col = as_list_column(rb.column(i))
         if name == source:
             label_col = col

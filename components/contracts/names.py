@@ -1,0 +1,154 @@
+"""Names: which configured names are safe, and the serving input name of every raw column.
+
+Two rules, each defined once here:
+
+- **Safe names.** A feature's or table's name becomes a file name (a table's vocabulary file,
+  `<table>.txt`), part of TensorFlow variable and layer names, and a key of the transformed
+  examples; so it must be a plain identifier: `SAFE_NAME`, letters, digits and `_`, not starting
+  with a digit (config loading refuses any other, `components.config.binding`). A column the
+  configuration reads (`column:`, `label`, weight columns) may be any non-empty text.
+- **Serving input names** (`serving_input_names`): the serving model's JSON signatures
+  (`serve_features`, `serve_typed_features`) take one input per raw column, and TensorFlow names
+  a signature input like a Python parameter (a letter first, then letters, digits and `_`). The
+  input of a raw column is the column itself when it is such a name (`is_serving_name`), else
+  `serving_name(column)`: Unicode NFKD, then ASCII only (accents drop off their letters; a
+  character without an ASCII decomposition, such as `ß`, is dropped), each run of characters
+  other than letters, digits and `_` becomes `_`, leading and trailing `_` are stripped, `c_` is
+  prefixed when it starts with a digit, and `column` is what an empty result becomes. Two raw
+  columns of a model that get the same name: the later one (in the model's raw column order,
+  `VocabularyManifest.raw_columns`) gets the first of `_2`, `_3`, ... not yet taken. The exporter
+  records the mapping with the model (`ServingInput`, `artifacts.SERVING_INPUTS_FILE`);
+  docs/export.md ("Serving input names") has the examples.
+"""
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from components.contracts.artifacts import SERVING_INPUTS_FILE
+
+# A feature's or table's name: letters, digits and _, not starting with a digit.
+SAFE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A serving input's name as TensorFlow keeps it: a letter first (TensorFlow renames a signature
+# input that starts with `_` to `arg__...`, and a SavedModel with a renamed input fails to save).
+SERVING_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+SAFE_NAME_RULE = "letters, digits and _, not starting with a digit"
+EMPTY_SERVING_NAME = "column"  # a column with no letter or digit left in ASCII
+DIGIT_PREFIX = "c_"  # before a serving name that would start with a digit
+
+SERVING_INPUTS_VERSION = 1
+
+
+def is_safe_name(name: Any) -> bool:
+    """Whether a feature or table name is safe: a string matching `SAFE_NAME` in full."""
+    return isinstance(name, str) and SAFE_NAME.fullmatch(name) is not None
+
+
+def is_serving_name(name: Any) -> bool:
+    """Whether a raw column serves as its own serving input name: a string matching `SERVING_NAME` in full."""
+    return isinstance(name, str) and SERVING_NAME.fullmatch(name) is not None
+
+
+def serving_name(column: str) -> str:
+    """A raw column's serving input name, before collisions with other columns are resolved.
+
+    Args:
+      column: the raw column, any text.
+
+    Returns:
+      `column` itself when `is_serving_name(column)`; else its NFKD form in ASCII, each run of
+      other characters than letters, digits and `_` replaced by one `_`, stripped of leading and
+      trailing `_`, with `c_` before a leading digit; `column` when nothing is left.
+    """
+    if is_serving_name(column):
+        return column
+    ascii_text = unicodedata.normalize("NFKD", column).encode("ascii", "ignore").decode("ascii")
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", ascii_text).strip("_")
+    if not name:
+        return EMPTY_SERVING_NAME
+    return DIGIT_PREFIX + name if name[0].isdigit() else name
+
+
+def serving_input_names(columns: Sequence[str]) -> Dict[str, str]:
+    """Every raw column's serving input name: the one rule (module docstring).
+
+    Args:
+      columns: a model's raw columns, each once, in the model's raw column order.
+
+    Returns:
+      {column: serving input name}, in `columns`' order; the names are distinct: a column whose
+      `serving_name` an earlier column took gets the first of `_2`, `_3`, ... not yet taken.
+    """
+    taken = set()
+    out: Dict[str, str] = {}
+    for column in columns:
+        base = name = serving_name(column)
+        k = 2
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        taken.add(name)
+        out[column] = name
+    return out
+
+
+@dataclass(frozen=True)
+class ServingInput:
+    """One input of the serving model's JSON signatures, as recorded with the model.
+
+    Attributes:
+      input: its name in `serve_features` (and `serve_typed_features`).
+      column: the raw column it carries (the key in a tf.Example for `serving_default`).
+      dtype: its dtype in `serve_features`: `float32` (dense and weight columns) or `string`.
+      typed_dtype: `int64` where `serve_typed_features` takes the column as numbers; None where
+        that signature takes it as `dtype` or the model has no such signature.
+      features: the features that read the column, in manifest order.
+    """
+
+    input: str
+    column: str
+    dtype: str
+    typed_dtype: Optional[str]
+    features: Tuple[str, ...]
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The entry as `serving_inputs.json` holds it."""
+        return {"input": self.input, "column": self.column, "dtype": self.dtype, "typed_dtype": self.typed_dtype,
+                "features": list(self.features)}
+
+
+def serving_inputs_record(inputs: Sequence[ServingInput]) -> Dict[str, Any]:
+    """What the exporter writes beside the serving model (`artifacts.SERVING_INPUTS_FILE`).
+
+    Args:
+      inputs: the model's serving inputs, in raw column order.
+
+    Returns:
+      {"version", "serving_inputs": [each entry's `to_dict`], "renamed": {column: input} of the
+      columns whose input name differs from the column}.
+    """
+    entries: List[Dict[str, Any]] = [i.to_dict() for i in inputs]
+    return {
+        "version": SERVING_INPUTS_VERSION,
+        "serving_inputs": entries,
+        "renamed": {i.column: i.input for i in inputs if i.column != i.input},
+    }
+
+
+def renamed_inputs_line(renamed: Dict[str, str], shown: int = 4) -> str:
+    """The JSON signature inputs not named after their column, in one line (the pipeline's and the
+    exporter's summaries).
+
+    Args:
+      renamed: {raw column: serving input name} (`serving_inputs_record`'s `renamed`).
+      shown: how many to name; the rest are counted.
+
+    Returns:
+      e.g. `2 named apart from their column: 'Class Name' -> Class_Name, '1st order' ->
+      c_1st_order (assets.extra/serving_inputs.json in the model)`.
+    """
+    pairs = [f"{c!r} -> {n}" for c, n in list(renamed.items())[:shown]]
+    if len(renamed) > shown:
+        pairs.append(f"{len(renamed) - shown} more")
+    return f"{len(renamed)} named apart from their column: {', '.join(pairs)} ({SERVING_INPUTS_FILE} in the model)"
