@@ -5,7 +5,8 @@
 - its phases as they come (the exporter's restore, conversion, parity, compression and gate);
 - its counts (ExampleGen's rows and byte ranges, preprocessing's counting and transform passes)
   with rate, share of the total and ETA where the total is known;
-- the Trainer's steps (step/total, loss, examples/s, ETA) and each evaluation.
+- the Trainer's steps (step/total, loss, examples/s, ETA) and each evaluation, the final one named
+  as the kept model's (its step and how it was chosen, report.kept_model).
 On a terminal, counts and steps are tqdm bars redrawn in place; otherwise (a file, a CI log)
 plain lines, at most one per stage every `every` seconds, so a long run's log stays readable.
 """
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, TextIO
 
 from components.reporting import progress
+from components.reporting.report import kept_model
 
 
 def _clock(t: float) -> str:
@@ -269,7 +271,10 @@ class ProgressPrinter:
         elif kind == progress.EVAL:
             metrics = ", ".join(f"{k} {v:,.0f}" if float(v).is_integer() else f"{k} {v:.4f}"
                                 for k, v in sorted((e.get("metrics") or {}).items()))
-            self._detail(t, name, f"eval at step {e.get('step', 0):,}: {metrics}")
+            # the kept model's evaluation names that model (its step, how it was chosen), never the last step
+            what = (f"eval of {kept_model(e.get('step', 0), e['kept'])}" if e.get("kept")
+                    else f"eval at step {e.get('step', 0):,}")
+            self._detail(t, name, f"{what}: {metrics}")
 
     def _show_count(self, name: str, st: _Stage, phase: str, c: _Count, t: float) -> None:
         if self.tty:

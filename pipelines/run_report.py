@@ -21,7 +21,7 @@ import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from components.embedding_preprocess.health import describe_reasons
-from components.reporting.report import count_list, reasons_list
+from components.reporting.report import count_list, kept_model, reasons_list
 from components.reporting.report import render as render_text
 from pipelines.pipeline import PIPELINE_ROOT
 from pipelines.summary import (
@@ -329,7 +329,9 @@ def _evaluation_section(summary: Dict[str, Any]) -> str:
     rows = []
     # an undefined metric (one label in the eval split) keeps its row and shows its reason
     if metric_measured(summary, "eval_auc"):
-        rows.append(["this run's model", metric_text(summary, "eval_auc"),
+        m = summary.get("eval_model")  # the checkpoint the Trainer kept, which its eval AUC is of
+        rows.append(["this run's model" + (f": {kept_model(m['step'], m['choice'])}" if m else ""),
+                     metric_text(summary, "eval_auc"),
                      f"log loss {metric_text(summary, 'eval_log_loss')}"])
     if metric_measured(summary, "baseline_auc"):
         rows.append(["baseline (logistic regression)", metric_text(summary, "baseline_auc"),

@@ -16,9 +16,10 @@ import re
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from components.config.schema import PipelineConfig
+from components.contracts.names import renamed_inputs_line
 from components.model_registry.registry import RegistryError, lookup
 from components.embedding_preprocess.health import VALUE_PREFIX, reason_words
-from components.reporting.report import LABEL_WIDTH, Report, count_list, reasons_list
+from components.reporting.report import KEPT_BEST, KEPT_LAST, LABEL_WIDTH, Report, count_list, kept_model, reasons_list
 from components.rules.metrics import UNDEFINED_KEY
 from pipelines.pipeline import PIPELINE_ROOT, SERVING_DIR
 
@@ -101,6 +102,8 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
         "vocabulary_sizes": {t: v["vocabulary_size"] for t, v in stats["tables"].items()} if stats else None,
         "continuous": continuous_summary(continuous),
         "eval_auc": metrics["auc"] if metrics else None,
+        # the model those metrics are of: the checkpoint kept (its step, how it was chosen)
+        "eval_model": eval_model(metrics, training_run) if metrics else None,
         # why a metric the Trainer measured is undefined (one label in the eval split): None when defined
         "eval_auc_undefined": undefined_reason(metrics, "auc"),
         "baseline_auc": (metrics.get("baseline") or {}).get("auc") if metrics else None,
@@ -119,6 +122,8 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
         "best_achievable_auc": meta["best_achievable_auc"] if meta else None,
         "export_parity": report["parity"] if report else None,
         "export_layout": report["layout"]["detected"] if report and "layout" in report else None,
+        # {raw column: JSON signature input} where the input is not the column itself (docs/export.md)
+        "serving_inputs_renamed": report.get("serving_inputs_renamed") if report else None,
         "export_compression": {
             d: {"table_bytes": v["table_bytes"], "auc_change": v["auc_change"]}
             for d, v in report.get("compression", {}).items()
@@ -152,16 +157,19 @@ def training_length(cfg: PipelineConfig, run: Optional[Dict[str, Any]], stats: O
       stats: preprocessing's `statistics.json` (the train split's rows), or None.
 
     Returns:
-      None without a training run; else steps, length source, batch size, train rows, early
-      stopping's choice, and, when the rows are known, epochs trained and the defaults' steps
-      and epochs (training.train_steps unset: training.epochs passes).
+      None without a training run; else steps, length source, batch size, train rows and the rows
+      trained on (TrainingConfig.trained_rows: less the held-out slice), early stopping's choice,
+      and, when the rows are known, epochs trained (passes over the rows trained on,
+      TrainingConfig.epochs_trained) and the defaults' steps and epochs (training.train_steps
+      unset: training.epochs passes).
     """
     if not run:
         return None
     t = cfg.training
     rows = ((stats or {}).get("splits") or {}).get("train", {}).get("examples_written")
     out: Dict[str, Any] = {"steps": run.get("final_step"), "source": (run.get("length") or {}).get("source"),
-                           "batch_size": t.batch_size, "train_rows": rows}
+                           "batch_size": t.batch_size, "train_rows": rows,
+                           "trained_rows": t.trained_rows(rows) if rows else None}
     selection = run.get("selection")
     if selection and selection.get("best_auc") is not None:  # early stopping: the checkpoint kept, where training stopped
         out["model_step"] = run.get("model_step")
@@ -170,10 +178,30 @@ def training_length(cfg: PipelineConfig, run: Optional[Dict[str, Any]], stats: O
     elif selection:  # the held-out slice could not rank models: the last checkpoint is the model
         out["selection_note"] = selection.get("note")
     if rows and out["steps"]:
-        out["epochs"] = round(out["steps"] * t.batch_size / rows, 2)
+        # passes over the rows trained on (the train split less the held-out slice), as the planned length counts them
+        out["epochs"] = round(t.epochs_trained(out["steps"], rows), 2)
         out["default_steps"] = t.steps_for_epochs(rows)
         out["default_epochs"] = t.epochs_for(rows)
     return out
+
+
+def eval_model(metrics: Optional[Dict[str, Any]], run: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """Which model the eval split's metrics are of: the checkpoint the Trainer kept.
+
+    Args:
+      metrics: the Trainer's `eval_metrics.json` (`model_step`, `model_choice`), or None.
+      run: its `training_run.json`, which says the same for artifacts whose metrics do not, or None.
+
+    Returns:
+      {step, choice} (choice: report.KEPT_BEST or KEPT_LAST); None when neither file says.
+    """
+    if metrics and metrics.get("model_step") is not None:
+        return {"step": metrics["model_step"], "choice": metrics.get("model_choice") or KEPT_LAST}
+    if run and run.get("model_step") is not None:
+        best = (run.get("selection") or {}).get("best_step")
+        chosen = run.get("model_choice") or (KEPT_BEST if best is not None and best == run["model_step"] else KEPT_LAST)
+        return {"step": run["model_step"], "choice": chosen}
+    return None
 
 
 def served_model(serving_dir: str) -> Optional[Dict[str, Any]]:
@@ -302,7 +330,7 @@ def refusal_hints(s: Dict[str, Any]) -> list:
                          f"{c['name']} check asks ({asks})")
     t = s.get("training") or {}
     if t.get("epochs") is not None:
-        trained = f"trained {t['steps']:,} steps, {t['epochs']:g} epochs of {t['train_rows']:,} train rows"
+        trained = f"trained {t['steps']:,} steps, {t['epochs']:g} epochs of the {t['trained_rows']:,} rows trained on"
         if t.get("stopped_early"):
             hints.append(f"{trained}: stopped early, the held-out slice of the train split peaked at step "
                          f"{t['model_step']:,} (AUC {t['holdout_auc']:.4f}); a lower embedding learning rate "
@@ -593,7 +621,7 @@ def _training_rows(r: Report, s: Dict[str, Any]) -> None:
     """How long it trained and which step is the model; eval AUC against the baseline's."""
     t = s.get("training") or {}
     if t.get("steps"):
-        epochs = f", {t['epochs']:g} epochs" if t.get("epochs") is not None else ""
+        epochs = f", {t['epochs']:g} epochs of the {t['trained_rows']:,} rows trained on" if t.get("epochs") is not None else ""
         line = f"{t['steps']:,} steps of {t['batch_size']}{epochs}"
         if t.get("model_step") is not None:
             line += (f"; the model is step {t['model_step']:,}, the best on the held-out slice of the train split "
@@ -602,8 +630,9 @@ def _training_rows(r: Report, s: Dict[str, Any]) -> None:
         if t.get("selection_note"):
             r.sub("model choice", t["selection_note"])
     if metric_measured(s, "eval_auc"):
-        r.add("eval AUC", f"{metric_text(s, 'eval_auc', s.get('best_achievable_auc'))}; "
-                          f"log loss {metric_text(s, 'eval_log_loss')}")
+        m = s.get("eval_model")
+        r.add("eval AUC", (f"{kept_model(m['step'], m['choice'])}: " if m else "")
+              + f"{metric_text(s, 'eval_auc', s.get('best_achievable_auc'))}; log loss {metric_text(s, 'eval_log_loss')}")
     if metric_measured(s, "baseline_auc"):
         r.add("baseline AUC",
               f"{metric_text(s, 'baseline_auc')} (logistic regression on the same features and eval split)")
@@ -641,6 +670,8 @@ def _export_rows(r: Report, s: Dict[str, Any]) -> None:
         p = s["export_parity"]
         r.add("export parity", f"{'passed' if p['passed'] else 'FAILED'}: max |trained - serving| = "
                                f"{p['max_abs_diff']:.2e} on {p['examples']} raw eval examples (tolerance {p['tolerance']:g})")
+    if s.get("serving_inputs_renamed"):
+        r.add("serving inputs", renamed_inputs_line(s["serving_inputs_renamed"]))
     if s.get("export_layout"):
         r.add("export tables", f"layout {s['export_layout']}; " + ", ".join(
             f"{d} {v['table_bytes'] / 1e6:.1f} MB (AUC {v['auc_change']:+.1e})"

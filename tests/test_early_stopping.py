@@ -16,7 +16,9 @@ from components.config.schema import ConfigError
 from components.embedding_model import input as input_lib
 from components.embedding_trainer import selection as SEL
 from components.embedding_trainer import trainer_module as tm
-from components.contracts.artifacts import CHECKPOINT_DIR, TRAINING_RUN_FILE
+from components.contracts.artifacts import CHECKPOINT_DIR, EVAL_METRICS_FILE, TRAINING_RUN_FILE
+from components.reporting import progress
+from components.reporting.report import KEPT_BEST
 from tests.stages import fn_args as _fn_args, trainer_config as _config
 
 
@@ -107,6 +109,54 @@ def test_holdout_fraction_and_training_length():
     assert off.training.holdout_fraction(10_000) == 0.0 and off.training.steps_for_epochs(10_000) == 1500
     set_ = parse_config({**_minimal(), "training": {"batch_size": 100, "epochs": 5}})
     assert set_.training.epochs_for(10_000_000) == 5 and set_.training.steps_for_epochs(10_000) == 450
+    # an epoch is a pass over the rows trained on: the train split less the held-out slice
+    assert t.trained_rows(10_000) == 9_000 and off.training.trained_rows(10_000) == 10_000
+    assert t.trained_rows(5_000_000) == 4_950_000  # max_holdout_rows 50,000
+    assert t.epochs_trained(1350, 10_000) == 15.0 and off.training.epochs_trained(1500, 10_000) == 15.0
+    assert set_.training.epochs_trained(450, 10_000) == 5.0
+
+
+@pytest.mark.parametrize("training", [
+    {}, {"epochs": 2.5}, {"epochs": 1.2345678}, {"early_stopping": {"enabled": False}},
+    {"steps_per_execution": 4}, {"early_stopping": {"max_holdout_rows": 1_000}}, {"batch_size": 100},
+])
+def test_the_recorded_source_of_the_length_gives_the_planned_steps(training):
+    """run_plan.training_steps' `source` is written from the numbers the steps were computed from
+    (the epochs used, the rows trained on: the train split less the held-out slice, the batch), so
+    that its arithmetic gives the planned steps; before, it named the whole train split (1,107 for 997)."""
+    import math
+    import re
+    from types import SimpleNamespace
+
+    from components.embedding_trainer.run_plan import training_steps
+
+    cfg = parse_config({**_minimal(), "training": training})
+    t = cfg.training
+    length = training_steps(cfg, SimpleNamespace(splits={"train": {"examples_written": 18_893}}))
+    m = re.fullmatch(r"(?:training\.epochs|default epochs) ([0-9.]+)(?: \(training\.epochs unset\))? x (\d+) rows "
+                     r"trained on \(18893 train rows(?: less the held-out slice of (\d+)|, none held out)\) / batch (\d+)"
+                     r"(?:, rounded up to whole steps_per_execution \((\d+)\))?", length["source"])
+    assert m, length["source"]
+    epochs, rows, batch = float(m[1]), int(m[2]), int(m[4])
+    whole = int(m[5] or 1)
+    assert math.ceil(math.ceil(epochs * rows / batch) / whole) * whole == length["steps"]
+    assert (epochs, rows, batch, whole) == (t.epochs_for(18_893), t.trained_rows(18_893), t.batch_size,
+                                            t.steps_per_execution)
+    assert rows + int(m[3] or 0) == 18_893
+    assert length["trained_rows"] == rows and length["train_rows"] == 18_893 and length["epochs"] == epochs
+
+
+def test_the_default_length_source_names_the_rows_trained_on():
+    """The case a user saw: 18,893 train rows at the default 15 epochs and batch 256 plan 997 steps
+    over the 17,004 rows trained on; the record said `15 x 18893 / 256` (1,107)."""
+    from types import SimpleNamespace
+
+    from components.embedding_trainer.run_plan import training_steps
+
+    length = training_steps(parse_config(_minimal()), SimpleNamespace(splits={"train": {"examples_written": 18_893}}))
+    assert length["steps"] == 997
+    assert length["source"] == ("default epochs 15 (training.epochs unset) x 17004 rows trained on (18893 train "
+                                "rows less the held-out slice of 1889) / batch 256")
 
 
 def test_the_default_length_shrinks_with_the_train_split():
@@ -197,8 +247,30 @@ def test_a_slice_of_one_label_cannot_choose(tmp_path, monkeypatch):
     assert "one label" in sel.record["note"] and not sel.due(20) and sel.best_checkpoint() is None
 
 
+def test_the_final_evaluation_is_reported_as_the_kept_models(tmp_path, monkeypatch):
+    """The Trainer's own evaluation scores the kept checkpoint (step 400, the best on the held-out
+    slice), not the last step's weights (700): its progress event and eval_metrics.json say step
+    400; before, the progress line read `eval at step 700: auc ...`."""
+    from components.reporting import progress
+    from components.reporting.report import KEPT_BEST, KEPT_LAST
+
+    path = tmp_path / "progress.jsonl"
+    monkeypatch.setenv(progress.ENV, str(path))
+    run = {"final_step": 700, "model_step": 400, "model_choice": KEPT_BEST}
+    metrics = tm.report_final_evaluation(run, {"auc": 0.9155, "log_loss": 0.3, "examples": 500, "positive_rate": 0.2})
+    [event] = [json.loads(line) for line in path.read_text().splitlines()]
+    assert (event["event"], event["step"], event["kept"]) == (progress.EVAL, 400, KEPT_BEST)
+    assert event["metrics"] == {"auc": 0.9155, "log_loss": 0.3, "examples": 500, "positive_rate": 0.2}
+    assert (metrics["model_step"], metrics["model_choice"], metrics["auc"]) == (400, KEPT_BEST, 0.9155)
+    # no held-out slice (or one that cannot rank): the model is the last step's, and says so
+    path.unlink()
+    tm.report_final_evaluation({"final_step": 700, "model_step": 700, "model_choice": KEPT_LAST}, {"auc": 0.8})
+    [event] = [json.loads(line) for line in path.read_text().splitlines()]
+    assert (event["step"], event["kept"]) == (700, KEPT_LAST)
+
+
 @pytest.mark.slow(reason="a 60-step Trainer run with the held-out selection")
-def test_training_never_reads_the_eval_split_and_keeps_the_best_checkpoint(data, monkeypatch):
+def test_training_never_reads_the_eval_split_and_keeps_the_best_checkpoint(data, monkeypatch, tmp_path):
     """The whole run_fn with early stopping: every dataset the training, the selection and the
     baseline open is recorded; none may name the eval split before training has ended."""
     opened = []
@@ -224,12 +296,19 @@ def test_training_never_reads_the_eval_split_and_keeps_the_best_checkpoint(data,
     cfg = _config(data, train_steps=60, checkpoint_every_steps=10,
                   early_stopping={"evaluations": 6, "patience": 2, "holdout_fraction": 0.2})
     fn_args = _fn_args(data, cfg, "selection")
+    events = tmp_path / "progress.jsonl"
+    monkeypatch.setenv(progress.ENV, str(events))
     tm.run_fn(fn_args)
     assert opened and all("Split-eval" not in p for ps in opened for p in ps), opened
     model_uri = os.path.dirname(fn_args.serving_model_dir)
     run = json.load(open(os.path.join(model_uri, TRAINING_RUN_FILE)))
     sel = run["selection"]
-    assert sel["evaluations"] and sel["best_step"] == run["model_step"]
+    assert sel["evaluations"] and sel["best_step"] == run["model_step"] and run["model_choice"] == KEPT_BEST
+    # the eval split's metrics, in eval_metrics.json and on the progress line, are the kept model's
+    metrics = json.load(open(os.path.join(model_uri, EVAL_METRICS_FILE)))
+    assert (metrics["model_step"], metrics["model_choice"]) == (run["model_step"], KEPT_BEST)
+    final = [e for e in map(json.loads, events.read_text().splitlines()) if e["event"] == progress.EVAL and "kept" in e]
+    assert [(e["step"], e["kept"], e["metrics"]["auc"]) for e in final] == [(run["model_step"], KEPT_BEST, round(metrics["auc"], 5))]
     assert max(e["auc"] for e in sel["evaluations"]) == sel["best_auc"]
     assert sel["evaluations"][0]["examples"] == sel["holdout_rows"] > 0
     # where the Trainer's time went: training steps, the slice's one read, its evaluations, the final evaluation

@@ -5,6 +5,7 @@ that would tie the trainer to the exporter again fails here before it ships."""
 import ast
 import functools
 import pathlib
+import re
 
 import pytest
 
@@ -310,3 +311,46 @@ def test_the_documented_layout_matches_the_tree():
     tree = {str(p.relative_to(REPO)) for p in _py_files(PRODUCT)}
     listed = documented_modules()
     assert sorted(tree - listed) == [] and sorted(listed - tree) == []
+
+
+# A word of README.md's layout block that names a path: a folder (`config/`), a file with a suffix
+# (`kfp_local.py`, `Dockerfile.tpu`, `README.md`) or a Dockerfile.
+_PATH_WORD = re.compile(r"[\w./-]+/|[\w./-]+\.(?:py|yaml|yml|md|json|lock|in|txt|sh|tpu)|Dockerfile[\w.]*")
+
+
+def readme_layout():
+    """README.md's layout block (under "**Layout**") as [(folder, [paths it names])]: a line at
+    column 0 opens an entry with its folder (`components/`), and so does `;  folder/` on that line
+    (`tests/ ...;  bench/ ...`); indented lines continue the entry. Every word of an entry's text
+    that names a path (`_PATH_WORD`: `config/`, `rules/rulebook.py`, `README.md`) is a path under
+    the entry's folder."""
+    text = (REPO / "README.md").read_text()
+    block = text.split("- **Layout**", 1)[1].split("```", 2)[1]
+    entries = []
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        if line.startswith(" "):
+            entries[-1][1].append(line.strip())
+            continue
+        for part in re.split(r";\s{2,}(?=\S+/\s)", line):
+            folder, _, rest = part.partition(" ")
+            entries.append((folder, [rest.strip()]))
+    return [(folder, [w for w in (word.strip("(),;:") for word in " ".join(rest).split()) if _PATH_WORD.fullmatch(w)])
+            for folder, rest in entries]
+
+
+def test_the_readmes_layout_block_matches_the_tree():
+    """README.md's short layout block names only paths that exist where it puts them (before, it put
+    rulebook.py and synthetic_data.py at components/ root, long after they moved to rules/ and
+    example_gen/). Where docs/development.md lists every module, this block is an overview, so its
+    completeness rule is one level deep: the components/ entry names every package of components/."""
+    entries = readme_layout()
+    folders = [folder for folder, _ in entries]
+    assert "components/" in folders and "pipelines/" in folders, folders
+    missing = [folder for folder in folders if not (REPO / folder).is_dir()]
+    missing += [f"{folder}{path}" for folder, paths in entries for path in paths if not (REPO / folder / path).exists()]
+    assert missing == []
+    named = {path for folder, paths in entries if folder == "components/" for path in paths}
+    packages = {f"{p.name}/" for p in (REPO / "components").iterdir() if (p / "__init__.py").is_file()}
+    assert sorted(packages - named) == []

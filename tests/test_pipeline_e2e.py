@@ -88,9 +88,14 @@ def test_vocabularies_equal_independent_count(pipeline_run):
 
 @pytest.mark.slow(reason="the whole pipeline on the demo's 375k rows")
 def test_eval_auc_within_0_02_of_best(pipeline_run):
-    _, _, summary, meta = pipeline_run
+    cfg, _, summary, meta = pipeline_run
     auc, best = summary["eval_auc"], meta["best_achievable_auc"]
     assert auc > best - 0.02, (auc, best)
+    # that AUC is the kept model's, and the summary names its step; epochs count the rows trained on
+    t = summary["training"]
+    assert summary["eval_model"]["step"] == t.get("model_step", t["steps"]), (summary["eval_model"], t)
+    assert t["trained_rows"] == cfg.training.trained_rows(t["train_rows"]) < t["train_rows"]
+    assert t["epochs"] == round(t["steps"] * cfg.training.batch_size / t["trained_rows"], 2)
 
 
 SCORE_IN_FRESH_PROCESS = r"""

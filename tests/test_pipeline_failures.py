@@ -126,7 +126,15 @@ def test_a_model_the_gate_keeps_back_exits_3_with_progress_and_no_noise(tmp_path
     assert "byte ranges: 1 / 1 ranges (100%); rows read: 3,000 rows" in err
     train = summary["rows_read"]["train"]
     assert f"transforming train: {train:,} / {train:,} rows (100%" in err
-    assert "Trainer: step 40/40, loss" in err and "Trainer: eval at step 40: auc" in err
+    assert "Trainer: step 40/40, loss" in err
+    # the final evaluation is the kept model's: its line, the summary and the training record agree
+    kept = summary["eval_model"]
+    assert kept["step"] == (summary["training"].get("model_step") or 40), (kept, summary["training"])
+    assert kept["choice"] == ("best on the held-out slice" if "model_step" in summary["training"] else "the last step")
+    assert f"Trainer: eval of the kept model (step {kept['step']}, {kept['choice']}): auc " in err
+    assert "Trainer: eval at step 40: auc" not in err
+    assert f"eval AUC:             the kept model (step {kept['step']}, {kept['choice']}): " in render(
+        summary_report(summary))
     assert "EmbeddingExporter: validation gate: not blessed" in err
     noise = [l for l in err.splitlines() if l and not l.startswith("[") and not l.startswith("running ")]
     assert noise == [], noise  # no TF / XLA / absl / Beam lines, no Python warnings

@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 import pytest
 
 from components.reporting import progress
-from components.reporting.report import Report, error_line, render
+from components.reporting.report import KEPT_BEST, KEPT_LAST, Report, error_line, render
 from pipelines import summary as summary_lib
 from pipelines.progress_view import ProgressPrinter
 
@@ -105,6 +105,28 @@ def test_printer_shows_every_stage_with_counts_steps_and_evaluations(tmp_path):
         fh.write('rt"}\n')
     printer.drain()
     assert "Pusher running" in out.getvalue()
+
+
+def test_the_final_eval_line_names_the_kept_model(tmp_path):
+    """The Trainer's final evaluation scores the kept checkpoint: its line names that step and how it
+    was chosen, never the last step's (before: `eval at step 700: auc 0.9155` for step 400's model)."""
+    path = str(tmp_path / "p.jsonl")
+    _events(path, [
+        {"t": 1.0, "stage": "Trainer", "event": "start"},
+        {"t": 2.0, "stage": "Trainer", "event": "eval", "step": 400, "metrics": {"holdout_auc": 0.93}},
+        {"t": 3.0, "stage": "Trainer", "event": "eval", "step": 700, "metrics": {"holdout_auc": 0.91}},
+        {"t": 4.0, "stage": "Trainer", "event": "eval", "step": 400, "kept": KEPT_BEST,
+         "metrics": {"auc": 0.9155, "examples": 5000, "log_loss": 0.31}},
+        {"t": 5.0, "stage": "Trainer", "event": "eval", "step": 700, "kept": KEPT_LAST, "metrics": {"auc": 0.9}},
+    ])
+    out = io.StringIO()
+    ProgressPrinter(path, out, tty=False).drain()
+    text = out.getvalue()
+    assert "eval at step 400: holdout_auc 0.9300" in text and "eval at step 700: holdout_auc 0.9100" in text
+    assert ("Trainer: eval of the kept model (step 400, best on the held-out slice): auc 0.9155, examples 5,000, "
+            "log_loss 0.3100") in text
+    assert "Trainer: eval of the kept model (step 700, the last step): auc 0.9000" in text
+    assert "eval at step 700: auc" not in text and "eval at step 400: auc" not in text
 
 
 def test_printer_on_a_terminal_draws_bars(tmp_path):
@@ -315,20 +337,63 @@ def test_a_refusal_says_how_far_the_model_was_and_what_to_try():
                         "training": {"train_steps": 100, "batch_size": 256}})
     s["training"] = summary_lib.training_length(cfg, {"final_step": 100, "length": {"source": "training.train_steps"}},
                                       {"splits": {"train": {"examples_written": 16_000}}})
-    # the default length at 16,000 rows, 15 epochs, over the 14,400 rows trained on (16,000 less
-    # the held-out tenth) / 256
-    assert s["training"]["epochs"] == 1.6 and s["training"]["default_steps"] == 844
+    # epochs count passes over the 14,400 rows trained on (16,000 less the held-out tenth), as the
+    # default length does: 15 epochs of them / 256 = 844 steps; 100 steps x 256 / 14,400 = 1.78
+    assert s["training"]["epochs"] == 1.78 and s["training"]["default_steps"] == 844
+    assert s["training"]["trained_rows"] == 14_400 == cfg.training.trained_rows(16_000)
     text = _unwrapped(render(summary_lib.summary_report(s)))
     assert ("  what to try:        the model's eval AUC 0.7000 is 0.0400 short of what the baseline check asks "
             "(0.7500 - margin 0.01)") in text
-    assert ("  what to try:        trained 100 steps, 1.6 epochs of 16,000 train rows; the defaults would train "
-            "844 steps (15 epochs): unset training.train_steps, or raise it") in text
+    assert ("  what to try:        trained 100 steps, 1.78 epochs of the 14,400 rows trained on; the defaults "
+            "would train 844 steps (15 epochs): unset training.train_steps, or raise it") in text
+    assert "training:             100 steps of 256, 1.78 epochs of the 14,400 rows trained on" in text
     s["training"] = summary_lib.training_length(cfg, {"final_step": 900}, {"splits": {"train": {"examples_written": 16_000}}})
     assert "more epochs (training.epochs)" in _unwrapped(render(summary_lib.summary_report(s)))
     stopped = {"final_step": 160, "model_step": 100, "selection": {"stopped_at": 160, "best_auc": 0.71, "best_step": 100}}
     s["training"] = summary_lib.training_length(cfg, stopped, {"splits": {"train": {"examples_written": 16_000}}})
-    assert ("trained 160 steps, 2.56 epochs of 16,000 train rows: stopped early, the held-out slice of the train "
-            "split peaked at step 100 (AUC 0.7100)") in _unwrapped(render(summary_lib.summary_report(s)))
+    assert ("trained 160 steps, 2.84 epochs of the 14,400 rows trained on: stopped early, the held-out slice of "
+            "the train split peaked at step 100 (AUC 0.7100)") in _unwrapped(render(summary_lib.summary_report(s)))
+
+
+def test_the_summary_and_the_run_report_name_the_kept_models_step_and_auc(tmp_path):
+    """The eval split's AUC is the kept model's (step 400, the best on the held-out slice, not the
+    last step 700): the summary's eval AUC row and the run report's evaluation table say so, and the
+    epochs count the rows trained on (18,893 train rows less the held-out slice: 17,004)."""
+    from components.config.loading import parse_config
+    from pipelines.pipeline import PIPELINE_ROOT
+    from pipelines.run_report import write_run_report
+
+    root = tmp_path / PIPELINE_ROOT
+    model = root / "Trainer" / "model" / "7"
+    model.mkdir(parents=True)
+    (model / "eval_metrics.json").write_text(json.dumps(
+        {"auc": 0.9155, "log_loss": 0.31, "examples": 5000, "model_step": 400, "model_choice": KEPT_BEST}))
+    selection = {"evaluations": [{"step": 400, "auc": 0.93, "log_loss": 0.3}, {"step": 700, "auc": 0.91, "log_loss": 0.33}],
+                 "best_step": 400, "best_auc": 0.93, "stopped_at": None, "note": None}
+    (model / "training_run.json").write_text(json.dumps(
+        {"final_step": 700, "model_step": 400, "model_choice": KEPT_BEST, "selection": selection,
+         "length": {"steps": 700, "source": "training.train_steps"}}))
+    stats = root / "EmbeddingPreprocess" / "statistics" / "3"
+    stats.mkdir(parents=True)
+    (stats / "statistics.json").write_text(json.dumps({"splits": {
+        s: {"examples_read": n, "examples_written": n, "examples_dropped": {}} for s, n in (("train", 18_893), ("eval", 4_000))},
+        "tables": {}}))
+    cfg = parse_config({"name": "x", "input": {"path": "d.csv"}, "label": "label",
+                        "dense_features": [{"name": "I1"}], "categorical_features": [{"name": "C1"}],
+                        "training": {"train_steps": 700, "batch_size": 256}})
+    s = summary_lib.summarize(cfg, str(tmp_path))
+    assert s["eval_model"] == {"step": 400, "choice": KEPT_BEST}
+    assert s["training"]["epochs"] == round(700 * 256 / 17_004, 2) == 10.54  # not 700 x 256 / 18,893 = 9.49
+    text = _unwrapped(render(summary_lib.summary_report(s)))
+    assert ("training:             700 steps of 256, 10.54 epochs of the 17,004 rows trained on; the model is step "
+            "400, the best on the held-out slice of the train split (AUC 0.9300)") in text
+    assert "eval AUC:             the kept model (step 400, best on the held-out slice): 0.9155; log loss 0.3100" in text
+    page = open(write_run_report(s, str(tmp_path), str(tmp_path / "r.html"))).read()
+    assert "this run&#x27;s model: the kept model (step 400, best on the held-out slice)" in page
+    assert "step 700, " not in page
+    # artifacts written before eval_metrics.json named its model: the training record says which
+    (model / "eval_metrics.json").write_text(json.dumps({"auc": 0.9155, "log_loss": 0.31}))
+    assert summary_lib.summarize(cfg, str(tmp_path))["eval_model"] == {"step": 400, "choice": KEPT_BEST}
 
 
 # ---- feature health in words, grouped; the summary's width -------------------------------------

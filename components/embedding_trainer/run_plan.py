@@ -24,8 +24,9 @@ def training_steps(cfg: PipelineConfig, statistics: Optional[EmbeddingStatistics
     """The run's length in steps, and where it comes from.
 
     `train_steps` (the Trainer's TrainArgs) or training.train_steps when set; else training.epochs
-    passes over the train split (unset: the default for its size, TrainingConfig.epochs_for),
-    whose row count the preprocessing statistics give, rounded up to whole steps_per_execution.
+    passes (unset: the default for the train split's size, TrainingConfig.epochs_for) over the rows
+    trained on (the train split less the held-out slice, TrainingConfig.trained_rows; the split's
+    row count from the preprocessing statistics), rounded up to whole steps_per_execution.
 
     Args:
       cfg: the pipeline config.
@@ -34,8 +35,10 @@ def training_steps(cfg: PipelineConfig, statistics: Optional[EmbeddingStatistics
       train_steps: the Trainer's TrainArgs.num_steps, None or 0 when unset.
 
     Returns:
-      {"steps": int, "source": a sentence naming the rule}, plus "train_rows" when the length
-      was derived from the train split's row count.
+      {"steps": int, "source": a sentence naming the rule}, plus, when the length was derived from
+      the train split's row count, "train_rows", "trained_rows" and "epochs": the numbers the steps
+      were computed from, which the source writes out as `epochs x trained_rows / batch` (its
+      arithmetic, rounded up, gives the steps).
 
     Raises:
       ValueError: no step count is set and the train split's row count is unknown.
@@ -48,10 +51,22 @@ def training_steps(cfg: PipelineConfig, statistics: Optional[EmbeddingStatistics
         raise ValueError(
             "training.train_steps is unset and the train split's row count is unknown (no preprocessing "
             "statistics beside the examples); set training.train_steps")
-    steps = t.steps_for_epochs(rows)
-    epochs = (f"training.epochs {t.epochs:g}" if t.epochs is not None
-              else f"default epochs {t.epochs_for(rows):g} (training.epochs unset)")
-    return {"steps": steps, "source": f"{epochs} x {rows} train rows / batch {t.batch_size}", "train_rows": int(rows)}
+    rows = int(rows)
+    epochs, trained = t.epochs_for(rows), t.trained_rows(rows)
+    steps = t.steps_for_epochs(rows, epochs)
+    named = (f"training.epochs {_exact(epochs)}" if t.epochs is not None
+             else f"default epochs {_exact(epochs)} (training.epochs unset)")
+    split = (f"{rows} train rows less the held-out slice of {rows - trained}" if trained != rows
+             else f"{rows} train rows, none held out")
+    source = f"{named} x {trained} rows trained on ({split}) / batch {t.batch_size}"
+    if t.steps_per_execution > 1:
+        source += f", rounded up to whole steps_per_execution ({t.steps_per_execution})"
+    return {"steps": steps, "source": source, "train_rows": rows, "trained_rows": trained, "epochs": epochs}
+
+
+def _exact(x: float) -> str:
+    """`x` written short (15, 2.5) where that is its exact value, else in full (1.2345678)."""
+    return f"{x:g}" if float(f"{x:g}") == x else repr(float(x))
 
 
 def sparsecore_config_available() -> bool:

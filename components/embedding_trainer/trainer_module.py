@@ -3,15 +3,17 @@
 What it leaves in the Model artifact (the exporter needs nothing else):
 - `Format-Serving/`: the trained model as a SavedModel whose `serving_default` takes serialized
   *transformed* tf.Examples (embedding IDs) and returns the click probability;
-- `checkpoints/`: the final training checkpoint (model weights and optimizer slots);
+- `checkpoints/`: the training checkpoint kept as the model (model weights and optimizer slots);
 - `embedding_plan.json`: the embedding plan the model was built from (tables, dims, placement,
   optimizer, SparseCore limits, memory), with `vocabulary_dir`, the vocabularies' location;
 - `embedding_manifest.json`: the preprocessing manifest (features, vocabularies, OOV buckets);
 - `tpu_rules.json`: the TPU-rules check of the input and model (see tpu_rules.py);
-- `eval_metrics.json`: exact AUC and log loss on the whole eval split, and under `baseline` the
-  same for the logistic regression fitted beside the model (baseline.py; `validation.baseline`);
+- `eval_metrics.json`: exact AUC and log loss on the whole eval split of the kept model (its step
+  and how it was chosen: `model_step`, `model_choice`), and under `baseline` the same for the
+  logistic regression fitted beside the model (baseline.py; `validation.baseline`);
 - `training_run.json`: steps (and under `length` where their number came from: train_steps, or
-  training.epochs over the train rows), the step a resumed run started from, the steps checkpointed,
+  training.epochs over the rows trained on, run_plan.training_steps), the step of the checkpoint
+  kept as the model (`model_step`, `model_choice`), the step a resumed run started from, the steps checkpointed,
   and under `seconds` where the Trainer's time went: training steps, the held-out slice's one read,
   the held-out evaluations and selection, the final evaluation;
 - `continuous.json`: the last blessed model the run started from (TFX's `base_model`, from the
@@ -48,6 +50,7 @@ from absl import logging
 from tfx.utils import io_utils  # read_string_file: any filesystem TFX reads (gs://, local)
 
 from components.reporting import progress
+from components.reporting.report import KEPT_BEST, KEPT_LAST
 from components.config.schema import PipelineConfig
 from components.contracts import artifacts
 from components.contracts import sizing
@@ -852,6 +855,7 @@ def _final_checkpoint(state: str, hardware: _Hardware, checkpoints: _Checkpoints
         "warm_start": warm_report,
         # the step of the checkpoint kept as the model, and how it was chosen
         "model_step": selection.record["best_step"] if chosen else final_step,
+        "model_choice": KEPT_BEST if chosen else KEPT_LAST,
         "selection": selection.record if selection is not None else None,
     }
     return chosen or final_checkpoint, run
@@ -860,7 +864,7 @@ def _final_checkpoint(state: str, hardware: _Hardware, checkpoints: _Checkpoints
 def finish(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, checkpoint_path: str,
            eval_files, serving_model_dir: str) -> Tuple[Dict[str, float], RankingModel]:
     """Everything after training, the same on CPU, GPU and TPU: the model is rebuilt for CPU from
-    the final checkpoint (exporter's restore.py: dense weights restored, tables read in whatever
+    the kept checkpoint (exporter's restore.py: dense weights restored, tables read in whatever
     layout the platform saved them), evaluated on the whole eval split and saved as the Trainer's
     SavedModel. Nothing here touches the training model or its strategy (a TFRS layer built under
     TPUStrategy refuses calls outside `strategy.run`).
@@ -891,6 +895,27 @@ def finish(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifes
                                          f"{metrics['seconds']:.1f} s ({rate:,.0f} rows/s)")
         save_serving_model(TransformedServing(model, manifest), serving_model_dir)
     return metrics, model
+
+
+def report_final_evaluation(run: Dict[str, Any], metrics: Dict[str, Any]) -> Dict[str, Any]:
+    """Reports the Trainer's evaluation on the eval split as the kept model's.
+
+    `finish` scores the checkpoint kept as the model (the best on the held-out slice, else the
+    last), which need not be the last step's: the progress event names that step and how it was
+    chosen, and eval_metrics.json records both beside the metrics, so that the progress line, the
+    summary and the run report name the same model for the same AUC.
+
+    Args:
+      run: the training-run record (`model_step`, `model_choice`: `_final_checkpoint`).
+      metrics: the eval split's metrics (`finish`, with their reasons).
+
+    Returns:
+      `metrics` with `model_step` and `model_choice` added.
+    """
+    progress.evaluated(progress.TRAINER, run["model_step"],
+                       {k: v for k, v in metrics.items() if isinstance(v, (int, float))},
+                       kept=run["model_choice"])
+    return {**metrics, "model_step": run["model_step"], "model_choice": run["model_choice"]}
 
 
 def continuous_start(cfg: PipelineConfig, base_model: Optional[str], manifest: VocabularyManifest,
@@ -986,8 +1011,7 @@ def run_fn(fn_args) -> None:
     metrics, _ = finish(cfg, plan, manifest, checkpoint, fn_args.eval_files, fn_args.serving_model_dir)
     run["seconds"]["final_evaluation"] = round(metrics.pop("seconds"), 3)  # train's `_seconds`
     # An AUC or log loss undefined on the eval split (one label only) is null, with its reason.
-    metrics = with_reasons(metrics, evaluation_reasons(metrics, "eval split"))
-    progress.evaluated(progress.TRAINER, run["final_step"], {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+    metrics = report_final_evaluation(run, with_reasons(metrics, evaluation_reasons(metrics, "eval split")))
     for name, why in (metrics.get(UNDEFINED_KEY) or {}).items():
         progress.phase(progress.TRAINER, f"eval {name}: {why}")
     if cfg.validation.baseline.enabled:

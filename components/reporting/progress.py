@@ -33,7 +33,7 @@ START, DONE, FAILED = "start", "done", "failed"
 PHASE = "phase"  # {"text"}: the stage moved on to another part of its work
 COUNT = "count"  # {"phase", "done", "total" (or null), "unit"}: `done` more units of `phase` finished (a delta)
 STEP = "step"  # {"step", "total", "loss", "examples_per_second"}: a training step reached
-EVAL = "eval"  # {"step", "metrics"}: an evaluation finished
+EVAL = "eval"  # {"step", "metrics", "kept" (the kept model's evaluation only)}: an evaluation finished
 
 
 def enabled() -> bool:
@@ -123,15 +123,18 @@ def step(stage: str, step_no: int, total: int, loss: Optional[float] = None,
          examples_per_second=None if examples_per_second is None else round(float(examples_per_second), 1))
 
 
-def evaluated(stage: str, step_no: int, metrics: Dict[str, float]) -> None:
+def evaluated(stage: str, step_no: int, metrics: Dict[str, float], kept: Optional[str] = None) -> None:
     """Emits a finished evaluation.
 
     Args:
       stage: the stage's node id.
-      step_no: the step evaluated.
+      step_no: the step of the checkpoint evaluated.
       metrics: metric name -> value.
+      kept: for the evaluation of the model a run kept, how that checkpoint was chosen
+        (report.KEPT_BEST, report.KEPT_LAST); the view then names it as the kept model.
     """
-    emit(stage, EVAL, step=int(step_no), metrics={k: round(float(v), 5) for k, v in metrics.items()})
+    fields: Dict[str, Any] = {"kept": kept} if kept else {}
+    emit(stage, EVAL, step=int(step_no), metrics={k: round(float(v), 5) for k, v in metrics.items()}, **fields)
 
 
 @contextlib.contextmanager

@@ -3,7 +3,8 @@
 A `Report` is a title, aligned `label: text` rows (a row may be indented under the one above it)
 and the data behind them. `render` prints the rows the same way for the pipeline, continuous
 training, the preprocessing CLI and the exporter CLI; `--json` prints `data` instead, for
-machines. `error_line` is the one line every tool prints when it fails.
+machines. `error_line` is the one line every tool prints when it fails; `kept_model` is how
+every report names the checkpoint a run kept as its model.
 """
 from __future__ import annotations
 
@@ -16,6 +17,24 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, TextIO
 
 LABEL_WIDTH = 22
+
+# How the Trainer chose the checkpoint it kept as the model (training_run.json and eval_metrics.json
+# `model_choice`); every report names that model with `kept_model`.
+KEPT_BEST = "best on the held-out slice"
+KEPT_LAST = "the last step"
+
+
+def kept_model(step: int, choice: str) -> str:
+    """Names the model a run kept, as the progress line, the summary and the run report say it.
+
+    Args:
+      step: the training step of the kept checkpoint.
+      choice: how it was chosen (`KEPT_BEST`, `KEPT_LAST`).
+
+    Returns:
+      E.g. `the kept model (step 400, best on the held-out slice)`.
+    """
+    return f"the kept model (step {int(step):,}, {choice})"
 
 
 @dataclass
