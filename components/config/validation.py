@@ -8,6 +8,8 @@ passes gets its frozen `ResolvedConfig`.
 """
 from __future__ import annotations
 
+import math
+
 from typing import Callable, Dict, Optional
 
 from components.config.binding import bind_tables, optimizer_path, table_optimizer
@@ -291,8 +293,15 @@ def _check_validation(cfg: PipelineConfig) -> None:
     v = cfg.validation
     _check_optimizer(v.baseline.optimizer, "validation.baseline.optimizer")
     check_positive(v.baseline.train_steps, "validation.baseline.train_steps", "leave it unset to use epochs")
-    check_positive(v.baseline.epochs, "validation.baseline.epochs", "passes over the train split, e.g. 8")
-    check_positive(v.baseline.max_steps_ratio, "validation.baseline.max_steps_ratio", "e.g. 4")
+    check_positive(v.baseline.epochs, "validation.baseline.epochs", "passes over the train split, or null for max_rows")
+    for name, hint in (("max_rows", "rows trained on when epochs is null, e.g. 4000000"),
+                       ("max_epochs", "e.g. 20"), ("min_steps", "e.g. 1000"), ("batch_size", "e.g. 1024")):
+        check_positive(getattr(v.baseline, name), f"validation.baseline.{name}", hint)
+    if not v.baseline.l2:
+        raise ConfigError("validation.baseline.l2: empty; list at least one L2 strength, e.g. [0.0, 0.5, 1.5, 5.0, 15.0]")
+    for j, x in enumerate(v.baseline.l2):
+        if not (isinstance(x, (int, float)) and math.isfinite(x) and x >= 0):
+            raise ConfigError(f"validation.baseline.l2[{j}]: {x!r} is not an L2 strength >= 0; e.g. 1.5")
     for name in ("baseline_margin", "regression_margin"):
         m = getattr(v, name)
         if m is not None and not (isinstance(m, (int, float)) and -1 < m < 1):

@@ -841,7 +841,11 @@ def _with_wide_part(cfg: PipelineConfig, tables: Dict[str, TablePlan], features:
     out_tables, out_features = dict(tables), dict(features)
     for name, t in tables.items():
         out_tables[name + WIDE_SUFFIX] = dataclasses.replace(
-            t, dim=1, dim_source="wide part (training.wide)", initializer=Initializer(InitializerKind.ZEROS), optimizer=spec,
+            # A linear model's feature is a bag of its IDs: the wide part sums them (as the baseline
+            # does), whatever the deep table's combiner; a mean would weigh each of a long text's
+            # words 1/n (bench/README.md "Defaults on real data").
+            t, dim=1, dim_source="wide part (training.wide)", combiner=Combiner.SUM,
+            initializer=Initializer(InitializerKind.ZEROS), optimizer=spec,
             features=tuple(f + WIDE_SUFFIX for f in t.features),
             memory=_table_memory(t.rows, 1, wide.name, t.placement, topology), wide_of=name)
     for name, f in features.items():
