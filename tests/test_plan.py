@@ -589,3 +589,53 @@ def test_a_configured_num_chips_the_tpu_contradicts_is_refused_naming_both():
                              on_tpu=True).topology.num_chips == 4
     with pytest.raises(PlanError, match=r"num_chips is 8, but the TPU runs 4 replicas: 2 or 4 chips \(a chip is 1 or 2 replica"):
         plan_for_hardware(unnamed, _TPU("V1", replicas=4), on_tpu=True)
+
+
+def _long_stats(**means):
+    features = {f: {"splits": {"train": {"ids_per_example": {"mean": m, "p99": 2 * m, "max": 3 * m}}}} for f, m in means.items()}
+    return EmbeddingStatistics(64, (8,), {}, features, {}, {}, 0, {})
+
+
+def test_a_long_multi_hot_features_table_sums_and_gets_the_wide_part():
+    """Statistics choose the combiner and the wide part of a long multi-hot feature (mean IDs per
+    example >= LONG_MULTI_HOT_IDS) where the config states neither; the plan records why."""
+    from components.contracts.plan import LONG_MULTI_HOT_IDS, WIDE_SUFFIX
+
+    plan = derive_plan(_config(), MANIFEST, _long_stats(big=LONG_MULTI_HOT_IDS + 9.5, A=2.0))
+    big = plan.tables["big"]
+    assert big.combiner == "sum" and big.combiner_source.startswith("statistics: big has 17.5 IDs per example")
+    # shared's combiner defaults too, but its features are short (A: 2.0, B unknown): mean, by default
+    assert plan.tables["shared"].combiner == "mean" and plan.tables["shared"].combiner_source.startswith("default")
+    assert set(plan.tables) == {"shared", "big", "small", "big" + WIDE_SUFFIX}
+    assert plan.wide_features() == {"big" + WIDE_SUFFIX: "big"}
+    assert plan.wide_part["features"] == ["big"] and "big 17.5" in plan.wide_part["source"]
+    assert plan.tables["big" + WIDE_SUFFIX].wide_source == plan.wide_part["source"]
+    # recorded in embedding_plan.json and read back
+    assert EmbeddingPlan.from_dict(plan.to_dict()).wide_part == plan.wide_part
+
+
+def test_the_config_overrides_what_the_statistics_choose():
+    stats = _long_stats(big=40.0)
+    for override in ({"categorical_defaults": {"combiner": "mean"}},):
+        raw = {"input": {"path": "unused.csv"}, "label": "label", "tables": [{"name": "shared", "dim": 8}],
+               "categorical_features": [{"name": "A", "table": "shared"}, {"name": "B", "table": "shared"},
+                                        {"name": "big"}, {"name": "small", "dim": 4}],
+               "training": {"wide": {"enabled": False}}, **override}
+        plan = derive_plan(parse_config(raw), MANIFEST, stats)
+        assert plan.tables["big"].combiner == "mean" and plan.tables["big"].combiner_source == "config"
+        assert not plan.wide_features() and plan.wide_part == {"features": [], "source": "training.wide.enabled: false"}
+    plan = derive_plan(_config(), MANIFEST, _long_stats(big=3.0))  # nothing long: no wide part, means
+    assert not plan.wide_features() and plan.wide_part["source"] == "statistics: no long multi-hot feature"
+    assert {t.combiner for t in plan.tables.values()} == {"mean"}
+
+
+def test_an_implicit_combiner_stays_implicit_through_the_configs_json():
+    """The Trainer reads the config back from JSON: a combiner filled in by default must not become
+    a configured one there, or the Trainer's plan would differ from the pipeline's."""
+    from components.config.loading import config_from_json
+
+    cfg = _config()
+    back = config_from_json(cfg.to_json())
+    assert [t.combiner_explicit for t in back.resolved.tables] == [t.combiner_explicit for t in cfg.resolved.tables] == [False] * 3
+    stats = _long_stats(big=40.0)
+    assert derive_plan(back, MANIFEST, stats).to_dict() == derive_plan(cfg, MANIFEST, stats).to_dict()

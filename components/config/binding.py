@@ -11,7 +11,7 @@ import json
 from typing import Dict, List, Optional, Tuple
 
 from components.config.checks import check_column, check_positive
-from components.config.choices import InitializerKind, SequencePooling, VocabularyKind
+from components.config.choices import Combiner, InitializerKind, SequencePooling, VocabularyKind
 from components.config.resolved import ResolvedTable
 from components.config.schema import (
     CategoricalDefaults,
@@ -69,7 +69,9 @@ def bind_tables(cfg: PipelineConfig) -> Tuple[ResolvedTable, ...]:
         if not bound[t.name]:
             raise ConfigError(f"tables: table {t.name!r} is used by no feature; remove it or point a feature at it")
     cfg.tables = list(cfg.tables) + implicit
-    resolved = tuple(ResolvedTable(t.name, tuple(bound[t.name]), dim_explicit=t.dim is not None) for t in cfg.tables)
+    resolved = tuple(ResolvedTable(t.name, tuple(bound[t.name]), dim_explicit=t.dim is not None,
+                                   combiner_explicit=t.combiner is not None or cfg.categorical_defaults.combiner is not None)
+                     for t in cfg.tables)
     for t in cfg.tables:
         _fill_defaults(t, cfg.categorical_defaults)
         _check_uniform_range(t)
@@ -331,7 +333,8 @@ def _own_table(f: CategoricalFeature, path: str, declared: Dict[str, int]) -> Ta
 
 def _fill_defaults(t: TableConfig, defaults: CategoricalDefaults) -> None:
     t.dim = t.dim if t.dim is not None else defaults.dim
-    t.combiner = t.combiner or defaults.combiner
+    # null everywhere: mean here; the plan may choose another from the statistics (combiner_explicit)
+    t.combiner = t.combiner or defaults.combiner or Combiner.MEAN
     t.vocabulary = t.vocabulary or dataclasses.replace(defaults.vocabulary)
     t.initializer = t.initializer or dataclasses.replace(defaults.initializer)
 

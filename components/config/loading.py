@@ -21,7 +21,7 @@ from components.config.validation import resolve
 
 SERIALIZED_SOURCE = "<serialized config>"  # source_file of a config read by config_from_json
 # JSON without a "resolved" section carries the derived bindings in each table instead; they are not fields.
-_OLD_RESOLVED_KEYS = ("features", "dim_explicit")
+_OLD_RESOLVED_KEYS = ("features", "dim_explicit", "combiner_explicit")
 
 
 def _type_name(tp: Any) -> str:
@@ -177,13 +177,14 @@ def config_from_json(text: str) -> PipelineConfig:
     resolved_tables = (data.pop("resolved", None) or {}).get("tables", {})
     # Implicit tables are derived again, so only the tables features name are kept. A dim filled in
     # from categorical_defaults is dropped, so that it stays "not explicit" (read from the table
-    # itself in JSON without a "resolved" section).
+    # itself in JSON without a "resolved" section); so is a combiner filled in by default.
     explicit = {f.get("table") for f in data.get("categorical_features", []) if f.get("table")}
     tables = []
     for t in data.get("tables", []):
         if t["name"] not in explicit:
             continue
-        dim_explicit = resolved_tables.get(t["name"], t).get("dim_explicit", True)
-        tables.append({k: v for k, v in t.items() if k not in _OLD_RESOLVED_KEYS and (k != "dim" or dim_explicit)})
+        entry = resolved_tables.get(t["name"], t)
+        dropped = {k for k in ("dim", "combiner") if not entry.get(f"{k}_explicit", True)}
+        tables.append({k: v for k, v in t.items() if k not in _OLD_RESOLVED_KEYS and k not in dropped})
     data["tables"] = tables
     return parse_config(data, SERIALIZED_SOURCE)

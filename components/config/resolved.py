@@ -17,6 +17,9 @@ class ResolvedTable:
     name: str
     features: Tuple[str, ...]  # the categorical features looking up this table, in config order
     dim_explicit: bool  # dim set on the table or one of its features (False: categorical_defaults.dim)
+    # combiner set on the table, one of its features or categorical_defaults (False: the plan
+    # chooses it from the statistics: contracts/plan.py, `combiner_source`)
+    combiner_explicit: bool = True
 
     @property
     def shared(self) -> bool:
@@ -52,7 +55,8 @@ class ResolvedConfig:
         """The derived bindings, as the config's JSON carries them under "resolved".
 
         Returns:
-          {"tables": {name: {"features": [...], "dim_explicit": bool}}}; not `source_file`, since where a
-          config was read from is not its content.
+          {"tables": {name: {"features": [...], "dim_explicit": bool, "combiner_explicit": bool}}}; not
+          `source_file`, since where a config was read from is not its content.
         """
-        return {"tables": {t.name: {"features": list(t.features), "dim_explicit": t.dim_explicit} for t in self.tables}}
+        return {"tables": {t.name: {"features": list(t.features), "dim_explicit": t.dim_explicit,
+                                    "combiner_explicit": t.combiner_explicit} for t in self.tables}}

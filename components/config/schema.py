@@ -186,7 +186,10 @@ class CategoricalDefaults:
     """Dim, combiner, vocabulary and initializer of tables that do not set them."""
 
     dim: int = 16
-    combiner: Combiner = Combiner.MEAN
+    # null: mean, except for a table a long multi-hot feature looks up (a text's words: mean IDs per
+    # example on the train split >= contracts.plan.LONG_MULTI_HOT_IDS), which sums its IDs; the
+    # plan records which and why (`combiner_source`). Set it (here, on a table or a feature) to fix one.
+    combiner: Optional[Combiner] = None
     vocabulary: VocabularyOptions = field(default_factory=VocabularyOptions)
     initializer: InitializerOptions = field(default_factory=InitializerOptions)
 
@@ -304,15 +307,19 @@ WIDE_SUFFIX = "__wide"
 @dataclass
 class WideConfig:
     """`training.wide`: a linear (wide) part trained jointly with the deep model (Wide & Deep): one
-    weight per embedding row (a one-dimensional table beside every table, same rows, same
-    vocabulary, pooled per feature as its embedding is) and one per dense feature, added to the
-    deep part's logit. Its tables have their own optimizer (FTRL, the usual one for wide linear
-    models) and are placed like their deep tables (TPU embedding or TensorCore). Off by default: it
-    did not help consistently on the public datasets (bench/README.md "Defaults on real data")."""
+    weight per embedding row (a one-dimensional table beside a table, same rows, same vocabulary,
+    each feature a bag of its IDs) and one per dense feature and bucket, added to the deep part's
+    logit. Its tables have their own optimizer and are placed like their deep tables (TPU embedding
+    or TensorCore).
 
-    enabled: bool = False
-    optimizer: OptimizerConfig = field(
-        default_factory=lambda: OptimizerConfig(OptimizerName.FTRL, 0.1, l2_regularization_strength=0.01))
+    `enabled`: true: beside every table; false: none; null (default): beside the tables of long
+    multi-hot features only (mean IDs per example >= contracts.plan.LONG_MULTI_HOT_IDS: a text's
+    words), where a bag of words is what a linear model does best: with it the defaults beat
+    scikit-learn's logistic regression on two public text datasets, and everywhere it did not help
+    consistently (bench/README.md "Defaults on real data"). The plan records which and why."""
+
+    enabled: Optional[bool] = None
+    optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(OptimizerName.ADAM, 0.01))
 
 
 @dataclass

@@ -197,8 +197,9 @@ def _check_training(cfg: PipelineConfig) -> None:
         raise ConfigError(f"training.dense_buckets.buckets: {db.buckets} buckets have {db.buckets - 1} boundary, no bin "
                           "between two for the piecewise_linear encoding; set at least 3, or encoding: embedding")
     wide = tr.wide
-    if not isinstance(wide.enabled, bool):
-        raise ConfigError(f"training.wide.enabled: {wide.enabled!r} is not true or false")
+    if wide.enabled is not None and not isinstance(wide.enabled, bool):
+        raise ConfigError(f"training.wide.enabled: {wide.enabled!r} is not true, false or null (null: beside long "
+                          "multi-hot features only)")
     _check_optimizer(wide.optimizer, "training.wide.optimizer")
     if wide.optimizer.clipnorm is not None:
         raise ConfigError("training.wide.optimizer.clipnorm: TPU embedding optimizers cannot clip by norm; use clipvalue")

@@ -41,7 +41,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -181,6 +181,10 @@ class TablePlan:
     memory: TableMemory
     # A wide (linear) part's table (training.wide): the table whose rows and vocabulary it shares.
     wide_of: Optional[str] = None
+    # Where `combiner` comes from: "config", or the statistics (a long multi-hot feature's table)
+    combiner_source: str = "config"
+    # A wide table: why it is there (training.wide.enabled, or the statistics)
+    wide_source: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -277,7 +281,7 @@ class DenseBuckets:
     encoding: BucketEncoding = BucketEncoding.EMBEDDING
 
 
-_OPTIONAL_PLAN_FIELDS = ("checkpoint_layout", "vocabulary_dir", "embedding_gradient_multiplier", "dense_buckets")
+_OPTIONAL_PLAN_FIELDS = ("checkpoint_layout", "vocabulary_dir", "embedding_gradient_multiplier", "dense_buckets", "wide_part")
 
 
 @dataclass(frozen=True)
@@ -296,6 +300,8 @@ class EmbeddingPlan:
     # {value, schedule}: every embedding gradient's factor at a step (training.embedding_gradient_multiplier)
     embedding_gradient_multiplier: Optional[Mapping[str, Any]] = None
     dense_buckets: Optional[DenseBuckets] = None  # training.dense_buckets, when the statistics have quantiles
+    # {"features": the features the wide part stands beside, "source": why} (training.wide; derive_plan)
+    wide_part: Optional[Mapping[str, Any]] = None
     version: int = PLAN_VERSION
 
     def table(self, name: str) -> TablePlan:
@@ -775,6 +781,47 @@ def _sparsecore_limits(statistics: EmbeddingStatistics, table: str, num_sc: int)
     )
 
 
+# A categorical feature with at least this many IDs per example on the train split (their mean) is
+# a long multi-hot feature (a text's words, a long history), whose defaults differ: its table sums
+# its IDs (a mean weighs each of 50 words 1/50) and the wide part stands beside it (training.wide
+# null). bench/README.md "Defaults on real data": what each did on two public text datasets; the
+# public datasets' other multi-hot feature (MovieLens genres) has 2.3.
+LONG_MULTI_HOT_IDS = 8.0
+
+
+def long_multi_hot(cfg: PipelineConfig, statistics: EmbeddingStatistics) -> Dict[str, float]:
+    """The long multi-hot features: {feature: its mean IDs per example on the train split} for every
+    categorical feature that is no sequence feature and has at least LONG_MULTI_HOT_IDS.
+
+    Args:
+      cfg: a resolved configuration.
+      statistics: preprocessing's statistics (empty: none is long).
+
+    Returns:
+      The features, in config order.
+    """
+    out: Dict[str, float] = {}
+    for f in cfg.categorical_features:
+        mean = statistics.ids_per_example(f.name, "train").get("mean")
+        if f.sequence is None and mean is not None and float(mean) >= LONG_MULTI_HOT_IDS:
+            out[f.name] = float(mean)
+    return out
+
+
+def _combiner(cfg: PipelineConfig, name: str, long: Mapping[str, float]) -> Tuple[Combiner, str]:
+    """A table's combiner and its source: the config's, or `sum` for a table a long multi-hot
+    feature looks up when no combiner is configured for it."""
+    t = cfg.table(name)
+    if cfg.resolved.table(name).combiner_explicit:
+        return t.combiner, "config"
+    reads = [f for f in cfg.resolved.table(name).features if f in long]
+    if not reads:
+        return t.combiner, "default (no long multi-hot feature)"
+    f = reads[0]
+    return Combiner.SUM, (f"statistics: {f} has {long[f]:.1f} IDs per example on the train split (at least "
+                          f"{LONG_MULTI_HOT_IDS:g}: long multi-hot), so its IDs are summed, a bag")
+
+
 def _table_plan(cfg: PipelineConfig, name: str, manifest: VocabularyManifest, statistics: EmbeddingStatistics,
                 topology: Topology) -> TablePlan:
     emb = cfg.training.embedding
@@ -789,13 +836,15 @@ def _table_plan(cfg: PipelineConfig, name: str, manifest: VocabularyManifest, st
         dim, dim_source = int(t.dim), "config"
     placement = Placement.TPU_EMBEDDING if emb.size_threshold is not None and rows > emb.size_threshold else Placement.TENSOR_CORE
     optimizer = table_optimizer(cfg, name)  # tables[].optimizer over training.embedding_optimizer
+    combiner, combiner_source = _combiner(cfg, name, long_multi_hot(cfg, statistics))
     return TablePlan(
         rows=rows,
         vocabulary_size=int(v.size),
         num_oov_buckets=int(v.num_oov_buckets),
         dim=dim,
         dim_source=dim_source,
-        combiner=t.combiner,
+        combiner=combiner,
+        combiner_source=combiner_source,
         initializer=Initializer.from_options(t.initializer, dim),
         optimizer=optimizer_spec(optimizer),
         placement=placement,
@@ -829,24 +878,40 @@ def _feature_plans(cfg: PipelineConfig, tables: Mapping[str, TablePlan], statist
     return features
 
 
+def _wide_part_for(cfg: PipelineConfig, statistics: EmbeddingStatistics) -> Tuple[Optional[List[str]], str]:
+    """The features the wide part stands beside and why: all (training.wide.enabled true), none
+    (false, or null without a long multi-hot feature: an empty list), or the long multi-hot ones."""
+    enabled = cfg.training.wide.enabled
+    if enabled is not None:
+        return ([f.name for f in cfg.categorical_features] if enabled else []), f"training.wide.enabled: {str(enabled).lower()}"
+    long = long_multi_hot(cfg, statistics)
+    why = ", ".join(f"{f} {m:.1f}" for f, m in long.items())
+    return list(long), (f"statistics: long multi-hot features (IDs per example on the train split, at least "
+                        f"{LONG_MULTI_HOT_IDS:g}): {why}" if long else "statistics: no long multi-hot feature")
+
+
 def _with_wide_part(cfg: PipelineConfig, tables: Dict[str, TablePlan], features: Dict[str, FeaturePlan],
-                    topology: Topology):
+                    topology: Topology, beside: Optional[List[str]] = None, source: str = "training.wide.enabled: true"):
     """The plan's tables and features with the wide part's beside them (training.wide): per table a
     one-dimensional table of the same rows and vocabulary (`<table>__wide`), initialized to zeros,
     updated by the wide optimizer and placed as its table is; per categorical feature a feature of
     that table reading the same IDs (`<feature>__wide`; a sequence feature's reads the same
-    positions). The model adds their pooled values to its logit (model.py)."""
+    positions). The model adds their pooled values to its logit (model.py). `beside`: the features
+    (and so the tables) it stands beside, None for all; `source`: why, recorded on its tables."""
     wide = cfg.training.wide.optimizer
     spec = optimizer_spec(wide)
     out_tables, out_features = dict(tables), dict(features)
+    if beside is not None:
+        features = {n: f for n, f in features.items() if n in beside}
+        tables = {n: t for n, t in tables.items() if n in {f.table for f in features.values()}}
     for name, t in tables.items():
         out_tables[name + WIDE_SUFFIX] = dataclasses.replace(
             # A linear model's feature is a bag of its IDs: the wide part sums them (as the baseline
             # does), whatever the deep table's combiner; a mean would weigh each of a long text's
             # words 1/n (bench/README.md "Defaults on real data").
             t, dim=1, dim_source="wide part (training.wide)", combiner=Combiner.SUM,
-            initializer=Initializer(InitializerKind.ZEROS), optimizer=spec,
-            features=tuple(f + WIDE_SUFFIX for f in t.features),
+            initializer=Initializer(InitializerKind.ZEROS), optimizer=spec, combiner_source="wide part: a bag of IDs",
+            wide_source=source, features=tuple(f + WIDE_SUFFIX for f in t.features if f in features),
             memory=_table_memory(t.rows, 1, wide.name, t.placement, topology), wide_of=name)
     for name, f in features.items():
         out_features[name + WIDE_SUFFIX] = dataclasses.replace(
@@ -982,8 +1047,9 @@ def derive_plan(
     statistics = statistics or EmbeddingStatistics.empty()
     tables = {t.name: _table_plan(cfg, t.name, manifest, statistics, topology) for t in cfg.tables}
     features = _feature_plans(cfg, tables, statistics)
-    if cfg.training.wide.enabled:
-        tables, features = _with_wide_part(cfg, tables, features, topology)
+    beside, wide_source = _wide_part_for(cfg, statistics)
+    if beside:
+        tables, features = _with_wide_part(cfg, tables, features, topology, beside, wide_source)
     budget = int(topology.hbm_gib_per_chip * (1 << 30) * topology.usable_hbm_fraction)
     memory = plan_memory(tables, topology, budget)
     plan = EmbeddingPlan(
@@ -995,6 +1061,7 @@ def derive_plan(
         memory=memory,
         embedding_gradient_multiplier=_gradient_multiplier(cfg),
         dense_buckets=_dense_buckets(cfg, statistics),
+        wide_part={"features": list(beside), "source": wide_source},
         sparse_core_config=SparseCoreConfigNote(
             available_in_tensorflow=sparsecore_config_available,
             note=(

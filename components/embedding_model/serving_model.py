@@ -353,9 +353,10 @@ class ServingRankingModel(tf.keras.Model):
                 inputs[fused_key(i, "rows")], inputs[fused_key(i, "segments")], len(chunk.features),
                 inputs[BATCH_KEY], chunk.combiner)
             out.update(zip(chunk.features, tf.unstack(pooled, num=len(chunk.features))))
-            if wide is not None:
-                wide_names = (self.model_features.wide_feature_of[n] for n in chunk.features)
-                out.update(zip(wide_names, tf.unstack(wide, num=len(chunk.features))))
+            if wide is not None:  # the stack has a wide column; not every feature has a wide part (plan.wide_part)
+                wide_of = self.model_features.wide_feature_of
+                out.update((wide_of[n], w) for n, w in zip(chunk.features, tf.unstack(wide, num=len(chunk.features)))
+                           if n in wide_of)
         return out
 
     # AutoGraph off, as the training model's `call` (model.py): no tensor-dependent Python control flow.
