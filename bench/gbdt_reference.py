@@ -8,7 +8,10 @@ raw typed columns: the same rows and the same hash split the model saw) and buil
 from CONFIG: every dense feature as a float (a missing cell stays NaN: LightGBM's own missing-value
 handling), every categorical feature as a pandas category of its raw cell (a multi-valued cell as
 one category; a feature with more distinct train values than --max-categories keeps its most
-frequent ones and puts the rest in one "other" category). Rows without a label are left out, as
+frequent ones and puts the rest in one "other" category), except a multi-hot feature (a
+`separator`), which enters as a bag of its tokens: one count column per token seen at least
+--bag-min-count times in the train split (a text's words; as one category every review would be
+its own). Rows without a label are left out, as
 preprocessing leaves them out. The number of boosting rounds is chosen by early stopping on a 10%
 slice of the train split, never on the eval split; the eval AUC is the exact AUC on the whole eval
 split (components.rules.metrics.roc_auc, as the validation gate computes it). Prints one RESULT line:
@@ -59,9 +62,13 @@ def frame(tables, cfg, max_categories: int, categories=None):
         x = np.full(t.num_rows, np.nan)
         x[has] = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float64)
         out[d.name] = x[keep]
+    bags = []
     for f in cfg.categorical_features:
         source = f.source
         if source in out:
+            continue
+        if f.separator:
+            bags.append((source, f.separator))
             continue
         values, has = first_values(t.column(source))
         raw = np.full(t.num_rows, None, dtype=object)
@@ -72,7 +79,48 @@ def frame(tables, cfg, max_categories: int, categories=None):
             categories[source] = list(raw.value_counts().index[:max_categories])
         known = raw.where(raw.isin(categories[source]), other="__other__").where(raw.notna(), None)
         out[source] = pd.Categorical(known, categories=[*categories[source], "__other__"])
-    return pd.DataFrame(out), y, categories
+    return pd.DataFrame(out), y, categories, {s: _texts(t.column(s), keep) for s, _ in bags}
+
+
+def _texts(col, keep):
+    values, has = first_values(col)
+    raw = np.full(len(has), "", dtype=object)
+    raw[has] = values.cast(pa.string()).to_numpy(zero_copy_only=False)
+    return raw[keep]
+
+
+def with_bags(x: pd.DataFrame, texts, cfg, vocab, min_count: int):
+    """x's columns (categories as their codes, missing NaN) and each multi-hot feature's bag of
+    tokens (a count column per token of `vocab`, built from the train split when empty) as one CSR
+    matrix; returns it and the categorical columns' indices."""
+    from collections import Counter
+
+    from scipy import sparse
+
+    seps = {f.source: f.separator for f in cfg.categorical_features if f.separator}
+    cols, cat_idx = [], []
+    for i, c in enumerate(x.columns):
+        if isinstance(x[c].dtype, pd.CategoricalDtype):
+            codes = x[c].cat.codes.to_numpy().astype(np.float64)
+            cols.append(np.where(codes < 0, np.nan, codes))
+            cat_idx.append(i)
+        else:
+            cols.append(x[c].to_numpy(np.float64))
+    blocks = [sparse.csr_matrix(np.stack(cols, 1)) if cols else sparse.csr_matrix((len(next(iter(texts.values()))), 0))]
+    for source, raw in texts.items():
+        toks = [[t for t in s.split(seps[source]) if t] for s in raw]
+        if source not in vocab:
+            counts = Counter(t for row in toks for t in row)
+            vocab[source] = {t: j for j, t in enumerate(sorted(t for t, n in counts.items() if n >= min_count))}
+        v = vocab[source]
+        rows, idx = [], []
+        for r, row in enumerate(toks):
+            for t in row:
+                if t in v:
+                    rows.append(r)
+                    idx.append(v[t])
+        blocks.append(sparse.csr_matrix((np.ones(len(idx)), (rows, idx)), shape=(len(toks), len(v))))
+    return sparse.hstack(blocks, format="csr"), cat_idx
 
 
 def main(argv=None) -> int:
@@ -83,6 +131,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-categories", type=int, default=10000)
     ap.add_argument("--learning-rate", type=float, default=0.05)
     ap.add_argument("--leaves", type=int, default=63)
+    ap.add_argument("--bag-min-count", type=int, default=5, help="a multi-hot feature's tokens kept as columns")
     args = ap.parse_args(argv)
     try:
         import lightgbm as lgb
@@ -102,15 +151,20 @@ def main(argv=None) -> int:
         return [pq.read_table(f) for f in sorted(glob.glob(os.path.join(examples, f"Split-{split}", "*.parquet")))]
 
     start = time.time()
-    x, y, cats = frame(read("train"), cfg, args.max_categories)
-    xe, ye, _ = frame(read("eval"), cfg, args.max_categories, cats)
+    x, y, cats, texts = frame(read("train"), cfg, args.max_categories)
+    xe, ye, _, texts_e = frame(read("eval"), cfg, args.max_categories, cats)
+    categorical = "auto"
+    if texts:
+        vocab = {}
+        x, categorical = with_bags(x, texts, cfg, vocab, args.bag_min_count)
+        xe, _ = with_bags(xe, texts_e, cfg, vocab, args.bag_min_count)
     # the early-stopping slice: every 10th train row (the split's rows are in file order, not by label)
     hold = np.arange(len(y)) % 10 == 0
     params = {"objective": "binary", "learning_rate": args.learning_rate, "num_leaves": args.leaves,
               "min_data_in_leaf": 50, "feature_fraction": 0.8, "bagging_fraction": 0.8, "bagging_freq": 1,
               "lambda_l2": 1.0, "cat_smooth": 10.0, "cat_l2": 10.0, "max_cat_to_onehot": 4,
               "num_threads": os.cpu_count() or 1, "verbose": -1, "seed": 1}
-    train = lgb.Dataset(x[~hold], y[~hold])
+    train = lgb.Dataset(x[~hold], y[~hold], categorical_feature=categorical)
     valid = lgb.Dataset(x[hold], y[hold], reference=train)
     booster = lgb.train(params, train, num_boost_round=args.rounds, valid_sets=[valid],
                         callbacks=[lgb.early_stopping(50, verbose=False)])

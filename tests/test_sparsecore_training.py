@@ -150,7 +150,7 @@ def test_sparsecore_training_matches_cpu_row_by_row(trainer_data, monkeypatch, t
     for name, entry in result["tables"].items():
         assert entry["change_diff"] <= 1e-4 and entry["max_diff"] <= 1e-6, (name, entry)
         assert entry["moved"] > 1e-4 and entry["rows_moved"] > 0, (name, entry)
-        if name in tpu:  # and the slots TF created for the stacks, FTRL's and Adagrad's
-            want = {"accumulator", "linear"} if tpu[name].optimizer["name"] == "ftrl" else {"accumulator"}
-            assert set(entry["slots"]) == want and max(entry["slots"].values()) <= 1e-4, (name, entry)
-    assert {tpu[n].optimizer["name"] for n in tpu} == {"ftrl", "adagrad"}, covered
+        if name in tpu:  # and the slots TF created for the stacks: FTRL's, Adagrad's and (wide tables) Adam's
+            want = {"ftrl": {"accumulator", "linear"}, "adagrad": {"accumulator"}, "adam": {"m", "v"}}
+            assert set(entry["slots"]) == want[tpu[name].optimizer["name"]] and max(entry["slots"].values()) <= 1e-4, (name, entry)
+    assert {tpu[n].optimizer["name"] for n in tpu} == {"ftrl", "adagrad", "adam"}, covered

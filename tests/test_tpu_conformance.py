@@ -637,7 +637,7 @@ def test_sequence_features_on_sparsecore_are_refused_before_the_build(tpu_branch
 @pytest.mark.parametrize("feature", ["V1", "V2"])
 def test_wide_tables_train_in_tpu_embedding_with_their_own_optimizer(feature, tpu_branch, data, tmp_path):
     """training.wide on the TPU branch: the wide part's one-dimensional tables of TPU-embedding
-    tables are TPU-embedding tables themselves, each TableConfig carrying the wide optimizer (FTRL)
+    tables are TPU-embedding tables themselves, each TableConfig carrying the wide optimizer (lazy Adam, a bag)
     while the deep tables keep the embedding optimizer; on SparseCore, TensorFlow's own
     TPUEmbeddingV2 stacks them (dim 1, padded, apart from the deep tables: another dim and
     optimizer), and the Trainer's CPU path reads every one of them from the stacked checkpoint
@@ -653,12 +653,15 @@ def test_wide_tables_train_in_tpu_embedding_with_their_own_optimizer(feature, tp
     name = "TPUEmbeddingV2" if feature == "V2" else "TPUEmbedding"
     init = [c for c in rec.calls if c["call"] == f"{name}.__init__"][-1]
     configs = {f.table.name: f.table for f in tf.nest.flatten(init["values"]["feature_config"])}
+    assert cfg.training.wide.optimizer.name == "adam"  # the wide part's default (lazy Adam 0.01)
     for name in wide_tpu:
-        assert isinstance(configs[name].optimizer, tf.tpu.experimental.embedding.FTRL), name
-        assert configs[name].optimizer.learning_rate == pytest.approx(cfg.training.wide.optimizer.learning_rate)
+        assert isinstance(configs[name].optimizer, tf.tpu.experimental.embedding.Adam), name
+        # Adam's rate is a function of the step (Keras' bias correction, optimizers.tpu_learning_rate)
+        assert callable(configs[name].optimizer.learning_rate)
+        assert plan.tables[name].optimizer["learning_rate"] == pytest.approx(cfg.training.wide.optimizer.learning_rate)
+        assert configs[name].optimizer.lazy_adam and configs[name].combiner == "sum"
         deep = configs[plan.tables[name].wide_of]
-        assert deep.optimizer is None or not isinstance(deep.optimizer, tf.tpu.experimental.embedding.FTRL) \
-            or deep.optimizer.learning_rate != configs[name].optimizer.learning_rate
+        assert deep.optimizer is None or not isinstance(deep.optimizer, tf.tpu.experimental.embedding.Adam)
     if feature == "V2":
         mid = rec.mids[-1]
         stacks = mid._stacked_table_to_tables  # pylint: disable=protected-access

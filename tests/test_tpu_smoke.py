@@ -153,5 +153,5 @@ def test_dry_run_passes_every_step_that_needs_no_tpu(tmp_path):
     for name in TPU_ONLY:
         assert status[name][0] == "SKIP" and "needs the TPU runtime" in status[name][1], (name, status[name])
     plan = status["plan"][1]
-    assert "adagrad, ftrl" in plan and "stacks of several: " in plan and "dim-1 wide tables: " in plan, plan
+    assert "adagrad, adam, ftrl" in plan and "stacks of several: " in plan and "dim-1 wide tables: " in plan, plan
     assert "adagrad with clipvalue 0.5 refused" in status["sparsecore_optimizer"][1]

@@ -434,7 +434,7 @@ def _raw_eval_records(data, manifest):
 def test_wide_part_is_a_linear_model_added_to_the_logit_and_trained_by_its_optimizer(data):
     """training.wide: the trained model's logit is the deep part's plus exactly a
     logistic regression's, one weight per row of every table (the wide tables, read from the
-    checkpoint, pooled per feature with the feature's combiner as its embedding is) and one per
+    checkpoint, pooled per feature as a bag: summed, whatever its deep table's combiner) and one per
     dense feature; the wide tables and the dense term are updated by the wide optimizer (FTRL)
     and moved from their zero start."""
     from components.config.schema import WIDE_SUFFIX

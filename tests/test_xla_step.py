@@ -5,7 +5,7 @@ On a TPU the Trainer's step (`RankingModel.train_step`, run by Keras' `fit` insi
 gradients are IndexedSlices; Keras' legacy Adagrad and FTRL apply those with fused kernels XLA
 cannot translate. These tests compile the Trainer's own step with `jit_compile=True` on CPU (XLA's
 CPU backend translates the same TensorFlow ops as the TPU's) for every embedding optimizer, with
-tables on the TensorCore, per-table optimizers, the wide part's FTRL, clipping and each dense
+tables on the TensorCore, per-table optimizers, the wide part's lazy Adam, clipping and each dense
 optimizer, check that it computes what the uncompiled step computes, and that the row rules
 (components/embedding_model/xla_updates.py) equal Keras' fused kernels.
 
@@ -117,7 +117,7 @@ def test_occurrence_sums_and_static_clipping():
 
 
 # The Trainer's own step, compiled. Every table on the TensorCore (size_threshold: null), dropout
-# off (the compiled and uncompiled steps are compared), the wide part on (its FTRL), a TensorCore
+# off (the compiled and uncompiled steps are compared), the wide part on (its lazy Adam), a TensorCore
 # table with an SGD override and one with Adagrad, and each dense optimizer in turn.
 STEP_CASES = {
     # embedding optimizer, dense optimizer, embedding clipvalue

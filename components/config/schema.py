@@ -550,7 +550,7 @@ class BaselineConfig:
         default_factory=lambda: OptimizerConfig(OptimizerName.ADAM, 0.01))
     # The candidates' L2 strengths (mean log loss + l2 x |w|^2 / rows: scikit-learn's C = 1 / (2 l2)),
     # fitted at once; the best on the held-out slice is kept.
-    l2: List[float] = field(default_factory=lambda: [0.0, 0.5, 1.5, 5.0, 15.0, 50.0])
+    l2: List[float] = field(default_factory=lambda: [0.0, 0.5, 1.5, 5.0, 15.0])
     # Length: train_steps when set; else `epochs` over the train split less its held-out slice
     # when set; else as many epochs as max_rows rows, at least 1 and at most max_epochs, and at
     # least min_steps steps (a small split: a streamed fit needs steps, not epochs, to converge).

@@ -84,13 +84,15 @@ class ServingTables(tf.keras.layers.Layer):
       name: the layer's name.
       storage: the rows' dtype, one of TABLE_DTYPES.
       wide: {table: its wide table} (training.wide); `assign` / `read` take a wide table's name too.
+      wide_combiners: {table: its wide table's combiner} (the plan's: `sum`, a bag; a plan written
+        before the wide part was a bag has its table's); default: the table's own.
 
     Raises:
       ValueError: an unknown storage dtype, or tables of several dims.
     """
 
     def __init__(self, tables: Dict[str, Any], name: str, storage: str = "float32",
-                 wide: Optional[Dict[str, str]] = None):
+                 wide: Optional[Dict[str, str]] = None, wide_combiners: Optional[Dict[str, str]] = None):
         super().__init__(name=name)
         if storage not in TABLE_DTYPES:
             raise ValueError(f"table dtype {storage!r} is not one of {', '.join(TABLE_DTYPES)}")
@@ -105,6 +107,7 @@ class ServingTables(tf.keras.layers.Layer):
             self.offsets[n], total = total, total + t.rows
         self.rows = total
         self.wide_tables = {w: n for n, w in (wide or {}).items() if n in self.offsets}  # wide table -> its table
+        self.wide_combiners = {n: (wide_combiners or {}).get(n, c) for n, c in self.combiners.items()}
 
     def build(self, input_shape=None):
         self.embeddings = self.add_weight(
@@ -193,9 +196,11 @@ class ServingTables(tf.keras.layers.Layer):
         rows, position, wide = self._float_rows(stacked)
         combiner = self.combiners[table]
         vectors = pool_sparse(rows, ids, combiner, positions=position, weights=weights)
-        return vectors, (pool_sparse(wide, ids, combiner, positions=position, weights=weights) if wide is not None else None)
+        wide_combiner = self.wide_combiners[table]
+        return vectors, (pool_sparse(wide, ids, wide_combiner, positions=position, weights=weights) if wide is not None else None)
 
-    def pool_fused(self, rows: tf.Tensor, segments: tf.Tensor, features: int, batch: tf.Tensor, combiner: str):
+    def pool_fused(self, rows: tf.Tensor, segments: tf.Tensor, features: int, batch: tf.Tensor, combiner: str,
+                   wide_combiner: Optional[str] = None):
         """Many features' IDs pooled by one segment op.
 
         Args:
@@ -204,6 +209,7 @@ class ServingTables(tf.keras.layers.Layer):
           features: how many features.
           batch: int64 scalar, the batch size.
           combiner: the features' tables' combiner.
+          wide_combiner: their wide tables' combiner (default: `combiner`).
 
         Returns:
           (vectors, wide): float32 [features, batch, dim], and with a wide part the pooled wide
@@ -213,7 +219,8 @@ class ServingTables(tf.keras.layers.Layer):
         values, position, wide = self._float_rows(rows)
         pooled = POOL[combiner](values, position, segments, num_segments=features * batch)
         if wide is not None:
-            wide = tf.reshape(POOL[combiner](wide, position, segments, num_segments=features * batch), [features, -1, 1])
+            wide = tf.reshape(POOL[wide_combiner or combiner](wide, position, segments, num_segments=features * batch),
+                              [features, -1, 1])
         return tf.reshape(pooled, [features, -1, self.dim]), wide
 
 
@@ -227,8 +234,10 @@ class ServingTable(ServingTables):
       wide: its wide table's name (training.wide), or None.
     """
 
-    def __init__(self, table: TablePlan, name: str, storage: str = "float32", wide: Optional[str] = None):
-        super().__init__({name: table}, f"serving_table_{name}", storage, wide={name: wide} if wide else None)
+    def __init__(self, table: TablePlan, name: str, storage: str = "float32", wide: Optional[str] = None,
+                 wide_combiner: Optional[str] = None):
+        super().__init__({name: table}, f"serving_table_{name}", storage, wide={name: wide} if wide else None,
+                         wide_combiners={name: wide_combiner} if wide_combiner else None)
         self.table = name
 
     def call(self, ids, weights=None, sequence_length: int = 0) -> tf.Tensor:
@@ -275,12 +284,14 @@ class ServingRankingModel(tf.keras.Model):
         f, tables = self.model_features, plan.tables
         used = [name for name in tables if any(f.feature_table[n] == name for n in f.categorical_names)]
         wide = {f.feature_table[n]: f.feature_table[w] for w, n in f.wide_features.items()}
+        wide_combiners = {n: tables[w].combiner for n, w in wide.items()}
         if not stacked:
-            return {name: ServingTable(tables[name], name, table_dtype, wide=wide.get(name)) for name in used}
+            return {name: ServingTable(tables[name], name, table_dtype, wide=wide.get(name),
+                                       wide_combiner=wide_combiners.get(name)) for name in used}
         stacks = {}
         for dim in sorted({tables[name].dim for name in used}):
             stacks[f"dim{dim}"] = ServingTables({name: tables[name] for name in used if tables[name].dim == dim},
-                                                f"serving_tables_dim{dim}", table_dtype, wide=wide)
+                                                f"serving_tables_dim{dim}", table_dtype, wide=wide, wide_combiners=wide_combiners)
         return stacks
 
     @classmethod
@@ -349,9 +360,15 @@ class ServingRankingModel(tf.keras.Model):
         for i, chunk in enumerate(self.serving_chunks):
             if fused_key(i, "rows") not in inputs:
                 continue
-            pooled, wide = self.serving_stacks[chunk.stack].pool_fused(
+            stack = self.serving_stacks[chunk.stack]
+            # the chunk's wide tables pool alike (the plan's `sum`; a former plan's: its table's, the chunk's)
+            f = self.model_features
+            wide_combiners = {stack.wide_combiners[f.feature_table[n]] for n in chunk.features if n in f.wide_feature_of}
+            if len(wide_combiners) > 1:
+                raise ValueError(f"fused chunk {chunk.features}: wide tables with several combiners {sorted(wide_combiners)}")
+            pooled, wide = stack.pool_fused(
                 inputs[fused_key(i, "rows")], inputs[fused_key(i, "segments")], len(chunk.features),
-                inputs[BATCH_KEY], chunk.combiner)
+                inputs[BATCH_KEY], chunk.combiner, wide_combiner=next(iter(wide_combiners), None))
             out.update(zip(chunk.features, tf.unstack(pooled, num=len(chunk.features))))
             if wide is not None:  # the stack has a wide column; not every feature has a wide part (plan.wide_part)
                 wide_of = self.model_features.wide_feature_of

@@ -17,7 +17,8 @@ Checks (those marked TPU are skipped by --dry-run, which says so):
    no dropout, no pipelining, and an Adagrad table beside the FTRL ones) has what the parity check
    must cover on this topology (--dry-run: --dry-replicas x --dry-sparse-cores-per-chip): an FTRL
    and an Adagrad TPU-embedding table, a SparseCore stack of several tables (rotations, row
-   offsets) and a one-dimensional wide table (padded to 8 columns).
+   offsets) and a one-dimensional wide table (padded to 8 columns; lazy Adam, the wide part's
+   default optimizer).
 4. sparsecore_optimizer: every TPU-embedding table's optimizer in that plan passes the project's
    SparseCore check (optimizers.check_sparsecore_optimizer: TF 2.16's TPUEmbeddingV2 ignores
    clipping), and Adagrad with clipvalue is refused there.
@@ -212,7 +213,8 @@ def trainer_raw_config(args, root: str, tpu: Optional[str]) -> Dict[str, Any]:
 
 def parity_raw_config(raw: Dict[str, Any]) -> Dict[str, Any]:
     """The configuration `sparsecore_training` compares (a copy of `raw`): its model and
-    optimizers with the wide part on (one-dimensional FTRL tables), and nothing that makes a
+    optimizers with the wide part on beside every table (one-dimensional tables with the wide
+    optimizer: lazy Adam by default), and nothing that makes a
     multi-replica TPU step differ from a CPU step by design: no dropout (masks are drawn per
     replica), no pipelining (the SparseCore then looks up with the previous step's tables), no
     early stopping. Stays on CPU (training.tpu unset): `sparsecore_training` takes the strategy.
