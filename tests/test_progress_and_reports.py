@@ -129,6 +129,20 @@ def test_the_final_eval_line_names_the_kept_model(tmp_path):
     assert "eval at step 700: auc" not in text and "eval at step 400: auc" not in text
 
 
+def test_the_eval_line_prints_the_auc_the_summary_prints(tmp_path, monkeypatch):
+    """The progress event carries the metric unrounded, so the line's 4 decimals are the summary's
+    (a finefoods run printed auc 0.8426 against the summary's 0.8425: 0.84254962 rounded twice)."""
+    from components.reporting import progress
+
+    path = str(tmp_path / "p.jsonl")
+    monkeypatch.setenv(progress.ENV, path)
+    progress.evaluated("Trainer", 63, {"auc": 0.8425496285847449}, kept=KEPT_BEST)
+    out = io.StringIO()
+    ProgressPrinter(path, out, tty=False).drain()
+    text = out.getvalue()
+    assert f"auc {0.8425496285847449:.4f}" == "auc 0.8425" and "auc 0.8425" in text and "auc 0.8426" not in text, text
+
+
 def test_printer_on_a_terminal_draws_bars(tmp_path):
     path = str(tmp_path / "p.jsonl")
     _events(path, [

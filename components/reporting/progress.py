@@ -134,7 +134,9 @@ def evaluated(stage: str, step_no: int, metrics: Dict[str, float], kept: Optiona
         (report.KEPT_BEST, report.KEPT_LAST); the view then names it as the kept model.
     """
     fields: Dict[str, Any] = {"kept": kept} if kept else {}
-    emit(stage, EVAL, step=int(step_no), metrics={k: round(float(v), 5) for k, v in metrics.items()}, **fields)
+    # Unrounded: the view prints 4 decimals as the summary does; rounding here first would round twice
+    # (0.84254962 -> 0.84255 -> "0.8426" against the summary's "0.8425").
+    emit(stage, EVAL, step=int(step_no), metrics={k: float(v) for k, v in metrics.items()}, **fields)
 
 
 @contextlib.contextmanager
