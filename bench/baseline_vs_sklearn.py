@@ -13,7 +13,7 @@ train split less its held-out slice), three ways: C = 1 (its default), C chosen 
 slice the baseline chooses its L2 on (C = 1 / (2 l2) for the baseline's non-zero candidates), and
 the better of C = 1 and 0.1 on the eval split itself (optimistic: chosen on the rows it is scored
 on). Prints one RESULT line each: exact AUC on the whole eval split, seconds; and `gap`: the
-baseline's AUC less each.
+baseline's AUC less each. `--skip-sklearn`: the baseline alone (its seconds on a large split).
 """
 import json
 import os
@@ -42,7 +42,7 @@ def _config(config_path: str, baseline_override=None):
     return parse_config(raw)
 
 
-def main(output_dir: str, config_path: str, overrides) -> None:
+def main(output_dir: str, config_path: str, overrides, sklearn: bool = True) -> None:
     from sklearn.linear_model import LogisticRegression
 
     train, evals, manifest, stats = finished_run(output_dir)
@@ -57,6 +57,8 @@ def main(output_dir: str, config_path: str, overrides) -> None:
         print(f"RESULT baseline {override or 'config'} auc {ours['auc']:.4f} l2 {ours['l2']:g} "
               f"(held-out {cands}) steps {ours['train_steps']} epochs {ours['epochs']} seconds {ours['seconds']:.0f}",
               flush=True)
+        if not sklearn:
+            continue
         if best_sk is None:
             fraction = baseline_holdout_fraction(cfg, rows)
             x, y = _one_hot(train, manifest, plan, part="train", holdout_fraction=fraction)
@@ -83,5 +85,6 @@ if __name__ == "__main__":
     ap.add_argument("output_dir", help="a finished `pipelines run` of CONFIG")
     ap.add_argument("config")
     ap.add_argument("baseline_json", nargs="*", help="validation.baseline fields merged in, one fit each")
+    ap.add_argument("--skip-sklearn", action="store_true", help="the baseline's fit and seconds only (a large split)")
     args = ap.parse_args()
-    main(args.output_dir, args.config, args.baseline_json)
+    main(args.output_dir, args.config, args.baseline_json, sklearn=not args.skip_sklearn)

@@ -95,8 +95,8 @@ def test_the_candidate_kept_is_the_best_on_the_held_out_slice():
 
 
 @pytest.mark.parametrize("baseline, train_rows, want", [
-    ({}, 1_000_000, {"epochs": 4.2105, "steps": 3907}),  # max_rows 4M / 950k rows (the slice capped at 50k)
-    ({}, 20_000_000, {"epochs": 1.0, "steps": 19483}),   # at least one pass over the 19.95M rows
+    ({}, 1_000_000, {"epochs": 2.1053, "steps": 1954}),  # max_rows 2M / 950k rows (the slice capped at 50k)
+    ({}, 20_000_000, {"epochs": 0.1003, "steps": 1954}),  # part of a pass over the 19.95M rows
     ({"min_steps": 50}, 5_000, {"epochs": 20.0, "steps": 88}),  # at most max_epochs over 4,500 rows
     ({}, 5_000, {"epochs": 227.5556, "steps": 1000}),    # at least min_steps
     ({"epochs": 2}, 5_000, {"epochs": 2.0, "steps": 9}),

@@ -552,11 +552,12 @@ class BaselineConfig:
     # fitted at once; the best on the held-out slice is kept.
     l2: List[float] = field(default_factory=lambda: [0.0, 0.5, 1.5, 5.0, 15.0])
     # Length: train_steps when set; else `epochs` over the train split less its held-out slice
-    # when set; else as many epochs as max_rows rows, at least 1 and at most max_epochs, and at
-    # least min_steps steps (a small split: a streamed fit needs steps, not epochs, to converge).
+    # when set; else max_rows rows (at most max_epochs passes; on a large split part of one, its
+    # files in a seeded random order), and at least min_steps steps (a small split: a streamed fit
+    # needs steps, not epochs, to converge).
     train_steps: Optional[int] = None
     epochs: Optional[float] = None
-    max_rows: int = 4_000_000
+    max_rows: int = 2_000_000
     max_epochs: float = 20.0
     min_steps: int = 1000
     batch_size: int = 1024

@@ -295,7 +295,7 @@ def _check_validation(cfg: PipelineConfig) -> None:
     _check_optimizer(v.baseline.optimizer, "validation.baseline.optimizer")
     check_positive(v.baseline.train_steps, "validation.baseline.train_steps", "leave it unset to use epochs")
     check_positive(v.baseline.epochs, "validation.baseline.epochs", "passes over the train split, or null for max_rows")
-    for name, hint in (("max_rows", "rows trained on when epochs is null, e.g. 4000000"),
+    for name, hint in (("max_rows", "rows trained on when epochs is null, e.g. 2000000"),
                        ("max_epochs", "e.g. 20"), ("min_steps", "e.g. 1000"), ("batch_size", "e.g. 1024")):
         check_positive(getattr(v.baseline, name), f"validation.baseline.{name}", hint)
     if not v.baseline.l2:

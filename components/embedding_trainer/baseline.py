@@ -19,9 +19,11 @@ features (`validation.baseline`), as strong as the simple model a user would fit
   without a count (OOV buckets, identity and hashed tables) take their table's mean occurrences per
   row. The candidate with the best AUC on the train split's held-out slice (selection.py's slice,
   by the same key; its rows are never trained on) is the baseline; every candidate's AUC is recorded.
-- **Length.** `epochs` passes over the train split less the slice, when set; else as many as
-  `max_rows` rows allow, at least one and at most `max_epochs`, and at least `min_steps` steps (a
-  small split gets many passes, which cost little; 20M rows one).
+- **Length.** `epochs` passes over the train split less the slice, when set; else `max_rows` rows
+  (at most `max_epochs` passes, at least `min_steps` steps): a small split gets many passes, which
+  cost little; a large one a part of a pass, its files in a seeded random order (make_dataset), so
+  the rows are drawn across the split. A whole pass at 20M rows cost over 30% of the Trainer's time
+  (bench/README.md "A whole epoch at 20M rows"); `max_rows` keeps it under 10%.
 
 Written by hand: TF 2.16 has no linear Keras model over SparseTensors of IDs (the estimator
 LinearClassifier is gone from Keras 2.16's tf.compat paths the Trainer uses), and this one costs one
@@ -43,7 +45,8 @@ from components.contracts.manifest import VocabularyManifest, weights_key
 from components.contracts.plan import EmbeddingPlan, optimizer_spec
 from components.embedding_model.input import make_dataset, read_holdout, records_dataset
 from components.embedding_model.dense_tower import dense_input
-from components.embedding_model.tf_objects import keras_optimizer
+from components.embedding_model.optimizers import keras_optimizer
+from components.embedding_model.tf_objects import learning_rate
 from components.embedding_trainer.evaluation import evaluation_batch
 from components.embedding_trainer.warm_start import TOKEN_KINDS, read_lines
 from components.rules.metrics import auc_undefined_reason, log_loss, log_loss_undefined_reason, roc_auc, with_reasons
@@ -240,8 +243,8 @@ def baseline_length(cfg: PipelineConfig, train_rows: Optional[int], model_steps:
     if b.epochs:
         epochs, why = float(b.epochs), "validation.baseline.epochs"
     else:
-        epochs = min(float(b.max_epochs), max(1.0, b.max_rows / rows))
-        why = f"max_rows {b.max_rows:,} / rows, between 1 and max_epochs {b.max_epochs:g}"
+        epochs = min(float(b.max_epochs), b.max_rows / rows)
+        why = f"max_rows {b.max_rows:,} / rows, at most max_epochs {b.max_epochs:g}"
         if epochs * rows < b.min_steps * batch:
             epochs, why = b.min_steps * batch / rows, f"min_steps {b.min_steps:,} x batch {batch} / rows"
     steps = max(1, int(math.ceil(epochs * rows / batch - 1e-9)))
@@ -281,7 +284,10 @@ def train_baseline(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: Vocabular
         model = LinearBaseline(plan, manifest, l2, rows=rows_trained)
         model.inverse_counts = tf.constant(row_inverse_counts(plan, manifest, model.offsets,
                                                               int(model.weights.shape[0]), rows_trained))
-        opt = keras_optimizer(spec)
+        # The embedding optimizers' factory: lazy Adam touches only the rows a batch looks up;
+        # Keras' Adam decays every row's moments every step, which at 20M rows (3.4M weights x K)
+        # made the baseline cost as much per row as the model.
+        opt = keras_optimizer(spec, learning_rate(spec))
         variables = [v for v in model.trainable_variables if v is not model.w_dense or model.dense_names]
         losses = _fit_baseline(cfg, model, opt, variables, manifest, train_files, length, fraction)
         held = read_holdout(train_files, manifest, fraction, cfg.training.early_stopping.max_holdout_rows)
