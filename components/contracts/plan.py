@@ -823,7 +823,7 @@ def _combiner(cfg: PipelineConfig, name: str, long: Mapping[str, float]) -> Tupl
 
 
 def _table_plan(cfg: PipelineConfig, name: str, manifest: VocabularyManifest, statistics: EmbeddingStatistics,
-                topology: Topology) -> TablePlan:
+                topology: Topology, long: Mapping[str, float]) -> TablePlan:
     emb = cfg.training.embedding
     t = cfg.table(name)
     if name not in manifest.vocabularies:
@@ -836,7 +836,7 @@ def _table_plan(cfg: PipelineConfig, name: str, manifest: VocabularyManifest, st
         dim, dim_source = int(t.dim), "config"
     placement = Placement.TPU_EMBEDDING if emb.size_threshold is not None and rows > emb.size_threshold else Placement.TENSOR_CORE
     optimizer = table_optimizer(cfg, name)  # tables[].optimizer over training.embedding_optimizer
-    combiner, combiner_source = _combiner(cfg, name, long_multi_hot(cfg, statistics))
+    combiner, combiner_source = _combiner(cfg, name, long)
     return TablePlan(
         rows=rows,
         vocabulary_size=int(v.size),
@@ -878,13 +878,12 @@ def _feature_plans(cfg: PipelineConfig, tables: Mapping[str, TablePlan], statist
     return features
 
 
-def _wide_part_for(cfg: PipelineConfig, statistics: EmbeddingStatistics) -> Tuple[Optional[List[str]], str]:
+def _wide_part_for(cfg: PipelineConfig, long: Mapping[str, float]) -> Tuple[Optional[List[str]], str]:
     """The features the wide part stands beside and why: all (training.wide.enabled true), none
     (false, or null without a long multi-hot feature: an empty list), or the long multi-hot ones."""
     enabled = cfg.training.wide.enabled
     if enabled is not None:
         return ([f.name for f in cfg.categorical_features] if enabled else []), f"training.wide.enabled: {str(enabled).lower()}"
-    long = long_multi_hot(cfg, statistics)
     why = ", ".join(f"{f} {m:.1f}" for f, m in long.items())
     return list(long), (f"statistics: long multi-hot features (IDs per example on the train split, at least "
                         f"{LONG_MULTI_HOT_IDS:g}): {why}" if long else "statistics: no long multi-hot feature")
@@ -1045,9 +1044,10 @@ def derive_plan(
     emb = cfg.training.embedding
     topology = resolve_topology(cfg)
     statistics = statistics or EmbeddingStatistics.empty()
-    tables = {t.name: _table_plan(cfg, t.name, manifest, statistics, topology) for t in cfg.tables}
+    long = long_multi_hot(cfg, statistics)  # read once: the tables' combiners and the wide part follow it
+    tables = {t.name: _table_plan(cfg, t.name, manifest, statistics, topology, long) for t in cfg.tables}
     features = _feature_plans(cfg, tables, statistics)
-    beside, wide_source = _wide_part_for(cfg, statistics)
+    beside, wide_source = _wide_part_for(cfg, long)
     if beside:
         tables, features = _with_wide_part(cfg, tables, features, topology, beside, wide_source)
     budget = int(topology.hbm_gib_per_chip * (1 << 30) * topology.usable_hbm_fraction)
