@@ -75,6 +75,9 @@ def continuous_command(args) -> int:
     try:
         summaries = run_spans(cfg, args.data_dir, args.output_dir, args.spans, args.rows, args.id_shift,
                               show=not args.json, progress_to_stderr=args.json)
+    except ConfigError as e:  # e.g. a span's data path holds data the generator did not write
+        print(error_line(e), file=sys.stderr)
+        return EXIT_BAD_INPUT
     except RunFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED

@@ -28,6 +28,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from components.config.schema import ConfigError
 from components.rules.metrics import roc_auc
 
 NUM_DENSE = 13
@@ -239,6 +240,7 @@ def write_csv(spec: GeneratorSpec, path: str, log: Optional[callable] = None) ->
         "positive_rate": float(y_all.mean()),
         "best_achievable_auc": roc_auc(prob_all, y_all),
         "spec": asdict(spec),
+        "bytes": os.path.getsize(tmp),
     }
     with open(tmp + ".meta", "w", encoding="utf-8") as fh:
         json.dump(meta, fh, indent=2, sort_keys=True)
@@ -251,14 +253,60 @@ def meta_path(csv_path: str) -> str:
     return csv_path + ".meta.json"
 
 
-def ensure_dataset(path: str, spec: GeneratorSpec) -> Dict:
-    """Generates the dataset unless a complete one for the same spec is already there."""
+class NotGeneratedError(ConfigError):
+    """A file is in the generator's way that the generator did not write: it is never overwritten."""
+
+
+def generated_meta(path: str) -> Optional[Dict]:
+    """The generator's metadata of `path` when the generator wrote the file there, else None.
+
+    The generator wrote `path` when `path.meta.json` is beside it and records the file's size
+    (`bytes`; a metadata file without it, from before sizes were recorded, is trusted on its own).
+
+    Args:
+      path: the CSV file.
+
+    Returns:
+      The metadata, or None when `path` is missing or someone else's.
+    """
     mp = meta_path(path)
-    if os.path.isfile(path) and os.path.isfile(mp):
+    if not (os.path.isfile(path) and os.path.isfile(mp)):
+        return None
+    try:
         with open(mp, encoding="utf-8") as fh:
             meta = json.load(fh)
-        if meta.get("spec") == json.loads(json.dumps(asdict(spec))):
-            return meta
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("bytes", os.path.getsize(path)) != os.path.getsize(path):
+        return None
+    return meta
+
+
+def ensure_dataset(path: str, spec: GeneratorSpec) -> Dict:
+    """Generates the dataset unless a complete one for the same spec is already there.
+
+    Only a file the generator wrote is ever replaced (`generated_meta`): the demo's and the
+    generator's output path may be a user's own data by mistake.
+
+    Args:
+      path: the CSV file to write (`path.meta.json` is written beside it).
+      spec: what to generate.
+
+    Returns:
+      The dataset's metadata.
+
+    Raises:
+      NotGeneratedError: something the generator did not write is at `path`.
+    """
+    meta = generated_meta(path)
+    if meta is not None and meta.get("spec") == json.loads(json.dumps(asdict(spec))):
+        return meta
+    if meta is None and os.path.lexists(path):
+        kind = "a directory" if os.path.isdir(path) else "a file"
+        raise NotGeneratedError(
+            f"{path} is {kind} the data generator did not write (no matching {os.path.basename(meta_path(path))} "
+            f"beside it), so it is left as it is; to train on it use `run`, or point the generated data "
+            f"(input.path, --output) at a new file")
     return write_csv(spec, path)
 
 
@@ -285,7 +333,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    meta = ensure_dataset(args.output, spec)
+    try:
+        meta = ensure_dataset(args.output, spec)
+    except NotGeneratedError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(
         f"{args.output}: {meta['rows']} rows, positive rate {meta['positive_rate']:.3f}, "
         f"best achievable AUC {meta['best_achievable_auc']:.4f}"

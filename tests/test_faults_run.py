@@ -1,0 +1,64 @@
+"""Faults and hostile input around a run: the command line refuses, in one line and before any
+work, what would overwrite a user's data, write outside the run, or hold the machine; and a run
+reports only what its own executions did.
+
+The data-side faults are in test_faults_data.py, the training- and export-side ones in
+test_faults_training.py.
+"""
+import json
+import os
+
+import pytest
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(tmp_path, data, **changes):
+    raw = yaml.safe_load(open(os.path.join(REPO, "configs", "demo.yaml"), encoding="utf-8"))
+    raw["input"]["path"] = str(data)
+    raw.update(changes)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+def _main(argv, capsys):
+    from pipelines.__main__ import main
+
+    status = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_demo_never_overwrites_a_users_file(tmp_path, capsys):
+    data = tmp_path / "mine.csv"
+    data.write_text("label,I1\n1,2\n0,3\n", encoding="utf-8")
+    before = data.read_bytes()
+    status, out, err = _main(["demo", "--config", _config(tmp_path, data), "--rows", 50,
+                              "--output-dir", tmp_path / "out"], capsys)
+    assert status == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {data} is a file the data generator did not write")
+    assert "use `run`" in lines[0]
+    assert data.read_bytes() == before and not (tmp_path / "out").exists()
+    assert not os.path.exists(f"{data}.meta.json")
+
+
+def test_the_generator_replaces_only_what_it_wrote(tmp_path):
+    from components.config.schema import ConfigError
+    from components.example_gen.synthetic_data import GeneratorSpec, ensure_dataset
+
+    data = str(tmp_path / "gen.csv")
+    first = ensure_dataset(data, GeneratorSpec(rows=20, seed=1))
+    assert first["bytes"] == os.path.getsize(data)
+    assert ensure_dataset(data, GeneratorSpec(rows=30, seed=1))["rows"] == 30  # its own file, another spec
+    with open(data, "a", encoding="utf-8") as fh:  # the user edited the generated file
+        fh.write("1" + ",x" * 39 + "\n")
+    edited = open(data, encoding="utf-8").read()
+    with pytest.raises(ConfigError, match="the data generator did not write"):
+        ensure_dataset(data, GeneratorSpec(rows=40, seed=1))
+    assert open(data, encoding="utf-8").read() == edited
+    os.makedirs(tmp_path / "a_dir")
+    with pytest.raises(ConfigError, match="is a directory the data generator did not write"):
+        ensure_dataset(str(tmp_path / "a_dir"), GeneratorSpec(rows=20, seed=1))
