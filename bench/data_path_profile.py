@@ -39,6 +39,7 @@ def main() -> None:
     from components.config.loading import load_config
     from components.config.serialization import config_to_json
     from components.embedding_preprocess import transform as transform_lib
+    from components.contracts import artifacts
     from components.embedding_preprocess import vocabulary
     from components.embedding_preprocess.batch_statistics import batch_statistics
     from components.embedding_preprocess.beam_pipeline import shuffled_rows
@@ -77,7 +78,7 @@ def main() -> None:
     batches = table.to_batches(max_chunksize=transform_lib.read_batch_rows(cfg.training.batch_size))
     vocabulary_dir = sorted(glob.glob(os.path.join(root, "EmbeddingPreprocess", "vocabulary", "*")))[-1]
     sizes = {t.name: len(vocabulary.read_vocabulary_tokens(vocabulary_dir, t.name)) for t in cfg.tables
-             if os.path.exists(vocabulary.vocabulary_file(vocabulary_dir, t.name))}
+             if os.path.exists(artifacts.vocabulary_file(vocabulary_dir, t.name))}
     lookups = transform_lib.load_lookups(cfg, vocabulary_dir, sizes)
     encoder = example_coder.RecordBatchToExamplesEncoder()
 

@@ -62,3 +62,59 @@ def test_the_generator_replaces_only_what_it_wrote(tmp_path):
     os.makedirs(tmp_path / "a_dir")
     with pytest.raises(ConfigError, match="is a directory the data generator did not write"):
         ensure_dataset(str(tmp_path / "a_dir"), GeneratorSpec(rows=20, seed=1))
+
+
+HOSTILE_NAMES = ["../../outside", "/tmp/abs", "a/b", "..", ".hidden", "a\\b", "x\0y", ""]
+
+
+@pytest.mark.parametrize("where", ["name", "feature", "table"])
+def test_a_name_that_could_leave_its_directory_is_refused_at_config_load(where):
+    from components.config.loading import parse_config
+    from components.config.schema import ConfigError
+
+    demo = open(os.path.join(REPO, "configs", "demo.yaml"), encoding="utf-8").read()
+    for hostile in HOSTILE_NAMES:
+        raw = yaml.safe_load(demo)
+        if where == "name":
+            raw["name"] = hostile
+        elif where == "feature":
+            raw["categorical_features"][0]["name"] = hostile
+        else:
+            old = raw["tables"][0]["name"]
+            raw["tables"][0]["name"] = hostile
+            for f in raw["categorical_features"]:
+                f["table"] = hostile if f.get("table") == old else f.get("table")
+        with pytest.raises(ConfigError, match=r"name: (missing|.* not a valid)"):
+            parse_config(raw, "c.yaml")
+
+
+def test_every_file_named_after_a_table_stays_in_its_directory(tmp_path):
+    """Every path built from a configured name goes through `artifacts.named_file`: a safe name stays
+    directly inside the directory, and anything else is refused there, whoever calls it."""
+    import random
+    import re
+
+    from components.contracts import artifacts
+    from components.contracts.names import SAFE_NAME
+
+    rng = random.Random(7)
+    alphabet = "abcXYZ_019"
+    for _ in range(200):
+        name = rng.choice("aZ_") + "".join(rng.choice(alphabet) for _ in range(rng.randrange(8)))
+        assert SAFE_NAME.fullmatch(name)
+        for build in (artifacts.vocabulary_file, artifacts.counts_file,
+                      lambda d, n: artifacts.named_file(d, n, ".npy"), lambda d, n: artifacts.named_file(d, n, ".scale.npy")):
+            path = build(str(tmp_path), name)
+            assert os.path.dirname(os.path.realpath(path)) == os.path.realpath(tmp_path)
+    for hostile in HOSTILE_NAMES:
+        for build in (artifacts.vocabulary_file, artifacts.counts_file):
+            with pytest.raises(ValueError, match="not a file name inside"):
+                build(str(tmp_path), hostile)
+    # and nothing in the product builds such a path by hand: `f"{<name>}.txt"`-like joins live in artifacts.py
+    by_hand = re.compile(r"os\.path\.join\([^)]*f\"\{[a-z_.]*name\}\.")
+    for root in ("components", "pipelines"):
+        for dirpath, _, files in os.walk(os.path.join(REPO, root)):
+            for f in files:
+                if f.endswith(".py") and f != "artifacts.py":
+                    text = open(os.path.join(dirpath, f), encoding="utf-8").read()
+                    assert not by_hand.search(text), os.path.join(dirpath, f)

@@ -16,6 +16,7 @@ from components.config.binding import bind_tables, optimizer_path, table_optimiz
 from components.config.checks import check_choice, check_positive, choice_member
 from components.config.resolved import ResolvedConfig
 from components.contracts.manifest import TRANSFORMED_FORMATS
+from components.contracts.names import PIPELINE_NAME_MAX, PIPELINE_NAME_RULE, is_pipeline_name, serving_name
 from components.contracts.sizing import CHIPS
 from components.contracts.statistics import DENSE_QUANTILE_POINTS as QUANTILE_POINTS
 from components.config.choices import BucketEncoding, LayoutKind, ModelType, PartitionStrategy, TableDtype
@@ -51,7 +52,7 @@ def resolve(cfg: PipelineConfig, source_file: Optional[str] = None) -> PipelineC
     Raises:
       ConfigError: the first problem found, naming the field and the fix.
     """
-    for check in (_check_input, _check_label, _check_input_health, _check_label_rule):
+    for check in (_check_name, _check_input, _check_label, _check_input_health, _check_label_rule):
         check(cfg)
     tables = bind_tables(cfg)
     for check in (
@@ -73,6 +74,14 @@ def resolve(cfg: PipelineConfig, source_file: Optional[str] = None) -> PipelineC
         check(cfg)
     cfg._resolved = ResolvedConfig(tables=tables, source_file=source_file)  # PipelineConfig.resolved
     return cfg
+
+
+def _check_name(cfg: PipelineConfig) -> None:
+    if not is_pipeline_name(cfg.name):
+        shown = cfg.name if len(cfg.name) <= 60 else cfg.name[:60] + "..."
+        raise ConfigError(f"name: {shown!r} is not a valid pipeline name ({PIPELINE_NAME_RULE}): it names the run's "
+                          f"ML Metadata contexts, its Kubeflow pipeline and its registry entries; e.g. "
+                          f"{serving_name(cfg.name)[:PIPELINE_NAME_MAX]!r}")
 
 
 def _check_input(cfg: PipelineConfig) -> None:

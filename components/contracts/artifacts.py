@@ -10,6 +10,31 @@ import os
 VOCABULARY_MANIFEST_FILE = "manifest.json"
 
 
+def named_file(directory: str, name: str, suffix: str) -> str:
+    """The path of a file named after a table or feature: `<directory>/<name><suffix>`.
+
+    Every file whose name holds a configured name is built here, so that none lands outside its
+    artifact's directory, whatever the name: config loading already refuses a name that is not
+    safe (components/contracts/names.py), so this raises only on a bug or a hand-made manifest.
+
+    Args:
+      directory: the artifact's directory.
+      name: the table's or feature's name.
+      suffix: the rest of the file name (`.txt`, `.counts.txt`, `.npy`, ...): no separator.
+
+    Returns:
+      The file's path, directly inside `directory`.
+
+    Raises:
+      ValueError: the file would not be a plain file name directly inside `directory`.
+    """
+    file_name = f"{name}{suffix}"
+    if not name or name.startswith(".") or any(sep in file_name for sep in ("/", "\\", "\0")):
+        raise ValueError(f"{file_name!r}: not a file name inside {directory}: a table's or feature's name holds "
+                         f"no separator and does not start with a dot")
+    return os.path.join(directory, f"{name}{suffix}")
+
+
 def vocabulary_file(directory: str, table: str) -> str:
     """A table's vocabulary file: one token per line, line i = embedding ID i.
 
@@ -20,7 +45,7 @@ def vocabulary_file(directory: str, table: str) -> str:
     Returns:
       The file's path.
     """
-    return os.path.join(directory, f"{table}.txt")
+    return named_file(directory, table, ".txt")
 
 
 def counts_file(directory: str, table: str) -> str:
@@ -33,7 +58,7 @@ def counts_file(directory: str, table: str) -> str:
     Returns:
       The file's path.
     """
-    return os.path.join(directory, f"{table}.counts.txt")
+    return named_file(directory, table, ".counts.txt")
 
 
 # EmbeddingStatistics artifact (preprocessing).

@@ -7,6 +7,11 @@ Two rules, each defined once here:
   examples; so it must be a plain identifier: `SAFE_NAME`, letters, digits and `_`, not starting
   with a digit (config loading refuses any other, `components.config.binding`). A column the
   configuration reads (`column:`, `label`, weight columns) may be any non-empty text.
+- **Pipeline names.** The pipeline's `name` names its ML Metadata contexts, its Kubeflow
+  pipeline and its registry entries, and may end up in a path: `PIPELINE_NAME`, letters, digits,
+  `_`, `-` and `.`, not starting with a dot or a `-`, at most `PIPELINE_NAME_MAX` characters
+  (`is_pipeline_name`). Neither rule lets a name hold a path separator or be `.` or `..`, so a
+  path built from a name stays in its directory (`components.contracts.artifacts.named_file`).
 - **Serving input names** (`serving_input_names`): the serving model's JSON signatures
   (`serve_features`, `serve_typed_features`) take one input per raw column, and TensorFlow names
   a signature input like a Python parameter (a letter first, then letters, digits and `_`). The
@@ -35,6 +40,10 @@ SAFE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # input that starts with `_` to `arg__...`, and a SavedModel with a renamed input fails to save).
 SERVING_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 SAFE_NAME_RULE = "letters, digits and _, not starting with a digit"
+# The pipeline's name: letters, digits, _, - and ., not starting with . or -.
+PIPELINE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+PIPELINE_NAME_MAX = 128
+PIPELINE_NAME_RULE = f"letters, digits, _, - and ., not starting with . or -, at most {PIPELINE_NAME_MAX} characters"
 EMPTY_SERVING_NAME = "column"  # a column with no letter or digit left in ASCII
 DIGIT_PREFIX = "c_"  # before a serving name that would start with a digit
 
@@ -44,6 +53,11 @@ SERVING_INPUTS_VERSION = 1
 def is_safe_name(name: Any) -> bool:
     """Whether a feature or table name is safe: a string matching `SAFE_NAME` in full."""
     return isinstance(name, str) and SAFE_NAME.fullmatch(name) is not None
+
+
+def is_pipeline_name(name: Any) -> bool:
+    """Whether a pipeline name is safe: a string matching `PIPELINE_NAME` in full, at most `PIPELINE_NAME_MAX` long."""
+    return isinstance(name, str) and len(name) <= PIPELINE_NAME_MAX and PIPELINE_NAME.fullmatch(name) is not None
 
 
 def is_serving_name(name: Any) -> bool:

@@ -20,7 +20,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from components.contracts.artifacts import TABLES_DIR
+from components.contracts.artifacts import TABLES_DIR, named_file
 from components.contracts.artifacts import TABLES_MANIFEST_FILE as TABLES_MANIFEST
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import TablePlan
@@ -125,11 +125,11 @@ class TableWriter:
           The table's manifest entry.
         """
         vocab = self._manifest.vocabulary(plan_table.wide_of or name)  # a wide table's rows are its table's
-        files = {"values": f"{name}.npy"}
-        _save_npy(os.path.join(self.dir, files["values"]), stored)
+        files = {"values": os.path.basename(named_file(self.dir, name, ".npy"))}
+        _save_npy(named_file(self.dir, name, ".npy"), stored)
         if scale is not None:
-            files["scale"] = f"{name}.scale.npy"
-            _save_npy(os.path.join(self.dir, files["scale"]), scale)
+            files["scale"] = os.path.basename(named_file(self.dir, name, ".scale.npy"))
+            _save_npy(named_file(self.dir, name, ".scale.npy"), scale)
         vocab_file = os.path.join("vocabularies", os.path.basename(vocab.file))
         tf.io.gfile.copy(os.path.join(self._vocabulary_dir, vocab.file), os.path.join(self.dir, vocab_file), overwrite=True)
         entry = {

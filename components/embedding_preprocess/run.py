@@ -363,7 +363,7 @@ def run_preprocessing(
     _announce_progress(split_patterns, transformed_dirs, upstream_ledger)
     raw = _run_beam(pipeline, cfg, split_patterns, vocabulary_dir, transformed_dirs, statistics_dir, input_format)
     for t in cfg.tables:  # a vocabulary no train example fed still gets (empty) files
-        if not FileSystems.exists(vocabulary_lib.vocabulary_file(vocabulary_dir, t.name)):
+        if not FileSystems.exists(artifacts.vocabulary_file(vocabulary_dir, t.name)):
             vocabulary_lib.write_vocabulary(vocabulary_dir, t.name, [])
     manifest = build_manifest(cfg, raw, vocabulary_dir)
     stats = _summarize(cfg, raw, manifest, split_patterns, transformed_dirs, input_format, upstream_ledger)

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from components.config.schema import CategoricalFeature, PipelineConfig
 from components.contracts.manifest import ROW_LENGTHS_SUFFIX, row_lengths_key, weights_key
 from components.embedding_preprocess import features
+from components.contracts import artifacts
 from components.embedding_preprocess import vocabulary
 from components.config.choices import VocabularyKind
 
@@ -84,7 +85,7 @@ def load_lookups(
         for name, size in sizes.items():
             if len(vocabularies[name]) != size:
                 raise RuntimeError(
-                    f"{vocabulary.vocabulary_file(vocabulary_dir, name)} has {len(vocabularies[name])} tokens, the writer "
+                    f"{artifacts.vocabulary_file(vocabulary_dir, name)} has {len(vocabularies[name])} tokens, the writer "
                     f"wrote {size}: another run is writing to the same output directory"
                 )
         _LOOKUP_CACHE.clear()  # one run per process at a time: earlier runs' lookups are no longer needed

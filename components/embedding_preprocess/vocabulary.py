@@ -12,7 +12,6 @@ size + `rulebook.oov_bucket(token)`, i.e. Fingerprint64(token) % num_oov_buckets
 """
 from __future__ import annotations
 
-import os
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -27,6 +26,7 @@ from components.example_gen import split_hash
 from components.rules.rulebook import IDENTITY_TEXT, INVALID_NOT_AN_ID, INVALID_OUT_OF_RANGE
 from components.rules.rulebook import oov_bucket  # V2; importable from here as before
 from components.config.choices import VocabularyKind
+from components.contracts.artifacts import counts_file, vocabulary_file
 
 
 def order_vocabulary(counts: Iterable[Tuple[bytes, int]], options: VocabularyOptions) -> List[Tuple[bytes, int]]:
@@ -53,14 +53,6 @@ def prune(counts: pa.Array, options: VocabularyOptions) -> int:
     """How many of the ordered entries the options keep (min_frequency, then top_k)."""
     kept = int(pc.sum(pc.greater_equal(counts, options.min_frequency)).as_py() or 0)
     return min(kept, options.top_k) if options.top_k is not None else kept
-
-
-def vocabulary_file(directory: str, name: str) -> str:
-    return os.path.join(directory, f"{name}.txt")
-
-
-def counts_file(directory: str, name: str) -> str:
-    return os.path.join(directory, f"{name}.counts.txt")
 
 
 def write_vocabulary(directory: str, name: str, entries: Sequence[Tuple[bytes, int]]) -> None:
