@@ -118,3 +118,57 @@ def test_every_file_named_after_a_table_stays_in_its_directory(tmp_path):
                 if f.endswith(".py") and f != "artifacts.py":
                     text = open(os.path.join(dirpath, f), encoding="utf-8").read()
                     assert not by_hand.search(text), os.path.join(dirpath, f)
+
+
+BILLION_LAUGHS = """name: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
+b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
+c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
+d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
+e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
+f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
+g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
+i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
+"""
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path, capsys):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(BILLION_LAUGHS, encoding="utf-8")
+    assert len(BILLION_LAUGHS) < 500
+    status, out, err = _main(["run", "--config", path, "--output-dir", tmp_path / "out"], capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert "anchors and aliases expand to more than 100,000 values" in err and len(err) < 400
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_self_referring_anchor_and_an_oversized_file_are_refused(tmp_path):
+    from components.config.loading import MAX_CONFIG_BYTES, load_config
+    from components.config.schema import ConfigError
+
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("name: &a [1, *a]\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="an anchor refers to itself"):
+        load_config(str(loop))
+    big = tmp_path / "big.yaml"
+    big.write_text("name: x\n" + "#" * MAX_CONFIG_BYTES + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="more than a configuration file may hold"):
+        load_config(str(big))
+
+
+def test_a_message_quotes_at_most_a_short_excerpt_of_a_value(tmp_path):
+    from components.config.loading import load_config
+    from components.config.schema import ConfigError
+
+    raw = yaml.safe_load(open(os.path.join(REPO, "configs", "demo.yaml"), encoding="utf-8"))
+    huge = "x" * 500_000
+    for change in ({"label": ["a"] * 100_000}, {"name": huge}):
+        cfg = _config(tmp_path, raw["input"]["path"], **change)
+        with pytest.raises(ConfigError) as e:
+            load_config(str(cfg))
+        assert len(str(e.value)) < 600, str(e.value)[:300]
+    raw["categorical_features"][0]["name"] = "x-" * 250_000
+    (tmp_path / "feature.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(tmp_path / "feature.yaml"))
+    assert len(str(e.value)) < 600 and "not a valid feature name" in str(e.value)

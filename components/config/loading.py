@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import typing
 from typing import Any, Dict, List
 
@@ -19,9 +20,32 @@ from components.config.choices import Choice
 from components.config.schema import ConfigError, PipelineConfig
 from components.config.validation import resolve
 
+# A configuration file's limits, checked before it is read: a real config (hundreds of features) is
+# tens of kilobytes and a few thousand YAML nodes; anchors and aliases may not expand it past
+# MAX_CONFIG_NODES (a "billion laughs" file of a few hundred bytes would otherwise take minutes and
+# gigabytes to build, then to print).
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_NODES = 100_000
+EXCERPT_CHARS = 80  # the most of a value a message quotes
+LONG_TOKEN_CHARS = 300  # a longer run without a space in a message is cut (a path is shorter)
 SERIALIZED_SOURCE = "<serialized config>"  # source_file of a config read by config_from_json
 # JSON without a "resolved" section carries the derived bindings in each table instead; they are not fields.
 _OLD_RESOLVED_KEYS = ("features", "dim_explicit", "combiner_explicit")
+
+
+def excerpt(value: Any) -> str:
+    """A value as a message quotes it: its repr, cut to `EXCERPT_CHARS` characters."""
+    text = repr(value)
+    return text if len(text) <= EXCERPT_CHARS else f"{text[:EXCERPT_CHARS]}... ({len(text):,} characters)"
+
+
+def _bounded(message: str) -> str:
+    """A message with every long quoted value cut to `EXCERPT_CHARS` characters, and any other run of
+    more than `LONG_TOKEN_CHARS` characters without a space (the checks quote names and values, and
+    suggest names derived from them; a configuration may hold a megabyte in one string)."""
+    quoted = re.sub(r"""(['"])([^'"\n]{%d})[^'"\n]+\1""" % EXCERPT_CHARS, lambda m: f"{m.group(1)}{m.group(2)}...{m.group(1)}", message)
+    return re.sub(r"\S{%d}\S{%d,}" % (EXCERPT_CHARS, LONG_TOKEN_CHARS - EXCERPT_CHARS),
+                  lambda m: m.group(0)[:EXCERPT_CHARS] + "...", quoted)
 
 
 def _type_name(tp: Any) -> str:
@@ -49,35 +73,35 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         return _convert(value, args[0], path)
     if origin in (list, List):
         if not isinstance(value, list):
-            raise ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}")
+            raise ConfigError(f"{path}: expected {_type_name(tp)}, got {excerpt(value)}")
         return [_convert(v, typing.get_args(tp)[0], f"{path}[{i}]") for i, v in enumerate(value)]
     if origin in (dict, Dict):
         if value is None:
             return {}
         if not isinstance(value, dict):
-            raise ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}")
+            raise ConfigError(f"{path}: expected {_type_name(tp)}, got {excerpt(value)}")
         return {str(k): _convert(v, typing.get_args(tp)[1], f"{path}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         if value is None:
             value = {}
         if not isinstance(value, dict):
-            raise ConfigError(f"{path}: expected a mapping of fields, got {value!r}")
+            raise ConfigError(f"{path}: expected a mapping of fields, got {excerpt(value)}")
         return _build(tp, value, path)
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{path}: expected true or false, got {value!r}")
+            raise ConfigError(f"{path}: expected true or false, got {excerpt(value)}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+            raise ConfigError(f"{path}: expected an integer, got {excerpt(value)}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{path}: expected a number, got {value!r}")
+            raise ConfigError(f"{path}: expected a number, got {excerpt(value)}")
         return float(value)
     if tp is str or _is_choice(tp):
         if not isinstance(value, str):
-            raise ConfigError(f"{path}: expected a string, got {value!r} (quote it in YAML)")
+            raise ConfigError(f"{path}: expected a string, got {excerpt(value)} (quote it in YAML)")
         return choice_member(value, tp, path) if _is_choice(tp) else value
     raise TypeError(f"unsupported config type {tp}")  # a bug in this module, not in the YAML
 
@@ -116,7 +140,45 @@ def parse_config(data: Any, source: str = "<config>") -> PipelineConfig:
     try:
         return resolve(_build(PipelineConfig, data, ""), source)
     except ConfigError as e:
-        raise ConfigError(f"{source}: {e}") from None
+        raise ConfigError(f"{source}: {_bounded(str(e))}") from None
+
+
+def _expanded_nodes(node: yaml.Node, sizes: Dict[int, int], open_nodes: set, path: str) -> int:
+    """The nodes `node` stands for once every alias is expanded, counted without expanding any."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_nodes:
+        raise ConfigError(f"{path}: an anchor refers to itself (line {node.start_mark.line + 1}); a configuration "
+                          f"is a tree: write the values out")
+    open_nodes.add(key)
+    total = 1
+    if isinstance(node, yaml.SequenceNode):
+        total += sum(_expanded_nodes(child, sizes, open_nodes, path) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        total += sum(_expanded_nodes(k, sizes, open_nodes, path) + _expanded_nodes(v, sizes, open_nodes, path)
+                     for k, v in node.value)
+    open_nodes.discard(key)
+    sizes[key] = total
+    if total > MAX_CONFIG_NODES:
+        raise ConfigError(f"{path}: its anchors and aliases expand to more than {MAX_CONFIG_NODES:,} values "
+                          f"(from line {node.start_mark.line + 1}); a configuration is far smaller: write it without "
+                          f"nested aliases")
+    return total
+
+
+def _safe_load_bounded(text: str, path: str) -> Any:
+    """`yaml.safe_load`, refusing a document whose aliases expand past `MAX_CONFIG_NODES` before
+    building it: PyYAML composes aliases as shared nodes (cheap), and builds them out in full."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_nodes(node, {}, set(), path)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def load_config(path: str) -> PipelineConfig:
@@ -135,9 +197,13 @@ def load_config(path: str) -> PipelineConfig:
     """
     if not os.path.isfile(path):
         raise ConfigError(f"{path}: configuration file not found; pass an existing YAML file with --config")
+    size = os.path.getsize(path)
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: {size:,} bytes, more than a configuration file may hold ({MAX_CONFIG_BYTES:,}); "
+                          f"is it the right file?")
     try:
         with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+            data = _safe_load_bounded(fh.read(), path)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: invalid YAML: {e}") from None
     except UnicodeDecodeError as e:
