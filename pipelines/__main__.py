@@ -67,14 +67,11 @@ def continuous_command(args) -> int:
       span's model back, else `EXIT_PUSHED`.
     """
     try:
-        continuous = dict({"warm_start": False} if args.cold else {}, **({"carry_slots": False} if args.no_slots else {}))
-        cfg = span_config(args.config, args.data_dir, args.output_dir, {"continuous": continuous} if continuous else None)
-    except ConfigError as e:
-        print(error_line(e), file=sys.stderr)
-        return EXIT_BAD_INPUT
-    try:
-        summaries = run_spans(cfg, args.data_dir, args.output_dir, args.spans, args.rows, args.id_shift,
-                              show=not args.json, progress_to_stderr=args.json)
+        with runner.output_dir_lock(args.output_dir):  # every span's run, and the spans' config file
+            continuous = dict({"warm_start": False} if args.cold else {}, **({"carry_slots": False} if args.no_slots else {}))
+            cfg = span_config(args.config, args.data_dir, args.output_dir, {"continuous": continuous} if continuous else None)
+            summaries = run_spans(cfg, args.data_dir, args.output_dir, args.spans, args.rows, args.id_shift,
+                                  show=not args.json, progress_to_stderr=args.json)
     except ConfigError as e:  # e.g. a span's data path holds data the generator did not write
         print(error_line(e), file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -178,6 +175,9 @@ def main(argv=None) -> int:
         # with --json, stdout carries the JSON alone: the progress goes to stderr
         extra = {"extra_components": stock_data_components} if args.with_data_validation else {}
         result = runner.run(cfg, args.output_dir, quiet=True, cache=not args.no_cache, progress_to_stderr=args.json, **extra)
+    except ConfigError as e:  # the output directory cannot be used, or another run holds it: nothing ran
+        print(error_line(e), file=sys.stderr)
+        return EXIT_BAD_INPUT
     except RunFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED

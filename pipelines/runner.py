@@ -11,16 +11,20 @@ line naming the component, the cause and the log.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import logging
 import os
 import re
+import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, TextIO
 
-from components.config.schema import PipelineConfig
+from components.config.schema import ConfigError, PipelineConfig
 from components.data_io.beam_runtime import ensure_local_runner_safe
 from components.reporting import progress
 from components.reporting.errors import one_line
@@ -36,6 +40,8 @@ if TYPE_CHECKING:
 DEMO_ROWS = 375_000
 LOG_FILE = "pipeline.log"
 REPORT_HTML = "run_report.html"
+LOCK_FILE = ".run.lock"  # held (flock) by the run using the output directory; says who holds it
+_HELD = set()  # output directories this process holds: a run inside `continuous`'s lock takes it again
 
 
 class RunFailed(RuntimeError):
@@ -163,6 +169,72 @@ def failed_component(metadata_path: str, since: float) -> Optional[str]:
         return None
 
 
+class OutputDirInUse(ConfigError):
+    """Another run holds the output directory."""
+
+
+def _holder(lock_path: str) -> str:
+    try:
+        with open(lock_path, encoding="utf-8") as fh:
+            h = json.load(fh)
+        return (f"process {h['pid']} on {h['host']} since {h['started']} (`{h['command']}`)")
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process"
+
+
+@contextlib.contextmanager
+def output_dir_lock(output_dir: str) -> Iterator[str]:
+    """Creates the output directory if needed and holds it for one run: a second run into the same
+    directory is refused while the first holds it (its log, progress and summary would mix).
+
+    A run inside a lock this process already holds (each span of `continuous`) runs under it.
+    The lock is an advisory `flock` on `<output_dir>/.run.lock`, which the kernel releases when the
+    holder exits, however it exits (a `kill -9` leaves no stale lock); the file says who holds it.
+
+    Args:
+      output_dir: the run's output directory.
+
+    Yields:
+      The directory, absolute.
+
+    Raises:
+      ConfigError: the path is a file, or the directory cannot be created or written (one line).
+      OutputDirInUse: another run holds it (naming the holder).
+    """
+    output_dir = os.path.abspath(output_dir)
+    if output_dir in _HELD:
+        yield output_dir
+        return
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+        fd = os.open(os.path.join(output_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    except (FileExistsError, NotADirectoryError):
+        raise ConfigError(f"--output-dir {output_dir}: it, or a folder above it, is a file; name a directory "
+                          f"(it is created when missing)") from None
+    except OSError as e:
+        reason = "not writable" if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else e.strerror
+        raise ConfigError(f"--output-dir {output_dir}: cannot write there ({reason}); choose a directory you can "
+                          f"write to") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OutputDirInUse(f"--output-dir {output_dir} is in use by another run: "
+                                 f"{_holder(os.path.join(output_dir, LOCK_FILE))}; wait for it to finish, or "
+                                 f"choose another --output-dir") from None
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                  "command": " ".join(sys.argv)[:200]}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(holder).encode("utf-8"), 0)
+        _HELD.add(output_dir)
+        try:
+            yield output_dir
+        finally:
+            _HELD.discard(output_dir)
+    finally:
+        os.close(fd)  # releases the flock
+
+
 def run(cfg: PipelineConfig, output_dir: str, quiet: bool = False, span: Optional[int] = None,
         cache: bool = True, progress_to_stderr: bool = False, extra_components=None) -> RunResult:
     """Runs the pipeline with TFX's LocalDagRunner into `output_dir` and summarizes it.
@@ -183,12 +255,12 @@ def run(cfg: PipelineConfig, output_dir: str, quiet: bool = False, span: Optiona
 
     Raises:
       RunFailed: (quiet only) a component failed; one line names it, the cause and the log.
+      ConfigError: the output directory cannot be used, or another run holds it (`output_dir_lock`).
     """
-    output_dir = os.path.abspath(output_dir)
-    os.makedirs(output_dir, exist_ok=True)
-    if quiet:
-        return _run_logged(cfg, output_dir, span, cache, progress_to_stderr, extra_components)
-    return _run(cfg, output_dir, span, cache, extra_components)
+    with output_dir_lock(output_dir) as output_dir:
+        if quiet:
+            return _run_logged(cfg, output_dir, span, cache, progress_to_stderr, extra_components)
+        return _run(cfg, output_dir, span, cache, extra_components)
 
 
 class _SummaryFailed(RuntimeError):

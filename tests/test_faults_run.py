@@ -172,3 +172,72 @@ def test_a_message_quotes_at_most_a_short_excerpt_of_a_value(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(str(tmp_path / "feature.yaml"))
     assert len(str(e.value)) < 600 and "not a valid feature name" in str(e.value)
+
+
+def _cfg_for_run(tmp_path):
+    data = tmp_path / "data.csv"
+    data.write_text("label,I1\n1,2\n", encoding="utf-8")
+    return _config(tmp_path, data)
+
+
+def test_an_output_dir_that_is_a_file_is_refused_in_one_line(tmp_path, capsys):
+    cfg = _cfg_for_run(tmp_path)
+    a_file = tmp_path / "taken"
+    a_file.write_text("mine", encoding="utf-8")
+    for out in (a_file, a_file / "below"):
+        status, stdout, err = _main(["run", "--config", cfg, "--output-dir", out], capsys)
+        assert status == 2 and err.strip().splitlines() == [
+            f"error: --output-dir {out}: it, or a folder above it, is a file; name a directory (it is created when missing)"]
+    assert a_file.read_text(encoding="utf-8") == "mine"
+
+
+def test_an_output_dir_that_cannot_be_written_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    import errno
+
+    cfg = _cfg_for_run(tmp_path)
+    locked = tmp_path / "readonly"
+    locked.mkdir()
+    locked.chmod(0o555)
+    if os.geteuid() == 0:  # root writes anywhere: the refusal a user meets, from the kernel's answer to them
+        real_open = os.open
+
+        def refused(path, *args, **kwargs):
+            if str(path).startswith(str(locked)):
+                raise PermissionError(errno.EACCES, "Permission denied", str(path))
+            return real_open(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "makedirs", lambda p, exist_ok=False: refused(p))
+        monkeypatch.setattr(os, "open", refused)
+    status, stdout, err = _main(["run", "--config", cfg, "--output-dir", locked / "out"], capsys)
+    assert status == 2
+    assert err.strip().splitlines() == [
+        f"error: --output-dir {locked / 'out'}: cannot write there (not writable); choose a directory you can write to"]
+
+
+def test_a_second_run_into_a_held_output_dir_is_refused_naming_the_holder(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    cfg = _cfg_for_run(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "pipeline.log").write_text("the first run's log\n", encoding="utf-8")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pipelines.runner import output_dir_lock\n"
+                               f"with output_dir_lock({str(out)!r}):\n    print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        status, stdout, err = _main(["run", "--config", cfg, "--output-dir", out], capsys)
+    finally:
+        holder.communicate("", timeout=60)
+    lines = err.strip().splitlines()
+    assert status == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"error: --output-dir {out} is in use by another run: process {holder.pid} on ")
+    assert lines[0].endswith("; wait for it to finish, or choose another --output-dir")
+    assert (out / "pipeline.log").read_text(encoding="utf-8") == "the first run's log\n"
+    # once the holder is gone (however it ended), the directory is free again
+    from pipelines.runner import output_dir_lock
+
+    with output_dir_lock(str(out)) as held:
+        assert held == str(out)
