@@ -139,13 +139,14 @@ def main(argv=None) -> int:
         raise SystemExit("lightgbm is not installed: see this script's docstring for the one command that installs it")
     from components.config.loading import load_config
     from components.rules.metrics import roc_auc
-    from pipelines.summary import _latest
 
     cfg = load_config(args.config)
-    root = os.path.join(args.output_dir, "pipeline_root")
-    examples = os.path.dirname(_latest(os.path.join(root, "EmbeddingExampleGen", "examples", "*", "ledger.json")))
-    metrics_path = _latest(os.path.join(root, "Trainer", "model", "*", "eval_metrics.json"))
-    metrics = json.load(open(metrics_path)) if metrics_path else {}
+    # the last run's own artifacts, as its summary names them
+    with open(os.path.join(args.output_dir, "summary.json"), encoding="utf-8") as fh:
+        artifacts = json.load(fh)["artifacts"]
+    examples = artifacts["EmbeddingExampleGen.examples"]
+    metrics_path = os.path.join(artifacts["Trainer.model"], "eval_metrics.json")
+    metrics = json.load(open(metrics_path)) if os.path.isfile(metrics_path) else {}
 
     def read(split):
         return [pq.read_table(f) for f in sorted(glob.glob(os.path.join(examples, f"Split-{split}", "*.parquet")))]

@@ -23,9 +23,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from components.embedding_preprocess.health import describe_reasons
 from components.reporting.report import count_list, kept_model, reasons_list
 from components.reporting.report import render as render_text
-from pipelines.pipeline import PIPELINE_ROOT
+from components.contracts.artifacts import STATISTICS_REPORT_FILE, TRAINING_RUN_FILE
 from pipelines.summary import (
-    _latest, feature_health_hints, feature_health_lines, metric_measured, metric_text, summary_report,
+    artifact_file, feature_health_hints, feature_health_lines, metric_measured, metric_text, summary_report,
 )
 
 SECTIONS = (
@@ -193,28 +193,25 @@ def holdout_evaluations(run: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any
     }
 
 
-def _latest_under(root: str, pattern: str) -> Optional[str]:
-    return _latest(os.path.join(root, pattern))
-
-
 def render(summary: Dict[str, Any], output_dir: str, path: str) -> str:
     """The run report's HTML page.
 
     Args:
       summary: the run's summary (pipelines/summary.py `summarize`).
-      output_dir: the run's output folder (its pipeline root holds the artifacts linked and read).
+      output_dir: the run's output folder (its name titles the page; the artifacts linked and read are
+        the summary's `artifacts`, this run's own).
       path: where the page will be written (links are relative to it).
 
     Returns:
       The whole page, one section per entry of `SECTIONS`.
     """
-    root = os.path.join(output_dir, PIPELINE_ROOT)
+    artifacts = summary.get("artifacts") or {}  # this run's, from its ML Metadata (summary.run_artifacts)
     here = os.path.dirname(os.path.abspath(path))
     body = {
         "summary": f"<pre>{_e(render_text(summary_report(summary)))}</pre>",
         "ledger": _ledger_section(summary),
-        "statistics": _statistics_section(summary, root, here),
-        "training": _training_section(root),
+        "statistics": _statistics_section(summary, artifacts, here),
+        "training": _training_section(artifacts),
         "evaluation": _evaluation_section(summary),
         "export": _export_section(summary),
         "continuous": _continuous_section(summary),
@@ -243,8 +240,9 @@ def _ledger_section(summary: Dict[str, Any]) -> str:
     ) if stages else '<p class="muted">No row ledger (the run stopped before preprocessing).</p>'
 
 
-def _statistics_section(summary: Dict[str, Any], root: str, here: str) -> str:
-    stats_html = _latest_under(root, os.path.join("EmbeddingPreprocess", "statistics", "*", "statistics.html"))
+def _statistics_section(summary: Dict[str, Any], artifacts: Dict[str, str], here: str) -> str:
+    stats_html = artifact_file(artifacts, "EmbeddingPreprocess.statistics", STATISTICS_REPORT_FILE)
+    stats_html = stats_html if stats_html and os.path.isfile(stats_html) else None
     sizes = summary.get("vocabulary_sizes") or {}
     parts = []
     if stats_html:
@@ -278,11 +276,10 @@ def _natural(name: str) -> tuple:
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", name) if p)
 
 
-def _training_section(root: str) -> str:
-    run_dir = _latest_under(root, os.path.join("Trainer", "model_run", "*"))
+def _training_section(artifacts: Dict[str, str]) -> str:
+    run_dir = artifacts.get("Trainer.model_run")
     curves = training_curves(run_dir)
-    holdout = holdout_evaluations(_read_json(_latest_under(root, os.path.join("Trainer", "model", "*",
-                                                                              "training_run.json"))))
+    holdout = holdout_evaluations(_read_json(artifact_file(artifacts, "Trainer.model", TRAINING_RUN_FILE)))
     loss_tag = next((t for t in _LOSS_TAGS if t in curves), None)
     pair = []
     if loss_tag:

@@ -32,7 +32,7 @@ from components.reporting.report import error_line
 from pipelines.pipeline import METADATA_FILE, PIPELINE_ROOT, SERVING_DIR, create_pipeline, run_locally
 from pipelines.progress_view import ProgressPrinter, progress_path
 from pipelines.run_report import write_run_report
-from pipelines.summary import exit_status, summarize
+from pipelines.summary import exit_status, run_artifacts, summarize
 
 if TYPE_CHECKING:
     from ml_metadata.metadata_store.metadata_store import MetadataStore
@@ -281,7 +281,7 @@ def _run(cfg: PipelineConfig, output_dir: str, span: Optional[int], cache: bool,
     start = time.time()
     run_locally(p)
     try:
-        summary = summarize(cfg, output_dir)
+        summary = summarize(cfg, output_dir, run_artifacts(os.path.join(output_dir, METADATA_FILE), start))
     except Exception as e:  # noqa: BLE001 - named as the summary's failure, not the last component's
         raise _SummaryFailed(f"the run finished, but its summary could not be read back: {type(e).__name__}: {e}") from e
     summary["seconds"] = round(time.time() - start, 1)

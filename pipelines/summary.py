@@ -8,7 +8,6 @@ grouped where they read the same, with what to do and the config fields that dec
 """
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
@@ -16,12 +15,15 @@ import re
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from components.config.schema import PipelineConfig
+from components.contracts.artifacts import (
+    CONTINUOUS_FILE, EVAL_METRICS_FILE, EXPORT_REPORT_FILE, LEDGER_FILE, STATISTICS_FILE, TRAINING_RUN_FILE,
+)
 from components.contracts.names import renamed_inputs_line
 from components.model_registry.registry import RegistryError, lookup
 from components.embedding_preprocess.health import VALUE_PREFIX, reason_words
 from components.reporting.report import KEPT_BEST, KEPT_LAST, LABEL_WIDTH, Report, count_list, kept_model, reasons_list
 from components.rules.metrics import UNDEFINED_KEY
-from pipelines.pipeline import PIPELINE_ROOT, SERVING_DIR
+from pipelines.pipeline import SERVING_DIR
 
 # Exit statuses of `python -m pipelines run` (and demo, continuous): README "Your own data".
 EXIT_PUSHED = 0  # the run worked and pushed its model
@@ -33,15 +35,67 @@ EXIT_NOT_PUSHED = 3  # the run worked, but the validation gate kept the model ba
 SUMMARY_WIDTH = 100
 
 
-def _latest(pattern: str) -> Optional[str]:
-    """The artifact file of the newest execution (artifact dirs end in the execution id)."""
-    found = glob.glob(pattern)
+def run_artifacts(metadata_path: str, since: float) -> Dict[str, str]:
+    """The artifacts this run's executions produced or reused, read from its ML Metadata.
 
-    def key(p: str):
-        parts = [int(x) for x in p.split(os.sep) if x.isdigit()]
-        return parts[-1] if parts else -1
+    A run's executions are those created since it started (the output directory's lock keeps a
+    second run out meanwhile, pipelines/runner.py `output_dir_lock`): each completed one, and each
+    that TFX's launcher took from the cache (state CACHED, its OUTPUT events on the reused
+    artifacts: tfx/orchestration/portable/execution_publish_utils.py `publish_cached_executions`).
+    An earlier run's newer-looking directory is never one of them.
 
-    return max(found, key=key) if found else None
+    Args:
+      metadata_path: the run's SQLite ML Metadata file.
+      since: when the run started (`time.time()`).
+
+    Returns:
+      {"<node id>.<output key>": artifact URI}, e.g. {"Trainer.model": ".../Trainer/model/7"}; for
+      a node that ran more than once in the run, its last execution's.
+    """
+    # lazy: ML Metadata and TFX load protobufs this module's report functions do not need
+    from ml_metadata.metadata_store.metadata_store import MetadataStore
+    from ml_metadata.proto.metadata_store_pb2 import ConnectionConfig, Event, Execution, SqliteMetadataSourceConfig
+    from tfx.dsl.compiler.constants import NODE_CONTEXT_TYPE_NAME, PIPELINE_CONTEXT_TYPE_NAME
+
+    if not os.path.exists(metadata_path):
+        return {}
+    config = ConnectionConfig()
+    config.sqlite.filename_uri = metadata_path
+    config.sqlite.connection_mode = SqliteMetadataSourceConfig.READONLY
+    store = MetadataStore(config)
+    since_ms = int(since * 1000)
+    done = (Execution.COMPLETE, Execution.CACHED)
+    runs = sorted((e for e in store.get_executions() if e.create_time_since_epoch >= since_ms
+                   and e.last_known_state in done), key=lambda e: e.id)
+    if not runs:
+        return {}
+    events = [ev for ev in store.get_events_by_execution_ids([e.id for e in runs]) if ev.type == Event.OUTPUT]
+    uris = {a.id: a.uri for a in store.get_artifacts_by_id(sorted({ev.artifact_id for ev in events}))}
+    nodes = {}
+    for e in runs:
+        contexts = store.get_contexts_by_execution(e.id)
+        pipeline = next((c.name for c in contexts if c.type == PIPELINE_CONTEXT_TYPE_NAME), "")
+        node = next((c.name for c in contexts if c.type == NODE_CONTEXT_TYPE_NAME), None)
+        if node is not None:
+            nodes[e.id] = node[len(pipeline) + 1:] if pipeline and node.startswith(pipeline + ".") else node
+    found: Dict[str, str] = {}
+    for ev in sorted(events, key=lambda ev: ev.execution_id):  # a later execution of a node wins
+        if ev.execution_id in nodes and ev.path.steps and ev.artifact_id in uris:
+            found[f"{nodes[ev.execution_id]}.{ev.path.steps[0].key}"] = uris[ev.artifact_id]
+    return found
+
+
+def artifact_file(artifacts: Dict[str, str], output: str, name: str) -> Optional[str]:
+    """A file inside one of this run's artifacts (`run_artifacts`), or None when the run made no such
+    artifact.
+
+    Args:
+      artifacts: this run's artifacts.
+      output: `<node id>.<output key>`, e.g. `Trainer.model`.
+      name: the file's name inside the artifact.
+    """
+    uri = artifacts.get(output)
+    return os.path.join(uri, name) if uri else None
 
 
 def _read(path: Optional[str]) -> Optional[Dict[str, Any]]:
@@ -51,12 +105,14 @@ def _read(path: Optional[str]) -> Optional[Dict[str, Any]]:
     return None
 
 
-def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
-    """Reads what a local run did back from its artifacts (the newest execution of each step).
+def summarize(cfg: PipelineConfig, output_dir: str, artifacts: Dict[str, str]) -> Dict[str, Any]:
+    """Reads what a local run did back from its artifacts: the ones its own executions made or
+    reused (`run_artifacts`), never merely the newest on disk.
 
     Args:
       cfg: the run's configuration.
-      output_dir: the run's output folder (its pipeline root and push destination).
+      output_dir: the run's output folder (its push destination).
+      artifacts: this run's artifacts (`run_artifacts`); recorded in the summary as `artifacts`.
 
     Returns:
       The summary: the ledger, feature warnings, input span, what is served and whether this run
@@ -65,23 +121,27 @@ def summarize(cfg: PipelineConfig, output_dir: str) -> Dict[str, Any]:
       training length, and the export's parity, layout and compression. Parts whose artifact is
       missing are None.
     """
-    root = os.path.join(output_dir, PIPELINE_ROOT)
-    stats = _read(_latest(os.path.join(root, "EmbeddingPreprocess", "statistics", "*", "statistics.json")))
-    gen = _read(_latest(os.path.join(root, "EmbeddingExampleGen", "examples", "*", "ledger.json")))
+    def read(output: str, name: str) -> Optional[Dict[str, Any]]:
+        return _read(artifact_file(artifacts, output, name))
+
+    stats = read("EmbeddingPreprocess.statistics", STATISTICS_FILE)
+    gen = read("EmbeddingExampleGen.examples", LEDGER_FILE)
     gen_stage = (gen or {}).get("stages", [{}])[0]
-    metrics = _read(_latest(os.path.join(root, "Trainer", "model", "*", "eval_metrics.json")))
-    training_run = _read(_latest(os.path.join(root, "Trainer", "model", "*", "training_run.json")))
-    continuous = _read(_latest(os.path.join(root, "Trainer", "model", "*", "continuous.json")))
-    report_path = _latest(os.path.join(root, "EmbeddingExporter", "serving_model", "*", "export_report.json"))
-    report = _read(report_path)
+    metrics = read("Trainer.model", EVAL_METRICS_FILE)
+    training_run = read("Trainer.model", TRAINING_RUN_FILE)
+    continuous = read("Trainer.model", CONTINUOUS_FILE)
+    report = read("EmbeddingExporter.serving_model", EXPORT_REPORT_FILE)
     served = served_model(os.path.join(output_dir, SERVING_DIR))
-    this_run = os.path.dirname(report_path) if report_path else None
+    this_run = artifacts.get("EmbeddingExporter.serving_model") if report else None
     meta = _read(cfg.input.path + ".meta.json") if os.path.isfile(cfg.input.path) else None
     # TFX's Evaluator's blessing (evaluator.enabled): its BLESSED / NOT_BLESSED file
-    blessing = _latest(os.path.join(root, "Evaluator", "blessing", "*", "*BLESSED")) if cfg.evaluator.enabled else None
+    blessing_dir = artifacts.get("Evaluator.blessing") if cfg.evaluator.enabled else None
+    blessing = next((os.path.join(blessing_dir, n) for n in ("BLESSED", "NOT_BLESSED")
+                     if os.path.isfile(os.path.join(blessing_dir, n))), None) if blessing_dir else None
     health = (stats or {}).get("feature_health") or {}
     fill_values = {d.name: d.fill_value for d in cfg.dense_features}
     return {
+        "artifacts": dict(artifacts),
         "ledger": (stats or {}).get("ledger"),
         "feature_warnings": {
             n: {"share": e["share"], "status": e["status"], "reasons": {k: v for k, v in e["reasons"].items() if v},

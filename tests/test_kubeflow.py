@@ -427,12 +427,10 @@ def _local_run(cfg, out, stock=False):
     """One LocalDagRunner run into `out` (shared by both runs: one push destination, one MLMD)
     and the artifacts it made; `stock`: with stock StatisticsGen, SchemaGen and ExampleValidator."""
     from pipelines.runner import run
-    from pipelines.summary import _latest
 
     summary = run(cfg, str(out), extra_components=stock_data_components if stock else None).summary
-    root = out / "pipeline_root"
-    model = os.path.dirname(_latest(str(root / "Trainer" / "model" / "*" / "continuous.json")))
-    return {"summary": summary, "examples": os.path.dirname(_latest(str(root / "EmbeddingExampleGen" / "examples" / "*" / "ledger.json"))),
+    model = summary["artifacts"]["Trainer.model"]
+    return {"summary": summary, "examples": summary["artifacts"]["EmbeddingExampleGen.examples"],
             "trainer_model": model, "continuous": _json(os.path.join(model, "continuous.json")),
             "report": _json(os.path.join(summary["serving_model_this_run"], "export_report.json")),
             "pushed": summary["serving_model"] if summary["pushed_by_this_run"] else None}

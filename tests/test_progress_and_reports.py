@@ -317,7 +317,9 @@ def test_run_report_has_every_section_and_the_training_curves(tmp_path):
                                "warm_start": {"rows_carried": 5, "rows": 10, "tokens_carried": 5, "tokens_new": 5,
                                               "tokens_dropped": 1, "tables_with_slots": 1, "tables": 1,
                                               "dense_weights_carried": 4, "dense_weights_fresh": 0, "dense_slots_carried": 4},
-                               "drift": {"new_token_share": {"value": 0.1, "name": "C1"}}})
+                               "drift": {"new_token_share": {"value": 0.1, "name": "C1"}}},
+                   artifacts={"Trainer.model_run": str(run_dir), "Trainer.model": str(model),
+                              "EmbeddingPreprocess.statistics": str(stats)})
     summary["validation"] = {"blessed": True, "reasons": [], "checks": [
         {"name": "baseline", "passed": True, "reason": "ok", "model_auc": 0.8, "reference_auc": 0.75},
         {"name": "last_blessed", "passed": True, "reason": "ok", "model_auc": 0.8, "reference_auc": 0.79}]}
@@ -395,7 +397,8 @@ def test_the_summary_and_the_run_report_name_the_kept_models_step_and_auc(tmp_pa
     cfg = parse_config({"name": "x", "input": {"path": "d.csv"}, "label": "label",
                         "dense_features": [{"name": "I1"}], "categorical_features": [{"name": "C1"}],
                         "training": {"train_steps": 700, "batch_size": 256}})
-    s = summary_lib.summarize(cfg, str(tmp_path))
+    artifacts = {"Trainer.model": str(model), "EmbeddingPreprocess.statistics": str(stats)}
+    s = summary_lib.summarize(cfg, str(tmp_path), artifacts)
     assert s["eval_model"] == {"step": 400, "choice": KEPT_BEST}
     assert s["training"]["epochs"] == round(700 * 256 / 17_004, 2) == 10.54  # not 700 x 256 / 18,893 = 9.49
     text = _unwrapped(render(summary_lib.summary_report(s)))
@@ -407,7 +410,7 @@ def test_the_summary_and_the_run_report_name_the_kept_models_step_and_auc(tmp_pa
     assert "step 700, " not in page
     # artifacts written before eval_metrics.json named its model: the training record says which
     (model / "eval_metrics.json").write_text(json.dumps({"auc": 0.9155, "log_loss": 0.31}))
-    assert summary_lib.summarize(cfg, str(tmp_path))["eval_model"] == {"step": 400, "choice": KEPT_BEST}
+    assert summary_lib.summarize(cfg, str(tmp_path), artifacts)["eval_model"] == {"step": 400, "choice": KEPT_BEST}
 
 
 # ---- feature health in words, grouped; the summary's width -------------------------------------
@@ -499,7 +502,7 @@ def test_run_report_shows_the_held_out_auc_and_health_in_words(tmp_path):
                                  for s, a in ((100, 0.70), (200, 0.71), (300, 0.705))],
                  "best_step": 200, "best_auc": 0.71, "stopped_at": 300, "note": None}
     (model / "training_run.json").write_text(json.dumps({"final_step": 300, "selection": selection}))
-    summary = dict(PUSHED, feature_warnings={"I1": _warnings()["I1"]})
+    summary = dict(PUSHED, feature_warnings={"I1": _warnings()["I1"]}, artifacts={"Trainer.model": str(model)})
     page = open(write_run_report(summary, str(out), str(out / "r.html"))).read()
     parsed = _Sections()
     parsed.feed(page)

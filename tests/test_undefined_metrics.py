@@ -270,7 +270,7 @@ def test_the_summary_says_why_the_eval_and_baseline_auc_are_undefined(tmp_path):
     (model / "eval_metrics.json").write_text(json.dumps(metrics, allow_nan=False))
     cfg = parse_config(minimal_raw_config())
 
-    summary = summarize(cfg, str(tmp_path))
+    summary = summarize(cfg, str(tmp_path), {"Trainer.model": str(model)})
     assert (summary["eval_auc"], summary["eval_auc_undefined"]) == (None, one_label)
     assert summary["eval_log_loss_undefined"] is None  # log loss is defined on one label
     lines = render(summary_report(summary)).splitlines()
