@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
+from components.contracts.capacity import check_tpu_floor
 from components.config.schema import ConfigError, PipelineConfig
 from pipelines.kubeflow_config import kubeflow_beam_args
 from pipelines.pipeline import NEVER_CACHED, create_pipeline
@@ -213,6 +214,7 @@ def compile_pipeline(cfg: PipelineConfig, image: str, output: str, pipeline_root
             f"{cfg.resolved.source_file}: kubeflow.pipeline_root: not set; set it (e.g. gs://BUCKET/tpu-embedding) "
             "or pass --pipeline-root"
         )
+    check_tpu_floor(cfg)  # tables the config fixes that no chip could hold: refused before anything runs
     job = _compiled_job(cfg, image, output, root, tpu_image)
     # TFX puts the pipeline root only into a PipelineJob's runtimeConfig; the bare PipelineSpec that
     # open-source KFP uploads would otherwise run under KFP's default root (minio://), which

@@ -288,3 +288,62 @@ def test_the_summary_describes_this_runs_artifacts_not_the_newest_on_disk(tmp_pa
     assert stats_dir in report and os.path.relpath(second["artifacts"]["EmbeddingPreprocess.statistics"], out) not in report
     saved = json.load(open(os.path.join(out, "summary.json"), encoding="utf-8"))
     assert saved["artifacts"] == third["artifacts"]
+
+
+def _raw_with_table(vocabulary, dim=16, batch_size=256, optimizer="adagrad"):
+    from tests.stages import minimal_raw_config
+
+    raw = minimal_raw_config()
+    first = raw["categorical_features"][0]["name"]
+    raw["tables"] = [{"name": "big", "dim": dim, "vocabulary": vocabulary}]
+    raw["categorical_features"][0]["table"] = "big"
+    raw.setdefault("training", {})["batch_size"] = batch_size
+    raw["training"]["embedding_optimizer"] = {"name": optimizer, "learning_rate": 0.1}
+    return raw, first
+
+
+def test_the_memory_floor_counts_what_the_config_fixes():
+    from components.config.loading import parse_config
+    from components.contracts.capacity import BATCHES_HELD, EXAMPLE_BYTES, config_rows, memory_floor
+
+    raw, _ = _raw_with_table({"kind": "hashed", "num_buckets": 1000}, dim=8)
+    cfg = parse_config(raw)
+    floor = memory_floor(cfg)
+    assert config_rows(cfg, "big") == 1000
+    assert floor.host_table_bytes["big"] == 1000 * 8 * 4 * 2  # weights and Adagrad's accumulators
+    counted = [t.name for t in cfg.tables if t.name != "big"]
+    assert all(config_rows(cfg, n) == cfg.table(n).vocabulary.num_oov_buckets for n in counted)  # known after preprocessing
+    values = 1 + len(cfg.dense_features) + sum(f.max_length or 1 for f in cfg.categorical_features)
+    assert floor.batch_bytes == BATCHES_HELD * 256 * values * EXAMPLE_BYTES
+    raw, _ = _raw_with_table({"kind": "list", "values": ["a", "b", "c"], "num_oov_buckets": 2}, dim=8)
+    assert config_rows(parse_config(raw), "big") == 5
+
+
+def test_tables_or_batches_that_cannot_fit_are_refused_before_the_data_stages(tmp_path, capsys):
+    from components.config.loading import parse_config
+    from components.config.schema import ConfigError
+    from components.contracts.capacity import check_host_floor, check_tpu_floor
+
+    raw, _ = _raw_with_table({"kind": "hashed", "num_buckets": 120_000_000})  # 120M x 16 x 4 x 2 = 14.3 GiB
+    cfg = parse_config(raw)
+    check_tpu_floor(cfg)  # sharded over the default slice it fits a chip
+    check_host_floor(cfg, 15 * 2**30)
+    with pytest.raises(ConfigError, match=r"^training needs at least 14\.3\d GiB of memory on this machine \(tables "
+                                          r"with their optimizer slots 14\.3\d GiB \(largest: big \(120,000,000 rows: "
+                                          r"14\.31 GiB\)\).* and 8\.00 GiB is available; lower"):
+        check_host_floor(cfg, 8 * 2**30)
+    raw, _ = _raw_with_table({"kind": "hashed", "num_buckets": 10_000}, batch_size=2**30)
+    with pytest.raises(ConfigError, match=r"2 batches of training.batch_size 1,073,741,824 examples"):
+        check_host_floor(parse_config(raw), 64 * 2**30)
+    raw, _ = _raw_with_table({"kind": "identity", "num_buckets": 20_000_000_000})
+    with pytest.raises(ConfigError, match=r"^training.embedding.topology: the tables whose size the config fixes "
+                                          r"already need .* largest: big \(20,000,000,000 rows"):
+        check_tpu_floor(parse_config(raw))
+    # the command line: one line, exit 2, nothing run and no output directory made
+    raw, _ = _raw_with_table({"kind": "hashed", "num_buckets": 10**12})
+    raw["input"]["path"] = str(tmp_path / "data.csv")
+    (tmp_path / "data.csv").write_text("label\n1\n", encoding="utf-8")
+    (tmp_path / "huge.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    status, out, err = _main(["run", "--config", tmp_path / "huge.yaml", "--output-dir", tmp_path / "out"], capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error: training")
+    assert not (tmp_path / "out").exists()

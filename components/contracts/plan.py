@@ -568,7 +568,7 @@ class EmbeddingPlan:
 def _hand_built_table(rows: int, dim: int, placement: str, combiner: Combiner, optimizer: Mapping[str, Any],
                       features: Tuple[str, ...], topology: Topology) -> TablePlan:
     """A table of `EmbeddingPlan.for_tables`: its whole vocabulary given, nothing measured."""
-    memory = _table_memory(rows, dim, optimizer["name"], placement, topology)  # refuses an unknown placement first
+    memory = sized_table_memory(rows, dim, optimizer["name"], placement, topology)  # refuses an unknown placement first
     return TablePlan(
         rows=rows, vocabulary_size=rows, num_oov_buckets=0, dim=dim, dim_source="given", combiner=combiner,
         initializer=Initializer.from_options(None, dim), optimizer=dict(optimizer), placement=Placement(placement),
@@ -579,8 +579,9 @@ def _hand_built_table(rows: int, dim: int, placement: str, combiner: Combiner, o
 # ---- sizing -------------------------------------------------------------------------------------
 
 
-def _table_memory(rows: int, dim: int, optimizer: str, placement: str, topology: Topology) -> TableMemory:
-    # A plan that does not record its API is sized as TPUEmbedding (V1) tables are.
+def sized_table_memory(rows: int, dim: int, optimizer: str, placement: str, topology: Topology) -> TableMemory:
+    """A table's training memory sized for a topology (sizing.table_memory with its chips, API and
+    SparseCores); a plan that does not record its API is sized as TPUEmbedding (V1) tables are."""
     api = topology.embedding_api or sizing.TPU_EMBEDDING_V1
     return table_memory(rows, dim, optimizer, placement, topology.num_chips, api, topology.sparse_cores_per_chip)
 
@@ -595,7 +596,7 @@ def size_tables(tables: Mapping[str, TablePlan], topology: Topology) -> Dict[str
     Returns:
       {name: TablePlan} with new `memory`.
     """
-    return {n: dataclasses.replace(t, memory=_table_memory(t.rows, t.dim, t.optimizer["name"], t.placement, topology))
+    return {n: dataclasses.replace(t, memory=sized_table_memory(t.rows, t.dim, t.optimizer["name"], t.placement, topology))
             for n, t in tables.items()}
 
 
@@ -822,19 +823,39 @@ def _combiner(cfg: PipelineConfig, name: str, long: Mapping[str, float]) -> Tupl
                           f"{LONG_MULTI_HOT_IDS:g}: long multi-hot), so its IDs are summed, a bag")
 
 
+def table_dim(cfg: PipelineConfig, name: str, rows: int) -> Tuple[int, str]:
+    """A table's dim and where it comes from: the fourth-root rule for a table without a dim of its
+    own under `training.embedding.dim_rule: fourth_root`, else the configured dim.
+
+    Args:
+      cfg: a resolved configuration.
+      name: the table.
+      rows: its rows.
+
+    Returns:
+      (dim, source).
+    """
+    if cfg.training.embedding.dim_rule == DimRule.FOURTH_ROOT and not cfg.resolved.table(name).dim_explicit:
+        return fourth_root_dim(rows), "fourth_root rule"
+    return int(cfg.table(name).dim), "config"
+
+
+def table_placement(cfg: PipelineConfig, rows: int) -> str:
+    """Where a table of `rows` rows trains: TPU embedding above `training.embedding.size_threshold`
+    (none: every table on the TensorCore), else the TensorCore."""
+    threshold = cfg.training.embedding.size_threshold
+    return Placement.TPU_EMBEDDING if threshold is not None and rows > threshold else Placement.TENSOR_CORE
+
+
 def _table_plan(cfg: PipelineConfig, name: str, manifest: VocabularyManifest, statistics: EmbeddingStatistics,
                 topology: Topology, long: Mapping[str, float]) -> TablePlan:
-    emb = cfg.training.embedding
     t = cfg.table(name)
     if name not in manifest.vocabularies:
         raise PlanError(f"table {name!r} has no vocabulary in the manifest; rerun preprocessing with this config")
     v = manifest.vocabularies[name]
     rows = int(v.rows)
-    if emb.dim_rule == DimRule.FOURTH_ROOT and not cfg.resolved.table(name).dim_explicit:
-        dim, dim_source = fourth_root_dim(rows), "fourth_root rule"
-    else:
-        dim, dim_source = int(t.dim), "config"
-    placement = Placement.TPU_EMBEDDING if emb.size_threshold is not None and rows > emb.size_threshold else Placement.TENSOR_CORE
+    dim, dim_source = table_dim(cfg, name, rows)
+    placement = table_placement(cfg, rows)
     optimizer = table_optimizer(cfg, name)  # tables[].optimizer over training.embedding_optimizer
     combiner, combiner_source = _combiner(cfg, name, long)
     return TablePlan(
@@ -850,7 +871,7 @@ def _table_plan(cfg: PipelineConfig, name: str, manifest: VocabularyManifest, st
         placement=placement,
         features=tuple(cfg.resolved.table(name).features),
         sparsecore_limits=_sparsecore_limits(statistics, name, topology.num_sparse_cores),
-        memory=_table_memory(rows, dim, optimizer.name, placement, topology),
+        memory=sized_table_memory(rows, dim, optimizer.name, placement, topology),
     )
 
 
@@ -911,7 +932,7 @@ def _with_wide_part(cfg: PipelineConfig, tables: Dict[str, TablePlan], features:
             t, dim=1, dim_source="wide part (training.wide)", combiner=Combiner.SUM,
             initializer=Initializer(InitializerKind.ZEROS), optimizer=spec, combiner_source="wide part: a bag of IDs",
             wide_source=source, features=tuple(f + WIDE_SUFFIX for f in t.features if f in features),
-            memory=_table_memory(t.rows, 1, wide.name, t.placement, topology), wide_of=name)
+            memory=sized_table_memory(t.rows, 1, wide.name, t.placement, topology), wide_of=name)
     for name, f in features.items():
         out_features[name + WIDE_SUFFIX] = dataclasses.replace(
             f, table=f.table + WIDE_SUFFIX, sequence_pooling=None, sequence_query=None, wide_of=name)

@@ -37,7 +37,8 @@ import math
 from dataclasses import dataclass
 from typing import Dict, Iterable, Optional, Tuple
 
-from components.config.choices import OptimizerName, Placement
+from components.config.choices import OptimizerName, Placement, VocabularyKind
+from components.config.schema import VocabularyOptions
 
 FLOAT32_BYTES = 4
 OPTIMIZER_SLOTS = {OptimizerName.SGD: 0, OptimizerName.ADAGRAD: 1, OptimizerName.ADAM: 2, OptimizerName.FTRL: 2}
@@ -154,6 +155,25 @@ def table_rows(vocabulary_size: int, num_oov_buckets: int) -> int:
       Their sum.
     """
     return int(vocabulary_size) + int(num_oov_buckets)
+
+
+def table_layout(options: VocabularyOptions, vocabulary_size: int) -> Tuple[int, int]:
+    """(size, num_oov_buckets) of a table whose vocabulary file has `vocabulary_size` lines: rows
+    are size + num_oov_buckets (`table_rows`). Hashed: no vocabulary, num_buckets hash rows (V3);
+    identity: the num_buckets IDs, no OOV rows (V4).
+
+    Args:
+      options: the table's vocabulary options.
+      vocabulary_size: lines of its vocabulary file (unused for hashed and identity tables).
+
+    Returns:
+      (size, num_oov_buckets).
+    """
+    if options.kind == VocabularyKind.HASHED:
+        return 0, int(options.num_buckets)
+    if options.kind == VocabularyKind.IDENTITY:
+        return int(options.num_buckets), 0
+    return vocabulary_size, options.num_oov_buckets
 
 
 def optimizer_slots(optimizer: str) -> int:

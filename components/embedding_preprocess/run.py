@@ -17,7 +17,8 @@ from components.rows import ledger
 from components.reporting import progress
 from components.rows import row_counts
 from components.reporting.errors import LedgerError
-from components.data_io.beam_runtime import ensure_local_runner_safe
+from components.data_io.beam_runtime import add_worker_plugin, ensure_local_runner_safe
+from components.data_io.out_of_space import out_of_space_named
 from components.config.binding import table_optimizer
 from components.config.schema import CategoricalFeature, PipelineConfig
 from components.contracts import artifacts
@@ -28,7 +29,7 @@ from components.contracts.manifest import (
     VocabularyEntry,
     VocabularyManifest,
 )
-from components.contracts.sizing import table_memory, table_rows
+from components.contracts.sizing import table_layout, table_memory, table_rows
 from components.contracts.statistics import EmbeddingStatistics
 from components.embedding_preprocess import beam_pipeline
 from components.embedding_preprocess.counting import shared_table_features
@@ -106,7 +107,7 @@ def column_notes(cfg: PipelineConfig, raw: Dict[str, float]) -> Dict[str, str]:
 def build_manifest(cfg: PipelineConfig, raw: Dict[str, float], vocabulary_dir: str) -> VocabularyManifest:
     vocabularies = {}
     for t in cfg.tables:
-        size, num_oov_buckets = vocabulary_lib.table_layout(t.vocabulary, len(vocabulary_lib.read_vocabulary_tokens(vocabulary_dir, t.name)))
+        size, num_oov_buckets = table_layout(t.vocabulary, len(vocabulary_lib.read_vocabulary_tokens(vocabulary_dir, t.name)))
         vocabularies[t.name] = VocabularyEntry(
             file=os.path.basename(artifacts.vocabulary_file(vocabulary_dir, t.name)),
             counts_file=os.path.basename(artifacts.counts_file(vocabulary_dir, t.name)),
@@ -355,25 +356,40 @@ def run_preprocessing(
       ConfigError: a given vocabulary file cannot be read or is empty.
       LedgerError: the row ledger does not add up.
       FeatureHealthError: a feature is unhealthy.
+      OutOfSpaceError: a write ran out of space (a full disk, a quota, a file-size limit).
     """
     ensure_local_runner_safe(list(pipeline.options.get_all_options(drop_default=True).get("experiments") or []))
+    add_worker_plugin(pipeline.options)  # a worker whose stderr is on a full disk still reports its failure
     if "train" not in split_patterns:
         raise ValueError(f"preprocessing needs a 'train' split to build vocabularies; got {sorted(split_patterns)}")
-    _prepare_outputs(cfg, vocabulary_dir, transformed_dirs, statistics_dir)
-    _announce_progress(split_patterns, transformed_dirs, upstream_ledger)
-    raw = _run_beam(pipeline, cfg, split_patterns, vocabulary_dir, transformed_dirs, statistics_dir, input_format)
-    for t in cfg.tables:  # a vocabulary no train example fed still gets (empty) files
-        if not FileSystems.exists(artifacts.vocabulary_file(vocabulary_dir, t.name)):
-            vocabulary_lib.write_vocabulary(vocabulary_dir, t.name, [])
-    manifest = build_manifest(cfg, raw, vocabulary_dir)
-    stats = _summarize(cfg, raw, manifest, split_patterns, transformed_dirs, input_format, upstream_ledger)
-    _write_outputs(cfg, manifest, stats, vocabulary_dir, transformed_dirs, statistics_dir)
+    outputs = [vocabulary_dir, statistics_dir, *(transformed_dirs or {}).values()]
+    with out_of_space_named(progress.PREPROCESS, _common_folder(outputs)):
+        _prepare_outputs(cfg, vocabulary_dir, transformed_dirs, statistics_dir)
+        _announce_progress(split_patterns, transformed_dirs, upstream_ledger)
+        raw = _run_beam(pipeline, cfg, split_patterns, vocabulary_dir, transformed_dirs, statistics_dir, input_format)
+        for t in cfg.tables:  # a vocabulary no train example fed still gets (empty) files
+            if not FileSystems.exists(artifacts.vocabulary_file(vocabulary_dir, t.name)):
+                vocabulary_lib.write_vocabulary(vocabulary_dir, t.name, [])
+        manifest = build_manifest(cfg, raw, vocabulary_dir)
+        stats = _summarize(cfg, raw, manifest, split_patterns, transformed_dirs, input_format, upstream_ledger)
+        _write_outputs(cfg, manifest, stats, vocabulary_dir, transformed_dirs, statistics_dir)
     if stats.ledger is not None:
         for stage in stats.ledger["stages"]:
             ledger.check_stage(stage)
     if stats.feature_health is not None:
         check_health(stats.feature_health)
     return stats
+
+
+def _common_folder(paths: List[str]) -> str:
+    """The deepest folder holding every path (compared part by part, so `gs://` stays as written)."""
+    parts = [p.rstrip("/").split("/") for p in paths]
+    common = []
+    for names in zip(*parts):
+        if len(set(names)) > 1:
+            break
+        common.append(names[0])
+    return "/".join(common) or "/"
 
 
 def _prepare_outputs(

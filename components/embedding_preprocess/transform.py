@@ -19,6 +19,7 @@ from components.config.schema import CategoricalFeature, PipelineConfig
 from components.contracts.manifest import ROW_LENGTHS_SUFFIX, row_lengths_key, weights_key
 from components.embedding_preprocess import features
 from components.contracts import artifacts
+from components.contracts.sizing import table_layout
 from components.embedding_preprocess import vocabulary
 from components.config.choices import VocabularyKind
 
@@ -60,7 +61,7 @@ def make_lookups(cfg: PipelineConfig, vocabularies: Dict[str, Sequence[bytes]]) 
             out[t.name] = vocabulary.IdentityLookup(v.num_buckets, v.default_value)
             continue
         tokens = vocabularies.get(t.name, [])
-        _, oov = vocabulary.table_layout(v, len(tokens))
+        _, oov = table_layout(v, len(tokens))
         out[t.name] = vocabulary.VocabularyLookup(tokens, oov)
     return out
 

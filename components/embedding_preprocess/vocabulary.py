@@ -209,17 +209,6 @@ def given_vocabulary(options: VocabularyOptions) -> Optional[List[bytes]]:
     return tokens
 
 
-def table_layout(options: VocabularyOptions, vocabulary_size: int) -> Tuple[int, int]:
-    """(size, num_oov_buckets) of a table whose vocabulary file has `vocabulary_size` lines: rows
-    are size + num_oov_buckets. Hashed: no vocabulary, num_buckets hash rows (V3); identity: the
-    num_buckets IDs, no OOV rows (V4)."""
-    if options.kind == VocabularyKind.HASHED:
-        return 0, int(options.num_buckets)
-    if options.kind == VocabularyKind.IDENTITY:
-        return int(options.num_buckets), 0
-    return vocabulary_size, options.num_oov_buckets
-
-
 class IdentityLookup:
     """V4 over a batch: tokens that are IDs of an identity column with `num_buckets` rows map to
     themselves; the others to `default_value` (counted as oov), or, without one, `id_filter`
