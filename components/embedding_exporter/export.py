@@ -46,7 +46,7 @@ from components.embedding_exporter.scoring import score
 from components.embedding_model import layouts
 from components.embedding_exporter import tables as tables_lib
 from components.embedding_model.restore import (
-    ExportRefused, build_serving_model, dense_variables, load_tables, open_checkpoint_tables, restore_dense,
+    RERUN_TRAINER, ExportRefused, build_serving_model, dense_variables, load_tables, open_checkpoint_tables, restore_dense,
 )
 from components.embedding_exporter.serving import RawFeatureTransform, ServingModule
 from components.embedding_preprocess.features import KIND_NONE, kind_of
@@ -56,6 +56,7 @@ from components.embedding_preprocess import vocabulary
 from components.tfx_wiring.executor_base import read_json_if_exists
 from components.embedding_model.input import parse_batch
 from components.embedding_model.serving_model import ServingRankingModel
+from components.embedding_model.unreadable import reading
 from components.rules.metrics import auc_undefined_reason, reported, roc_auc
 from components.model_registry.registry import Lookup
 from components.config.choices import LayoutKind, TableDtype
@@ -423,7 +424,9 @@ def verify(ctx: ExportContext) -> None:
     save_serving_model(module, ctx.float32_dir)
     ctx.serving_variables = check_no_optimizer_state(ctx.float32_dir, ctx.model)
     ctx.clock.lap("save float32 serving model")
-    trained = tf.saved_model.load(os.path.join(ctx.model_uri, artifacts.SERVING_DIR))
+    trained_dir = os.path.join(ctx.model_uri, artifacts.SERVING_DIR)
+    with reading(trained_dir, "the Trainer's SavedModel", RERUN_TRAINER, ExportRefused):
+        trained = tf.saved_model.load(trained_dir)
     serving = tf.saved_model.load(ctx.float32_dir)
     p_trained = score(trained.signatures["serving_default"], s.transformed)
     p_float32 = score(serving.signatures["serving_default"], s.raw)
@@ -654,11 +657,12 @@ def validate(ctx: ExportContext, last_blessed: Optional[Lookup]) -> Dict[str, An
     if served is not None and ctx.cfg.validation.regression_margin is not None:
         try:
             previous = gate.score_previous(served, ctx.sample.raw, ctx.sample.labels)
-        except (OSError, ValueError, KeyError, tf.errors.OpError) as err:  # KeyError: no serving_default
+        except (OSError, ValueError, KeyError, IndexError, tf.errors.OpError) as err:  # KeyError: no serving_default
+            # IndexError: a variables file cut short ("Read less bytes than requested", unreadable.py)
             raise ExportRefused(
                 f"the last blessed serving model {served} cannot be loaded and scored ({err!r}); the new "
-                "model cannot be compared with it: restore that model, or set validation.regression_margin: null "
-                "for this run") from None
+                "model cannot be compared with it: restore that model (push it again, or remove the damaged "
+                "version directory), or set validation.regression_margin: null for this run") from None
         ctx.clock.lap("score the last blessed model")
     chosen = ctx.compression[ctx.table_dtype]
     decision = gate.decide(ctx.cfg, metrics, chosen["eval_auc"], previous,

@@ -50,7 +50,8 @@ def score_previous(previous_serving_dir: str, raw: List[bytes], labels: np.ndarr
       is None when undefined on these rows, with `eval_auc_undefined` saying why.
 
     Raises:
-      OSError, ValueError, tf.errors.OpError: the model cannot be loaded or scored.
+      OSError, ValueError, tf.errors.OpError: the model cannot be loaded or scored; IndexError: a
+        variables file cut short (TensorFlow's "Read less bytes than requested").
       KeyError: the model has no `serving_default` signature.
     """
     loaded = tf.saved_model.load(previous_serving_dir)

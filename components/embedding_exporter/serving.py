@@ -13,7 +13,9 @@ assets.
 variables exist) and exposes two signatures:
 - `serving_default(examples)`: a batch of serialized tf.Examples with the raw columns as
   ExampleGen stored them: each column parsed as the type preprocessing read it as (the
-  manifest's `raw_feature_kinds`), so a stock ExampleGen's int64 columns parse as int64;
+  manifest's `raw_feature_kinds`), so a stock ExampleGen's int64 columns parse as int64; a batch
+  with tf.Examples that hold none of the model's columns (misnamed keys: each scores the same
+  constant) prints a warning to the server's stderr (`log_featureless`);
 - `serve_features(**columns)`: one tensor per raw column for JSON/REST clients: categorical
   columns as strings (multi-hot values joined by the separator, '' when missing), dense columns
   as float32 (NaN when missing); each input named by the one rule of
@@ -28,6 +30,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import sys
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import components  # noqa: F401
@@ -476,7 +479,34 @@ class RawFeatureTransform(tf.Module):
         def stacked(columns: List[str]) -> tf.RaggedTensor:
             return _stack_rows([tf.cast(parsed[c], tf.float32) for c in columns])
 
-        return self._to_model_inputs(parsed.__getitem__, stacked, tf.shape(serialized, out_type=tf.int64)[0], False)
+        batch = tf.shape(serialized, out_type=tf.int64)[0]
+        self.log_featureless(parsed, batch)
+        return self._to_model_inputs(parsed.__getitem__, stacked, batch, False)
+
+    def log_featureless(self, parsed: Dict[str, tf.RaggedTensor], batch: tf.Tensor) -> None:
+        """Prints a warning to the server's stderr (PrintV2, a stock kernel) for a batch
+        with tf.Examples that hold no value of any of the model's raw columns (misnamed keys, an
+        empty Example): such a row is scored as every feature missing, the same constant for all,
+        and nothing else would say so. One AddN of the columns' row splits and one reduction per
+        batch; the log line only when there is such a row.
+
+        Args:
+          parsed: the parsed columns, [batch, None] ragged each (`example_spec`).
+          batch: the batch size.
+        """
+        columns = self.raw_columns()
+        if not columns:
+            return
+        splits = tf.add_n([parsed[c].row_splits for c in columns])  # values of any column before each row
+        featureless = tf.reduce_sum(tf.cast(tf.equal(splits[1:], splits[:-1]), tf.int64))
+        shown = ", ".join(columns[:5]) + (f", ... ({len(columns)} in all)" if len(columns) > 5 else "")
+
+        def warn():
+            tf.print("serving_default:", featureless, "of", batch, "tf.Examples hold none of the model's features "
+                     f"({shown}): each is scored as a row with every feature missing (a constant); check the "
+                     "request's feature keys", output_stream=sys.stderr)
+
+        tf.cond(featureless > 0, warn, lambda: None)
 
     def from_feature_tensors(self, columns: Dict[str, tf.Tensor]) -> Dict[str, Any]:
         """Transforms one tensor per raw column into the model's inputs (the JSON signatures).

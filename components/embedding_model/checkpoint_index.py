@@ -14,6 +14,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import tensor_bundle_pb2
 
+from components.embedding_model.unreadable import UnreadableFile
+
 
 def restore_rows(prefix: str, key: str, full_shape: List[int], start: int, count: int, dtype=tf.float32) -> np.ndarray:
     """Rows [start, start+count) of a saved tensor, read without loading the rest (RestoreV2 slice).
@@ -134,6 +136,9 @@ class BundleIndex:
         Returns:
           A little-endian float32 np.memmap of `shape`, or None (no usable entry, another size,
           or a data file not on the local file system).
+
+        Raises:
+          UnreadableFile: the data file ends before the tensor does (cut short: a copy that did not finish).
         """
         e = self.entry(key)
         if e is None or int(np.prod(shape)) * 4 != e.size:
@@ -141,4 +146,10 @@ class BundleIndex:
         path = f"{self.prefix}.data-{e.shard_id:05d}-of-{self.num_shards:05d}"
         if not os.path.exists(path):  # remote file systems: TensorFlow's reader
             return None
+        size = os.path.getsize(path)
+        if size < e.offset + e.size:
+            raise UnreadableFile(
+                f"checkpoint data file {path} holds {size} bytes but tensor {key} ends at byte {e.offset + e.size}: "
+                "the file is cut short; rerun the step that wrote the checkpoint (a local run: without the cache, "
+                "`--no-cache`), or remove it")
         return np.memmap(path, dtype="<f4", mode="r", offset=e.offset, shape=tuple(shape))

@@ -22,6 +22,11 @@ from components.contracts.plan import EmbeddingPlan
 from components.embedding_model.checkpoint_keys import CHECKPOINT_ROOT, dense_checkpoint_parts
 from components.embedding_model.layouts import CheckpointTables, LayoutError
 from components.embedding_model.serving_model import ServingRankingModel
+from components.embedding_model.unreadable import reading
+
+# What to do about a training checkpoint cut short or damaged (unreadable.py), unless the caller says otherwise.
+RERUN_TRAINER = ("rerun the Trainer that wrote it (a local run: without the cache, `--no-cache`), or remove that "
+                 "Model artifact")
 
 
 class ExportRefused(RuntimeError):
@@ -67,11 +72,13 @@ def restore_dense(model: ServingRankingModel, checkpoint_path: str) -> int:
       How many dense variables were restored.
 
     Raises:
-      ExportRefused: a dense weight is missing or has another shape.
+      ExportRefused: a dense weight is missing or has another shape, or the checkpoint is cut short
+        or damaged (one line naming it).
     """
     mirror = tf.train.Checkpoint(**{CHECKPOINT_ROOT: tf.train.Checkpoint(**dense_checkpoint_parts(model))})
     try:
-        status = mirror.restore(checkpoint_path)
+        with reading(checkpoint_path, "training checkpoint", RERUN_TRAINER, ExportRefused):
+            status = mirror.restore(checkpoint_path)
         status.assert_existing_objects_matched()
     except (AssertionError, ValueError, tf.errors.InvalidArgumentError) as e:
         raise ExportRefused(
@@ -88,7 +95,7 @@ def cfg_hint(model: ServingRankingModel) -> str:
 
 
 def open_checkpoint_tables(
-    checkpoint_path: str, plan: EmbeddingPlan, layout: Optional[ExportLayoutConfig] = None
+    checkpoint_path: str, plan: EmbeddingPlan, layout: Optional[ExportLayoutConfig] = None, way_out: str = RERUN_TRAINER,
 ) -> CheckpointTables:
     """The plan's tables located in a training checkpoint, their layouts detected.
 
@@ -96,15 +103,18 @@ def open_checkpoint_tables(
       checkpoint_path: the training checkpoint's prefix.
       plan: the embedding plan.
       layout: the export's layout options (None: detect every layout).
+      way_out: what to do when the checkpoint is cut short or damaged (the message's end).
 
     Returns:
       The tables' reader.
 
     Raises:
-      ExportRefused: a table cannot be located as the plan describes it.
+      ExportRefused: a table cannot be located as the plan describes it, or the checkpoint's index
+        is cut short or damaged.
     """
     try:
-        return CheckpointTables(checkpoint_path, plan, layout)
+        with reading(checkpoint_path, "training checkpoint", way_out, ExportRefused):
+            return CheckpointTables(checkpoint_path, plan, layout)
     except LayoutError as err:
         raise ExportRefused(f"checkpoint {checkpoint_path}: {err}") from None
 
@@ -122,12 +132,14 @@ def load_tables(
       on_table: called as on_table(name, source, values) after each table, while its values exist.
 
     Raises:
-      ExportRefused: a table holds NaN or infinite values.
+      ExportRefused: a table holds NaN or infinite values, or cannot be read (the checkpoint is cut
+        short or damaged).
     """
     for name, source in tables.sources.items():
         if name not in model.serving_tables:
             continue
-        values = tables.read(name)
+        with reading(tables.prefix, f"training checkpoint (table {name!r})", RERUN_TRAINER, ExportRefused):
+            values = tables.read(name)
         check_finite(name, values, tables.prefix)
         model.serving_tables[name].assign(name, values)
         if on_table is not None:

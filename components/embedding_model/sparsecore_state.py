@@ -16,7 +16,9 @@ one thing that is needed:
   table; B: SparseCore stacks at a topology) and one plan (`plan_signature`: every table's rows,
   dim, placement and optimizer, the wide part, the SparseCore stacks, the dense network) is resumed
   only under the same ones, else the run stops before training and names both, instead of starting
-  tables fresh without a word or failing on TensorFlow's own assertion.
+  tables fresh without a word or failing on TensorFlow's own assertion; and only on the data it was
+  trained on (the record's data fingerprint), so that a state left from other data (a set
+  `training.checkpoint_dir`, a finished run) is not taken as this run's training.
 """
 from __future__ import annotations
 
@@ -293,18 +295,23 @@ def _summary(signature: Dict[str, Any]) -> str:
     return text
 
 
-def write_layout(state_dir: str, layout: CheckpointLayout, signature: Optional[Dict[str, Any]] = None) -> None:
-    """Writes the state's record: its checkpoints' table layout and the plan signature they were written under.
+def write_layout(state_dir: str, layout: CheckpointLayout, signature: Optional[Dict[str, Any]] = None,
+                 data: Optional[Dict[str, Any]] = None) -> None:
+    """Writes the state's record: its checkpoints' table layout, and the plan signature and the data they were written under.
 
     Args:
       state_dir: the training state directory (LAYOUT_FILE is written there).
       layout: the run's checkpoint layout.
       signature: the run's `plan_signature`, or None.
+      data: what identifies the run's training data (the trainer's `data_signature`: a
+        `fingerprint`, with the examples' location, files and bytes for the message), or None.
     """
     tf.io.gfile.makedirs(state_dir)
     record = dict(layout_record(layout), embedding_api=layout.embedding_api)
     if signature is not None:
         record["plan"] = signature
+    if data is not None:
+        record["data"] = data
     with tf.io.gfile.GFile(os.path.join(state_dir, LAYOUT_FILE), "w") as fh:
         fh.write(json.dumps(record, sort_keys=True))
 
@@ -313,9 +320,18 @@ class PlanMismatch(LayoutMismatch):
     """A checkpoint was written under another plan than this run's; says what differs."""
 
 
+class DataMismatch(LayoutMismatch):
+    """A checkpoint was trained on other data than this run's: resuming would not train on this run's data."""
+
+
+def _data_summary(data: Dict[str, Any]) -> str:
+    return (f"{data.get('examples')} ({data.get('files')} files, {data.get('bytes', 0):,} bytes, "
+            f"fingerprint {str(data.get('fingerprint'))[:12]})")
+
+
 def check_resumable(state_dir: str, checkpoint: str, layout: CheckpointLayout,
-                    signature: Optional[Dict[str, Any]] = None) -> None:
-    """Refuses to resume a checkpoint under another table layout or plan than it was written with.
+                    signature: Optional[Dict[str, Any]] = None, data: Optional[Dict[str, Any]] = None) -> None:
+    """Refuses to resume a checkpoint under another table layout, plan or data than it was written with.
 
     A state without a record is taken as one variable per table (A): resumable under A only.
 
@@ -324,10 +340,13 @@ def check_resumable(state_dir: str, checkpoint: str, layout: CheckpointLayout,
       checkpoint: the checkpoint to resume, for the message.
       layout: this run's checkpoint layout.
       signature: this run's `plan_signature`; None skips the plan check (as does a record without one).
+      data: what identifies this run's training data (`write_layout`); None skips the data check (as
+        does a record without one: a state written before the record held it).
 
     Raises:
       LayoutMismatch: the recorded layout is not this run's.
       PlanMismatch: the recorded plan signature is not this run's.
+      DataMismatch: the recorded data's fingerprint is not this run's.
     """
     path = os.path.join(state_dir, LAYOUT_FILE)
     if tf.io.gfile.exists(path):
@@ -344,6 +363,14 @@ def check_resumable(state_dir: str, checkpoint: str, layout: CheckpointLayout,
             "restore SparseCore stacks into another layout (they would start fresh or come back permuted): resume on "
             f"the platform and topology that wrote it, or remove {state_dir} (training.checkpoint_dir) to train from "
             "the start")
+    if data is not None and "data" in saved and saved["data"].get("fingerprint") != data.get("fingerprint"):
+        # Checked first: a finished state from other data resumes at its last step and trains nothing.
+        raise DataMismatch(
+            f"checkpoint {checkpoint} (step {checkpoint.rsplit('-', 1)[-1]}) was trained on other data than this "
+            f"run's (checkpoint: {_data_summary(saved['data'])}; this run: {_data_summary(data)}; recorded in "
+            f"{path}): resuming would continue that training, not train on this data. To start from its weights "
+            "on this data, warm-start from the last blessed model (continuous.warm_start); to train from the start, "
+            f"point training.checkpoint_dir at a fresh directory (or remove {state_dir})")
     if signature is None or "plan" not in saved:
         return
     differences = signature_differences(saved["plan"], signature)

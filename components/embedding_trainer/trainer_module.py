@@ -30,7 +30,11 @@ again with the same config and examples restores the last checkpoint, fast-forwa
 the same position (one batch per replica per step: `training_input`) and trains only the remaining
 steps, so it ends with the same number of steps. The state records its checkpoints' table layout
 (sparsecore_state.py): a SparseCore state resumes only on the same topology, and never on another
-platform (TF 2.16 cannot map its stacks), so such a resume stops and says so.
+platform (TF 2.16 cannot map its stacks), so such a resume stops and says so. It records the
+training data's fingerprint too (`data_signature`): a state trained on other examples (a set
+`training.checkpoint_dir` kept from an earlier run) is refused before training, not taken for this
+run's training. A `training.checkpoint_dir` inside the push destination is refused
+(`check_checkpoint_dir`).
 The state directory is removed once the Model artifact is complete.
 """
 from __future__ import annotations
@@ -51,7 +55,7 @@ from tfx.utils import io_utils  # read_string_file: any filesystem TFX reads (gs
 
 from components.reporting import progress
 from components.reporting.report import KEPT_BEST, KEPT_LAST
-from components.config.schema import PipelineConfig
+from components.config.schema import ConfigError, PipelineConfig
 from components.contracts import artifacts
 from components.contracts import sizing
 from components.contracts.manifest import VocabularyManifest
@@ -66,6 +70,7 @@ from components.embedding_model.checkpoint_keys import CHECKPOINT_ROOT, VARIABLE
 from components.embedding_model.model import RankingModel, TableOptimizer, check_sparsecore_features
 from components.embedding_model.restore import model_from_checkpoint
 from components.embedding_model.saving import save_serving_model
+from components.embedding_model.unreadable import reading
 from components.embedding_trainer import warm_start
 from components.embedding_trainer.baseline import train_baseline
 from components.embedding_trainer.checkpoints import copy_checkpoint
@@ -81,6 +86,12 @@ from components.tfx_wiring.executor_base import config_of
 from components.config.choices import LayoutKind, Placement
 
 STATE_DIR = "training_state"
+# custom_config key of the push destination, when the pipeline passes it (check_checkpoint_dir); else
+# the LastBlessedModel lookup's (base_model) is used.
+SERVING_DIR_KEY = "serving_dir"
+# The training data's fingerprint (`data_signature`): windows of each train file's bytes, head and tail among them.
+DATA_WINDOW = 1 << 16
+DATA_WINDOWS = 8
 
 
 def examples_root(train_files) -> str:
@@ -507,6 +518,72 @@ def state_dir(cfg: PipelineConfig, model_uri: str, train_files) -> str:
     return os.path.join(os.path.dirname(os.path.dirname(model_uri.rstrip("/"))), STATE_DIR, key)
 
 
+def _windows(size: int) -> list:
+    """Offsets of the DATA_WINDOW-byte windows of a file of `size` bytes that its fingerprint reads:
+    the whole file when it is small, else DATA_WINDOWS windows spread from its head to its tail."""
+    if size <= DATA_WINDOW * DATA_WINDOWS:
+        return list(range(0, size, DATA_WINDOW))
+    return [round(i * (size - DATA_WINDOW) / (DATA_WINDOWS - 1)) for i in range(DATA_WINDOWS)]
+
+
+def data_signature(train_files) -> Dict[str, Any]:
+    """What identifies the training data a state's checkpoints were trained on (sparsecore_state.check_resumable).
+
+    The fingerprint covers the train split's files by name and size and their bytes (all of a small
+    file, DATA_WINDOWS windows of DATA_WINDOW bytes of a large one, head and tail included), not
+    their location or times: the same examples resume wherever they are (a cached rerun, a copy),
+    other examples of the same table sizes and row count do not.
+
+    Args:
+      train_files: the train split's file patterns.
+
+    Returns:
+      {"fingerprint", "examples" (the examples' directory), "files", "bytes"}.
+    """
+    paths = sorted({p for pattern in train_files for p in tf.io.gfile.glob(pattern)})
+    digest, total = hashlib.sha256(), 0
+    for path in paths:
+        size = tf.io.gfile.stat(path).length
+        total += size
+        digest.update(f"{os.path.basename(path)}\0{size}\0".encode())
+        with tf.io.gfile.GFile(path, "rb") as fh:
+            for offset in _windows(size):
+                fh.seek(offset)
+                digest.update(fh.read(DATA_WINDOW))
+    return {"fingerprint": digest.hexdigest()[:32], "examples": examples_root(train_files), "files": len(paths),
+            "bytes": total}
+
+
+def _normal_path(path: str) -> str:
+    """A local path made absolute and resolved, a URI (gs://...) normalised: for comparing places."""
+    if "://" in path:
+        scheme, rest = path.split("://", 1)
+        return scheme + "://" + os.path.normpath("/" + rest).lstrip("/")
+    return os.path.realpath(os.path.abspath(path))
+
+
+def check_checkpoint_dir(checkpoint_dir: Optional[str], serving_dir: Optional[str]) -> None:
+    """Refuses a `training.checkpoint_dir` at or inside the push destination (where TF Serving and
+    the model registry look): the checkpoints it keeps would be left among the served versions.
+
+    Args:
+      checkpoint_dir: `training.checkpoint_dir` (None: the state lives under the pipeline root).
+      serving_dir: the push destination (the pipelines' `<output_dir>/serving`, the Pusher's
+        destination), None when not known.
+
+    Raises:
+      ConfigError: `checkpoint_dir` is `serving_dir` or inside it; the message names both.
+    """
+    if not checkpoint_dir or not serving_dir:
+        return
+    ckpt, serving = _normal_path(checkpoint_dir), _normal_path(serving_dir).rstrip("/")
+    if ckpt == serving or ckpt.startswith(serving + "/"):
+        raise ConfigError(
+            f"training.checkpoint_dir {checkpoint_dir} is inside the push destination {serving_dir}: its checkpoints "
+            "would be left among the served versions; point training.checkpoint_dir outside it (or leave it unset: "
+            "the state then lives under the pipeline root and is removed when the Trainer finishes)")
+
+
 class _Checkpointer(tf.keras.callbacks.Callback):
     """Saves every `checkpoint_every_steps` (the epoch length) and stops at exactly `total_steps`,
     or earlier when `selection` (selection.HoldoutSelection) says the held-out slice stopped improving."""
@@ -583,6 +660,7 @@ class _Checkpoints:
     manager: tf.train.CheckpointManager
     step: tf.Variable  # the dense optimizer's iterations: one dense update per training step
     signature: Dict[str, Any]  # what the state's checkpoints hold (sparsecore_state.plan_signature)
+    data: Optional[Dict[str, Any]] = None  # what they were trained on (data_signature)
     start: int = 0
     resumed_from: Optional[str] = None
     # (restore status, checkpoint, model side only) of a resume or warm start, checked again after a TPU step
@@ -621,7 +699,10 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
         beyond the run's length.
       RuntimeError: training did not end at the expected step, or its checkpoint is missing.
       PlanError, TPURulesError, sparsecore_state.LayoutMismatch: the plan, the input or the state
-        does not fit this hardware or this model.
+        does not fit this hardware or this model (sparsecore_state.DataMismatch: the state was
+        trained on other data).
+      unreadable.UnreadableFile: the state's checkpoint is cut short or damaged.
+      warm_start.WarmStartError: the last blessed model cannot start this run.
     """
     t = cfg.training
     tf.keras.utils.set_random_seed(t.seed)
@@ -638,7 +719,8 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
         rules["sparsecore_ids_per_chip"] = hardware.ids_per_chip
     checkpoints = _resume_from_state(cfg, plan, manifest, train_files, state, model, hardware, steps)
     warm_report = _warm_start(cfg, plan, manifest, train_files, state, model, hardware, checkpoints, warm_from)
-    sparsecore_state.write_layout(state, hardware.layout, checkpoints.signature)  # what the checkpoints of this state hold (check_resumable)
+    # what the checkpoints of this state hold and were trained on (check_resumable)
+    sparsecore_state.write_layout(state, hardware.layout, checkpoints.signature, checkpoints.data)
     if checkpoints.start > steps:
         raise ValueError(f"checkpoint in {state} is at step {checkpoints.start}, beyond train_steps {steps}; remove it or raise train_steps")
     selection = None
@@ -731,14 +813,19 @@ def _resume_from_state(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: Vocab
     ckpt = tf.train.Checkpoint(model=model)
     manager = tf.train.CheckpointManager(ckpt, state, max_to_keep=2)
     checkpoints = _Checkpoints(ckpt, manager, step, signature=sparsecore_state.plan_signature(
-        plan, hardware.layout, cfg, manifest.dense_names), resumed_from=manager.latest_checkpoint)
+        plan, hardware.layout, cfg, manifest.dense_names), data=data_signature(train_files),
+        resumed_from=manager.latest_checkpoint)
     resumed_from = checkpoints.resumed_from
     if resumed_from:
-        # Only under the table layout and the plan it was written with (TF cannot map SparseCore
-        # stacks; a table added, removed or reshaped would start fresh), checked before anything is restored.
-        sparsecore_state.check_resumable(state, resumed_from, hardware.layout, checkpoints.signature)
-        checkpoints.restored = (restore_built(model, ckpt, resumed_from, hardware.on_tpu, hardware.strategy, sample_batch(
-            train_files, manifest, plan, hardware.per_replica)), resumed_from, False)
+        # Only under the table layout, the plan and on the data it was written with (TF cannot map
+        # SparseCore stacks; a table added, removed or reshaped would start fresh; a state from other
+        # data would stand for this run's training), checked before anything is restored.
+        sparsecore_state.check_resumable(state, resumed_from, hardware.layout, checkpoints.signature, checkpoints.data)
+        sample = sample_batch(train_files, manifest, plan, hardware.per_replica)
+        with reading(resumed_from, "training state checkpoint",
+                     f"remove {state} (training.checkpoint_dir, when set) to train from the start"):
+            status = restore_built(model, ckpt, resumed_from, hardware.on_tpu, hardware.strategy, sample)
+        checkpoints.restored = (status, resumed_from, False)
         checkpoints.start = int(step.numpy())
         logging.info("resuming from %s at step %d of %d", resumed_from, checkpoints.start, steps)
     return checkpoints
@@ -974,6 +1061,17 @@ def continuous_start(cfg: PipelineConfig, base_model: Optional[str], manifest: V
     return out
 
 
+def serving_dir_of(fn_args) -> Optional[str]:
+    """The push destination as the Trainer knows it: its custom_config's SERVING_DIR_KEY, else the
+    LastBlessedModel lookup that TFX hands it as `base_model`; None when neither says."""
+    given = (getattr(fn_args, "custom_config", None) or {}).get(SERVING_DIR_KEY)
+    if given:
+        return given
+    base_model = getattr(fn_args, "base_model", None)
+    found = read_lookup(base_model) if base_model else None
+    return found.serving_dir if found is not None else None
+
+
 @progress.staged(progress.TRAINER)
 def run_fn(fn_args) -> None:
     """Trains, evaluates and saves the model into the Trainer's Model artifact (module docstring).
@@ -984,9 +1082,11 @@ def run_fn(fn_args) -> None:
 
     Raises:
       LedgerError: the row ledger of the examples does not add up.
+      ConfigError: training.checkpoint_dir is inside the push destination (check_checkpoint_dir).
       ValueError, RuntimeError, PlanError, DriftStop: from the steps it runs (`train`, `continuous_start`).
     """
     cfg = config_of(fn_args.custom_config)
+    check_checkpoint_dir(cfg.training.checkpoint_dir, serving_dir_of(fn_args))
     manifest = read_manifest_for(fn_args.train_files)
     statistics = read_statistics_for(fn_args.train_files)
     # No training on rows that were lost (or invented) on the way: the ledger must add up.

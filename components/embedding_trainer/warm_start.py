@@ -12,7 +12,9 @@ by `train` as a resumed run restores its own (so the same restore path serves ev
   tokens absent now are counted (and the most frequent listed) as dropped;
 - OOV buckets are carried when the table has as many as before (the bucket of a token is
   Fingerprint64(token) % buckets, so the same count means the same tokens share it); hashed tables
-  likewise; identity tables keep the IDs both runs hold;
+  likewise; identity tables keep the IDs both runs hold; a vocabulary file whose lines (+ OOV
+  buckets) do not meet its table's rows in the checkpoint stops the run (`check_vocabulary_rows`):
+  its rows would go to the neighbouring tokens;
 - the table's optimizer slots go with its rows when the previous checkpoint holds them under the
   same name (same optimizer) in one variable per table (layout A: CPU/GPU and TPUEmbedding);
   `continuous.carry_slots: false` keeps every slot fresh (the weights still carry over);
@@ -49,6 +51,7 @@ from components.contracts.statistics import EmbeddingStatistics
 from components.embedding_model.checkpoint_keys import CHECKPOINT_ROOT, VARIABLE_VALUE, table_checkpoint_key
 from components.embedding_model.model import RankingModel
 from components.embedding_model.restore import open_checkpoint_tables
+from components.embedding_model.unreadable import reading
 from components.config.choices import VocabularyKind
 
 TOKEN_KINDS = ("counted", "list", "file")  # vocabularies whose rows are tokens (manifest kind)
@@ -58,6 +61,9 @@ OPTIMIZER_STATE = ("model/dense_optimizer/", "model/embedding_optimizer/", "mode
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 SLOT_MARK = "/.OPTIMIZER_SLOT/"  # object-based checkpoints' key of a variable's optimizer slot
 TOP_DROPPED = 5
+# What to do when the last blessed model's checkpoint or vocabulary is cut short or damaged.
+RESTORE_PREVIOUS = ("restore that model's files from the run that wrote them, or set continuous.warm_start: false "
+                    "to train from scratch")
 
 
 class DriftStop(RuntimeError):
@@ -274,10 +280,11 @@ def warm_start_checkpoint(prev: PreviousModel, cfg: PipelineConfig, plan: Embedd
     # `save`, not `write`: the trainer's checkpoint object has a save counter to bind too.
     fresh_prefix = tf.train.Checkpoint(**{CHECKPOINT_ROOT: fresh}).save(os.path.join(work, "fresh"))
     new_reader = tf.train.load_checkpoint(fresh_prefix)
-    old_reader = tf.train.load_checkpoint(prev.checkpoint)
+    with _reading_previous(prev):
+        old_reader = tf.train.load_checkpoint(prev.checkpoint)
+        old_tables = open_checkpoint_tables(prev.checkpoint, prev.plan, way_out=RESTORE_PREVIOUS)
     new_shapes, new_dtypes = new_reader.get_variable_to_shape_map(), new_reader.get_variable_to_dtype_map()
     old_shapes = old_reader.get_variable_to_shape_map()
-    old_tables = open_checkpoint_tables(prev.checkpoint, prev.plan)
     new_prefixes, old_prefixes = table_key_prefixes(plan), table_key_prefixes(prev.plan)
 
     groups: Dict[str, List[str]] = {}  # table ("" for the rest) -> its keys
@@ -289,12 +296,13 @@ def warm_start_checkpoint(prev: PreviousModel, cfg: PipelineConfig, plan: Embedd
     shards: List[str] = []
     for table, keys in sorted(groups.items()):
         values: Dict[str, np.ndarray] = {}
-        if table:
-            values, report["tables"][table] = _carry_table(table, keys, prev, manifest, plan, new_reader, old_reader,
-                                                         old_shapes, old_tables, new_prefixes[table], old_prefixes.get(table),
-                                                         carry_slots=cfg.continuous.carry_slots)
-        else:
-            values, report["dense"] = _carry_rest(keys, new_reader, old_reader, old_shapes, cfg.continuous.carry_slots)
+        with _reading_previous(prev):  # the previous checkpoint's values are read here
+            if table:
+                values, report["tables"][table] = _carry_table(table, keys, prev, manifest, plan, new_reader, old_reader,
+                                                             old_shapes, old_tables, new_prefixes[table],
+                                                             old_prefixes.get(table), carry_slots=cfg.continuous.carry_slots)
+            else:
+                values, report["dense"] = _carry_rest(keys, new_reader, old_reader, old_shapes, cfg.continuous.carry_slots)
         shard = os.path.join(work, f"shard_{len(shards)}")
         names = sorted(values)
         tf.raw_ops.SaveV2(prefix=shard, tensor_names=names, shape_and_slices=[""] * len(names),
@@ -310,6 +318,44 @@ def warm_start_checkpoint(prev: PreviousModel, cfg: PipelineConfig, plan: Embedd
     return report
 
 
+def _reading_previous(prev: PreviousModel):
+    """Reads of the last blessed model's checkpoint: one that is cut short or damaged stops the run
+    with WarmStartError naming it (unreadable.py)."""
+    return reading(prev.checkpoint, f"the last blessed model's checkpoint (model {prev.uri})", RESTORE_PREVIOUS,
+                   WarmStartError)
+
+
+def check_vocabulary_rows(manifest: VocabularyManifest, table: str, tokens: List[bytes], rows: int, whose: str,
+                          held_by: str, way_out: str = RESTORE_PREVIOUS) -> None:
+    """Refuses a vocabulary file whose lines do not meet the table's rows in the model it belongs to.
+
+    Row i of a token table is line i of its vocabulary file and the OOV buckets follow
+    (contracts.sizing.table_rows): a file a line short (cut short, edited, another run's) would
+    carry every row to its neighbour's token without a word.
+
+    Args:
+      manifest: the manifest naming the file.
+      table: the vocabulary's table.
+      tokens: the file's lines (`table_tokens`).
+      rows: the table's rows in that model.
+      whose: whose vocabulary this is, as the message names it ("the last blessed model's").
+      held_by: what holds the rows, as the message names it ("checkpoint <prefix>").
+      way_out: what to do, as the message ends.
+
+    Raises:
+      WarmStartError: lines + OOV buckets != rows; one line naming the file, both numbers and the way out.
+    """
+    entry = manifest.vocabulary(table)
+    if len(tokens) + entry.num_oov_buckets == rows:
+        return
+    path = os.path.join(manifest.vocabulary_dir, entry.file)
+    raise WarmStartError(
+        f"vocabulary file {path} ({whose}, table {table!r}) has {len(tokens)} lines but {held_by} holds "
+        f"{rows} rows for it ({rows - entry.num_oov_buckets} tokens + {entry.num_oov_buckets} OOV buckets): the file "
+        f"is cut short or not the one the model was trained with, and its rows would carry to the wrong tokens; "
+        f"{way_out}")
+
+
 def _carry_table(table, keys, prev, manifest, plan, new_reader, old_reader, old_shapes, old_tables, new_prefix, old_prefix,
                  carry_slots=True):
     values = {k: new_reader.get_tensor(k) for k in keys}
@@ -322,7 +368,14 @@ def _carry_table(table, keys, prev, manifest, plan, new_reader, old_reader, old_
     old_plan_table, old_entry = prev.plan.tables[table], prev.manifest.vocabulary(old_vocab)
     if old_plan_table.dim != dim:
         return values, {"rows": rows, "rows_carried": 0, "fresh": f"dim changed from {old_plan_table.dim} to {dim}"}
-    mapping = row_map(old_entry, table_tokens(prev.manifest, old_vocab), new_entry, table_tokens(manifest, vocab))
+    old_tokens, new_tokens = table_tokens(prev.manifest, old_vocab), table_tokens(manifest, vocab)
+    if old_tokens is not None:  # the rows of the previous checkpoint's table, as its reader finds them
+        check_vocabulary_rows(prev.manifest, old_vocab, old_tokens, int(old_tables.sources[table].rows),
+                              "the last blessed model's", f"its checkpoint {prev.checkpoint}")
+    if new_tokens is not None:  # this run's model's rows
+        check_vocabulary_rows(manifest, vocab, new_tokens, rows, "this run's", "this run's embedding plan",
+                              "rerun preprocessing (a local run: without the cache, `--no-cache`)")
+    mapping = row_map(old_entry, old_tokens, new_entry, new_tokens)
     report = dict(mapping.report, slots_carried=[], slots_fresh=[])
     for key in keys:
         suffix = key[len(new_prefix):]
