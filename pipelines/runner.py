@@ -257,10 +257,15 @@ def run(cfg: PipelineConfig, output_dir: str, quiet: bool = False, span: Optiona
     Raises:
       RunFailed: (quiet only) a component failed; one line names it, the cause and the log.
       ConfigError: the output directory cannot be used, or another run holds it (`output_dir_lock`);
-        or the tables the config fixes cannot fit a TPU chip or this machine (contracts/capacity.py).
+        or the tables the config fixes cannot fit a TPU chip or this machine (contracts/capacity.py);
+        or training.checkpoint_dir is inside the push destination.
     """
     check_tpu_floor(cfg)  # what can never fit, refused before the data stages run
     check_host_floor(cfg, available_host_bytes())
+    # lazy: loads TensorFlow, which the command line's config checks do without
+    from components.embedding_trainer.trainer_module import check_checkpoint_dir
+
+    check_checkpoint_dir(cfg.training.checkpoint_dir, os.path.join(os.path.abspath(output_dir), SERVING_DIR))
     with output_dir_lock(output_dir) as output_dir:
         if quiet:
             return _run_logged(cfg, output_dir, span, cache, progress_to_stderr, extra_components)

@@ -347,3 +347,17 @@ def test_tables_or_batches_that_cannot_fit_are_refused_before_the_data_stages(tm
     status, out, err = _main(["run", "--config", tmp_path / "huge.yaml", "--output-dir", tmp_path / "out"], capsys)
     assert status == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error: training")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_checkpoint_dir_inside_the_push_destination_is_refused_before_the_run(tmp_path, capsys):
+    cfg = _cfg_for_run(tmp_path)
+    raw = yaml.safe_load(cfg.read_text(encoding="utf-8"))
+    raw["training"]["checkpoint_dir"] = str(tmp_path / "out" / "serving" / "ckpt")
+    cfg.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    status, out, err = _main(["run", "--config", cfg, "--output-dir", tmp_path / "out"], capsys)
+    assert status == 2 and err.strip().splitlines() == [
+        f"error: training.checkpoint_dir {tmp_path / 'out' / 'serving' / 'ckpt'} is inside the push destination "
+        f"{tmp_path / 'out' / 'serving'}: its checkpoints would be left among the served versions; point "
+        "training.checkpoint_dir outside it (or leave it unset: the state then lives under the pipeline root and is "
+        "removed when the Trainer finishes)"]
+    assert not (tmp_path / "out").exists()
