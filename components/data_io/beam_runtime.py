@@ -23,6 +23,21 @@ The workaround, narrow and in-process (no installed file is edited):
 2. `TimeBasedBufferingClosableOutputStream.write` takes `_flush_lock`, so a time-based stream made
    anyway (another caller setting the limit) cannot lose a `write()` either.
 
+A second hazard of the same runner, a hang (issue 63): when a bundle fails, the SDK harness's
+`SdkHarness._execute` (`apache_beam/runners/worker/sdk_worker.py` lines 303-321) first
+`print()`s the traceback to the worker's `sys.stderr`, and only then puts the failure response
+that the runner waits for. A local run's workers write stderr into the run's log file; when the
+disk is full (the very failure being reported: ENOSPC, or EFBIG past a file-size limit) that print
+raises, the response is never sent, and the runner waits on the bundle forever (`fn_runner.py`
+line 1375 `input_elements`: its abort callback only looks at that response). The fix
+(`report_bundle_failures`) wraps `_execute` so that the task it runs never raises: a failure
+becomes the same error response, logged instead of printed (Python's logging swallows a failed
+write). It is applied in this process by `ensure_local_runner_safe` (the in-process workers of
+`in_memory` and `multi_threading` mode) and in every subprocess worker of `multi_processing` mode
+by `components/data_io/beam_worker.py`, which `add_worker_plugin` names to Beam's
+`--beam_plugins` option (a worker imports its plugins before it takes any work,
+`sdk_worker_main.py` line 151).
+
 `ensure_local_runner_safe()` is idempotent and is called by every entry point that runs Beam
 (ExampleGen and EmbeddingPreprocess executors, the preprocessing CLI, the pipeline CLI, the Kubeflow
 task entry point). It refuses to run on a Beam version this was not verified for: the lines above
@@ -33,7 +48,9 @@ local run does not build and leave behind a copy of tfx per Beam component (see 
 """
 from __future__ import annotations
 
+import logging
 import threading
+import traceback
 from typing import List, Optional
 
 VERIFIED_BEAM_VERSIONS = ("2.59.0",)
@@ -64,6 +81,72 @@ def _locked_write(base_write):
     write.__doc__ = "OutputStream.write under the stream's flush lock (components/data_io/beam_runtime.py)."
     write._tpu_embedding_locked = True  # marks the patch, for idempotence and tests
     return write
+
+
+WORKER_PLUGIN = "components.data_io.beam_worker"  # imported by each SDK worker process at its start
+_reporting = False
+
+
+def _reporting_execute(base_execute, response_type):
+    def _execute(self, task, request):
+        def task_reporting_failure():
+            try:
+                return task()
+            except:  # noqa: E722 - as Beam's own `_execute`: any failure becomes the bundle's error response
+                text = traceback.format_exc()
+                logging.getLogger("apache_beam.runners.worker.sdk_worker").error(
+                    "Error processing instruction %s. Original traceback is\n%s\n", request.instruction_id, text)
+                return response_type(instruction_id=request.instruction_id, error=text)
+
+        base_execute(self, task_reporting_failure, request)
+
+    _execute.__doc__ = "SdkHarness._execute whose task never raises (components/data_io/beam_runtime.py)."
+    _execute._tpu_embedding_reports = True  # marks the patch, for idempotence and tests
+    return _execute
+
+
+def report_bundle_failures() -> None:
+    """Makes this process's Beam SDK harness report every failed bundle to the runner, even when
+    its `sys.stderr` cannot be written (a full disk): see the module docstring. Idempotent.
+
+    Raises:
+      UnverifiedBeamError: the installed Beam is not in `VERIFIED_BEAM_VERSIONS`, or its harness is
+        not shaped as expected.
+    """
+    global _reporting
+    with _lock:
+        if _reporting:
+            return
+        # lazy: keeps Beam off the command line's config path (the runner imports this module)
+        import apache_beam
+        from apache_beam.portability.api import beam_fn_api_pb2
+        from apache_beam.runners.worker import sdk_worker
+
+        _check_version(apache_beam.__version__)
+        harness = sdk_worker.SdkHarness
+        if not callable(getattr(harness, "_execute", None)):
+            raise UnverifiedBeamError("Beam's SDK harness is not shaped as components/data_io/beam_runtime.py expects")
+        if not getattr(harness._execute, "_tpu_embedding_reports", False):
+            harness._execute = _reporting_execute(harness._execute, beam_fn_api_pb2.InstructionResponse)
+        _reporting = True
+
+
+def add_worker_plugin(options) -> None:
+    """Makes every SDK worker process of a pipeline import `WORKER_PLUGIN` at its start, which
+    applies `report_bundle_failures` there. Call it before the pipeline runs.
+
+    Args:
+      options: the pipeline's `PipelineOptions` (`pipeline.options`); its `--beam_plugins` gains
+        `WORKER_PLUGIN` unless it names it already. A worker that cannot import it (a remote
+        image without this project) logs a warning and runs on.
+    """
+    # lazy: keeps Beam off the command line's config path (the runner imports this module)
+    from apache_beam.options.pipeline_options import SetupOptions
+
+    setup = options.view_as(SetupOptions)
+    plugins = list(setup.beam_plugins or [])
+    if WORKER_PLUGIN not in plugins:
+        setup.beam_plugins = plugins + [WORKER_PLUGIN]
 
 
 def ensure_local_runner_safe(beam_args: Optional[List[str]] = None) -> None:
@@ -108,6 +191,7 @@ def ensure_local_runner_safe(beam_args: Optional[List[str]] = None) -> None:
         if not getattr(cls.write, "_tpu_embedding_locked", False):
             cls.write = _locked_write(data_plane.ClosableOutputStream.write)
         _applied = True
+    report_bundle_failures()
 
 
 # TFX's BaseBeamExecutor.__init__ (tfx/dsl/components/base/base_beam_executor.py line 83) calls

@@ -65,6 +65,7 @@ def _check_inputs(args: argparse.Namespace) -> Tuple[PipelineConfig, str, Dict[s
     # lazy: keeps Beam off the CLI's startup (--help, a configuration error)
     from apache_beam.io.filesystems import FileSystems
     from components.embedding_preprocess.csv_input import check_csv_input
+    from components.example_gen.input_checks import check_compression
 
     cfg = load_config(args.config)
     if args.format is None and cfg.input.format == InputFormat.PARQUET:
@@ -78,8 +79,11 @@ def _check_inputs(args: argparse.Namespace) -> Tuple[PipelineConfig, str, Dict[s
     if args.eval_input:
         patterns["eval"] = _pattern(args.eval_input)
     for split, pattern in patterns.items():
-        if not FileSystems.match([pattern])[0].metadata_list:
+        found = FileSystems.match([pattern])[0].metadata_list
+        if not found:
             raise InputError(f"--{'input' if split == 'train' else 'eval-input'} {pattern!r} matches no file")
+        for m in found:  # compressed bytes behind a plain name, refused naming the file
+            check_compression(m.path, fmt)
         if fmt == InputFormat.CSV:
             check_csv_input(cfg, pattern)
     if "://" not in args.output and os.path.exists(args.output) and os.listdir(args.output) and not args.overwrite:

@@ -27,8 +27,10 @@ from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils, standard_component_specs
 from tfx.utils import proto_utils
 
-from components.data_io.beam_runtime import ensure_local_runner_safe
+from components.data_io.beam_runtime import add_worker_plugin, ensure_local_runner_safe
+from components.data_io.out_of_space import out_of_space_named
 from components.example_gen import parquet_input, ranges
+from components.example_gen.input_checks import check_files
 from components.example_gen.beam_io import RANGES_DONE, WriteExamples
 from components.example_gen.split_hash import bucket_bounds
 from components.rows import ledger
@@ -38,6 +40,7 @@ from components.reporting.errors import InputError
 from components.example_gen.header import check_csv_headers
 from components.tfx_wiring.executor_base import CONFIG_KEY, NoSdistOnLocalRunners, config_of, read_json, write_text
 from components.config.choices import InputFormat
+from components.config.schema import PipelineConfig
 COUNTS_FILE = "_input_counts.json"
 TMP_DIR = "_tmp"  # in the artifact, beside the splits: files being written; removed when done
 PAYLOAD_FORMAT = example_gen_pb2.FORMAT_PARQUET
@@ -118,6 +121,9 @@ class Executor(NoSdistOnLocalRunners, BaseExampleGenExecutor):
             if not files:
                 raise InputError(f"EmbeddingExampleGen: input {cfg.input.path!r} holds no Parquet file (names starting "
                                  "with '_' or '.' are not read); point input.path at a Parquet file, directory or glob")
+        # Compressed bytes behind a plain name, or no data row in any file: refused before any work.
+        check_files(cfg, files)
+        if cfg.input.format == InputFormat.PARQUET:
             # Every footer read and every schema checked here, before the pipeline starts.
             byte_ranges = parquet_input.plan_units(cfg, files, range_bytes)
             unit = "row-group unit(s)"
@@ -128,6 +134,12 @@ class Executor(NoSdistOnLocalRunners, BaseExampleGenExecutor):
             unit = "byte range(s)"
         names, bounds = output_splits(exec_properties)
         examples = artifact_utils.get_single_instance(output_dict[standard_component_specs.EXAMPLES_KEY])
+        with out_of_space_named(progress.EXAMPLE_GEN, examples.uri):
+            self._write(cfg, exec_properties, files, byte_ranges, unit, names, bounds, examples)
+
+    def _write(self, cfg: PipelineConfig, exec_properties: Dict[str, Any], files: List[Tuple[str, int]],
+               byte_ranges: List[Any], unit: str, names: List[str], bounds: List[int], examples: types.Artifact) -> None:
+        """Reads the ranges, writes the splits and the ledger into `examples`, and checks the ledger."""
         examples.split_names = artifact_utils.encode_split_names(names)
         split_dirs = {s: artifact_utils.get_split_uri([examples], s) for s in names}
         tmp_dir = os.path.join(examples.uri, TMP_DIR)
@@ -138,6 +150,7 @@ class Executor(NoSdistOnLocalRunners, BaseExampleGenExecutor):
                                              f"in {len(byte_ranges)} {unit}")
         progress.count(progress.EXAMPLE_GEN, RANGES_DONE, 0, total=len(byte_ranges), unit="ranges")
         with self._make_beam_pipeline() as pipeline:
+            add_worker_plugin(pipeline.options)  # a worker whose stderr is on the full disk still reports its failure
             _ = pipeline | "WriteExamples" >> WriteExamples(
                 exec_properties[CONFIG_KEY], byte_ranges, split_dirs, bounds, tmp_dir, counts_path
             )

@@ -32,7 +32,9 @@ from apache_beam.io.filesystems import FileSystems
 from components.rows import row_counts
 
 SCAN_BLOCK = 8 << 20
-COMPRESSED_SUFFIXES = (".gz", ".bz2", ".zst", ".deflate", ".zip", ".lz4", ".snappy")
+# What Beam's FileSystems decompress by name (CompressionTypes.detect_compression_type); a file
+# named otherwise is read as it is (input_checks refuses compressed bytes behind a plain name).
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".zst", ".zstd", ".deflate", ".xz", ".lzma")
 TO_END = -1  # a range's end when it runs to the end of the file (compressed files)
 
 
@@ -146,7 +148,7 @@ def before_each_range(counts: Iterable[Tuple[Tuple[str, int], Tuple[int, int]]])
     return out
 
 
-def _boundaries(chunk: bytes, quotes_before_chunk: int) -> np.ndarray:
+def record_ends(chunk: bytes, quotes_before_chunk: int) -> np.ndarray:
     """Offsets in `chunk` of the newlines that end a record (an even number of quotes before them)."""
     a = np.frombuffer(chunk, np.uint8)
     newlines = np.flatnonzero(a == 10)
@@ -173,7 +175,7 @@ class OwnedRecords:
         wanted = set(numbers)
         if not wanted:
             return {}
-        ends = _boundaries(self.data, 0)
+        ends = record_ends(self.data, 0)
         starts = np.concatenate([[0], ends + 1])
         out: Dict[int, int] = {}
         k = 0
@@ -233,7 +235,7 @@ def _data_start(fh) -> Optional[int]:
             return None
         head += block
         prev = 0
-        for e in _boundaries(head, 0):
+        for e in record_ends(head, 0):
             if not _blank(head[prev : int(e)]):
                 return int(e) + 1
             prev = int(e) + 1
@@ -248,7 +250,7 @@ def _first_boundary(chunk: bytes, quotes_before_chunk: int, at: int) -> Optional
     step = 1 << 16
     while at < len(chunk):
         window = chunk[at : at + step]
-        found = _boundaries(window, q)
+        found = record_ends(window, q)
         if len(found):
             return at + int(found[0])
         q += window.count(b'"')
@@ -270,7 +272,7 @@ def _to_record_end(fh, chunk: bytes, end_at_limit: Optional[int], q: int, limit:
         more = fh.read(1 << 20)
         if not more:
             return len(chunk), b"".join(parts)
-        found = _boundaries(more, q_seen)
+        found = record_ends(more, q_seen)
         if len(found):
             parts.append(more[: int(found[0]) + 1])
             return len(chunk), b"".join(parts)

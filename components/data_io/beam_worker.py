@@ -1,0 +1,7 @@
+"""Imported by each Beam SDK worker process at its start (`--beam_plugins`, named by
+`beam_runtime.add_worker_plugin`): the worker then reports every failed bundle to the runner,
+even when its stderr sits on a full disk (`beam_runtime.report_bundle_failures`; without it such a
+run hangs instead of failing). Importing it anywhere else applies the same, harmless, patch."""
+from components.data_io.beam_runtime import report_bundle_failures
+
+report_bundle_failures()

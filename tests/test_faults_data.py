@@ -1,0 +1,288 @@
+"""Faults and hostile input on the data side (issue 63): a full disk fails a stage in one line
+instead of hanging it; a row of a million fields is counted, not handed to pyarrow (whose reader
+crashes on it); compressed bytes behind a plain name and input without a data row are refused
+before any work, in one line naming the file and what to change.
+
+The faults around a run are in test_faults_run.py.
+"""
+import errno
+import gzip
+import io
+import os
+import queue
+import re
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from components.config.schema import ConfigError
+from components.reporting.errors import InputError, one_line
+from tests.stages import example_gen_config, run_example_gen
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HEADER = b"label,I1,I2,C1,C2\n"
+ROW = b"1,1,2,a,b\n"
+
+
+# ---- a full disk (ENOSPC), a quota or a file-size limit (EFBIG) ----
+
+
+class _FullDisk(io.TextIOBase):
+    """A stderr on a full disk: every write fails with ENOSPC."""
+
+    def write(self, s):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_failed_bundle_is_reported_even_when_stderr_is_on_a_full_disk(monkeypatch):
+    """Beam's SDK harness prints a failed bundle's traceback to stderr before it sends the failure
+    to the runner; on a full disk the print raised and the runner waited forever (the hang)."""
+    from apache_beam.portability.api import beam_fn_api_pb2
+    from apache_beam.runners.worker import sdk_worker
+    from components.data_io import beam_runtime
+
+    beam_runtime.report_bundle_failures()
+    harness = object.__new__(sdk_worker.SdkHarness)  # no channels: only what _execute touches
+    harness._responses = queue.Queue()
+
+    def bundle():
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(sys, "stderr", _FullDisk())
+    request = beam_fn_api_pb2.InstructionRequest(instruction_id="bundle_1")
+    harness._execute(bundle, request)
+    response = harness._responses.get_nowait()
+    assert response.instruction_id == "bundle_1" and "[Errno 28] No space left on device" in response.error
+
+
+def test_the_workers_import_the_plugin_that_reports_their_failures():
+    from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions
+    from components.data_io import beam_runtime
+
+    options = PipelineOptions(["--runner=DirectRunner", "--beam_plugins=other.plugin"])
+    beam_runtime.add_worker_plugin(options)
+    beam_runtime.add_worker_plugin(options)  # once only
+    assert options.view_as(SetupOptions).beam_plugins == ["other.plugin", beam_runtime.WORKER_PLUGIN]
+    __import__(beam_runtime.WORKER_PLUGIN)  # importable, as the worker imports it
+
+
+@pytest.mark.parametrize("text, code, words", [
+    # what the runner raises for a failed worker: its traceback as text
+    ("Traceback (most recent call last):\n  File ...\nOSError: [Errno 28] No space left on device "
+     "[while running 'WriteExamples/ReadAndWrite']", errno.ENOSPC, "the disk is full"),
+    ("Traceback (most recent call last):\nOSError: [Errno 27] File too large", errno.EFBIG, "ulimit -f"),
+    ("IOError: Error writing bytes to file. Detail: [errno 122] Disk quota exceeded", errno.EDQUOT, "quota"),
+])
+def test_a_write_that_ran_out_of_space_becomes_one_line_naming_the_stage_and_the_path(tmp_path, text, code, words):
+    from components.data_io.out_of_space import OutOfSpaceError, out_of_space_named
+
+    with pytest.raises(OutOfSpaceError) as e:
+        with out_of_space_named("EmbeddingPreprocess", str(tmp_path / "out")):
+            raise RuntimeError(text)
+    line = one_line(e.value)
+    assert e.value.errno == code and "\n" not in line
+    assert line.startswith(f"OutOfSpaceError: EmbeddingPreprocess: {os.strerror(code).lower()} (errno {code}) "
+                           f"while writing under {tmp_path / 'out'}: ")
+    assert words in line and line.endswith("then rerun (nothing of this attempt is kept or reused)")
+    with pytest.raises(RuntimeError, match="Errno 13"):  # another failure passes unchanged
+        with out_of_space_named("EmbeddingPreprocess", str(tmp_path)):
+            raise RuntimeError("PermissionError: [Errno 13] Permission denied")
+
+
+def _run_with_file_size_limit(cfg, out, limit):
+    """`python -m pipelines run` whose files may not grow past `limit` bytes (RLIMIT_FSIZE, with
+    SIGXFSZ ignored as Python does: a write past it fails with EFBIG, as one on a full disk does
+    with ENOSPC)."""
+    import resource
+    import signal
+
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    env = dict(os.environ, PYTHONPATH=REPO, TF_USE_LEGACY_KERAS="1", PYTHONWARNINGS="ignore")
+    started = time.time()
+    r = subprocess.run([sys.executable, "-m", "pipelines", "run", "--config", str(cfg), "--output-dir", str(out)],
+                       capture_output=True, text=True, env=env, cwd=REPO, timeout=300, preexec_fn=limited)
+    return r, time.time() - started
+
+
+@pytest.mark.slow(reason="runs the local pipeline (multi_processing workers) until ExampleGen fails")
+def test_a_file_size_limit_in_example_gen_fails_the_run_in_one_line(tmp_path):
+    from components.example_gen.synthetic_data import GeneratorSpec, ensure_dataset
+
+    data = tmp_path / "data.csv"
+    ensure_dataset(str(data), GeneratorSpec(rows=20000, seed=5))  # a train split of ~2.4 MB of Parquet
+    raw = yaml.safe_load(open(os.path.join(REPO, "configs", "demo.yaml"), encoding="utf-8"))
+    raw["input"]["path"] = str(data)
+    raw["beam"]["direct_running_mode"] = "multi_processing"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    out = tmp_path / "out"
+    # 1 MB: above ML Metadata's file and the log, below ExampleGen's train split
+    r, seconds = _run_with_file_size_limit(cfg, out, 1 << 20)
+    assert r.returncode == 1, r.stderr[-3000:]
+    errors = [line for line in (r.stdout + r.stderr).splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, (r.stdout[-3000:], r.stderr[-3000:])
+    assert errors[0].startswith("error: EmbeddingExampleGen failed: OutOfSpaceError: EmbeddingExampleGen: "
+                                "file too large (errno 27) while writing under "
+                                f"{out / 'pipeline_root' / 'EmbeddingExampleGen' / 'examples'}"), errors[0]
+    assert "Traceback" not in r.stdout + r.stderr
+    assert seconds < 120  # the failure is reported, not waited on
+    assert not os.path.exists(out / "serving")
+    # nothing of the failed attempt is left for a later run to take (TFX removed its output)
+    left = [os.path.join(d, f) for d, _, fs in os.walk(out / "pipeline_root" / "EmbeddingExampleGen" / "examples")
+            for f in fs]
+    assert left == []
+
+
+# ---- one row of a million fields ----
+
+
+WIDE = HEADER + ROW + b"0,1,2,a,b" + b",x" * 1_000_000 + b"\n" + b'1,"3\n",4,c,d\n' + ROW
+
+
+@pytest.mark.parametrize("name", ["wide.csv", "wide.csv.gz"])
+def test_a_row_of_a_million_fields_is_counted_as_too_many_fields_not_parsed(tmp_path, name):
+    """pyarrow's CSV reader crashed the worker (SIGSEGV) on a record of ~327k fields or more."""
+    from components.example_gen import csv_records, ranges
+    from components.example_gen.header import read_csv_header
+
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(WIDE) if name.endswith(".gz") else WIDE)
+    rs = ranges.plan_ranges([(str(path), path.stat().st_size)], 1 << 20)  # a plain file: 2 ranges
+    before = ranges.before_each_range([ranges.count_quotes(r) for r in rs])
+    malformed = csv_records.MalformedRows(5)
+    batches = [b for r in rs for b in csv_records.read_csv_range(r, read_csv_header(str(path)), before, malformed)]
+    assert sum(b.num_rows for b in batches) == 3
+    assert malformed.counts == {"too_many_fields": 1}
+    assert malformed.examples == {"malformed/too_many_fields": [f"{path}:3 (1,000,005 fields, header has 5)"]}
+    assert [v for b in batches for v in b.column("I1").to_pylist()] == [b"1", b"3\n", b"1"]
+
+
+def test_only_records_wider_than_the_header_are_cut_found_across_quoted_line_breaks(monkeypatch):
+    from components.example_gen import csv_records
+
+    monkeypatch.setattr(csv_records, "WIDE_WINDOW", 8)  # records over 16 bytes are looked at
+    long_text = b'1,"' + b"a\n" * 20 + b'",x\n'  # 47 bytes, 3 fields: kept
+    wide_quoted = b"0" + b',"\n"' * 10 + b",z\n"  # 12 fields, a quoted line break in 10 of them
+    wide = b"1" + b",y" * 12 + b"\n"  # 13 fields
+    data = b"a,b,c\n" + long_text + wide_quoted + wide + b"2,b,c"
+    kept, cuts = csv_records.blank_wide_records(data, 3)
+    assert cuts == [(6 + len(long_text), 12), (6 + len(long_text) + len(wide_quoted), 13)]
+    assert kept == b"a,b,c\n" + long_text + b"\n" * wide_quoted.count(b"\n") + b"\n" + b"2,b,c"
+
+
+# ---- compressed bytes behind a plain name ----
+
+
+COMPRESSED = {
+    "gzip": gzip.compress(HEADER + ROW),
+    "bzip2": b"BZh91AY&SY" + b"\0" * 20,
+    "zstd": b"\x28\xb5\x2f\xfd" + b"\0" * 20,
+    "zip": b"PK\x03\x04" + b"\0" * 20,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(COMPRESSED))
+def test_compressed_bytes_behind_a_plain_csv_name_are_refused_naming_the_file(tmp_path, kind):
+    """Read as text, a gzip file named .csv failed with "line contains NUL", naming no file."""
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "data.csv").write_bytes(COMPRESSED[kind])
+    with pytest.raises(InputError) as e:
+        run_example_gen(example_gen_config(input={"path": str(d)}), d, tmp_path / "out")
+    line = one_line(e.value)
+    assert line.startswith(f"{d / 'data.csv'}: holds {kind}-compressed bytes"), line
+    assert ("unzip it" if kind == "zip" else "decompress it, or rename it to data.csv.") in line
+    assert not os.path.exists(tmp_path / "out" / "ledger.json")
+
+
+def test_compressed_names_are_read_and_checked_against_their_bytes(tmp_path):
+    from components.example_gen.input_checks import check_compression
+
+    good = tmp_path / "a.csv.gz"
+    good.write_bytes(gzip.compress(HEADER + ROW))
+    check_compression(str(good), "csv")
+    liar = tmp_path / "b.csv.gz"
+    liar.write_bytes(HEADER + ROW)
+    with pytest.raises(InputError, match=r"b\.csv\.gz: its name says gzip, but its bytes are not compressed"):
+        check_compression(str(liar), "csv")
+    tfrecord = tmp_path / "c.tfrecord"  # gzipped TFRecord is read whatever its name
+    tfrecord.write_bytes(gzip.compress(b""))
+    check_compression(str(tfrecord), "tfrecord")
+    parquet = tmp_path / "d.parquet"
+    parquet.write_bytes(COMPRESSED["gzip"])
+    with pytest.raises(InputError, match="decompress it"):
+        check_compression(str(parquet), "parquet")
+
+
+# ---- input without a data row ----
+
+
+def _parquet(path, table):
+    pq.write_table(table, str(path))
+
+
+NO_ROWS = {
+    "a header only": ("csv", {"a.csv": HEADER}),
+    "0 bytes": ("csv", {"a.csv": b"", "b.csv": b""}),
+    "blank lines only": ("csv", {"a.csv": b"\r\n\n"}),
+    "no columns": ("parquet", {"a.parquet": pa.table({})}),
+    "0 rows": ("parquet", {"a.parquet": pa.table({c: pa.array([], pa.string()) for c in ("label", "I1", "I2", "C1", "C2")})}),
+    "0 bytes (tfrecord)": ("tfrecord", {"a.tfrecord": b""}),
+}
+
+
+def _write(d, files):
+    d.mkdir()
+    for name, content in files.items():
+        _parquet(d / name, content) if isinstance(content, pa.Table) else (d / name).write_bytes(content)
+
+
+@pytest.mark.parametrize("case", sorted(NO_ROWS))
+def test_input_without_a_data_row_is_refused_before_any_work(tmp_path, case):
+    """Such input passed ExampleGen as 0 rows, then preprocessing failed with a traceback
+    (`RuntimeError: Traceback ...`; `IndexError` for Parquet without columns)."""
+    from components.example_gen.input_checks import check_input
+
+    fmt, files = NO_ROWS[case]
+    d = tmp_path / "in"
+    _write(d, files)
+    cfg = example_gen_config(input={"path": str(d), "format": fmt})
+    why = case.split(" (")[0]
+    with pytest.raises(InputError) as e:  # ExampleGen's executor (a Kubeflow run)
+        run_example_gen(cfg, d, tmp_path / "out")
+    line = one_line(e.value)
+    assert line.startswith(f"input.path {d}") and "no data rows" in line and why in line, line
+    assert line.endswith("then rerun")
+    assert not os.path.exists(tmp_path / "out" / "ledger.json")
+    with pytest.raises(ConfigError, match=f"input.path {re.escape(str(d))}.*no data rows.*{why}"):  # before a pipeline starts
+        check_input(cfg)
+
+
+def test_a_file_without_rows_beside_one_with_rows_is_only_counted(tmp_path):
+    from components.example_gen.input_checks import check_input
+
+    d = tmp_path / "in"
+    _write(d, {"a.csv": b"", "b.csv": HEADER, "c.csv": HEADER + ROW})
+    check_input(example_gen_config(input={"path": str(d)}))
+    one = tmp_path / "one.csv"
+    one.write_bytes(HEADER + b"\n" * 3 + ROW.rstrip(b"\n"))  # blank lines, then a row without a newline
+    check_input(example_gen_config(input={"path": str(one)}))
+
+
+def test_the_preprocessing_cli_refuses_compressed_bytes_behind_a_plain_name(tmp_path, capsys):
+    from components.embedding_preprocess.__main__ import main
+
+    data = tmp_path / "train.csv"
+    data.write_bytes(COMPRESSED["gzip"])
+    status = main(["--config", os.path.join(REPO, "configs", "minimal.yaml"), "--input", str(data),
+                   "--output", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith(f"error: {data}: holds gzip-compressed bytes"), err
