@@ -168,6 +168,10 @@ def main(argv=None) -> int:
             meta = ensure_dataset(cfg.input.path, GeneratorSpec(rows=args.rows))
             print(f"demo data: {cfg.input.path} ({meta['rows']:,} rows)", file=sys.stderr if args.json else sys.stdout)
         input_location(cfg)
+        # lazy: Beam's file systems and pyarrow; only a run past the config checks needs them
+        from components.example_gen.input_checks import check_input
+
+        check_input(cfg)  # empty input, compressed bytes behind a plain name: refused before anything runs
     except ConfigError as e:
         print(error_line(e), file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -10,7 +10,7 @@ import os
 import re
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from components.data_io.beam_runtime import skip_tfx_sdist_for_local_runners
+from components.data_io.beam_runtime import WORKER_PLUGIN, skip_tfx_sdist_for_local_runners
 from components.config.schema import ConfigError, PipelineConfig
 from components.reporting.progress import LAST_BLESSED, PUSHER  # the registry's read and write steps
 from pipelines.evaluation import evaluator_components
@@ -190,7 +190,7 @@ def create_pipeline(
         components=ours + added,
         enable_cache=enable_cache,
         metadata_connection_config=metadata.sqlite_metadata_connection_config(metadata_path) if metadata_path else None,
-        beam_pipeline_args=beam_pipeline_args if beam_pipeline_args is not None else cfg.beam_pipeline_args(),
+        beam_pipeline_args=beam_pipeline_args if beam_pipeline_args is not None else local_beam_args(cfg),
     )
 
 
@@ -294,6 +294,21 @@ def without_cache_for(ir, node_ids=NEVER_CACHED):
         if node.pipeline_node.node_info.id in node_ids:
             node.pipeline_node.execution_options.caching_options.enable_cache = False
     return ir
+
+
+def local_beam_args(cfg: PipelineConfig) -> List[str]:
+    """A local run's Beam options: the config's, and every SDK worker process of every Beam
+    component (stock ones too) importing `beam_runtime.WORKER_PLUGIN`, so that a bundle that fails
+    while the log's disk is full still reports its failure instead of hanging the run.
+
+    Args:
+      cfg: the configuration.
+
+    Returns:
+      The options.
+    """
+    args = cfg.beam_pipeline_args()
+    return args if any(a.startswith("--beam_plugins") for a in args) else args + [f"--beam_plugins={WORKER_PLUGIN}"]
 
 
 def run_locally(p) -> None:

@@ -361,3 +361,18 @@ def test_a_checkpoint_dir_inside_the_push_destination_is_refused_before_the_run(
         "training.checkpoint_dir outside it (or leave it unset: the state then lives under the pipeline root and is "
         "removed when the Trainer finishes)"]
     assert not (tmp_path / "out").exists()
+
+
+def test_empty_or_compressed_input_is_refused_before_the_run(tmp_path, capsys):
+    import gzip
+
+    data = tmp_path / "data.csv"
+    data.write_text("label,I1\n", encoding="utf-8")  # a header only
+    cfg = _config(tmp_path, data)
+    status, out, err = _main(["run", "--config", cfg, "--output-dir", tmp_path / "out"], capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "no data rows (a header only)" in err
+    data.write_bytes(gzip.compress(b"label,I1\n1,2\n"))
+    status, out, err = _main(["run", "--config", cfg, "--output-dir", tmp_path / "out"], capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert f"{data}: holds gzip-compressed bytes, but its name does not end in .gz" in err
+    assert not (tmp_path / "out").exists()
