@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from typing import Any, Dict, List
 
 import components  # noqa: F401  (selects legacy Keras; light: imports no TensorFlow)
@@ -168,10 +169,12 @@ def main(argv=None) -> int:
             meta = ensure_dataset(cfg.input.path, GeneratorSpec(rows=args.rows))
             print(f"demo data: {cfg.input.path} ({meta['rows']:,} rows)", file=sys.stderr if args.json else sys.stdout)
         input_location(cfg)
-        # lazy: Beam's file systems and pyarrow; only a run past the config checks needs them
-        from components.example_gen.input_checks import check_input
+        with warnings.catch_warnings():  # Google's clients under Beam warn of Python 3.10 on import: not for the terminal
+            warnings.simplefilter("ignore", FutureWarning)
+            # lazy: Beam's file systems and pyarrow; only a run past the config checks needs them
+            from components.example_gen.input_checks import check_input
 
-        check_input(cfg)  # empty input, compressed bytes behind a plain name: refused before anything runs
+            check_input(cfg)  # empty input, compressed bytes behind a plain name: refused before anything runs
     except ConfigError as e:
         print(error_line(e), file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, TextIO
 
+from components.config.checks import check_checkpoint_dir
 from components.config.schema import ConfigError, PipelineConfig
 from components.contracts.capacity import available_host_bytes, check_host_floor, check_tpu_floor
 from components.data_io.beam_runtime import ensure_local_runner_safe
@@ -262,9 +263,6 @@ def run(cfg: PipelineConfig, output_dir: str, quiet: bool = False, span: Optiona
     """
     check_tpu_floor(cfg)  # what can never fit, refused before the data stages run
     check_host_floor(cfg, available_host_bytes())
-    # lazy: loads TensorFlow, which the command line's config checks do without
-    from components.embedding_trainer.trainer_module import check_checkpoint_dir
-
     check_checkpoint_dir(cfg.training.checkpoint_dir, os.path.join(os.path.abspath(output_dir), SERVING_DIR))
     with output_dir_lock(output_dir) as output_dir:
         if quiet:

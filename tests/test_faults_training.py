@@ -283,15 +283,17 @@ def test_the_exporter_names_a_trainer_checkpoint_or_savedmodel_cut_short(chain, 
 
 
 def test_checkpoint_dir_inside_the_serving_tree_is_refused(tmp_path):
+    from components.config.checks import check_checkpoint_dir
+
     serving = str(tmp_path / "out" / "serving")
     for inside in (serving, serving + "/", serving + "/ckpts", str(tmp_path / "out" / "x" / ".." / "serving" / "1")):
         with pytest.raises(ConfigError, match="inside the push destination"):
-            tm.check_checkpoint_dir(inside, serving)
+            check_checkpoint_dir(inside, serving)
     for outside in (None, str(tmp_path / "out" / "state"), str(tmp_path / "out" / "serving_state")):
-        tm.check_checkpoint_dir(outside, serving)
+        check_checkpoint_dir(outside, serving)
     with pytest.raises(ConfigError):
-        tm.check_checkpoint_dir("gs://b/out/serving/state", "gs://b/out//serving/")
-    tm.check_checkpoint_dir("gs://b/out/state", "gs://b/out/serving")
+        check_checkpoint_dir("gs://b/out/serving/state", "gs://b/out//serving/")
+    check_checkpoint_dir("gs://b/out/state", "gs://b/out/serving")
 
 
 def test_run_fn_refuses_a_checkpoint_dir_inside_the_push_destination_before_reading_data(tmp_path):

@@ -1,6 +1,7 @@
 """The field checks every section uses; each raises `ConfigError` naming the field and the fix."""
 from __future__ import annotations
 
+import os
 from typing import Optional, Type, TypeVar
 
 from components.config.choices import Choice
@@ -75,3 +76,33 @@ def check_column(value: Optional[str], path: str, fix: str) -> None:
     """
     if value is not None and value == "":
         raise ConfigError(f"{path}: empty; name the input column to read (any text, e.g. \"Class Name\"), or {fix}")
+
+
+def _normal_path(path: str) -> str:
+    """A local path made absolute and resolved, a URI (gs://...) normalised: for comparing places."""
+    if "://" in path:
+        scheme, rest = path.split("://", 1)
+        return scheme + "://" + os.path.normpath("/" + rest).lstrip("/")
+    return os.path.realpath(os.path.abspath(path))
+
+
+def check_checkpoint_dir(checkpoint_dir: Optional[str], serving_dir: Optional[str]) -> None:
+    """Refuses a `training.checkpoint_dir` at or inside the push destination (where TF Serving and
+    the model registry look): the checkpoints it keeps would be left among the served versions.
+
+    Args:
+      checkpoint_dir: `training.checkpoint_dir` (None: the state lives under the pipeline root).
+      serving_dir: the push destination (the pipelines' `<output_dir>/serving`, the Pusher's
+        destination), None when not known.
+
+    Raises:
+      ConfigError: `checkpoint_dir` is `serving_dir` or inside it; the message names both.
+    """
+    if not checkpoint_dir or not serving_dir:
+        return
+    ckpt, serving = _normal_path(checkpoint_dir), _normal_path(serving_dir).rstrip("/")
+    if ckpt == serving or ckpt.startswith(serving + "/"):
+        raise ConfigError(
+            f"training.checkpoint_dir {checkpoint_dir} is inside the push destination {serving_dir}: its checkpoints "
+            "would be left among the served versions; point training.checkpoint_dir outside it (or leave it unset: "
+            "the state then lives under the pipeline root and is removed when the Trainer finishes)")

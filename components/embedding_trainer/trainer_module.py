@@ -55,7 +55,8 @@ from tfx.utils import io_utils  # read_string_file: any filesystem TFX reads (gs
 
 from components.reporting import progress
 from components.reporting.report import KEPT_BEST, KEPT_LAST
-from components.config.schema import ConfigError, PipelineConfig
+from components.config.checks import check_checkpoint_dir
+from components.config.schema import PipelineConfig
 from components.contracts import artifacts
 from components.contracts import sizing
 from components.contracts.manifest import VocabularyManifest
@@ -552,36 +553,6 @@ def data_signature(train_files) -> Dict[str, Any]:
                 digest.update(fh.read(DATA_WINDOW))
     return {"fingerprint": digest.hexdigest()[:32], "examples": examples_root(train_files), "files": len(paths),
             "bytes": total}
-
-
-def _normal_path(path: str) -> str:
-    """A local path made absolute and resolved, a URI (gs://...) normalised: for comparing places."""
-    if "://" in path:
-        scheme, rest = path.split("://", 1)
-        return scheme + "://" + os.path.normpath("/" + rest).lstrip("/")
-    return os.path.realpath(os.path.abspath(path))
-
-
-def check_checkpoint_dir(checkpoint_dir: Optional[str], serving_dir: Optional[str]) -> None:
-    """Refuses a `training.checkpoint_dir` at or inside the push destination (where TF Serving and
-    the model registry look): the checkpoints it keeps would be left among the served versions.
-
-    Args:
-      checkpoint_dir: `training.checkpoint_dir` (None: the state lives under the pipeline root).
-      serving_dir: the push destination (the pipelines' `<output_dir>/serving`, the Pusher's
-        destination), None when not known.
-
-    Raises:
-      ConfigError: `checkpoint_dir` is `serving_dir` or inside it; the message names both.
-    """
-    if not checkpoint_dir or not serving_dir:
-        return
-    ckpt, serving = _normal_path(checkpoint_dir), _normal_path(serving_dir).rstrip("/")
-    if ckpt == serving or ckpt.startswith(serving + "/"):
-        raise ConfigError(
-            f"training.checkpoint_dir {checkpoint_dir} is inside the push destination {serving_dir}: its checkpoints "
-            "would be left among the served versions; point training.checkpoint_dir outside it (or leave it unset: "
-            "the state then lives under the pipeline root and is removed when the Trainer finishes)")
 
 
 class _Checkpointer(tf.keras.callbacks.Callback):
