@@ -8,12 +8,12 @@ The faults around a run are in test_faults_run.py.
 import errno
 import gzip
 import io
+import json
 import os
 import queue
 import re
 import subprocess
 import sys
-import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -94,51 +94,87 @@ def test_a_write_that_ran_out_of_space_becomes_one_line_naming_the_stage_and_the
             raise RuntimeError("PermissionError: [Errno 13] Permission denied")
 
 
-def _run_with_file_size_limit(cfg, out, limit):
-    """`python -m pipelines run` whose files may not grow past `limit` bytes (RLIMIT_FSIZE, with
-    SIGXFSZ ignored as Python does: a write past it fails with EFBIG, as one on a full disk does
-    with ENOSPC)."""
-    import resource
-    import signal
-
-    def limited():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
+def _run_pipeline(cfg, out, preexec_fn=None):
+    """`python -m pipelines run`: its result. A hang fails the test by the timeout (TimeoutExpired)."""
     env = dict(os.environ, PYTHONPATH=REPO, TF_USE_LEGACY_KERAS="1", PYTHONWARNINGS="ignore")
-    started = time.time()
-    r = subprocess.run([sys.executable, "-m", "pipelines", "run", "--config", str(cfg), "--output-dir", str(out)],
-                       capture_output=True, text=True, env=env, cwd=REPO, timeout=300, preexec_fn=limited)
-    return r, time.time() - started
+    return subprocess.run([sys.executable, "-m", "pipelines", "run", "--config", str(cfg), "--output-dir", str(out)],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300, preexec_fn=preexec_fn)
 
 
-@pytest.mark.slow(reason="runs the local pipeline (multi_processing workers) until ExampleGen fails")
-def test_a_file_size_limit_in_example_gen_fails_the_run_in_one_line(tmp_path):
+class _SmallDisk:
+    """A disk of `size` that fills up: a tmpfs mounted on `path` where this process may mount one
+    (root with CAP_SYS_ADMIN: the full disk itself, ENOSPC, with the run's log on it too, which is
+    what hung Beam's workers), else a file-size limit on the run (RLIMIT_FSIZE, with SIGXFSZ
+    ignored as Python does: a write past it fails with EFBIG, as one on a full disk does with
+    ENOSPC). `grow()` gives it room again."""
+
+    def __init__(self, path, size):
+        self.path, self.size, self.limit = path, size, size
+        os.makedirs(path)
+        self.mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                                      capture_output=True).returncode == 0
+
+    def preexec(self):
+        import resource
+        import signal
+
+        if not self.mounted:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (self.limit, self.limit))
+
+    def grow(self):
+        import resource
+
+        if self.mounted:
+            subprocess.run(["mount", "-o", "remount,size=512m", str(self.path)], check=True)
+        self.limit = resource.RLIM_INFINITY
+
+    def close(self):
+        if self.mounted:
+            subprocess.run(["umount", "-l", str(self.path)], check=False)
+
+
+@pytest.mark.slow(reason="runs the local pipeline (multi_processing workers) until ExampleGen fills the disk, then again")
+def test_a_full_disk_in_example_gen_fails_the_run_in_one_line_and_a_rerun_recovers(tmp_path):
     from components.example_gen.synthetic_data import GeneratorSpec, ensure_dataset
+    from tests.stages import NO_GATE
 
     data = tmp_path / "data.csv"
     ensure_dataset(str(data), GeneratorSpec(rows=20000, seed=5))  # a train split of ~2.4 MB of Parquet
     raw = yaml.safe_load(open(os.path.join(REPO, "configs", "demo.yaml"), encoding="utf-8"))
     raw["input"]["path"] = str(data)
     raw["beam"]["direct_running_mode"] = "multi_processing"
+    raw["training"].update(train_steps=10, checkpoint_every_steps=5, early_stopping={"enabled": False})
+    raw["export"].update(auc_sample_size=200, parity_sample_size=32, compare_compression=False)
+    raw["validation"] = dict(NO_GATE)
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    out = tmp_path / "out"
     # 1 MB: above ML Metadata's file and the log, below ExampleGen's train split
-    r, seconds = _run_with_file_size_limit(cfg, out, 1 << 20)
-    assert r.returncode == 1, r.stderr[-3000:]
-    errors = [line for line in (r.stdout + r.stderr).splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, (r.stdout[-3000:], r.stderr[-3000:])
-    assert errors[0].startswith("error: EmbeddingExampleGen failed: OutOfSpaceError: EmbeddingExampleGen: "
-                                "file too large (errno 27) while writing under "
-                                f"{out / 'pipeline_root' / 'EmbeddingExampleGen' / 'examples'}"), errors[0]
-    assert "Traceback" not in r.stdout + r.stderr
-    assert seconds < 120  # the failure is reported, not waited on
-    assert not os.path.exists(out / "serving")
-    # nothing of the failed attempt is left for a later run to take (TFX removed its output)
-    left = [os.path.join(d, f) for d, _, fs in os.walk(out / "pipeline_root" / "EmbeddingExampleGen" / "examples")
-            for f in fs]
-    assert left == []
+    disk = _SmallDisk(tmp_path / "disk", 1 << 20)
+    out = disk.path / "out"
+    try:
+        r = _run_pipeline(cfg, out, disk.preexec)
+        assert r.returncode == 1, r.stderr[-3000:]
+        errors = [line for line in (r.stdout + r.stderr).splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, (r.stdout[-3000:], r.stderr[-3000:])
+        cause = "no space left on device (errno 28)" if disk.mounted else "file too large (errno 27)"
+        assert errors[0].startswith(f"error: EmbeddingExampleGen failed: OutOfSpaceError: EmbeddingExampleGen: "
+                                    f"{cause} while writing under "
+                                    f"{out / 'pipeline_root' / 'EmbeddingExampleGen' / 'examples'}"), errors[0]
+        assert "Traceback" not in r.stdout + r.stderr
+        assert not os.path.exists(out / "serving")
+        # nothing of the failed attempt is left for a later run to take (TFX removed its output)
+        left = [os.path.join(d, f) for d, _, fs in os.walk(out / "pipeline_root" / "EmbeddingExampleGen" / "examples")
+                for f in fs]
+        assert left == []
+        disk.grow()  # space again: the same command runs through and pushes
+        r = _run_pipeline(cfg, out, disk.preexec)
+        assert r.returncode == 0, r.stderr[-3000:]
+        summary = json.load(open(out / "summary.json", encoding="utf-8"))
+        assert summary["pushed_by_this_run"] and summary["ledger"]["balanced"]
+        assert sum(summary["rows_read"].values()) == 20000
+    finally:
+        disk.close()
 
 
 # ---- one row of a million fields ----
