@@ -8,8 +8,9 @@ dataset when it is missing. `continuous` runs daily spans, one warm-started run 
 writes the Kubeflow Pipelines v2 spec (`.json`: a Vertex PipelineJob) and nothing else.
 
 Exit statuses (pipelines/summary.py): 0 the run pushed its model; 3 the run worked but the
-validation gate kept the model back; 2 bad configuration or input path (one message, nothing
-run); 1 a failed run (one line: the component, the cause and the full log's path), or a run that
+validation gate kept the model back; 2 refused before anything ran (one message: a bad
+configuration or input, sizes that cannot fit, an output directory that cannot be used or that
+another run holds); 1 a failed run (one line: the component, the cause and the full log's path), or a run that
 ended without pushing for another reason (its summary's serving-model line says why).
 """
 from __future__ import annotations

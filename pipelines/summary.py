@@ -28,7 +28,7 @@ from pipelines.pipeline import SERVING_DIR
 # Exit statuses of `python -m pipelines run` (and demo, continuous): README "Your own data".
 EXIT_PUSHED = 0  # the run worked and pushed its model
 EXIT_FAILED = 1  # a component failed
-EXIT_BAD_INPUT = 2  # bad configuration or input path: nothing ran
+EXIT_BAD_INPUT = 2  # refused before anything ran: bad configuration or input, sizes, output directory
 EXIT_NOT_PUSHED = 3  # the run worked, but the validation gate kept the model back
 
 # The summary's widest line: rows wrap to it (`wrap_rows`), so a terminal never scrolls sideways.
