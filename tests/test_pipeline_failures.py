@@ -99,10 +99,11 @@ def test_a_model_the_gate_keeps_back_exits_3_with_progress_and_no_noise(tmp_path
     from components.reporting.report import render
     from components.example_gen.synthetic_data import GeneratorSpec, ensure_dataset
     from pipelines.summary import summary_report
+    from tests.stages import with_few_features
 
     data = tmp_path / "data.csv"
     ensure_dataset(str(data), GeneratorSpec(rows=3000, seed=5))
-    raw = yaml.safe_load(open(os.path.join(REPO, "configs", "demo.yaml")))
+    raw = with_few_features(yaml.safe_load(open(os.path.join(REPO, "configs", "demo.yaml"))))  # what is under test is the terminal
     raw["input"]["path"] = str(data)
     raw["training"].update(train_steps=40, checkpoint_every_steps=20)
     raw["export"].update(auc_sample_size=400, parity_sample_size=32, compare_compression=False)
