@@ -23,9 +23,11 @@ KFP_RUNNER_REQUIRED = {
 }
 TOLERATION_OPERATORS = ("Equal", "Exists")
 TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-# The pipeline's component ids, in order (pipelines.pipeline.create_pipeline; the names tasks have on Kubeflow).
-COMPONENT_IDS = ("LastBlessedModel", "EmbeddingExampleGen", "EmbeddingPreprocess", "Trainer", "EmbeddingExporter",
-                 "TFExampleCopy", "Evaluator", "Pusher")  # TFExampleCopy, Evaluator: with evaluator.enabled
+# The pipeline's component ids, in order (pipelines.pipeline.create_pipeline; the names tasks have on Kubeflow;
+# Tuner: with a `tuning` section).
+COMPONENT_IDS = ("LastBlessedModel", "EmbeddingExampleGen", "EmbeddingPreprocess", "Tuner", "Trainer", "EmbeddingExporter",
+                 "TFExampleCopy", "Evaluator", "Pusher",  # TFExampleCopy, Evaluator: with evaluator.enabled
+                 "BulkInferrerExampleCopy", "BulkInferrer")  # with bulk_inference.enabled
 # The TPU chip (training.embedding.topology.chip) behind each name a TPU route gives it.
 # GKE's node label (cloud.google.com/gke-tpu-accelerator) of a TPU slice node pool:
 GKE_TPU_ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"

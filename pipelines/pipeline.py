@@ -14,9 +14,11 @@ from components.data_io.beam_runtime import WORKER_PLUGIN, skip_tfx_sdist_for_lo
 from components.config.schema import ConfigError, PipelineConfig
 from components.reporting.progress import LAST_BLESSED, PUSHER  # the registry's read and write steps
 from pipelines.evaluation import evaluator_components
+from pipelines.bulk_inference import bulk_inferrer_components
 from components.config.choices import InputFormat
 
 TRAINER_RUN_FN = "components.embedding_trainer.trainer_module.run_fn"
+TUNER_FN = "components.embedding_trainer.tuner.tuner_fn"
 PIPELINE_ROOT = "pipeline_root"
 METADATA_FILE = "metadata.sqlite"
 SERVING_DIR = "serving"
@@ -141,8 +143,8 @@ def create_pipeline(
     enable_cache: bool = True,
     extra_components: Optional[Callable[[Dict[str, Any]], List[Any]]] = None,
 ):
-    """Builds the pipeline: LastBlessedModel -> EmbeddingExampleGen -> EmbeddingPreprocess -> Trainer
-    -> EmbeddingExporter [-> TFExampleCopy, Evaluator] -> Pusher.
+    """Builds the pipeline: LastBlessedModel -> EmbeddingExampleGen -> EmbeddingPreprocess [-> Tuner]
+    -> Trainer -> EmbeddingExporter [-> TFExampleCopy, Evaluator] -> Pusher.
 
     Args:
       cfg: the resolved configuration.
@@ -176,13 +178,20 @@ def create_pipeline(
     last_blessed = _last_blessed(serving_dir, kubeflow)
     # First: a registry that cannot say what is served stops the run before any data is read.
     example_gen.add_upstream_node(last_blessed)
-    trainer = _trainer(cfg, preprocess.outputs["transformed_examples"], last_blessed.outputs["model"], image)
+    # With a `tuning` section: TFX's stock Tuner before the Trainer, which applies its best values.
+    tuning = [_tuner(cfg, preprocess.outputs["transformed_examples"])] if cfg.tuning is not None else []
+    trainer = _trainer(cfg, preprocess.outputs["transformed_examples"], last_blessed.outputs["model"], image,
+                       tuning[0].outputs["best_hyperparameters"] if tuning else None)
     exporter = EmbeddingExporter(
         model=trainer.outputs["model"], examples=example_gen.outputs["examples"], config=cfg,
         last_blessed_model=last_blessed.outputs["model"],
     )
     pushing = _push_steps(cfg, example_gen.outputs["examples"], exporter, serving_dir, kubeflow)
-    ours = [last_blessed, example_gen, preprocess, trainer, exporter, *pushing]
+    # With bulk_inference.enabled: [BulkInferrerExampleCopy, BulkInferrer] on the exporter's
+    # serving model and blessing (pipelines/bulk_inference.py); the Pusher does not wait for them.
+    scoring = bulk_inferrer_components(cfg, example_gen.outputs["examples"], exporter.outputs["serving_model"],
+                                       exporter.outputs["blessing"]) if cfg.bulk_inference.enabled else []
+    ours = [last_blessed, example_gen, preprocess, *tuning, trainer, exporter, *pushing, *scoring]
     added = list(extra_components({c.id: c for c in ours})) if extra_components else []
     return pipeline.Pipeline(
         pipeline_name=cfg.name,
@@ -234,9 +243,30 @@ def _example_gen(cfg: PipelineConfig, span: Optional[int]):
                                range_config=range_config)
 
 
-def _trainer(cfg: PipelineConfig, examples, base_model, image: Optional[str]):
+def _tuner(cfg: PipelineConfig, examples):
+    """TFX's stock Tuner running our tuner_fn (components/embedding_trainer/tuner.py: KerasTuner
+    over `tuning.space`, each trial `tuning.steps_per_trial` steps scored on the held-out slice) on
+    the Trainer's examples, with its share of the config (components/config/stages.py) in its
+    custom_config; its `best_hyperparameters` go to the Trainer."""
+    # lazy: TFX and our components load TensorFlow and Beam; this module is on the CLI's config path
+    from tfx.components.tuner.component import Tuner
+    from tfx.proto import trainer_pb2
+    from components.config.stages import stage_json
+    from components.tfx_wiring.executor_base import CONFIG_KEY
+
+    return Tuner(
+        tuner_fn=TUNER_FN,
+        examples=examples,
+        train_args=trainer_pb2.TrainArgs(num_steps=cfg.tuning.steps_per_trial),
+        eval_args=trainer_pb2.EvalArgs(num_steps=0),  # scored on the train split's held-out slice, not eval
+        custom_config={CONFIG_KEY: stage_json(cfg, "tuner")},
+    )
+
+
+def _trainer(cfg: PipelineConfig, examples, base_model, image: Optional[str], hyperparameters=None):
     """TFX's standard Trainer running our run_fn with the config in its custom_config, or, on
-    Kubeflow with `kubeflow.vertex_training`, TFX's Vertex AI Trainer running `image`."""
+    Kubeflow with `kubeflow.vertex_training`, TFX's Vertex AI Trainer running `image`; with
+    `hyperparameters` (the Tuner's best), run_fn applies them over the config."""
     # lazy: TFX and our components load TensorFlow and Beam; this module is on the CLI's config path
     from tfx.components.trainer.component import Trainer
     from tfx.proto import trainer_pb2
@@ -253,6 +283,7 @@ def _trainer(cfg: PipelineConfig, examples, base_model, image: Optional[str]):
         run_fn=TRAINER_RUN_FN,
         examples=examples,
         base_model=base_model,
+        hyperparameters=hyperparameters,
         # Unset train_steps: the run_fn derives the length from training.epochs and the row count.
         train_args=trainer_pb2.TrainArgs(num_steps=cfg.training.train_steps or 0),
         eval_args=trainer_pb2.EvalArgs(num_steps=cfg.training.eval_steps),

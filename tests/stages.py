@@ -395,3 +395,19 @@ def write_sorted_by_label(path, rows, seed=5):
     with open(path, "w", encoding="utf-8") as fh:
         fh.write("\n".join([header, *body]) + "\n")
     return len(body), sum(line.split(",")[label] == "1" for line in body)
+
+
+# ---- configs/features.yaml (every feature kind) on small generated data ------------------------
+
+def features_raw_config(csv_path) -> dict:
+    """configs/features.yaml as a dict reading `csv_path` (data with the extra columns), its
+    vocabulary file made absolute: every feature kind (identity, hashed, list, file and counted
+    vocabularies, a shared table, weighted, multi-hot and sequence features)."""
+    with open(os.path.join(REPO, "configs", "features.yaml"), encoding="utf-8") as fh:
+        raw = yaml.safe_load(fh)
+    raw["input"]["path"] = str(csv_path)
+    for f in raw["categorical_features"]:  # the given file, relative to configs/
+        v = f.get("vocabulary") or {}
+        if v.get("kind") == "file":
+            v["file"] = os.path.join(REPO, "configs", v["file"])
+    return raw

@@ -13,6 +13,8 @@ preprocessing, the trainer and the exporter all see the same tables, vocabularie
   `checks`: the field checks they share.
 - `resolved`: what resolution derives, frozen (`cfg.resolved`: each table's features and whether
   its dim was set, the source file).
+- `tuning`: the `tuning` section's search space (which fields a Tuner trial may set) and its
+  checks; `loading.apply_values` sets a trial's values over a copy of a config.
 - `stages`: each component's share of the configuration (what TFX's caching fingerprints).
   Beam options of a local run are `cfg.beam_pipeline_args()`; Kubeflow's wiring (runners,
   component ids, the `kubeflow` section's checks) is pipelines/kubeflow_config.py's.

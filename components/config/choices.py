@@ -206,3 +206,11 @@ class Placement(Choice):
 
     TPU_EMBEDDING = "tpu_embedding"
     TENSOR_CORE = "tensor_core"
+
+
+class TuningAlgorithm(Choice):
+    """How the Tuner (`tuning.algorithm`) picks each trial's values: KerasTuner's RandomSearch or
+    BayesianOptimization oracle."""
+
+    RANDOM = "random"
+    BAYESIAN = "bayesian"

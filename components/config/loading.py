@@ -18,6 +18,7 @@ import yaml
 from components.config.checks import choice_member
 from components.config.choices import Choice
 from components.config.schema import ConfigError, PipelineConfig
+from components.config.tuning import checked_values
 from components.config.validation import resolve
 
 # A configuration file's limits, checked before it is read: a real config (hundreds of features) is
@@ -65,6 +66,8 @@ def _type_name(tp: Any) -> str:
 
 
 def _convert(value: Any, tp: Any, path: str) -> Any:
+    if tp is Any:  # a value its section's check types (tuning.space's entries: components/config/tuning.py)
+        return value
     origin = typing.get_origin(tp)
     if origin is typing.Union:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -254,3 +257,29 @@ def config_from_json(text: str) -> PipelineConfig:
         tables.append({k: v for k, v in t.items() if k not in _OLD_RESOLVED_KEYS and k not in dropped})
     data["tables"] = tables
     return parse_config(data, SERIALIZED_SOURCE)
+
+
+def apply_values(cfg: PipelineConfig, values: Dict[str, Any]) -> PipelineConfig:
+    """A copy of the config with tuned values set: a trial's (the Tuner), or the best trial's (the
+    Trainer, and the exporter after it).
+
+    Args:
+      cfg: a resolved configuration (unchanged).
+      values: field path (one of components.config.tuning.TUNABLE) -> value.
+
+    Returns:
+      A new resolved configuration; `cfg` itself when `values` is empty.
+
+    Raises:
+      ConfigError: a path is not tunable, a value does not fit its field, or the result fails a check.
+    """
+    if not values:
+        return cfg
+    data = json.loads(cfg.to_json())
+    for path, value in checked_values(values).items():
+        *parents, leaf = path.split(".")
+        node = data
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    return config_from_json(json.dumps(data))

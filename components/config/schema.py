@@ -31,6 +31,7 @@ from components.config.choices import (
     SequencePercentile,
     SequencePooling,
     TableDtype,
+    TuningAlgorithm,
     VocabularyKind,
 )
 from components.config.resolved import ResolvedConfig
@@ -742,6 +743,36 @@ class EvaluatorConfig:
 
 
 @dataclass
+class BulkInferenceConfig:
+    """The `bulk_inference` section: TFX's stock BulkInferrer scores ExampleGen splits with the
+    exporter's serving model when the exporter blesses it (pipelines/bulk_inference.py).
+
+    On: the pipeline adds a tf.Example copy of the named splits (BulkInferrer feeds the model raw
+    serialized records, which Parquet examples do not carry) and the BulkInferrer, whose
+    `inference_result` holds one PredictionLog per row."""
+
+    enabled: bool = False
+    splits: List[str] = field(default_factory=lambda: ["eval"])  # ExampleGen splits to score: train, eval
+
+
+@dataclass
+class TuningConfig:
+    """The `tuning` section: TFX's stock Tuner searches `space` with KerasTuner before the Trainer,
+    each trial training `steps_per_trial` steps with its values over the config and scored by AUC on
+    the held-out slice the Trainer selects on; the Trainer applies the best trial's values
+    (components/config/tuning.py: the fields a space may name; docs in configs/README.md).
+
+    Present: on. `space`: a dotted training field -> a list of values, {min: a, max: b} or
+    {log: [lo, hi]} (sampled on a log scale). Only fields that change the model or its optimizers
+    may be tuned, never the plan's tables (dims, placement) or what the data stages read."""
+
+    trials: int = 8
+    steps_per_trial: int = 500  # training steps of each trial
+    algorithm: TuningAlgorithm = TuningAlgorithm.RANDOM
+    space: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class PipelineConfig:
     """A whole configuration file. Loaded and resolved by `components.config.load_config`,
     `parse_config` or `config_from_json`; only a resolved config has `resolved`."""
@@ -763,6 +794,8 @@ class PipelineConfig:
     beam: BeamConfig = field(default_factory=BeamConfig)
     kubeflow: KubeflowConfig = field(default_factory=KubeflowConfig)
     evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
+    tuning: Optional[TuningConfig] = None  # set: the Tuner searches training fields before the Trainer
+    bulk_inference: BulkInferenceConfig = field(default_factory=BulkInferenceConfig)
 
     @property
     def resolved(self) -> ResolvedConfig:

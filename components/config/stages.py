@@ -16,8 +16,13 @@ What each stage reads (checked against the code; the tests run every stage on it
   statistics) and `training.embedding_optimizer` (table memory). Not `label_rule`: ExampleGen
   already wrote the derived label.
 - `exporter`: everything but `kubeflow`, `continuous`, `statistics`, `transformed_examples`,
-  `beam` and `evaluator`. (`evaluator` is read by the pipeline only, which builds the Evaluator's
-  EvalConfig from it: example_gen and preprocess do not get it either.)
+  `beam`, `evaluator` and `bulk_inference`. (`evaluator` and `bulk_inference` are read by the
+  pipeline only, which builds the Evaluator and the BulkInferrer from them: example_gen and
+  preprocess do not get them either.)
+- `tuner`: the sections the trials' training reads: everything but `export`, `validation`,
+  `continuous`, `kubeflow`, `evaluator`, `bulk_inference` and `beam` (with `tuning`, which
+  example_gen, preprocess and the exporter do not get: the exporter reads the tuned values from the
+  Trainer's model).
 - `trainer`: the whole configuration. It keys its resumable state by it and writes it into the
   Model artifact (`pipeline_config.json`, which the exporter's CLI reads back).
 """
@@ -28,6 +33,7 @@ from typing import Callable, Dict
 from components.config.loading import config_from_json
 from components.config.schema import (
     BeamConfig,
+    BulkInferenceConfig,
     ContinuousConfig,
     EvaluatorConfig,
     ExportConfig,
@@ -40,7 +46,7 @@ from components.config.schema import (
     ValidationConfig,
 )
 
-STAGES = ("example_gen", "preprocess", "trainer", "exporter")
+STAGES = ("example_gen", "preprocess", "trainer", "exporter", "tuner")
 
 
 def _example_gen(cfg: PipelineConfig) -> None:
@@ -50,19 +56,28 @@ def _example_gen(cfg: PipelineConfig) -> None:
     cfg.training = TrainingConfig(embedding_optimizer=cfg.training.embedding_optimizer)
     cfg.export, cfg.validation, cfg.continuous = ExportConfig(), ValidationConfig(), ContinuousConfig()
     cfg.statistics, cfg.transformed_examples, cfg.kubeflow = StatisticsConfig(), TransformedExamplesConfig(), KubeflowConfig()
-    cfg.evaluator = EvaluatorConfig()
+    cfg.evaluator, cfg.bulk_inference = EvaluatorConfig(), BulkInferenceConfig()
+    cfg.tuning = None
 
 
 def _preprocess(cfg: PipelineConfig) -> None:
     cfg.label_rule = None
     cfg.training = TrainingConfig(batch_size=cfg.training.batch_size, embedding_optimizer=cfg.training.embedding_optimizer)
     cfg.export, cfg.validation, cfg.continuous, cfg.kubeflow = ExportConfig(), ValidationConfig(), ContinuousConfig(), KubeflowConfig()
-    cfg.evaluator = EvaluatorConfig()
+    cfg.evaluator, cfg.bulk_inference = EvaluatorConfig(), BulkInferenceConfig()
+    cfg.tuning = None
 
 
 def _exporter(cfg: PipelineConfig) -> None:
     cfg.kubeflow, cfg.continuous, cfg.statistics = KubeflowConfig(), ContinuousConfig(), StatisticsConfig()
     cfg.transformed_examples, cfg.beam, cfg.evaluator = TransformedExamplesConfig(), BeamConfig(), EvaluatorConfig()
+    cfg.bulk_inference = BulkInferenceConfig()
+    cfg.tuning = None  # the tuned values come with the model (training_run.json's `tuned`)
+
+
+def _tuner(cfg: PipelineConfig) -> None:
+    cfg.export, cfg.validation, cfg.continuous, cfg.kubeflow = ExportConfig(), ValidationConfig(), ContinuousConfig(), KubeflowConfig()
+    cfg.evaluator, cfg.bulk_inference, cfg.beam = EvaluatorConfig(), BulkInferenceConfig(), BeamConfig()
 
 
 _SHARES: Dict[str, Callable[[PipelineConfig], None]] = {
@@ -70,6 +85,7 @@ _SHARES: Dict[str, Callable[[PipelineConfig], None]] = {
     "preprocess": _preprocess,
     "trainer": lambda cfg: None,
     "exporter": _exporter,
+    "tuner": _tuner,
 }
 
 

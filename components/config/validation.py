@@ -21,6 +21,7 @@ from components.contracts.sizing import CHIPS
 from components.contracts.statistics import DENSE_QUANTILE_POINTS as QUANTILE_POINTS
 from components.config.choices import BucketEncoding, LayoutKind, ModelType, PartitionStrategy, TableDtype
 from components.config.schema import ConfigError, ExportConfig, OptimizerConfig, PipelineConfig, ScheduleConfig
+from components.config.tuning import check_tuning
 
 Check = Callable[[PipelineConfig], None]
 _REGISTERED: Dict[str, Check] = {}
@@ -69,6 +70,7 @@ def resolve(cfg: PipelineConfig, source_file: Optional[str] = None) -> PipelineC
         _check_statistics,
         _check_transformed_examples,
         _check_beam,
+        check_tuning,
         *_REGISTERED.values(),
     ):
         check(cfg)

@@ -1,11 +1,13 @@
 """TFX executor of EmbeddingExporter."""
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Dict, List
 
 from tfx import types
 from tfx.dsl.components.base import base_executor
+from tfx.dsl.io import fileio
 from tfx.types import artifact_utils
 from tfx.utils import io_utils
 
@@ -15,6 +17,8 @@ from components.rows import ledger
 from components.reporting import progress
 from components.model_registry import registry
 
+from components.config.loading import apply_values
+from components.contracts.artifacts import TRAINING_RUN_FILE
 from components.embedding_exporter.export import export_serving_model
 from components.tfx_wiring.executor_base import config_of, upstream_ledger
 from components.tfx_wiring.metric_properties import set_metric_property
@@ -51,6 +55,8 @@ class Executor(base_executor.BaseExecutor):
         """
         cfg = config_of(exec_properties)
         model = artifact_utils.get_single_instance(input_dict[MODEL_KEY])
+        # The Tuner's values the Trainer trained with (the model's shape: cross layers, ...).
+        cfg = apply_values(cfg, tuned_values(model.uri))
         examples = artifact_utils.get_single_instance(input_dict[EXAMPLES_KEY])
         serving = artifact_utils.get_single_instance(output_dict[SERVING_MODEL_KEY])
         blessing = artifact_utils.get_single_instance(output_dict[BLESSING_KEY])
@@ -70,6 +76,15 @@ class Executor(base_executor.BaseExecutor):
         report = export_serving_model(cfg, model.uri, eval_pattern, serving.uri, last_blessed=previous)
         _record_serving_model(serving, report)
         _write_blessing(blessing, model, serving, report)
+
+
+def tuned_values(model_uri: str) -> Dict[str, Any]:
+    """The values the Trainer applied from the Tuner's best hyperparameters (its training_run.json's
+    `tuned`); empty for a model trained without tuning."""
+    path = os.path.join(model_uri, TRAINING_RUN_FILE)
+    if not fileio.exists(path):
+        return {}
+    return json.loads(io_utils.read_string_file(path)).get("tuned") or {}
 
 
 def _record_serving_model(serving: types.Artifact, report: Dict[str, Any]) -> None:

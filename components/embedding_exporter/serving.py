@@ -31,6 +31,7 @@ import functools
 import math
 import os
 import sys
+import uuid
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import components  # noqa: F401
@@ -45,6 +46,29 @@ from components.config.choices import VocabularyKind
 
 _DTYPES = {rulebook.KIND_BYTES: tf.string, rulebook.KIND_INT: tf.int64, rulebook.KIND_FLOAT: tf.float32}
 _JSON_DTYPES = {"string": tf.string, "float32": tf.float32, "int64": tf.int64}  # ServingInput.dtype / typed_dtype
+
+
+class _OwnTableInitializer(tf.lookup.TextFileInitializer):
+    """A vocabulary file's initializer whose table has a shared name of its own.
+
+    Not TF's default name: it is made of the file name (hash_table_<file>_<key index>_<value
+    index>), so in eager mode a table would be shared with every other table of that file in the
+    process, whatever its key dtype. Not an anonymous table either: an anonymous table's op makes a
+    new, empty table each time a session runs it, and session-based loaders (TFX's BulkInferrer,
+    through tfx_bsl's RunInference; TF Serving's C++ loader) run the SavedModel's init op and each
+    lookup in separate runs: every lookup fails with `Table not initialized`
+    (tests/test_bulk_inferrer.py). A name of its own behaves as the anonymous table does in eager
+    mode and is one table per session. (TextFileInitializer has no argument for the name; TF reads
+    this property when the table is built.)
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._own_name = f"vocabulary_table_{uuid.uuid4().hex}"
+
+    @property
+    def _shared_name(self) -> str:
+        return self._own_name
 
 
 def _keep(values: tf.RaggedTensor, mask: tf.Tensor) -> tf.RaggedTensor:
@@ -300,7 +324,7 @@ class RawFeatureTransform(tf.Module):
     def _table(self, name: str, offset: int = 0) -> tf.lookup.StaticHashTable:
         """A vocabulary table: each line's row (plus `offset`), -1 for other tokens."""
         v = self._manifest.vocabularies[name]
-        initializer = tf.lookup.TextFileInitializer(
+        initializer = _OwnTableInitializer(
             os.path.join(self._vocabulary_dir, v.file),
             key_dtype=tf.int64 if name in self.integer_tables else tf.string,
             key_index=tf.lookup.TextFileIndex.WHOLE_LINE,
@@ -309,10 +333,9 @@ class RawFeatureTransform(tf.Module):
             value_index_offset=offset,
         )
         # The vocabulary part of V1-V2; OOV buckets are computed for the misses only (what
-        # StaticVocabularyTable.lookup computes for every token, hashing them all). Anonymous:
-        # in eager mode a table named after its file is shared with every other table of that
-        # file in the process, whatever its key dtype.
-        return tf.lookup.StaticHashTable(initializer, default_value=-1, experimental_is_anonymous=True)
+        # StaticVocabularyTable.lookup computes for every token, hashing them all). A shared name
+        # of its own (_OwnTableInitializer), not an anonymous table: see there.
+        return tf.lookup.StaticHashTable(initializer, default_value=-1)
 
     def _ordered(self, features) -> List[CategoricalFeatureEntry]:
         """Features of string tables, then of integer tables (the order `_categorical` stacks)."""

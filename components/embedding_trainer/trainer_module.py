@@ -15,7 +15,8 @@ What it leaves in the Model artifact (the exporter needs nothing else):
   training.epochs over the rows trained on, run_plan.training_steps), the step of the checkpoint
   kept as the model (`model_step`, `model_choice`), the step a resumed run started from, the steps checkpointed,
   and under `seconds` where the Trainer's time went: training steps, the held-out slice's one read,
-  the held-out evaluations and selection, the final evaluation;
+  the held-out evaluations and selection, the final evaluation; under `tuned` the values applied
+  from the Tuner's best hyperparameters (TFX's `hyperparameters` input; tuner.py), when there is one;
 - `continuous.json`: the last blessed model the run started from (TFX's `base_model`, from the
   pipeline's LastBlessedModel step: the version served at the push destination), what its warm
   start carried over, and the drift from that model's data (warm_start.py; a drift past
@@ -57,10 +58,12 @@ from components.reporting import progress
 from components.reporting.report import KEPT_BEST, KEPT_LAST
 from components.config.checks import check_checkpoint_dir
 from components.config.schema import PipelineConfig
+from components.config.loading import apply_values
+from components.config.tuning import values_of
 from components.contracts import artifacts
 from components.contracts import sizing
 from components.contracts.manifest import VocabularyManifest
-from components.contracts.plan import CheckpointLayout, EmbeddingPlan, optimizer_spec
+from components.contracts.plan import CheckpointLayout, EmbeddingPlan, PlanError, optimizer_spec
 from components.contracts.statistics import EmbeddingStatistics
 from components.rows.ledger import check_ledger
 from components.embedding_model import optimizers as optimizers_lib
@@ -1043,6 +1046,28 @@ def serving_dir_of(fn_args) -> Optional[str]:
     return found.serving_dir if found is not None else None
 
 
+def table_shapes(plan: EmbeddingPlan) -> Dict[str, Tuple[int, int, str]]:
+    """Each table's (rows, dim, placement): what no tuned value may change."""
+    return {name: (t.rows, t.dim, str(t.placement)) for name, t in plan.tables.items()}
+
+
+def check_tables_unchanged(before: EmbeddingPlan, after: EmbeddingPlan, tuned: Dict[str, Any]) -> None:
+    """Raises PlanError when tuned values changed a table's rows, dim or placement (the config's
+    check allows only fields that cannot: components/config/tuning.py)."""
+    a, b = table_shapes(before), table_shapes(after)
+    if a != b:
+        changed = sorted(n for n in set(a) | set(b) if a.get(n) != b.get(n))
+        raise PlanError(f"the tuned values {json.dumps(tuned, sort_keys=True)} changed the plan's tables "
+                        f"{', '.join(changed)} (rows, dim, placement); a trial may not change them")
+
+
+def tuned_config(cfg: PipelineConfig, fn_args) -> Tuple[PipelineConfig, Dict[str, Any]]:
+    """The config with the Tuner's best values applied (TFX's `hyperparameters` input, which the
+    Trainer hands run_fn as `fn_args.hyperparameters`), and those values ({} without a Tuner)."""
+    values = values_of(getattr(fn_args, "hyperparameters", None))
+    return apply_values(cfg, values), values
+
+
 @progress.staged(progress.TRAINER)
 def run_fn(fn_args) -> None:
     """Trains, evaluates and saves the model into the Trainer's Model artifact (module docstring).
@@ -1056,13 +1081,17 @@ def run_fn(fn_args) -> None:
       ConfigError: training.checkpoint_dir is inside the push destination (check_checkpoint_dir).
       ValueError, RuntimeError, PlanError, DriftStop: from the steps it runs (`train`, `continuous_start`).
     """
-    cfg = config_of(fn_args.custom_config)
+    untuned = config_of(fn_args.custom_config)
+    # With a Tuner: its best values over the config (the state key and pipeline_config.json see them).
+    cfg, tuned = tuned_config(untuned, fn_args)
     check_checkpoint_dir(cfg.training.checkpoint_dir, serving_dir_of(fn_args))
     manifest = read_manifest_for(fn_args.train_files)
     statistics = read_statistics_for(fn_args.train_files)
     # No training on rows that were lost (or invented) on the way: the ledger must add up.
     check_ledger(statistics.ledger if statistics else None, "Trainer")
     plan = derive_plan(cfg, manifest, statistics).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    if tuned:
+        check_tables_unchanged(derive_plan(untuned, manifest, statistics), plan, tuned)
     model_root = os.path.dirname(fn_args.serving_model_dir.rstrip("/"))
     state = state_dir(cfg, model_root, fn_args.train_files)
     length = training_steps(cfg, statistics, fn_args.train_steps)
@@ -1074,6 +1103,8 @@ def run_fn(fn_args) -> None:
     )
     continuous["warm_start"] = run.pop("warm_start")
     run["length"] = length
+    if tuned:  # which values came from the Tuner's search (the exporter applies them too)
+        run["tuned"] = tuned
     # The final state (weights and optimizer slots, as the training platform saved them) goes into
     # the artifact; the state dir is removed below. Evaluation and the SavedModel come from it.
     plan = plan.with_run(checkpoint_layout=CheckpointLayout(**run["checkpoint_layout"]))

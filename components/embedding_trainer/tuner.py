@@ -1,0 +1,212 @@
+"""`tuner_fn` for TFX's stock Tuner (referenced as `components.embedding_trainer.tuner.tuner_fn`): a
+KerasTuner search over the config's `tuning.space` (components/config/tuning.py).
+
+- **A trial** is our own training (trainer_module.train, the Trainer's path) of
+  `tuning.steps_per_trial` steps on the Trainer's transformed train split, with the trial's values
+  applied over a copy of the config; the plan is derived again from that copy and must hold the same
+  tables (rows, dim, placement) as the config's own (`check_tables_unchanged`).
+- **Its score** is the AUC of its last checkpoint on the held-out slice of the train split that
+  the Trainer selects its checkpoint on (selection.py, `training.early_stopping`'s fraction; held
+  out for the trials even when early stopping is off): never the eval split, which the validation
+  gate reads. The objective is the maximum AUC.
+- **The oracle** is KerasTuner's RandomSearch (`tuning.algorithm: random`) or BayesianOptimization
+  (`bayesian`), seeded by `training.seed`, over at most `tuning.trials` trials.
+- **Failures.** A trial that raises is recorded by KerasTuner as failed with its error and the search
+  goes on; when no trial completes, the search stops with every trial's error (`NoTrialCompleted`).
+
+TFX's Tuner executor then writes the best trial's values as `best_hyperparameters`, which the
+Trainer gets as `fn_args.hyperparameters` and applies over the config (trainer_module.run_fn).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any, Dict, List
+
+import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
+import keras_tuner
+from absl import logging
+from keras_tuner.engine import base_tuner
+from tfx.components.tuner.component import TunerFnResult
+
+from components.config.choices import TuningAlgorithm
+from components.reporting import progress
+from components.config.schema import PipelineConfig
+from components.config.loading import apply_values, config_from_json
+from components.config.tuning import parse_space
+from components.contracts.manifest import VocabularyManifest
+from components.contracts.plan import EmbeddingPlan
+from components.contracts.statistics import EmbeddingStatistics
+from components.embedding_trainer import trainer_module as tm
+from components.embedding_trainer.run_plan import derive_plan, training_steps
+from components.tfx_wiring.executor_base import config_of
+
+OBJECTIVE = "auc"  # the held-out slice's AUC, maximized
+STAGE = "Tuner"  # the pipeline's node id (TFX's stock Tuner), as progress events name it
+PROJECT = "embedding_tuning"
+
+
+class NoTrialCompleted(RuntimeError):
+    """Every trial of the search failed; the message holds each one's error."""
+
+
+def search_space(space: Dict[str, Any]) -> keras_tuner.HyperParameters:
+    """KerasTuner's hyperparameters of a checked `tuning.space` (components.config.tuning.parse_space).
+
+    Args:
+      space: `tuning.space`.
+
+    Returns:
+      One hyperparameter per field, named by its path: Choice for a list, Int or Float for a range
+      (log sampling for {log: [lo, hi]}).
+    """
+    hp = keras_tuner.HyperParameters()
+    for path, entry in parse_space(space).items():
+        if entry["kind"] == "choice":
+            hp.Choice(path, entry["values"], ordered=False)
+        elif entry["type"] == "int":
+            hp.Int(path, entry["min"], entry["max"], sampling="log" if entry["log"] else "linear")
+        else:
+            hp.Float(path, entry["min"], entry["max"], sampling="log" if entry["log"] else "linear")
+    return hp
+
+
+def trial_config(cfg: PipelineConfig, values: Dict[str, Any], steps: int) -> PipelineConfig:
+    """The config one trial trains with: `values` over a copy of `cfg`, `steps` steps (rounded up
+    to whole steps_per_execution) checkpointed once at the end and scored there on the held-out
+    slice (early stopping on, one evaluation: the budget is the trial's, not the Trainer's length).
+
+    Args:
+      cfg: the pipeline config (unchanged).
+      values: the trial's values, field path -> value.
+      steps: tuning.steps_per_trial.
+
+    Returns:
+      A new resolved config.
+    """
+    trial = apply_values(cfg, values) if values else config_from_json(cfg.to_json())  # never the caller's object
+    t = trial.training
+    t.train_steps = t._whole_executions(steps)  # pylint: disable=protected-access
+    t.checkpoint_every_steps = t.train_steps
+    t.checkpoint_dir = None
+    t.early_stopping.enabled = True
+    t.early_stopping.evaluations = 1
+    return trial
+
+
+class EmbeddingTuner(base_tuner.BaseTuner):
+    """A KerasTuner tuner whose trial trains our model (module docstring).
+
+    Args:
+      oracle: KerasTuner's oracle holding the search space.
+      cfg: the pipeline config (its tuning section set).
+      manifest: preprocessing's manifest.
+      statistics: preprocessing's statistics, or None.
+      train_files: the transformed train split's file patterns.
+      directory: the tuner's working directory (each trial trains under it; removed after the trial).
+    """
+
+    def __init__(self, oracle, cfg: PipelineConfig, manifest: VocabularyManifest, statistics, train_files,
+                 directory: str):
+        super().__init__(oracle=oracle, directory=directory, project_name=PROJECT, overwrite=True)
+        self.cfg, self.manifest, self.statistics = cfg, manifest, statistics
+        self.train_files = list(train_files)
+        self.plan: EmbeddingPlan = derive_plan(cfg, manifest, statistics)
+        # The rows the Trainer sizes its held-out slice by (its own length's source, run_plan).
+        self.train_rows = training_steps(cfg, statistics).get("train_rows") if statistics else None
+        self.results: List[Dict[str, Any]] = []
+
+    def run_trial(self, trial, *fit_args, **fit_kwargs) -> Dict[str, float]:
+        values = dict(trial.hyperparameters.values)
+        cfg = trial_config(self.cfg, values, self.cfg.tuning.steps_per_trial)
+        plan = derive_plan(cfg, self.manifest, self.statistics)
+        tm.check_tables_unchanged(self.plan, plan, values)
+        plan = plan.with_run(vocabulary_dir=self.manifest.vocabulary_dir)
+        state = os.path.join(self.project_dir, f"trial_{trial.trial_id}")
+        try:
+            _, _, run = tm.train(cfg, plan, self.manifest, self.train_files, [], state,
+                                 train_steps=cfg.training.train_steps, train_rows=self.train_rows)
+        finally:
+            shutil.rmtree(state, ignore_errors=True)
+        auc = (run.get("selection") or {}).get("best_auc")
+        if auc is None:
+            note = (run.get("selection") or {}).get("note") or "no held-out evaluation"
+            raise keras_tuner.errors.FailedTrialError(f"trial {trial.trial_id} {values}: no held-out AUC ({note})")
+        logging.info("tuning trial %s %s: held-out AUC %.5f", trial.trial_id, values, auc)
+        progress.phase(STAGE, f"trial {trial.trial_id} {values}: held-out AUC {auc:.4f}")
+        self.results.append({"trial_id": trial.trial_id, "values": values, OBJECTIVE: auc,
+                             "steps": run["final_step"]})
+        return {OBJECTIVE: float(auc)}
+
+    def on_trial_begin(self, trial):
+        super().on_trial_begin(trial)
+        progress.phase(STAGE, f"trial {trial.trial_id} of at most {self.oracle.max_trials}: "
+                              f"{dict(trial.hyperparameters.values)}, {self.cfg.tuning.steps_per_trial} steps")
+
+    def search_space_summary(self, extended=False):
+        """Logged, not printed (TFX's executor calls it; KerasTuner prints to stdout)."""
+        logging.info("tuning space: %s", self.oracle.get_space().get_config())
+
+    def results_summary(self, num_trials=10):
+        """Logged, not printed (TFX's executor calls it; KerasTuner prints to stdout)."""
+        for t in self.oracle.get_best_trials(num_trials):
+            logging.info("tuning trial %s: score %s, %s", t.trial_id, t.score, t.hyperparameters.values)
+
+    def on_search_end(self):
+        super().on_search_end()
+        completed = [t for t in self.oracle.trials.values() if t.status == keras_tuner.engine.trial.TrialStatus.COMPLETED]
+        if not completed:
+            errors = "; ".join(f"trial {t.trial_id} {dict(t.hyperparameters.values)}: "
+                               f"{(t.message or '').strip().splitlines()[-1:] or ['?']}"
+                               for t in self.oracle.trials.values())
+            raise NoTrialCompleted(f"tuning: none of the {len(self.oracle.trials)} trials completed ({errors}); "
+                                   "fix the space (tuning.space) or the training settings")
+
+
+def build_tuner(cfg: PipelineConfig, manifest: VocabularyManifest, statistics, train_files,
+                directory: str) -> EmbeddingTuner:
+    """The tuner of `cfg.tuning` on the given transformed train split.
+
+    Args:
+      cfg: the pipeline config with its `tuning` section.
+      manifest: preprocessing's manifest.
+      statistics: preprocessing's statistics (the train split's rows), or None.
+      train_files: the transformed train split's file patterns.
+      directory: the tuner's working directory.
+
+    Returns:
+      The EmbeddingTuner, its oracle holding `tuning.space`.
+
+    Raises:
+      ValueError: the config has no `tuning` section.
+    """
+    tu = cfg.tuning
+    if tu is None:
+        raise ValueError("the config has no tuning section; add one (configs/README.md, tuning) to run the Tuner")
+    kwargs = dict(objective=keras_tuner.Objective(OBJECTIVE, direction="max"), max_trials=tu.trials,
+                  hyperparameters=search_space(tu.space), seed=cfg.training.seed,
+                  max_consecutive_failed_trials=tu.trials + 1)
+    if tu.algorithm == TuningAlgorithm.BAYESIAN:
+        oracle = keras_tuner.oracles.BayesianOptimizationOracle(**kwargs)
+    else:
+        oracle = keras_tuner.oracles.RandomSearchOracle(**kwargs)
+    oracle.verbose = 0  # KerasTuner's display prints to stdout; the trials are logged and reported instead
+    return EmbeddingTuner(oracle, cfg, manifest, statistics, train_files, directory)
+
+
+def tuner_fn(fn_args) -> TunerFnResult:
+    """TFX Tuner's entry point: the tuner of the config in `custom_config` on the Tuner's examples.
+
+    Args:
+      fn_args: TFX's FnArgs: custom_config (the config under CONFIG_KEY), train_files (the
+        transformed train split), working_dir.
+
+    Returns:
+      TunerFnResult(tuner, fit_kwargs={}): TFX's executor runs `tuner.search()` and writes the best
+      trial's values (`best_hyperparameters`) and every completed trial's score (`tuner_results`).
+    """
+    cfg = config_of(fn_args.custom_config)
+    manifest = tm.read_manifest_for(fn_args.train_files)
+    statistics: EmbeddingStatistics = tm.read_statistics_for(fn_args.train_files)
+    tuner = build_tuner(cfg, manifest, statistics, fn_args.train_files, fn_args.working_dir)
+    return TunerFnResult(tuner=tuner, fit_kwargs={})

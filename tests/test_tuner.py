@@ -1,0 +1,334 @@
+"""The Tuner (issue 64): the `tuning` section's checks (an unknown field, an empty space, a field that
+would change the plan's tables or the data stages, values that do not fit), best hyperparameters
+applied over a config, the stage shares TFX caches by, the pipeline's wiring and its Kubeflow
+compilation, KerasTuner's search with our training on the smallest data (2 trials), a search whose
+trials all fail, and a local pipeline run with tuning on whose rerun takes the Tuner from the cache."""
+import json
+import os
+
+import pytest
+import yaml
+
+from tests.stages import demo_raw_config
+
+from components.config.loading import apply_values, config_from_json, parse_config
+from components.config.schema import ConfigError
+from components.config.tuning import TUNABLE, parse_space, values_of
+
+IMAGE = "REGISTRY/tpu-embedding-tfx:TAG"
+SPACE = {  # the issue's example
+    "training.dropout": [0.1, 0.3],
+    "training.embedding_optimizer.learning_rate": {"log": [0.01, 1.0]},
+    "training.cross_layers": [1, 2, 3],
+}
+
+
+def _raw(csv_path="/nonexistent/data.csv", **tuning):
+    raw = demo_raw_config()
+    raw["input"]["path"] = str(csv_path)
+    raw["tuning"] = dict({"trials": 8, "space": dict(SPACE)}, **tuning)
+    return raw
+
+
+def _config(**tuning):
+    return parse_config(_raw(**tuning), "t.yaml")  # never read: parsing only
+
+
+# ---- the section's checks ----------------------------------------------------------------------
+
+def test_the_issues_space_loads():
+    tu = _config().tuning
+    assert tu.trials == 8 and tu.algorithm == "random" and tu.space == SPACE
+    assert parse_space(tu.space)["training.embedding_optimizer.learning_rate"] == {
+        "kind": "range", "type": "float", "min": 0.01, "max": 1.0, "log": True}
+    assert parse_space(tu.space)["training.cross_layers"] == {"kind": "choice", "type": "int", "values": [1, 2, 3]}
+    assert parse_config(demo_raw_config() | {"input": {"path": "/x.csv"}}).tuning is None  # no section: off
+
+
+def test_an_unknown_field_is_refused_naming_it_and_the_tunable_ones():
+    with pytest.raises(ConfigError) as e:
+        _config(space={"training.dropuot": [0.1]})
+    msg = str(e.value)
+    assert "t.yaml: tuning.space.training.dropuot: unknown field" in msg
+    assert "tunable fields: training.dropout, training.input_dropout" in msg
+
+
+def test_an_empty_space_is_refused():
+    with pytest.raises(ConfigError, match=r"tuning.space: empty; name at least one field"):
+        _config(space={})
+
+
+@pytest.mark.parametrize("field, why", [
+    ("tables[0].dim", "sets the plan's tables"),
+    ("categorical_defaults.dim", "sets the plan's tables"),
+    ("categorical_features.dim", "sets the plan's tables"),
+    ("training.embedding.size_threshold", "sets the plan's tables"),  # placement
+    ("training.dense_buckets.dim", "sets the plan's tables"),
+    ("training.wide.enabled", "sets the plan's tables"),
+    ("training.embedding_optimizer.name", "slots size the tables' memory"),
+    ("training.batch_size", "the data stages read it"),
+    ("input.train_buckets", "only training fields that change the model"),
+    ("training.train_steps", "not the model or its optimizers"),
+])
+def test_a_field_that_would_change_the_tables_or_the_data_is_refused_naming_it(field, why):
+    with pytest.raises(ConfigError) as e:
+        _config(space={field: [8, 16]})
+    assert f"tuning.space.{field}: not tunable: " in str(e.value) and why in str(e.value)
+
+
+@pytest.mark.parametrize("entry, message", [
+    ([0.1, 1.5], r"training.dropout\[1\]: 1.5 is not a rate in \[0, 1\)"),
+    (["0.1"], r"training.dropout\[0\]: '0.1' is not a number"),
+    ([], r"training.dropout: an empty list"),
+    ({"min": 0.3, "max": 0.1}, r"the lowest value 0.3 is not below the highest 0.1"),
+    ({"log": [0.0, 0.3]}, r"training.dropout.log: 0.0 is not positive"),
+    ({"log": 0.3}, r"training.dropout.log: expected \[lowest, highest\]"),
+    ({"between": [0, 1]}, r"expected a list of values, \{min: a, max: b\} or \{log: \[lo, hi\]\}"),
+])
+def test_values_that_do_not_fit_the_field_are_refused(entry, message):
+    with pytest.raises(ConfigError, match=message):
+        _config(space={"training.dropout": entry})
+
+
+def test_integer_fields_take_integers_and_counts_are_positive():
+    with pytest.raises(ConfigError, match=r"training.cross_layers\[0\]: 1.5 is not an integer"):
+        _config(space={"training.cross_layers": [1.5]})
+    with pytest.raises(ConfigError, match="tuning.trials: must be positive"):
+        _config(trials=0)
+    with pytest.raises(ConfigError, match="tuning.steps_per_trial: must be positive"):
+        _config(steps_per_trial=0)
+    with pytest.raises(ConfigError, match="tuning.algorithm"):
+        _config(algorithm="grid")
+
+
+def test_every_tunable_field_exists_and_is_a_training_field():
+    from components.config.tuning import _field_type
+
+    for path, (tp, _) in TUNABLE.items():
+        assert path.startswith("training.") and _field_type(path) is not None, path
+
+
+# ---- best hyperparameters over a config ----------------------------------------------------------
+
+def test_best_hyperparameters_apply_over_a_copy_of_the_config():
+    cfg = _config()
+    # TFX's best_hyperparameters: KerasTuner's HyperParameters config, as the Trainer's fn_args get it
+    best = {"space": [], "values": {"training.dropout": 0.1, "training.cross_layers": 1,
+                                    "training.embedding_optimizer.learning_rate": 0.2}}
+    tuned = apply_values(cfg, values_of(best))
+    assert (tuned.training.dropout, tuned.training.cross_layers, tuned.training.embedding_optimizer.learning_rate) == (0.1, 1, 0.2)
+    assert (cfg.training.dropout, cfg.training.cross_layers) == (0.3, 3)  # the original is untouched
+    assert tuned.resolved.tables == cfg.resolved.tables
+    assert apply_values(cfg, values_of(None)) is cfg
+    with pytest.raises(ConfigError, match="tuning.space.categorical_defaults.dim: not tunable"):
+        apply_values(cfg, {"categorical_defaults.dim": 32})
+
+
+def test_run_fn_takes_the_trainers_hyperparameters_input_over_its_config():
+    from types import SimpleNamespace
+
+    from components.embedding_trainer import trainer_module as tm
+
+    cfg = _config()
+    tuned, values = tm.tuned_config(cfg, SimpleNamespace(hyperparameters={"space": [], "values": {"training.dropout": 0.1}}))
+    assert values == {"training.dropout": 0.1} and tuned.training.dropout == 0.1
+    assert tm.tuned_config(cfg, SimpleNamespace(hyperparameters=None)) == (cfg, {})  # no Tuner: as configured
+    assert tm.tuned_config(cfg, SimpleNamespace()) == (cfg, {})  # FnArgs built without the field
+
+
+def test_the_exporter_reads_the_tuned_values_from_the_trainers_run_report(tmp_path):
+    from components.contracts.artifacts import TRAINING_RUN_FILE
+    from components.embedding_exporter.executor import tuned_values
+
+    assert tuned_values(str(tmp_path)) == {}
+    (tmp_path / TRAINING_RUN_FILE).write_text(json.dumps({"final_step": 4, "tuned": {"training.cross_layers": 3}}))
+    assert tuned_values(str(tmp_path)) == {"training.cross_layers": 3}
+
+
+# ---- caching: the shares TFX fingerprints -------------------------------------------------------
+
+def test_the_tuning_section_is_the_tuners_and_the_trainers_share_only():
+    from components.config.stages import stage_json
+
+    on, off = _config(), parse_config({k: v for k, v in _raw().items() if k != "tuning"}, "t.yaml")
+    other = _config(trials=3)
+    for stage in ("example_gen", "preprocess", "exporter"):
+        assert stage_json(on, stage) == stage_json(off, stage), stage
+    for stage in ("tuner", "trainer"):
+        assert stage_json(on, stage) != stage_json(other, stage), stage
+    tuner = json.loads(stage_json(on, "tuner"))
+    assert tuner["tuning"]["space"] == SPACE and tuner["training"]["dropout"] == 0.3
+    # what no trial reads leaves the Tuner's key as it was
+    edited = _config()
+    edited.export.parity_sample_size, edited.validation.regression_margin = 7, 0.25
+    assert stage_json(edited, "tuner") == stage_json(on, "tuner")
+
+
+# ---- the pipeline's wiring and its Kubeflow compilation -----------------------------------------
+
+def _small_input(tmp_path):
+    from components.example_gen.synthetic_data import GeneratorSpec, write_csv
+
+    path = tmp_path / "data.csv"
+    write_csv(GeneratorSpec(rows=10, seed=1), str(path))
+    return path
+
+
+def test_create_pipeline_puts_the_stock_tuner_before_the_trainer(tmp_path):
+    from pipelines.pipeline import TUNER_FN, create_pipeline
+
+    cfg = parse_config(_raw(_small_input(tmp_path), trials=2, steps_per_trial=20), "t.yaml")
+    p = create_pipeline(cfg, str(tmp_path / "root"), str(tmp_path / "m.sqlite"), str(tmp_path / "serving"))
+    by_id = {c.id: c for c in p.components}
+    tuner, trainer = by_id["Tuner"], by_id["Trainer"]
+    assert type(tuner).__module__ == "tfx.components.tuner.component"
+    assert tuner.exec_properties["tuner_fn"] == TUNER_FN
+    assert (tuner.inputs["examples"].producer_component_id, tuner.inputs["examples"].output_key) == \
+        (trainer.inputs["examples"].producer_component_id, trainer.inputs["examples"].output_key)
+    hp = trainer.inputs["hyperparameters"]
+    assert (hp.producer_component_id, hp.output_key) == ("Tuner", "best_hyperparameters")
+    assert json.loads(tuner.exec_properties["train_args"])["num_steps"] == 20
+    off = parse_config({k: v for k, v in _raw(_small_input(tmp_path)).items() if k != "tuning"}, "t.yaml")
+    p_off = create_pipeline(off, str(tmp_path / "root"), str(tmp_path / "m.sqlite"), str(tmp_path / "serving"))
+    assert "Tuner" not in {c.id for c in p_off.components}
+    assert "hyperparameters" not in {c.id: c for c in p_off.components}["Trainer"].inputs
+
+
+@pytest.mark.parametrize("output", ["p.yaml", "p.json"])
+def test_compiles_for_kubeflow_in_both_modes_with_the_tuner_as_one_task(tmp_path, output):
+    from pipelines.__main__ import main
+    from pipelines.kfp_local import oss_backend_refusal
+    from pipelines.kubeflow import load_compiled
+
+    path = tmp_path / "tuned.yaml"
+    path.write_text(yaml.safe_dump(_raw(_small_input(tmp_path), trials=2)))
+    assert main(["compile", "--config", str(path), "--image", IMAGE, "--output", str(tmp_path / output),
+                 "--pipeline-root", "gs://b/root"]) == 0
+    loaded = load_compiled(str(tmp_path / output))
+    spec = loaded["pipeline_spec"] if "pipeline_spec" in loaded else loaded["pipelineSpec"]
+    tasks = spec["root"]["dag"]["tasks"]
+    assert tasks["Tuner"]["inputs"]["artifacts"]["examples"]["taskOutputArtifact"]["producerTask"] == "EmbeddingPreprocess"
+    hp = tasks["Trainer"]["inputs"]["artifacts"]["hyperparameters"]["taskOutputArtifact"]
+    assert hp == {"producerTask": "Tuner", "outputArtifactKey": "best_hyperparameters"}
+    executors = spec["deploymentSpec"]["executors"]
+    assert executors["Tuner_executor"]["container"]["image"] == IMAGE
+    if output.endswith(".yaml"):
+        assert oss_backend_refusal(spec) is None
+
+
+# ---- the search on the smallest data -------------------------------------------------------------
+
+def _tuning_config(root, **tuning):
+    from tests.stages import trainer_raw_config
+
+    raw = trainer_raw_config(root)
+    raw["tuning"] = dict({"trials": 2, "steps_per_trial": 4, "space": {"training.dropout": [0.0, 0.5],
+                                                                        "training.cross_layers": [1, 3]}}, **tuning)
+    return parse_config(raw)
+
+
+def _tuner_fn_args(root, cfg, working_dir):
+    from types import SimpleNamespace
+
+    from components.config.stages import stage_json
+    from components.tfx_wiring.executor_base import CONFIG_KEY
+
+    return SimpleNamespace(custom_config={CONFIG_KEY: stage_json(cfg, "tuner")},
+                           train_files=[str(root / "tx" / "Split-train" / "*")],
+                           eval_files=[str(root / "tx" / "Split-eval" / "*")], working_dir=str(working_dir))
+
+
+@pytest.mark.slow(reason="two 4-step trainings with the held-out selection (KerasTuner's search)")
+def test_the_search_trains_each_trial_and_writes_tfxs_best_hyperparameters(trainer_data, tmp_path):
+    from tfx.components.tuner import executor as tuner_executor
+    from tfx.types import standard_artifacts
+
+    from components.embedding_trainer.tuner import tuner_fn
+    from tests.stages import artifact
+
+    cfg = _tuning_config(trainer_data)
+    result = tuner_fn(_tuner_fn_args(trainer_data, cfg, tmp_path / "work"))
+    result.tuner.search(**result.fit_kwargs)
+    done = result.tuner.results
+    assert len(done) == 2 and all(0.0 <= r["auc"] <= 1.0 and r["steps"] == 4 for r in done)
+    assert len({tuple(sorted(r["values"].items())) for r in done}) == 2  # two different trials
+    out = {"best_hyperparameters": [artifact(standard_artifacts.HyperParameters, tmp_path / "best")],
+           "tuner_results": [artifact(standard_artifacts.TunerResults, tmp_path / "results")]}
+    tuner_executor.write_best_hyperparameters(result.tuner, out)
+    best = json.loads((tmp_path / "best" / "best_hyperparameters.txt").read_text())
+    top = max(done, key=lambda r: r["auc"])
+    assert best["values"] == top["values"]
+    assert not os.listdir(tmp_path / "work" / "embedding_tuning") or all(
+        not n.startswith("trial_") or not os.path.isdir(tmp_path / "work" / "embedding_tuning" / n / "best")
+        for n in os.listdir(tmp_path / "work" / "embedding_tuning"))
+
+
+def test_a_search_whose_trials_all_fail_says_so_with_their_errors(trainer_data, tmp_path, monkeypatch):
+    from components.embedding_trainer import trainer_module as tm
+    from components.embedding_trainer.tuner import NoTrialCompleted, tuner_fn
+
+    def failing(cfg, *args, **kwargs):
+        raise ValueError(f"diverged at dropout {cfg.training.dropout}")
+
+    monkeypatch.setattr(tm, "train", failing)
+    result = tuner_fn(_tuner_fn_args(trainer_data, _tuning_config(trainer_data), tmp_path / "work"))
+    with pytest.raises(NoTrialCompleted, match=r"none of the 2 trials completed .*ValueError: diverged at dropout"):
+        result.tuner.search(**result.fit_kwargs)
+
+
+def test_a_trial_that_would_change_the_tables_is_stopped_before_training(trainer_data):
+    from components.embedding_trainer import trainer_module as tm
+    from components.embedding_trainer.run_plan import derive_plan
+    from components.contracts.plan import PlanError
+
+    cfg = _tuning_config(trainer_data)
+    manifest, stats = tm.read_manifest_for([str(trainer_data / "tx" / "Split-train" / "*")]), None
+    raw = json.loads(cfg.to_json())
+    raw["categorical_defaults"]["dim"] = 32
+    bigger = config_from_json(json.dumps(raw))
+    with pytest.raises(PlanError, match=r"changed the plan's tables .*a trial may not change them"):
+        tm.check_tables_unchanged(derive_plan(cfg, manifest, stats), derive_plan(bigger, manifest, stats),
+                                  {"categorical_defaults.dim": 32})
+    tm.check_tables_unchanged(derive_plan(cfg, manifest, stats),
+                              derive_plan(apply_values(cfg, {"training.cross_layers": 3}), manifest, stats), {})
+
+
+# ---- a local pipeline run with tuning on, and its cached rerun (slow tier) -----------------------
+
+@pytest.mark.slow(reason="two local pipeline runs (the second from the cache) with a 2-trial Tuner")
+def test_a_local_run_tunes_applies_the_best_values_and_a_rerun_takes_the_tuner_from_the_cache(tmp_path):
+    import glob
+
+    from components.example_gen.synthetic_data import GeneratorSpec, write_csv
+    from pipelines.runner import run
+    from tests.stages import NO_GATE, small_cardinalities, with_few_features
+
+    write_csv(GeneratorSpec(rows=2000, seed=3, cardinalities=small_cardinalities(500)), str(tmp_path / "data.csv"))
+    raw = with_few_features(demo_raw_config())
+    raw["input"]["path"] = str(tmp_path / "data.csv")
+    raw["training"].update({"train_steps": 20, "checkpoint_every_steps": 10, "batch_size": 64})
+    raw["export"].update(compare_compression=False, auc_sample_size=300, parity_sample_size=32)
+    raw["validation"] = dict(NO_GATE)
+    raw["beam"]["direct_num_workers"] = 1
+    raw["tuning"] = {"trials": 2, "steps_per_trial": 6, "space": {"training.dropout": [0.0, 0.5],
+                                                                    "training.cross_layers": [1, 2]}}
+    cfg = parse_config(raw, "tuned.yaml")
+    out = tmp_path / "out"
+    run(cfg, str(out), quiet=True)
+    best_files = glob.glob(str(out / "**" / "Tuner" / "best_hyperparameters" / "*" / "best_hyperparameters.txt"),
+                           recursive=True)
+    assert len(best_files) == 1, best_files
+    best = json.loads(open(best_files[0]).read())["values"]
+    assert set(best) == {"training.dropout", "training.cross_layers"}
+    runs = glob.glob(str(out / "**" / "Trainer" / "model" / "*" / "training_run.json"), recursive=True)
+    assert len(runs) == 1
+    assert json.load(open(runs[0]))["tuned"] == best  # the Trainer says which values came from the search
+    trained = json.load(open(os.path.join(os.path.dirname(runs[0]), "pipeline_config.json")))["training"]
+    assert (trained["dropout"], trained["cross_layers"]) == (best["training.dropout"], best["training.cross_layers"])
+    # The same data and space: the Tuner comes from the cache (no second search). The Trainer runs
+    # again (its base_model, the model pushed by the first run, is new) with the same best values.
+    run(cfg, str(out), quiet=True)
+    assert glob.glob(str(out / "**" / "Tuner" / "best_hyperparameters" / "*"), recursive=True) == [
+        os.path.dirname(best_files[0])]
+    runs = glob.glob(str(out / "**" / "Trainer" / "model" / "*" / "training_run.json"), recursive=True)
+    assert len(runs) == 2 and all(json.load(open(r))["tuned"] == best for r in runs)
