@@ -9,7 +9,6 @@ candidate is a JSON mapping of config sections to fields merged over CONFIG, e.g
 '{}' is the config as it is. Prints one RESULT line per candidate: eval AUC (exact, whole eval
 split), steps, the checkpoint kept and the held-out slice's AUC at each evaluation (early stopping), seconds. Written as run for bench/README.md's figures, then kept so anyone can rerun them.
 """
-import glob
 import json
 import os
 import sys
@@ -28,9 +27,14 @@ from components.embedding_trainer import trainer_module  # noqa: E402
 
 
 def finished_run(output_dir: str):
-    """(train pattern, eval pattern, manifest, statistics) of a finished run's newest transformed examples."""
-    root = os.path.join(output_dir, "pipeline_root", "EmbeddingPreprocess", "transformed_examples")
-    tx = sorted(glob.glob(os.path.join(root, "*")), key=lambda p: int(os.path.basename(p)))[-1]
+    """(train pattern, eval pattern, manifest, statistics) of the transformed examples of the last
+    run into `output_dir`, as its summary.json names them (that run's own, from its ML Metadata)."""
+    with open(os.path.join(output_dir, "summary.json"), encoding="utf-8") as fh:
+        artifacts = json.load(fh).get("artifacts") or {}
+    tx = artifacts.get("EmbeddingPreprocess.transformed_examples")
+    if not tx:
+        raise SystemExit(f"{output_dir}/summary.json names no transformed examples: run `python -m pipelines run` "
+                         "into it again (a summary from before runs recorded their artifacts, or a failed run)")
     train, evals = [os.path.join(tx, "Split-train", "*")], [os.path.join(tx, "Split-eval", "*")]
     return train, evals, trainer_module.read_manifest_for(train), trainer_module.read_statistics_for(train)
 

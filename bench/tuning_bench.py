@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/tuning_bench.py OUTPUT_DIR CONFIG '<tuning section JSON>'
 
-OUTPUT_DIR: a finished `pipelines run` of CONFIG (its newest transformed examples, manifest and
+OUTPUT_DIR: a finished `pipelines run` of CONFIG (the transformed examples, manifest and
 statistics are reused). Runs, on the same transformed splits: the Trainer's training and final
 evaluation with CONFIG as it is (the defaults); then the Tuner's search (tuner_fn's tuner:
 `tuning.trials` trials of `tuning.steps_per_trial` steps, each scored on the held-out slice of the
@@ -12,7 +12,6 @@ seconds, the best values and every trial's held-out AUC. Written as run for benc
 figures, then kept so anyone can rerun them.
 """
 import argparse
-import glob
 import json
 import os
 import sys
@@ -29,14 +28,7 @@ from components.contracts.plan import CheckpointLayout  # noqa: E402
 from components.embedding_trainer import trainer_module  # noqa: E402
 from components.embedding_trainer.run_plan import derive_plan, training_steps  # noqa: E402
 from components.embedding_trainer.tuner import build_tuner  # noqa: E402
-
-
-def finished_run(output_dir: str):
-    """(train pattern, eval pattern, manifest, statistics) of a finished run's newest transformed examples."""
-    root = os.path.join(output_dir, "pipeline_root", "EmbeddingPreprocess", "transformed_examples")
-    tx = sorted(glob.glob(os.path.join(root, "*")), key=lambda p: int(os.path.basename(p)))[-1]
-    train, evals = [os.path.join(tx, "Split-train", "*")], [os.path.join(tx, "Split-eval", "*")]
-    return train, evals, trainer_module.read_manifest_for(train), trainer_module.read_statistics_for(train)
+from bench.defaults_sweep import finished_run  # noqa: E402
 
 
 def train_and_evaluate(cfg, train, evals, manifest, stats):
