@@ -18,21 +18,14 @@ from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
 from components.contracts.statistics import EmbeddingStatistics
 from components.example_gen.synthetic_data import GeneratorSpec, token_of, write_csv
-from tests.stages import NO_GATE, run_chain
+from tests.stages import NO_GATE, features_raw_config, run_chain
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = 3000
 
 
 def _config(csv_path):
-    path = os.path.join(REPO, "configs", "features.yaml")
-    with open(path) as fh:
-        raw = yaml.safe_load(fh)
-    raw["input"]["path"] = str(csv_path)
-    for f in raw["categorical_features"]:  # the given file, relative to configs/
-        v = f.get("vocabulary") or {}
-        if v.get("kind") == "file":
-            v["file"] = os.path.join(REPO, "configs", v["file"])
+    raw = features_raw_config(csv_path)
     # size_threshold 100: the items table (1000 rows, the attention sequence's) in TPU embedding
     raw["training"]["embedding"] = {"size_threshold": 100}
     raw["training"].update({"batch_size": 64, "train_steps": 40, "eval_steps": 5, "checkpoint_every_steps": 20,
