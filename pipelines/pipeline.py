@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from components.data_io.beam_runtime import WORKER_PLUGIN, skip_tfx_sdist_for_local_runners
-from components.config.schema import ConfigError, PipelineConfig
+from components.config.schema import SPAN_SPEC, ConfigError, PipelineConfig
 from components.reporting.progress import LAST_BLESSED, PUSHER  # the registry's read and write steps
 from pipelines.evaluation import evaluator_components
 from pipelines.bulk_inference import bulk_inferrer_components
-from components.config.choices import InputFormat
 
 TRAINER_RUN_FN = "components.embedding_trainer.trainer_module.run_fn"
 TUNER_FN = "components.embedding_trainer.tuner.tuner_fn"
@@ -31,7 +29,6 @@ KFP_RUN_ID = "{{$.pipeline_job_uuid}}"
 KFP_RUN_NAME = "{{$.pipeline_job_name}}"
 
 
-SPAN_SPEC = re.compile(r"\{(SPAN(:\d+)?|VERSION(:\d+)?|YYYY|MM|DD)\}")
 
 
 def input_location(cfg: PipelineConfig) -> Tuple[str, str]:
@@ -53,7 +50,7 @@ def input_location(cfg: PipelineConfig) -> Tuple[str, str]:
     """
     path = cfg.input.path
     remote = "://" in path
-    files = "*.csv" if cfg.input.format == InputFormat.CSV else "*"
+    files = cfg.input.directory_files()
     if SPAN_SPEC.search(path):
         parts = path.rstrip("/").split("/")
         first = next(i for i, p in enumerate(parts) if SPAN_SPEC.search(p))

@@ -34,7 +34,7 @@ from components.reporting.report import error_line
 from pipelines.pipeline import METADATA_FILE, PIPELINE_ROOT, SERVING_DIR, create_pipeline, run_locally
 from pipelines.progress_view import ProgressPrinter, progress_path
 from pipelines.run_report import write_run_report
-from pipelines.summary import exit_status, run_artifacts, summarize
+from pipelines.summary import exit_status, readonly_store, run_artifacts, summarize
 
 if TYPE_CHECKING:
     from ml_metadata.metadata_store.metadata_store import MetadataStore
@@ -155,17 +155,9 @@ def failed_component(metadata_path: str, since: float) -> Optional[str]:
     Returns:
       The component's node id, or None when ML Metadata names none (or cannot be read).
     """
-    # lazy: keeps ML Metadata off the command line's config path
-    from ml_metadata.metadata_store.metadata_store import MetadataStore
-    from ml_metadata.proto.metadata_store_pb2 import ConnectionConfig, SqliteMetadataSourceConfig
-
-    if not os.path.exists(metadata_path):
-        return None
-    config = ConnectionConfig()
-    config.sqlite.filename_uri = metadata_path
-    config.sqlite.connection_mode = SqliteMetadataSourceConfig.READONLY
     try:
-        return failed_node(MetadataStore(config), int(since * 1000))
+        store = readonly_store(metadata_path)
+        return failed_node(store, int(since * 1000)) if store is not None else None
     except Exception:  # noqa: BLE001 - naming the component is best effort: the run's own error must come through
         logging.exception("ML Metadata could not say which component failed")
         return None

@@ -35,6 +35,20 @@ EXIT_NOT_PUSHED = 3  # the run worked, but the validation gate kept the model ba
 SUMMARY_WIDTH = 100
 
 
+def readonly_store(metadata_path: str):
+    """A run's SQLite ML Metadata store, opened read-only; None when the file does not exist (yet)."""
+    # lazy: ML Metadata loads protobufs this module's report functions do not need
+    from ml_metadata.metadata_store.metadata_store import MetadataStore
+    from ml_metadata.proto.metadata_store_pb2 import ConnectionConfig, SqliteMetadataSourceConfig
+
+    if not os.path.exists(metadata_path):
+        return None
+    config = ConnectionConfig()
+    config.sqlite.filename_uri = metadata_path
+    config.sqlite.connection_mode = SqliteMetadataSourceConfig.READONLY
+    return MetadataStore(config)
+
+
 def run_artifacts(metadata_path: str, since: float) -> Dict[str, str]:
     """The artifacts this run's executions produced or reused, read from its ML Metadata.
 
@@ -53,16 +67,12 @@ def run_artifacts(metadata_path: str, since: float) -> Dict[str, str]:
       a node that ran more than once in the run, its last execution's.
     """
     # lazy: ML Metadata and TFX load protobufs this module's report functions do not need
-    from ml_metadata.metadata_store.metadata_store import MetadataStore
-    from ml_metadata.proto.metadata_store_pb2 import ConnectionConfig, Event, Execution, SqliteMetadataSourceConfig
+    from ml_metadata.proto.metadata_store_pb2 import Event, Execution
     from tfx.dsl.compiler.constants import NODE_CONTEXT_TYPE_NAME, PIPELINE_CONTEXT_TYPE_NAME
 
-    if not os.path.exists(metadata_path):
+    store = readonly_store(metadata_path)
+    if store is None:
         return {}
-    config = ConnectionConfig()
-    config.sqlite.filename_uri = metadata_path
-    config.sqlite.connection_mode = SqliteMetadataSourceConfig.READONLY
-    store = MetadataStore(config)
     since_ms = int(since * 1000)
     done = (Execution.COMPLETE, Execution.CACHED)
     runs = sorted((e for e in store.get_executions() if e.create_time_since_epoch >= since_ms

@@ -9,6 +9,7 @@ a field takes its value from `components.config.choices`.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -74,6 +75,11 @@ class LabelRule:
     value: float = 0.0  # e.g. 4 for "positive when rating >= 4"
 
 
+# TFX's span specs in `input.path` (`{SPAN}`, `{SPAN:n}`, `{VERSION}`, `{YYYY}{MM}{DD}`): a span
+# input, whose span ExampleGen's driver picks.
+SPAN_SPEC = re.compile(r"\{(SPAN(:\d+)?|VERSION(:\d+)?|YYYY|MM|DD)\}")
+
+
 @dataclass
 class InputConfig:
     """The `input` section: where the examples are, how they split, and the feature-health limits."""
@@ -95,6 +101,11 @@ class InputConfig:
     max_invalid_share: float = 0.5
     warn_invalid_share: float = 0.05
     allow_invalid: List[str] = field(default_factory=list)
+
+    def directory_files(self) -> str:
+        """The files `path` reads where it names a directory: its `*.csv` files (csv), every file
+        otherwise."""
+        return "*.csv" if self.format == InputFormat.CSV else "*"
 
 
 @dataclass

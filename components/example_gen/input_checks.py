@@ -23,7 +23,6 @@ rows. `check_files` is what ExampleGen's executor calls on the files its driver 
 from __future__ import annotations
 
 import os
-import re
 from typing import List, Optional, Tuple
 
 import pyarrow.parquet as pq
@@ -31,12 +30,11 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from components.config.choices import InputFormat
-from components.config.schema import ConfigError, PipelineConfig
+from components.config.schema import SPAN_SPEC, ConfigError, PipelineConfig
 from components.example_gen import parquet_input, ranges
 from components.reporting.errors import InputError
 
 PEEK_BYTES = 1 << 16
-SPAN_SPEC = re.compile(r"\{(SPAN(:\d+)?|VERSION(:\d+)?|YYYY|MM|DD)\}")  # TFX's, as pipelines/pipeline.py
 # (compression, its magic numbers at byte 0, the suffixes Beam decompresses it by)
 COMPRESSIONS = (
     ("gzip", (b"\x1f\x8b",), (".gz",)),
@@ -219,7 +217,7 @@ def input_files(cfg: PipelineConfig) -> Optional[List[Tuple[str, int]]]:
         return None
     pattern = path
     if "://" not in path and os.path.isdir(path):
-        pattern = os.path.join(path, "*.csv" if cfg.input.format == InputFormat.CSV else "*")
+        pattern = os.path.join(path, cfg.input.directory_files())
     try:
         found = FileSystems.match([pattern])[0].metadata_list
     except Exception:  # noqa: BLE001 - e.g. a bucket not reachable from here: ExampleGen lists it itself
