@@ -71,6 +71,14 @@ def test_judge_compares_changes_and_fails_untrained_permuted_distant_and_unwritt
     # within the tolerance: a change 0.5% off passes
     _, failures = tpu_smoke.judge({"t": start + (cpu - start) * np.float32(1.005)}, {"t": cpu}, {"t": start}, 1e-2)
     assert failures == []
+    # summed in another order, an accumulator of 0.1 moved by 3.7e-5 may land one float32 step
+    # (7.45e-9, 2e-4 of its change) from the CPU's: that passes even at 1e-4; ten steps do not
+    moved = acc0 + np.float32(3.67e-5)
+    for off, fails in ((1, False), (10, True)):
+        near = moved.copy()
+        near[0, 0] += off * np.spacing(near[0, 0])
+        _, failures = tpu_smoke.judge({"t": cpu}, {"t": cpu}, {"t": start}, 1e-4, slots={"t": {"accumulator": (near, moved, acc0)}})
+        assert bool(failures) == fails, (off, failures)
     # a table read back in another shape is named as such
     _, failures = tpu_smoke.judge({"t": cpu[:5]}, {"t": cpu}, {"t": start}, 1e-2)
     assert failures == ["t: read back as (5, 2) against the CPU's (6, 2) (start (6, 2))"], failures
