@@ -33,6 +33,7 @@ import yaml
 
 from components.contracts.capacity import check_tpu_floor
 from components.config.schema import ConfigError, PipelineConfig
+from components.config.tuning import check_parallel_trials
 from pipelines.kubeflow_config import kubeflow_beam_args
 from pipelines.pipeline import NEVER_CACHED, create_pipeline
 
@@ -170,7 +171,7 @@ def build_pipeline(cfg: PipelineConfig, image: str, pipeline_root: str, tpu_imag
       The TFX pipeline, with Beam options and per-component resources set.
     """
     serving_dir = cfg.kubeflow.serving_dir or pipeline_root.rstrip("/") + "/serving"
-    # create_pipeline uses `image` only for the Vertex AI training job's worker pool.
+    # create_pipeline uses `image` only for the Vertex AI training and tuning jobs' worker pools.
     job_image = tpu_image if tpu_image and "vertex_job" in tpu_routes(cfg) else image
     p = create_pipeline(cfg, pipeline_root=pipeline_root, metadata_path=None, serving_dir=serving_dir,
                         beam_pipeline_args=[], image=job_image, kubeflow=True)
@@ -202,7 +203,8 @@ def compile_pipeline(cfg: PipelineConfig, image: str, output: str, pipeline_root
 
     Raises:
       ConfigError: an empty image, an output suffix other than .yaml or .json, no pipeline root,
-        a TPU route without a TPU image, or a missing output folder.
+        a TPU route without a TPU image, parallel trials without Vertex AI, or a missing output
+        folder.
     """
     if not image or not image.strip():
         raise ConfigError("--image: empty; give the container image that has the project installed (docker/Dockerfile)")
@@ -215,6 +217,7 @@ def compile_pipeline(cfg: PipelineConfig, image: str, output: str, pipeline_root
             "or pass --pipeline-root"
         )
     check_tpu_floor(cfg)  # tables the config fixes that no chip could hold: refused before anything runs
+    check_parallel_trials(cfg)  # parallel trials need a Vertex AI job; one Kubeflow task trains them in turn
     job = _compiled_job(cfg, image, output, root, tpu_image)
     # TFX puts the pipeline root only into a PipelineJob's runtimeConfig; the bare PipelineSpec that
     # open-source KFP uploads would otherwise run under KFP's default root (minio://), which

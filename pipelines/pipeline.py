@@ -87,22 +87,48 @@ def vertex_training_config(cfg: PipelineConfig, image: str) -> dict:
       The keys to merge into the Trainer's custom_config.
     """
     # lazy: only a Vertex route needs TFX's Google Cloud extension and its client libraries
-    from tfx.extensions.google_cloud_ai_platform import constants
     from tfx.extensions.google_cloud_ai_platform.trainer import executor as vertex_executor
+
+    return _vertex_job_config(cfg, image, vertex_executor.TRAINING_ARGS_KEY, replicas=1)
+
+
+def vertex_tuning_config(cfg: PipelineConfig, image: str) -> dict:
+    """The custom_config keys of TFX's Vertex AI Tuner for `kubeflow.vertex_training` with a
+    `tuning` section: `tuning.parallel_trials` replicas of the Trainer's machine, each training
+    trials (the primary also runs KerasTuner's chief oracle; TFX's tuner executor).
+
+    Args:
+      cfg: a configuration whose `kubeflow.vertex_training` and `tuning` are set.
+      image: the container image with the project installed.
+
+    Returns:
+      The keys to merge into the Tuner's custom_config.
+    """
+    # lazy: only a Vertex route needs TFX's Google Cloud extension and its client libraries
+    from tfx.extensions.google_cloud_ai_platform.tuner import executor as vertex_executor
+
+    return _vertex_job_config(cfg, image, vertex_executor.TUNING_ARGS_KEY, replicas=cfg.tuning.parallel_trials)
+
+
+def _vertex_job_config(cfg: PipelineConfig, image: str, args_key: str, replicas: int) -> dict:
+    """A Vertex AI custom job of `replicas` machines of `kubeflow.vertex_training` running `image`:
+    the primary replica (worker pool 0) and `replicas - 1` workers (pool 1), as TFX's extension reads
+    them from custom_config[`args_key`]."""
+    # lazy: only a Vertex route needs TFX's Google Cloud extension and its client libraries
+    from tfx.extensions.google_cloud_ai_platform import constants
 
     vt = cfg.kubeflow.vertex_training
     machine = {"machine_type": vt.machine_type}
     if vt.accelerator_type:
         machine.update(accelerator_type=vt.accelerator_type, accelerator_count=vt.accelerator_count)
+    pools = [{"machine_spec": machine, "replica_count": 1, "container_spec": {"image_uri": image}}]
+    if replicas > 1:
+        pools.append({"machine_spec": dict(machine), "replica_count": replicas - 1,
+                      "container_spec": {"image_uri": image}})
     return {
         constants.ENABLE_VERTEX_KEY: True,
         constants.VERTEX_REGION_KEY: vt.region,
-        vertex_executor.TRAINING_ARGS_KEY: {
-            "project": vt.project,
-            "job_spec": {"worker_pool_specs": [
-                {"machine_spec": machine, "replica_count": 1, "container_spec": {"image_uri": image}}
-            ]},
-        },
+        args_key: {"project": vt.project, "job_spec": {"worker_pool_specs": pools}},
     }
 
 
@@ -149,8 +175,8 @@ def create_pipeline(
       metadata_path: the local run's SQLite ML Metadata file; None on Kubeflow (the platform's).
       serving_dir: the push destination, where the model registry lives.
       beam_pipeline_args: Beam's options; default the config's (`cfg.beam_pipeline_args()`).
-      image: (Kubeflow only) the container image, needed when the config sends training to a
-        Vertex AI custom job (`kubeflow.vertex_training`).
+      image: (Kubeflow only) the container image, needed when the config sends training (and
+        tuning's trials) to a Vertex AI custom job (`kubeflow.vertex_training`).
       span: with a span input, read this span (TFX's RangeConfig static range) instead of the latest.
       kubeflow: the registry steps record KFP's run placeholders (locally: LocalDagRunner's run id).
       enable_cache: a component whose execution properties (its share of the config,
@@ -176,7 +202,7 @@ def create_pipeline(
     # First: a registry that cannot say what is served stops the run before any data is read.
     example_gen.add_upstream_node(last_blessed)
     # With a `tuning` section: TFX's stock Tuner before the Trainer, which applies its best values.
-    tuning = [_tuner(cfg, preprocess.outputs["transformed_examples"])] if cfg.tuning is not None else []
+    tuning = [_tuner(cfg, preprocess.outputs["transformed_examples"], image)] if cfg.tuning is not None else []
     trainer = _trainer(cfg, preprocess.outputs["transformed_examples"], last_blessed.outputs["model"], image,
                        tuning[0].outputs["best_hyperparameters"] if tuning else None)
     exporter = EmbeddingExporter(
@@ -240,23 +266,33 @@ def _example_gen(cfg: PipelineConfig, span: Optional[int]):
                                range_config=range_config)
 
 
-def _tuner(cfg: PipelineConfig, examples):
+def _tuner(cfg: PipelineConfig, examples, image: Optional[str] = None):
     """TFX's stock Tuner running our tuner_fn (components/embedding_trainer/tuner.py: KerasTuner
     over `tuning.space`, each trial `tuning.steps_per_trial` steps scored on the held-out slice) on
     the Trainer's examples, with its share of the config (components/config/stages.py) in its
-    custom_config; its `best_hyperparameters` go to the Trainer."""
+    custom_config; its `best_hyperparameters` go to the Trainer. On Kubeflow with
+    `kubeflow.vertex_training`, TFX's Vertex AI Tuner instead: the trials train where the Trainer
+    does, `tuning.parallel_trials` at once (`vertex_tuning_config`)."""
     # lazy: TFX and our components load TensorFlow and Beam; this module is on the CLI's config path
     from tfx.components.tuner.component import Tuner
-    from tfx.proto import trainer_pb2
+    from tfx.proto import trainer_pb2, tuner_pb2
     from components.config.stages import stage_json
     from components.tfx_wiring.executor_base import CONFIG_KEY
 
-    return Tuner(
+    tuner_cls, custom_config, tune_args = Tuner, {CONFIG_KEY: stage_json(cfg, "tuner")}, None
+    if image and cfg.kubeflow.vertex_training is not None:
+        # lazy: only a Vertex route needs TFX's Google Cloud extension and its client libraries
+        from tfx.extensions.google_cloud_ai_platform.tuner.component import Tuner as VertexTuner
+
+        tuner_cls, tune_args = VertexTuner, tuner_pb2.TuneArgs(num_parallel_trials=cfg.tuning.parallel_trials)
+        custom_config.update(vertex_tuning_config(cfg, image))
+    return tuner_cls(
         tuner_fn=TUNER_FN,
         examples=examples,
         train_args=trainer_pb2.TrainArgs(num_steps=cfg.tuning.steps_per_trial),
         eval_args=trainer_pb2.EvalArgs(num_steps=0),  # scored on the train split's held-out slice, not eval
-        custom_config={CONFIG_KEY: stage_json(cfg, "tuner")},
+        tune_args=tune_args,
+        custom_config=custom_config,
     )
 
 

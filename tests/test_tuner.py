@@ -90,6 +90,15 @@ def test_values_that_do_not_fit_the_field_are_refused(entry, message):
         _config(space={"training.dropout": entry})
 
 
+def test_parallel_trials_are_positive_and_no_more_than_the_trials():
+    assert _config(parallel_trials=8).tuning.parallel_trials == 8 and _config().tuning.parallel_trials == 1
+    with pytest.raises(ConfigError, match=r"tuning.parallel_trials: must be positive, got 0"):
+        _config(parallel_trials=0)
+    with pytest.raises(ConfigError, match=r"tuning.parallel_trials: 9 machines for 8 trials would leave 1 idle; "
+                                          r"set it to 8 or fewer"):
+        _config(parallel_trials=9)
+
+
 def test_integer_fields_take_integers_and_counts_are_positive():
     with pytest.raises(ConfigError, match=r"training.cross_layers\[0\]: 1.5 is not an integer"):
         _config(space={"training.cross_layers": [1.5]})
@@ -216,6 +225,56 @@ def test_compiles_for_kubeflow_in_both_modes_with_the_tuner_as_one_task(tmp_path
         assert oss_backend_refusal(spec) is None
 
 
+def _vertex_raw(tmp_path, **tuning):
+    raw = _raw(_small_input(tmp_path), **tuning)
+    raw["kubeflow"] = {"vertex_training": {"project": "p", "region": "us-central1", "machine_type": "n1-standard-8"}}
+    return raw
+
+
+def test_vertex_runs_the_trials_in_parallel_as_one_custom_job(tmp_path):
+    """With `kubeflow.vertex_training`, the Tuner is TFX's Vertex AI Tuner: one custom job of
+    `parallel_trials` replicas of the Trainer's machine, in the project's image."""
+    from google.cloud.aiplatform_v1.types.custom_job import CustomJobSpec
+
+    from pipelines.__main__ import main
+    from pipelines.kubeflow import load_compiled
+
+    path = tmp_path / "vertex.yaml"
+    path.write_text(yaml.safe_dump(_vertex_raw(tmp_path, trials=6, parallel_trials=3)))
+    assert main(["compile", "--config", str(path), "--image", IMAGE, "--output", str(tmp_path / "v.json"),
+                 "--pipeline-root", "gs://b/root"]) == 0
+    spec = load_compiled(str(tmp_path / "v.json"))["pipeline_spec"]
+    args = spec["deploymentSpec"]["executors"]["Tuner_executor"]["container"]["args"]
+    assert args[1] == "tfx.extensions.google_cloud_ai_platform.tuner.executor.Executor"
+    params = spec["root"]["dag"]["tasks"]["Tuner"]["inputs"]["parameters"]
+    assert json.loads(params["tune_args"]["runtimeValue"]["constant"]) == {"num_parallel_trials": 3}
+    cc = json.loads(params["custom_config"]["runtimeValue"]["constant"])
+    assert cc["ai_platform_enable_vertex"] is True and cc["ai_platform_vertex_region"] == "us-central1"
+    job = cc["ai_platform_tuning_args"]
+    machine = {"machine_type": "n1-standard-8"}
+    assert job["project"] == "p" and job["job_spec"]["worker_pool_specs"] == [
+        {"machine_spec": machine, "replica_count": 1, "container_spec": {"image_uri": IMAGE}},
+        {"machine_spec": machine, "replica_count": 2, "container_spec": {"image_uri": IMAGE}}]
+    assert [p.replica_count for p in CustomJobSpec(job["job_spec"]).worker_pool_specs] == [1, 2]  # Vertex's client reads it
+    # the Trainer's job is the same machine, one replica
+    trainer_cc = json.loads(spec["root"]["dag"]["tasks"]["Trainer"]["inputs"]["parameters"]["custom_config"]
+                            ["runtimeValue"]["constant"])
+    assert trainer_cc["ai_platform_training_args"]["job_spec"]["worker_pool_specs"] == job["job_spec"]["worker_pool_specs"][:1]
+
+
+def test_parallel_trials_without_vertex_are_refused_at_compile(tmp_path, capsys):
+    """Open-source KFP runs the Tuner as one task: parallel trials there would silently run in turn."""
+    from pipelines.__main__ import main
+
+    path = tmp_path / "oss.yaml"
+    path.write_text(yaml.safe_dump(_raw(_small_input(tmp_path), trials=4, parallel_trials=2)))
+    assert main(["compile", "--config", str(path), "--image", IMAGE, "--output", str(tmp_path / "p.yaml"),
+                 "--pipeline-root", "gs://b/root"]) == 2
+    err = capsys.readouterr().err
+    assert "tuning.parallel_trials: 2, but without kubeflow.vertex_training the Tuner is one Kubeflow task" in err, err
+    assert not (tmp_path / "p.yaml").exists()
+
+
 # ---- the search on the smallest data -------------------------------------------------------------
 
 def _tuning_config(root, **tuning):
@@ -258,9 +317,9 @@ def test_the_search_trains_each_trial_and_writes_tfxs_best_hyperparameters(train
     best = json.loads((tmp_path / "best" / "best_hyperparameters.txt").read_text())
     top = max(done, key=lambda r: r["auc"])
     assert best["values"] == top["values"]
-    assert not os.listdir(tmp_path / "work" / "embedding_tuning") or all(
-        not n.startswith("trial_") or not os.path.isdir(tmp_path / "work" / "embedding_tuning" / n / "best")
-        for n in os.listdir(tmp_path / "work" / "embedding_tuning"))
+    # each trial's training directory is gone; the oracle's trial records stay
+    names = os.listdir(tmp_path / "work" / "embedding_tuning")
+    assert not [n for n in names if n.startswith("training_")] and {"trial_0", "trial_1"} <= set(names), names
 
 
 def test_a_search_whose_trials_all_fail_says_so_with_their_errors(trainer_data, tmp_path, monkeypatch):
@@ -291,6 +350,110 @@ def test_a_trial_that_would_change_the_tables_is_stopped_before_training(trainer
                                   {"categorical_defaults.dim": 32})
     tm.check_tables_unchanged(derive_plan(cfg, manifest, stats),
                               derive_plan(apply_values(cfg, {"training.cross_layers": 3}), manifest, stats), {})
+
+
+# ---- parallel trials: the Vertex AI job TFX submits, its replicas run here ------------------------
+
+def _vertex_tuning_job(trainer_data, tmp_path, monkeypatch, parallel_trials):
+    """The Vertex AI CustomJob that TFX's Vertex tuner executor submits for our pipeline's Tuner
+    (its submission to Vertex stubbed: nothing leaves the machine), on the trainer_data examples,
+    with 2 trials of 2 steps."""
+    from google.protobuf.message import Message
+    from tfx.extensions.google_cloud_ai_platform import runner, training_clients
+    from tfx.extensions.google_cloud_ai_platform.tuner import executor as vertex
+    from tfx.types import standard_artifacts
+    from tfx.utils import proto_utils
+
+    from pipelines.pipeline import create_pipeline
+    from tests.stages import artifact
+
+    raw = json.loads(_tuning_config(trainer_data, trials=2, steps_per_trial=2, parallel_trials=parallel_trials).to_json())
+    raw["kubeflow"]["vertex_training"] = {"project": "p", "region": "us-central1", "machine_type": "n1-standard-8"}
+    cfg = config_from_json(json.dumps(raw))
+    p = create_pipeline(cfg, str(tmp_path / "root"), None, str(tmp_path / "serving"), image=IMAGE, kubeflow=True)
+    tuner = {c.id: c for c in p.components}["Tuner"]
+    props = {k: proto_utils.proto_to_json(v) if isinstance(v, Message) else v
+             for k, v in tuner.exec_properties.items() if v is not None}  # as the launcher passes them
+    submitted = []
+    monkeypatch.setattr(training_clients.VertexJobClient, "create_client", lambda self: None)
+    monkeypatch.setattr(runner, "_launch_cloud_training", lambda **kw: submitted.append(kw))
+    inputs = {"examples": [artifact(standard_artifacts.Examples, trainer_data / "tx", ["train", "eval"])]}
+    outputs = {"best_hyperparameters": [artifact(standard_artifacts.HyperParameters, tmp_path / "best")],
+               "tuner_results": [artifact(standard_artifacts.TunerResults, tmp_path / "results")]}
+    vertex.Executor().Do(inputs, outputs, props)
+    assert len(submitted) == 1 and submitted[0]["project"] == "p" and submitted[0]["vertex_region"] == "us-central1"
+    return submitted[0]["training_job"]
+
+
+def test_tfx_submits_one_vertex_job_of_parallel_trials_replicas_in_our_image(trainer_data, tmp_path, monkeypatch):
+    from google.cloud.aiplatform_v1.types.custom_job import CustomJob
+
+    job = _vertex_tuning_job(trainer_data, tmp_path, monkeypatch, parallel_trials=2)
+    pools = job["job_spec"]["worker_pool_specs"]
+    assert [p["replica_count"] for p in pools] == [1, 1]
+    assert {p["container_spec"]["image_uri"] for p in pools} == {IMAGE}
+    command = pools[0]["container_spec"]["command"]
+    assert command[command.index("--executor_class_path") + 1] == \
+        "tfx.extensions.google_cloud_ai_platform.tuner.executor._WorkerExecutor"
+    assert pools[1]["container_spec"]["command"] == command
+    assert [p.replica_count for p in CustomJob(job).job_spec.worker_pool_specs] == [1, 1]  # Vertex's client reads it
+
+
+# Runs one replica's container command, as Vertex would, but with TFX's hard-coded /tmp working
+# directory moved under the test's own.
+REPLICA = """
+import runpy, sys
+from tfx.extensions.google_cloud_ai_platform.tuner import executor
+executor._WORKING_DIRECTORY = sys.argv.pop(1)
+sys.argv = sys.argv[:1] + sys.argv[4:]  # the command after `python -m tfx.scripts.run_executor`
+runpy.run_module("tfx.scripts.run_executor", run_name="__main__")
+"""
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow(reason="the Vertex job's two replicas as two processes sharing 2 two-step trials")
+def test_the_vertex_jobs_two_replicas_share_the_trials_through_the_chief_oracle(trainer_data, tmp_path, monkeypatch):
+    """Each replica of the job TFX submits runs its container command here with the CLUSTER_SPEC
+    Vertex gives it. The primary starts KerasTuner's chief oracle and trains as a worker beside it;
+    the other replica trains; each trial is trained by exactly one of them and the chief writes the
+    best of all of them."""
+    import re
+    import subprocess
+    import sys
+
+    job = _vertex_tuning_job(trainer_data, tmp_path, monkeypatch, parallel_trials=2)
+    addresses = {"workerpool0": f"localhost:{_free_port()}", "workerpool1": f"localhost:{_free_port()}"}
+    cluster = {pool: [address] for pool, address in addresses.items()}
+    procs = []
+    for pool, spec in zip(addresses, job["job_spec"]["worker_pool_specs"]):
+        command = spec["container_spec"]["command"]
+        assert command[:3] == ["python", "-m", "tfx.scripts.run_executor"], command[:3]
+        env = dict(os.environ, CLUSTER_SPEC=json.dumps({"cluster": cluster, "task": {"type": pool, "index": 0}}))
+        log = open(tmp_path / f"{pool}.log", "w")
+        procs.append((pool, log, subprocess.Popen(
+            [sys.executable, "-c", REPLICA, str(tmp_path / "work"), *command], env=env,
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), stdout=log, stderr=subprocess.STDOUT)))
+    trained = {}
+    for pool, log, proc in procs:
+        assert proc.wait(timeout=400) == 0, (tmp_path / f"{pool}.log").read_text()[-3000:]
+        log.close()
+        text = (tmp_path / f"{pool}.log").read_text()
+        trained[pool] = re.findall(r"tuning trial (\d+) \{[^}]*\}: held-out AUC", text)
+    # each replica trained a trial of its own: the two trials ran on two machines
+    assert sorted(trained["workerpool0"] + trained["workerpool1"]) == ["0", "1"], trained
+    assert trained["workerpool0"] and trained["workerpool1"], trained
+    results = json.loads((tmp_path / "results" / "tuner_results.json").read_text())
+    best = json.loads((tmp_path / "best" / "best_hyperparameters.txt").read_text())["values"]
+    assert sorted(r["trial_id"] for r in results) == ["0", "1"]
+    top = max(results, key=lambda r: r["score"])
+    assert best == {k: v for k, v in top.items() if k not in ("trial_id", "score")}
 
 
 # ---- a local pipeline run with tuning on, and its cached rerun (slow tier) -----------------------

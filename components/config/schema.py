@@ -781,6 +781,11 @@ class TuningConfig:
     steps_per_trial: int = 500  # training steps of each trial
     algorithm: TuningAlgorithm = TuningAlgorithm.RANDOM
     space: Dict[str, Any] = field(default_factory=dict)
+    # Trials trained at once, each on its own machine: with `kubeflow.vertex_training`, the Tuner
+    # runs as one Vertex AI custom job of this many replicas of the Trainer's machine (TFX's
+    # google_cloud_ai_platform Tuner, KerasTuner's chief oracle). A local run trains its trials
+    # one at a time; open-source KFP without vertex_training refuses more than 1 at compile.
+    parallel_trials: int = 1
 
 
 @dataclass

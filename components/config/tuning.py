@@ -168,15 +168,36 @@ def check_tuning(cfg: PipelineConfig) -> None:
       cfg: the configuration.
 
     Raises:
-      ConfigError: trials or steps_per_trial not positive, or a bad space (`parse_space`).
+      ConfigError: trials, steps_per_trial or parallel_trials not positive, more parallel trials
+        than trials, or a bad space (`parse_space`).
     """
     tu = cfg.tuning
     if tu is None:
         return
-    for name in ("trials", "steps_per_trial"):
+    for name in ("trials", "steps_per_trial", "parallel_trials"):
         if getattr(tu, name) <= 0:
             raise ConfigError(f"tuning.{name}: must be positive, got {getattr(tu, name)}")
+    if tu.parallel_trials > tu.trials:
+        raise ConfigError(f"tuning.parallel_trials: {tu.parallel_trials} machines for {tu.trials} trials would leave "
+                          f"{tu.parallel_trials - tu.trials} idle; set it to {tu.trials} or fewer")
     parse_space(tu.space)
+
+
+def check_parallel_trials(cfg: PipelineConfig) -> None:
+    """Kubeflow's check (compile): trials run in parallel only as a Vertex AI custom job.
+
+    Args:
+      cfg: the configuration.
+
+    Raises:
+      ConfigError: `tuning.parallel_trials` above 1 without `kubeflow.vertex_training`.
+    """
+    tu = cfg.tuning
+    if tu is not None and tu.parallel_trials > 1 and cfg.kubeflow.vertex_training is None:
+        raise ConfigError(
+            f"tuning.parallel_trials: {tu.parallel_trials}, but without kubeflow.vertex_training the Tuner is one "
+            "Kubeflow task that trains its trials one at a time; set kubeflow.vertex_training (the trials then run "
+            "as one Vertex AI custom job of that many machines) or tuning.parallel_trials: 1")
 
 
 def values_of(hyperparameters: Any) -> Dict[str, Any]:

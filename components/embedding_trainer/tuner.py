@@ -13,6 +13,12 @@ KerasTuner search over the config's `tuning.space` (components/config/tuning.py)
   (`bayesian`), seeded by `training.seed`, over at most `tuning.trials` trials.
 - **Failures.** A trial that raises is recorded by KerasTuner as failed with its error and the search
   goes on; when no trial completes, the search stops with every trial's error (`NoTrialCompleted`).
+- **Parallel trials** (`tuning.parallel_trials` on a Vertex AI job, TFX's google_cloud_ai_platform
+  Tuner): every replica runs this tuner_fn; KerasTuner's environment (KERASTUNER_TUNER_ID,
+  KERASTUNER_ORACLE_IP/PORT) makes one of them the chief oracle, which hands out the trials over
+  gRPC, and the others workers that train them. Each tuner keeps its own directory (the primary
+  replica holds the chief and a worker on one disk); the chief judges the search once every worker
+  is done and writes `best_hyperparameters`.
 
 TFX's Tuner executor then writes the best trial's values as `best_hyperparameters`, which the
 Trainer gets as `fn_args.hyperparameters` and applies over the config (trainer_module.run_fn).
@@ -108,7 +114,12 @@ class EmbeddingTuner(base_tuner.BaseTuner):
 
     def __init__(self, oracle, cfg: PipelineConfig, manifest: VocabularyManifest, statistics, train_files,
                  directory: str):
-        super().__init__(oracle=oracle, directory=directory, project_name=PROJECT, overwrite=True)
+        # In a distributed search (KerasTuner's environment, module docstring) the chief and the
+        # primary replica's worker share one disk, and `overwrite` empties the project directory:
+        # each tuner gets its own.
+        tuner_id = os.environ.get("KERASTUNER_TUNER_ID") if os.environ.get("KERASTUNER_ORACLE_IP") else None
+        project = f"{PROJECT}_{tuner_id}" if tuner_id else PROJECT
+        super().__init__(oracle=oracle, directory=directory, project_name=project, overwrite=True)
         self.cfg, self.manifest, self.statistics = cfg, manifest, statistics
         self.train_files = list(train_files)
         self.plan: EmbeddingPlan = derive_plan(cfg, manifest, statistics)
@@ -122,7 +133,7 @@ class EmbeddingTuner(base_tuner.BaseTuner):
         plan = derive_plan(cfg, self.manifest, self.statistics)
         tm.check_tables_unchanged(self.plan, plan, values)
         plan = plan.with_run(vocabulary_dir=self.manifest.vocabulary_dir)
-        state = os.path.join(self.project_dir, f"trial_{trial.trial_id}")
+        state = os.path.join(self.project_dir, f"training_{trial.trial_id}")  # not the oracle's trial_<id>
         try:
             _, _, run = tm.train(cfg, plan, self.manifest, self.train_files, [], state,
                                  train_steps=cfg.training.train_steps, train_rows=self.train_rows)
@@ -152,8 +163,23 @@ class EmbeddingTuner(base_tuner.BaseTuner):
         for t in self.oracle.get_best_trials(num_trials):
             logging.info("tuning trial %s: score %s, %s", t.trial_id, t.score, t.hyperparameters.values)
 
+    def on_search_begin(self):
+        super().on_search_begin()
+        if self.cfg.tuning.parallel_trials > 1 and not self._is_worker():
+            progress.phase(STAGE, f"tuning.parallel_trials: {self.cfg.tuning.parallel_trials} applies to a Vertex AI "
+                                  "job (kubeflow.vertex_training); here the trials train one at a time")
+
+    def search(self, *fit_args, **fit_kwargs):
+        super().search(*fit_args, **fit_kwargs)
+        if os.environ.get("KERASTUNER_ORACLE_IP") and "chief" in os.environ.get("KERASTUNER_TUNER_ID", ""):
+            self._check_completed()  # the chief oracle's search returns when every worker is done
+
     def on_search_end(self):
         super().on_search_end()
+        if not self._is_worker():  # a worker sees only its own trials; the chief judges the search
+            self._check_completed()
+
+    def _check_completed(self):
         completed = [t for t in self.oracle.trials.values() if t.status == keras_tuner.engine.trial.TrialStatus.COMPLETED]
         if not completed:
             errors = "; ".join(f"trial {t.trial_id} {dict(t.hyperparameters.values)}: "
