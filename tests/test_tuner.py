@@ -460,7 +460,15 @@ def test_the_vertex_jobs_two_replicas_share_the_trials_through_the_chief_oracle(
 
 @pytest.mark.slow(reason="two local pipeline runs (the second from the cache) with a 2-trial Tuner")
 def test_a_local_run_tunes_applies_the_best_values_and_a_rerun_takes_the_tuner_from_the_cache(tmp_path):
+    """Issue 64's stock components in LocalDagRunner runs: the first run tunes and scores the eval
+    split with BulkInferrer; the second, with bulk_inference off (a config changed between runs),
+    takes the Tuner from the cache."""
+    import dataclasses
     import glob
+
+    import tensorflow as tf
+
+    from tests.test_bulk_inferrer import _read_logs
 
     from components.example_gen.synthetic_data import GeneratorSpec, write_csv
     from pipelines.runner import run
@@ -477,7 +485,19 @@ def test_a_local_run_tunes_applies_the_best_values_and_a_rerun_takes_the_tuner_f
                                                                     "training.cross_layers": [1, 2]}}
     cfg = parse_config(raw, "tuned.yaml")
     out = tmp_path / "out"
-    run(cfg, str(out), quiet=True)
+    scored = run(dataclasses.replace(cfg, bulk_inference=dataclasses.replace(cfg.bulk_inference, enabled=True)),
+                 str(out), quiet=True).summary
+    # BulkInferrer through LocalDagRunner: one PredictionLog per eval row of the copy, scored by the
+    # pushed serving model's signature
+    (result,) = glob.glob(str(out / "**" / "BulkInferrer" / "inference_result" / "*"), recursive=True)
+    (copy,) = glob.glob(str(out / "**" / "BulkInferrerExampleCopy" / "tf_examples" / "*"), recursive=True)
+    logs = _read_logs(result)
+    copied = [r.numpy() for r in tf.data.TFRecordDataset(glob.glob(os.path.join(copy, "Split-eval", "*")),
+                                                          compression_type="GZIP")]
+    assert scored["pushed_by_this_run"] and len(copied) > 100 and len(logs) == len(copied), (len(logs), len(copied))
+    assert {log.predict_log.request.model_spec.signature_name for log in logs} == {"serving_default"}
+    assert all(0.0 <= tf.make_ndarray(log.predict_log.response.outputs["probabilities"]).ravel()[0] <= 1.0
+               for log in logs)
     best_files = glob.glob(str(out / "**" / "Tuner" / "best_hyperparameters" / "*" / "best_hyperparameters.txt"),
                            recursive=True)
     assert len(best_files) == 1, best_files
