@@ -10,13 +10,14 @@
 - Pipeline spec schema 2.1, so that every task's args carry `--json_serialized_inputs_spec_args`:
   the project's entrypoint (`pipelines.kfp_entrypoint`, the image's command for every task) uses
   it to restore the input artifact types open-source KFP leaves empty (tensorflow/tfx#7768).
-- Per-component CPU / memory / accelerator from `kubeflow.components.<id>`; Beam options from
+- Per-component CPU / memory / accelerator from `kubeflow.components.<id>` (the Tuner's, when not
+  set, the Trainer's: `component_resources`); Beam options from
   `kubeflow.beam`, given to the Beam components (ExampleGen, EmbeddingPreprocess, and with
   `evaluator.enabled` TFExampleCopy and TFX's Evaluator) only.
 - The Trainer on a TPU route (TPU resources on `kubeflow.components.Trainer`, or a TPU
   `kubeflow.vertex_training`) trains in the TPU image (docker/Dockerfile.tpu: tensorflow-tpu and
-  libtpu; `--tpu-image` or `kubeflow.tpu_trainer_image`), every other task and Dataflow's workers in
-  the main image. A TPU route without a TPU image is refused.
+  libtpu; `--tpu-image` or `kubeflow.tpu_trainer_image`), and so do the Tuner's trials; every other
+  task and Dataflow's workers in the main image. A TPU route without a TPU image is refused.
 
 Compiling writes the output file and nothing else: no metadata store, nothing under the pipeline
 root (the Trainer names its `run_fn` by import path, so TFX builds no wheel), and the output
@@ -130,18 +131,45 @@ def trainer_tpu_image(cfg: PipelineConfig, tpu_image: Optional[str]) -> Optional
     return image.strip()
 
 
+def component_resources(cfg: PipelineConfig) -> Dict[str, Any]:
+    """What each task asks for: `kubeflow.components`, and with a `tuning` section the Tuner's task
+    as the Trainer's when the config does not set it: its trials train as the Trainer does (the same
+    `training.tpu`, so the same chips, node pool and image).
+
+    Args:
+      cfg: the resolved configuration.
+
+    Returns:
+      {component id: KubeflowComponentConfig}.
+
+    Raises:
+      ConfigError: the Trainer's task holds TPU chips and `kubeflow.components.Tuner` asks for none.
+    """
+    comps = dict(cfg.kubeflow.components)
+    if cfg.tuning is None or "Trainer" not in comps:
+        return comps
+    if "Tuner" not in comps:
+        comps["Tuner"] = comps["Trainer"]
+    elif "task" in tpu_routes(cfg) and not is_tpu_accelerator(comps["Tuner"].accelerator_type):
+        raise ConfigError(
+            f"{cfg.resolved.source_file}: kubeflow.components.Tuner: asks for no TPU, but its trials train as the "
+            f"Trainer does ({tpu_routes(cfg)['task']}); give it the Trainer's TPU resources, or leave it out "
+            "(it then gets the Trainer's)")
+    return comps
+
+
 def kubernetes_platform_spec(cfg: PipelineConfig) -> Optional[Dict[str, Any]]:
     """Builds the KFP PlatformSpec document for components with node selectors or tolerations.
 
     Args:
-      cfg: the resolved configuration (`kubeflow.components`).
+      cfg: the resolved configuration (`kubeflow.components`, as `component_resources` reads it).
 
     Returns:
       The document (kfp-kubernetes' `KubernetesExecutorConfig` per executor), or None when no
       component has node selectors or tolerations.
     """
     executors = {}
-    for cid, c in sorted(cfg.kubeflow.components.items()):
+    for cid, c in sorted(component_resources(cfg).items()):
         entry: Dict[str, Any] = {}
         if c.node_selector:
             entry["nodeSelector"] = {"labels": dict(sorted(c.node_selector.items()))}
@@ -180,7 +208,7 @@ def build_pipeline(cfg: PipelineConfig, image: str, pipeline_root: str, tpu_imag
     for c in p.components:
         if hasattr(c, "with_beam_pipeline_args"):  # BaseBeamComponent: ExampleGen, EmbeddingPreprocess (TFExampleCopy, Evaluator)
             c.with_beam_pipeline_args(beam_args)
-    for cid, res in cfg.kubeflow.components.items():
+    for cid, res in component_resources(cfg).items():
         if _has_resources(res):
             by_id[cid].with_platform_config(_resource_spec(res))
     return p
@@ -239,6 +267,8 @@ def _compiled_job(cfg: PipelineConfig, image: str, output: str, root: str, tpu_i
     default_image: Any = image
     if trainer_image and "task" in tpu_routes(cfg):  # the Trainer's own pod holds the TPU chips
         default_image = {DEFAULT_IMAGE_PATH_KEY: image, "Trainer": trainer_image}
+        if cfg.tuning is not None:  # and the Tuner's, whose trials train as the Trainer does
+            default_image["Tuner"] = trainer_image
     runner = kubeflow_v2_dag_runner.KubeflowV2DagRunner(
         config=kubeflow_v2_dag_runner.KubeflowV2DagRunnerConfig(
             default_image=default_image, default_commands=list(ENTRYPOINT), use_pipeline_spec_2_1=True),

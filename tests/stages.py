@@ -411,3 +411,13 @@ def features_raw_config(csv_path) -> dict:
         if v.get("kind") == "file":
             v["file"] = os.path.join(REPO, "configs", v["file"])
     return raw
+
+
+def read_prediction_logs(uri):
+    """docs/tfx.md's snippet: every PredictionLog of a BulkInferrer's InferenceResult at `uri`."""
+    import tensorflow as tf
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    files = tf.io.gfile.glob(os.path.join(uri, "prediction_logs-*.gz"))
+    return [prediction_log_pb2.PredictionLog.FromString(r.numpy())
+            for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]

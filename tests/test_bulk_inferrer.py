@@ -9,7 +9,7 @@ import re
 import pytest
 import yaml
 
-from tests.stages import NO_GATE, demo_raw_config, features_raw_config
+from tests.stages import NO_GATE, demo_raw_config, features_raw_config, read_prediction_logs
 
 from components.config.loading import parse_config
 from components.config.schema import ConfigError
@@ -207,16 +207,6 @@ def _infer(root, name, copy, serving, blessing, splits):
     return out
 
 
-def _read_logs(uri):
-    """docs/tfx.md's snippet: every PredictionLog of an InferenceResult."""
-    import tensorflow as tf
-    from tensorflow_serving.apis import prediction_log_pb2
-
-    files = tf.io.gfile.glob(os.path.join(uri, "prediction_logs-*.gz"))
-    return [prediction_log_pb2.PredictionLog.FromString(r.numpy())
-            for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
-
-
 @pytest.mark.slow(reason="the executors' chain on configs/features.yaml, TFExampleCopy and BulkInferrer's Beam pipelines")
 def test_prediction_logs_equal_serving_default_exactly_on_every_feature_kind(features_chain):
     """Every eval row scored once; each PredictionLog's outputs are exactly (bit for bit)
@@ -236,7 +226,7 @@ def test_prediction_logs_equal_serving_default_exactly_on_every_feature_kind(fea
                                               {copy_executor.OUTPUT_KEY: [copy]},
                                               {copy_executor.SPLITS_KEY: json.dumps(splits)})
     rows = copy.get_int_custom_property("eval_rows")
-    logs = _read_logs(_infer(root, "BulkInferrer", copy, a["serving"], a["blessing"], splits).uri)
+    logs = read_prediction_logs(_infer(root, "BulkInferrer", copy, a["serving"], a["blessing"], splits).uri)
     assert rows > 100 and len(logs) == rows
 
     files = tf.io.gfile.glob(os.path.join(copy.uri, "Split-eval", "*.gz"))
@@ -263,4 +253,4 @@ def test_prediction_logs_equal_serving_default_exactly_on_every_feature_kind(fea
 
     # The stock executor on an Examples artifact without the split scores nothing and says nothing:
     # the pipeline's config check and TFExampleCopy's refusal are what stop a missing split.
-    assert _read_logs(_infer(root, "BulkInferrerNoSplit", copy, a["serving"], a["blessing"], ["train"]).uri) == []
+    assert read_prediction_logs(_infer(root, "BulkInferrerNoSplit", copy, a["serving"], a["blessing"], ["train"]).uri) == []

@@ -778,6 +778,37 @@ def test_tpu_trainer_route_trains_in_the_tpu_image(tmp_path):
     assert rc == 0 and set(images.values()) == {IMAGE}
 
 
+def test_the_tuners_trials_train_on_the_trainers_tpu_task(tmp_path, capsys):
+    """On the GKE TPU route the Tuner's trials train as the Trainer does (training.tpu: local): its
+    task gets the Trainer's chips, node pool and TPU image unless kubeflow.components.Tuner says
+    otherwise, and one that asks for no TPU is refused."""
+    d = _kubeflow_raw()
+    d["kubeflow"]["tpu_trainer_image"] = TPU_IMAGE
+    d["tuning"] = {"trials": 2, "space": {"training.dropout": [0.1, 0.3]}}
+    rc, images = _compile_raw(d, tmp_path)
+    assert rc == 0 and images["Tuner_executor"] == images["Trainer_executor"] == TPU_IMAGE
+    text = (tmp_path / "c_out.yaml").read_text()
+    spec, platform = list(yaml.safe_load_all(text))
+    executors = spec["deploymentSpec"]["executors"]
+    assert executors["Tuner_executor"]["container"]["resources"] == executors["Trainer_executor"]["container"]["resources"]
+    assert executors["Tuner_executor"]["container"]["resources"]["accelerator"]["type"] == "google.com/tpu"
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert k8s["Tuner_executor"] == k8s["Trainer_executor"] and "nodeSelector" in k8s["Tuner_executor"]
+    # set explicitly, it is the config's; without a TPU it is refused, naming the field
+    d["kubeflow"]["components"]["Tuner"] = {"cpu": 4, "memory_gb": 8}
+    capsys.readouterr()
+    assert _compile_raw(d, tmp_path)[0] == 2
+    err = capsys.readouterr().err
+    assert "kubeflow.components.Tuner: asks for no TPU, but its trials train as the Trainer does" in err, err
+    # off a TPU route the Tuner simply follows the Trainer's resources
+    d["kubeflow"]["components"].pop("Tuner")
+    d["kubeflow"]["components"]["Trainer"].update(accelerator_type="nvidia.com/gpu", node_selector={}, tolerations=[])
+    rc, images = _compile_raw(d, tmp_path)
+    spec = yaml.safe_load_all((tmp_path / "c_out.yaml").read_text()).__next__()
+    tuner_res = spec["deploymentSpec"]["executors"]["Tuner_executor"]["container"]["resources"]
+    assert rc == 0 and images["Tuner_executor"] == IMAGE and tuner_res["accelerator"]["type"] == "nvidia.com/gpu"
+
+
 # The libtpu release TensorFlow 2.16's tensorflow-tpu wheels pin. Source: the tensorflow-tpu 2.16.2
 # wheel's METADATA (`Requires-Dist: libtpu ==2.16.0rc0`; 2.16.1 pins the same), written by
 # TensorFlow's tensorflow/tools/pip_package/v2/setup.py at 2.16.2 (shipped in the wheel):

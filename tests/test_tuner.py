@@ -468,7 +468,7 @@ def test_a_local_run_tunes_applies_the_best_values_and_a_rerun_takes_the_tuner_f
 
     import tensorflow as tf
 
-    from tests.test_bulk_inferrer import _read_logs
+    from tests.stages import read_prediction_logs
 
     from components.example_gen.synthetic_data import GeneratorSpec, write_csv
     from pipelines.runner import run
@@ -491,7 +491,7 @@ def test_a_local_run_tunes_applies_the_best_values_and_a_rerun_takes_the_tuner_f
     # pushed serving model's signature
     (result,) = glob.glob(str(out / "**" / "BulkInferrer" / "inference_result" / "*"), recursive=True)
     (copy,) = glob.glob(str(out / "**" / "BulkInferrerExampleCopy" / "tf_examples" / "*"), recursive=True)
-    logs = _read_logs(result)
+    logs = read_prediction_logs(result)
     copied = [r.numpy() for r in tf.data.TFRecordDataset(glob.glob(os.path.join(copy, "Split-eval", "*")),
                                                           compression_type="GZIP")]
     assert scored["pushed_by_this_run"] and len(copied) > 100 and len(logs) == len(copied), (len(logs), len(copied))
