@@ -399,6 +399,28 @@ def test_tfx_submits_one_vertex_job_of_parallel_trials_replicas_in_our_image(tra
     assert [p.replica_count for p in CustomJob(job).job_spec.worker_pool_specs] == [1, 1]  # Vertex's client reads it
 
 
+def _chief_oracle(status):
+    os._exit(status)
+
+
+@pytest.mark.parametrize("status", [0, 1])
+def test_the_primary_replica_fails_when_its_chief_oracle_failed(status):
+    """TFX starts the chief as a child of the primary's worker process and never waits for it: the
+    worker waits for it and fails with it, so the job fails instead of leaving no best values."""
+    import multiprocessing
+
+    from components.embedding_trainer.tuner import NoTrialCompleted, wait_for_chief_oracle
+
+    chief = multiprocessing.Process(target=_chief_oracle, args=(status,))  # as TFX starts it
+    chief.start()
+    if status:
+        with pytest.raises(NoTrialCompleted, match=rf"the chief oracle \(pid {chief.pid}\) failed with status 1"):
+            wait_for_chief_oracle()
+    else:
+        wait_for_chief_oracle()
+    assert chief.exitcode == status and not multiprocessing.active_children()
+
+
 # Runs one replica's container command, as Vertex would, but with TFX's hard-coded /tmp working
 # directory moved under the test's own.
 REPLICA = """

@@ -25,6 +25,7 @@ Trainer gets as `fn_args.hyperparameters` and applies over the config (trainer_m
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
 from typing import Any, Dict, List
@@ -178,15 +179,43 @@ class EmbeddingTuner(base_tuner.BaseTuner):
         super().on_search_end()
         if not self._is_worker():  # a worker sees only its own trials; the chief judges the search
             self._check_completed()
+        else:
+            wait_for_chief_oracle()
 
     def _check_completed(self):
         completed = [t for t in self.oracle.trials.values() if t.status == keras_tuner.engine.trial.TrialStatus.COMPLETED]
         if not completed:
+            # A worker's error reaches the chief without its text (KerasTuner's EndTrial carries none).
             errors = "; ".join(f"trial {t.trial_id} {dict(t.hyperparameters.values)}: "
-                               f"{(t.message or '').strip().splitlines()[-1:] or ['?']}"
+                               + ((t.message or "").strip().splitlines() or ["its error is in the log of the machine "
+                                                                             "that trained it"])[-1]
                                for t in self.oracle.trials.values())
             raise NoTrialCompleted(f"tuning: none of the {len(self.oracle.trials)} trials completed ({errors}); "
                                    "fix the space (tuning.space) or the training settings")
+
+
+def wait_for_chief_oracle() -> None:
+    """On a Vertex AI job's primary replica, waits for the chief oracle and fails when it failed.
+
+    TFX's worker executor (tfx/extensions/google_cloud_ai_platform/tuner/executor.py,
+    `_start_chief_oracle_in_subprocess`) starts the chief as a multiprocessing child of the
+    primary's worker process and never joins it: the interpreter joins it at exit and ignores its
+    status. A chief that failed (`NoTrialCompleted`: every trial failed) would leave the job
+    succeeding without `best_hyperparameters`, and the Trainer failing later on an empty artifact.
+    So this joins the process's non-daemon children now, as the interpreter would at exit (a
+    tuning worker starts no other: the chief is the only one), and checks their status. Elsewhere
+    (no child) it returns at once.
+
+    Raises:
+      NoTrialCompleted: a child (the chief oracle) exited with a non-zero status; its error is in
+        the log above.
+    """
+    for child in multiprocessing.active_children():
+        if not child.daemon:
+            child.join()
+            if child.exitcode:
+                raise NoTrialCompleted(f"tuning: the chief oracle (pid {child.pid}) failed with status {child.exitcode} "
+                                       "and wrote no best_hyperparameters; its error is in this job's log above")
 
 
 def build_tuner(cfg: PipelineConfig, manifest: VocabularyManifest, statistics, train_files,
