@@ -239,6 +239,38 @@ def test_compressed_bytes_behind_a_plain_csv_name_are_refused_naming_the_file(tm
     assert not os.path.exists(tmp_path / "out" / "ledger.json")
 
 
+def test_many_files_are_peeked_at_together_and_the_first_refusal_in_order_is_raised(tmp_path, monkeypatch):
+    """A remote store answers each read in tens of milliseconds: the compression check reads the
+    files' first bytes several at a time, and still names the first offending file in order."""
+    import threading
+    import time
+
+    from components.example_gen import input_checks
+
+    files = []
+    for i in range(64):
+        path = tmp_path / f"part-{i:03d}.csv"
+        path.write_bytes(COMPRESSED["gzip"] if i in (37, 50) else HEADER + ROW)
+        files.append((str(path), path.stat().st_size))
+    read, in_flight, most = input_checks._head, [0], [0]
+    lock = threading.Lock()
+
+    def slow_head(path, n):  # a store's latency, and how many reads wait at once
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        time.sleep(0.01)
+        with lock:
+            in_flight[0] -= 1
+        return read(path, n)
+
+    monkeypatch.setattr(input_checks, "_head", slow_head)
+    with pytest.raises(InputError, match=r"part-037\.csv: holds gzip-compressed bytes"):
+        input_checks.check_files(example_gen_config(input={"path": str(tmp_path)}), files)
+    assert most[0] > 1, most  # several reads were waiting together
+    input_checks.check_files(example_gen_config(input={"path": str(tmp_path)}), files[:37])
+
+
 def test_compressed_names_are_read_and_checked_against_their_bytes(tmp_path):
     from components.example_gen.input_checks import check_compression
 
