@@ -110,6 +110,27 @@ def test_integer_fields_take_integers_and_counts_are_positive():
         _config(algorithm="grid")
 
 
+def test_layer_widths_are_tuned_as_whole_lists():
+    """KerasTuner's Choice takes scalars: a list field's choices are held as their JSON text, and
+    read back as lists wherever values are applied (a trial, the Trainer, the exporter)."""
+    from components.embedding_trainer.tuner import search_space
+
+    space = {"training.bottom_mlp": [[64, 16], [128, 32], [64, 16]], "training.top_mlp": [[], [32]]}
+    assert parse_space(space)["training.bottom_mlp"] == {"kind": "choice", "type": "list",
+                                                         "values": [[64, 16], [128, 32]]}
+    hp = search_space(space)
+    assert hp.get("training.bottom_mlp") in ("[64, 16]", "[128, 32]")
+    tuned = apply_values(_config(), {"training.bottom_mlp": "[128, 32]", "training.top_mlp": []})
+    assert (tuned.training.bottom_mlp, tuned.training.top_mlp) == ([128, 32], [])
+    for entry, message in (([64, 16], r"bottom_mlp\[0\]: 64 is not a list of layer widths .*\[\[64, 16\], \[128, 32\]\]"),
+                           ({"min": 16, "max": 64}, r"expected a list of layer-width lists"),
+                           ([[64, 0]], r"\[64, 0\]: layer widths are positive"),
+                           ([[]], r"bottom_mlp\[0\]: empty; the bottom MLP needs at least one layer"),
+                           ([[16.5]], r"is not a list of layer widths \(integers\)")):
+        with pytest.raises(ConfigError, match=message):
+            _config(space={"training.bottom_mlp": entry})
+
+
 def test_every_tunable_field_exists_and_is_a_training_field():
     from components.config.tuning import _field_type
 
@@ -139,8 +160,11 @@ def test_run_fn_takes_the_trainers_hyperparameters_input_over_its_config():
     from components.embedding_trainer import trainer_module as tm
 
     cfg = _config()
-    tuned, values = tm.tuned_config(cfg, SimpleNamespace(hyperparameters={"space": [], "values": {"training.dropout": 0.1}}))
-    assert values == {"training.dropout": 0.1} and tuned.training.dropout == 0.1
+    tuned, values = tm.tuned_config(cfg, SimpleNamespace(hyperparameters={"space": [], "values": {
+        "training.dropout": 0.1, "training.top_mlp": "[48, 8]"}}))
+    # recorded (training_run.json `tuned`, which the exporter applies) with the layer widths as a list
+    assert values == {"training.dropout": 0.1, "training.top_mlp": [48, 8]}
+    assert tuned.training.dropout == 0.1 and tuned.training.top_mlp == [48, 8]
     assert tm.tuned_config(cfg, SimpleNamespace(hyperparameters=None)) == (cfg, {})  # no Tuner: as configured
     assert tm.tuned_config(cfg, SimpleNamespace()) == (cfg, {})  # FnArgs built without the field
 
@@ -282,7 +306,9 @@ def _tuning_config(root, **tuning):
 
     raw = trainer_raw_config(root)
     raw["tuning"] = dict({"trials": 2, "steps_per_trial": 4, "space": {"training.dropout": [0.0, 0.5],
-                                                                        "training.cross_layers": [1, 3]}}, **tuning)
+                                                                        "training.cross_layers": [1, 3],
+                                                                        "training.top_mlp": [[16], [32, 16]]}},
+                         **tuning)
     return parse_config(raw)
 
 

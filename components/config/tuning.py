@@ -15,6 +15,7 @@ trial's values over a copy of a config.
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -50,6 +51,10 @@ TUNABLE: Dict[str, Tuple[type, Tuple[float, bool, Optional[float], str]]] = {
     **{f"training.{opt}.{name}": spec for opt in ("embedding_optimizer", "dense_optimizer", "wide.optimizer")
        for name, spec in _OPTIMIZER_FIELDS.items()},
     "training.dense_optimizer.clipnorm": (float, _POSITIVE),
+    # Layer widths: a space lists whole lists ([[64, 16], [128, 32]]), which KerasTuner holds as
+    # their JSON text (its Choice takes scalars); `_checked_value` reads either form.
+    "training.bottom_mlp": (list, _POSITIVE),
+    "training.top_mlp": (list, _POSITIVE),
     **{f"training.{opt}.schedule.{name}": spec for opt in ("embedding_optimizer", "dense_optimizer")
        for name, spec in _SCHEDULE_FIELDS.items()},
 }
@@ -103,9 +108,29 @@ def _refusal(path: str) -> str:
     return f"{where}: not tunable: {why}; tunable fields: {allowed}"
 
 
+def _checked_widths(value: Any, path: str, where: str) -> List[int]:
+    """A list field's value (a list of layer widths, or its JSON text as KerasTuner holds it)."""
+    widths = value
+    if isinstance(value, str):
+        try:
+            widths = json.loads(value)
+        except ValueError:
+            widths = None
+    if not isinstance(widths, list) or any(isinstance(w, bool) or not isinstance(w, int) for w in widths):
+        raise ConfigError(f"{where}: {value!r} is not a list of layer widths (integers); a space lists whole lists, "
+                          "e.g. [[64, 16], [128, 32]]")
+    if any(w <= 0 for w in widths):
+        raise ConfigError(f"{where}: {widths!r}: layer widths are positive")
+    if not widths and path == "training.bottom_mlp":
+        raise ConfigError(f"{where}: empty; the bottom MLP needs at least one layer")
+    return list(widths)
+
+
 def _checked_value(value: Any, path: str, what: str) -> Any:
     tp, (lo, lo_ok, hi, bound) = TUNABLE[path]
     where = f"tuning.space.{path}{what}"
+    if tp is list:
+        return _checked_widths(value, path, where)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (tp is int and not isinstance(value, int)):
         kind = "an integer" if tp is int else "a number"
         raise ConfigError(f"{where}: {value!r} is not {kind}")
@@ -141,8 +166,11 @@ def parse_space(space: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
             if not entry:
                 raise ConfigError(f"{where}: an empty list; list the values to try")
             values = [_checked_value(v, path, f"[{i}]") for i, v in enumerate(entry)]
-            out[path] = {"kind": "choice", "type": tp.__name__, "values": list(dict.fromkeys(values))}
+            unique = list({json.dumps(v): v for v in values}.values())  # in order; lists are not hashable
+            out[path] = {"kind": "choice", "type": tp.__name__, "values": unique}
             continue
+        if tp is list:
+            raise ConfigError(f"{where}: expected a list of layer-width lists, e.g. [[64, 16], [128, 32]], got {entry!r}")
         if isinstance(entry, dict) and set(entry) == {"min", "max"}:
             lo, hi, log = _checked_value(entry["min"], path, ".min"), _checked_value(entry["max"], path, ".max"), False
         elif isinstance(entry, dict) and set(entry) == {"log"}:

@@ -59,7 +59,7 @@ from components.reporting.report import KEPT_BEST, KEPT_LAST
 from components.config.checks import check_checkpoint_dir
 from components.config.schema import PipelineConfig
 from components.config.loading import apply_values
-from components.config.tuning import values_of
+from components.config.tuning import checked_values, values_of
 from components.contracts import artifacts
 from components.contracts import sizing
 from components.contracts.manifest import VocabularyManifest
@@ -1064,7 +1064,7 @@ def check_tables_unchanged(before: EmbeddingPlan, after: EmbeddingPlan, tuned: D
 def tuned_config(cfg: PipelineConfig, fn_args) -> Tuple[PipelineConfig, Dict[str, Any]]:
     """The config with the Tuner's best values applied (TFX's `hyperparameters` input, which the
     Trainer hands run_fn as `fn_args.hyperparameters`), and those values ({} without a Tuner)."""
-    values = values_of(getattr(fn_args, "hyperparameters", None))
+    values = checked_values(values_of(getattr(fn_args, "hyperparameters", None)))  # layer widths as lists
     return apply_values(cfg, values), values
 
 

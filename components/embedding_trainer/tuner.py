@@ -25,6 +25,7 @@ Trainer gets as `fn_args.hyperparameters` and applies over the config (trainer_m
 """
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import shutil
@@ -64,12 +65,14 @@ def search_space(space: Dict[str, Any]) -> keras_tuner.HyperParameters:
       space: `tuning.space`.
 
     Returns:
-      One hyperparameter per field, named by its path: Choice for a list, Int or Float for a range
-      (log sampling for {log: [lo, hi]}).
+      One hyperparameter per field, named by its path: Choice for a list (of layer-width lists: of
+      their JSON texts), Int or Float for a range (log sampling for {log: [lo, hi]}).
     """
     hp = keras_tuner.HyperParameters()
     for path, entry in parse_space(space).items():
-        if entry["kind"] == "choice":
+        if entry["kind"] == "choice" and entry["type"] == "list":
+            hp.Choice(path, [json.dumps(v) for v in entry["values"]], ordered=False)  # a Choice takes scalars
+        elif entry["kind"] == "choice":
             hp.Choice(path, entry["values"], ordered=False)
         elif entry["type"] == "int":
             hp.Int(path, entry["min"], entry["max"], sampling="log" if entry["log"] else "linear")
