@@ -34,7 +34,6 @@ import yaml
 
 from components.contracts.capacity import check_tpu_floor
 from components.config.schema import ConfigError, PipelineConfig
-from components.config.tuning import check_parallel_trials
 from pipelines.kubeflow_config import kubeflow_beam_args
 from pipelines.pipeline import NEVER_CACHED, create_pipeline
 
@@ -131,6 +130,33 @@ def trainer_tpu_image(cfg: PipelineConfig, tpu_image: Optional[str]) -> Optional
     return image.strip()
 
 
+def check_parallel_trials(cfg: PipelineConfig) -> None:
+    """Trials run in parallel only as a Vertex AI custom job of CPU or GPU machines.
+
+    Args:
+      cfg: the resolved configuration.
+
+    Raises:
+      ConfigError: `tuning.parallel_trials` above 1 without `kubeflow.vertex_training` (the Tuner is
+        then one task), or with a TPU there (several TPU replicas in one Vertex job were never
+        run by this project).
+    """
+    tu, vt = cfg.tuning, cfg.kubeflow.vertex_training
+    if tu is None or tu.parallel_trials <= 1:
+        return
+    where = f"{cfg.resolved.source_file}: tuning.parallel_trials: {tu.parallel_trials}"
+    if vt is None:
+        raise ConfigError(
+            f"{where}, but without kubeflow.vertex_training the Tuner is one Kubeflow task that trains its trials one "
+            "at a time; set kubeflow.vertex_training (the trials then run as one Vertex AI custom job of that many "
+            "machines) or tuning.parallel_trials: 1")
+    if is_tpu_accelerator(vt.accelerator_type):
+        raise ConfigError(
+            f"{where}, but kubeflow.vertex_training is a TPU ({vt.accelerator_type}): a Vertex AI job of several TPU "
+            "machines is not supported here; set tuning.parallel_trials: 1 (the trials then train one at a time on "
+            "the TPU machine)")
+
+
 def component_resources(cfg: PipelineConfig) -> Dict[str, Any]:
     """What each task asks for: `kubeflow.components`, and with a `tuning` section the Tuner's task
     as the Trainer's when the config does not set it: its trials train as the Trainer does (the same
@@ -143,18 +169,25 @@ def component_resources(cfg: PipelineConfig) -> Dict[str, Any]:
       {component id: KubeflowComponentConfig}.
 
     Raises:
-      ConfigError: the Trainer's task holds TPU chips and `kubeflow.components.Tuner` asks for none.
+      ConfigError: the Trainer's task holds TPU chips and `kubeflow.components.Tuner` asks for
+        other chips (accelerator, count or node selector).
     """
     comps = dict(cfg.kubeflow.components)
     if cfg.tuning is None or "Trainer" not in comps:
         return comps
     if "Tuner" not in comps:
         comps["Tuner"] = comps["Trainer"]
-    elif "task" in tpu_routes(cfg) and not is_tpu_accelerator(comps["Tuner"].accelerator_type):
-        raise ConfigError(
-            f"{cfg.resolved.source_file}: kubeflow.components.Tuner: asks for no TPU, but its trials train as the "
-            f"Trainer does ({tpu_routes(cfg)['task']}); give it the Trainer's TPU resources, or leave it out "
-            "(it then gets the Trainer's)")
+    elif "task" in tpu_routes(cfg):
+        tuner, trainer = comps["Tuner"], comps["Trainer"]
+        chips = lambda c: (c.accelerator_type if is_tpu_accelerator(c.accelerator_type) else None,  # noqa: E731
+                           c.accelerator_count, dict(c.node_selector))
+        if chips(tuner) != chips(trainer):
+            raise ConfigError(
+                f"{cfg.resolved.source_file}: kubeflow.components.Tuner: asks for other chips than the Trainer "
+                f"({tuner.accelerator_type} x{tuner.accelerator_count} on {tuner.node_selector or 'any node'}), but its "
+                f"trials train as the Trainer does ({tpu_routes(cfg)['task']}, x{trainer.accelerator_count}, "
+                f"{trainer.node_selector}); give it the Trainer's accelerator and node selector, or leave it out "
+                "(it then gets the Trainer's)")
     return comps
 
 
@@ -209,6 +242,9 @@ def build_pipeline(cfg: PipelineConfig, image: str, pipeline_root: str, tpu_imag
         if hasattr(c, "with_beam_pipeline_args"):  # BaseBeamComponent: ExampleGen, EmbeddingPreprocess (TFExampleCopy, Evaluator)
             c.with_beam_pipeline_args(beam_args)
     for cid, res in component_resources(cfg).items():
+        if cid not in by_id:
+            raise ConfigError(f"{cfg.resolved.source_file}: kubeflow.components.{cid}: this pipeline has no {cid} "
+                              f"(its tasks: {', '.join(sorted(by_id))}); remove the entry or turn the component on")
         if _has_resources(res):
             by_id[cid].with_platform_config(_resource_spec(res))
     return p

@@ -799,7 +799,17 @@ def test_the_tuners_trials_train_on_the_trainers_tpu_task(tmp_path, capsys):
     capsys.readouterr()
     assert _compile_raw(d, tmp_path)[0] == 2
     err = capsys.readouterr().err
-    assert "kubeflow.components.Tuner: asks for no TPU, but its trials train as the Trainer does" in err, err
+    assert "kubeflow.components.Tuner: asks for other chips than the Trainer (None x1 on any node)" in err, err
+    d["kubeflow"]["components"]["Tuner"] = dict(d["kubeflow"]["components"]["Trainer"], accelerator_count=8)
+    assert _compile_raw(d, tmp_path)[0] == 2
+    assert "kubeflow.components.Tuner: asks for other chips than the Trainer (google.com/tpu x8" in capsys.readouterr().err
+    d["kubeflow"]["components"]["Tuner"] = dict(d["kubeflow"]["components"]["Trainer"], cpu=8)  # the same chips
+    assert _compile_raw(d, tmp_path)[0] == 0
+    # an entry for a task the pipeline does not have is refused, naming it
+    tuning = d.pop("tuning")
+    assert _compile_raw(d, tmp_path)[0] == 2
+    assert "kubeflow.components.Tuner: this pipeline has no Tuner" in capsys.readouterr().err
+    d["tuning"] = tuning
     # off a TPU route the Tuner simply follows the Trainer's resources
     d["kubeflow"]["components"].pop("Tuner")
     d["kubeflow"]["components"]["Trainer"].update(accelerator_type="nvidia.com/gpu", node_selector={}, tolerations=[])

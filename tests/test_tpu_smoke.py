@@ -79,6 +79,12 @@ def test_judge_compares_changes_and_fails_untrained_permuted_distant_and_unwritt
         near[0, 0] += off * np.spacing(near[0, 0])
         _, failures = tpu_smoke.judge({"t": cpu}, {"t": cpu}, {"t": start}, 1e-4, slots={"t": {"accumulator": (near, moved, acc0)}})
         assert bool(failures) == fails, (off, failures)
+    # a change float32 cannot resolve (values near 1 moved by 1e-7, about one step) is not passed
+    big0 = np.ones((6, 2), np.float32)
+    big = big0.copy()
+    big[0, 0] = np.nextafter(np.float32(1), np.float32(2))
+    _, failures = tpu_smoke.judge({"t": big}, {"t": big}, {"t": big0}, 1e-2)
+    assert len(failures) == 1 and "t: float32 cannot resolve its change" in failures[0], failures
     # a table read back in another shape is named as such
     _, failures = tpu_smoke.judge({"t": cpu[:5]}, {"t": cpu}, {"t": start}, 1e-2)
     assert failures == ["t: read back as (5, 2) against the CPU's (6, 2) (start (6, 2))"], failures

@@ -297,6 +297,15 @@ def test_parallel_trials_without_vertex_are_refused_at_compile(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "tuning.parallel_trials: 2, but without kubeflow.vertex_training the Tuner is one Kubeflow task" in err, err
     assert not (tmp_path / "p.yaml").exists()
+    # several TPU machines in one Vertex job were never run here: refused too
+    raw = _vertex_raw(tmp_path, trials=4, parallel_trials=2)
+    raw["kubeflow"]["vertex_training"].update(machine_type="cloud-tpu", accelerator_type="TPU_V3", accelerator_count=8)
+    raw["training"]["tpu"] = "local"
+    raw["training"]["embedding"]["topology"] = {"chip": "v3", "num_chips": 4}
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["compile", "--config", str(path), "--image", IMAGE, "--tpu-image", IMAGE + "-tpu", "--output",
+                 str(tmp_path / "p.json"), "--pipeline-root", "gs://b/root"]) == 2
+    assert "but kubeflow.vertex_training is a TPU (TPU_V3)" in capsys.readouterr().err
 
 
 # ---- the search on the smallest data -------------------------------------------------------------
@@ -383,7 +392,7 @@ def test_a_trial_that_would_change_the_tables_is_stopped_before_training(trainer
 def _vertex_tuning_job(trainer_data, tmp_path, monkeypatch, parallel_trials):
     """The Vertex AI CustomJob that TFX's Vertex tuner executor submits for our pipeline's Tuner
     (its submission to Vertex stubbed: nothing leaves the machine), on the trainer_data examples,
-    with 2 trials of 2 steps."""
+    with 3 trials of 2 steps."""
     from google.protobuf.message import Message
     from tfx.extensions.google_cloud_ai_platform import runner, training_clients
     from tfx.extensions.google_cloud_ai_platform.tuner import executor as vertex
@@ -393,7 +402,7 @@ def _vertex_tuning_job(trainer_data, tmp_path, monkeypatch, parallel_trials):
     from pipelines.pipeline import create_pipeline
     from tests.stages import artifact
 
-    raw = json.loads(_tuning_config(trainer_data, trials=2, steps_per_trial=2, parallel_trials=parallel_trials).to_json())
+    raw = json.loads(_tuning_config(trainer_data, trials=3, steps_per_trial=2, parallel_trials=parallel_trials).to_json())
     raw["kubeflow"]["vertex_training"] = {"project": "p", "region": "us-central1", "machine_type": "n1-standard-8"}
     cfg = config_from_json(json.dumps(raw))
     p = create_pipeline(cfg, str(tmp_path / "root"), None, str(tmp_path / "serving"), image=IMAGE, kubeflow=True)
@@ -469,12 +478,12 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.slow(reason="the Vertex job's two replicas as two processes sharing 2 two-step trials")
+@pytest.mark.slow(reason="the Vertex job's two replicas as two processes sharing 3 two-step trials")
 def test_the_vertex_jobs_two_replicas_share_the_trials_through_the_chief_oracle(trainer_data, tmp_path, monkeypatch):
     """Each replica of the job TFX submits runs its container command here with the CLUSTER_SPEC
     Vertex gives it. The primary starts KerasTuner's chief oracle and trains as a worker beside it;
     the other replica trains; each trial is trained by exactly one of them and the chief writes the
-    best of all of them."""
+    best of all of them. (A job whose trials all fail: test_the_primary_replica_fails_when_its_chief_oracle_failed.)"""
     import re
     import subprocess
     import sys
@@ -497,12 +506,13 @@ def test_the_vertex_jobs_two_replicas_share_the_trials_through_the_chief_oracle(
         log.close()
         text = (tmp_path / f"{pool}.log").read_text()
         trained[pool] = re.findall(r"tuning trial (\d+) \{[^}]*\}: held-out AUC", text)
-    # each replica trained a trial of its own: the two trials ran on two machines
-    assert sorted(trained["workerpool0"] + trained["workerpool1"]) == ["0", "1"], trained
+    # each trial trained once, and each replica trained trials of its own (3 trials: a replica that
+    # starts a trial late still gets one)
+    assert sorted(trained["workerpool0"] + trained["workerpool1"]) == ["0", "1", "2"], trained
     assert trained["workerpool0"] and trained["workerpool1"], trained
     results = json.loads((tmp_path / "results" / "tuner_results.json").read_text())
     best = json.loads((tmp_path / "best" / "best_hyperparameters.txt").read_text())["values"]
-    assert sorted(r["trial_id"] for r in results) == ["0", "1"]
+    assert sorted(r["trial_id"] for r in results) == ["0", "1", "2"]
     top = max(results, key=lambda r: r["score"])
     assert best == {k: v for k, v in top.items() if k not in ("trial_id", "score")}
 

@@ -713,7 +713,9 @@ class VertexTrainingConfig:
     machine_type: str = ""  # e.g. cloud-tpu (TPU v2/v3: 8 cores, 4 chips), n1-standard-8 with a GPU
     accelerator_type: Optional[str] = None  # e.g. TPU_V3, NVIDIA_TESLA_T4 (Vertex has none for v5p, v6e); null: none
     accelerator_count: int = 1
-    # One machine: the trainer is not a multi-worker program (no TF_CONFIG cluster, no multi-host slice).
+    # The Trainer's job is one machine: the trainer is not a multi-worker program (no TF_CONFIG
+    # cluster, no multi-host slice). The Tuner's job is `tuning.parallel_trials` of them (CPU or GPU
+    # machines only), each training whole trials.
 
 
 @dataclass
@@ -723,8 +725,9 @@ class KubeflowConfig:
     pipeline_root: Optional[str] = None  # where artifacts go (gs://...); --pipeline-root overrides
     serving_dir: Optional[str] = None  # the Pusher's destination; null: <pipeline_root>/serving
     beam: KubeflowBeamConfig = field(default_factory=KubeflowBeamConfig)
-    # Component id (as in the pipeline: EmbeddingExampleGen, EmbeddingPreprocess,
-    # Trainer, EmbeddingExporter, Pusher) -> what its task asks for.
+    # Component id (as in the pipeline: EmbeddingExampleGen, EmbeddingPreprocess, Tuner,
+    # Trainer, EmbeddingExporter, Pusher, ...) -> what its task asks for. The Tuner, when not
+    # given, asks for what the Trainer does (its trials train as the Trainer does).
     components: Dict[str, KubeflowComponentConfig] = field(default_factory=dict)
     vertex_training: Optional[VertexTrainingConfig] = None  # set: the Trainer runs as a Vertex AI custom job
     # The image that trains on a TPU route (TPU resources on components.Trainer, or a TPU
@@ -783,8 +786,8 @@ class TuningConfig:
     space: Dict[str, Any] = field(default_factory=dict)
     # Trials trained at once, each on its own machine: with `kubeflow.vertex_training`, the Tuner
     # runs as one Vertex AI custom job of this many replicas of the Trainer's machine (TFX's
-    # google_cloud_ai_platform Tuner, KerasTuner's chief oracle). A local run trains its trials
-    # one at a time; open-source KFP without vertex_training refuses more than 1 at compile.
+    # google_cloud_ai_platform Tuner, KerasTuner's chief oracle); not on a TPU machine. A local run
+    # trains its trials one at a time; a compile without vertex_training refuses more than 1.
     parallel_trials: int = 1
 
 

@@ -211,23 +211,6 @@ def check_tuning(cfg: PipelineConfig) -> None:
     parse_space(tu.space)
 
 
-def check_parallel_trials(cfg: PipelineConfig) -> None:
-    """Kubeflow's check (compile): trials run in parallel only as a Vertex AI custom job.
-
-    Args:
-      cfg: the configuration.
-
-    Raises:
-      ConfigError: `tuning.parallel_trials` above 1 without `kubeflow.vertex_training`.
-    """
-    tu = cfg.tuning
-    if tu is not None and tu.parallel_trials > 1 and cfg.kubeflow.vertex_training is None:
-        raise ConfigError(
-            f"tuning.parallel_trials: {tu.parallel_trials}, but without kubeflow.vertex_training the Tuner is one "
-            "Kubeflow task that trains its trials one at a time; set kubeflow.vertex_training (the trials then run "
-            "as one Vertex AI custom job of that many machines) or tuning.parallel_trials: 1")
-
-
 def values_of(hyperparameters: Any) -> Dict[str, Any]:
     """The values of TFX's `best_hyperparameters` (the Trainer's `fn_args.hyperparameters`: a
     KerasTuner HyperParameters config, {"space": [...], "values": {...}}), or of a plain mapping.
