@@ -157,6 +157,12 @@ def check_parallel_trials(cfg: PipelineConfig) -> None:
             "the TPU machine)")
 
 
+def _tpu_chips(c) -> tuple:
+    """A task's TPU request: (TPU accelerator type or None, count, node selector)."""
+    return (c.accelerator_type if is_tpu_accelerator(c.accelerator_type) else None, c.accelerator_count,
+            dict(c.node_selector))
+
+
 def component_resources(cfg: PipelineConfig) -> Dict[str, Any]:
     """What each task asks for: `kubeflow.components`, and with a `tuning` section the Tuner's task
     as the Trainer's when the config does not set it: its trials train as the Trainer does (the same
@@ -179,9 +185,7 @@ def component_resources(cfg: PipelineConfig) -> Dict[str, Any]:
         comps["Tuner"] = comps["Trainer"]
     elif "task" in tpu_routes(cfg):
         tuner, trainer = comps["Tuner"], comps["Trainer"]
-        chips = lambda c: (c.accelerator_type if is_tpu_accelerator(c.accelerator_type) else None,  # noqa: E731
-                           c.accelerator_count, dict(c.node_selector))
-        if chips(tuner) != chips(trainer):
+        if _tpu_chips(tuner) != _tpu_chips(trainer):
             raise ConfigError(
                 f"{cfg.resolved.source_file}: kubeflow.components.Tuner: asks for other chips than the Trainer "
                 f"({tuner.accelerator_type} x{tuner.accelerator_count} on {tuner.node_selector or 'any node'}), but its "

@@ -35,6 +35,7 @@ import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import keras_tuner
 from absl import logging
 from keras_tuner.engine import base_tuner
+from keras_tuner.src.distribute import utils as dist_utils  # the environment rule BaseTuner itself reads
 from tfx.components.tuner.component import TunerFnResult
 
 from components.config.choices import TuningAlgorithm
@@ -121,8 +122,7 @@ class EmbeddingTuner(base_tuner.BaseTuner):
         # In a distributed search (KerasTuner's environment, module docstring) the chief and the
         # primary replica's worker share one disk, and `overwrite` empties the project directory:
         # each tuner gets its own.
-        tuner_id = os.environ.get("KERASTUNER_TUNER_ID") if os.environ.get("KERASTUNER_ORACLE_IP") else None
-        project = f"{PROJECT}_{tuner_id}" if tuner_id else PROJECT
+        project = f"{PROJECT}_{os.environ['KERASTUNER_TUNER_ID']}" if dist_utils.has_chief_oracle() else PROJECT
         super().__init__(oracle=oracle, directory=directory, project_name=project, overwrite=True)
         self.cfg, self.manifest, self.statistics = cfg, manifest, statistics
         self.train_files = list(train_files)
@@ -175,7 +175,7 @@ class EmbeddingTuner(base_tuner.BaseTuner):
 
     def search(self, *fit_args, **fit_kwargs):
         super().search(*fit_args, **fit_kwargs)
-        if os.environ.get("KERASTUNER_ORACLE_IP") and "chief" in os.environ.get("KERASTUNER_TUNER_ID", ""):
+        if dist_utils.is_chief_oracle():
             self._check_completed()  # the chief oracle's search returns when every worker is done
 
     def on_search_end(self):
