@@ -38,6 +38,7 @@ def main() -> None:
 
     from components.config.loading import load_config
     from components.config.serialization import config_to_json
+    from components.data_io.blocks import to_blocks
     from components.embedding_preprocess import transform as transform_lib
     from components.contracts import artifacts
     from components.embedding_preprocess import vocabulary
@@ -92,7 +93,7 @@ def main() -> None:
             rb = shuffled_rows(b, cfg.training.seed)
             transformed = transform_lib.transform_batch(cfg, lookups, rb)
             batch_statistics(cfg, lookups, rb, transformed, "train")
-            encoder.encode(transform_lib.to_blocks(cfg, transformed.batch, cfg.transformed_examples.block_rows))
+            encoder.encode(to_blocks(cfg, transformed.batch, cfg.transformed_examples.block_rows))
 
     parts = {"example_gen": example_gen, "line_count": line_count, "count": count, "transform": transform}
     for name, f in parts.items():

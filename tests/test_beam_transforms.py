@@ -27,7 +27,7 @@ from components.embedding_preprocess import vocabulary
 from components.embedding_preprocess import spill
 from components.embedding_preprocess.counting import CountSummary, FeatureValueCounter, ValueCounts, shared_table_features
 from components.embedding_preprocess.csv_input import ReadCsvRecordBatches
-from components.embedding_preprocess.transform import from_blocks
+from components.data_io.blocks import from_blocks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

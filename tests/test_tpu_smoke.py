@@ -113,7 +113,7 @@ def _sorted_eval_split(root, fmt, rows=400, block_rows=4):
 
     from components.contracts import artifacts
     from components.contracts.manifest import DenseFeatureEntry, VocabularyManifest
-    from components.embedding_preprocess.transform import to_blocks
+    from components.data_io.blocks import to_blocks
 
     manifest = VocabularyManifest("unused", "label", {}, (DenseFeatureEntry("I1", "I1", 0.0),), (), {},
                                   transformed_format=fmt, block_rows=block_rows if fmt == "blocks" else 0)

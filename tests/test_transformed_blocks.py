@@ -24,7 +24,7 @@ from components.config.loading import parse_config
 from components.contracts.manifest import TAIL_PREFIX, TRANSFORMED_PREFIX, row_lengths_key, weights_key
 from components.embedding_model.input import make_dataset
 from components.embedding_preprocess.run import run_preprocessing
-from components.embedding_preprocess.transform import from_blocks, to_blocks
+from components.data_io.blocks import from_blocks, to_blocks
 from components.embedding_trainer import trainer_module as tm
 from components.data_io.examples_io import transformed_rows
 from components.example_gen.synthetic_data import GeneratorSpec, write_csv

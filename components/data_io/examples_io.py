@@ -14,7 +14,7 @@ from tfx_bsl.coders import example_coder
 
 from components.contracts.manifest import FORMAT_BLOCKS, TAIL_PREFIX
 from components.data_io.tfrecords import compression_type
-from components.embedding_preprocess.transform import from_blocks
+from components.data_io.blocks import from_blocks
 
 
 def is_parquet(files: List[str]) -> bool:
@@ -69,7 +69,7 @@ def serialized_examples(file_pattern: str, limit: int) -> List[bytes]:
 
 def block_records_as_rows(manifest, records: List[bytes]) -> List[bytes]:
     """Serialized block records (`transformed_examples.format: blocks`) cut back into one serialized
-    tf.Example per row (`transform.from_blocks`).
+    tf.Example per row (`blocks.from_blocks`).
 
     Args:
       manifest: the preprocessing manifest (`VocabularyManifest`): the blocks' layout.
@@ -88,7 +88,7 @@ def transformed_rows(file_pattern: str, manifest, limit: int) -> List[bytes]:
     """Reads transformed rows as serialized tf.Examples, whatever `transformed_examples.format` wrote.
 
     The result is what the Trainer's SavedModel signature on transformed examples takes. Blocks
-    are decoded and cut back into rows (`transform.from_blocks`).
+    are decoded and cut back into rows (`blocks.from_blocks`).
 
     Args:
       file_pattern: the transformed split's files.

@@ -58,7 +58,8 @@ from components.embedding_preprocess.counting import (
 from components.embedding_preprocess.csv_input import ReadCsvRecordBatches, read_header
 
 from components.embedding_preprocess.batch_statistics import batch_statistics
-from components.embedding_preprocess.transform import load_lookups, read_batch_rows, to_blocks, transform_batch
+from components.data_io.blocks import to_blocks
+from components.embedding_preprocess.transform import load_lookups, read_batch_rows, transform_batch
 from components.config.choices import Compression, InputFormat, VocabularyKind
 
 STATS_FILE_PREFIX = "_partial_statistics"
