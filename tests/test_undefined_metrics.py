@@ -30,7 +30,8 @@ from components.rules.metrics import (
 )
 from components.config.loading import parse_config
 from components.data_io.sampling import sample_examples, stratified_runs
-from components.embedding_exporter.gate import decide, evaluator_check
+from components.embedding_exporter.gate import decide
+from components.model_registry.evaluation import evaluator_check
 from components.tfx_wiring.metric_properties import set_metric_property
 from pipelines.runner import failed_component
 

@@ -17,6 +17,7 @@ from components.reporting import progress
 from components.contracts import artifacts
 from components.tfx_wiring.executor_base import read_json_if_exists
 from components.model_registry import registry
+from components.model_registry.evaluation import evaluator_check, read_evaluation
 from components.tfx_wiring.metric_properties import set_metric_property
 
 # LastBlessedModel
@@ -129,7 +130,7 @@ def entry_fields(report: Dict[str, Any], serving_model_uri: str, trainer_model_u
       trainer_model_uri: the Trainer's model folder (its plan and manifest are recorded).
       pipeline: the pipeline's name.
       run: the run that made the model (`id`, `name`, `orchestrator`).
-      evaluator: TFX's Evaluator's check (gate.evaluator_check), or None without an Evaluator;
+      evaluator: TFX's Evaluator's check (evaluation.evaluator_check), or None without an Evaluator;
         recorded with the gate's checks and in full under `evaluator`.
 
     Returns:
@@ -180,11 +181,8 @@ def evaluator_check_of(input_dict: Dict[str, List[types.Artifact]]) -> Optional[
       input_dict: the Pusher's inputs (`evaluator_blessing`, `evaluation`, both optional).
 
     Returns:
-      The check (embedding_exporter.gate.evaluator_check), or None when the pipeline has no Evaluator.
+      The check (evaluation.evaluator_check), or None when the pipeline has no Evaluator.
     """
-    # lazy: only a pipeline with TFX's Evaluator needs the gate's check, which loads TensorFlow
-    from components.embedding_exporter.gate import evaluator_check, read_evaluation
-
     blessings = input_dict.get(EVALUATOR_BLESSING_KEY) or []
     if not blessings:
         return None
