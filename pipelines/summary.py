@@ -144,21 +144,11 @@ def summarize(cfg: PipelineConfig, output_dir: str, artifacts: Dict[str, str]) -
     served = served_model(os.path.join(output_dir, SERVING_DIR))
     this_run = artifacts.get("EmbeddingExporter.serving_model") if report else None
     meta = _read(cfg.input.path + ".meta.json") if os.path.isfile(cfg.input.path) else None
-    # TFX's Evaluator's blessing (evaluator.enabled): its BLESSED / NOT_BLESSED file
-    blessing_dir = artifacts.get("Evaluator.blessing") if cfg.evaluator.enabled else None
-    blessing = next((os.path.join(blessing_dir, n) for n in ("BLESSED", "NOT_BLESSED")
-                     if os.path.isfile(os.path.join(blessing_dir, n))), None) if blessing_dir else None
     health = (stats or {}).get("feature_health") or {}
-    fill_values = {d.name: d.fill_value for d in cfg.dense_features}
     return {
         "artifacts": dict(artifacts),
         "ledger": (stats or {}).get("ledger"),
-        "feature_warnings": {
-            n: {"share": e["share"], "status": e["status"], "reasons": {k: v for k, v in e["reasons"].items() if v},
-                "kind": e.get("kind"), "unusable_rows": e.get("unusable_rows"), "rows": health.get("rows"),
-                **({"fill_value": fill_values[n]} if n in fill_values else {})}
-            for n, e in health.get("features", {}).items() if e["status"] != "ok"
-        },
+        "feature_warnings": _feature_warnings(cfg, health),
         # the limits the warnings were drawn with (input.warn_invalid_share, input.max_invalid_share)
         "feature_health_limits": {k: health.get(k) for k in ("rows", "warn_invalid_share", "max_invalid_share")}
         if health else None,
@@ -171,20 +161,9 @@ def summarize(cfg: PipelineConfig, output_dir: str, artifacts: Dict[str, str]) -
         "rows_dropped": {s: v["examples_dropped"] for s, v in stats["splits"].items()} if stats else None,
         "vocabulary_sizes": {t: v["vocabulary_size"] for t, v in stats["tables"].items()} if stats else None,
         "continuous": continuous_summary(continuous),
-        "eval_auc": metrics["auc"] if metrics else None,
-        # the model those metrics are of: the checkpoint kept (its step, how it was chosen)
-        "eval_model": eval_model(metrics, training_run) if metrics else None,
-        # why a metric the Trainer measured is undefined (one label in the eval split): None when defined
-        "eval_auc_undefined": undefined_reason(metrics, "auc"),
-        "baseline_auc": (metrics.get("baseline") or {}).get("auc") if metrics else None,
-        "baseline_auc_undefined": undefined_reason((metrics or {}).get("baseline"), "auc"),
-        "validation": {
-            "blessed": report["validation"]["blessed"],
-            "checks": [{k: c.get(k) for k in ("name", "passed", "model_auc", "reference_auc", "margin", "reason")}
-                       for c in report["validation"]["checks"]],
-            "reasons": report["validation"]["reasons"],
-        } if report and "validation" in report else None,
-        "evaluator": {"blessed": os.path.basename(blessing) == "BLESSED"} if blessing else None,
+        **_eval_aucs(metrics, training_run),
+        "validation": _gate_validation(report),
+        "evaluator": _evaluator_verdict(cfg, artifacts),
         "serving_model_this_run": this_run,
         "training": training_length(cfg, training_run, stats),
         "eval_log_loss": metrics["log_loss"] if metrics else None,
@@ -194,11 +173,62 @@ def summarize(cfg: PipelineConfig, output_dir: str, artifacts: Dict[str, str]) -
         "export_layout": report["layout"]["detected"] if report and "layout" in report else None,
         # {raw column: JSON signature input} where the input is not the column itself (docs/export.md)
         "serving_inputs_renamed": report.get("serving_inputs_renamed") if report else None,
-        "export_compression": {
-            d: {"table_bytes": v["table_bytes"], "auc_change": v["auc_change"]}
-            for d, v in report.get("compression", {}).items()
-        } if report else None,
+        "export_compression": _export_compression(report),
     }
+
+
+def _feature_warnings(cfg: PipelineConfig, health: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """The statistics' feature health entries that are not `ok`, each with its dense fill value."""
+    fill_values = {d.name: d.fill_value for d in cfg.dense_features}
+    return {
+        n: {"share": e["share"], "status": e["status"], "reasons": {k: v for k, v in e["reasons"].items() if v},
+            "kind": e.get("kind"), "unusable_rows": e.get("unusable_rows"), "rows": health.get("rows"),
+            **({"fill_value": fill_values[n]} if n in fill_values else {})}
+        for n, e in health.get("features", {}).items() if e["status"] != "ok"
+    }
+
+
+def _eval_aucs(metrics: Optional[Dict[str, Any]], training_run: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """The Trainer's eval AUCs, the model's and the baseline's, each with why it is undefined, and
+    the model they are of."""
+    return {
+        "eval_auc": metrics["auc"] if metrics else None,
+        # the model those metrics are of: the checkpoint kept (its step, how it was chosen)
+        "eval_model": eval_model(metrics, training_run) if metrics else None,
+        # why a metric the Trainer measured is undefined (one label in the eval split): None when defined
+        "eval_auc_undefined": undefined_reason(metrics, "auc"),
+        "baseline_auc": (metrics.get("baseline") or {}).get("auc") if metrics else None,
+        "baseline_auc_undefined": undefined_reason((metrics or {}).get("baseline"), "auc"),
+    }
+
+
+def _gate_validation(report: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The exporter's gate decision from its report: blessed, each check's figures, the reasons."""
+    if not (report and "validation" in report):
+        return None
+    return {
+        "blessed": report["validation"]["blessed"],
+        "checks": [{k: c.get(k) for k in ("name", "passed", "model_auc", "reference_auc", "margin", "reason")}
+                   for c in report["validation"]["checks"]],
+        "reasons": report["validation"]["reasons"],
+    }
+
+
+def _evaluator_verdict(cfg: PipelineConfig, artifacts: Dict[str, str]) -> Optional[Dict[str, Any]]:
+    """TFX's Evaluator's blessing (evaluator.enabled), from its BLESSED / NOT_BLESSED file; None
+    without one."""
+    blessing_dir = artifacts.get("Evaluator.blessing") if cfg.evaluator.enabled else None
+    blessing = next((os.path.join(blessing_dir, n) for n in ("BLESSED", "NOT_BLESSED")
+                     if os.path.isfile(os.path.join(blessing_dir, n))), None) if blessing_dir else None
+    return {"blessed": os.path.basename(blessing) == "BLESSED"} if blessing else None
+
+
+def _export_compression(report: Optional[Dict[str, Any]]) -> Optional[Dict[str, Dict[str, Any]]]:
+    """Per compared table dtype: its tables' bytes and the AUC change it costs (the export report's)."""
+    if not report:
+        return None
+    return {d: {"table_bytes": v["table_bytes"], "auc_change": v["auc_change"]}
+            for d, v in report.get("compression", {}).items()}
 
 
 def undefined_reason(metrics: Optional[Dict[str, Any]], name: str) -> Optional[str]:

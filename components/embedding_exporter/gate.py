@@ -90,48 +90,9 @@ def decide(cfg: PipelineConfig, model_metrics: Optional[Dict[str, Any]], serving
     v = cfg.validation
     checks: List[Dict[str, Any]] = []
     if v.baseline_margin is not None:
-        base = (model_metrics or {}).get("baseline")
-        if base is None:
-            checks.append({"name": "baseline", "passed": False, "reason": (
-                "the Trainer's eval_metrics.json has no baseline (a model trained before validation.baseline "
-                "existed, or with it disabled); retrain, or set validation.baseline_margin: null")})
-        elif why := (_undefined(model_metrics.get("auc"), (model_metrics.get("undefined") or {}).get("auc"),
-                                "the model's eval AUC")
-                     or _undefined(base.get("auc"), (base.get("undefined") or {}).get("auc"), "the baseline's eval AUC")):
-            checks.append({"name": "baseline", "passed": False, "model_auc": _number(model_metrics.get("auc")),
-                           "reference_auc": _number(base.get("auc")), "margin": v.baseline_margin,
-                           "examples": base.get("examples"), "undefined": why,
-                           "reason": f"{why}: the model cannot be compared with the baseline"})
-        else:
-            model_auc, ref = float(model_metrics["auc"]), float(base["auc"])
-            ok = model_auc >= ref - v.baseline_margin
-            checks.append({
-                "name": "baseline", "passed": ok, "model_auc": model_auc, "reference_auc": ref,
-                "margin": v.baseline_margin, "examples": base.get("examples"),
-                "reason": (f"eval AUC {model_auc:.4f} {'>=' if ok else '<'} baseline ({base['model']}) "
-                           f"{ref:.4f} - margin {v.baseline_margin}"),
-            })
+        checks.append(_baseline_check(model_metrics, v.baseline_margin))
     if v.regression_margin is not None:
-        if previous is None:
-            checks.append({"name": "last_blessed", "passed": True, "skipped": True,
-                           "reason": no_previous or "no blessed model before this one"})
-        elif (why := _undefined(serving_auc, serving_auc_undefined, "the serving model's AUC on the eval sample")
-              or _undefined(previous.get("eval_auc"), previous.get("eval_auc_undefined"),
-                            "the last blessed model's AUC on the eval sample")):
-            checks.append({"name": "last_blessed", "passed": False, "model_auc": _number(serving_auc),
-                           "reference_auc": _number(previous.get("eval_auc")), "margin": v.regression_margin,
-                           "examples": previous["examples"], "reference_model": previous["serving_dir"],
-                           "undefined": why, "reason": f"{why}: the model cannot be compared with the last blessed one"})
-        else:
-            prev = float(previous["eval_auc"])
-            ok = serving_auc >= prev - v.regression_margin
-            checks.append({
-                "name": "last_blessed", "passed": ok, "model_auc": serving_auc, "reference_auc": prev,
-                "margin": v.regression_margin, "examples": previous["examples"],
-                "reference_model": previous["serving_dir"],
-                "reason": (f"serving AUC {serving_auc:.4f} {'>=' if ok else '<'} last blessed model's {prev:.4f} "
-                           f"on the same {previous['examples']} eval rows - margin {v.regression_margin}"),
-            })
+        checks.append(_last_blessed_check(serving_auc, serving_auc_undefined, previous, no_previous, v.regression_margin))
     if not is_defined(serving_auc) and not any(c.get("undefined") for c in checks):
         why = _undefined(serving_auc, serving_auc_undefined, "the serving model's AUC on the eval sample")
         checks.append({"name": "eval_auc", "passed": False, "model_auc": None, "undefined": why,
@@ -142,6 +103,57 @@ def decide(cfg: PipelineConfig, model_metrics: Optional[Dict[str, Any]], serving
         "blessed": blessed,
         "checks": checks,
         "reasons": [c["reason"] for c in checks if not c["passed"]],
+    }
+
+
+def _baseline_check(model_metrics: Optional[Dict[str, Any]], margin: float) -> Dict[str, Any]:
+    """The `baseline` check: the model's eval AUC against the trainer's baseline's, less `margin`
+    (`validation.baseline_margin`); failed when either is missing or undefined."""
+    base = (model_metrics or {}).get("baseline")
+    if base is None:
+        return {"name": "baseline", "passed": False, "reason": (
+            "the Trainer's eval_metrics.json has no baseline (a model trained before validation.baseline "
+            "existed, or with it disabled); retrain, or set validation.baseline_margin: null")}
+    if why := (_undefined(model_metrics.get("auc"), (model_metrics.get("undefined") or {}).get("auc"),
+                          "the model's eval AUC")
+               or _undefined(base.get("auc"), (base.get("undefined") or {}).get("auc"), "the baseline's eval AUC")):
+        return {"name": "baseline", "passed": False, "model_auc": _number(model_metrics.get("auc")),
+                "reference_auc": _number(base.get("auc")), "margin": margin,
+                "examples": base.get("examples"), "undefined": why,
+                "reason": f"{why}: the model cannot be compared with the baseline"}
+    model_auc, ref = float(model_metrics["auc"]), float(base["auc"])
+    ok = model_auc >= ref - margin
+    return {
+        "name": "baseline", "passed": ok, "model_auc": model_auc, "reference_auc": ref,
+        "margin": margin, "examples": base.get("examples"),
+        "reason": (f"eval AUC {model_auc:.4f} {'>=' if ok else '<'} baseline ({base['model']}) "
+                   f"{ref:.4f} - margin {margin}"),
+    }
+
+
+def _last_blessed_check(serving_auc: Optional[float], serving_auc_undefined: Optional[str],
+                        previous: Optional[Dict[str, Any]], no_previous: Optional[str], margin: float) -> Dict[str, Any]:
+    """The `last_blessed` check: the serving model's AUC against the last blessed model's on the same
+    eval rows, less `margin` (`validation.regression_margin`); skipped without a previous model,
+    failed when either AUC is undefined."""
+    if previous is None:
+        return {"name": "last_blessed", "passed": True, "skipped": True,
+                "reason": no_previous or "no blessed model before this one"}
+    if why := (_undefined(serving_auc, serving_auc_undefined, "the serving model's AUC on the eval sample")
+               or _undefined(previous.get("eval_auc"), previous.get("eval_auc_undefined"),
+                             "the last blessed model's AUC on the eval sample")):
+        return {"name": "last_blessed", "passed": False, "model_auc": _number(serving_auc),
+                "reference_auc": _number(previous.get("eval_auc")), "margin": margin,
+                "examples": previous["examples"], "reference_model": previous["serving_dir"],
+                "undefined": why, "reason": f"{why}: the model cannot be compared with the last blessed one"}
+    prev = float(previous["eval_auc"])
+    ok = serving_auc >= prev - margin
+    return {
+        "name": "last_blessed", "passed": ok, "model_auc": serving_auc, "reference_auc": prev,
+        "margin": margin, "examples": previous["examples"],
+        "reference_model": previous["serving_dir"],
+        "reason": (f"serving AUC {serving_auc:.4f} {'>=' if ok else '<'} last blessed model's {prev:.4f} "
+                   f"on the same {previous['examples']} eval rows - margin {margin}"),
     }
 
 

@@ -184,26 +184,8 @@ def read_holdout(file_patterns: List[str], manifest: VocabularyManifest, fractio
     files = _matching_files(file_patterns)
     if not files:
         raise ValueError(f"no transformed examples match {file_patterns}")
-    compression = compression_type(files)
     bound = holdout_buckets(fraction)
-    blocks = manifest.transformed_format == FORMAT_BLOCKS
-    label_spec = {manifest.label: tf.io.RaggedFeature(tf.float32)}
-
-    def kept(records):
-        buckets = record_buckets(records)
-        chosen = buckets < bound
-        records, buckets = tf.boolean_mask(records, chosen), tf.boolean_mask(buckets, chosen)
-        if blocks:  # a block's rows: its label's values
-            rows = tf.cast(tf.io.parse_example(records, label_spec)[manifest.label].row_lengths(), tf.int64)
-        else:
-            rows = tf.ones_like(buckets)
-        return records, buckets, rows
-
-    ds = _file_names(files, False, 0).interleave(
-        lambda f: tf.data.TFRecordDataset(f, compression_type=compression).batch(_HOLDOUT_READ_BATCH).map(
-            kept, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True),
-        cycle_length=INTERLEAVE_CYCLE, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
-    ).prefetch(tf.data.AUTOTUNE)
+    ds = _slice_batches(files, manifest, bound)
     parts: List[Tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     held = slice_rows = 0
     for records, buckets, rows in ds.as_numpy_iterator():
@@ -222,6 +204,40 @@ def read_holdout(file_patterns: List[str], manifest: VocabularyManifest, fractio
         logging.info("held-out slice: %d of its %d rows kept (training.early_stopping.max_holdout_rows %d): "
                      "the records of its lowest content buckets", held, slice_rows, max_rows)
     return HeldOutSlice(tf.constant(kept_records, dtype=tf.string), held, slice_rows, bound)
+
+
+def _slice_batches(files: List[str], manifest: VocabularyManifest, bound: int) -> tf.data.Dataset:
+    """Every record of `files` read and keyed (INTERLEAVE_CYCLE files at a time, in batches, in
+    parallel), each batch cut to the records whose bucket is below `bound`.
+
+    Args:
+      files: the train split's TFRecord files.
+      manifest: the transformed data's manifest (rows per record in the `blocks` layout).
+      bound: the held-out slice's bucket bound (`holdout_buckets`).
+
+    Returns:
+      A dataset of (records, buckets, rows) batches: string, int64 and int64 [n] each, `rows`
+      the rows each record holds.
+    """
+    compression = compression_type(files)
+    blocks = manifest.transformed_format == FORMAT_BLOCKS
+    label_spec = {manifest.label: tf.io.RaggedFeature(tf.float32)}
+
+    def kept(records):
+        buckets = record_buckets(records)
+        chosen = buckets < bound
+        records, buckets = tf.boolean_mask(records, chosen), tf.boolean_mask(buckets, chosen)
+        if blocks:  # a block's rows: its label's values
+            rows = tf.cast(tf.io.parse_example(records, label_spec)[manifest.label].row_lengths(), tf.int64)
+        else:
+            rows = tf.ones_like(buckets)
+        return records, buckets, rows
+
+    return _file_names(files, False, 0).interleave(
+        lambda f: tf.data.TFRecordDataset(f, compression_type=compression).batch(_HOLDOUT_READ_BATCH).map(
+            kept, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True),
+        cycle_length=INTERLEAVE_CYCLE, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
+    ).prefetch(tf.data.AUTOTUNE)
 
 
 def _lowest_buckets(parts: List[Tuple[np.ndarray, np.ndarray, np.ndarray]], max_rows: int, bound: int
