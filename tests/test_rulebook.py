@@ -18,15 +18,15 @@ import pyarrow as pa
 import pytest
 
 import components  # noqa: F401
-from components.rules import rulebook
+from components.rules import rulebook, rulebook_cases
 from components.embedding_preprocess import features
 from components.contracts.manifest import weights_key
 from components.embedding_preprocess import vocabulary as vocabulary_lib
 
-TOKEN_CASES = {c.name: c for c in rulebook.TOKEN_CASES}
-DENSE_CASES = {c.name: c for c in rulebook.DENSE_CASES}
+TOKEN_CASES = {c.name: c for c in rulebook_cases.TOKEN_CASES}
+DENSE_CASES = {c.name: c for c in rulebook_cases.DENSE_CASES}
 INT_TEXT = "j"  # the int64 column the INT_TEXT_CASES are sent in, as JSON strings
-INT_TEXT_OOV_BUCKETS = 5  # its vocabulary is rulebook.VOCABULARY
+INT_TEXT_OOV_BUCKETS = 5  # its vocabulary is rulebook_cases.VOCABULARY
 WIDTH = 8  # the probe model's IDs per row; no case has more
 TF_PATHS = ("from_examples", "from_feature_tensors", "serving_default", "serve_features")
 JSON_PATHS = ("from_feature_tensors", "serve_features")
@@ -88,7 +88,7 @@ def test_token_case_serving(served, name, path):
     assert served.ids(path, name, len(case.rows)) == case.ids
 
 
-@pytest.mark.parametrize("case", rulebook.INT_TEXT_CASES, ids=lambda c: repr(c.text))
+@pytest.mark.parametrize("case", rulebook_cases.INT_TEXT_CASES, ids=lambda c: repr(c.text))
 def test_int_text_case_reference(case):
     value, reason = rulebook.int_text_value(case.text)
     assert (None if value is None else str(value).encode(), reason) == (case.token, case.reason)
@@ -97,7 +97,7 @@ def test_int_text_case_reference(case):
     assert dict(tokens.invalid) == ({case.reason: 1} if case.reason else {})
 
 
-@pytest.mark.parametrize("case", [c for c in rulebook.INT_TEXT_CASES if c.token is not None], ids=lambda c: repr(c.text))
+@pytest.mark.parametrize("case", [c for c in rulebook_cases.INT_TEXT_CASES if c.token is not None], ids=lambda c: repr(c.text))
 def test_int_text_stands_for_its_int64_value_in_preprocessing(case):
     """J2: the JSON string gives the token preprocessing makes of the int64 value it stands for."""
     toks = features.extract_tokens(pa.array([[int(case.token)]], pa.list_(pa.int64())), 1, None, None)
@@ -107,9 +107,9 @@ def test_int_text_stands_for_its_int64_value_in_preprocessing(case):
 @pytest.mark.parametrize("path", JSON_PATHS)
 def test_int_text_cases_serving(served, path):
     expected = tuple(
-        (rulebook.embedding_id(c.token, rulebook.VOCABULARY, INT_TEXT_OOV_BUCKETS),) if c.token else () for c in rulebook.INT_TEXT_CASES
+        (rulebook.embedding_id(c.token, rulebook_cases.VOCABULARY, INT_TEXT_OOV_BUCKETS),) if c.token else () for c in rulebook_cases.INT_TEXT_CASES
     )
-    assert served.ids(path, INT_TEXT, len(rulebook.INT_TEXT_CASES)) == expected
+    assert served.ids(path, INT_TEXT, len(rulebook_cases.INT_TEXT_CASES)) == expected
 
 
 def test_int_columns_as_numbers_serving(served):
@@ -120,9 +120,9 @@ def test_int_columns_as_numbers_serving(served):
     sent as in `serve_features`, gives what `serve_features` gives."""
     path = "serve_typed_features"
     expected = tuple(
-        (rulebook.embedding_id(c.token, rulebook.VOCABULARY, INT_TEXT_OOV_BUCKETS),) if c.token else () for c in rulebook.INT_TEXT_CASES
+        (rulebook.embedding_id(c.token, rulebook_cases.VOCABULARY, INT_TEXT_OOV_BUCKETS),) if c.token else () for c in rulebook_cases.INT_TEXT_CASES
     )
-    assert served.ids(path, INT_TEXT, len(rulebook.INT_TEXT_CASES)) == expected
+    assert served.ids(path, INT_TEXT, len(rulebook_cases.INT_TEXT_CASES)) == expected
     assert served.ids(path, "identity_int", len(INT_IDENTITY)) == _kind_expected("identity_int")
     int_cases = {_feature_name("t", i): c for i, c in enumerate(TOKEN_CASES.values()) if c.kind == rulebook.KIND_INT}
     assert int_cases
@@ -139,11 +139,11 @@ def test_int_columns_as_numbers_serving(served):
 # ---- column kinds: hashed (V3) and identity (V4) --------------------------------------------------
 
 HASH_BUCKETS = 1000
-IDENTITY = {d: [c for c in rulebook.IDENTITY_CASES if c.default_value == d] for d in (None, 3)}
+IDENTITY = {d: [c for c in rulebook_cases.IDENTITY_CASES if c.default_value == d] for d in (None, 3)}
 INT_IDENTITY = (0, 7, 9, 10, -1, 12345678901234)  # an int64 column: T2 first (-1: negative_int), then V4
 # column -> (raw kind, vocabulary options, one value per row)
 KIND_COLUMNS = {
-    "hashed": (rulebook.KIND_BYTES, {"kind": "hashed", "num_buckets": HASH_BUCKETS}, sorted({c.token for c in rulebook.OOV_CASES})),
+    "hashed": (rulebook.KIND_BYTES, {"kind": "hashed", "num_buckets": HASH_BUCKETS}, sorted({c.token for c in rulebook_cases.OOV_CASES})),
     "identity": (rulebook.KIND_BYTES, {"kind": "identity", "num_buckets": 10}, [c.token for c in IDENTITY[None]]),
     "identity_default": (rulebook.KIND_BYTES, {"kind": "identity", "num_buckets": 10, "default_value": 3},
                          [c.token for c in IDENTITY[3]]),
@@ -153,10 +153,10 @@ KIND_COLUMNS = {
                        [b"12|3|abc|4|5", b"x|y|8", b"1|2|3", b"|07|", b"9"]),
 }
 MULTI = {"identity_multi": ("|", 2)}  # column -> (separator, max_length)
-# W1 in serving: a weighted feature ("weighted": tokens a|x, vocabulary rulebook.VOCABULARY) weighed by a
+# W1 in serving: a weighted feature ("weighted": tokens a|x, vocabulary rulebook_cases.VOCABULARY) weighed by a
 # float column ("w") holding the float weight cases (a tf.Example column has one kind).
 WEIGHTED, WEIGHT_COLUMN = "weighted", "w"
-FLOAT_WEIGHTS = [(values, weight) for kind, values, weight in rulebook.WEIGHT_CASES if kind == rulebook.KIND_FLOAT]
+FLOAT_WEIGHTS = [(values, weight) for kind, values, weight in rulebook_cases.WEIGHT_CASES if kind == rulebook.KIND_FLOAT]
 
 
 def _weighted_expected():
@@ -220,7 +220,7 @@ def test_column_kind_serving(served, name, path):
     assert served.ids(path, name, len(KIND_COLUMNS[name][2])) == _kind_expected(name)
 
 
-@pytest.mark.parametrize("kind, values, weight", rulebook.WEIGHT_CASES, ids=lambda v: repr(v))
+@pytest.mark.parametrize("kind, values, weight", rulebook_cases.WEIGHT_CASES, ids=lambda v: repr(v))
 def test_weight_case_arrow(kind, values, weight):
     """W1 in preprocessing: the row's weight, or its tokens dropped and counted."""
     t = {rulebook.KIND_FLOAT: pa.float32(), rulebook.KIND_INT: pa.int64(), rulebook.KIND_BYTES: pa.binary()}[kind]
@@ -245,7 +245,7 @@ def test_weighted_ids_serving(served, path):
 # ---- the OOV hash --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", rulebook.OOV_CASES, ids=lambda c: f"{c.token[:10]!r}-{c.num_oov_buckets}")
+@pytest.mark.parametrize("case", rulebook_cases.OOV_CASES, ids=lambda c: f"{c.token[:10]!r}-{c.num_oov_buckets}")
 def test_oov_case(case):
     import tensorflow as tf
 
@@ -258,8 +258,8 @@ def test_oov_hash_matches_tensorflow():
     """Every OOV token of the table, for every bucket count, hashed by Python and by TensorFlow."""
     import tensorflow as tf
 
-    tokens = sorted({c.token for c in rulebook.OOV_CASES})
-    for buckets in sorted({c.num_oov_buckets for c in rulebook.OOV_CASES}):
+    tokens = sorted({c.token for c in rulebook_cases.OOV_CASES})
+    for buckets in sorted({c.num_oov_buckets for c in rulebook_cases.OOV_CASES}):
         ours = [rulebook.oov_bucket(t, buckets) for t in tokens]
         assert ours == tf.strings.to_hash_bucket_fast(tokens, buckets).numpy().tolist()
 
@@ -317,11 +317,11 @@ def test_dense_case_serving(served, name, path):
 
 # ---- labels --------------------------------------------------------------------------------------
 
-LABEL_KINDS = sorted({c.kind for c in rulebook.LABEL_CASES})
+LABEL_KINDS = sorted({c.kind for c in rulebook_cases.LABEL_CASES})
 
 
 def _label_cases(kind):
-    return [c for c in rulebook.LABEL_CASES if c.kind == kind]
+    return [c for c in rulebook_cases.LABEL_CASES if c.kind == kind]
 
 
 def _check_labels(cases, label, missing, invalid):
@@ -403,7 +403,7 @@ def served(tmp_path_factory):
         vocabularies[name] = case.vocabulary
         kinds[name] = case.kind
     categorical.append({"name": INT_TEXT, "vocabulary": {"num_oov_buckets": INT_TEXT_OOV_BUCKETS}})
-    vocabularies[INT_TEXT] = rulebook.VOCABULARY
+    vocabularies[INT_TEXT] = rulebook_cases.VOCABULARY
     kinds[INT_TEXT] = rulebook.KIND_INT
     for name, (kind, vocabulary, _) in KIND_COLUMNS.items():
         separator, max_length = MULTI.get(name, (None, None))
@@ -412,7 +412,7 @@ def served(tmp_path_factory):
         kinds[name] = kind
     categorical.append({"name": WEIGHTED, "weight_column": WEIGHT_COLUMN, "separator": "|",
                         "vocabulary": {"num_oov_buckets": 1}})
-    vocabularies[WEIGHTED] = rulebook.VOCABULARY
+    vocabularies[WEIGHTED] = rulebook_cases.VOCABULARY
     kinds[WEIGHTED], kinds[WEIGHT_COLUMN] = rulebook.KIND_BYTES, rulebook.KIND_FLOAT
     dense = [{"name": _feature_name("d", i), "fill_value": c.fill_value} for i, c in enumerate(dense_cases)]
     kinds.update({_feature_name("d", i): c.kind for i, c in enumerate(dense_cases)})
@@ -425,7 +425,7 @@ def served(tmp_path_factory):
     manifest = build_manifest(cfg, {f"kind/{c}/{k}": 1 for c, k in kinds.items() if k != rulebook.KIND_NONE}, vocab_dir)
     transform = RawFeatureTransform(manifest, vocab_dir)
 
-    num_rows = max([len(c.rows) for c in token_cases + dense_cases] + [len(rulebook.INT_TEXT_CASES)]
+    num_rows = max([len(c.rows) for c in token_cases + dense_cases] + [len(rulebook_cases.INT_TEXT_CASES)]
                    + [len(rows) for _, _, rows in KIND_COLUMNS.values()] + [len(FLOAT_WEIGHTS)])
 
     def rows_of(case):
@@ -460,7 +460,7 @@ def served(tmp_path_factory):
     for i, case in enumerate(token_cases):
         json = case.json_rows() or ()
         columns[_feature_name("t", i)] = tf.constant(list(json) + [b""] * (num_rows - len(json)), tf.string)
-    texts = [c.text for c in rulebook.INT_TEXT_CASES]
+    texts = [c.text for c in rulebook_cases.INT_TEXT_CASES]
     columns[INT_TEXT] = tf.constant(texts + [b""] * (num_rows - len(texts)), tf.string)
     pad = num_rows - len(FLOAT_WEIGHTS)
     columns[WEIGHTED] = tf.constant([b"a|x"] * len(FLOAT_WEIGHTS) + [b""] * pad, tf.string)
@@ -515,8 +515,8 @@ def served(tmp_path_factory):
     for name, case in int_cases.items():  # a row of several values has no such form: it sends none
         one = [v[0] if v and len(v) == 1 else -1 for v in case.rows]
         typed[name] = tf.constant(one + [-1] * (num_rows - len(one)), tf.int64)
-    typed[INT_TEXT] = tf.constant([int(c.token) if c.token else -1 for c in rulebook.INT_TEXT_CASES]
-                                  + [-1] * (num_rows - len(rulebook.INT_TEXT_CASES)), tf.int64)
+    typed[INT_TEXT] = tf.constant([int(c.token) if c.token else -1 for c in rulebook_cases.INT_TEXT_CASES]
+                                  + [-1] * (num_rows - len(rulebook_cases.INT_TEXT_CASES)), tf.int64)
     typed["identity_int"] = tf.constant(list(INT_IDENTITY) + [-1] * (num_rows - len(INT_IDENTITY)), tf.int64)
     outputs["serve_typed_features"] = loaded.signatures["serve_typed_features"](**typed)["probabilities"].numpy()
     return _Served(outputs, layout, transform.example_spec())
@@ -524,7 +524,7 @@ def served(tmp_path_factory):
 
 # ---- dense buckets (B1) ---------------------------------------------------------------------------
 
-BUCKET_CASES = {c.name: c for c in rulebook.BUCKET_CASES}
+BUCKET_CASES = {c.name: c for c in rulebook_cases.BUCKET_CASES}
 
 
 @pytest.mark.parametrize("float_type", [pa.float32(), pa.float64()], ids=["float32", "float64"])

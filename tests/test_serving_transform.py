@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import components  # noqa: F401
-from components.rules import rulebook
+from components.rules import rulebook, rulebook_cases
 from components.embedding_preprocess import vocabulary
 
 tf = pytest.importorskip("tensorflow")
@@ -65,7 +65,7 @@ def transforms(tmp_path_factory):
             f["vocabulary"] = {"num_oov_buckets": oov}
         categorical.append(f)
     # the rulebook's token cases, one feature each, beside the messy columns
-    for i, case in enumerate(rulebook.TOKEN_CASES):
+    for i, case in enumerate(rulebook_cases.TOKEN_CASES):
         f = {"name": f"case{i}", "vocabulary": {"num_oov_buckets": case.num_oov_buckets}}
         f.update({k: v for k, v in (("separator", case.separator), ("max_length", case.max_length)) if v})
         categorical.append(f)
@@ -77,7 +77,7 @@ def transforms(tmp_path_factory):
     })
     vocab_dir = str(root / "vocab")
     for t in cfg.tables:
-        case = next((c for i, c in enumerate(rulebook.TOKEN_CASES) if t.name == f"case{i}"), None)
+        case = next((c for i, c in enumerate(rulebook_cases.TOKEN_CASES) if t.name == f"case{i}"), None)
         if case:
             tokens = list(case.vocabulary)
         elif t.name in INTEGER_TABLES:  # what preprocessing writes for int64 columns: decimal texts
@@ -87,7 +87,7 @@ def transforms(tmp_path_factory):
         vocabulary.write_vocabulary(vocab_dir, t.name, [(tok, 1) for tok in tokens])
     kinds = {name: kind for name, kind, *_ in FEATURES}
     kinds.update({name: kind for name, kind, _ in DENSE})
-    kinds.update({f"case{i}": c.kind for i, c in enumerate(rulebook.TOKEN_CASES)})
+    kinds.update({f"case{i}": c.kind for i, c in enumerate(rulebook_cases.TOKEN_CASES)})
     manifest = build_manifest(cfg, {f"kind/{c}/{k}": 1 for c, k in kinds.items() if k != rulebook.KIND_NONE}, vocab_dir)
     fused = RawFeatureTransform(manifest, vocab_dir)
     assert fused.integer_tables == INTEGER_TABLES
@@ -133,9 +133,9 @@ def _messy_rows(rng: random.Random, n: int):
 
 def _case_rows():
     """Every rulebook token case's rows, side by side (one feature per case), padded with absent rows."""
-    n = max(len(c.rows) for c in rulebook.TOKEN_CASES)
+    n = max(len(c.rows) for c in rulebook_cases.TOKEN_CASES)
     rows = [dict() for _ in range(n)]
-    for i, case in enumerate(rulebook.TOKEN_CASES):
+    for i, case in enumerate(rulebook_cases.TOKEN_CASES):
         for r, values in enumerate(case.rows):
             if values is not None:
                 rows[r][f"case{i}"] = list(values)
