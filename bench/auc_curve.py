@@ -31,7 +31,8 @@ import yaml  # noqa: E402
 from components.config.loading import parse_config  # noqa: E402
 from components.embedding_model.tf_objects import dense_id_widths  # noqa: E402
 from components.embedding_trainer.run_plan import derive_plan  # noqa: E402
-from components.embedding_trainer import trainer_module as tm  # noqa: E402
+from components.embedding_trainer import model_building, resolved_input  # noqa: E402
+from tests.stages import examples_uri  # noqa: E402
 from components.embedding_trainer.evaluation import evaluate  # noqa: E402
 from components.embedding_model.input import make_dataset  # noqa: E402
 
@@ -58,12 +59,12 @@ def main() -> int:
     t = cfg.training
     train_files = [os.path.join(args.examples, "Split-train", "*")]
     eval_files = [os.path.join(args.examples, "Split-eval", "*")]
-    manifest = tm.read_manifest_for(train_files)
-    plan = derive_plan(cfg, manifest, tm.read_statistics_for(train_files))
+    manifest = resolved_input.read_manifest(examples_uri(train_files))
+    plan = derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(train_files)))
     tf.keras.utils.set_random_seed(t.seed)
     train = make_dataset(train_files, manifest, t.batch_size, True, seed=t.seed, dense_id_widths=dense_id_widths(plan))
     evaluation = make_dataset(eval_files, manifest, 1024, False)
-    model = tm.build_model(plan, manifest, cfg, for_training=True)
+    model = model_building.build_model(plan, manifest, cfg, for_training=True)
     model.compile(optimizer=model.dense_optimizer, loss=tf.keras.losses.BinaryCrossentropy())
     steps = args.steps or t.train_steps
     start = time.time()

@@ -23,7 +23,8 @@ import components  # noqa: E402,F401
 from components.config.loading import parse_config  # noqa: E402
 from components.contracts.plan import CheckpointLayout  # noqa: E402
 from components.embedding_trainer.run_plan import derive_plan, training_steps  # noqa: E402
-from components.embedding_trainer import trainer_module  # noqa: E402
+from components.embedding_trainer import model_artifact, resolved_input, training_loop  # noqa: E402
+from tests.stages import examples_uri  # noqa: E402
 
 
 def finished_run(output_dir: str):
@@ -36,7 +37,7 @@ def finished_run(output_dir: str):
         raise SystemExit(f"{output_dir}/summary.json names no transformed examples: run `python -m pipelines run` "
                          "into it again (a summary from before runs recorded their artifacts, or a failed run)")
     train, evals = [os.path.join(tx, "Split-train", "*")], [os.path.join(tx, "Split-eval", "*")]
-    return train, evals, trainer_module.read_manifest_for(train), trainer_module.read_statistics_for(train)
+    return train, evals, resolved_input.read_manifest(examples_uri(train)), resolved_input.read_statistics(examples_uri(train))
 
 
 def config_with(config_path: str, overrides=None):
@@ -57,10 +58,10 @@ def main(output_dir: str, config_path: str, candidates) -> None:
         length = training_steps(cfg, stats)
         work = tempfile.mkdtemp(prefix="sweep-")
         start = time.time()
-        ckpt, _, run = trainer_module.train(cfg, plan, manifest, train, evals, os.path.join(work, "state"), train_steps=length["steps"],
+        ckpt, _, run = training_loop.train(cfg, plan, manifest, train, evals, os.path.join(work, "state"), train_steps=length["steps"],
                                train_rows=length.get("train_rows"))
         plan = plan.with_run(checkpoint_layout=CheckpointLayout(**run["checkpoint_layout"]))
-        metrics, _ = trainer_module.finish(cfg, plan, manifest, ckpt, evals, os.path.join(work, "serving"))
+        metrics, _ = model_artifact.finish(cfg, plan, manifest, ckpt, evals, os.path.join(work, "serving"))
         sel = run.get("selection") or {}
         chosen = (f" model_step {run['model_step']} of {run['final_step']} holdout_auc {sel['best_auc']:.4f}"
                   + (" (stopped early)" if sel.get("stopped_at") else "")) if sel.get("best_auc") is not None else ""

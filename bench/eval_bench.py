@@ -43,7 +43,8 @@ import tensorflow as tf  # noqa: E402
 from components.contracts.plan import CheckpointLayout  # noqa: E402
 from components.embedding_model.input import make_dataset, read_holdout, records_dataset  # noqa: E402
 from components.embedding_model.restore import build_serving_model, load_tables, open_checkpoint_tables, restore_dense  # noqa: E402
-from components.embedding_trainer import trainer_module as tm  # noqa: E402
+from components.embedding_trainer import model_artifact, resolved_input, training_data, training_loop  # noqa: E402
+from tests.stages import examples_uri  # noqa: E402
 from components.embedding_trainer.evaluation import compiled_scorer, evaluate, evaluation_batch  # noqa: E402
 from components.embedding_trainer.run_plan import derive_plan  # noqa: E402
 from components.rules.metrics import roc_auc  # noqa: E402
@@ -123,15 +124,15 @@ def main() -> int:
     cfg, _ = prepare(args.rows, workdir, training=training)
     prepare_seconds = time.perf_counter() - start
     files = [os.path.join(workdir, "tx", "Split-train", "*")]
-    manifest = tm.read_manifest_for(files)
-    plan = derive_plan(cfg, manifest, tm.read_statistics_for(files)).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    manifest = resolved_input.read_manifest(examples_uri(files))
+    plan = derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(files))).with_run(vocabulary_dir=manifest.vocabulary_dir)
     t = cfg.training
     out = {"rows": args.rows, "steps": args.steps, "cpus": os.cpu_count(), "batch_size": t.batch_size,
            "eval_batch": evaluation_batch(manifest), "holdout_fraction": fraction, "prepare_seconds": prepare_seconds}
 
     # 1. The training input, as the Trainer reads it, consumed inside TensorFlow (best of the
     # repeats: the shared machine's other load only ever slows a repeat down).
-    train_input = tm.training_input(files, manifest, plan, t, t.batch_size, 0, 1, fraction)
+    train_input = training_data.training_input(files, manifest, plan, t, t.batch_size, 0, 1, fraction)
 
     def training_rate():
         start = time.perf_counter()
@@ -154,7 +155,7 @@ def main() -> int:
     if tf.io.gfile.exists(state):
         tf.io.gfile.rmtree(state)
     start = time.perf_counter()
-    checkpoint, _, run = tm.train(cfg, plan, manifest, files, files, state, train_steps=args.steps, train_rows=args.rows)
+    checkpoint, _, run = training_loop.train(cfg, plan, manifest, files, files, state, train_steps=args.steps, train_rows=args.rows)
     out["train_seconds"] = time.perf_counter() - start
     sel = run["selection"]
     out["run_seconds"] = run["seconds"]
@@ -166,7 +167,7 @@ def main() -> int:
 
     # 3. The final evaluation as the Trainer runs it, and the eager loop it replaced.
     plan_run = plan.with_run(checkpoint_layout=CheckpointLayout(**run["checkpoint_layout"]))
-    metrics, model = tm.finish(cfg, plan_run, manifest, checkpoint, files, os.path.join(workdir, "serving"))
+    metrics, model = model_artifact.finish(cfg, plan_run, manifest, checkpoint, files, os.path.join(workdir, "serving"))
     out["final_after"] = {"rows": metrics["examples"], "seconds": metrics["seconds"],
                           "rows_per_s": metrics["examples"] / metrics["seconds"], "auc": metrics["auc"]}
     with tf.device("/cpu:0"):  # the same evaluation again, traced already: the rate past its fixed cost

@@ -283,7 +283,7 @@ def run_latency(args) -> dict:
     from components.embedding_preprocess import vocabulary
     from components.embedding_preprocess.transform import make_lookups, transform_batch
     from components.contracts.manifest import VocabularyManifest
-    from components.embedding_trainer import trainer_module as tm
+    from components.embedding_trainer import model_building, resolved_input
     from components.contracts.artifacts import SERVING_INPUTS_FILE, TRAINER_CONFIG_FILE
     from components.embedding_model.input import parse_batch
 
@@ -302,8 +302,8 @@ def run_latency(args) -> dict:
             reports[dtype] = export_serving_model(cfg, model_dir, examples, os.path.join(out, dtype))
         trained_sm = tf.saved_model.load(os.path.join(model_dir, "Format-Serving")).signatures["serving_default"]
         manifest = VocabularyManifest.from_json(open(os.path.join(model_dir, "embedding_manifest.json")).read())
-        plan = tm.read_plan(model_dir)
-        keras_model = tm.build_model(plan, manifest, cfg, for_training=False)
+        plan = resolved_input.read_plan(model_dir)
+        keras_model = model_building.build_model(plan, manifest, cfg, for_training=False)
 
         from tfx_bsl.coders import example_coder
 

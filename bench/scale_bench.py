@@ -22,7 +22,7 @@ For each row count:
 With `--train-epochs E` the Trainer trains E passes over the train split (the demo config's model,
 the Trainer's default checkpoint interval and held-out evaluations; no `--steps`), and the run
 reports the Trainer's examples/s (its training steps' own seconds, from `training_run.json`), the
-rate of the same training input alone (`trainer_module.training_input` consumed inside TensorFlow,
+rate of the same training input alone (`training_data.training_input` consumed inside TensorFlow,
 in a fresh process after the run; target at least 4x the step), the seconds of the held-out slice's
 read, the held-out evaluations with the selection, and the final evaluation (target under 10% of
 the Trainer's time together), the peak process-tree memory of the Trainer and the Exporter (target
@@ -248,7 +248,7 @@ def stage_figures(stamps: Dict[str, Dict[str, float]], name: str) -> Optional[Di
 
 
 def input_rate(out: str, config: str, batches: int = 2000) -> float:
-    """Examples/s of the Trainer's own training input (`trainer_module.training_input`: the same
+    """Examples/s of the Trainer's own training input (`training_data.training_input`: the same
     files, plan, held-out slice and batch) alone, consumed inside TensorFlow, in a fresh process."""
     code = """
 import glob, json, os, sys, time
@@ -257,19 +257,20 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import components
 import tensorflow as tf
 from components.config.loading import load_config
-from components.embedding_trainer import trainer_module
+from components.embedding_trainer import resolved_input, training_data, training_loop
+from tests.stages import examples_uri  # noqa: E402
 out, config, batches = sys.argv[2], sys.argv[3], int(sys.argv[4])
 cfg = load_config(config)
 root = os.path.join(out, "pipeline_root")
 train = glob.glob(os.path.join(root, "EmbeddingPreprocess", "transformed_examples", "*", "Split-train"))[0]
 model = sorted(glob.glob(os.path.join(root, "Trainer", "model", "*")))[-1]
 files = [os.path.join(train, "*")]
-manifest = trainer_module.read_manifest_for(files)
-plan = trainer_module.read_plan(model)
+manifest = resolved_input.read_manifest(examples_uri(files))
+plan = resolved_input.read_plan(model)
 t = cfg.training
 rows = (json.load(open(os.path.join(out, "summary.json"))).get("rows_read") or {}).get("train")
 fraction = t.holdout_fraction(rows) if rows else 0.0
-ds = trainer_module.training_input(files, manifest, plan, t, t.batch_size, 0, 1, fraction)(None)
+ds = training_data.training_input(files, manifest, plan, t, t.batch_size, 0, 1, fraction)(None)
 ds.take(50).reduce(0, lambda n, b: n + 1)
 start = time.time()
 n = ds.take(batches).reduce(tf.constant(0, tf.int64), lambda n, b: n + tf.shape(b[1], out_type=tf.int64)[0])
@@ -290,7 +291,7 @@ def training_figures(out: str, stamps: Dict[str, Dict[str, float]], config: str)
     with open(os.path.join(model, "training_run.json")) as fh:
         run = json.load(fh)
     trainer, exporter = stage_figures(stamps, "Trainer"), stage_figures(stamps, "EmbeddingExporter")
-    seconds = run.get("seconds") or {}  # trainer_module._seconds: training, holdout_read, holdout_evaluations, final_evaluation
+    seconds = run.get("seconds") or {}  # training_loop._seconds: training, holdout_read, holdout_evaluations, final_evaluation
     steps = run["final_step"] - (run.get("resumed_from_step") or 0)
     batch = run["per_replica_batch_size"] * run["replicas"]
     train_s = seconds.get("training")

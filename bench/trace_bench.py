@@ -52,14 +52,15 @@ def _model_and_batch(workdir: str):
     from components.config.loading import config_from_json
     from components.embedding_model.tf_objects import dense_id_widths
     from components.embedding_trainer.run_plan import derive_plan
-    from components.embedding_trainer import trainer_module as tm
+    from components.embedding_trainer import resolved_input
+    from tests.stages import examples_uri
     from components.embedding_model.input import make_dataset
 
     with open(os.path.join(workdir, "config.json")) as fh:
         cfg = config_from_json(fh.read())
     files = [os.path.join(workdir, "tx", "Split-train", "*")]
-    manifest = tm.read_manifest_for(files)
-    plan = derive_plan(cfg, manifest, tm.read_statistics_for(files))
+    manifest = resolved_input.read_manifest(examples_uri(files))
+    plan = derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(files)))
     batch = next(iter(make_dataset(files, manifest, 64, training=True, seed=1, dense_id_widths=dense_id_widths(plan))))
     return cfg, plan, manifest, batch
 
@@ -71,13 +72,13 @@ def child_step(workdir: str, autograph: bool) -> None:
     import tensorflow as tf
 
     from components.embedding_model import model as model_lib
-    from components.embedding_trainer import trainer_module as tm
+    from components.embedding_trainer import model_building, training_loop
 
     if autograph:  # the baseline: tf-keras' default, `call` and `train_step` converted (and the layers called)
         model_lib.RankingModel.call = model_lib.RankingModel.call.__wrapped__
         model_lib.RankingModel.train_step = model_lib.RankingModel.train_step.__wrapped__
     cfg, plan, manifest, (x, y) = _model_and_batch(workdir)
-    model = tm.build_model(plan, manifest, cfg, for_training=False)
+    model = model_building.build_model(plan, manifest, cfg, for_training=False)
     model(x)  # variables built eagerly, as the trainer's check does
 
     def step(x, y):
@@ -94,7 +95,7 @@ def child_step(workdir: str, autograph: bool) -> None:
     # above): the TPU-rules check, fit's train function for TRAIN_STEPS steps, checkpoints.
     files = [os.path.join(workdir, "tx", "Split-train", "*")]
     start = time.perf_counter()
-    tm.train(cfg, plan, manifest, files, files, tempfile.mkdtemp(), train_steps=TRAIN_STEPS)
+    training_loop.train(cfg, plan, manifest, files, files, tempfile.mkdtemp(), train_steps=TRAIN_STEPS)
     out["train"] = time.perf_counter() - start
     print(json.dumps(out))
 
@@ -109,13 +110,13 @@ class LibraryOps:
         from components.embedding_exporter import serving_reference
         from components.embedding_exporter.serving import _DTYPES
 
-        self.saved = {k: getattr(serving_reference, k) for k in ("_keep", "_split", "_first_n", "_first_or_nan")}
+        self.saved = {k: getattr(serving_reference, k) for k in ("keep_values", "_split", "_first_n", "first_or_nan")}
         self.saved_spec = serving_reference.FeatureByFeatureTransform.example_spec
         self.saved_from_examples = serving_reference.FeatureByFeatureTransform.from_examples
-        serving_reference._keep = lambda values, mask: tf.ragged.boolean_mask(values, values.with_flat_values(mask))
+        serving_reference.keep_values = lambda values, mask: tf.ragged.boolean_mask(values, values.with_flat_values(mask))
         serving_reference._split = lambda values, sep: tf.strings.split(values, sep).merge_dims(1, 2)
         serving_reference._first_n = lambda values, n: values[:, :n]
-        serving_reference._first_or_nan = lambda values: tf.cast(values[:, :1], tf.float32).to_tensor(
+        serving_reference.first_or_nan = lambda values: tf.cast(values[:, :1], tf.float32).to_tensor(
             default_value=float("nan"), shape=[None, 1])
         serving_reference.FeatureByFeatureTransform.example_spec = lambda self: {
             c: tf.io.VarLenFeature(_DTYPES[self.kinds[c]]) for c in self.raw_columns()}

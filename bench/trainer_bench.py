@@ -53,7 +53,8 @@ from components.config.schema import TrainingConfig  # noqa: E402
 from components.contracts.plan import optimizer_spec  # noqa: E402
 from components.embedding_model import tf_objects  # noqa: E402
 from components.embedding_trainer.run_plan import derive_plan  # noqa: E402
-from components.embedding_trainer import trainer_module as tm  # noqa: E402
+from components.embedding_trainer import model_building, resolved_input  # noqa: E402
+from tests.stages import examples_uri  # noqa: E402
 from components.embedding_model.input import make_dataset  # noqa: E402
 from components.embedding_model.dense_tower import mlp as _mlp  # noqa: E402
 
@@ -277,10 +278,10 @@ def main() -> int:
     open(done, "w").close()
     root = os.path.join(workdir, "tx")
     files = [os.path.join(root, "Split-train", "*")]
-    manifest = tm.read_manifest_for(files)
+    manifest = resolved_input.read_manifest(examples_uri(files))
     example_files = [os.path.join(workdir, "tx_examples", "Split-train", "*")]
-    example_manifest = None if args.no_input else tm.read_manifest_for(example_files)
-    plan = derive_plan(cfg, manifest, tm.read_statistics_for(files))
+    example_manifest = None if args.no_input else resolved_input.read_manifest(examples_uri(example_files))
+    plan = derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(files)))
     t = cfg.training
     bs = t.batch_size
 
@@ -309,7 +310,7 @@ def main() -> int:
     for _ in cached_ours.take(64):
         pass
 
-    ours = tm.build_model(plan, manifest, cfg, for_training=True)
+    ours = model_building.build_model(plan, manifest, cfg, for_training=True)
     ours.compile(optimizer=ours.dense_optimizer, loss=tf.keras.losses.BinaryCrossentropy())
     plain = PlainKerasDLRM(plan, manifest, t, tf_objects.keras_optimizer(optimizer_spec(t.embedding_optimizer)),
                            tf_objects.keras_optimizer(optimizer_spec(t.dense_optimizer)))
@@ -317,8 +318,8 @@ def main() -> int:
     models = {}
     for name, overrides in variants.items():
         vcfg = variant_config(cfg, overrides)
-        vplan = derive_plan(vcfg, manifest, tm.read_statistics_for(files))
-        model = tm.build_model(vplan, manifest, vcfg, for_training=True)
+        vplan = derive_plan(vcfg, manifest, resolved_input.read_statistics(examples_uri(files)))
+        model = model_building.build_model(vplan, manifest, vcfg, for_training=True)
         model.compile(optimizer=model.dense_optimizer, loss=tf.keras.losses.BinaryCrossentropy())
         models[name] = model
 

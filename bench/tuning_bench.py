@@ -25,7 +25,7 @@ import components  # noqa: E402,F401
 
 from components.config.loading import apply_values, parse_config  # noqa: E402
 from components.contracts.plan import CheckpointLayout  # noqa: E402
-from components.embedding_trainer import trainer_module  # noqa: E402
+from components.embedding_trainer import model_artifact, training_loop  # noqa: E402
 from components.embedding_trainer.run_plan import derive_plan, training_steps  # noqa: E402
 from components.embedding_trainer.tuner import build_tuner  # noqa: E402
 from bench.defaults_sweep import finished_run  # noqa: E402
@@ -37,10 +37,10 @@ def train_and_evaluate(cfg, train, evals, manifest, stats):
     length = training_steps(cfg, stats)
     work = tempfile.mkdtemp(prefix="tuning-bench-")
     start = time.time()
-    ckpt, _, run = trainer_module.train(cfg, plan, manifest, train, evals, os.path.join(work, "state"),
+    ckpt, _, run = training_loop.train(cfg, plan, manifest, train, evals, os.path.join(work, "state"),
                                         train_steps=length["steps"], train_rows=length.get("train_rows"))
     plan = plan.with_run(checkpoint_layout=CheckpointLayout(**run["checkpoint_layout"]))
-    metrics, _ = trainer_module.finish(cfg, plan, manifest, ckpt, evals, os.path.join(work, "serving"))
+    metrics, _ = model_artifact.finish(cfg, plan, manifest, ckpt, evals, os.path.join(work, "serving"))
     return metrics["auc"], run["final_step"], round(time.time() - start, 1)
 
 

@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from components.data_io.beam_runtime import WORKER_PLUGIN, skip_tfx_sdist_for_local_runners
 from components.config.schema import SPAN_SPEC, ConfigError, PipelineConfig
 from components.reporting.progress import LAST_BLESSED, PUSHER  # the registry's read and write steps
+from components.tfx_wiring.component_keys import CONFIG_KEY
 from pipelines.evaluation import evaluator_components
 from pipelines.bulk_inference import bulk_inferrer_components
 
@@ -274,15 +275,14 @@ def _tuner(cfg: PipelineConfig, examples, image: Optional[str] = None):
     `kubeflow.vertex_training`, TFX's Vertex AI Tuner instead: the trials train where the Trainer
     does, `tuning.parallel_trials` at once (`vertex_tuning_config`)."""
     # lazy: TFX and our components load TensorFlow and Beam; this module is on the CLI's config path
-    from tfx.components.tuner.component import Tuner
     from tfx.proto import trainer_pb2, tuner_pb2
     from components.config.stages import stage_json
-    from components.tfx_wiring.executor_base import CONFIG_KEY
+    from components.embedding_trainer.component import Tuner
 
     tuner_cls, custom_config, tune_args = Tuner, {CONFIG_KEY: stage_json(cfg, "tuner")}, None
     if image and cfg.kubeflow.vertex_training is not None:
         # lazy: only a Vertex route needs TFX's Google Cloud extension and its client libraries
-        from tfx.extensions.google_cloud_ai_platform.tuner.component import Tuner as VertexTuner
+        from components.embedding_trainer.vertex import Tuner as VertexTuner
 
         tuner_cls, tune_args = VertexTuner, tuner_pb2.TuneArgs(num_parallel_trials=cfg.tuning.parallel_trials)
         custom_config.update(vertex_tuning_config(cfg, image))
@@ -301,14 +301,13 @@ def _trainer(cfg: PipelineConfig, examples, base_model, image: Optional[str], hy
     Kubeflow with `kubeflow.vertex_training`, TFX's Vertex AI Trainer running `image`; with
     `hyperparameters` (the Tuner's best), run_fn applies them over the config."""
     # lazy: TFX and our components load TensorFlow and Beam; this module is on the CLI's config path
-    from tfx.components.trainer.component import Trainer
     from tfx.proto import trainer_pb2
-    from components.tfx_wiring.executor_base import CONFIG_KEY
+    from components.embedding_trainer.component import Trainer
 
     trainer_cls, custom_config = Trainer, {CONFIG_KEY: cfg.to_json()}
     if image and cfg.kubeflow.vertex_training is not None:
         # lazy: only a Vertex route needs TFX's Google Cloud extension and its client libraries
-        from tfx.extensions.google_cloud_ai_platform.trainer.component import Trainer as VertexTrainer
+        from components.embedding_trainer.vertex import Trainer as VertexTrainer
 
         trainer_cls = VertexTrainer
         custom_config.update(vertex_training_config(cfg, image))

@@ -75,7 +75,7 @@ def run_example_gen(cfg, input_dir, out_dir, pattern="*", buckets=(4, 1)):
     from components.rows import ledger
     from components.reporting.errors import LedgerError
     from components.example_gen import executor as ex
-    from components.tfx_wiring.executor_base import CONFIG_KEY
+    from components.tfx_wiring.component_keys import CONFIG_KEY
 
     examples = standard_artifacts.Examples()
     examples.uri = str(out_dir)
@@ -184,14 +184,20 @@ def preprocess_trainer_data(root, categorical=TRAINER_CATEGORICAL):
     return root
 
 
+def examples_uri(split_files) -> str:
+    """The transformed-examples directory of split file patterns these tests and benchmarks wrote
+    themselves (`<dir>/Split-<name>/*`): what the Trainer's executor passes as the artifact's URI."""
+    return os.path.dirname(os.path.dirname(list(split_files)[0]))
+
+
 def fn_args(root, cfg, execution):
     """The Trainer's FnArgs for run_fn on `root`'s transformed splits, writing under
     root/Trainer/*/<execution>: give every run its own `execution` (the data is shared)."""
-    from components.tfx_wiring.executor_base import CONFIG_KEY
+    from components.tfx_wiring.component_keys import CONFIG_KEY, EXAMPLES_URI_KEY
 
     model_uri = root / "Trainer" / "model" / str(execution)
     return SimpleNamespace(
-        custom_config={CONFIG_KEY: cfg.to_json()},
+        custom_config={CONFIG_KEY: cfg.to_json(), EXAMPLES_URI_KEY: str(root / "tx")},
         train_files=[str(root / "tx" / "Split-train" / "*")],
         eval_files=[str(root / "tx" / "Split-eval" / "*")],
         serving_model_dir=str(model_uri / "Format-Serving"),
@@ -257,14 +263,14 @@ def make_chain(root):
 def run_chain(root, cfg, data):
     """ExampleGen (on the CSV files in `data`) -> Preprocess -> Trainer -> Exporter under `root`;
     returns {name: artifact}."""
-    from tfx.components.trainer import executor as trainer_executor
+    from components.embedding_trainer.executors import TrainerExecutor
     from tfx.proto import example_gen_pb2, trainer_pb2
     from tfx.types import standard_artifacts, standard_component_specs as specs
     from tfx.utils import proto_utils
 
     from components.tfx_wiring.artifact_types import EmbeddingStatistics, EmbeddingVocabulary
     from components.embedding_exporter import executor as export_executor
-    from components.tfx_wiring.executor_base import CONFIG_KEY
+    from components.tfx_wiring.component_keys import CONFIG_KEY
     from components.embedding_preprocess import executor as preprocess_executor
     from components.example_gen import executor as example_gen_executor
 
@@ -301,7 +307,7 @@ def run_chain(root, cfg, data):
 
     a["model"] = artifact(standard_artifacts.Model, root / "Trainer" / "model")
     a["model_run"] = artifact(standard_artifacts.ModelRun, root / "Trainer" / "model_run")
-    trainer_executor.GenericExecutor().Do(
+    TrainerExecutor().Do(
         {specs.EXAMPLES_KEY: [a["transformed"]], specs.BASE_MODEL_KEY: [a["last_blessed"]]},
         {specs.MODEL_KEY: [a["model"]], specs.MODEL_RUN_KEY: [a["model_run"]]},
         {

@@ -18,7 +18,7 @@ from components.embedding_model.tf_objects import dense_id_widths, sequence_leng
 from components.embedding_trainer.run_plan import derive_plan
 from components.embedding_trainer import warm_start
 from components.embedding_model.input import make_dataset
-from components.embedding_trainer.trainer_module import build_model
+from components.embedding_trainer.model_building import build_model
 from tests.stages import demo_raw_config, with_few_features
 
 

@@ -134,13 +134,13 @@ def test_buckets_into_bottom_mlp_train_and_restore_for_serving(trainer_data):
     from components.embedding_exporter.export import latest_checkpoint, read_model_manifest, read_model_plan  # lazy: the scenario's
     from components.embedding_model.input import make_dataset  # lazy: the scenario's
     from components.embedding_model.restore import model_from_checkpoint  # lazy: the scenario's
-    from components.embedding_trainer import trainer_module as tm  # lazy: the scenario's
+    from components.embedding_trainer import trainer_module  # lazy: the scenario's
     from tests.stages import fn_args, trainer_config  # lazy: the scenario's
 
     cfg = trainer_config(trainer_data, train_steps=20, model="dcn_v2", cross_projection_dim=None, input_dropout=0.2,
                          input_dropout_mask="byte", dense_buckets={"into": "bottom_mlp"})
     args = fn_args(trainer_data, cfg, 71)
-    tm.run_fn(args)
+    trainer_module.run_fn(args)
     model_uri = os.path.dirname(args.serving_model_dir)
     plan, manifest = read_model_plan(model_uri), read_model_manifest(model_uri)
     features, _ = next(iter(make_dataset([str(trainer_data / "tx" / "Split-eval" / "*")], manifest, 64, training=False)))

@@ -15,11 +15,11 @@ from components.config.loading import parse_config
 from components.config.schema import ConfigError
 from components.embedding_model import input as input_lib
 from components.embedding_trainer import selection as SEL
-from components.embedding_trainer import trainer_module as tm
+from components.embedding_trainer import hardware, model_artifact, resolved_input, trainer_module, training_data, training_loop
 from components.contracts.artifacts import CHECKPOINT_DIR, EVAL_METRICS_FILE, TRAINING_RUN_FILE
 from components.reporting import progress
 from components.reporting.report import KEPT_BEST
-from tests.stages import fn_args as _fn_args, trainer_config as _config
+from tests.stages import fn_args as _fn_args, trainer_config as _config, examples_uri
 
 
 @pytest.fixture(scope="session")
@@ -82,7 +82,7 @@ def test_a_records_key_is_its_content_not_its_map_order():
 def test_training_and_holdout_batches_split_the_transformed_rows(data):
     """On real transformed blocks: the part trained on and the slice hold every row once."""
     pattern = [str(data / "tx" / "Split-train" / "*")]
-    manifest = tm.read_manifest_for(pattern)
+    manifest = resolved_input.read_manifest(examples_uri(pattern))
 
     def labels(part):
         ds = input_lib.make_dataset(pattern, manifest, 64, training=False, part=part, holdout_fraction=0.2)
@@ -257,14 +257,14 @@ def test_the_final_evaluation_is_reported_as_the_kept_models(tmp_path, monkeypat
     path = tmp_path / "progress.jsonl"
     monkeypatch.setenv(progress.ENV, str(path))
     run = {"final_step": 700, "model_step": 400, "model_choice": KEPT_BEST}
-    metrics = tm.report_final_evaluation(run, {"auc": 0.9155, "log_loss": 0.3, "examples": 500, "positive_rate": 0.2})
+    metrics = model_artifact.report_final_evaluation(run, {"auc": 0.9155, "log_loss": 0.3, "examples": 500, "positive_rate": 0.2})
     [event] = [json.loads(line) for line in path.read_text().splitlines()]
     assert (event["event"], event["step"], event["kept"]) == (progress.EVAL, 400, KEPT_BEST)
     assert event["metrics"] == {"auc": 0.9155, "log_loss": 0.3, "examples": 500, "positive_rate": 0.2}
     assert (metrics["model_step"], metrics["model_choice"], metrics["auc"]) == (400, KEPT_BEST, 0.9155)
     # no held-out slice (or one that cannot rank): the model is the last step's, and says so
     path.unlink()
-    tm.report_final_evaluation({"final_step": 700, "model_step": 700, "model_choice": KEPT_LAST}, {"auc": 0.8})
+    model_artifact.report_final_evaluation({"final_step": 700, "model_step": 700, "model_choice": KEPT_LAST}, {"auc": 0.8})
     [event] = [json.loads(line) for line in path.read_text().splitlines()]
     assert (event["step"], event["kept"]) == (700, KEPT_LAST)
 
@@ -289,16 +289,17 @@ def test_training_never_reads_the_eval_split_and_keeps_the_best_checkpoint(data,
             opened.append(list(patterns))
         return real_holdout(patterns, *a, **k)
 
-    monkeypatch.setattr(tm, "make_dataset", recording)
+    for module in (training_data, training_loop, model_artifact):  # each Trainer module that reads a split
+        monkeypatch.setattr(module, "make_dataset", recording)
     monkeypatch.setattr(SEL, "read_holdout", recording_holdout)
-    real_finish = tm.finish
-    monkeypatch.setattr(tm, "finish", lambda *a, **k: (training_done.append(True), real_finish(*a, **k))[1])
+    real_finish = model_artifact.finish
+    monkeypatch.setattr(model_artifact, "finish", lambda *a, **k: (training_done.append(True), real_finish(*a, **k))[1])
     cfg = _config(data, train_steps=60, checkpoint_every_steps=10,
                   early_stopping={"evaluations": 6, "patience": 2, "holdout_fraction": 0.2})
     fn_args = _fn_args(data, cfg, "selection")
     events = tmp_path / "progress.jsonl"
     monkeypatch.setenv(progress.ENV, str(events))
-    tm.run_fn(fn_args)
+    trainer_module.run_fn(fn_args)
     assert opened and all("Split-eval" not in p for ps in opened for p in ps), opened
     model_uri = os.path.dirname(fn_args.serving_model_dir)
     run = json.load(open(os.path.join(model_uri, TRAINING_RUN_FILE)))
@@ -327,7 +328,7 @@ def test_a_stream_the_slice_empties_is_left_out_of_the_endless_training_input(da
     from components.contracts.manifest import TAIL_PREFIX
 
     pattern = [str(data / "tx" / "Split-train" / "*")]
-    manifest = tm.read_manifest_for(pattern)
+    manifest = resolved_input.read_manifest(examples_uri(pattern))
     tail_files = [f for f in tf.io.gfile.glob(pattern[0]) if os.path.basename(f).startswith(TAIL_PREFIX)]
     tail_records = tf.constant([r for f in tail_files for r in _records(f)])
     assert tail_records.shape[0] > 0
@@ -351,16 +352,16 @@ def test_a_killed_two_replica_run_resumes_with_the_same_selection(data, tmp_path
     checkpoint once, and ends with the evaluations and the best step of an uninterrupted run."""
     from tests import tpu_harness
 
-    monkeypatch.setattr(tm, "distribution_strategy", lambda c: tpu_harness.mirrored_strategy(2))
+    monkeypatch.setattr(hardware, "distribution_strategy", lambda c: tpu_harness.mirrored_strategy(2))
     cfg = _config(data, train_steps=60, checkpoint_every_steps=10,
                   early_stopping={"evaluations": 6, "patience": 100, "holdout_fraction": 0.2})
     pattern = [str(data / "tx" / "Split-train" / "*")]
-    manifest = tm.read_manifest_for(pattern)
+    manifest = resolved_input.read_manifest(examples_uri(pattern))
     from components.embedding_trainer.run_plan import derive_plan
 
-    plan = derive_plan(cfg, manifest, tm.read_statistics_for(pattern)).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    plan = derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(pattern))).with_run(vocabulary_dir=manifest.vocabulary_dir)
     evals = ["/nonexistent/eval/*"]  # never read while training
-    _, _, whole = tm.train(cfg, plan, manifest, pattern, evals, str(tmp_path / "whole"))
+    _, _, whole = training_loop.train(cfg, plan, manifest, pattern, evals, str(tmp_path / "whole"))
 
     real = SEL.HoldoutSelection.evaluate
 
@@ -373,9 +374,9 @@ def test_a_killed_two_replica_run_resumes_with_the_same_selection(data, tmp_path
     monkeypatch.setattr(SEL.HoldoutSelection, "evaluate", killed_at_30)
     state = str(tmp_path / "killed")
     with pytest.raises(_Killed):
-        tm.train(cfg, plan, manifest, pattern, evals, state)
+        training_loop.train(cfg, plan, manifest, pattern, evals, state)
     monkeypatch.setattr(SEL.HoldoutSelection, "evaluate", real)
-    ckpt, _, run = tm.train(cfg, plan, manifest, pattern, evals, state)
+    ckpt, _, run = training_loop.train(cfg, plan, manifest, pattern, evals, state)
     assert run["replicas"] == 2 and run["resumed_from_step"] == 30 and run["final_step"] == 60
     got, want = run["selection"]["evaluations"], whole["selection"]["evaluations"]
     assert [e["step"] for e in got] == [e["step"] for e in want] == [10, 20, 30, 40, 50, 60]

@@ -11,7 +11,8 @@ from components.contracts.manifest import VocabularyManifest
 from components.embedding_model import input as input_lib
 from components.embedding_trainer import evaluation
 from components.embedding_trainer import selection as SEL
-from components.embedding_trainer import trainer_module as tm
+from components.embedding_trainer import resolved_input
+from tests.stages import examples_uri
 from components.config.loading import parse_config
 
 
@@ -122,7 +123,7 @@ def test_the_held_out_blocks_read_once_hold_the_slices_rows(trainer_data):
     """On real transformed blocks (whole and tail files): the records read once are those the rule
     puts in the slice, their rows counted, and they batch as whole blocks with every row's label."""
     pattern = [str(trainer_data / "tx" / "Split-train" / "*")]
-    manifest = tm.read_manifest_for(pattern)
+    manifest = resolved_input.read_manifest(examples_uri(pattern))
     held = input_lib.read_holdout(pattern, manifest, 0.2)
     records = [r.numpy() for r in tf.data.TFRecordDataset(sorted(tf.io.gfile.glob(pattern[0])))]
     chosen = [r for r, c in zip(records, input_lib.in_holdout(tf.constant(records), 0.2).numpy()) if c]
@@ -146,7 +147,7 @@ class _Twin:
 
 def test_the_selection_reads_the_slice_once_for_every_evaluation(trainer_data, tmp_path, monkeypatch):
     pattern = [str(trainer_data / "tx" / "Split-train" / "*")]
-    manifest = tm.read_manifest_for(pattern)
+    manifest = resolved_input.read_manifest(examples_uri(pattern))
     reads = []
     real = SEL.read_holdout
     monkeypatch.setattr(SEL, "read_holdout", lambda *a, **k: (reads.append(a[0]), real(*a, **k))[1])

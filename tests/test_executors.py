@@ -20,8 +20,8 @@ from components.embedding_exporter import executor as export_executor
 from components.embedding_preprocess import executor as preprocess_executor
 from components.model_registry import registry
 
-from tests.stages import BEAM_ARGS, ROWS, artifact as _artifact, beam_context as _beam_context, look_up, push
-from components.tfx_wiring.executor_base import CONFIG_KEY
+from tests.stages import BEAM_ARGS, ROWS, artifact as _artifact, beam_context as _beam_context, look_up, push, examples_uri
+from components.tfx_wiring.component_keys import CONFIG_KEY
 
 
 @pytest.mark.slow(reason="reads the executors' chain (every executor's Do() on 2,500 rows)")
@@ -169,7 +169,8 @@ def test_pusher_do_pushes_and_registers_the_blessed_model(chain):
 @pytest.mark.slow(reason="reads the executors' chain (every executor's Do() on 2,500 rows)")
 def test_next_run_finds_the_pushed_model_and_warm_starts_from_it(chain, tmp_path):
     """What a second run's LastBlessedModel hands the Trainer and the exporter."""
-    from components.embedding_trainer.trainer_module import continuous_start, read_manifest_for, read_statistics_for
+    from components.embedding_trainer.base_model import continuous_start
+    from components.embedding_trainer.resolved_input import read_manifest, read_statistics
 
     cfg, a, root = chain
     found = look_up(tmp_path / "last_blessed", root / "serving")
@@ -179,8 +180,8 @@ def test_next_run_finds_the_pushed_model_and_warm_starts_from_it(chain, tmp_path
     assert found.get_string_custom_property("trainer_model") == a["model"].uri
     # the Trainer gets TFX's base_model path (<artifact>/Format-Serving) and follows the pointer
     train = [os.path.join(a["transformed"].uri, "Split-train", "*")]
-    start = continuous_start(cfg, os.path.join(found.uri, "Format-Serving"), read_manifest_for(train),
-                             read_statistics_for(train))
+    start = continuous_start(cfg, os.path.join(found.uri, "Format-Serving"), read_manifest(examples_uri(train)),
+                             read_statistics(examples_uri(train)))
     assert start["base_model"] == a["model"].uri and start["previous"].uri == a["model"].uri
     assert start["registry"]["served_model"] == destination and start["drift"]["tables"]
 
@@ -212,7 +213,8 @@ def test_pusher_do_refuses_when_the_served_model_changed_since_the_gate(chain, t
 def test_a_served_version_whose_trainer_model_is_incomplete_trains_from_scratch(chain, tmp_path):
     """Its Trainer model directory is there but holds no checkpoint (cleaned up in part): the gate
     still has the served model to compare with; the Trainer starts fresh and says why."""
-    from components.embedding_trainer.trainer_module import continuous_start, read_manifest_for, read_statistics_for
+    from components.embedding_trainer.base_model import continuous_start
+    from components.embedding_trainer.resolved_input import read_manifest, read_statistics
 
     cfg, a, root = chain
     found = registry.lookup(str(root / "serving"))
@@ -220,8 +222,8 @@ def test_a_served_version_whose_trainer_model_is_incomplete_trains_from_scratch(
     os.makedirs(found.warm_start_model)
     registry.write_lookup(str(tmp_path / "pointer"), found)
     train = [os.path.join(a["transformed"].uri, "Split-train", "*")]
-    start = continuous_start(cfg, str(tmp_path / "pointer" / "Format-Serving"), read_manifest_for(train),
-                             read_statistics_for(train))
+    start = continuous_start(cfg, str(tmp_path / "pointer" / "Format-Serving"), read_manifest(examples_uri(train)),
+                             read_statistics(examples_uri(train)))
     assert start["base_model"] is None and "previous" not in start
     assert found.warm_start_model in start["note"] and "trained from scratch" in start["note"]
 

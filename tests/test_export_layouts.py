@@ -280,7 +280,7 @@ def test_model_publishes_where_its_tables_are_in_a_checkpoint(tmp_path, model_ty
     from components.embedding_model.restore import build_serving_model, load_tables, restore_dense
     from components.embedding_model import checkpoint_keys as model_lib
     from components.embedding_trainer.run_plan import derive_plan
-    from components.embedding_trainer import trainer_module as tm
+    from components.embedding_trainer import model_building
 
     cfg = parse_config({
         "input": {"path": "unused.csv"},
@@ -311,7 +311,7 @@ def test_model_publishes_where_its_tables_are_in_a_checkpoint(tmp_path, model_ty
     features = {"I1": tf.constant([[1.0], [2.0]])}
     for n, rows in (("A", 101), ("B", 101), ("big", 201), ("small", 11)):
         features[n] = tf.sparse.from_dense(tf.constant([[1, 3], [rows - 1, 0]], tf.int64))
-    model = tm.build_model(plan, manifest, cfg, for_training=True)
+    model = model_building.build_model(plan, manifest, cfg, for_training=True)
     model(features)
     path = tf.train.Checkpoint(model=model).save(os.path.join(str(tmp_path), "ckpt"))  # as the trainer saves
     shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()

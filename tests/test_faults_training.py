@@ -21,7 +21,8 @@ from components.embedding_model import sparsecore_state
 from components.embedding_model.checkpoint_index import BundleIndex
 from components.embedding_model.restore import ExportRefused
 from components.embedding_model.unreadable import UnreadableFile, reading
-from components.embedding_trainer import trainer_module as tm
+from components.embedding_trainer import resolved_input, trainer_module, training_loop, training_state
+from tests.stages import examples_uri
 from components.embedding_trainer import warm_start
 from components.model_registry.registry import Lookup
 
@@ -55,13 +56,13 @@ def _truncate(path, keep=0.5):
 
 def test_a_state_from_other_data_of_the_same_shape_is_refused_and_the_same_data_resumes_anywhere(tmp_path):
     rows = [_records(40, 1), _records(40, 2)]
-    data_a = tm.data_signature(_write_split(tmp_path / "a", rows))
+    data_a = training_state.data_signature(_write_split(tmp_path / "a", rows))
     # Other data of the same shape: the same records in another order (same files, sizes and row count).
-    data_b = tm.data_signature(_write_split(tmp_path / "b", [r[::-1] for r in rows]))
+    data_b = training_state.data_signature(_write_split(tmp_path / "b", [r[::-1] for r in rows]))
     assert (data_b["files"], data_b["bytes"]) == (data_a["files"], data_a["bytes"])
     # The same examples elsewhere (a copy, a cached rerun) are the same data.
     shutil.copytree(tmp_path / "a", tmp_path / "copy")
-    assert tm.data_signature([str(tmp_path / "copy" / "Split-train" / "*")])["fingerprint"] == data_a["fingerprint"]
+    assert training_state.data_signature([str(tmp_path / "copy" / "Split-train" / "*")])["fingerprint"] == data_a["fingerprint"]
 
     state, signature = str(tmp_path / "state"), {"tables": {"t": {"rows": 50}}}
     sparsecore_state.write_layout(state, LAYOUT_A, signature, data_a)
@@ -75,7 +76,7 @@ def test_a_state_from_other_data_of_the_same_shape_is_refused_and_the_same_data_
     assert "continuous.warm_start" in message and "training.checkpoint_dir at a fresh directory" in message
 
 
-@pytest.mark.slow(reason="three short Trainer trainings (tm.train, 10-20 steps) on the session's trainer data")
+@pytest.mark.slow(reason="three short Trainer trainings (training_loop.train, 10-20 steps) on the session's trainer data")
 def test_train_refuses_a_checkpoint_dir_from_other_data_resumes_its_own_and_names_a_cut_checkpoint(trainer_data, tmp_path):
     from tests.stages import trainer_config
 
@@ -88,12 +89,12 @@ def test_train_refuses_a_checkpoint_dir_from_other_data_resumes_its_own_and_name
         return [str(root / "tx" / "Split-train" / "*")], [str(data / "tx" / "Split-eval" / "*")]
 
     def plan_manifest(cfg, train_files):
-        manifest = tm.read_manifest_for(train_files)
-        plan = derive_plan(cfg, manifest, tm.read_statistics_for(train_files))
+        manifest = resolved_input.read_manifest(examples_uri(train_files))
+        plan = derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(train_files)))
         return plan.with_run(vocabulary_dir=manifest.vocabulary_dir), manifest
 
     cfg = trainer_config(data, train_steps=10, checkpoint_every_steps=10, checkpoint_dir=state)
-    _, _, run = tm.train(cfg, *plan_manifest(cfg, files(data)[0]), *files(data), state)
+    _, _, run = training_loop.train(cfg, *plan_manifest(cfg, files(data)[0]), *files(data), state)
     assert run["final_step"] == 10
 
     # Data B: the same preprocessed rows, each train file's records in reverse order (tables, sizes,
@@ -109,13 +110,13 @@ def test_train_refuses_a_checkpoint_dir_from_other_data_resumes_its_own_and_name
     b_train, b_eval = files(other)
     # (it resumed at step 10 of 10 and trained nothing on B)
     with pytest.raises(sparsecore_state.LayoutMismatch, match=r"trained on other data") as e:
-        tm.train(cfg, *plan_manifest(cfg, b_train), b_train, b_eval, state)
+        training_loop.train(cfg, *plan_manifest(cfg, b_train), b_train, b_eval, state)
     assert type(e.value).__name__ == "DataMismatch"
     assert str(data / "tx") in str(e.value) and str(other / "tx") in str(e.value)
 
     # The same data resumes (a longer run: the remaining steps).
     longer = trainer_config(data, train_steps=20, checkpoint_every_steps=10, checkpoint_dir=state)
-    _, _, run = tm.train(longer, *plan_manifest(longer, files(data)[0]), *files(data), state)
+    _, _, run = training_loop.train(longer, *plan_manifest(longer, files(data)[0]), *files(data), state)
     assert run["resumed_from_step"] == 10 and run["final_step"] == 20
 
     # The state's last checkpoint cut short: one line naming it and the way out.
@@ -123,7 +124,7 @@ def test_train_refuses_a_checkpoint_dir_from_other_data_resumes_its_own_and_name
     _truncate(glob.glob(latest + ".data-*")[0])
     longest = trainer_config(data, train_steps=30, checkpoint_every_steps=10, checkpoint_dir=state)
     with pytest.raises(UnreadableFile) as e:
-        tm.train(longest, *plan_manifest(longest, files(data)[0]), *files(data), state)
+        training_loop.train(longest, *plan_manifest(longest, files(data)[0]), *files(data), state)
     assert latest in str(e.value) and f"remove {state}" in str(e.value) and len(str(e.value).splitlines()) == 1
 
 
@@ -161,7 +162,7 @@ def test_a_vocabulary_file_a_line_short_of_its_checkpoint_rows_is_refused(tmp_pa
 @pytest.mark.slow(reason="reads the executors' chain (a Trainer run) and writes a warm start from it")
 def test_warm_start_from_a_model_whose_vocabulary_lost_a_line_stops_naming_the_file(chain, tmp_path):
     from components.embedding_trainer.run_plan import derive_plan
-    from components.embedding_trainer.trainer_module import build_model
+    from components.embedding_trainer.model_building import build_model
 
     cfg, a, _ = chain
     prev = warm_start.previous_model(a["model"].uri)
@@ -299,7 +300,7 @@ def test_checkpoint_dir_inside_the_serving_tree_is_refused(tmp_path):
 def test_run_fn_refuses_a_checkpoint_dir_inside_the_push_destination_before_reading_data(tmp_path):
     from tests.stages import look_up, trainer_config
 
-    from components.tfx_wiring.executor_base import CONFIG_KEY
+    from components.tfx_wiring.component_keys import CONFIG_KEY
 
     serving = tmp_path / "out" / "serving"
     last_blessed = look_up(tmp_path / "LastBlessedModel" / "model", serving)  # what the pipeline hands the Trainer
@@ -310,7 +311,7 @@ def test_run_fn_refuses_a_checkpoint_dir_inside_the_push_destination_before_read
         serving_model_dir=str(tmp_path / "Trainer" / "model" / "1" / "Format-Serving"),
         model_run_dir=str(tmp_path / "Trainer" / "model_run" / "1"), train_steps=None)
     with pytest.raises(ConfigError, match=r"inside the push destination"):
-        tm.run_fn(fn_args)
+        trainer_module.run_fn(fn_args)
 
 
 # ---- (14) serving: tf.Examples without any known feature are logged -------------------------------------

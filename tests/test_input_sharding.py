@@ -24,7 +24,7 @@ from components.contracts.manifest import (
     VocabularyManifest, row_lengths_key,
 )
 from components.embedding_model import input as input_lib
-from components.embedding_trainer import trainer_module as tm
+from components.embedding_trainer import training_data
 
 PIPELINES = 2
 FILES = PIPELINES * (input_lib.INTERLEAVE_CYCLE + 1)  # more files per pipeline than the cycle holds
@@ -178,7 +178,7 @@ def test_a_pipeline_resumed_on_a_host_of_another_shape_continues_at_its_next_bat
     manifest, d, files = split[fmt]
     plan, t = _stand_ins()
     replicas, per_replica, start = 4, 4, 5
-    fn = lambda s, r=replicas: tm.training_input([str(d / "*")], manifest, plan, t, per_replica, s, r)  # noqa: E731
+    fn = lambda s, r=replicas: training_data.training_input([str(d / "*")], manifest, plan, t, per_replica, s, r)  # noqa: E731
     local = replicas // PIPELINES
     ctx = tf.distribute.InputContext(PIPELINES, 1, num_replicas_in_sync=replicas)
     whole = _batches(fn(0)(ctx), local * (start + 3))

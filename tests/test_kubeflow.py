@@ -27,7 +27,7 @@ from components.config.loading import config_from_json, load_config, parse_confi
 from components.config.schema import ConfigError
 from components.config.stages import stage_config
 from components.contracts.sizing import CHIPS, SPARSE_CORE
-from components.tfx_wiring.executor_base import CONFIG_KEY
+from components.tfx_wiring.component_keys import CONFIG_KEY
 from pipelines.pipeline import KFP_RUN_ID, KFP_RUN_NAME, LAST_BLESSED, stock_data_components
 from pipelines import kfp_entrypoint
 from pipelines.kfp_local import (HarnessError, LocalKfpRun, _substitute, oss_backend_refusal, parse_pipeline_spec,
@@ -716,7 +716,7 @@ def test_vertex_training_compiles_to_tfx_vertex_trainer(tmp_path):
     # the Trainer task only submits the job and waits (no TPU in its pod): the main image, like every task
     assert {ex["container"]["image"] for ex in spec["deploymentSpec"]["executors"].values() if "container" in ex} == {IMAGE}
     args = spec["deploymentSpec"]["executors"]["Trainer_executor"]["container"]["args"]
-    assert args[1] == "tfx.extensions.google_cloud_ai_platform.trainer.executor.GenericExecutor"
+    assert args[1] == "components.embedding_trainer.vertex.VertexTrainerExecutor"
     cc = json.loads(spec["root"]["dag"]["tasks"]["Trainer"]["inputs"]["parameters"]["custom_config"]["runtimeValue"]["constant"])
     assert cc["ai_platform_enable_vertex"] is True and cc["ai_platform_vertex_region"] == "us-central1"
     pool = cc["ai_platform_training_args"]["job_spec"]["worker_pool_specs"][0]

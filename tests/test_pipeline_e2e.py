@@ -133,12 +133,13 @@ def test_pushed_model_scores_raw_examples_like_trained_model(pipeline_run, tmp_p
 
     trained_dir = glob.glob(str(out / "pipeline_root" / "Trainer" / "model" / "*" / "Format-Serving"))[0]
     trained = tf.saved_model.load(trained_dir)
-    from components.embedding_trainer.trainer_module import read_manifest_for
+    from components.embedding_trainer.resolved_input import read_manifest
+    from tests.stages import examples_uri
     from components.data_io.examples_io import transformed_rows
 
     tx_dir = glob.glob(str(out / "pipeline_root" / "EmbeddingPreprocess" / "transformed_examples" / "*" / "Split-eval"))[0]
     tx_pattern = tx_dir + "/*"
-    tx = transformed_rows(tx_pattern, read_manifest_for([tx_pattern]), 1 << 30)
+    tx = transformed_rows(tx_pattern, read_manifest(examples_uri([tx_pattern])), 1 << 30)
     scores = trained.signatures["serving_default"](examples=tf.constant(tx))["probabilities"].numpy().ravel()
     # Beam does not keep row order, so compare the two score multisets (every eval row is labelled here).
     assert len(serving) == len(scores)

@@ -239,7 +239,7 @@ def test_table_optimizers_and_gradient_multiplier_in_the_plan():
     """Issue 18, item 2: each table's optimizer spec in the plan (merged over
     training.embedding_optimizer, through its JSON), its memory counting that optimizer's slots,
     the gradient multiplier recorded; a plan written before the multiplier existed still loads."""
-    from components.embedding_trainer import trainer_module as tm
+    from components.embedding_trainer import model_building
 
     cfg = parse_config({
         "input": {"path": "unused.csv"}, "label": "label",
@@ -263,9 +263,9 @@ def test_table_optimizers_and_gradient_multiplier_in_the_plan():
     assert [float(multiplier(s)) for s in (0, 10, 20)] == pytest.approx([2.0, 1.0, 0.5])
     # One optimizer pair per distinct spec; tables with the default spec keep the layer's.
     default = optimizer_spec(cfg.training.embedding_optimizer)
-    opts = tm.table_optimizers(plan, default)
+    opts = model_building.table_optimizers(plan, default)
     assert sorted(opts) == ["big", "shared", "small"] and len({id(o) for o in opts.values()}) == 3
-    assert tm.table_optimizers(plan, dict(plan.tables["small"].optimizer)).keys() == {"big", "shared"}
+    assert model_building.table_optimizers(plan, dict(plan.tables["small"].optimizer)).keys() == {"big", "shared"}
     configs = table_configs(plan, {n: o.tpu for n, o in opts.items()})
     assert isinstance(configs["shared"].optimizer, tf.tpu.experimental.embedding.Adam)
     assert isinstance(configs["big"].optimizer, tf.tpu.experimental.embedding.SGD)

@@ -20,10 +20,10 @@ import tensorflow as tf
 from components.embedding_model.input import make_dataset
 from components.embedding_model.tf_objects import dense_id_widths, sequence_lengths
 from components.embedding_trainer.run_plan import derive_plan
-from components.embedding_trainer import trainer_module as tm
+from components.embedding_trainer import hardware, model_artifact, model_building, resolved_input, training_data, training_loop
 from tests import tpu_harness
 from components.config.loading import parse_config
-from tests.stages import trainer_config as _config, trainer_raw_config as _raw_config
+from tests.stages import trainer_config as _config, trainer_raw_config as _raw_config, examples_uri
 
 
 @pytest.fixture(scope="session")
@@ -40,8 +40,8 @@ def _files(root):
 
 def _plan(cfg, root):
     train, _ = _files(root)
-    manifest = tm.read_manifest_for(train)
-    return derive_plan(cfg, manifest, tm.read_statistics_for(train)), manifest
+    manifest = resolved_input.read_manifest(examples_uri(train))
+    return derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(train))), manifest
 
 
 def _concat(a, b):
@@ -53,7 +53,7 @@ def _concat(a, b):
 def _built(cfg, plan, manifest, sample, strategy=None):
     scope = strategy.scope() if strategy is not None else tf.distribute.get_strategy().scope()
     with scope:
-        model = tm.build_model(plan, manifest, cfg, for_training=True)
+        model = model_building.build_model(plan, manifest, cfg, for_training=True)
         model.compile(optimizer=model.dense_optimizer, loss=tf.keras.losses.BinaryCrossentropy())
     if strategy is None:
         model(sample)
@@ -125,7 +125,7 @@ def test_a_resumed_run_with_several_replicas_continues_at_the_next_example(data)
     plan, manifest = _plan(cfg, data)
     train, _ = _files(data)
     strategy = tpu_harness.mirrored_strategy(REPLICAS)
-    fn = lambda start: tm.training_input(train, manifest, plan, cfg.training, 32, start, REPLICAS)  # noqa: E731
+    fn = lambda start: training_data.training_input(train, manifest, plan, cfg.training, 32, start, REPLICAS)  # noqa: E731
     whole = _replica_batches(strategy, fn(0), 5)
     resumed = _replica_batches(strategy, fn(3), 2)
     for step in range(2):
@@ -154,19 +154,19 @@ def test_two_replicas_reach_the_auc_of_one(data, tmp_path, monkeypatch):
     results = {}
     for replicas in (1, REPLICAS):
         if replicas > 1:
-            monkeypatch.setattr(tm, "distribution_strategy", lambda c: tpu_harness.mirrored_strategy(REPLICAS))
-        ckpt, _, run = tm.train(cfg, plan.with_run(vocabulary_dir=manifest.vocabulary_dir), manifest, train, evals,
+            monkeypatch.setattr(hardware, "distribution_strategy", lambda c: tpu_harness.mirrored_strategy(REPLICAS))
+        ckpt, _, run = training_loop.train(cfg, plan.with_run(vocabulary_dir=manifest.vocabulary_dir), manifest, train, evals,
                                 str(tmp_path / f"state{replicas}"))
         assert run["replicas"] == replicas
-        metrics, _ = tm.finish(cfg, plan, manifest, ckpt, evals, str(tmp_path / f"serving{replicas}"))
+        metrics, _ = model_artifact.finish(cfg, plan, manifest, ckpt, evals, str(tmp_path / f"serving{replicas}"))
         results[replicas] = metrics["auc"]
     print("eval AUC by replicas:", results)
     assert abs(results[REPLICAS] - results[1]) < 0.02, results  # 600 eval rows: AUC standard error ~0.02
     # killed at 20, resumed to 40 on two replicas: the same weights as the uninterrupted run
     half = _seeds_start(_raw_config(data, train_steps=100, checkpoint_every_steps=100))
     state = str(tmp_path / "resumed")
-    tm.train(half, plan, manifest, train, evals, state)
-    ckpt, _, run = tm.train(cfg, plan, manifest, train, evals, state)
+    training_loop.train(half, plan, manifest, train, evals, state)
+    ckpt, _, run = training_loop.train(cfg, plan, manifest, train, evals, state)
     assert run["resumed_from_step"] == 100
     whole = tf.train.load_checkpoint(os.path.join(str(tmp_path / f"state{REPLICAS}"), os.path.basename(ckpt)))
     again = tf.train.load_checkpoint(ckpt)

@@ -135,7 +135,7 @@ def test_the_bound_and_the_sample_counts_are_tfs_own(monkeypatch):
     its hard-coded limits are the module's, and its per-stack sample counts (what the kernel's buffer
     is sized from) are the ones the check uses."""
     from components.embedding_model import tf_objects
-    from components.embedding_trainer import trainer_module as tm
+    from components.embedding_trainer import model_building
 
     plan = _plan()
     replicas, per_replica = 2, 128
@@ -143,8 +143,8 @@ def test_the_bound_and_the_sample_counts_are_tfs_own(monkeypatch):
     tpu_harness.let_pass_type_check(monkeypatch, cls)
     strategy = cls()
     with strategy.scope():
-        _, tpu_opt = tm.embedding_optimizers(ADAGRAD)
-        tables = tm.table_optimizers(plan, ADAGRAD)
+        _, tpu_opt = model_building.embedding_optimizers(ADAGRAD)
+        tables = model_building.table_optimizers(plan, ADAGRAD)
         configs = tf_objects.feature_configs(plan, output_batch=per_replica, on_tpu=True,
                                              table_optimizers={n: o.tpu for n, o in tables.items()})
     configs = {n: c for n, c in configs.items() if plan.feature_table(n).placement == "tpu_embedding"}
@@ -158,33 +158,34 @@ def test_the_bound_and_the_sample_counts_are_tfs_own(monkeypatch):
 
 def test_the_trainer_checks_ids_per_chip_before_building_on_sparsecore(trainer_data, monkeypatch):
     """Wiring: on the SparseCore branch (the harness's 2-replica TPU strategy) the Trainer's
-    `_build_training_model` runs the check with the run's replicas, SparseCores and per-replica
+    `model_building.build_training_model` runs the check with the run's replicas, SparseCores and per-replica
     batch before anything is built; a buffer too small for the measured IDs stops it naming a
     feature, and the report of a run that fits is kept for the TPU-rules report."""
     import functools
 
-    from components.embedding_trainer import trainer_module as tm
+    from components.embedding_trainer import hardware, model_building, resolved_input
+    from tests.stages import examples_uri
     from components.embedding_trainer.run_plan import derive_plan
     from tests.stages import trainer_config
 
     strategy = tpu_harness.install_sparsecore(monkeypatch, replicas=2, sparse_cores_per_chip=4)
     cfg = trainer_config(trainer_data)
     train_files = [str(trainer_data / "tx" / "Split-train" / "*")]
-    manifest = tm.read_manifest_for(train_files)
-    plan = derive_plan(cfg, manifest, tm.read_statistics_for(train_files)).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    manifest = resolved_input.read_manifest(examples_uri(train_files))
+    plan = derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(train_files))).with_run(vocabulary_dir=manifest.vocabulary_dir)
     per_replica = cfg.training.batch_size // 2
 
-    def hardware():
-        return tm._Hardware(strategy, True, 2, per_replica, tm.checkpoint_layout(strategy, per_replica))
+    def placed():
+        return hardware.Hardware(strategy, True, 2, per_replica, hardware.checkpoint_layout(strategy, per_replica))
 
     built = []
-    monkeypatch.setattr(tm, "build_model", lambda *a, **k: built.append(1) or (_ for _ in ()).throw(RuntimeError("built")))
-    monkeypatch.setattr(tm, "check_ids_per_chip", functools.partial(sl.check_ids_per_chip, max_ids_per_chip_per_sample=1))
+    monkeypatch.setattr(model_building, "build_model", lambda *a, **k: built.append(1) or (_ for _ in ()).throw(RuntimeError("built")))
+    monkeypatch.setattr(model_building, "check_ids_per_chip", functools.partial(sl.check_ids_per_chip, max_ids_per_chip_per_sample=1))
     with pytest.raises(sl.IdsPerChipError, match=r"IDs per example: \w+: max \d+, mean .*Way out"):
-        tm._build_training_model(cfg, plan, manifest, hardware())
+        model_building.build_training_model(cfg, plan, manifest, placed())
     assert not built
-    monkeypatch.setattr(tm, "check_ids_per_chip", sl.check_ids_per_chip)
-    h = hardware()
+    monkeypatch.setattr(model_building, "check_ids_per_chip", sl.check_ids_per_chip)
+    h = placed()
     with pytest.raises(RuntimeError, match="built"):  # checked, passed, then the build starts
-        tm._build_training_model(cfg, plan, manifest, h)
+        model_building.build_training_model(cfg, plan, manifest, h)
     assert h.ids_per_chip["passed"] and h.ids_per_chip["topology"]

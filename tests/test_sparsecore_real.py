@@ -45,7 +45,7 @@ from components.embedding_trainer.hardware import plan_for_hardware
 from components.embedding_model import layouts
 from components.embedding_model.sparsecore_layout import plan_sparse_core_layouts
 from components.embedding_model import tf_objects
-from components.embedding_trainer import trainer_module as tm
+from components.embedding_trainer import model_building
 from tests import tpu_harness
 
 DEFAULT = optimizer_spec(OptimizerConfig(name="adagrad", learning_rate=0.1))
@@ -87,8 +87,8 @@ def _model_v2(plan, strategy, per_replica, initializers=None):
     """TF's TPUEmbeddingV2 on the feature configs the model gives it (RankingModel/EmbeddingLayer:
     TPU-placed features, per-table TPU optimizers shared by equal specs, the layer's optimizer)."""
     with strategy.scope():
-        _, tpu_opt = tm.embedding_optimizers(DEFAULT)
-        tables = tm.table_optimizers(plan, DEFAULT)
+        _, tpu_opt = model_building.embedding_optimizers(DEFAULT)
+        tables = model_building.table_optimizers(plan, DEFAULT)
         configs = tf_objects.feature_configs(plan, output_batch=per_replica, on_tpu=True,
                                     table_optimizers={n: o.tpu for n, o in tables.items()})
     configs = {n: c for n, c in configs.items() if plan.tables[plan.features[n].table].placement == "tpu_embedding"}
@@ -184,8 +184,8 @@ def _sized_plan(replicas, per_chip, num_chips_source="config", big=False):
 def _tpu_configs(plan, strategy, per_replica):
     """The TPU-placed feature configs and the layer's optimizer the model gives TPUEmbeddingV2."""
     with strategy.scope():
-        _, tpu_opt = tm.embedding_optimizers(DEFAULT)
-        opts = tm.table_optimizers(plan, DEFAULT)
+        _, tpu_opt = model_building.embedding_optimizers(DEFAULT)
+        opts = model_building.table_optimizers(plan, DEFAULT)
         configs = tf_objects.feature_configs(plan, output_batch=per_replica, on_tpu=True,
                                              table_optimizers={n: o.tpu for n, o in opts.items()})
     return {n: c for n, c in configs.items() if plan.tables[plan.features[n].table].placement == "tpu_embedding"}, tpu_opt
@@ -220,8 +220,8 @@ def test_plan_memory_is_what_tf_allocates_on_sparse_core(replicas, per_chip, mon
 
     strategy = _strategy(monkeypatch, replicas, per_chip)
     with strategy.scope():
-        _, tpu_opt = tm.embedding_optimizers(DEFAULT)
-        opts = tm.table_optimizers(plan, DEFAULT)
+        _, tpu_opt = model_building.embedding_optimizers(DEFAULT)
+        opts = model_building.table_optimizers(plan, DEFAULT)
         configs = tf_objects.feature_configs(plan, output_batch=64 // replicas, on_tpu=True,
                                     table_optimizers={n: o.tpu for n, o in opts.items()})
     configs = {n: c for n, c in configs.items() if plan.tables[plan.features[n].table].placement == "tpu_embedding"}

@@ -17,7 +17,7 @@ import pytest
 
 from components.rules import rulebook
 from tests.stages import artifact, beam_context, trainer_raw_config
-from components.tfx_wiring.executor_base import CONFIG_KEY
+from components.tfx_wiring.component_keys import CONFIG_KEY
 
 CATEGORICAL = ("C1", "C2", "C3")  # C3: multi-hot ('|', max_length)
 # T1: a dense column holding one cell of text per split (CsvExampleGen types it as text);
@@ -161,7 +161,7 @@ def _train_and_export(cfg, examples, pre, root):
     from tfx.utils import proto_utils
 
     from components.embedding_exporter import executor as export_executor
-    from components.tfx_wiring.executor_base import CONFIG_KEY as TRAINER_CONFIG_KEY
+    from components.tfx_wiring.component_keys import CONFIG_KEY as TRAINER_CONFIG_KEY
     from tests.stages import RUN_FN
 
     model = artifact(standard_artifacts.Model, root / "Trainer" / "model")

@@ -42,10 +42,10 @@ import tensorflow as tf
 from tensorflow.python.tpu import tpu_embedding_for_serving as serving_lib
 from tensorflow_recommenders.layers.embedding import tpu_embedding_layer as tfrs_layer
 
-from components.embedding_trainer import trainer_module as tm
+from components.embedding_trainer import hardware, model_building, resolved_input, trainer_module, training_data, training_loop, training_state
 from components.embedding_trainer.checkpoints import copy_checkpoint
 from tests import tpu_harness
-from tests.stages import fn_args as _fn_args, trainer_config as _config, trainer_raw_config as _raw_config
+from tests.stages import fn_args as _fn_args, trainer_config as _config, trainer_raw_config as _raw_config, examples_uri
 from components.contracts.artifacts import CHECKPOINT_DIR, EVAL_METRICS_FILE, TPU_RULES_FILE, TRAINING_RUN_FILE
 
 
@@ -230,7 +230,7 @@ def tpu_branch(monkeypatch):
         monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", initialize)
         monkeypatch.setattr(tf.distribute, "TPUStrategy", strategy)
         is_rec = lambda s: isinstance(s, strategy_cls)  # noqa: E731
-        monkeypatch.setattr(tm, "is_tpu_strategy", is_rec)
+        monkeypatch.setattr(hardware, "is_tpu_strategy", is_rec)
         tpu_harness.let_pass_type_check(monkeypatch, strategy_cls)  # TF's TPUEmbeddingV2 accepts it
         monkeypatch.setattr(tfrs_layer, "_is_tpu_strategy", is_rec)
         # Bound to the real classes before they are replaced; TFRS reaches them through
@@ -247,7 +247,7 @@ def tpu_branch(monkeypatch):
 def _run_tpu_branch(data, tmp_path, **training):
     cfg = _config(data, tpu="local", train_steps=20, checkpoint_every_steps=10, **training)
     fn_args = _fn_args(data, cfg, f"tpu-{tmp_path.name}")
-    tm.run_fn(fn_args)
+    trainer_module.run_fn(fn_args)
     return cfg, os.path.dirname(fn_args.serving_model_dir)
 
 
@@ -286,7 +286,7 @@ def test_tpu_branch_calls_bind_and_stay_in_scope_and_run(feature, tpu_branch, da
     from components.data_io.examples_io import transformed_rows
 
     eval_pattern = str(data / "tx" / "Split-eval" / "*")
-    records = transformed_rows(eval_pattern, tm.read_manifest_for([eval_pattern]), 8)
+    records = transformed_rows(eval_pattern, resolved_input.read_manifest(examples_uri([eval_pattern])), 8)
     probs = loaded.signatures["serving_default"](examples=tf.constant(records))["probabilities"].numpy()
     assert probs.shape == (8, 1) and np.isfinite(probs).all()
     assert tf.train.latest_checkpoint(os.path.join(model_uri, CHECKPOINT_DIR))
@@ -317,14 +317,14 @@ def test_calling_the_tpu_layer_outside_run_fails(tpu_branch, data):
     (TFRS's own check raises, as it does on a TPU)."""
     rec = tpu_branch(Feature.V1)
     cfg = _config(data, tpu="local")
-    manifest = tm.read_manifest_for([str(data / "tx" / "Split-train" / "*")])
+    manifest = resolved_input.read_manifest(examples_uri([str(data / "tx" / "Split-train" / "*")]))
     from components.embedding_model.tf_objects import dense_id_widths
     from components.embedding_trainer.run_plan import derive_plan
 
-    plan = derive_plan(cfg, manifest, tm.read_statistics_for([str(data / "tx" / "Split-train" / "*")]))
-    strategy = tm.distribution_strategy(cfg)
+    plan = derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri([str(data / "tx" / "Split-train" / "*")])))
+    strategy = hardware.distribution_strategy(cfg)
     with strategy.scope():
-        model = tm.build_model(plan, manifest, cfg, for_training=True, on_tpu=True, per_replica_batch=64)
+        model = model_building.build_model(plan, manifest, cfg, for_training=True, on_tpu=True, per_replica_batch=64)
     from components.embedding_model.input import make_dataset
 
     features, _ = next(iter(make_dataset([str(data / "tx" / "Split-eval" / "*")], manifest, 64, training=False,
@@ -373,7 +373,7 @@ def test_checkpoint_round_trip_tpu_to_cpu_and_back(tpu_branch, data, tmp_path, m
     cfg = _config(data, tpu="local", train_steps=10, checkpoint_every_steps=10, checkpoint_dir=state,
                   embedding_optimizer=optimizer)
     plan_manifest = _plan(cfg, data)
-    tpu_ckpt, _, _ = tm.train(cfg, *plan_manifest, *_files(data), state)
+    tpu_ckpt, _, _ = training_loop.train(cfg, *plan_manifest, *_files(data), state)
     assert "TPUEmbedding.apply_gradients" in rec.names()
     tpu_keys = keys(tpu_ckpt)
     assert any("/.OPTIMIZER_SLOT/model/embedding_optimizer/m/" in k for k in tpu_keys), sorted(tpu_keys)[:5]
@@ -382,8 +382,8 @@ def test_checkpoint_round_trip_tpu_to_cpu_and_back(tpu_branch, data, tmp_path, m
 
     # Resume on CPU (the real, non-TPU branch): restore must match every object, then train on.
     cpu = _config(data, train_steps=20, checkpoint_every_steps=10, checkpoint_dir=state, embedding_optimizer=optimizer)
-    monkeypatch.setattr(tm, "is_tpu_strategy", lambda s: False)
-    cpu_ckpt, _, run = tm.train(cpu, *_plan(cpu, data), *_files(data), state)
+    monkeypatch.setattr(hardware, "is_tpu_strategy", lambda s: False)
+    cpu_ckpt, _, run = training_loop.train(cpu, *_plan(cpu, data), *_files(data), state)
     assert run["resumed_from_step"] == 10 and run["strategy"] != "RecordingTPUStrategy"
     assert keys(cpu_ckpt) == tpu_keys
 
@@ -391,7 +391,7 @@ def test_checkpoint_round_trip_tpu_to_cpu_and_back(tpu_branch, data, tmp_path, m
     tpu_branch(Feature.V1)
     back = _config(data, tpu="local", train_steps=30, checkpoint_every_steps=10, checkpoint_dir=state,
                    embedding_optimizer=optimizer)
-    back_ckpt, _, run = tm.train(back, *_plan(back, data), *_files(data), state)
+    back_ckpt, _, run = training_loop.train(back, *_plan(back, data), *_files(data), state)
     assert run["resumed_from_step"] == 20 and run["strategy"] == "RecordingTPUStrategy"
     assert keys(back_ckpt) == tpu_keys
     assert tf.train.load_checkpoint(cpu_ckpt).get_tensor(table_iter) == 20
@@ -406,8 +406,8 @@ def _plan(cfg, data):
     from components.embedding_trainer.run_plan import derive_plan
 
     train_files, _ = _files(data)
-    manifest = tm.read_manifest_for(train_files)
-    plan = derive_plan(cfg, manifest, tm.read_statistics_for(train_files)).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    manifest = resolved_input.read_manifest(examples_uri(train_files))
+    plan = derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(train_files))).with_run(vocabulary_dir=manifest.vocabulary_dir)
     return plan, manifest
 
 
@@ -418,7 +418,7 @@ def test_clipvalue_trains_on_cpu(data, tmp_path):
     cfg = _config(data, train_steps=10, checkpoint_every_steps=10,
                   embedding_optimizer={"name": "adagrad", "learning_rate": 0.05, "clipvalue": 0.01})
     fn_args = _fn_args(data, cfg, f"clip-{tmp_path.name}")
-    tm.run_fn(fn_args)
+    trainer_module.run_fn(fn_args)
     model_uri = os.path.dirname(fn_args.serving_model_dir)
     metrics = json.load(open(os.path.join(model_uri, EVAL_METRICS_FILE)))
     assert metrics["examples"] > 0 and np.isfinite(metrics["log_loss"])
@@ -446,7 +446,7 @@ def test_sparsecore_refuses_a_table_optimizer_it_would_ignore(tpu_branch, data, 
     tpu_branch(Feature.V2)
     cfg = _round_trip_config(data, tpu="local", train_steps=10, checkpoint_every_steps=10)
     with pytest.raises(EmbeddingOptimizerError, match=r"the optimizer of table 'C12'\.clipvalue: SparseCore"):
-        tm.train(cfg, *_plan(cfg, data), *_files(data), str(tmp_path / "state"))
+        training_loop.train(cfg, *_plan(cfg, data), *_files(data), str(tmp_path / "state"))
 
 
 def test_a_tpu_without_an_embedding_engine_is_refused_before_training(tpu_branch, data, tmp_path):
@@ -462,11 +462,11 @@ def test_a_tpu_without_an_embedding_engine_is_refused_before_training(tpu_branch
     assert plan.tables_placed("tpu_embedding") and plan.topology.embedding_api == "sparse_core"  # no chip named
     with pytest.raises(PlanError, match=r"^the TPU \(EmbeddingFeature.UNSUPPORTED\) has no embedding engine .*"
                                         r"size_threshold: null"):
-        tm.train(cfg, plan, manifest, *_files(data), str(tmp_path / "state"))
+        training_loop.train(cfg, plan, manifest, *_files(data), str(tmp_path / "state"))
     assert "TPUStrategy" in rec.names()
     assert not [c["call"] for c in rec.calls if c["call"].startswith(("TPUEmbedding", "TPUStrategy.run", "TPUStrategy.distribute"))]
     assert not (tmp_path / "state").exists()
-    layout = tm.checkpoint_layout(tm.distribution_strategy(cfg), 32)
+    layout = hardware.checkpoint_layout(hardware.distribution_strategy(cfg), 32)
     assert (layout.kind, layout.hardware_api) == ("A", "none") and layout.embedding_api.startswith("none (EmbeddingFeature.UNSUPPORTED")
 
 
@@ -505,7 +505,7 @@ def test_weighted_and_sequence_features_on_the_tpu_branch(feature, tpu_branch, d
         {s: str(root / "tx" / f"Split-{s}") for s in ("train", "eval")}, str(root / "stats"), input_format="csv",
     )
     fn_args = _fn_args(root, cfg, "weighted")
-    tm.run_fn(fn_args)
+    trainer_module.run_fn(fn_args)
     model_uri = os.path.dirname(fn_args.serving_model_dir)
     enqueues = [c for c in rec.calls if c["call"] in (f"{mid}.enqueue", f"{mid}.__call__")]
     assert enqueues and all(c["in_run"] for c in enqueues)
@@ -536,14 +536,14 @@ def test_sparsecore_warm_start_places_the_last_models_tables_in_tfs_stacks(tpu_b
 
     cfg_cpu = _config(data, train_steps=10, checkpoint_every_steps=10)
     fn_args = _fn_args(data, cfg_cpu, f"prev-{tmp_path.name}")
-    tm.run_fn(fn_args)
+    trainer_module.run_fn(fn_args)
     prev = warm_start.previous_model(os.path.dirname(fn_args.serving_model_dir))
 
     rec = tpu_branch(Feature.V2)
     monkeypatch.setattr(EMB.TPUEmbeddingV2, "apply_updates", False)
     cfg = _config(data, tpu="local", train_steps=10, checkpoint_every_steps=10)
     plan, manifest = _plan(cfg, data)
-    _, _, run = tm.train(cfg, plan, manifest, *_files(data), str(tmp_path / "state"), warm_from=prev)
+    _, _, run = training_loop.train(cfg, plan, manifest, *_files(data), str(tmp_path / "state"), warm_from=prev)
     mid = rec.mids[-1]
     old_tables = CheckpointTables(prev.checkpoint, prev.plan)
     old = tf.train.load_checkpoint(prev.checkpoint)
@@ -576,7 +576,7 @@ def _refuses_plan_changes(data, state, rec=None, **tpu):
         if rec is not None:
             rec.calls.clear()
         with pytest.raises(PlanMismatch) as err:
-            tm.train(changed, *_plan(changed, data), *_files(data), state)
+            training_loop.train(changed, *_plan(changed, data), *_files(data), state)
         line = str(err.value)
         assert "\n" not in line and "ckpt-10" in line and re.search(what, line), line
         assert "wide part off" in line and ("+ 7 wide" in line if changed is wide else True), line
@@ -597,23 +597,23 @@ def test_a_sparsecore_checkpoint_is_not_resumed_on_another_layout_or_plan(tpu_br
     state = str(tmp_path / "state")
     rec = tpu_branch(Feature.V2)
     cfg = _config(data, tpu="local", train_steps=10, checkpoint_every_steps=10, checkpoint_dir=state)
-    tm.train(cfg, *_plan(cfg, data), *_files(data), state)
+    training_loop.train(cfg, *_plan(cfg, data), *_files(data), state)
     _refuses_plan_changes(data, state, rec, tpu="local")
     cpu = _config(data, train_steps=20, checkpoint_every_steps=10, checkpoint_dir=state)
-    monkeypatch.setattr(tm, "is_tpu_strategy", lambda s: False)
-    monkeypatch.setattr(tm, "distribution_strategy", lambda c: tf.distribute.get_strategy())
+    monkeypatch.setattr(hardware, "is_tpu_strategy", lambda s: False)
+    monkeypatch.setattr(hardware, "distribution_strategy", lambda c: tf.distribute.get_strategy())
     with pytest.raises(LayoutMismatch, match=r"TPUEmbeddingV2 \(SparseCore\) wrote them.*num_replicas\": 2.*"
                                              r"this run is TPUEmbeddingForServing"):
-        tm.train(cpu, *_plan(cpu, data), *_files(data), state)
+        training_loop.train(cpu, *_plan(cpu, data), *_files(data), state)
 
     other = str(tmp_path / "cpu_state")
-    tm.train(_config(data, train_steps=10, checkpoint_every_steps=10), *_plan(cpu, data), *_files(data), other)
+    training_loop.train(_config(data, train_steps=10, checkpoint_every_steps=10), *_plan(cpu, data), *_files(data), other)
     _refuses_plan_changes(data, other)
     monkeypatch.undo()
     tpu_branch(Feature.V2)
     back = _config(data, tpu="local", train_steps=20, checkpoint_every_steps=10)
     with pytest.raises(LayoutMismatch, match=r"TPUEmbeddingForServing .* wrote them .* this run is TPUEmbeddingV2"):
-        tm.train(back, *_plan(back, data), *_files(data), other)
+        training_loop.train(back, *_plan(back, data), *_files(data), other)
 
 
 def test_sequence_features_on_sparsecore_are_refused_before_the_build(tpu_branch, data, tmp_path):
@@ -629,7 +629,7 @@ def test_sequence_features_on_sparsecore_are_refused_before_the_build(tpu_branch
     plan, manifest = _plan(cfg, data)
     assert plan.feature_table("C12").placement == "tpu_embedding" and plan.features["C12"].max_sequence_length == 4
     with pytest.raises(SparseCoreUnsupported, match=r"'C12' \(table 'C12', length 4\).*size_threshold"):
-        tm.train(cfg, plan, manifest, *_files(data), str(tmp_path / "state"))
+        training_loop.train(cfg, plan, manifest, *_files(data), str(tmp_path / "state"))
     assert not any(c["call"].startswith("TPUEmbeddingV2") for c in rec.calls)
 
 
@@ -683,7 +683,7 @@ def test_a_sparsecore_warm_start_missing_a_dense_variable_is_refused(tpu_branch,
 
     cfg_cpu = _config(data, train_steps=10, checkpoint_every_steps=10)
     fn_args = _fn_args(data, cfg_cpu, f"prev-{tmp_path.name}")
-    tm.run_fn(fn_args)
+    trainer_module.run_fn(fn_args)
     prev = warm_start.previous_model(os.path.dirname(fn_args.serving_model_dir))
 
     write = warm_start.warm_start_checkpoint
@@ -691,8 +691,8 @@ def test_a_sparsecore_warm_start_missing_a_dense_variable_is_refused(tpu_branch,
     def lossy(prev_model, cfg, plan, manifest, fresh, out_prefix):  # the checkpoint of a model without the last cross layer
         raw = _raw_config(data, tpu="local", train_steps=10, checkpoint_every_steps=10)
         raw["training"]["cross_layers"] = cfg.training.cross_layers - 1
-        smaller = tm.build_model(plan, manifest, parse_config(raw), for_training=True)
-        smaller(tm.sample_batch(_files(data)[0], manifest, plan, 8))
+        smaller = model_building.build_model(plan, manifest, parse_config(raw), for_training=True)
+        smaller(training_data.sample_batch(_files(data)[0], manifest, plan, 8))
         smaller.create_optimizer_slots()
         return write(prev_model, cfg, plan, manifest, smaller, out_prefix)
 
@@ -704,13 +704,14 @@ def test_a_sparsecore_warm_start_missing_a_dense_variable_is_refused(tpu_branch,
     last = f"cross_{cfg.training.cross_layers - 1}"
     with pytest.raises(LayoutMismatch, match=rf"checkpoint .*warm_start/ckpt does not hold exactly this model's variables "
                                               rf"\(in the model only: .*{last}.*kernel"):
-        tm.train(cfg, plan, manifest, *_files(data), str(tmp_path / "state"), warm_from=prev)
+        training_loop.train(cfg, plan, manifest, *_files(data), str(tmp_path / "state"), warm_from=prev)
     assert not (tmp_path / "state" / "checkpoint").exists()
 
     # the TPU model's own check after its first step, with the host check off
-    check = tm.require_consumed
-    monkeypatch.setattr(tm, "require_consumed", lambda status, prefix, model, model_side_only=False: (
-        check(status, prefix, model, model_side_only) if model_side_only else None))
+    check = training_state.require_consumed
+    for module in (training_state, training_loop):  # the host's check before training, the model's after its first step
+        monkeypatch.setattr(module, "require_consumed", lambda status, prefix, model, model_side_only=False: (
+            check(status, prefix, model, model_side_only) if model_side_only else None))
     with pytest.raises(LayoutMismatch, match=rf"in the model only: .*{last}.*kernel"):
-        tm.train(cfg, plan, manifest, *_files(data), str(tmp_path / "state2"), warm_from=prev)
+        training_loop.train(cfg, plan, manifest, *_files(data), str(tmp_path / "state2"), warm_from=prev)
     assert not (tmp_path / "state2" / "checkpoint").exists()

@@ -19,12 +19,13 @@ from components.config.loading import parse_config
 from components.contracts.plan import Initializer
 from components.embedding_model.tf_objects import dense_id_widths
 from components.embedding_trainer.run_plan import derive_plan
-from components.embedding_trainer import trainer_module as tm
+from components.embedding_trainer import model_building, resolved_input, trainer_module, training_state
+from components.contracts.manifest import VocabularyManifest
 from components.embedding_model.input import PAD_ID, make_dataset, to_dense_ids
 from components.embedding_model.model import TensorCoreTable
 from components.embedding_trainer.tpu_rules import TPURulesError, check_tpu_rules
 
-from tests.stages import REPO, fn_args as _fn_args, trainer_config as _config, trainer_raw_config as _raw_config
+from tests.stages import REPO, fn_args as _fn_args, trainer_config as _config, trainer_raw_config as _raw_config, examples_uri
 from components.contracts.artifacts import CHECKPOINT_DIR, EVAL_METRICS_FILE, TABLES_DIR, TABLES_MANIFEST_FILE, TPU_RULES_FILE, TRAINING_RUN_FILE
 
 
@@ -39,21 +40,21 @@ def _eval_examples(root, n=200):
     from components.data_io.examples_io import transformed_rows
 
     pattern = str(root / "tx" / "Split-eval" / "*")
-    return transformed_rows(pattern, tm.read_manifest_for([pattern]), n)
+    return transformed_rows(pattern, resolved_input.read_manifest(examples_uri([pattern])), n)
 
 
 @pytest.fixture(scope="module")
 def trained(data):
     cfg = _config(data)
     fn_args = _fn_args(data, cfg, 1)
-    tm.run_fn(fn_args)
+    trainer_module.run_fn(fn_args)
     return cfg, os.path.dirname(fn_args.serving_model_dir)
 
 
 @pytest.mark.slow(reason="a Trainer run (run_fn, 40 steps)")
 def test_model_artifact_holds_plan_checkpoint_and_reports(trained, data):
     cfg, model_uri = trained
-    plan = tm.read_plan(model_uri).to_dict()  # the JSON the artifact holds
+    plan = resolved_input.read_plan(model_uri).to_dict()  # the JSON the artifact holds
     placements = {t["placement"] for t in plan["tables"].values()}
     assert placements == {"tpu_embedding", "tensor_core"}, plan["tables"]
     assert plan["vocabulary_dir"] == str(data / "vocab")
@@ -78,7 +79,7 @@ def test_model_artifact_holds_plan_checkpoint_and_reports(trained, data):
     # TensorBoard logs in the ModelRun directory.
     assert glob.glob(str(data / "Trainer" / "model_run" / "1" / "train" / "events.out.tfevents.*"))
     # Nothing of an unfinished run is left behind.
-    assert not glob.glob(str(data / "Trainer" / tm.STATE_DIR / "*" / "checkpoint"))
+    assert not glob.glob(str(data / "Trainer" / training_state.STATE_DIR / "*" / "checkpoint"))
 
 
 def _predict_in_fresh_process(model_uri, examples_path, cfg):
@@ -89,7 +90,7 @@ def _predict_in_fresh_process(model_uri, examples_path, cfg):
         import tensorflow as tf
         from components.config.loading import config_from_json
         from components.contracts.manifest import VocabularyManifest
-        from components.embedding_trainer import trainer_module as tm
+        from components.embedding_trainer import model_building, resolved_input, trainer_module, training_loop, training_state
         from components.embedding_model.input import parse_batch
         model_uri = {model_uri!r}
         examples = tf.constant(np.load({examples_path!r}, allow_pickle=True))
@@ -97,7 +98,7 @@ def _predict_in_fresh_process(model_uri, examples_path, cfg):
         saved = tf.saved_model.load(model_uri + "/Format-Serving")
         p_saved = saved.signatures["serving_default"](examples=examples)["probabilities"].numpy()
         manifest = VocabularyManifest.from_json(open(model_uri + "/embedding_manifest.json").read())
-        model = tm.build_model(tm.read_plan(model_uri), manifest, cfg, for_training=False)
+        model = model_building.build_model(resolved_input.read_plan(model_uri), manifest, cfg, for_training=False)
         features, _ = parse_batch(examples, manifest)
         model(features)
         tf.train.Checkpoint(model=model).restore(tf.train.latest_checkpoint(model_uri + "/checkpoints")).expect_partial()
@@ -121,7 +122,7 @@ def test_restore_in_fresh_process_predicts_identically(model_type, trained, data
     else:
         cfg = _config(data, model="dcn_v2", cross_layers=2, steps_per_execution=5, train_steps=20)
         fn_args = _fn_args(data, cfg, 7)
-        tm.run_fn(fn_args)
+        trainer_module.run_fn(fn_args)
         model_uri = os.path.dirname(fn_args.serving_model_dir)
     examples = _eval_examples(data)
     path = str(tmp_path / "examples.npy")
@@ -144,31 +145,31 @@ def test_killed_run_resumes_and_ends_with_the_same_steps(data, tmp_path):
         import os, signal, sys
         from types import SimpleNamespace
         import components
-        from components.embedding_trainer import trainer_module as tm
-        from components.tfx_wiring.executor_base import CONFIG_KEY
-        original = tm._Checkpointer.on_epoch_end
+        from components.embedding_trainer import trainer_module, training_loop
+        from components.tfx_wiring.component_keys import CONFIG_KEY, EXAMPLES_URI_KEY
+        original = training_loop.Checkpointer.on_epoch_end
         def kill_after_20(self, epoch, logs=None):
             original(self, epoch, logs)
             if int(self.step.numpy()) == 20:
                 os.kill(os.getpid(), signal.SIGKILL)
-        tm._Checkpointer.on_epoch_end = kill_after_20
+        training_loop.Checkpointer.on_epoch_end = kill_after_20
         root = {str(data)!r}
-        tm.run_fn(SimpleNamespace(
-            custom_config={{CONFIG_KEY: open(sys.argv[1]).read()}},
+        trainer_module.run_fn(SimpleNamespace(
+            custom_config={{CONFIG_KEY: open(sys.argv[1]).read(), EXAMPLES_URI_KEY: root + "/tx"}},
             train_files=[root + "/tx/Split-train/*"], eval_files=[root + "/tx/Split-eval/*"],
             serving_model_dir=root + "/Trainer/model/21/Format-Serving",
             model_run_dir=root + "/Trainer/model_run/21", train_steps=None))
     """)
     proc = subprocess.run([sys.executable, "-c", script, str(cfg_path)], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == -9, proc.stderr[-3000:]
-    states = glob.glob(str(data / "Trainer" / tm.STATE_DIR / "*"))
+    states = glob.glob(str(data / "Trainer" / training_state.STATE_DIR / "*"))
     assert len(states) == 1
     assert tf.train.latest_checkpoint(states[0]).endswith("ckpt-20")
     assert not os.path.exists(data / "Trainer" / "model" / "21" / "Format-Serving")
 
     # Started again (a new execution, as TFX would): resumes at 20 and trains the remaining 20 steps.
     resumed = _fn_args(data, cfg, 22)
-    tm.run_fn(resumed)
+    trainer_module.run_fn(resumed)
     resumed_uri = os.path.dirname(resumed.serving_model_dir)
     run = json.load(open(os.path.join(resumed_uri, TRAINING_RUN_FILE)))
     assert run["resumed_from_step"] == 20 and run["final_step"] == 40
@@ -177,7 +178,7 @@ def test_killed_run_resumes_and_ends_with_the_same_steps(data, tmp_path):
 
     # An uninterrupted run of the same training sees the same batches and ends with the same model.
     straight = _fn_args(data, cfg, 23)
-    tm.run_fn(straight)
+    trainer_module.run_fn(straight)
     straight_uri = os.path.dirname(straight.serving_model_dir)
     assert json.load(open(os.path.join(straight_uri, TRAINING_RUN_FILE)))["resumed_from_step"] == 0
     a = tf.train.load_checkpoint(os.path.join(resumed_uri, CHECKPOINT_DIR))
@@ -190,9 +191,9 @@ def test_killed_run_resumes_and_ends_with_the_same_steps(data, tmp_path):
 
 def _check_inputs(data, trained):
     cfg, model_uri = trained
-    plan = tm.read_plan(model_uri)
-    manifest = tm.VocabularyManifest.from_json(open(os.path.join(model_uri, "embedding_manifest.json")).read())
-    model = tm.build_model(plan, manifest, cfg, for_training=False)
+    plan = resolved_input.read_plan(model_uri)
+    manifest = VocabularyManifest.from_json(open(os.path.join(model_uri, "embedding_manifest.json")).read())
+    model = model_building.build_model(plan, manifest, cfg, for_training=False)
     return plan, manifest, model, [str(data / "tx" / "Split-train" / "*")]
 
 
@@ -236,7 +237,7 @@ def test_padded_dense_ids_pool_like_sparse_lookup(data, trained):
 
     plan, manifest, _, _ = _check_inputs(data, trained)
     cfg, model_uri = trained
-    model = tm.build_model(plan, manifest, cfg, for_training=False)
+    model = model_building.build_model(plan, manifest, cfg, for_training=False)
     eval_files = [str(data / "tx" / "Split-eval" / "*")]
     sparse_batch, _ = next(iter(make_dataset(eval_files, manifest, 128, training=False)))
     dense_batch, _ = next(iter(_tpu_input(eval_files, manifest, plan, training=False, batch_size=128)))
@@ -269,7 +270,7 @@ def test_tpu_rules_find_string_ops_in_the_step(data, trained):
     class LooksUpStrings(tf.keras.Model):
         def __init__(self):
             super().__init__()
-            self.inner = tm.build_model(plan, manifest, cfg, for_training=False)
+            self.inner = model_building.build_model(plan, manifest, cfg, for_training=False)
 
         def call(self, x, training=False):
             x = dict(x)
@@ -308,7 +309,7 @@ def test_configured_initializers_and_unsafe_lookups_train_on_cpu(data, tmp_path)
     raw["tables"][0]["initializer"] = {"name": "random_normal", "mean": 2.0, "stddev": 0.01}  # shared_c3_c4
     cfg = parse_config(raw)
     plan = derive_plan(cfg, manifest)
-    model = tm.build_model(plan, manifest, cfg, for_training=True)
+    model = model_building.build_model(plan, manifest, cfg, for_training=True)
     features, _ = next(iter(make_dataset(
         [str(data / "tx" / "Split-train" / "*")], manifest, 64, training=False)))
     model(features)
@@ -327,10 +328,10 @@ def test_configured_initializers_and_unsafe_lookups_train_on_cpu(data, tmp_path)
     fn_args = _fn_args(tmp_path, cfg, 1)
     fn_args.train_files = [str(data / "tx" / "Split-train" / "*")]
     fn_args.eval_files = [str(data / "tx" / "Split-eval" / "*")]
-    tm.run_fn(fn_args)
+    trainer_module.run_fn(fn_args)
     run = json.load(open(os.path.join(os.path.dirname(fn_args.serving_model_dir), TRAINING_RUN_FILE)))
     assert run["final_step"] == 8
-    written = tm.read_plan(os.path.dirname(fn_args.serving_model_dir))
+    written = resolved_input.read_plan(os.path.dirname(fn_args.serving_model_dir))
     assert written.tables[core].initializer.minval == 0.25 and not written.features["C20"].validate_weights_and_indices
 
 
@@ -359,10 +360,10 @@ def test_per_table_optimizers_and_gradient_multiplier_update_as_documented(data)
             f["optimizer"] = overrides[f["name"]]
     cfg = parse_config(raw)
     train_files = [str(data / "tx" / "Split-train" / "*")]
-    plan = derive_plan(cfg, manifest, tm.read_statistics_for(train_files))
+    plan = derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(train_files)))
     assert plan.tables[core].optimizer["name"] == "sgd" and plan.tables[default].optimizer["name"] == "ftrl"
     assert plan.tables[adagrad_tpu].memory.slots_per_row == 1 and plan.tables[sgd_tpu].memory.slots_per_row == 0
-    model = tm.build_model(plan, manifest, cfg, for_training=True)
+    model = model_building.build_model(plan, manifest, cfg, for_training=True)
     model.compile(optimizer=model.dense_optimizer, loss=tf.keras.losses.BinaryCrossentropy())
     features, labels = next(iter(make_dataset(
         train_files, manifest, 64, training=True, seed=3,
@@ -444,7 +445,7 @@ def test_wide_part_is_a_linear_model_added_to_the_logit_and_trained_by_its_optim
 
     cfg = _config(data, wide={"enabled": True, "optimizer": {"name": "ftrl", "learning_rate": 1.0}}, train_steps=20)
     fn_args = _fn_args(data, cfg, 11)
-    tm.run_fn(fn_args)
+    trainer_module.run_fn(fn_args)
     model_uri = os.path.dirname(fn_args.serving_model_dir)
     plan, manifest = read_model_plan(model_uri), read_model_manifest(model_uri)
     assert plan.wide_features() == {n + WIDE_SUFFIX: n for n in manifest.categorical_names}
@@ -499,7 +500,7 @@ def test_wide_part_is_a_linear_model_added_to_the_logit_and_trained_by_its_optim
         np.testing.assert_array_equal(np.load(out / TABLES_DIR / entries[t]["files"]["values"]), tables.read(t))
 
     # one training step: the wide tables and the dense term move by the wide optimizer's rule
-    train_model = tm.build_model(plan, manifest, cfg, for_training=True)
+    train_model = model_building.build_model(plan, manifest, cfg, for_training=True)
     train_features, labels = next(iter(make_dataset(
         [str(data / "tx" / "Split-train" / "*")], manifest, 64, training=True, seed=5, dense_id_widths=dense_id_widths(plan))))
     train_model(train_features)
@@ -526,9 +527,9 @@ def test_input_dropout_acts_in_training_only_and_adds_no_state(data, model_type,
     models = {}
     for rate in (0.0, 0.5):
         cfg = _config(data, model=model_type, dropout=0.0, input_dropout=rate)
-        plan = derive_plan(cfg, manifest, tm.read_statistics_for(train_files))
+        plan = derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(train_files)))
         tf.keras.utils.set_random_seed(5)
-        models[rate] = tm.build_model(plan, manifest, cfg, for_training=True)
+        models[rate] = model_building.build_model(plan, manifest, cfg, for_training=True)
     features, _ = next(iter(make_dataset(train_files, manifest, 64, training=True, seed=3,
                                          dense_id_widths=dense_id_widths(plan))))
     for m in models.values():
@@ -560,7 +561,7 @@ def test_piecewise_linear_buckets_train_export_and_match_the_rule(data):
     cfg = _config(data, wide={"enabled": True, "optimizer": {"name": "ftrl", "learning_rate": 1.0}}, train_steps=20,
                   dense_buckets={"encoding": "piecewise_linear"})
     fn_args = _fn_args(data, cfg, 11)
-    tm.run_fn(fn_args)
+    trainer_module.run_fn(fn_args)
     model_uri = os.path.dirname(fn_args.serving_model_dir)
     plan, manifest = read_model_plan(model_uri), read_model_manifest(model_uri)
     assert plan.dense_buckets.encoding == "piecewise_linear"

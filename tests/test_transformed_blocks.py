@@ -25,7 +25,8 @@ from components.contracts.manifest import TAIL_PREFIX, TRANSFORMED_PREFIX, row_l
 from components.embedding_model.input import make_dataset
 from components.embedding_preprocess.run import run_preprocessing
 from components.data_io.blocks import from_blocks, to_blocks
-from components.embedding_trainer import trainer_module as tm
+from components.embedding_trainer import resolved_input
+from tests.stages import examples_uri
 from components.data_io.examples_io import transformed_rows
 from components.example_gen.synthetic_data import GeneratorSpec, write_csv
 
@@ -91,7 +92,7 @@ def _all_rows(ds):
 @pytest.mark.parametrize("split", ["train", "eval"])
 def test_blocks_reach_the_model_as_the_same_rows(runs, split):
     (_, tx_rows), (_, tx_blocks) = runs["examples"], runs["blocks"]
-    m_rows, m_blocks = (tm.read_manifest_for([_pattern(tx, split)]) for tx in (tx_rows, tx_blocks))
+    m_rows, m_blocks = (resolved_input.read_manifest(examples_uri([_pattern(tx, split)])) for tx in (tx_rows, tx_blocks))
     assert (m_rows.transformed_format, m_blocks.transformed_format, m_blocks.block_rows) == ("examples", "blocks", 8)
     names = sorted(os.listdir(tx_blocks / f"Split-{split}"))
     assert any(n.startswith(TRANSFORMED_PREFIX) for n in names) and any(n.startswith(TAIL_PREFIX) for n in names)
@@ -115,7 +116,7 @@ def _example_dict(serialized):
 
 def test_training_batches_are_static_whole_and_mix_blocks(runs):
     cfg, tx = runs["blocks"]
-    manifest = tm.read_manifest_for([_pattern(tx, "train")])
+    manifest = resolved_input.read_manifest(examples_uri([_pattern(tx, "train")]))
     batches = list(make_dataset([_pattern(tx, "train")], manifest, 32, training=True, seed=1).take(60))
     for features, label in batches:
         assert label.shape == (32, 1)
@@ -130,7 +131,7 @@ def test_training_batches_are_static_whole_and_mix_blocks(runs):
 
 def test_a_batch_that_is_no_multiple_of_the_block_takes_every_row(runs):
     _, tx = runs["blocks"]
-    manifest = tm.read_manifest_for([_pattern(tx, "eval")])
+    manifest = resolved_input.read_manifest(examples_uri([_pattern(tx, "eval")]))
     got = _all_rows(make_dataset([_pattern(tx, "eval")], manifest, 20, training=False))  # 20 % 8 != 0
     want = _all_rows(make_dataset([_pattern(tx, "eval")], manifest, 32, training=False))
     assert got == want
@@ -265,7 +266,7 @@ def test_a_wide_shuffle_buffer_draws_from_the_whole_split(runs, fmt):
     batches come from the first rows with the smallest buffer (16 batches), from the whole split
     with a buffer as large as the split."""
     cfg, tx = runs[fmt]
-    manifest = tm.read_manifest_for([_pattern(tx, "train")])
+    manifest = resolved_input.read_manifest(examples_uri([_pattern(tx, "train")]))
     order = {}
     for f, y in make_dataset([_pattern(tx, "train")], manifest, 32, training=False):
         for row in _rows(f, y):
@@ -301,7 +302,7 @@ def test_a_time_sorted_split_in_many_files_is_drawn_from_its_whole_range(runs, t
     two batches already hold rows from both ends of the range with the smallest shuffle buffer,
     where the same rows in one file give only rows from its first part."""
     cfg, tx = runs["blocks"]
-    manifest = tm.read_manifest_for([_pattern(tx, "train")])
+    manifest = resolved_input.read_manifest(examples_uri([_pattern(tx, "train")]))
     one_file = _rewritten_in_stretches(tx, "train", tmp_path / "one", 1)
     many = _rewritten_in_stretches(tx, "train", tmp_path / "many", 30)
     position = {}  # a row's place in the sorted split (its "time")

@@ -9,7 +9,7 @@ import os
 import pytest
 import yaml
 
-from tests.stages import demo_raw_config
+from tests.stages import demo_raw_config, examples_uri
 
 from components.config.loading import apply_values, config_from_json, parse_config
 from components.config.schema import ConfigError
@@ -157,16 +157,16 @@ def test_best_hyperparameters_apply_over_a_copy_of_the_config():
 def test_run_fn_takes_the_trainers_hyperparameters_input_over_its_config():
     from types import SimpleNamespace
 
-    from components.embedding_trainer import trainer_module as tm
+    from components.embedding_trainer import resolved_input
 
     cfg = _config()
-    tuned, values = tm.tuned_config(cfg, SimpleNamespace(hyperparameters={"space": [], "values": {
+    tuned, values = resolved_input.tuned_config(cfg, SimpleNamespace(hyperparameters={"space": [], "values": {
         "training.dropout": 0.1, "training.top_mlp": "[48, 8]"}}))
     # recorded (training_run.json `tuned`, which the exporter applies) with the layer widths as a list
     assert values == {"training.dropout": 0.1, "training.top_mlp": [48, 8]}
     assert tuned.training.dropout == 0.1 and tuned.training.top_mlp == [48, 8]
-    assert tm.tuned_config(cfg, SimpleNamespace(hyperparameters=None)) == (cfg, {})  # no Tuner: as configured
-    assert tm.tuned_config(cfg, SimpleNamespace()) == (cfg, {})  # FnArgs built without the field
+    assert resolved_input.tuned_config(cfg, SimpleNamespace(hyperparameters=None)) == (cfg, {})  # no Tuner: as configured
+    assert resolved_input.tuned_config(cfg, SimpleNamespace()) == (cfg, {})  # FnArgs built without the field
 
 
 def test_the_exporter_reads_the_tuned_values_from_the_trainers_run_report(tmp_path):
@@ -214,7 +214,9 @@ def test_create_pipeline_puts_the_stock_tuner_before_the_trainer(tmp_path):
     p = create_pipeline(cfg, str(tmp_path / "root"), str(tmp_path / "m.sqlite"), str(tmp_path / "serving"))
     by_id = {c.id: c for c in p.components}
     tuner, trainer = by_id["Tuner"], by_id["Trainer"]
-    assert type(tuner).__module__ == "tfx.components.tuner.component"
+    from tfx.components.tuner.component import Tuner as StockTuner
+
+    assert isinstance(tuner, StockTuner) and tuner.executor_spec.executor_class.__name__ == "TunerExecutor"
     assert tuner.exec_properties["tuner_fn"] == TUNER_FN
     assert (tuner.inputs["examples"].producer_component_id, tuner.inputs["examples"].output_key) == \
         (trainer.inputs["examples"].producer_component_id, trainer.inputs["examples"].output_key)
@@ -269,7 +271,7 @@ def test_vertex_runs_the_trials_in_parallel_as_one_custom_job(tmp_path):
                  "--pipeline-root", "gs://b/root"]) == 0
     spec = load_compiled(str(tmp_path / "v.json"))["pipeline_spec"]
     args = spec["deploymentSpec"]["executors"]["Tuner_executor"]["container"]["args"]
-    assert args[1] == "tfx.extensions.google_cloud_ai_platform.tuner.executor.Executor"
+    assert args[1] == "components.embedding_trainer.vertex.VertexTunerExecutor"
     params = spec["root"]["dag"]["tasks"]["Tuner"]["inputs"]["parameters"]
     assert json.loads(params["tune_args"]["runtimeValue"]["constant"]) == {"num_parallel_trials": 3}
     cc = json.loads(params["custom_config"]["runtimeValue"]["constant"])
@@ -325,9 +327,9 @@ def _tuner_fn_args(root, cfg, working_dir):
     from types import SimpleNamespace
 
     from components.config.stages import stage_json
-    from components.tfx_wiring.executor_base import CONFIG_KEY
+    from components.tfx_wiring.component_keys import CONFIG_KEY, EXAMPLES_URI_KEY
 
-    return SimpleNamespace(custom_config={CONFIG_KEY: stage_json(cfg, "tuner")},
+    return SimpleNamespace(custom_config={CONFIG_KEY: stage_json(cfg, "tuner"), EXAMPLES_URI_KEY: str(root / "tx")},
                            train_files=[str(root / "tx" / "Split-train" / "*")],
                            eval_files=[str(root / "tx" / "Split-eval" / "*")], working_dir=str(working_dir))
 
@@ -358,44 +360,44 @@ def test_the_search_trains_each_trial_and_writes_tfxs_best_hyperparameters(train
 
 
 def test_a_search_whose_trials_all_fail_says_so_with_their_errors(trainer_data, tmp_path, monkeypatch):
-    from components.embedding_trainer import trainer_module as tm
+    from components.embedding_trainer import tuner
     from components.embedding_trainer.tuner import NoTrialCompleted, tuner_fn
 
     def failing(cfg, *args, **kwargs):
         raise ValueError(f"diverged at dropout {cfg.training.dropout}")
 
-    monkeypatch.setattr(tm, "train", failing)
+    monkeypatch.setattr(tuner, "train", failing)
     result = tuner_fn(_tuner_fn_args(trainer_data, _tuning_config(trainer_data), tmp_path / "work"))
     with pytest.raises(NoTrialCompleted, match=r"none of the 2 trials completed .*ValueError: diverged at dropout"):
         result.tuner.search(**result.fit_kwargs)
 
 
 def test_a_trial_that_would_change_the_tables_is_stopped_before_training(trainer_data):
-    from components.embedding_trainer import trainer_module as tm
+    from components.embedding_trainer import resolved_input
     from components.embedding_trainer.run_plan import derive_plan
     from components.contracts.plan import PlanError
 
     cfg = _tuning_config(trainer_data)
-    manifest, stats = tm.read_manifest_for([str(trainer_data / "tx" / "Split-train" / "*")]), None
+    manifest, stats = resolved_input.read_manifest(examples_uri([str(trainer_data / "tx" / "Split-train" / "*")])), None
     raw = json.loads(cfg.to_json())
     raw["categorical_defaults"]["dim"] = 32
     bigger = config_from_json(json.dumps(raw))
     with pytest.raises(PlanError, match=r"changed the plan's tables .*a trial may not change them"):
-        tm.check_tables_unchanged(derive_plan(cfg, manifest, stats), derive_plan(bigger, manifest, stats),
+        resolved_input.check_tables_unchanged(derive_plan(cfg, manifest, stats), derive_plan(bigger, manifest, stats),
                                   {"categorical_defaults.dim": 32})
-    tm.check_tables_unchanged(derive_plan(cfg, manifest, stats),
+    resolved_input.check_tables_unchanged(derive_plan(cfg, manifest, stats),
                               derive_plan(apply_values(cfg, {"training.cross_layers": 3}), manifest, stats), {})
 
 
 # ---- parallel trials: the Vertex AI job TFX submits, its replicas run here ------------------------
 
 def _vertex_tuning_job(trainer_data, tmp_path, monkeypatch, parallel_trials):
-    """The Vertex AI CustomJob that TFX's Vertex tuner executor submits for our pipeline's Tuner
+    """The Vertex AI CustomJob that our Vertex tuner executor (TFX's, passing the examples' URI) submits for our pipeline's Tuner
     (its submission to Vertex stubbed: nothing leaves the machine), on the trainer_data examples,
     with 3 trials of 2 steps."""
     from google.protobuf.message import Message
     from tfx.extensions.google_cloud_ai_platform import runner, training_clients
-    from tfx.extensions.google_cloud_ai_platform.tuner import executor as vertex
+    from components.embedding_trainer.vertex import VertexTunerExecutor
     from tfx.types import standard_artifacts
     from tfx.utils import proto_utils
 
@@ -415,7 +417,7 @@ def _vertex_tuning_job(trainer_data, tmp_path, monkeypatch, parallel_trials):
     inputs = {"examples": [artifact(standard_artifacts.Examples, trainer_data / "tx", ["train", "eval"])]}
     outputs = {"best_hyperparameters": [artifact(standard_artifacts.HyperParameters, tmp_path / "best")],
                "tuner_results": [artifact(standard_artifacts.TunerResults, tmp_path / "results")]}
-    vertex.Executor().Do(inputs, outputs, props)
+    VertexTunerExecutor().Do(inputs, outputs, props)
     assert len(submitted) == 1 and submitted[0]["project"] == "p" and submitted[0]["vertex_region"] == "us-central1"
     return submitted[0]["training_job"]
 

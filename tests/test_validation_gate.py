@@ -24,15 +24,15 @@ from components.embedding_exporter.export import export_serving_model
 from components.embedding_exporter.gate import decide
 from components.model_registry import registry
 from components.embedding_trainer.run_plan import derive_plan
-from components.embedding_trainer import trainer_module
+from components.embedding_trainer import resolved_input
 from components.embedding_trainer.baseline import LinearBaseline, baseline_holdout_fraction, train_baseline
 from components.embedding_model.input import make_dataset
 from components.rules.metrics import roc_auc
 from tfx.types import standard_artifacts
 from tfx.utils import io_utils
 
-from tests.stages import artifact as _artifact, look_up, minimal_raw_config, push
-from components.tfx_wiring.executor_base import CONFIG_KEY
+from tests.stages import artifact as _artifact, look_up, minimal_raw_config, push, examples_uri
+from components.tfx_wiring.component_keys import CONFIG_KEY
 
 
 def _gate_config(cfg, **validation):
@@ -211,7 +211,7 @@ def test_baseline_auc_matches_an_independent_fit(chain):
 
     cfg, a, _ = chain
     train, evals = [os.path.join(a["transformed"].uri, f"Split-{s}", "*") for s in ("train", "eval")]
-    manifest, stats = trainer_module.read_manifest_for([train]), trainer_module.read_statistics_for([train])
+    manifest, stats = resolved_input.read_manifest(examples_uri([train])), resolved_input.read_statistics(examples_uri([train]))
     plan = derive_plan(cfg, manifest, stats)
     rows = stats.splits["train"]["examples_written"]
     ours = train_baseline(cfg, plan, manifest, [train], [evals], model_steps=cfg.training.train_steps, train_rows=rows)
@@ -234,8 +234,8 @@ def test_baseline_auc_matches_an_independent_fit(chain):
 def test_baseline_fused_pooling_equals_tf_embedding_lookups(chain):
     cfg, a, _ = chain
     train = os.path.join(a["transformed"].uri, "Split-train", "*")
-    manifest = trainer_module.read_manifest_for([train])
-    plan = derive_plan(cfg, manifest, trainer_module.read_statistics_for([train]))
+    manifest = resolved_input.read_manifest(examples_uri([train]))
+    plan = derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri([train])))
     model = LinearBaseline(plan, manifest)
     rng = np.random.default_rng(0)
     model.weights.assign(rng.normal(size=model.weights.shape).astype(np.float32))

@@ -137,7 +137,8 @@ def _step_model(data, embedding_optimizer, dense_optimizer, clipvalue):
     from components.contracts.manifest import VocabularyManifest
     from components.embedding_model.input import make_dataset
     from components.embedding_model.tf_objects import dense_id_widths, sequence_lengths
-    from components.embedding_trainer import trainer_module as tm
+    from components.embedding_trainer import hardware, model_building, resolved_input
+    from tests.stages import examples_uri
     from components.embedding_trainer.run_plan import derive_plan
     from tests.stages import trainer_raw_config
 
@@ -150,10 +151,10 @@ def _step_model(data, embedding_optimizer, dense_optimizer, clipvalue):
     cfg = parse_config(raw)
     manifest = VocabularyManifest.from_json((data / "vocab" / "manifest.json").read_text())
     train_files = [str(data / "tx" / "Split-train" / "*")]
-    plan = derive_plan(cfg, manifest, tm.read_statistics_for(train_files))
+    plan = derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(train_files)))
     assert {t.placement for t in plan.tables.values()} == {"tensor_core"}
     tf.keras.utils.set_random_seed(7)
-    _, model = tm._build_training_model(cfg, plan, manifest, tm._place_training(cfg))
+    _, model = model_building.build_training_model(cfg, plan, manifest, hardware.place_training(cfg))
     batch = next(iter(make_dataset(train_files, manifest, 64, training=True, seed=3, dense_id_widths=dense_id_widths(plan),
                                    sequence_lengths=sequence_lengths(plan))))
     model(batch[0])

@@ -515,12 +515,12 @@ def install_sparsecore(monkeypatch, replicas: int = 2, sparse_cores_per_chip: in
     model builds `tf.tpu.experimental.embedding.TPUEmbeddingV2`. Undone by `monkeypatch`."""
     from tensorflow_recommenders.layers.embedding import tpu_embedding_layer as tfrs_layer
 
-    from components.embedding_trainer import trainer_module as tm
+    from components.embedding_trainer import hardware  # lazy: a harness helper, TensorFlow's trainer modules
 
     cls = recording_strategy_class(replicas, Feature.V2, sparse_cores_per_chip)
     let_pass_type_check(monkeypatch, cls)
     is_harness = lambda s: isinstance(s, cls)  # noqa: E731
-    monkeypatch.setattr(tm, "is_tpu_strategy", is_harness)
+    monkeypatch.setattr(hardware, "is_tpu_strategy", is_harness)
     monkeypatch.setattr(tfrs_layer, "_is_tpu_strategy", is_harness)
     v2 = v2_class or cpu_step_v2_class()
     # TFRS reaches the class through tensorflow.compat.v2, another module object than tf's.

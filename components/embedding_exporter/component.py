@@ -8,7 +8,7 @@ from tfx.types.component_spec import ChannelParameter, ExecutionParameter
 from components.config.stages import stage_json
 from components.config.schema import PipelineConfig
 from components.embedding_exporter import executor
-from components.tfx_wiring.executor_base import CONFIG_KEY
+from components.tfx_wiring.component_keys import CONFIG_KEY
 
 
 class EmbeddingExporterSpec(ComponentSpec):

@@ -9,7 +9,7 @@ from tfx.types import channel_utils
 from components.config.stages import stage_json
 from components.tfx_wiring.artifact_types import EmbeddingStatistics, EmbeddingVocabulary
 from components.config.schema import PipelineConfig
-from components.tfx_wiring.executor_base import CONFIG_KEY
+from components.tfx_wiring.component_keys import CONFIG_KEY
 from components.embedding_preprocess import executor
 
 

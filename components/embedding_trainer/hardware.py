@@ -1,4 +1,5 @@
-"""The embedding API and chips the TPU reports, and the plan checked and sized for them before training.
+"""Where the Trainer trains: the strategy and its replicas, the embedding API and chips the TPU
+reports, the checkpoint layout they give, and the plan checked and sized for them before training.
 
 A TPU reports its embedding engine as `strategy.extended.tpu_hardware_feature.embedding_feature`:
 V2 (SparseCore: TPUEmbeddingV2), V1 (TPUEmbedding) or UNSUPPORTED (no engine, e.g. v5e: TFRS
@@ -19,13 +20,16 @@ trainer once the strategy exists and before anything is built:
 """
 from __future__ import annotations
 
-from typing import Tuple
+import dataclasses
+from typing import Any, Dict, Optional, Tuple
 
 import components  # noqa: F401
 import tensorflow as tf
 
+from components.config.schema import PipelineConfig
 from components.contracts import sizing
-from components.contracts.plan import EmbeddingPlan, PlanError, check_embedding_api, check_fits, hardware_num_chips
+from components.contracts.plan import (CheckpointLayout, EmbeddingPlan, PlanError, check_embedding_api, check_fits,
+                                       hardware_num_chips)
 
 
 def reported_embedding(strategy: tf.distribute.Strategy) -> Tuple[str, str, int]:
@@ -84,3 +88,101 @@ def plan_for_hardware(plan: EmbeddingPlan, strategy: tf.distribute.Strategy, on_
     check_embedding_api(sized, f"the TPU (EmbeddingFeature.{feature})")
     check_fits(sized)
     return sized
+
+
+def distribution_strategy(cfg: PipelineConfig) -> tf.distribute.Strategy:
+    """The strategy to train under; connects to and initialises a configured TPU.
+
+    Args:
+      cfg: the pipeline config (`training.tpu`).
+
+    Returns:
+      TPUStrategy when a TPU is configured, MirroredStrategy on several GPUs, else the default strategy.
+    """
+    if cfg.training.tpu:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=cfg.training.tpu)
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver)
+    if len(tf.config.list_logical_devices("GPU")) > 1:
+        return tf.distribute.MirroredStrategy()
+    return tf.distribute.get_strategy()
+
+
+def checkpoint_layout(strategy: tf.distribute.Strategy, per_replica: int) -> CheckpointLayout:
+    """How this run's checkpoint will hold the TPU-embedding tables.
+
+    Recorded in the plan, so the exporter can recompute a SparseCore layout that TensorFlow 2.16
+    does not save.
+
+    Args:
+      strategy: the training strategy.
+      per_replica: each replica's batch size.
+
+    Returns:
+      Layout A (one variable per table) off TPU and on TPUs without SparseCore, B (SparseCore
+      stacks) on SparseCore, with the replicas, SparseCores per chip and per-replica batch.
+
+    Raises:
+      PlanError: the TPU reports an embedding feature this trainer does not know.
+    """
+    if not is_tpu_strategy(strategy):
+        return CheckpointLayout(kind="A", embedding_api="TPUEmbeddingForServing (CPU/GPU variables)")
+    api, feature, sparse_cores = reported_embedding(strategy)
+    v2 = api == sizing.SPARSE_CORE
+    names = {sizing.SPARSE_CORE: "TPUEmbeddingV2 (SparseCore)", sizing.TPU_EMBEDDING_V1: "TPUEmbedding",
+             # no engine: only TensorCore tables train (hardware.plan_for_hardware), one variable each
+             sizing.NO_EMBEDDING_API: f"none (EmbeddingFeature.{feature}: TensorCore tables only, replicated)"}
+    return CheckpointLayout(
+        kind="B" if v2 else "A",
+        embedding_api=names[api],
+        num_replicas=strategy.num_replicas_in_sync,
+        # TPUEmbeddingV2 falls back to 4 when the hardware does not say (tpu_embedding_v3.py).
+        sparse_cores_per_chip=sparse_cores,
+        per_replica_batch_size=per_replica,
+        hardware_api=api,
+    )
+
+
+def is_tpu_strategy(strategy: tf.distribute.Strategy) -> bool:
+    """Whether training takes the TPU branch.
+
+    The one predicate that decides it, so that tests can walk the TPU branch on CPU with a
+    recording strategy by replacing it (tests/test_tpu_conformance.py).
+
+    Args:
+      strategy: the training strategy.
+
+    Returns:
+      True for a TPUStrategy.
+    """
+    return isinstance(strategy, tf.distribute.TPUStrategy)
+
+
+@dataclasses.dataclass
+class Hardware:
+    """Where the run trains: the strategy, its replicas, each replica's batch, the checkpoint layout."""
+
+    strategy: tf.distribute.Strategy
+    on_tpu: bool
+    replicas: int
+    per_replica: int
+    layout: CheckpointLayout
+    ids_per_chip: Optional[Dict[str, Any]] = None  # SparseCore: sparsecore_limits.check_ids_per_chip's report
+
+
+def place_training(cfg: PipelineConfig) -> Hardware:
+    """Where the run trains: the strategy, its replicas, each replica's batch and the checkpoint
+    layout they give.
+
+    Raises:
+      ValueError: training.batch_size is not a multiple of the replicas.
+    """
+    t = cfg.training
+    strategy = distribution_strategy(cfg)
+    on_tpu = is_tpu_strategy(strategy)
+    replicas = strategy.num_replicas_in_sync
+    if t.batch_size % replicas:
+        raise ValueError(f"training.batch_size {t.batch_size} must be a multiple of the {replicas} replicas")
+    per_replica = t.batch_size // replicas
+    return Hardware(strategy, on_tpu, replicas, per_replica, checkpoint_layout(strategy, per_replica))

@@ -23,7 +23,7 @@ Checks (those marked TPU are skipped by --dry-run, which says so):
    SparseCore check (optimizers.check_sparsecore_optimizer: TF 2.16's TPUEmbeddingV2 ignores
    clipping), and Adagrad with clipvalue is refused there.
 5. sparsecore_training (TPU): the core check (`sparsecore_training`). The Trainer's model,
-   optimizers and train_step (trainer_module.build_model) trained for --parity-steps steps under
+   optimizers and train_step (model_building.build_model) trained for --parity-steps steps under
    TPUStrategy, and the same model trained on the host CPU (one variable per table, layout A) for
    the same steps on the same examples (the Trainer's input: the replicas' batches of a step are
    the CPU's global batch), both from the same tables, slots and dense weights (the Trainer's
@@ -77,10 +77,10 @@ from components.embedding_model.layouts import CheckpointTables
 from components.embedding_model.checkpoint_keys import CHECKPOINT_ROOT, VARIABLE_VALUE
 from components.embedding_model.sparsecore_layout import plan_sparse_core_layouts
 from components.embedding_model.tf_objects import learning_rate
-from components.embedding_trainer import trainer_module
+from components.embedding_trainer import hardware, model_building, resolved_input, trainer_module, training_data, training_state
 from components.embedding_trainer.run_plan import derive_plan
 from components.example_gen.synthetic_data import GeneratorSpec, write_csv
-from components.tfx_wiring.executor_base import CONFIG_KEY
+from components.tfx_wiring.component_keys import CONFIG_KEY, EXAMPLES_URI_KEY
 from components.config.choices import LayoutKind, Placement
 
 RESULTS: List[Tuple[str, str]] = []  # (name, "PASS" | "FAIL" | "SKIP")
@@ -264,18 +264,17 @@ def with_adagrad_table(raw: Dict[str, Any], plan) -> Dict[str, Any]:
     return raw
 
 
-def parity_plan(raw: Dict[str, Any], train_files: List[str]):
+def parity_plan(raw: Dict[str, Any], examples_uri: str):
     """The parity configuration on the transformed data.
 
     Args:
       raw: the base raw config (`base_raw_config`).
-      train_files: the transformed train split's file patterns.
+      examples_uri: the transformed examples' directory (`examples_dir`).
 
     Returns:
       (config, plan, manifest) of the parity configuration (`parity_raw_config`, with an Adagrad table).
     """
-    manifest = trainer_module.read_manifest_for(train_files)
-    statistics = trainer_module.read_statistics_for(train_files)
+    manifest, statistics = resolved_input.read_manifest(examples_uri), resolved_input.read_statistics(examples_uri)
     raw = parity_raw_config(raw)
     plan = derive_plan(parse_config(raw), manifest, statistics)
     raw = with_adagrad_table(raw, plan)
@@ -506,7 +505,7 @@ def sparsecore_training(strategy, cfg, plan, manifest, train_files: List[str], s
     """
     per_replica = _comparable_per_replica_batch(strategy, cfg, plan)
     replicas = strategy.num_replicas_in_sync
-    layout = trainer_module.checkpoint_layout(strategy, per_replica)
+    layout = hardware.checkpoint_layout(strategy, per_replica)
     os.makedirs(workdir, exist_ok=True)
     start_prefix, tpu_prefix, cpu_prefix = _train_on_both(strategy, cfg, plan, manifest, train_files, steps, workdir,
                                                           per_replica, layout)
@@ -519,7 +518,7 @@ def _comparable_per_replica_batch(strategy, cfg, plan) -> int:
     if t.dropout or t.input_dropout or t.pipeline_execution_with_tensor_core:
         raise ValueError("training.dropout, input_dropout and pipeline_execution_with_tensor_core must be off "
                          "for a step-by-step comparison (parity_raw_config)")
-    if not trainer_module.is_tpu_strategy(strategy):
+    if not hardware.is_tpu_strategy(strategy):
         raise ValueError(f"{type(strategy).__name__} is not a TPU strategy: nothing to compare")
     replicas = strategy.num_replicas_in_sync
     if plan.global_batch_size % replicas:
@@ -537,19 +536,19 @@ def _train_on_both(strategy, cfg, plan, manifest, train_files: List[str], steps:
     try:
         # The CPU run, on the host: its start (tables, slots, dense weights) is both runs' start.
         with tf.device("/cpu:0"):
-            cpu = trainer_module.build_model(plan, manifest, cfg, for_training=True)
+            cpu = model_building.build_model(plan, manifest, cfg, for_training=True)
             _compile(cpu)
-            train_input = trainer_module.training_input(train_files, manifest, plan, cfg.training, per_replica, 0, replicas)
+            train_input = training_data.training_input(train_files, manifest, plan, cfg.training, per_replica, 0, replicas)
             # (a dataset of its own: a second iterator of one dataset would reshuffle)
             sample, _ = next(iter(global_batches(train_input(), replicas)))
             cpu(sample)
             cpu.create_optimizer_slots()
             start_prefix = tf.train.Checkpoint(**{CHECKPOINT_ROOT: cpu}).save(os.path.join(workdir, "start", "ckpt"))
         with strategy.scope():
-            tpu = trainer_module.build_model(plan, manifest, cfg, for_training=True, on_tpu=True, per_replica_batch=per_replica)
+            tpu = model_building.build_model(plan, manifest, cfg, for_training=True, on_tpu=True, per_replica_batch=per_replica)
             _compile(tpu)
         if layout.kind == LayoutKind.B:  # the Trainer's warm start into SparseCore stacks
-            trainer_module.warm_start_sparse_core(tpu, plan, layout, start_prefix, strategy)
+            training_state.warm_start_sparse_core(tpu, plan, layout, start_prefix, strategy)
         else:
             tf.train.Checkpoint(**{CHECKPOINT_ROOT: tpu}).restore(start_prefix).assert_existing_objects_matched()
         tpu_ds = strategy.distribute_datasets_from_function(
@@ -669,15 +668,20 @@ def prepare_data(args, root: str) -> str:
         beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"])),
         parse_config(base_raw_config(args, root)),
         {"train": os.path.join(root, "train.csv"), "eval": os.path.join(root, "eval.csv")},
-        os.path.join(root, "vocab"), {s: os.path.join(root, "tx", f"Split-{s}") for s in ("train", "eval")},
+        os.path.join(root, "vocab"), {s: os.path.join(examples_dir(root), f"Split-{s}") for s in ("train", "eval")},
         os.path.join(root, "stats"), input_format="csv",
     )
     return f"{args.rows} train rows generated and preprocessed"
 
 
+def examples_dir(root: str) -> str:
+    """The transformed examples' directory under the work directory `root` (`prepare_data` writes it)."""
+    return os.path.join(root, "tx")
+
+
 def split_files(root: str, split: str) -> List[str]:
     """The file pattern of a transformed split under `root`, as the Trainer's FnArgs give it."""
-    return [os.path.join(root, "tx", f"Split-{split}", "*")]
+    return [os.path.join(examples_dir(root), f"Split-{split}", "*")]
 
 
 def eval_records(root: str, n: int = 64, seed: int = 0):
@@ -695,7 +699,7 @@ def eval_records(root: str, n: int = 64, seed: int = 0):
       min(n, rows in the split) serialized tf.Examples, a list of bytes.
     """
     files = split_files(root, "eval")
-    return sample_transformed_rows(files[0], trainer_module.read_manifest_for(files), n, seed)
+    return sample_transformed_rows(files[0], resolved_input.read_manifest(examples_dir(root)), n, seed)
 
 
 def trainer_tpu(args, root: str, expect_v2: bool) -> str:
@@ -717,7 +721,7 @@ def trainer_tpu(args, root: str, expect_v2: bool) -> str:
     cfg = parse_config(trainer_raw_config(args, root, args.tpu))
     model_uri = os.path.join(root, "Trainer", "model", "tpu")
     trainer_module.run_fn(SimpleNamespace(
-        custom_config={CONFIG_KEY: cfg.to_json()}, train_files=split_files(root, "train"),
+        custom_config={CONFIG_KEY: cfg.to_json(), EXAMPLES_URI_KEY: examples_dir(root)}, train_files=split_files(root, "train"),
         eval_files=split_files(root, "eval"), serving_model_dir=os.path.join(model_uri, "Format-Serving"),
         model_run_dir=os.path.join(root, "Trainer", "model_run", "tpu"), train_steps=None,
     ))
@@ -815,7 +819,7 @@ def _plan_and_training_checks(args, root: str, strategy, replicas: int, per_chip
     """Checks 3 to 6 of the module docstring, on the preprocessed data under `root`."""
 
     def plan_step():
-        cfg, plan, manifest = parity_plan(base_raw_config(args, root), split_files(root, "train"))
+        cfg, plan, manifest = parity_plan(base_raw_config(args, root), examples_dir(root))
         return coverage(plan, replicas, per_chip), (cfg, plan, manifest)
 
     parity = check("plan", plan_step)

@@ -1,10 +1,10 @@
 """`tuner_fn` for TFX's stock Tuner (referenced as `components.embedding_trainer.tuner.tuner_fn`): a
 KerasTuner search over the config's `tuning.space` (components/config/tuning.py).
 
-- **A trial** is our own training (trainer_module.train, the Trainer's path) of
+- **A trial** is our own training (training_loop.train, the Trainer's path) of
   `tuning.steps_per_trial` steps on the Trainer's transformed train split, with the trial's values
   applied over a copy of the config; the plan is derived again from that copy and must hold the same
-  tables (rows, dim, placement) as the config's own (`check_tables_unchanged`).
+  tables (rows, dim, placement) as the config's own (resolved_input.check_tables_unchanged).
 - **Its score** is the AUC of its last checkpoint on the held-out slice of the train split that
   the Trainer selects its checkpoint on (selection.py, `training.early_stopping`'s fraction; held
   out for the trials even when early stopping is off): never the eval split, which the validation
@@ -21,7 +21,9 @@ KerasTuner search over the config's `tuning.space` (components/config/tuning.py)
   is done and writes `best_hyperparameters`.
 
 TFX's Tuner executor then writes the best trial's values as `best_hyperparameters`, which the
-Trainer gets as `fn_args.hyperparameters` and applies over the config (trainer_module.run_fn).
+Trainer gets as `fn_args.hyperparameters` and applies over the config (resolved_input.resolve_training_input).
+Both read the same resolved input (resolved_input.py), the examples' manifest and statistics found
+at the artifact's URI that our Tuner executor passes (executors.py).
 """
 from __future__ import annotations
 
@@ -45,10 +47,9 @@ from components.config.loading import apply_values, config_from_json
 from components.config.tuning import parse_space
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
-from components.contracts.statistics import EmbeddingStatistics
-from components.embedding_trainer import trainer_module as tm
+from components.embedding_trainer.resolved_input import check_tables_unchanged, resolve_training_input
 from components.embedding_trainer.run_plan import derive_plan, training_steps
-from components.tfx_wiring.executor_base import config_of
+from components.embedding_trainer.training_loop import train
 
 OBJECTIVE = "auc"  # the held-out slice's AUC, maximized
 STAGE = "Tuner"  # the pipeline's node id (TFX's stock Tuner), as progress events name it
@@ -135,12 +136,12 @@ class EmbeddingTuner(base_tuner.BaseTuner):
         values = dict(trial.hyperparameters.values)
         cfg = trial_config(self.cfg, values, self.cfg.tuning.steps_per_trial)
         plan = derive_plan(cfg, self.manifest, self.statistics)
-        tm.check_tables_unchanged(self.plan, plan, values)
+        check_tables_unchanged(self.plan, plan, values)
         plan = plan.with_run(vocabulary_dir=self.manifest.vocabulary_dir)
         state = os.path.join(self.project_dir, f"training_{trial.trial_id}")  # not the oracle's trial_<id>
         try:
-            _, _, run = tm.train(cfg, plan, self.manifest, self.train_files, [], state,
-                                 train_steps=cfg.training.train_steps, train_rows=self.train_rows)
+            _, _, run = train(cfg, plan, self.manifest, self.train_files, [], state,
+                              train_steps=cfg.training.train_steps, train_rows=self.train_rows)
         finally:
             shutil.rmtree(state, ignore_errors=True)
         auc = (run.get("selection") or {}).get("best_auc")
@@ -256,15 +257,13 @@ def tuner_fn(fn_args) -> TunerFnResult:
     """TFX Tuner's entry point: the tuner of the config in `custom_config` on the Tuner's examples.
 
     Args:
-      fn_args: TFX's FnArgs: custom_config (the config under CONFIG_KEY), train_files (the
-        transformed train split), working_dir.
+      fn_args: TFX's FnArgs: custom_config (the config under CONFIG_KEY, the transformed examples'
+        URI under EXAMPLES_URI_KEY), train_files (the transformed train split), working_dir.
 
     Returns:
       TunerFnResult(tuner, fit_kwargs={}): TFX's executor runs `tuner.search()` and writes the best
       trial's values (`best_hyperparameters`) and every completed trial's score (`tuner_results`).
     """
-    cfg = config_of(fn_args.custom_config)
-    manifest = tm.read_manifest_for(fn_args.train_files)
-    statistics: EmbeddingStatistics = tm.read_statistics_for(fn_args.train_files)
-    tuner = build_tuner(cfg, manifest, statistics, fn_args.train_files, fn_args.working_dir)
+    given = resolve_training_input(fn_args, stage=STAGE)
+    tuner = build_tuner(given.config, given.manifest, given.statistics, given.train_files, given.working_dir)
     return TunerFnResult(tuner=tuner, fit_kwargs={})

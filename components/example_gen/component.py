@@ -12,7 +12,7 @@ from tfx.types.component_spec import ExecutionParameter
 
 from components.config.stages import stage_json
 from components.config.schema import PipelineConfig
-from components.tfx_wiring.executor_base import CONFIG_KEY
+from components.tfx_wiring.component_keys import CONFIG_KEY
 from components.example_gen import executor
 
 

@@ -38,7 +38,8 @@ from components.reporting import progress
 from components.rows import row_counts
 from components.reporting.errors import InputError
 from components.example_gen.header import check_csv_headers
-from components.tfx_wiring.executor_base import CONFIG_KEY, NoSdistOnLocalRunners, config_of, read_json, write_text
+from components.tfx_wiring.executor_base import NoSdistOnLocalRunners, config_of, read_json, write_text
+from components.tfx_wiring.component_keys import CONFIG_KEY
 from components.config.choices import InputFormat
 from components.config.schema import PipelineConfig
 COUNTS_FILE = "_input_counts.json"

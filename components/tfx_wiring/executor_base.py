@@ -14,8 +14,8 @@ from components.config.loading import config_from_json
 from components.data_io.beam_runtime import skip_tfx_sdist_for_local_runners
 from components.config.schema import PipelineConfig
 from components.rows.ledger import LEDGER_FILE
+from components.tfx_wiring.component_keys import CONFIG_KEY
 
-CONFIG_KEY = "config_json"  # the execution property (or Trainer custom_config key) holding the config
 
 
 def config_of(properties: Dict[str, Any]) -> PipelineConfig:
