@@ -65,15 +65,15 @@ def _stub(variant: str) -> None:
 
         serving.RawFeatureTransform.lookup = lookup
     if variant == "hash_no_split":
-        serving._split = lambda values, separator: values
+        serving.split_values = lambda values, separator: values
 
     def categorical(self, column, batch, from_json, order, fused=None):
         if fused is None:  # features outside the fused groups: as in the product
             return full_categorical(self, column, batch, from_json, order, fused)
         offset = {n: o for part in fused[1] for n, o in zip(part.features, part.offsets)}
         tokens = [self._tokens(column(f.column), f, from_json) for f in order]
-        ids = serving._stack_rows([t.with_flat_values(self.lookup(f.table, t.flat_values, offset.get(f.name, 0)))
-                             for f, t in zip(order, tokens)])
+        ids = serving.stack_rows([t.with_flat_values(self.lookup(f.table, t.flat_values, offset.get(f.name, 0)))
+                                  for f, t in zip(order, tokens)])
         limits = [f.max_length for f in order] if variant == "no_misses" else [None] * len(order)
         flat = tf.maximum(ids.flat_values, 0)
         return self._fused_apply(flat, self._fused_plan(flat, ids.row_splits, batch, limits, *fused), fused[0])

@@ -241,7 +241,7 @@ def test_batches_without_invalid_tokens_take_the_fast_branch_and_agree(transform
 def test_fast_validity_check_agrees_with_the_full_one(token):
     """Rulebook T5-T6: the ASCII shortcut gives what the full check (and Python's UTF-8 decoder)
     gives; encoded surrogates and code points above U+10FFFF, which RE2 alone accepts, are invalid."""
-    from components.embedding_exporter.serving import _valid_tokens, _valid_tokens_fast
+    from components.embedding_exporter.token_checks import valid_tokens, valid_tokens_fast
 
     try:
         token.decode("utf-8")
@@ -249,7 +249,7 @@ def test_fast_validity_check_agrees_with_the_full_one(token):
     except UnicodeDecodeError:
         python = False
     t = tf.constant([token, b"a", token])
-    assert _valid_tokens_fast(t).numpy().tolist() == _valid_tokens(t).numpy().tolist() == [python, True, python]
+    assert valid_tokens_fast(t).numpy().tolist() == valid_tokens(t).numpy().tolist() == [python, True, python]
 
 
 @pytest.mark.parametrize("counts", [(1, 1), (7, 7), (1, 8, 5, 1000), (4294967291, 4294967279, 3)])

@@ -7,7 +7,8 @@ tokens dropped, truncation to `max_length`), JSON strings (J1-J3: integer column
 int64 values), IDs (V1-V2: a `tf.lookup.StaticHashTable` of the vocabulary, then farmhash
 Fingerprint64 buckets for the misses, as `tf.lookup.StaticVocabularyTable` computes them) and
 dense values (D1-D5: missing, NaN and infinite values filled). Vocabulary files become SavedModel
-assets.
+assets. Its ragged row operations live in `ragged_rows`, its token checks (T5-T6, J2, V4) in
+`token_checks`.
 
 `ServingModule` wraps the transform and a `RankingModel` built without optimizer (so no slot
 variables exist) and exposes two signatures:
@@ -32,7 +33,7 @@ import math
 import os
 import sys
 import uuid
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Set, Tuple
 
 import components  # noqa: F401
 import tensorflow as tf
@@ -42,6 +43,8 @@ from components.contracts.manifest import CategoricalFeatureEntry, VocabularyMan
 from components.contracts.names import ServingInput
 from components.embedding_model.dense_tower import BATCH_KEY, DENSE_KEY
 from components.embedding_model.serving_model import fused_key
+from components.embedding_exporter.ragged_rows import first_or_nan, keep_values, searchsorted, split_values, stack_rows
+from components.embedding_exporter.token_checks import decimal_int64_lines, identity_ids, int_texts, plain_tokens, unless_valid
 from components.config.choices import VocabularyKind
 
 _DTYPES = {rulebook.KIND_BYTES: tf.string, rulebook.KIND_INT: tf.int64, rulebook.KIND_FLOAT: tf.float32}
@@ -71,117 +74,6 @@ class _OwnTableInitializer(tf.lookup.TextFileInitializer):
         return self._own_name
 
 
-def _keep(values: tf.RaggedTensor, mask: tf.Tensor) -> tf.RaggedTensor:
-    """The values of a [batch, None] ragged tensor where `mask` (one bool per flat value) is true,
-    row by row: what `tf.ragged.boolean_mask(values, values.with_flat_values(mask))` returns.
-    Written out because the library ops (ragged and dense boolean_mask, value_rowids), general
-    over ranks and shapes, add hundreds of graph ops per call, and tracing the two serving
-    signatures (every feature, several masks each) made up most of the export's save time;
-    this is a handful of ops on the row splits."""
-    kept_before = tf.concat([[0], tf.cumsum(tf.cast(mask, tf.int64))], 0)  # kept values before each position
-    return tf.RaggedTensor.from_row_splits(
-        tf.gather(values.flat_values, tf.where(mask)[:, 0]),
-        tf.gather(kept_before, values.row_splits),
-        validate=False,
-    )
-
-
-def _first_or_nan(values: tf.RaggedTensor) -> tf.Tensor:
-    """float32 [batch, 1]: each row's first value, NaN for an empty row (what
-    `values[:, :1].to_tensor(default_value=nan)` gives, in a handful of ops)."""
-    flat = tf.concat([tf.cast(values.flat_values, tf.float32), [float("nan")]], 0)  # [-1]: an empty row
-    starts = tf.where(values.row_lengths() > 0, values.row_starts(), tf.shape(flat, out_type=tf.int64)[0] - 1)
-    return tf.expand_dims(tf.gather(flat, starts), 1)
-
-
-def _searchsorted(sorted_sequence: tf.Tensor, values: tf.Tensor, side: str) -> tf.Tensor:
-    """`tf.searchsorted` for 1-D int64 tensors in 4 ops: the library's reshapes its inputs to
-    2-D through their dynamic shapes (about 10 ops a call), which at batch 1 cost more than the
-    search. int64 positions."""
-    op = tf.raw_ops.LowerBound if side == "left" else tf.raw_ops.UpperBound
-    found = op(sorted_inputs=tf.reshape(sorted_sequence, [1, -1]), values=tf.reshape(values, [1, -1]), out_type=tf.int64)
-    return tf.reshape(found, [-1])
-
-
-def _split(values: tf.RaggedTensor, separator: str) -> tf.RaggedTensor:
-    """Every value split at `separator`, the pieces kept in their row (what
-    `tf.strings.split(values, separator).merge_dims(1, 2)` gives, the reference transform's form).
-    The op's pieces come with the index of the value each came from, sorted, so a row's first piece
-    is found by binary search at the row's first value: 3 ops, where building the ragged pieces
-    (`RaggedTensor.from_value_rowids`) and merging them took about 17 per split feature."""
-    pieces = tf.raw_ops.StringSplitV2(input=values.flat_values, sep=separator, maxsplit=-1)
-    row_splits = _searchsorted(pieces.indices[:, 0], values.row_splits, "left")
-    return tf.RaggedTensor.from_row_splits(pieces.values, row_splits, validate=False)
-
-
-def _valid_tokens(flat: tf.Tensor) -> tf.Tensor:
-    """Rulebook T5-T6: non-empty, valid UTF-8, no line break (one bool per token)."""
-    nonempty = tf.strings.length(flat) > 0
-    utf8 = tf.equal(tf.strings.unicode_transcode(flat, "UTF-8", "UTF-8", errors="ignore"), flat)
-    no_break = tf.logical_not(tf.strings.regex_full_match(flat, "(?s).*[\r\n].*"))
-    return nonempty & utf8 & no_break
-
-
-# Rulebook T5-T6 for the commonest valid token: ASCII without line breaks (every such string is
-# valid UTF-8). RE2's own UTF-8 handling is not a validity check: it accepts encoded surrogates
-# and code points above U+10FFFF (tests/test_serving_transform.py has the cases).
-_PLAIN_ASCII = r"[\x00-\x09\x0b\x0c\x0e-\x7f]+"
-
-
-def _plain_tokens(flat: tf.Tensor) -> tf.Tensor:
-    """Tokens valid by T5-T6 for sure: plain ASCII without line breaks (others may be valid too)."""
-    return tf.strings.regex_full_match(flat, _PLAIN_ASCII)
-
-
-def _valid_tokens_fast(flat: tf.Tensor, plain: Optional[tf.Tensor] = None) -> tf.Tensor:
-    """`_valid_tokens` with one regex for plain ASCII tokens (`plain`, when already known); the
-    full checks (UTF-8 transcoding the most costly) run on the others only."""
-    plain = _plain_tokens(flat) if plain is None else plain
-    other = tf.where(tf.logical_not(plain))
-    return tf.tensor_scatter_nd_update(plain, other, _valid_tokens(tf.gather(flat, other[:, 0])))
-
-
-def _fits_int64(digits: tf.Tensor) -> tf.Tensor:
-    """Whether decimal digits without leading zeros are at most INT64_MAX, without converting a
-    longer number (tf.strings.to_number fails on overflow): the first 18 digits and the 19th."""
-    n = tf.strings.length(digits)
-    head = tf.strings.to_number(tf.strings.substr(digits, 0, 18), tf.int64)  # never overflows
-    nineteenth = tf.strings.to_number(tf.strings.substr(tf.strings.join([digits, "0" * 19]), 18, 1), tf.int64)
-    top, last = divmod(rulebook.INT64_MAX, 10)
-    return (n < 19) | ((n == 19) & ((head < top) | ((head == top) & (nineteenth <= last))))
-
-
-def _int_texts(values: tf.RaggedTensor) -> tf.RaggedTensor:
-    """Rulebook J2: JSON strings of an int64 column -> the decimal text preprocessing makes of the
-    int64 value each stands for (`rulebook.int_text_value`); no value, `negative_int` and
-    `not_integer` strings are dropped."""
-    values = values.with_flat_values(tf.strings.strip(values.flat_values))
-    values = _keep(values, tf.strings.regex_full_match(values.flat_values, rulebook.INTEGER_TEXT.decode()))
-    negative = tf.strings.regex_full_match(values.flat_values, "-0*[1-9][0-9]*")
-    digits = tf.strings.regex_replace(values.flat_values, "^[+-]?0*([0-9])", r"\1")  # sign and leading zeros off
-    return _keep(values.with_flat_values(digits), tf.logical_not(negative) & _fits_int64(digits))
-
-
-def identity_ids(flat: tf.Tensor, num_buckets: int) -> tf.Tensor:
-    """Looks tokens up in an identity table (rulebook V4).
-
-    Args:
-      flat: tokens, int64 values or text, shape [n].
-      num_buckets: the table's rows.
-
-    Returns:
-      int64 [n]: each token's row when it is an ID 0 <= i < num_buckets (text:
-      `rulebook.IDENTITY_TEXT`, no sign or leading zero), else -1 (what a vocabulary miss is;
-      `_categorical` then gives it the default row or drops it).
-    """
-    if flat.dtype == tf.int64:
-        return tf.where((flat >= 0) & (flat < num_buckets), flat, -1)
-    text = tf.strings.regex_full_match(flat, rulebook.IDENTITY_TEXT.decode())
-    short = text & (tf.strings.length(flat) <= 18)  # at most 18 digits always fit int64
-    values = tf.strings.to_number(tf.where(short, flat, "0"), tf.int64)
-    return tf.where(short & (values < num_buckets), values, -1)
-
-
 def vocabulary_lines(v) -> int:
     """Counts the lines of a table's vocabulary file.
 
@@ -204,64 +96,10 @@ _POOL_PARTS = 2
 _SHARDS = 2
 
 
-def _decimal_int64_lines(path: str) -> bool:
-    """Whether every line of a vocabulary file is a text T2 makes of an int64 value (decimal
-    digits, no sign, no leading zero, at most INT64_MAX): then a table keyed by the int64 values
-    maps each value to the line number the string table maps its text to."""
-    with tf.io.gfile.GFile(path, "rb") as fh:  # line by line: a vocabulary can be gigabytes
-        for line in fh:
-            line = line.rstrip(b"\n")
-            if not (line.isdigit() and (line == b"0" or line[:1] != b"0") and (len(line) < 19 or int(line) <= rulebook.INT64_MAX)):
-                return False
-    return True
-
-
-def _stack_rows(parts: List[tf.RaggedTensor]) -> tf.RaggedTensor:
-    """k ragged tensors of the same [batch, None] shape -> one of k * batch rows, part after part
-    (what `tf.concat(parts, 0)` gives, in a fixed handful of ops whatever k is)."""
-    if len(parts) == 1:
-        return parts[0]
-    splits = tf.stack([p.row_splits for p in parts])  # [k, batch + 1]
-    offsets = tf.cumsum(splits[:, -1], exclusive=True)  # where each part's values start
-    # each row's end, offset by its part's start (cheaper than a cumsum over all rows)
-    ends = tf.reshape(splits[:, 1:] + tf.reshape(offsets, [-1, 1]), [-1])
-    row_splits = tf.concat([tf.zeros([1], tf.int64), ends], 0)
-    return tf.RaggedTensor.from_row_splits(tf.concat([p.flat_values for p in parts], 0), row_splits, validate=False)
-
-
 def _stack_offsets(order, fused) -> List[int]:
     """Each feature's table offset in its stack (`fused`: `_categorical`'s pair); 0 unfused."""
     offset = {n: o for part in fused[1] for n, o in zip(part.features, part.offsets)} if fused else {}
     return [offset.get(f.name, 0) for f in order]
-
-
-def _drop_invalid(flat: tf.Tensor, splits: tf.Tensor, miss: tf.Tensor, valid: tf.Tensor, finish):
-    """T5-T6, in the rare batch that has invalid tokens: the stacked IDs without the invalid
-    misses (`valid`: one bool per miss), through `finish`."""
-    keep = tf.tensor_scatter_nd_update(tf.ones(tf.shape(flat), tf.bool), miss, valid)
-    out = _keep(tf.RaggedTensor.from_row_splits(flat, splits, validate=False), keep)
-    return finish(out.flat_values, out.row_splits)
-
-
-def _checked(fast, flat: tf.Tensor, splits: tf.Tensor, miss: tf.Tensor, missed: tf.Tensor, plain: tf.Tensor,
-             kept: Optional[tf.Tensor], finish):
-    """The full T5-T6 checks on the missed tokens (V4's drops with them): `fast` when all pass,
-    else the IDs with the invalid ones dropped."""
-    valid = _valid_tokens_fast(missed, plain)
-    if kept is not None:
-        valid &= kept
-    return tf.cond(tf.reduce_all(valid), lambda: fast,
-                   functools.partial(_drop_invalid, flat, splits, miss, valid, finish))
-
-
-def _unless_valid(fast, flat: tf.Tensor, splits: tf.Tensor, miss: tf.Tensor, missed: tf.Tensor, plain: tf.Tensor,
-                  kept: Optional[tf.Tensor], finish):
-    """`fast` (the IDs as they are, through `finish`) when every missed token is surely valid:
-    plain ASCII (`plain`) and not dropped by its table (`kept`, None: no table drops); else the
-    full checks (`_checked`) in a branch that only such a batch runs."""
-    sure = plain if kept is None else plain & kept
-    return tf.cond(tf.reduce_all(sure), lambda: fast,
-                   functools.partial(_checked, fast, flat, splits, miss, missed, plain, kept, finish))
 
 
 class RawFeatureTransform(tf.Module):
@@ -298,7 +136,7 @@ class RawFeatureTransform(tf.Module):
             t for t, fs in features_of.items()
             if integer_tables and all(
                 self.kinds[f.column] == rulebook.KIND_INT and not any(c.isdigit() for c in f.separator or "") for f in fs)
-            and _decimal_int64_lines(os.path.join(vocabulary_dir, manifest.vocabularies[t].file))
+            and decimal_int64_lines(os.path.join(vocabulary_dir, manifest.vocabularies[t].file))
         }
         self._vocabulary_dir = vocabulary_dir
         self.tables = {name: self._table(name) for name, v in manifest.vocabularies.items() if vocabulary_lines(v)}
@@ -470,7 +308,7 @@ class RawFeatureTransform(tf.Module):
         values = column(f.weight_column)
         if not from_json and self.kinds[f.weight_column] == rulebook.KIND_BYTES:  # not numeric
             return tf.fill(tf.reshape(values.nrows(), [1]), float("nan"))
-        w = _first_or_nan(values)[:, 0]
+        w = first_or_nan(values)[:, 0]
         return tf.where(tf.math.is_finite(w) & (w >= 0), w, float("nan"))
 
     def example_spec(self) -> Dict[str, Any]:
@@ -500,7 +338,7 @@ class RawFeatureTransform(tf.Module):
         parsed = tf.io.parse_example(serialized, self.example_spec())
 
         def stacked(columns: List[str]) -> tf.RaggedTensor:
-            return _stack_rows([tf.cast(parsed[c], tf.float32) for c in columns])
+            return stack_rows([tf.cast(parsed[c], tf.float32) for c in columns])
 
         batch = tf.shape(serialized, out_type=tf.int64)[0]
         self.log_featureless(parsed, batch)
@@ -574,18 +412,18 @@ class RawFeatureTransform(tf.Module):
         integer_table = f.table in self.integer_tables
         if raw_kind == rulebook.KIND_INT and from_json and values.dtype == tf.string:  # J2: each string stands for an int64 value
             if f.separator is not None:
-                values = _split(values, f.separator)
-            values = _int_texts(values)
-            if integer_table:  # the value itself (_int_texts checked that it fits int64)
+                values = split_values(values, f.separator)
+            values = int_texts(values)
+            if integer_table:  # the value itself (int_texts checked that it fits int64)
                 return values.with_flat_values(tf.strings.to_number(values.flat_values, tf.int64))
         elif raw_kind == rulebook.KIND_INT:
             if integer_table:
                 return values
             # T2: the decimal text; negative integers are invalid
-            values = _keep(values, values.flat_values >= 0)
+            values = keep_values(values, values.flat_values >= 0)
             values = values.with_flat_values(tf.strings.as_string(values.flat_values))
         if f.separator is not None:
-            values = _split(values, f.separator)
+            values = split_values(values, f.separator)
         return values
 
     def _categorical(self, column, batch: tf.Tensor, from_json: bool, order, fused=None) -> Dict[str, Any]:
@@ -601,12 +439,12 @@ class RawFeatureTransform(tf.Module):
         bounds = tf.gather(splits, tf.range(len(order) + 1, dtype=tf.int64) * batch)  # each feature's first ID
         miss = tf.where(flat < 0)
         missed = self._missed_tokens(tokens, order, bounds, miss)
-        feature = _searchsorted(bounds, miss[:, 0], "right") - 1  # of each missed token
+        feature = searchsorted(bounds, miss[:, 0], "right") - 1  # of each missed token
         flat = self._with_miss_rows(flat, miss, missed, feature, order, fused)
         # T5-T6 (and V4's drops), in the ops a batch needs: when every missed token is plain ASCII
         # (valid for sure) and no table drops its misses, one regex; else the full checks on the
         # others, and the drop when some token is invalid.
-        plain = _plain_tokens(missed)
+        plain = plain_tokens(missed)
         dropped = [self._miss_dropped[f.table] for f in order]
         kept = tf.logical_not(tf.gather(tf.constant(dropped), feature)) if any(dropped) else None  # V4, before T7
         limits = [f.max_length for f in order]
@@ -616,7 +454,7 @@ class RawFeatureTransform(tf.Module):
             fast = finish(flat, splits, plan=self._fused_plan(ids.flat_values, splits, batch, limits, *fused))
         else:
             fast = (flat, splits)
-        result = _unless_valid(fast, flat, splits, miss, missed, plain, kept, finish)
+        result = unless_valid(fast, flat, splits, miss, missed, plain, kept, finish)
         if fused is not None:
             return result
         return self._per_feature_sparse(*result, batch, order, limits, row_weights)
@@ -634,7 +472,7 @@ class RawFeatureTransform(tf.Module):
             if f.weight_column:  # W1: a row without a usable weight keeps no token
                 row_weights[f.name] = self._row_weights(column, f, from_json)
                 weighed = tf.logical_not(tf.math.is_nan(row_weights[f.name]))
-                tokens[i] = _keep(tokens[i], tf.repeat(weighed, tokens[i].row_lengths()))
+                tokens[i] = keep_values(tokens[i], tf.repeat(weighed, tokens[i].row_lengths()))
         return tokens, row_weights
 
     def _stacked_ids(self, tokens: List[tf.RaggedTensor], order, fused) -> tf.RaggedTensor:
@@ -642,7 +480,7 @@ class RawFeatureTransform(tf.Module):
         into one ragged tensor of [n * batch, None]; fused, as rows of their stack (the table's
         offset in it)."""
         offsets = _stack_offsets(order, fused)
-        return _stack_rows([t.with_flat_values(self.lookup(f.table, t.flat_values, o)) for f, t, o in zip(order, tokens, offsets)])
+        return stack_rows([t.with_flat_values(self.lookup(f.table, t.flat_values, o)) for f, t, o in zip(order, tokens, offsets)])
 
     def _missed_tokens(self, tokens: List[tf.RaggedTensor], order, bounds: tf.Tensor, miss: tf.Tensor) -> tf.Tensor:
         """The missed tokens as text (what OOV hashing and T5-T6 read), string [misses]: strings,
@@ -732,7 +570,7 @@ class RawFeatureTransform(tf.Module):
         starts = [0]
         for part in parts[:-1]:
             starts.append(starts[-1] + len(part.features))  # each part's first feature
-        cuts = _searchsorted(segments, tf.constant(starts[1:], tf.int64) * batch, "left")
+        cuts = searchsorted(segments, tf.constant(starts[1:], tf.int64) * batch, "left")
         bounds = tf.concat([[0], cuts, tf.shape(segments, out_type=tf.int64)], 0)
         plan["sizes"] = bounds[1:] - bounds[:-1]
         plan["segments"] = [segs - start * batch if start else segs
@@ -768,7 +606,7 @@ class RawFeatureTransform(tf.Module):
                 numeric.append(d)
         if numeric:
             # D1-D4: the first value; NaN, inf and numbers beyond float32 are filled.
-            first = tf.reshape(_first_or_nan(stacked([d.column for d in numeric])), [len(numeric), -1, 1])
+            first = tf.reshape(first_or_nan(stacked([d.column for d in numeric])), [len(numeric), -1, 1])
             fill = tf.constant([[[d.fill_value]] for d in numeric], tf.float32)
             filled = tf.where(tf.math.is_finite(first), first, fill)
             if self._chunks and len(numeric) == len(self._manifest.dense_features):

@@ -15,19 +15,15 @@ import tensorflow as tf
 
 from components.rules import rulebook
 from components.contracts.manifest import CategoricalFeatureEntry, VocabularyManifest
-from components.embedding_exporter.serving import (
-    RawFeatureTransform,
-    _first_or_nan,
-    _int_texts,
-    _keep,
-    _valid_tokens,
-)
+from components.embedding_exporter.ragged_rows import first_or_nan, keep_values
+from components.embedding_exporter.serving import RawFeatureTransform
+from components.embedding_exporter.token_checks import int_texts, valid_tokens
 from components.config.choices import VocabularyKind
 
 
 def _split(values: tf.RaggedTensor, separator: str) -> tf.RaggedTensor:
     """Every value split at `separator`, the pieces kept in their row: TensorFlow's own ragged
-    split and merge (the oracle for serving._split)."""
+    split and merge (the oracle for ragged_rows.split_values)."""
     return tf.strings.split(values, separator).merge_dims(1, 2)
 
 
@@ -35,7 +31,7 @@ def _first_n(values: tf.RaggedTensor, n: int) -> tf.RaggedTensor:
     """The first `n` values of each row (what `values[:, :n]` gives)."""
     index = tf.range(tf.size(values.flat_values, out_type=tf.int64))
     row = tf.searchsorted(values.row_splits, index, side="right") - 1  # the row of each flat value
-    return _keep(values, index - tf.gather(values.row_splits, row) < n)
+    return keep_values(values, index - tf.gather(values.row_splits, row) < n)
 
 
 
@@ -94,9 +90,9 @@ class FeatureByFeatureTransform(RawFeatureTransform):
         if raw_kind == rulebook.KIND_INT and from_json:  # J2: each string stands for an int64 value
             if f.separator is not None:
                 values = _split(values, f.separator)
-            values = _int_texts(values)
+            values = int_texts(values)
         elif raw_kind == rulebook.KIND_INT:  # T2: the decimal text; negative integers are invalid
-            values = _keep(values, values.flat_values >= 0)
+            values = keep_values(values, values.flat_values >= 0)
             values = values.with_flat_values(tf.strings.as_string(values.flat_values))
         if f.separator is not None:
             values = _split(values, f.separator)
@@ -120,10 +116,10 @@ class FeatureByFeatureTransform(RawFeatureTransform):
             oov = v.size + tf.strings.to_hash_bucket_fast(missed, v.num_oov_buckets)
         ids = tokens.with_flat_values(tf.tensor_scatter_nd_update(ids, miss, oov))
         if check:
-            valid = _valid_tokens(missed) if missed.dtype == tf.string else tf.ones(tf.shape(missed), tf.bool)
+            valid = valid_tokens(missed) if missed.dtype == tf.string else tf.ones(tf.shape(missed), tf.bool)
             if v.kind == VocabularyKind.IDENTITY and v.default_value is None:
                 valid = tf.zeros(tf.shape(missed), tf.bool)
-            ids = _keep(ids, tf.tensor_scatter_nd_update(tf.ones(tf.shape(flat), tf.bool), miss, valid))
+            ids = keep_values(ids, tf.tensor_scatter_nd_update(tf.ones(tf.shape(flat), tf.bool), miss, valid))
         if f.max_length is not None:
             ids = _first_n(ids, f.max_length)
         return ids
@@ -139,7 +135,7 @@ class FeatureByFeatureTransform(RawFeatureTransform):
             if kind == rulebook.KIND_BYTES:  # D5: non-numeric column: every value is filled
                 first = tf.fill([values.nrows(), 1], tf.constant(float("nan"), tf.float32))
             else:
-                first = _first_or_nan(values)
+                first = first_or_nan(values)
             # D1-D4: the first value; NaN, inf and numbers beyond float32 are filled.
             out[d.name] = tf.where(tf.math.is_finite(first), first, tf.constant(d.fill_value, tf.float32))
         for f in self._manifest.categorical_features:
