@@ -207,18 +207,8 @@ def read_holdout(file_patterns: List[str], manifest: VocabularyManifest, fractio
 
 
 def _slice_batches(files: List[str], manifest: VocabularyManifest, bound: int) -> tf.data.Dataset:
-    """Every record of `files` read and keyed (INTERLEAVE_CYCLE files at a time, in batches, in
-    parallel), each batch cut to the records whose bucket is below `bound`.
-
-    Args:
-      files: the train split's TFRecord files.
-      manifest: the transformed data's manifest (rows per record in the `blocks` layout).
-      bound: the held-out slice's bucket bound (`holdout_buckets`).
-
-    Returns:
-      A dataset of (records, buckets, rows) batches: string, int64 and int64 [n] each, `rows`
-      the rows each record holds.
-    """
+    """`read_holdout`'s batches of the records of `files` (INTERLEAVE_CYCLE files at a time, keyed in
+    parallel) whose bucket is below `bound`: (records, buckets, rows each holds), [n] each."""
     compression = compression_type(files)
     blocks = manifest.transformed_format == FORMAT_BLOCKS
     label_spec = {manifest.label: tf.io.RaggedFeature(tf.float32)}
