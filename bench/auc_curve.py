@@ -7,7 +7,7 @@ DIR holds the preprocessing output's transformed examples (Split-train/, Split-e
 embedding_manifest.json, embedding_statistics.json), e.g. `python -m components.embedding_preprocess
 ... --output OUT` gives OUT/transformed. `--set` overrides a config field (dotted path, YAML value)
 before validation. Prints `step auc log_loss seconds` every `--every` steps: the plan, model,
-optimizers and input are the trainer's own (`trainer_module.build_model`, `make_dataset` with the
+optimizers and input are the trainer's own (`model_building.build_model`, `make_dataset` with the
 trainer's padded dense IDs), only the loop is plain `fit` with evaluations between. docs/training.md's
 "Eval AUC on generated data" table was measured with it.
 """
@@ -30,7 +30,7 @@ import yaml  # noqa: E402
 
 from components.config.loading import parse_config  # noqa: E402
 from components.embedding_model.tf_objects import dense_id_widths  # noqa: E402
-from components.embedding_trainer.run_plan import derive_plan  # noqa: E402
+from components.planning.run_plan import derive_plan  # noqa: E402
 from components.embedding_trainer import model_building, resolved_input  # noqa: E402
 from tests.stages import examples_uri  # noqa: E402
 from components.embedding_trainer.evaluation import evaluate  # noqa: E402

@@ -25,7 +25,7 @@ import components  # noqa: E402,F401
 
 from bench.defaults_sweep import finished_run  # noqa: E402
 from components.config.loading import parse_config  # noqa: E402
-from components.embedding_trainer.run_plan import derive_plan, training_steps  # noqa: E402
+from components.planning.run_plan import derive_plan, training_steps  # noqa: E402
 from components.embedding_trainer.baseline import baseline_holdout_fraction, train_baseline  # noqa: E402
 from components.rules.metrics import roc_auc  # noqa: E402
 from tests.test_validation_gate import _one_hot  # noqa: E402  (the test's independent design matrix)

@@ -22,9 +22,10 @@ import components  # noqa: E402,F401
 
 from components.config.loading import parse_config  # noqa: E402
 from components.contracts.plan import CheckpointLayout  # noqa: E402
-from components.embedding_trainer.run_plan import derive_plan, training_steps  # noqa: E402
+from components.planning.run_plan import derive_plan, training_steps  # noqa: E402
 from components.embedding_trainer import model_artifact, resolved_input, training_loop  # noqa: E402
 from tests.stages import examples_uri  # noqa: E402
+from components.planning.fitting import with_run  # noqa: E402
 
 
 def finished_run(output_dir: str):
@@ -54,13 +55,13 @@ def main(output_dir: str, config_path: str, candidates) -> None:
     train, evals, manifest, stats = finished_run(output_dir)
     for spec in candidates:
         cfg = config_with(config_path, json.loads(spec))
-        plan = derive_plan(cfg, manifest, stats).with_run(vocabulary_dir=manifest.vocabulary_dir)
+        plan = with_run(derive_plan(cfg, manifest, stats), vocabulary_dir=manifest.vocabulary_dir)
         length = training_steps(cfg, stats)
         work = tempfile.mkdtemp(prefix="sweep-")
         start = time.time()
         ckpt, _, run = training_loop.train(cfg, plan, manifest, train, evals, os.path.join(work, "state"), train_steps=length["steps"],
                                train_rows=length.get("train_rows"))
-        plan = plan.with_run(checkpoint_layout=CheckpointLayout(**run["checkpoint_layout"]))
+        plan = with_run(plan, checkpoint_layout=CheckpointLayout(**run["checkpoint_layout"]))
         metrics, _ = model_artifact.finish(cfg, plan, manifest, ckpt, evals, os.path.join(work, "serving"))
         sel = run.get("selection") or {}
         chosen = (f" model_step {run['model_step']} of {run['final_step']} holdout_auc {sel['best_auc']:.4f}"

@@ -8,10 +8,10 @@ The held-out slice is set to the default's 50,000 rows (`holdout_fraction` 50,00
 - training input: `make_dataset` as the Trainer feeds it (part="train", padded dense IDs, sequence
   lengths, batch 256), consumed inside TensorFlow (`Dataset.reduce`), `--input-batches` batches
   (its shuffle buffer's first fill included, as a run pays it), best of `--repeats`;
-- a short training run (`trainer_module.train`, `--steps` steps, 5 held-out evaluations): the held-out
+- a short training run (`training_loop.train`, `--steps` steps, 5 held-out evaluations): the held-out
   slice's one read, each held-out evaluation's seconds (restore, scoring, keeping the best) and the
   run record's `seconds`;
-- the final evaluation (`trainer_module.finish`, as the Trainer runs it) on the train split's rows
+- the final evaluation (`model_artifact.finish`, as the Trainer runs it) on the train split's rows
   standing in for the eval split (its first trace included), then the same `evaluate` again
   `--repeats` times (best), against the eager loop it replaced (the model called eagerly per batch
   of the training batch size, numpy collected; timed on the first `--baseline-rows` rows);
@@ -29,6 +29,7 @@ import os
 import sys
 import tempfile
 import time
+from components.planning.fitting import with_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -46,7 +47,7 @@ from components.embedding_model.restore import build_serving_model, load_tables,
 from components.embedding_trainer import model_artifact, resolved_input, training_data, training_loop  # noqa: E402
 from tests.stages import examples_uri  # noqa: E402
 from components.embedding_trainer.evaluation import compiled_scorer, evaluate, evaluation_batch  # noqa: E402
-from components.embedding_trainer.run_plan import derive_plan  # noqa: E402
+from components.planning.run_plan import derive_plan  # noqa: E402
 from components.rules.metrics import roc_auc  # noqa: E402
 from trainer_bench import prepare  # noqa: E402
 
@@ -125,7 +126,7 @@ def main() -> int:
     prepare_seconds = time.perf_counter() - start
     files = [os.path.join(workdir, "tx", "Split-train", "*")]
     manifest = resolved_input.read_manifest(examples_uri(files))
-    plan = derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(files))).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    plan = with_run(derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(files))), vocabulary_dir=manifest.vocabulary_dir)
     t = cfg.training
     out = {"rows": args.rows, "steps": args.steps, "cpus": os.cpu_count(), "batch_size": t.batch_size,
            "eval_batch": evaluation_batch(manifest), "holdout_fraction": fraction, "prepare_seconds": prepare_seconds}
@@ -166,7 +167,7 @@ def main() -> int:
                       "aucs": [e["auc"] for e in sel["evaluations"]]}
 
     # 3. The final evaluation as the Trainer runs it, and the eager loop it replaced.
-    plan_run = plan.with_run(checkpoint_layout=CheckpointLayout(**run["checkpoint_layout"]))
+    plan_run = with_run(plan, checkpoint_layout=CheckpointLayout(**run["checkpoint_layout"]))
     metrics, model = model_artifact.finish(cfg, plan_run, manifest, checkpoint, files, os.path.join(workdir, "serving"))
     out["final_after"] = {"rows": metrics["examples"], "seconds": metrics["seconds"],
                           "rows_per_s": metrics["examples"] / metrics["seconds"], "auc": metrics["auc"]}

@@ -122,9 +122,9 @@ def _peak_rss_bytes() -> int:
 
 
 def _plan(rows):
-    from components.contracts.plan import EmbeddingPlan
+    from components.planning.derivation import hand_built_plan
 
-    return EmbeddingPlan.for_tables(
+    return hand_built_plan(
         {n: (rows[n], d, "tpu_embedding") for n, d in TABLE_DIMS.items()},
         global_batch_size=1024, num_chips=NUM_CHIPS, sparse_cores_per_chip=SC_PER_CHIP,
         optimizer={"name": "adagrad", "learning_rate": 0.1},

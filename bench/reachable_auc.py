@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import components  # noqa: E402,F401
 
 from bench.defaults_sweep import config_with, finished_run  # noqa: E402
-from components.embedding_trainer.run_plan import derive_plan  # noqa: E402
+from components.planning.run_plan import derive_plan  # noqa: E402
 from components.rules.metrics import roc_auc  # noqa: E402
 from tests.test_validation_gate import _one_hot  # noqa: E402  (the test's independent design matrix)
 

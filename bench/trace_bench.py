@@ -14,7 +14,7 @@ under data/bench):
   with AutoGraph converting its `call`, `train_step` and every subclassed layer's (what tf-keras
   does by default). AutoGraph caches conversions per process, so each contender runs in a fresh
   child process, alternating, `--repeats` times; each child also reports its second trace (a new
-  tf.function: conversions cached) and then a whole 30-step training (`trainer_module.train`:
+  tf.function: conversions cached) and then a whole 30-step training (`training_loop.train`:
   the TPU-rules check, fit, checkpoints) on the same data.
 - serving: tracing the exporter's `serving_default` transform (parse, tokens, IDs) as shipped
   (components/embedding_exporter/serving.py: RaggedFeature parsing, per-feature work only where a
@@ -51,7 +51,7 @@ TRAIN_STEPS = 30
 def _model_and_batch(workdir: str):
     from components.config.loading import config_from_json
     from components.embedding_model.tf_objects import dense_id_widths
-    from components.embedding_trainer.run_plan import derive_plan
+    from components.planning.run_plan import derive_plan
     from components.embedding_trainer import resolved_input
     from tests.stages import examples_uri
     from components.embedding_model.input import make_dataset

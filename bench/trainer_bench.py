@@ -50,9 +50,9 @@ import tensorflow as tf  # noqa: E402
 import tensorflow_recommenders as tfrs  # noqa: E402
 
 from components.config.schema import TrainingConfig  # noqa: E402
-from components.contracts.plan import optimizer_spec  # noqa: E402
+from components.planning.derivation import optimizer_spec  # noqa: E402
 from components.embedding_model import tf_objects  # noqa: E402
-from components.embedding_trainer.run_plan import derive_plan  # noqa: E402
+from components.planning.run_plan import derive_plan  # noqa: E402
 from components.embedding_trainer import model_building, resolved_input  # noqa: E402
 from tests.stages import examples_uri  # noqa: E402
 from components.embedding_model.input import make_dataset  # noqa: E402

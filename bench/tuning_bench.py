@@ -26,20 +26,21 @@ import components  # noqa: E402,F401
 from components.config.loading import apply_values, parse_config  # noqa: E402
 from components.contracts.plan import CheckpointLayout  # noqa: E402
 from components.embedding_trainer import model_artifact, training_loop  # noqa: E402
-from components.embedding_trainer.run_plan import derive_plan, training_steps  # noqa: E402
+from components.planning.run_plan import derive_plan, training_steps  # noqa: E402
 from components.embedding_trainer.tuner import build_tuner  # noqa: E402
 from bench.defaults_sweep import finished_run  # noqa: E402
+from components.planning.fitting import with_run  # noqa: E402
 
 
 def train_and_evaluate(cfg, train, evals, manifest, stats):
     """The Trainer's training and final evaluation of `cfg`: (eval AUC, steps, seconds)."""
-    plan = derive_plan(cfg, manifest, stats).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    plan = with_run(derive_plan(cfg, manifest, stats), vocabulary_dir=manifest.vocabulary_dir)
     length = training_steps(cfg, stats)
     work = tempfile.mkdtemp(prefix="tuning-bench-")
     start = time.time()
     ckpt, _, run = training_loop.train(cfg, plan, manifest, train, evals, os.path.join(work, "state"),
                                         train_steps=length["steps"], train_rows=length.get("train_rows"))
-    plan = plan.with_run(checkpoint_layout=CheckpointLayout(**run["checkpoint_layout"]))
+    plan = with_run(plan, checkpoint_layout=CheckpointLayout(**run["checkpoint_layout"]))
     metrics, _ = model_artifact.finish(cfg, plan, manifest, ckpt, evals, os.path.join(work, "serving"))
     return metrics["auc"], run["final_step"], round(time.time() - start, 1)
 

@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
-from components.contracts.capacity import check_tpu_floor
+from components.planning.capacity import check_tpu_floor
 from components.config.schema import ConfigError, PipelineConfig
 from pipelines.kubeflow_config import kubeflow_beam_args
 from pipelines.pipeline import NEVER_CACHED, create_pipeline

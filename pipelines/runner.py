@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, TextIO
 
 from components.config.checks import check_checkpoint_dir
 from components.config.schema import ConfigError, PipelineConfig
-from components.contracts.capacity import available_host_bytes, check_host_floor, check_tpu_floor
+from components.planning.capacity import available_host_bytes, check_host_floor, check_tpu_floor
 from components.data_io.beam_runtime import ensure_local_runner_safe
 from components.reporting import progress
 from components.reporting.errors import one_line
@@ -250,7 +250,7 @@ def run(cfg: PipelineConfig, output_dir: str, quiet: bool = False, span: Optiona
     Raises:
       RunFailed: (quiet only) a component failed; one line names it, the cause and the log.
       ConfigError: the output directory cannot be used, or another run holds it (`output_dir_lock`);
-        or the tables the config fixes cannot fit a TPU chip or this machine (contracts/capacity.py);
+        or the tables the config fixes cannot fit a TPU chip or this machine (planning/capacity.py);
         or training.checkpoint_dir is inside the push destination.
     """
     check_tpu_floor(cfg)  # what can never fit, refused before the data stages run

@@ -18,7 +18,7 @@ from components.config.schema import PipelineConfig
 from components.contracts.artifacts import (
     CONTINUOUS_FILE, EVAL_METRICS_FILE, EXPORT_REPORT_FILE, LEDGER_FILE, STATISTICS_FILE, TRAINING_RUN_FILE,
 )
-from components.contracts.names import renamed_inputs_line
+from components.contracts.serving_inputs import renamed_inputs_line
 from components.model_registry.registry import RegistryError, lookup
 from components.embedding_preprocess.health import VALUE_PREFIX, reason_words
 from components.reporting.report import KEPT_BEST, KEPT_LAST, LABEL_WIDTH, Report, count_list, kept_model, reasons_list

@@ -1,6 +1,6 @@
 """Every header a CSV or Parquet file can have works end to end, or is refused at config load.
 
-- The serving input name rule (components/contracts/names.py, docs/export.md "Serving input
+- The serving input name rule (components/rules/names.py, docs/export.md "Serving input
   names") on its table of cases, written out by hand, and its collision suffixes.
 - Headers: an empty header (pandas' unnamed index column) and a name two unread columns share are
   left out of what ExampleGen writes, from CSV and from Parquet alike; a configured column named
@@ -23,7 +23,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from components.contracts.names import ServingInput, serving_input_names, serving_name
+from components.contracts.serving_inputs import ServingInput
+from components.rules.names import serving_input_names, serving_name
 from tests.stages import NO_GATE
 
 # (column, its serving input name): written out by hand from the rule in docs/export.md.
@@ -202,7 +203,7 @@ def test_serving_inputs_are_named_by_the_rule_and_score_as_serving_default(tmp_p
     tf = pytest.importorskip("tensorflow")
     from components.config.loading import parse_config
     from components.contracts import artifacts
-    from components.contracts.names import serving_inputs_record
+    from components.contracts.serving_inputs import serving_inputs_record
     from components.embedding_exporter.export import write_serving_inputs
     from components.embedding_exporter.serving import RawFeatureTransform, ServingModule
     from components.embedding_preprocess import vocabulary

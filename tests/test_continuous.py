@@ -15,7 +15,7 @@ from components.config.schema import ContinuousConfig, DriftLimits
 from components.contracts.manifest import VocabularyEntry, VocabularyManifest
 from components.embedding_model import checkpoint_keys as model_lib
 from components.embedding_model.tf_objects import dense_id_widths, sequence_lengths
-from components.embedding_trainer.run_plan import derive_plan
+from components.planning.run_plan import derive_plan
 from components.embedding_trainer import warm_start
 from components.embedding_model.input import make_dataset
 from components.embedding_trainer.model_building import build_model

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from components.contracts import sizing
+from components.planning import sizing
 from components.contracts._json import ContractError
 from components.contracts.manifest import (
     CategoricalFeatureEntry,
@@ -15,6 +15,8 @@ from components.contracts.manifest import (
 )
 from components.contracts.plan import EmbeddingPlan
 from components.contracts.statistics import EmbeddingStatistics
+from components.planning.derivation import hand_built_plan
+from components.rules import chips
 
 
 def _manifest():
@@ -33,7 +35,9 @@ def _manifest():
 
 def test_contract_modules_load_without_tensorflow_or_beam():
     code = ("import sys, components.contracts.plan, components.contracts.manifest, components.contracts.statistics, "
-            "components.contracts.sizing, components.contracts.artifacts; "
+            "components.contracts.serving_inputs, components.contracts.artifacts, components.planning.derivation, "
+            "components.planning.fitting, components.planning.sizing, components.planning.capacity, "
+            "components.rules.chips, components.rules.names; "
             "print(sorted(m for m in ('tensorflow', 'apache_beam') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -127,17 +131,17 @@ def test_initialization_transient_counts_the_initializers_temporaries():
 
 def test_chips_hbm_in_the_unit_google_lists_and_their_devices():
     gib = 2 ** 30
-    assert {n: c.hbm_bytes_per_chip for n, c in sizing.CHIPS.items()} == {
+    assert {n: c.hbm_bytes_per_chip for n, c in chips.CHIPS.items()} == {
         "v2": 16 * gib, "v3": 32 * gib, "v4": 32 * gib, "v5e": 16 * 10 ** 9, "v5p": 95 * gib, "v6e": 32 * 10 ** 9}
-    assert sizing.CHIPS["v5e"].hbm_gib_per_chip == pytest.approx(14.901, abs=1e-3)
-    assert sizing.CHIPS["v6e"].hbm_gib_per_chip == pytest.approx(29.802, abs=1e-3)
-    assert sizing.devices_per_chip("tpu_embedding_v1") == (1, 2)  # v4 (megacore) or v2/v3 (a device a TensorCore)
-    assert sizing.devices_per_chip("tpu_embedding_v1", "v3") == (2,)
-    assert sizing.devices_per_chip("sparse_core") == sizing.devices_per_chip("none") == (1,)
+    assert chips.CHIPS["v5e"].hbm_gib_per_chip == pytest.approx(14.901, abs=1e-3)
+    assert chips.CHIPS["v6e"].hbm_gib_per_chip == pytest.approx(29.802, abs=1e-3)
+    assert chips.devices_per_chip("tpu_embedding_v1") == (1, 2)  # v4 (megacore) or v2/v3 (a device a TensorCore)
+    assert chips.devices_per_chip("tpu_embedding_v1", "v3") == (2,)
+    assert chips.devices_per_chip("sparse_core") == chips.devices_per_chip("none") == (1,)
 
 
 def test_hand_built_plan_is_a_valid_stored_plan():
-    plan = EmbeddingPlan.for_tables({"a": (30, 8, "tpu_embedding"), "b": (5, 4, "tensor_core")}, num_chips=2)
+    plan = hand_built_plan({"a": (30, 8, "tpu_embedding"), "b": (5, 4, "tensor_core")}, num_chips=2)
     assert EmbeddingPlan.from_json(plan.to_json()) == plan
     assert plan.feature_table("f_a").rows == 30 and set(plan.tables_placed("tensor_core")) == {"b"}
     assert plan.memory.per_chip_bytes == 64 // 2 * 8 * 4 * 2 + 5 * 4 * 4 * 2  # SparseCore: 30 rows padded to 8 x 8

@@ -20,6 +20,7 @@ from components.contracts.artifacts import CHECKPOINT_DIR, EVAL_METRICS_FILE, TR
 from components.reporting import progress
 from components.reporting.report import KEPT_BEST
 from tests.stages import fn_args as _fn_args, trainer_config as _config, examples_uri
+from components.planning.fitting import with_run
 
 
 @pytest.fixture(scope="session")
@@ -128,7 +129,7 @@ def test_the_recorded_source_of_the_length_gives_the_planned_steps(training):
     import re
     from types import SimpleNamespace
 
-    from components.embedding_trainer.run_plan import training_steps
+    from components.planning.run_plan import training_steps
 
     cfg = parse_config({**_minimal(), "training": training})
     t = cfg.training
@@ -151,7 +152,7 @@ def test_the_default_length_source_names_the_rows_trained_on():
     over the 17,004 rows trained on; the record said `15 x 18893 / 256` (1,107)."""
     from types import SimpleNamespace
 
-    from components.embedding_trainer.run_plan import training_steps
+    from components.planning.run_plan import training_steps
 
     length = training_steps(parse_config(_minimal()), SimpleNamespace(splits={"train": {"examples_written": 18_893}}))
     assert length["steps"] == 997
@@ -357,9 +358,9 @@ def test_a_killed_two_replica_run_resumes_with_the_same_selection(data, tmp_path
                   early_stopping={"evaluations": 6, "patience": 100, "holdout_fraction": 0.2})
     pattern = [str(data / "tx" / "Split-train" / "*")]
     manifest = resolved_input.read_manifest(examples_uri(pattern))
-    from components.embedding_trainer.run_plan import derive_plan
+    from components.planning.run_plan import derive_plan
 
-    plan = derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(pattern))).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    plan = with_run(derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(pattern))), vocabulary_dir=manifest.vocabulary_dir)
     evals = ["/nonexistent/eval/*"]  # never read while training
     _, _, whole = training_loop.train(cfg, plan, manifest, pattern, evals, str(tmp_path / "whole"))
 

@@ -20,14 +20,15 @@ from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
 from tensorflow.python.tpu import tpu_embedding_v3_utils
 
 from components.config.schema import ExportLayoutConfig
-from components.contracts.plan import EmbeddingPlan
+
 from components.embedding_model import layouts as layouts_lib
 from components.embedding_model.sparsecore_layout import recompute_sparse_core_layouts, stacked_variables
+from components.planning.derivation import hand_built_plan
 
 
 def _plan(tables, topology=(2, 4), batch=64):
     """tables: {name: (rows, dim, placement)}; one feature per table, named f_<table>."""
-    return EmbeddingPlan.for_tables(tables, global_batch_size=batch, num_chips=topology[0],
+    return hand_built_plan(tables, global_batch_size=batch, num_chips=topology[0],
                                     sparse_cores_per_chip=topology[1],
                                     optimizer={"name": "adagrad", "learning_rate": 0.1})
 
@@ -279,7 +280,7 @@ def test_model_publishes_where_its_tables_are_in_a_checkpoint(tmp_path, model_ty
     from components.config.loading import parse_config
     from components.embedding_model.restore import build_serving_model, load_tables, restore_dense
     from components.embedding_model import checkpoint_keys as model_lib
-    from components.embedding_trainer.run_plan import derive_plan
+    from components.planning.run_plan import derive_plan
     from components.embedding_trainer import model_building
 
     cfg = parse_config({

@@ -95,7 +95,7 @@ def test_every_file_named_after_a_table_stays_in_its_directory(tmp_path):
     import re
 
     from components.contracts import artifacts
-    from components.contracts.names import SAFE_NAME
+    from components.rules.names import SAFE_NAME
 
     rng = random.Random(7)
     alphabet = "abcXYZ_019"
@@ -304,7 +304,7 @@ def _raw_with_table(vocabulary, dim=16, batch_size=256, optimizer="adagrad"):
 
 def test_the_memory_floor_counts_what_the_config_fixes():
     from components.config.loading import parse_config
-    from components.contracts.capacity import BATCHES_HELD, EXAMPLE_BYTES, config_rows, memory_floor
+    from components.planning.capacity import BATCHES_HELD, EXAMPLE_BYTES, config_rows, memory_floor
 
     raw, _ = _raw_with_table({"kind": "hashed", "num_buckets": 1000}, dim=8)
     cfg = parse_config(raw)
@@ -322,7 +322,7 @@ def test_the_memory_floor_counts_what_the_config_fixes():
 def test_tables_or_batches_that_cannot_fit_are_refused_before_the_data_stages(tmp_path, capsys):
     from components.config.loading import parse_config
     from components.config.schema import ConfigError
-    from components.contracts.capacity import check_host_floor, check_tpu_floor
+    from components.planning.capacity import check_host_floor, check_tpu_floor
 
     raw, _ = _raw_with_table({"kind": "hashed", "num_buckets": 120_000_000})  # 120M x 16 x 4 x 2 = 14.3 GiB
     cfg = parse_config(raw)

@@ -25,6 +25,7 @@ from components.embedding_trainer import resolved_input, trainer_module, trainin
 from tests.stages import examples_uri
 from components.embedding_trainer import warm_start
 from components.model_registry.registry import Lookup
+from components.planning.fitting import with_run
 
 LAYOUT_A = CheckpointLayout(kind="A", embedding_api="TPUEmbeddingForServing (CPU/GPU variables)")
 
@@ -80,7 +81,7 @@ def test_a_state_from_other_data_of_the_same_shape_is_refused_and_the_same_data_
 def test_train_refuses_a_checkpoint_dir_from_other_data_resumes_its_own_and_names_a_cut_checkpoint(trainer_data, tmp_path):
     from tests.stages import trainer_config
 
-    from components.embedding_trainer.run_plan import derive_plan
+    from components.planning.run_plan import derive_plan
 
     data = trainer_data
     state = str(tmp_path / "state")
@@ -91,7 +92,7 @@ def test_train_refuses_a_checkpoint_dir_from_other_data_resumes_its_own_and_name
     def plan_manifest(cfg, train_files):
         manifest = resolved_input.read_manifest(examples_uri(train_files))
         plan = derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(train_files)))
-        return plan.with_run(vocabulary_dir=manifest.vocabulary_dir), manifest
+        return with_run(plan, vocabulary_dir=manifest.vocabulary_dir), manifest
 
     cfg = trainer_config(data, train_steps=10, checkpoint_every_steps=10, checkpoint_dir=state)
     _, _, run = training_loop.train(cfg, *plan_manifest(cfg, files(data)[0]), *files(data), state)
@@ -161,7 +162,7 @@ def test_a_vocabulary_file_a_line_short_of_its_checkpoint_rows_is_refused(tmp_pa
 
 @pytest.mark.slow(reason="reads the executors' chain (a Trainer run) and writes a warm start from it")
 def test_warm_start_from_a_model_whose_vocabulary_lost_a_line_stops_naming_the_file(chain, tmp_path):
-    from components.embedding_trainer.run_plan import derive_plan
+    from components.planning.run_plan import derive_plan
     from components.embedding_trainer.model_building import build_model
 
     cfg, a, _ = chain

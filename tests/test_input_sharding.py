@@ -4,7 +4,7 @@ hand-built transformed split of both formats (examples, and blocks with tail fil
 - each pipeline reads only its own files (i, i+P, ... of the sorted list), together they read
   the split once, in the order of an interleave with the fixed cycle INTERLEAVE_CYCLE (a plain
   Python model of it: no term for the host's cores);
-- a pipeline resumed at step k (`trainer_module.training_input`) with one tf.data thread on one
+- a pipeline resumed at step k (`training_data.training_input`) with one tf.data thread on one
   CPU yields what the uninterrupted pipeline (default threads, all CPUs) yields from step k;
 - with fewer files than pipelines, every pipeline reads all files and keeps every P-th batch of
   the one stream.
@@ -19,10 +19,8 @@ import pytest
 import components  # noqa: F401
 import tensorflow as tf
 
-from components.contracts.manifest import (
-    FORMAT_BLOCKS, FORMAT_EXAMPLES, TAIL_PREFIX, TRANSFORMED_PREFIX, CategoricalFeatureEntry, DenseFeatureEntry,
-    VocabularyManifest, row_lengths_key,
-)
+from components.config.choices import FORMAT_BLOCKS, FORMAT_EXAMPLES
+from components.contracts.manifest import (TAIL_PREFIX, TRANSFORMED_PREFIX, CategoricalFeatureEntry, DenseFeatureEntry, VocabularyManifest, row_lengths_key)
 from components.embedding_model import input as input_lib
 from components.embedding_trainer import training_data
 

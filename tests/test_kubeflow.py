@@ -26,7 +26,7 @@ import components  # noqa: F401
 from components.config.loading import config_from_json, load_config, parse_config
 from components.config.schema import ConfigError
 from components.config.stages import stage_config
-from components.contracts.sizing import CHIPS, SPARSE_CORE
+from components.rules.chips import CHIPS, SPARSE_CORE
 from components.tfx_wiring.component_keys import CONFIG_KEY
 from pipelines.pipeline import KFP_RUN_ID, KFP_RUN_NAME, LAST_BLESSED, stock_data_components
 from pipelines import kfp_entrypoint

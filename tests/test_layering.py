@@ -26,10 +26,11 @@ def _imports(path: pathlib.Path):
             yield from (f"{node.module}.{a.name}" for a in node.names)
 
 
-def test_the_tpu_smoke_module_ships_without_tests_or_bench():
+def test_the_tpu_smoke_package_ships_without_tests_or_bench():
     """The TPU image installs components/ only (docker/Dockerfile.tpu): the smoke test must run there."""
-    found = [n for n in _imports(ROOT / "embedding_trainer" / "tpu_smoke.py") if n.split(".")[0] in ("tests", "bench")]
-    assert not found, found
+    files = sorted((ROOT / "tpu_smoke").glob("*.py"))
+    found = [(f.name, n) for f in files for n in _imports(f) if n.split(".")[0] in ("tests", "bench")]
+    assert files and not found, found
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
@@ -206,6 +207,56 @@ def find_cycles(graph):
         if v not in index:
             visit(v)
     return cycles
+
+
+# The packages from the bottom up (docs/development.md, "Layout"): a package imports only packages
+# of a lower layer, never one of its own layer or above, even lazily. `components` itself (the
+# legacy-Keras switch and the artifact types' lazy names) is outside the layers.
+LAYERS = (
+    ("components.rules", "components.reporting"),
+    ("components.config",),
+    ("components.contracts",),
+    ("components.planning",),
+    ("components.rows", "components.data_io"),
+    ("components.tfx_wiring",),
+    ("components.example_gen", "components.embedding_model", "components.model_registry", "components.tf_example_copy"),
+    ("components.embedding_preprocess",),
+    ("components.embedding_trainer", "components.embedding_exporter"),
+    ("components.tpu_smoke",),
+    ("pipelines",),
+)
+
+
+def package_of(module: str) -> str:
+    """`components.<package>` of a module under components/, `pipelines` for pipelines/."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "components" and len(parts) > 1 else parts[0]
+
+
+def arrows_against_layers(graph, layers=LAYERS):
+    """(importer, imported) module pairs whose packages do not run downward through `layers`, and
+    the packages `layers` leaves out."""
+    rank = {p: i for i, layer in enumerate(layers) for p in layer}
+    packages = {package_of(m) for m in graph} - {"components"}
+    wrong = sorted((a, b) for a, targets in graph.items() for b in targets
+                   if package_of(a) != package_of(b) and "components" not in (package_of(a), package_of(b))
+                   and rank.get(package_of(b), -1) >= rank.get(package_of(a), -1))
+    return wrong, sorted(packages - set(rank))
+
+
+def test_packages_import_only_lower_layers():
+    """config/ no longer imports contracts/ (the names and chips they share live in rules/), the
+    plan's derivation lives in planning/ above the contracts, the TPU smoke test above the Trainer."""
+    wrong, unplaced = arrows_against_layers(import_graph())
+    assert wrong == [] and unplaced == []
+
+
+def test_the_layer_check_sees_an_arrow_up_and_one_within_a_layer():
+    graph = {"components.config.schema": {"components.contracts.plan"},
+             "components.rows.x": {"components.data_io.y"}, "components.data_io.y": set(),
+             "components.contracts.plan": {"components.config.choices"}, "components.config.choices": set()}
+    assert arrows_against_layers(graph)[0] == [("components.config.schema", "components.contracts.plan"),
+                                               ("components.rows.x", "components.data_io.y")]
 
 
 def test_no_import_cycles():

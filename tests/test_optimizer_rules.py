@@ -13,7 +13,7 @@ learning rate carries it; lazy unless use_non_lazy_adam; sum_inside_sqrt as flag
 accumulators that grow past 1: float32) after several steps.
 
 What this cannot show: that the TPU hardware implements its documented rule (only a TPU run can:
-the TPU smoke test, components/embedding_trainer/tpu_smoke.py, compares the chip's SparseCore
+the TPU smoke test, components/tpu_smoke/, compares the chip's SparseCore
 training with the same steps on CPU; tests/tpu_harness.py's CPU SparseCore step applies this
 reference's rule).
 """
@@ -26,7 +26,7 @@ from tensorflow.core.protobuf.tpu import optimization_parameters_pb2
 
 from components.config.schema import OptimizerConfig, ScheduleConfig
 from components.embedding_model import optimizers
-from components.contracts.plan import optimizer_spec
+from components.planning.derivation import optimizer_spec
 from components.embedding_model.tf_objects import learning_rate
 from tests.optimizer_reference import optimization_parameters as _proto, tpu_reference_step as _tpu_reference_step
 

@@ -11,9 +11,12 @@ from components.config.schema import OptimizerConfig, ScheduleConfig
 from components.contracts.manifest import VocabularyEntry, VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
 from components.contracts.statistics import EmbeddingStatistics
-from components.contracts.plan import fourth_root_dim, hardware_num_chips, MAX_RULE_DIM, optimizer_spec, PlanError
+from components.planning.derivation import fourth_root_dim, MAX_RULE_DIM, optimizer_spec
+from components.planning.fitting import hardware_num_chips
+from components.contracts.plan import PlanError
 from components.embedding_model.tf_objects import dense_id_widths, feature_configs, gradient_multiplier, learning_rate, table_configs
-from components.embedding_trainer.run_plan import derive_plan
+from components.planning.run_plan import derive_plan
+from components.planning.fitting import sized_for, with_run
 
 
 def _config(**training):
@@ -176,7 +179,7 @@ def test_clipping_and_schedules_map_to_both_apis():
 def test_plan_round_trips_through_its_json_and_refuses_other_versions():
     plan = derive_plan(_config(), MANIFEST, _typed(_statistics()))
     assert EmbeddingPlan.from_json(plan.to_json()) == plan
-    run = plan.with_run(vocabulary_dir="/vocab")
+    run = with_run(plan, vocabulary_dir="/vocab")
     assert plan.vocabulary_dir is None and run.vocabulary_dir == "/vocab"  # a copy: the plan is never changed
     assert EmbeddingPlan.from_json(run.to_json()) == run
     assert "checkpoint_layout" not in plan.to_dict()  # set only by a training run
@@ -397,7 +400,7 @@ def test_sizes_follow_each_apis_layout_rule():
     SparseCores, columns to 8) and 3 variables of it; TPUEmbedding (V1) ceil(100 / 2) rows per
     chip of 4 variables (parameters, 2 slots, gradient accumulators); no embedding engine: whole on
     every chip."""
-    from components.contracts import sizing
+    from components.planning import sizing
 
     sc = sizing.table_memory(100, 1, "ftrl", "tpu_embedding", num_chips=2, embedding_api="sparse_core")
     assert (sc.padded_rows, sc.padded_dim, sc.per_chip_rows, sc.per_chip_bytes) == (128, 8, 64, 64 * 8 * 4 * 3)
@@ -513,7 +516,7 @@ def test_the_plan_is_sized_for_the_api_the_tpu_reports_or_refused():
     assert plan_for_hardware(plan, _TPU("V2"), on_tpu=True) == plan  # sized for SparseCore, 4 per chip already
     v1 = plan_for_hardware(plan, _TPU("V1"), on_tpu=True)
     assert v1.topology.embedding_api == "tpu_embedding_v1" and v1.tables["items"].memory.per_chip_bytes == 251 * 16 * 4 * 3
-    recorded = plan.with_run(checkpoint_layout=CheckpointLayout(kind="A", embedding_api="TPUEmbedding", num_replicas=4,
+    recorded = with_run(plan, checkpoint_layout=CheckpointLayout(kind="A", embedding_api="TPUEmbedding", num_replicas=4,
                                                                 sparse_cores_per_chip=4, hardware_api="tpu_embedding_v1"))
     assert recorded.tables == v1.tables and recorded.memory == v1.memory
     two = plan_for_hardware(plan, _TPU("V2", sparse_cores=2), on_tpu=True)
@@ -551,14 +554,14 @@ def test_a_plan_without_num_chips_is_sized_for_8_then_for_the_chips_the_tpu_has(
     items = sized.tables["items"].memory
     assert (items.padded_rows, items.per_chip_rows, items.per_chip_bytes) == (1024, 256, 256 * 16 * 4 * 2)
     assert sized.memory.per_chip_bytes > plan.memory.per_chip_bytes
-    recorded = plan.with_run(checkpoint_layout=CheckpointLayout(
+    recorded = with_run(plan, checkpoint_layout=CheckpointLayout(
         kind="B", embedding_api="TPUEmbeddingV2 (SparseCore)", num_replicas=4, sparse_cores_per_chip=4,
         per_replica_batch_size=16, hardware_api="sparse_core"))
     assert (recorded.topology, recorded.tables, recorded.memory) == (sized.topology, sized.tables, sized.memory)
     assert plan_for_hardware(sized, _TPU("V2", replicas=4), on_tpu=True) is sized  # re-deriving again changes nothing
     # SparseCore limits derived for another shard count keep their numbers and say so
     two = derive_plan(_config(), MANIFEST, _typed(_statistics()))  # 2 chips x 4: the statistics' 8 shards
-    four = two.sized_for("sparse_core", 4, 4)
+    four = sized_for(two, "sparse_core", 4, 4)
     assert four.tables["big"].sparsecore_limits.max_ids_per_table == 120
     assert "measured for 8 SparseCores, the TPU has 16: add 16 to statistics.shard_counts" in \
         four.tables["big"].sparsecore_limits.source
@@ -599,7 +602,8 @@ def _long_stats(**means):
 def test_a_long_multi_hot_features_table_sums_and_gets_the_wide_part():
     """Statistics choose the combiner and the wide part of a long multi-hot feature (mean IDs per
     example >= LONG_MULTI_HOT_IDS) where the config states neither; the plan records why."""
-    from components.contracts.plan import LONG_MULTI_HOT_IDS, WIDE_SUFFIX
+    from components.planning.derivation import LONG_MULTI_HOT_IDS
+    from components.config.schema import WIDE_SUFFIX
 
     plan = derive_plan(_config(), MANIFEST, _long_stats(big=LONG_MULTI_HOT_IDS + 9.5, A=2.0))
     big = plan.tables["big"]

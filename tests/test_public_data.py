@@ -16,6 +16,7 @@ import os
 
 import pytest
 import yaml
+from components.planning.fitting import with_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,7 +43,7 @@ def test_defaults_on_chem97_tie_the_baseline_the_gate_follows_and_the_buckets_ar
     from bench.defaults_sweep import config_with, finished_run
     from components.config.loading import load_config
     from components.contracts.plan import CheckpointLayout
-    from components.embedding_trainer.run_plan import derive_plan, training_steps
+    from components.planning.run_plan import derive_plan, training_steps
     from components.embedding_trainer import model_artifact, training_loop
     from pipelines.runner import run
     from pipelines.summary import EXIT_PUSHED, EXIT_NOT_PUSHED, exit_status
@@ -65,12 +66,12 @@ def test_defaults_on_chem97_tie_the_baseline_the_gate_follows_and_the_buckets_ar
     assert set(plan.dense_buckets.boundaries) == {"age", "gcsescore"}
     # the sweep's other candidate: no buckets, on the same transformed split
     off = config_with(str(config_path), {"training": {"dense_buckets": {"enabled": False}}})
-    plan_off = derive_plan(off, manifest, stats).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    plan_off = with_run(derive_plan(off, manifest, stats), vocabulary_dir=manifest.vocabulary_dir)
     assert plan_off.dense_buckets is None
     length = training_steps(off, stats)
     ckpt, _, record = training_loop.train(off, plan_off, manifest, train, evals, str(root / "off" / "state"),
                               train_steps=length["steps"], train_rows=length.get("train_rows"))
-    plan_off = plan_off.with_run(checkpoint_layout=CheckpointLayout(**record["checkpoint_layout"]))
+    plan_off = with_run(plan_off, checkpoint_layout=CheckpointLayout(**record["checkpoint_layout"]))
     metrics, _ = model_artifact.finish(off, plan_off, manifest, ckpt, evals, str(root / "off" / "serving"))
     print(f"chem97 eval AUC: defaults {auc:.4f}, without dense buckets {metrics['auc']:.4f}, baseline {baseline:.4f}")
     assert metrics["auc"] > 0.845 and abs(metrics["auc"] - auc) < 0.02

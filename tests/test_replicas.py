@@ -19,11 +19,12 @@ import tensorflow as tf
 
 from components.embedding_model.input import make_dataset
 from components.embedding_model.tf_objects import dense_id_widths, sequence_lengths
-from components.embedding_trainer.run_plan import derive_plan
+from components.planning.run_plan import derive_plan
 from components.embedding_trainer import hardware, model_artifact, model_building, resolved_input, training_data, training_loop
 from tests import tpu_harness
 from components.config.loading import parse_config
 from tests.stages import trainer_config as _config, trainer_raw_config as _raw_config, examples_uri
+from components.planning.fitting import with_run
 
 
 @pytest.fixture(scope="session")
@@ -155,7 +156,7 @@ def test_two_replicas_reach_the_auc_of_one(data, tmp_path, monkeypatch):
     for replicas in (1, REPLICAS):
         if replicas > 1:
             monkeypatch.setattr(hardware, "distribution_strategy", lambda c: tpu_harness.mirrored_strategy(REPLICAS))
-        ckpt, _, run = training_loop.train(cfg, plan.with_run(vocabulary_dir=manifest.vocabulary_dir), manifest, train, evals,
+        ckpt, _, run = training_loop.train(cfg, with_run(plan, vocabulary_dir=manifest.vocabulary_dir), manifest, train, evals,
                                 str(tmp_path / f"state{replicas}"))
         assert run["replicas"] == replicas
         metrics, _ = model_artifact.finish(cfg, plan, manifest, ckpt, evals, str(tmp_path / f"serving{replicas}"))

@@ -596,7 +596,7 @@ def test_piecewise_linear_case_serving(served, name, path):
 
 
 def test_plan_boundaries_are_float32_quantiles_with_repeats_kept():
-    from components.contracts.plan import bucket_boundaries
+    from components.planning.derivation import bucket_boundaries
 
     quantiles = tuple(float(v) for v in np.linspace(0.0, 100.0, 101))
     assert bucket_boundaries(quantiles, 4) == (25.0, 50.0, 75.0)

@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from components.embedding_model.serving_model import ServingTable
+from components.planning.derivation import hand_built_plan
 
 ROWS, DIM = 50, 4
 
@@ -85,7 +86,6 @@ def test_weighted_pooling_matches_tensorflow_on_every_path(combiner):
     import numpy as np
     import tensorflow as tf
 
-    from components.contracts.plan import EmbeddingPlan
     from components.embedding_model.input import to_dense_ids
     from components.embedding_model.lookups import pool_sparse
     from components.embedding_model.model import TensorCoreTable
@@ -99,7 +99,7 @@ def test_weighted_pooling_matches_tensorflow_on_every_path(combiner):
     expected = tf.nn.safe_embedding_lookup_sparse(table, ids, weights, combiner=combiner).numpy()
     assert np.allclose(expected[2:], 0.0)
     np.testing.assert_allclose(pool_sparse(table, ids, combiner, weights=weights).numpy(), expected, atol=1e-6)
-    plan = EmbeddingPlan.for_tables({"t": (7, 3, "tensor_core")}, combiner=combiner)
+    plan = hand_built_plan({"t": (7, 3, "tensor_core")}, combiner=combiner)
     core = TensorCoreTable(plan.tables["t"], "t")
     core.build()
     core.embeddings.assign(table)
@@ -122,7 +122,6 @@ def test_sequence_lookups_and_pooling():
     import tensorflow as tf
     from tensorflow.python.tpu import tpu_embedding_for_serving as serving_lib
 
-    from components.contracts.plan import EmbeddingPlan
     from components.embedding_model.input import to_dense_ids
     from components.embedding_model.dense_tower import SequencePooling
     from components.embedding_model.lookups import sequence_mask
@@ -137,7 +136,7 @@ def test_sequence_lookups_and_pooling():
         table=tf.tpu.experimental.embedding.TableConfig(9, 4, name="t"), max_sequence_length=3)
     expected = serving_lib._embedding_lookup_for_sparse_tensor(ids, None, tf.Variable(table), config).numpy()
     assert expected.shape == (4, 3, 4)
-    plan = EmbeddingPlan.for_tables({"t": (9, 4, "tensor_core")})
+    plan = hand_built_plan({"t": (9, 4, "tensor_core")})
     core = TensorCoreTable(plan.tables["t"], "t")
     core.build()
     core.embeddings.assign(table)
@@ -222,10 +221,9 @@ def test_wide_weights_pool_beside_the_rows_in_float32_on_every_path(storage, com
     plain, weighted, sequence) and fused (`pool_fused`), each equal to TensorFlow's lookup over
     the wide column, bit for bit on the plain paths; `assign` / `read` address a wide table by
     its own name."""
-    from components.contracts.plan import EmbeddingPlan
     from components.embedding_model.serving_model import ServingTables
 
-    plan = EmbeddingPlan.for_tables({"a": (7, 3, "tensor_core"), "b": (5, 3, "tensor_core")}, combiner=combiner)
+    plan = hand_built_plan({"a": (7, 3, "tensor_core"), "b": (5, 3, "tensor_core")}, combiner=combiner)
     stack = ServingTables(dict(plan.tables), "s", storage, wide={"a": "a__wide", "b": "b__wide"})
     rng = np.random.default_rng(4)
     wide = {"a": rng.normal(size=(7, 1)).astype(np.float32), "b": rng.normal(size=(5, 1)).astype(np.float32)}
@@ -278,11 +276,10 @@ EXACT_POOLED = {
 def test_every_table_path_pools_the_hand_computed_sums(combiner):
     """TensorCore tables (checked sparse, unchecked sparse, padded dense IDs) and the serving stack
     (float32, and float16, where 0..7 are exact) give the sums written out above."""
-    from components.contracts.plan import EmbeddingPlan
     from components.embedding_model.input import to_dense_ids
     from components.embedding_model.model import TensorCoreTable
 
-    plan = EmbeddingPlan.for_tables({"t": (2, 4, "tensor_core")}, combiner=combiner)
+    plan = hand_built_plan({"t": (2, 4, "tensor_core")}, combiner=combiner)
     ids = _ids(EXACT_IDS)
     core = TensorCoreTable(plan.tables["t"], "t")
     core.build()

@@ -1,6 +1,6 @@
 """The TPU smoke test's parity check catches broken SparseCore updates.
 
-The smoke test's core check (components/embedding_trainer/tpu_smoke.py, `sparsecore_training`)
+The smoke test's core check (components/tpu_smoke/, `sparsecore_training`)
 is run as its CPU dry run does in tests/test_sparsecore_training.py: the Trainer's model under the
 harness's 2-replica TPU strategy with TF's real `TPUEmbeddingV2`, whose SparseCore step
 (tests/tpu_harness.py, `CpuStepV2`) here is broken on purpose in each of the ways of
@@ -22,15 +22,15 @@ REPLICAS, PER_CHIP, STEPS = 2, 4, 3
 @pytest.mark.slow(reason="the smoke test's parity check, 3 steps under the 2-replica SparseCore harness and on CPU, per mutation")
 @pytest.mark.parametrize("mutation", sorted(tpu_harness.MUTATIONS))
 def test_the_parity_check_fails_a_broken_sparsecore_step(mutation, trainer_data, monkeypatch, tmp_path):
-    from components.embedding_trainer import tpu_smoke
+    from components.tpu_smoke import parity, scenario
     from tests.stages import trainer_raw_config
 
     strategy = tpu_harness.install_sparsecore(monkeypatch, REPLICAS, PER_CHIP,
                                               v2_class=tpu_harness.cpu_step_v2_class(mutation=mutation))
     files = [str(trainer_data / "tx" / "Split-train" / "*")]
-    cfg, plan, manifest = tpu_smoke.parity_plan(trainer_raw_config(trainer_data), files)
-    with pytest.raises(tpu_smoke.ParityError) as err:
-        tpu_smoke.sparsecore_training(strategy, cfg, plan, manifest, files, STEPS, str(tmp_path))
+    cfg, plan, manifest = scenario.parity_plan(trainer_raw_config(trainer_data), str(trainer_data))
+    with pytest.raises(parity.ParityError) as err:
+        parity.sparsecore_training(strategy, cfg, plan, manifest, files, STEPS, str(tmp_path))
     print(f"MUTATION {mutation}: {err.value}")
 
 

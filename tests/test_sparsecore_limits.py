@@ -13,11 +13,14 @@ import pytest
 
 import components  # noqa: F401
 
-from components.contracts.plan import EmbeddingPlan, PlanError, optimizer_spec
+from components.contracts.plan import PlanError
+from components.planning.derivation import optimizer_spec
 from components.contracts.statistics import EmbeddingStatistics
 from components.config.schema import OptimizerConfig
 from components.embedding_trainer import sparsecore_limits as sl
 from tests import tpu_harness
+from components.planning.fitting import with_run
+from components.planning.derivation import hand_built_plan
 
 ADAGRAD = optimizer_spec(OptimizerConfig(name="adagrad", learning_rate=0.1))
 
@@ -26,7 +29,7 @@ def _plan(features=None, tables=None, batch=256, chips=2):
     tables = tables or {"items": (4096, 16, "tpu_embedding"), "cat": (10, 16, "tpu_embedding"),
                         "small": (40, 4, "tensor_core")}
     features = features or {"item": "items", "history": "items", "c": "cat", "s": "small"}
-    return EmbeddingPlan.for_tables(tables, features=features, global_batch_size=batch, num_chips=chips,
+    return hand_built_plan(tables, features=features, global_batch_size=batch, num_chips=chips,
                                     optimizer=ADAGRAD)
 
 
@@ -165,14 +168,14 @@ def test_the_trainer_checks_ids_per_chip_before_building_on_sparsecore(trainer_d
 
     from components.embedding_trainer import hardware, model_building, resolved_input
     from tests.stages import examples_uri
-    from components.embedding_trainer.run_plan import derive_plan
+    from components.planning.run_plan import derive_plan
     from tests.stages import trainer_config
 
     strategy = tpu_harness.install_sparsecore(monkeypatch, replicas=2, sparse_cores_per_chip=4)
     cfg = trainer_config(trainer_data)
     train_files = [str(trainer_data / "tx" / "Split-train" / "*")]
     manifest = resolved_input.read_manifest(examples_uri(train_files))
-    plan = derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(train_files))).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    plan = with_run(derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(train_files))), vocabulary_dir=manifest.vocabulary_dir)
     per_replica = cfg.training.batch_size // 2
 
     def placed():

@@ -39,14 +39,18 @@ from tensorflow.python.tpu import tpu_embedding_v2
 
 from components.config.choices import InitializerKind
 from components.config.schema import OptimizerConfig
-from components.contracts import sizing
-from components.contracts.plan import CheckpointLayout, EmbeddingPlan, Initializer, optimizer_spec, plan_memory
+from components.planning import sizing
+from components.contracts.plan import CheckpointLayout, Initializer
+from components.planning.derivation import optimizer_spec
+from components.planning.fitting import plan_memory
 from components.embedding_trainer.hardware import plan_for_hardware
 from components.embedding_model import layouts
 from components.embedding_model.sparsecore_layout import plan_sparse_core_layouts
 from components.embedding_model import tf_objects
 from components.embedding_trainer import model_building
 from tests import tpu_harness
+from components.planning.fitting import with_run
+from components.planning.derivation import hand_built_plan
 
 DEFAULT = optimizer_spec(OptimizerConfig(name="adagrad", learning_rate=0.1))
 OWN = optimizer_spec(OptimizerConfig(name="sgd", learning_rate=0.5))
@@ -55,7 +59,7 @@ FTRL = optimizer_spec(OptimizerConfig(name="ftrl", learning_rate=0.1))
 
 
 def _plan(tables, optimizers=None, features=None, batch=64):
-    return EmbeddingPlan.for_tables(tables, features=features, global_batch_size=batch, optimizer=DEFAULT,
+    return hand_built_plan(tables, features=features, global_batch_size=batch, optimizer=DEFAULT,
                                     optimizers=optimizers)
 
 
@@ -125,7 +129,7 @@ def test_exporter_reads_every_row_tf_placed(case, replicas, monkeypatch, tmp_pat
         t = plan.tables[name]
         np.testing.assert_array_equal(tpu_harness.logical_table(mid, name, t.rows, t.dim).numpy(),
                                       tpu_harness.expected_rows(index[name], t.rows, t.dim))
-    trained = plan.with_run(checkpoint_layout=CheckpointLayout(
+    trained = with_run(plan, checkpoint_layout=CheckpointLayout(
         kind="B", embedding_api="TPUEmbeddingV2 (SparseCore)", num_replicas=replicas, sparse_cores_per_chip=4,
         per_replica_batch_size=per_replica))
     tables = layouts.CheckpointTables(prefix, dataclasses.replace(
@@ -173,7 +177,7 @@ def _sized_plan(replicas, per_chip, num_chips_source="config", big=False):
     """Wide (dim-1, FTRL) tables beside a dim-16 and a dim-6 table (default Adagrad), an SGD and
     an Adam table, a TensorCore table and with `big` a 5,000-row Adagrad table; sized for SparseCore
     on `replicas` chips."""
-    return EmbeddingPlan.for_tables(
+    return hand_built_plan(
         {"a": (100, 16, "tpu_embedding"), "a__wide": (100, 1, "tpu_embedding"), "b": (300, 6, "tpu_embedding"),
          "b__wide": (300, 1, "tpu_embedding"), "c": (50, 8, "tpu_embedding"), "d": (70, 12, "tpu_embedding"),
          "t": (10, 4, "tensor_core"), **({"e": (5000, 16, "tpu_embedding")} if big else {})},
@@ -346,7 +350,7 @@ def test_each_initializer_holds_the_full_size_copies_the_plan_counts(kind):
 
 
 def _one_sgd_table(replicas, per_chip):
-    return EmbeddingPlan.for_tables({"big": (20_000, 8, "tpu_embedding")}, num_chips=replicas,
+    return hand_built_plan({"big": (20_000, 8, "tpu_embedding")}, num_chips=replicas,
                                     sparse_cores_per_chip=per_chip, optimizer=OWN)
 
 
@@ -396,7 +400,7 @@ def test_tpu_embedding_v1_keeps_gradient_accumulators_for_the_trainers_optimizer
     base_count = {"stochastic_gradient_descent": 0, "adagrad": 1, "ftrl": 2, "adam": 2}  # GetBaseAuxiliaryParameterCount
     status = optimization_parameters_pb2.GradientAccumulationStatus
     clipped_sgd = optimizer_spec(OptimizerConfig(name="sgd", learning_rate=0.5, clipvalue=1.0))
-    plan = EmbeddingPlan.for_tables(
+    plan = hand_built_plan(
         {"a": (1001, 16, "tpu_embedding"), "w": (300, 1, "tpu_embedding"), "s": (70, 8, "tpu_embedding"),
          "m": (50, 4, "tpu_embedding")},
         num_chips=2, optimizer=DEFAULT, embedding_api="tpu_embedding_v1",

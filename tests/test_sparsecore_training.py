@@ -12,7 +12,7 @@ update per touched row by the SparseCore rule of tests/optimizer_reference.py).
   harness's TPU strategy from the same tables and dense weights as a CPU (layout A) run on the same
   batches; the tables read back from the SparseCore checkpoint by the exporter's layout-B reader
   equal the CPU run's row by row, and moved from where they started. This is the TPU smoke test's
-  own comparison (components/embedding_trainer/tpu_smoke.py, `sparsecore_training`) with the
+  own comparison (components/tpu_smoke/, `sparsecore_training`) with the
   harness in place of the TPU.
 """
 import numpy as np
@@ -137,14 +137,14 @@ def test_cpu_step_updates_the_stacked_rows_by_hand(monkeypatch):
 @pytest.mark.slow(reason="the TPU smoke test's parity check: the Trainer's model trained 3 steps under the 2-replica "
                          "SparseCore harness and 3 on CPU")
 def test_sparsecore_training_matches_cpu_row_by_row(trainer_data, monkeypatch, tmp_path):
-    from components.embedding_trainer import tpu_smoke
+    from components.tpu_smoke import parity, scenario
     from tests.stages import trainer_raw_config
 
     strategy = tpu_harness.install_sparsecore(monkeypatch, REPLICAS, PER_CHIP)
     files = [str(trainer_data / "tx" / "Split-train" / "*")]
-    cfg, plan, manifest = tpu_smoke.parity_plan(trainer_raw_config(trainer_data), files)
-    covered = tpu_smoke.coverage(plan, REPLICAS, PER_CHIP)  # FTRL and Adagrad, a stack of several, dim-1 wide
-    result = tpu_smoke.sparsecore_training(strategy, cfg, plan, manifest, files, 3, str(tmp_path), tolerance=1e-4)
+    cfg, plan, manifest = scenario.parity_plan(trainer_raw_config(trainer_data), str(trainer_data))
+    covered = scenario.coverage(plan, REPLICAS, PER_CHIP)  # FTRL and Adagrad, a stack of several, dim-1 wide
+    result = parity.sparsecore_training(strategy, cfg, plan, manifest, files, 3, str(tmp_path), tolerance=1e-4)
     assert result["layout"] == "B", result
     tpu = plan.tables_placed("tpu_embedding")
     for name, entry in result["tables"].items():

@@ -47,6 +47,7 @@ from components.embedding_trainer.checkpoints import copy_checkpoint
 from tests import tpu_harness
 from tests.stages import fn_args as _fn_args, trainer_config as _config, trainer_raw_config as _raw_config, examples_uri
 from components.contracts.artifacts import CHECKPOINT_DIR, EVAL_METRICS_FILE, TPU_RULES_FILE, TRAINING_RUN_FILE
+from components.planning.fitting import with_run
 
 
 @pytest.fixture(scope="session")
@@ -319,7 +320,7 @@ def test_calling_the_tpu_layer_outside_run_fails(tpu_branch, data):
     cfg = _config(data, tpu="local")
     manifest = resolved_input.read_manifest(examples_uri([str(data / "tx" / "Split-train" / "*")]))
     from components.embedding_model.tf_objects import dense_id_widths
-    from components.embedding_trainer.run_plan import derive_plan
+    from components.planning.run_plan import derive_plan
 
     plan = derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri([str(data / "tx" / "Split-train" / "*")])))
     strategy = hardware.distribution_strategy(cfg)
@@ -403,11 +404,11 @@ def _files(data):
 
 
 def _plan(cfg, data):
-    from components.embedding_trainer.run_plan import derive_plan
+    from components.planning.run_plan import derive_plan
 
     train_files, _ = _files(data)
     manifest = resolved_input.read_manifest(examples_uri(train_files))
-    plan = derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(train_files))).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    plan = with_run(derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(train_files))), vocabulary_dir=manifest.vocabulary_dir)
     return plan, manifest
 
 

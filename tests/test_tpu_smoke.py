@@ -1,11 +1,11 @@
-"""The TPU smoke test (components/embedding_trainer/tpu_smoke.py) without a TPU.
+"""The TPU smoke test (components/tpu_smoke/) without a TPU.
 
 - It ships where users run it: the module imports nothing from tests/ or bench/ (the TPU image
   copies neither), and the image build imports it (docker/Dockerfile.tpu).
 - Its judgement of the parity check on hand-written tables: equal changes pass; a table that never
   trained, one read back permuted, one whose change is off by more than the tolerance (a fraction
   of the change), a slot never written back or one that moved twice as far fail.
-- Its `--dry-run` (`python -m components.embedding_trainer.tpu_smoke`, from outside the checkout)
+- Its `--dry-run` (`python -m components.tpu_smoke`, from outside the checkout)
   runs every step that needs no TPU runtime (generated data, preprocessing, the parity plan and what
   it covers on 2 replicas x 4 SparseCores, the SparseCore optimizer check) and says which TPU steps
   it skipped.
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SMOKE = REPO / "components" / "embedding_trainer" / "tpu_smoke.py"
+SMOKE = REPO / "components" / "tpu_smoke"
 NON_TPU = ["data", "plan", "sparsecore_optimizer"]
 TPU_ONLY = ["tpu_init", "sparsecore_training", "trainer_tpu"]
 
@@ -31,24 +31,22 @@ def test_the_tpu_image_installs_and_imports_the_smoke_module():
     """It ships in components/ (what the image copies; tests/test_layering.py: it imports no test
     or bench code), and the image's build imports it."""
     dockerfile = (REPO / "docker" / "Dockerfile.tpu").read_text()
-    assert "COPY components/ components/" in dockerfile and "components.embedding_trainer.tpu_smoke" in dockerfile
+    assert "COPY components/ components/" in dockerfile and "components.tpu_smoke" in dockerfile
 
 def test_tpu_strategy_is_recognised_by_its_runtime_class():
     from tensorflow.python.distribute import tpu_strategy
 
     import tensorflow as tf
-    from components.embedding_trainer import tpu_smoke
-
+    from components.tpu_smoke import cli
     assert tf.distribute.TPUStrategy is tpu_strategy.TPUStrategyV2  # what the trainer records
-    assert tf.distribute.TPUStrategy.__name__ in tpu_smoke.TPU_STRATEGY_NAMES
+    assert tf.distribute.TPUStrategy.__name__ in cli.TPU_STRATEGY_NAMES
 
 
 def test_judge_compares_changes_and_fails_untrained_permuted_distant_and_unwritten():
     """The verdict compares each table's and slot's change from the start, relative to the CPU
     run's change: an Adagrad accumulator that moved 3e-5 and was never written back fails (an
     absolute 1e-4 on values passed it), and so does one that moved twice as far."""
-    from components.embedding_trainer import tpu_smoke
-
+    from components.tpu_smoke import parity
     start = np.arange(12, dtype=np.float32).reshape(6, 2) / 10
     cpu = start.copy()
     cpu[[1, 4]] -= 0.25  # the CPU run moved rows 1 and 4
@@ -57,8 +55,8 @@ def test_judge_compares_changes_and_fails_untrained_permuted_distant_and_unwritt
     acc[[1, 4]] += 3e-5
     tables = {"same": cpu, "untrained": start, "permuted": cpu[[1, 0, 2, 3, 4, 5]],
               "distant": start + (cpu - start) * np.float32(1.05), "unwritten": cpu, "doubled": cpu}
-    report, failures = tpu_smoke.judge(
-        tables, {n: cpu for n in tables}, {n: start for n in tables}, tpu_smoke.DEFAULT_TOLERANCE,
+    report, failures = parity.judge(
+        tables, {n: cpu for n in tables}, {n: start for n in tables}, parity.DEFAULT_TOLERANCE,
         slots={"same": {"accumulator": (acc, acc, acc0)}, "unwritten": {"accumulator": (acc0, acc, acc0)},
                "doubled": {"accumulator": (acc0 + 2 * (acc - acc0), acc, acc0)}})
     assert report["same"]["change_diff"] == 0 and report["same"]["rows_moved"] == 2 and report["same"]["slots"] == {"accumulator": 0}
@@ -69,7 +67,7 @@ def test_judge_compares_changes_and_fails_untrained_permuted_distant_and_unwritt
     assert re.search(r"doubled slot accumulator: its change differs from the CPU run's by 1 ", text), text
     assert not any(f.startswith("same") for f in failures) and len(failures) == 5, failures
     # within the tolerance: a change 0.5% off passes
-    _, failures = tpu_smoke.judge({"t": start + (cpu - start) * np.float32(1.005)}, {"t": cpu}, {"t": start}, 1e-2)
+    _, failures = parity.judge({"t": start + (cpu - start) * np.float32(1.005)}, {"t": cpu}, {"t": start}, 1e-2)
     assert failures == []
     # summed in another order, an accumulator of 0.1 moved by 3.7e-5 may land one float32 step
     # (7.45e-9, 2e-4 of its change) from the CPU's: that passes even at 1e-4; ten steps do not
@@ -77,29 +75,29 @@ def test_judge_compares_changes_and_fails_untrained_permuted_distant_and_unwritt
     for off, fails in ((1, False), (10, True)):
         near = moved.copy()
         near[0, 0] += off * np.spacing(near[0, 0])
-        _, failures = tpu_smoke.judge({"t": cpu}, {"t": cpu}, {"t": start}, 1e-4, slots={"t": {"accumulator": (near, moved, acc0)}})
+        _, failures = parity.judge({"t": cpu}, {"t": cpu}, {"t": start}, 1e-4, slots={"t": {"accumulator": (near, moved, acc0)}})
         assert bool(failures) == fails, (off, failures)
     # a change float32 cannot resolve (values near 1 moved by 1e-7, about one step) is not passed
     big0 = np.ones((6, 2), np.float32)
     big = big0.copy()
     big[0, 0] = np.nextafter(np.float32(1), np.float32(2))
-    _, failures = tpu_smoke.judge({"t": big}, {"t": big}, {"t": big0}, 1e-2)
+    _, failures = parity.judge({"t": big}, {"t": big}, {"t": big0}, 1e-2)
     assert len(failures) == 1 and "t: float32 cannot resolve its change" in failures[0], failures
     # a table read back in another shape is named as such
-    _, failures = tpu_smoke.judge({"t": cpu[:5]}, {"t": cpu}, {"t": start}, 1e-2)
+    _, failures = parity.judge({"t": cpu[:5]}, {"t": cpu}, {"t": start}, 1e-2)
     assert failures == ["t: read back as (5, 2) against the CPU's (6, 2) (start (6, 2))"], failures
     # a table the CPU run did not move either is untested, not passed
-    _, failures = tpu_smoke.judge({"t": start}, {"t": start}, {"t": start}, 1e-2)
+    _, failures = parity.judge({"t": start}, {"t": start}, {"t": start}, 1e-2)
     assert failures == ["t: the CPU run left it where it started (not looked up: untested)"]
 
 
 def test_parity_config_turns_off_what_differs_by_design_and_adds_adagrad():
-    from components.embedding_trainer import tpu_smoke
+    from components.tpu_smoke import scenario
     from tests.stages import demo_raw_config
 
     raw = demo_raw_config()
     raw["training"].update(dropout=0.3, pipeline_execution_with_tensor_core=True)
-    parity = tpu_smoke.parity_raw_config(raw)
+    parity = scenario.parity_raw_config(raw)
     assert raw["training"]["dropout"] == 0.3 and "wide" not in raw["training"]  # a copy
     t = parity["training"]
     assert (t["dropout"], t["input_dropout"], t["pipeline_execution_with_tensor_core"], t["wide"]["enabled"]) == (0, 0, False, True)
@@ -136,25 +134,24 @@ def test_the_saved_models_eval_rows_are_drawn_across_the_split_not_its_first_row
     """trainer_tpu scores `eval_records`: a sample across the eval split (data_io/sampling.py), so a
     split sorted by a value gives rows from its whole range, whatever transformed_examples.format."""
     import tensorflow as tf
-    from components.embedding_trainer import tpu_smoke
-
+    from components.tpu_smoke import scenario
     _sorted_eval_split(tmp_path, fmt)
 
     def values(records):
         return [tf.train.Example.FromString(r).features.feature["I1"].float_list.value[0] for r in records]
 
-    sample = values(tpu_smoke.eval_records(str(tmp_path), 16))
+    sample = values(scenario.eval_records(str(tmp_path), 16))
     assert len(sample) == len(set(sample)) == 16
     assert min(sample) < 100 and max(sample) >= 300, sample  # the first 16 rows are 0-15
-    assert values(tpu_smoke.eval_records(str(tmp_path), 16)) == sample  # the same for a seed
-    assert sorted(values(tpu_smoke.eval_records(str(tmp_path), 1000))) == list(range(400))  # small split: all rows
+    assert values(scenario.eval_records(str(tmp_path), 16)) == sample  # the same for a seed
+    assert sorted(values(scenario.eval_records(str(tmp_path), 1000))) == list(range(400))  # small split: all rows
 
 
 @pytest.mark.slow(reason="the TPU smoke module's dry run in a subprocess: generated data through Beam preprocessing")
 def test_dry_run_passes_every_step_that_needs_no_tpu(tmp_path):
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run(
-        [sys.executable, "-m", "components.embedding_trainer.tpu_smoke", "--dry-run", "--rows", "2000",
+        [sys.executable, "-m", "components.tpu_smoke", "--dry-run", "--rows", "2000",
          "--size-threshold", "100", "--config", str(REPO / "configs" / "demo.yaml"), "--workdir", str(tmp_path / "w")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
     )

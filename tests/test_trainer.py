@@ -18,7 +18,7 @@ import tensorflow as tf
 from components.config.loading import parse_config
 from components.contracts.plan import Initializer
 from components.embedding_model.tf_objects import dense_id_widths
-from components.embedding_trainer.run_plan import derive_plan
+from components.planning.run_plan import derive_plan
 from components.embedding_trainer import model_building, resolved_input, trainer_module, training_state
 from components.contracts.manifest import VocabularyManifest
 from components.embedding_model.input import PAD_ID, make_dataset, to_dense_ids

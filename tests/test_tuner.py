@@ -374,7 +374,7 @@ def test_a_search_whose_trials_all_fail_says_so_with_their_errors(trainer_data, 
 
 def test_a_trial_that_would_change_the_tables_is_stopped_before_training(trainer_data):
     from components.embedding_trainer import resolved_input
-    from components.embedding_trainer.run_plan import derive_plan
+    from components.planning.run_plan import derive_plan
     from components.contracts.plan import PlanError
 
     cfg = _tuning_config(trainer_data)

@@ -23,7 +23,7 @@ from components.embedding_exporter import executor as export_executor
 from components.embedding_exporter.export import export_serving_model
 from components.embedding_exporter.gate import decide
 from components.model_registry import registry
-from components.embedding_trainer.run_plan import derive_plan
+from components.planning.run_plan import derive_plan
 from components.embedding_trainer import resolved_input
 from components.embedding_trainer.baseline import LinearBaseline, baseline_holdout_fraction, train_baseline
 from components.embedding_model.input import make_dataset

@@ -131,7 +131,7 @@ STEP_CASES = {
 
 
 def _step_model(data, embedding_optimizer, dense_optimizer, clipvalue):
-    """(model, batch): the Trainer's compiled training model (trainer_module._build_training_model)
+    """(model, batch): the Trainer's compiled training model (model_building.build_training_model)
     with every optimizer's slots built, and one training batch as the trainer feeds it."""
     from components.config.loading import parse_config
     from components.contracts.manifest import VocabularyManifest
@@ -139,7 +139,7 @@ def _step_model(data, embedding_optimizer, dense_optimizer, clipvalue):
     from components.embedding_model.tf_objects import dense_id_widths, sequence_lengths
     from components.embedding_trainer import hardware, model_building, resolved_input
     from tests.stages import examples_uri
-    from components.embedding_trainer.run_plan import derive_plan
+    from components.planning.run_plan import derive_plan
     from tests.stages import trainer_raw_config
 
     emb = dict(embedding_optimizer, clipvalue=clipvalue)

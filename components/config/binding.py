@@ -25,7 +25,7 @@ from components.config.schema import (
     TableConfig,
     VocabularyOptions,
 )
-from components.contracts.names import SAFE_NAME_RULE, is_safe_name, serving_name
+from components.rules.names import SAFE_NAME_RULE, is_safe_name, serving_name
 from components.rules.rulebook import token_invalid_reason
 
 

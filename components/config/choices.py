@@ -214,3 +214,14 @@ class TuningAlgorithm(Choice):
 
     RANDOM = "random"
     BAYESIAN = "bayesian"
+
+
+# How preprocessing writes the transformed examples (`transformed_examples.format`):
+# - `examples`: one tf.Example per row (what TFX's own components read);
+# - `blocks`: one tf.Example per block of consecutive rows. Each dense value and the label are a
+#   list of one value per row, each categorical feature the block's IDs in row order plus
+#   `row_lengths_key(feature)`, the number of IDs of each row (a weighted feature's weights share
+#   those lengths). The trainer parses a block with one parse call instead of one per row.
+FORMAT_EXAMPLES = "examples"
+FORMAT_BLOCKS = "blocks"
+TRANSFORMED_FORMATS = (FORMAT_BLOCKS, FORMAT_EXAMPLES)

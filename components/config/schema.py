@@ -270,7 +270,7 @@ class GradientMultiplierConfig:
 @dataclass
 class TopologyConfig:
     """The TPU slice the embedding plan is sized for (defaults: 8 chips sized as SparseCore, 16 GiB
-    HBM and 4 SparseCores each; contracts.sizing.CHIPS has each chip's facts)."""
+    HBM and 4 SparseCores each; contracts.chips.CHIPS has each chip's facts)."""
 
     # v2 | v3 | v4 (TPUEmbedding) | v5e (no embedding engine: every table must be on the TensorCore,
     # size_threshold: null) | v5p | v6e (SparseCore); null: sized for SparseCore, and the trainer
@@ -332,6 +332,12 @@ class WideConfig:
 
     enabled: Optional[bool] = None
     optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(OptimizerName.ADAM, 0.01))
+
+
+# A dense feature's train-split quantiles as preprocessing records them (contracts.statistics:
+# dense_features.<f>.train.quantiles): the 0th, 1st, ..., 100th percentiles of its filled values,
+# from a quantiles sketch (preprocessing's statistics.py); training.dense_buckets.buckets is at most this.
+DENSE_QUANTILE_POINTS = 100
 
 
 @dataclass

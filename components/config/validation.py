@@ -15,10 +15,10 @@ from typing import Callable, Dict, Optional
 from components.config.binding import bind_tables, optimizer_path, table_optimizer
 from components.config.checks import check_choice, check_positive, choice_member
 from components.config.resolved import ResolvedConfig
-from components.contracts.manifest import TRANSFORMED_FORMATS
-from components.contracts.names import PIPELINE_NAME_MAX, PIPELINE_NAME_RULE, is_pipeline_name, serving_name
-from components.contracts.sizing import CHIPS
-from components.contracts.statistics import DENSE_QUANTILE_POINTS as QUANTILE_POINTS
+from components.config.choices import TRANSFORMED_FORMATS
+from components.rules.names import PIPELINE_NAME_MAX, PIPELINE_NAME_RULE, is_pipeline_name, serving_name
+from components.rules.chips import CHIPS
+from components.config.schema import DENSE_QUANTILE_POINTS as QUANTILE_POINTS
 from components.config.choices import BucketEncoding, LayoutKind, ModelType, PartitionStrategy, TableDtype
 from components.config.schema import ConfigError, ExportConfig, OptimizerConfig, PipelineConfig, ScheduleConfig
 from components.config.tuning import check_tuning

@@ -15,7 +15,7 @@ def named_file(directory: str, name: str, suffix: str) -> str:
 
     Every file whose name holds a configured name is built here, so that none lands outside its
     artifact's directory, whatever the name: config loading already refuses a name that is not
-    safe (components/contracts/names.py), so this raises only on a bug or a hand-made manifest.
+    safe (components/rules/names.py), so this raises only on a bug or a hand-made manifest.
 
     Args:
       directory: the artifact's directory.
@@ -86,7 +86,7 @@ CONTINUOUS_FILE = "continuous.json"  # the last blessed model it started from, c
 SERVING_DIR = "Format-Serving"  # TFX's serving-model directory name (path_utils.serving_model_dir)
 EXPORT_REPORT_FILE = "export_report.json"
 # Inside the serving SavedModel (so it travels with the model when the Pusher copies it): each JSON
-# signature input's raw column, dtype and features (`contracts.names.serving_inputs_record`). In
+# signature input's raw column, dtype and features (`contracts.serving_inputs.serving_inputs_record`). In
 # `assets.extra/`, the SavedModel directory TensorFlow and TF Serving leave to other files.
 SERVING_INPUTS_FILE = os.path.join("assets.extra", "serving_inputs.json")
 EXPORT_STAGING_DIR = "_incomplete_export"

@@ -10,9 +10,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Collection, Dict, List, Mapping, Optional, Set, Tuple
 
-from components.config.choices import Combiner, VocabularyKind
+from components.config.choices import FORMAT_EXAMPLES, Combiner, VocabularyKind
 from components.contracts._json import check_version, dumps, pick, plain
-from components.contracts.names import ServingInput, serving_input_names
+from components.contracts.serving_inputs import ServingInput
+from components.rules.names import serving_input_names
 
 MANIFEST_VERSION = 1
 
@@ -26,7 +27,7 @@ class VocabularyEntry:
     size: int
     distinct_before_pruning: int
     num_oov_buckets: int
-    rows: int  # size + num_oov_buckets (contracts.sizing.table_rows)
+    rows: int  # size + num_oov_buckets (planning.sizing.table_rows)
     dim: Optional[int]
     combiner: Combiner
     features: Tuple[str, ...]
@@ -60,15 +61,6 @@ def weights_key(feature: str) -> str:
     return feature + WEIGHTS_SUFFIX
 
 
-# How preprocessing writes the transformed examples (`transformed_examples.format`):
-# - `examples`: one tf.Example per row (what TFX's own components read);
-# - `blocks`: one tf.Example per block of consecutive rows. Each dense value and the label are a
-#   list of one value per row, each categorical feature the block's IDs in row order plus
-#   `row_lengths_key(feature)`, the number of IDs of each row (a weighted feature's weights share
-#   those lengths). The trainer parses a block with one parse call instead of one per row.
-FORMAT_EXAMPLES = "examples"
-FORMAT_BLOCKS = "blocks"
-TRANSFORMED_FORMATS = (FORMAT_BLOCKS, FORMAT_EXAMPLES)
 ROW_LENGTHS_SUFFIX = "__row_lengths"
 # Files of transformed examples: <TRANSFORMED_PREFIX>-*; with blocks, every block of those holds
 # exactly `block_rows` rows, and the shorter last block of a batch goes to <TAIL_PREFIX>-* files
@@ -171,7 +163,7 @@ class VocabularyManifest:
 
         Returns:
           {column: input name} in `raw_columns` order, by the one rule of
-          `components.contracts.names.serving_input_names`.
+          `components.rules.names.serving_input_names`.
         """
         return serving_input_names(self.raw_columns())
 

@@ -17,9 +17,6 @@ from components.contracts._json import check_version, dumps, pick, plain
 
 # 3: per-feature value distribution (features.<f>.values); 4: ledger, feature_health
 STATISTICS_VERSION = 4
-# A dense feature's train-split quantiles (dense_features.<f>.train.quantiles): the 0th, 1st, ...,
-# 100th percentiles of its filled values, from a quantiles sketch (preprocessing's statistics.py).
-DENSE_QUANTILE_POINTS = 100
 
 
 @dataclass(frozen=True)

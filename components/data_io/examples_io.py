@@ -12,7 +12,8 @@ import tensorflow as tf
 from apache_beam.io.filesystems import FileSystems
 from tfx_bsl.coders import example_coder
 
-from components.contracts.manifest import FORMAT_BLOCKS, TAIL_PREFIX
+from components.config.choices import FORMAT_BLOCKS
+from components.contracts.manifest import TAIL_PREFIX
 from components.data_io.tfrecords import compression_type
 from components.data_io.blocks import from_blocks
 

@@ -25,7 +25,7 @@ import tensorflow as tf
 from apache_beam.io.filesystems import FileSystems
 from tfx_bsl.coders import example_coder
 
-from components.contracts.manifest import FORMAT_BLOCKS
+from components.config.choices import FORMAT_BLOCKS
 from components.data_io.examples_io import block_records_as_rows, is_parquet
 from components.data_io.tfrecords import compression_type
 

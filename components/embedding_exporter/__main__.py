@@ -25,7 +25,7 @@ from components.config.loading import config_from_json, load_config
 from components.config.schema import LAYOUT_KINDS, PARTITION_STRATEGIES, TABLE_DTYPES, ConfigError, PipelineConfig
 from components.config.validation import check_export_config
 from components.contracts.artifacts import TRAINER_CONFIG_FILE
-from components.contracts.names import renamed_inputs_line
+from components.contracts.serving_inputs import renamed_inputs_line
 from components.reporting.errors import one_line
 from components.reporting.report import Report, emit, error_line, write_traceback
 

@@ -38,7 +38,7 @@ from components.reporting import progress
 from components.config.schema import PipelineConfig
 from components.contracts import artifacts
 from components.contracts.manifest import VocabularyManifest
-from components.contracts.names import serving_inputs_record
+from components.contracts.serving_inputs import serving_inputs_record
 from components.contracts.plan import EmbeddingPlan
 from components.data_io.sampling import sample_examples
 from components.embedding_exporter import gate
@@ -274,7 +274,7 @@ class ExportContext:
     float32_dir: str = ""
     serving_variables: int = 0  # of the model that is exported
     signatures: List[str] = field(default_factory=list)  # the serving model's signature names
-    serving_inputs: Dict[str, Any] = field(default_factory=dict)  # contracts.names.serving_inputs_record
+    serving_inputs: Dict[str, Any] = field(default_factory=dict)  # contracts.serving_inputs.serving_inputs_record
     parity: Dict[str, Any] = field(default_factory=dict)
     p_float32: Optional[np.ndarray] = None
     auc_trained: Optional[float] = None  # None: undefined on the sample (`auc_undefined` says why)
@@ -624,7 +624,7 @@ def write_serving_inputs(saved_model_dir: str, record: Dict[str, Any]) -> str:
 
     Args:
       saved_model_dir: the serving SavedModel's directory.
-      record: `contracts.names.serving_inputs_record` of its module.
+      record: `contracts.serving_inputs.serving_inputs_record` of its module.
 
     Returns:
       The file's path.

@@ -20,7 +20,7 @@ variables exist) and exposes two signatures:
 - `serve_features(**columns)`: one tensor per raw column for JSON/REST clients: categorical
   columns as strings (multi-hot values joined by the separator, '' when missing), dense columns
   as float32 (NaN when missing); each input named by the one rule of
-  `components.contracts.names` (the column itself when it is a valid name; `Class Name` is sent
+  `components.rules.names` (the column itself when it is a valid name; `Class Name` is sent
   as `Class_Name`), which the exporter records with the model;
 - `serve_typed_features(**columns)` (models with int64 categorical columns): the same, with those
   columns as int64 numbers, one per row (a negative number when missing, dropped as T2 drops it).
@@ -40,7 +40,7 @@ import tensorflow as tf
 
 from components.rules import rulebook
 from components.contracts.manifest import CategoricalFeatureEntry, VocabularyManifest, weights_key
-from components.contracts.names import ServingInput
+from components.contracts.serving_inputs import ServingInput
 from components.embedding_model.dense_tower import BATCH_KEY, DENSE_KEY
 from components.embedding_model.serving_model import fused_key
 from components.embedding_exporter.ragged_rows import first_or_nan, keep_values, searchsorted, split_values, stack_rows
@@ -266,7 +266,7 @@ class RawFeatureTransform(tf.Module):
         """The JSON signatures' inputs: each raw column's input name, dtype and features.
 
         Returns:
-          The manifest's `serving_inputs` (the one naming rule, `components.contracts.names`),
+          The manifest's `serving_inputs` (the one naming rule, `components.rules.names`),
           `integer_columns` typed int64 for `serve_typed_features`.
         """
         return self._manifest.serving_inputs(self.integer_columns())
@@ -651,7 +651,7 @@ class ServingModule(tf.Module):
         if getattr(model, "stack_serving_tables", False):
             # Stacked tables: features pooled together take their IDs fused (one segment op per chunk).
             model.set_serving_chunks(transform.fuse(model.serving_fusion_groups()))
-        # One input per raw column, named by the one rule (components/contracts/names.py): the
+        # One input per raw column, named by the one rule (components/rules/names.py): the
         # column itself when it is a valid name, else its serving name. `serving_default` reads
         # the columns themselves as tf.Example keys.
         inputs = transform.serving_inputs()
@@ -689,7 +689,7 @@ class ServingModule(tf.Module):
             self.serve_typed_features = serve_typed_features
 
     def serving_inputs(self) -> List[ServingInput]:
-        """The JSON signatures' inputs, as recorded with the model (`contracts.names.ServingInput`).
+        """The JSON signatures' inputs, as recorded with the model (`contracts.serving_inputs.ServingInput`).
 
         Returns:
           One entry per raw column, in the model's raw column order.

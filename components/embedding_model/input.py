@@ -25,9 +25,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from components.contracts.manifest import (
-    FORMAT_BLOCKS, TAIL_PREFIX, VocabularyManifest, row_lengths_key, weights_key,
-)
+from components.config.choices import FORMAT_BLOCKS
+from components.contracts.manifest import TAIL_PREFIX, VocabularyManifest, row_lengths_key, weights_key
 from components.data_io.tfrecords import compression_type
 
 PAD_ID = -1  # padding of dense ID rows; TensorCoreTable and the TPU-rules check skip it

@@ -21,7 +21,7 @@ from tensorflow.core.tpu.kernels import sparse_core_layout_pb2
 from tensorflow.python.tpu import _pywrap_tpu_embedding
 from tensorflow.python.tpu import tpu_embedding_v3_utils
 
-from components.contracts.sizing import sparse_core_padded_shape
+from components.planning.sizing import sparse_core_padded_shape
 
 
 def parse_layout_record(record: bytes) -> Dict[str, sparse_core_layout_pb2.SparseCoreTableLayout]:
@@ -99,7 +99,7 @@ def plan_sparse_core_layouts(plan, num_replicas: int, sparse_cores_per_chip: int
     Tables come in their first appearance over the features sorted by name (nest.flatten of the
     feature dict), each feature `per_replica_batch` samples (its output_shape), grouped by
     optimizer spec (tables with equal specs share one TPU optimizer object,
-    trainer_module.table_optimizers). One source for the exporter's reader and the trainer's warm
+    model_building.table_optimizers). One source for the exporter's reader and the trainer's warm
     start; tests/test_sparsecore_real.py checks it against TF's own constructor.
 
     Args:

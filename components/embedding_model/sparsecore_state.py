@@ -142,7 +142,7 @@ def restore_all_but_tpu_embedding(model, prefix: str, root: str):
 
     Returns:
       The restore status: what exists now is matched; the dense network, created at the first step
-      on a TPU, is restored then (the trainer checks it was: trainer_module.require_consumed).
+      on a TPU, is restored then (the trainer checks it was: training_state.require_consumed).
 
     Raises:
       AssertionError: an object restored does not match (assert_existing_objects_matched).

@@ -11,7 +11,8 @@ from typing import Any, Dict, Optional
 import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
 
-from components.contracts.plan import HYPERPARAMETERS, EmbeddingPlan, PlanError
+from components.planning.derivation import HYPERPARAMETERS
+from components.contracts.plan import EmbeddingPlan, PlanError
 from components.embedding_model.xla_updates import KERAS_CLASSES
 
 

@@ -47,7 +47,8 @@ from components.rows import row_counts
 from components.data_io import tfrecords
 from components.config.loading import config_from_json
 from components.config.schema import PipelineConfig, VocabularyOptions
-from components.contracts.manifest import FORMAT_BLOCKS, TAIL_PREFIX, TRANSFORMED_PREFIX
+from components.config.choices import FORMAT_BLOCKS
+from components.contracts.manifest import TAIL_PREFIX, TRANSFORMED_PREFIX
 from components.embedding_preprocess import partials as partials_lib
 from components.embedding_preprocess import spill
 from components.embedding_preprocess import statistics

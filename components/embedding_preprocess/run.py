@@ -22,14 +22,9 @@ from components.data_io.out_of_space import out_of_space_named
 from components.config.binding import table_optimizer
 from components.config.schema import CategoricalFeature, PipelineConfig
 from components.contracts import artifacts
-from components.contracts.manifest import (
-    FORMAT_BLOCKS,
-    CategoricalFeatureEntry,
-    DenseFeatureEntry,
-    VocabularyEntry,
-    VocabularyManifest,
-)
-from components.contracts.sizing import table_layout, table_memory, table_rows
+from components.config.choices import FORMAT_BLOCKS
+from components.contracts.manifest import (CategoricalFeatureEntry, DenseFeatureEntry, VocabularyEntry, VocabularyManifest)
+from components.planning.sizing import table_layout, table_memory, table_rows
 from components.contracts.statistics import EmbeddingStatistics
 from components.embedding_preprocess import beam_pipeline
 from components.embedding_preprocess.counting import shared_table_features
@@ -253,7 +248,7 @@ def _table_batch_statistics(raw: Dict[str, Any], table: str) -> Dict[str, Any]:
 
 def _table_memory(cfg: PipelineConfig, name: str, vocabulary: VocabularyEntry) -> Dict[str, Any]:
     """Bytes of a table's weights and of its optimizer's slots (the table's own optimizer, or
-    training.embedding_optimizer; contracts.sizing; the placement is the trainer's plan's to
+    training.embedding_optimizer; planning.sizing; the placement is the trainer's plan's to
     decide, so no per-chip figure here)."""
     optimizer = table_optimizer(cfg, name).name
     m = table_memory(vocabulary.rows, vocabulary.dim, optimizer)

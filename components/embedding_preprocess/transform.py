@@ -19,7 +19,7 @@ from components.contracts.manifest import weights_key
 from components.data_io.blocks import as_list_array
 from components.embedding_preprocess import features
 from components.contracts import artifacts
-from components.contracts.sizing import table_layout
+from components.planning.sizing import table_layout
 from components.embedding_preprocess import vocabulary
 from components.config.choices import VocabularyKind
 

@@ -42,7 +42,8 @@ import tensorflow as tf
 
 from components.config.schema import PipelineConfig
 from components.contracts.manifest import VocabularyManifest, weights_key
-from components.contracts.plan import EmbeddingPlan, optimizer_spec
+from components.contracts.plan import EmbeddingPlan
+from components.planning.derivation import optimizer_spec
 from components.embedding_model.input import make_dataset, read_holdout, records_dataset
 from components.embedding_model.dense_tower import dense_input
 from components.embedding_model.optimizers import keras_optimizer

@@ -20,7 +20,8 @@ import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import numpy as np
 import tensorflow as tf
 
-from components.contracts.manifest import FORMAT_BLOCKS, VocabularyManifest
+from components.config.choices import FORMAT_BLOCKS
+from components.contracts.manifest import VocabularyManifest
 from components.rules.metrics import log_loss, roc_auc
 
 # Rows per evaluation batch: large enough that a batch's fixed costs (the function call, handing

@@ -7,16 +7,16 @@ would build TPUEmbeddingV0 and replicate every table on every chip), and its rep
 `strategy.num_replicas_in_sync`: TPUEmbeddingV2 pads and shards every stack over num_replicas_in_sync
 x SparseCores per chip (tpu_embedding_v3.py ~319, ~354). The plan was sized for the API of
 `training.embedding.topology.chip`, or for SparseCore when no chip was named, and for
-`topology.num_chips` chips, or 8 when not set (contracts.sizing). `plan_for_hardware`, called by the
+`topology.num_chips` chips, or 8 when not set (rules.chips). `plan_for_hardware`, called by the
 trainer once the strategy exists and before anything is built:
 - refuses TPU-embedding tables on a chip without an engine (way out: size_threshold: null, or a
   chip with an engine);
 - refuses a plan sized for a named chip whose API (or SparseCores per chip) the TPU contradicts;
-- refuses a configured num_chips the TPU's replicas contradict (contracts.plan.hardware_num_chips:
+- refuses a configured num_chips the TPU's replicas contradict (planning.fitting.hardware_num_chips:
   a SparseCore chip is one replica, a v2/v3 chip two), naming both;
 - otherwise re-sizes the plan for the API, SparseCores per chip and chips the TPU has and checks it
   against the HBM budget, so the plan recorded with the model says what TensorFlow allocated
-  (`EmbeddingPlan.with_run` does the same sizing from the run's checkpoint layout).
+  (planning.fitting.with_run does the same sizing from the run's checkpoint layout).
 """
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ import components  # noqa: F401
 import tensorflow as tf
 
 from components.config.schema import PipelineConfig
-from components.contracts import sizing
-from components.contracts.plan import (CheckpointLayout, EmbeddingPlan, PlanError, check_embedding_api, check_fits,
-                                       hardware_num_chips)
+from components.contracts.plan import CheckpointLayout, EmbeddingPlan, PlanError
+from components.planning.fitting import check_embedding_api, check_fits, hardware_num_chips, sized_for
+from components.rules import chips
 
 
 def reported_embedding(strategy: tf.distribute.Strategy) -> Tuple[str, str, int]:
@@ -39,7 +39,7 @@ def reported_embedding(strategy: tf.distribute.Strategy) -> Tuple[str, str, int]
       strategy: a TPUStrategy.
 
     Returns:
-      (API (sizing.EMBEDDING_APIS), TF's EmbeddingFeature name, SparseCores per chip): SparseCores
+      (API (chips.EMBEDDING_APIS), TF's EmbeddingFeature name, SparseCores per chip): SparseCores
       per chip is what the hardware says, else 4 as TPUEmbeddingV2 assumes (tpu_embedding_v3.py).
 
     Raises:
@@ -47,11 +47,11 @@ def reported_embedding(strategy: tf.distribute.Strategy) -> Tuple[str, str, int]
     """
     hw = strategy.extended.tpu_hardware_feature
     feature = getattr(hw.embedding_feature, "name", str(hw.embedding_feature))
-    if feature not in sizing.EMBEDDING_FEATURE_APIS:
+    if feature not in chips.EMBEDDING_FEATURE_APIS:
         raise PlanError(f"the TPU reports embedding feature {feature!r}, which this trainer does not know "
-                        f"({', '.join(sizing.EMBEDDING_FEATURE_APIS)})")
-    per_chip = int(getattr(hw, "num_embedding_devices_per_chip", 0) or sizing.DEFAULT_SPARSE_CORES_PER_CHIP)
-    return sizing.EMBEDDING_FEATURE_APIS[feature], feature, per_chip
+                        f"({', '.join(chips.EMBEDDING_FEATURE_APIS)})")
+    per_chip = int(getattr(hw, "num_embedding_devices_per_chip", 0) or chips.DEFAULT_SPARSE_CORES_PER_CHIP)
+    return chips.EMBEDDING_FEATURE_APIS[feature], feature, per_chip
 
 
 def plan_for_hardware(plan: EmbeddingPlan, strategy: tf.distribute.Strategy, on_tpu: bool) -> EmbeddingPlan:
@@ -74,17 +74,17 @@ def plan_for_hardware(plan: EmbeddingPlan, strategy: tf.distribute.Strategy, on_
         return plan
     api, feature, per_chip = reported_embedding(strategy)
     topo = plan.topology
-    reported = f"EmbeddingFeature.{feature} ({sizing.API_NAMES[api]}" + (
-        f", {per_chip} SparseCores per chip)" if api == sizing.SPARSE_CORE else ")")
-    if topo.chip and (api != topo.embedding_api or (api == sizing.SPARSE_CORE and per_chip != topo.sparse_cores_per_chip)):
-        planned = sizing.API_NAMES.get(topo.embedding_api, str(topo.embedding_api)) + (
-            f", {topo.sparse_cores_per_chip} SparseCores per chip" if topo.embedding_api == sizing.SPARSE_CORE else "")
+    reported = f"EmbeddingFeature.{feature} ({chips.API_NAMES[api]}" + (
+        f", {per_chip} SparseCores per chip)" if api == chips.SPARSE_CORE else ")")
+    if topo.chip and (api != topo.embedding_api or (api == chips.SPARSE_CORE and per_chip != topo.sparse_cores_per_chip)):
+        planned = chips.API_NAMES.get(topo.embedding_api, str(topo.embedding_api)) + (
+            f", {topo.sparse_cores_per_chip} SparseCores per chip" if topo.embedding_api == chips.SPARSE_CORE else "")
         raise PlanError(
             f"training.embedding.topology.chip {topo.chip} sized the embedding plan for {planned}, but the TPU "
             f"reports {reported}; set topology.chip to the chip trained on, or remove it to size the plan for "
             "what the TPU reports")
-    chips = hardware_num_chips(topo, api, int(strategy.num_replicas_in_sync))
-    sized = plan.sized_for(api, per_chip if api == sizing.SPARSE_CORE else None, chips)
+    num_chips = hardware_num_chips(topo, api, int(strategy.num_replicas_in_sync))
+    sized = sized_for(plan, api, per_chip if api == chips.SPARSE_CORE else None, num_chips)
     check_embedding_api(sized, f"the TPU (EmbeddingFeature.{feature})")
     check_fits(sized)
     return sized
@@ -129,10 +129,10 @@ def checkpoint_layout(strategy: tf.distribute.Strategy, per_replica: int) -> Che
     if not is_tpu_strategy(strategy):
         return CheckpointLayout(kind="A", embedding_api="TPUEmbeddingForServing (CPU/GPU variables)")
     api, feature, sparse_cores = reported_embedding(strategy)
-    v2 = api == sizing.SPARSE_CORE
-    names = {sizing.SPARSE_CORE: "TPUEmbeddingV2 (SparseCore)", sizing.TPU_EMBEDDING_V1: "TPUEmbedding",
+    v2 = api == chips.SPARSE_CORE
+    names = {chips.SPARSE_CORE: "TPUEmbeddingV2 (SparseCore)", chips.TPU_EMBEDDING_V1: "TPUEmbedding",
              # no engine: only TensorCore tables train (hardware.plan_for_hardware), one variable each
-             sizing.NO_EMBEDDING_API: f"none (EmbeddingFeature.{feature}: TensorCore tables only, replicated)"}
+             chips.NO_EMBEDDING_API: f"none (EmbeddingFeature.{feature}: TensorCore tables only, replicated)"}
     return CheckpointLayout(
         kind="B" if v2 else "A",
         embedding_api=names[api],

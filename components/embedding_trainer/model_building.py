@@ -12,7 +12,8 @@ import tensorflow as tf
 from components.config.choices import LayoutKind, Placement
 from components.config.schema import PipelineConfig
 from components.contracts.manifest import VocabularyManifest
-from components.contracts.plan import EmbeddingPlan, optimizer_spec
+from components.contracts.plan import EmbeddingPlan
+from components.planning.derivation import optimizer_spec
 from components.embedding_model import optimizers as optimizers_lib
 from components.embedding_model import tf_objects
 from components.embedding_model.model import RankingModel, TableOptimizer, check_sparsecore_features
@@ -61,7 +62,7 @@ def embedding_optimizers(spec: Dict[str, Any]):
     rate follows the Keras one's step.
 
     Args:
-      spec: an optimizer spec (contracts.plan.optimizer_spec).
+      spec: an optimizer spec (planning.derivation.optimizer_spec).
 
     Returns:
       (Keras optimizer, TPU embedding optimizer).

@@ -28,11 +28,12 @@ from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan, PlanError
 from components.contracts.statistics import EmbeddingStatistics
 from components.embedding_trainer.base_model import serving_dir_of
-from components.embedding_trainer.run_plan import derive_plan, training_steps
+from components.planning.run_plan import derive_plan, training_steps
 from components.embedding_trainer.training_state import data_signature
 from components.rows.ledger import check_ledger
 from components.tfx_wiring.component_keys import EXAMPLES_URI_KEY
 from components.tfx_wiring.executor_base import config_of
+from components.planning.fitting import with_run
 
 
 @dataclasses.dataclass
@@ -188,7 +189,7 @@ def resolve_training_input(fn_args, stage: str = "Trainer") -> TrainingInput:
     manifest, statistics = read_manifest(examples_uri), read_statistics(examples_uri)
     # No training on rows that were lost (or invented) on the way: the ledger must add up.
     check_ledger(statistics.ledger if statistics else None, stage)
-    plan = derive_plan(cfg, manifest, statistics).with_run(vocabulary_dir=manifest.vocabulary_dir)
+    plan = with_run(derive_plan(cfg, manifest, statistics), vocabulary_dir=manifest.vocabulary_dir)
     if tuned:
         check_tables_unchanged(derive_plan(untuned, manifest, statistics), plan, tuned)
     serving_model_dir = getattr(fn_args, "serving_model_dir", None)

@@ -64,6 +64,7 @@ from components.embedding_trainer.training_loop import train
 from components.embedding_trainer.training_state import state_dir
 from components.reporting import progress
 from components.rules.metrics import UNDEFINED_KEY, evaluation_reasons, with_reasons
+from components.planning.fitting import with_run
 
 
 @progress.staged(progress.TRAINER)
@@ -96,7 +97,7 @@ def run_fn(fn_args) -> None:
         run["tuned"] = given.tuned
     # The final state (weights and optimizer slots, as the training platform saved them) goes into
     # the artifact; the state dir is removed below. Evaluation and the SavedModel come from it.
-    plan = given.plan.with_run(checkpoint_layout=CheckpointLayout(**run["checkpoint_layout"]))
+    plan = with_run(given.plan, checkpoint_layout=CheckpointLayout(**run["checkpoint_layout"]))
     copy_checkpoint(checkpoint, os.path.join(model_root, artifacts.CHECKPOINT_DIR))
     metrics = _evaluate(given, plan, checkpoint, run, length)
     # The config travels with the model so the standalone exporter CLI can rebuild it without one.

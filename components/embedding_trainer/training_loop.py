@@ -29,6 +29,7 @@ from components.embedding_trainer.training_state import (Checkpoints, require_co
                                                           warm_start_into)
 from components.reporting import progress
 from components.reporting.report import KEPT_BEST, KEPT_LAST
+from components.planning.fitting import with_run
 
 
 def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, train_files, eval_files,
@@ -91,7 +92,7 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
         raise ValueError(f"checkpoint in {state} is at step {checkpoints.start}, beyond train_steps {steps}; remove it or raise train_steps")
     selection = None
     if holdout:
-        selection = HoldoutSelection(cfg, plan.with_run(checkpoint_layout=hardware.layout), manifest, train_files, state,
+        selection = HoldoutSelection(cfg, with_run(plan, checkpoint_layout=hardware.layout), manifest, train_files, state,
                                      holdout, steps)
         if checkpoints.start < steps and not selection.stopped:  # else nothing trains: no pass over the split
             selection.prepare()

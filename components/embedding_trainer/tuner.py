@@ -48,8 +48,9 @@ from components.config.tuning import parse_space
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
 from components.embedding_trainer.resolved_input import check_tables_unchanged, resolve_training_input
-from components.embedding_trainer.run_plan import derive_plan, training_steps
+from components.planning.run_plan import derive_plan, training_steps
 from components.embedding_trainer.training_loop import train
+from components.planning.fitting import with_run
 
 OBJECTIVE = "auc"  # the held-out slice's AUC, maximized
 STAGE = "Tuner"  # the pipeline's node id (TFX's stock Tuner), as progress events name it
@@ -137,7 +138,7 @@ class EmbeddingTuner(base_tuner.BaseTuner):
         cfg = trial_config(self.cfg, values, self.cfg.tuning.steps_per_trial)
         plan = derive_plan(cfg, self.manifest, self.statistics)
         check_tables_unchanged(self.plan, plan, values)
-        plan = plan.with_run(vocabulary_dir=self.manifest.vocabulary_dir)
+        plan = with_run(plan, vocabulary_dir=self.manifest.vocabulary_dir)
         state = os.path.join(self.project_dir, f"training_{trial.trial_id}")  # not the oracle's trial_<id>
         try:
             _, _, run = train(cfg, plan, self.manifest, self.train_files, [], state,

@@ -330,7 +330,7 @@ def check_vocabulary_rows(manifest: VocabularyManifest, table: str, tokens: List
     """Refuses a vocabulary file whose lines do not meet the table's rows in the model it belongs to.
 
     Row i of a token table is line i of its vocabulary file and the OOV buckets follow
-    (contracts.sizing.table_rows): a file a line short (cut short, edited, another run's) would
+    (planning.sizing.table_rows): a file a line short (cut short, edited, another run's) would
     carry every row to its neighbour's token without a word.
 
     Args:

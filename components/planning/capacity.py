@@ -4,7 +4,7 @@ before the data stages run, in one line.
 Only what the configuration fixes is counted, so each figure is a lower bound and a refusal is
 never wrong:
 - **Table rows** (`config_rows`): a hashed or identity table has `num_buckets` rows and a `list`
-  vocabulary its values plus OOV buckets (contracts.sizing.table_layout, the rule preprocessing
+  vocabulary its values plus OOV buckets (planning.sizing.table_layout, the rule preprocessing
   writes the manifest with); a counted or file vocabulary's size is known only after
   preprocessing, so it counts with its OOV buckets alone.
 - **TPU memory** (`check_tpu_floor`): those tables sized for `training.embedding.topology` by the
@@ -25,8 +25,9 @@ from typing import Dict, Optional
 from components.config.choices import Placement, VocabularyKind
 from components.config.binding import table_optimizer
 from components.config.schema import ConfigError, PipelineConfig
-from components.contracts import sizing
-from components.contracts.plan import resolve_topology, sized_table_memory, table_dim, table_placement
+from components.planning import sizing
+from components.planning.derivation import resolve_topology, table_dim, table_placement
+from components.planning.fitting import sized_table_memory
 
 BATCHES_HELD = 2  # tf.data: the batch being built and the batch being trained on
 EXAMPLE_BYTES = 8  # per input value: int64 IDs, float32 dense values and weights padded to 8 (a floor)

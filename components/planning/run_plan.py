@@ -1,8 +1,8 @@
 """This run's embedding plan and length: what the installed TensorFlow and the data decide.
 
-The plan itself (`EmbeddingPlan`, its rules) is TensorFlow-free and shared by the stages
-(components.contracts.plan); rendered into TensorFlow objects it is the model layer's
-(components.embedding_model.tf_objects). The trainer adds what only a run can know: whether the
+The plan itself (`EmbeddingPlan`) is TensorFlow-free and shared by the stages
+(components.contracts.plan), derived by derivation.py; rendered into TensorFlow objects it is the
+model layer's (components.embedding_model.tf_objects). The trainer adds what only a run can know: whether the
 installed TensorFlow has `SparseCoreEmbeddingConfig`, and how many steps the run takes.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
 
 from components.config.schema import PipelineConfig
-from components.contracts import plan as contracts_plan
+from components.planning import derivation
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
 from components.contracts.statistics import EmbeddingStatistics
@@ -89,10 +89,10 @@ def derive_plan(
       statistics: preprocessing's statistics (SparseCore limits); None reports those limits as unknown.
 
     Returns:
-      `contracts.plan.derive_plan`'s plan, with SparseCore limits applied where this TensorFlow
+      `derivation.derive_plan`'s plan, with SparseCore limits applied where this TensorFlow
       can take them.
 
     Raises:
       PlanError: the config and manifest give no valid plan (one line naming the field).
     """
-    return contracts_plan.derive_plan(cfg, manifest, statistics, sparsecore_config_available())
+    return derivation.derive_plan(cfg, manifest, statistics, sparsecore_config_available())

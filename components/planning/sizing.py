@@ -34,114 +34,18 @@ Preprocessing's statistics, the trainer's plan and the exporter's report all use
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Dict, Iterable, Optional, Tuple
 
 from components.config.choices import OptimizerName, Placement, VocabularyKind
 from components.config.schema import VocabularyOptions
+from components.contracts.plan import TableMemory
+from components.rules.chips import DEFAULT_EMBEDDING_API, DEFAULT_SPARSE_CORES_PER_CHIP, EMBEDDING_APIS, SPARSE_CORE, TPU_EMBEDDING_V1
 
 FLOAT32_BYTES = 4
 OPTIMIZER_SLOTS = {OptimizerName.SGD: 0, OptimizerName.ADAGRAD: 1, OptimizerName.ADAM: 2, OptimizerName.FTRL: 2}
 
-# The embedding API a chip's TPU-embedding tables go through (TF's HardwareFeature.EmbeddingFeature:
-# V2, V1, UNSUPPORTED).
-SPARSE_CORE = "sparse_core"
-TPU_EMBEDDING_V1 = "tpu_embedding_v1"
-NO_EMBEDDING_API = "none"
-EMBEDDING_APIS = (SPARSE_CORE, TPU_EMBEDDING_V1, NO_EMBEDDING_API)
-# What a plan is sized for when training.embedding.topology.chip is not set.
-DEFAULT_EMBEDDING_API = SPARSE_CORE
-DEFAULT_HBM_GIB_PER_CHIP = 16.0
-DEFAULT_SPARSE_CORES_PER_CHIP = 4
-# The chips a plan is sized for when training.embedding.topology.num_chips is not set, until a TPU
-# says how many it has (components.embedding_trainer.hardware re-sizes the plan for it).
-DEFAULT_NUM_CHIPS = 8
-# TF's EmbeddingFeature names -> the API.
-EMBEDDING_FEATURE_APIS = {"V2": SPARSE_CORE, "V1": TPU_EMBEDDING_V1, "UNSUPPORTED": NO_EMBEDDING_API}
-API_NAMES = {SPARSE_CORE: "SparseCore (TPUEmbeddingV2)", TPU_EMBEDDING_V1: "TPUEmbedding (V1 embedding engine)",
-             NO_EMBEDDING_API: "no embedding engine"}
 # SparseCore pads columns and (per SparseCore) rows to multiples of this (tpu_embedding_v3.py).
 SPARSE_CORE_PADDING = 8
-
-
-GIB = 1 << 30
-
-
-@dataclass(frozen=True)
-class Chip:
-    """A TPU generation: its embedding API, SparseCores per chip, HBM per chip (bytes) and the
-    TensorFlow devices (TPUStrategy replicas, one core each) a chip is."""
-
-    name: str
-    embedding_api: str
-    sparse_cores_per_chip: int
-    hbm_bytes_per_chip: int
-    devices_per_chip: int = 1
-
-    @property
-    def hbm_gib_per_chip(self) -> float:
-        """HBM per chip in GiB (2**30 bytes), as training.embedding.topology.hbm_gib_per_chip takes it."""
-        return self.hbm_bytes_per_chip / GIB
-
-
-# Google Cloud's TPU system architecture pages, in the unit each lists: v2 16 GiB, v3 and v4 32 GiB,
-# v5p 95 GiB, but v5e 16 GB and v6e 32 GB (10**9 bytes: 14.9 and 29.8 GiB). The API is what TF 2.16 reports for the chip (v5e:
-# EmbeddingFeature.UNSUPPORTED). Devices per chip: v2 and v3 chips are two TensorFlow devices (one
-# per TensorCore, a v3-8 runs 8 replicas on 4 chips); v4 and v5p (megacore) and v5e and v6e (one
-# TensorCore) are one.
-CHIPS: Dict[str, Chip] = {c.name: c for c in (
-    Chip("v2", TPU_EMBEDDING_V1, 0, 16 * GIB, devices_per_chip=2),
-    Chip("v3", TPU_EMBEDDING_V1, 0, 32 * GIB, devices_per_chip=2),
-    Chip("v4", TPU_EMBEDDING_V1, 0, 32 * GIB),
-    Chip("v5e", NO_EMBEDDING_API, 0, 16 * 10**9),
-    Chip("v5p", SPARSE_CORE, 4, 95 * GIB),
-    Chip("v6e", SPARSE_CORE, 2, 32 * 10**9),
-)}
-
-
-def chip_facts(name: str) -> Chip:
-    """A TPU generation's facts.
-
-    Args:
-      name: the chip, one of `CHIPS` (e.g. "v5p").
-
-    Returns:
-      Its `Chip`.
-
-    Raises:
-      ValueError: `name` is not one of `CHIPS`.
-    """
-    if name not in CHIPS:
-        raise ValueError(f"chip {name!r} is not one of {', '.join(CHIPS)}")
-    return CHIPS[name]
-
-
-def chips_with(api: str) -> Tuple[str, ...]:
-    """The chips whose embedding API is `api`.
-
-    Args:
-      api: one of `EMBEDDING_APIS`.
-
-    Returns:
-      The chips' names, in `CHIPS` order.
-    """
-    return tuple(n for n, c in CHIPS.items() if c.embedding_api == api)
-
-
-def devices_per_chip(api: str, chip: Optional[str] = None) -> Tuple[int, ...]:
-    """How many TensorFlow devices (TPUStrategy replicas) one chip can be.
-
-    Args:
-      api: the embedding API the TPU reports (one of `EMBEDDING_APIS`).
-      chip: the chip named in the config, or None.
-
-    Returns:
-      The named chip's count, else every count a chip of `api` has, ascending (V1: (1, 2), v4 or
-      v2/v3; the others: (1,)).
-    """
-    if chip:
-        return (chip_facts(chip).devices_per_chip,)
-    return tuple(sorted({c.devices_per_chip for c in CHIPS.values() if c.embedding_api == api})) or (1,)
 
 
 def table_rows(vocabulary_size: int, num_oov_buckets: int) -> int:
@@ -271,40 +175,6 @@ def sparse_core_padded_shape(rows: int, dim: int, num_sparse_cores: int) -> Tupl
     return (_round_up(rows, SPARSE_CORE_PADDING * num_sparse_cores), _round_up(dim, SPARSE_CORE_PADDING))
 
 
-@dataclass(frozen=True)
-class TableMemory:
-    """A float32 table's memory while training (weights + optimizer slots + gradient accumulators),
-    in total and per chip, as allocated: `weight_bytes` = padded_rows x padded_dim x 4 (the
-    parameters), `total_bytes` = that x (1 + slots_per_row + gradient_accumulators),
-    `per_chip_bytes` = what each chip holds of it (its shard, or the whole table where replicated),
-    `per_chip_rows` rows of it. `padded_rows`/`padded_dim` equal the table's rows/dim where nothing
-    is padded; `gradient_accumulators` is 1 on TPUEmbedding (V1) (`v1_gradient_accumulators`)."""
-
-    weight_bytes: int
-    slots_per_row: int
-    total_bytes: int
-    per_chip_bytes: int
-    padded_rows: Optional[int] = None
-    padded_dim: Optional[int] = None
-    per_chip_rows: Optional[int] = None
-    gradient_accumulators: int = 0
-
-    def to_dict(self) -> dict:
-        """The memory as plain data.
-
-        Returns:
-          Every field by name.
-        """
-        return {
-            "weight_bytes": self.weight_bytes,
-            "slots_per_row": self.slots_per_row,
-            "total_bytes": self.total_bytes,
-            "per_chip_bytes": self.per_chip_bytes,
-            "padded_rows": self.padded_rows,
-            "padded_dim": self.padded_dim,
-            "per_chip_rows": self.per_chip_rows,
-            "gradient_accumulators": self.gradient_accumulators,
-        }
 
 
 def table_memory(rows: int, dim: int, optimizer: str, placement: str = Placement.TENSOR_CORE, num_chips: int = 1,

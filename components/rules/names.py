@@ -12,6 +12,9 @@ Two rules, each defined once here:
   `_`, `-` and `.`, not starting with a dot or a `-`, at most `PIPELINE_NAME_MAX` characters
   (`is_pipeline_name`). Neither rule lets a name hold a path separator or be `.` or `..`, so a
   path built from a name stays in its directory (`components.contracts.artifacts.named_file`).
+
+The configuration checks its names by these rules, the contracts and the stages name files and
+inputs by them: they import nothing of the project.
 - **Serving input names** (`serving_input_names`): the serving model's JSON signatures
   (`serve_features`, `serve_typed_features`) take one input per raw column, and TensorFlow names
   a signature input like a Python parameter (a letter first, then letters, digits and `_`). The
@@ -22,17 +25,15 @@ Two rules, each defined once here:
   prefixed when it starts with a digit, and `column` is what an empty result becomes. Two raw
   columns of a model that get the same name: the later one (in the model's raw column order,
   `VocabularyManifest.raw_columns`) gets the first of `_2`, `_3`, ... not yet taken. The exporter
-  records the mapping with the model (`ServingInput`, `artifacts.SERVING_INPUTS_FILE`);
+  records the mapping with the model (contracts.serving_inputs: `ServingInput`, `serving_inputs.json`);
   docs/export.md ("Serving input names") has the examples.
 """
 from __future__ import annotations
 
 import re
 import unicodedata
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Sequence
 
-from components.contracts.artifacts import SERVING_INPUTS_FILE
 
 # A feature's or table's name: letters, digits and _, not starting with a digit.
 SAFE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -46,8 +47,6 @@ PIPELINE_NAME_MAX = 128
 PIPELINE_NAME_RULE = f"letters, digits, _, - and ., not starting with . or -, at most {PIPELINE_NAME_MAX} characters"
 EMPTY_SERVING_NAME = "column"  # a column with no letter or digit left in ASCII
 DIGIT_PREFIX = "c_"  # before a serving name that would start with a digit
-
-SERVING_INPUTS_VERSION = 1
 
 
 def is_safe_name(name: Any) -> bool:
@@ -105,64 +104,3 @@ def serving_input_names(columns: Sequence[str]) -> Dict[str, str]:
         taken.add(name)
         out[column] = name
     return out
-
-
-@dataclass(frozen=True)
-class ServingInput:
-    """One input of the serving model's JSON signatures, as recorded with the model.
-
-    Attributes:
-      input: its name in `serve_features` (and `serve_typed_features`).
-      column: the raw column it carries (the key in a tf.Example for `serving_default`).
-      dtype: its dtype in `serve_features`: `float32` (dense and weight columns) or `string`.
-      typed_dtype: `int64` where `serve_typed_features` takes the column as numbers; None where
-        that signature takes it as `dtype` or the model has no such signature.
-      features: the features that read the column, in manifest order.
-    """
-
-    input: str
-    column: str
-    dtype: str
-    typed_dtype: Optional[str]
-    features: Tuple[str, ...]
-
-    def to_dict(self) -> Dict[str, Any]:
-        """The entry as `serving_inputs.json` holds it."""
-        return {"input": self.input, "column": self.column, "dtype": self.dtype, "typed_dtype": self.typed_dtype,
-                "features": list(self.features)}
-
-
-def serving_inputs_record(inputs: Sequence[ServingInput]) -> Dict[str, Any]:
-    """What the exporter writes beside the serving model (`artifacts.SERVING_INPUTS_FILE`).
-
-    Args:
-      inputs: the model's serving inputs, in raw column order.
-
-    Returns:
-      {"version", "serving_inputs": [each entry's `to_dict`], "renamed": {column: input} of the
-      columns whose input name differs from the column}.
-    """
-    entries: List[Dict[str, Any]] = [i.to_dict() for i in inputs]
-    return {
-        "version": SERVING_INPUTS_VERSION,
-        "serving_inputs": entries,
-        "renamed": {i.column: i.input for i in inputs if i.column != i.input},
-    }
-
-
-def renamed_inputs_line(renamed: Dict[str, str], shown: int = 4) -> str:
-    """The JSON signature inputs not named after their column, in one line (the pipeline's and the
-    exporter's summaries).
-
-    Args:
-      renamed: {raw column: serving input name} (`serving_inputs_record`'s `renamed`).
-      shown: how many to name; the rest are counted.
-
-    Returns:
-      e.g. `2 named apart from their column: 'Class Name' -> Class_Name, '1st order' ->
-      c_1st_order (assets.extra/serving_inputs.json in the model)`.
-    """
-    pairs = [f"{c!r} -> {n}" for c, n in list(renamed.items())[:shown]]
-    if len(renamed) > shown:
-        pairs.append(f"{len(renamed) - shown} more")
-    return f"{len(renamed)} named apart from their column: {', '.join(pairs)} ({SERVING_INPUTS_FILE} in the model)"
