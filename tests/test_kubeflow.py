@@ -399,21 +399,23 @@ def test_harness_refuses_placeholders_it_does_not_emulate():
 
 
 # ------------------------------------------------------------------------------------------------
-# The compiled pipeline, run task by task as KFP runs it (one pipeline root, one push destination):
-# twice in open-source KFP's mode, the stricter one (untyped artifacts the entrypoint restores), and
-# once in Vertex's, against two LocalDagRunner runs on the same data. The second run's warm start and
-# gate are one path once LastBlessedModel's pointer reaches the Trainer and the exporter, which both
-# modes' first runs check (test_kfp_runs_pass_inputs_as_each_backend_does).
+# The compiled pipeline, run task by task as KFP runs it, twice on one pipeline root and one push
+# destination: first in Vertex's mode (typed artifacts, the ExampleGen driver's hook), then in
+# open-source KFP's, the stricter one (untyped artifacts the entrypoint restores), which finds the
+# first run's model; against two LocalDagRunner runs on the same data (the first runs match, and the
+# second runs, each warm-started from its first run's model, match). Each mode's inputs:
+# test_kfp_runs_pass_inputs_as_each_backend_does.
 
 ROWS = 4000
 # The gate on, with a margin wide enough that two 20-step models on the same data always pass: the
 # decisions compared here are about what each run finds and compares with (the gate's rule has its
 # own table: tests/test_validation_gate.py). No baseline: a 20-step model is not held to it.
 GATE = {"baseline": {"enabled": False}, "baseline_margin": None, "regression_margin": 0.5}
-# TFX's stock Evaluator on the second local and open-source KFP runs and on Vertex's run: its
-# blessing's path to the Pusher is under test, not the 20-step model, so any AUC above 0.01 blesses.
+# TFX's stock Evaluator on the second local run and on both Kubeflow runs: its blessing's path to
+# the Pusher is under test, not the 20-step model, so any AUC above 0.01 blesses.
 EVALUATOR = {"enabled": True, "min_auc": 0.01, "slice_features": ["C1"]}
-EVALUATED = {"local": [False, True], "oss": [False, True], "vertex": [True]}
+KFP_MODES = ("vertex", "oss")  # the first Kubeflow run's mode, the second's
+EVALUATED = {"local": [False, True], "kubeflow": [True, True]}
 # The AUC the Evaluator computes (TFMA, 10,000 thresholds) and the exporter's exact one on the same rows.
 AUC_TOLERANCE = 0.002
 
@@ -481,13 +483,12 @@ def kfp_runs(tmp_path_factory):
     cfg = configs[False]
 
     runs = {"local": [_local_run(configs[e], root / "local", stock=e) for e in EVALUATED["local"]]}
-    for mode in ("vertex", "oss"):
-        specs = []
-        for i, e in enumerate(EVALUATED[mode], 1):
-            specs.append(root / f"{mode}-{i}.yaml")
-            compile_pipeline(configs[e], "local/tpu-embedding-tfx:test", str(specs[-1]), pipeline_root=str(root / mode / "root"))
-        assert not (root / mode).exists()  # compiling wrote nothing under the pipeline root
-        runs[mode] = [_harness_run(spec, root / mode / f"run-{i}", mode) for i, spec in enumerate(specs, 1)]
+    assert len(set(EVALUATED["kubeflow"])) == 1  # one compiled spec, run twice
+    spec = root / "kubeflow.yaml"
+    compile_pipeline(configs[EVALUATED["kubeflow"][0]], "local/tpu-embedding-tfx:test", str(spec),
+                     pipeline_root=str(root / "kubeflow" / "root"))
+    assert not (root / "kubeflow").exists()  # compiling wrote nothing under the pipeline root
+    runs["kubeflow"] = [_harness_run(spec, root / "kubeflow" / f"run-{i}", mode) for i, mode in enumerate(KFP_MODES, 1)]
     return cfg, root, runs
 
 
@@ -516,24 +517,24 @@ def _train_order(examples_dir):
     return out
 
 
-@pytest.mark.slow(reason="the compiled Kubeflow pipeline run twice in open-source KFP's mode, once in Vertex's and twice locally")
+@pytest.mark.slow(reason="the compiled Kubeflow pipeline run in Vertex's mode, then in open-source KFP's, and twice locally")
 def test_kfp_runs_in_both_modes_serve_like_the_local_run(kfp_runs):
-    """Same data, same config, same code: the first runs wrote the same rows in the same order
-    (ExampleGen writes each range's rows in input order, split by a content hash) and their serving
-    models score identically."""
-    import tensorflow as tf
-
+    """Same data, same config, same code: each Kubeflow run wrote the same rows in the same order as
+    the local run it matches (ExampleGen writes each range's rows in input order, split by a content
+    hash), and their serving models score identically: Vertex's first run as the first local run,
+    open-source KFP's second run (warm-started from Vertex's model) as the second local run
+    (warm-started from the first local run's)."""
     cfg, root, runs = kfp_runs
-    first = {name: r[0] for name, r in runs.items()}
     from components.data_io.examples_io import serialized_examples
 
-    records = serialized_examples(os.path.join(first["local"]["examples"], "Split-eval", "*"), 1 << 40)
+    records = serialized_examples(os.path.join(runs["local"][0]["examples"], "Split-eval", "*"), 1 << 40)
     assert len(records) > 500
-    scores = {name: _score(r["pushed"], records) for name, r in first.items()}
-    order = {name: _train_order(r["examples"]) for name, r in first.items()}
-    for mode in ("vertex", "oss"):
-        assert order[mode] == order["local"], f"{mode}: ExampleGen wrote other train rows or another order"
-        np.testing.assert_allclose(scores[mode], scores["local"], atol=1e-6, rtol=0, err_msg=mode)
+    local_scores = [_score(r["pushed"], records) for r in runs["local"]]
+    assert not np.allclose(local_scores[0], local_scores[1], atol=1e-6, rtol=0)  # the second run trained on
+    local_order = _train_order(runs["local"][0]["examples"])
+    for i, (mode, run) in enumerate(zip(KFP_MODES, runs["kubeflow"])):
+        assert _train_order(run["examples"]) == local_order, f"{mode}: ExampleGen wrote other train rows or another order"
+        np.testing.assert_allclose(_score(run["pushed"], records), local_scores[i], atol=1e-6, rtol=0, err_msg=mode)
 
 
 def _decisions(run):
@@ -549,12 +550,11 @@ def _decisions(run):
     }
 
 
-@pytest.mark.slow(reason="the compiled Kubeflow pipeline run twice in open-source KFP's mode, once in Vertex's and twice locally")
+@pytest.mark.slow(reason="the compiled Kubeflow pipeline run in Vertex's mode, then in open-source KFP's, and twice locally")
 def test_second_run_finds_the_first_runs_model_on_every_orchestrator(kfp_runs):
     """Continuous training on Kubeflow: the second run of one compiled spec (same pipeline root and
-    push destination) warm-starts from the first run's model and its gate compares against it, in
-    open-source KFP's mode, with the decisions of two LocalDagRunner runs on the same data (Vertex's
-    mode: its first run decides as the first local run)."""
+    push destination; open-source KFP's mode, after Vertex's) warm-starts from the first run's model
+    and its gate compares against it, with the decisions of two LocalDagRunner runs on the same data."""
     _, _, runs = kfp_runs
     decisions = {name: [_decisions(r) for r in pair] for name, pair in runs.items()}
     assert decisions["local"] == [
@@ -563,8 +563,8 @@ def test_second_run_finds_the_first_runs_model_on_every_orchestrator(kfp_runs):
         {"found_last_blessed": True, "compared_with_it": True, "warm_started": True,
          "checks": [("last_blessed", True, False)], "blessed": True, "pushed": True},
     ]
-    assert decisions["vertex"] == decisions["local"][:1] and decisions["oss"] == decisions["local"]
-    for name in ("local", "oss"):
+    assert decisions["kubeflow"] == decisions["local"]
+    for name in ("local", "kubeflow"):
         first, second = runs[name]
         last = second["report"]["validation"]["last_blessed"]
         # the gate compared with the first run's pushed model, scored on the second run's eval rows
@@ -581,14 +581,14 @@ def test_second_run_finds_the_first_runs_model_on_every_orchestrator(kfp_runs):
         assert second["pushed"] != first["pushed"], name
     # the run that made each pushed model: KFP's run (the harness's {{$.pipeline_job_uuid}} and
     # {{$.pipeline_job_name}}), or LocalDagRunner's run id
-    first, second = runs["oss"]
+    first, second = runs["kubeflow"]
     assert second["report"]["validation"]["last_blessed"]["run"] == {
         "id": first["run_uuid"], "name": first["run_name"], "orchestrator": "kubeflow"}
     local_run = runs["local"][1]["report"]["validation"]["last_blessed"]["run"]
     assert local_run["orchestrator"] == "local" and local_run["id"]
 
 
-@pytest.mark.slow(reason="the compiled Kubeflow pipeline run twice in open-source KFP's mode, once in Vertex's and twice locally")
+@pytest.mark.slow(reason="the compiled Kubeflow pipeline run in Vertex's mode, then in open-source KFP's, and twice locally")
 def test_second_local_run_takes_the_data_stages_from_the_cache(kfp_runs):
     """Same data, same config: the second LocalDagRunner run reuses ExampleGen's and preprocessing's
     outputs (TFX's cache, keyed by each one's share of the config), reads the registry again
@@ -603,19 +603,19 @@ def test_second_local_run_takes_the_data_stages_from_the_cache(kfp_runs):
     assert first["trainer_model"] != second["trainer_model"]
 
 
-@pytest.mark.slow(reason="the compiled Kubeflow pipeline run twice in open-source KFP's mode, once in Vertex's and twice locally")
+@pytest.mark.slow(reason="the compiled Kubeflow pipeline run in Vertex's mode, then in open-source KFP's, and twice locally")
 def test_kfp_runs_pass_inputs_as_each_backend_does(kfp_runs):
     _, root, runs = kfp_runs
-    for mode in ("vertex", "oss"):
-        records = runs[mode][0]["records"]
+    for i, mode in enumerate(KFP_MODES):
+        records = runs["kubeflow"][i]["records"]
         by_task = {r["task"]: r for r in records}
-        evaluated = ["TFExampleCopy", "Evaluator"] if EVALUATED[mode][0] else ["", ""]
+        evaluated = ["TFExampleCopy", "Evaluator"] if EVALUATED["kubeflow"][i] else ["", ""]
         assert list(by_task) == [t for t in ["LastBlessedModel", "EmbeddingExampleGen", "EmbeddingPreprocess",
                                              evaluated[0], "Trainer", "EmbeddingExporter", evaluated[1], "Pusher"] if t]
         assert not any("resolver" in r for r in records)
         # LastBlessedModel's pointer reaches the Trainer (base_model) and the exporter
         pointer = by_task["LastBlessedModel"]["outputs"]["model"][0]
-        assert pointer["metadata"]["found"] == 0.0  # the first run: nothing pushed yet
+        assert pointer["metadata"]["found"] == float(i)  # the first run: nothing pushed yet; the second: the first's
         exporter_inputs = by_task["EmbeddingExporter"]["executor_input"]["inputs"]["artifacts"]
         assert exporter_inputs["last_blessed_model"]["artifacts"][0]["uri"] == pointer["uri"]
         assert by_task["Trainer"]["executor_input"]["inputs"]["artifacts"]["base_model"]["artifacts"][0]["uri"] == pointer["uri"]
@@ -647,7 +647,7 @@ def _registry_entry(name, run):
     return registry.read_entry(os.path.dirname(run["pushed"]), int(os.path.basename(run["pushed"])))
 
 
-@pytest.mark.slow(reason="the compiled Kubeflow pipeline run twice in open-source KFP's mode, once in Vertex's and twice locally")
+@pytest.mark.slow(reason="the compiled Kubeflow pipeline run in Vertex's mode, then in open-source KFP's, and twice locally")
 def test_stock_evaluator_blessing_reaches_our_pusher_on_every_orchestrator(kfp_runs):
     """TFX's stock Evaluator on our artifacts (the serving model, a tf.Example copy of
     EmbeddingExampleGen's eval split): its blessing is a Pusher input, its check and metrics are in
@@ -656,8 +656,9 @@ def test_stock_evaluator_blessing_reaches_our_pusher_on_every_orchestrator(kfp_r
     from tensorflow_metadata.proto.v0 import anomalies_pb2, schema_pb2
 
     cfg, root, runs = kfp_runs
-    evaluated = {f"{mode}-{i}": runs[mode][i] for mode, flags in EVALUATED.items() for i, e in enumerate(flags) if e}
-    assert sorted(evaluated) == ["local-1", "oss-1", "vertex-0"]
+    evaluated = {f"local-{i}": r for i, (r, e) in enumerate(zip(runs["local"], EVALUATED["local"])) if e}
+    evaluated.update({mode: r for mode, r, e in zip(KFP_MODES, runs["kubeflow"], EVALUATED["kubeflow"]) if e})
+    assert sorted(evaluated) == ["local-1", "oss", "vertex"]
     for name, run in evaluated.items():
         entry = _registry_entry(name, run)
         check = entry["evaluator"]
@@ -669,7 +670,7 @@ def test_stock_evaluator_blessing_reaches_our_pusher_on_every_orchestrator(kfp_r
         assert abs(check["model_auc"] - exporter["serving"]) <= AUC_TOLERANCE, (name, check["model_auc"], exporter["serving"])
         assert check["slices"] > 1 and 0 < check["calibration"], name  # overall + one per C1 value
         assert os.path.isdir(check["evaluation"]), name
-    for name in ("oss-1", "vertex-0"):
+    for name in KFP_MODES:
         by_task = {r["task"]: r for r in evaluated[name]["records"]}
         pusher_inputs = by_task["Pusher"]["executor_input"]["inputs"]["artifacts"]
         blessing = by_task["Evaluator"]["outputs"]["blessing"][0]
