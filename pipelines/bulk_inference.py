@@ -19,6 +19,7 @@ from typing import List
 
 from components.config.schema import ConfigError, PipelineConfig
 from components.config.validation import register_check
+from components.tfx_wiring.component_keys import TF_EXAMPLES_KEY
 
 SIGNATURE = "serving_default"  # the exporter's serving signature: serialized tf.Examples in
 # The splits EmbeddingExampleGen writes (pipelines.pipeline._example_gen's SplitConfig).
@@ -73,7 +74,7 @@ def bulk_inferrer_components(cfg: PipelineConfig, examples, serving_model, bless
     splits = list(cfg.bulk_inference.splits)
     copy = TFExampleCopy(examples=examples, splits=splits).with_id(COPY_ID)
     inferrer = BulkInferrer(
-        examples=copy.outputs["tf_examples"], model=serving_model, model_blessing=blessing,
+        examples=copy.outputs[TF_EXAMPLES_KEY], model=serving_model, model_blessing=blessing,
         data_spec=bulk_inferrer_pb2.DataSpec(example_splits=splits),
         model_spec=bulk_inferrer_pb2.ModelSpec(model_signature_name=[SIGNATURE]),
     ).with_id(INFERRER_ID)

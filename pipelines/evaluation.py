@@ -30,6 +30,7 @@ from typing import List
 
 from components.config.schema import ConfigError, PipelineConfig
 from components.config.validation import register_check
+from components.tfx_wiring.component_keys import TF_EXAMPLES_KEY
 
 SIGNATURE = "serving_default"  # the exporter's serving signature: serialized tf.Examples in
 PREDICTION_KEY = "probabilities"  # its output
@@ -125,6 +126,6 @@ def evaluator_components(cfg: PipelineConfig, examples, serving_model) -> List:
     from components.tf_example_copy.component import TFExampleCopy
 
     copy = TFExampleCopy(examples=examples, splits=[SPLIT])
-    evaluator = Evaluator(examples=copy.outputs["tf_examples"], model=serving_model, eval_config=eval_config(cfg),
+    evaluator = Evaluator(examples=copy.outputs[TF_EXAMPLES_KEY], model=serving_model, eval_config=eval_config(cfg),
                           example_splits=[SPLIT])
     return [copy, evaluator]

@@ -12,9 +12,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from components.data_io.beam_runtime import WORKER_PLUGIN, skip_tfx_sdist_for_local_runners
 from components.config.schema import SPAN_SPEC, ConfigError, PipelineConfig
 from components.reporting.progress import LAST_BLESSED, PUSHER  # the registry's read and write steps
-from components.tfx_wiring.component_keys import CONFIG_KEY
 from pipelines.evaluation import evaluator_components
 from pipelines.bulk_inference import bulk_inferrer_components
+from components.tfx_wiring.component_keys import (BLESSING_KEY, CONFIG_KEY, EXAMPLES_KEY, MODEL_KEY, SERVING_MODEL_KEY,
+                                                 TRANSFORMED_EXAMPLES_KEY)
 
 TRAINER_RUN_FN = "components.embedding_trainer.trainer_module.run_fn"
 TUNER_FN = "components.embedding_trainer.tuner.tuner_fn"
@@ -150,7 +151,7 @@ def stock_data_components(ours: Dict[str, Any]) -> List[Any]:
     from tfx.components.schema_gen.component import SchemaGen
     from tfx.components.statistics_gen.component import StatisticsGen
 
-    stats = StatisticsGen(examples=ours["EmbeddingExampleGen"].outputs["examples"])
+    stats = StatisticsGen(examples=ours["EmbeddingExampleGen"].outputs[EXAMPLES_KEY])
     schema = SchemaGen(statistics=stats.outputs["statistics"])
     return [stats, schema, ExampleValidator(statistics=stats.outputs["statistics"], schema=schema.outputs["schema"])]
 
@@ -198,23 +199,23 @@ def create_pipeline(
     from components.embedding_preprocess.component import EmbeddingPreprocess
 
     example_gen = _example_gen(cfg, span)
-    preprocess = EmbeddingPreprocess(examples=example_gen.outputs["examples"], config=cfg)
+    preprocess = EmbeddingPreprocess(examples=example_gen.outputs[EXAMPLES_KEY], config=cfg)
     last_blessed = _last_blessed(serving_dir, kubeflow)
     # First: a registry that cannot say what is served stops the run before any data is read.
     example_gen.add_upstream_node(last_blessed)
     # With a `tuning` section: TFX's stock Tuner before the Trainer, which applies its best values.
-    tuning = [_tuner(cfg, preprocess.outputs["transformed_examples"], image)] if cfg.tuning is not None else []
-    trainer = _trainer(cfg, preprocess.outputs["transformed_examples"], last_blessed.outputs["model"], image,
+    tuning = [_tuner(cfg, preprocess.outputs[TRANSFORMED_EXAMPLES_KEY], image)] if cfg.tuning is not None else []
+    trainer = _trainer(cfg, preprocess.outputs[TRANSFORMED_EXAMPLES_KEY], last_blessed.outputs[MODEL_KEY], image,
                        tuning[0].outputs["best_hyperparameters"] if tuning else None)
     exporter = EmbeddingExporter(
-        model=trainer.outputs["model"], examples=example_gen.outputs["examples"], config=cfg,
-        last_blessed_model=last_blessed.outputs["model"],
+        model=trainer.outputs["model"], examples=example_gen.outputs[EXAMPLES_KEY], config=cfg,
+        last_blessed_model=last_blessed.outputs[MODEL_KEY],
     )
-    pushing = _push_steps(cfg, example_gen.outputs["examples"], exporter, serving_dir, kubeflow)
+    pushing = _push_steps(cfg, example_gen.outputs[EXAMPLES_KEY], exporter, serving_dir, kubeflow)
     # With bulk_inference.enabled: [BulkInferrerExampleCopy, BulkInferrer] on the exporter's
     # serving model and blessing (pipelines/bulk_inference.py); the Pusher does not wait for them.
-    scoring = bulk_inferrer_components(cfg, example_gen.outputs["examples"], exporter.outputs["serving_model"],
-                                       exporter.outputs["blessing"]) if cfg.bulk_inference.enabled else []
+    scoring = bulk_inferrer_components(cfg, example_gen.outputs[EXAMPLES_KEY], exporter.outputs[SERVING_MODEL_KEY],
+                                       exporter.outputs[BLESSING_KEY]) if cfg.bulk_inference.enabled else []
     ours = [last_blessed, example_gen, preprocess, *tuning, trainer, exporter, *pushing, *scoring]
     added = list(extra_components({c.id: c for c in ours})) if extra_components else []
     return pipeline.Pipeline(
@@ -330,9 +331,9 @@ def _push_steps(cfg: PipelineConfig, examples, exporter, serving_dir: str, kubef
     # lazy: TFX and our components load TensorFlow and Beam; this module is on the CLI's config path
     from components.model_registry.component import RegistryPusher
 
-    evaluation = evaluator_components(cfg, examples, exporter.outputs["serving_model"]) if cfg.evaluator.enabled else []
+    evaluation = evaluator_components(cfg, examples, exporter.outputs[SERVING_MODEL_KEY]) if cfg.evaluator.enabled else []
     return [*evaluation, RegistryPusher(
-        model=exporter.outputs["serving_model"], model_blessing=exporter.outputs["blessing"],
+        model=exporter.outputs[SERVING_MODEL_KEY], model_blessing=exporter.outputs[BLESSING_KEY],
         serving_dir=serving_dir, pipeline_name=cfg.name,
         run_id=KFP_RUN_ID if kubeflow else None, run_name=KFP_RUN_NAME if kubeflow else None,
         evaluator_blessing=evaluation[-1].outputs["blessing"] if evaluation else None,

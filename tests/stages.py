@@ -7,6 +7,7 @@ import os
 from types import SimpleNamespace
 
 import yaml
+from components.tfx_wiring import component_keys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -296,11 +297,11 @@ def run_chain(root, cfg, data):
     a["vocabulary"] = artifact(EmbeddingVocabulary, root / "Preprocess" / "vocabulary")
     a["statistics"] = artifact(EmbeddingStatistics, root / "Preprocess" / "statistics")
     preprocess_executor.Executor(beam_context()).Do(
-        {preprocess_executor.EXAMPLES_KEY: [a["examples"]]},
+        {component_keys.EXAMPLES_KEY: [a["examples"]]},
         {
-            preprocess_executor.TRANSFORMED_EXAMPLES_KEY: [a["transformed"]],
-            preprocess_executor.VOCABULARY_KEY: [a["vocabulary"]],
-            preprocess_executor.STATISTICS_KEY: [a["statistics"]],
+            component_keys.TRANSFORMED_EXAMPLES_KEY: [a["transformed"]],
+            component_keys.VOCABULARY_KEY: [a["vocabulary"]],
+            component_keys.STATISTICS_KEY: [a["statistics"]],
         },
         {CONFIG_KEY: cfg.to_json()},
     )
@@ -321,9 +322,9 @@ def run_chain(root, cfg, data):
     a["serving"] = artifact(standard_artifacts.Model, root / "Exporter" / "serving_model")
     a["blessing"] = artifact(standard_artifacts.ModelBlessing, root / "Exporter" / "blessing")
     export_executor.Executor().Do(
-        {export_executor.MODEL_KEY: [a["model"]], export_executor.EXAMPLES_KEY: [a["examples"]],
-         export_executor.LAST_MODEL_KEY: [a["last_blessed"]]},
-        {export_executor.SERVING_MODEL_KEY: [a["serving"]], export_executor.BLESSING_KEY: [a["blessing"]]},
+        {component_keys.MODEL_KEY: [a["model"]], component_keys.EXAMPLES_KEY: [a["examples"]],
+         component_keys.LAST_MODEL_KEY: [a["last_blessed"]]},
+        {component_keys.SERVING_MODEL_KEY: [a["serving"]], component_keys.BLESSING_KEY: [a["blessing"]]},
         {CONFIG_KEY: cfg.to_json()},
     )
 
@@ -338,8 +339,8 @@ def look_up(uri, serving_dir):
     from components.model_registry import executor as registry_executor
 
     out = artifact(standard_artifacts.Model, uri)
-    registry_executor.LookupExecutor().Do({}, {registry_executor.MODEL_KEY: [out]},
-                                          {registry_executor.SERVING_DIR_KEY: str(serving_dir)})
+    registry_executor.LookupExecutor().Do({}, {component_keys.MODEL_KEY: [out]},
+                                          {component_keys.SERVING_DIR_KEY: str(serving_dir)})
     return out
 
 
@@ -357,7 +358,7 @@ def push(serving, blessing, uri, serving_dir, pipeline_name, run_id=None):
         {specs.PUSHED_MODEL_KEY: [pushed]},
         {specs.PUSH_DESTINATION_KEY: proto_utils.proto_to_json(pusher_pb2.PushDestination(
             filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=str(serving_dir)))),
-         registry_executor.PIPELINE_NAME_KEY: pipeline_name, registry_executor.RUN_ID_KEY: run_id},
+         component_keys.PIPELINE_NAME_KEY: pipeline_name, component_keys.RUN_ID_KEY: run_id},
     )
     return pushed
 

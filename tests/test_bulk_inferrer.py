@@ -14,6 +14,7 @@ from tests.stages import NO_GATE, demo_raw_config, features_raw_config, read_pre
 from components.config.loading import parse_config
 from components.config.schema import ConfigError
 from pipelines import bulk_inference  # noqa: F401  (registers the section's checks)
+from components.tfx_wiring import component_keys
 
 IMAGE = "REGISTRY/tpu-embedding-tfx:TAG"
 
@@ -222,9 +223,9 @@ def test_prediction_logs_equal_serving_default_exactly_on_every_feature_kind(fea
     assert a["blessing"].get_int_custom_property("blessed") == 1
     splits = cfg.bulk_inference.splits
     copy = artifact(standard_artifacts.Examples, root / "BulkInferrerExampleCopy")
-    copy_executor.Executor(beam_context()).Do({copy_executor.EXAMPLES_KEY: [a["examples"]]},
-                                              {copy_executor.OUTPUT_KEY: [copy]},
-                                              {copy_executor.SPLITS_KEY: json.dumps(splits)})
+    copy_executor.Executor(beam_context()).Do({component_keys.EXAMPLES_KEY: [a["examples"]]},
+                                              {component_keys.TF_EXAMPLES_KEY: [copy]},
+                                              {component_keys.SPLITS_KEY: json.dumps(splits)})
     rows = copy.get_int_custom_property("eval_rows")
     logs = read_prediction_logs(_infer(root, "BulkInferrer", copy, a["serving"], a["blessing"], splits).uri)
     assert rows > 100 and len(logs) == rows

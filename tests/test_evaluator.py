@@ -13,6 +13,7 @@ from tests.stages import artifact, demo_raw_config
 from components.config.loading import parse_config
 from components.config.schema import ConfigError
 from pipelines import evaluation  # noqa: F401  (registers the section's checks)
+from components.tfx_wiring import component_keys
 
 
 def _config(**evaluator):
@@ -94,8 +95,8 @@ def test_tf_example_copy_encodes_every_row_of_the_chosen_splits(tmp_path):
         pq.write_table(rows, str(tmp_path / "in" / f"Split-{split}" / "data.parquet"))
     out = artifact(standard_artifacts.Examples, tmp_path / "out")
     copy_executor.Executor(beam_context()).Do(
-        {copy_executor.EXAMPLES_KEY: [src]}, {copy_executor.OUTPUT_KEY: [out]},
-        {copy_executor.SPLITS_KEY: json.dumps(["eval", "other"])})
+        {component_keys.EXAMPLES_KEY: [src]}, {component_keys.TF_EXAMPLES_KEY: [out]},
+        {component_keys.SPLITS_KEY: json.dumps(["eval", "other"])})
     assert json.loads(out.split_names) == ["eval", "other"]
     assert examples_utils.get_payload_format(out) == example_gen_pb2.FORMAT_TF_EXAMPLE
     assert out.get_int_custom_property("eval_rows") == 3 and out.get_int_custom_property("other_rows") == 0
@@ -126,9 +127,9 @@ def test_tf_example_copy_refuses_a_missing_split(tmp_path):
     src = artifact(standard_artifacts.Examples, tmp_path / "in", ["train"])
     examples_utils.set_payload_format(src, example_gen_pb2.FORMAT_PARQUET)
     with pytest.raises(ValueError, match=r"has no split eval \(it has train\)"):
-        copy_executor.Executor().Do({copy_executor.EXAMPLES_KEY: [src]},
-                                    {copy_executor.OUTPUT_KEY: [artifact(standard_artifacts.Examples, tmp_path / "out")]},
-                                    {copy_executor.SPLITS_KEY: json.dumps(["eval"])})
+        copy_executor.Executor().Do({component_keys.EXAMPLES_KEY: [src]},
+                                    {component_keys.TF_EXAMPLES_KEY: [artifact(standard_artifacts.Examples, tmp_path / "out")]},
+                                    {component_keys.SPLITS_KEY: json.dumps(["eval"])})
 
 
 # ---- the Evaluator's blessing at our Pusher ----------------------------------------------------
@@ -177,13 +178,13 @@ def test_pusher_needs_the_evaluators_blessing_too(tmp_path, exporter, evaluator,
     blessing.set_string_custom_property("current_model", str(tmp_path / "trainer"))
     inputs = {specs.MODEL_KEY: [_serving_model(tmp_path)], specs.MODEL_BLESSING_KEY: [blessing]}
     if evaluator != "absent":
-        inputs[registry_executor.EVALUATOR_BLESSING_KEY] = [_blessing(tmp_path, "evaluator_blessing", evaluator)]
+        inputs[component_keys.EVALUATOR_BLESSING_KEY] = [_blessing(tmp_path, "evaluator_blessing", evaluator)]
     out = artifact(standard_artifacts.PushedModel, tmp_path / "pushed")
     serving_dir = tmp_path / "serving"
     registry_executor.RegistryPusherExecutor().Do(inputs, {specs.PUSHED_MODEL_KEY: [out]}, {
         specs.PUSH_DESTINATION_KEY: proto_utils.proto_to_json(pusher_pb2.PushDestination(
             filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=str(serving_dir)))),
-        registry_executor.PIPELINE_NAME_KEY: "p"})
+        component_keys.PIPELINE_NAME_KEY: "p"})
     assert out.get_int_custom_property("pushed") == int(pushed)
     if not pushed:
         assert out.get_string_custom_property(registry_executor.NOT_PUSHED_REASON).startswith(reason)

@@ -22,6 +22,7 @@ from components.model_registry import registry
 
 from tests.stages import BEAM_ARGS, ROWS, artifact as _artifact, beam_context as _beam_context, look_up, push, examples_uri
 from components.tfx_wiring.component_keys import CONFIG_KEY
+from components.tfx_wiring import component_keys
 
 
 @pytest.mark.slow(reason="reads the executors' chain (every executor's Do() on 2,500 rows)")
@@ -105,13 +106,13 @@ def test_preprocess_do_refuses_examples_without_an_eval_split(chain, tmp_path):
     cfg, a, _ = chain
     only_train = _artifact(standard_artifacts.Examples, a["examples"].uri, split_names=["train"])
     outputs = {
-        preprocess_executor.TRANSFORMED_EXAMPLES_KEY: [_artifact(standard_artifacts.Examples, tmp_path / "t")],
-        preprocess_executor.VOCABULARY_KEY: [_artifact(EmbeddingVocabulary, tmp_path / "v")],
-        preprocess_executor.STATISTICS_KEY: [_artifact(EmbeddingStatistics, tmp_path / "s")],
+        component_keys.TRANSFORMED_EXAMPLES_KEY: [_artifact(standard_artifacts.Examples, tmp_path / "t")],
+        component_keys.VOCABULARY_KEY: [_artifact(EmbeddingVocabulary, tmp_path / "v")],
+        component_keys.STATISTICS_KEY: [_artifact(EmbeddingStatistics, tmp_path / "s")],
     }
     with pytest.raises(ValueError, match=r"lack split\(s\) \['eval'\]"):
         preprocess_executor.Executor(_beam_context()).Do(
-            {preprocess_executor.EXAMPLES_KEY: [only_train]}, outputs, {CONFIG_KEY: cfg.to_json()}
+            {component_keys.EXAMPLES_KEY: [only_train]}, outputs, {CONFIG_KEY: cfg.to_json()}
         )
     assert not any(os.listdir(tmp_path / d) for d in ("t", "v", "s"))
 
@@ -128,8 +129,8 @@ def test_exporter_do_refuses_examples_whose_ledger_does_not_balance(chain, tmp_p
     blessing = _artifact(standard_artifacts.ModelBlessing, tmp_path / "blessing")
     with pytest.raises(LedgerError, match="EmbeddingExporter refuses its input.*1,999"):
         export_executor.Executor().Do(
-            {export_executor.MODEL_KEY: [a["model"]], export_executor.EXAMPLES_KEY: [examples]},
-            {export_executor.SERVING_MODEL_KEY: [serving], export_executor.BLESSING_KEY: [blessing]},
+            {component_keys.MODEL_KEY: [a["model"]], component_keys.EXAMPLES_KEY: [examples]},
+            {component_keys.SERVING_MODEL_KEY: [serving], component_keys.BLESSING_KEY: [blessing]},
             {CONFIG_KEY: cfg.to_json()},
         )
     assert not os.listdir(serving.uri) and not os.listdir(blessing.uri)

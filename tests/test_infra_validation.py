@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 
 from tests.stages import artifact, beam_context
+from components.tfx_wiring import component_keys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_NAME = "embedding_model"  # serving_spec.model_name
@@ -166,9 +167,9 @@ def served(chain, tmp_path_factory):
     _, a, _ = chain
     root = tmp_path_factory.mktemp("infra_validation")
     tf_examples = artifact(standard_artifacts.Examples, root / "TFExampleCopy")
-    copy_executor.Executor(beam_context()).Do({copy_executor.EXAMPLES_KEY: [a["examples"]]},
-                                              {copy_executor.OUTPUT_KEY: [tf_examples]},
-                                              {copy_executor.SPLITS_KEY: json.dumps(["eval"])})
+    copy_executor.Executor(beam_context()).Do({component_keys.EXAMPLES_KEY: [a["examples"]]},
+                                              {component_keys.TF_EXAMPLES_KEY: [tf_examples]},
+                                              {component_keys.SPLITS_KEY: json.dumps(["eval"])})
     request_spec = infra_validator_pb2.RequestSpec(
         tensorflow_serving=infra_validator_pb2.TensorFlowServingRequestSpec(signature_names=["serving_default"]),
         split_name="eval", num_examples=NUM_EXAMPLES, make_warmup=True)

@@ -18,6 +18,7 @@ import pytest
 from components.rules import rulebook
 from tests.stages import artifact, beam_context, trainer_raw_config
 from components.tfx_wiring.component_keys import CONFIG_KEY
+from components.tfx_wiring import component_keys
 
 CATEGORICAL = ("C1", "C2", "C3")  # C3: multi-hot ('|', max_length)
 # T1: a dense column holding one cell of text per split (CsvExampleGen types it as text);
@@ -146,9 +147,9 @@ def _preprocess(cfg, examples, root):
         "statistics": artifact(EmbeddingStatistics, root / "Preprocess" / "statistics"),
     }
     ex.Executor(beam_context()).Do(
-        {ex.EXAMPLES_KEY: [examples]},
-        {ex.TRANSFORMED_EXAMPLES_KEY: [out["transformed"]], ex.VOCABULARY_KEY: [out["vocabulary"]],
-         ex.STATISTICS_KEY: [out["statistics"]]},
+        {component_keys.EXAMPLES_KEY: [examples]},
+        {component_keys.TRANSFORMED_EXAMPLES_KEY: [out["transformed"]], component_keys.VOCABULARY_KEY: [out["vocabulary"]],
+         component_keys.STATISTICS_KEY: [out["statistics"]]},
         {CONFIG_KEY: cfg.to_json()},
     )
     return out
@@ -178,8 +179,8 @@ def _train_and_export(cfg, examples, pre, root):
     serving = artifact(standard_artifacts.Model, root / "Exporter" / "serving_model")
     blessing = artifact(standard_artifacts.ModelBlessing, root / "Exporter" / "blessing")
     export_executor.Executor().Do(
-        {export_executor.MODEL_KEY: [model], export_executor.EXAMPLES_KEY: [examples]},
-        {export_executor.SERVING_MODEL_KEY: [serving], export_executor.BLESSING_KEY: [blessing]},
+        {component_keys.MODEL_KEY: [model], component_keys.EXAMPLES_KEY: [examples]},
+        {component_keys.SERVING_MODEL_KEY: [serving], component_keys.BLESSING_KEY: [blessing]},
         {CONFIG_KEY: cfg.to_json()},
     )
     return serving

@@ -33,6 +33,7 @@ from tfx.utils import io_utils
 
 from tests.stages import artifact as _artifact, look_up, minimal_raw_config, push, examples_uri
 from components.tfx_wiring.component_keys import CONFIG_KEY
+from components.tfx_wiring import component_keys
 
 
 def _gate_config(cfg, **validation):
@@ -112,9 +113,9 @@ def _export_with_previous(chain, tmp_path, previous_serving, name):
     serving = _artifact(standard_artifacts.Model, tmp_path / name / "serving_model")
     blessing = _artifact(standard_artifacts.ModelBlessing, tmp_path / name / "blessing")
     export_executor.Executor().Do(
-        {export_executor.MODEL_KEY: [a["model"]], export_executor.EXAMPLES_KEY: [a["examples"]],
-         export_executor.LAST_MODEL_KEY: [last]},
-        {export_executor.SERVING_MODEL_KEY: [serving], export_executor.BLESSING_KEY: [blessing]},
+        {component_keys.MODEL_KEY: [a["model"]], component_keys.EXAMPLES_KEY: [a["examples"]],
+         component_keys.LAST_MODEL_KEY: [last]},
+        {component_keys.SERVING_MODEL_KEY: [serving], component_keys.BLESSING_KEY: [blessing]},
         {CONFIG_KEY: cfg.to_json()},
     )
     pushed = push(serving, blessing, tmp_path / name / "pushed_model", destination, cfg.name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
+from components.rules.names import by_name
 
 
 @dataclass(frozen=True)
@@ -46,10 +47,7 @@ class ResolvedConfig:
         Raises:
           KeyError: no table is named `name`.
         """
-        for t in self.tables:
-            if t.name == name:
-                return t
-        raise KeyError(name)
+        return by_name(self.tables, name, "is not in the resolved configuration")
 
     def to_dict(self) -> Dict[str, Any]:
         """The derived bindings, as the config's JSON carries them under "resolved".

@@ -37,6 +37,7 @@ from components.config.choices import (
 )
 from components.config.resolved import ResolvedConfig
 from components.config.serialization import config_to_dict, config_to_json
+from components.rules.names import by_name
 
 # The values the exporter's command line offers for the `export` fields it overrides.
 TABLE_DTYPES = TableDtype.values()
@@ -843,10 +844,7 @@ class PipelineConfig:
         Raises:
           KeyError: no table is named `name`.
         """
-        for t in self.tables:
-            if t.name == name:
-                return t
-        raise KeyError(name)
+        return by_name(self.tables, name, "is not in the configuration")
 
     def feature_table(self, feature: CategoricalFeature) -> TableConfig:
         """The table a categorical feature looks up (after resolution).

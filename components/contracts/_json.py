@@ -1,17 +1,72 @@
-"""JSON helpers shared by the contracts: dataclasses to plain dicts, and the version check."""
+"""JSON shared by the contracts: the stored-contract mixin (`to_dict`, `to_json`, `from_dict`,
+`from_json`, written once), dataclasses to plain dicts, the version check and typed fields back."""
 from __future__ import annotations
 
 import dataclasses
 import functools
 import json
 import typing
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 from components.config.choices import Choice
 
 
 class ContractError(ValueError):
     """A stored contract (manifest, plan, statistics) cannot be read: says which file and what to do."""
+
+
+class StoredContract:
+    """Mixin of a contract stored as JSON (the manifest, the statistics, the plan): how it is written
+    and read back, once for all of them.
+
+    A contract (a frozen dataclass) sets `CONTRACT` (its name in messages, and the default source),
+    `VERSION` (the version this code writes and reads), `REWRITE` (what to do when another version
+    wrote it), `OMIT_NONE` (optional top-level fields left out while unset) and `_from_fields`
+    (its stored fields typed back; `pick` does the flat ones). `from_dict` refuses another version
+    before anything is typed.
+    """
+
+    CONTRACT = "contract"
+    VERSION = 0
+    REWRITE = "rerun the stage that wrote it with this version of the pipeline"
+    OMIT_NONE: Tuple[str, ...] = ()
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The contract as plain data, as its file holds it (unset optional parts left out)."""
+        return plain(self, omit_none=self.OMIT_NONE)
+
+    def to_json(self) -> str:
+        """The contract as its file holds it: the contracts' JSON form (`dumps`)."""
+        return dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any], source: Optional[str] = None):
+        """Reads the contract back from plain data; closed-set fields become `Choice` members.
+
+        Args:
+          data: what `to_dict` wrote.
+          source: the file, for messages (default: the contract's name).
+
+        Returns:
+          The contract.
+
+        Raises:
+          ContractError: another version wrote it, a field is missing, or a closed-set field holds
+            another value (the message names the file and the field).
+        """
+        source = source or cls.CONTRACT
+        check_version(data, cls.VERSION, source, cls.REWRITE)
+        return cls._from_fields(data, source)
+
+    @classmethod
+    def from_json(cls, text: str, source: Optional[str] = None):
+        """Reads the contract back from its file's text (`from_dict`)."""
+        return cls.from_dict(json.loads(text), source)
+
+    @classmethod
+    def _from_fields(cls, data: Dict[str, Any], source: str):
+        """The contract of its stored fields, the version checked already (each contract's own)."""
+        raise NotImplementedError
 
 
 def plain(obj: Any, omit_none: Iterable[str] = ()) -> Any:

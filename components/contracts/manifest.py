@@ -6,14 +6,14 @@ model features, plan rows) and the exporter (serving transform, vocabulary asset
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Collection, Dict, List, Mapping, Optional, Set, Tuple
 
 from components.config.choices import FORMAT_EXAMPLES, Combiner, VocabularyKind
-from components.contracts._json import check_version, dumps, pick, plain
+from components.contracts._json import StoredContract, pick
 from components.contracts.serving_inputs import ServingInput
 from components.rules.names import serving_input_names
+from components.rules.names import by_name
 
 MANIFEST_VERSION = 1
 
@@ -94,8 +94,12 @@ class CategoricalFeatureEntry:
 
 
 @dataclass(frozen=True)
-class VocabularyManifest:
+class VocabularyManifest(StoredContract):
     """Features, their raw kinds (as ExampleGen stored them) and every table's vocabulary."""
+
+    CONTRACT = "vocabulary manifest"
+    VERSION = MANIFEST_VERSION
+    REWRITE = "rerun preprocessing with this version of the pipeline"
 
     vocabulary_dir: str
     label: str
@@ -120,9 +124,7 @@ class VocabularyManifest:
         Raises:
           KeyError: the manifest has no vocabulary for `table`.
         """
-        if table not in self.vocabularies:
-            raise KeyError(f"table {table!r} has no vocabulary in the manifest (tables: {', '.join(self.vocabularies)})")
-        return self.vocabularies[table]
+        return by_name(self.vocabularies, table, "has no vocabulary in the manifest")
 
     @property
     def dense_names(self) -> List[str]:
@@ -211,37 +213,9 @@ class VocabularyManifest:
             if c in found and c in self.raw_feature_kinds and found[c] != self.raw_feature_kinds[c]
         ]
 
-    def to_dict(self) -> Dict[str, Any]:
-        """The manifest as plain data.
-
-        Returns:
-          Nested dicts and lists, as `manifest.json` holds them.
-        """
-        return plain(self)
-
-    def to_json(self) -> str:
-        """The manifest as `manifest.json` holds it.
-
-        Returns:
-          The contracts' JSON form (`_json.dumps`).
-        """
-        return dumps(self.to_dict())
-
     @classmethod
-    def from_dict(cls, data: Dict[str, Any], source: str = "vocabulary manifest") -> "VocabularyManifest":
-        """Reads a manifest back from plain data; closed-set fields become `Choice` members.
-
-        Args:
-          data: what `to_dict` wrote.
-          source: the file, for messages.
-
-        Returns:
-          The manifest.
-
-        Raises:
-          ContractError: another version wrote it, a field is missing, or a kind or combiner is unknown.
-        """
-        check_version(data, MANIFEST_VERSION, source, "rerun preprocessing with this version of the pipeline")
+    def _from_fields(cls, data: Dict[str, Any], source: str) -> "VocabularyManifest":
+        """The manifest of its stored fields: each vocabulary, dense and categorical feature typed."""
         vocabularies = {
             name: pick(VocabularyEntry, v, f"{source}: vocabularies.{name}", features=tuple(v.get("features", ())))
             for name, v in data.get("vocabularies", {}).items()
@@ -255,19 +229,3 @@ class VocabularyManifest:
             ),
             vocabularies=vocabularies,
         )
-
-    @classmethod
-    def from_json(cls, text: str, source: str = "vocabulary manifest") -> "VocabularyManifest":
-        """Reads a manifest back from `manifest.json`'s text.
-
-        Args:
-          text: the JSON.
-          source: the file, for messages.
-
-        Returns:
-          The manifest.
-
-        Raises:
-          ContractError: another version wrote it, a field is missing, or a kind or combiner is unknown.
-        """
-        return cls.from_dict(json.loads(text), source)

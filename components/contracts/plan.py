@@ -11,12 +11,12 @@ exporter reads it to find and check the trained tables.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from components.config.choices import BucketEncoding, Combiner, InitializerKind, LayoutKind, Placement, SequencePooling
-from components.contracts._json import check_version, dumps, pick, plain
+from components.contracts._json import StoredContract, pick
+from components.rules.names import by_name
 
 PLAN_VERSION = 1
 
@@ -204,8 +204,13 @@ _OPTIONAL_PLAN_FIELDS = ("checkpoint_layout", "vocabulary_dir", "embedding_gradi
 
 
 @dataclass(frozen=True)
-class EmbeddingPlan:
+class EmbeddingPlan(StoredContract):
     """Every table's and feature's plan, the slice it is sized for and its memory (`embedding_plan.json`)."""
+
+    CONTRACT = "embedding plan"
+    VERSION = PLAN_VERSION
+    REWRITE = "retrain the model with this version of the pipeline"
+    OMIT_NONE = _OPTIONAL_PLAN_FIELDS
 
     global_batch_size: int
     size_threshold: Optional[int]
@@ -235,9 +240,7 @@ class EmbeddingPlan:
         Raises:
           KeyError: the plan has no such table (the message lists its tables).
         """
-        if name not in self.tables:
-            raise KeyError(f"table {name!r} is not in the embedding plan (tables: {', '.join(self.tables)})")
-        return self.tables[name]
+        return by_name(self.tables, name, "is not in the embedding plan")
 
     def feature_table(self, feature: str) -> TablePlan:
         """The plan of the table a feature looks up.
@@ -283,40 +286,9 @@ class EmbeddingPlan:
         """
         return {n: t for n, t in self.tables.items() if t.placement == placement}
 
-
-
-
-    def to_dict(self) -> Dict[str, Any]:
-        """The plan as plain data.
-
-        Returns:
-          Nested dicts and lists, as `embedding_plan.json` holds them (unset optional parts left out).
-        """
-        return plain(self, omit_none=_OPTIONAL_PLAN_FIELDS)
-
-    def to_json(self) -> str:
-        """The plan as `embedding_plan.json` holds it.
-
-        Returns:
-          The contracts' JSON form (`_json.dumps`).
-        """
-        return dumps(self.to_dict())
-
     @classmethod
-    def from_dict(cls, data: Dict[str, Any], source: str = "embedding plan") -> "EmbeddingPlan":
-        """Reads a plan back from plain data; closed-set fields become `Choice` members.
-
-        Args:
-          data: what `to_dict` wrote.
-          source: the file, for messages.
-
-        Returns:
-          The plan.
-
-        Raises:
-          ContractError: another version wrote it, a field is missing, or a closed-set field is unknown.
-        """
-        check_version(data, PLAN_VERSION, source, "retrain the model with this version of the pipeline")
+    def _from_fields(cls, data: Dict[str, Any], source: str) -> "EmbeddingPlan":
+        """The plan of its stored fields: topology, tables, features, memory and what a run recorded, typed."""
 
         def table(name: str, t: Dict[str, Any]) -> TablePlan:
             where = f"{source}: tables.{name}"
@@ -345,18 +317,6 @@ class EmbeddingPlan:
             dense_buckets=buckets or None,
         )
 
-    @classmethod
-    def from_json(cls, text: str, source: str = "embedding plan") -> "EmbeddingPlan":
-        """Reads a plan back from `embedding_plan.json`'s text.
 
-        Args:
-          text: the JSON.
-          source: the file, for messages.
 
-        Returns:
-          The plan.
 
-        Raises:
-          ContractError: another version wrote it, a field is missing, or a closed-set field is unknown.
-        """
-        return cls.from_dict(json.loads(text), source)

@@ -9,23 +9,26 @@ string keys of its own.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from components.contracts._json import check_version, dumps, pick, plain
+from components.contracts._json import StoredContract, pick
 
 # 3: per-feature value distribution (features.<f>.values); 4: ledger, feature_health
 STATISTICS_VERSION = 4
 
 
 @dataclass(frozen=True)
-class EmbeddingStatistics:
+class EmbeddingStatistics(StoredContract):
     """What preprocessing measured: rows per split, per-feature IDs, per-table batches and shards, input problems.
 
     The nested sections keep the form the report renders (configs/README.md); the parts another stage
     reads have typed accessors.
     """
+
+    CONTRACT = "embedding statistics"
+    VERSION = STATISTICS_VERSION
+    REWRITE = "rerun preprocessing with this version of the pipeline"
 
     global_batch_size: int
     shard_counts: Tuple[int, ...]
@@ -86,51 +89,8 @@ class EmbeddingStatistics:
         """
         return dict(self.features.get(feature, {}).get("splits", {}).get(split, {}).get("ids_per_example", {}) or {})
 
-    def to_dict(self) -> Dict[str, Any]:
-        """The statistics as plain data.
-
-        Returns:
-          Nested dicts and lists, as `statistics.json` holds them.
-        """
-        return plain(self)
-
-    def to_json(self) -> str:
-        """The statistics as `statistics.json` holds them.
-
-        Returns:
-          The contracts' JSON form (`_json.dumps`).
-        """
-        return dumps(self.to_dict())
-
     @classmethod
-    def from_dict(cls, data: Dict[str, Any], source: str = "embedding statistics") -> "EmbeddingStatistics":
-        """Reads statistics back from plain data.
-
-        Args:
-          data: what `to_dict` wrote.
-          source: the file, for messages.
-
-        Returns:
-          The statistics.
-
-        Raises:
-          ContractError: another version wrote them, or a field is missing.
-        """
-        check_version(data, STATISTICS_VERSION, source, "rerun preprocessing with this version of the pipeline")
+    def _from_fields(cls, data: Dict[str, Any], source: str) -> "EmbeddingStatistics":
+        """The statistics of their stored fields."""
         return pick(cls, data, source, shard_counts=tuple(data.get("shard_counts", ())))
 
-    @classmethod
-    def from_json(cls, text: str, source: str = "embedding statistics") -> "EmbeddingStatistics":
-        """Reads statistics back from `statistics.json`'s text.
-
-        Args:
-          text: the JSON.
-          source: the file, for messages.
-
-        Returns:
-          The statistics.
-
-        Raises:
-          ContractError: another version wrote them, or a field is missing.
-        """
-        return cls.from_dict(json.loads(text), source)

@@ -9,6 +9,7 @@ from components.config.stages import stage_json
 from components.config.schema import PipelineConfig
 from components.embedding_exporter import executor
 from components.tfx_wiring.component_keys import CONFIG_KEY
+from components.tfx_wiring import component_keys
 
 
 class EmbeddingExporterSpec(ComponentSpec):
@@ -17,14 +18,14 @@ class EmbeddingExporterSpec(ComponentSpec):
 
     PARAMETERS = {CONFIG_KEY: ExecutionParameter(type=str)}
     INPUTS = {
-        executor.MODEL_KEY: ChannelParameter(type=standard_artifacts.Model),
-        executor.EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples),
+        component_keys.MODEL_KEY: ChannelParameter(type=standard_artifacts.Model),
+        component_keys.EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples),
         # LastBlessedModel's output (components/model_registry): what the push destination serves.
-        executor.LAST_MODEL_KEY: ChannelParameter(type=standard_artifacts.Model, optional=True),
+        component_keys.LAST_MODEL_KEY: ChannelParameter(type=standard_artifacts.Model, optional=True),
     }
     OUTPUTS = {
-        executor.SERVING_MODEL_KEY: ChannelParameter(type=standard_artifacts.Model),
-        executor.BLESSING_KEY: ChannelParameter(type=standard_artifacts.ModelBlessing),
+        component_keys.SERVING_MODEL_KEY: ChannelParameter(type=standard_artifacts.Model),
+        component_keys.BLESSING_KEY: ChannelParameter(type=standard_artifacts.ModelBlessing),
     }
 
 

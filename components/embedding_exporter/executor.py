@@ -22,12 +22,9 @@ from components.contracts.artifacts import TRAINING_RUN_FILE
 from components.embedding_exporter.export import export_serving_model
 from components.tfx_wiring.executor_base import config_of, upstream_ledger
 from components.tfx_wiring.metric_properties import set_metric_property
+from components.tfx_wiring.component_keys import (BLESSING_KEY, EXAMPLES_KEY, LAST_MODEL_KEY, MODEL_KEY,
+                                                 SERVING_MODEL_KEY)
 
-MODEL_KEY = "model"
-EXAMPLES_KEY = "examples"
-SERVING_MODEL_KEY = "serving_model"
-BLESSING_KEY = "blessing"
-LAST_MODEL_KEY = "last_blessed_model"  # optional: LastBlessedModel's pointer to the served model
 SERVING_MODEL_PROPERTY = "serving_model"  # the blessing's: the serving Model artifact it blesses
 
 

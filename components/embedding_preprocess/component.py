@@ -11,15 +11,16 @@ from components.tfx_wiring.artifact_types import EmbeddingStatistics, EmbeddingV
 from components.config.schema import PipelineConfig
 from components.tfx_wiring.component_keys import CONFIG_KEY
 from components.embedding_preprocess import executor
+from components.tfx_wiring import component_keys
 
 
 class EmbeddingPreprocessSpec(ComponentSpec):
     PARAMETERS = {CONFIG_KEY: ExecutionParameter(type=str)}
-    INPUTS = {executor.EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples)}
+    INPUTS = {component_keys.EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples)}
     OUTPUTS = {
-        executor.TRANSFORMED_EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples),
-        executor.VOCABULARY_KEY: ChannelParameter(type=EmbeddingVocabulary),
-        executor.STATISTICS_KEY: ChannelParameter(type=EmbeddingStatistics),
+        component_keys.TRANSFORMED_EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples),
+        component_keys.VOCABULARY_KEY: ChannelParameter(type=EmbeddingVocabulary),
+        component_keys.STATISTICS_KEY: ChannelParameter(type=EmbeddingStatistics),
     }
 
 

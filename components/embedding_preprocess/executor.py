@@ -15,11 +15,8 @@ from components.reporting import progress
 
 from components.embedding_preprocess.run import run_preprocessing
 from components.tfx_wiring.executor_base import NoSdistOnLocalRunners, config_of, upstream_ledger
+from components.tfx_wiring.component_keys import EXAMPLES_KEY, STATISTICS_KEY, TRANSFORMED_EXAMPLES_KEY, VOCABULARY_KEY
 
-EXAMPLES_KEY = "examples"
-TRANSFORMED_EXAMPLES_KEY = "transformed_examples"
-VOCABULARY_KEY = "vocabulary"
-STATISTICS_KEY = "statistics"
 SPLITS = ("train", "eval")
 
 

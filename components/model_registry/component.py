@@ -20,19 +20,20 @@ from tfx.types import standard_component_specs as specs
 from tfx.types.component_spec import ChannelParameter, ExecutionParameter
 
 from components.model_registry import executor
+from components.tfx_wiring import component_keys
 
 
 class LastBlessedModelSpec(ComponentSpec):
     """`LastBlessedModel`'s parameters (serving_dir, run_id) and its one output, `model`."""
 
     PARAMETERS = {
-        executor.SERVING_DIR_KEY: ExecutionParameter(type=str),
+        component_keys.SERVING_DIR_KEY: ExecutionParameter(type=str),
         # Kubeflow: `{{$.pipeline_job_uuid}}`, so that no two runs share a cache key (a cached
         # lookup would hand a run an older served model) even when caching is on at submission.
-        executor.RUN_ID_KEY: ExecutionParameter(type=str, optional=True),
+        component_keys.RUN_ID_KEY: ExecutionParameter(type=str, optional=True),
     }
     INPUTS = {}
-    OUTPUTS = {executor.MODEL_KEY: ChannelParameter(type=standard_artifacts.Model)}
+    OUTPUTS = {component_keys.MODEL_KEY: ChannelParameter(type=standard_artifacts.Model)}
 
 
 class LastBlessedModel(base_component.BaseComponent):
@@ -57,18 +58,18 @@ class RegistryPusherSpec(ComponentSpec):
 
     PARAMETERS = {
         specs.PUSH_DESTINATION_KEY: ExecutionParameter(type=pusher_pb2.PushDestination),
-        executor.PIPELINE_NAME_KEY: ExecutionParameter(type=str),
+        component_keys.PIPELINE_NAME_KEY: ExecutionParameter(type=str),
         # Kubeflow: `{{$.pipeline_job_uuid}}` / `{{$.pipeline_job_name}}`, which KFP and Vertex
         # substitute when a parameter's constant value is exactly the placeholder; local: empty.
-        executor.RUN_ID_KEY: ExecutionParameter(type=str, optional=True),
-        executor.RUN_NAME_KEY: ExecutionParameter(type=str, optional=True),
+        component_keys.RUN_ID_KEY: ExecutionParameter(type=str, optional=True),
+        component_keys.RUN_NAME_KEY: ExecutionParameter(type=str, optional=True),
     }
     INPUTS = {
         specs.MODEL_KEY: ChannelParameter(type=standard_artifacts.Model),
         specs.MODEL_BLESSING_KEY: ChannelParameter(type=standard_artifacts.ModelBlessing),
         # TFX's Evaluator's outputs (pipelines/evaluation.py), when the pipeline has one.
-        executor.EVALUATOR_BLESSING_KEY: ChannelParameter(type=standard_artifacts.ModelBlessing, optional=True),
-        executor.EVALUATION_KEY: ChannelParameter(type=standard_artifacts.ModelEvaluation, optional=True),
+        component_keys.EVALUATOR_BLESSING_KEY: ChannelParameter(type=standard_artifacts.ModelBlessing, optional=True),
+        component_keys.EVALUATION_KEY: ChannelParameter(type=standard_artifacts.ModelEvaluation, optional=True),
     }
     OUTPUTS = {specs.PUSHED_MODEL_KEY: ChannelParameter(type=standard_artifacts.PushedModel)}
 

@@ -19,19 +19,11 @@ from components.tfx_wiring.executor_base import read_json_if_exists
 from components.model_registry import registry
 from components.model_registry.evaluation import evaluator_check, read_evaluation
 from components.tfx_wiring.metric_properties import set_metric_property
+from components.tfx_wiring.component_keys import (EVALUATION_KEY, EVALUATOR_BLESSING_KEY, MODEL_KEY, PIPELINE_NAME_KEY,
+                                                 RUN_ID_KEY, RUN_NAME_KEY, SERVING_DIR_KEY)
 
-# LastBlessedModel
-SERVING_DIR_KEY = "serving_dir"
-MODEL_KEY = "model"
-# The registering Pusher (TFX's Pusher keys for its inputs, output and destination)
-PIPELINE_NAME_KEY = "pipeline_name"
-RUN_ID_KEY = "run_id"
-RUN_NAME_KEY = "run_name"
 # The exporter's blessing names the Trainer model it exported (EmbeddingExporter executor).
 CURRENT_MODEL_PROPERTY = "current_model"
-# TFX's Evaluator's outputs, when the pipeline has one (pipelines/evaluation.py).
-EVALUATOR_BLESSING_KEY = "evaluator_blessing"
-EVALUATION_KEY = "evaluation"
 NOT_PUSHED_REASON = "not_pushed_reason"  # on the PushedModel artifact of a model not pushed
 
 

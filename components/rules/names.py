@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, Iterable, Mapping, Sequence, Union
 
 
 # A feature's or table's name: letters, digits and _, not starting with a digit.
@@ -104,3 +104,30 @@ def serving_input_names(columns: Sequence[str]) -> Dict[str, str]:
         taken.add(name)
         out[column] = name
     return out
+
+
+def by_name(items: Union[Mapping[str, Any], Iterable[Any]], name: str, missing: str) -> Any:
+    """The one look-up of a table (or any named entry) by its name, for the config, the manifest and the plan.
+
+    Args:
+      items: a mapping by name, or entries with a `.name`.
+      name: the name looked up.
+      missing: what a missing name means, for the message (e.g. "is not in the embedding plan").
+
+    Returns:
+      The entry called `name`.
+
+    Raises:
+      KeyError: none is; the message names it, says `missing` and lists the names there are.
+    """
+    if isinstance(items, Mapping):
+        if name in items:
+            return items[name]
+        names = list(items)
+    else:
+        items = list(items)
+        for item in items:
+            if item.name == name:
+                return item
+        names = [item.name for item in items]
+    raise KeyError(f"table {name!r} {missing} (tables: {', '.join(names) or 'none'})")

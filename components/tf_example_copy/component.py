@@ -10,14 +10,15 @@ from tfx.types import ComponentSpec, channel_utils, standard_artifacts
 from tfx.types.component_spec import ChannelParameter, ExecutionParameter
 
 from components.tf_example_copy import executor
+from components.tfx_wiring import component_keys
 
 
 class TFExampleCopySpec(ComponentSpec):
     """`TFExampleCopy`'s parameter (`splits`, a JSON list), input `examples` and output `tf_examples`."""
 
-    PARAMETERS = {executor.SPLITS_KEY: ExecutionParameter(type=str)}
-    INPUTS = {executor.EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples)}
-    OUTPUTS = {executor.OUTPUT_KEY: ChannelParameter(type=standard_artifacts.Examples)}
+    PARAMETERS = {component_keys.SPLITS_KEY: ExecutionParameter(type=str)}
+    INPUTS = {component_keys.EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples)}
+    OUTPUTS = {component_keys.TF_EXAMPLES_KEY: ChannelParameter(type=standard_artifacts.Examples)}
 
 
 class TFExampleCopy(base_beam_component.BaseBeamComponent):
@@ -36,4 +37,4 @@ class TFExampleCopy(base_beam_component.BaseBeamComponent):
     def __init__(self, examples, splits: Optional[List[str]] = None):
         super().__init__(spec=TFExampleCopySpec(
             examples=examples, splits=json.dumps(list(splits or ["eval"])),
-            **{executor.OUTPUT_KEY: channel_utils.as_channel([standard_artifacts.Examples()])}))
+            **{component_keys.TF_EXAMPLES_KEY: channel_utils.as_channel([standard_artifacts.Examples()])}))

@@ -26,10 +26,8 @@ from tfx_bsl.coders import example_coder
 
 from components.rows import row_counts
 from components.tfx_wiring.executor_base import NoSdistOnLocalRunners
+from components.tfx_wiring.component_keys import EXAMPLES_KEY, SPLITS_KEY, TF_EXAMPLES_KEY
 
-EXAMPLES_KEY = "examples"  # input: Parquet examples
-OUTPUT_KEY = "tf_examples"  # output: the copy
-SPLITS_KEY = "splits"  # JSON list of split names
 OUTPUT_PREFIX = "data_tfrecord"
 COUNTER_NAMESPACE = "TFExampleCopy"
 
@@ -81,7 +79,7 @@ class Executor(NoSdistOnLocalRunners, base_beam_executor.BaseBeamExecutor):
           RuntimeError: the rows written differ from the rows in the input files.
         """
         source = artifact_utils.get_single_instance(input_dict[EXAMPLES_KEY])
-        out = artifact_utils.get_single_instance(output_dict[OUTPUT_KEY])
+        out = artifact_utils.get_single_instance(output_dict[TF_EXAMPLES_KEY])
         splits = json.loads(exec_properties[SPLITS_KEY])
         have = artifact_utils.decode_split_names(source.split_names)
         missing = [s for s in splits if s not in have]
