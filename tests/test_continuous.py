@@ -278,7 +278,8 @@ def test_three_daily_spans_warm_start_gate_and_a_drift_stop(tmp_path):
     small = {
         "training": {"train_steps": 120, "checkpoint_every_steps": 60, "batch_size": 128},
         "export": {"compare_compression": False, "auc_sample_size": 1500, "parity_sample_size": 64},
-        "beam": {"direct_num_workers": 1},
+        # Beam in this process: the spans' warm start, drift and gate are under test, not Beam's workers.
+        "beam": {"direct_running_mode": "in_memory", "direct_num_workers": 1},
         # 120 steps make no model worth holding to the baseline; the regression check stays on.
         "validation": {"baseline_margin": 0.1, "regression_margin": 0.05},
     }
