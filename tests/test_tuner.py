@@ -543,7 +543,7 @@ def test_a_local_run_tunes_applies_the_best_values_and_a_rerun_takes_the_tuner_f
     raw["training"].update({"train_steps": 20, "checkpoint_every_steps": 10, "batch_size": 64})
     raw["export"].update(compare_compression=False, auc_sample_size=300, parity_sample_size=32)
     raw["validation"] = dict(NO_GATE)
-    raw["beam"]["direct_num_workers"] = 1
+    raw["beam"].update(direct_running_mode="in_memory", direct_num_workers=1)  # Beam's workers are not under test
     raw["tuning"] = {"trials": 2, "steps_per_trial": 6, "space": {"training.dropout": [0.0, 0.5],
                                                                     "training.cross_layers": [1, 2]}}
     cfg = parse_config(raw, "tuned.yaml")
