@@ -49,7 +49,7 @@ import components  # noqa: E402,F401
 import tensorflow as tf  # noqa: E402
 import tensorflow_recommenders as tfrs  # noqa: E402
 
-from components.config.schema import TrainingConfig  # noqa: E402
+from components.config.training_schema import TrainingConfig  # noqa: E402
 from components.planning.derivation import optimizer_spec  # noqa: E402
 from components.embedding_model import tf_objects  # noqa: E402
 from components.planning.run_plan import derive_plan  # noqa: E402

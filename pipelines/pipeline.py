@@ -193,8 +193,25 @@ def create_pipeline(
     Raises:
       ConfigError: `input.path` matches no file.
     """
-    # lazy: TFX and our components load TensorFlow and Beam; this module is on the CLI's config path
+    # lazy: TFX loads TensorFlow and Beam; this module is on the CLI's config path
     from tfx.orchestration import metadata, pipeline
+
+    ours = _our_components(cfg, serving_dir, image, span, kubeflow)
+    added = list(extra_components({c.id: c for c in ours})) if extra_components else []
+    return pipeline.Pipeline(
+        pipeline_name=cfg.name,
+        pipeline_root=pipeline_root,
+        components=ours + added,
+        enable_cache=enable_cache,
+        metadata_connection_config=metadata.sqlite_metadata_connection_config(metadata_path) if metadata_path else None,
+        beam_pipeline_args=beam_pipeline_args if beam_pipeline_args is not None else local_beam_args(cfg),
+    )
+
+
+def _our_components(cfg: PipelineConfig, serving_dir: str, image: Optional[str], span: Optional[int],
+                    kubeflow: bool) -> List[Any]:
+    """The product's components in their order, wired (create_pipeline's docstring; its arguments)."""
+    # lazy: our components load TensorFlow and Beam; this module is on the CLI's config path
     from components.embedding_exporter.component import EmbeddingExporter
     from components.embedding_preprocess.component import EmbeddingPreprocess
 
@@ -208,7 +225,7 @@ def create_pipeline(
     trainer = _trainer(cfg, preprocess.outputs[TRANSFORMED_EXAMPLES_KEY], last_blessed.outputs[MODEL_KEY], image,
                        tuning[0].outputs["best_hyperparameters"] if tuning else None)
     exporter = EmbeddingExporter(
-        model=trainer.outputs["model"], examples=example_gen.outputs[EXAMPLES_KEY], config=cfg,
+        model=trainer.outputs[MODEL_KEY], examples=example_gen.outputs[EXAMPLES_KEY], config=cfg,
         last_blessed_model=last_blessed.outputs[MODEL_KEY],
     )
     pushing = _push_steps(cfg, example_gen.outputs[EXAMPLES_KEY], exporter, serving_dir, kubeflow)
@@ -216,16 +233,7 @@ def create_pipeline(
     # serving model and blessing (pipelines/bulk_inference.py); the Pusher does not wait for them.
     scoring = bulk_inferrer_components(cfg, example_gen.outputs[EXAMPLES_KEY], exporter.outputs[SERVING_MODEL_KEY],
                                        exporter.outputs[BLESSING_KEY]) if cfg.bulk_inference.enabled else []
-    ours = [last_blessed, example_gen, preprocess, *tuning, trainer, exporter, *pushing, *scoring]
-    added = list(extra_components({c.id: c for c in ours})) if extra_components else []
-    return pipeline.Pipeline(
-        pipeline_name=cfg.name,
-        pipeline_root=pipeline_root,
-        components=ours + added,
-        enable_cache=enable_cache,
-        metadata_connection_config=metadata.sqlite_metadata_connection_config(metadata_path) if metadata_path else None,
-        beam_pipeline_args=beam_pipeline_args if beam_pipeline_args is not None else local_beam_args(cfg),
-    )
+    return [last_blessed, example_gen, preprocess, *tuning, trainer, exporter, *pushing, *scoring]
 
 
 def _last_blessed(serving_dir: str, kubeflow: bool):

@@ -10,7 +10,7 @@ import pytest
 import components  # noqa: F401
 import tensorflow as tf
 
-from components.config.schema import DenseBucketsConfig, TrainingConfig
+from components.config.training_schema import DenseBucketsConfig, TrainingConfig
 from components.contracts.plan import DenseBuckets
 from components.embedding_model.dense_tower import DenseTower, ModelFeatures, StepDropout, byte_keep_mask
 from components.embedding_model.sparsecore_state import plan_signature

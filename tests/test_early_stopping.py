@@ -162,7 +162,7 @@ def test_the_default_length_source_names_the_rows_trained_on():
 
 def test_the_default_length_shrinks_with_the_train_split():
     """training.epochs unset: 15 passes up to 100k rows, then 15 x sqrt(100k / rows), at least one."""
-    from components.config.schema import default_epochs
+    from components.config.training_schema import default_epochs
 
     t = parse_config(_minimal()).training
     assert t.epochs is None

@@ -51,7 +51,7 @@ def test_a_long_multi_hot_feature_gets_a_bag_and_the_wide_part_end_to_end(tmp_pa
     from components.config.loading import load_config
     from components.contracts import artifacts
     from components.planning.derivation import LONG_MULTI_HOT_IDS
-    from components.config.schema import WIDE_SUFFIX
+    from components.config.training_schema import WIDE_SUFFIX
     from pipelines.runner import run
     from pipelines.summary import EXIT_PUSHED, exit_status
 

@@ -24,7 +24,7 @@ import components  # noqa: F401
 import tensorflow as tf
 from tensorflow.core.protobuf.tpu import optimization_parameters_pb2
 
-from components.config.schema import OptimizerConfig, ScheduleConfig
+from components.config.training_schema import OptimizerConfig, ScheduleConfig
 from components.embedding_model import optimizers
 from components.planning.derivation import optimizer_spec
 from components.embedding_model.tf_objects import learning_rate

@@ -7,7 +7,7 @@ import components  # noqa: F401
 import tensorflow as tf
 
 from components.config.loading import parse_config
-from components.config.schema import OptimizerConfig, ScheduleConfig
+from components.config.training_schema import OptimizerConfig, ScheduleConfig
 from components.contracts.manifest import VocabularyEntry, VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
 from components.contracts.statistics import EmbeddingStatistics
@@ -316,7 +316,8 @@ def test_wide_part_tables_and_features_beside_every_table_and_feature():
     """training.wide: a one-dimensional table beside each table (same rows and vocabulary, zeros,
     the wide optimizer, placed as its table) and a feature beside each feature reading its IDs;
     counted in the memory; none when disabled; configured names may not take the suffix."""
-    from components.config.schema import ConfigError, WIDE_SUFFIX
+    from components.config.schema import ConfigError
+    from components.config.training_schema import WIDE_SUFFIX
 
     stats = _statistics()
     stats["features"]["small"] = {"splits": {"train": {"ids_per_example": {"mean": 1.0, "p99": 1, "max": 2}}}}
@@ -603,7 +604,7 @@ def test_a_long_multi_hot_features_table_sums_and_gets_the_wide_part():
     """Statistics choose the combiner and the wide part of a long multi-hot feature (mean IDs per
     example >= LONG_MULTI_HOT_IDS) where the config states neither; the plan records why."""
     from components.planning.derivation import LONG_MULTI_HOT_IDS
-    from components.config.schema import WIDE_SUFFIX
+    from components.config.training_schema import WIDE_SUFFIX
 
     plan = derive_plan(_config(), MANIFEST, _long_stats(big=LONG_MULTI_HOT_IDS + 9.5, A=2.0))
     big = plan.tables["big"]

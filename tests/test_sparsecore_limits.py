@@ -16,7 +16,7 @@ import components  # noqa: F401
 from components.contracts.plan import PlanError
 from components.planning.derivation import optimizer_spec
 from components.contracts.statistics import EmbeddingStatistics
-from components.config.schema import OptimizerConfig
+from components.config.training_schema import OptimizerConfig
 from components.embedding_trainer import sparsecore_limits as sl
 from tests import tpu_harness
 from components.planning.fitting import with_run

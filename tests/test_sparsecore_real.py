@@ -38,7 +38,7 @@ from tensorflow.python.framework import op_callbacks
 from tensorflow.python.tpu import tpu_embedding_v2
 
 from components.config.choices import InitializerKind
-from components.config.schema import OptimizerConfig
+from components.config.training_schema import OptimizerConfig
 from components.planning import sizing
 from components.contracts.plan import CheckpointLayout, Initializer
 from components.planning.derivation import optimizer_spec

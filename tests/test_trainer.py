@@ -27,6 +27,7 @@ from components.embedding_trainer.tpu_rules import TPURulesError, check_tpu_rule
 
 from tests.stages import REPO, fn_args as _fn_args, trainer_config as _config, trainer_raw_config as _raw_config, examples_uri
 from components.contracts.artifacts import CHECKPOINT_DIR, EVAL_METRICS_FILE, TABLES_DIR, TABLES_MANIFEST_FILE, TPU_RULES_FILE, TRAINING_RUN_FILE
+from components.tfx_wiring.component_keys import EXAMPLES_URI_KEY
 
 
 @pytest.fixture(scope="session")
@@ -328,6 +329,7 @@ def test_configured_initializers_and_unsafe_lookups_train_on_cpu(data, tmp_path)
     fn_args = _fn_args(tmp_path, cfg, 1)
     fn_args.train_files = [str(data / "tx" / "Split-train" / "*")]
     fn_args.eval_files = [str(data / "tx" / "Split-eval" / "*")]
+    fn_args.custom_config[EXAMPLES_URI_KEY] = str(data / "tx")  # the examples' artifact those files are in
     trainer_module.run_fn(fn_args)
     run = json.load(open(os.path.join(os.path.dirname(fn_args.serving_model_dir), TRAINING_RUN_FILE)))
     assert run["final_step"] == 8
@@ -438,7 +440,7 @@ def test_wide_part_is_a_linear_model_added_to_the_logit_and_trained_by_its_optim
     checkpoint, pooled per feature as a bag: summed, whatever its deep table's combiner) and one per
     dense feature; the wide tables and the dense term are updated by the wide optimizer (FTRL)
     and moved from their zero start."""
-    from components.config.schema import WIDE_SUFFIX
+    from components.config.training_schema import WIDE_SUFFIX
     from components.embedding_model.dense_tower import dense_input
     from components.embedding_model.restore import model_from_checkpoint, open_checkpoint_tables
     from components.embedding_exporter.export import latest_checkpoint, read_model_manifest, read_model_plan

@@ -18,9 +18,10 @@ from components.config.resolved import ResolvedConfig
 from components.config.choices import TRANSFORMED_FORMATS
 from components.rules.names import PIPELINE_NAME_MAX, PIPELINE_NAME_RULE, is_pipeline_name, serving_name
 from components.rules.chips import CHIPS
-from components.config.schema import DENSE_QUANTILE_POINTS as QUANTILE_POINTS
+from components.config.training_schema import DENSE_QUANTILE_POINTS as QUANTILE_POINTS
 from components.config.choices import BucketEncoding, LayoutKind, ModelType, PartitionStrategy, TableDtype
-from components.config.schema import ConfigError, ExportConfig, OptimizerConfig, PipelineConfig, ScheduleConfig
+from components.config.schema import ConfigError, ExportConfig, PipelineConfig
+from components.config.training_schema import OptimizerConfig, ScheduleConfig
 from components.config.tuning import check_tuning
 
 Check = Callable[[PipelineConfig], None]

@@ -24,7 +24,7 @@ import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
-from components.config.schema import TrainingConfig
+from components.config.training_schema import TrainingConfig
 from components.contracts.manifest import VocabularyManifest, weights_key
 from components.contracts.plan import EmbeddingPlan, TablePlan
 from components.embedding_model import optimizers as optimizers_lib

@@ -18,7 +18,8 @@ import numpy as np
 import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
 
-from components.config.schema import TABLE_DTYPES, TrainingConfig
+from components.config.schema import TABLE_DTYPES
+from components.config.training_schema import TrainingConfig
 from components.contracts.manifest import VocabularyManifest, weights_key
 from components.contracts.plan import EmbeddingPlan, TablePlan
 from components.embedding_model.dense_tower import BATCH_KEY, DenseTower, ModelFeatures, Untracked

@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import pyarrow as pa
 
-from components.config.schema import DENSE_QUANTILE_POINTS
+from components.config.training_schema import DENSE_QUANTILE_POINTS
 from components.embedding_preprocess import partials as partials_lib
 from components.config.choices import PartitionStrategy
 

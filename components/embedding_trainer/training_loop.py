@@ -81,21 +81,9 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
     every = min(t.checkpoint_every_steps, t.evaluation_every(steps)) if holdout else t.checkpoint_every_steps
     hardware = place_training(cfg)
     plan, model = build_training_model(cfg, plan, manifest, hardware)
-    rules = _check_rules_on_host(cfg, plan, manifest, train_files, hardware.per_replica)
-    if hardware.ids_per_chip is not None:
-        rules["sparsecore_ids_per_chip"] = hardware.ids_per_chip
-    checkpoints = resume_from_state(cfg, plan, manifest, train_files, state, model, hardware, steps, data)
-    warm_report = warm_start_into(cfg, plan, manifest, train_files, state, model, hardware, checkpoints, warm_from)
-    # what the checkpoints of this state hold and were trained on (check_resumable)
-    sparsecore_state.write_layout(state, hardware.layout, checkpoints.signature, checkpoints.data)
-    if checkpoints.start > steps:
-        raise ValueError(f"checkpoint in {state} is at step {checkpoints.start}, beyond train_steps {steps}; remove it or raise train_steps")
-    selection = None
-    if holdout:
-        selection = HoldoutSelection(cfg, with_run(plan, checkpoint_layout=hardware.layout), manifest, train_files, state,
-                                     holdout, steps)
-        if checkpoints.start < steps and not selection.stopped:  # else nothing trains: no pass over the split
-            selection.prepare()
+    rules = _check_rules_on_host(cfg, plan, manifest, train_files, hardware)
+    checkpoints, warm_report = _start(cfg, plan, manifest, train_files, state, model, hardware, steps, data, warm_from)
+    selection = _selection(cfg, plan, manifest, train_files, state, hardware, holdout, steps, checkpoints.start)
     train_ds = training_dataset(cfg, plan, manifest, train_files, hardware, checkpoints.start, holdout)
     fit_start = time.perf_counter()
     checkpointer = _fit(cfg, model, train_ds, hardware, checkpoints, selection, steps, every, log_dir)
@@ -104,6 +92,33 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
     checkpoint, run = _final_checkpoint(state, hardware, checkpoints, checkpointer, selection, steps, warm_report)
     run["seconds"] = _seconds(fit_seconds, during_fit, selection)
     return checkpoint, rules, run
+
+
+def _start(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, train_files, state: str,
+           model: RankingModel, hardware: Hardware, steps: int, data: Optional[Dict[str, Any]],
+           warm_from) -> Tuple[Checkpoints, Optional[Dict[str, Any]]]:
+    """Where training starts: the state's last checkpoint resumed, else the last blessed model's
+    weights (training_state.py); the state records what its checkpoints hold and were trained on
+    (sparsecore_state.check_resumable). Returns (the run's checkpoints, what the warm start carried)."""
+    checkpoints = resume_from_state(cfg, plan, manifest, train_files, state, model, hardware, steps, data)
+    warm_report = warm_start_into(cfg, plan, manifest, train_files, state, model, hardware, checkpoints, warm_from)
+    sparsecore_state.write_layout(state, hardware.layout, checkpoints.signature, checkpoints.data)
+    if checkpoints.start > steps:
+        raise ValueError(f"checkpoint in {state} is at step {checkpoints.start}, beyond train_steps {steps}; remove it or raise train_steps")
+    return checkpoints, warm_report
+
+
+def _selection(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, train_files, state: str,
+               hardware: Hardware, holdout: float, steps: int, start: int) -> Optional[HoldoutSelection]:
+    """The held-out selection of a run with a held-out slice (selection.py), its slice found unless
+    nothing is left to train; None without a slice."""
+    if not holdout:
+        return None
+    selection = HoldoutSelection(cfg, with_run(plan, checkpoint_layout=hardware.layout), manifest, train_files, state,
+                                 holdout, steps)
+    if start < steps and not selection.stopped:  # else nothing trains: no pass over the split
+        selection.prepare()
+    return selection
 
 
 def _seconds(fit_seconds: float, during_fit: float, selection: Optional[HoldoutSelection]) -> Dict[str, Any]:
@@ -122,19 +137,23 @@ def _seconds(fit_seconds: float, during_fit: float, selection: Optional[HoldoutS
 
 
 def _check_rules_on_host(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, train_files,
-                         per_replica: int) -> Dict[str, Any]:
-    """The TPU-rules report of the training input and a CPU twin of the model (tpu_rules.py)."""
+                         hardware: Hardware) -> Dict[str, Any]:
+    """The TPU-rules report of the training input and a CPU twin of the model (tpu_rules.py), with
+    SparseCore's IDs-per-chip report (model_building.build_training_model's) where there is one."""
     t = cfg.training
     # The check runs on the host with a CPU twin of the model on every platform (the training
     # model may live on a TPU); the same input feeds the step.
     check_model = build_model(plan, manifest, cfg, for_training=False)
     # TensorCore-table features are fed as padded dense IDs on every platform: the TPU step's input.
     widths = tf_objects.dense_id_widths(plan)
-    return check_tpu_rules(
+    rules = check_tpu_rules(
         check_model, plan,
-        make_dataset(train_files, manifest, per_replica, training=True, seed=t.seed, dense_id_widths=widths,
+        make_dataset(train_files, manifest, hardware.per_replica, training=True, seed=t.seed, dense_id_widths=widths,
                      sequence_lengths=tf_objects.sequence_lengths(plan)),
     )
+    if hardware.ids_per_chip is not None:
+        rules["sparsecore_ids_per_chip"] = hardware.ids_per_chip
+    return rules
 
 
 def _fit(cfg: PipelineConfig, model: RankingModel, train_ds, hardware: Hardware, checkpoints: Checkpoints,

@@ -50,7 +50,8 @@ from components.config.choices import (
     OptimizerName,
     Placement,
 )
-from components.config.schema import OptimizerConfig, PipelineConfig, WIDE_SUFFIX
+from components.config.schema import PipelineConfig
+from components.config.training_schema import OptimizerConfig, WIDE_SUFFIX
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import (CHIPS_FROM_CONFIG, CHIPS_BY_DEFAULT, DenseBuckets, EmbeddingPlan, FeaturePlan,
                                        Initializer, PlanError, SparseCoreConfigNote, SparseCoreLimits, TablePlan, Topology)

@@ -11,7 +11,7 @@ import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import yaml
 
 from components.config.loading import parse_config
-from components.config.schema import OptimizerConfig
+from components.config.training_schema import OptimizerConfig
 from components.planning.derivation import optimizer_spec
 from components.data_io.sampling import sample_transformed_rows
 from components.embedding_model import optimizers as optimizers_lib
