@@ -16,7 +16,7 @@ from components.contracts.manifest import VocabularyEntry, VocabularyManifest
 from components.embedding_model import checkpoint_keys as model_lib
 from components.embedding_model.tf_objects import dense_id_widths, sequence_lengths
 from components.planning.run_plan import derive_plan
-from components.embedding_trainer import warm_start
+from components.embedding_trainer import base_model, warm_start
 from components.embedding_model.input import make_dataset
 from components.embedding_trainer.model_building import build_model
 from tests.stages import demo_raw_config, with_few_features
@@ -206,17 +206,17 @@ def test_warm_start_checkpoint_restores_into_a_new_training_model(warm, chain):
 def test_drift_figures_and_the_limits_that_stop_a_run(warm, chain):
     cfg, _, _ = chain
     prev, manifest, _, _, _, _ = warm
-    figures = warm_start.drift(prev, manifest, prev.statistics)
+    figures = base_model.drift(prev, manifest, prev.statistics)
     c1 = figures["tables"]["C1"]
     n_old = prev.manifest.vocabulary("C1").size
     assert c1["vocabulary_overlap"] == pytest.approx((n_old - 1) / (n_old + 1))
     assert c1["new_token_share"] == pytest.approx(2 / (n_old + 1))  # the hand-made counts are all 5
     assert figures["tables"]["C2"] == {"vocabulary_overlap": 1.0, "new_token_share": 0.0}
     assert all(f["change"] == 0.0 for f in figures["features"].values())
-    assert warm_start.drift_violations(figures, cfg) == []
+    assert base_model.drift_violations(figures, cfg) == []
     strict = dataclasses.replace(cfg, continuous=ContinuousConfig(drift=DriftLimits(max_new_token_share=0.001)))
-    with pytest.raises(warm_start.DriftStop, match=r"table 'C1': 0\.0\d+ of occurrences on tokens new .*max_new_token_share 0\.001"):
-        warm_start.check_drift(figures, strict, prev.uri)
+    with pytest.raises(base_model.DriftStop, match=r"table 'C1': 0\.0\d+ of occurrences on tokens new .*max_new_token_share 0\.001"):
+        base_model.check_drift(figures, strict, prev.uri)
 
 
 def test_drift_of_dense_features_and_ids_per_example():
@@ -224,13 +224,13 @@ def test_drift_of_dense_features_and_ids_per_example():
                "dense_features": {"d": {"mean": 2.0, "previous": 0.5, "shift_in_std": 5.0}}}
     cfg = parse_config({"name": "t", "input": {"path": "x.csv"}, "dense_features": [{"name": "d"}],
                         "categorical_features": [{"name": "f"}]})
-    v = warm_start.drift_violations(figures, cfg)
+    v = base_model.drift_violations(figures, cfg)
     assert len(v) == 2 and "feature 'f'" in v[0] and "max_ids_per_example_change 1.0" in v[0]
     assert "dense feature 'd'" in v[1] and "max_dense_mean_shift 3.0" in v[1]
     off = parse_config({"name": "t", "input": {"path": "x.csv"}, "dense_features": [{"name": "d"}],
                         "categorical_features": [{"name": "f"}],
                         "continuous": {"drift": {"max_ids_per_example_change": None, "max_dense_mean_shift": None}}})
-    assert warm_start.drift_violations(figures, off) == []
+    assert base_model.drift_violations(figures, off) == []
 
 
 @pytest.mark.parametrize("bad", [{"max_new_token_share": 1.5}, {"min_vocabulary_overlap": -0.1},
@@ -327,6 +327,6 @@ def test_three_daily_spans_warm_start_gate_and_a_drift_stop(tmp_path):
 def test_drift_without_the_previous_vocabulary_says_which_tables_are_unknown(warm, tmp_path):
     prev, manifest, _, _, _, _ = warm
     gone = dataclasses.replace(prev, manifest=dataclasses.replace(prev.manifest, vocabulary_dir=str(tmp_path / "gone")))
-    figures = warm_start.drift(gone, manifest, prev.statistics)
+    figures = base_model.drift(gone, manifest, prev.statistics)
     assert figures["tables"] == {} and "C1" in figures["unknown_tables"]
     assert "vocabulary of table 'C1' is gone" in figures["unknown_tables"]["C1"]

@@ -105,7 +105,7 @@ def run_fn(fn_args) -> None:
         artifacts.EMBEDDING_MANIFEST_FILE: manifest.to_dict(), artifacts.PLAN_FILE: plan.to_dict(),
         artifacts.EVAL_METRICS_FILE: metrics, artifacts.TPU_RULES_FILE: rules, artifacts.TRAINING_RUN_FILE: run,
         artifacts.TRAINER_CONFIG_FILE: json.loads(cfg.to_json()), artifacts.CONTINUOUS_FILE: continuous,
-        # The next run's drift reference (warm_start.drift).
+        # The next run's drift reference (base_model.drift).
         artifacts.EMBEDDING_STATISTICS_FILE: given.statistics.to_dict() if given.statistics else None})
     if not cfg.training.checkpoint_dir and tf.io.gfile.exists(state):
         tf.io.gfile.rmtree(state)
