@@ -105,7 +105,7 @@ class DenseFeature:
 class InitializerOptions:
     """How a table's rows start (`TableConfig.initializer` on TPU, the Keras initializer elsewhere).
     Unset fields take the defaults: truncated normal, mean 0, stddev 0.2/sqrt(dim) (a fifth of the
-    seeds' 1/sqrt(dim): contracts.plan.DEFAULT_STDDEV_SCALE says why)."""
+    seeds' 1/sqrt(dim): planning.derivation.DEFAULT_STDDEV_SCALE says why)."""
 
     name: InitializerKind = InitializerKind.TRUNCATED_NORMAL
     mean: Optional[float] = None  # normal kinds; default 0
@@ -178,7 +178,7 @@ class CategoricalDefaults:
 
     dim: int = 16
     # null: mean, except for a table a long multi-hot feature looks up (a text's words: mean IDs per
-    # example on the train split >= contracts.plan.LONG_MULTI_HOT_IDS), which sums its IDs; the
+    # example on the train split >= planning.derivation.LONG_MULTI_HOT_IDS), which sums its IDs; the
     # plan records which and why (`combiner_source`). Set it (here, on a table or a feature) to fix one.
     combiner: Optional[Combiner] = None
     vocabulary: VocabularyOptions = field(default_factory=VocabularyOptions)

@@ -131,7 +131,7 @@ class WideConfig:
     or TensorCore).
 
     `enabled`: true: beside every table; false: none; null (default): beside the tables of long
-    multi-hot features only (mean IDs per example >= contracts.plan.LONG_MULTI_HOT_IDS: a text's
+    multi-hot features only (mean IDs per example >= planning.derivation.LONG_MULTI_HOT_IDS: a text's
     words), where a bag of words is what a linear model does best: with it the defaults beat
     scikit-learn's logistic regression on two public text datasets, and everywhere it did not help
     consistently (bench/README.md "Defaults on real data"). The plan records which and why."""
