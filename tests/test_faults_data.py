@@ -137,11 +137,12 @@ class _SmallDisk:
 @pytest.mark.slow(reason="runs the local pipeline (multi_processing workers) until ExampleGen fills the disk, then again")
 def test_a_full_disk_in_example_gen_fails_the_run_in_one_line_and_a_rerun_recovers(tmp_path):
     from components.example_gen.synthetic_data import GeneratorSpec, ensure_dataset
-    from tests.stages import NO_GATE
+    from tests.stages import NO_GATE, with_few_features
 
     data = tmp_path / "data.csv"
     ensure_dataset(str(data), GeneratorSpec(rows=20000, seed=5))  # a train split of ~2.4 MB of Parquet
     raw = yaml.safe_load(open(os.path.join(REPO, "configs", "demo.yaml"), encoding="utf-8"))
+    with_few_features(raw)  # the disk and the run's recovery are under test, not the model
     raw["input"]["path"] = str(data)
     raw["beam"]["direct_running_mode"] = "multi_processing"
     raw["training"].update(train_steps=10, checkpoint_every_steps=5, early_stopping={"enabled": False})
