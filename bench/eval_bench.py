@@ -43,7 +43,8 @@ import tensorflow as tf  # noqa: E402
 
 from components.contracts.plan import CheckpointLayout  # noqa: E402
 from components.embedding_model.input import make_dataset, read_holdout, records_dataset  # noqa: E402
-from components.embedding_model.restore import build_serving_model, load_tables, open_checkpoint_tables, restore_dense  # noqa: E402
+from components.embedding_model.restore import (build_serving_model, load_tables, open_checkpoint_tables,
+                                                restore_dense)  # noqa: E402
 from components.embedding_trainer import model_artifact, resolved_input, training_data, training_loop  # noqa: E402
 from tests.stages import examples_uri  # noqa: E402
 from components.embedding_trainer.evaluation import compiled_scorer, evaluate, evaluation_batch  # noqa: E402

@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from components.data_io.beam_runtime import WORKER_PLUGIN, skip_tfx_sdist_for_local_runners
 from components.config.schema import SPAN_SPEC, ConfigError, PipelineConfig
+from components.config.stages import stage_json
 from components.reporting.progress import LAST_BLESSED, PUSHER  # the registry's read and write steps
 from pipelines.evaluation import evaluator_components
 from pipelines.bulk_inference import bulk_inferrer_components
@@ -285,7 +286,6 @@ def _tuner(cfg: PipelineConfig, examples, image: Optional[str] = None):
     does, `tuning.parallel_trials` at once (`vertex_tuning_config`)."""
     # lazy: TFX and our components load TensorFlow and Beam; this module is on the CLI's config path
     from tfx.proto import trainer_pb2, tuner_pb2
-    from components.config.stages import stage_json
     from components.embedding_trainer.component import Tuner
 
     tuner_cls, custom_config, tune_args = Tuner, {CONFIG_KEY: stage_json(cfg, "tuner")}, None

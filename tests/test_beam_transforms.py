@@ -25,7 +25,8 @@ from components.embedding_preprocess import beam_pipeline
 from components.embedding_preprocess import statistics
 from components.embedding_preprocess import vocabulary
 from components.embedding_preprocess import spill
-from components.embedding_preprocess.counting import CountSummary, FeatureValueCounter, ValueCounts, shared_table_features
+from components.embedding_preprocess.counting import (CountSummary, FeatureValueCounter, ValueCounts,
+                                                      shared_table_features)
 from components.embedding_preprocess.csv_input import ReadCsvRecordBatches
 from components.data_io.blocks import from_blocks
 

@@ -131,7 +131,7 @@ def test_buckets_into_bottom_mlp_train_and_restore_for_serving(trainer_data):
     the dense values and the buckets and whose cross layers do not, with the bucket rows trained."""
     import os  # lazy: only this scenario test writes a run
 
-    from components.embedding_exporter.export import latest_checkpoint, read_model_manifest, read_model_plan  # lazy: the scenario's
+    from components.embedding_exporter.export import (latest_checkpoint, read_model_manifest, read_model_plan)  # lazy: the scenario's
     from components.embedding_model.input import make_dataset  # lazy: the scenario's
     from components.embedding_model.restore import model_from_checkpoint  # lazy: the scenario's
     from components.embedding_trainer import trainer_module  # lazy: the scenario's

@@ -15,7 +15,8 @@ from components.config.loading import parse_config
 from components.config.schema import ConfigError
 from components.embedding_model import input as input_lib
 from components.embedding_trainer import selection as SEL
-from components.embedding_trainer import hardware, model_artifact, resolved_input, trainer_module, training_data, training_loop
+from components.embedding_trainer import (hardware, model_artifact, resolved_input, trainer_module, training_data,
+                                          training_loop)
 from components.contracts.artifacts import CHECKPOINT_DIR, EVAL_METRICS_FILE, TRAINING_RUN_FILE
 from components.reporting import progress
 from components.reporting.report import KEPT_BEST

@@ -20,7 +20,8 @@ from components.embedding_exporter import executor as export_executor
 from components.embedding_preprocess import executor as preprocess_executor
 from components.model_registry import registry
 
-from tests.stages import BEAM_ARGS, ROWS, artifact as _artifact, beam_context as _beam_context, look_up, push, examples_uri
+from tests.stages import (BEAM_ARGS, ROWS, artifact as _artifact, beam_context as _beam_context, look_up, push,
+                          examples_uri)
 from components.tfx_wiring.component_keys import CONFIG_KEY
 from components.tfx_wiring import component_keys
 

@@ -20,7 +20,8 @@ import components  # noqa: F401
 import tensorflow as tf
 
 from components.config.choices import FORMAT_BLOCKS, FORMAT_EXAMPLES
-from components.contracts.manifest import (TAIL_PREFIX, TRANSFORMED_PREFIX, CategoricalFeatureEntry, DenseFeatureEntry, VocabularyManifest, row_lengths_key)
+from components.contracts.manifest import (TAIL_PREFIX, TRANSFORMED_PREFIX, CategoricalFeatureEntry,
+                                           DenseFeatureEntry, VocabularyManifest, row_lengths_key)
 from components.embedding_model import input as input_lib
 from components.embedding_trainer import training_data
 

@@ -14,7 +14,8 @@ from components.contracts.statistics import EmbeddingStatistics
 from components.planning.derivation import fourth_root_dim, MAX_RULE_DIM, optimizer_spec
 from components.planning.fitting import hardware_num_chips
 from components.contracts.plan import PlanError
-from components.embedding_model.tf_objects import dense_id_widths, feature_configs, gradient_multiplier, learning_rate, table_configs
+from components.embedding_model.tf_objects import (dense_id_widths, feature_configs, gradient_multiplier,
+                                                   learning_rate, table_configs)
 from components.planning.run_plan import derive_plan
 from components.planning.fitting import sized_for, with_run
 

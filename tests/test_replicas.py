@@ -20,7 +20,8 @@ import tensorflow as tf
 from components.embedding_model.input import make_dataset
 from components.embedding_model.tf_objects import dense_id_widths, sequence_lengths
 from components.planning.run_plan import derive_plan
-from components.embedding_trainer import hardware, model_artifact, model_building, resolved_input, training_data, training_loop
+from components.embedding_trainer import (hardware, model_artifact, model_building, resolved_input, training_data,
+                                          training_loop)
 from tests import tpu_harness
 from components.config.loading import parse_config
 from tests.stages import trainer_config as _config, trainer_raw_config as _raw_config, examples_uri

@@ -42,7 +42,8 @@ import tensorflow as tf
 from tensorflow.python.tpu import tpu_embedding_for_serving as serving_lib
 from tensorflow_recommenders.layers.embedding import tpu_embedding_layer as tfrs_layer
 
-from components.embedding_trainer import hardware, model_building, resolved_input, trainer_module, training_data, training_loop, training_state
+from components.embedding_trainer import (hardware, model_building, resolved_input, trainer_module, training_data,
+                                          training_loop, training_state)
 from components.embedding_trainer.checkpoints import copy_checkpoint
 from tests import tpu_harness
 from tests.stages import fn_args as _fn_args, trainer_config as _config, trainer_raw_config as _raw_config, examples_uri

@@ -25,8 +25,10 @@ from components.embedding_model.input import PAD_ID, make_dataset, to_dense_ids
 from components.embedding_model.model import TensorCoreTable
 from components.embedding_trainer.tpu_rules import TPURulesError, check_tpu_rules
 
-from tests.stages import REPO, fn_args as _fn_args, trainer_config as _config, trainer_raw_config as _raw_config, examples_uri
-from components.contracts.artifacts import CHECKPOINT_DIR, EVAL_METRICS_FILE, TABLES_DIR, TABLES_MANIFEST_FILE, TPU_RULES_FILE, TRAINING_RUN_FILE
+from tests.stages import (REPO, fn_args as _fn_args, trainer_config as _config, trainer_raw_config as _raw_config,
+                          examples_uri)
+from components.contracts.artifacts import (CHECKPOINT_DIR, EVAL_METRICS_FILE, TABLES_DIR, TABLES_MANIFEST_FILE,
+                                            TPU_RULES_FILE, TRAINING_RUN_FILE)
 from components.tfx_wiring.component_keys import EXAMPLES_URI_KEY
 
 
@@ -91,7 +93,8 @@ def _predict_in_fresh_process(model_uri, examples_path, cfg):
         import tensorflow as tf
         from components.config.loading import config_from_json
         from components.contracts.manifest import VocabularyManifest
-        from components.embedding_trainer import model_building, resolved_input, trainer_module, training_loop, training_state
+        from components.embedding_trainer import (model_building, resolved_input, trainer_module, training_loop,
+                                                  training_state)
         from components.embedding_model.input import parse_batch
         model_uri = {model_uri!r}
         examples = tf.constant(np.load({examples_path!r}, allow_pickle=True))
@@ -557,7 +560,8 @@ def test_piecewise_linear_buckets_train_export_and_match_the_rule(data):
     vectors and wide weight are its B2 encoding (the rulebook's reference) times the trained
     matrices, which moved from their zero start; the export is exact against the trained model."""
     from components.rules import rulebook
-    from components.embedding_exporter.export import export_serving_model, latest_checkpoint, read_model_manifest, read_model_plan
+    from components.embedding_exporter.export import (export_serving_model, latest_checkpoint, read_model_manifest,
+                                                      read_model_plan)
     from components.embedding_model.restore import model_from_checkpoint
 
     cfg = _config(data, wide={"enabled": True, "optimizer": {"name": "ftrl", "learning_rate": 1.0}}, train_steps=20,

@@ -13,7 +13,8 @@ from typing import Dict, List, Optional, Tuple
 from components.config.checks import check_column, check_positive
 from components.config.choices import Combiner, InitializerKind, SequencePooling, VocabularyKind
 from components.config.resolved import ResolvedTable
-from components.config.schema import (CategoricalDefaults, CategoricalFeature, ConfigError, InitializerOptions, PipelineConfig, TableConfig, VocabularyOptions)
+from components.config.schema import (CategoricalDefaults, CategoricalFeature, ConfigError, InitializerOptions,
+                                      PipelineConfig, TableConfig, VocabularyOptions)
 from components.config.training_schema import OptimizerConfig, OptimizerOverride, WIDE_SUFFIX
 from components.rules.names import SAFE_NAME_RULE, is_safe_name, serving_name
 from components.rules.rulebook import token_invalid_reason

@@ -12,7 +12,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from components.config.choices import Combiner, Compression, DirectRunningMode, InitializerKind, InputFormat, LabelRuleOp, LayoutKind, OptimizerName, PartitionStrategy, SequencePercentile, SequencePooling, TableDtype, TuningAlgorithm, VocabularyKind
+from components.config.choices import (Combiner, Compression, DirectRunningMode, InitializerKind, InputFormat,
+                                       LabelRuleOp, LayoutKind, OptimizerName, PartitionStrategy, SequencePercentile,
+                                       SequencePooling, TableDtype, TuningAlgorithm, VocabularyKind)
 from components.config.resolved import ResolvedConfig
 from components.config.serialization import config_to_dict, config_to_json
 from components.rules.names import by_name

@@ -31,7 +31,9 @@ from __future__ import annotations
 from typing import Callable, Dict
 
 from components.config.loading import config_from_json
-from components.config.schema import (BeamConfig, BulkInferenceConfig, ContinuousConfig, EvaluatorConfig, ExportConfig, InputConfig, KubeflowConfig, PipelineConfig, StatisticsConfig, TransformedExamplesConfig, ValidationConfig)
+from components.config.schema import (BeamConfig, BulkInferenceConfig, ContinuousConfig, EvaluatorConfig,
+                                      ExportConfig, InputConfig, KubeflowConfig, PipelineConfig, StatisticsConfig,
+                                      TransformedExamplesConfig, ValidationConfig)
 from components.config.training_schema import TrainingConfig
 
 STAGES = ("example_gen", "preprocess", "trainer", "exporter", "tuner")

@@ -9,7 +9,8 @@ import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from components.config.choices import BucketEncoding, BucketsInto, DimRule, DropoutMask, ModelType, OptimizerName, ScheduleName
+from components.config.choices import (BucketEncoding, BucketsInto, DimRule, DropoutMask, ModelType, OptimizerName,
+                                       ScheduleName)
 
 
 @dataclass

@@ -44,7 +44,8 @@ from components.contracts.serving_inputs import ServingInput
 from components.embedding_model.dense_tower import BATCH_KEY, DENSE_KEY
 from components.embedding_model.serving_model import fused_key
 from components.embedding_exporter.ragged_rows import first_or_nan, keep_values, searchsorted, split_values, stack_rows
-from components.embedding_exporter.token_checks import decimal_int64_lines, identity_ids, int_texts, plain_tokens, unless_valid
+from components.embedding_exporter.token_checks import (decimal_int64_lines, identity_ids, int_texts, plain_tokens,
+                                                        unless_valid)
 from components.config.choices import VocabularyKind
 
 _DTYPES = {rulebook.KIND_BYTES: tf.string, rulebook.KIND_INT: tf.int64, rulebook.KIND_FLOAT: tf.float32}

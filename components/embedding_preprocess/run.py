@@ -23,7 +23,8 @@ from components.config.binding import table_optimizer
 from components.config.schema import CategoricalFeature, PipelineConfig
 from components.contracts import artifacts
 from components.config.choices import FORMAT_BLOCKS
-from components.contracts.manifest import (CategoricalFeatureEntry, DenseFeatureEntry, VocabularyEntry, VocabularyManifest)
+from components.contracts.manifest import (CategoricalFeatureEntry, DenseFeatureEntry, VocabularyEntry,
+                                           VocabularyManifest)
 from components.planning.sizing import table_layout, table_memory, table_rows
 from components.contracts.statistics import EmbeddingStatistics
 from components.embedding_preprocess import beam_pipeline

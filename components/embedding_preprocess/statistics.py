@@ -48,7 +48,7 @@ def quantile_sample(values: np.ndarray) -> np.ndarray:
 def quantiles_sketch(values: np.ndarray = None):
     """A quantiles sketch (tfx_bsl's, the one TFDV's statistics use: C++, mergeable, bounded
     memory whatever the rows), with `values` added."""
-    from tfx_bsl import sketches  # lazy: tfx_bsl only where a sketch is built, not on counting's and the statistics readers' import path
+    from tfx_bsl import (sketches)  # lazy: tfx_bsl only where a sketch is built, not on counting's and the statistics readers' import path
 
     sketch = sketches.QuantilesSketch(QUANTILE_EPSILON, 1 << 32, 1)
     if values is not None and len(values):

@@ -20,7 +20,8 @@ from components.config.schema import PipelineConfig
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.statistics import EmbeddingStatistics
 from components.embedding_trainer import warm_start
-from components.embedding_trainer.warm_start import TOKEN_KINDS, PreviousModel, WarmStartError, table_counts, table_tokens
+from components.embedding_trainer.warm_start import (TOKEN_KINDS, PreviousModel, WarmStartError, table_counts,
+                                                     table_tokens)
 from components.model_registry.registry import read_lookup
 from components.tfx_wiring.component_keys import SERVING_DIR_KEY
 

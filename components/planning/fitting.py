@@ -17,12 +17,12 @@ import json
 from typing import Any, Dict, Mapping, Optional
 
 from components.config.choices import Placement
-from components.contracts.plan import (CHIPS_FROM_CONFIG, CHIPS_FROM_HARDWARE, CheckpointLayout, EmbeddingPlan, PlanError,
-                                       PlanMemory, TableMemory, TablePlan, Topology)
+from components.contracts.plan import (CHIPS_FROM_CONFIG, CHIPS_FROM_HARDWARE, CheckpointLayout, EmbeddingPlan,
+                                       PlanError, PlanMemory, TableMemory, TablePlan, Topology)
 from components.planning import sizing
 from components.planning.sizing import table_memory
-from components.rules.chips import (DEFAULT_SPARSE_CORES_PER_CHIP, NO_EMBEDDING_API, SPARSE_CORE, TPU_EMBEDDING_V1, chips_with,
-                                    devices_per_chip)
+from components.rules.chips import (DEFAULT_SPARSE_CORES_PER_CHIP, NO_EMBEDDING_API, SPARSE_CORE, TPU_EMBEDDING_V1,
+                                    chips_with, devices_per_chip)
 
 
 def sized_table_memory(rows: int, dim: int, optimizer: str, placement: str, topology: Topology) -> TableMemory:

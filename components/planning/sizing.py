@@ -39,7 +39,8 @@ from typing import Dict, Iterable, Optional, Tuple
 from components.config.choices import OptimizerName, Placement, VocabularyKind
 from components.config.schema import VocabularyOptions
 from components.contracts.plan import TableMemory
-from components.rules.chips import DEFAULT_EMBEDDING_API, DEFAULT_SPARSE_CORES_PER_CHIP, EMBEDDING_APIS, SPARSE_CORE, TPU_EMBEDDING_V1
+from components.rules.chips import (DEFAULT_EMBEDDING_API, DEFAULT_SPARSE_CORES_PER_CHIP, EMBEDDING_APIS, SPARSE_CORE,
+                                    TPU_EMBEDDING_V1)
 
 FLOAT32_BYTES = 4
 OPTIMIZER_SLOTS = {OptimizerName.SGD: 0, OptimizerName.ADAGRAD: 1, OptimizerName.ADAM: 2, OptimizerName.FTRL: 2}

@@ -20,7 +20,9 @@ from components.config.loading import parse_config
 from components.contracts import artifacts
 from components.embedding_trainer import trainer_module
 from components.tpu_smoke.parity import DEFAULT_TOLERANCE, describe, sparsecore_training
-from components.tpu_smoke.scenario import base_raw_config, config_path, coverage, eval_records, parity_plan, prepare_data, sparsecore_optimizer, split_files, trainer_fn_args, trainer_raw_config
+from components.tpu_smoke.scenario import (base_raw_config, config_path, coverage, eval_records, parity_plan,
+                                           prepare_data, sparsecore_optimizer, split_files, trainer_fn_args,
+                                           trainer_raw_config)
 
 
 RESULTS: List[Tuple[str, str]] = []  # (name, "PASS" | "FAIL" | "SKIP")
