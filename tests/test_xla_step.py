@@ -57,7 +57,6 @@ def test_keras_own_sparse_adagrad_and_ftrl_do_not_compile():
             _sparse_steps(opt, steps=1, jit=True)
 
 
-@pytest.mark.slow(reason="XLA's first compilation in a process costs seconds; five optimizers compiled")
 @pytest.mark.parametrize("name, ours, keras", [
     ("adagrad", lambda: xla_updates.Adagrad(0.1, initial_accumulator_value=0.1), lambda: legacy.Adagrad(0.1, initial_accumulator_value=0.1)),
     ("ftrl", lambda: xla_updates.Ftrl(**FTRL), lambda: legacy.Ftrl(**FTRL)),
@@ -76,7 +75,6 @@ def test_row_rules_compile_and_equal_keras_fused_kernels(name, ours, keras):
     assert not np.allclose(want["var"], _sparse_steps(keras(), steps=0)["var"])  # the table moved
 
 
-@pytest.mark.slow(reason="XLA compilations of the lazy rule")
 def test_lazy_adam_compiles_and_moves_only_looked_up_rows():
     """The lazy rule, compiled, equals its eager self and the formula on the summed row gradients;
     rows never looked up keep their values and moments."""
