@@ -156,7 +156,7 @@ def _preprocess(cfg, examples, root):
 
 
 def _train_and_export(cfg, examples, pre, root):
-    from tfx.components.trainer import executor as trainer_executor
+    from components.embedding_trainer.executors import TrainerExecutor
     from tfx.proto import trainer_pb2
     from tfx.types import standard_artifacts, standard_component_specs as specs
     from tfx.utils import proto_utils
@@ -166,7 +166,7 @@ def _train_and_export(cfg, examples, pre, root):
     from tests.stages import RUN_FN
 
     model = artifact(standard_artifacts.Model, root / "Trainer" / "model")
-    trainer_executor.GenericExecutor().Do(
+    TrainerExecutor().Do(
         {specs.EXAMPLES_KEY: [pre["transformed"]]},
         {specs.MODEL_KEY: [model], specs.MODEL_RUN_KEY: [artifact(standard_artifacts.ModelRun, root / "Trainer" / "run")]},
         {
