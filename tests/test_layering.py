@@ -155,6 +155,7 @@ def _targets(node, module: str, is_package: bool):
     return [base] + [f"{base}.{a.name}" for a in node.names]
 
 
+@functools.lru_cache(maxsize=None)
 def import_graph():
     """module -> the product modules it imports (imports inside functions included)."""
     files = _py_files(PRODUCT)
