@@ -71,6 +71,27 @@ def test_over_the_bound_on_average_is_refused_naming_feature_maximum_and_way_out
     assert not report["passed"] and stack["verdict"] == sl.EXCEEDS and stack["max_length_to_certify"] == 188
 
 
+def test_padding_alone_over_the_bound_on_a_large_slice_is_refused_before_training():
+    """One feature, 20 IDs per example, per-replica batch 64, 4 SparseCores per chip, 64 replicas:
+    1,280 IDs per replica batch against a buffer of 64 x 64 = 4,096, but 1,024 partitions of up to
+    7 padding slots each: every step overflows (simulated packed IDs 5,696-6,000), so the check
+    refuses it, naming the stack and a way out, instead of reporting it `not_certified`."""
+    plan = _plan(features={"item": "items"}, tables={"items": (1 << 20, 16, "tpu_embedding")}, batch=64 * 64, chips=64)
+    stats = _statistics({"item": {"mean": 20.0, "max": 20}}, batch=64 * 64)
+    with pytest.raises(sl.IdsPerChipError) as err:
+        sl.check_ids_per_chip(plan, stats, num_replicas=64, sparse_cores_per_chip=4, per_replica_batch=64)
+    msg = str(err.value)
+    assert "stack " in msg and "bound 4096 IDs" in msg and "with the padding of 1024 partitions" in msg
+    assert "max_length <= 8 on item" in msg and "size_threshold >=" in msg  # 64 x 8 IDs + their padding fit
+    (stack,) = sl.check_ids_per_chip(plan, stats, 64, 4, 64, raise_on_violation=False)["stacks"].values()
+    assert (stack["verdict"], stack["ids_per_replica_batch_mean"], stack["mean_padded_one_minibatch"]) == (
+        sl.EXCEEDS, 1280.0, 1280 + 1024 * 7)
+    # the same feature on 2 replicas (32 partitions): 1,280 + 224 padding fits, and so does the maximum
+    small = sl.check_ids_per_chip(_plan(features={"item": "items"}, tables={"items": (1 << 20, 16, "tpu_embedding")},
+                                        batch=128, chips=2), stats, 2, 4, 64)
+    assert [s["verdict"] for s in small["stacks"].values()] == [sl.CERTIFIED]
+
+
 def test_maxima_over_the_bound_with_a_mean_within_it_is_reported_not_refused():
     # padding counts: one feature whose maximum fills the buffer exactly is not certified
     plan = _plan(features={"item": "items"}, tables={"items": (4096, 16, "tpu_embedding")})

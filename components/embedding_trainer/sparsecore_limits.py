@@ -34,9 +34,13 @@ What the statistics can certify (docs/tpu.md, "IDs per chip"):
   input sharding or the topology, a replica batch of B examples holds at most B x the features'
   maxima and, over an epoch, B x their means on average. So:
   - certified: B x sum of maxima, plus the worst padding, fits the buffer;
-  - refused: B x sum of means already exceeds it (the average step is over the bound, so steps
-    over it are certain). IDs are counted as preprocessing wrote them; SparseCore merges an ID
-    repeated within one example, so a feature with many repeats is counted high here;
+  - refused: B x sum of means, plus the worst padding, exceeds it (the average step is over the
+    bound, so steps over it are certain). The padding counts: up to pad size - 1 slots for every
+    non-empty partition, and there are SparseCores per chip x replicas x SparseCores per chip
+    partitions per minibatch, so on a large slice padding alone can fill the buffer (4 SparseCores
+    per chip, 64 replicas: 1,024 partitions, up to 7,168 padding slots against a buffer of 64 x the
+    samples). IDs are counted as preprocessing wrote them; SparseCore merges an ID repeated within
+    one example, so a feature with many repeats is counted high here;
   - neither: not certified, reported (with the `max_length` that would certify it), not refused.
 - The per-batch and per-shard figures are not used to certify: they count consecutive global
   batches in preprocessing's order (training shuffles), and the per-shard ones bound a SparseCore
@@ -46,6 +50,7 @@ What the statistics can certify (docs/tpu.md, "IDs per chip"):
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
@@ -185,14 +190,16 @@ def _stack_report(plan: EmbeddingPlan, statistics: Optional[EmbeddingStatistics]
     covered = _minibatches_covered(worst, bound, partitions, pad_size, max_minibatches)
     maxima = [(f, figures[f][1]["max"]) for f in features]
     cap = _max_length_cap(maxima, per_replica_batch, bound, partitions, pad_size)
+    mean_padded = _padded(math.ceil(mean), 1, partitions, pad_size)
     report.update(ids_per_replica_batch_max=worst, ids_per_replica_batch_mean=mean,
                   worst_padded_one_minibatch=_padded(worst, 1, partitions, pad_size),
-                  minibatches_certified=covered, max_length_to_certify=cap)
-    if mean > bound:
+                  mean_padded_one_minibatch=mean_padded, minibatches_certified=covered, max_length_to_certify=cap)
+    if mean_padded > bound:
         report.update(verdict=EXCEEDS, reason=(
             f"a train example carries {mean / per_replica_batch:.1f} IDs on average over these {len(features)} "
             f"feature(s) (the buffer allows {per_sample} x {len(features)} = {per_sample * len(features)}), "
-            f"{mean:.0f} per replica batch of {per_replica_batch} > the buffer's {bound} "
+            f"{mean:.0f} per replica batch of {per_replica_batch}, {mean_padded} with the padding of "
+            f"{partitions} partitions (pad size {pad_size} assumed) > the buffer's {bound} "
             f"(max_ids_per_chip_per_sample {per_sample} x {samples} samples): the average step is over the "
             "bound, so steps over it are certain; TensorFlow's SparseCore preprocessing "
             "(GetMinibatchesInCsrWithPhysicalReplica) then fails the step, or drops the IDs that do not fit "
