@@ -24,6 +24,8 @@ from components.config.schema import ExportLayoutConfig
 from components.embedding_model import layouts as layouts_lib
 from components.embedding_model.sparsecore_layout import recompute_sparse_core_layouts, stacked_variables
 from components.planning.derivation import hand_built_plan
+from components.contracts.plan import CheckpointLayout
+from components.planning.fitting import with_run
 
 
 def _plan(tables, topology=(2, 4), batch=64):
@@ -133,6 +135,31 @@ def test_layout_b_without_record_is_recomputed_from_the_topology(tmp_path):
     wrong = _plan(TABLES_B, (4, 4), batch=64)
     with pytest.raises(layouts_lib.LayoutError, match="layout inconsistent.*topology"):
         layouts_lib.CheckpointTables(path, wrong)
+
+
+def test_a_sparse_core_override_that_contradicts_the_runs_record_is_refused(tmp_path):
+    """A lone 2^k table is padded alike for 8 and 16 SparseCores: read with the override 16, a
+    2-replica x 4 checkpoint has the same stacked shape but its rows permuted. The override is
+    checked against the run's record (the plan's checkpoint_layout) and refused naming both; one
+    that agrees with it, or one without a record, is used."""
+    tables = {"hashed": (1024, 16, "tpu_embedding")}
+    plan = _plan(tables, (2, 4), batch=64)
+    values = {"hashed": _known(1024, 16, 7)}
+    path = _write_b(tmp_path, values, _b_layouts(plan, 2, 4), with_record=False)
+    wrong = _b_layouts(plan, 4, 4)["hashed"]
+    assert list(wrong.unsharded_padded_shape) == list(_b_layouts(plan, 2, 4)["hashed"].unsharded_padded_shape)
+    recorded = with_run(plan, checkpoint_layout=CheckpointLayout(kind="B", num_replicas=2, sparse_cores_per_chip=4,
+                                                                 per_replica_batch_size=32))
+    with pytest.raises(layouts_lib.LayoutError, match=r"num_sparse_cores 16 contradicts .*recorded 2 replicas x 4 "
+                                                      r"SparseCores per chip .*: 8 SparseCores"):
+        layouts_lib.CheckpointTables(path, recorded, ExportLayoutConfig(num_sparse_cores=16))
+    with pytest.raises(layouts_lib.LayoutError, match=r"sparse_cores_per_chip 2 contradicts"):
+        layouts_lib.CheckpointTables(path, recorded, ExportLayoutConfig(sparse_cores_per_chip=2))
+    agreeing = layouts_lib.CheckpointTables(path, recorded, ExportLayoutConfig(num_sparse_cores=8))
+    np.testing.assert_array_equal(agreeing.read("hashed"), values["hashed"])
+    # without a record the override is what there is: 16 reads the rows permuted (why the record wins)
+    unrecorded = layouts_lib.CheckpointTables(path, plan, ExportLayoutConfig(num_sparse_cores=16))
+    assert not np.array_equal(unrecorded.read("hashed"), values["hashed"])
 
 
 def test_layout_b_handmade_rotation_and_offsets(tmp_path):

@@ -251,6 +251,7 @@ class CheckpointTables:
             return self._recomputed
         topo = self.plan.topology
         run = self.plan.checkpoint_layout or CheckpointLayout(kind="A", embedding_api="unknown")
+        self._check_override(run)
         per_chip = self.options.sparse_cores_per_chip or run.sparse_cores_per_chip or topo.sparse_cores_per_chip
         if self.options.num_sparse_cores:
             replicas = self.options.num_sparse_cores // per_chip
@@ -272,6 +273,24 @@ class CheckpointTables:
                 "export.layout.num_sparse_cores / sparse_cores_per_chip"
             )
         return self._recomputed
+
+    def _check_override(self, run: CheckpointLayout) -> None:
+        """Refuses an `export.layout` SparseCore topology (`--num-sparse-cores`, `--sparse-cores-per-chip`)
+        that contradicts what the training run recorded (the plan's checkpoint_layout): where padded
+        shapes coincide, another shard count reads the same stacked variable with its rows permuted
+        and no shape to refuse it. Without a record, the override is what there is."""
+        o = self.options
+        per_chip = o.sparse_cores_per_chip or run.sparse_cores_per_chip
+        recorded = (f"the training run recorded {run.num_replicas} replicas x {run.sparse_cores_per_chip} SparseCores "
+                    "per chip (the model's embedding_plan.json, checkpoint_layout)")
+        fix = "remove the override: the record is the topology training ran on"
+        if o.sparse_cores_per_chip and run.sparse_cores_per_chip and o.sparse_cores_per_chip != run.sparse_cores_per_chip:
+            raise LayoutError(f"export.layout.sparse_cores_per_chip {o.sparse_cores_per_chip} contradicts what "
+                              f"{recorded}; {fix}")
+        cores = int(run.num_replicas or 0) * int(per_chip or 0)
+        if o.num_sparse_cores and cores and int(o.num_sparse_cores) != cores:
+            raise LayoutError(f"export.layout.num_sparse_cores {o.num_sparse_cores} contradicts what {recorded}: "
+                              f"{cores} SparseCores; {fix}")
 
     def _source_b(self, name, rows, dim, layout, how) -> TableSource:
         key = tpu_embedding_checkpoint_key(layout.stacked_table_name)
