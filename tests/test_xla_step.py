@@ -30,10 +30,15 @@ INDICES = np.array([3, 1, 3, 0, 7, 3, 1], np.int64)
 VALUES = (np.random.default_rng(0).normal(size=(7, 4)) * 0.3).astype(np.float32)
 
 
-def _sparse_steps(optimizer, steps=3, jit=False, seed=1):
-    """`steps` sparse updates of an [8, 4] table (random start) by `optimizer`; the table and its slots."""
+def _sparse_steps(optimizer, steps=3, jit=False, seed=1, moments=False):
+    """`steps` sparse updates of an [8, 4] table (random start) by `optimizer`; the table and its slots.
+    `moments`: Adam's m and v start non-zero in every row (from an earlier step), so that a row the
+    batch never looks up shows whether the update touched it."""
     rng = np.random.default_rng(seed)
     var = tf.Variable(rng.normal(size=(8, 4)).astype(np.float32))
+    if moments:
+        optimizer.add_slot(var, "m").assign(rng.normal(size=(8, 4)).astype(np.float32) * 0.1)
+        optimizer.add_slot(var, "v").assign(rng.uniform(0.01, 0.1, size=(8, 4)).astype(np.float32))
 
     def step(k):
         g = tf.IndexedSlices(tf.constant(VALUES) * (1.0 + k), tf.constant(INDICES), tf.constant([8, 4], tf.int64))
@@ -86,6 +91,13 @@ def test_lazy_adam_compiles_and_moves_only_looked_up_rows():
     untouched = [2, 4, 5, 6]
     np.testing.assert_array_equal(compiled["var"][untouched], start[untouched])
     assert not np.any(compiled["m"][untouched]) and not np.any(compiled["v"][untouched])
+    # from moments every row holds (zero moments would leave an eager Adam's untouched rows still too):
+    # the rows never looked up keep their values and their moments, compiled
+    before = _sparse_steps(xla_updates.LazyAdam(0.05), steps=0, moments=True)
+    after = _sparse_steps(xla_updates.LazyAdam(0.05), steps=2, jit=True, moments=True)
+    for k in ("var", "m", "v"):
+        np.testing.assert_array_equal(after[k][untouched], before[k][untouched], err_msg=k)
+        assert not np.allclose(after[k][[0, 1, 3, 7]], before[k][[0, 1, 3, 7]]), k  # the looked-up rows moved
     # one step by hand: the summed gradient of each row, Keras' bias-corrected rate
     one = _sparse_steps(xla_updates.LazyAdam(0.05), steps=1, jit=True)
     g = np.zeros((8, 4), np.float32)
