@@ -19,9 +19,8 @@ from absl import logging
 from components.config.schema import PipelineConfig
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.statistics import EmbeddingStatistics
-from components.embedding_trainer import warm_start
-from components.embedding_trainer.warm_start import (TOKEN_KINDS, PreviousModel, WarmStartError, table_counts,
-                                                     table_tokens)
+from components.embedding_trainer.warm_start import (TOKEN_KINDS, PreviousModel, WarmStartError, previous_model,
+                                                     table_counts, table_tokens)
 from components.model_registry.registry import read_lookup
 from components.tfx_wiring.component_keys import SERVING_DIR_KEY
 
@@ -52,11 +51,11 @@ def continuous_start(cfg: PipelineConfig, base_model: Optional[str], manifest: V
 
     Returns:
       The record of `continuous.json`: base_model, drift, registry and a note, with `previous`
-      (a warm_start.PreviousModel) when warm-starting.
+      (a PreviousModel) when warm-starting.
 
     Raises:
       DriftStop: the data drifted past `continuous.drift`.
-      warm_start.WarmStartError: `base_model` is not a usable Trainer Model (and no registry
+      WarmStartError: `base_model` is not a usable Trainer Model (and no registry
         lookup stands behind it).
     """
     if not base_model:
@@ -73,8 +72,8 @@ def continuous_start(cfg: PipelineConfig, base_model: Optional[str], manifest: V
             return {"base_model": None, "drift": None, "registry": registry, "note": found.warm_start_note}
         base_model = found.warm_start_model
     try:
-        prev = warm_start.previous_model(base_model)
-    except warm_start.WarmStartError as e:
+        prev = previous_model(base_model)
+    except WarmStartError as e:
         if found is None:
             raise
         # The served version's Trainer model is there but incomplete (cleaned up in part, or not
