@@ -133,7 +133,7 @@ def test_warm_start_carries_rows_and_slots_by_token(warm, table):
     old_key = model_lib.table_checkpoint_key(table, prev.plan.tables[table].placement)
     old_rows, new_rows = _rows_by_token(prev.manifest, table), _rows_by_token(manifest, table)
     e_old, e_new = prev.manifest.vocabulary(table), manifest.vocabulary(table)
-    slot_keys = [k for k in fresh if k.startswith(key[: -len(model_lib.VARIABLE_VALUE)] + "/.OPTIMIZER_SLOT/")]
+    slot_keys = [k for k in fresh if k.startswith(key[: -len(model_lib.VARIABLE_VALUE)] + model_lib.SLOT_MARK)]
     assert slot_keys, "the demo's FTRL has two slots per table"
     for k in [key] + slot_keys:
         old = old_reader.get_tensor(old_key[: -len(model_lib.VARIABLE_VALUE)] + k[len(key) - len(model_lib.VARIABLE_VALUE):])
@@ -172,8 +172,8 @@ def test_carry_slots_false_carries_weights_and_leaves_every_slot_fresh(warm, cha
     report = warm_start.warm_start_checkpoint(prev, dataclasses.replace(cfg, continuous=ContinuousConfig(carry_slots=False)),
                                      plan, manifest, fix.twin, prefix)
     out = tf.train.load_checkpoint(prefix)
-    slots = [k for k in fresh if warm_start.SLOT_MARK in k]
-    weights = [k for k in fresh if warm_start.SLOT_MARK not in k and k.startswith(("model/tensor_core_tables/", "model/bottom_mlp/"))]
+    slots = [k for k in fresh if model_lib.SLOT_MARK in k]
+    weights = [k for k in fresh if model_lib.SLOT_MARK not in k and k.startswith(("model/tensor_core_tables/", "model/bottom_mlp/"))]
     assert slots and weights
     for k in slots:
         np.testing.assert_array_equal(out.get_tensor(k), fresh[k], err_msg=k)

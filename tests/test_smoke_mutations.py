@@ -1,39 +1,54 @@
-"""The TPU smoke test's parity check catches broken SparseCore updates.
+"""The TPU smoke test's parity check catches broken TPU steps.
 
 The smoke test's core check (components/tpu_smoke/, `sparsecore_training`)
 is run as its CPU dry run does in tests/test_sparsecore_training.py: the Trainer's model under the
-harness's 2-replica TPU strategy with TF's real `TPUEmbeddingV2`, whose SparseCore step
-(tests/tpu_harness.py, `CpuStepV2`) here is broken on purpose in each of the ways of
-`tpu_harness.MUTATIONS` (slots never written back, each occurrence's g^2 accumulated, replicas
-averaged or only replica 0's gradients applied, twice the learning rate, a shard rotation off by
-one, rows padded for the wrong number of SparseCores). Each must FAIL the check at its default
-tolerance; the correct step passes it (tests/test_sparsecore_training.py). A check that passed any
-of these would pass a TPU kernel broken that way.
+harness's 2-replica TPU strategy with TF's real `TPUEmbeddingV2`, whose TPU step is broken on
+purpose in each of the ways of `tpu_harness.MUTATIONS`. In the SparseCore step (`CpuStepV2`): slots
+never written back, each occurrence's g^2 accumulated, replicas averaged or only replica 0's
+gradients applied, twice the learning rate, a shard rotation off by one, rows padded for the wrong
+number of SparseCores. In the TensorCore's part of the step, at the last step, where the tables'
+values still equal the CPU run's: a TensorCore table's slots not written back, and the dense
+network's optimizer step dropped. Each must FAIL the check at its default tolerance; the correct
+step passes it (tests/test_sparsecore_training.py). A check that passed any of these would pass a
+TPU step broken that way.
 """
 import pytest
 
 import components  # noqa: F401
-
 from tests import tpu_harness
 
 REPLICAS, PER_CHIP, STEPS = 2, 4, 3
 
 
+def _failures(err) -> list:
+    """The failure sentences of a ParityError (before the report that follows ' | ')."""
+    return str(err).split(" | ")[0].split("; ")
+
+
 @pytest.mark.slow(reason="the smoke test's parity check, 3 steps under the 2-replica SparseCore harness and on CPU, per mutation")
 @pytest.mark.parametrize("mutation", sorted(tpu_harness.MUTATIONS))
-def test_the_parity_check_fails_a_broken_sparsecore_step(mutation, trainer_data, monkeypatch, tmp_path):
+def test_the_parity_check_fails_a_broken_tpu_step(mutation, trainer_data, monkeypatch, tmp_path):
     from components.tpu_smoke import parity, scenario
     from tests.stages import trainer_raw_config
 
-    strategy = tpu_harness.install_sparsecore(monkeypatch, REPLICAS, PER_CHIP,
-                                              v2_class=tpu_harness.cpu_step_v2_class(mutation=mutation))
+    strategy = tpu_harness.install_sparsecore(monkeypatch, REPLICAS, PER_CHIP, mutation=mutation, mutation_step=STEPS - 1)
     files = [str(trainer_data / "tx" / "Split-train" / "*")]
     cfg, plan, manifest = scenario.parity_plan(trainer_raw_config(trainer_data), str(trainer_data))
     with pytest.raises(parity.ParityError) as err:
         parity.sparsecore_training(strategy, cfg, plan, manifest, files, STEPS, str(tmp_path))
     print(f"MUTATION {mutation}: {err.value}")
+    failures = _failures(err.value)
+    tensor_core = sorted(plan.tables_placed("tensor_core"))
+    if mutation == "tensor_core_slot":  # only slots fail, a TensorCore table's among them: no table's values
+        assert all(" slot " in f or "/.OPTIMIZER_SLOT/" in f for f in failures), failures
+        assert any(f.startswith(f"{t} slot ") for t in tensor_core for f in failures), failures
+    if mutation == "dense_step":  # only the dense network and its slots fail
+        assert all(f.startswith("model/") for f in failures), failures
+        assert any(f.startswith(("model/top_mlp/", "model/bottom_mlp/", "model/cross/")) for f in failures), failures
 
 
 def test_an_unknown_mutation_is_refused():
     with pytest.raises(ValueError, match="unknown mutation 'typo'"):
         tpu_harness.cpu_step_v2_class(mutation="typo")
+    with pytest.raises(ValueError, match="unknown mutation 'no_slot_write': one of tensor_core_slot, dense_step"):
+        tpu_harness.break_tensor_core_step(None, "no_slot_write", 0)

@@ -11,7 +11,8 @@ update per touched row by the SparseCore rule of tests/optimizer_reference.py).
   train_step (FTRL and Adagrad tables, stacks, dim-1 wide tables), a few steps of `fit` under the
   harness's TPU strategy from the same tables and dense weights as a CPU (layout A) run on the same
   batches; the tables read back from the SparseCore checkpoint by the exporter's layout-B reader
-  equal the CPU run's row by row, and moved from where they started. This is the TPU smoke test's
+  equal the CPU run's row by row, and moved from where they started; so do every table's slots
+  (TPU embedding and TensorCore) and the dense network's weights and slots. This is the TPU smoke test's
   own comparison (components/tpu_smoke/, `sparsecore_training`) with the
   harness in place of the TPU.
 """
@@ -142,15 +143,23 @@ def test_sparsecore_training_matches_cpu_row_by_row(trainer_data, monkeypatch, t
 
     strategy = tpu_harness.install_sparsecore(monkeypatch, REPLICAS, PER_CHIP)
     files = [str(trainer_data / "tx" / "Split-train" / "*")]
-    cfg, plan, manifest = scenario.parity_plan(trainer_raw_config(trainer_data), str(trainer_data))
-    covered = scenario.coverage(plan, REPLICAS, PER_CHIP)  # FTRL and Adagrad, a stack of several, dim-1 wide
+    raw = trainer_raw_config(trainer_data)
+    cfg, plan, manifest = scenario.parity_plan(raw, str(trainer_data))
+    # FTRL and Adagrad, a stack of several, dim-1 wide, TensorCore tables, what the config's plan trains
+    covered = scenario.coverage(plan, REPLICAS, PER_CHIP, scenario.derived_plan(raw, str(trainer_data)))
     result = parity.sparsecore_training(strategy, cfg, plan, manifest, files, 3, str(tmp_path), tolerance=1e-4)
     assert result["layout"] == "B", result
-    tpu = plan.tables_placed("tpu_embedding")
+    tpu, tensor_core = plan.tables_placed("tpu_embedding"), plan.tables_placed("tensor_core")
+    want = {"ftrl": {"accumulator", "linear"}, "adagrad": {"accumulator"}, "adam": {"m", "v"}}
     for name, entry in result["tables"].items():
         assert entry["change_diff"] <= 1e-4 and entry["max_diff"] <= 1e-6, (name, entry)
         assert entry["moved"] > 1e-4 and entry["rows_moved"] > 0, (name, entry)
-        if name in tpu:  # and the slots TF created for the stacks: FTRL's, Adagrad's and (wide tables) Adam's
-            want = {"ftrl": {"accumulator", "linear"}, "adagrad": {"accumulator"}, "adam": {"m", "v"}}
-            assert set(entry["slots"]) == want[tpu[name].optimizer["name"]] and max(entry["slots"].values()) <= 1e-4, (name, entry)
+        # the slots of every table: those TF created for the stacks (FTRL's, Adagrad's and the wide
+        # tables' Adam's) and the TensorCore tables' Keras slots
+        table = plan.tables[name]
+        assert set(entry["slots"]) == want[table.optimizer["name"]] and max(entry["slots"].values()) <= 1e-4, (name, entry)
     assert {tpu[n].optimizer["name"] for n in tpu} == {"ftrl", "adagrad", "adam"}, covered
+    assert tensor_core and {tensor_core[n].optimizer["name"] for n in tensor_core} == {"ftrl", "adam"}, covered
+    # and every other variable: the dense network's weights and slots, the optimizers' counters
+    v = result["variables"]
+    assert v["trained"] > 40 and v["compared"] > v["trained"] and v["max_change_diff"] <= 1e-4, v

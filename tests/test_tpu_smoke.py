@@ -91,6 +91,61 @@ def test_judge_compares_changes_and_fails_untrained_permuted_distant_and_unwritt
     assert failures == ["t: the CPU run left it where it started (not looked up: untested)"]
 
 
+def test_variables_outside_the_tables_are_judged_by_change_and_kept_ones_must_stay_kept():
+    """The dense network, its slots and the step counters: a variable the CPU run trained must
+    change as much on the TPU (never trained, half trained or absent fail); one the CPU run kept
+    (a hyperparameter) must be kept; one absent from the TPU checkpoint that the CPU run kept is
+    an optimizer's hyperparameter the TPU run never built."""
+    from components.tpu_smoke import parity
+    start = np.zeros((2, 3), np.float32)
+    cpu = start + np.float32(0.1)
+    k = "/.ATTRIBUTES/VARIABLE_VALUE"
+    beta = np.float32(0.9)
+    report, failures = parity.judge_variables({
+        "model/top_mlp/kernel" + k: (cpu, cpu, start),
+        "model/dense_optimizer/beta_1" + k: (beta, beta, beta),
+        "model/table_embedding_optimizers/C24/decay" + k: (None, beta, beta),
+        "model/cross/0/bias" + k: (start, cpu, start),
+        "model/bottom_mlp/bias" + k: (start + np.float32(0.05), cpu, start),
+        "model/dense_optimizer/beta_2" + k: (beta + 1, beta, beta),
+        "model/wide_dense/kernel" + k: (None, cpu, start),
+    }, parity.DEFAULT_TOLERANCE)
+    assert report == {"compared": 7, "trained": 3, "max_change_diff": pytest.approx(1, rel=1e-5), "worst": "model/cross/0/bias"}
+    assert failures == [
+        "model/bottom_mlp/bias: its change differs from the CPU run's by 0.5 of that change (max |diff| 0.05, "
+        "the CPU run moved it up to 0.1) > 0.01",
+        "model/cross/0/bias: never trained (equal to its start), the CPU run moved it",
+        "model/dense_optimizer/beta_2: the CPU run left it where it started, the TPU run moved it by up to 1",
+        "model/wide_dense/kernel: the CPU run trained it; the TPU checkpoint lacks it",
+    ], failures
+
+
+def test_coverage_needs_a_tensor_core_table_and_what_the_users_plan_trains(trainer_data):
+    """The parity plan must train a TensorCore table (its updates are the XLA row rules) and every
+    (placement, optimizer) the user's own plan trains; the trainer data's config has both
+    placements (size_threshold 400)."""
+    import copy
+
+    from components.tpu_smoke import scenario
+    from tests.stages import trainer_raw_config
+
+    raw, root = trainer_raw_config(trainer_data), str(trainer_data)
+    _, plan, _ = scenario.parity_plan(raw, root)
+    line = scenario.coverage(plan, 2, 4, scenario.derived_plan(raw, root))
+    assert re.search(r"; \d+ TensorCore tables \(adam, ftrl\)$", line), line  # the wide part's lazy Adam, FTRL
+    everything_in_tpu_embedding = copy.deepcopy(raw)
+    everything_in_tpu_embedding["training"]["embedding"]["size_threshold"] = 0
+    _, no_tensor_core, _ = scenario.parity_plan(everything_in_tpu_embedding, root)
+    with pytest.raises(AssertionError, match=r"lack a TensorCore table \(raise --size-threshold"):
+        scenario.coverage(no_tensor_core, 2, 4)
+    # a user's TensorCore table with an optimizer of its own that the parity plan does not train
+    users = copy.deepcopy(raw)
+    small = sorted(plan.tables_placed("tensor_core"))[0]
+    next(f for f in users["categorical_features"] if f["name"] == small)["optimizer"] = {"name": "sgd", "learning_rate": 0.1}
+    with pytest.raises(AssertionError, match=f"a tensor_core table trained by sgd \\(as the config's {small}\\)"):
+        scenario.coverage(plan, 2, 4, scenario.derived_plan(users, root))
+
+
 def test_parity_config_turns_off_what_differs_by_design_and_adds_adagrad():
     from components.tpu_smoke import scenario
     from tests.stages import demo_raw_config
@@ -165,4 +220,5 @@ def test_dry_run_passes_every_step_that_needs_no_tpu(tmp_path):
         assert status[name][0] == "SKIP" and "needs the TPU runtime" in status[name][1], (name, status[name])
     plan = status["plan"][1]
     assert "adagrad, adam, ftrl" in plan and "stacks of several: " in plan and "dim-1 wide tables: " in plan, plan
+    assert re.search(r"; [1-9]\d* TensorCore tables \(", plan), plan  # the XLA row rules' tables are trained too
     assert "adagrad with clipvalue 0.5 refused" in status["sparsecore_optimizer"][1]

@@ -315,9 +315,10 @@ def _write_rows(variable, rows: tf.Tensor, values: tf.Tensor) -> List[Any]:
     return ops
 
 
-# Broken SparseCore steps (`cpu_step_v2_class(mutation=...)`), each a way a TPU kernel or layout
-# could go wrong; tests/test_smoke_mutations.py requires the smoke test's parity check to fail on each.
-MUTATIONS = {
+# Broken TPU steps, each a way a TPU kernel, layout or compiled step could go wrong;
+# tests/test_smoke_mutations.py requires the smoke test's parity check to fail on each. In the
+# SparseCore step (`cpu_step_v2_class(mutation=...)`):
+SPARSECORE_MUTATIONS = {
     "no_slot_write": "the optimizer slots are never written back",
     "per_occurrence_square": "the accumulators add each occurrence's g^2, not the square of the row's summed g",
     "averaged_replicas": "the replicas' row gradients averaged, not summed",
@@ -326,6 +327,55 @@ MUTATIONS = {
     "rotation": "each table's shard rotation off by one",
     "padding": "rows padded to 8 x SparseCores per chip, not 8 x all SparseCores",
 }
+# In the step the TensorCore runs (`break_tensor_core_step`): the Keras optimizers' updates under
+# the harness's strategy, which only the TPU run trains under. Each acts at one step (the last
+# parity step): the tables' values are then still the CPU run's, and only a check of the slots or
+# the dense network sees it.
+TENSOR_CORE_MUTATIONS = {
+    "tensor_core_slot": "a TensorCore table's optimizer slots not written back (its rows still are)",
+    "dense_step": "a dense optimizer step dropped: the dense network's weights and their slots left as they were",
+}
+MUTATIONS = {**SPARSECORE_MUTATIONS, **TENSOR_CORE_MUTATIONS}
+
+
+def _then_restore(update, variables, when):
+    """`update` (a function building the update op) run with `variables` read before it and
+    written back after it where `when` (a boolean tensor) holds: every change it made to them undone."""
+    before = [tf.identity(tf.convert_to_tensor(v)) for v in variables]
+    with tf.control_dependencies(before):
+        op = update()
+    with tf.control_dependencies([op]):
+        return tf.cond(when, lambda: tf.group(*[v.assign(b) for v, b in zip(variables, before)]), tf.no_op)
+
+
+def break_tensor_core_step(monkeypatch, mutation: str, step: int) -> None:
+    """One of TENSOR_CORE_MUTATIONS in the Keras optimizers' updates made under a distribution
+    strategy (the harness's TPU run; the CPU run trains under none), at the optimizer's step `step`
+    (its `iterations`, 0-based) only. Undone by `monkeypatch`.
+    - tensor_core_slot: each sparse (row) update, a TensorCore table's, leaves its slots as they were;
+    - dense_step: each dense-gradient update leaves its variable and slots as they were; the step
+      counter still counts the step."""
+    from tf_keras.src.optimizers.legacy import gradient_descent
+
+    from components.embedding_model import xla_updates
+
+    if mutation not in TENSOR_CORE_MUTATIONS:
+        raise ValueError(f"unknown mutation {mutation!r}: one of {', '.join(TENSOR_CORE_MUTATIONS)}")
+    classes = {*xla_updates.KERAS_CLASSES.values(), xla_updates.LazyAdam, gradient_descent.SGD}
+    method = "_resource_apply_sparse_duplicate_indices" if mutation == "tensor_core_slot" else "_resource_apply_dense"
+    for cls in classes:
+        original = getattr(cls, method)
+
+        def broken(self, grad, var, *args, _original=original, **kwargs):
+            update = lambda: _original(self, grad, var, *args, **kwargs)  # noqa: E731
+            if not tf.distribute.has_strategy():
+                return update()
+            kept = [self.get_slot(var, n) for n in self.get_slot_names()]
+            if mutation == "dense_step":
+                kept.insert(0, var)
+            return _then_restore(update, kept, tf.equal(self.iterations, step))
+
+        monkeypatch.setattr(cls, method, broken)
 
 
 def cpu_step_v2_class(on_call=None, on_apply=None, mutation=None):
@@ -348,9 +398,9 @@ def cpu_step_v2_class(on_call=None, on_apply=None, mutation=None):
       written into the stacked parameters and slots through TF's index mapping, each part on its
       device. `apply_updates = False` (class attribute) checks and drops the gradients instead.
     `on_call(mid, bound_arguments)`, `on_apply(mid, bound)`: recorders. `mutation`: one of
-    MUTATIONS, a deliberately broken step (None: the correct one)."""
-    if mutation is not None and mutation not in MUTATIONS:
-        raise ValueError(f"unknown mutation {mutation!r}: one of {', '.join(MUTATIONS)}")
+    SPARSECORE_MUTATIONS, a deliberately broken step (None: the correct one)."""
+    if mutation is not None and mutation not in SPARSECORE_MUTATIONS:
+        raise ValueError(f"unknown mutation {mutation!r}: one of {', '.join(SPARSECORE_MUTATIONS)}")
     import inspect
 
     from tests.optimizer_reference import sparse_core_parameters, sparse_core_step
@@ -508,11 +558,18 @@ def cpu_step_v2_class(on_call=None, on_apply=None, mutation=None):
     return CpuStepV2
 
 
-def install_sparsecore(monkeypatch, replicas: int = 2, sparse_cores_per_chip: int = 4, v2_class=None):
+def install_sparsecore(monkeypatch, replicas: int = 2, sparse_cores_per_chip: int = 4, v2_class=None, mutation=None,
+                       mutation_step: int = 0):
     """The trainer's TPU branch on the harness, for SparseCore: a RecordingTPUStrategy instance
     (`replicas` CPU devices) that TF's TPUEmbeddingV2, TFRS's layer and the trainer's
     `is_tpu_strategy` accept, with `v2_class` (default `cpu_step_v2_class()`) built wherever the
-    model builds `tf.tpu.experimental.embedding.TPUEmbeddingV2`. Undone by `monkeypatch`."""
+    model builds `tf.tpu.experimental.embedding.TPUEmbeddingV2`. `mutation`: one of MUTATIONS, the
+    TPU run's step broken that way (TENSOR_CORE_MUTATIONS at step `mutation_step`). Undone by
+    `monkeypatch`."""
+    if mutation in TENSOR_CORE_MUTATIONS:
+        break_tensor_core_step(monkeypatch, mutation, mutation_step)
+    elif mutation is not None:
+        v2_class = cpu_step_v2_class(mutation=mutation)
     from tensorflow_recommenders.layers.embedding import tpu_embedding_layer as tfrs_layer
 
     from components.embedding_trainer import hardware  # lazy: a harness helper, TensorFlow's trainer modules

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 CHECKPOINT_ROOT = "model"
 VARIABLE_VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"  # suffix of a variable's value under its object path
+SLOT_MARK = "/.OPTIMIZER_SLOT/"  # between a variable's object path and each of its optimizer slots'
+OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"  # the object graph itself, not a variable
 # Tables placed in `tpu_embedding`: the TFRS layer's mid-level API object (TPUEmbedding,
 # TPUEmbeddingV2 or TPUEmbeddingForServing) holds one variable per table, named by the table
 # (TPUEmbeddingV2: one per SparseCore stack, named by joining its tables' names with '_').

@@ -44,7 +44,8 @@ from components.contracts import artifacts
 from components.contracts.manifest import VocabularyEntry, VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
 from components.contracts.statistics import EmbeddingStatistics
-from components.embedding_model.checkpoint_keys import CHECKPOINT_ROOT, VARIABLE_VALUE, table_checkpoint_key
+from components.embedding_model.checkpoint_keys import (CHECKPOINT_ROOT, OBJECT_GRAPH_KEY, SLOT_MARK, VARIABLE_VALUE,
+                                                         table_checkpoint_key)
 from components.embedding_model.model import RankingModel
 from components.embedding_model.restore import open_checkpoint_tables
 from components.embedding_model.unreadable import reading
@@ -54,8 +55,6 @@ TOKEN_KINDS = ("counted", "list", "file")  # vocabularies whose rows are tokens 
 # Kept fresh: optimizer step counters and hyperparameters (this run's config), the save counter.
 OPTIMIZER_STATE = ("model/dense_optimizer/", "model/embedding_optimizer/", "model/table_embedding_optimizers/",
                    "save_counter/")
-OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
-SLOT_MARK = "/.OPTIMIZER_SLOT/"  # object-based checkpoints' key of a variable's optimizer slot
 TOP_DROPPED = 5
 # What to do when the last blessed model's checkpoint or vocabulary is cut short or damaged.
 RESTORE_PREVIOUS = ("restore that model's files from the run that wrote them, or set continuous.warm_start: false "

@@ -20,8 +20,9 @@ Checks (those marked TPU are skipped by --dry-run, which says so):
    no dropout, no pipelining, and an Adagrad table beside the FTRL ones) has what the parity check
    must cover on this topology (--dry-run: --dry-replicas x --dry-sparse-cores-per-chip): an FTRL
    and an Adagrad TPU-embedding table, a SparseCore stack of several tables (rotations, row
-   offsets) and a one-dimensional wide table (padded to 8 columns; lazy Adam, the wide part's
-   default optimizer).
+   offsets), a one-dimensional wide table (padded to 8 columns; lazy Adam, the wide part's
+   default optimizer), a TensorCore table (updated by the XLA row rules, xla_updates.py), and every
+   placement and optimizer the given config's own plan trains.
 4. sparsecore_optimizer: every TPU-embedding table's optimizer in that plan passes the project's
    SparseCore check (optimizers.check_sparsecore_optimizer: TF 2.16's TPUEmbeddingV2 ignores
    clipping), and Adagrad with clipvalue is refused there.
@@ -33,15 +34,19 @@ Checks (those marked TPU are skipped by --dry-run, which says so):
    warm-start path places the CPU model's start into the SparseCore stacks). Each table is read
    back from the TPU run's checkpoint by the exporter's reader (layouts.CheckpointTables: layout B
    on SparseCore, A on TPU v2-v4) and compared row by row with the CPU run's, and the TPU-embedding
-   tables' optimizer slots likewise (TensorFlow's own `unshuffle_from_sc_to_cpu`). What is compared
+   tables' optimizer slots likewise (TensorFlow's own `unshuffle_from_sc_to_cpu`), the TensorCore
+   tables' slots, and every other variable of the CPU run's checkpoint by its key (the dense
+   network's weights, their optimizer slots, the optimizers' step counters; one the CPU run left
+   at its start must stay there: `judge_variables`). What is compared
    is each table's and slot's change from the start, TPU against CPU, relative to the CPU run's
    largest change (3 steps move an Adagrad accumulator by about 3e-5: an absolute tolerance would
    pass one never written back). Each value's difference counts only beyond ROUNDING_STEPS float32
    steps at its magnitude (two summation orders round apart). FAILS on a difference above
    --parity-tolerance (1e-2 of the change), on a table or slot that did not move on either run
    (untrained, or not looked up: untested), and on one whose change float32 cannot resolve (the
-   rounding allowance above MAX_ROUNDING of the change: not tested). tests/test_smoke_mutations.py breaks the CPU SparseCore step seven ways and requires
-   this check to fail on each.
+   rounding allowance above MAX_ROUNDING of the change: not tested). tests/test_smoke_mutations.py
+   breaks the harness's TPU step nine ways (seven in the SparseCore step, a TensorCore slot never
+   written back, a dense optimizer step dropped) and requires this check to fail on each.
    Float32 matmuls run at full precision for this check (TensorFloat-32 / bfloat16 passes off).
 6. trainer_tpu (TPU): the whole Trainer (`run_fn` with training.tpu = local) on the data with the
    given config: training ends at --steps under TPUStrategy, the artifact is complete, the recorded

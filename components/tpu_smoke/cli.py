@@ -20,7 +20,7 @@ from components.config.loading import parse_config
 from components.contracts import artifacts
 from components.embedding_trainer import trainer_module
 from components.tpu_smoke.parity import DEFAULT_TOLERANCE, describe, sparsecore_training
-from components.tpu_smoke.scenario import (base_raw_config, config_path, coverage, eval_records, parity_plan,
+from components.tpu_smoke.scenario import (base_raw_config, config_path, coverage, derived_plan, eval_records, parity_plan,
                                            prepare_data, sparsecore_optimizer, split_files, trainer_fn_args,
                                            trainer_raw_config)
 
@@ -201,8 +201,9 @@ def _plan_and_training_checks(args, root: str, strategy, replicas: int, per_chip
     """Checks 3 to 6 of the module docstring, on the preprocessed data under `root`."""
 
     def plan_step():
-        cfg, plan, manifest = parity_plan(base_raw_config(args, root), root)
-        return coverage(plan, replicas, per_chip), (cfg, plan, manifest)
+        raw = base_raw_config(args, root)
+        cfg, plan, manifest = parity_plan(raw, root)
+        return coverage(plan, replicas, per_chip, derived_plan(raw, root)), (cfg, plan, manifest)
 
     parity = check("plan", plan_step)
     if parity is None:

@@ -1,6 +1,8 @@
 """The smoke test's core check (components/tpu_smoke, check 5): the Trainer's model trained the same
-steps under TPUStrategy and on the host CPU from the same start, each table and TPU-embedding slot
-read back from the TPU run's checkpoint and compared row by row, and the judge of their changes."""
+steps under TPUStrategy and on the host CPU from the same start, and every variable the step trains
+read back from the TPU run's checkpoint and compared with the CPU run's: each table row by row (TPU
+embedding and TensorCore) with its optimizer slots, and the dense network's weights, their
+optimizer slots and the optimizers' step counters; then the judge of their changes."""
 from __future__ import annotations
 
 import os
@@ -13,14 +15,10 @@ from tensorflow.python.tpu import tpu_embedding_v3_utils
 
 from components.contracts.plan import CheckpointLayout
 from components.embedding_model.layouts import CheckpointTables
-from components.embedding_model.checkpoint_keys import CHECKPOINT_ROOT, VARIABLE_VALUE
+from components.embedding_model.checkpoint_keys import CHECKPOINT_ROOT, OBJECT_GRAPH_KEY, SLOT_MARK, VARIABLE_VALUE
 from components.embedding_trainer import hardware, model_building, training_data, training_state
-from components.config.choices import LayoutKind, Placement
+from components.config.choices import LayoutKind, OptimizerName, Placement
 from components.planning.fitting import with_run
-
-
-
-SLOT_MARK = "/.OPTIMIZER_SLOT/"
 
 
 class ParityError(AssertionError):
@@ -63,9 +61,9 @@ def _compile(model) -> None:
 
 
 def _slots(prefix: str, plan, table: str, source) -> Dict[str, np.ndarray]:
-    """A TPU-embedding table's optimizer slots in a checkpoint, by their key below the slot mark:
-    layout A the table's own keys, layout B its rows out of the stack's slot variables
-    (TensorFlow's unshuffle_from_sc_to_cpu)."""
+    """A table's optimizer slots in a checkpoint, by their key below the slot mark: layout A (every
+    TensorCore table, and TPU-embedding tables of TPUEmbedding or a CPU run) the table's own keys,
+    layout B its rows out of the stack's slot variables (TensorFlow's unshuffle_from_sc_to_cpu)."""
     reader = tf.train.load_checkpoint(prefix)
     base = source.key[: -len(VARIABLE_VALUE)] + SLOT_MARK
     out = {}
@@ -135,6 +133,24 @@ def change_difference(trained, reference, start) -> Dict[str, float]:
             "rounding": rounding}
 
 
+def _verdict(what: str, d: Dict[str, Any], tolerance: float, rows_moved: str = "") -> Optional[str]:
+    """The failure sentence of one compared variable (`change_difference`'s result), or None."""
+    if "shapes" in d:
+        return f"{what}: read back as {d['shapes']}"
+    if d["moved_reference"] == 0.0:
+        return f"{what}: the CPU run left it where it started (not looked up: untested)"
+    if d["moved"] == 0.0:
+        return f"{what}: never trained (equal to its start), the CPU run moved it{rows_moved}"
+    if d.get("rounding", 0.0) > MAX_ROUNDING:
+        return (f"{what}: float32 cannot resolve its change (rounding allowance {d['rounding']:.3g} of the "
+                f"CPU run's change {d['moved_reference']:.3g}; not tested): train more steps")
+    if d["relative"] > tolerance:
+        return (f"{what}: its change differs from the CPU run's by {d['relative']:.3g} of that change "
+                f"(max |diff| {d['max_diff']:.3g}, the CPU run moved it up to {d['moved_reference']:.3g}) "
+                f"> {tolerance:g}")
+    return None
+
+
 def judge(trained: Dict[str, np.ndarray], reference: Dict[str, np.ndarray], start: Dict[str, np.ndarray],
           tolerance: float, slots: Optional[Dict[str, Dict[str, Tuple[np.ndarray, np.ndarray, np.ndarray]]]] = None
           ) -> Tuple[Dict[str, Dict[str, Any]], List[str]]:
@@ -160,19 +176,9 @@ def judge(trained: Dict[str, np.ndarray], reference: Dict[str, np.ndarray], star
     failures: List[str] = []
 
     def verdict(what: str, d: Dict[str, Any], rows_moved: str = "") -> None:
-        if "shapes" in d:
-            failures.append(f"{what}: read back as {d['shapes']}")
-        elif d["moved_reference"] == 0.0:
-            failures.append(f"{what}: the CPU run left it where it started (not looked up: untested)")
-        elif d["moved"] == 0.0:
-            failures.append(f"{what}: never trained (equal to its start), the CPU run moved it{rows_moved}")
-        elif d.get("rounding", 0.0) > MAX_ROUNDING:
-            failures.append(f"{what}: float32 cannot resolve its change (rounding allowance {d['rounding']:.3g} of the "
-                            f"CPU run's change {d['moved_reference']:.3g}; not tested): train more steps")
-        elif d["relative"] > tolerance:
-            failures.append(f"{what}: its change differs from the CPU run's by {d['relative']:.3g} of that change "
-                            f"(max |diff| {d['max_diff']:.3g}, the CPU run moved it up to {d['moved_reference']:.3g}) "
-                            f"> {tolerance:g}")
+        failure = _verdict(what, d, tolerance, rows_moved)
+        if failure:
+            failures.append(failure)
 
     for name in sorted(reference):
         d = change_difference(trained[name], reference[name], start[name])
@@ -187,6 +193,45 @@ def judge(trained: Dict[str, np.ndarray], reference: Dict[str, np.ndarray], star
             verdict(f"{name} slot {slot}", ds)
         report[name] = entry
     return report, failures
+
+
+def judge_variables(variables: Dict[str, Tuple[Optional[np.ndarray], np.ndarray, np.ndarray]], tolerance: float
+                    ) -> Tuple[Dict[str, Any], List[str]]:
+    """The variables outside the tables (the dense network's weights, every optimizer slot of
+    theirs, the optimizers' step counters and hyperparameters), by checkpoint key: one the CPU run
+    changed must change as much in the run under test (`change_difference`, as tables); one the
+    CPU run left where it started (a hyperparameter, a weight no gradient reached) must be left
+    there too.
+
+    Args:
+      variables: {key: (trained, reference, start)}; trained is None when the run under test's
+        checkpoint lacks the key.
+      tolerance: as `judge`'s.
+
+    Returns:
+      ({"compared", "trained", "max_change_diff", "worst"}, one sentence per failure).
+    """
+    failures: List[str] = []
+    worst, trained = (0.0, ""), 0
+    for key, (t, r, s) in sorted(variables.items()):
+        what = key[: -len(VARIABLE_VALUE)] if key.endswith(VARIABLE_VALUE) else key
+        kept = _difference(r, s) == 0.0
+        if t is None:
+            if not kept:
+                failures.append(f"{what}: the CPU run trained it; the TPU checkpoint lacks it")
+            continue
+        if kept:
+            if _difference(t, s) != 0.0:
+                failures.append(f"{what}: the CPU run left it where it started, the TPU run moved it by up to "
+                                f"{_difference(t, s):.3g}")
+            continue
+        trained += 1
+        d = change_difference(t, r, s)
+        failure = _verdict(what, d, tolerance)
+        if failure:
+            failures.append(failure)
+        worst = max(worst, (d["relative"], what))
+    return {"compared": len(variables), "trained": trained, "max_change_diff": worst[0], "worst": worst[1]}, failures
 
 
 def sparsecore_training(strategy, cfg, plan, manifest, train_files: List[str], steps: int, workdir: str,
@@ -208,11 +253,13 @@ def sparsecore_training(strategy, cfg, plan, manifest, train_files: List[str], s
 
     Returns:
       The report {"layout", "replicas", "steps", "placement",
-      "tables": {table: {change_diff, max_diff, moved, moved_reference, rows_moved, slots}}}.
+      "tables": {table: {change_diff, max_diff, moved, moved_reference, rows_moved, slots}},
+      "variables": judge_variables' summary of the dense network, its slots and the step counters}.
 
     Raises:
       ValueError: the configuration or the strategy cannot be compared step by step.
-      ParityError: a table differs beyond `tolerance`, did not move, or sits in another layout.
+      ParityError: a table, a slot or a dense variable differs beyond `tolerance` or did not move,
+        or a table sits in another layout.
     """
     per_replica = _comparable_per_replica_batch(strategy, cfg, plan)
     replicas = strategy.num_replicas_in_sync
@@ -288,20 +335,39 @@ def _compare_checkpoints(plan, layout: CheckpointLayout, replicas: int, steps: i
         raise ParityError(f"tables located in another layout than the run's ({layout.kind}): {wrong}")
     names = sorted(plan.tables)
     slots = {}
-    for n in plan.tables_placed("tpu_embedding"):
+    for n in names:  # every table's slots: TPU embedding's (layout B: out of the stacks) and TensorCore's
         ours, theirs = _slots(tpu_prefix, plan, n, read_tpu.sources[n]), _slots(cpu_prefix, plan, n, read_cpu.sources[n])
         first = _slots(start_prefix, plan, n, read_start.sources[n])
-        if sorted(ours) != sorted(theirs) or sorted(first) != sorted(theirs) or not theirs:
+        stateless = plan.tables[n].optimizer.get("name") == OptimizerName.SGD
+        if sorted(ours) != sorted(theirs) or sorted(first) != sorted(theirs) or not (theirs or stateless):
             raise ParityError(f"table {n}: slots {sorted(ours)} in the TPU checkpoint, {sorted(theirs)} in the CPU one, "
                               f"{sorted(first)} at the start")
         slots[n] = {k.split("/")[-3]: (ours[k], theirs[k], first[k]) for k in theirs}
     report, failures = judge({n: read_tpu.read(n) for n in names}, {n: read_cpu.read(n) for n in names},
                              {n: read_start.read(n) for n in names}, tolerance, slots)
-    result = {"layout": layout.kind, "replicas": replicas, "steps": steps, "tables": report,
+    variables, more = judge_variables(_variables_outside_tables(read_cpu, start_prefix, tpu_prefix, cpu_prefix), tolerance)
+    result = {"layout": layout.kind, "replicas": replicas, "steps": steps, "tables": report, "variables": variables,
               "placement": {n: plan.tables[n].placement for n in names}}
-    if failures:
-        raise ParityError("; ".join(failures) + " | " + describe(result))
+    if failures or more:
+        raise ParityError("; ".join(failures + more) + " | " + describe(result))
     return result
+
+
+def _variables_outside_tables(read_cpu: CheckpointTables, start_prefix: str, tpu_prefix: str, cpu_prefix: str
+                              ) -> Dict[str, Tuple[Optional[np.ndarray], np.ndarray, np.ndarray]]:
+    """{key: (TPU run's value or None, CPU run's, start's)} of every variable of the CPU run's
+    checkpoint but the tables and their slots (compared row by row) and the save counter: both
+    models hold the dense network, its slots and the optimizers at the same keys."""
+    table_keys = [s.key for s in read_cpu.sources.values()]
+    slot_bases = tuple(k[: -len(VARIABLE_VALUE)] + SLOT_MARK for k in table_keys)
+    readers = [tf.train.load_checkpoint(p) for p in (tpu_prefix, cpu_prefix, start_prefix)]
+    in_tpu = readers[0].get_variable_to_shape_map()
+    out = {}
+    for key in readers[1].get_variable_to_shape_map():
+        if key == OBJECT_GRAPH_KEY or key.startswith("save_counter/") or key in table_keys or key.startswith(slot_bases):
+            continue
+        out[key] = (readers[0].get_tensor(key) if key in in_tpu else None, readers[1].get_tensor(key), readers[2].get_tensor(key))
+    return out
 
 
 def describe(result: Dict[str, Any]) -> str:
@@ -318,4 +384,9 @@ def describe(result: Dict[str, Any]) -> str:
         slots = "".join(f", {s} {d:.2g}" for s, d in sorted(e.get("slots", {}).items()))
         parts.append(f"{name} ({result['placement'][name]}): change differs by {e['change_diff']:.2g} of the CPU's{slots}; "
                      f"max |diff| {e['max_diff']:.2g}; {e['rows_moved']} rows moved (up to {e['moved_reference']:.2g})")
+    v = result.get("variables")
+    if v:
+        parts.append(f"{v['compared']} variables outside the tables (dense layers, their slots, step counters): "
+                     f"{v['trained']} trained, change differs by up to {v['max_change_diff']:.2g} of the CPU's"
+                     + (f" ({v['worst']})" if v["worst"] else ""))
     return (f"layout {result['layout']}, {result['replicas']} replicas, {result['steps']} steps: " + "; ".join(parts))

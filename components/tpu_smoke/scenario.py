@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import os
 from types import SimpleNamespace
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import yaml
@@ -144,11 +144,25 @@ def parity_plan(raw: Dict[str, Any], root: str):
       table): resolved_input.resolve_training_input's, so the checks that refuse a Trainer's input
       (the row ledger, the plan) refuse it here too.
     """
-    examples = examples_dir(root)
     raw = parity_raw_config(raw)
-    plan = derive_plan(parse_config(raw), resolved_input.read_manifest(examples), resolved_input.read_statistics(examples))
-    given = resolve_training_input(trainer_fn_args(parse_config(with_adagrad_table(raw, plan)), root, "parity"))
+    given = resolve_training_input(trainer_fn_args(parse_config(with_adagrad_table(raw, derived_plan(raw, root))), root,
+                                                   "parity"))
     return given.config, given.plan, given.manifest
+
+
+def derived_plan(raw: Dict[str, Any], root: str):
+    """The embedding plan the Trainer derives from `raw` on the data under `root` (placements,
+    optimizers, sizes; before the run's own facts).
+
+    Args:
+      raw: a raw config.
+      root: the work directory holding the transformed examples (`examples_dir`).
+
+    Returns:
+      The plan.
+    """
+    examples = examples_dir(root)
+    return derive_plan(parse_config(raw), resolved_input.read_manifest(examples), resolved_input.read_statistics(examples))
 
 
 def trainer_fn_args(cfg, root: str, name: str) -> SimpleNamespace:
@@ -171,22 +185,26 @@ def trainer_fn_args(cfg, root: str, name: str) -> SimpleNamespace:
         model_run_dir=os.path.join(root, "Trainer", "model_run", name), train_steps=None)
 
 
-def coverage(plan, replicas: int, sparse_cores_per_chip: int) -> str:
+def coverage(plan, replicas: int, sparse_cores_per_chip: int, user_plan=None) -> str:
     """What the parity plan covers on this topology.
 
     Args:
       plan: the parity plan.
       replicas: the TPU's replicas.
       sparse_cores_per_chip: SparseCores per chip.
+      user_plan: the plan of the user's own config (`derived_plan` of `base_raw_config`), whose
+        every placement and optimizer the parity plan must train; None checks the parity plan alone.
 
     Returns:
-      One line: the TPU-embedding tables, their optimizers and SparseCore stacks.
+      One line: the TPU-embedding tables, their optimizers and SparseCore stacks; the TensorCore
+      tables and their optimizers.
 
     Raises:
       AssertionError: the plan lacks an FTRL or an Adagrad TPU-embedding table, a SparseCore stack
-        of several tables or a one-dimensional wide table.
+        of several tables, a one-dimensional wide table, a TensorCore table (whose updates are the
+        XLA row rules), or a placement and optimizer of the user's plan.
     """
-    tpu = plan.tables_placed("tpu_embedding")
+    tpu, tensor_core = plan.tables_placed("tpu_embedding"), plan.tables_placed("tensor_core")
     layouts = plan_sparse_core_layouts(plan, replicas, sparse_cores_per_chip, plan.global_batch_size // replicas)
     stacks: Dict[str, List[str]] = {}
     for name, layout in layouts.items():
@@ -197,12 +215,27 @@ def coverage(plan, replicas: int, sparse_cores_per_chip: int) -> str:
     missing = [what for what, ok in (("an FTRL table", "ftrl" in optimizers), ("an Adagrad table", "adagrad" in optimizers),
                                      ("a stack of several tables", bool(rotated)), ("a dim-1 wide table", bool(wide)))
                if not ok]
+    if not tensor_core:
+        missing.append("a TensorCore table (raise --size-threshold: tables of at most that many rows go there)")
+    trained = _placed_optimizers(plan)
+    missing += [f"a {placement} table trained by {name} (as the config's {', '.join(tables)})"
+                for (placement, name), tables in sorted(_placed_optimizers(user_plan).items()) if (placement, name) not in trained]
     if missing:
-        raise AssertionError(f"the parity plan's TPU-embedding tables ({sorted(tpu)}) lack {', '.join(missing)}; "
-                             "lower --size-threshold or raise --rows")
+        raise AssertionError(f"the parity plan's TPU-embedding tables ({sorted(tpu)}) and TensorCore tables "
+                             f"({sorted(tensor_core)}) lack {', '.join(missing)}; lower --size-threshold or raise --rows")
+    core = sorted({t.optimizer.get("name") for t in tensor_core.values()})
     return (f"{len(tpu)} TPU-embedding tables ({', '.join(f'{o}' for o in sorted(optimizers))}) in {len(stacks)} "
             f"SparseCore stacks on {replicas} replicas x {sparse_cores_per_chip} SparseCores; stacks of several: "
-            f"{', '.join(rotated)}; dim-1 wide tables: {', '.join(wide)}")
+            f"{', '.join(rotated)}; dim-1 wide tables: {', '.join(wide)}; {len(tensor_core)} TensorCore tables "
+            f"({', '.join(core)})")
+
+
+def _placed_optimizers(plan) -> Dict[Tuple[str, str], List[str]]:
+    """{(placement, optimizer name): its tables} of a plan ({} for None)."""
+    out: Dict[Tuple[str, str], List[str]] = {}
+    for name, t in sorted((plan.tables if plan is not None else {}).items()):
+        out.setdefault((str(t.placement), t.optimizer.get("name")), []).append(name)
+    return out
 
 
 def sparsecore_optimizer(plan) -> str:
