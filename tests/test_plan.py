@@ -133,6 +133,35 @@ def test_dense_id_widths_of_tensor_core_features():
     assert set(dense_id_widths(derive_plan(_config(), MANIFEST, _typed(stats)))) == {"small"}
 
 
+def test_a_tensor_core_tables_gradient_is_exchanged_the_smaller_way_and_counted_in_the_plans_memory():
+    """On several replicas each TensorCore table's gradient is gathered (replicas x its looked-up
+    rows) or all-reduced table-sized, whichever holds fewer bytes (the rule sum_over_replicas
+    follows); the run's plan records each table's and the sum in its memory, in the peak beside the
+    steady bytes, and through its JSON. However many replicas, no table exchanges more than a
+    table-sized all-reduce."""
+    from components.planning.gradient_exchange import all_reduce_bytes, plan_gradient_exchanges
+
+    stats = _statistics()
+    for name, most in (("A", 7), ("B", 1), ("big", 1), ("small", 1)):
+        stats["features"][name] = {"splits": {"train": {"ids_per_example": {"mean": 1.0, "p99": most, "max": most}}}}
+    plan = derive_plan(_config(embedding={"size_threshold": None}, batch_size=64), MANIFEST, _typed(stats))
+    exchanges = plan_gradient_exchanges(plan, 4)  # 16 examples a replica
+    assert {n: (e.method, e.ids_per_replica) for n, e in exchanges.items()} == {
+        "shared": ("all_gather", 16 * (7 + 1)), "big": ("all_gather", 16), "small": ("all_reduce", 16)}
+    assert exchanges["small"].all_reduce_bytes == 11 * (4 + 1) * 4 < exchanges["small"].gathered_bytes == 4 * 16 * (4 * 4 + 8)
+    assert all(e.bytes == min(e.gathered_bytes, e.all_reduce_bytes) for e in exchanges.values())
+    assert plan_gradient_exchanges(plan, 1) == {} and with_run(plan, replicas=1).memory == plan.memory
+    memory = with_run(plan, replicas=4).memory
+    assert memory.gradient_exchange_replicas == 4 and memory.gradient_exchange == {n: e.to_dict() for n, e in exchanges.items()}
+    assert memory.gradient_exchange_bytes == sum(e.bytes for e in exchanges.values()) > 0
+    assert memory.peak_per_chip_bytes == memory.per_chip_bytes + max(memory.init_transient_bytes, memory.gradient_exchange_bytes)
+    assert EmbeddingPlan.from_json(with_run(plan, replicas=4).to_json()).memory == memory
+    for replicas in (8, 64, 4096):
+        for name, e in plan_gradient_exchanges(plan, replicas).items():
+            t = plan.tables[name]
+            assert e.bytes <= all_reduce_bytes(t.rows, t.dim), (replicas, name, e)
+
+
 def test_plan_that_cannot_fit_is_refused_naming_the_tables():
     cfg = _config(embedding={"topology": {"num_chips": 1, "hbm_gib_per_chip": 0.01}})
     with pytest.raises(PlanError, match=r"per chip.*largest: big"):

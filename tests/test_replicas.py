@@ -157,9 +157,14 @@ def test_two_replicas_reach_the_auc_of_one(data, tmp_path, monkeypatch):
     for replicas in (1, REPLICAS):
         if replicas > 1:
             monkeypatch.setattr(hardware, "distribution_strategy", lambda c: tpu_harness.mirrored_strategy(REPLICAS))
-        ckpt, _, run = training_loop.train(cfg, with_run(plan, vocabulary_dir=manifest.vocabulary_dir), manifest, train, evals,
-                                str(tmp_path / f"state{replicas}"))
+        ckpt, rules, run = training_loop.train(cfg, with_run(plan, vocabulary_dir=manifest.vocabulary_dir), manifest, train,
+                                               evals, str(tmp_path / f"state{replicas}"))
         assert run["replicas"] == replicas
+        # the TPU-rules report says how the TensorCore tables' gradients were summed over the replicas
+        exchanged = rules.get("gradient_exchange")
+        assert (exchanged is None) if replicas == 1 else (
+            exchanged["replicas"] == replicas and set(exchanged["tables"]) == set(plan.tables_placed("tensor_core"))
+            and {e["method"] for e in exchanged["tables"].values()} == {"all_gather", "all_reduce"}), exchanged
         metrics, _ = model_artifact.finish(cfg, plan, manifest, ckpt, evals, str(tmp_path / f"serving{replicas}"))
         results[replicas] = metrics["auc"]
     print("eval AUC by replicas:", results)

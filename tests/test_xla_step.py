@@ -9,9 +9,15 @@ tables on the TensorCore, per-table optimizers, the wide part's lazy Adam, clipp
 optimizer, check that it computes what the uncompiled step computes, and that the row rules
 (components/embedding_model/xla_updates.py) equal Keras' fused kernels.
 
+With several replicas (2 and 4 logical CPU devices), a TensorCore table's gradient summed over
+the replicas by the step's own code (model.sum_over_replicas, under TF's MirroredStrategy: gathered,
+or all-reduced table-sized where that is smaller) is what the compiled row rules then apply.
+
 Not compiled here: TPU-embedding tables' lookups and updates, which the TPU embedding engine does
 outside the TensorCore's XLA computation (its CPU stand-in, TPUEmbeddingForServing's sparse
-lookup, is not what a TPU runs), and the cross-replica collectives (one replica here).
+lookup, is not what a TPU runs), and the cross-replica exchange itself: XLA on CPU refuses one
+computation over several devices' variables (`test_xla_refuses_one_computation_over_several_cpu_devices`
+says why), and XLA's cross-replica collectives need a TPU.
 """
 from __future__ import annotations
 
@@ -219,3 +225,122 @@ def test_trainer_step_with_keras_own_optimizers_does_not_compile(trainer_data, m
     model, batch = _step_model(trainer_data, *STEP_CASES["ftrl"])
     with pytest.raises(XLA_ERRORS, match="ResourceSparseApply"):
         tf.function(model.train_step, jit_compile=True)(batch)
+
+
+# ---- several replicas: the exchange of a TensorCore table's gradient (model.sum_over_replicas) ----
+
+DIM, IDS_PER_REPLICA = 4, 6
+
+
+def _replica_ids(replicas: int, rows: int) -> np.ndarray:
+    """[replicas, IDS_PER_REPLICA] IDs: repeats within a replica and across replicas, and rows no replica looks up."""
+    rng = np.random.default_rng(replicas * 100 + rows)
+    return rng.integers(0, max(2, rows - 2), size=(replicas, IDS_PER_REPLICA)).astype(np.int64)
+
+
+def _summed_over_replicas(replicas: int, rows: int):
+    """Each replica's gradient of sum(gather(table, its IDs) x its weights) / replicas (Keras'
+    scaling) summed by model.sum_over_replicas under MirroredStrategy on `replicas` logical CPU
+    devices: (values, indices) as replica 0 holds them, and the weights."""
+    from components.embedding_model import model as model_lib
+    from tests import tpu_harness
+
+    ids = _replica_ids(replicas, rows)
+    weights = np.random.default_rng(rows).normal(size=(replicas, IDS_PER_REPLICA, DIM)).astype(np.float32)
+    strategy = tpu_harness.mirrored_strategy(replicas)
+    with strategy.scope():
+        table = tf.Variable(tf.zeros([rows, DIM]))
+
+    @tf.function
+    def step():
+        def replica():
+            r = tf.distribute.get_replica_context().replica_id_in_sync_group
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.gather(table, tf.gather(ids, r)) * tf.gather(weights, r)) / replicas
+            [(g, _)] = model_lib.sum_over_replicas([(tape.gradient(loss, table), table)])
+            return g.values, g.indices
+        return strategy.run(replica)
+
+    values, indices = (strategy.experimental_local_results(t)[0] for t in step())
+    return values, indices, ids, weights
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_the_replicas_summed_gradient_compiles_into_the_row_rules_lazily(replicas):
+    """A TensorCore table's gradient summed over 2 and 4 replicas (TF's MirroredStrategy on logical
+    CPU devices, the real sum_over_replicas) is gathered where the replicas' rows are no more than
+    the table's and all-reduced table-sized beyond (planning.gradient_exchange's rule): the static
+    shapes XLA needs either way. Applied by each row rule compiled with XLA (clipped), it gives
+    what Keras' own kernels give for one replica's gradient of the global batch, and the rows no
+    replica looked up keep their values and slots (lazy Adam from non-zero moments)."""
+    from components.planning.gradient_exchange import ALL_GATHER, ALL_REDUCE, exchange_method
+
+    looked_up = replicas * IDS_PER_REPLICA
+    for rows, method in ((looked_up + 8, ALL_GATHER), (looked_up - 4, ALL_REDUCE)):
+        assert exchange_method(replicas, IDS_PER_REPLICA, rows, DIM) == method
+        values, indices, ids, weights = _summed_over_replicas(replicas, rows)
+        assert values.shape == ((looked_up if method == ALL_GATHER else rows), DIM), (method, values.shape)
+        untouched = sorted(set(range(rows)) - set(ids.ravel().tolist()))
+        assert untouched
+        # one replica on the global batch: every replica's IDs, its gradient rows w / replicas
+        whole = tf.IndexedSlices(tf.constant(weights.reshape(-1, DIM) / replicas), tf.constant(ids.ravel()),
+                                 tf.constant([rows, DIM], tf.int64))
+        summed = tf.IndexedSlices(values, indices, tf.constant([rows, DIM], tf.int64))
+        for name, ours, keras in (
+                ("adagrad", lambda: xla_updates.Adagrad(0.1), lambda: legacy.Adagrad(0.1)),
+                ("ftrl", lambda: xla_updates.Ftrl(**FTRL), lambda: legacy.Ftrl(**FTRL)),
+                ("lazy_adam", lambda: xla_updates.LazyAdam(0.05), lambda: xla_updates.LazyAdam(0.05))):
+            got, start = _applied(ours(), summed, rows, jit=True)
+            want, _ = _applied(keras(), whole, rows, jit=False)
+            for k in want:
+                np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=f"{replicas} {method} {name} {k}")
+                np.testing.assert_array_equal(got[k][untouched], start[k][untouched], err_msg=f"{method} {name} {k}")
+            assert not np.allclose(got["var"], start["var"])
+
+
+def _applied(optimizer, gradient: tf.IndexedSlices, rows: int, jit: bool):
+    """One clipped update of a [rows, DIM] table (random start; Adam's moments non-zero in every
+    row) by `optimizer`: (table and slots after, and before)."""
+    rng = np.random.default_rng(rows)
+    var = tf.Variable(rng.normal(size=(rows, DIM)).astype(np.float32))
+    if "m" in optimizer.get_slot_names() or isinstance(optimizer, legacy.Adam):
+        optimizer.add_slot(var, "m").assign(rng.normal(size=(rows, DIM)).astype(np.float32) * 0.1)
+        optimizer.add_slot(var, "v").assign(rng.uniform(0.01, 0.1, size=(rows, DIM)).astype(np.float32))
+    optimizer._create_all_weights([var])  # pylint: disable=protected-access
+
+    def state():
+        return {"var": var.numpy(), **{s: optimizer.get_slot(var, s).numpy() for s in optimizer.get_slot_names()}}
+
+    before = state()
+
+    def step():
+        optimizer.apply_gradients(optimizers.clip_embedding_gradients([(gradient, var)], 0.2),
+                                  experimental_aggregate_gradients=False)
+
+    (tf.function(step, jit_compile=True) if jit else step)()
+    return state(), before
+
+
+def test_xla_refuses_one_computation_over_several_cpu_devices():
+    """Why the exchange itself is not compiled here: MirroredStrategy runs a `jit_compile`
+    function over CPU devices as one XLA computation holding every replica
+    (mirrored_run.call_for_each_replica lifts it; it keeps merge_call on devices that are not GPUs,
+    `_use_merge_call`), and XLA refuses the variables that live on the other devices (TensorFlow's
+    known issue "tf.Variable on a different device"). XLA's cross-replica collectives
+    (CrossReplicaSum, AllToAll, which TPUStrategy emits) need a TPU. Should TensorFlow allow it,
+    this fails and the exchange can be compiled whole."""
+    from components.embedding_model import model as model_lib
+    from tests import tpu_harness
+
+    strategy = tpu_harness.mirrored_strategy(2)
+    with strategy.scope():
+        table = tf.Variable(tf.zeros([6, DIM]))
+
+    def step(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.gather(table, ids))
+        [(g, _)] = model_lib.sum_over_replicas([(tape.gradient(loss, table), table)])
+        return g.values
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"located in device .*CPU:1 from device .*CPU:0"):
+        strategy.run(tf.function(step, jit_compile=True), args=(tf.constant([1, 2, 2]),))

@@ -11,7 +11,7 @@ exporter reads it to find and check the trained tables.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from components.config.choices import BucketEncoding, Combiner, InitializerKind, LayoutKind, Placement, SequencePooling
@@ -152,7 +152,10 @@ class Topology:
 class PlanMemory:
     """Per-chip bytes: `per_chip_bytes` kept while training, `init_transient_bytes` more while
     SparseCore initializes the largest stack (`init_transient_tables`, sizing.sparse_core_init_transient),
-    `peak_per_chip_bytes` their sum; `fits`: the peak is within the budget."""
+    `gradient_exchange_bytes` more in each step of a run on several replicas (the TensorCore tables'
+    gradients summed over `gradient_exchange_replicas` replicas, `gradient_exchange` per table:
+    planning.gradient_exchange), `peak_per_chip_bytes` the steady bytes plus the larger transient;
+    `fits`: the peak is within the budget."""
 
     total_bytes: int
     per_chip_bytes: int
@@ -161,6 +164,9 @@ class PlanMemory:
     init_transient_bytes: int = 0
     init_transient_tables: Tuple[str, ...] = ()
     peak_per_chip_bytes: Optional[int] = None
+    gradient_exchange_bytes: int = 0
+    gradient_exchange_replicas: int = 0
+    gradient_exchange: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from components.embedding_model import tf_objects
 from components.embedding_model.dense_tower import DenseTower, ModelFeatures, Untracked
 from components.embedding_model.lookups import pool_sparse, sequence_positions
 from components.config.choices import Combiner, Placement
+from components.planning.gradient_exchange import ALL_REDUCE, exchange_method
 
 _V2 = tf.tpu.experimental.HardwareFeature.EmbeddingFeature.V2
 
@@ -186,13 +187,15 @@ def sum_over_replicas(grads_and_vars):
     """The gradients of one step as one replica would compute them for the global batch.
 
     Keras scales each replica's loss by 1 / replicas, so the sum over the replicas is the global
-    batch's mean-loss gradient. Sparse gradients are gathered, not reduced: under TPUStrategy an
-    all-reduce makes an IndexedSlices a dense [rows, dim] tensor (`_reduce_to` hands it to
-    `cross_replica_sum`, which converts it), and `all_gather` refuses an IndexedSlices, so its
-    values and indices are gathered as tensors (static shapes: replicas x the replica's rows).
-    Dense, a lazy optimizer
-    (LazyAdam, as the TPU's Adam) would then move every row; gathered rows and values stay an
-    IndexedSlices whose duplicate rows sum, and clipping (clip_embedding_gradients) sums duplicates
+    batch's mean-loss gradient. Sparse gradients stay sparse: under TPUStrategy an all-reduce makes
+    an IndexedSlices a dense [rows, dim] tensor (`_reduce_to` hands it to `cross_replica_sum`,
+    which converts it), and a lazy optimizer (LazyAdam, as the TPU's Adam) or FTRL given that dense
+    gradient would move every row. Each is summed by planning.gradient_exchange's rule: gathered
+    (`all_gather` refuses an IndexedSlices, so its values and indices are gathered as tensors,
+    static shapes: replicas x the replica's rows) while that is no more rows than the table's,
+    else by one table-sized all-reduce (`_all_reduced_rows`) whose untouched rows are left out
+    again. Either way the result is an IndexedSlices of the rows some replica looked up, whose
+    duplicate rows sum, and clipping (clip_embedding_gradients) sums duplicates
     before it clips, so the clip applies to the summed gradient, as on TPU-embedding tables, not
     to each replica's part of it (a sum of clipped gradients). Hand-written: Keras aggregates
     inside apply_gradients, after any clipping a caller can do.
@@ -216,9 +219,29 @@ def sum_over_replicas(grads_and_vars):
     out = []
     for g, (_, v) in zip(grads, grads_and_vars):
         if isinstance(g, tf.IndexedSlices):
-            g = tf.IndexedSlices(ctx.all_gather(g.values, axis=0), ctx.all_gather(g.indices, axis=0), g.dense_shape)
+            looked_up, rows = g.values.shape[0], v.shape[0]
+            if looked_up is not None and v.shape.is_fully_defined() and exchange_method(
+                    ctx.num_replicas_in_sync, looked_up, rows, v.shape[1:].num_elements()) == ALL_REDUCE:
+                g = _all_reduced_rows(ctx, g, rows)
+            else:
+                g = tf.IndexedSlices(ctx.all_gather(g.values, axis=0), ctx.all_gather(g.indices, axis=0), g.dense_shape)
         out.append((g, v))
     return out
+
+
+def _all_reduced_rows(ctx, g: tf.IndexedSlices, rows: int) -> tf.IndexedSlices:
+    """A table's sparse gradient summed over the replicas by one table-sized all-reduce: each
+    replica's rows summed into [rows, ...] with a count per row, both all-reduced; then one entry
+    per table row, in which a row no replica looked up points at one that was looked up with a
+    zero value. The row rules and Keras' sparse kernels sum duplicate rows, so only the rows some
+    replica looked up move, as after a gather, and static shapes stay static (XLA)."""
+    summed = tf.math.unsorted_segment_sum(g.values, g.indices, rows)
+    counts = tf.math.unsorted_segment_sum(tf.ones_like(g.indices, g.values.dtype), g.indices, rows)
+    summed, counts = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [summed, counts])
+    looked_up = counts > 0
+    first = tf.argmax(tf.cast(looked_up, tf.int32), output_type=g.indices.dtype)  # a looked-up row
+    indices = tf.where(looked_up, tf.range(rows, dtype=g.indices.dtype), first)
+    return tf.IndexedSlices(summed, indices, g.dense_shape)
 
 
 @tf.custom_gradient

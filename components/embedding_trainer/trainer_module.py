@@ -97,7 +97,7 @@ def run_fn(fn_args) -> None:
         run["tuned"] = given.tuned
     # The final state (weights and optimizer slots, as the training platform saved them) goes into
     # the artifact; the state dir is removed below. Evaluation and the SavedModel come from it.
-    plan = with_run(given.plan, checkpoint_layout=CheckpointLayout(**run["checkpoint_layout"]))
+    plan = with_run(given.plan, checkpoint_layout=CheckpointLayout(**run["checkpoint_layout"]), replicas=run["replicas"])
     copy_checkpoint(checkpoint, os.path.join(model_root, artifacts.CHECKPOINT_DIR))
     metrics = _evaluate(given, plan, checkpoint, run, length)
     # The config travels with the model so the standalone exporter CLI can rebuild it without one.

@@ -30,6 +30,7 @@ from components.embedding_trainer.training_state import (Checkpoints, require_co
 from components.reporting import progress
 from components.reporting.report import KEPT_BEST, KEPT_LAST
 from components.planning.fitting import with_run
+from components.planning.gradient_exchange import describe_exchanges, plan_gradient_exchanges
 
 
 def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, train_files, eval_files,
@@ -153,6 +154,10 @@ def _check_rules_on_host(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: Voc
     )
     if hardware.ids_per_chip is not None:
         rules["sparsecore_ids_per_chip"] = hardware.ids_per_chip
+    exchanges = plan_gradient_exchanges(plan, hardware.replicas)
+    if exchanges:  # several replicas: how the step sums the TensorCore gradients, and its bytes
+        rules["gradient_exchange"] = {"replicas": hardware.replicas, "tables": {n: e.to_dict() for n, e in exchanges.items()}}
+        progress.phase(progress.TRAINER, describe_exchanges(exchanges, hardware.replicas))
     return rules
 
 

@@ -20,6 +20,7 @@ from components.config.choices import Placement
 from components.contracts.plan import (CHIPS_FROM_CONFIG, CHIPS_FROM_HARDWARE, CheckpointLayout, EmbeddingPlan,
                                        PlanError, PlanMemory, TableMemory, TablePlan, Topology)
 from components.planning import sizing
+from components.planning.gradient_exchange import with_gradient_exchange
 from components.planning.sizing import table_memory
 from components.rules.chips import (DEFAULT_SPARSE_CORES_PER_CHIP, NO_EMBEDDING_API, SPARSE_CORE, TPU_EMBEDDING_V1,
                                     chips_with, devices_per_chip)
@@ -238,7 +239,7 @@ def sized_for(plan: EmbeddingPlan, embedding_api: str, sparse_cores_per_chip: Op
 
 
 def with_run(plan: EmbeddingPlan, checkpoint_layout: Optional[CheckpointLayout] = None,
-             vocabulary_dir: Optional[str] = None) -> EmbeddingPlan:
+             vocabulary_dir: Optional[str] = None, replicas: Optional[int] = None) -> EmbeddingPlan:
     """A copy with what one training run adds; the plan itself is never changed in place.
 
     A layout from a TPU (`hardware_api` set) also re-sizes the copy for that API, the SparseCores
@@ -248,6 +249,8 @@ def with_run(plan: EmbeddingPlan, checkpoint_layout: Optional[CheckpointLayout] 
     Args:
       checkpoint_layout: how the run's checkpoint holds the tables, or None.
       vocabulary_dir: where the run's vocabulary files are, or None.
+      replicas: the run's replicas in sync, or None: on several, the memory holds the TensorCore
+        tables' gradient exchange per step (gradient_exchange.with_gradient_exchange).
 
     Returns:
       The copy.
@@ -264,4 +267,6 @@ def with_run(plan: EmbeddingPlan, checkpoint_layout: Optional[CheckpointLayout] 
         changes["checkpoint_layout"] = checkpoint_layout
     if vocabulary_dir is not None:
         changes["vocabulary_dir"] = vocabulary_dir
+    if replicas:
+        plan = with_gradient_exchange(plan, replicas)
     return dataclasses.replace(plan, **changes)
