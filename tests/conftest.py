@@ -167,9 +167,10 @@ def pytest_collection_modifyitems(config, items):
     for item, g in item_groups.items():
         item.add_marker(pytest.mark.xdist_group(find(g).replace("/", "_").replace(".", "_")))
     # Units using a slow fixture (the costliest: each runs stages end to end before its first test)
-    # first, then the other units holding a slow test (a group, or a single test), then the rest;
-    # each group kept together, so that its module fixtures are built once: the long units are
-    # handed out first and the short ones even out the workers' ends (--no-loadscope-reorder).
+    # first, then the other units holding a slow test (a group, or a single test), then the other
+    # groups (a module fixture and its tests), then single tests; each group kept together, so that
+    # its module fixtures are built once: the long units are handed out first and the short ones
+    # even out the workers' ends (--no-loadscope-reorder).
     unit, position, heavy_units, slow_units = {}, {}, set(), set()
     for i, item in enumerate(items):
         unit[i] = find(item_groups[item]) if item in item_groups else ("single", i)
@@ -179,5 +180,5 @@ def pytest_collection_modifyitems(config, items):
         if item in heavy_items:
             heavy_units.add(unit[i])
     ranked = sorted(range(len(items)), key=lambda i: (
-        unit[i] not in heavy_units, unit[i] not in slow_units, position[unit[i]], i))
+        unit[i] not in heavy_units, unit[i] not in slow_units, isinstance(unit[i], tuple), position[unit[i]], i))
     items[:] = [items[i] for i in ranked]

@@ -31,7 +31,7 @@ from components.data_io.examples_io import transformed_rows
 from components.example_gen.synthetic_data import GeneratorSpec, write_csv
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ROWS = 1500
+ROWS = 1200
 
 
 def _raw_config(csv_path, fmt, block_rows=8, batch_size=32):
@@ -295,7 +295,7 @@ def _rewritten_in_stretches(tx, split, out_dir, files):
     return str(out_dir / "*")
 
 
-@pytest.mark.slow(reason="reads a 1,500-row split three times through make_dataset, row by row in Python")
+@pytest.mark.slow(reason="reads a 1,200-row split three times through make_dataset, row by row in Python")
 def test_a_time_sorted_split_in_many_files_is_drawn_from_its_whole_range(runs, tmp_path):
     """A split whose rows are sorted (by time, as logs are) and written as many files of
     consecutive rows: the trainer reads the files in a seeded order, 16 at a time, so its first
