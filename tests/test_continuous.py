@@ -183,6 +183,56 @@ def test_carry_slots_false_carries_weights_and_leaves_every_slot_fresh(warm, cha
     assert all(t.get("slots_carried") == [] for t in report["tables"].values())
 
 
+@pytest.fixture
+def elsewhere(tmp_path):
+    """A temporary directory on another filesystem than `tmp_path` where there is one (/dev/shm, a
+    tmpfs, as /tmp is on many machines), else one that does not exist: either breaks what is built
+    under it and moved next to the output."""
+    import tempfile
+
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK) and os.stat(shm).st_dev != os.stat(tmp_path).st_dev:
+        path = tempfile.mkdtemp(dir=shm)
+        yield path
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        yield str(tmp_path / "no-such-dir")
+
+
+@pytest.mark.slow(reason="reads the executors' chain and its warm start")
+def test_warm_start_is_written_beside_its_checkpoint_and_leaves_nothing_behind(warm, chain, tmp_path, monkeypatch,
+                                                                             elsewhere):
+    """Not under $TMPDIR: with the temporary directory on another filesystem the final merge of the
+    shards failed ("Invalid cross-device link"), and every failure left a warm_start_* directory
+    there. Now it works whatever $TMPDIR is, and neither a success nor a failure leaves its work
+    directory beside the checkpoint or anything in $TMPDIR."""
+    import tempfile
+
+    cfg, _, _ = chain
+    prev, manifest, plan, _, carried, _ = warm
+    fix = globals()["warm"]
+    monkeypatch.setattr(tempfile, "tempdir", elsewhere)
+    before = sorted(os.listdir(elsewhere)) if os.path.isdir(elsewhere) else None
+    out = tmp_path / "state"
+    report = warm_start.warm_start_checkpoint(prev, cfg, plan, manifest, fix.twin, str(out / "ckpt"))
+    assert report["rows"] == warm[5]["rows"]
+    reader = tf.train.load_checkpoint(str(out / "ckpt"))
+    for key in carried.get_variable_to_shape_map():
+        np.testing.assert_array_equal(reader.get_tensor(key), carried.get_tensor(key), err_msg=key)
+    left = sorted(os.listdir(out))
+    assert "ckpt.index" in left and all(n.startswith("ckpt.") for n in left), left  # no work directory
+
+    def broken(*args, **kwargs):
+        raise warm_start.WarmStartError("the last blessed model's checkpoint is damaged")
+
+    monkeypatch.setattr(warm_start, "_carry_table", broken)
+    failed = tmp_path / "failed"
+    with pytest.raises(warm_start.WarmStartError):
+        warm_start.warm_start_checkpoint(prev, cfg, plan, manifest, fix.twin, str(failed / "ckpt"))
+    assert os.listdir(failed) == []
+    assert (sorted(os.listdir(elsewhere)) if os.path.isdir(elsewhere) else None) == before
+
+
 @pytest.mark.slow(reason="reads the executors' chain and its warm start")
 def test_warm_start_checkpoint_restores_into_a_new_training_model(warm, chain):
     """The checkpoint is this run's model's own: a fresh training model (slots created as its

@@ -30,9 +30,9 @@ it trains, is base_model.py's.
 from __future__ import annotations
 
 import os
-import tempfile
+import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import numpy as np
@@ -56,6 +56,7 @@ TOKEN_KINDS = ("counted", "list", "file")  # vocabularies whose rows are tokens 
 OPTIMIZER_STATE = ("model/dense_optimizer/", "model/embedding_optimizer/", "model/table_embedding_optimizers/",
                    "save_counter/")
 TOP_DROPPED = 5
+WORK_PREFIX = ".warm_start_"  # the shards' directory beside the checkpoint, while it is written
 # What to do when the last blessed model's checkpoint or vocabulary is cut short or damaged.
 RESTORE_PREVIOUS = ("restore that model's files from the run that wrote them, or set continuous.warm_start: false "
                     "to train from scratch")
@@ -267,7 +268,29 @@ def warm_start_checkpoint(prev: PreviousModel, cfg: PipelineConfig, plan: Embedd
     Returns:
       The carry-over report: per table, the dense weights, and rows carried out of all rows.
     """
-    work = tempfile.mkdtemp(prefix="warm_start_")
+    out_dir = os.path.dirname(out_prefix)
+    tf.io.gfile.makedirs(out_dir)
+    # The shards are written beside the checkpoint, not under $TMPDIR: MergeV2Checkpoints renames
+    # them into place, which fails across filesystems ("Invalid cross-device link" where /tmp is a
+    # tmpfs). Removed on success and on failure alike.
+    work = os.path.join(out_dir, f"{WORK_PREFIX}{uuid.uuid4().hex}")
+    tf.io.gfile.makedirs(work)
+    try:
+        shards, report = _carried_shards(prev, cfg, plan, manifest, fresh, work)
+        tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=shards, destination_prefix=out_prefix, delete_old_dirs=True)
+    finally:
+        if tf.io.gfile.exists(work):
+            tf.io.gfile.rmtree(work)
+    totals = [t for t in report["tables"].values()]
+    report["rows_carried"] = int(sum(t.get("rows_carried", 0) for t in totals))
+    report["rows"] = int(sum(t["rows"] for t in totals))
+    return report
+
+
+def _carried_shards(prev: PreviousModel, cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest,
+                    fresh: RankingModel, work: str) -> Tuple[List[str], Dict[str, Any]]:
+    """The warm-start checkpoint's shards under `work`, one per table (and one for the rest), and
+    the carry-over report (warm_start_checkpoint)."""
     # `save`, not `write`: the trainer's checkpoint object has a save counter to bind too.
     fresh_prefix = tf.train.Checkpoint(**{CHECKPOINT_ROOT: fresh}).save(os.path.join(work, "fresh"))
     new_reader = tf.train.load_checkpoint(fresh_prefix)
@@ -300,13 +323,7 @@ def warm_start_checkpoint(prev: PreviousModel, cfg: PipelineConfig, plan: Embedd
                           tensors=[tf.constant(values[n], dtype=new_dtypes[n]) for n in names])
         shards.append(shard)
         del values
-    tf.io.gfile.makedirs(os.path.dirname(out_prefix))
-    tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=shards, destination_prefix=out_prefix, delete_old_dirs=True)
-    tf.io.gfile.rmtree(work)
-    totals = [t for t in report["tables"].values()]
-    report["rows_carried"] = int(sum(t.get("rows_carried", 0) for t in totals))
-    report["rows"] = int(sum(t["rows"] for t in totals))
-    return report
+    return shards, report
 
 
 def _reading_previous(prev: PreviousModel):
