@@ -185,6 +185,26 @@ def preprocess_trainer_data(root, categorical=TRAINER_CATEGORICAL):
     return root
 
 
+class Killed(Exception):
+    """A training run stopped on purpose (`kill_after`), as a killed process stops."""
+
+
+def kill_after(monkeypatch, step: int) -> None:
+    """Trainings stop with Killed right after their checkpoint at `step`, leaving an unfinished
+    state (resume_rule.py: only an unfinished state goes on under a longer run). Undone by
+    `monkeypatch.undo()` or at the test's end."""
+    from components.embedding_trainer import training_loop
+
+    save = training_loop.Checkpointer.on_epoch_end
+
+    def killed(self, epoch, logs=None):
+        save(self, epoch, logs)
+        if int(self.step.numpy()) == step:
+            raise Killed()
+
+    monkeypatch.setattr(training_loop.Checkpointer, "on_epoch_end", killed)
+
+
 def examples_uri(split_files) -> str:
     """The transformed-examples directory of split file patterns these tests and benchmarks wrote
     themselves (`<dir>/Split-<name>/*`): what the Trainer's executor passes as the artifact's URI."""

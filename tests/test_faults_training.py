@@ -77,9 +77,10 @@ def test_a_state_from_other_data_of_the_same_shape_is_refused_and_the_same_data_
     assert "continuous.warm_start" in message and "training.checkpoint_dir at a fresh directory" in message
 
 
-@pytest.mark.slow(reason="three short Trainer trainings (training_loop.train, 10-20 steps) on the session's trainer data")
-def test_train_refuses_a_checkpoint_dir_from_other_data_resumes_its_own_and_names_a_cut_checkpoint(trainer_data, tmp_path):
-    from tests.stages import trainer_config
+@pytest.mark.slow(reason="four short Trainer trainings (training_loop.train, 10-20 steps) on the session's trainer data")
+def test_train_refuses_a_checkpoint_dir_from_other_data_resumes_its_own_and_names_a_cut_checkpoint(trainer_data, tmp_path,
+                                                                                                   monkeypatch):
+    from tests.stages import Killed, kill_after, trainer_config
 
     from components.planning.run_plan import derive_plan
 
@@ -94,9 +95,12 @@ def test_train_refuses_a_checkpoint_dir_from_other_data_resumes_its_own_and_name
         plan = derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(train_files)))
         return with_run(plan, vocabulary_dir=manifest.vocabulary_dir), manifest
 
-    cfg = trainer_config(data, train_steps=10, checkpoint_every_steps=10, checkpoint_dir=state)
-    _, _, run = training_loop.train(cfg, *plan_manifest(cfg, files(data)[0]), *files(data), state)
-    assert run["final_step"] == 10
+    # A run of 20 steps killed right after its checkpoint at step 10: an unfinished state.
+    cfg = trainer_config(data, train_steps=20, checkpoint_every_steps=10, checkpoint_dir=state)
+    kill_after(monkeypatch, 10)
+    with pytest.raises(Killed):
+        training_loop.train(cfg, *plan_manifest(cfg, files(data)[0]), *files(data), state)
+    monkeypatch.undo()
 
     # Data B: the same preprocessed rows, each train file's records in reverse order (tables, sizes,
     # rows and statistics all equal).
@@ -109,24 +113,66 @@ def test_train_refuses_a_checkpoint_dir_from_other_data_resumes_its_own_and_name
             for r in records[::-1]:
                 w.write(r)
     b_train, b_eval = files(other)
-    # (it resumed at step 10 of 10 and trained nothing on B)
     with pytest.raises(sparsecore_state.LayoutMismatch, match=r"trained on other data") as e:
         training_loop.train(cfg, *plan_manifest(cfg, b_train), b_train, b_eval, state)
     assert type(e.value).__name__ == "DataMismatch"
     assert str(data / "tx") in str(e.value) and str(other / "tx") in str(e.value)
 
-    # The same data resumes (a longer run: the remaining steps).
-    longer = trainer_config(data, train_steps=20, checkpoint_every_steps=10, checkpoint_dir=state)
-    _, _, run = training_loop.train(longer, *plan_manifest(longer, files(data)[0]), *files(data), state)
+    # The same data resumes the unfinished state under a learning rate and dropout that steer the
+    # rest of its training, and says so in its record.
+    steered = trainer_config(data, train_steps=20, checkpoint_every_steps=10, checkpoint_dir=state, dropout=0.5,
+                             dense_optimizer={"name": "adam", "learning_rate": 0.05})
+    _, _, run = training_loop.train(steered, *plan_manifest(steered, files(data)[0]), *files(data), state)
     assert run["resumed_from_step"] == 10 and run["final_step"] == 20
+    changes = run["resumed_with_changes"]
+    assert any(c.startswith("dense_optimizer.learning_rate ") for c in changes) and any(c.startswith("dropout ") for c in changes)
 
-    # The state's last checkpoint cut short: one line naming it and the way out.
+    # Finished, it is resumed under no change at all: a higher learning rate would train nothing and
+    # push the old model. One line naming the field and both ways out, before any step.
+    faster = trainer_config(data, train_steps=20, checkpoint_every_steps=10, checkpoint_dir=state, dropout=0.5,
+                            dense_optimizer={"name": "adam", "learning_rate": 0.5})
+    with pytest.raises(sparsecore_state.LayoutMismatch) as e:
+        training_loop.train(faster, *plan_manifest(faster, files(data)[0]), *files(data), state)
+    message = str(e.value)
+    assert type(e.value).__name__ == "ConfigMismatch" and len(message.splitlines()) == 1
+    assert "dense_optimizer.learning_rate 0.05 -> 0.5" in message and "finished" in message
+    assert "training.checkpoint_dir at a fresh directory" in message and "continuous.warm_start" in message
+
+    # The state's last checkpoint cut short: the same config resumes it, and one line names it.
     latest = tf.train.latest_checkpoint(state)
     _truncate(glob.glob(latest + ".data-*")[0])
-    longest = trainer_config(data, train_steps=30, checkpoint_every_steps=10, checkpoint_dir=state)
     with pytest.raises(UnreadableFile) as e:
-        training_loop.train(longest, *plan_manifest(longest, files(data)[0]), *files(data), state)
+        training_loop.train(steered, *plan_manifest(steered, files(data)[0]), *files(data), state)
     assert latest in str(e.value) and f"remove {state}" in str(e.value) and len(str(e.value).splitlines()) == 1
+
+
+def test_a_state_resumes_only_under_changes_that_steer_the_rest_of_its_training():
+    """resume_rule: an unfinished state goes on under new learning rates, schedules and dropout
+    (returned, to be recorded), not under another seed, batch or optimizer hyperparameter; a
+    finished one under no change; a state without the record is not checked."""
+    from components.embedding_trainer.resume_rule import ConfigMismatch, check_config, is_steering
+
+    assert all(is_steering(p) for p in ("dropout", "dense_optimizer.learning_rate", "dense_optimizer.schedule.decay_steps",
+                                         "table_optimizers.C1.learning_rate", "train_steps", "early_stopping.patience"))
+    assert not any(is_steering(p) for p in ("seed", "batch_size", "dense_optimizer.beta_1", "embedding_optimizer.name",
+                                            "shuffle_buffer_rows", "table_optimizers.C1.initial_accumulator_value"))
+    saved = {"seed": 42, "batch_size": 64, "dropout": 0.0, "dense_optimizer.learning_rate": 0.001,
+             "dense_optimizer.beta_1": 0.9}
+    record = {"training": saved, "steps": 40, "finished": False}
+    steered = dict(saved, dropout=0.5, **{"dense_optimizer.learning_rate": 0.05})
+    assert check_config("S", "S/ckpt-20", record, steered, 20) == [
+        "dense_optimizer.learning_rate 0.001 -> 0.05", "dropout 0.0 -> 0.5"]
+    assert check_config("S", "S/ckpt-20", record, dict(saved), 20) == []
+    assert check_config("S", "S/ckpt-20", None, steered, 20) == [] and check_config("S", "S/ckpt-20", {}, steered, 20) == []
+    for wanted, step, fields in ((dict(saved, seed=7), 20, "seed 42 -> 7"),
+                                 (dict(saved, **{"dense_optimizer.beta_1": 0.8}), 20, "dense_optimizer.beta_1 0.9 -> 0.8"),
+                                 (steered, 40, "dense_optimizer.learning_rate 0.001 -> 0.05; dropout 0.0 -> 0.5")):
+        with pytest.raises(ConfigMismatch, match="S/ckpt-") as e:
+            check_config("S", f"S/ckpt-{step}", record, wanted, step)
+        assert fields in str(e.value) and "remove S" in str(e.value) and len(str(e.value).splitlines()) == 1
+    # a run that early stopping ended is finished below its planned steps
+    with pytest.raises(ConfigMismatch, match="Its training finished"):
+        check_config("S", "S/ckpt-30", dict(record, finished=True), steered, 30)
 
 
 # ---- (6) a warm start checks each vocabulary file against its checkpoint's rows ------------------------

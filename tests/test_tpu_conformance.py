@@ -46,6 +46,7 @@ from components.embedding_trainer import (hardware, model_building, resolved_inp
                                           training_loop, training_state)
 from components.embedding_trainer.checkpoints import copy_checkpoint
 from tests import tpu_harness
+from tests.stages import Killed, kill_after
 from tests.stages import fn_args as _fn_args, trainer_config as _config, trainer_raw_config as _raw_config, examples_uri
 from components.contracts.artifacts import CHECKPOINT_DIR, EVAL_METRICS_FILE, TPU_RULES_FILE, TRAINING_RUN_FILE
 from components.planning.fitting import with_run
@@ -372,10 +373,16 @@ def test_checkpoint_round_trip_tpu_to_cpu_and_back(tpu_branch, data, tmp_path, m
                 if "embedding_layer" in k and "dummy" not in k}
 
     rec = tpu_branch(Feature.V1)
-    cfg = _config(data, tpu="local", train_steps=10, checkpoint_every_steps=10, checkpoint_dir=state,
+    # one 30-step run, stopped after step 10 on the TPU branch and after step 20 on CPU (a finished
+    # state resumes under no change: resume_rule.py)
+    cfg = _config(data, tpu="local", train_steps=30, checkpoint_every_steps=10, checkpoint_dir=state,
                   embedding_optimizer=optimizer)
     plan_manifest = _plan(cfg, data)
-    tpu_ckpt, _, _ = training_loop.train(cfg, *plan_manifest, *_files(data), state)
+    save = training_loop.Checkpointer.on_epoch_end
+    kill_after(monkeypatch, 10)
+    with pytest.raises(Killed):
+        training_loop.train(cfg, *plan_manifest, *_files(data), state)
+    tpu_ckpt = tf.train.latest_checkpoint(state)
     assert "TPUEmbedding.apply_gradients" in rec.names()
     tpu_keys = keys(tpu_ckpt)
     assert any("/.OPTIMIZER_SLOT/model/embedding_optimizer/m/" in k for k in tpu_keys), sorted(tpu_keys)[:5]
@@ -383,13 +390,19 @@ def test_checkpoint_round_trip_tpu_to_cpu_and_back(tpu_branch, data, tmp_path, m
     assert tf.train.load_checkpoint(tpu_ckpt).get_tensor(table_iter) == 10  # counted on TPU, where the engine updates
 
     # Resume on CPU (the real, non-TPU branch): restore must match every object, then train on.
-    cpu = _config(data, train_steps=20, checkpoint_every_steps=10, checkpoint_dir=state, embedding_optimizer=optimizer)
+    cpu = _config(data, train_steps=30, checkpoint_every_steps=10, checkpoint_dir=state, embedding_optimizer=optimizer)
     monkeypatch.setattr(hardware, "is_tpu_strategy", lambda s: False)
-    cpu_ckpt, _, run = training_loop.train(cpu, *_plan(cpu, data), *_files(data), state)
-    assert run["resumed_from_step"] == 10 and run["strategy"] != "RecordingTPUStrategy"
+    monkeypatch.setattr(training_loop.Checkpointer, "on_epoch_end", save)
+    kill_after(monkeypatch, 20)
+    with pytest.raises(Killed):
+        training_loop.train(cpu, *_plan(cpu, data), *_files(data), state)
+    cpu_ckpt = tf.train.latest_checkpoint(state)
+    with open(os.path.join(state, "checkpoint_layout.json")) as fh:  # the CPU run resumed it from step 10
+        assert cpu_ckpt.endswith("ckpt-20") and json.load(fh)["embedding_api"].startswith("TPUEmbeddingForServing")
     assert keys(cpu_ckpt) == tpu_keys
 
     # And back: the TPU branch resumes the CPU checkpoint.
+    monkeypatch.setattr(training_loop.Checkpointer, "on_epoch_end", save)
     tpu_branch(Feature.V1)
     back = _config(data, tpu="local", train_steps=30, checkpoint_every_steps=10, checkpoint_dir=state,
                    embedding_optimizer=optimizer)

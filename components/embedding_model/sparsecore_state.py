@@ -296,7 +296,7 @@ def _summary(signature: Dict[str, Any]) -> str:
 
 
 def write_layout(state_dir: str, layout: CheckpointLayout, signature: Optional[Dict[str, Any]] = None,
-                 data: Optional[Dict[str, Any]] = None) -> None:
+                 data: Optional[Dict[str, Any]] = None, **more: Any) -> None:
     """Writes the state's record: its checkpoints' table layout, and the plan signature and the data they were written under.
 
     Args:
@@ -305,13 +305,31 @@ def write_layout(state_dir: str, layout: CheckpointLayout, signature: Optional[D
       signature: the run's `plan_signature`, or None.
       data: what identifies the run's training data (the trainer's `data_signature`: a
         `fingerprint`, with the examples' location, files and bytes for the message), or None.
+      **more: further JSON fields (the trainer's training config and steps: resume_rule.py).
     """
     tf.io.gfile.makedirs(state_dir)
-    record = dict(layout_record(layout), embedding_api=layout.embedding_api)
+    record = dict(layout_record(layout), embedding_api=layout.embedding_api, **more)
     if signature is not None:
         record["plan"] = signature
     if data is not None:
         record["data"] = data
+    with tf.io.gfile.GFile(os.path.join(state_dir, LAYOUT_FILE), "w") as fh:
+        fh.write(json.dumps(record, sort_keys=True))
+
+
+def read_record(state_dir: str) -> Optional[Dict[str, Any]]:
+    """The state's record (`write_layout`), or None where there is none."""
+    path = os.path.join(state_dir, LAYOUT_FILE)
+    if not tf.io.gfile.exists(path):
+        return None
+    with tf.io.gfile.GFile(path) as fh:
+        return json.loads(fh.read())
+
+
+def update_record(state_dir: str, **fields: Any) -> None:
+    """Sets fields of the state's record (one written by `write_layout`)."""
+    record = read_record(state_dir) or {}
+    record.update(fields)
     with tf.io.gfile.GFile(os.path.join(state_dir, LAYOUT_FILE), "w") as fh:
         fh.write(json.dumps(record, sort_keys=True))
 

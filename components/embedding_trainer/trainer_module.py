@@ -35,7 +35,9 @@ steps, so it ends with the same number of steps. The state records its checkpoin
 platform (TF 2.16 cannot map its stacks), so such a resume stops and says so. It records the
 training data's fingerprint too (`training_state.data_signature`): a state trained on other examples (a set
 `training.checkpoint_dir` kept from an earlier run) is refused before training, not taken for this
-run's training. A `training.checkpoint_dir` inside the push destination is refused
+run's training, and the training config it was written under (resume_rule.py): an unfinished state
+goes on under new learning rates or dropout, anything else is refused, and so is any change to a
+finished one. A `training.checkpoint_dir` inside the push destination is refused
 (`check_checkpoint_dir`).
 
 The parts: resolved_input.py (what a run reads), hardware.py (where it trains), model_building.py

@@ -103,7 +103,8 @@ def _start(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifes
     (sparsecore_state.check_resumable). Returns (the run's checkpoints, what the warm start carried)."""
     checkpoints = resume_from_state(cfg, plan, manifest, train_files, state, model, hardware, steps, data)
     warm_report = warm_start_into(cfg, plan, manifest, train_files, state, model, hardware, checkpoints, warm_from)
-    sparsecore_state.write_layout(state, hardware.layout, checkpoints.signature, checkpoints.data)
+    sparsecore_state.write_layout(state, hardware.layout, checkpoints.signature, checkpoints.data,
+                                  training=checkpoints.training, steps=steps, finished=False)
     if checkpoints.start > steps:
         raise ValueError(f"checkpoint in {state} is at step {checkpoints.start}, beyond train_steps {steps}; remove it or raise train_steps")
     return checkpoints, warm_report
@@ -205,10 +206,12 @@ def _final_checkpoint(state: str, hardware: Hardware, checkpoints: Checkpoints, 
     if final_checkpoint is None or not final_checkpoint.endswith(f"-{final_step}"):  # saved with checkpoint_number=step
         raise RuntimeError(f"no checkpoint of step {final_step} in {state}")
     chosen = selection.best_checkpoint() if selection is not None else None
+    sparsecore_state.update_record(state, finished=True)  # resumed again, it trains nothing (resume_rule.py)
     run = {
         "final_step": final_step,
         "resumed_from_step": checkpoints.start,
         "resumed_from_checkpoint": checkpoints.resumed_from,
+        "resumed_with_changes": checkpoints.steering,
         "checkpoint_steps": checkpointer.saved_steps,
         "state_dir": state,
         "replicas": hardware.replicas,

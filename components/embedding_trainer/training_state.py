@@ -8,7 +8,7 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import numpy as np
@@ -27,7 +27,9 @@ from components.embedding_model.unreadable import reading
 from components.embedding_trainer import warm_start
 from components.embedding_trainer.hardware import Hardware
 from components.embedding_trainer.model_building import build_model
+from components.embedding_trainer.resume_rule import check_config, training_record
 from components.embedding_trainer.training_data import sample_batch
+from components.reporting import progress
 
 STATE_DIR = "training_state"
 
@@ -115,8 +117,10 @@ def require_consumed(status, checkpoint: str, model: RankingModel, model_side_on
       sparsecore_state.LayoutMismatch: something did not match (one line naming the checkpoint).
     """
     optimizers = [model.dense_optimizer] + [o for o, _ in model._embedding_optimizers().values()]  # pylint: disable=protected-access
-    hyper = {k: v for opt in optimizers for k, v in getattr(opt, "_hyper", {}).items()}
-    missing = sparsecore_state.restore_mismatches(status, [v for v in hyper.values() if isinstance(v, tf.Variable)], set(hyper))
+    # every optimizer's own (a dict merged by name kept only the last optimizer's `learning_rate`)
+    hyper = [(k, v) for opt in optimizers for k, v in getattr(opt, "_hyper", {}).items()]
+    missing = sparsecore_state.restore_mismatches(status, [v for _, v in hyper if isinstance(v, tf.Variable)],
+                                                  {k for k, _ in hyper})
     if model_side_only:
         missing = [m for m in missing if m.startswith("in the model only")]
     if missing:
@@ -182,6 +186,8 @@ class Checkpoints:
     step: tf.Variable  # the dense optimizer's iterations: one dense update per training step
     signature: Dict[str, Any]  # what the state's checkpoints hold (sparsecore_state.plan_signature)
     data: Optional[Dict[str, Any]] = None  # what they were trained on (data_signature)
+    training: Optional[Dict[str, Any]] = None  # the training config they are trained under (resume_rule)
+    steering: List[str] = dataclasses.field(default_factory=list)  # changes a resumed state continues under
     start: int = 0
     resumed_from: Optional[str] = None
     # (restore status, checkpoint, model side only) of a resume or warm start, checked again after a TPU step
@@ -201,13 +207,19 @@ def resume_from_state(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: Vocabu
     manager = tf.train.CheckpointManager(ckpt, state, max_to_keep=2)
     checkpoints = Checkpoints(ckpt, manager, step, signature=sparsecore_state.plan_signature(
         plan, hardware.layout, cfg, manifest.dense_names), data=data or data_signature(train_files),
-        resumed_from=manager.latest_checkpoint)
+        training=training_record(cfg, plan), resumed_from=manager.latest_checkpoint)
     resumed_from = checkpoints.resumed_from
     if resumed_from:
         # Only under the table layout, the plan and on the data it was written with (TF cannot map
         # SparseCore stacks; a table added, removed or reshaped would start fresh; a state from other
-        # data would stand for this run's training), checked before anything is restored.
+        # data would stand for this run's training), and under a training config it may continue
+        # under (resume_rule.py), checked before anything is restored.
         sparsecore_state.check_resumable(state, resumed_from, hardware.layout, checkpoints.signature, checkpoints.data)
+        checkpoints.steering = check_config(state, resumed_from, sparsecore_state.read_record(state), checkpoints.training,
+                                            int(resumed_from.rsplit("-", 1)[-1]))
+        if checkpoints.steering:
+            progress.phase(progress.TRAINER, f"resuming {resumed_from} under changed settings that steer the rest of "
+                                             f"training: {'; '.join(checkpoints.steering)}")
         sample = sample_batch(train_files, manifest, plan, hardware.per_replica)
         with reading(resumed_from, "training state checkpoint",
                      f"remove {state} (training.checkpoint_dir, when set) to train from the start"):
