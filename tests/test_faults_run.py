@@ -64,6 +64,49 @@ def test_the_generator_replaces_only_what_it_wrote(tmp_path):
         ensure_dataset(str(tmp_path / "a_dir"), GeneratorSpec(rows=20, seed=1))
 
 
+def test_the_generator_knows_its_files_by_content_and_writes_nothing_through_a_link(tmp_path):
+    """An edit that keeps the file's size makes it the user's file (the size alone was trusted);
+    a symlink planted at the generator's temporary name is replaced, not followed into the file it
+    points at; a pattern is never a file to write (demo's `input.path: dir/*.csv` wrote a file
+    named `*.csv` that later runs read as data)."""
+    from components.config.schema import ConfigError
+    from components.example_gen.synthetic_data import GeneratorSpec, ensure_dataset
+
+    data = str(tmp_path / "gen.csv")
+    ensure_dataset(data, GeneratorSpec(rows=20, seed=1))
+    text = open(data, encoding="utf-8").read()
+    same_size = text[:-2] + ("0" if text[-2] != "0" else "1") + text[-1]
+    open(data, "w", encoding="utf-8").write(same_size)
+    with pytest.raises(ConfigError, match="the data generator did not write"):
+        ensure_dataset(data, GeneratorSpec(rows=40, seed=1))
+    assert open(data, encoding="utf-8").read() == same_size
+
+    victim = tmp_path / "users.csv"
+    victim.write_text("mine\n", encoding="utf-8")
+    fresh = str(tmp_path / "fresh.csv")
+    os.symlink(victim, fresh + ".partial")
+    os.symlink(victim, fresh + ".partial.meta")
+    ensure_dataset(fresh, GeneratorSpec(rows=20, seed=2))
+    assert victim.read_text(encoding="utf-8") == "mine\n"
+    assert not os.path.islink(fresh) and sum(1 for _ in open(fresh, encoding="utf-8")) == 21
+
+    for pattern in ("*.csv", "day-?.csv", "[ab].csv"):
+        with pytest.raises(ConfigError, match=r"is a file pattern \(it holds"):
+            ensure_dataset(str(tmp_path / pattern), GeneratorSpec(rows=20, seed=1))
+        assert not os.path.lexists(tmp_path / pattern)
+
+
+def test_demo_refuses_a_glob_as_its_target(tmp_path, capsys):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    status, out, err = _main(["demo", "--config", _config(tmp_path, folder / "*.csv"), "--rows", 50,
+                              "--output-dir", tmp_path / "out"], capsys)
+    assert status == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {folder / '*.csv'} is a file pattern"), lines
+    assert os.listdir(folder) == [] and not (tmp_path / "out").exists()
+
+
 HOSTILE_NAMES = ["../../outside", "/tmp/abs", "a/b", "..", ".hidden", "a\\b", "x\0y", ""]
 
 

@@ -19,6 +19,7 @@ CLI: python -m components.example_gen.synthetic_data --rows 20000 --output data/
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -219,8 +220,14 @@ def write_csv(spec: GeneratorSpec, path: str, log: Optional[callable] = None) ->
     tmp = path + ".partial"
     probs, labels = [], []
     start = time.time()
-    with open(tmp, "w", encoding="utf-8", newline="") as fh:
-        fh.write(",".join(names) + "\n")
+    digest = hashlib.sha256()
+    with _new_file(tmp) as fh:
+        def write(text: str) -> None:
+            data = text.encode("utf-8")
+            digest.update(data)
+            fh.write(data)
+
+        write(",".join(names) + "\n")
         for chunk, first in enumerate(range(0, spec.rows, CHUNK_ROWS)):
             n = min(CHUNK_ROWS, spec.rows - first)
             cols, prob = generate_chunk(spec, chunk, n)
@@ -229,8 +236,7 @@ def write_csv(spec: GeneratorSpec, path: str, log: Optional[callable] = None) ->
             probs.append(prob)
             labels.append(y)
             table = [y.astype(str)] + [cols[name] for name in names[1:]]
-            fh.write("\n".join(",".join(row) for row in zip(*table)))
-            fh.write("\n")
+            write("\n".join(",".join(row) for row in zip(*table)) + "\n")
             if log:
                 log(f"generated {first + n}/{spec.rows} rows ({time.time() - start:.1f}s)")
     prob_all, y_all = np.concatenate(probs), np.concatenate(labels)
@@ -241,9 +247,10 @@ def write_csv(spec: GeneratorSpec, path: str, log: Optional[callable] = None) ->
         "best_achievable_auc": roc_auc(prob_all, y_all),
         "spec": asdict(spec),
         "bytes": os.path.getsize(tmp),
+        "sha256": digest.hexdigest(),
     }
-    with open(tmp + ".meta", "w", encoding="utf-8") as fh:
-        json.dump(meta, fh, indent=2, sort_keys=True)
+    with _new_file(tmp + ".meta") as fh:
+        fh.write(json.dumps(meta, indent=2, sort_keys=True).encode("utf-8"))
     os.replace(tmp, path)
     os.replace(tmp + ".meta", meta_path(path))
     return meta
@@ -253,6 +260,27 @@ def meta_path(csv_path: str) -> str:
     return csv_path + ".meta.json"
 
 
+def _new_file(path: str):
+    """`path` opened for binary writing as a new file: whatever is there (a symlink planted at a
+    temporary name, an interrupted run's leftover) is removed, not followed, and the file is
+    created exclusively, never through a link."""
+    if os.path.lexists(path):
+        os.unlink(path)
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644), "wb")
+
+
+def file_sha256(path: str) -> str:
+    """The SHA-256 of a file's bytes, read in 1 MiB pieces."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for piece in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
+GLOB_CHARACTERS = ("*", "?", "[")  # a path holding one is a pattern the input reads, not a file to write
+
+
 class NotGeneratedError(ConfigError):
     """A file is in the generator's way that the generator did not write: it is never overwritten."""
 
@@ -260,8 +288,9 @@ class NotGeneratedError(ConfigError):
 def generated_meta(path: str) -> Optional[Dict]:
     """The generator's metadata of `path` when the generator wrote the file there, else None.
 
-    The generator wrote `path` when `path.meta.json` is beside it and records the file's size
-    (`bytes`; a metadata file without it, from before sizes were recorded, is trusted on its own).
+    The generator wrote `path` when `path.meta.json` is beside it and records the file's content
+    (`sha256`; an edit that keeps the size is someone else's file), or, in a metadata file from
+    before checksums were recorded, its size (`bytes`; without either, it is trusted on its own).
 
     Args:
       path: the CSV file.
@@ -278,6 +307,8 @@ def generated_meta(path: str) -> Optional[Dict]:
     except (OSError, ValueError):
         return None
     if not isinstance(meta, dict) or meta.get("bytes", os.path.getsize(path)) != os.path.getsize(path):
+        return None
+    if "sha256" in meta and meta["sha256"] != file_sha256(path):
         return None
     return meta
 
@@ -296,8 +327,15 @@ def ensure_dataset(path: str, spec: GeneratorSpec) -> Dict:
       The dataset's metadata.
 
     Raises:
-      NotGeneratedError: something the generator did not write is at `path`.
+      NotGeneratedError: something the generator did not write is at `path`, or `path` is a file
+        pattern (GLOB_CHARACTERS).
     """
+    if any(c in os.path.basename(path) for c in GLOB_CHARACTERS):
+        raise NotGeneratedError(
+            f"{path} is a file pattern (it holds {', '.join(c for c in GLOB_CHARACTERS if c in os.path.basename(path))}): "
+            "the data generator writes one file, and a file of that name would be read as data by every later "
+            "run of the pattern; point the generated data (input.path, --output) at a file name, or use `run` to "
+            "train on the files it matches")
     meta = generated_meta(path)
     if meta is not None and meta.get("spec") == json.loads(json.dumps(asdict(spec))):
         return meta
