@@ -774,5 +774,10 @@ def _export_rows(r: Report, s: Dict[str, Any]) -> None:
         r.add("serving inputs", renamed_inputs_line(s["serving_inputs_renamed"]))
     if s.get("export_layout"):
         r.add("export tables", f"layout {s['export_layout']}; " + ", ".join(
-            f"{d} {v['table_bytes'] / 1e6:.1f} MB (AUC {v['auc_change']:+.1e})"
+            f"{d} {v['table_bytes'] / 1e6:.1f} MB (AUC {_signed(v.get('auc_change'))})"
             for d, v in sorted((s.get("export_compression") or {}).items(), key=lambda kv: -kv[1]["table_bytes"])))
+
+
+def _signed(change) -> str:
+    """An AUC change, or why there is none (an eval sample of one label has no AUC)."""
+    return f"{change:+.1e}" if isinstance(change, (int, float)) else "change undefined"

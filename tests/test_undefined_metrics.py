@@ -278,6 +278,12 @@ def test_the_summary_says_why_the_eval_and_baseline_auc_are_undefined(tmp_path):
     assert f"eval AUC:             {one_label}; log loss 0.1234" in lines
     assert any(line.startswith(f"baseline AUC:         {one_label} (logistic regression") for line in lines), lines
     assert max(len(line) for line in lines) <= SUMMARY_WIDTH
+    # the exporter's table files of such a run: no AUC, so no AUC change (a TypeError ended the
+    # run with exit 1 instead of the gate's 3 and no summary)
+    summary.update(export_layout="A: 5 tables", export_compression={"float32": {"table_bytes": 120_000, "auc_change": None},
+                                                                    "int8": {"table_bytes": 40_000, "auc_change": -0.0004}})
+    text = " ".join(line.strip() for line in render(summary_report(summary)).splitlines())
+    assert "layout A: 5 tables; float32 0.1 MB (AUC change undefined), int8 0.0 MB (AUC -4.0e-04)" in text
 
 
 def test_a_span_report_says_why_its_auc_is_undefined():
