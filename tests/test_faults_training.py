@@ -206,6 +206,33 @@ def test_a_vocabulary_file_a_line_short_of_its_checkpoint_rows_is_refused(tmp_pa
     assert "continuous.warm_start: false" in message
 
 
+def test_a_vocabulary_file_reordered_or_edited_in_place_is_refused(tmp_path):
+    """The same lines in another order (`sort -r`) or one token edited meet the rows' count, so a
+    check of lengths alone carried every row to another token: the SHA-256 preprocessing recorded
+    in the manifest tells. A manifest from before it was recorded is checked by length only."""
+    manifest = _manifest(tmp_path, [b"a", b"b", b"c"])
+    entry = manifest.vocabulary("c")
+    path = os.path.join(manifest.vocabulary_dir, entry.file)
+    assert entry.sha256 and len(entry.sha256) == 64
+    original = open(path, "rb").read()
+    for changed in (b"c\nb\na\n", b"a\nb\nx\n"):
+        with open(path, "wb") as fh:
+            fh.write(changed)
+        with pytest.raises(warm_start.WarmStartError) as e:
+            warm_start.check_vocabulary_rows(manifest, "c", warm_start.table_tokens(manifest, "c"), 5,
+                                             "the last blessed model's", "its checkpoint /m/ckpt-9")
+        message = str(e.value)
+        assert len(message.splitlines()) == 1 and path in message and "SHA-256 differs" in message, message
+        assert "continuous.warm_start: false" in message
+    unrecorded = dataclasses.replace(manifest, vocabularies={"c": dataclasses.replace(entry, sha256=None)})
+    warm_start.check_vocabulary_rows(unrecorded, "c", warm_start.table_tokens(unrecorded, "c"), 5,
+                                     "the last blessed model's", "its checkpoint /m/ckpt-9")
+    with open(path, "wb") as fh:
+        fh.write(original)
+    warm_start.check_vocabulary_rows(manifest, "c", warm_start.table_tokens(manifest, "c"), 5,
+                                     "the last blessed model's", "its checkpoint /m/ckpt-9")
+
+
 @pytest.mark.slow(reason="reads the executors' chain (a Trainer run) and writes a warm start from it")
 def test_warm_start_from_a_model_whose_vocabulary_lost_a_line_stops_naming_the_file(chain, tmp_path):
     from components.planning.run_plan import derive_plan

@@ -35,6 +35,9 @@ class VocabularyEntry:
     # num_oov_buckets = num_buckets), identity (size = num_buckets IDs, no file lines, no OOV rows)
     kind: VocabularyKind = VocabularyKind.COUNTED
     default_value: Optional[int] = None  # identity: the row of tokens that are no IDs; None: dropped
+    # SHA-256 of the vocabulary file's bytes as preprocessing wrote it (None: no file, or a manifest
+    # from before it was recorded): a warm start compares it before carrying rows by line
+    sha256: Optional[str] = None
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from components.data_io.out_of_space import out_of_space_named
 from components.config.binding import table_optimizer
 from components.config.schema import CategoricalFeature, PipelineConfig
 from components.contracts import artifacts
+from components.data_io.checksums import file_sha256
 from components.config.choices import FORMAT_BLOCKS
 from components.contracts.manifest import (CategoricalFeatureEntry, DenseFeatureEntry, VocabularyEntry,
                                            VocabularyManifest)
@@ -100,6 +101,14 @@ def column_notes(cfg: PipelineConfig, raw: Dict[str, float]) -> Dict[str, str]:
     return notes
 
 
+def _vocabulary_sha256(vocabulary_dir: str, table: str) -> Optional[str]:
+    """The SHA-256 of a table's vocabulary file as written (None where there is no file)."""
+    from apache_beam.io.filesystems import FileSystems  # lazy: keeps Beam off the manifest reader's import path
+
+    path = artifacts.vocabulary_file(vocabulary_dir, table)
+    return file_sha256(path, FileSystems.open) if FileSystems.exists(path) else None
+
+
 def build_manifest(cfg: PipelineConfig, raw: Dict[str, float], vocabulary_dir: str) -> VocabularyManifest:
     vocabularies = {}
     for t in cfg.tables:
@@ -116,6 +125,7 @@ def build_manifest(cfg: PipelineConfig, raw: Dict[str, float], vocabulary_dir: s
             dim=t.dim,
             combiner=t.combiner,
             features=tuple(cfg.resolved.table(t.name).features),
+            sha256=_vocabulary_sha256(vocabulary_dir, t.name),
         )
     return VocabularyManifest(
         vocabulary_dir=vocabulary_dir,

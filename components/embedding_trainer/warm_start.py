@@ -49,6 +49,7 @@ from components.embedding_model.checkpoint_keys import (CHECKPOINT_ROOT, OBJECT_
 from components.embedding_model.model import RankingModel
 from components.embedding_model.restore import open_checkpoint_tables
 from components.embedding_model.unreadable import reading
+from components.data_io.checksums import file_sha256
 from components.config.choices import VocabularyKind
 
 TOKEN_KINDS = ("counted", "list", "file")  # vocabularies whose rows are tokens (manifest kind)
@@ -335,11 +336,13 @@ def _reading_previous(prev: PreviousModel):
 
 def check_vocabulary_rows(manifest: VocabularyManifest, table: str, tokens: List[bytes], rows: int, whose: str,
                           held_by: str, way_out: str = RESTORE_PREVIOUS) -> None:
-    """Refuses a vocabulary file whose lines do not meet the table's rows in the model it belongs to.
+    """Refuses a vocabulary file that is not the one its model's rows follow.
 
     Row i of a token table is line i of its vocabulary file and the OOV buckets follow
     (planning.sizing.table_rows): a file a line short (cut short, edited, another run's) would
-    carry every row to its neighbour's token without a word.
+    carry every row to its neighbour's token without a word, and so would the same lines in
+    another order. The file's content is checked against the SHA-256 its manifest records (a
+    manifest from before it was recorded: its lines against the rows only).
 
     Args:
       manifest: the manifest naming the file.
@@ -351,12 +354,19 @@ def check_vocabulary_rows(manifest: VocabularyManifest, table: str, tokens: List
       way_out: what to do, as the message ends.
 
     Raises:
-      WarmStartError: lines + OOV buckets != rows; one line naming the file, both numbers and the way out.
+      WarmStartError: the content is not the recorded one, or lines + OOV buckets != rows; one line
+        naming the file, what differs and the way out.
     """
     entry = manifest.vocabulary(table)
-    if len(tokens) + entry.num_oov_buckets == rows:
-        return
     path = os.path.join(manifest.vocabulary_dir, entry.file)
+    if len(tokens) + entry.num_oov_buckets == rows:
+        if entry.sha256 and file_sha256(path, lambda p: tf.io.gfile.GFile(p, "rb")) != entry.sha256:
+            raise WarmStartError(
+                f"vocabulary file {path} ({whose}, table {table!r}) has the lines {held_by} holds rows for, but "
+                f"not the bytes preprocessing wrote: its SHA-256 differs from the one its manifest records "
+                f"({entry.sha256[:12]}...), so it was edited, reordered or replaced, and its rows would carry to "
+                f"the wrong tokens; {way_out}")
+        return
     raise WarmStartError(
         f"vocabulary file {path} ({whose}, table {table!r}) has {len(tokens)} lines but {held_by} holds "
         f"{rows} rows for it ({rows - entry.num_oov_buckets} tokens + {entry.num_oov_buckets} OOV buckets): the file "

@@ -30,6 +30,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from components.config.schema import ConfigError
+from components.data_io.checksums import file_sha256
 from components.rules.metrics import roc_auc
 
 NUM_DENSE = 13
@@ -267,15 +268,6 @@ def _new_file(path: str):
     if os.path.lexists(path):
         os.unlink(path)
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644), "wb")
-
-
-def file_sha256(path: str) -> str:
-    """The SHA-256 of a file's bytes, read in 1 MiB pieces."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for piece in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(piece)
-    return digest.hexdigest()
 
 
 GLOB_CHARACTERS = ("*", "?", "[")  # a path holding one is a pattern the input reads, not a file to write
