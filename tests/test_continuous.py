@@ -13,6 +13,7 @@ from components.config.loading import parse_config
 from components.config.schema import ConfigError
 from components.config.schema import ContinuousConfig, DriftLimits
 from components.contracts.manifest import VocabularyEntry, VocabularyManifest
+from components.data_io.checksums import file_sha256
 from components.embedding_model import checkpoint_keys as model_lib
 from components.embedding_model.tf_objects import dense_id_widths, sequence_lengths
 from components.planning.run_plan import derive_plan
@@ -81,7 +82,9 @@ def _changed_manifest(prev: warm_start.PreviousModel, directory) -> VocabularyMa
             fh.write(b"".join(t + b"\n" for t in toks))
         with open(os.path.join(directory, e.counts_file), "wb") as fh:
             fh.write(b"".join(b"5 " + t + b"\n" for t in toks))
-        vocabularies[table] = dataclasses.replace(e, size=len(toks), rows=len(toks) + e.num_oov_buckets)
+        # the file's checksum, as preprocessing records it for the files it writes
+        vocabularies[table] = dataclasses.replace(e, size=len(toks), rows=len(toks) + e.num_oov_buckets,
+                                                  sha256=file_sha256(os.path.join(directory, e.file)))
     return dataclasses.replace(prev.manifest, vocabulary_dir=directory, vocabularies=vocabularies)
 
 
