@@ -4,7 +4,6 @@ SavedModel cut short stops the run in one line naming it, `training.checkpoint_d
 destination is refused, and a serving batch of tf.Examples without any known feature says so."""
 import dataclasses
 import glob
-import json
 import os
 import shutil
 from types import SimpleNamespace
