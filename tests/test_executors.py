@@ -200,6 +200,26 @@ def test_pusher_do_withholds_a_model_that_is_not_blessed(chain, tmp_path):
 
 
 @pytest.mark.slow(reason="reads the executors' chain (every executor's Do() on 2,500 rows)")
+def test_a_pusher_that_fails_registers_nothing(chain, tmp_path, monkeypatch):
+    """The disk fills while the Pusher copies the model into its own artifact: the Pusher fails and
+    no version is registered or servable at the destination (the copy came after the push, which
+    left a served model behind a failed run)."""
+    from components.model_registry import executor as registry_executor
+
+    _, a, _ = chain
+    serving = tmp_path / "serving"
+
+    def full(src, dst):
+        raise OSError(28, f"No space left on device: {dst}")
+
+    monkeypatch.setattr(registry_executor.io_utils, "copy_dir", full)
+    with pytest.raises(OSError, match="No space left"):
+        push(a["serving"], a["blessing"], tmp_path / "pushed", serving, "p")
+    assert registry.versions(str(serving)) == [] and registry.entry_versions(str(serving)) == []
+    assert not registry.lookup(str(serving)).found
+
+
+@pytest.mark.slow(reason="reads the executors' chain (every executor's Do() on 2,500 rows)")
 def test_pusher_do_refuses_when_the_served_model_changed_since_the_gate(chain, tmp_path):
     """The chain's model was gated when nothing was served; its own push made a model served since.
     Pushing it again would replace a model its gate never compared with: refused, nothing pushed."""

@@ -190,9 +190,10 @@ def test_push_versions_are_new_even_within_one_second(tmp_path):
     assert sorted(os.listdir(registry.registry_dir(str(dest)))) == [f"{T0}.json", f"{T0 + 1}.json"]
 
 
-def test_a_push_that_fails_before_its_last_file_is_never_trusted(tmp_path, monkeypatch):
-    """The entry goes in before saved_model.pb: a push cut between them leaves a version TF Serving
-    cannot load and the lookup skips; the model before it is still the one compared with."""
+def test_a_push_that_fails_before_its_last_file_is_taken_back_out(tmp_path, monkeypatch):
+    """The entry goes in before saved_model.pb: a push that fails between them (the last file cut,
+    the disk full) takes its entry and its version directory back out, so no version it began is
+    registered and the model before it is still the one served and compared with."""
     from tfx.dsl.io import fileio
 
     dest = str(tmp_path / "serving")
@@ -200,22 +201,34 @@ def test_a_push_that_fails_before_its_last_file_is_never_trusted(tmp_path, monke
     copy = fileio.copy
 
     def cut(src, dst, overwrite=False):
-        if os.path.basename(src) == "saved_model.pb":  # half of it arrives, then the connection drops
+        if os.path.basename(src) == "saved_model.pb":  # half of it arrives, then the disk is full
             with open(dst, "w") as fh:
                 fh.write("p")
-            raise OSError(f"connection lost while copying {src}")
+            raise OSError(28, f"No space left on device while copying {src}")
         return copy(src, dst, overwrite)
 
     monkeypatch.setattr(fileio, "copy", cut)
     with pytest.raises(OSError, match="saved_model.pb"):
         _push(tmp_path, dest, "b", T0 + 60)
     monkeypatch.undo()
-    assert os.path.exists(registry.entry_path(dest, str(T0 + 60)))  # the entry was written ...
-    partial = [f for f in os.listdir(os.path.join(dest, str(T0 + 60))) if "saved_model" in f]
-    assert len(partial) == 1 and partial[0].startswith(".saved_model.pb.tmp-")  # ... the cut copy under a temporary name
-    found = registry.lookup(dest)  # ... but the version is not servable: skipped, with its reason
+    assert not os.path.exists(registry.entry_path(dest, str(T0 + 60)))
+    assert not os.path.exists(os.path.join(dest, str(T0 + 60)))
+    found = registry.lookup(dest)
+    assert found.version == str(T0) and found.skipped == [] and registry.versions(dest) == [T0]
+    assert _push(tmp_path, dest, "c", T0 + 60)["version"] == str(T0 + 60)
+    assert registry.lookup(dest).version == str(T0 + 60)
+
+
+def test_a_push_killed_before_its_last_file_is_never_trusted(tmp_path):
+    """A process killed between the entry and saved_model.pb cannot take itself back out: it leaves a
+    version TF Serving cannot load, which the lookup skips with its reason; the next push gets a
+    version after it."""
+    dest = str(tmp_path / "serving")
+    _push(tmp_path, dest, "a", T0)
+    _push(tmp_path, dest, "b", T0 + 60)
+    os.remove(os.path.join(dest, str(T0 + 60), "saved_model.pb"))  # what a kill before the last rename leaves
+    found = registry.lookup(dest)
     assert found.version == str(T0) and "did not finish" in found.skipped[0]["reason"]
-    # and the next push gets a version after the unfinished one
     assert _push(tmp_path, dest, "c", T0 + 60)["version"] == str(T0 + 61)
     assert registry.lookup(dest).version == str(T0 + 61)
 

@@ -237,10 +237,12 @@ class RegistryPusherExecutor(tfx_pusher.Executor):
         check_still_served(report, serving_dir)
         fields = entry_fields(report, model.uri, trainer_model, exec_properties.get(PIPELINE_NAME_KEY) or "",
                               _run(exec_properties, getattr(self, "_context", None)), evaluator)
+        # TFX's Pusher keeps a copy in its output artifact too (its archive of what was pushed), made
+        # first: a copy that fails (a full disk) then fails the Pusher before anything is registered,
+        # and a push that fails takes itself back out (registry.push), so a failed Pusher serves nothing new.
+        io_utils.copy_dir(self.GetModelPath(input_dict), model_push.uri)
         entry = registry.push(self.GetModelPath(input_dict), serving_dir, fields)
         logging.info("model pushed to %s and registered as %s", entry["serving_model"],
                      registry.entry_path(destination.filesystem.base_directory, entry["version"]))
         progress.phase(progress.PUSHER, f"pushed to {entry['serving_model']}")
-        # TFX's Pusher keeps a copy in its output artifact too (its archive of what was pushed).
-        io_utils.copy_dir(self.GetModelPath(input_dict), model_push.uri)
         self._MarkPushed(model_push, pushed_destination=entry["serving_model"], pushed_version=entry["version"])

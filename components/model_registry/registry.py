@@ -18,7 +18,9 @@ file of the model except `saved_model.pb` (never overwriting a file), then the e
 written (whole: a temporary name, then a rename), then `saved_model.pb` (also under a temporary
 name, then renamed), the file TF Serving and TFX's own Pusher treat as "this version is complete".
 So a version TF Serving can load has its entry, unless something other than this pipeline's Pusher
-wrote it, and a push cut short leaves a version nothing loads.
+wrote it, and a push cut short leaves a version nothing loads. A push that fails with an error
+takes its entry and its version directory back out (`_withdraw`): only a process killed mid-push
+leaves such a version, which the lookup skips.
 
 Lookup (`lookup`): the served model is the newest version directory that holds `saved_model.pb`.
 - no such version, no entry: nothing pushed yet (a first run); found nothing.
@@ -37,6 +39,7 @@ Only the file system is used (TensorFlow's gfile through TFX's `fileio`, so gs:/
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import uuid
@@ -455,13 +458,32 @@ def push(model_dir: str, serving_dir: str, entry: Dict[str, Any], now: Optional[
     version, vdir = _claim(serving_dir, now)
     full = dict(entry, format=ENTRY_FORMAT, version=str(version), serving_model=vdir,
                 pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now if now is not None else time.time())))
-    _copy_tree(model_dir, vdir, SAVED_MODEL_FILES)
-    _write_whole(entry_path(serving_dir, str(version)), json.dumps(full, indent=2, sort_keys=True))
-    for name in present:  # last, each whole: the version becomes loadable only now
-        tmp = os.path.join(vdir, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
-        fio.copy(os.path.join(model_dir, name), tmp, overwrite=False)
-        fio.rename(tmp, os.path.join(vdir, name), overwrite=False)
+    try:
+        _copy_tree(model_dir, vdir, SAVED_MODEL_FILES)
+        _write_whole(entry_path(serving_dir, str(version)), json.dumps(full, indent=2, sort_keys=True))
+        for name in present:  # last, each whole: the version becomes loadable only now
+            tmp = os.path.join(vdir, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
+            fio.copy(os.path.join(model_dir, name), tmp, overwrite=False)
+            fio.rename(tmp, os.path.join(vdir, name), overwrite=False)
+    except BaseException:
+        _withdraw(serving_dir, version)
+        raise
     return full
+
+
+def _withdraw(serving_dir: str, version: int) -> None:
+    """Takes a push that failed back out, entry first, so that no version it began stays registered
+    (best effort: a process killed mid-push leaves a version without saved_model.pb, which the
+    lookup skips)."""
+    fio = _fileio()
+    for path in (entry_path(serving_dir, str(version)), os.path.join(serving_dir, str(version))):
+        try:
+            if fio.isdir(path):
+                fio.rmtree(path)
+            elif fio.exists(path):
+                fio.remove(path)
+        except Exception:  # noqa: BLE001  (the push's own error is what the run reports)
+            logging.warning("could not remove %s after a failed push", path)
 
 
 def write_lookup(artifact_dir: str, found: Lookup) -> None:
