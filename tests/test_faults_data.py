@@ -272,6 +272,39 @@ def test_many_files_are_peeked_at_together_and_the_first_refusal_in_order_is_rai
     input_checks.check_files(example_gen_config(input={"path": str(tmp_path)}), files[:37])
 
 
+def test_a_range_size_that_cuts_the_input_into_too_many_ranges_is_refused_before_reading(tmp_path, capsys):
+    """`input.range_mb: 1e-9` (a range a byte) hung the run while ExampleGen planned its ranges:
+    refused in one line before the pipeline starts, naming the field and the size that works; the
+    default and a small range on a small file pass, and Parquet (cut by row groups) is not held to it."""
+    from components.example_gen import input_checks
+    from components.reporting.errors import InputError
+    from tests.stages import example_gen_config
+
+    path = tmp_path / "a.csv"
+    path.write_bytes(HEADER + ROW * 20_000)
+    files = [(str(path), path.stat().st_size)]
+    with pytest.raises(InputError) as e:
+        input_checks.check_files(example_gen_config(input={"path": str(path), "range_mb": 1e-9}), files)
+    message = str(e.value)
+    assert len(message.splitlines()) == 1 and message.startswith("input.range_mb 1e-09 cuts the input's")
+    assert f"{files[0][1]:,} byte ranges, more than 100,000: raise input.range_mb" in message
+    for range_mb in (64.0, 4096 / (1 << 20)):
+        input_checks.check_files(example_gen_config(input={"path": str(path), "range_mb": range_mb}), files)
+    input_checks.check_range_count(example_gen_config(input={"path": str(path), "format": "parquet", "range_mb": 1e-9}),
+                                   files)
+    # the pipeline's own check before any stage: exit 2, one line, nothing run
+    from pipelines.__main__ import main
+
+    raw = yaml.safe_load(open(os.path.join(REPO, "configs", "demo.yaml"), encoding="utf-8"))
+    raw["input"].update(path=str(path), range_mb=1e-9)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    status = main(["run", "--config", str(cfg), "--output-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1 and "input.range_mb 1e-09 cuts the input's" in err[0], err
+    assert not (tmp_path / "out" / "pipeline_root").exists()
+
+
 def test_compressed_names_are_read_and_checked_against_their_bytes(tmp_path):
     from components.example_gen.input_checks import check_compression
 

@@ -51,6 +51,10 @@ COMPRESSIONS = (
 )
 NOT_READ_SUFFIXES = (".zip", ".lz4", ".snappy")  # names ExampleGen does not decompress
 MAX_NAMED = 3  # empty files named in a refusal
+# Byte ranges one run may cut its CSV input into (input.range_mb): each is a Beam element and a
+# ledger entry, and `input.range_mb: 1e-9` (one range a byte) hung the run planning them. 64 MiB
+# ranges of 100,000 ranges are 6.4 TB.
+MAX_RANGES = 100_000
 
 
 def _compression_of(head: bytes) -> Optional[str]:
@@ -188,6 +192,7 @@ def check_files(cfg: PipelineConfig, files: List[Tuple[str, int]]) -> None:
         one line naming the file(s) and what to change.
     """
     fmt = cfg.input.format
+    check_range_count(cfg, files)
     # Threads, not processes: each check waits on a read. `map` raises the first refusal in the
     # files' order; the checks still queued are cancelled.
     pool = ThreadPoolExecutor(max_workers=max(1, min(PEEK_THREADS, len(files))))
@@ -214,6 +219,28 @@ def check_files(cfg: PipelineConfig, files: List[Tuple[str, int]]) -> None:
     more = f"; and {len(empty) - MAX_NAMED} more" if len(empty) > MAX_NAMED else ""
     raise InputError(f"input.path {cfg.input.path}: no data rows in any of its {len(empty)} files ({named}{more}); "
                      f"{fix}, then rerun")
+
+
+def check_range_count(cfg: PipelineConfig, files: List[Tuple[str, int]]) -> None:
+    """Refuses an `input.range_mb` that cuts the CSV input into more than MAX_RANGES byte ranges.
+
+    Args:
+      cfg: the configuration (`input.format`, `input.range_mb`).
+      files: (path, size in bytes) of every input file.
+
+    Raises:
+      InputError: one line naming the field, the input's size and the ranges it would make.
+    """
+    if cfg.input.format != InputFormat.CSV:
+        return  # Parquet is cut by whole row groups, a TFRecord file is read whole
+    range_bytes = max(1, int(cfg.input.range_mb * (1 << 20)))
+    splittable = [n for p, n in files if not ranges.is_compressed(p)]
+    count = sum(-(-n // range_bytes) for n in splittable) + (len(files) - len(splittable))
+    if count > MAX_RANGES:
+        raise InputError(
+            f"input.range_mb {cfg.input.range_mb:g} cuts the input's {sum(n for _, n in files):,} bytes into {count:,} "
+            f"byte ranges, more than {MAX_RANGES:,}: raise input.range_mb (64 MiB by default) to at least "
+            f"{sum(splittable) / MAX_RANGES / (1 << 20):.3g}")
 
 
 def input_files(cfg: PipelineConfig) -> Optional[List[Tuple[str, int]]]:
