@@ -313,6 +313,10 @@ def write_layout(state_dir: str, layout: CheckpointLayout, signature: Optional[D
         record["plan"] = signature
     if data is not None:
         record["data"] = data
+    _write_record(state_dir, record)
+
+
+def _write_record(state_dir: str, record: Dict[str, Any]) -> None:
     with tf.io.gfile.GFile(os.path.join(state_dir, LAYOUT_FILE), "w") as fh:
         fh.write(json.dumps(record, sort_keys=True))
 
@@ -328,10 +332,7 @@ def read_record(state_dir: str) -> Optional[Dict[str, Any]]:
 
 def update_record(state_dir: str, **fields: Any) -> None:
     """Sets fields of the state's record (one written by `write_layout`)."""
-    record = read_record(state_dir) or {}
-    record.update(fields)
-    with tf.io.gfile.GFile(os.path.join(state_dir, LAYOUT_FILE), "w") as fh:
-        fh.write(json.dumps(record, sort_keys=True))
+    _write_record(state_dir, dict(read_record(state_dir) or {}, **fields))
 
 
 class PlanMismatch(LayoutMismatch):
@@ -367,11 +368,7 @@ def check_resumable(state_dir: str, checkpoint: str, layout: CheckpointLayout,
       DataMismatch: the recorded data's fingerprint is not this run's.
     """
     path = os.path.join(state_dir, LAYOUT_FILE)
-    if tf.io.gfile.exists(path):
-        with tf.io.gfile.GFile(path) as fh:
-            saved = json.loads(fh.read())
-    else:
-        saved = {"kind": "A", "embedding_api": "unrecorded (one variable per table)"}
+    saved = read_record(state_dir) or {"kind": "A", "embedding_api": "unrecorded (one variable per table)"}
     wanted = layout_record(layout)
     if {k: saved.get(k) for k in wanted} != wanted:
         raise LayoutMismatch(
