@@ -11,11 +11,13 @@ Exit statuses (pipelines/summary.py): 0 the run pushed its model; 3 the run work
 validation gate kept the model back; 2 refused before anything ran (one message: a bad
 configuration or input, sizes that cannot fit, an output directory that cannot be used or that
 another run holds); 1 a failed run (one line: the component, the cause and the full log's path), or a run that
-ended without pushing for another reason (its summary's serving-model line says why).
+ended without pushing for another reason (its summary's serving-model line says why); 130 or 143 a run
+Ctrl-C or SIGTERM stopped (one line: the stage that ran and how to resume).
 """
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import warnings
 from typing import Any, Dict, List
@@ -179,6 +181,7 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(error_line(e), file=sys.stderr)
         return EXIT_BAD_INPUT
+    previous = signal.signal(signal.SIGTERM, runner.on_sigterm)  # SIGTERM ends the run as Ctrl-C does
     try:
         # with --json, stdout carries the JSON alone: the progress goes to stderr
         extra = {"extra_components": stock_data_components} if args.with_data_validation else {}
@@ -188,7 +191,9 @@ def main(argv=None) -> int:
         return EXIT_BAD_INPUT
     except RunFailed as e:
         print(f"error: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        return getattr(e, "status", EXIT_FAILED)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     emit(summary_report(result.summary), as_json=args.json)
     return result.exit_status
 

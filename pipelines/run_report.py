@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from components.embedding_preprocess.health import describe_reasons
 from components.reporting.report import count_list, kept_model, reasons_list
 from components.reporting.report import render as render_text
+from components.data_io.safe_files import replace_text
 from components.contracts.artifacts import STATISTICS_REPORT_FILE, TRAINING_RUN_FILE
 from pipelines.summary import (
     artifact_file, feature_health_hints, feature_health_lines, metric_measured, metric_text, summary_report,
@@ -389,9 +390,5 @@ def write_run_report(summary: Dict[str, Any], output_dir: str, path: str) -> str
     Returns:
       `path`.
     """
-    text = render(summary, output_dir, path)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    replace_text(path, render(summary, output_dir, path))  # never through a link planted at `path`
     return path

@@ -28,6 +28,9 @@ from components.config.checks import check_checkpoint_dir
 from components.config.schema import ConfigError, PipelineConfig
 from components.planning.capacity import available_host_bytes, check_host_floor, check_tpu_floor
 from components.data_io.beam_runtime import ensure_local_runner_safe
+from components.data_io.out_of_space import OutOfSpaceError, store_full
+from components.data_io.out_of_space import message as space_message
+from components.data_io.safe_files import NO_FOLLOW, new_file, replace_text
 from components.reporting import progress
 from components.reporting.errors import one_line
 from components.reporting.report import error_line
@@ -42,12 +45,34 @@ if TYPE_CHECKING:
 DEMO_ROWS = 375_000
 LOG_FILE = "pipeline.log"
 REPORT_HTML = "run_report.html"
+SUMMARY_FILE = "summary.json"
 LOCK_FILE = ".run.lock"  # held (flock) by the run using the output directory; says who holds it
 _HELD = set()  # output directories this process holds: a run inside `continuous`'s lock takes it again
 
 
 class RunFailed(RuntimeError):
     """A component failed; the message is one line naming it, the cause and the full log."""
+
+
+class RunInterrupted(RunFailed):
+    """Ctrl-C or SIGTERM stopped the run; the message is one line naming the stage and how to resume.
+
+    Attributes:
+      status: the exit status a shell gives a process its signal ended (128 + the signal's number).
+    """
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C is (`on_sigterm`)."""
+
+
+def on_sigterm(signum, frame) -> None:
+    """A SIGTERM handler: ends the run as Ctrl-C would, with the same cleanup and one line."""
+    raise Terminated()
 
 
 @dataclass
@@ -201,11 +226,14 @@ def output_dir_lock(output_dir: str) -> Iterator[str]:
         return
     try:
         os.makedirs(output_dir, exist_ok=True)
-        fd = os.open(os.path.join(output_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(os.path.join(output_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | NO_FOLLOW, 0o644)
     except (FileExistsError, NotADirectoryError):
         raise ConfigError(f"--output-dir {output_dir}: it, or a folder above it, is a file; name a directory "
                           f"(it is created when missing)") from None
     except OSError as e:
+        if e.errno == errno.ELOOP:  # a link planted at the lock's name: the lock is never taken through it
+            raise ConfigError(f"--output-dir {output_dir}: {LOCK_FILE} there is a symbolic link (to "
+                              f"{os.readlink(os.path.join(output_dir, LOCK_FILE))}); remove it and rerun") from None
         reason = "not writable" if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else e.strerror
         raise ConfigError(f"--output-dir {output_dir}: cannot write there ({reason}); choose a directory you can "
                           f"write to") from None
@@ -257,9 +285,35 @@ def run(cfg: PipelineConfig, output_dir: str, quiet: bool = False, span: Optiona
     check_host_floor(cfg, available_host_bytes())
     check_checkpoint_dir(cfg.training.checkpoint_dir, os.path.join(os.path.abspath(output_dir), SERVING_DIR))
     with output_dir_lock(output_dir) as output_dir:
+        check_push_destination(os.path.join(output_dir, SERVING_DIR))
         if quiet:
             return _run_logged(cfg, output_dir, span, cache, progress_to_stderr, extra_components)
         return _run(cfg, output_dir, span, cache, extra_components)
+
+
+def check_push_destination(serving_dir: str) -> None:
+    """Refuses, before any stage runs, a push destination the Pusher could not write (it was found
+    only at the Pusher, after the whole run): a file in its place, or a folder not writable.
+
+    Args:
+      serving_dir: the local push destination (inside the output directory, which the run's lock
+        already proved writable: a missing one is created by the Pusher).
+
+    Raises:
+      ConfigError: one line naming it and what to change.
+    """
+    if os.path.lexists(serving_dir) and not os.path.isdir(serving_dir):
+        raise ConfigError(f"the push destination {serving_dir} is a file, not a folder; move it away (the run pushes "
+                          "its models there) or choose another --output-dir")
+    if not os.path.isdir(serving_dir):
+        return
+    probe = os.path.join(serving_dir, f".write-probe-{os.getpid()}")
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NO_FOLLOW, 0o644))
+        os.unlink(probe)
+    except OSError as e:
+        raise ConfigError(f"the push destination {serving_dir} cannot be written ({e.strerror}); make it writable "
+                          "or choose another --output-dir") from None
 
 
 class _SummaryFailed(RuntimeError):
@@ -278,7 +332,13 @@ def _run(cfg: PipelineConfig, output_dir: str, span: Optional[int], cache: bool,
         extra_components=extra_components,
     )
     start = time.time()
-    run_locally(p)
+    metadata = os.path.join(output_dir, METADATA_FILE)
+    try:
+        run_locally(p)
+    except Exception as e:  # noqa: BLE001 - only ML Metadata's full store is renamed; others pass unchanged
+        if not store_full(e):
+            raise
+        raise OutOfSpaceError(space_message("ML Metadata", metadata, errno.ENOSPC), errno.ENOSPC) from e
     try:
         summary = summarize(cfg, output_dir, run_artifacts(os.path.join(output_dir, METADATA_FILE), start))
     except Exception as e:  # noqa: BLE001 - named as the summary's failure, not the last component's
@@ -289,8 +349,7 @@ def _run(cfg: PipelineConfig, output_dir: str, span: Optional[int], cache: bool,
     except Exception:  # noqa: BLE001 - the HTML report is a view: the run's outcome does not depend on it
         logging.exception("the HTML run report could not be written")
         summary["report_html"] = None
-    with open(os.path.join(output_dir, "summary.json"), "w", encoding="utf-8") as fh:
-        json.dump(summary, fh, indent=2, sort_keys=True)
+    replace_text(os.path.join(output_dir, SUMMARY_FILE), json.dumps(summary, indent=2, sort_keys=True))
     return RunResult(summary, output_dir)
 
 
@@ -307,9 +366,10 @@ def _run_logged(cfg: PipelineConfig, output_dir: str, span: Optional[int] = None
                 progress_to_stderr: bool = False, extra_components=None) -> RunResult:
     log_path = os.path.join(output_dir, LOG_FILE)
     events = progress_path(output_dir)
-    if os.path.exists(events):
+    if os.path.lexists(events):  # a link too: removed, not followed
         os.remove(events)
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    new_file(log_path).close()  # a link planted at the log's name is removed, not written through
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | NO_FOLLOW)
     terminal = os.fdopen(os.dup((sys.stderr if progress_to_stderr else sys.stdout).fileno()), "w")
     printer = ProgressPrinter(events, terminal, tty=terminal.isatty() and not os.environ.get("CI"))
     component_log = _ComponentLog(terminal)
@@ -337,6 +397,14 @@ def _run_logged(cfg: PipelineConfig, output_dir: str, span: Optional[int] = None
             where = (failed_component(os.path.join(output_dir, METADATA_FILE), started) or printer.current
                      or component_log.current or "the pipeline")
         raise RunFailed(error_line(one_line(e), where, log_path)[len("error: "):]) from e
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM through `on_sigterm`: one line, not a traceback
+        logging.exception("pipeline run interrupted")
+        printer.drain_quietly()
+        where = printer.current or component_log.current or "the pipeline"
+        signal_name, status = ("SIGTERM", 143) if isinstance(e, Terminated) else ("Ctrl-C (SIGINT)", 130)
+        raise RunInterrupted(f"{signal_name} stopped the run while {where} ran; rerun the same command to continue "
+                             "(finished stages are taken from the cache, training resumes from its last checkpoint); "
+                             f"full log: {log_path}", status) from None
     finally:
         # The process's own output first: nothing below may leave it pointing at the log.
         sys.stdout.flush(), sys.stderr.flush()

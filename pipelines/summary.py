@@ -21,7 +21,8 @@ from components.contracts.artifacts import (
 from components.contracts.serving_inputs import renamed_inputs_line
 from components.model_registry.registry import RegistryError, lookup
 from components.embedding_preprocess.health import VALUE_PREFIX, reason_words
-from components.reporting.report import KEPT_BEST, KEPT_LAST, LABEL_WIDTH, Report, count_list, kept_model, reasons_list
+from components.reporting.report import (KEPT_BEST, KEPT_LAST, LABEL_WIDTH, Report, count_list, kept_model, reasons_list,
+                                         skipped_line)
 from components.rules.metrics import UNDEFINED_KEY
 from pipelines.pipeline import SERVING_DIR
 
@@ -152,13 +153,17 @@ def summarize(cfg: PipelineConfig, output_dir: str, artifacts: Dict[str, str]) -
         # the limits the warnings were drawn with (input.warn_invalid_share, input.max_invalid_share)
         "feature_health_limits": {k: health.get(k) for k in ("rows", "warn_invalid_share", "max_invalid_share")}
         if health else None,
-        "input": {"span": gen_stage.get("span"), "files": len(gen_stage.get("files", []))} if gen else None,
+        "input": {"span": gen_stage.get("span"), "files": len(gen_stage.get("files", [])),
+                  "skipped": gen_stage.get("files_skipped", []),
+                  "skipped_count": gen_stage.get("files_skipped_count", 0)} if gen else None,
         # What the push destination serves now (its model registry), and whether this run pushed it.
         "serving_model": served["model"] if served else None,
         "pushed_by_this_run": bool(served and this_run and served["exported_model"] == this_run),
         "registry_error": served.get("error") if served else None,
         "rows_read": {s: v["examples_read"] for s, v in stats["splits"].items()} if stats else None,
         "rows_dropped": {s: v["examples_dropped"] for s, v in stats["splits"].items()} if stats else None,
+        # Rows ExampleGen dropped before the split (a missing or invalid label), by reason.
+        "rows_dropped_before_split": dict(gen_stage.get("dropped") or {}) if gen else None,
         "vocabulary_sizes": {t: v["vocabulary_size"] for t, v in stats["tables"].items()} if stats else None,
         "continuous": continuous_summary(continuous),
         **_eval_aucs(metrics, training_run),
@@ -690,8 +695,14 @@ def _input_rows(r: Report, s: Dict[str, Any]) -> None:
     """The span read, the rows read and dropped, each stage's ledger, feature health, vocabularies."""
     if (s.get("input") or {}).get("span"):
         r.add("input", f"span {s['input']['span']} ({s['input']['files']} files)")
+    if (s.get("input") or {}).get("skipped_count"):
+        shown = skipped_line(s["input"]["skipped"])
+        more = s["input"]["skipped_count"] - len(s["input"]["skipped"])
+        r.add("input not read", shown + (f", and {more} more" if more > 0 else ""))
     if s.get("rows_read"):
-        r.add("rows read", f"{count_list(s['rows_read'])} (dropped: {reasons_list(s['rows_dropped'] or {})})")
+        before = reasons_list(s.get("rows_dropped_before_split") or {})
+        r.add("rows read", f"{count_list(s['rows_read'])} (dropped: {reasons_list(s['rows_dropped'] or {})}"
+                           + (f"; before the split: {before})" if before != "none" else ")"))
     for stage in (s.get("ledger") or {}).get("stages", []):
         verdict = "adds up" if stage["balanced"] else "DOES NOT ADD UP: " + "; ".join(stage["problems"])
         extra = "".join(f"; {k} {reasons_list(v)}" for k, v in (("malformed", stage.get("malformed")),

@@ -124,6 +124,13 @@ def test_kubeflow_section_is_checked_once_pipelines_is_loaded():
         ({"training": {"train_steps": 0}}, "training.train_steps: must be positive"),
         ({"input": {"path": "x.csv", "range_mb": 0}}, "input.range_mb: must be positive"),
         ({"input": {"path": "x.csv", "range_mb": "big"}}, "input.range_mb: expected a number"),
+        # Values that failed late, deep in TensorFlow or NumPy, refused where they are read.
+        ({"dense_features": [{"name": "I1", "fill_value": float("nan")}]},
+         "dense_features[0].fill_value: nan is not a finite number"),
+        ({"training": {"dropout": float("inf")}}, "training.dropout: inf is not a finite number"),
+        ({"training": {"seed": 2**70}}, "training.seed: 1180591620717411303424 is beyond a 64-bit integer"),
+        ({"training": {"seed": 2**40}}, "training.seed: 1099511627776 is not a whole number in [0, 4,294,967,295]"),
+        ({"training": {"seed": -1}}, "training.seed: -1 is not a whole number in [0, 4,294,967,295]"),
         ({"label": 3}, "label: expected a string"),
         ({"dense_features": {"name": "x"}}, "dense_features: expected a list"),
         ({"categorical_features": [{"name": "C1", "dim": 0}]}, "categorical_features[0].dim: must be positive"),
@@ -359,7 +366,7 @@ def test_optimizer_of_a_shared_table_is_set_on_the_table():
 
 @pytest.mark.parametrize("multiplier, message", [
     ({"value": 0.0}, "training.embedding_gradient_multiplier.value: must be a positive number"),
-    ({"value": float("inf")}, "training.embedding_gradient_multiplier.value: must be a positive number"),
+    ({"value": float("inf")}, "training.embedding_gradient_multiplier.value: inf is not a finite number"),
     ({"schedule": {"name": "linear"}}, "training.embedding_gradient_multiplier.schedule.name: 'linear' is not one of"),
     ({"schedule": {"warmup_steps": -1}}, "training.embedding_gradient_multiplier.schedule.warmup_steps: must be 0 or more"),
 ])

@@ -12,7 +12,7 @@ import pytest
 
 from components.rows import ledger
 from components.reporting.errors import InputError
-from components.example_gen import parquet_input
+from components.example_gen import input_folder, parquet_input
 from components.example_gen.records import type_rows
 
 from tests.stages import example_gen_config as _cfg, run_example_gen
@@ -57,7 +57,7 @@ def test_row_groups_are_planned_into_units(tmp_path):
     assert parquet_input.unit_counts(units[2]) == {"input/data_rows": 2, "input/row_groups": 1}
     whole = _plan(cfg, many)  # units of 1 GiB: the three row groups in one
     assert [(u.first, u.stop, u.rows) for u in whole] == [(0, 3, 5)]
-    assert [parquet_input.is_hidden(p) for p in ("d/_SUCCESS", "d/.part-0.parquet.crc", "d/part-0.parquet")] == [True, True, False]
+    assert [input_folder.is_hidden(p) for p in ("d/_SUCCESS", "d/.part-0.parquet.crc", "d/part-0.parquet")] == [True, True, False]
 
 
 def test_types_follow_the_config_as_csv_text_does(tmp_path):

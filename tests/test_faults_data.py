@@ -202,6 +202,26 @@ def test_a_row_of_a_million_fields_is_counted_as_too_many_fields_not_parsed(tmp_
     assert [v for b in batches for v in b.column("I1").to_pylist()] == [b"1", b"3\n", b"1"]
 
 
+@pytest.mark.parametrize("name", ["long.csv", "long.csv.gz"])
+def test_a_record_longer_than_a_block_is_counted_as_too_long_not_parsed(tmp_path, name, monkeypatch):
+    """A 50 MB cell failed the run (pyarrow: a record straddles two block boundaries); shown here
+    at 1/16 of the sizes, blocks of 1 MiB and a 2 MiB quoted cell."""
+    from components.example_gen import csv_records, ranges
+    from components.example_gen.header import read_csv_header
+
+    monkeypatch.setattr(csv_records, "READ_BLOCK_BYTES", 1 << 20)
+    monkeypatch.setattr(csv_records, "MAX_RECORD_BYTES", 256 << 10)
+    data = HEADER + ROW + b'0,2,3,"' + b"free text, " * ((2 << 20) // 11) + b'",b\n' + ROW
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    rs = ranges.plan_ranges([(str(path), path.stat().st_size)], 8 << 20)
+    before = ranges.before_each_range([ranges.count_quotes(r) for r in rs])
+    malformed = csv_records.MalformedRows(5)
+    batches = [b for r in rs for b in csv_records.read_csv_range(r, read_csv_header(str(path)), before, malformed)]
+    assert sum(b.num_rows for b in batches) == 2 and malformed.counts == {"record_too_long": 1}
+    assert malformed.examples == {"malformed/record_too_long": [f"{path}:3 (2.0 MiB, more than 0.25 MiB)"]}
+
+
 def test_only_records_wider_than_the_header_are_cut_found_across_quoted_line_breaks(monkeypatch):
     from components.example_gen import csv_records
 
@@ -211,7 +231,8 @@ def test_only_records_wider_than_the_header_are_cut_found_across_quoted_line_bre
     wide = b"1" + b",y" * 12 + b"\n"  # 13 fields
     data = b"a,b,c\n" + long_text + wide_quoted + wide + b"2,b,c"
     kept, cuts = csv_records.blank_wide_records(data, 3)
-    assert cuts == [(6 + len(long_text), 12), (6 + len(long_text) + len(wide_quoted), 13)]
+    assert cuts == [(6 + len(long_text), "too_many_fields", "12 fields, header has 3"),
+                    (6 + len(long_text) + len(wide_quoted), "too_many_fields", "13 fields, header has 3")]
     assert kept == b"a,b,c\n" + long_text + b"\n" * wide_quoted.count(b"\n") + b"\n" + b"2,b,c"
 
 
@@ -388,3 +409,62 @@ def test_the_preprocessing_cli_refuses_compressed_bytes_behind_a_plain_name(tmp_
                    "--output", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert status == 2 and err.startswith(f"error: {data}: holds gzip-compressed bytes"), err
+
+
+# ---- what an input folder holds besides the data ----
+
+
+def test_a_fifo_among_the_input_files_is_refused_in_one_line_not_waited_on(tmp_path):
+    """A FIFO named `x.csv` in the input folder hung the run (its first bytes were peeked at)."""
+    import signal
+
+    from components.example_gen.input_checks import check_input
+
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "a.csv").write_bytes(HEADER + ROW * 5)
+    os.mkfifo(d / "x.csv")
+    cfg = example_gen_config(input={"path": str(d)})
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("the FIFO was opened: the run waits for a writer"))
+    signal.alarm(30)
+    try:
+        with pytest.raises(InputError) as e:
+            run_example_gen(cfg, d, tmp_path / "out", pattern="*.csv")
+        with pytest.raises(ConfigError, match=re.escape(f"input file {d / 'x.csv'} is a FIFO (named pipe)")):
+            check_input(cfg)  # the command line's check, before a pipeline starts
+    finally:
+        signal.alarm(0)
+    assert one_line(e.value).startswith(f"input file {d / 'x.csv'} is a FIFO (named pipe), not a regular file")
+
+
+def test_hidden_files_are_skipped_and_whatever_the_pattern_leaves_out_is_listed(tmp_path):
+    """A macOS `._a.csv` was read and failed the run without naming the file; `.CSV`, `.csv.gz`
+    and subfolders were skipped without a word."""
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "a.csv").write_bytes(HEADER + ROW * 5)
+    (d / "._a.csv").write_bytes(b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X        ")  # AppleDouble
+    (d / "b.CSV").write_bytes(HEADER + ROW)
+    (d / "c.csv.gz").write_bytes(gzip.compress(HEADER + ROW))
+    (d / "sub").mkdir()
+    (d / "sub" / "d.csv").write_bytes(HEADER + ROW)
+    led, records, err = run_example_gen(example_gen_config(input={"path": str(d)}), d, tmp_path / "out", pattern="*.csv")
+    stage = led["stages"][0]
+    assert err is None and len(records) == 5 and stage["files"] == [str(d / "a.csv")]
+    assert {os.path.basename(e["path"]): e["reason"].split(" (")[0] for e in stage["files_skipped"]} == {
+        "._a.csv": "hidden name", "b.CSV": "not *.csv", "c.csv.gz": "not *.csv", "sub": "a folder"}
+    assert stage["files_skipped_count"] == 4
+    # A hidden file named by input.path itself is read.
+    led, records, err = run_example_gen(example_gen_config(input={"path": str(d / "_named.csv")}), d,
+                                        tmp_path / "out-named", pattern="_named.csv") if (
+        d / "_named.csv").write_bytes(HEADER + ROW) else (None, None, None)
+    assert err is None and len(records) == 1
+
+
+def test_the_summary_lists_what_the_input_folder_held_and_was_not_read():
+    from pipelines import summary as summary_lib
+    from components.reporting.report import render
+
+    skipped = [{"path": "/d/._a.csv", "reason": "hidden name"}, {"path": "/d/sub", "reason": "a folder"}]
+    text = render(summary_lib.summary_report({"input": {"span": 0, "files": 1, "skipped": skipped, "skipped_count": 3}}))
+    assert "input not read:       ._a.csv (hidden name), sub (a folder), and 1 more" in text

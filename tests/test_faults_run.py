@@ -257,6 +257,34 @@ def test_an_output_dir_that_cannot_be_written_is_refused_in_one_line(tmp_path, c
         f"error: --output-dir {locked / 'out'}: cannot write there (not writable); choose a directory you can write to"]
 
 
+def test_a_push_destination_that_is_a_file_or_not_writable_is_refused_before_the_run(tmp_path, capsys, monkeypatch):
+    """Both were found only at the Pusher, after the whole run."""
+    import errno
+
+    cfg = _cfg_for_run(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "serving").write_text("not a folder", encoding="utf-8")
+    status, stdout, err = _main(["run", "--config", cfg, "--output-dir", out], capsys)
+    assert status == 2 and err.strip().splitlines() == [
+        f"error: the push destination {out / 'serving'} is a file, not a folder; move it away (the run pushes its "
+        "models there) or choose another --output-dir"]
+    (out / "serving").unlink()
+    (out / "serving").mkdir()
+    real_open = os.open
+
+    def read_only(path, *args, **kwargs):  # a read-only mount: what the kernel answers even root
+        if str(path).startswith(str(out / "serving")):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    status, stdout, err = _main(["run", "--config", cfg, "--output-dir", out], capsys)
+    assert status == 2 and err.strip().splitlines() == [
+        f"error: the push destination {out / 'serving'} cannot be written (Read-only file system); make it writable "
+        "or choose another --output-dir"]
+
+
 def test_a_second_run_into_a_held_output_dir_is_refused_naming_the_holder(tmp_path, capsys):
     import subprocess
     import sys
@@ -284,6 +312,85 @@ def test_a_second_run_into_a_held_output_dir_is_refused_naming_the_holder(tmp_pa
 
     with output_dir_lock(str(out)) as held:
         assert held == str(out)
+
+
+def test_links_planted_in_the_output_dir_are_replaced_or_refused_never_written_through(tmp_path, capfd, monkeypatch):
+    """`OUT/pipeline.log`, `summary.json`, the report and the progress file pointing at a user's file
+    overwrote it; `.run.lock` pointing at one truncated it."""
+    from components.config.loading import load_config
+    from pipelines import runner
+    from pipelines.progress_view import progress_path
+
+    cfg = load_config(str(_cfg_for_run(tmp_path)))
+    out, mine = tmp_path / "out", tmp_path / "mine.txt"
+    out.mkdir()
+    mine.write_text("the user's own file\n", encoding="utf-8")
+    names = [runner.LOG_FILE, runner.SUMMARY_FILE, runner.REPORT_HTML, os.path.basename(progress_path(str(out)))]
+    for name in names:
+        os.symlink(mine, out / name)
+    # The pipeline itself is not under test: it runs nothing and its summary is a stub.
+    monkeypatch.setattr(runner, "create_pipeline", lambda *a, **k: None)
+    monkeypatch.setattr(runner, "run_locally", lambda p: None)
+    monkeypatch.setattr(runner, "run_artifacts", lambda *a: {})
+    monkeypatch.setattr(runner, "summarize", lambda *a: {"stub": True})
+    runner.run(cfg, str(out), quiet=True)
+    assert mine.read_text(encoding="utf-8") == "the user's own file\n"
+    assert all(not os.path.islink(out / n) for n in names[:3]), names
+    assert json.loads((out / runner.SUMMARY_FILE).read_text())["stub"] is True
+    assert not [n for n in os.listdir(out) if ".tmp" in n]  # no temporary left behind
+
+    os.unlink(out / runner.LOCK_FILE)
+    os.symlink(mine, out / runner.LOCK_FILE)
+    status, stdout, err = _main(["run", "--config", _cfg_for_run(tmp_path),
+                                 "--output-dir", out], capfd)
+    assert status == 2 and err.strip().splitlines() == [
+        f"error: --output-dir {out}: {runner.LOCK_FILE} there is a symbolic link (to {mine}); remove it and rerun"]
+    assert mine.read_text(encoding="utf-8") == "the user's own file\n"
+
+
+@pytest.mark.parametrize("how, status, words", [("ctrl-c", 130, "Ctrl-C (SIGINT)"), ("sigterm", 143, "SIGTERM")])
+def test_ctrl_c_or_sigterm_ends_a_run_in_one_line_naming_the_stage(tmp_path, capfd, monkeypatch, how, status, words):
+    """Ctrl-C printed an 85-line traceback; SIGTERM mid-Exporter printed nothing."""
+    import signal
+    import time
+
+    from components.reporting import progress
+    from pipelines import runner
+
+    def stopped(cfg, output_dir, *args):
+        progress.start(progress.EXPORTER)  # the printer names the running stage from the progress file
+        if how == "sigterm":
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler `main` installed raises in here
+            time.sleep(5)
+        raise KeyboardInterrupt()
+
+    monkeypatch.setattr(runner, "_run", stopped)
+    before = signal.getsignal(signal.SIGTERM)
+    code, stdout, err = _main(["run", "--config", _cfg_for_run(tmp_path), "--output-dir", tmp_path / "out"], capfd)
+    # Under capfd the run's log (stderr, in a real run the log file) is captured too: the terminal's line is `error:`.
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == status and len(lines) == 1, err
+    assert lines[0].startswith(f"error: {words} stopped the run while {progress.EXPORTER} ran; rerun the same command")
+    assert lines[0].endswith(f"full log: {tmp_path / 'out' / runner.LOG_FILE}")
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler is the command's only
+
+
+def test_ml_metadatas_store_on_a_full_disk_is_named_as_out_of_space(tmp_path, capfd, monkeypatch):
+    """SQLite's "database or disk is full" was shown as it is, not as the documented out-of-space line."""
+    from pipelines import runner
+
+    def full(pipeline):
+        raise RuntimeError("Error when executing query: database or disk is full")
+
+    monkeypatch.setattr(runner, "create_pipeline", lambda *a, **k: None)
+    monkeypatch.setattr(runner, "run_locally", full)
+    out = tmp_path / "out"
+    code, stdout, err = _main(["run", "--config", _cfg_for_run(tmp_path), "--output-dir", out], capfd)
+    # Under capfd the run's log (stderr, in a real run the log file) is captured too: the terminal's line is `error:`.
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 1 and len(lines) == 1, err
+    assert (f"ML Metadata: no space left on device (errno 28) while writing under {out / 'metadata.sqlite'}: the disk "
+            "is full; free space there or point the output at a larger disk, then rerun") in lines[0]
 
 
 def _tiny_config(tmp_path, data, name):
@@ -333,7 +440,7 @@ def test_the_summary_describes_this_runs_artifacts_not_the_newest_on_disk(tmp_pa
     assert saved["artifacts"] == third["artifacts"]
 
 
-def _raw_with_table(vocabulary, dim=16, batch_size=256, optimizer="adagrad"):
+def _raw_with_table(vocabulary, dim=16, batch_size=256, optimizer="adagrad", **training):
     from tests.stages import minimal_raw_config
 
     raw = minimal_raw_config()
@@ -342,6 +449,7 @@ def _raw_with_table(vocabulary, dim=16, batch_size=256, optimizer="adagrad"):
     raw["categorical_features"][0]["table"] = "big"
     raw.setdefault("training", {})["batch_size"] = batch_size
     raw["training"]["embedding_optimizer"] = {"name": optimizer, "learning_rate": 0.1}
+    raw["training"].update(training)
     return raw, first
 
 
@@ -360,6 +468,24 @@ def test_the_memory_floor_counts_what_the_config_fixes():
     assert floor.batch_bytes == BATCHES_HELD * 256 * values * EXAMPLE_BYTES
     raw, _ = _raw_with_table({"kind": "list", "values": ["a", "b", "c"], "num_oov_buckets": 2}, dim=8)
     assert config_rows(parse_config(raw), "big") == 5
+    assert floor.shuffle_bytes == cfg.training.shuffle_buffer_rows * values * EXAMPLE_BYTES
+
+
+def test_the_dense_floor_counts_the_cross_layers_and_mlps():
+    from components.config.loading import parse_config
+    from components.planning.capacity import DENSE_COPIES, dense_parameters, memory_floor
+
+    raw = {"input": {"path": "x.csv"}, "dense_features": [{"name": "I1"}, {"name": "I2"}],
+           "categorical_features": [{"name": "C1", "table": "t"}, {"name": "C2", "table": "t"}, {"name": "C3", "dim": 4}],
+           "tables": [{"name": "t", "dim": 8, "vocabulary": {"kind": "hashed", "num_buckets": 100}}],
+           "training": {"bottom_mlp": [6, 5], "top_mlp": [7], "cross_layers": 3, "cross_projection_dim": 2}}
+    cfg = parse_config(raw)
+    width = 8 + 8 + 4 + 5  # C1 and C2 (table t), C3, the bottom MLP's output
+    expected = 2 * 6 + 6 * 5 + 3 * 2 * width * 2 + width * 7 + 7
+    assert dense_parameters(cfg, {"t": 8, "C3": 4}) == expected
+    assert memory_floor(cfg).dense_bytes == DENSE_COPIES * 4 * expected
+    raw["training"]["cross_projection_dim"] = None  # full rank: width x width a layer
+    assert dense_parameters(parse_config(raw), {"t": 8, "C3": 4}) == expected - 3 * 2 * width * 2 + 3 * width * width
 
 
 def test_tables_or_batches_that_cannot_fit_are_refused_before_the_data_stages(tmp_path, capsys):
@@ -377,6 +503,15 @@ def test_tables_or_batches_that_cannot_fit_are_refused_before_the_data_stages(tm
         check_host_floor(cfg, 8 * 2**30)
     raw, _ = _raw_with_table({"kind": "hashed", "num_buckets": 10_000}, batch_size=2**30)
     with pytest.raises(ConfigError, match=r"2 batches of training.batch_size 1,073,741,824 examples"):
+        check_host_floor(parse_config(raw), 64 * 2**30)
+    # A cross layer of rank 5,000,000 was killed for memory; a shuffle buffer of 2**40 rows crashed TensorFlow.
+    raw, _ = _raw_with_table({"kind": "hashed", "num_buckets": 10_000}, cross_projection_dim=5_000_000)
+    with pytest.raises(ConfigError, match=r"the dense network \(training.bottom_mlp, cross_layers, cross_projection_dim, "
+                                          r"top_mlp\) \d+\.\d\d GiB.*lower training.cross_projection_dim"):
+        check_host_floor(parse_config(raw), 8 * 2**30)
+    raw, _ = _raw_with_table({"kind": "hashed", "num_buckets": 10_000}, shuffle_buffer_rows=2**40)
+    with pytest.raises(ConfigError, match=r"training.shuffle_buffer_rows 1,099,511,627,776 examples .* lower "
+                                          r"training.shuffle_buffer_rows,"):
         check_host_floor(parse_config(raw), 64 * 2**30)
     raw, _ = _raw_with_table({"kind": "identity", "num_buckets": 20_000_000_000})
     with pytest.raises(ConfigError, match=r"^training.embedding.topology: the tables whose size the config fixes "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import typing
@@ -27,6 +28,7 @@ from components.config.validation import resolve
 # gigabytes to build, then to print).
 MAX_CONFIG_BYTES = 1 << 20
 MAX_CONFIG_NODES = 100_000
+MAX_INT = 2**63 - 1  # an integer field's bound: int64
 EXCERPT_CHARS = 80  # the most of a value a message quotes
 LONG_TOKEN_CHARS = 300  # a longer run without a space in a message is cut (a path is shorter)
 SERIALIZED_SOURCE = "<serialized config>"  # source_file of a config read by config_from_json
@@ -97,10 +99,14 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{path}: expected an integer, got {excerpt(value)}")
+        if not -MAX_INT <= value <= MAX_INT:  # every integer field ends up in an int64 somewhere
+            raise ConfigError(f"{path}: {value} is beyond a 64-bit integer (at most {MAX_INT:,})")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{path}: expected a number, got {excerpt(value)}")
+        if not math.isfinite(float(value)):  # a NaN fill_value failed as "Expected float32, but got None"
+            raise ConfigError(f"{path}: {value} is not a finite number; set a number (null where the field allows none)")
         return float(value)
     if tp is str or _is_choice(tp):
         if not isinstance(value, str):

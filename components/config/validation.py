@@ -62,6 +62,7 @@ def resolve(cfg: PipelineConfig, source_file: Optional[str] = None) -> PipelineC
         _check_sequences,
         _check_column_roles,
         _check_training,
+        _check_seed,
         _check_embedding_optimizer,
         _check_embedding_plan,
         _check_dense_optimizer,
@@ -127,11 +128,12 @@ def _check_label_rule(cfg: PipelineConfig) -> None:
 
 def _check_allow_invalid(cfg: PipelineConfig) -> None:
     names = {d.name for d in cfg.dense_features} | {f.name for f in cfg.categorical_features}
+    label = cfg.label_source()  # the label column is held to the same share (example_gen/label_limits.py)
     for j, name in enumerate(cfg.input.allow_invalid):
-        if name not in names:
+        if name not in names | {label}:
             raise ConfigError(
-                f"input.allow_invalid[{j}]: {name!r} is not a dense or categorical feature; "
-                f"features are: {', '.join(sorted(names))}"
+                f"input.allow_invalid[{j}]: {name!r} is not a dense or categorical feature or the label column; "
+                f"features are: {', '.join(sorted(names))}; the label column is {label!r}"
             )
 
 
@@ -215,6 +217,18 @@ def _check_training(cfg: PipelineConfig) -> None:
     _check_optimizer(wide.optimizer, "training.wide.optimizer")
     if wide.optimizer.clipnorm is not None:
         raise ConfigError("training.wide.optimizer.clipnorm: TPU embedding optimizers cannot clip by norm; use clipvalue")
+
+
+# training.seed seeds NumPy (whose seeds are 32-bit), Python, TensorFlow and the input dropout's
+# stateless key (seed x 1,000,003 in int64): 2**70 failed deep in the Trainer.
+MAX_SEED = 2**32 - 1
+
+
+def _check_seed(cfg: PipelineConfig) -> None:
+    seed = cfg.training.seed
+    if not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"training.seed: {seed} is not a whole number in [0, {MAX_SEED:,}] (NumPy's seeds are "
+                          "32-bit); set e.g. 42")
 
 
 def _check_optimizer(o: OptimizerConfig, path: str) -> None:

@@ -26,6 +26,8 @@ SPACE_ERRNOS = {
 # spells it (TensorFlow's file IO): "No space left on device", "File too large", "Disk quota exceeded".
 _ERRNO_TEXT = re.compile(r"\[errno (\d+)\]", re.IGNORECASE)
 _STRERROR_TEXT = {os.strerror(code): code for code in SPACE_ERRNOS}
+# SQLite's words for SQLITE_FULL (ML Metadata's local store): a write that found the disk full.
+SQLITE_FULL = "database or disk is full"
 
 
 class OutOfSpaceError(OSError):
@@ -85,6 +87,17 @@ def message(stage: str, path: str, code: int) -> str:
         fix = "free space there or point the output at a larger disk"
     return (f"{stage}: {SPACE_ERRNOS[code]} (errno {code}) while writing under {path}: {what}{room}; "
             f"{fix}, then rerun (nothing of this attempt is kept or reused)")
+
+
+def store_full(e: BaseException) -> bool:
+    """Whether `e` (or an exception it was raised from) is SQLite's SQLITE_FULL."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if SQLITE_FULL in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 @contextmanager

@@ -303,7 +303,7 @@ def write_layout(state_dir: str, layout: CheckpointLayout, signature: Optional[D
       state_dir: the training state directory (LAYOUT_FILE is written there).
       layout: the run's checkpoint layout.
       signature: the run's `plan_signature`, or None.
-      data: what identifies the run's training data (the trainer's `data_signature`: a
+      data: what identifies the run's training data (components/data_io/data_identity.py: a
         `fingerprint`, with the examples' location, files and bytes for the message), or None.
       **more: further JSON fields (the trainer's training config and steps: resume_rule.py).
     """
@@ -344,8 +344,8 @@ class DataMismatch(LayoutMismatch):
 
 
 def _data_summary(data: Dict[str, Any]) -> str:
-    return (f"{data.get('examples')} ({data.get('files')} files, {data.get('bytes', 0):,} bytes, "
-            f"fingerprint {str(data.get('fingerprint'))[:12]})")
+    return (f"{data.get('from', 'examples')} {data.get('examples')} ({data.get('files')} files, "
+            f"{data.get('bytes', 0):,} bytes, fingerprint {str(data.get('fingerprint'))[:12]})")
 
 
 def check_resumable(state_dir: str, checkpoint: str, layout: CheckpointLayout,
@@ -378,7 +378,10 @@ def check_resumable(state_dir: str, checkpoint: str, layout: CheckpointLayout,
             "restore SparseCore stacks into another layout (they would start fresh or come back permuted): resume on "
             f"the platform and topology that wrote it, or remove {state_dir} (training.checkpoint_dir) to train from "
             "the start")
-    if data is not None and "data" in saved and saved["data"].get("fingerprint") != data.get("fingerprint"):
+    # Compared under one rule only: a record of the transformed examples' bytes (one written before
+    # ExampleGen recorded its input, or examples from a stock ExampleGen) says nothing of input files.
+    if (data is not None and "data" in saved and saved["data"].get("from") == data.get("from")
+            and saved["data"].get("fingerprint") != data.get("fingerprint")):
         # Checked first: a finished state from other data resumes at its last step and trains nothing.
         raise DataMismatch(
             f"checkpoint {checkpoint} (step {checkpoint.rsplit('-', 1)[-1]}) was trained on other data than this "

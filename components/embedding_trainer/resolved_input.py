@@ -6,7 +6,7 @@ best values applied, when the Trainer has them), the push destination (a `traini
 inside it is refused), the transformed examples' manifest and statistics (found at the examples
 artifact's URI, which our Trainer and Tuner executors pass in `custom_config`: executors.py), the
 row ledger (it must add up), and the embedding plan (tuned values may not change a table). The
-data identity (training_state.data_signature) is computed on first use.
+data identity (data_io/data_identity.py) is computed on first use.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from components.contracts.statistics import EmbeddingStatistics
 from components.embedding_trainer.base_model import serving_dir_of
 from components.planning.run_plan import derive_plan, training_steps
 from components.embedding_trainer.training_state import data_signature
+from components.data_io.data_identity import training_data_identity
 from components.rows.ledger import check_ledger
 from components.tfx_wiring.component_keys import EXAMPLES_URI_KEY
 from components.tfx_wiring.executor_base import config_of
@@ -76,8 +77,10 @@ class TrainingInput:
 
     @functools.cached_property
     def data_identity(self) -> Dict[str, Any]:
-        """What identifies the training data (training_state.data_signature), read once."""
-        return data_signature(self.train_files)
+        """What identifies the training data (data_io/data_identity.py: the input ExampleGen read and
+        the data stages' config; else training_state.data_signature), read once."""
+        ledger = self.statistics.ledger if self.statistics else None
+        return training_data_identity(self.untuned, ledger, lambda: data_signature(self.train_files))
 
     def length(self) -> Dict[str, Any]:
         """The run's length in steps and where it comes from (run_plan.training_steps)."""

@@ -19,6 +19,7 @@ from tfx.utils import io_utils  # read_string_file: any filesystem TFX reads (gs
 from components.config.choices import LayoutKind
 from components.config.schema import PipelineConfig
 from components.contracts.manifest import VocabularyManifest
+from components.data_io.checksums import sampled_fingerprint
 from components.contracts.plan import CheckpointLayout, EmbeddingPlan
 from components.embedding_model import sparsecore_state
 from components.embedding_model.checkpoint_keys import CHECKPOINT_ROOT, VARIABLE_VALUE, table_checkpoint_key
@@ -32,13 +33,6 @@ from components.embedding_trainer.training_data import sample_batch
 from components.reporting import progress
 
 STATE_DIR = "training_state"
-
-
-# The training data's fingerprint (`data_signature`): windows of each train file's bytes, head and tail among them.
-DATA_WINDOW = 1 << 16
-
-
-DATA_WINDOWS = 8
 
 
 def state_dir(cfg: PipelineConfig, model_uri: str, examples_uri: str) -> str:
@@ -59,26 +53,24 @@ def state_dir(cfg: PipelineConfig, model_uri: str, examples_uri: str) -> str:
     return os.path.join(os.path.dirname(os.path.dirname(model_uri.rstrip("/"))), STATE_DIR, key)
 
 
-def _windows(size: int) -> list:
-    """Offsets of the DATA_WINDOW-byte windows of a file of `size` bytes that its fingerprint reads:
-    the whole file when it is small, else DATA_WINDOWS windows spread from its head to its tail."""
-    if size <= DATA_WINDOW * DATA_WINDOWS:
-        return list(range(0, size, DATA_WINDOW))
-    return [round(i * (size - DATA_WINDOW) / (DATA_WINDOWS - 1)) for i in range(DATA_WINDOWS)]
-
-
 def _common_dir(paths, patterns) -> str:
     """The directory holding all of `paths` (the patterns' when none matched): named in messages."""
     return os.path.commonpath([os.path.dirname(p) for p in paths]) if paths else ", ".join(patterns)
 
 
-def data_signature(train_files) -> Dict[str, Any]:
-    """What identifies the training data a state's checkpoints were trained on (sparsecore_state.check_resumable).
+def _gfile(path: str):
+    return tf.io.gfile.GFile(path, "rb")
 
-    The fingerprint covers the train split's files by name and size and their bytes (all of a small
-    file, DATA_WINDOWS windows of DATA_WINDOW bytes of a large one, head and tail included), not
-    their location or times: the same examples resume wherever they are (a cached rerun, a copy),
-    other examples of the same table sizes and row count do not.
+
+def data_signature(train_files) -> Dict[str, Any]:
+    """What identifies transformed examples from an ExampleGen that recorded no input identity
+    (data_io/data_identity.py: this project's ExampleGen records one; a stock ExampleGen does not).
+
+    The fingerprint covers the train split's files by name, size and sampled bytes
+    (checksums.sampled_fingerprint), not their location or times: the same examples resume
+    wherever they are (a cached rerun, a copy), other examples of the same row count do not. Two
+    preprocessing runs over the same input may write other bytes (Beam's bundles decide which
+    rows share a record): such a rerun into a fresh output directory is refused.
 
     Args:
       train_files: the train split's file patterns.
@@ -91,11 +83,7 @@ def data_signature(train_files) -> Dict[str, Any]:
     for path in paths:
         size = tf.io.gfile.stat(path).length
         total += size
-        digest.update(f"{os.path.basename(path)}\0{size}\0".encode())
-        with tf.io.gfile.GFile(path, "rb") as fh:
-            for offset in _windows(size):
-                fh.seek(offset)
-                digest.update(fh.read(DATA_WINDOW))
+        digest.update(f"{os.path.basename(path)}\0{sampled_fingerprint(path, size, _gfile)}\0".encode())
     return {"fingerprint": digest.hexdigest()[:32], "examples": _common_dir(paths, train_files), "files": len(paths),
             "bytes": total}
 

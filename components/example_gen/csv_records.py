@@ -16,6 +16,12 @@ record of about 327,000 fields or more. Any row with more fields than the header
 and hands pyarrow their line breaks only (blank lines, which it skips). The scan costs one
 `bytes.find` per 64 KiB window on data without quotes, and one quote count per window on data with
 quotes (about 8% of parsing); records up to 128 KiB are left to pyarrow's invalid-row handler.
+
+Very long records never reach pyarrow either: a record must fit in one of its blocks
+(`READ_BLOCK_BYTES`), and one that does not (a 50 MB free-text cell) failed the whole run with
+"straddling object straddles two block boundaries" from a worker. A record longer than
+`MAX_RECORD_BYTES` is counted as malformed (`record_too_long`, its `file:line` and size among the
+ledger's examples) and cut out the same way.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from pyarrow import csv
 from components.example_gen import ranges
 
 READ_BLOCK_BYTES = 16 << 20  # pyarrow CSV block: one RecordBatch per block
+MAX_RECORD_BYTES = 4 << 20  # a longer record is malformed (`record_too_long`): it must fit a block
 WIDE_WINDOW = 1 << 16  # records longer than two windows have their fields counted before pyarrow reads them
 STREAM_BLOCK = 1 << 20  # a compressed file's decompressed bytes are checked in blocks of whole records
 
@@ -69,18 +76,18 @@ class MalformedRows:
             self._kept.append((reason, row.number, row.actual_columns, row.expected_columns))
         return "skip"
 
-    def wide(self, where: str, fields: int, expected: int) -> None:
-        """Counts a record cut out before parsing (`blank_wide_records`) as `too_many_fields`.
+    def cut(self, where: str, reason: str, detail: str) -> None:
+        """Counts a record cut out before parsing (`blank_wide_records`).
 
         Args:
           where: its location, `path:line`.
-          fields: its number of fields.
-          expected: the header's.
+          reason: `too_many_fields` or `record_too_long`.
+          detail: what was wrong, e.g. `400,000 fields, header has 5`.
         """
-        self.counts["too_many_fields"] += 1
-        kept = self.examples.setdefault("malformed/too_many_fields", [])
+        self.counts[reason] += 1
+        kept = self.examples.setdefault(f"malformed/{reason}", [])
         if len(kept) < self._max_examples:
-            kept.append(f"{where} ({fields:,} fields, header has {expected})")
+            kept.append(f"{where} ({detail})")
 
     def locate(self, path: str, lines: Optional[Dict[int, int]]) -> None:
         """Names the kept rows in `examples`: by file line (`lines`: pyarrow's record number -> line
@@ -164,10 +171,20 @@ class _RecordEnds:
         return int(np.count_nonzero((np.searchsorted(quotes, commas) & 1) == 0)) + 1
 
 
-def blank_wide_records(data: bytes, width: int) -> Tuple[bytes, List[Tuple[int, int]]]:
-    """Cuts the records wider than the header out of `data` before pyarrow parses it (see the
-    module docstring): each becomes its own line breaks, blank lines that pyarrow skips and that
-    keep every later line's number.
+def _why_cut(ends: "_RecordEnds", start: int, end: int, width: int) -> Optional[Tuple[str, str]]:
+    """(reason, detail) when the record [start, end) is cut out before parsing, else None."""
+    n = ends.fields(start, end)
+    if n > width:
+        return "too_many_fields", f"{n:,} fields, header has {width}"
+    if end - start > MAX_RECORD_BYTES:
+        return "record_too_long", f"{(end - start) / (1 << 20):,.1f} MiB, more than {MAX_RECORD_BYTES / (1 << 20):g} MiB"
+    return None
+
+
+def blank_wide_records(data: bytes, width: int) -> Tuple[bytes, List[Tuple[int, str, str]]]:
+    """Cuts the records wider than the header, or longer than MAX_RECORD_BYTES, out of `data` before
+    pyarrow parses it (see the module docstring): each becomes its own line breaks, blank lines that
+    pyarrow skips and that keep every later line's number.
 
     Args:
       data: whole CSV records, from a record's start (a range's owned records, or a block of a
@@ -175,13 +192,13 @@ def blank_wide_records(data: bytes, width: int) -> Tuple[bytes, List[Tuple[int, 
       width: the header's number of fields.
 
     Returns:
-      (the data to parse, [(offset in `data`, fields) of each record cut out]); `data` itself when
-      nothing was cut. Only records longer than `WIDE_WINDOW` bytes are looked at.
+      (the data to parse, [(offset in `data`, reason, detail) of each record cut out]); `data`
+      itself when nothing was cut. Only records longer than `WIDE_WINDOW` bytes are looked at.
     """
     if len(data) < WIDE_WINDOW:
         return data, []
     ends = _RecordEnds(data)
-    cuts = [(start, end, n) for start, end in ends.long_records() if (n := ends.fields(start, end)) > width]
+    cuts = [(start, end, why) for start, end in ends.long_records() if (why := _why_cut(ends, start, end, width))]
     if not cuts:
         return data, []
     parts, at = [], 0
@@ -189,7 +206,7 @@ def blank_wide_records(data: bytes, width: int) -> Tuple[bytes, List[Tuple[int, 
         parts += [data[at:start], b"\n" * data.count(b"\n", start, end)]
         at = end
     parts.append(data[at:])
-    return b"".join(parts), [(start, n) for start, _, n in cuts]
+    return b"".join(parts), [(start, *why) for start, _, why in cuts]
 
 
 class _WideRecordFilter(io.RawIOBase):
@@ -222,9 +239,9 @@ class _WideRecordFilter(io.RawIOBase):
 
     def _emit(self, chunk: bytes) -> None:
         kept, cuts = blank_wide_records(chunk, self._width)
-        for offset, fields in cuts:
+        for offset, reason, detail in cuts:
             line = self._lines + chunk.count(b"\n", 0, offset) + 1
-            self._malformed.wide(f"{self._path}:{line}", fields, self._width)
+            self._malformed.cut(f"{self._path}:{line}", reason, detail)
         self._lines += chunk.count(b"\n")
         self._out, self._at = kept, 0
 
@@ -297,9 +314,9 @@ def read_csv_range(
     if not owned.data or owned.data.isspace():  # (no strip(): that copies the range's bytes)
         return
     data, cuts = blank_wide_records(owned.data, len(header))
-    for offset, fields in cuts:
+    for offset, reason, detail in cuts:
         line = owned.first_line + owned.data.count(b"\n", 0, offset)
-        malformed.wide(f"{r.path}:{line}", fields, len(header))
+        malformed.cut(f"{r.path}:{line}", reason, detail)
     parse, convert = _options(header, malformed)
     reader = csv.open_csv(
         pa.BufferReader(data),

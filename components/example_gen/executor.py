@@ -29,14 +29,17 @@ from tfx.utils import proto_utils
 
 from components.data_io.beam_runtime import add_worker_plugin, ensure_local_runner_safe
 from components.data_io.out_of_space import out_of_space_named
-from components.example_gen import parquet_input, ranges
+from components.example_gen import input_folder, parquet_input, ranges
 from components.example_gen.input_checks import check_files
+from components.example_gen.label_limits import check_labels
 from components.example_gen.beam_io import RANGES_DONE, WriteExamples
 from components.example_gen.split_hash import bucket_bounds
 from components.rows import ledger
+from components.data_io.data_identity import input_identity
 from components.reporting import progress
 from components.rows import row_counts
 from components.reporting.errors import InputError
+from components.reporting.report import MAX_LISTED, skipped_line
 from components.example_gen.header import check_csv_headers
 from components.tfx_wiring.executor_base import NoSdistOnLocalRunners, config_of, read_json, write_text
 from components.tfx_wiring.component_keys import CONFIG_KEY
@@ -52,17 +55,25 @@ def _input_config(exec_properties: Dict[str, Any]) -> example_gen_pb2.Input:
     return proto_utils.json_to_proto(exec_properties[standard_component_specs.INPUT_CONFIG_KEY], example_gen_pb2.Input())
 
 
-def input_files(exec_properties: Dict[str, Any]) -> List[Tuple[str, int]]:
-    """(path, size in bytes) of every input file matching the input config's split pattern."""
+def input_files(exec_properties: Dict[str, Any]) -> Tuple[List[Tuple[str, int]], List[Dict[str, str]]]:
+    """(path, size in bytes) of every input file to read of those the input config's split pattern
+    matches, and what was skipped or left out of the input folder, with why (input_folder.py)."""
     input_config = _input_config(exec_properties)
+    base = exec_properties[standard_component_specs.INPUT_BASE_KEY]
     files: Dict[str, int] = {}
+    skipped: List[Dict[str, str]] = []
     for split in input_config.splits:
-        pattern = os.path.join(exec_properties[standard_component_specs.INPUT_BASE_KEY], split.pattern)
+        pattern = os.path.join(base, split.pattern)
         found = FileSystems.match([pattern])[0].metadata_list
         if not found:
             raise InputError(f"EmbeddingExampleGen: input {pattern!r} matches no file; point input.path at a CSV/TFRecord/Parquet file, directory or glob")
-        files.update({m.path: m.size_in_bytes for m in found})
-    return sorted(files.items())
+        kept, hidden = input_folder.screen([(m.path, m.size_in_bytes) for m in found], split.pattern)
+        files.update(kept)
+        skipped += hidden + input_folder.left_out(base, split.pattern, [m.path for m in found])
+        if not kept:
+            raise InputError(f"EmbeddingExampleGen: input {pattern!r} holds no file to read (names starting with '_' "
+                             "or '.' are not read); point input.path at a CSV/TFRecord/Parquet file, directory or glob")
+    return sorted(files.items()), skipped
 
 
 def output_splits(exec_properties: Dict[str, Any]) -> Tuple[List[str], List[int]]:
@@ -115,13 +126,11 @@ class Executor(NoSdistOnLocalRunners, BaseExampleGenExecutor):
         self._log_startup(input_dict, output_dict, exec_properties)
         ensure_local_runner_safe(self._beam_pipeline_args)
         cfg = config_of(exec_properties)
-        files = input_files(exec_properties)
+        files, skipped = input_files(exec_properties)
+        if skipped:
+            progress.phase(progress.EXAMPLE_GEN, f"not reading {len(skipped)} entr{'y' if len(skipped) == 1 else 'ies'} "
+                                                 f"of the input: {skipped_line(skipped)}")
         range_bytes = max(1, int(cfg.input.range_mb * (1 << 20)))
-        if cfg.input.format == InputFormat.PARQUET:
-            files = [(p, n) for p, n in files if not parquet_input.is_hidden(p)]
-            if not files:
-                raise InputError(f"EmbeddingExampleGen: input {cfg.input.path!r} holds no Parquet file (names starting "
-                                 "with '_' or '.' are not read); point input.path at a Parquet file, directory or glob")
         # Compressed bytes behind a plain name, or no data row in any file: refused before any work.
         check_files(cfg, files)
         if cfg.input.format == InputFormat.PARQUET:
@@ -136,10 +145,11 @@ class Executor(NoSdistOnLocalRunners, BaseExampleGenExecutor):
         names, bounds = output_splits(exec_properties)
         examples = artifact_utils.get_single_instance(output_dict[standard_component_specs.EXAMPLES_KEY])
         with out_of_space_named(progress.EXAMPLE_GEN, examples.uri):
-            self._write(cfg, exec_properties, files, byte_ranges, unit, names, bounds, examples)
+            self._write(cfg, exec_properties, files, byte_ranges, unit, names, bounds, examples, skipped)
 
     def _write(self, cfg: PipelineConfig, exec_properties: Dict[str, Any], files: List[Tuple[str, int]],
-               byte_ranges: List[Any], unit: str, names: List[str], bounds: List[int], examples: types.Artifact) -> None:
+               byte_ranges: List[Any], unit: str, names: List[str], bounds: List[int], examples: types.Artifact,
+               skipped: List[Dict[str, str]]) -> None:
         """Reads the ranges, writes the splits and the ledger into `examples`, and checks the ledger."""
         examples.split_names = artifact_utils.encode_split_names(names)
         split_dirs = {s: artifact_utils.get_split_uri([examples], s) for s in names}
@@ -162,6 +172,9 @@ class Executor(NoSdistOnLocalRunners, BaseExampleGenExecutor):
         stage = ledger.example_gen_stage(counts, written)
         # What was read: the files, and the span TFX's driver resolved (span inputs; 0 otherwise).
         stage["files"] = [p for p, _ in files]
+        stage["files_skipped"] = skipped[:MAX_LISTED]
+        stage["files_skipped_count"] = len(skipped)
+        stage["input_identity"] = input_identity(files, FileSystems.open)  # what a resume compares
         stage["row_group_units" if cfg.input.format == InputFormat.PARQUET else "byte_ranges"] = len(byte_ranges)
         stage["span"] = int(exec_properties.get("span") or 0)
         write_text(os.path.join(examples.uri, ledger.LEDGER_FILE), ledger.to_json(ledger.ledger([stage])))
@@ -172,3 +185,4 @@ class Executor(NoSdistOnLocalRunners, BaseExampleGenExecutor):
             examples.set_int_custom_property(f"{s}_rows", n)
         examples.set_string_custom_property("row_ledger", json.dumps({k: stage[k] for k in ("rows_in", "malformed", "dropped", "rows_out", "balanced")}, sort_keys=True))
         ledger.check_stage(stage)
+        check_labels(cfg, stage)  # after the ledger is written: the summary shows the counts

@@ -33,7 +33,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from components.config.choices import InputFormat
 from components.config.schema import SPAN_SPEC, ConfigError, PipelineConfig
-from components.example_gen import parquet_input, ranges
+from components.example_gen import input_folder, ranges
 from components.reporting.errors import InputError
 
 PEEK_BYTES = 1 << 16
@@ -185,7 +185,7 @@ def check_files(cfg: PipelineConfig, files: List[Tuple[str, int]]) -> None:
 
     Args:
       cfg: the configuration (`input.format`, and `input.path` for messages).
-      files: (path, size in bytes) of every input file (Parquet: hidden files left out).
+      files: (path, size in bytes) of every input file (hidden names left out: input_folder.py).
 
     Raises:
       InputError: a file is compressed otherwise than its name says, or no file holds a data row;
@@ -258,9 +258,8 @@ def input_files(cfg: PipelineConfig) -> Optional[List[Tuple[str, int]]]:
         found = FileSystems.match([pattern])[0].metadata_list
     except Exception:  # noqa: BLE001 - e.g. a bucket not reachable from here: ExampleGen lists it itself
         return None
-    files = sorted((m.path, m.size_in_bytes) for m in found if "://" in m.path or os.path.isfile(m.path))
-    if cfg.input.format == InputFormat.PARQUET:
-        files = [(p, n) for p, n in files if not parquet_input.is_hidden(p)]
+    files = sorted((m.path, m.size_in_bytes) for m in found if "://" in m.path or not os.path.isdir(m.path))
+    files, _ = input_folder.screen(files, os.path.basename(pattern))  # as ExampleGen reads them
     return files or None
 
 
@@ -274,10 +273,9 @@ def check_input(cfg: PipelineConfig) -> None:
     Raises:
       ConfigError: `<config file>: <the InputError's line>`.
     """
-    files = input_files(cfg)
-    if files is None:
-        return
     try:
-        check_files(cfg, files)
+        files = input_files(cfg)
+        if files is not None:
+            check_files(cfg, files)
     except InputError as e:
         raise ConfigError(f"{cfg.resolved.source_file}: {e}") from e

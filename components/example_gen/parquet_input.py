@@ -28,7 +28,6 @@ not let a corrupt row group be counted and skipped.
 """
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Tuple
@@ -66,12 +65,6 @@ class RowGroupRange:
 
     def key(self) -> Tuple[str, int]:
         return (self.path, self.first)
-
-
-def is_hidden(path: str) -> bool:
-    """A file that data lakes keep beside their Parquet files (`_SUCCESS`, `_metadata`, `.crc`):
-    not input, by the rule of pyarrow.dataset's default `ignore_prefixes`."""
-    return os.path.basename(path.rstrip("/")).startswith(("_", "."))
 
 
 def _scalar_kind(t: pa.DataType) -> Optional[str]:

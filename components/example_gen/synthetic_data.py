@@ -30,6 +30,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from components.config.schema import ConfigError
+from components.data_io.safe_files import new_file
 from components.data_io.checksums import file_sha256
 from components.rules.metrics import roc_auc
 
@@ -222,7 +223,7 @@ def write_csv(spec: GeneratorSpec, path: str, log: Optional[callable] = None) ->
     probs, labels = [], []
     start = time.time()
     digest = hashlib.sha256()
-    with _new_file(tmp) as fh:
+    with new_file(tmp) as fh:
         def write(text: str) -> None:
             data = text.encode("utf-8")
             digest.update(data)
@@ -250,7 +251,7 @@ def write_csv(spec: GeneratorSpec, path: str, log: Optional[callable] = None) ->
         "bytes": os.path.getsize(tmp),
         "sha256": digest.hexdigest(),
     }
-    with _new_file(tmp + ".meta") as fh:
+    with new_file(tmp + ".meta") as fh:
         fh.write(json.dumps(meta, indent=2, sort_keys=True).encode("utf-8"))
     os.replace(tmp, path)
     os.replace(tmp + ".meta", meta_path(path))
@@ -259,15 +260,6 @@ def write_csv(spec: GeneratorSpec, path: str, log: Optional[callable] = None) ->
 
 def meta_path(csv_path: str) -> str:
     return csv_path + ".meta.json"
-
-
-def _new_file(path: str):
-    """`path` opened for binary writing as a new file: whatever is there (a symlink planted at a
-    temporary name, an interrupted run's leftover) is removed, not followed, and the file is
-    created exclusively, never through a link."""
-    if os.path.lexists(path):
-        os.unlink(path)
-    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644), "wb")
 
 
 GLOB_CHARACTERS = ("*", "?", "[")  # a path holding one is a pattern the input reads, not a file to write

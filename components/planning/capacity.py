@@ -14,15 +14,20 @@ never wrong:
 - **Host memory** (`check_host_floor`): a CPU or GPU trainer keeps every table whole in host
   memory with its optimizer's slots (sizing.table_memory, replicated), and tf.data holds at least
   two batches of input (`BATCHES_HELD`: the one being built and the one being trained on) of
-  `EXAMPLE_BYTES` per value; against the memory the machine has free for this process
-  (`available_host_bytes`: the cgroup's limit, or the kernel's MemAvailable).
+  `EXAMPLE_BYTES` per value, and its shuffle buffer `training.shuffle_buffer_rows` examples of as
+  many bytes; the dense network's weights with their gradients and Adam's two slots
+  (`DENSE_COPIES` float32 copies of each: the cross layers over the categorical features' vectors
+  beside the bottom MLP's output, the MLPs), buckets and biases left out; against the memory the
+  machine has free for this process (`available_host_bytes`: the cgroup's limit, or the kernel's
+  MemAvailable). A `cross_projection_dim` of millions or a shuffle buffer of 2**40 rows, which
+  were killed for memory or crashed TensorFlow, are refused here in one line.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Dict, Optional
 
-from components.config.choices import Placement, VocabularyKind
+from components.config.choices import ModelType, Placement, VocabularyKind
 from components.config.binding import table_optimizer
 from components.config.schema import ConfigError, PipelineConfig
 from components.planning import sizing
@@ -30,6 +35,7 @@ from components.planning.derivation import resolve_topology, table_dim, table_pl
 from components.planning.fitting import sized_table_memory
 
 BATCHES_HELD = 2  # tf.data: the batch being built and the batch being trained on
+DENSE_COPIES = 4  # a dense weight, its gradient and two optimizer slots (Adam), float32 each
 EXAMPLE_BYTES = 8  # per input value: int64 IDs, float32 dense values and weights padded to 8 (a floor)
 _GIB = float(1 << 30)
 # (limit, usage) of the process's memory cgroup: v2, then v1
@@ -62,6 +68,8 @@ class MemoryFloor:
       tpu_chip_bytes: {table: what each chip holds of it, as the plan sizes it}.
       tpu_budget_bytes: the bytes a chip may give the tables (the plan's budget).
       batch_bytes: the input tf.data holds (`BATCHES_HELD` batches).
+      shuffle_bytes: the training shuffle buffer's examples.
+      dense_bytes: the dense network's weights, gradients and slots (`dense_parameters`).
     """
 
     rows: Dict[str, int]
@@ -69,11 +77,13 @@ class MemoryFloor:
     tpu_chip_bytes: Dict[str, int]
     tpu_budget_bytes: int
     batch_bytes: int
+    shuffle_bytes: int = 0
+    dense_bytes: int = 0
 
     @property
     def host_bytes(self) -> int:
         """The host memory a CPU or GPU trainer needs at least."""
-        return sum(self.host_table_bytes.values()) + self.batch_bytes
+        return sum(self.host_table_bytes.values()) + self.batch_bytes + self.shuffle_bytes + self.dense_bytes
 
     def largest(self, per_table: Dict[str, int], k: int = 3) -> str:
         """At most `k` of the largest tables of `per_table` (those with a tenth of the largest's bytes
@@ -102,7 +112,36 @@ def memory_floor(cfg: PipelineConfig) -> MemoryFloor:
         chip[t.name] = sized_table_memory(n, dim, optimizer, table_placement(cfg, n), topology).per_chip_bytes
     values = 1 + len(cfg.dense_features) + sum(f.max_length or 1 for f in cfg.categorical_features)
     budget = int(topology.hbm_gib_per_chip * (1 << 30) * topology.usable_hbm_fraction)
-    return MemoryFloor(rows, host, chip, budget, BATCHES_HELD * cfg.training.batch_size * values * EXAMPLE_BYTES)
+    dims = {t.name: table_dim(cfg, t.name, rows[t.name])[0] for t in cfg.tables}
+    example = values * EXAMPLE_BYTES
+    return MemoryFloor(rows, host, chip, budget, BATCHES_HELD * cfg.training.batch_size * example,
+                       shuffle_bytes=cfg.training.shuffle_buffer_rows * example,
+                       dense_bytes=DENSE_COPIES * 4 * dense_parameters(cfg, dims))
+
+
+def dense_parameters(cfg: PipelineConfig, table_dims: Dict[str, int]) -> int:
+    """The dense network's weights a configuration fixes, at least (module docstring).
+
+    Args:
+      cfg: a resolved configuration.
+      table_dims: {table: its dim}.
+
+    Returns:
+      The count of weights.
+    """
+    t = cfg.training
+    dense_in = len(cfg.dense_features)
+    bottom = [dense_in] + list(t.bottom_mlp) if dense_in else []
+    width = sum(table_dims[t.name] * len(t.features) for t in cfg.resolved.tables)
+    width += bottom[-1] if bottom else 0
+    weights = sum(a * b for a, b in zip(bottom, bottom[1:]))
+    if t.model == ModelType.DCN_V2:
+        rank = t.cross_projection_dim
+        weights += t.cross_layers * (2 * width * rank if rank else width * width)
+        top = [width] + list(t.top_mlp) + [1]
+    else:  # DLRM: the pairwise dot products beside the bottom MLP's output; the latter alone is a floor
+        top = [bottom[-1] if bottom else 1] + list(t.top_mlp) + [1]
+    return weights + sum(a * b for a, b in zip(top, top[1:]))
 
 
 def check_tpu_floor(cfg: PipelineConfig) -> None:
@@ -147,10 +186,25 @@ def check_host_floor(cfg: PipelineConfig, available_bytes: Optional[int]) -> Non
              + (f" (largest: {floor.largest(floor.host_table_bytes)})" if tables else "")]
     parts.append(f"{BATCHES_HELD} batches of training.batch_size {cfg.training.batch_size:,} examples "
                  f"{floor.batch_bytes / _GIB:.2f} GiB")
+    parts.append(f"training.shuffle_buffer_rows {cfg.training.shuffle_buffer_rows:,} examples "
+                 f"{floor.shuffle_bytes / _GIB:.2f} GiB")
+    parts.append(f"the dense network (training.bottom_mlp, cross_layers, cross_projection_dim, top_mlp) "
+                 f"{floor.dense_bytes / _GIB:.2f} GiB")
+    largest = max(("tables", tables), ("batches", floor.batch_bytes), ("shuffle", floor.shuffle_bytes),
+                  ("dense", floor.dense_bytes), key=lambda kv: kv[1])[0]
     raise ConfigError(
         f"training needs at least {floor.host_bytes / _GIB:.2f} GiB of memory on this machine ({'; '.join(parts)}), "
-        f"and {available_bytes / _GIB:.2f} GiB is available; lower the largest tables' vocabulary.num_buckets or dim, "
-        "or training.batch_size, or train on a larger machine or a TPU (docs/kubeflow.md)")
+        f"and {available_bytes / _GIB:.2f} GiB is available; lower {_WAYS_OUT[largest]}, or train on a larger "
+        "machine or a TPU (docs/kubeflow.md)")
+
+
+# What to lower, by the largest part of the floor.
+_WAYS_OUT = {
+    "tables": "the largest tables' vocabulary.num_buckets or dim",
+    "batches": "training.batch_size",
+    "shuffle": "training.shuffle_buffer_rows",
+    "dense": "training.cross_projection_dim, cross_layers or the MLPs' widths",
+}
 
 
 def _read_int(path: str) -> Optional[int]:

@@ -55,7 +55,8 @@ def emit(stage: str, event: str, **fields: Any) -> None:
     line = json.dumps({"t": round(time.time(), 3), "stage": stage, "event": event, **fields},
                       separators=(",", ":"), default=str)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # Never through a link planted at its name (the run removed what was there before it started).
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
         try:
             os.write(fd, (line + "\n").encode("utf-8"))
         finally:

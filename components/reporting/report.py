@@ -14,7 +14,7 @@ import sys
 import tempfile
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, TextIO
+from typing import Any, Dict, List, Optional, Sequence, TextIO
 
 LABEL_WIDTH = 22
 
@@ -191,3 +191,19 @@ def reasons_list(counts: Dict[str, Any]) -> str:
 
     walk("", counts)
     return ", ".join(f"{k} {v:,}" for k, v in flat.items()) if flat else "none"
+
+
+MAX_LISTED = 20  # input entries not read, recorded by name (ExampleGen's ledger); more are counted
+
+
+def skipped_line(skipped: Sequence[Dict[str, str]]) -> str:
+    """Input entries not read, in one line: `._a.csv (hidden name ...), b.CSV (not *.csv)`.
+
+    Args:
+      skipped: {"path", "reason"} entries (components/example_gen/input_folder.py).
+
+    Returns:
+      The line (at most MAX_LISTED named).
+    """
+    shown = ", ".join(f"{os.path.basename(e['path'].rstrip('/'))} ({e['reason']})" for e in skipped[:MAX_LISTED])
+    return shown + (f", and {len(skipped) - MAX_LISTED} more" if len(skipped) > MAX_LISTED else "")
