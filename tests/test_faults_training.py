@@ -413,3 +413,23 @@ def test_a_batch_of_examples_without_known_features_prints_a_warning_with_stock_
     assert "If" in ops  # the warning's branch: PrintV2 inside, a stock kernel
     branch_ops = {n.op for f in inputs.get_concrete_function().graph.as_graph_def().library.function for n in f.node_def}
     assert "PrintV2" in branch_ops
+
+
+def test_examples_without_a_row_to_train_or_evaluate_on_are_refused_before_any_step():
+    """A 2-row input (train 2, eval 0) failed deep in the Trainer, naming no split."""
+    from components.config.loading import parse_config
+    from components.embedding_trainer.resolved_input import check_rows_to_train
+    from components.reporting.errors import InputError
+    from tests.stages import minimal_raw_config
+
+    cfg = parse_config(minimal_raw_config())
+    splits = lambda train, evaluated: SimpleNamespace(splits={"train": {"examples_written": train},  # noqa: E731
+                                                              "eval": {"examples_written": evaluated}})
+    check_rows_to_train(cfg, splits(20, 1), "Trainer")
+    check_rows_to_train(cfg, None, "Trainer")  # nothing known: nothing refused
+    with pytest.raises(InputError) as e:
+        check_rows_to_train(cfg, splits(2, 0), "Trainer")
+    assert str(e.value).startswith("Trainer: the train split holds 2 rows and the eval split 0: a run needs rows to "
+                                   "train on and rows to evaluate on; give the pipeline more rows")
+    with pytest.raises(InputError, match=r"the train split holds 0 rows and the eval split 3"):
+        check_rows_to_train(cfg, splits(0, 3), "Trainer")

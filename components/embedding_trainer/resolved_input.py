@@ -31,6 +31,7 @@ from components.embedding_trainer.base_model import serving_dir_of
 from components.planning.run_plan import derive_plan, training_steps
 from components.embedding_trainer.training_state import data_signature
 from components.data_io.data_identity import training_data_identity
+from components.reporting.errors import InputError
 from components.rows.ledger import check_ledger
 from components.tfx_wiring.component_keys import EXAMPLES_URI_KEY
 from components.tfx_wiring.executor_base import config_of
@@ -164,6 +165,33 @@ def check_tables_unchanged(before: EmbeddingPlan, after: EmbeddingPlan, tuned: D
                         f"{', '.join(changed)} (rows, dim, placement); a trial may not change them")
 
 
+def check_rows_to_train(cfg: PipelineConfig, statistics: Optional[EmbeddingStatistics], stage: str) -> None:
+    """Refuses examples with no row to train on or none to evaluate on, before any step.
+
+    A 2-row input split into 2 train rows and no eval row failed deep in the Trainer (`StopIteration`,
+    or no files matching an empty split).
+
+    Args:
+      cfg: the config (the held-out share of early stopping: TrainingConfig.trained_rows).
+      statistics: preprocessing's statistics (None: nothing is known, nothing refused).
+      stage: the stage named in the message.
+
+    Raises:
+      InputError: one line with the rows of each split and what to change.
+    """
+    if statistics is None:
+        return
+    rows = {s: int(v.get("examples_written", 0)) for s, v in statistics.splits.items()}
+    train, evaluated = rows.get("train", 0), rows.get("eval", 0)
+    trained = cfg.training.trained_rows(train)
+    if trained >= 1 and evaluated >= 1:
+        return
+    held = f" ({train - trained:,} of them held out for early stopping)" if train != trained else ""
+    raise InputError(f"{stage}: the train split holds {train:,} rows{held} and the eval split {evaluated:,}: a run "
+                     "needs rows to train on and rows to evaluate on; give the pipeline more rows (each row's split "
+                     "is a hash of its content: input.train_buckets and input.eval_buckets set the shares)")
+
+
 def resolve_training_input(fn_args, stage: str = "Trainer") -> TrainingInput:
     """The training input of TFX's FnArgs, read and checked once (module docstring).
 
@@ -192,6 +220,7 @@ def resolve_training_input(fn_args, stage: str = "Trainer") -> TrainingInput:
     manifest, statistics = read_manifest(examples_uri), read_statistics(examples_uri)
     # No training on rows that were lost (or invented) on the way: the ledger must add up.
     check_ledger(statistics.ledger if statistics else None, stage)
+    check_rows_to_train(cfg, statistics, stage)
     plan = with_run(derive_plan(cfg, manifest, statistics), vocabulary_dir=manifest.vocabulary_dir)
     if tuned:
         check_tables_unchanged(derive_plan(untuned, manifest, statistics), plan, tuned)
