@@ -25,9 +25,8 @@ from components.reporting.report import count_list, kept_model, reasons_list
 from components.reporting.report import render as render_text
 from components.data_io.safe_files import replace_text
 from components.contracts.artifacts import STATISTICS_REPORT_FILE, TRAINING_RUN_FILE
-from pipelines.summary import (
-    artifact_file, feature_health_hints, feature_health_lines, metric_measured, metric_text, summary_report,
-)
+from pipelines.feature_health_view import feature_health_hints, feature_health_lines
+from pipelines.summary import artifact_file, metric_measured, metric_text, summary_report
 
 SECTIONS = (
     ("summary", "Summary"),
@@ -331,6 +330,10 @@ def _evaluation_section(summary: Dict[str, Any]) -> str:
         rows.append(["this run's model" + (f": {kept_model(m['step'], m['choice'])}" if m else ""),
                      metric_text(summary, "eval_auc"),
                      f"log loss {metric_text(summary, 'eval_log_loss')}"])
+    p = summary.get("precision") or {}
+    if p.get("trained_auc") is not None:  # a bfloat16 run: the AUC above is served in float32
+        rows.append([f"this run's model as trained ({p['used']})", f"{p['trained_auc']:.4f}",
+                     "the dense network in bfloat16; the served model computes it in float32"])
     if metric_measured(summary, "baseline_auc"):
         rows.append(["baseline (logistic regression)", metric_text(summary, "baseline_auc"),
                      "same features and eval split"])

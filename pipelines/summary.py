@@ -4,15 +4,13 @@ report (`summary_report`, rendered by components/reporting/report.py like every 
 The serving-model row names the model this run pushed, or says that none was pushed and why (the
 gate's reasons); the exit status follows from the same facts (`exit_status`). Flagged features are
 grouped where they read the same, with what to do and the config fields that decide
-(`feature_health_lines`, `feature_health_hints`); rows wrap at `SUMMARY_WIDTH` columns.
+(pipelines/feature_health_view.py); rows wrap at `SUMMARY_WIDTH` columns.
 """
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 from components.config.schema import PipelineConfig
 from components.contracts.artifacts import (
@@ -20,10 +18,10 @@ from components.contracts.artifacts import (
 )
 from components.contracts.serving_inputs import renamed_inputs_line
 from components.model_registry.registry import RegistryError, lookup
-from components.embedding_preprocess.health import VALUE_PREFIX, reason_words
 from components.reporting.report import (KEPT_BEST, KEPT_LAST, LABEL_WIDTH, Report, count_list, kept_model, reasons_list,
                                          skipped_line)
 from components.rules.metrics import UNDEFINED_KEY
+from pipelines.feature_health_view import feature_health_hints, feature_health_lines
 from pipelines.pipeline import SERVING_DIR
 
 # Exit statuses of `python -m pipelines run` (and demo, continuous): README "Your own data".
@@ -137,7 +135,6 @@ def summarize(cfg: PipelineConfig, output_dir: str, artifacts: Dict[str, str]) -
 
     stats = read("EmbeddingPreprocess.statistics", STATISTICS_FILE)
     gen = read("EmbeddingExampleGen.examples", LEDGER_FILE)
-    gen_stage = (gen or {}).get("stages", [{}])[0]
     metrics = read("Trainer.model", EVAL_METRICS_FILE)
     training_run = read("Trainer.model", TRAINING_RUN_FILE)
     continuous = read("Trainer.model", CONTINUOUS_FILE)
@@ -153,17 +150,13 @@ def summarize(cfg: PipelineConfig, output_dir: str, artifacts: Dict[str, str]) -
         # the limits the warnings were drawn with (input.warn_invalid_share, input.max_invalid_share)
         "feature_health_limits": {k: health.get(k) for k in ("rows", "warn_invalid_share", "max_invalid_share")}
         if health else None,
-        "input": {"span": gen_stage.get("span"), "files": len(gen_stage.get("files", [])),
-                  "skipped": gen_stage.get("files_skipped", []),
-                  "skipped_count": gen_stage.get("files_skipped_count", 0)} if gen else None,
+        **_example_gen_summary(gen),
         # What the push destination serves now (its model registry), and whether this run pushed it.
         "serving_model": served["model"] if served else None,
         "pushed_by_this_run": bool(served and this_run and served["exported_model"] == this_run),
         "registry_error": served.get("error") if served else None,
         "rows_read": {s: v["examples_read"] for s, v in stats["splits"].items()} if stats else None,
         "rows_dropped": {s: v["examples_dropped"] for s, v in stats["splits"].items()} if stats else None,
-        # Rows ExampleGen dropped before the split (a missing or invalid label), by reason.
-        "rows_dropped_before_split": dict(gen_stage.get("dropped") or {}) if gen else None,
         "vocabulary_sizes": {t: v["vocabulary_size"] for t, v in stats["tables"].items()} if stats else None,
         "continuous": continuous_summary(continuous),
         **_eval_aucs(metrics, training_run),
@@ -171,6 +164,7 @@ def summarize(cfg: PipelineConfig, output_dir: str, artifacts: Dict[str, str]) -
         "evaluator": _evaluator_verdict(cfg, artifacts),
         "serving_model_this_run": this_run,
         "training": training_length(cfg, training_run, stats),
+        "precision": _precision(metrics, training_run),
         "eval_log_loss": metrics["log_loss"] if metrics else None,
         "eval_log_loss_undefined": undefined_reason(metrics, "log_loss"),
         "best_achievable_auc": meta["best_achievable_auc"] if meta else None,
@@ -180,6 +174,17 @@ def summarize(cfg: PipelineConfig, output_dir: str, artifacts: Dict[str, str]) -
         "serving_inputs_renamed": report.get("serving_inputs_renamed") if report else None,
         "export_compression": _export_compression(report),
     }
+
+
+def _example_gen_summary(gen: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """From ExampleGen's ledger: the input read (span, files, what was not read) and the rows it
+    dropped before the split (a missing or invalid label), by reason."""
+    if not gen:
+        return {"input": None, "rows_dropped_before_split": None}
+    stage = gen.get("stages", [{}])[0]
+    return {"input": {"span": stage.get("span"), "files": len(stage.get("files", [])),
+                      "skipped": stage.get("files_skipped", []), "skipped_count": stage.get("files_skipped_count", 0)},
+            "rows_dropped_before_split": dict(stage.get("dropped") or {})}
 
 
 def _feature_warnings(cfg: PipelineConfig, health: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
@@ -205,6 +210,15 @@ def _eval_aucs(metrics: Optional[Dict[str, Any]], training_run: Optional[Dict[st
         "baseline_auc": (metrics.get("baseline") or {}).get("auc") if metrics else None,
         "baseline_auc_undefined": undefined_reason((metrics or {}).get("baseline"), "auc"),
     }
+
+
+def _precision(metrics: Optional[Dict[str, Any]], training_run: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The dense network's precision (what was set, used and why) and, for a bfloat16 run, its
+    eval AUC as trained beside the eval AUC served in float32 (the Trainer's `eval_auc`)."""
+    if not (training_run or {}).get("precision"):
+        return None
+    trained = (metrics or {}).get("trained_precision") or {}
+    return dict(training_run["precision"], trained_auc=trained.get("auc"))
 
 
 def _gate_validation(report: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
@@ -484,147 +498,6 @@ def continuous_rows(r: Report, c: Optional[Dict[str, Any]]) -> None:
         r.add("drift", f"partly unknown: {d['unknown']}")
 
 
-def name_ranges(names: Iterable[str]) -> str:
-    """Feature names in natural order, runs of three or more numbered alike shortened to `first..last`.
-
-    Args:
-      names: feature names.
-
-    Returns:
-      E.g. I1..I13 for I1, I2, ..., I13, and "C2, C6, C16..C18" for C18, C2, C16, C6, C17.
-    """
-    def split(name: str) -> Tuple[str, Optional[int]]:
-        m = re.fullmatch(r"(.*?)(\d+)", name)
-        return (m.group(1), int(m.group(2))) if m else (name, None)
-
-    ordered = sorted(set(names), key=lambda n: (split(n)[0], split(n)[1] is not None, split(n)[1] or 0, n))
-    runs: List[List[str]] = []
-    for name in ordered:
-        prefix, number = split(name)
-        if runs and number is not None:
-            last_prefix, last_number = split(runs[-1][-1])
-            if last_prefix == prefix and last_number is not None and number == last_number + 1:
-                runs[-1].append(name)
-                continue
-        runs.append([name])
-    parts: List[str] = []
-    for run in runs:
-        parts += [f"{run[0]}..{run[-1]}"] if len(run) >= 3 else run
-    return ", ".join(parts)
-
-
-def _warning_kind(w: Dict[str, Any]) -> str:
-    """dense or categorical (a summary written before entries carried their kind: from the reasons)."""
-    if w.get("kind"):
-        return w["kind"]
-    return "categorical" if any(k == "rows_without_a_valid_value" or k.startswith(VALUE_PREFIX)
-                                for k in w.get("reasons") or {}) else "dense"
-
-
-def _share_label(share: float) -> str:
-    return f"{share:.0%}" if share >= 0.01 else f"{share:.1%}"
-
-
-def feature_health_groups(warnings: Dict[str, Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Groups flagged features that read the same: kind, status, share to the percent, reasons.
-
-    Args:
-      warnings: the summary's `feature_warnings` (feature -> share, status, reasons, kind).
-
-    Returns:
-      One dict per group, largest first: kind, status, share (its label: "10%"; one decimal for a
-      lone feature), row_reasons (largest first) and value_reasons (keys of `reasons`), names.
-    """
-    groups: Dict[tuple, Dict[str, Any]] = {}
-    for name, w in warnings.items():
-        reasons = w.get("reasons") or {}
-        row_keys = tuple(sorted((k for k, v in reasons.items() if v and not k.startswith(VALUE_PREFIX)),
-                                key=lambda k: -reasons[k]))
-        value_keys = tuple(sorted(k for k, v in reasons.items() if v and k.startswith(VALUE_PREFIX)))
-        key = (_warning_kind(w), w["status"], _share_label(w["share"]), row_keys, value_keys)
-        g = groups.setdefault(key, {"kind": key[0], "status": key[1], "share": key[2], "row_reasons": row_keys,
-                                    "value_reasons": value_keys, "names": [], "shares": []})
-        g["names"].append(name)
-        g["shares"].append(w["share"])
-    out = []
-    for g in groups.values():
-        if len(g["names"]) == 1:
-            g["share"] = f"{g['shares'][0]:.1%}"
-        out.append(g)
-    return sorted(out, key=lambda g: (-len(g["names"]), g["kind"], g["share"], g["names"]))
-
-
-def feature_health_lines(warnings: Dict[str, Dict[str, Any]]) -> List[Tuple[str, str]]:
-    """The flagged features in groups that read the same, one line each.
-
-    Args:
-      warnings: the summary's `feature_warnings`.
-
-    Returns:
-      (kind, text) per group, e.g. ("dense", "13 features: 10% of rows missing (I1..I13)").
-    """
-    lines = []
-    for g in feature_health_groups(warnings):
-        n = len(g["names"])
-        what = " or ".join(reason_words(k) for k in g["row_reasons"]) or "unusable"
-        line = f"{n} feature{'' if n == 1 else 's'}: {g['share']} of rows {what}"
-        if g["value_reasons"]:
-            line += "; values dropped as " + ", ".join(reason_words(k) for k in g["value_reasons"])
-        line += f" ({name_ranges(g['names'])})"
-        if g["status"] == "allowed":
-            line += ": above input.max_invalid_share, allowed by input.allow_invalid"
-        elif g["status"] == "stop":
-            line += ": above input.max_invalid_share, the run stops"
-        lines.append((g["kind"], line))
-    return lines
-
-
-def feature_health_hints(warnings: Dict[str, Dict[str, Any]], limits: Optional[Dict[str, Any]] = None) -> List[str]:
-    """What a user can do about the flagged features, naming the config fields that decide.
-
-    Args:
-      warnings: the summary's `feature_warnings`.
-      limits: the summary's `feature_health_limits` (warn_invalid_share, max_invalid_share), or None.
-
-    Returns:
-      One sentence per kind of problem: dense values missing (their fill_value), dense values
-      invalid, categorical rows without a valid value, then the warning threshold.
-    """
-    limits = limits or {}
-    hints = []
-    dense = {n: w for n, w in warnings.items() if _warning_kind(w) == "dense"}
-    missing = [n for n, w in dense.items() if (w.get("reasons") or {}).get("missing")]
-    if missing:
-        by_value: Dict[float, List[str]] = {}
-        for n in missing:
-            if dense[n].get("fill_value") is not None:
-                by_value.setdefault(float(dense[n]["fill_value"]), []).append(n)
-        now = "; ".join(f"{v} for {name_ranges(names)}" if len(by_value) > 1 else str(v)
-                        for v, names in sorted(by_value.items()))
-        hints.append("missing dense values are replaced by dense_features[].fill_value"
-                     + (f" (now {now})" if now else "") + ": make sure it is a value the model cannot mistake "
-                     "for real data, or fill the gaps at the source")
-    found = {k for w in dense.values() for k, v in (w.get("reasons") or {}).items() if v}
-    invalid = sorted(found - {"missing", "multi_valued_dense"})
-    if invalid:
-        hints.append("dense rows " + " or ".join(reason_words(k) for k in invalid)
-                     + " get the fill_value too: check the source column's values")
-    if "multi_valued_dense" in found:
-        hints.append("dense rows with several values keep the first: store one value per row")
-    if any(_warning_kind(w) == "categorical" for w in warnings.values()):
-        hints.append("a categorical feature's rows without a valid value pool to a zero vector: check the "
-                     "source column for empty cells, or for the values statistics.html counts as invalid")
-    warn, stop = limits.get("warn_invalid_share"), limits.get("max_invalid_share")
-    highest = max((w["share"] for w in warnings.values()), default=0.0)
-    enough = math.ceil(highest * 100) / 100  # the whole percent that flags none of these
-    quiet = f": {enough:.0%} quiets all of these" if stop is None or enough < stop else ""
-    hints.append("if this much is expected, raise input.warn_invalid_share"
-                 + (f" (now {warn:.0%})" if warn is not None else "") + quiet + "; above input.max_invalid_share"
-                 + (f" ({stop:.0%})" if stop is not None else "")
-                 + " the run stops unless the feature is listed in input.allow_invalid")
-    return hints
-
-
 def wrap_rows(report: Report, width: int = SUMMARY_WIDTH) -> Report:
     """Wraps each row's text so that no rendered line is wider than `width` (a word longer than
     the room, such as a path, keeps a line of its own); continuation lines align under the text.
@@ -744,6 +617,12 @@ def _training_rows(r: Report, s: Dict[str, Any]) -> None:
         m = s.get("eval_model")
         r.add("eval AUC", (f"{kept_model(m['step'], m['choice'])}: " if m else "")
               + f"{metric_text(s, 'eval_auc', s.get('best_achievable_auc'))}; log loss {metric_text(s, 'eval_log_loss')}")
+    p = s.get("precision")
+    if p:
+        line = f"{p['used']} ({p['reason']})"
+        if p.get("trained_auc") is not None and s.get("eval_auc") is not None:
+            line += f"; eval AUC {p['trained_auc']:.4f} as trained, {s['eval_auc']:.4f} served in float32"
+        r.add("precision", line)
     if metric_measured(s, "baseline_auc"):
         r.add("baseline AUC",
               f"{metric_text(s, 'baseline_auc')} (logistic regression on the same features and eval split)")

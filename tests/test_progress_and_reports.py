@@ -10,6 +10,7 @@ import pytest
 
 from components.reporting import progress
 from components.reporting.report import KEPT_BEST, KEPT_LAST, Report, error_line, render
+from pipelines import feature_health_view
 from pipelines import summary as summary_lib
 from pipelines.progress_view import ProgressPrinter
 
@@ -447,8 +448,8 @@ def _warnings():
 
 
 def test_name_ranges_shorten_numbered_runs():
-    assert summary_lib.name_ranges([f"I{k}" for k in range(13, 0, -1)]) == "I1..I13"
-    assert summary_lib.name_ranges(["C18", "C2", "C16", "C6", "C17", "C7", "x"]) == "C2, C6, C7, C16..C18, x"
+    assert feature_health_view.name_ranges([f"I{k}" for k in range(13, 0, -1)]) == "I1..I13"
+    assert feature_health_view.name_ranges(["C18", "C2", "C16", "C6", "C17", "C7", "x"]) == "C2, C6, C7, C16..C18, x"
 
 
 def test_summary_groups_the_feature_warnings_and_says_what_to_do():
@@ -473,10 +474,10 @@ def test_summary_groups_the_feature_warnings_and_says_what_to_do():
     # a lone feature keeps its own share; invalid values and an allowed stop say so
     alone = {"T1": {"kind": "dense", "share": 0.9, "status": "allowed", "rows": 10,
                     "reasons": {"not_numeric": 8, "missing": 1}, "fill_value": 0.0}}
-    assert summary_lib.feature_health_lines(alone) == [
+    assert feature_health_view.feature_health_lines(alone) == [
         ("dense", "1 feature: 90.0% of rows not a number or missing (T1): above input.max_invalid_share, allowed "
                   "by input.allow_invalid")]
-    assert "dense rows not a number get the fill_value too" in " ".join(summary_lib.feature_health_hints(alone))
+    assert "dense rows not a number get the fill_value too" in " ".join(feature_health_view.feature_health_hints(alone))
 
 
 def test_summary_lines_wrap_at_100_columns_under_the_text():

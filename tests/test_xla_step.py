@@ -146,7 +146,7 @@ STEP_CASES = {
 }
 
 
-def _step_model(data, embedding_optimizer, dense_optimizer, clipvalue):
+def _step_model(data, embedding_optimizer, dense_optimizer, clipvalue, precision="float32"):
     """(model, batch): the Trainer's compiled training model (model_building.build_training_model)
     with every optimizer's slots built, and one training batch as the trainer feeds it."""
     from components.config.loading import parse_config
@@ -160,7 +160,8 @@ def _step_model(data, embedding_optimizer, dense_optimizer, clipvalue):
 
     emb = dict(embedding_optimizer, clipvalue=clipvalue)
     raw = trainer_raw_config(data, dropout=0.0, input_dropout=0.0, embedding={"size_threshold": None},
-                             embedding_optimizer=emb, dense_optimizer=dense_optimizer, wide={"enabled": True})
+                             embedding_optimizer=emb, dense_optimizer=dense_optimizer, wide={"enabled": True},
+                             precision=precision)
     own = [f for f in raw["categorical_features"] if "table" not in f]
     own[0]["optimizer"] = {"name": "sgd", "learning_rate": 0.3}
     own[1]["optimizer"] = {"name": "adagrad", "learning_rate": 0.2}
@@ -184,9 +185,9 @@ def _state(model):
     return {id(v): v for v in variables}
 
 
-def _check_step_compiles(data, case):
+def _check_step_compiles(data, case, precision="float32", rtol=2e-5, atol=2e-6):
     """Two compiled steps of the Trainer's train_step equal two uncompiled ones from the same start."""
-    model, batch = _step_model(data, *STEP_CASES[case])
+    model, batch = _step_model(data, *STEP_CASES[case], precision=precision)
     state = _state(model)
     start = {k: v.numpy() for k, v in state.items()}
     compiled = tf.function(model.train_step, jit_compile=True)
@@ -201,7 +202,7 @@ def _check_step_compiles(data, case):
         plain(batch)
     moved = 0
     for k, v in state.items():
-        np.testing.assert_allclose(after_xla[k], v.numpy(), rtol=2e-5, atol=2e-6, err_msg=v.name)
+        np.testing.assert_allclose(after_xla[k], v.numpy(), rtol=rtol, atol=atol, err_msg=v.name)
         moved += not np.array_equal(after_xla[k], start[k])
     tables = [t.embeddings for t in model.tensor_core_tables.values()]
     assert all(not np.array_equal(after_xla[id(t)], start[id(t)]) for t in tables)  # every table trained
@@ -212,6 +213,17 @@ def _check_step_compiles(data, case):
 @pytest.mark.parametrize("case", list(STEP_CASES))
 def test_trainer_step_compiles_with_xla(trainer_data, case):
     _check_step_compiles(trainer_data, case)
+
+
+@pytest.mark.slow(reason="one model build and two XLA compilations, ~10 s")
+def test_the_mixed_bfloat16_step_compiles_with_xla(trainer_data):
+    """The step a TPU compiles, with the dense network under Keras' mixed_bfloat16 policy: XLA and
+    the uncompiled step agree within bfloat16's resolution (8 bits of mantissa: 2**-8 relative). With
+    Adagrad: Adam's first steps are about lr x sign(gradient), which turns a rounding difference in a
+    near-zero gradient into a whole step."""
+    model, _ = _step_model(trainer_data, *STEP_CASES["adagrad"], precision="mixed_bfloat16")
+    assert model.dense_tower.cross[0].compute_dtype == "bfloat16"
+    _check_step_compiles(trainer_data, "adagrad", precision="mixed_bfloat16", rtol=2**-7, atol=2**-10)
 
 
 @pytest.mark.slow(reason="the Trainer's model built and its step traced for XLA")

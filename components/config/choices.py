@@ -100,6 +100,15 @@ class ModelType(Choice):
     DCN_V2 = "dcn_v2"
 
 
+class Precision(Choice):
+    """The dense network's numeric precision (`training.precision`): float32 throughout, or Keras'
+    mixed_bfloat16 policy (float32 variables, bfloat16 computation); auto picks per hardware."""
+
+    FLOAT32 = "float32"
+    MIXED_BFLOAT16 = "mixed_bfloat16"
+    AUTO = "auto"
+
+
 class BucketEncoding(Choice):
     """How a dense feature's quantile bucket enters the model (`training.dense_buckets.encoding`)."""
 

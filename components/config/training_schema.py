@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from components.config.choices import (BucketEncoding, BucketsInto, DimRule, DropoutMask, ModelType, OptimizerName,
-                                       ScheduleName)
+                                       Precision, ScheduleName)
 
 
 @dataclass
@@ -208,6 +208,11 @@ class TrainingConfig:
     # at 2.1-2.3x the rate of three full-rank ones with the float mask (the defaults before), within
     # 0.002 eval AUC of them on the public datasets (bench/README.md "Trainer").
     model: ModelType = ModelType.DCN_V2  # dcn_v2: cross layers; dlrm: dot interaction
+    # The dense network's precision: float32; mixed_bfloat16 (Keras' policy: float32 variables,
+    # bfloat16 matmuls, the logit, loss and metrics in float32; tables and their optimizers stay
+    # float32); auto: mixed_bfloat16 on a TPU, as Model Garden trains, float32 elsewhere unless
+    # measured faster (embedding_trainer/precision_choice.py says the rule and the figures).
+    precision: Precision = Precision.AUTO
     batch_size: int = 256  # global batch size (split evenly over the replicas)
     cross_layers: int = 2  # dcn_v2: number of cross layers
     cross_projection_dim: Optional[int] = 32  # dcn_v2: low-rank cross layers of this rank; null: full rank

@@ -35,7 +35,8 @@ from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
 from components.embedding_model.input import length_key
 from components.embedding_model.lookups import sequence_mask
-from components.config.choices import BucketEncoding, BucketsInto, DropoutMask, ModelType
+from components.config.choices import BucketEncoding, BucketsInto, DropoutMask, ModelType, Precision
+from components.embedding_model.precision import dense_policy
 from components.config.choices import SequencePooling as PoolingKind
 
 BATCH_KEY = "__batch"  # int64 scalar: the batch size, with fused inputs
@@ -191,7 +192,7 @@ def byte_keep_mask(shape: tf.Tensor, rate: float, seed: tf.Tensor, dtype=tf.floa
 
 
 def mlp(widths: List[int], name: str, last_activation: Optional[str] = "relu", dropout: float = 0.0,
-        seed: int = 0) -> tf.keras.Sequential:
+        seed: int = 0, dtype: Any = None, last_dtype: Any = None) -> tf.keras.Sequential:
     """A stack of Dense layers, ReLU between them.
 
     Args:
@@ -200,6 +201,8 @@ def mlp(widths: List[int], name: str, last_activation: Optional[str] = "relu", d
       last_activation: the last layer's activation (None: linear).
       dropout: a StepDropout of this rate after each hidden layer (0: none).
       seed: the dropout layers' seed.
+      dtype: the layers' Keras dtype policy (None: float32).
+      last_dtype: the last layer's (None: `dtype`): float32 for a logit under a mixed policy.
 
     Returns:
       The Sequential, unbuilt.
@@ -207,9 +210,10 @@ def mlp(widths: List[int], name: str, last_activation: Optional[str] = "relu", d
     layers: List[tf.keras.layers.Layer] = []
     for i, w in enumerate(widths):
         last = i == len(widths) - 1
-        layers.append(tf.keras.layers.Dense(w, activation=last_activation if last else "relu"))
+        layers.append(tf.keras.layers.Dense(w, activation=last_activation if last else "relu",
+                                            dtype=(last_dtype or dtype) if last else dtype))
         if dropout and not last:
-            layers.append(StepDropout(dropout, seed=seed * 100 + i, name=f"{name}_dropout_{i}"))
+            layers.append(StepDropout(dropout, seed=seed * 100 + i, name=f"{name}_dropout_{i}", dtype=dtype))
     return tf.keras.Sequential(layers, name=name)
 
 
@@ -391,14 +395,18 @@ class DenseTower:
     """
 
     def __init__(self, plan: EmbeddingPlan, features: ModelFeatures, training: TrainingConfig,
-                 step_fn: Optional[Callable[[], tf.Tensor]] = None):
+                 step_fn: Optional[Callable[[], tf.Tensor]] = None, precision: str = Precision.FLOAT32):
         self.model_type = training.model
         self.features = features
+        # The dense layers' Keras policy: None (float32), or mixed_bfloat16 (precision.py). The
+        # tables, their bucket and sequence-pooling layers, the wide part and the logit stay float32.
+        self.policy = dense_policy(precision)
+        self.compute_dtype = tf.bfloat16 if self.policy is not None else tf.float32
         # Created in the order the models tracked them before the tower existed: Keras numbers
         # unnamed layers in creation order, and the variables' names follow.
         self.sequence_pooling = {n: SequencePooling(features.sequence_pooling[n], f"sequence_{n}")
                                  for n in features.sequence_length}
-        self.bottom_mlp = mlp(training.bottom_mlp, "bottom_mlp")
+        self.bottom_mlp = mlp(training.bottom_mlp, "bottom_mlp", dtype=self.policy)
         # The wide part's linear term of the dense features (their signed log1p, as the deep part
         # reads them), updated by the wide tables' optimizer: with the dense optimizer's small Adam
         # steps it lags the rest of the wide part. The top MLP's output bias is the bias.
@@ -417,14 +425,14 @@ class DenseTower:
         if self.model_type == ModelType.DLRM:
             self._build_dot_interaction(training.bottom_mlp[-1])
         else:
-            self.cross = [tfrs.layers.dcn.Cross(projection_dim=training.cross_projection_dim, name=f"cross_{i}")
-                          for i in range(training.cross_layers)]
+            self.cross = [tfrs.layers.dcn.Cross(projection_dim=training.cross_projection_dim, name=f"cross_{i}",
+                                                dtype=self.policy) for i in range(training.cross_layers)]
         self.top_mlp = mlp(list(training.top_mlp) + [1], "top_mlp", last_activation=None, dropout=training.dropout,
-                           seed=training.seed)
+                           seed=training.seed, dtype=self.policy, last_dtype="float32")
         # No variables, so checkpoints and the serving model do not change with it. The bottom
         # MLP's output is left out: without buckets a dense feature reaches the model only through it.
         self.input_dropout = (StepDropout(training.input_dropout, seed=training.seed * 100 + 99, name="input_dropout",
-                                          mask=training.input_dropout_mask)
+                                          mask=training.input_dropout_mask, dtype=self.policy)
                               if training.input_dropout else None)
         if step_fn is not None:
             for layer in self.top_mlp.layers + [self.input_dropout]:
@@ -433,12 +441,13 @@ class DenseTower:
 
     def _build_dot_interaction(self, width: int) -> None:
         """DotInteraction needs one width: features and buckets of another dim are projected (no bias)."""
-        self.projections = {n: tf.keras.layers.Dense(width, use_bias=False, name=f"project_{n}")
+        self.projections = {n: tf.keras.layers.Dense(width, use_bias=False, name=f"project_{n}", dtype=self.policy)
                             for n in self.features.categorical_names if self.features.feature_dim[n] != width}
         if self.buckets_into == BucketsInto.INTERACTION:
-            self.projections.update({n: tf.keras.layers.Dense(width, use_bias=False, name=f"project_{n}")
+            self.projections.update({n: tf.keras.layers.Dense(width, use_bias=False, name=f"project_{n}",
+                                                              dtype=self.policy)
                                      for n, t in self.bucket_tables.items() if t.dim != width})
-        self.interaction = tfrs.layers.feature_interaction.DotInteraction(self_interaction=False)
+        self.interaction = tfrs.layers.feature_interaction.DotInteraction(self_interaction=False, dtype=self.policy)
 
     def layers(self) -> Dict[str, Any]:
         """The tower's layers under the attribute names a model tracks them by, in tracking order.
@@ -579,18 +588,21 @@ class DenseTower:
         return tf.sigmoid(logit)
 
     def _interact(self, bottom: tf.Tensor, vectors: List[tf.Tensor], names: List[str], training: bool) -> tf.Tensor:
-        """dlrm: [bottom, dot interactions of bottom and the (projected) vectors]."""
-        vectors = [bottom] + [self.projections[n](v) if n in self.projections else v for n, v in zip(names, vectors)]
+        """dlrm: [bottom, dot interactions of bottom and the (projected) vectors], in the compute dtype."""
+        vectors = [bottom] + [tf.cast(self.projections[n](v) if n in self.projections else v, self.compute_dtype)
+                              for n, v in zip(names, vectors)]
         if training and self.input_dropout is not None:  # one mask over the vectors, split back
             vectors = [bottom] + tf.split(self.input_dropout(tf.concat(vectors[1:], 1), training=True),
                                           [int(v.shape[-1]) for v in vectors[1:]], axis=1)
         return tf.concat([bottom, self.interaction(vectors)], axis=1)
 
     def _cross(self, bottom: tf.Tensor, features: tf.Tensor, training: bool) -> tf.Tensor:
-        """dcn_v2: [bottom, features] through the cross layers."""
+        """dcn_v2: [bottom, features] through the cross layers, in the compute dtype (the pooled
+        vectors are cast where they meet the dense network; their gradients come back float32)."""
+        features = tf.cast(features, self.compute_dtype)
         if training and self.input_dropout is not None:
             features = self.input_dropout(features, training=True)
-        x0 = tf.concat([bottom, features], axis=1)
+        x0 = tf.concat([tf.cast(bottom, self.compute_dtype), features], axis=1)
         x = x0
         for layer in self.cross:
             x = layer(x0, x)

@@ -31,7 +31,7 @@ from components.embedding_model import optimizers as optimizers_lib
 from components.embedding_model import tf_objects
 from components.embedding_model.dense_tower import DenseTower, ModelFeatures, Untracked
 from components.embedding_model.lookups import pool_sparse, sequence_positions
-from components.config.choices import Combiner, Placement
+from components.config.choices import Combiner, Placement, Precision
 from components.planning.gradient_exchange import ALL_REDUCE, exchange_method
 
 _V2 = tf.tpu.experimental.HardwareFeature.EmbeddingFeature.V2
@@ -283,6 +283,8 @@ class RankingModel(tf.keras.Model):
       gradient_multiplier: (plan.gradient_multiplier) step -> factor: each feature's pooled-vector
         gradient times it in training, so the table gradients (sums of those) scale with it on
         every platform, before clipping.
+      precision: the dense network's resolved precision (precision.py): `float32`, or
+        `mixed_bfloat16`; the tables and the probability it returns are float32 either way.
     """
 
     def __init__(
@@ -298,8 +300,10 @@ class RankingModel(tf.keras.Model):
         pipeline_execution_with_tensor_core: bool = False,
         table_optimizers: Optional[Dict[str, TableOptimizer]] = None,
         gradient_multiplier: Any = None,
+        precision: str = Precision.FLOAT32,
     ):
         super().__init__(name="ranking_model")
+        self.precision = precision
         self.model_type = training.model
         self.dense_names = manifest.dense_names
         self.categorical_names = manifest.categorical_names
@@ -324,7 +328,7 @@ class RankingModel(tf.keras.Model):
             and any(features.feature_table[n] == name for n in features.lookups)
         }
         step_fn = (lambda: self.dense_optimizer.iterations) if dense_optimizer is not None else None
-        self.dense_tower = DenseTower(plan, features, training, step_fn=step_fn)
+        self.dense_tower = DenseTower(plan, features, training, step_fn=step_fn, precision=precision)
         for name, layer in self.dense_tower.layers().items():
             setattr(self, name, layer)
 

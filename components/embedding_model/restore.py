@@ -34,7 +34,7 @@ class ExportRefused(RuntimeError):
 
 
 def build_serving_model(plan: EmbeddingPlan, manifest: VocabularyManifest, cfg: PipelineConfig, table_dtype: str,
-                        sample_features, stacked: bool = True) -> ServingRankingModel:
+                        sample_features, stacked: bool = True, precision: str = "float32") -> ServingRankingModel:
     """The CPU serving model with its variables created, its weights not yet set.
 
     Args:
@@ -45,11 +45,14 @@ def build_serving_model(plan: EmbeddingPlan, manifest: VocabularyManifest, cfg: 
       sample_features: a batch of the model's inputs, to create the variables.
       stacked: the tables of one dim in one variable (what the serving transform's fused inputs
         pool from), else one variable per table (the Trainer's SavedModel).
+      precision: the dense network's (ServingRankingModel's): float32 but to score a bfloat16
+        run's training graph.
 
     Returns:
       The serving model, no optimizer (so no slot variables).
     """
-    model = ServingRankingModel(plan, manifest, cfg.training, table_dtype=table_dtype, stacked=stacked)
+    model = ServingRankingModel(plan, manifest, cfg.training, table_dtype=table_dtype, stacked=stacked,
+                                precision=precision)
     model(sample_features)  # creates the variables
     return model
 
@@ -149,12 +152,12 @@ def load_tables(
 
 def model_from_checkpoint(
     plan: EmbeddingPlan, manifest: VocabularyManifest, cfg: PipelineConfig, checkpoint_path: str, sample_features,
-    layout: Optional[ExportLayoutConfig] = None, stacked: bool = False,
+    layout: Optional[ExportLayoutConfig] = None, stacked: bool = False, precision: str = "float32",
 ) -> ServingRankingModel:
-    """The float32 CPU model of a training checkpoint.
+    """The float32 CPU model of a training checkpoint (its dense network in `precision`).
 
     Args:
-      plan, manifest, cfg, sample_features, stacked: see build_serving_model.
+      plan, manifest, cfg, sample_features, stacked, precision: see build_serving_model.
       checkpoint_path: the training checkpoint's prefix.
       layout: the export's layout options (None: detect every layout).
 
@@ -165,7 +168,7 @@ def model_from_checkpoint(
       ExportRefused: naming what does not match or is not finite.
     """
     tables = open_checkpoint_tables(checkpoint_path, plan, layout)
-    model = build_serving_model(plan, manifest, cfg, "float32", sample_features, stacked=stacked)
+    model = build_serving_model(plan, manifest, cfg, "float32", sample_features, stacked=stacked, precision=precision)
     restore_dense(model, checkpoint_path)
     load_tables(model, tables)
     return model

@@ -256,13 +256,15 @@ class ServingRankingModel(tf.keras.Model):
       table_dtype: the tables' storage dtype, one of TABLE_DTYPES.
       stacked: the tables of one dim in one variable (what the serving transform's fused inputs
         pool from), else one variable per table (the Trainer's SavedModel: no offsets to add).
+      precision: the dense network's (precision.py): float32 for everything served and saved;
+        mixed_bfloat16 only to score a bfloat16 run as its training graph computed.
 
     Raises:
       ValueError: an unknown table dtype.
     """
 
     def __init__(self, plan: EmbeddingPlan, manifest: VocabularyManifest, training: TrainingConfig,
-                 table_dtype: str = "float32", stacked: bool = False):
+                 table_dtype: str = "float32", stacked: bool = False, precision: str = "float32"):
         # The training model's name: variable names (`ranking_model/...`) are the same in both.
         super().__init__(name="ranking_model")
         self.model_type = training.model
@@ -275,7 +277,7 @@ class ServingRankingModel(tf.keras.Model):
                   for name in list(stack.offsets) + list(stack.wide_tables)}
         # table -> its stack, and the fused chunks: each stack is tracked once, in serving_stacks.
         self._routing = Untracked({"tables": tables, "chunks": []})
-        self.dense_tower = DenseTower(plan, self.model_features, training)
+        self.dense_tower = DenseTower(plan, self.model_features, training, precision=precision)
         for name, layer in self.dense_tower.layers().items():
             setattr(self, name, layer)
 

@@ -27,6 +27,7 @@ import components  # noqa: F401
 import tensorflow as tf
 
 from components.config.schema import PipelineConfig
+from components.embedding_trainer.precision_choice import choose_precision
 from components.contracts.plan import CheckpointLayout, EmbeddingPlan, PlanError
 from components.planning.fitting import check_embedding_api, check_fits, hardware_num_chips, sized_for
 from components.rules import chips
@@ -169,6 +170,13 @@ class Hardware:
     per_replica: int
     layout: CheckpointLayout
     ids_per_chip: Optional[Dict[str, Any]] = None  # SparseCore: sparsecore_limits.check_ids_per_chip's report
+    precision: str = "float32"  # the dense network's, resolved (precision_choice.choose_precision)
+    precision_reason: str = ""
+    precision_setting: str = "float32"  # training.precision
+
+    def precision_record(self) -> Dict[str, str]:
+        """{"setting", "used", "reason"}: the dense network's precision, as training_run.json records it."""
+        return {"setting": self.precision_setting, "used": self.precision, "reason": self.precision_reason}
 
 
 def place_training(cfg: PipelineConfig) -> Hardware:
@@ -185,4 +193,7 @@ def place_training(cfg: PipelineConfig) -> Hardware:
     if t.batch_size % replicas:
         raise ValueError(f"training.batch_size {t.batch_size} must be a multiple of the {replicas} replicas")
     per_replica = t.batch_size // replicas
-    return Hardware(strategy, on_tpu, replicas, per_replica, checkpoint_layout(strategy, per_replica))
+    platform = "tpu" if on_tpu else "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
+    precision, why = choose_precision(t.precision, platform)
+    return Hardware(strategy, on_tpu, replicas, per_replica, checkpoint_layout(strategy, per_replica),
+                    precision=precision, precision_reason=why, precision_setting=str(t.precision))

@@ -63,7 +63,7 @@ class TransformedServing(tf.Module):
 
 
 def finish(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, checkpoint_path: str,
-           eval_files, serving_model_dir: str) -> Tuple[Dict[str, float], RankingModel]:
+           eval_files, serving_model_dir: str, precision: str = "float32") -> Tuple[Dict[str, float], RankingModel]:
     """Everything after training, the same on CPU, GPU and TPU: the model is rebuilt for CPU from
     the kept checkpoint (exporter's restore.py: dense weights restored, tables read in whatever
     layout the platform saved them), evaluated on the whole eval split and saved as the Trainer's
@@ -77,6 +77,9 @@ def finish(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifes
       checkpoint_path: the model's checkpoint.
       eval_files: the eval split's file patterns.
       serving_model_dir: where the SavedModel goes.
+      precision: the precision the run trained in. The model evaluated and saved is float32 (what
+        is served); a bfloat16 run is scored again as its training graph computes, under
+        `trained_precision` (its AUC and log loss beside the float32 ones).
 
     Returns:
       (metrics, model): `evaluation.evaluate`'s metrics on the eval split (`seconds`: the wall
@@ -95,6 +98,11 @@ def finish(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifes
         progress.phase(progress.TRAINER, f"final evaluation: {metrics['examples']:,} rows in "
                                          f"{metrics['seconds']:.1f} s ({rate:,.0f} rows/s)")
         save_serving_model(TransformedServing(model, manifest), serving_model_dir)
+        if precision != "float32":
+            trained = evaluate(model_from_checkpoint(plan, manifest, cfg, checkpoint_path, sample, precision=precision),
+                               eval_ds)
+            metrics["trained_precision"] = {"precision": precision, "auc": trained["auc"],
+                                            "log_loss": trained["log_loss"]}
     return metrics, model
 
 

@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional, Tuple
 import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
 
-from components.config.choices import LayoutKind, Placement
+from components.config.choices import LayoutKind, Placement, Precision
 from components.config.schema import PipelineConfig
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
@@ -22,7 +22,8 @@ from components.embedding_trainer.sparsecore_limits import check_ids_per_chip
 
 
 def build_model(plan: EmbeddingPlan, manifest: VocabularyManifest, cfg: PipelineConfig, for_training: bool,
-                on_tpu: bool = False, per_replica_batch: Optional[int] = None) -> RankingModel:
+                on_tpu: bool = False, per_replica_batch: Optional[int] = None,
+                precision: str = Precision.FLOAT32) -> RankingModel:
     """The ranking model for a plan.
 
     For training, the embedding optimizers of both platforms come from one spec (optimizers.py):
@@ -36,13 +37,15 @@ def build_model(plan: EmbeddingPlan, manifest: VocabularyManifest, cfg: Pipeline
       for_training: False builds the model without optimizers (a CPU twin to check or score).
       on_tpu: whether the model trains under a TPU strategy.
       per_replica_batch: each replica's batch, the TPU embedding's output batch on TPU.
+      precision: the dense network's resolved precision (precision_choice.py; float32 for a model
+        that checks or scores: the exporter compares like with like in float32).
 
     Returns:
       The model, unbuilt (variables are created by its first call).
     """
     t = cfg.training
     if not for_training:
-        return RankingModel(plan, manifest, t)
+        return RankingModel(plan, manifest, t, precision=precision)
     spec = optimizer_spec(t.embedding_optimizer)
     keras_embedding, tpu_embedding = embedding_optimizers(spec)
     return RankingModel(
@@ -52,6 +55,7 @@ def build_model(plan: EmbeddingPlan, manifest: VocabularyManifest, cfg: Pipeline
         pipeline_execution_with_tensor_core=t.pipeline_execution_with_tensor_core,
         table_optimizers=table_optimizers(plan, spec),
         gradient_multiplier=tf_objects.gradient_multiplier(plan.embedding_gradient_multiplier),
+        precision=precision,
     )
 
 
@@ -124,7 +128,7 @@ def build_training_model(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: Voc
                                                    hardware.per_replica)
     with hardware.strategy.scope():
         model = build_model(plan, manifest, cfg, for_training=True, on_tpu=hardware.on_tpu,
-                            per_replica_batch=hardware.per_replica)
+                            per_replica_batch=hardware.per_replica, precision=hardware.precision)
         model.compile(
             optimizer=model.dense_optimizer,
             loss=tf.keras.losses.BinaryCrossentropy(),

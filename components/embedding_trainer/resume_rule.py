@@ -44,12 +44,14 @@ def _flat(value: Any, path: str, out: Dict[str, Any]) -> None:
         out[path] = value
 
 
-def training_record(cfg: PipelineConfig, plan: EmbeddingPlan) -> Dict[str, Any]:
+def training_record(cfg: PipelineConfig, plan: EmbeddingPlan, precision: Optional[str] = None) -> Dict[str, Any]:
     """{field path: value} of the training config that decides the trained weights.
 
     Args:
       cfg: the run's config (tuned values applied).
       plan: its embedding plan (each table's optimizer).
+      precision: the precision the run trains in (`auto` resolved: precision_choice.py), recorded
+        as `precision_used` (another is refused on resume, as any other non-steering change).
 
     Returns:
       `training.*` but OPERATIONAL, and `table_optimizers.<table>.*`, as JSON values.
@@ -59,6 +61,8 @@ def training_record(cfg: PipelineConfig, plan: EmbeddingPlan) -> Dict[str, Any]:
     _flat(training, "", out)
     out = {p: v for p, v in out.items() if not any(p == o or p.startswith(o + ".") for o in OPERATIONAL)}
     _flat({"table_optimizers": {n: dict(t.optimizer) for n, t in plan.tables.items()}}, "", out)
+    if precision is not None:
+        out["precision_used"] = precision
     return json.loads(json.dumps(out))  # as it reads back from the state record
 
 
@@ -99,7 +103,11 @@ def check_config(state_dir: str, checkpoint: str, record: Optional[Dict[str, Any
     """
     if not record or "training" not in record:
         return []
-    steering, other = config_changes(record["training"], wanted)
+    saved = dict(record["training"])
+    if "precision_used" not in saved and "precision_used" in wanted:  # written before it: float32 was all there was
+        saved["precision_used"] = "float32"
+        saved.setdefault("precision", wanted.get("precision"))
+    steering, other = config_changes(saved, wanted)
     finished = bool(record.get("finished")) or step >= int(record.get("steps") or 0)
     refused = other + (steering if finished else [])
     if not refused:

@@ -118,7 +118,8 @@ def _evaluate(given: TrainingInput, plan, checkpoint: str, run: Dict[str, Any], 
     label only, is null with its reason), the SavedModel saved, and the baseline's under `baseline`."""
     cfg = given.config
     progress.phase(progress.TRAINER, "evaluating on the eval split and saving the model")
-    metrics, _ = model_artifact.finish(cfg, plan, given.manifest, checkpoint, given.eval_files, given.serving_model_dir)
+    metrics, _ = model_artifact.finish(cfg, plan, given.manifest, checkpoint, given.eval_files, given.serving_model_dir,
+                                       precision=run["precision"]["used"])
     run["seconds"]["final_evaluation"] = round(metrics.pop("seconds"), 3)  # training_loop's `seconds`
     metrics = model_artifact.report_final_evaluation(
         run, with_reasons(metrics, evaluation_reasons(metrics, "eval split")))

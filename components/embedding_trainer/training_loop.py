@@ -218,6 +218,7 @@ def _final_checkpoint(state: str, hardware: Hardware, checkpoints: Checkpoints, 
         "per_replica_batch_size": hardware.per_replica,
         "strategy": type(hardware.strategy).__name__,
         "checkpoint_layout": dataclasses.asdict(hardware.layout),
+        "precision": hardware.precision_record(),  # what training.precision said, what was used, and why
         "warm_start": warm_report,
         # the step of the checkpoint kept as the model, and how it was chosen
         "model_step": selection.record["best_step"] if chosen else final_step,

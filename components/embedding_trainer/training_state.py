@@ -195,7 +195,7 @@ def resume_from_state(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: Vocabu
     manager = tf.train.CheckpointManager(ckpt, state, max_to_keep=2)
     checkpoints = Checkpoints(ckpt, manager, step, signature=sparsecore_state.plan_signature(
         plan, hardware.layout, cfg, manifest.dense_names), data=data or data_signature(train_files),
-        training=training_record(cfg, plan), resumed_from=manager.latest_checkpoint)
+        training=training_record(cfg, plan, hardware.precision), resumed_from=manager.latest_checkpoint)
     resumed_from = checkpoints.resumed_from
     if resumed_from:
         # Only under the table layout, the plan and on the data it was written with (TF cannot map
