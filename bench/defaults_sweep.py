@@ -62,12 +62,16 @@ def main(output_dir: str, config_path: str, candidates) -> None:
         ckpt, _, run = training_loop.train(cfg, plan, manifest, train, evals, os.path.join(work, "state"), train_steps=length["steps"],
                                train_rows=length.get("train_rows"))
         plan = with_run(plan, checkpoint_layout=CheckpointLayout(**run["checkpoint_layout"]))
-        metrics, _ = model_artifact.finish(cfg, plan, manifest, ckpt, evals, os.path.join(work, "serving"))
+        metrics, _ = model_artifact.finish(cfg, plan, manifest, ckpt, evals, os.path.join(work, "serving"),
+                                           precision=run["precision"]["used"])
         sel = run.get("selection") or {}
         chosen = (f" model_step {run['model_step']} of {run['final_step']} holdout_auc {sel['best_auc']:.4f}"
                   + (" (stopped early)" if sel.get("stopped_at") else "")) if sel.get("best_auc") is not None else ""
         curve = " holdout " + " ".join(f"{e['step']}:{e['auc']:.4f}" for e in sel.get("evaluations", []))
-        print(f"RESULT {spec} auc {metrics['auc']:.4f} steps {length['steps']}{chosen} seconds {time.time() - start:.0f}"
+        # a bfloat16 run's eval AUC as trained beside `auc`, served (float32)
+        trained = (f" trained_{metrics['trained_precision']['precision']}_auc {metrics['trained_precision']['auc']:.4f}"
+                   if "trained_precision" in metrics else "")
+        print(f"RESULT {spec} auc {metrics['auc']:.4f}{trained} steps {length['steps']}{chosen} seconds {time.time() - start:.0f}"
               f"{curve if sel.get('evaluations') else ''}", flush=True)
 
 

@@ -26,12 +26,13 @@ from components.reporting.report import render as render_text
 from components.data_io.safe_files import replace_text
 from components.contracts.artifacts import STATISTICS_REPORT_FILE, TRAINING_RUN_FILE
 from pipelines.feature_health_view import feature_health_hints, feature_health_lines
-from pipelines.summary import artifact_file, metric_measured, metric_text, summary_report
+from pipelines.summary import artifact_file, metric_measured, metric_text, summary_report, values_text
 
 SECTIONS = (
     ("summary", "Summary"),
     ("ledger", "Row ledger"),
     ("statistics", "Preprocessing statistics"),
+    ("tuning", "Tuning"),
     ("training", "Training curves"),
     ("evaluation", "Evaluation and the validation gate"),
     ("export", "Export: parity and compression"),
@@ -211,6 +212,7 @@ def render(summary: Dict[str, Any], output_dir: str, path: str) -> str:
         "summary": f"<pre>{_e(render_text(summary_report(summary)))}</pre>",
         "ledger": _ledger_section(summary),
         "statistics": _statistics_section(summary, artifacts, here),
+        "tuning": _tuning_section(summary.get("tuning")),
         "training": _training_section(artifacts),
         "evaluation": _evaluation_section(summary),
         "export": _export_section(summary),
@@ -320,6 +322,23 @@ def _read_json(path: Optional[str]) -> Optional[Dict[str, Any]]:
         return None
     with open(path, encoding="utf-8") as fh:
         return json.load(fh)
+
+
+def _tuning_section(t: Optional[Dict[str, Any]]) -> str:
+    """The Tuner's search: each trial's values under their config field names and held-out AUC."""
+    if not t:
+        return '<p class="muted">No Tuner in this run (no `tuning` section).</p>'
+    rows = [[trial["trial_id"], values_text(trial["values"]),
+             f"{trial['score']:.4f}" if trial.get("score") is not None else f"failed: {trial.get('error') or '?'}"]
+            for trial in t["trials"]]
+    best = t.get("best")
+    used = ("the Trainer trained with them" if t.get("trainer_used_best")
+            else f"the Trainer trained with {values_text(t.get('trainer_values') or {})}")
+    return (f"<p>{_e(t['algorithm'])} search: {len(t['trials'])} trial(s) of at most {t['max_trials']} "
+            f"({t['failed']} failed), {t['steps_per_trial']:,} steps each, scored by {_e(t['objective'])}.</p>"
+            + _table(rows, ["trial", "values", "held-out AUC"])
+            + (f"<p>Best: trial {_e(best['trial_id'])}, {_e(values_text(best['values']))}; {_e(used)}.</p>"
+               if best else ""))
 
 
 def _evaluation_section(summary: Dict[str, Any]) -> str:

@@ -13,8 +13,10 @@ import os
 from typing import Any, Dict, List, Optional
 
 from components.config.schema import PipelineConfig
+from components.config.tuning import checked_values
 from components.contracts.artifacts import (
     CONTINUOUS_FILE, EVAL_METRICS_FILE, EXPORT_REPORT_FILE, LEDGER_FILE, STATISTICS_FILE, TRAINING_RUN_FILE,
+    TUNING_TRIALS_FILE,
 )
 from components.contracts.serving_inputs import renamed_inputs_line
 from components.model_registry.registry import RegistryError, lookup
@@ -165,6 +167,7 @@ def summarize(cfg: PipelineConfig, output_dir: str, artifacts: Dict[str, str]) -
         "serving_model_this_run": this_run,
         "training": training_length(cfg, training_run, stats),
         "precision": _precision(metrics, training_run),
+        "tuning": tuning_summary(read("Tuner.tuner_results", TUNING_TRIALS_FILE), training_run),
         "eval_log_loss": metrics["log_loss"] if metrics else None,
         "eval_log_loss_undefined": undefined_reason(metrics, "log_loss"),
         "best_achievable_auc": meta["best_achievable_auc"] if meta else None,
@@ -219,6 +222,18 @@ def _precision(metrics: Optional[Dict[str, Any]], training_run: Optional[Dict[st
         return None
     trained = (metrics or {}).get("trained_precision") or {}
     return dict(training_run["precision"], trained_auc=trained.get("auc"))
+
+
+def tuning_summary(record: Optional[Dict[str, Any]], training_run: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The Tuner's search (its record: tuner.py `search_record`) and whether the Trainer trained
+    with the best trial's values (its training_run.json `tuned`); None without a Tuner."""
+    if not record:
+        return None
+    tuned = (training_run or {}).get("tuned")
+    tuned = checked_values(tuned) if tuned else tuned  # typed as the record's (KerasTuner holds lists as JSON)
+    best = record.get("best") or {}
+    return dict(record, trainer_values=tuned,
+                trainer_used_best=bool(best) and tuned is not None and tuned == best.get("values"))
 
 
 def _gate_validation(report: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
@@ -554,6 +569,7 @@ def summary_report(s: Dict[str, Any]) -> Report:
         r.sub("still served", s.get("serving_model") or "nothing")
     _input_rows(r, s)
     continuous_rows(r, s.get("continuous"))
+    _tuning_rows(r, s.get("tuning"))
     _training_rows(r, s)
     _gate_rows(r, s)
     _export_rows(r, s)
@@ -599,6 +615,27 @@ def _input_rows(r: Report, s: Dict[str, Any]) -> None:
         sizes = s["vocabulary_sizes"]
         r.add("vocabularies", f"{len(sizes)} tables, {sum(sizes.values()):,} entries in all")
         r.sub("", ", ".join(f"{k}={v:,}" for k, v in sizes.items()))
+
+
+def _tuning_rows(r: Report, t: Optional[Dict[str, Any]]) -> None:
+    """The Tuner's search: algorithm, trials run and failed, the budget, each trial, the best values."""
+    if not t:
+        return
+    r.add("tuning", f"{t['algorithm']} search, {len(t['trials'])} trial(s) of at most {t['max_trials']} "
+                    f"({t['failed']} failed), {t['steps_per_trial']:,} steps each, scored by {t['objective']}")
+    for trial in t["trials"]:
+        score = f"{trial['score']:.4f}" if trial.get("score") is not None else f"failed: {trial.get('error') or '?'}"
+        r.sub(f"trial {trial['trial_id']}", f"{values_text(trial['values'])}: {score}")
+    best = t.get("best")
+    if best:
+        used = ("the Trainer trained with them" if t.get("trainer_used_best")
+                else f"the Trainer trained with {values_text(t.get('trainer_values') or {})}")
+        r.sub("best", f"trial {best['trial_id']}, {values_text(best['values'])} (AUC {best['score']:.4f}); {used}")
+
+
+def values_text(values: Dict[str, Any]) -> str:
+    """Tuned values under their config field names: `training.dropout 0.25, training.top_mlp [64, 32]`."""
+    return ", ".join(f"{k} {json.dumps(v)}" for k, v in sorted(values.items())) or "none"
 
 
 def _training_rows(r: Report, s: Dict[str, Any]) -> None:

@@ -209,9 +209,9 @@ def _infer(root, name, copy, serving, blessing, splits):
 
 
 @pytest.mark.slow(reason="the executors' chain on configs/features.yaml, TFExampleCopy and BulkInferrer's Beam pipelines")
-def test_prediction_logs_equal_serving_default_exactly_on_every_feature_kind(features_chain):
-    """Every eval row scored once; each PredictionLog's outputs are exactly (bit for bit)
-    `serving_default`'s on the same serialized record, which is the copy's record."""
+def test_prediction_logs_equal_serving_default_on_every_feature_kind(features_chain):
+    """Every eval row scored once; each PredictionLog's outputs are `serving_default`'s on the same
+    serialized record, which is the copy's record, within float32 rounding."""
     import numpy as np
     import tensorflow as tf
     from tfx.types import standard_artifacts
@@ -248,7 +248,8 @@ def test_prediction_logs_equal_serving_default_exactly_on_every_feature_kind(fea
         for key, values in want.items():
             got = tf.make_ndarray(outputs[key])
             assert got.shape == (1,) + values.shape[1:] and got.dtype == values.dtype, key
-            np.testing.assert_array_equal(got[0], values[i], err_msg=f"row {i} {key}")
+            # the same graph; a record in another batch than here may differ in its last bits
+            np.testing.assert_allclose(got[0], values[i], rtol=0, atol=1e-6, err_msg=f"row {i} {key}")
     probs = want["probabilities"].reshape(-1)
     assert len(np.unique(probs)) > rows // 2  # the scores are not one constant: the rows' features count
 

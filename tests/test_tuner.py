@@ -534,7 +534,9 @@ def test_a_local_run_tunes_applies_the_best_values_and_a_rerun_takes_the_tuner_f
     from tests.stages import read_prediction_logs
 
     from components.example_gen.synthetic_data import GeneratorSpec, write_csv
+    from components.reporting.report import render
     from pipelines.runner import run
+    from pipelines.summary import summary_report
     from tests.stages import NO_GATE, small_cardinalities, with_few_features
 
     write_csv(GeneratorSpec(rows=2000, seed=3, cardinalities=small_cardinalities(500)), str(tmp_path / "data.csv"))
@@ -571,6 +573,19 @@ def test_a_local_run_tunes_applies_the_best_values_and_a_rerun_takes_the_tuner_f
     assert json.load(open(runs[0]))["tuned"] == best  # the Trainer says which values came from the search
     trained = json.load(open(os.path.join(os.path.dirname(runs[0]), "pipeline_config.json")))["training"]
     assert (trained["dropout"], trained["cross_layers"]) == (best["training.dropout"], best["training.cross_layers"])
+    # Where users look: the summary (and summary.json, the report) names the search, each trial and
+    # the best values, and that the Trainer trained with them; the Tuner has its own progress lines.
+    tuning = scored["tuning"]
+    assert (tuning["algorithm"], tuning["max_trials"], tuning["failed"], len(tuning["trials"])) == ("random", 2, 0, 2)
+    assert tuning["best"]["values"] == best and tuning["trainer_used_best"]
+    assert all(0 < t["score"] <= 1 for t in tuning["trials"])
+    text = " ".join(render(summary_report(scored)).split())
+    assert "tuning: random search, 2 trial(s) of at most 2 (0 failed), 6 steps each" in text
+    assert "the Trainer trained with them" in text
+    assert "held-out AUC" in (out / "run_report.html").read_text()
+    events = [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
+    tuner = [e["event"] for e in events if e["stage"] == "Tuner"]
+    assert tuner[0] == "start" and tuner[-1] == "done" and "step" in tuner  # the trials' steps, under the Tuner
     # The same data and space: the Tuner comes from the cache (no second search). The Trainer runs
     # again (its base_model, the model pushed by the first run, is new) with the same best values.
     run(cfg, str(out), quiet=True)

@@ -81,6 +81,9 @@ EVAL_METRICS_FILE = "eval_metrics.json"
 TPU_RULES_FILE = "tpu_rules.json"
 TRAINING_RUN_FILE = "training_run.json"
 CONTINUOUS_FILE = "continuous.json"  # the last blessed model it started from, carry-over, drift
+# In the Tuner's `tuner_results` artifact, beside TFX's tuner_results.json: every trial, failed ones
+# too, the algorithm, the budget and the best trial (embedding_trainer/tuner.py `search_record`).
+TUNING_TRIALS_FILE = "tuning_trials.json"
 
 # The exporter's serving Model artifact.
 SERVING_DIR = "Format-Serving"  # TFX's serving-model directory name (path_utils.serving_model_dir)

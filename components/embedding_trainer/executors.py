@@ -16,7 +16,8 @@ from tfx.components.tuner import executor as tuner_executor
 from tfx.types import standard_component_specs
 from tfx.utils import json_utils
 
-from components.tfx_wiring.component_keys import EXAMPLES_KEY, EXAMPLES_URI_KEY
+from components.reporting import progress
+from components.tfx_wiring.component_keys import EXAMPLES_KEY, EXAMPLES_URI_KEY, TUNING_RECORD_URI_KEY
 
 
 def with_examples_uri(input_dict: Dict[str, List[Any]], exec_properties: Dict[str, Any]) -> Dict[str, Any]:
@@ -55,4 +56,16 @@ class TrainerExecutor(PassesExamplesUri, trainer_executor.GenericExecutor):
 
 
 class TunerExecutor(PassesExamplesUri, tuner_executor.Executor):
-    """TFX's Tuner executor (tuner_fn), passing the examples' URI."""
+    """TFX's Tuner executor (tuner_fn), passing the examples' URI and where the search writes its
+    record (its `tuner_results` artifact), with the stage's live progress."""
+
+    @progress.staged(progress.TUNER)
+    def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802  (TFX's name)
+        results = output_dict.get(standard_component_specs.TUNER_RESULTS_KEY) or []
+        if results:
+            key = standard_component_specs.CUSTOM_CONFIG_KEY
+            given = exec_properties.get(key)
+            custom = dict((json_utils.loads(given) if isinstance(given, str) else given) or {})
+            custom[TUNING_RECORD_URI_KEY] = results[0].uri
+            exec_properties = {**exec_properties, key: json_utils.dumps(custom)}
+        return super().Do(input_dict, output_dict, exec_properties)

@@ -8,7 +8,7 @@ trials and the TPU smoke test.
 - **CPU:** `mixed_bfloat16` only where the CPU has bfloat16 units (`avx512_bf16` or `amx_bf16` in
   /proc/cpuinfo, and oneDNN not capped below them by `ONEDNN_MAX_CPU_ISA`) *and* the defaults were
   measured at least `MIN_CPU_SPEEDUP` faster in bfloat16 at equal quality: `MEASURED_CPU_SPEEDUP`,
-  from `bench/trainer_bench.py --precision` (bench/README.md "Precision"). Below it, `float32`.
+  from `bench/precision_bench.py` (bench/README.md "Precision"). Below it, `float32`.
 
 `float32` and `mixed_bfloat16` set explicitly are used as set, on any hardware.
 """
@@ -22,9 +22,10 @@ from components.config.choices import Precision
 # bfloat16 must make the defaults' training at least this much faster on a CPU for `auto` to pick it.
 MIN_CPU_SPEEDUP = 1.15
 # The defaults' training examples/s in mixed_bfloat16 over float32 on a CPU with avx512_bf16 (the
-# 2-core AMD EPYC development machine), batch 256, one run of bench/trainer_bench.py --precision
-# (bench/README.md "Precision"): below MIN_CPU_SPEEDUP, so `auto` trains float32 on CPUs.
-MEASURED_CPU_SPEEDUP = 0.87
+# 2-core AMD EPYC development machine), at the default batch 256, the median of three repeats of
+# bench/precision_bench.py (bench/README.md "Precision"; at batch 4096 bfloat16 ran on one core:
+# 0.60 of float32's wall-clock rate). Below MIN_CPU_SPEEDUP, so `auto` trains float32 on CPUs.
+MEASURED_CPU_SPEEDUP = 0.96
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 # oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA) that still allow its bfloat16 kernels.
 BF16_ISAS = ("AVX512_CORE_BF16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX",

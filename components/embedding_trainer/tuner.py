@@ -31,7 +31,7 @@ import json
 import multiprocessing
 import os
 import shutil
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import keras_tuner
@@ -39,21 +39,24 @@ from absl import logging
 from keras_tuner.engine import base_tuner
 from keras_tuner.src.distribute import utils as dist_utils  # the environment rule BaseTuner itself reads
 from tfx.components.tuner.component import TunerFnResult
+from tfx.utils import io_utils
 
 from components.config.choices import TuningAlgorithm
 from components.reporting import progress
 from components.config.schema import PipelineConfig
 from components.config.loading import apply_values, config_from_json
-from components.config.tuning import parse_space
+from components.config.tuning import checked_values, parse_space
+from components.contracts.artifacts import TUNING_TRIALS_FILE
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
 from components.embedding_trainer.resolved_input import check_tables_unchanged, resolve_training_input
 from components.planning.run_plan import derive_plan, training_steps
 from components.embedding_trainer.training_loop import train
+from components.tfx_wiring.component_keys import TUNING_RECORD_URI_KEY
 from components.planning.fitting import with_run
 
 OBJECTIVE = "auc"  # the held-out slice's AUC, maximized
-STAGE = "Tuner"  # the pipeline's node id (TFX's stock Tuner), as progress events name it
+STAGE = progress.TUNER  # the pipeline's node id (TFX's stock Tuner), as progress events name it
 PROJECT = "embedding_tuning"
 
 
@@ -120,7 +123,7 @@ class EmbeddingTuner(base_tuner.BaseTuner):
     """
 
     def __init__(self, oracle, cfg: PipelineConfig, manifest: VocabularyManifest, statistics, train_files,
-                 directory: str):
+                 directory: str, record_uri: Optional[str] = None):
         # In a distributed search (KerasTuner's environment, module docstring) the chief and the
         # primary replica's worker share one disk, and `overwrite` empties the project directory:
         # each tuner gets its own.
@@ -132,6 +135,7 @@ class EmbeddingTuner(base_tuner.BaseTuner):
         # The rows the Trainer sizes its held-out slice by (its own length's source, run_plan).
         self.train_rows = training_steps(cfg, statistics).get("train_rows") if statistics else None
         self.results: List[Dict[str, Any]] = []
+        self.record_uri = record_uri  # where the search's record goes (None: not written)
 
     def run_trial(self, trial, *fit_args, **fit_kwargs) -> Dict[str, float]:
         values = dict(trial.hyperparameters.values)
@@ -141,8 +145,9 @@ class EmbeddingTuner(base_tuner.BaseTuner):
         plan = with_run(plan, vocabulary_dir=self.manifest.vocabulary_dir)
         state = os.path.join(self.project_dir, f"training_{trial.trial_id}")  # not the oracle's trial_<id>
         try:
-            _, _, run = train(cfg, plan, self.manifest, self.train_files, [], state,
-                              train_steps=cfg.training.train_steps, train_rows=self.train_rows)
+            with progress.reported_as(progress.TRAINER, STAGE):  # the trial's training shows under the Tuner
+                _, _, run = train(cfg, plan, self.manifest, self.train_files, [], state,
+                                  train_steps=cfg.training.train_steps, train_rows=self.train_rows)
         finally:
             shutil.rmtree(state, ignore_errors=True)
         auc = (run.get("selection") or {}).get("best_auc")
@@ -183,6 +188,9 @@ class EmbeddingTuner(base_tuner.BaseTuner):
     def on_search_end(self):
         super().on_search_end()
         if not self._is_worker():  # a worker sees only its own trials; the chief judges the search
+            if self.record_uri:
+                io_utils.write_string_file(os.path.join(self.record_uri, TUNING_TRIALS_FILE),
+                                           json.dumps(search_record(self.cfg, self.oracle), sort_keys=True))
             self._check_completed()
         else:
             wait_for_chief_oracle()
@@ -223,8 +231,37 @@ def wait_for_chief_oracle() -> None:
                                        "and wrote no best_hyperparameters; its error is in this job's log above")
 
 
+def search_record(cfg: PipelineConfig, oracle) -> Dict[str, Any]:
+    """What the search did, for the summary and the report: the algorithm and budget, every trial
+    (values under their config field names, held-out AUC, status, a failed one's last error line)
+    and the best trial.
+
+    Args:
+      cfg: the config (`tuning`).
+      oracle: the search's KerasTuner oracle.
+
+    Returns:
+      {"algorithm", "max_trials", "steps_per_trial", "objective", "trials": [...], "completed",
+      "failed", "best": {"trial_id", "values", "score"} or None}.
+    """
+    trials = []
+    for t in sorted(oracle.trials.values(), key=lambda t: t.trial_id):
+        entry = {"trial_id": t.trial_id, "values": checked_values(dict(t.hyperparameters.values)),
+                 "score": t.score, "status": str(t.status)}
+        if t.status == keras_tuner.engine.trial.TrialStatus.FAILED:
+            entry["error"] = ((t.message or "").strip().splitlines() or [""])[-1]
+        trials.append(entry)
+    best = [t for t in trials if t["status"] == "COMPLETED" and t["score"] is not None]
+    best.sort(key=lambda t: -t["score"])
+    tu = cfg.tuning
+    return {"algorithm": str(tu.algorithm), "max_trials": tu.trials, "steps_per_trial": tu.steps_per_trial,
+            "objective": "held-out AUC of the train split's slice", "trials": trials,
+            "completed": len(best), "failed": sum(t["status"] == "FAILED" for t in trials),
+            "best": {k: best[0][k] for k in ("trial_id", "values", "score")} if best else None}
+
+
 def build_tuner(cfg: PipelineConfig, manifest: VocabularyManifest, statistics, train_files,
-                directory: str) -> EmbeddingTuner:
+                directory: str, record_uri: Optional[str] = None) -> EmbeddingTuner:
     """The tuner of `cfg.tuning` on the given transformed train split.
 
     Args:
@@ -233,6 +270,7 @@ def build_tuner(cfg: PipelineConfig, manifest: VocabularyManifest, statistics, t
       statistics: preprocessing's statistics (the train split's rows), or None.
       train_files: the transformed train split's file patterns.
       directory: the tuner's working directory.
+      record_uri: where the search writes its record (`search_record`); None: nowhere.
 
     Returns:
       The EmbeddingTuner, its oracle holding `tuning.space`.
@@ -251,7 +289,7 @@ def build_tuner(cfg: PipelineConfig, manifest: VocabularyManifest, statistics, t
     else:
         oracle = keras_tuner.oracles.RandomSearchOracle(**kwargs)
     oracle.verbose = 0  # KerasTuner's display prints to stdout; the trials are logged and reported instead
-    return EmbeddingTuner(oracle, cfg, manifest, statistics, train_files, directory)
+    return EmbeddingTuner(oracle, cfg, manifest, statistics, train_files, directory, record_uri)
 
 
 def tuner_fn(fn_args) -> TunerFnResult:
@@ -266,5 +304,6 @@ def tuner_fn(fn_args) -> TunerFnResult:
       trial's values (`best_hyperparameters`) and every completed trial's score (`tuner_results`).
     """
     given = resolve_training_input(fn_args, stage=STAGE)
-    tuner = build_tuner(given.config, given.manifest, given.statistics, given.train_files, given.working_dir)
+    tuner = build_tuner(given.config, given.manifest, given.statistics, given.train_files, given.working_dir,
+                        (fn_args.custom_config or {}).get(TUNING_RECORD_URI_KEY))
     return TunerFnResult(tuner=tuner, fit_kwargs={})

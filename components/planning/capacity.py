@@ -132,7 +132,7 @@ def dense_parameters(cfg: PipelineConfig, table_dims: Dict[str, int]) -> int:
     t = cfg.training
     dense_in = len(cfg.dense_features)
     bottom = [dense_in] + list(t.bottom_mlp) if dense_in else []
-    width = sum(table_dims[t.name] * len(t.features) for t in cfg.resolved.tables)
+    width = sum(table_dims.get(f.table or f.name, 0) for f in cfg.categorical_features)  # a feature's table
     width += bottom[-1] if bottom else 0
     weights = sum(a * b for a, b in zip(bottom, bottom[1:]))
     if t.model == ModelType.DCN_V2:

@@ -27,6 +27,12 @@ TRAINER = "Trainer"
 EXPORTER = "EmbeddingExporter"
 LAST_BLESSED = "LastBlessedModel"
 PUSHER = "Pusher"
+TUNER = "Tuner"  # TFX's stock Tuner with our executor: its trials are the Trainer's training
+BULK_INFERRER = "BulkInferrer"
+
+# Stages whose events go out under another stage's name (`reported_as`): a Tuner trial runs the
+# Trainer's training code, whose events then read "Tuner".
+_ALIASES: Dict[str, str] = {}
 
 # Event kinds, one per line: {"t": seconds since the epoch, "stage": ..., "event": ..., ...}
 START, DONE, FAILED = "start", "done", "failed"
@@ -52,6 +58,7 @@ def emit(stage: str, event: str, **fields: Any) -> None:
     path = os.environ.get(ENV)
     if not path:
         return
+    stage = _ALIASES.get(stage, stage)
     line = json.dumps({"t": round(time.time(), 3), "stage": stage, "event": event, **fields},
                       separators=(",", ":"), default=str)
     try:
@@ -63,6 +70,25 @@ def emit(stage: str, event: str, **fields: Any) -> None:
             os.close(fd)
     except OSError:  # progress is a view: never fail a run over it
         pass
+
+
+@contextlib.contextmanager
+def reported_as(stage: str, other: str) -> Iterator[None]:
+    """Within the block, `stage`'s events go out as `other`'s.
+
+    Args:
+      stage: the stage whose code runs (e.g. TRAINER, in a Tuner trial).
+      other: the stage the events are shown under (TUNER).
+    """
+    before = _ALIASES.get(stage)
+    _ALIASES[stage] = other
+    try:
+        yield
+    finally:
+        if before is None:
+            _ALIASES.pop(stage, None)
+        else:
+            _ALIASES[stage] = before
 
 
 def start(stage: str, **fields: Any) -> None:

@@ -36,3 +36,6 @@ RUN_NAME_KEY = "run_name"
 # FnArgs carries the split files but not the artifact they belong to, whose root holds the manifest
 # and statistics; our Trainer and Tuner executors (embedding_trainer/executors.py) add it.
 EXAMPLES_URI_KEY = "transformed_examples_uri"
+# The Tuner's `tuner_results` artifact URI in its custom_config (executors.py): where the search
+# writes its record (every trial, failed ones too: artifacts.TUNING_TRIALS_FILE) beside TFX's own results.
+TUNING_RECORD_URI_KEY = "tuning_record_uri"
