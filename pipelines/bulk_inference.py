@@ -68,8 +68,10 @@ def bulk_inferrer_components(cfg: PipelineConfig, examples, serving_model, bless
     """
     # lazy: TFX's components load TensorFlow; the bulk_inference section's checks run on the config path
     from tfx.components.bulk_inferrer.component import BulkInferrer
+    from tfx.dsl.components.base import executor_spec
     from tfx.proto import bulk_inferrer_pb2
     from components.tf_example_copy.component import TFExampleCopy
+    from pipelines.bulk_inferrer_executor import BulkInferrerExecutor
 
     splits = list(cfg.bulk_inference.splits)
     copy = TFExampleCopy(examples=examples, splits=splits).with_id(COPY_ID)
@@ -78,4 +80,5 @@ def bulk_inferrer_components(cfg: PipelineConfig, examples, serving_model, bless
         data_spec=bulk_inferrer_pb2.DataSpec(example_splits=splits),
         model_spec=bulk_inferrer_pb2.ModelSpec(model_signature_name=[SIGNATURE]),
     ).with_id(INFERRER_ID)
+    inferrer.executor_spec = executor_spec.BeamExecutorSpec(BulkInferrerExecutor)  # progress and a record
     return [copy, inferrer]

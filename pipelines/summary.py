@@ -16,7 +16,7 @@ from components.config.schema import PipelineConfig
 from components.config.tuning import checked_values
 from components.contracts.artifacts import (
     CONTINUOUS_FILE, EVAL_METRICS_FILE, EXPORT_REPORT_FILE, LEDGER_FILE, STATISTICS_FILE, TRAINING_RUN_FILE,
-    TUNING_TRIALS_FILE,
+    SCORING_RECORD_FILE, TUNING_TRIALS_FILE,
 )
 from components.contracts.serving_inputs import renamed_inputs_line
 from components.model_registry.registry import RegistryError, lookup
@@ -168,6 +168,8 @@ def summarize(cfg: PipelineConfig, output_dir: str, artifacts: Dict[str, str]) -
         "training": training_length(cfg, training_run, stats),
         "precision": _precision(metrics, training_run),
         "tuning": tuning_summary(read("Tuner.tuner_results", TUNING_TRIALS_FILE), training_run),
+        # BulkInferrer's record (pipelines/bulk_inferrer_executor.py): rows scored per split, where, or why none
+        "bulk_inference": read("BulkInferrer.inference_result", SCORING_RECORD_FILE),
         "eval_log_loss": metrics["log_loss"] if metrics else None,
         "eval_log_loss_undefined": undefined_reason(metrics, "log_loss"),
         "best_achievable_auc": meta["best_achievable_auc"] if meta else None,
@@ -573,6 +575,10 @@ def summary_report(s: Dict[str, Any]) -> Report:
     _training_rows(r, s)
     _gate_rows(r, s)
     _export_rows(r, s)
+    b = s.get("bulk_inference")
+    if b:
+        r.add("batch scoring", (f"{count_list(b['rows'])} rows scored: {b['output']}" if b["scored"]
+                                else f"nothing scored: {b['why_not']}"))
     if s.get("report_html"):
         r.add("run report", s["report_html"])
     if s.get("seconds") is not None:

@@ -256,3 +256,16 @@ def test_prediction_logs_equal_serving_default_on_every_feature_kind(features_ch
     # The stock executor on an Examples artifact without the split scores nothing and says nothing:
     # the pipeline's config check and TFExampleCopy's refusal are what stop a missing split.
     assert read_prediction_logs(_infer(root, "BulkInferrerNoSplit", copy, a["serving"], a["blessing"], ["train"]).uri) == []
+
+
+def test_the_summary_says_what_was_scored_and_why_nothing_was():
+    from components.reporting.report import render
+    from pipelines import summary as summary_lib
+
+    scored = {"scored": True, "rows": {"eval": 1200, "train": 4800}, "output": "/o/BulkInferrer/inference_result/9",
+              "why_not": None}
+    text = render(summary_lib.summary_report({"bulk_inference": scored}))
+    assert "batch scoring:        eval 1,200, train 4,800 rows scored: /o/BulkInferrer/inference_result/9" in text
+    kept_back = dict(scored, scored=False, rows={}, why_not="the model was not blessed (the validation gate kept it back)")
+    assert ("batch scoring:        nothing scored: the model was not blessed (the validation gate kept it back)"
+            in render(summary_lib.summary_report({"bulk_inference": kept_back})))

@@ -586,6 +586,13 @@ def test_a_local_run_tunes_applies_the_best_values_and_a_rerun_takes_the_tuner_f
     events = [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
     tuner = [e["event"] for e in events if e["stage"] == "Tuner"]
     assert tuner[0] == "start" and tuner[-1] == "done" and "step" in tuner  # the trials' steps, under the Tuner
+    # Batch scoring: the rows scored per split and where, in the summary; the copy and the scoring
+    # have their own progress lines.
+    assert scored["bulk_inference"] == {"scored": True, "rows": {"eval": len(copied)}, "output": result, "why_not": None}
+    assert f"batch scoring: eval {len(copied):,} rows scored: {result}" in text
+    for stage in ("BulkInferrerExampleCopy", "BulkInferrer"):
+        assert [e["event"] for e in events if e["stage"] == stage][::len(events)] == ["start"], stage
+        assert [e["event"] for e in events if e["stage"] == stage][-1] == "done", stage
     # The same data and space: the Tuner comes from the cache (no second search). The Trainer runs
     # again (its base_model, the model pushed by the first run, is new) with the same best values.
     run(cfg, str(out), quiet=True)

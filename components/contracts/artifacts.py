@@ -84,6 +84,9 @@ CONTINUOUS_FILE = "continuous.json"  # the last blessed model it started from, c
 # In the Tuner's `tuner_results` artifact, beside TFX's tuner_results.json: every trial, failed ones
 # too, the algorithm, the budget and the best trial (embedding_trainer/tuner.py `search_record`).
 TUNING_TRIALS_FILE = "tuning_trials.json"
+# In the BulkInferrer's `inference_result` artifact: whether it scored, the rows of each split it was
+# given, where its PredictionLogs are (pipelines/bulk_inference.py `BulkInferrerExecutor`).
+SCORING_RECORD_FILE = "scoring_record.json"
 
 # The exporter's serving Model artifact.
 SERVING_DIR = "Format-Serving"  # TFX's serving-model directory name (path_utils.serving_model_dir)

@@ -24,6 +24,7 @@ from tfx.proto import example_gen_pb2
 from tfx.types import artifact_utils
 from tfx_bsl.coders import example_coder
 
+from components.reporting import progress
 from components.rows import row_counts
 from components.tfx_wiring.executor_base import NoSdistOnLocalRunners
 from components.tfx_wiring.component_keys import EXAMPLES_KEY, SPLITS_KEY, TF_EXAMPLES_KEY
@@ -66,6 +67,14 @@ class Executor(NoSdistOnLocalRunners, base_beam_executor.BaseBeamExecutor):
 
     def Do(self, input_dict: Dict[str, List[types.Artifact]], output_dict: Dict[str, List[types.Artifact]],
            exec_properties: Dict[str, Any]) -> None:
+        """`copy` under live progress lines named after the step's node (TFExampleCopy for the
+        Evaluator's copy, BulkInferrerExampleCopy for the BulkInferrer's)."""
+        node = getattr(getattr(self._context, "pipeline_node", None), "node_info", None)
+        with progress.stage(node.id if node is not None and node.id else "TFExampleCopy"):
+            self.copy(input_dict, output_dict, exec_properties)
+
+    def copy(self, input_dict: Dict[str, List[types.Artifact]], output_dict: Dict[str, List[types.Artifact]],
+             exec_properties: Dict[str, Any]) -> None:
         """Copies each chosen split, checks the rows written against the input's footers.
 
         Args:
