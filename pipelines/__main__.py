@@ -5,7 +5,8 @@ LocalDagRunner, ML Metadata in SQLite under DIR, Beam on the local runner) with 
 the terminal and everything else in DIR/pipeline.log, then prints the run's summary (`--json`:
 the summary as JSON) and writes DIR/run_report.html. `demo` first generates the embedded default
 dataset when it is missing. `continuous` runs daily spans, one warm-started run each. `compile`
-writes the Kubeflow Pipelines v2 spec (`.json`: a Vertex PipelineJob) and nothing else.
+writes the Kubeflow Pipelines v2 spec (`.json`: a Vertex PipelineJob) and nothing else. `score`
+scores a CSV or Parquet file with a serving model (components/embedding_exporter/batch_scoring.py).
 
 Exit statuses (pipelines/summary.py): 0 the run pushed its model; 3 the run worked but the
 validation gate kept the model back; 2 refused before anything ran (one message: a bad
@@ -149,7 +150,41 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--pipeline-root", default=None, help="overrides kubeflow.pipeline_root (e.g. gs://BUCKET/root)")
     cp.add_argument("--tpu-image", default=None,
                     help="the Trainer's image on a TPU route (docker/Dockerfile.tpu); overrides kubeflow.tpu_trainer_image")
+    sc = sub.add_parser("score", help="score a CSV or Parquet file with a serving model (docs/export.md)")
+    sc.add_argument("--model", required=True, help="a serving model directory, e.g. a pushed version")
+    sc.add_argument("--input", required=True, help="a .csv or .parquet file with the columns the model was trained on")
+    sc.add_argument("--output", required=True, help="scores.parquet (or .csv): row, score and the carried columns")
+    sc.add_argument("--carry", action="append", default=[], metavar="COLUMN",
+                    help="an input column to copy beside each score, e.g. an ID (repeatable)")
     return parser
+
+
+def score_command(args) -> int:
+    """`score`: one line per million rows on stderr while it scores, then what it did (exit 2: refused)."""
+    # lazy: pyarrow and TensorFlow load only for this command
+    from components.embedding_exporter.batch_scoring import ScoreError, score_file
+
+    shown = [0]
+
+    def on_batch(rows: int) -> None:
+        if rows // 1_000_000 > shown[0]:
+            shown[0] = rows // 1_000_000
+            print(f"scored {rows:,} rows", file=sys.stderr, flush=True)
+
+    try:
+        report = score_file(args.model, args.input, args.output, carry=args.carry, on_batch=on_batch)
+    except ScoreError as e:
+        print(error_line(e), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    r = Report("scores", data=report.to_dict())
+    r.add("scored", f"{report.rows_scored:,} of {report.rows_read:,} rows in {report.seconds:.1f}s "
+                    f"({report.to_dict()['rows_per_second'] or 0:,} rows/s)")
+    if report.malformed:
+        r.add("not scored", f"{len(report.malformed):,} malformed row(s) (another number of fields than the header), "
+                            f"data rows {', '.join(str(n) for n in report.malformed[:5])}")
+    r.add("written", args.output)
+    emit(r)
+    return EXIT_PUSHED
 
 
 def main(argv=None) -> int:
@@ -166,6 +201,8 @@ def main(argv=None) -> int:
         return compile_command(args)
     if args.command == "continuous":
         return continuous_command(args)
+    if args.command == "score":
+        return score_command(args)
     try:
         cfg = load_config(args.config)
         if args.command == "demo":

@@ -1,0 +1,139 @@
+"""Scoring a file with a serving model (components/embedding_exporter/batch_scoring.py, `python -m
+pipelines score`): one output row per input row with its row number, the model's columns from its
+record, a missing column refused before scoring, malformed rows counted by number, the output
+written whole or not at all; and, on the exporter's own model, the scores equal `serving_default`'s
+on the same rows."""
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import components  # noqa: F401
+import tensorflow as tf
+
+from components.embedding_exporter.batch_scoring import ScoreError, score_file
+
+
+class _Toy(tf.Module):
+    """probability = sigmoid(I1, NaN as 0, + the length of `Class Name`'s text / 10)."""
+
+    @tf.function(input_signature=[{"I1": tf.TensorSpec([None], tf.float32, name="I1"),
+                                   "Class_Name": tf.TensorSpec([None], tf.string, name="Class_Name")}])
+    def serve(self, columns):
+        x = tf.where(tf.math.is_nan(columns["I1"]), 0.0, columns["I1"])
+        length = tf.cast(tf.strings.length(columns["Class_Name"]), tf.float32)
+        return {"probabilities": tf.sigmoid(x + length / 10.0)[:, None]}
+
+
+def _toy_expected(i1, name):
+    x = 0.0 if (i1 is None or np.isnan(i1)) else i1
+    return 1 / (1 + np.exp(-(x + len(name or "") / 10.0)))
+
+
+@pytest.fixture(scope="module")
+def toy_model(tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("toy") / "1"
+    module = _Toy()
+    tf.saved_model.save(module, str(model_dir), signatures={"serve_features": module.serve})
+    os.makedirs(model_dir / "assets.extra")
+    (model_dir / "assets.extra" / "serving_inputs.json").write_text(json.dumps({"version": 1, "serving_inputs": [
+        {"input": "I1", "column": "I1", "dtype": "float32", "typed_dtype": None, "features": ["I1"]},
+        {"input": "Class_Name", "column": "Class Name", "dtype": "string", "typed_dtype": None,
+         "features": ["C1"]}]}))
+    return str(model_dir)
+
+
+CSV = ('id,I1,Class Name,notes\n'
+       '7,0.5,abc,"free text, with a comma"\n'
+       '8,,,\n'  # missing values: NaN and ''
+       '9,1e3\n'  # malformed: too few fields (data row 2)
+       '10,x,"multi\nline",n\n'  # a non-numeric dense value scores as missing; a quoted line break
+       '11,-2,z,q\n')
+
+
+def test_a_csv_file_is_scored_row_by_row_with_its_row_numbers_and_carried_ids(toy_model, tmp_path):
+    (tmp_path / "in.csv").write_text(CSV)
+    report = score_file(toy_model, str(tmp_path / "in.csv"), str(tmp_path / "scores.parquet"), carry=["id"])
+    out = pq.read_table(tmp_path / "scores.parquet").to_pydict()
+    assert out["row"] == [0, 1, 3, 4] and out["id"] == ["7", "8", "10", "11"]
+    expected = [_toy_expected(0.5, "abc"), _toy_expected(None, ""), _toy_expected(None, "multi\nline"),
+                _toy_expected(-2.0, "z")]
+    np.testing.assert_allclose(out["score"], expected, rtol=1e-6)
+    assert (report.rows_read, report.rows_scored, report.malformed) == (5, 4, [2])
+    assert [n for n in os.listdir(tmp_path) if ".tmp" in n] == []
+
+
+def test_parquet_in_and_csv_out(toy_model, tmp_path):
+    pq.write_table(pa.table({"I1": pa.array([1.0, None], pa.float64()), "Class Name": ["ab", None],
+                             "other": [1, 2]}), tmp_path / "in.parquet")
+    score_file(toy_model, str(tmp_path / "in.parquet"), str(tmp_path / "scores.csv"))
+    lines = (tmp_path / "scores.csv").read_text().splitlines()
+    assert lines[0] == '"row","score"' and len(lines) == 3
+    assert abs(float(lines[1].split(",")[1]) - _toy_expected(1.0, "ab")) < 1e-6
+
+
+def test_a_missing_column_is_refused_before_scoring_and_nothing_is_written(toy_model, tmp_path):
+    (tmp_path / "in.csv").write_text("id,I1\n1,2\n")
+    with pytest.raises(ScoreError, match=r"lacks the column\(s\) 'Class Name' the model reads"):
+        score_file(toy_model, str(tmp_path / "in.csv"), str(tmp_path / "scores.parquet"))
+    with pytest.raises(ScoreError, match=r"--carry nope: not a column"):
+        (tmp_path / "ok.csv").write_text("id,I1,Class Name\n1,2,a\n")
+        score_file(toy_model, str(tmp_path / "ok.csv"), str(tmp_path / "scores.parquet"), carry=["nope"])
+    assert sorted(os.listdir(tmp_path)) == ["in.csv", "ok.csv"]
+
+
+def test_the_command_line_scores_and_refuses_in_one_line(toy_model, tmp_path, capsys):
+    from pipelines.__main__ import main
+
+    (tmp_path / "in.csv").write_text(CSV)
+    mine = tmp_path / "mine.txt"
+    mine.write_text("the user's own file")
+    os.symlink(mine, tmp_path / "scores.parquet")  # a link at the output's name is replaced, never written through
+    assert main(["score", "--model", toy_model, "--input", str(tmp_path / "in.csv"),
+                 "--output", str(tmp_path / "scores.parquet")]) == 0
+    out = capsys.readouterr().out
+    assert "scored:" in out and "4 of 5 rows" in out and "1 malformed row(s)" in out
+    assert mine.read_text() == "the user's own file" and not os.path.islink(tmp_path / "scores.parquet")
+    (tmp_path / "bad.csv").write_text("I1\n1\n")
+    assert main(["score", "--model", toy_model, "--input", str(tmp_path / "bad.csv"),
+                 "--output", str(tmp_path / "x.parquet")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: --input {tmp_path / 'bad.csv'} lacks the column(s) 'Class Name' the model reads; add them (an empty "
+        "column scores as missing values) or score another file"]
+
+
+@pytest.mark.slow(reason="the executors' chain (a trained and exported model) and two scorings of its eval rows")
+def test_scores_equal_serving_default_on_the_same_rows(chain, tmp_path):
+    """The exporter's serving model: the input's rows scored by `score` and, as tf.Examples of the
+    same raw values, by `serving_default`, agree within float32 rounding."""
+    import csv
+
+    cfg, a, _ = chain
+    model_dir = os.path.join(a["serving"].uri, "Format-Serving")
+    rows = list(csv.DictReader(open(cfg.input.path, newline="", encoding="utf-8")))[:400]
+    columns = list(rows[0])
+    path = tmp_path / "rows.csv"
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, columns)
+        w.writeheader()
+        w.writerows(rows)
+    score_file(model_dir, str(path), str(tmp_path / "scores.parquet"))
+    scores = pq.read_table(tmp_path / "scores.parquet").column("score").to_numpy()
+    dense = {d.column or d.name for d in cfg.dense_features}
+
+    def example(row):
+        feats = {}
+        for k, v in row.items():
+            if v == "" or k == cfg.label:
+                continue
+            feats[k] = (tf.train.Feature(float_list=tf.train.FloatList(value=[float(v)])) if k in dense
+                        else tf.train.Feature(bytes_list=tf.train.BytesList(value=[v.encode()])))
+        return tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString()
+
+    fn = tf.saved_model.load(model_dir).signatures["serving_default"]
+    want = fn(examples=tf.constant([example(r) for r in rows]))["probabilities"].numpy().reshape(-1)
+    assert len(scores) == len(rows) and len(np.unique(scores)) > len(rows) // 2
+    np.testing.assert_allclose(scores, want, rtol=0, atol=1e-6)
