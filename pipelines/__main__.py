@@ -6,7 +6,8 @@ the terminal and everything else in DIR/pipeline.log, then prints the run's summ
 the summary as JSON) and writes DIR/run_report.html. `demo` first generates the embedded default
 dataset when it is missing. `continuous` runs daily spans, one warm-started run each. `compile`
 writes the Kubeflow Pipelines v2 spec (`.json`: a Vertex PipelineJob) and nothing else. `score`
-scores a CSV or Parquet file with a serving model (components/embedding_exporter/batch_scoring.py).
+scores a CSV or Parquet file with a serving model (components/embedding_exporter/batch_scoring.py);
+`check-serving` loads and answers one as a stock TF Serving would (serving_check.py).
 
 Exit statuses (pipelines/summary.py): 0 the run pushed its model; 3 the run worked but the
 validation gate kept the model back; 2 refused before anything ran (one message: a bad
@@ -156,7 +157,31 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--output", required=True, help="scores.parquet (or .csv): row, score and the carried columns")
     sc.add_argument("--carry", action="append", default=[], metavar="COLUMN",
                     help="an input column to copy beside each score, e.g. an ID (repeatable)")
+    ck = sub.add_parser("check-serving", help="load and answer a serving model as a stock TF Serving would (docs/export.md)")
+    ck.add_argument("--model", required=True, help="a serving model directory, e.g. a pushed version")
+    ck.add_argument("--json", action="store_true", help="print what the check found as JSON")
     return parser
+
+
+def check_serving_command(args) -> int:
+    """`check-serving`: what the check found, or one line naming why the model fails it (exit 1)."""
+    # lazy: the check's own process loads TensorFlow; this one only for a damaged model's files
+    from components.embedding_exporter.serving_check import ServingCheckFailed, check_serving
+
+    try:
+        found = check_serving(args.model)
+    except ServingCheckFailed as e:
+        print(error_line(e), file=sys.stderr)
+        return EXIT_FAILED
+    r = Report("serving check", data=found.to_dict())
+    r.add("loaded", f"{found.model} in a fresh TensorFlow process: {found.ops} ops, all in stock TensorFlow; "
+                    f"signatures {', '.join(found.signatures)} answered")
+    r.add("answers", found.no_record or f"{found.compared} warm-up requests answered as exported "
+                                          f"(max |diff| {found.max_diff:.1e})")
+    r.add("latency", f"{found.timed_signature} on {found.timed_on}: " + "; ".join(
+        f"batch {b}: p50 {t['p50_ms']:.2f} ms, p99 {t['p99_ms']:.2f} ms" for b, t in found.timings.items()))
+    emit(r, as_json=args.json)
+    return EXIT_PUSHED
 
 
 def score_command(args) -> int:
@@ -203,6 +228,8 @@ def main(argv=None) -> int:
         return continuous_command(args)
     if args.command == "score":
         return score_command(args)
+    if args.command == "check-serving":
+        return check_serving_command(args)
     try:
         cfg = load_config(args.config)
         if args.command == "demo":

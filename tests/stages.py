@@ -448,3 +448,35 @@ def read_prediction_logs(uri):
     files = tf.io.gfile.glob(os.path.join(uri, "prediction_logs-*.gz"))
     return [prediction_log_pb2.PredictionLog.FromString(r.numpy())
             for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
+
+
+# ---- a toy serving model (tests/test_batch_scoring.py, test_serving_check.py) ----------------------
+
+
+def save_toy_serving_model(model_dir):
+    """A small SavedModel with a `serve_features` signature and its inputs' record, as the exporter
+    writes them (`Class Name` read as the input `Class_Name`): probability = sigmoid(I1, NaN as 0,
+    + the length of `Class Name`'s text / 10 + a bias variable that holds 0). Returns its directory."""
+    import tensorflow as tf
+
+    class Toy(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.bias = tf.Variable(tf.zeros([1024]))  # a variables file of some size
+
+        @tf.function(input_signature=[{"I1": tf.TensorSpec([None], tf.float32, name="I1"),
+                                       "Class_Name": tf.TensorSpec([None], tf.string, name="Class_Name")}])
+        def serve(self, columns):
+            x = tf.where(tf.math.is_nan(columns["I1"]), 0.0, columns["I1"])
+            length = tf.cast(tf.strings.length(columns["Class_Name"]), tf.float32)
+            return {"probabilities": tf.sigmoid(x + length / 10.0 + self.bias[0])[:, None]}
+
+    module = Toy()
+    tf.saved_model.save(module, str(model_dir), signatures={"serve_features": module.serve})
+    os.makedirs(os.path.join(str(model_dir), "assets.extra"), exist_ok=True)
+    with open(os.path.join(str(model_dir), "assets.extra", "serving_inputs.json"), "w", encoding="utf-8") as fh:
+        json.dump({"version": 1, "serving_inputs": [
+            {"input": "I1", "column": "I1", "dtype": "float32", "typed_dtype": None, "features": ["I1"]},
+            {"input": "Class_Name", "column": "Class Name", "dtype": "string", "typed_dtype": None,
+             "features": ["C1"]}]}, fh)
+    return str(model_dir)

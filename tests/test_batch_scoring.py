@@ -3,7 +3,6 @@ pipelines score`): one output row per input row with its row number, the model's
 record, a missing column refused before scoring, malformed rows counted by number, the output
 written whole or not at all; and, on the exporter's own model, the scores equal `serving_default`'s
 on the same rows."""
-import json
 import os
 
 import numpy as np
@@ -15,17 +14,7 @@ import components  # noqa: F401
 import tensorflow as tf
 
 from components.embedding_exporter.batch_scoring import ScoreError, score_file
-
-
-class _Toy(tf.Module):
-    """probability = sigmoid(I1, NaN as 0, + the length of `Class Name`'s text / 10)."""
-
-    @tf.function(input_signature=[{"I1": tf.TensorSpec([None], tf.float32, name="I1"),
-                                   "Class_Name": tf.TensorSpec([None], tf.string, name="Class_Name")}])
-    def serve(self, columns):
-        x = tf.where(tf.math.is_nan(columns["I1"]), 0.0, columns["I1"])
-        length = tf.cast(tf.strings.length(columns["Class_Name"]), tf.float32)
-        return {"probabilities": tf.sigmoid(x + length / 10.0)[:, None]}
+from tests.stages import save_toy_serving_model
 
 
 def _toy_expected(i1, name):
@@ -35,15 +24,7 @@ def _toy_expected(i1, name):
 
 @pytest.fixture(scope="module")
 def toy_model(tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp("toy") / "1"
-    module = _Toy()
-    tf.saved_model.save(module, str(model_dir), signatures={"serve_features": module.serve})
-    os.makedirs(model_dir / "assets.extra")
-    (model_dir / "assets.extra" / "serving_inputs.json").write_text(json.dumps({"version": 1, "serving_inputs": [
-        {"input": "I1", "column": "I1", "dtype": "float32", "typed_dtype": None, "features": ["I1"]},
-        {"input": "Class_Name", "column": "Class Name", "dtype": "string", "typed_dtype": None,
-         "features": ["C1"]}]}))
-    return str(model_dir)
+    return save_toy_serving_model(tmp_path_factory.mktemp("toy") / "1")
 
 
 CSV = ('id,I1,Class Name,notes\n'

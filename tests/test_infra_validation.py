@@ -47,7 +47,7 @@ NOT_NEEDED = ("components", "pipelines", "tests", "tfx", "tfx_bsl", "apache_beam
 # The fresh process. Arguments: a JSON file {"jobs": [{"model": dir, "out": file}], "result": file}.
 # Each job: the ops, the load, the warmup file replayed; the result file says what happened to each.
 CHILD = r'''
-import json, os, sys, traceback
+import importlib.util, json, os, sys, traceback
 
 args = json.load(open(sys.argv[1]))
 sys.path[:] = args["sys_path"]
@@ -60,26 +60,18 @@ for name in ("components", "pipelines", "tests"):
         result["project_imports"][name] = "ImportError: " + str(err)
 
 import tensorflow as tf
-from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow.python.framework import op_def_registry
 from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
 WARMUP = os.path.join("assets.extra", "tf_serving_warmup_requests")
 
 
-def graph_ops(model_dir):
-    """Every op a node of the SavedModel's graphs and function library runs (calls of library
-    functions excluded: they are the functions, listed themselves)."""
-    sm = saved_model_pb2.SavedModel()
-    with open(os.path.join(model_dir, "saved_model.pb"), "rb") as f:
-        sm.ParseFromString(f.read())
-    ops = set()
-    for mg in sm.meta_graphs:
-        library = mg.graph_def.library
-        functions = {fn.signature.name for fn in library.function}
-        ops |= {n.op for n in mg.graph_def.node} | {n.op for fn in library.function for n in fn.node_def}
-        ops -= functions
-    return sorted(ops)
+# The product's own check (components/embedding_exporter/serving_check_child.py) lists the ops: loaded
+# from its file, as this process cannot import the project.
+_spec = importlib.util.spec_from_file_location("serving_check_child", args["child"])
+_child = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_child)
+graph_ops = _child.graph_ops
 
 
 def serve(model_dir, out):
@@ -135,7 +127,9 @@ def run_fresh(tmp, jobs):
     script.write_text(CHILD)
     stdlib = [p for p in sys.path if p and not p.startswith(sys.prefix) and "site-packages" not in p
               and p.startswith(sys.base_prefix)]
-    args_file.write_text(json.dumps({"jobs": jobs, "result": str(result_file), "sys_path": stdlib + [_site_packages()]}))
+    child = os.path.join(REPO, "components", "embedding_exporter", "serving_check_child.py")
+    args_file.write_text(json.dumps({"jobs": jobs, "result": str(result_file), "sys_path": stdlib + [_site_packages()],
+                                     "child": child}))
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp), "TF_CPP_MIN_LOG_LEVEL": "2",
            "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run([sys.executable, "-I", "-S", str(script), str(args_file)], cwd=str(tmp), env=env,

@@ -48,6 +48,7 @@ from components.embedding_exporter import tables as tables_lib
 from components.embedding_model.restore import (
     RERUN_TRAINER, ExportRefused, build_serving_model, dense_variables, load_tables, open_checkpoint_tables, restore_dense,
 )
+from components.embedding_exporter.serving_check import write_expected
 from components.embedding_exporter.serving import RawFeatureTransform, ServingModule
 from components.embedding_preprocess.features import KIND_NONE, kind_of
 from components.embedding_model.saving import save_serving_model
@@ -586,6 +587,9 @@ def build_report(ctx: ExportContext) -> Dict[str, Any]:
         tf.io.gfile.rmtree(ctx.float32_dir)
     tables_manifest = ctx.writer.finish() if ctx.writer is not None else None
     write_serving_inputs(os.path.join(ctx.staging, artifacts.SERVING_DIR), ctx.serving_inputs)
+    # TF Serving's warm-up file of real eval rows and their scores: what check-serving compares against
+    write_expected(os.path.join(ctx.staging, artifacts.SERVING_DIR), ctx.sample.raw)
+    ctx.clock.lap("record the serving check's warm-up requests")
     trained_bytes = sum(t["trained_bytes"] for t in ctx.table_report.values())
     serving_bytes = sum(t["serving_bytes"] for t in ctx.table_report.values())
     return {
