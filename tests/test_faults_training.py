@@ -172,14 +172,16 @@ def test_a_state_resumes_only_under_changes_that_steer_the_rest_of_its_training(
     # a run that early stopping ended is finished below its planned steps
     with pytest.raises(ConfigMismatch, match="Its training finished"):
         check_config("S", "S/ckpt-30", dict(record, finished=True), steered, 30)
-    # The precision a run trained in: another one is not a steering change (the weights' numerics
-    # differ); a state recorded before the setting existed trained float32.
+    # The precision a run trains in steers the rest of its training (float32 variables either way:
+    # a state a TPU wrote in bfloat16 goes on in float32 on a CPU), recorded as such; a finished state
+    # is refused it as any change. A state recorded before the setting existed trained float32.
     with_precision = dict(saved, precision="auto", precision_used="float32")
     assert check_config("S", "S/ckpt-20", record, with_precision, 20) == []
-    with pytest.raises(ConfigMismatch, match=r'precision "auto" -> "mixed_bfloat16"; precision_used "float32" -> '
-                                             r'"mixed_bfloat16"'):
-        check_config("S", "S/ckpt-20", {"training": with_precision, "steps": 40},
-                     dict(with_precision, precision="mixed_bfloat16", precision_used="mixed_bfloat16"), 20)
+    on_tpu = {"training": dict(with_precision, precision_used="mixed_bfloat16"), "steps": 40}
+    assert check_config("S", "S/ckpt-20", on_tpu, with_precision, 20) == [
+        'precision_used "mixed_bfloat16" -> "float32"']
+    with pytest.raises(ConfigMismatch, match=r'precision_used "mixed_bfloat16" -> "float32"'):
+        check_config("S", "S/ckpt-40", dict(on_tpu, finished=True), with_precision, 40)
 
 
 # ---- (6) a warm start checks each vocabulary file against its checkpoint's rows ------------------------

@@ -6,7 +6,7 @@ written under (`training_record`: every field of `training` that decides the tra
 tuned values applied, and each table's optimizer) and the steps it was to train. Resuming:
 - an unfinished state may go on under a change of the fields that only steer the rest of
   training (`STEERING`: learning rates and their schedules, dropout, the run's length, early
-  stopping, the embedding gradient multiplier); the run says so in one line and records the
+  stopping, the embedding gradient multiplier, the dense network's precision); the run says so in one line and records the
   changes in `training_run.json` (`resumed_with_changes`);
 - any other change (the batch, the seed, the model, an optimizer's kind or other
   hyperparameters, the shuffle buffer, ...), and any change at all to a finished state, is
@@ -27,7 +27,10 @@ from components.embedding_model.sparsecore_state import LayoutMismatch
 
 OPERATIONAL = ("checkpoint_dir", "checkpoint_every_steps", "tpu", "steps_per_execution", "eval_steps",
                "embedding.topology")
-STEERING = ("dropout", "input_dropout", "train_steps", "epochs", "early_stopping", "embedding_gradient_multiplier")
+# The dense network's precision steers too: its variables are float32 in either (precision.py), so
+# a state written on a TPU in bfloat16 goes on in float32 on a CPU, as a learning rate goes on changed.
+STEERING = ("dropout", "input_dropout", "train_steps", "epochs", "early_stopping", "embedding_gradient_multiplier",
+            "precision", "precision_used")
 STEERING_LEAVES = ("learning_rate", "schedule")  # of any optimizer: the dense, the embedding, the wide, a table's
 SHOWN = 6  # changes named in a refusal
 
@@ -114,7 +117,7 @@ def check_config(state_dir: str, checkpoint: str, record: Optional[Dict[str, Any
         return steering
     shown = "; ".join(refused[:SHOWN]) + (f"; and {len(refused) - SHOWN} more" if len(refused) > SHOWN else "")
     why = ("its training finished, so resuming would train nothing of this config and push that model" if finished else
-           "only learning rates, their schedules, dropout, the run's length and early stopping may change "
+           "only learning rates, their schedules, dropout, the run's length, early stopping and the precision may change "
            "while a state is unfinished")
     raise ConfigMismatch(
         f"checkpoint {checkpoint} (step {step}) was trained under another training config than this run's: {shown}. "
