@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from components.data_io.beam_runtime import WORKER_PLUGIN, skip_tfx_sdist_for_local_runners
 from components.config.schema import SPAN_SPEC, ConfigError, PipelineConfig
 from components.config.stages import stage_json
-from components.reporting.progress import LAST_BLESSED, PUSHER  # the registry's read and write steps
+from components.reporting.progress import LAST_BLESSED, PUSHER, SERVING_CHECK  # node ids the pipeline names
 from pipelines.evaluation import evaluator_components
 from pipelines.bulk_inference import bulk_inferrer_components
 from components.tfx_wiring.component_keys import (BLESSING_KEY, CONFIG_KEY, EXAMPLES_KEY, MODEL_KEY, SERVING_MODEL_KEY,
@@ -335,17 +335,23 @@ def _trainer(cfg: PipelineConfig, examples, base_model, image: Optional[str], hy
 def _push_steps(cfg: PipelineConfig, examples, exporter, serving_dir: str, kubeflow: bool) -> List[Any]:
     """The registering Pusher of the exporter's serving model, after [TFExampleCopy, Evaluator] with
     `evaluator.enabled`: TFX's stock Evaluator on the serving model, reading a tf.Example copy of
-    the eval split (pipelines/evaluation.py says why); the Pusher then needs its blessing too."""
+    the eval split (pipelines/evaluation.py says why); and after [ServingCheck] with
+    `serving_check.enabled`: the model loaded and answered as TF Serving would. The Pusher then needs
+    their blessings too."""
     # lazy: TFX and our components load TensorFlow and Beam; this module is on the CLI's config path
+    from components.embedding_exporter.serving_check_step import ServingCheck
     from components.model_registry.component import RegistryPusher
 
     evaluation = evaluator_components(cfg, examples, exporter.outputs[SERVING_MODEL_KEY]) if cfg.evaluator.enabled else []
-    return [*evaluation, RegistryPusher(
+    check = ([ServingCheck(model=exporter.outputs[SERVING_MODEL_KEY], model_blessing=exporter.outputs[BLESSING_KEY])
+              .with_id(SERVING_CHECK)] if cfg.serving_check.enabled else [])
+    return [*evaluation, *check, RegistryPusher(
         model=exporter.outputs[SERVING_MODEL_KEY], model_blessing=exporter.outputs[BLESSING_KEY],
         serving_dir=serving_dir, pipeline_name=cfg.name,
         run_id=KFP_RUN_ID if kubeflow else None, run_name=KFP_RUN_NAME if kubeflow else None,
         evaluator_blessing=evaluation[-1].outputs["blessing"] if evaluation else None,
         evaluation=evaluation[-1].outputs["evaluation"] if evaluation else None,
+        infra_blessing=check[0].outputs[BLESSING_KEY] if check else None,
     ).with_id(PUSHER)]
 
 

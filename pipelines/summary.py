@@ -170,6 +170,8 @@ def summarize(cfg: PipelineConfig, output_dir: str, artifacts: Dict[str, str]) -
         "tuning": tuning_summary(read("Tuner.tuner_results", TUNING_TRIALS_FILE), training_run),
         # BulkInferrer's record (pipelines/bulk_inferrer_executor.py): rows scored per split, where, or why none
         "bulk_inference": read("BulkInferrer.inference_result", SCORING_RECORD_FILE),
+        # serving_check.enabled: what the check found (embedding_exporter/serving_check_step.py), blessed or why not
+        "serving_check": _serving_check(artifacts),
         "eval_log_loss": metrics["log_loss"] if metrics else None,
         "eval_log_loss_undefined": undefined_reason(metrics, "log_loss"),
         "best_achievable_auc": meta["best_achievable_auc"] if meta else None,
@@ -236,6 +238,15 @@ def tuning_summary(record: Optional[Dict[str, Any]], training_run: Optional[Dict
     best = record.get("best") or {}
     return dict(record, trainer_values=tuned,
                 trainer_used_best=bool(best) and tuned is not None and tuned == best.get("values"))
+
+
+def _serving_check(artifacts: Dict[str, str]) -> Optional[Dict[str, Any]]:
+    """The serving check's record and verdict (its InfraBlessing's files), None without the step."""
+    uri = artifacts.get("ServingCheck.blessing")
+    record = _read(os.path.join(uri, "serving_check.json")) if uri else None
+    if record is None:
+        return None
+    return dict(record, blessed=os.path.isfile(os.path.join(uri, "INFRA_BLESSED")))
 
 
 def _gate_validation(report: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
@@ -440,6 +451,9 @@ def not_pushed_reason(s: Dict[str, Any]) -> str:
         return "the validation gate kept the model back: " + "; ".join(v.get("reasons") or ["not blessed"])
     if s.get("evaluator") and not s["evaluator"]["blessed"]:
         return "TFX's Evaluator kept the model back (evaluator.min_auc / evaluator.calibration_bounds did not hold)"
+    check = s.get("serving_check")
+    if check and not check.get("blessed"):
+        return f"the serving check kept the model back: {check.get('reason')}"
     if s.get("registry_error"):
         return s["registry_error"]
     return "the run ended without a push"
@@ -575,6 +589,12 @@ def summary_report(s: Dict[str, Any]) -> Report:
     _training_rows(r, s)
     _gate_rows(r, s)
     _export_rows(r, s)
+    c = s.get("serving_check")
+    if c:
+        r.add("serving check", (f"passed: loaded and answered as TF Serving would; {c.get('compared', 0)} recorded "
+                                f"answers compared; serving_default p50 at batch 1 "
+                                f"{c.get('timings', {}).get('1', {}).get('p50_ms', float('nan')):.2f} ms")
+              if c["blessed"] else f"FAILED: {c.get('reason')}")
     b = s.get("bulk_inference")
     if b:
         r.add("batch scoring", (f"{count_list(b['rows'])} rows scored: {b['output']}" if b["scored"]

@@ -89,3 +89,74 @@ def test_the_exported_model_answers_its_warm_up_requests_as_exported(chain, tmp_
         json.dump(record, fh)
     with pytest.raises(ServingCheckFailed, match=r"warm-up request 0 scored .* \(\|diff\| 1\.00e-02 > 1e-06\)"):
         check_serving(model)
+
+
+# ---- the serving check as a pipeline step (serving_check.enabled) ---------------------------------
+
+
+def _artifacts(tmp_path, toy, exporter_blessed=True):
+    from tfx.types import standard_artifacts
+
+    from tests.stages import artifact
+
+    model = artifact(standard_artifacts.Model, tmp_path / "serving_model")
+    shutil.copytree(toy, tmp_path / "serving_model" / "Format-Serving")
+    blessing = artifact(standard_artifacts.ModelBlessing, tmp_path / "exporter_blessing")
+    blessing.set_int_custom_property("blessed", int(exporter_blessed))
+    out = artifact(standard_artifacts.InfraBlessing, tmp_path / "infra_blessing")
+    return model, blessing, out
+
+
+def _run_step(model, blessing, out):
+    from tfx.types import standard_component_specs as specs
+
+    from components.embedding_exporter.serving_check_step import ServingCheckExecutor
+    from components.tfx_wiring.component_keys import BLESSING_KEY
+
+    ServingCheckExecutor().Do({specs.MODEL_KEY: [model], specs.MODEL_BLESSING_KEY: [blessing]},
+                              {BLESSING_KEY: [out]}, {})
+    with open(os.path.join(out.uri, "serving_check.json")) as fh:
+        return json.load(fh)
+
+
+@pytest.mark.slow(reason="a fresh TensorFlow process per checked model")
+def test_the_step_blesses_a_model_that_answers_and_not_a_damaged_one_and_the_push_needs_it(toy, tmp_path):
+    from components.model_registry.executor import not_blessed_reason
+    from tfx.types import standard_component_specs as specs
+
+    model, blessing, out = _artifacts(tmp_path / "good", toy)
+    report = _run_step(model, blessing, out)
+    assert out.get_int_custom_property("blessed") == 1 and os.path.isfile(os.path.join(out.uri, "INFRA_BLESSED"))
+    assert report["checked"] and report["signatures"] == ["serve_features"]
+    model, blessing, out = _artifacts(tmp_path / "damaged", toy)
+    os.remove(_data_file(os.path.join(model.uri, "Format-Serving")))
+    report = _run_step(model, blessing, out)
+    assert out.get_int_custom_property("blessed") == 0 and os.path.isfile(os.path.join(out.uri, "INFRA_NOT_BLESSED"))
+    assert "is damaged" in report["reason"]
+    # the Pusher's reason for not pushing names the check and its line
+    reason = not_blessed_reason({specs.INFRA_BLESSING_KEY: [out]})
+    assert reason.startswith("the serving check did not bless the model: --model ") and "is damaged" in reason
+
+
+def test_a_model_the_exporter_did_not_bless_is_not_checked(toy, tmp_path):
+    model, blessing, out = _artifacts(tmp_path, toy, exporter_blessed=False)
+    report = _run_step(model, blessing, out)
+    assert report == {"checked": False, "reason": "the exporter did not bless the model: not checked"}
+    assert out.get_int_custom_property("blessed") == 0
+
+
+def test_the_switch_adds_the_step_and_the_pusher_takes_its_blessing(tmp_path):
+    from components.config.loading import parse_config
+    from pipelines.pipeline import create_pipeline
+    from tests.stages import minimal_raw_config
+
+    raw = minimal_raw_config()
+    raw["input"]["path"] = str(tmp_path / "x.csv")
+    (tmp_path / "x.csv").write_text("label\n1\n")
+    for enabled in (False, True):
+        raw["serving_check"] = {"enabled": enabled}
+        p = create_pipeline(parse_config(raw), pipeline_root=str(tmp_path / "root"), metadata_path=None,
+                            serving_dir=str(tmp_path / "serving"))
+        ids = [c.id for c in p.components]
+        pusher = next(c for c in p.components if c.id == "Pusher")
+        assert ("ServingCheck" in ids) == enabled and ("infra_blessing" in pusher.inputs) == enabled, ids

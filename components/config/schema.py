@@ -432,6 +432,16 @@ class BulkInferenceConfig:
 
 
 @dataclass
+class ServingCheckConfig:
+    """The `serving_check` section: after the exporter, the serving model loaded and answered as a
+    stock TF Serving binary would, in a fresh process with only TensorFlow
+    (components/embedding_exporter/serving_check.py, `python -m pipelines check-serving`); its
+    blessing is required for a push."""
+
+    enabled: bool = False
+
+
+@dataclass
 class TuningConfig:
     """The `tuning` section: TFX's stock Tuner searches `space` with KerasTuner before the Trainer,
     each trial training `steps_per_trial` steps with its values over the config and scored by AUC on
@@ -477,6 +487,7 @@ class PipelineConfig:
     evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
     tuning: Optional[TuningConfig] = None  # set: the Tuner searches training fields before the Trainer
     bulk_inference: BulkInferenceConfig = field(default_factory=BulkInferenceConfig)
+    serving_check: ServingCheckConfig = field(default_factory=ServingCheckConfig)
 
     @property
     def resolved(self) -> ResolvedConfig:

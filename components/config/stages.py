@@ -16,9 +16,9 @@ What each stage reads (checked against the code; the tests run every stage on it
   statistics) and `training.embedding_optimizer` (table memory). Not `label_rule`: ExampleGen
   already wrote the derived label.
 - `exporter`: everything but `kubeflow`, `continuous`, `statistics`, `transformed_examples`,
-  `beam`, `evaluator` and `bulk_inference`. (`evaluator` and `bulk_inference` are read by the
-  pipeline only, which builds the Evaluator and the BulkInferrer from them: example_gen and
-  preprocess do not get them either.)
+  `beam`, `evaluator`, `bulk_inference` and `serving_check`. (Those three are read by the
+  pipeline only, which builds the Evaluator, the BulkInferrer and the serving check from them:
+  example_gen and preprocess do not get them either.)
 - `tuner`: the sections the trials' training reads: everything but `export`, `validation`,
   `continuous`, `kubeflow`, `evaluator`, `bulk_inference` and `beam` (with `tuning`, which
   example_gen, preprocess and the exporter do not get: the exporter reads the tuned values from the
@@ -32,8 +32,8 @@ from typing import Callable, Dict
 
 from components.config.loading import config_from_json
 from components.config.schema import (BeamConfig, BulkInferenceConfig, ContinuousConfig, EvaluatorConfig,
-                                      ExportConfig, InputConfig, KubeflowConfig, PipelineConfig, StatisticsConfig,
-                                      TransformedExamplesConfig, ValidationConfig)
+                                      ExportConfig, InputConfig, KubeflowConfig, PipelineConfig, ServingCheckConfig,
+                                      StatisticsConfig, TransformedExamplesConfig, ValidationConfig)
 from components.config.training_schema import TrainingConfig
 
 STAGES = ("example_gen", "preprocess", "trainer", "exporter", "tuner")
@@ -46,7 +46,7 @@ def _example_gen(cfg: PipelineConfig) -> None:
     cfg.training = TrainingConfig(embedding_optimizer=cfg.training.embedding_optimizer)
     cfg.export, cfg.validation, cfg.continuous = ExportConfig(), ValidationConfig(), ContinuousConfig()
     cfg.statistics, cfg.transformed_examples, cfg.kubeflow = StatisticsConfig(), TransformedExamplesConfig(), KubeflowConfig()
-    cfg.evaluator, cfg.bulk_inference = EvaluatorConfig(), BulkInferenceConfig()
+    cfg.evaluator, cfg.bulk_inference, cfg.serving_check = EvaluatorConfig(), BulkInferenceConfig(), ServingCheckConfig()
     cfg.tuning = None
 
 
@@ -54,20 +54,21 @@ def _preprocess(cfg: PipelineConfig) -> None:
     cfg.label_rule = None
     cfg.training = TrainingConfig(batch_size=cfg.training.batch_size, embedding_optimizer=cfg.training.embedding_optimizer)
     cfg.export, cfg.validation, cfg.continuous, cfg.kubeflow = ExportConfig(), ValidationConfig(), ContinuousConfig(), KubeflowConfig()
-    cfg.evaluator, cfg.bulk_inference = EvaluatorConfig(), BulkInferenceConfig()
+    cfg.evaluator, cfg.bulk_inference, cfg.serving_check = EvaluatorConfig(), BulkInferenceConfig(), ServingCheckConfig()
     cfg.tuning = None
 
 
 def _exporter(cfg: PipelineConfig) -> None:
     cfg.kubeflow, cfg.continuous, cfg.statistics = KubeflowConfig(), ContinuousConfig(), StatisticsConfig()
     cfg.transformed_examples, cfg.beam, cfg.evaluator = TransformedExamplesConfig(), BeamConfig(), EvaluatorConfig()
-    cfg.bulk_inference = BulkInferenceConfig()
+    cfg.bulk_inference, cfg.serving_check = BulkInferenceConfig(), ServingCheckConfig()
     cfg.tuning = None  # the tuned values come with the model (training_run.json's `tuned`)
 
 
 def _tuner(cfg: PipelineConfig) -> None:
     cfg.export, cfg.validation, cfg.continuous, cfg.kubeflow = ExportConfig(), ValidationConfig(), ContinuousConfig(), KubeflowConfig()
     cfg.evaluator, cfg.bulk_inference, cfg.beam = EvaluatorConfig(), BulkInferenceConfig(), BeamConfig()
+    cfg.serving_check = ServingCheckConfig()
 
 
 _SHARES: Dict[str, Callable[[PipelineConfig], None]] = {

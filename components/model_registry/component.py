@@ -70,6 +70,8 @@ class RegistryPusherSpec(ComponentSpec):
         # TFX's Evaluator's outputs (pipelines/evaluation.py), when the pipeline has one.
         component_keys.EVALUATOR_BLESSING_KEY: ChannelParameter(type=standard_artifacts.ModelBlessing, optional=True),
         component_keys.EVALUATION_KEY: ChannelParameter(type=standard_artifacts.ModelEvaluation, optional=True),
+        # The serving check's blessing (serving_check.enabled): TFX's Pusher logic requires it when given.
+        specs.INFRA_BLESSING_KEY: ChannelParameter(type=standard_artifacts.InfraBlessing, optional=True),
     }
     OUTPUTS = {specs.PUSHED_MODEL_KEY: ChannelParameter(type=standard_artifacts.PushedModel)}
 
@@ -86,6 +88,7 @@ class RegistryPusher(base_component.BaseComponent):
       run_name: the run's name, recorded in the entry (Kubeflow: `{{$.pipeline_job_name}}`); None locally.
       evaluator_blessing: TFX's Evaluator's blessing channel; given, the push also needs it to bless.
       evaluation: TFX's Evaluator's `ModelEvaluation` channel, recorded in the entry.
+      infra_blessing: the serving check's `InfraBlessing` channel; given, the push also needs it to bless.
     """
 
     SPEC_CLASS = RegistryPusherSpec
@@ -93,10 +96,10 @@ class RegistryPusher(base_component.BaseComponent):
 
     def __init__(self, model, model_blessing, serving_dir: str, pipeline_name: str,
                  run_id: Optional[str] = None, run_name: Optional[str] = None,
-                 evaluator_blessing=None, evaluation=None):
+                 evaluator_blessing=None, evaluation=None, infra_blessing=None):
         super().__init__(spec=RegistryPusherSpec(
             model=model, model_blessing=model_blessing,
-            evaluator_blessing=evaluator_blessing, evaluation=evaluation,
+            evaluator_blessing=evaluator_blessing, evaluation=evaluation, infra_blessing=infra_blessing,
             push_destination=pusher_pb2.PushDestination(
                 filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=serving_dir)),
             pipeline_name=pipeline_name, run_id=run_id, run_name=run_name,

@@ -184,6 +184,15 @@ def evaluator_check_of(input_dict: Dict[str, List[types.Artifact]]) -> Optional[
     return evaluator_check(model_utils.is_model_blessed(blessing), read_evaluation(uri) if uri else None, uri)
 
 
+def not_blessed_reason(input_dict: Dict[str, List[types.Artifact]]) -> str:
+    """Why TFX's blessing check refused the push: the exporter's gate, or the serving check (its reason)."""
+    infra = input_dict.get(specs.INFRA_BLESSING_KEY) or []
+    if infra and not infra[0].get_int_custom_property("blessed"):
+        why = infra[0].get_string_custom_property("reason")
+        return "the serving check did not bless the model" + (f": {why}" if why else "")
+    return "the exporter's validation gate did not bless the model"
+
+
 class RegistryPusherExecutor(tfx_pusher.Executor):
     """TFX's Pusher with the filesystem push replaced by registry.push.
 
@@ -214,7 +223,7 @@ class RegistryPusherExecutor(tfx_pusher.Executor):
         model_push = artifact_utils.get_single_instance(output_dict[specs.PUSHED_MODEL_KEY])
         if not self.CheckBlessing(input_dict):
             self._MarkNotPushed(model_push)
-            model_push.set_string_custom_property(NOT_PUSHED_REASON, "the exporter's validation gate did not bless the model")
+            model_push.set_string_custom_property(NOT_PUSHED_REASON, not_blessed_reason(input_dict))
             progress.phase(progress.PUSHER, "not pushed: the model was not blessed")
             return
         evaluator = evaluator_check_of(input_dict)
