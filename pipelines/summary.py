@@ -166,12 +166,7 @@ def summarize(cfg: PipelineConfig, output_dir: str, artifacts: Dict[str, str]) -
         "evaluator": _evaluator_verdict(cfg, artifacts),
         "serving_model_this_run": this_run,
         "training": training_length(cfg, training_run, stats),
-        "precision": _precision(metrics, training_run),
-        "tuning": tuning_summary(read("Tuner.tuner_results", TUNING_TRIALS_FILE), training_run),
-        # BulkInferrer's record (pipelines/bulk_inferrer_executor.py): rows scored per split, where, or why none
-        "bulk_inference": read("BulkInferrer.inference_result", SCORING_RECORD_FILE),
-        # serving_check.enabled: what the check found (embedding_exporter/serving_check_step.py), blessed or why not
-        "serving_check": _serving_check(artifacts),
+        **_optional_steps(artifacts, read, metrics, training_run),
         "eval_log_loss": metrics["log_loss"] if metrics else None,
         "eval_log_loss_undefined": undefined_reason(metrics, "log_loss"),
         "best_achievable_auc": meta["best_achievable_auc"] if meta else None,
@@ -238,6 +233,16 @@ def tuning_summary(record: Optional[Dict[str, Any]], training_run: Optional[Dict
     best = record.get("best") or {}
     return dict(record, trainer_values=tuned,
                 trainer_used_best=bool(best) and tuned is not None and tuned == best.get("values"))
+
+
+def _optional_steps(artifacts: Dict[str, str], read, metrics, training_run) -> Dict[str, Any]:
+    """The precision the Trainer used; the Tuner's search; BulkInferrer's record (rows scored per
+    split, where, or why none: pipelines/bulk_inferrer_executor.py); the serving check's verdict
+    (serving_check.enabled: embedding_exporter/serving_check_step.py). None where a run has no such step."""
+    return {"precision": _precision(metrics, training_run),
+            "tuning": tuning_summary(read("Tuner.tuner_results", TUNING_TRIALS_FILE), training_run),
+            "bulk_inference": read("BulkInferrer.inference_result", SCORING_RECORD_FILE),
+            "serving_check": _serving_check(artifacts)}
 
 
 def _serving_check(artifacts: Dict[str, str]) -> Optional[Dict[str, Any]]:

@@ -110,7 +110,8 @@ def test_variables_outside_the_tables_are_judged_by_change_and_kept_ones_must_st
         "model/dense_optimizer/beta_2" + k: (beta + 1, beta, beta),
         "model/wide_dense/kernel" + k: (None, cpu, start),
     }, parity.DEFAULT_TOLERANCE)
-    assert report == {"compared": 7, "trained": 3, "max_change_diff": pytest.approx(1, rel=1e-5), "worst": "model/cross/0/bias"}
+    assert report == {"compared": 7, "trained": 3, "max_change_diff": pytest.approx(1, rel=1e-5), "worst": "model/cross/0/bias",
+                      "max_scale_off": pytest.approx(1, rel=1e-5), "worst_scale": "model/cross/0/bias"}
     assert failures == [
         "model/bottom_mlp/bias: its change differs from the CPU run's by 0.5 of that change (max |diff| 0.05, "
         "the CPU run moved it up to 0.1) > 0.01",
@@ -222,3 +223,23 @@ def test_dry_run_passes_every_step_that_needs_no_tpu(tmp_path):
     assert "adagrad, adam, ftrl" in plan and "stacks of several: " in plan and "dim-1 wide tables: " in plan, plan
     assert re.search(r"; [1-9]\d* TensorCore tables \(", plan), plan  # the XLA row rules' tables are trained too
     assert "adagrad with clipvalue 0.5 refused" in status["sparsecore_optimizer"][1]
+
+
+def test_in_bfloat16_a_change_scaled_by_2pct_fails_by_its_scale_while_rounding_passes():
+    """tolerances_for("mixed_bfloat16"): elements within 2**-3 of the change (rounding of 8-bit
+    mantissas passes), each table's scale within 2**-7 (a learning rate x1.02 fails)."""
+    from components.tpu_smoke import parity
+
+    rng = np.random.default_rng(0)
+    start = rng.normal(size=(50, 4)).astype(np.float32)
+    reference = start + rng.normal(scale=0.01, size=start.shape).astype(np.float32)
+    change = reference - start
+    rounded = start + change * (1 + rng.uniform(-2**-8, 2**-8, size=start.shape)).astype(np.float32)
+    scaled = start + change * np.float32(1.02)
+    bf16 = parity.tolerances_for("mixed_bfloat16")
+    assert (bf16.element, bf16.scale, bf16.dense_element, bf16.dense_scale) == (2**-3, 2**-7, None, 2**-4)
+    assert parity.tolerances_for("float32") == parity.Tolerances(parity.DEFAULT_TOLERANCE, None, parity.DEFAULT_TOLERANCE, None)
+    assert abs(parity.change_difference(scaled, reference, start)["scale"] - 1.02) < 1e-4
+    _, ok = parity.judge({"t": rounded}, {"t": reference}, {"t": start}, bf16.element, scale=bf16.scale)
+    _, failed = parity.judge({"t": scaled}, {"t": reference}, {"t": start}, bf16.element, scale=bf16.scale)
+    assert ok == [] and len(failed) == 1 and "its change is 1.02 times the CPU run's" in failed[0], failed

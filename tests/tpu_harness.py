@@ -324,6 +324,7 @@ SPARSECORE_MUTATIONS = {
     "averaged_replicas": "the replicas' row gradients averaged, not summed",
     "replica_0_only": "only replica 0's row gradients applied",
     "learning_rate": "twice the learning rate",
+    "learning_rate_2pct": "one stack's learning rate x1.02 (the first stack by name)",
     "rotation": "each table's shard rotation off by one",
     "padding": "rows padded to 8 x SparseCores per chip, not 8 x all SparseCores",
 }
@@ -530,7 +531,9 @@ def cpu_step_v2_class(on_call=None, on_apply=None, mutation=None):
                 row_gradients = tf.concat(local(row_gradients), 0)
             if mutation == "averaged_replicas":
                 row_gradients = row_gradients / replicas
-            lr = local(lr)[0] * (2.0 if mutation == "learning_rate" else 1.0)
+            first = stacked == min(self._stacked_table_to_tables)  # one stack, whatever the order of TF's dict
+            lr = local(lr)[0] * (2.0 if mutation == "learning_rate" else
+                                 1.02 if mutation == "learning_rate_2pct" and first else 1.0)
             rows, index = tf.unique(positions)
             summed = tf.math.unsorted_segment_sum(row_gradients, index, tf.shape(rows)[0])
             variables = self._variables[stacked]

@@ -19,6 +19,7 @@ import tensorflow as tf
 from components.config.loading import parse_config
 from components.contracts import artifacts
 from components.embedding_trainer import trainer_module
+from components.embedding_trainer.precision_choice import choose_precision
 from components.tpu_smoke.parity import DEFAULT_TOLERANCE, describe, sparsecore_training
 from components.tpu_smoke.scenario import (base_raw_config, config_path, coverage, derived_plan, eval_records, parity_plan,
                                            prepare_data, sparsecore_optimizer, split_files, trainer_fn_args,
@@ -167,9 +168,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rows", type=int, default=20000)
     parser.add_argument("--steps", type=int, default=200, help="trainer_tpu's training steps")
     parser.add_argument("--parity-steps", type=int, default=3, help="sparsecore_training's steps on each platform")
-    parser.add_argument("--parity-tolerance", type=float, default=DEFAULT_TOLERANCE,
+    parser.add_argument("--parity-tolerance", type=float, default=None,
                         help="sparsecore_training: largest difference of a table's or slot's change, TPU against CPU, "
-                             "as a fraction of the CPU run's change")
+                             f"as a fraction of the CPU run's change (default: {DEFAULT_TOLERANCE:g} in float32, "
+                             "2**-3 in bfloat16 with each change's scale within 2**-7: parity.tolerances_for)")
     parser.add_argument("--config", default="configs/demo.yaml")
     parser.add_argument("--pipelining", action="store_true",
                         help="trainer_tpu with pipeline_execution_with_tensor_core (sparsecore_training runs without)")
@@ -219,9 +221,11 @@ def _plan_and_training_checks(args, root: str, strategy, replicas: int, per_chip
         skip("sparsecore_training", "needs the plan step, which failed")
     else:
         cfg, plan, manifest = parity
+        # In the precision the Trainer trains in on this TPU (training.precision; auto: bfloat16), judged by its tolerances.
+        precision, _ = choose_precision(cfg.training.precision, "tpu")
         check("sparsecore_training", lambda: describe(sparsecore_training(
             strategy, cfg, plan, manifest, split_files(root, "train"), args.parity_steps,
-            os.path.join(root, "parity"), args.parity_tolerance)))
+            os.path.join(root, "parity"), args.parity_tolerance, precision=precision)))
     check("trainer_tpu", lambda: trainer_tpu(args, root, v2))
 
 

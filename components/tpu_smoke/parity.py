@@ -6,6 +6,7 @@ optimizer slots and the optimizers' step counters; then the judge of their chang
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
@@ -89,6 +90,45 @@ ROUNDING_STEPS = 2  # float32 steps of a value by which two summation orders may
 MAX_ROUNDING = 0.1  # of a change: a larger rounding allowance leaves the comparison saying nothing
 
 
+@dataclass(frozen=True)
+class Tolerances:
+    """How far the TPU run's changes may be from the CPU run's, by what is compared.
+
+    Attributes:
+      element: each element's gap, as a fraction of the reference's largest change (tables, slots).
+      scale: |the change's least-squares scale against the reference's - 1| of tables and slots
+        (`change_difference`'s `scale`: a learning rate or a gradient scale off shows there, where
+        elementwise rounding averages out); None: not checked.
+      dense_element: `element` for the variables outside the tables; None: not checked.
+      dense_scale: `scale` for those; None: not checked.
+    """
+
+    element: float
+    scale: Optional[float] = None
+    dense_element: Optional[float] = None
+    dense_scale: Optional[float] = None
+
+
+def tolerances_for(precision: str, element: Optional[float] = None) -> Tolerances:
+    """The judge's tolerances for a run of the dense network in `precision`.
+
+    float32: every element within `element` (DEFAULT_TOLERANCE) of the change, tables and dense
+    variables alike. mixed_bfloat16 (both runs' dense networks compute in bfloat16: 8 bits of
+    mantissa, a relative resolution of 2**-8): on the SparseCore harness the correct step's tables
+    differed by up to 1.4% of a change and an FTRL slot by 5.7% element by element, their scales by
+    at most 0.42% (2**-8: one bfloat16 step); the dense variables by up to 53% element by element
+    (Adam's first steps are lr x sign(g): a rounding in a near-zero gradient flips a whole step) and
+    2.3% in scale. So in bfloat16 each element within 2**-3 (gross errors: a row missed, rotated or
+    padded wrong), each table's and slot's scale within 2**-7 (two bfloat16 steps: a learning rate
+    x1.02 on one table is caught, at 1.8%), and each dense variable's scale within 2**-4 (a dropped
+    dense step moved them by 32%); dense variables element by element not at all.
+    """
+    if precision == "mixed_bfloat16":
+        return Tolerances(element if element is not None else 2**-3, 2**-7, None, 2**-4)
+    element = DEFAULT_TOLERANCE if element is None else element
+    return Tolerances(element, None, element, None)
+
+
 def _difference(a: np.ndarray, b: np.ndarray) -> float:
     """max over elements of |a - b| (inf when the shapes differ)."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
@@ -111,7 +151,9 @@ def change_difference(trained, reference, start) -> Dict[str, float]:
       {"relative": max (|dT - dR| less ROUNDING_STEPS float32 steps of the value) / max |dR|
       (inf when the reference did not move but the trained run did, or the shapes differ; 0 when
       neither moved), "rounding": that allowance's largest value / max |dR|, "max_diff": max |T - R|, "moved":
-      max |dT|, "moved_reference": max |dR|} with dT = trained - start, dR = reference - start.
+      max |dT|, "moved_reference": max |dR|, "scale": <dT, dR> / <dR, dR> (the least-squares factor
+      of dT against dR: 1 when the changes agree, 1.02 under a learning rate 2% off)} with
+      dT = trained - start, dR = reference - start.
     """
     t, r, s = (np.asarray(x, np.float64) for x in (trained, reference, start))
     if not (t.shape == r.shape == s.shape):
@@ -129,12 +171,16 @@ def change_difference(trained, reference, start) -> Dict[str, float]:
     gap = float(np.max(np.maximum(np.abs(dt - dr) - steps, 0.0))) if dt.size else 0.0
     relative = gap / moved_reference if moved_reference > 0 else (float("inf") if gap > 0 else 0.0)
     rounding = float(np.max(steps)) / moved_reference if moved_reference > 0 and steps.size else 0.0
+    norm = float(np.sum(dr * dr))
+    scale = float(np.sum(dt * dr)) / norm if norm > 0 else (1.0 if not np.any(dt) else float("inf"))
     return {"relative": relative, "max_diff": _difference(t, r), "moved": moved, "moved_reference": moved_reference,
-            "rounding": rounding}
+            "rounding": rounding, "scale": scale}
 
 
-def _verdict(what: str, d: Dict[str, Any], tolerance: float, rows_moved: str = "") -> Optional[str]:
-    """The failure sentence of one compared variable (`change_difference`'s result), or None."""
+def _verdict(what: str, d: Dict[str, Any], tolerance: Optional[float], rows_moved: str = "",
+             scale: Optional[float] = None) -> Optional[str]:
+    """The failure sentence of one compared variable (`change_difference`'s result), or None;
+    `tolerance` None: elements not compared; `scale` None: the scale not compared."""
     if "shapes" in d:
         return f"{what}: read back as {d['shapes']}"
     if d["moved_reference"] == 0.0:
@@ -144,16 +190,19 @@ def _verdict(what: str, d: Dict[str, Any], tolerance: float, rows_moved: str = "
     if d.get("rounding", 0.0) > MAX_ROUNDING:
         return (f"{what}: float32 cannot resolve its change (rounding allowance {d['rounding']:.3g} of the "
                 f"CPU run's change {d['moved_reference']:.3g}; not tested): train more steps")
-    if d["relative"] > tolerance:
+    if tolerance is not None and d["relative"] > tolerance:
         return (f"{what}: its change differs from the CPU run's by {d['relative']:.3g} of that change "
                 f"(max |diff| {d['max_diff']:.3g}, the CPU run moved it up to {d['moved_reference']:.3g}) "
                 f"> {tolerance:g}")
+    if scale is not None and abs(d["scale"] - 1.0) > scale:
+        return (f"{what}: its change is {d['scale']:.4g} times the CPU run's (least squares over its elements, "
+                f"|scale - 1| > {scale:g}): a learning rate or a gradient scaled wrong")
     return None
 
 
 def judge(trained: Dict[str, np.ndarray], reference: Dict[str, np.ndarray], start: Dict[str, np.ndarray],
-          tolerance: float, slots: Optional[Dict[str, Dict[str, Tuple[np.ndarray, np.ndarray, np.ndarray]]]] = None
-          ) -> Tuple[Dict[str, Dict[str, Any]], List[str]]:
+          tolerance: float, slots: Optional[Dict[str, Dict[str, Tuple[np.ndarray, np.ndarray, np.ndarray]]]] = None,
+          scale: Optional[float] = None) -> Tuple[Dict[str, Dict[str, Any]], List[str]]:
     """Per table and per optimizer slot: its change from `start` in the run under test against
     the reference run's (`change_difference`). Returns (the report, the failures): a change that
     differs by more than `tolerance` of the reference's change, a table or slot that the
@@ -167,36 +216,39 @@ def judge(trained: Dict[str, np.ndarray], reference: Dict[str, np.ndarray], star
       tolerance: the largest difference of the changes allowed, as a fraction of the reference's
         largest change.
       slots: {table: {slot: (trained, reference, start)}} optimizer slots, each [rows, dim].
+      scale: the largest |scale - 1| of each table's and slot's change (Tolerances.scale); None:
+        not compared.
 
     Returns:
-      (report, failures): {table: {change_diff, max_diff, moved, moved_reference, rows_moved,
-      slots: {slot: change_diff}}}, and one sentence per failure.
+      (report, failures): {table: {change_diff, max_diff, moved, moved_reference, rows_moved, scale,
+      slots: {slot: change_diff}, slot_scales}}, and one sentence per failure.
     """
     report: Dict[str, Dict[str, Any]] = {}
     failures: List[str] = []
 
     def verdict(what: str, d: Dict[str, Any], rows_moved: str = "") -> None:
-        failure = _verdict(what, d, tolerance, rows_moved)
+        failure = _verdict(what, d, tolerance, rows_moved, scale)
         if failure:
             failures.append(failure)
 
     for name in sorted(reference):
         d = change_difference(trained[name], reference[name], start[name])
         entry = {"change_diff": d["relative"], "max_diff": d["max_diff"], "moved": d["moved"],
-                 "moved_reference": d["moved_reference"],
+                 "moved_reference": d["moved_reference"], "scale": d.get("scale"),
                  "rows_moved": int(np.any(np.asarray(reference[name]) != start[name], axis=1).sum())
                  if np.shape(reference[name]) == np.shape(start[name]) else 0}
         verdict(name, d, f" ({entry['rows_moved']} rows)")
         for slot, (a, b, s0) in sorted((slots or {}).get(name, {}).items()):
             ds = change_difference(a, b, s0)
             entry.setdefault("slots", {})[slot] = ds["relative"]
+            entry.setdefault("slot_scales", {})[slot] = ds.get("scale")
             verdict(f"{name} slot {slot}", ds)
         report[name] = entry
     return report, failures
 
 
-def judge_variables(variables: Dict[str, Tuple[Optional[np.ndarray], np.ndarray, np.ndarray]], tolerance: float
-                    ) -> Tuple[Dict[str, Any], List[str]]:
+def judge_variables(variables: Dict[str, Tuple[Optional[np.ndarray], np.ndarray, np.ndarray]],
+                    tolerance: Optional[float], scale: Optional[float] = None) -> Tuple[Dict[str, Any], List[str]]:
     """The variables outside the tables (the dense network's weights, every optimizer slot of
     theirs, the optimizers' step counters and hyperparameters), by checkpoint key: one the CPU run
     changed must change as much in the run under test (`change_difference`, as tables); one the
@@ -206,13 +258,15 @@ def judge_variables(variables: Dict[str, Tuple[Optional[np.ndarray], np.ndarray,
     Args:
       variables: {key: (trained, reference, start)}; trained is None when the run under test's
         checkpoint lacks the key.
-      tolerance: as `judge`'s.
+      tolerance: as `judge`'s; None: elements not compared (only the scale, moved or not).
+      scale: as `judge`'s.
 
     Returns:
-      ({"compared", "trained", "max_change_diff", "worst"}, one sentence per failure).
+      ({"compared", "trained", "max_change_diff", "worst", "max_scale_off", "worst_scale"}, one
+      sentence per failure).
     """
     failures: List[str] = []
-    worst, trained = (0.0, ""), 0
+    worst, trained, off_scale = (0.0, ""), 0, (0.0, "")
     for key, (t, r, s) in sorted(variables.items()):
         what = key[: -len(VARIABLE_VALUE)] if key.endswith(VARIABLE_VALUE) else key
         kept = _difference(r, s) == 0.0
@@ -227,15 +281,17 @@ def judge_variables(variables: Dict[str, Tuple[Optional[np.ndarray], np.ndarray,
             continue
         trained += 1
         d = change_difference(t, r, s)
-        failure = _verdict(what, d, tolerance)
+        failure = _verdict(what, d, tolerance, scale=scale)
         if failure:
             failures.append(failure)
         worst = max(worst, (d["relative"], what))
-    return {"compared": len(variables), "trained": trained, "max_change_diff": worst[0], "worst": worst[1]}, failures
+        off_scale = max(off_scale, (abs(d["scale"] - 1.0), what))
+    return {"compared": len(variables), "trained": trained, "max_change_diff": worst[0], "worst": worst[1],
+            "max_scale_off": off_scale[0], "worst_scale": off_scale[1]}, failures
 
 
 def sparsecore_training(strategy, cfg, plan, manifest, train_files: List[str], steps: int, workdir: str,
-                        tolerance: float = DEFAULT_TOLERANCE) -> Dict[str, Any]:
+                        tolerance: Optional[float] = None, precision: str = "float32") -> Dict[str, Any]:
     """The TPU run of the Trainer's model against the same steps on CPU, table by table.
 
     Check 5 of the module docstring.
@@ -249,7 +305,10 @@ def sparsecore_training(strategy, cfg, plan, manifest, train_files: List[str], s
       steps: the steps each run trains.
       workdir: where the start, TPU and CPU checkpoints are written.
       tolerance: the largest difference of a table's or slot's change from the start, TPU
-        against CPU, as a fraction of the CPU run's largest change (`judge`).
+        against CPU, as a fraction of the CPU run's largest change (`judge`); None: the
+        precision's (`tolerances_for`).
+      precision: the dense network's precision both runs train in (`float32`, or `mixed_bfloat16`,
+        what a TPU trains in under `training.precision: auto`); it sets the judge's tolerances.
 
     Returns:
       The report {"layout", "replicas", "steps", "placement",
@@ -266,8 +325,9 @@ def sparsecore_training(strategy, cfg, plan, manifest, train_files: List[str], s
     layout = hardware.checkpoint_layout(strategy, per_replica)
     os.makedirs(workdir, exist_ok=True)
     start_prefix, tpu_prefix, cpu_prefix = _train_on_both(strategy, cfg, plan, manifest, train_files, steps, workdir,
-                                                          per_replica, layout)
-    return _compare_checkpoints(plan, layout, replicas, steps, tolerance, start_prefix, tpu_prefix, cpu_prefix)
+                                                          per_replica, layout, precision)
+    return _compare_checkpoints(plan, layout, replicas, steps, tolerances_for(precision, tolerance), start_prefix,
+                                tpu_prefix, cpu_prefix)
 
 
 def _comparable_per_replica_batch(strategy, cfg, plan) -> int:
@@ -285,7 +345,7 @@ def _comparable_per_replica_batch(strategy, cfg, plan) -> int:
 
 
 def _train_on_both(strategy, cfg, plan, manifest, train_files: List[str], steps: int, workdir: str, per_replica: int,
-                   layout: CheckpointLayout) -> Tuple[str, str, str]:
+                   layout: CheckpointLayout, precision: str = "float32") -> Tuple[str, str, str]:
     """Trains the model from one start under `strategy` and on the host CPU; returns the
     checkpoint prefixes of (the start, the TPU run, the CPU run)."""
     replicas = strategy.num_replicas_in_sync
@@ -294,7 +354,7 @@ def _train_on_both(strategy, cfg, plan, manifest, train_files: List[str], steps:
     try:
         # The CPU run, on the host: its start (tables, slots, dense weights) is both runs' start.
         with tf.device("/cpu:0"):
-            cpu = model_building.build_model(plan, manifest, cfg, for_training=True)
+            cpu = model_building.build_model(plan, manifest, cfg, for_training=True, precision=precision)
             _compile(cpu)
             train_input = training_data.training_input(train_files, manifest, plan, cfg.training, per_replica, 0, replicas)
             # (a dataset of its own: a second iterator of one dataset would reshuffle)
@@ -303,7 +363,8 @@ def _train_on_both(strategy, cfg, plan, manifest, train_files: List[str], steps:
             cpu.create_optimizer_slots()
             start_prefix = tf.train.Checkpoint(**{CHECKPOINT_ROOT: cpu}).save(os.path.join(workdir, "start", "ckpt"))
         with strategy.scope():
-            tpu = model_building.build_model(plan, manifest, cfg, for_training=True, on_tpu=True, per_replica_batch=per_replica)
+            tpu = model_building.build_model(plan, manifest, cfg, for_training=True, on_tpu=True, per_replica_batch=per_replica,
+                                             precision=precision)
             _compile(tpu)
         if layout.kind == LayoutKind.B:  # the Trainer's warm start into SparseCore stacks
             training_state.warm_start_sparse_core(tpu, plan, layout, start_prefix, strategy)
@@ -321,7 +382,7 @@ def _train_on_both(strategy, cfg, plan, manifest, train_files: List[str], steps:
     return start_prefix, tpu_prefix, cpu_prefix
 
 
-def _compare_checkpoints(plan, layout: CheckpointLayout, replicas: int, steps: int, tolerance: float,
+def _compare_checkpoints(plan, layout: CheckpointLayout, replicas: int, steps: int, tolerance: Tolerances,
                          start_prefix: str, tpu_prefix: str, cpu_prefix: str) -> Dict[str, Any]:
     """The TPU run's tables and slots against the CPU run's, read as the exporter reads a training checkpoint."""
     plan_tpu = with_run(plan, checkpoint_layout=layout)
@@ -344,8 +405,9 @@ def _compare_checkpoints(plan, layout: CheckpointLayout, replicas: int, steps: i
                               f"{sorted(first)} at the start")
         slots[n] = {k.split("/")[-3]: (ours[k], theirs[k], first[k]) for k in theirs}
     report, failures = judge({n: read_tpu.read(n) for n in names}, {n: read_cpu.read(n) for n in names},
-                             {n: read_start.read(n) for n in names}, tolerance, slots)
-    variables, more = judge_variables(_variables_outside_tables(read_cpu, start_prefix, tpu_prefix, cpu_prefix), tolerance)
+                             {n: read_start.read(n) for n in names}, tolerance.element, slots, tolerance.scale)
+    variables, more = judge_variables(_variables_outside_tables(read_cpu, start_prefix, tpu_prefix, cpu_prefix),
+                                      tolerance.dense_element, tolerance.dense_scale)
     result = {"layout": layout.kind, "replicas": replicas, "steps": steps, "tables": report, "variables": variables,
               "placement": {n: plan.tables[n].placement for n in names}}
     if failures or more:
