@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import List
 
 from components.config.schema import ConfigError, PipelineConfig
+from components.reporting.progress import FILE_SCORING
 from components.config.validation import register_check
 from components.tfx_wiring.component_keys import TF_EXAMPLES_KEY
 
@@ -39,8 +40,17 @@ def check_bulk_inference_config(cfg: PipelineConfig) -> None:
     """
     splits = cfg.bulk_inference.splits
     known = ", ".join(EXAMPLE_SPLITS)
-    if not splits:
-        raise ConfigError(f"bulk_inference.splits: empty; name the splits to score, some of {known}")
+    path = cfg.bulk_inference.path
+    if path is not None and not path.lower().endswith((".csv", ".parquet", ".pq")):
+        raise ConfigError(f"bulk_inference.path: {path!r} is not a .csv or .parquet file; name the file to score")
+    if path is not None and "://" in path:  # batch_scoring reads local files (a mounted volume on Kubeflow)
+        raise ConfigError(f"bulk_inference.path: {path!r} is a remote file, which the scoring step does not read yet; "
+                          "name a local or mounted path")
+    if cfg.bulk_inference.carry and path is None:
+        raise ConfigError("bulk_inference.carry: set bulk_inference.path, the file whose columns it copies")
+    if not splits and path is None:
+        raise ConfigError(f"bulk_inference.splits: empty; name the splits to score, some of {known}, or a file "
+                          "(bulk_inference.path)")
     for i, s in enumerate(splits):
         if s not in EXAMPLE_SPLITS:
             raise ConfigError(f"bulk_inference.splits[{i}]: {s!r} is not a split ExampleGen writes; one of {known}")
@@ -63,22 +73,30 @@ def bulk_inferrer_components(cfg: PipelineConfig, examples, serving_model, bless
       blessing: the exporter's `ModelBlessing` channel: an unblessed model is not scored.
 
     Returns:
-      [TFExampleCopy of the splits (id `BulkInferrerExampleCopy`), BulkInferrer]; the
-      BulkInferrer's output is `inference_result` (gzipped TFRecords of PredictionLog).
+      [TFExampleCopy of the splits (id `BulkInferrerExampleCopy`), BulkInferrer] when splits are
+      named (the BulkInferrer's output is `inference_result`: gzipped TFRecords of PredictionLog),
+      and [FileScoring] when `bulk_inference.path` names a file (its output `scores`).
     """
     # lazy: TFX's components load TensorFlow; the bulk_inference section's checks run on the config path
     from tfx.components.bulk_inferrer.component import BulkInferrer
     from tfx.dsl.components.base import executor_spec
     from tfx.proto import bulk_inferrer_pb2
+    from components.embedding_exporter.scoring_step import FileScoring
     from components.tf_example_copy.component import TFExampleCopy
     from pipelines.bulk_inferrer_executor import BulkInferrerExecutor
 
-    splits = list(cfg.bulk_inference.splits)
-    copy = TFExampleCopy(examples=examples, splits=splits).with_id(COPY_ID)
-    inferrer = BulkInferrer(
-        examples=copy.outputs[TF_EXAMPLES_KEY], model=serving_model, model_blessing=blessing,
-        data_spec=bulk_inferrer_pb2.DataSpec(example_splits=splits),
-        model_spec=bulk_inferrer_pb2.ModelSpec(model_signature_name=[SIGNATURE]),
-    ).with_id(INFERRER_ID)
-    inferrer.executor_spec = executor_spec.BeamExecutorSpec(BulkInferrerExecutor)  # progress and a record
-    return [copy, inferrer]
+    b = cfg.bulk_inference
+    steps = []
+    if b.splits:
+        copy = TFExampleCopy(examples=examples, splits=list(b.splits)).with_id(COPY_ID)
+        inferrer = BulkInferrer(
+            examples=copy.outputs[TF_EXAMPLES_KEY], model=serving_model, model_blessing=blessing,
+            data_spec=bulk_inferrer_pb2.DataSpec(example_splits=list(b.splits)),
+            model_spec=bulk_inferrer_pb2.ModelSpec(model_signature_name=[SIGNATURE]),
+        ).with_id(INFERRER_ID)
+        inferrer.executor_spec = executor_spec.BeamExecutorSpec(BulkInferrerExecutor)  # progress and a record
+        steps += [copy, inferrer]
+    if b.path:  # the file the config names, as `python -m pipelines score` scores it
+        steps.append(FileScoring(model=serving_model, model_blessing=blessing, input_path=b.path,
+                                 carry=b.carry).with_id(FILE_SCORING))
+    return steps

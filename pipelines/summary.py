@@ -238,10 +238,12 @@ def tuning_summary(record: Optional[Dict[str, Any]], training_run: Optional[Dict
 def _optional_steps(artifacts: Dict[str, str], read, metrics, training_run) -> Dict[str, Any]:
     """The precision the Trainer used; the Tuner's search; BulkInferrer's record (rows scored per
     split, where, or why none: pipelines/bulk_inferrer_executor.py); the serving check's verdict
-    (serving_check.enabled: embedding_exporter/serving_check_step.py). None where a run has no such step."""
+    (serving_check.enabled: embedding_exporter/serving_check_step.py); the file scored (bulk_inference.path:
+    embedding_exporter/scoring_step.py). None where a run has no such step."""
     return {"precision": _precision(metrics, training_run),
             "tuning": tuning_summary(read("Tuner.tuner_results", TUNING_TRIALS_FILE), training_run),
             "bulk_inference": read("BulkInferrer.inference_result", SCORING_RECORD_FILE),
+            "file_scoring": read("FileScoring.scores", SCORING_RECORD_FILE),
             "serving_check": _serving_check(artifacts)}
 
 
@@ -600,6 +602,11 @@ def summary_report(s: Dict[str, Any]) -> Report:
                                 f"answers compared; serving_default p50 at batch 1 "
                                 f"{c.get('timings', {}).get('1', {}).get('p50_ms', float('nan')):.2f} ms")
               if c["blessed"] else f"FAILED: {c.get('reason')}")
+    f = s.get("file_scoring")
+    if f:
+        r.add("file scoring", (f"{f['rows_scored']:,} of {f['rows_read']:,} rows of {f['input']} scored"
+                               + (f" ({f['malformed']:,} malformed)" if f.get("malformed") else "") + f": {f['output']}")
+              if f["scored"] else f"nothing scored: {f['why_not']}")
     b = s.get("bulk_inference")
     if b:
         r.add("batch scoring", (f"{count_list(b['rows'])} rows scored: {b['output']}" if b["scored"]

@@ -3,6 +3,7 @@ pipelines score`): one output row per input row with its row number, the model's
 record, a missing column refused before scoring, malformed rows counted by number, the output
 written whole or not at all; and, on the exporter's own model, the scores equal `serving_default`'s
 on the same rows."""
+import json
 import os
 
 import numpy as np
@@ -118,3 +119,66 @@ def test_scores_equal_serving_default_on_the_same_rows(chain, tmp_path):
     want = fn(examples=tf.constant([example(r) for r in rows]))["probabilities"].numpy().reshape(-1)
     assert len(scores) == len(rows) and len(np.unique(scores)) > len(rows) // 2
     np.testing.assert_allclose(scores, want, rtol=0, atol=1e-6)
+
+
+# ---- the same scoring as a pipeline step: bulk_inference.path ---------------------------------------
+
+
+def _step_artifacts(tmp_path, toy_model, blessed):
+    import shutil
+
+    from tfx.types import standard_artifacts
+
+    from components.tfx_wiring.artifact_types import ScoredFile
+    from tests.stages import artifact
+
+    model = artifact(standard_artifacts.Model, tmp_path / "serving_model")
+    shutil.copytree(toy_model, tmp_path / "serving_model" / "Format-Serving")
+    blessing = artifact(standard_artifacts.ModelBlessing, tmp_path / "blessing")
+    blessing.set_int_custom_property("blessed", int(blessed))
+    return model, blessing, artifact(ScoredFile, tmp_path / "scores")
+
+
+@pytest.mark.parametrize("blessed", [True, False])
+def test_the_file_scoring_step_scores_the_configured_file_with_the_blessed_model(toy_model, tmp_path, blessed):
+    from tfx.types import standard_component_specs as specs
+
+    from components.embedding_exporter.scoring_step import FileScoringExecutor
+
+    (tmp_path / "in.csv").write_text(CSV)
+    model, blessing, out = _step_artifacts(tmp_path, toy_model, blessed)
+    FileScoringExecutor().Do({specs.MODEL_KEY: [model], specs.MODEL_BLESSING_KEY: [blessing]}, {"scores": [out]},
+                             {"input_path": str(tmp_path / "in.csv"), "carry": json.dumps(["id"])})
+    record = json.loads(open(os.path.join(out.uri, "scoring_record.json")).read())
+    if not blessed:
+        assert record == {"scored": False, "input": str(tmp_path / "in.csv"),
+                          "why_not": "the model was not blessed (the validation gate kept it back)"}
+        assert not os.path.exists(os.path.join(out.uri, "scores.parquet"))
+        return
+    assert (record["scored"], record["rows_read"], record["rows_scored"], record["malformed"]) == (True, 5, 4, 1)
+    assert pq.read_table(os.path.join(out.uri, "scores.parquet")).to_pydict()["id"] == ["7", "8", "10", "11"]
+
+
+def test_bulk_inference_path_adds_the_step_and_is_checked(tmp_path):
+    from components.config.loading import load_config, parse_config
+    from components.config.schema import ConfigError
+    from pipelines.pipeline import create_pipeline
+    from tests.stages import minimal_raw_config
+
+    raw = minimal_raw_config()
+    raw["input"]["path"] = str(tmp_path / "x.csv")
+    (tmp_path / "x.csv").write_text("label\n1\n")
+    raw["bulk_inference"] = {"enabled": True, "splits": [], "path": "new/rows.parquet", "carry": ["id"]}
+    (tmp_path / "cfg.yaml").write_text(json.dumps(raw))
+    cfg = load_config(str(tmp_path / "cfg.yaml"))
+    assert cfg.bulk_inference.path == str(tmp_path / "new" / "rows.parquet")  # relative to the config file
+    p = create_pipeline(cfg, pipeline_root=str(tmp_path / "root"), metadata_path=None, serving_dir=str(tmp_path / "s"))
+    ids = [c.id for c in p.components]
+    assert "FileScoring" in ids and "BulkInferrer" not in ids, ids
+    for bad, message in (({"path": "rows.txt"}, "is not a .csv or .parquet file"),
+                         ({"path": "gs://b/rows.csv"}, "is a remote file, which the scoring step does not read yet"),
+                         ({"path": None, "carry": ["id"]}, "bulk_inference.carry: set bulk_inference.path"),
+                         ({"path": None, "splits": []}, "or a file (bulk_inference.path)")):
+        raw["bulk_inference"] = dict({"enabled": True, "splits": ["eval"]}, **bad)
+        with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            parse_config(raw)

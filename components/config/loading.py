@@ -226,6 +226,8 @@ def load_config(path: str) -> PipelineConfig:
         return p if "://" in p or os.path.isabs(p) else os.path.normpath(os.path.join(here, p))
 
     cfg.input.path = absolute(cfg.input.path)
+    if cfg.bulk_inference.path:
+        cfg.bulk_inference.path = absolute(cfg.bulk_inference.path)
     # Given vocabulary files, like input.path, are relative to the config file.
     options = [t.vocabulary for t in cfg.tables] + [f.vocabulary for f in cfg.categorical_features]
     for v in options + [cfg.categorical_defaults.vocabulary]:

@@ -429,6 +429,10 @@ class BulkInferenceConfig:
 
     enabled: bool = False
     splits: List[str] = field(default_factory=lambda: ["eval"])  # ExampleGen splits to score: train, eval
+    # A CSV or Parquet file to score too (`FileScoring`, as `python -m pipelines score` does; relative
+    # to the config file), with these input columns copied beside each score; null: none.
+    path: Optional[str] = None
+    carry: List[str] = field(default_factory=list)
 
 
 @dataclass

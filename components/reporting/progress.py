@@ -30,6 +30,7 @@ PUSHER = "Pusher"
 TUNER = "Tuner"  # TFX's stock Tuner with our executor: its trials are the Trainer's training
 BULK_INFERRER = "BulkInferrer"
 SERVING_CHECK = "ServingCheck"  # serving_check.enabled (embedding_exporter/serving_check_step.py)
+FILE_SCORING = "FileScoring"  # bulk_inference.path (embedding_exporter/scoring_step.py)
 
 # Stages whose events go out under another stage's name (`reported_as`): a Tuner trial runs the
 # Trainer's training code, whose events then read "Tuner".

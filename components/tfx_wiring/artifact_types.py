@@ -21,3 +21,10 @@ class EmbeddingStatistics(artifact.Artifact):
     """Embedding-ID statistics (`statistics.json`) computed by preprocessing."""
 
     TYPE_NAME = "components.EmbeddingStatistics"
+
+
+class ScoredFile(artifact.Artifact):
+    """A file scored by the serving model (`bulk_inference.path`): `scores.parquet` (row, score, the
+    carried columns) and `scoring_record.json` (embedding_exporter/scoring_step.py)."""
+
+    TYPE_NAME = "components.ScoredFile"
