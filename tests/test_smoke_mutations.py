@@ -18,6 +18,9 @@ import components  # noqa: F401
 from tests import tpu_harness
 
 REPLICAS, PER_CHIP, STEPS = 2, 4, 3
+# The CPU reference runs, one per precision, trained once and judged against by every broken TPU
+# step (parity.sparsecore_training's `reference`: a CPU run does not depend on the TPU step).
+REFERENCE = {}
 
 
 def _failures(err) -> list:
@@ -38,7 +41,8 @@ def test_the_parity_check_fails_a_broken_tpu_step(mutation, precision, trainer_d
     files = [str(trainer_data / "tx" / "Split-train" / "*")]
     cfg, plan, manifest = scenario.parity_plan(trainer_raw_config(trainer_data), str(trainer_data))
     with pytest.raises(parity.ParityError) as err:
-        parity.sparsecore_training(strategy, cfg, plan, manifest, files, STEPS, str(tmp_path), precision=precision)
+        parity.sparsecore_training(strategy, cfg, plan, manifest, files, STEPS, str(tmp_path), precision=precision,
+                                   reference=REFERENCE)
     print(f"MUTATION {mutation}: {err.value}")
     failures = _failures(err.value)
     tensor_core = sorted(plan.tables_placed("tensor_core"))

@@ -5,6 +5,7 @@ embedding and TensorCore) with its optimizer slots, and the dense network's weig
 optimizer slots and the optimizers' step counters; then the judge of their changes."""
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
@@ -291,7 +292,8 @@ def judge_variables(variables: Dict[str, Tuple[Optional[np.ndarray], np.ndarray,
 
 
 def sparsecore_training(strategy, cfg, plan, manifest, train_files: List[str], steps: int, workdir: str,
-                        tolerance: Optional[float] = None, precision: str = "float32") -> Dict[str, Any]:
+                        tolerance: Optional[float] = None, precision: str = "float32",
+                        reference: Optional[Dict[str, Tuple[str, str]]] = None) -> Dict[str, Any]:
     """The TPU run of the Trainer's model against the same steps on CPU, table by table.
 
     Check 5 of the module docstring.
@@ -309,6 +311,8 @@ def sparsecore_training(strategy, cfg, plan, manifest, train_files: List[str], s
         precision's (`tolerances_for`).
       precision: the dense network's precision both runs train in (`float32`, or `mixed_bfloat16`,
         what a TPU trains in under `training.precision: auto`); it sets the judge's tolerances.
+      reference: a cache of CPU runs across calls (one dict; None: none): several TPU runs judged
+        against the same CPU run train it once (a CPU run does not depend on the TPU step).
 
     Returns:
       The report {"layout", "replicas", "steps", "placement",
@@ -325,9 +329,16 @@ def sparsecore_training(strategy, cfg, plan, manifest, train_files: List[str], s
     layout = hardware.checkpoint_layout(strategy, per_replica)
     os.makedirs(workdir, exist_ok=True)
     start_prefix, tpu_prefix, cpu_prefix = _train_on_both(strategy, cfg, plan, manifest, train_files, steps, workdir,
-                                                          per_replica, layout, precision)
+                                                          per_replica, layout, precision, reference)
     return _compare_checkpoints(plan, layout, replicas, steps, tolerances_for(precision, tolerance), start_prefix,
                                 tpu_prefix, cpu_prefix)
+
+
+def _reference_key(cfg, plan, train_files: List[str], steps: int, per_replica: int, replicas: int,
+                   precision: str) -> str:
+    """What decides a CPU reference run: the config, the plan, the data, the steps, the batches, the precision."""
+    return json.dumps([cfg.to_json(), plan.to_dict(), sorted(train_files), steps, per_replica, replicas, precision],
+                      sort_keys=True, default=str)
 
 
 def _comparable_per_replica_batch(strategy, cfg, plan) -> int:
@@ -345,23 +356,29 @@ def _comparable_per_replica_batch(strategy, cfg, plan) -> int:
 
 
 def _train_on_both(strategy, cfg, plan, manifest, train_files: List[str], steps: int, workdir: str, per_replica: int,
-                   layout: CheckpointLayout, precision: str = "float32") -> Tuple[str, str, str]:
+                   layout: CheckpointLayout, precision: str = "float32",
+                   reference: Optional[Dict[str, Tuple[str, str]]] = None) -> Tuple[str, str, str]:
     """Trains the model from one start under `strategy` and on the host CPU; returns the
-    checkpoint prefixes of (the start, the TPU run, the CPU run)."""
+    checkpoint prefixes of (the start, the TPU run, the CPU run). `reference`: CPU runs already
+    made, by what decides them (`_reference_key`): one found there is reused, one made is added."""
     replicas = strategy.num_replicas_in_sync
+    key = _reference_key(cfg, plan, train_files, steps, per_replica, replicas, precision)
     full_precision = tf.config.experimental.tensor_float_32_execution_enabled()
     tf.config.experimental.enable_tensor_float_32_execution(False)  # TPUs: float32 matmuls not in bfloat16
     try:
-        # The CPU run, on the host: its start (tables, slots, dense weights) is both runs' start.
-        with tf.device("/cpu:0"):
-            cpu = model_building.build_model(plan, manifest, cfg, for_training=True, precision=precision)
-            _compile(cpu)
-            train_input = training_data.training_input(train_files, manifest, plan, cfg.training, per_replica, 0, replicas)
-            # (a dataset of its own: a second iterator of one dataset would reshuffle)
-            sample, _ = next(iter(global_batches(train_input(), replicas)))
-            cpu(sample)
-            cpu.create_optimizer_slots()
-            start_prefix = tf.train.Checkpoint(**{CHECKPOINT_ROOT: cpu}).save(os.path.join(workdir, "start", "ckpt"))
+        train_input = training_data.training_input(train_files, manifest, plan, cfg.training, per_replica, 0, replicas)
+        if reference is not None and key in reference:
+            start_prefix, cpu_prefix = reference[key]
+            cpu = None
+        else:  # the CPU run, on the host: its start (tables, slots, dense weights) is both runs' start
+            with tf.device("/cpu:0"):
+                cpu = model_building.build_model(plan, manifest, cfg, for_training=True, precision=precision)
+                _compile(cpu)
+                # (a dataset of its own: a second iterator of one dataset would reshuffle)
+                sample, _ = next(iter(global_batches(train_input(), replicas)))
+                cpu(sample)
+                cpu.create_optimizer_slots()
+                start_prefix = tf.train.Checkpoint(**{CHECKPOINT_ROOT: cpu}).save(os.path.join(workdir, "start", "ckpt"))
         with strategy.scope():
             tpu = model_building.build_model(plan, manifest, cfg, for_training=True, on_tpu=True, per_replica_batch=per_replica,
                                              precision=precision)
@@ -373,10 +390,13 @@ def _train_on_both(strategy, cfg, plan, manifest, train_files: List[str], steps:
         tpu_ds = strategy.distribute_datasets_from_function(
             train_input, tf.distribute.InputOptions(experimental_fetch_to_device=False))
         _fit(tpu, tpu_ds, steps)
-        with tf.device("/cpu:0"):
-            _fit(cpu, global_batches(train_input(), replicas), steps)
         tpu_prefix = tf.train.Checkpoint(**{CHECKPOINT_ROOT: tpu}).save(os.path.join(workdir, "tpu", "ckpt"))
-        cpu_prefix = tf.train.Checkpoint(**{CHECKPOINT_ROOT: cpu}).save(os.path.join(workdir, "cpu", "ckpt"))
+        if cpu is not None:
+            with tf.device("/cpu:0"):
+                _fit(cpu, global_batches(train_input(), replicas), steps)
+            cpu_prefix = tf.train.Checkpoint(**{CHECKPOINT_ROOT: cpu}).save(os.path.join(workdir, "cpu", "ckpt"))
+            if reference is not None:
+                reference[key] = (start_prefix, cpu_prefix)
     finally:
         tf.config.experimental.enable_tensor_float_32_execution(full_precision)
     return start_prefix, tpu_prefix, cpu_prefix
