@@ -28,6 +28,7 @@ def _data_file(model):
     return os.path.join(model, "variables", name)
 
 
+@pytest.mark.slow(reason="a fresh TensorFlow process (~5 s)")
 def test_a_model_without_the_exporters_record_is_loaded_answered_and_timed(toy):
     found = check_serving(toy)
     assert found.signatures == ["serve_features"] and found.ops > 0
