@@ -168,8 +168,8 @@ def test_sparsecore_training_matches_cpu_row_by_row(trainer_data, monkeypatch, t
 @pytest.mark.slow(reason="3 steps under the 2-replica SparseCore harness and on CPU, the dense network in bfloat16")
 def test_sparsecore_training_in_bfloat16_passes_its_tolerances(trainer_data, monkeypatch, tmp_path):
     """What a TPU trains under `training.precision: auto`: both runs' dense networks in bfloat16,
-    judged by parity.tolerances_for("mixed_bfloat16"); every table's and slot's change within 2**-7
-    in scale of the CPU run's (test_smoke_mutations.py: every broken step still fails them)."""
+    judged by parity.tolerances_for("mixed_bfloat16"); every table's change within 2**-7 in scale
+    of the CPU run's, every slot's within 2**-3 (test_smoke_mutations.py: every broken step still fails them)."""
     from components.tpu_smoke import parity, scenario
     from tests.stages import trainer_raw_config
 
@@ -177,7 +177,8 @@ def test_sparsecore_training_in_bfloat16_passes_its_tolerances(trainer_data, mon
     files = [str(trainer_data / "tx" / "Split-train" / "*")]
     cfg, plan, manifest = scenario.parity_plan(trainer_raw_config(trainer_data), str(trainer_data))
     result = parity.sparsecore_training(strategy, cfg, plan, manifest, files, 3, str(tmp_path), precision="mixed_bfloat16")
-    scales = [e["scale"] for e in result["tables"].values()] + [
-        v for e in result["tables"].values() for v in e.get("slot_scales", {}).values()]
-    assert result["layout"] == "B" and len(scales) > 20 and max(abs(x - 1) for x in scales) <= 2**-7, scales
+    scales = [e["scale"] for e in result["tables"].values()]
+    slot_scales = [v for e in result["tables"].values() for v in e.get("slot_scales", {}).values()]
+    assert result["layout"] == "B" and len(scales) > 10 and max(abs(x - 1) for x in scales) <= 2**-7, scales
+    assert len(slot_scales) > 20 and max(abs(x - 1) for x in slot_scales) <= 2**-3, slot_scales
     assert result["variables"]["trained"] > 40 and result["variables"]["max_scale_off"] <= 2**-4, result["variables"]

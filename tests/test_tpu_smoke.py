@@ -237,7 +237,8 @@ def test_in_bfloat16_a_change_scaled_by_2pct_fails_by_its_scale_while_rounding_p
     rounded = start + change * (1 + rng.uniform(-2**-8, 2**-8, size=start.shape)).astype(np.float32)
     scaled = start + change * np.float32(1.02)
     bf16 = parity.tolerances_for("mixed_bfloat16")
-    assert (bf16.element, bf16.scale, bf16.dense_element, bf16.dense_scale) == (2**-3, 2**-7, None, 2**-4)
+    assert (bf16.element, bf16.scale, bf16.dense_element, bf16.dense_scale, bf16.slot_scale) == (
+        2**-3, 2**-7, None, 2**-4, 2**-3)
     assert parity.tolerances_for("float32") == parity.Tolerances(parity.DEFAULT_TOLERANCE, None, parity.DEFAULT_TOLERANCE, None)
     assert abs(parity.change_difference(scaled, reference, start)["scale"] - 1.02) < 1e-4
     _, ok = parity.judge({"t": rounded}, {"t": reference}, {"t": start}, bf16.element, scale=bf16.scale)

@@ -171,7 +171,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--parity-tolerance", type=float, default=None,
                         help="sparsecore_training: largest difference of a table's or slot's change, TPU against CPU, "
                              f"as a fraction of the CPU run's change (default: {DEFAULT_TOLERANCE:g} in float32, "
-                             "2**-3 in bfloat16 with each change's scale within 2**-7: parity.tolerances_for)")
+                             "2**-3 in bfloat16, with scale checks: parity.tolerances_for)")
     parser.add_argument("--config", default="configs/demo.yaml")
     parser.add_argument("--pipelining", action="store_true",
                         help="trainer_tpu with pipeline_execution_with_tensor_core (sparsecore_training runs without)")
