@@ -5,6 +5,7 @@ loads every standard component, and `input_location` is on the command line's co
 """
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -68,8 +69,12 @@ def input_location(cfg: PipelineConfig) -> Tuple[str, str]:
             pattern, as_glob = pattern + "/" + files, os.path.join(as_glob, files)
         matches = [m for m in glob.glob(as_glob) if os.path.isfile(m)]
         if not matches:
+            # glob leaves names starting with '.' out, as ExampleGen does (example_gen/input_folder.py): say so
+            hidden = sorted(n for n in (os.listdir(base) if os.path.isdir(base) else [])
+                            if n.startswith(".") and fnmatch.fnmatch(n, os.path.basename(as_glob)))
+            seen = f" (hidden files are not read: {', '.join(hidden[:3])})" if hidden else ""
             raise ConfigError(
-                f"{cfg.resolved.source_file}: input.path: {path!r} matches no file; generate the data "
+                f"{cfg.resolved.source_file}: input.path: {path!r} matches no file{seen}; generate the data "
                 "(python -m components.example_gen.synthetic_data) or point input.path at a CSV/TFRecord file, "
                 "directory, glob or span pattern ({SPAN})"
             )

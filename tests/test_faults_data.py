@@ -468,3 +468,14 @@ def test_the_summary_lists_what_the_input_folder_held_and_was_not_read():
     skipped = [{"path": "/d/._a.csv", "reason": "hidden name"}, {"path": "/d/sub", "reason": "a folder"}]
     text = render(summary_lib.summary_report({"input": {"span": 0, "files": 1, "skipped": skipped, "skipped_count": 3}}))
     assert "input not read:       ._a.csv (hidden name), sub (a folder), and 1 more" in text
+
+
+def test_a_folder_holding_only_hidden_files_is_refused_saying_they_are_not_read(tmp_path):
+    """A folder with a macOS `._data.csv` only was refused as matching no file, without a word of it."""
+    from pipelines.pipeline import input_location
+
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "._data.csv").write_bytes(HEADER + ROW)
+    with pytest.raises(ConfigError, match=r"matches no file \(hidden files are not read: \._data\.csv\)"):
+        input_location(example_gen_config(input={"path": str(d)}))
