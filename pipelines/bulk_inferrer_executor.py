@@ -13,6 +13,7 @@ import os
 from typing import Dict, List
 
 from tfx.components.bulk_inferrer import executor as tfx_executor
+from tfx.components.util import model_utils
 from tfx.types import standard_component_specs as keys
 from tfx.utils import io_utils
 
@@ -32,7 +33,7 @@ class BulkInferrerExecutor(tfx_executor.Executor):
     @progress.staged(progress.BULK_INFERRER)
     def Do(self, input_dict, output_dict, exec_properties):  # noqa: N802  (TFX's name)
         blessing = (input_dict.get(keys.MODEL_BLESSING_KEY) or [None])[0]
-        blessed = blessing is None or bool(blessing.get_int_custom_property("blessed"))
+        blessed = blessing is None or model_utils.is_model_blessed(blessing)
         examples = input_dict[keys.EXAMPLES_KEY][0]
         rows: Dict[str, int] = {s: examples.get_int_custom_property(f"{s}_rows") for s in _splits(exec_properties)}
         progress.phase(progress.BULK_INFERRER, ("scoring " + ", ".join(f"{s} {n:,} rows" for s, n in rows.items()))

@@ -38,7 +38,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
 from components.contracts.artifacts import SERVING_INPUTS_FILE
-from components.data_io.safe_files import NO_FOLLOW
+from components.data_io.safe_files import new_file
 from components.example_gen.header import read_csv_header
 
 BATCH_ROWS = 65_536  # rows scored at a time: what memory holds of the file
@@ -144,12 +144,13 @@ def _csv_batches(path: str, columns: List[str], report: ScoreReport) -> Iterator
         parse_options=pcsv.ParseOptions(newlines_in_values=True, invalid_row_handler=malformed),
         convert_options=pcsv.ConvertOptions(include_columns=columns, column_types={c: pa.string() for c in columns},
                                             strings_can_be_null=False, quoted_strings_can_be_null=False))
-    position = 0  # the next data row number not yet given to a parsed row
+    position, seen = 0, 0  # the next data row number not yet given to a parsed row; skipped rows before it
     for batch in reader:  # the rows pyarrow skipped in this block were reported while it parsed it
-        gaps = np.asarray([g for g in skipped if g >= position], np.int64)
+        gaps = np.asarray(skipped[seen:], np.int64)  # skipped in row order: only the new ones lie ahead
         candidates = np.arange(position, position + batch.num_rows + len(gaps), dtype=np.int64)
         numbers = candidates[~np.isin(candidates, gaps)][:batch.num_rows]
         position = int(numbers[-1]) + 1 if len(numbers) else position
+        seen += int(np.count_nonzero(gaps < position))
         report.malformed = list(skipped)
         for k in range(0, batch.num_rows, BATCH_ROWS):
             yield batch.slice(k, BATCH_ROWS), numbers[k:k + BATCH_ROWS]
@@ -224,9 +225,7 @@ class _Writer:
     def __init__(self, path: str, carry: Sequence[str]):
         self.path, self.carry = path, list(carry)
         self.tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp-{os.getpid()}")
-        if os.path.lexists(self.tmp):
-            os.unlink(self.tmp)
-        self.fh = os.fdopen(os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NO_FOLLOW, 0o644), "wb")
+        self.fh = new_file(self.tmp)  # never through a link planted at the temporary name
         self.csv = path.lower().endswith(".csv")
         self.writer = None
 

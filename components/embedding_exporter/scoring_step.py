@@ -14,6 +14,7 @@ import os
 from typing import Any, Dict, List
 
 from tfx import types
+from tfx.components.util import model_utils
 from tfx.dsl.components.base import base_component, base_executor, executor_spec
 from tfx.types import artifact_utils, channel_utils, standard_artifacts
 from tfx.types import standard_component_specs as specs
@@ -39,7 +40,7 @@ class FileScoringExecutor(base_executor.BaseExecutor):
         out = artifact_utils.get_single_instance(output_dict[SCORES_KEY])
         blessing = artifact_utils.get_single_instance(input_dict[specs.MODEL_BLESSING_KEY])
         path = exec_properties[INPUT_PATH_KEY]
-        if not blessing.get_int_custom_property("blessed"):
+        if not model_utils.is_model_blessed(blessing):
             record: Dict[str, Any] = {"scored": False, "input": path,
                                       "why_not": "the model was not blessed (the validation gate kept it back)"}
             progress.phase(STAGE, "not scoring: the model was not blessed")

@@ -13,6 +13,7 @@ import os
 from typing import Any, Dict, List
 
 from tfx import types
+from tfx.components.util import model_utils
 from tfx.dsl.components.base import base_component, base_executor, executor_spec
 from tfx.types import artifact_utils, channel_utils, standard_artifacts
 from tfx.types import standard_component_specs as specs
@@ -45,7 +46,7 @@ class ServingCheckExecutor(base_executor.BaseExecutor):
            exec_properties: Dict[str, Any]) -> None:
         blessing = artifact_utils.get_single_instance(output_dict[BLESSING_KEY])
         exported = artifact_utils.get_single_instance(input_dict[specs.MODEL_BLESSING_KEY])
-        if not exported.get_int_custom_property("blessed"):
+        if not model_utils.is_model_blessed(exported):
             _mark(blessing, False, {"checked": False, "reason": "the exporter did not bless the model: not checked"})
             progress.phase(STAGE, "not checked: the exporter did not bless the model")
             return

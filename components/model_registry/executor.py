@@ -187,7 +187,7 @@ def evaluator_check_of(input_dict: Dict[str, List[types.Artifact]]) -> Optional[
 def not_blessed_reason(input_dict: Dict[str, List[types.Artifact]]) -> str:
     """Why TFX's blessing check refused the push: the exporter's gate, or the serving check (its reason)."""
     infra = input_dict.get(specs.INFRA_BLESSING_KEY) or []
-    if infra and not infra[0].get_int_custom_property("blessed"):
+    if infra and not model_utils.is_infra_validated(infra[0]):
         why = infra[0].get_string_custom_property("reason")
         return "the serving check did not bless the model" + (f": {why}" if why else "")
     return "the exporter's validation gate did not bless the model"
