@@ -156,6 +156,8 @@ def summarize(cfg: PipelineConfig, output_dir: str, artifacts: Dict[str, str]) -
         # What the push destination serves now (its model registry), and whether this run pushed it.
         "serving_model": served["model"] if served else None,
         "pushed_by_this_run": bool(served and this_run and served["exported_model"] == this_run),
+        # export.store: the pushed row files and their delta against the version served before
+        "store": served.get("store") if served and this_run and served["exported_model"] == this_run else None,
         "registry_error": served.get("error") if served else None,
         "rows_read": {s: v["examples_read"] for s, v in stats["splits"].items()} if stats else None,
         "rows_dropped": {s: v["examples_dropped"] for s, v in stats["splits"].items()} if stats else None,
@@ -374,7 +376,20 @@ def served_model(serving_dir: str) -> Optional[Dict[str, Any]]:
         return {"model": None, "exported_model": None, "error": str(e)}
     if not found.found:
         return None
-    return {"model": found.served_model, "exported_model": found.entry.get("exported_model")}
+    return {"model": found.served_model, "exported_model": found.entry.get("exported_model"),
+            "store": found.entry.get("store")}
+
+
+def store_line(store: Dict[str, Any]) -> str:
+    """The pushed row files and their delta, in one line: rows changed, new and deleted per table."""
+    head = f"{store['rows']:,} rows in row files ({store['row_file_bytes']:,} bytes)"
+    d = store.get("delta")
+    if not d:
+        return f"{head}; no delta: {store.get('delta_reason') or 'none written'}"
+    parts = [f"{n} {t['changed']:,} changed, {t['new']:,} new, {t['deleted']:,} deleted"
+             for n, t in sorted(d["tables"].items()) if t["changed"] or t["new"] or t["deleted"]]
+    return (f"{head}; delta against version {d['base_version']}: {'; '.join(parts) or 'no row changed'}; "
+            f"{d['bytes']:,} bytes, {d['bytes_vs_full']:.1%} of the full rows")
 
 
 def continuous_summary(c: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
@@ -587,6 +602,8 @@ def summary_report(s: Dict[str, Any]) -> Report:
     r = Report("pipeline summary", data=s)
     if s.get("pushed_by_this_run"):
         r.add("serving model", f"{s['serving_model']} (pushed by this run)")
+        if s.get("store"):
+            r.sub("store", store_line(s["store"]))
     else:
         r.add("serving model", f"none pushed: {not_pushed_reason(s)}")
         r.sub("still served", s.get("serving_model") or "nothing")

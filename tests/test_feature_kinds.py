@@ -3,6 +3,7 @@ shared identity table fed by a multi-hot history, per-table optimizers, the embe
 multiplier, a configured initializer) through every executor on generated data with the extra
 columns: ExampleGen -> Preprocess -> Trainer (run_fn) -> Exporter, which blesses only on parity
 of the serving model on raw examples with the trained model."""
+import dataclasses
 import json
 import os
 
@@ -30,7 +31,10 @@ def _config(csv_path):
     raw["training"]["embedding"] = {"size_threshold": 100}
     raw["training"].update({"batch_size": 64, "train_steps": 40, "eval_steps": 5, "checkpoint_every_steps": 20,
                             "embedding_gradient_multiplier": {"value": 1.0, "schedule": {"warmup_steps": 10}}})
-    raw["export"].update(compare_compression=False, auc_sample_size=500, parity_sample_size=256)
+    # row files, the dense model and their parity on every kind, wide parts (of sequences too) included
+    raw["export"].update(compare_compression=False, auc_sample_size=500, parity_sample_size=256,
+                         store={"enabled": True, "max_file_mib": 1})
+    raw["training"]["wide"] = {"enabled": True}
     raw["beam"] = {"direct_running_mode": "in_memory", "direct_num_workers": 1}
     raw["validation"] = dict(NO_GATE)
     return parse_config(raw)
@@ -135,6 +139,97 @@ def test_serving_model_maps_raw_ids_like_preprocessing(chain):
     assert probs[0] == pytest.approx(probs[1], abs=1e-7) == pytest.approx(probs[2], abs=1e-7)
     assert m.vocabularies["items"].default_value == 0
     assert np.isfinite(probs).all()
+
+
+def _store_scores(store, version_dir, manifest, requests):
+    """Scores through the store path: keys, rows from `store`, pooled, the pushed dense model."""
+    from components.embedding_exporter import store_client, store_model
+
+    model_dir = os.path.join(version_dir, "store", store_model.STORE_MODEL_DIR)
+    feed = store_client.dense_model_inputs(store, store_model.read_inputs(model_dir), dict(manifest.raw_feature_kinds),
+                                           requests)
+    dense = tf.saved_model.load(model_dir).signatures["serve_vectors"]
+    return dense(**{k: tf.constant(v) for k, v in feed.items()})["probabilities"].numpy().reshape(-1)
+
+
+def _full_scores(version_dir, manifest, requests):
+    from components.embedding_exporter.serving import RawFeatureTransform
+
+    inputs = RawFeatureTransform(manifest, manifest.vocabulary_dir).serving_inputs()
+    fn = tf.saved_model.load(version_dir).signatures["serve_features"]
+    cols = {i.input: tf.constant([r[i.column] for r in requests], tf.float32 if i.dtype == "float32" else tf.string)
+            for i in inputs}
+    return fn(**cols)["probabilities"].numpy().reshape(-1)
+
+
+@pytest.mark.slow(reason="the executors' chain on the feature showcase config")
+def test_the_store_path_scores_as_the_serving_model_on_every_kind(chain):
+    """The export's own check (store_export.py): raw eval rows, and rows with an unknown and an
+    empty feature, through keys, row files, pooling and the dense model, as the serving model."""
+    cfg, a = chain
+    report = json.load(open(os.path.join(a["serving"].uri, "export_report.json")))
+    store, p = report["store"], report["store"]["parity"]
+    assert p["passed"] and p["rows"] > 100 and p["edge_rows"] > 10 and p["max_abs_diff"] <= cfg.export.parity_tolerance, p
+    inputs = store_model_inputs(a)
+    kinds = {i["feature"]: i for i in inputs["vector_inputs"]}
+    assert kinds["history"]["sequence_length"] > 0 and kinds["C1"]["weight_column"] == "weight"
+    assert any(i["wide_of"] == "history" for i in inputs["vector_inputs"]), "the wide part of a sequence feature"
+    saved = tf.train.list_variables(os.path.join(a["serving"].uri, "store", "dense_model", "variables", "variables"))
+    assert not [(n, s) for n, s in saved if s and s[0] >= 1000], "a table inside the dense model"
+    assert any("top_mlp" in n for n, _ in saved)
+    assert store["rows"] == sum(t["rows"] for t in json.load(open(os.path.join(
+        a["serving"].uri, "tables", "tables_manifest.json")))["tables"].values())
+
+
+def store_model_inputs(a):
+    from components.embedding_exporter import store_model
+
+    return store_model.read_inputs(os.path.join(a["serving"].uri, "store", store_model.STORE_MODEL_DIR))
+
+
+@pytest.mark.slow(reason="the executors' chain on the feature showcase config, a second export and push")
+def test_sqlite_store_serves_the_pushed_rows_and_a_second_push_delta_in_place(chain, tmp_path):
+    """The pushed version's row files loaded into SQLite score eval rows as the pushed model does;
+    an export with float16 tables pushed next carries a delta against them, which applied in place
+    in SQLite gives that version's rows, and its scores."""
+    from components.data_io.examples_io import serialized_examples
+    from components.embedding_exporter import store_client, store_export
+    from components.embedding_exporter.export import export_serving_model
+    from components.embedding_exporter.serving import RawFeatureTransform
+    from components.model_registry import registry
+
+    cfg, a = chain
+    m = _manifest(a)
+    serving_dir = os.path.join(os.path.dirname(os.path.dirname(a["pushed"].uri)), "serving")
+    found = registry.lookup(serving_dir)
+    first, entry = found.served_model, found.entry
+    assert entry["store"]["delta"] is None and "load the full rows" in entry["store"]["delta_reason"]
+    raw = serialized_examples(os.path.join(a["examples"].uri, "Split-eval", "*"), 64)
+    inputs = RawFeatureTransform(m, m.vocabulary_dir).serving_inputs()
+    requests = store_export.with_edge_rows(store_export.example_requests(raw, inputs),
+                                           [i.column for i in inputs if i.dtype == "string"])
+    db = store_client.SqliteStore(str(tmp_path / "store.db"))
+    assert db.load_full(os.path.join(first, "store", "rows")) == entry["store"]["rows"]
+    assert np.abs(_store_scores(db, first, m, requests) - _full_scores(first, m, requests)).max() <= 1e-5
+
+    out = tmp_path / "second"  # the next export keeps float16 tables: rows rounded, most of them changed
+    export_serving_model(dataclasses.replace(cfg, export=dataclasses.replace(cfg.export, table_dtype="float16")),
+                         a["model"].uri, os.path.join(a["examples"].uri, "Split-eval", "*"), str(out))
+    second = registry.push(str(out / "Format-Serving"), serving_dir, dict(entry, run="second"),
+                           store_dir=str(out / "store"))
+    delta = second["store"]["delta"]
+    changed = sum(t["changed"] for t in delta["tables"].values())
+    assert delta["base_version"] == os.path.basename(first) and changed > 0 and delta["bytes_vs_full"] <= 1.05, delta
+    counts = db.apply_delta(os.path.join(second["serving_model"], "store", "delta"),
+                            os.path.join(second["serving_model"], "store", "rows"))
+    assert counts["put"] == changed + sum(t["new"] for t in delta["tables"].values())
+    assert sum(db.count(t) for t in db.tables) == second["store"]["rows"]
+    from pipelines.summary import store_line  # what the run's summary prints under the serving model
+    assert "no delta: no row files in the served version" in store_line(entry["store"])
+    line = store_line(second["store"])
+    assert f"delta against version {os.path.basename(first)}: " in line and " changed, " in line and "% of the full rows" in line
+    assert np.abs(_store_scores(db, second["serving_model"], m, requests)
+                  - _full_scores(second["serving_model"], m, requests)).max() <= 1e-5
 
 
 @pytest.mark.slow(reason="a whole local pipeline run")

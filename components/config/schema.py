@@ -200,6 +200,15 @@ class ExportLayoutConfig:
 
 
 @dataclass
+class StoreExportConfig:
+    """`export.store`: the tables as row files for a key-value store, their delta against the last
+    pushed version, and a dense model that takes looked-up vectors (docs/export.md, "Serving from a store")."""
+
+    enabled: bool = False
+    max_file_mib: int = 128  # a row file's size bound (shards are doubled until each file fits)
+
+
+@dataclass
 class ExportConfig:
     """The `export` section: how the serving model is checked, compressed and written."""
 
@@ -211,6 +220,7 @@ class ExportConfig:
     auc_sample_size: int = 20000  # eval examples the AUC (and its change under compression) is measured on
     write_tables: bool = True  # also write each table as a row-aligned .npy with a manifest
     layout: ExportLayoutConfig = field(default_factory=ExportLayoutConfig)
+    store: StoreExportConfig = field(default_factory=StoreExportConfig)
 
 
 @dataclass

@@ -314,6 +314,10 @@ def check_export_config(e: ExportConfig) -> None:
         check_positive(getattr(lay, name), f"export.layout.{name}", "leave it unset when not needed")
     if lay.kind == LayoutKind.C and lay.partition_strategy is None:
         raise ConfigError("export.layout.kind: C needs export.layout.partition_strategy (div or mod, as in training)")
+    check_positive(e.store.max_file_mib, "export.store.max_file_mib", "e.g. 128")
+    if e.store.enabled and not e.write_tables:
+        raise ConfigError("export.store.enabled: true needs export.write_tables: true (the row files are written "
+                          "from tables/)")
 
 
 def _check_validation(cfg: PipelineConfig) -> None:

@@ -98,3 +98,4 @@ SERVING_INPUTS_FILE = os.path.join("assets.extra", "serving_inputs.json")
 EXPORT_STAGING_DIR = "_incomplete_export"
 TABLES_DIR = "tables"
 TABLES_MANIFEST_FILE = "tables_manifest.json"
+STORE_DIR = "store"  # export.store: row files (rows/) and the dense model (dense_model/), pushed inside a version

@@ -45,6 +45,7 @@ from components.embedding_exporter import gate
 from components.embedding_exporter.scoring import score
 from components.embedding_model import layouts
 from components.embedding_exporter import tables as tables_lib
+from components.embedding_exporter import store_export
 from components.embedding_model.restore import (
     RERUN_TRAINER, ExportRefused, build_serving_model, dense_variables, load_tables, open_checkpoint_tables, restore_dense,
 )
@@ -704,13 +705,30 @@ def publish(ctx: ExportContext, output_uri: str, report: Dict[str, Any]) -> None
       output_uri: the serving Model artifact directory.
       report: the export report.
     """
-    for name in (artifacts.SERVING_DIR, artifacts.TABLES_DIR):
+    for name in (artifacts.SERVING_DIR, artifacts.TABLES_DIR, store_export.STORE_DIR):
         if tf.io.gfile.exists(os.path.join(ctx.staging, name)):
             _move(os.path.join(ctx.staging, name), os.path.join(output_uri, name))
         elif tf.io.gfile.exists(os.path.join(output_uri, name)):  # a previous export's: stale now
             tf.io.gfile.rmtree(os.path.join(output_uri, name))
     with tf.io.gfile.GFile(os.path.join(output_uri, artifacts.EXPORT_REPORT_FILE), "w") as fh:
         fh.write(json.dumps(report, indent=2, sort_keys=True))
+
+
+def _store_step(ctx: ExportContext) -> Optional[Dict[str, Any]]:
+    """`export.store.enabled`: the staged row files and dense model, refused when the store path's
+    scores differ from the serving model's (store_export.py); None when not enabled."""
+    if not ctx.cfg.export.store.enabled:
+        return None
+    section = store_export.write_store(ctx, ctx.staging)
+    ctx.clock.lap("store: row files, dense model, parity")
+    p = section["parity"]
+    if not p["passed"]:
+        w = p["worst"]
+        raise ExportRefused(
+            f"the store path (row files, pooled, through the dense model) differs from the serving model by "
+            f"{p['max_abs_diff']:.3g} > tolerance {p['tolerance']:g} (worst: request {w['row']}, serving "
+            f"{w['full_model']:.6f}, store {w['store']:.6f}); nothing exported")
+    return section
 
 
 def export_serving_model(
@@ -757,6 +775,7 @@ def export_serving_model(
         for dtype in compression_variants(ctx):
             compress(ctx, dtype)
         report = build_report(ctx)
+        report["store"] = _store_step(ctx)
         report["validation"] = validate(ctx, last_blessed)
         report["continuous"] = read_json_if_exists(os.path.join(ctx.model_uri, artifacts.CONTINUOUS_FILE))
         publish(ctx, output_uri, report)

@@ -400,6 +400,22 @@ class RawFeatureTransform(tf.Module):
         batch = tf.shape(next(iter(columns.values())), out_type=tf.int64)[0]
         return self._to_model_inputs(lambda c: ragged(columns[c]), stacked, batch, True)
 
+    def dense_from_feature_tensors(self, columns: Dict[str, tf.Tensor], batch: tf.Tensor) -> Dict[str, tf.Tensor]:
+        """The dense features' model inputs alone (rulebook D1-D5, as `from_feature_tensors`
+        applies them), for the dense store model (store_model.py): no table is reached.
+
+        Args:
+          columns: {dense column: float32 [batch]} (NaN = missing).
+          batch: the batch size, int64 scalar.
+        """
+        def stacked(names: List[str]) -> tf.RaggedTensor:
+            values = tf.reshape(tf.stack([columns[c] for c in names]), [-1])
+            present = tf.logical_not(tf.math.is_nan(values))
+            return tf.RaggedTensor.from_row_lengths(tf.boolean_mask(values, present), tf.cast(present, tf.int64),
+                                                    validate=False)
+
+        return self._dense(stacked, batch, True) if self._manifest.dense_features else {}
+
     def _tokens(self, values: tf.RaggedTensor, f: CategoricalFeatureEntry, from_json: bool) -> tf.RaggedTensor:
         """Raw values (or JSON strings) of one categorical column -> its tokens per row, rulebook
         T1-T4 (J1-J3): strings, or int64 values for a feature of an integer table (negative

@@ -148,6 +148,10 @@ class TableWriter:
             ),
             "combiner": plan_table.combiner,
             "features": list(plan_table.features),
+            # what row_files.py keys each row by (rulebook V1-V4)
+            "vocabulary_kind": str(vocab.kind),
+            "default_value": vocab.default_value,
+            "wide_of": plan_table.wide_of,
         }
         self.entries[name] = entry
         return entry

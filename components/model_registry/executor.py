@@ -250,7 +250,9 @@ class RegistryPusherExecutor(tfx_pusher.Executor):
         # first: a copy that fails (a full disk) then fails the Pusher before anything is registered,
         # and a push that fails takes itself back out (registry.push), so a failed Pusher serves nothing new.
         io_utils.copy_dir(self.GetModelPath(input_dict), model_push.uri)
-        entry = registry.push(self.GetModelPath(input_dict), serving_dir, fields)
+        store = os.path.join(model.uri, artifacts.STORE_DIR)  # export.store: row files and dense model, with their delta
+        entry = registry.push(self.GetModelPath(input_dict), serving_dir, fields,
+                              store_dir=store if io_utils.fileio.exists(os.path.join(store, registry.STORE_ROWS)) else None)
         logging.info("model pushed to %s and registered as %s", entry["serving_model"],
                      registry.entry_path(destination.filesystem.base_directory, entry["version"]))
         progress.phase(progress.PUSHER, f"pushed to {entry['serving_model']}")

@@ -46,6 +46,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from components.contracts.artifacts import STORE_DIR
+from components.data_io import row_delta, row_files
+
 REGISTRY_DIR = "_registry"
 ENTRY_FORMAT = 1
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")  # what makes a version loadable
@@ -429,7 +432,37 @@ def _claim(serving_dir: str, now: Optional[float]) -> Tuple[int, str]:
     return version, vdir
 
 
-def push(model_dir: str, serving_dir: str, entry: Dict[str, Any], now: Optional[float] = None) -> Dict[str, Any]:
+STORE_ROWS, STORE_DELTA = "rows", "delta"  # under artifacts.STORE_DIR
+
+
+def _served_dir(serving_dir: str) -> Optional[str]:
+    """The newest servable version directory, or None."""
+    for v in sorted(versions(serving_dir), reverse=True):
+        vdir = os.path.join(serving_dir, str(v))
+        if is_servable(vdir):
+            return vdir
+    return None
+
+
+def _push_store(store_dir: str, vdir: str, previous: Optional[str]) -> Dict[str, Any]:
+    """Copies an export's `store/` into the version, then writes its delta against the served
+    version's row files (row_delta.py) beside them; the entry's `store` section."""
+    target = os.path.join(vdir, STORE_DIR)
+    _fileio().makedirs(target)
+    _copy_tree(store_dir, target, ())
+    rows = row_files.read_manifest(os.path.join(target, STORE_ROWS))
+    base = os.path.join(previous, STORE_DIR, STORE_ROWS) if previous else None
+    if base is None or not _fileio().exists(os.path.join(base, row_files.ROWS_MANIFEST_FILE)):
+        return {"rows": rows["rows"], "row_file_bytes": rows["bytes"], "delta": None,
+                "delta_reason": "no row files in the served version: load the full rows"}
+    d = row_delta.write_delta(base, os.path.join(target, STORE_ROWS), os.path.join(target, STORE_DELTA))
+    return {"rows": rows["rows"], "row_file_bytes": rows["bytes"], "delta": {
+        "base_version": os.path.basename(previous.rstrip("/")), "bytes": d["bytes"], "bytes_vs_full": d["bytes_vs_full"],
+        "tables": {n: {k: t[k] for k in ("changed", "new", "deleted", "unchanged")} for n, t in d["tables"].items()}}}
+
+
+def push(model_dir: str, serving_dir: str, entry: Dict[str, Any], now: Optional[float] = None,
+         store_dir: Optional[str] = None) -> Dict[str, Any]:
     """Copies a SavedModel to a new version at a push destination and registers it.
 
     The module docstring gives the order of the writes.
@@ -439,6 +472,9 @@ def push(model_dir: str, serving_dir: str, entry: Dict[str, Any], now: Optional[
       serving_dir: the push destination.
       entry: the entry's fields, all but `format`, `version`, `serving_model` and `pushed_at`.
       now: the push time in seconds since the epoch; None is the current time.
+      store_dir: the export's `store/` (row files and dense model), pushed into the version as
+        `store/` with `store/delta/` against the served version's row files, before the entry and
+        `saved_model.pb`; None: none.
 
     Returns:
       The entry written.
@@ -455,11 +491,14 @@ def push(model_dir: str, serving_dir: str, entry: Dict[str, Any], now: Optional[
     missing = [k for k in REQUIRED_KEYS if k not in entry and k not in ("format", "version", "serving_model", "pushed_at")]
     if missing:
         raise ValueError(f"registry entry without {', '.join(missing)}")
+    previous = _served_dir(serving_dir) if store_dir else None
     version, vdir = _claim(serving_dir, now)
     full = dict(entry, format=ENTRY_FORMAT, version=str(version), serving_model=vdir,
                 pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now if now is not None else time.time())))
     try:
         _copy_tree(model_dir, vdir, SAVED_MODEL_FILES)
+        if store_dir:
+            full["store"] = _push_store(store_dir, vdir, previous)
         _write_whole(entry_path(serving_dir, str(version)), json.dumps(full, indent=2, sort_keys=True))
         for name in present:  # last, each whole: the version becomes loadable only now
             tmp = os.path.join(vdir, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
