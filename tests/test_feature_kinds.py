@@ -31,9 +31,10 @@ def _config(csv_path):
     raw["training"]["embedding"] = {"size_threshold": 100}
     raw["training"].update({"batch_size": 64, "train_steps": 40, "eval_steps": 5, "checkpoint_every_steps": 20,
                             "embedding_gradient_multiplier": {"value": 1.0, "schedule": {"warmup_steps": 10}}})
-    # row files, the dense model and their parity on every kind, wide parts (of sequences too) included
+    # row files (by a Beam pipeline), the dense model and their parity on every kind, wide parts (of
+    # sequences too) included
     raw["export"].update(compare_compression=False, auc_sample_size=500, parity_sample_size=256,
-                         store={"enabled": True, "max_file_mib": 1})
+                         store={"enabled": True, "max_file_mib": 1, "beam": True})
     raw["training"]["wide"] = {"enabled": True}
     raw["beam"] = {"direct_running_mode": "in_memory", "direct_num_workers": 1}
     raw["validation"] = dict(NO_GATE)

@@ -223,15 +223,13 @@ def schema(table: RowTable) -> pa.Schema:
     return pa.schema(fields)
 
 
-def chunk_batch(table: RowTable, start: int, stop: int, offsets: Optional[Sequence[int]] = None,
-                every: int = CHUNK_ROWS) -> pa.RecordBatch:
+def chunk_batch(table: RowTable, start: int, stop: int, line_offset: Optional[int] = None) -> pa.RecordBatch:
     """Rows [start, stop) of a table as a record batch of `schema(table)`.
 
     Args:
       table: the table.
-      start, stop: the row range; `start` a multiple of `every` when the table has a vocabulary file.
-      offsets: `line_offsets(table.vocabulary, every, vocabulary_size)` (vocabulary tables).
-      every: the line offsets' step.
+      start, stop: the row range.
+      line_offset: the byte offset of vocabulary line `start` (`line_offsets`; vocabulary tables).
     """
     n = stop - start
     ids = np.arange(start, stop, dtype=np.int64)
@@ -242,9 +240,9 @@ def chunk_batch(table: RowTable, start: int, stop: int, offsets: Optional[Sequen
     else:
         tokens = []
         if token_rows:
-            if offsets is None or start % every:
-                raise RowFilesError(f"table {table.name}: rows from {start} need the vocabulary's line offsets")
-            tokens = read_lines(table.vocabulary, offsets[start // every], token_rows)
+            if line_offset is None:
+                raise RowFilesError(f"table {table.name}: rows from {start} need the vocabulary's line offset")
+            tokens = read_lines(table.vocabulary, line_offset, token_rows)
         buckets = [str(b).encode() for b in range(max(start, table.vocabulary_size) - table.vocabulary_size,
                                                   stop - table.vocabulary_size)]
         try:
@@ -262,9 +260,21 @@ def chunk_batch(table: RowTable, start: int, stop: int, offsets: Optional[Sequen
     return pa.RecordBatch.from_arrays(columns, schema=schema(table))
 
 
-def chunks(table: RowTable, every: int = CHUNK_ROWS) -> List[Tuple[int, int]]:
-    """The table's row ranges of `every` rows."""
-    return [(s, min(s + every, table.rows)) for s in range(0, table.rows, every)]
+def chunks(table: RowTable, every: int = CHUNK_ROWS) -> List[Tuple[int, int, Optional[int]]]:
+    """The table's row ranges of `every` rows, each with its first vocabulary line's byte offset
+    (None past the vocabulary, or without one): one pass over the vocabulary file."""
+    offsets = line_offsets(table.vocabulary, every, table.vocabulary_size) if table.vocabulary else []
+    return [(s, min(s + every, table.rows), offsets[s // every] if s // every < len(offsets) and s < table.vocabulary_size
+             else None) for s in range(0, table.rows, every)]
+
+
+def spill_pieces(table: RowTable, start: int, stop: int, line_offset: Optional[int], shards: int
+                 ) -> Iterator[Tuple[int, pa.RecordBatch]]:
+    """A chunk's rows cut by shard (SHARD_RULE): (shard, its rows of the chunk)."""
+    batch = chunk_batch(table, start, stop, line_offset)
+    shard = shard_of(batch.column(0), shards)
+    for s in np.unique(shard):
+        yield int(s), batch.filter(pa.array(shard == s))
 
 
 def part_name(shard: int, shards: int) -> str:
@@ -338,17 +348,14 @@ def write_table_rows(table: RowTable, out_dir: str, max_file_bytes: int = DEFAUL
     """One table's row files in bounded memory: each chunk's rows spilled to their shard's Arrow
     stream in a temporary directory, then each shard sorted and written (`write_shard`)."""
     shards = shard_count(table, max_file_bytes)
-    offsets = line_offsets(table.vocabulary, every, table.vocabulary_size) if table.vocabulary else None
     spill = tempfile.mkdtemp(prefix=f"rows-{table.name}-")
     table_schema = schema(table)
     try:
         writers = [pa.ipc.new_stream(os.path.join(spill, str(s)), table_schema) for s in range(shards)]
         try:
-            for start, stop in chunks(table, every):
-                batch = chunk_batch(table, start, stop, offsets, every)
-                shard = shard_of(batch.column(0), shards)
-                for s in np.unique(shard):
-                    writers[s].write_batch(batch.filter(pa.array(shard == s)))
+            for start, stop, offset in chunks(table, every):
+                for s, piece in spill_pieces(table, start, stop, offset, shards):
+                    writers[s].write_batch(piece)
         finally:
             for w in writers:
                 w.close()

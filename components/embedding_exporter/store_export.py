@@ -19,7 +19,7 @@ import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
 
 from components.contracts import artifacts
-from components.data_io import row_files
+from components.data_io import row_files, row_files_beam
 from components.embedding_exporter import store_client, store_model
 from components.embedding_exporter.serving import RawFeatureTransform
 from components.model_registry import registry
@@ -111,8 +111,12 @@ def write_store(ctx, staging: str) -> Dict[str, Any]:
     """
     store_dir = os.path.join(staging, STORE_DIR)
     cfg = ctx.cfg.export.store
-    rows = row_files.write_row_files(os.path.join(staging, artifacts.TABLES_DIR), os.path.join(store_dir, ROWS_SUBDIR),
-                                     max_file_bytes=cfg.max_file_mib * 2**20)
+    tables, rows_dir = os.path.join(staging, artifacts.TABLES_DIR), os.path.join(store_dir, ROWS_SUBDIR)
+    if cfg.beam:  # the chunks spread over the workers of the run's Beam options (Dataflow for tens of millions of rows)
+        rows = row_files_beam.write_row_files_beam(tables, rows_dir, cfg.max_file_mib * 2**20,
+                                                   beam_args=ctx.cfg.beam_pipeline_args())
+    else:
+        rows = row_files.write_row_files(tables, rows_dir, max_file_bytes=cfg.max_file_mib * 2**20)
     progress.phase(progress.EXPORTER, f"store: {rows['rows']:,} rows of {len(rows['tables'])} tables as row files "
                                       f"({rows['bytes']:,} bytes)")
     transform = RawFeatureTransform(ctx.manifest, ctx.manifest.vocabulary_dir)
