@@ -231,6 +231,12 @@ def test_sqlite_store_serves_the_pushed_rows_and_a_second_push_delta_in_place(ch
     assert f"delta against version {os.path.basename(first)}: " in line and " changed, " in line and "% of the full rows" in line
     assert np.abs(_store_scores(db, second["serving_model"], m, requests)
                   - _full_scores(second["serving_model"], m, requests)).max() <= 1e-5
+    # int8 tables: int8 row files with their scales, held to the int8 serving model by the export's own check
+    report = export_serving_model(dataclasses.replace(cfg, export=dataclasses.replace(cfg.export, table_dtype="int8")),
+                                  a["model"].uri, os.path.join(a["examples"].uri, "Split-eval", "*"), str(tmp_path / "int8"))
+    assert report["store"]["parity"]["passed"] and report["store"]["parity"]["max_abs_diff"] <= 1e-5
+    stored = json.load(open(tmp_path / "int8" / "store" / "rows" / "rows_manifest.json"))["tables"].values()
+    assert {t["dtype"] for t in stored if not t["wide_of"]} == {"int8"}  # the wide parts' dim-1 tables stay float32
 
 
 @pytest.mark.slow(reason="a whole local pipeline run")
