@@ -440,7 +440,7 @@ def _local_run(cfg, out, stock=False):
 
 def _harness_run(spec, work, mode):
     """One run of the compiled spec through the harness and the artifacts it made."""
-    harness = LocalKfpRun(str(spec), str(work), mode=mode)
+    harness = LocalKfpRun(str(spec), str(work), mode=mode, fork_server=True)
     records = harness.run(log=lambda *_: None)
     out = {r["task"]: r["outputs"] for r in records}
     model = out["Trainer"]["model"][0]["uri"]
