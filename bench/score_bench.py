@@ -37,7 +37,7 @@ def read_only(inputs, path: str) -> int:
     report = batch_scoring.ScoreReport()
     rows = 0
     for batch, numbers in batch_scoring._csv_batches(path, columns, report):  # noqa: SLF001 - the scorer's reader
-        batch_scoring._features(batch, inputs)  # noqa: SLF001
+        batch_scoring.score_inputs(batch, inputs)
         rows += len(numbers)
     return rows
 

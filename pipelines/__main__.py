@@ -157,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--output", required=True, help="scores.parquet (or .csv): row, score and the carried columns")
     sc.add_argument("--carry", action="append", default=[], metavar="COLUMN",
                     help="an input column to copy beside each score, e.g. an ID (repeatable)")
+    sc.add_argument("--beam", action="store_true",
+                    help="score a Parquet file as a Beam job, one row group per work item (local processes by default)")
+    sc.add_argument("--beam-option", action="append", default=[], metavar="OPTION",
+                    help="a Beam option for --beam, e.g. --beam-option=--runner=DataflowRunner (repeatable)")
     ck = sub.add_parser("check-serving", help="load and answer a serving model as a stock TF Serving would (docs/export.md)")
     ck.add_argument("--model", required=True, help="a serving model directory, e.g. a pushed version")
     ck.add_argument("--json", action="store_true", help="print what the check found as JSON")
@@ -188,6 +192,7 @@ def score_command(args) -> int:
     """`score`: one line per million rows on stderr while it scores, then what it did (exit 2: refused)."""
     # lazy: pyarrow and TensorFlow load only for this command
     from components.embedding_exporter.batch_scoring import ScoreError, score_file
+    from components.embedding_exporter.batch_scoring_beam import LOCAL_BEAM_SCORING, score_file_beam
 
     shown = [0]
 
@@ -197,7 +202,11 @@ def score_command(args) -> int:
             print(f"scored {rows:,} rows", file=sys.stderr, flush=True)
 
     try:
-        report = score_file(args.model, args.input, args.output, carry=args.carry, on_batch=on_batch)
+        if args.beam:
+            report = score_file_beam(args.model, args.input, args.output, carry=args.carry,
+                                     beam_args=LOCAL_BEAM_SCORING + list(args.beam_option))
+        else:
+            report = score_file(args.model, args.input, args.output, carry=args.carry, on_batch=on_batch)
     except ScoreError as e:
         print(error_line(e), file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -43,9 +43,6 @@ def check_bulk_inference_config(cfg: PipelineConfig) -> None:
     path = cfg.bulk_inference.path
     if path is not None and not path.lower().endswith((".csv", ".parquet", ".pq")):
         raise ConfigError(f"bulk_inference.path: {path!r} is not a .csv or .parquet file; name the file to score")
-    if path is not None and "://" in path:  # batch_scoring reads local files (a mounted volume on Kubeflow)
-        raise ConfigError(f"bulk_inference.path: {path!r} is a remote file, which the scoring step does not read yet; "
-                          "name a local or mounted path")
     if cfg.bulk_inference.carry and path is None:
         raise ConfigError("bulk_inference.carry: set bulk_inference.path, the file whose columns it copies")
     if not splits and path is None:

@@ -57,6 +57,30 @@ def test_parquet_in_and_csv_out(toy_model, tmp_path):
     assert abs(float(lines[1].split(",")[1]) - _toy_expected(1.0, "ab")) < 1e-6
 
 
+def test_the_beam_job_scores_every_row_group_as_the_local_scorer_does(toy_model, tmp_path):
+    """batch_scoring_beam on Beam's local runner (2 threads): one work item per row group, the
+    parts streamed into the output in row order; the same rows, ids and scores as `score_file`."""
+    from components.embedding_exporter.batch_scoring_beam import score_file_beam
+
+    rng = np.random.default_rng(3)
+    n = 50
+    i1 = [None if k % 7 == 0 else float(v) for k, v in enumerate(rng.normal(size=n))]
+    names = [None if k % 5 == 0 else "x" * (k % 9) for k in range(n)]
+    pq.write_table(pa.table({"id": [f"u{k}" for k in range(n)], "I1": i1, "Class Name": names}),
+                   tmp_path / "in.parquet", row_group_size=8)  # 7 row groups
+    local = score_file(toy_model, str(tmp_path / "in.parquet"), str(tmp_path / "local.parquet"), carry=["id"])
+    report = score_file_beam(toy_model, str(tmp_path / "in.parquet"), str(tmp_path / "beam.parquet"), carry=["id"],
+                             beam_args=["--runner=DirectRunner", "--direct_running_mode=multi_threading",
+                                        "--direct_num_workers=2"])
+    a, b = pq.read_table(tmp_path / "local.parquet").to_pydict(), pq.read_table(tmp_path / "beam.parquet").to_pydict()
+    assert b["row"] == list(range(n)) and b["id"] == a["id"] and report.rows_scored == local.rows_scored == n
+    np.testing.assert_allclose(b["score"], a["score"], rtol=1e-6)
+    assert sorted(os.listdir(tmp_path)) == ["beam.parquet", "in.parquet", "local.parquet"]  # no parts, no temporary
+    (tmp_path / "in.csv").write_text(CSV)
+    with pytest.raises(ScoreError, match="--beam scores Parquet files"):
+        score_file_beam(toy_model, str(tmp_path / "in.csv"), str(tmp_path / "x.parquet"))
+
+
 def test_a_missing_column_is_refused_before_scoring_and_nothing_is_written(toy_model, tmp_path):
     (tmp_path / "in.csv").write_text("id,I1\n1,2\n")
     with pytest.raises(ScoreError, match=r"lacks the column\(s\) 'Class Name' the model reads"):
@@ -172,13 +196,34 @@ def test_bulk_inference_path_adds_the_step_and_is_checked(tmp_path):
     (tmp_path / "cfg.yaml").write_text(json.dumps(raw))
     cfg = load_config(str(tmp_path / "cfg.yaml"))
     assert cfg.bulk_inference.path == str(tmp_path / "new" / "rows.parquet")  # relative to the config file
+    raw["bulk_inference"]["path"] = "gs://bucket/new/rows.parquet"  # a remote file: read through tf.io.gfile
+    assert parse_config(raw).bulk_inference.path == "gs://bucket/new/rows.parquet"
+    raw["bulk_inference"]["path"] = "new/rows.parquet"
     p = create_pipeline(cfg, pipeline_root=str(tmp_path / "root"), metadata_path=None, serving_dir=str(tmp_path / "s"))
     ids = [c.id for c in p.components]
     assert "FileScoring" in ids and "BulkInferrer" not in ids, ids
     for bad, message in (({"path": "rows.txt"}, "is not a .csv or .parquet file"),
-                         ({"path": "gs://b/rows.csv"}, "is a remote file, which the scoring step does not read yet"),
                          ({"path": None, "carry": ["id"]}, "bulk_inference.carry: set bulk_inference.path"),
                          ({"path": None, "splits": []}, "or a file (bulk_inference.path)")):
         raw["bulk_inference"] = dict({"enabled": True, "splits": ["eval"]}, **bad)
         with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
             parse_config(raw)
+
+
+def test_a_remote_input_and_output_are_read_and_written_through_tensorflows_file_systems(toy_model, tmp_path):
+    """TensorFlow's own `ram://` file system stands for gs://: the CSV read through it (the header
+    by ExampleGen's rule), the scores uploaded whole to a temporary name and renamed."""
+    tf.io.gfile.makedirs("ram://bucket/in")
+    with tf.io.gfile.GFile("ram://bucket/in/in.csv", "w") as fh:
+        fh.write(CSV)
+    report = score_file(toy_model, "ram://bucket/in/in.csv", "ram://bucket/out/scores.parquet", carry=["id"])
+    with tf.io.gfile.GFile("ram://bucket/out/scores.parquet", "rb") as fh:
+        out = pq.read_table(pa.BufferReader(fh.read())).to_pydict()
+    assert out["row"] == [0, 1, 3, 4] and out["id"] == ["7", "8", "10", "11"] and report.malformed == [2]
+    assert tf.io.gfile.listdir("ram://bucket/out") == ["scores.parquet"]
+    with pytest.raises(ScoreError, match="lacks the column"):
+        with tf.io.gfile.GFile("ram://bucket/in/bad.csv", "w") as fh:
+            fh.write("id,other\n1,2\n")
+        score_file(toy_model, "ram://bucket/in/bad.csv", "ram://bucket/out/x.parquet")
+    with pytest.raises(ScoreError, match="no such file"):
+        score_file(toy_model, "ram://bucket/in/none.csv", "ram://bucket/out/x.parquet")

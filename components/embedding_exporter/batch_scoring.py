@@ -23,9 +23,12 @@
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import queue
+import shutil
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,11 +42,29 @@ import pyarrow.parquet as pq
 
 from components.contracts.artifacts import SERVING_INPUTS_FILE
 from components.data_io.safe_files import new_file
-from components.example_gen.header import read_csv_header
+from components.data_io.streams import RawReader
+from components.example_gen.header import csv_header, read_csv_header
 
 BATCH_ROWS = 65_536  # rows scored at a time: what memory holds of the file
 SIGNATURE = "serve_features"
 MAX_NAMED = 5  # malformed rows named in the report
+
+
+def is_remote(path: str) -> bool:
+    """A path of a file system TensorFlow reads (gs://, s3://, ram:// ...), not a local one."""
+    return "://" in path
+
+
+def gfile():
+    """tf.io.gfile: every file system TensorFlow reads (local, gs://, ...)."""
+    import tensorflow as tf  # lazy: pyarrow's readers need none of it; TensorFlow loads with the model anyway
+
+    return tf.io.gfile
+
+
+def source(path: str):
+    """What the readers open: a local path as it is, a remote file as a buffered stream."""
+    return io.BufferedReader(RawReader(gfile().GFile(path, "rb"), seekable=True), buffer_size=8 << 20) if is_remote(path) else path
 
 
 class ScoreError(ValueError):
@@ -80,8 +101,8 @@ class ScoreReport:
 def model_inputs(model_dir: str, signature) -> List[ModelInput]:
     """The model's inputs: its recorded serving inputs, else its `serve_features` signature's."""
     path = os.path.join(model_dir, SERVING_INPUTS_FILE)
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as fh:
+    if gfile().exists(path):  # a pushed version may be remote (gs://)
+        with gfile().GFile(path) as fh:
             entries = json.load(fh)["serving_inputs"]
         return [ModelInput(e["input"], e["column"], e["dtype"]) for e in entries]
     specs = signature.structured_input_signature[1]
@@ -105,7 +126,8 @@ def load_scorer(model_dir: str) -> Tuple[Callable, List[ModelInput]]:
     return fn, model_inputs(model_dir, fn)
 
 
-def _input_format(path: str) -> str:
+def input_format(path: str) -> str:
+    """`parquet` or `csv`, by the file's name."""
     if path.lower().endswith((".parquet", ".pq")):
         return "parquet"
     if path.lower().endswith(".csv"):
@@ -115,8 +137,11 @@ def _input_format(path: str) -> str:
 
 def available_columns(path: str) -> List[str]:
     """The input file's column names (a CSV file's header, a Parquet file's schema)."""
-    if _input_format(path) == "parquet":
-        return list(pq.ParquetFile(path).schema_arrow.names)
+    if input_format(path) == "parquet":
+        return list(pq.ParquetFile(source(path)).schema_arrow.names)
+    if is_remote(path):
+        with source(path) as fh:
+            return csv_header(fh) or []
     return read_csv_header(path) or []  # ExampleGen's header rule (a byte-order mark, quoted names)
 
 
@@ -140,7 +165,7 @@ def _csv_batches(path: str, columns: List[str], report: ScoreReport) -> Iterator
         return "skip"
 
     reader = pcsv.open_csv(
-        path, read_options=pcsv.ReadOptions(block_size=8 << 20, use_threads=False),
+        source(path), read_options=pcsv.ReadOptions(block_size=8 << 20, use_threads=False),
         parse_options=pcsv.ParseOptions(newlines_in_values=True, invalid_row_handler=malformed),
         convert_options=pcsv.ConvertOptions(include_columns=columns, column_types={c: pa.string() for c in columns},
                                             strings_can_be_null=False, quoted_strings_can_be_null=False))
@@ -159,7 +184,7 @@ def _csv_batches(path: str, columns: List[str], report: ScoreReport) -> Iterator
 
 def _parquet_batches(path: str, columns: List[str]) -> Iterator[Tuple[pa.RecordBatch, np.ndarray]]:
     position = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS, columns=columns):
+    for batch in pq.ParquetFile(source(path)).iter_batches(batch_size=BATCH_ROWS, columns=columns):
         yield batch, np.arange(position, position + batch.num_rows, dtype=np.int64)
         position += batch.num_rows
 
@@ -185,7 +210,8 @@ def _as_text(column: pa.Array) -> np.ndarray:
     return pc.fill_null(column.cast(pa.binary()), b"").to_numpy(zero_copy_only=False)
 
 
-def _features(batch: pa.RecordBatch, inputs: Sequence[ModelInput]) -> Dict[str, np.ndarray]:
+def score_inputs(batch: pa.RecordBatch, inputs: Sequence[ModelInput]) -> Dict[str, np.ndarray]:
+    """A batch's columns as the model's `serve_features` inputs."""
     cols = {name: batch.column(i) for i, name in enumerate(batch.schema.names)}
     return {i.input: (_as_float32(cols[i.column]) if i.dtype == "float32" else _as_text(cols[i.column]))
             for i in inputs}
@@ -219,12 +245,15 @@ def _prefetched(batches: Iterator[Any], report: ScoreReport, depth: int = 2) -> 
         yield item
 
 
-class _Writer:
+class OutputWriter:
     """The output, written to a temporary name beside it and renamed when complete."""
 
     def __init__(self, path: str, carry: Sequence[str]):
         self.path, self.carry = path, list(carry)
-        self.tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp-{os.getpid()}")
+        # a remote output is written locally, then uploaded to a temporary name and renamed
+        self.local_dir = tempfile.mkdtemp(prefix="scores-") if is_remote(path) else None
+        folder = self.local_dir or os.path.dirname(os.path.abspath(path))
+        self.tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
         self.fh = new_file(self.tmp)  # never through a link planted at the temporary name
         self.csv = path.lower().endswith(".csv")
         self.writer = None
@@ -241,11 +270,43 @@ class _Writer:
             if self.writer is not None:
                 self.writer.close()
             self.fh.close()
-            if ok:
+            if ok and self.local_dir:
+                _upload(self.tmp, self.path)
+            elif ok:
                 os.replace(self.tmp, self.path)  # a link at the output's name is replaced, not followed
         finally:
             if os.path.lexists(self.tmp):
                 os.unlink(self.tmp)
+            if self.local_dir:
+                shutil.rmtree(self.local_dir, ignore_errors=True)
+
+
+def _upload(local: str, path: str) -> None:
+    """A local file to a remote path, whole: copied to a temporary name beside it, then renamed."""
+    fs = gfile()
+    fs.makedirs(os.path.dirname(path))
+    tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.tmp-{os.getpid()}"
+    try:
+        fs.copy(local, tmp, overwrite=True)
+        fs.rename(tmp, path, overwrite=True)
+    finally:
+        if fs.exists(tmp):
+            fs.remove(tmp)
+
+
+def check_paths(input_path: str, output_path: str) -> None:
+    """Refuses an input that is no file and a local output whose folder does not exist (a remote
+    output's folder is made as the file is written: object stores have none)."""
+    if is_remote(input_path):
+        if not gfile().exists(input_path) or gfile().isdir(input_path):
+            raise ScoreError(f"--input {input_path}: no such file")
+    elif not os.path.isfile(input_path):
+        raise ScoreError(f"--input {input_path}: no such file")
+    if is_remote(output_path):
+        return
+    out_dir = os.path.dirname(os.path.abspath(output_path))
+    if not os.path.isdir(out_dir):
+        raise ScoreError(f"--output {output_path}: its folder {out_dir} does not exist")
 
 
 def score_file(model_dir: str, input_path: str, output_path: str, carry: Sequence[str] = (),
@@ -265,21 +326,17 @@ def score_file(model_dir: str, input_path: str, output_path: str, carry: Sequenc
     Raises:
       ScoreError: the model, a column or the output cannot be used (one line, before any scoring).
     """
-    fmt = _input_format(input_path)
-    if not os.path.isfile(input_path):
-        raise ScoreError(f"--input {input_path}: no such file")
-    out_dir = os.path.dirname(os.path.abspath(output_path))
-    if not os.path.isdir(out_dir):
-        raise ScoreError(f"--output {output_path}: its folder {out_dir} does not exist")
+    fmt = input_format(input_path)
+    check_paths(input_path, output_path)
     fn, inputs = load_scorer(model_dir)
     check_columns(input_path, inputs, carry)
     columns = sorted({i.column for i in inputs} | set(carry))
     report, start = ScoreReport(output=output_path), time.perf_counter()
     batches = _csv_batches(input_path, columns, report) if fmt == "csv" else _parquet_batches(input_path, columns)
-    writer, ok = _Writer(output_path, carry), False
+    writer, ok = OutputWriter(output_path, carry), False
     try:
         for batch, rows in _prefetched(batches, report):
-            scores = fn(**_features(batch, inputs))["probabilities"].numpy().reshape(-1)
+            scores = fn(**score_inputs(batch, inputs))["probabilities"].numpy().reshape(-1)
             writer.write(rows, scores, batch)
             report.rows_scored += len(rows)
             if on_batch is not None:

@@ -21,10 +21,15 @@ def read_csv_header(path: str) -> Optional[List[str]]:
     (`ranges._data_start`: a line that is not empty or a lone carriage return), so that both agree
     on where the rows start; None for a file with no bytes (or only blank lines)."""
     with open_decompressed(path) as fh:
-        text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="replace", newline="")
-        for row in csv.reader(text):
-            if row:  # csv.reader gives [] for an empty line only
-                return row
+        return csv_header(fh)
+
+
+def csv_header(fh) -> Optional[List[str]]:
+    """`read_csv_header` of an open binary stream (the file's decompressed bytes)."""
+    text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="replace", newline="")
+    for row in csv.reader(text):
+        if row:  # csv.reader gives [] for an empty line only
+            return row
     return None
 
 

@@ -29,6 +29,7 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from components.data_io.streams import RawReader
 from components.rows import row_counts
 
 SCAN_BLOCK = 8 << 20
@@ -80,28 +81,6 @@ def _open(path: str):
     return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
 
 
-class _DecompressedFile(io.RawIOBase):
-    """A file handle of Beam's as a standard raw stream: Beam's decompressing handle
-    (`CompressedFile`) has no `readinto` or `writable`, and its `closed` is a method, which
-    `io.TextIOWrapper` and pyarrow's readers take for a closed file."""
-
-    def __init__(self, fh):
-        self._fh = fh
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        data = self._fh.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        if not self.closed:
-            self._fh.close()
-        super().close()
-
-
 def open_decompressed(path: str) -> io.BufferedReader:
     """Opens a file for reading, decompressed by its extension (`.gz`, `.bz2`, ... as Beam's
     FileSystems detect them).
@@ -112,7 +91,7 @@ def open_decompressed(path: str) -> io.BufferedReader:
     Returns:
       A buffered binary stream of the file's decompressed bytes; close it (or use `with`).
     """
-    return io.BufferedReader(_DecompressedFile(FileSystems.open(path)), buffer_size=1 << 20)
+    return io.BufferedReader(RawReader(FileSystems.open(path)), buffer_size=1 << 20)
 
 
 def count_quotes(r: ByteRange) -> Tuple[Tuple[str, int], Tuple[int, int]]:

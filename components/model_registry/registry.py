@@ -47,7 +47,6 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from components.contracts.artifacts import STORE_DIR
-from components.data_io import row_delta, row_files
 
 REGISTRY_DIR = "_registry"
 ENTRY_FORMAT = 1
@@ -447,6 +446,11 @@ def _served_dir(serving_dir: str) -> Optional[str]:
 def _push_store(store_dir: str, vdir: str, previous: Optional[str]) -> Dict[str, Any]:
     """Copies an export's `store/` into the version, then writes its delta against the served
     version's row files (row_delta.py) beside them; the entry's `store` section."""
+    # The registry's importers (the summary; the runner, before it quiets TensorFlow's logs) must
+    # not load TensorFlow, which the row files do.
+    # lazy: TensorFlow only for a push with a store
+    from components.data_io import row_delta, row_files
+
     target = os.path.join(vdir, STORE_DIR)
     _fileio().makedirs(target)
     _copy_tree(store_dir, target, ())
