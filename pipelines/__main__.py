@@ -157,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--output", required=True, help="scores.parquet (or .csv): row, score and the carried columns")
     sc.add_argument("--carry", action="append", default=[], metavar="COLUMN",
                     help="an input column to copy beside each score, e.g. an ID (repeatable)")
+    sc.add_argument("--delimiter", default=",", metavar="CHAR",
+                    help="a CSV file's field separator (default a comma, as ExampleGen reads; e.g. ';' or $'\\t')")
     sc.add_argument("--beam", action="store_true",
                     help="score a Parquet file as a Beam job, one row group per work item (local processes by default)")
     sc.add_argument("--beam-option", action="append", default=[], metavar="OPTION",
@@ -206,7 +208,8 @@ def score_command(args) -> int:
             report = score_file_beam(args.model, args.input, args.output, carry=args.carry,
                                      beam_args=LOCAL_BEAM_SCORING + list(args.beam_option))
         else:
-            report = score_file(args.model, args.input, args.output, carry=args.carry, on_batch=on_batch)
+            report = score_file(args.model, args.input, args.output, carry=args.carry, on_batch=on_batch,
+                                delimiter=args.delimiter)
     except ScoreError as e:
         print(error_line(e), file=sys.stderr)
         return EXIT_BAD_INPUT

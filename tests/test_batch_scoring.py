@@ -48,6 +48,20 @@ def test_a_csv_file_is_scored_row_by_row_with_its_row_numbers_and_carried_ids(to
     assert [n for n in os.listdir(tmp_path) if ".tmp" in n] == []
 
 
+def test_another_delimiter_is_read_as_commas_are_and_a_bad_one_refused(toy_model, tmp_path):
+    """`--delimiter ';'`: the same rows and scores as the comma file; quoting and line breaks alike."""
+    (tmp_path / "in.csv").write_text(CSV)
+    (tmp_path / "semi.csv").write_text(CSV.replace(",", ";").replace("free text; with a comma", "free text, with a comma"))
+    score_file(toy_model, str(tmp_path / "in.csv"), str(tmp_path / "a.parquet"), carry=["id"])
+    report = score_file(toy_model, str(tmp_path / "semi.csv"), str(tmp_path / "b.parquet"), carry=["id"], delimiter=";")
+    assert pq.read_table(tmp_path / "b.parquet").equals(pq.read_table(tmp_path / "a.parquet")) and report.malformed == [2]
+    for bad in (";;", '"', ""):
+        with pytest.raises(ScoreError, match="--delimiter"):
+            score_file(toy_model, str(tmp_path / "semi.csv"), str(tmp_path / "c.parquet"), delimiter=bad)
+    with pytest.raises(ScoreError, match="lacks the column"):  # a semicolon file read with commas: one column
+        score_file(toy_model, str(tmp_path / "semi.csv"), str(tmp_path / "c.parquet"))
+
+
 def test_parquet_in_and_csv_out(toy_model, tmp_path):
     pq.write_table(pa.table({"I1": pa.array([1.0, None], pa.float64()), "Class Name": ["ab", None],
                              "other": [1, 2]}), tmp_path / "in.parquet")

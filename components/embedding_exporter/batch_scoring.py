@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 from components.contracts.artifacts import SERVING_INPUTS_FILE
 from components.data_io.safe_files import new_file
 from components.data_io.streams import RawReader
-from components.example_gen.header import csv_header, read_csv_header
+from components.example_gen.header import csv_header
 
 BATCH_ROWS = 65_536  # rows scored at a time: what memory holds of the file
 SIGNATURE = "serve_features"
@@ -135,19 +135,18 @@ def input_format(path: str) -> str:
     raise ScoreError(f"--input {path}: name a .csv or .parquet file")
 
 
-def available_columns(path: str) -> List[str]:
-    """The input file's column names (a CSV file's header, a Parquet file's schema)."""
+def available_columns(path: str, delimiter: str = ",") -> List[str]:
+    """The input file's column names (a CSV file's header, by ExampleGen's rule: a byte-order mark,
+    quoted names; a Parquet file's schema)."""
     if input_format(path) == "parquet":
         return list(pq.ParquetFile(source(path)).schema_arrow.names)
-    if is_remote(path):
-        with source(path) as fh:
-            return csv_header(fh) or []
-    return read_csv_header(path) or []  # ExampleGen's header rule (a byte-order mark, quoted names)
+    with (source(path) if is_remote(path) else open(path, "rb")) as fh:
+        return csv_header(fh, delimiter) or []
 
 
-def check_columns(path: str, inputs: Sequence[ModelInput], carry: Sequence[str]) -> None:
+def check_columns(path: str, inputs: Sequence[ModelInput], carry: Sequence[str], delimiter: str = ",") -> None:
     """Refuses, before anything is scored, a file without a column the model needs or one asked to carry."""
-    have = set(available_columns(path))
+    have = set(available_columns(path, delimiter))
     missing = [i.column for i in inputs if i.column not in have]
     if missing:
         raise ScoreError(f"--input {path} lacks the column(s) {', '.join(repr(c) for c in missing)} the model reads; "
@@ -157,7 +156,8 @@ def check_columns(path: str, inputs: Sequence[ModelInput], carry: Sequence[str])
         raise ScoreError(f"--carry {', '.join(absent)}: not a column of {path}")
 
 
-def _csv_batches(path: str, columns: List[str], report: ScoreReport) -> Iterator[Tuple[pa.RecordBatch, np.ndarray]]:
+def _csv_batches(path: str, columns: List[str], report: ScoreReport, delimiter: str = ","
+                 ) -> Iterator[Tuple[pa.RecordBatch, np.ndarray]]:
     skipped: List[int] = []
 
     def malformed(row) -> str:
@@ -166,7 +166,7 @@ def _csv_batches(path: str, columns: List[str], report: ScoreReport) -> Iterator
 
     reader = pcsv.open_csv(
         source(path), read_options=pcsv.ReadOptions(block_size=8 << 20, use_threads=False),
-        parse_options=pcsv.ParseOptions(newlines_in_values=True, invalid_row_handler=malformed),
+        parse_options=pcsv.ParseOptions(delimiter=delimiter, newlines_in_values=True, invalid_row_handler=malformed),
         convert_options=pcsv.ConvertOptions(include_columns=columns, column_types={c: pa.string() for c in columns},
                                             strings_can_be_null=False, quoted_strings_can_be_null=False))
     position, seen = 0, 0  # the next data row number not yet given to a parsed row; skipped rows before it
@@ -310,7 +310,7 @@ def check_paths(input_path: str, output_path: str) -> None:
 
 
 def score_file(model_dir: str, input_path: str, output_path: str, carry: Sequence[str] = (),
-               on_batch: Optional[Callable[[int], None]] = None) -> ScoreReport:
+               on_batch: Optional[Callable[[int], None]] = None, delimiter: str = ",") -> ScoreReport:
     """Scores every row of `input_path` with the serving model in `model_dir` into `output_path`.
 
     Args:
@@ -319,6 +319,8 @@ def score_file(model_dir: str, input_path: str, output_path: str, carry: Sequenc
       output_path: the scores' file (.parquet, or .csv).
       carry: input columns copied beside each score (an ID).
       on_batch: called with the rows scored so far after each batch (live progress).
+      delimiter: a CSV file's field separator, one character (ExampleGen's: a comma); quoting and
+        quoted line breaks as ExampleGen reads them.
 
     Returns:
       The report (rows read, scored, malformed, seconds).
@@ -329,10 +331,13 @@ def score_file(model_dir: str, input_path: str, output_path: str, carry: Sequenc
     fmt = input_format(input_path)
     check_paths(input_path, output_path)
     fn, inputs = load_scorer(model_dir)
-    check_columns(input_path, inputs, carry)
+    if len(delimiter) != 1 or delimiter in '"\r\n':
+        raise ScoreError(f"--delimiter {delimiter!r}: one character, not a quote or a line break (e.g. ';' or a tab)")
+    check_columns(input_path, inputs, carry, delimiter)
     columns = sorted({i.column for i in inputs} | set(carry))
     report, start = ScoreReport(output=output_path), time.perf_counter()
-    batches = _csv_batches(input_path, columns, report) if fmt == "csv" else _parquet_batches(input_path, columns)
+    batches = (_csv_batches(input_path, columns, report, delimiter) if fmt == "csv"
+               else _parquet_batches(input_path, columns))
     writer, ok = OutputWriter(output_path, carry), False
     try:
         for batch, rows in _prefetched(batches, report):

@@ -24,10 +24,11 @@ def read_csv_header(path: str) -> Optional[List[str]]:
         return csv_header(fh)
 
 
-def csv_header(fh) -> Optional[List[str]]:
-    """`read_csv_header` of an open binary stream (the file's decompressed bytes)."""
+def csv_header(fh, delimiter: str = ",") -> Optional[List[str]]:
+    """`read_csv_header` of an open binary stream (the file's decompressed bytes), fields split at
+    `delimiter` (ExampleGen's: a comma)."""
     text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="replace", newline="")
-    for row in csv.reader(text):
+    for row in csv.reader(text, delimiter=delimiter):
         if row:  # csv.reader gives [] for an empty line only
             return row
     return None
