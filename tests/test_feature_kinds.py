@@ -214,10 +214,11 @@ def test_sqlite_store_serves_the_pushed_rows_and_a_second_push_delta_in_place(ch
     assert np.abs(_store_scores(db, first, m, requests) - _full_scores(first, m, requests)).max() <= 1e-5
 
     out = tmp_path / "second"  # the next export keeps float16 tables: rows rounded, most of them changed
-    export_serving_model(dataclasses.replace(cfg, export=dataclasses.replace(cfg.export, table_dtype="float16")),
-                         a["model"].uri, os.path.join(a["examples"].uri, "Split-eval", "*"), str(out))
+    exported = export_serving_model(dataclasses.replace(cfg, export=dataclasses.replace(cfg.export, table_dtype="float16")),
+                                    a["model"].uri, os.path.join(a["examples"].uri, "Split-eval", "*"), str(out))
+    assert exported["store"]["beam_args"]  # export.store.beam: the Pusher writes the delta by Beam too
     second = registry.push(str(out / "Format-Serving"), serving_dir, dict(entry, run="second"),
-                           store_dir=str(out / "store"))
+                           store_dir=str(out / "store"), store_beam_args=exported["store"]["beam_args"])
     delta = second["store"]["delta"]
     changed = sum(t["changed"] for t in delta["tables"].values())
     assert delta["base_version"] == os.path.basename(first) and changed > 0 and delta["bytes_vs_full"] <= 1.05, delta

@@ -144,3 +144,19 @@ def test_the_beam_pipeline_writes_the_same_files(tmp_path):
     beam = row_files_beam.write_row_files_beam(str(tables), str(tmp_path / "beam"), max_file_bytes=100, every=2)
     assert beam == local and local["tables"]["V"]["shards"] > 1
     assert not (tmp_path / "beam" / row_files_beam.ENTRIES_DIR).exists()
+
+
+def test_the_delta_as_a_beam_job_is_the_same_delta(tmp_path):
+    """row_delta.write_delta with row_files_beam.delta_runner: one shard pair per work item on Beam's
+    local runner, the same manifest and files as in one process."""
+    from components.data_io import row_files_beam
+
+    old_tables, _ = _export(tmp_path / "old")
+    new_tables, _ = _export(tmp_path / "new", tokens=(b"a", b"d", b"e"), changed=[("I", 2)])
+    row_files.write_row_files(str(old_tables), str(tmp_path / "r0"), max_file_bytes=100)
+    row_files.write_row_files(str(new_tables), str(tmp_path / "r1"), max_file_bytes=100)
+    here = row_delta.write_delta(str(tmp_path / "r0"), str(tmp_path / "r1"), str(tmp_path / "d0"))
+    beam = row_delta.write_delta(str(tmp_path / "r0"), str(tmp_path / "r1"), str(tmp_path / "d1"),
+                                 run=row_files_beam.delta_runner())
+    assert beam == here and here["tables"]["V"]["deleted"] == 3 and here["tables"]["I"]["changed"] == 1
+    assert not (tmp_path / "d1" / row_files_beam.ENTRIES_DIR).exists()

@@ -206,7 +206,7 @@ class StoreExportConfig:
 
     enabled: bool = False
     max_file_mib: int = 128  # a row file's size bound (shards are doubled until each file fits)
-    beam: bool = False  # write the row files with a Beam pipeline of the `beam` section's options (Dataflow)
+    beam: bool = False  # the row files and their delta by Beam pipelines of the `beam` section's options (Dataflow)
 
 
 @dataclass

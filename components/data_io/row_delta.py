@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -139,31 +139,61 @@ def _manifest_sha256(rows_dir: str) -> str:
     return file_sha256(os.path.join(rows_dir, row_files.ROWS_MANIFEST_FILE), row_files.open_binary)
 
 
-def _table_delta(old_dir: str, new_dir: str, out_dir: str, table: str, old_entry, new_entry) -> Dict[str, Any]:
-    """One table's delta files and counts."""
-    entry = new_entry or old_entry
-    shards = int(entry["shards"])
-    counts = {"changed": 0, "new": 0, "deleted": 0, "unchanged": 0}
-    files: List[Dict[str, Any]] = []
-    for s in range(shards):
-        if new_entry is None:  # a dropped table: its previous shards, all deleted
-            new = None
-            old = row_files.read_shard(old_dir, table, old_entry["files"][s]["file"])
-            table_schema = old.schema
-        else:
-            new = row_files.read_shard(new_dir, table, new_entry["files"][s]["file"])
-            table_schema = new.schema
-            old = _old_rows_for(old_dir, old_entry, table, s, shards)
-        d = shard_delta(old, new, table_schema)
-        for k in counts:
-            counts[k] += d[k]
-        files.append(row_files.write_parquet(d["rows"], os.path.join(named_file(out_dir, table, ""), row_files.part_name(s, shards))))
-    return dict(counts, table=table, shards=shards, files=files, put=counts["changed"] + counts["new"],
+def shard_job(old_dir: str, new_dir: str, out_dir: str, job: Tuple[str, Optional[Dict[str, Any]],
+              Optional[Dict[str, Any]], int]) -> Dict[str, Any]:
+    """One shard's delta file, from a job of `jobs`; its counts and file entry. What a worker runs."""
+    table, old_entry, new_entry, s = job
+    shards = int((new_entry or old_entry)["shards"])
+    if new_entry is None:  # a dropped table: its previous shards, all deleted
+        new = None
+        old = row_files.read_shard(old_dir, table, old_entry["files"][s]["file"])
+        table_schema = old.schema
+    else:
+        new = row_files.read_shard(new_dir, table, new_entry["files"][s]["file"])
+        table_schema = new.schema
+        old = _old_rows_for(old_dir, old_entry, table, s, shards)
+    d = shard_delta(old, new, table_schema)
+    path = os.path.join(named_file(out_dir, table, ""), row_files.part_name(s, shards))
+    return {"table": table, "shard": s, "file": row_files.write_parquet(d["rows"], path),
+            **{k: d[k] for k in ("changed", "new", "deleted", "unchanged")}}
+
+
+def jobs(old_manifest: Dict[str, Any], new_manifest: Dict[str, Any]) -> List[Tuple[str, Any, Any, int]]:
+    """Every (table, previous entry, this entry, shard) the delta is made of: this export's shards,
+    a dropped table's previous ones."""
+    out = []
+    for name in sorted(set(old_manifest["tables"]) | set(new_manifest["tables"])):
+        old_e, new_e = old_manifest["tables"].get(name), new_manifest["tables"].get(name)
+        out += [(name, old_e, new_e, s) for s in range(int((new_e or old_e)["shards"]))]
+    return out
+
+
+def run_here(old_dir: str, new_dir: str, out_dir: str, todo: List[Tuple[str, Any, Any, int]]) -> List[Dict[str, Any]]:
+    """The jobs one after the other in this process (one shard pair in memory at a time)."""
+    return [shard_job(old_dir, new_dir, out_dir, job) for job in todo]
+
+
+def _table_totals(name: str, results: List[Dict[str, Any]], old_rows: int, new_rows: int) -> Dict[str, Any]:
+    """A table's delta entry from its shards' results; its counts must add up to both exports' rows."""
+    results = sorted(results, key=lambda r: r["shard"])
+    t = {k: sum(r[k] for r in results) for k in ("changed", "new", "deleted", "unchanged")}
+    if t["changed"] + t["unchanged"] + t["deleted"] != old_rows or t["changed"] + t["unchanged"] + t["new"] != new_rows:
+        raise row_files.RowFilesError(
+            f"table {name}: the delta's counts do not add up (changed {t['changed']}, unchanged {t['unchanged']}, "
+            f"new {t['new']}, deleted {t['deleted']}; {old_rows} rows before, {new_rows} after)")
+    files = [r["file"] for r in results]
+    return dict(t, table=name, shards=len(files), files=files, put=t["changed"] + t["new"],
                 rows=sum(f["rows"] for f in files), bytes=sum(f["bytes"] for f in files))
 
 
-def write_delta(old_dir: str, new_dir: str, out_dir: str) -> Dict[str, Any]:
+def write_delta(old_dir: str, new_dir: str, out_dir: str, run: Optional[Callable[..., List[Dict[str, Any]]]] = None
+                ) -> Dict[str, Any]:
     """The delta from the row files in `old_dir` (the last pushed) to those in `new_dir`.
+
+    Args:
+      old_dir, new_dir: the two exports' row files.
+      out_dir: where the delta goes.
+      run: runs the shard jobs (`run_here`: in this process; row_files_beam.delta_runner: on Beam's workers).
 
     Returns:
       The delta manifest (written last, whole, as `delta_manifest.json` under `out_dir`).
@@ -173,16 +203,12 @@ def write_delta(old_dir: str, new_dir: str, out_dir: str) -> Dict[str, Any]:
     """
     old_m, new_m = row_files.read_manifest(old_dir), row_files.read_manifest(new_dir)
     tf.io.gfile.makedirs(out_dir)
-    tables = {}
-    for name in sorted(set(old_m["tables"]) | set(new_m["tables"])):
-        old_e, new_e = old_m["tables"].get(name), new_m["tables"].get(name)
-        t = _table_delta(old_dir, new_dir, out_dir, name, old_e, new_e)
-        old_rows, new_rows = (old_e or {}).get("rows", 0), (new_e or {}).get("rows", 0)
-        if t["changed"] + t["unchanged"] + t["deleted"] != old_rows or t["changed"] + t["unchanged"] + t["new"] != new_rows:
-            raise row_files.RowFilesError(
-                f"table {name}: the delta's counts do not add up (changed {t['changed']}, unchanged {t['unchanged']}, "
-                f"new {t['new']}, deleted {t['deleted']}; {old_rows} rows before, {new_rows} after)")
-        tables[name] = t
+    by_table: Dict[str, List[Dict[str, Any]]] = {}
+    for r in (run or run_here)(old_dir, new_dir, out_dir, jobs(old_m, new_m)):
+        by_table.setdefault(r["table"], []).append(r)
+    tables = {name: _table_totals(name, by_table.get(name, []), (old_m["tables"].get(name) or {}).get("rows", 0),
+                                  (new_m["tables"].get(name) or {}).get("rows", 0))
+              for name in sorted(set(old_m["tables"]) | set(new_m["tables"]))}
     delta_bytes = sum(t["bytes"] for t in tables.values())
     manifest = {"format": row_files.ROWS_FORMAT, "shard_rule": row_files.SHARD_RULE, "sort": "oov, key",
                 "base": {"rows_manifest_sha256": _manifest_sha256(old_dir)},

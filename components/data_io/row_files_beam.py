@@ -1,6 +1,7 @@
 """Row files written by a Beam pipeline: the chunks of every table spread over the workers.
 
-The same two steps as `row_files.write_row_files`, and the same files: each chunk of rows (a .npy
+The delta of two exports too (`delta_runner`: one shard pair per work item, row_delta.py's
+`shard_job`). The same two steps as `row_files.write_row_files`, and the same files: each chunk of rows (a .npy
 range read by seek, its vocabulary lines from their byte offset) is keyed and cut by shard on a
 worker (`row_files.spill_pieces`); Beam's GroupByKey brings each shard's pieces together (Dataflow
 spills them to its shuffle, not to one machine's memory); each shard is sorted and written by one
@@ -25,7 +26,7 @@ import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
 
 from components.contracts.artifacts import named_file
-from components.data_io import beam_runtime, row_files
+from components.data_io import beam_runtime, row_delta, row_files
 
 ENTRIES_DIR = "_shard_entries"
 
@@ -88,6 +89,29 @@ def write_row_files_beam(tables_dir: str, out_dir: str, max_file_bytes: int = ro
             files.append(found[n][s])
         out[n] = row_files.table_entry(t, shards[n], files)
     return row_files.write_manifest(out_dir, out)
+
+
+def delta_runner(beam_args: Optional[List[str]] = None):
+    """A `run` for `row_delta.write_delta` that runs its shard jobs on Beam's workers (one shard pair
+    each), their results gathered through text files the driver reads back."""
+    def run(old_dir: str, new_dir: str, out_dir: str, todo: List[Any]) -> List[Dict[str, Any]]:
+        beam_runtime.ensure_local_runner_safe(beam_args or [])
+        results_dir = os.path.join(out_dir, ENTRIES_DIR)
+        with beam.Pipeline(options=PipelineOptions(beam_args or [])) as p:
+            _ = (p
+                 | "ShardPairs" >> beam.Create(todo)
+                 | "Delta" >> beam.Map(lambda job: json.dumps(row_delta.shard_job(old_dir, new_dir, out_dir, job)))
+                 | "Results" >> beam.io.WriteToText(os.path.join(results_dir, "results"), file_name_suffix=".jsonl"))
+        out = []
+        for path in tf.io.gfile.glob(os.path.join(results_dir, "results*")):
+            with tf.io.gfile.GFile(path) as fh:
+                out += [json.loads(line) for line in fh]
+        tf.io.gfile.rmtree(results_dir)
+        if len(out) != len(todo):
+            raise row_files.RowFilesError(f"the Beam delta job returned {len(out)} shard results of {len(todo)}")
+        return out
+
+    return run
 
 
 def main(argv: Optional[List[str]] = None) -> int:

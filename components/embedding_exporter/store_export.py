@@ -127,6 +127,8 @@ def write_store(ctx, staging: str) -> Dict[str, Any]:
                                       f"{parity['rows']} raw eval rows and {parity['edge_rows']} with an unknown or "
                                       f"empty feature ({'passed' if parity['passed'] else 'FAILED'})")
     return {"rows": rows["rows"], "tables": len(rows["tables"]), "row_file_bytes": rows["bytes"],
+            # the Pusher writes the delta with the same Beam options (None: in its process)
+            "beam_args": ctx.cfg.beam_pipeline_args() if cfg.beam else None,
             "files": sum(len(t["files"]) for t in rows["tables"].values()),
             "dense_model_bytes": _dir_bytes(os.path.join(store_dir, store_model.STORE_MODEL_DIR)),
             "vector_inputs": len(inputs["vector_inputs"]), "parity": parity}

@@ -252,7 +252,8 @@ class RegistryPusherExecutor(tfx_pusher.Executor):
         io_utils.copy_dir(self.GetModelPath(input_dict), model_push.uri)
         store = os.path.join(model.uri, artifacts.STORE_DIR)  # export.store: row files and dense model, with their delta
         entry = registry.push(self.GetModelPath(input_dict), serving_dir, fields,
-                              store_dir=store if io_utils.fileio.exists(os.path.join(store, registry.STORE_ROWS)) else None)
+                              store_dir=store if io_utils.fileio.exists(os.path.join(store, registry.STORE_ROWS)) else None,
+                              store_beam_args=(report.get("store") or {}).get("beam_args"))
         logging.info("model pushed to %s and registered as %s", entry["serving_model"],
                      registry.entry_path(destination.filesystem.base_directory, entry["version"]))
         progress.phase(progress.PUSHER, f"pushed to {entry['serving_model']}")

@@ -443,13 +443,13 @@ def _served_dir(serving_dir: str) -> Optional[str]:
     return None
 
 
-def _push_store(store_dir: str, vdir: str, previous: Optional[str]) -> Dict[str, Any]:
+def _push_store(store_dir: str, vdir: str, previous: Optional[str], beam_args: Optional[List[str]]) -> Dict[str, Any]:
     """Copies an export's `store/` into the version, then writes its delta against the served
     version's row files (row_delta.py) beside them; the entry's `store` section."""
     # The registry's importers (the summary; the runner, before it quiets TensorFlow's logs) must
     # not load TensorFlow, which the row files do.
     # lazy: TensorFlow only for a push with a store
-    from components.data_io import row_delta, row_files
+    from components.data_io import row_delta, row_files, row_files_beam
 
     target = os.path.join(vdir, STORE_DIR)
     _fileio().makedirs(target)
@@ -459,14 +459,15 @@ def _push_store(store_dir: str, vdir: str, previous: Optional[str]) -> Dict[str,
     if base is None or not _fileio().exists(os.path.join(base, row_files.ROWS_MANIFEST_FILE)):
         return {"rows": rows["rows"], "row_file_bytes": rows["bytes"], "delta": None,
                 "delta_reason": "no row files in the served version: load the full rows"}
-    d = row_delta.write_delta(base, os.path.join(target, STORE_ROWS), os.path.join(target, STORE_DELTA))
+    d = row_delta.write_delta(base, os.path.join(target, STORE_ROWS), os.path.join(target, STORE_DELTA),
+                              run=row_files_beam.delta_runner(beam_args) if beam_args is not None else None)
     return {"rows": rows["rows"], "row_file_bytes": rows["bytes"], "delta": {
         "base_version": os.path.basename(previous.rstrip("/")), "bytes": d["bytes"], "bytes_vs_full": d["bytes_vs_full"],
         "tables": {n: {k: t[k] for k in ("changed", "new", "deleted", "unchanged")} for n, t in d["tables"].items()}}}
 
 
 def push(model_dir: str, serving_dir: str, entry: Dict[str, Any], now: Optional[float] = None,
-         store_dir: Optional[str] = None) -> Dict[str, Any]:
+         store_dir: Optional[str] = None, store_beam_args: Optional[List[str]] = None) -> Dict[str, Any]:
     """Copies a SavedModel to a new version at a push destination and registers it.
 
     The module docstring gives the order of the writes.
@@ -479,6 +480,8 @@ def push(model_dir: str, serving_dir: str, entry: Dict[str, Any], now: Optional[
       store_dir: the export's `store/` (row files and dense model), pushed into the version as
         `store/` with `store/delta/` against the served version's row files, before the entry and
         `saved_model.pb`; None: none.
+      store_beam_args: Beam options to write the delta with (one shard pair per work item); None:
+        in this process.
 
     Returns:
       The entry written.
@@ -502,7 +505,7 @@ def push(model_dir: str, serving_dir: str, entry: Dict[str, Any], now: Optional[
     try:
         _copy_tree(model_dir, vdir, SAVED_MODEL_FILES)
         if store_dir:
-            full["store"] = _push_store(store_dir, vdir, previous)
+            full["store"] = _push_store(store_dir, vdir, previous, store_beam_args)
         _write_whole(entry_path(serving_dir, str(version)), json.dumps(full, indent=2, sort_keys=True))
         for name in present:  # last, each whole: the version becomes loadable only now
             tmp = os.path.join(vdir, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
