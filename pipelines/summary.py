@@ -153,12 +153,7 @@ def summarize(cfg: PipelineConfig, output_dir: str, artifacts: Dict[str, str]) -
         "feature_health_limits": {k: health.get(k) for k in ("rows", "warn_invalid_share", "max_invalid_share")}
         if health else None,
         **_example_gen_summary(gen),
-        # What the push destination serves now (its model registry), and whether this run pushed it.
-        "serving_model": served["model"] if served else None,
-        "pushed_by_this_run": bool(served and this_run and served["exported_model"] == this_run),
-        # export.store: the pushed row files and their delta against the version served before
-        "store": served.get("store") if served and this_run and served["exported_model"] == this_run else None,
-        "registry_error": served.get("error") if served else None,
+        **_served_summary(served, this_run),
         "rows_read": {s: v["examples_read"] for s, v in stats["splits"].items()} if stats else None,
         "rows_dropped": {s: v["examples_dropped"] for s, v in stats["splits"].items()} if stats else None,
         "vocabulary_sizes": {t: v["vocabulary_size"] for t, v in stats["tables"].items()} if stats else None,
@@ -378,6 +373,15 @@ def served_model(serving_dir: str) -> Optional[Dict[str, Any]]:
         return None
     return {"model": found.served_model, "exported_model": found.entry.get("exported_model"),
             "store": found.entry.get("store")}
+
+
+def _served_summary(served: Optional[Dict[str, Any]], this_run: Optional[str]) -> Dict[str, Any]:
+    """What the push destination serves now (its model registry), whether this run pushed it, and
+    (export.store) the pushed row files and their delta against the version served before."""
+    pushed = bool(served and this_run and served["exported_model"] == this_run)
+    return {"serving_model": served["model"] if served else None, "pushed_by_this_run": pushed,
+            "store": served.get("store") if pushed else None,
+            "registry_error": served.get("error") if served else None}
 
 
 def store_line(store: Dict[str, Any]) -> str:
