@@ -257,4 +257,10 @@ class RegistryPusherExecutor(tfx_pusher.Executor):
         logging.info("model pushed to %s and registered as %s", entry["serving_model"],
                      registry.entry_path(destination.filesystem.base_directory, entry["version"]))
         progress.phase(progress.PUSHER, f"pushed to {entry['serving_model']}")
+        delta = (entry.get("store") or {}).get("delta")
+        if delta:  # export.store: what a store applies to go from the version served before to this one
+            t = delta["tables"].values()
+            progress.phase(progress.PUSHER, f"store delta against version {delta['base_version']}: "
+                                            f"{sum(x['changed'] + x['new'] for x in t):,} rows put, "
+                                            f"{sum(x['deleted'] for x in t):,} deleted ({delta['bytes']:,} bytes)")
         self._MarkPushed(model_push, pushed_destination=entry["serving_model"], pushed_version=entry["version"])
