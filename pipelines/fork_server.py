@@ -20,6 +20,7 @@ Protocol: one JSON line per command on the server's stdin ({"module", "args", "e
 """
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import logging
@@ -45,6 +46,7 @@ def _child(request: Dict) -> int:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     sys.argv = [request["module"]] + list(request["args"])
+    sys.modules.pop(request["module"], None)  # run afresh as __main__, as `python -m` does (no runpy warning)
     sys.path[0] = request["cwd"]  # `python -m` puts its working directory first, as the server's was
     root = logging.getLogger()  # as a fresh process has it: imports that logged added a handler
     for handler in list(root.handlers):
@@ -54,11 +56,15 @@ def _child(request: Dict) -> int:
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         return 0
     except SystemExit as e:
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code is None or isinstance(e.code, int):
+            return (e.code or 0) & 0xFF  # an exit status is one byte, as a process's
+        print(e.code, file=sys.stderr)  # `sys.exit("message")`: printed, status 1
+        return 1
     except BaseException:  # noqa: BLE001 - what `python -m` does with an uncaught exception: print it, exit 1
         traceback.print_exc()
         return 1
     finally:
+        atexit._run_exitfuncs()  # what an interpreter runs at exit (os._exit skips it): logging, temporary folders
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

@@ -90,6 +90,13 @@ def test_the_beam_job_scores_every_row_group_as_the_local_scorer_does(toy_model,
     assert b["row"] == list(range(n)) and b["id"] == a["id"] and report.rows_scored == local.rows_scored == n
     np.testing.assert_allclose(b["score"], a["score"], rtol=1e-6)
     assert sorted(os.listdir(tmp_path)) == ["beam.parquet", "in.parquet", "local.parquet"]  # no parts, no temporary
+    with tf.io.gfile.GFile("ram://beam/in.parquet", "wb") as fh:  # remote input, parts and output (gs:// on Dataflow)
+        fh.write((tmp_path / "in.parquet").read_bytes())
+    score_file_beam(toy_model, "ram://beam/in.parquet", "ram://beam/out/beam.parquet", carry=["id"],
+                    beam_args=["--runner=DirectRunner", "--direct_running_mode=in_memory"])
+    with tf.io.gfile.GFile("ram://beam/out/beam.parquet", "rb") as fh:
+        assert pq.read_table(pa.BufferReader(fh.read())).equals(pq.read_table(tmp_path / "beam.parquet"))
+    assert tf.io.gfile.listdir("ram://beam/out") == ["beam.parquet"]
     (tmp_path / "in.csv").write_text(CSV)
     with pytest.raises(ScoreError, match="--beam scores Parquet files"):
         score_file_beam(toy_model, str(tmp_path / "in.csv"), str(tmp_path / "x.parquet"))

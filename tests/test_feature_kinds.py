@@ -207,8 +207,9 @@ def test_sqlite_store_serves_the_pushed_rows_and_a_second_push_delta_in_place(ch
     assert entry["store"]["delta"] is None and "load the full rows" in entry["store"]["delta_reason"]
     raw = serialized_examples(os.path.join(a["examples"].uri, "Split-eval", "*"), 64)
     inputs = RawFeatureTransform(m, m.vocabulary_dir).serving_inputs()
-    requests = store_export.with_edge_rows(store_export.example_requests(raw, inputs),
-                                           [i.column for i in inputs if i.dtype == "string"])
+    strings = [i.column for i in inputs if i.dtype == "string"]
+    requests = store_export.with_edge_rows(store_export.example_requests(raw, inputs), strings,
+                                           [c for c in strings if m.raw_feature_kinds.get(c) == "int64"])
     db = store_client.SqliteStore(str(tmp_path / "store.db"))
     assert db.load_full(os.path.join(first, "store", "rows")) == entry["store"]["rows"]
     assert np.abs(_store_scores(db, first, m, requests) - _full_scores(first, m, requests)).max() <= 1e-5

@@ -24,6 +24,10 @@ def test_commands_run_as_forks_with_their_own_status_log_and_environment(tmp_pat
         assert not server.can_run([sys.executable, "-m", "probe"], task_env)  # PYTHONPATH steers imports
         assert server.run([sys.executable, "-m", "probe"], dict(env, TASK_ONLY="seen", CODE="7"), str(tmp_path), str(log)) == 7
         assert log.read_text().rstrip().endswith("seen")
+        (tmp_path / "message.py").write_text("import atexit, sys\natexit.register(lambda: open('exited', 'w').close())\n"
+                                             "sys.exit('refused: a message')\n")
+        assert server.run([sys.executable, "-m", "message"], env, str(tmp_path), str(log)) == 1
+        assert log.read_text().rstrip().endswith("refused: a message") and (tmp_path / "exited").exists()
         assert not server.can_run([sys.executable, "script.py"], env)
         assert not server.can_run([sys.executable, "-m", "probe"], dict(env, TF_USE_LEGACY_KERAS="0"))
     finally:

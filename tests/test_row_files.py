@@ -160,3 +160,38 @@ def test_the_delta_as_a_beam_job_is_the_same_delta(tmp_path):
                                  run=row_files_beam.delta_runner())
     assert beam == here and here["tables"]["V"]["deleted"] == 3 and here["tables"]["I"]["changed"] == 1
     assert not (tmp_path / "d1" / row_files_beam.ENTRIES_DIR).exists()
+
+
+def test_a_store_takes_a_delta_only_against_the_rows_it_holds(tmp_path):
+    """SqliteStore: the delta from r0 to r1 applies to a store holding r0, once; applied again, or
+    to a store holding other rows, it is refused (the delta manifest's base and target)."""
+    from components.embedding_exporter.store_client import SqliteStore
+
+    old_tables, _ = _export(tmp_path / "old")
+    new_tables, _ = _export(tmp_path / "new", tokens=(b"a", b"d", b"e"), changed=[("I", 2)])
+    for tables, rows in ((old_tables, "r0"), (new_tables, "r1")):
+        row_files.write_row_files(str(tables), str(tmp_path / rows))
+    row_delta.write_delta(str(tmp_path / "r0"), str(tmp_path / "r1"), str(tmp_path / "d"))
+    store = SqliteStore()
+    store.load_full(str(tmp_path / "r0"))
+    store.apply_delta(str(tmp_path / "d"), str(tmp_path / "r1"))
+    assert store.count("V") == 3 + 3
+    with pytest.raises(row_files.RowFilesError, match="a delta against other rows than the store holds"):
+        store.apply_delta(str(tmp_path / "d"), str(tmp_path / "r1"))
+    other = SqliteStore()
+    other.load_full(str(tmp_path / "r0"))
+    with pytest.raises(row_files.RowFilesError, match="not the delta that leads to"):
+        other.apply_delta(str(tmp_path / "d"), str(tmp_path / "r0"))
+
+
+def test_a_table_whose_key_type_changed_has_no_delta(tmp_path):
+    """A hashed table (int64 keys) become a counted vocabulary (string keys): no row-by-row delta."""
+    old_tables, _ = _export(tmp_path / "old")
+    row_files.write_row_files(str(old_tables), str(tmp_path / "r0"))
+    tables = tmp_path / "new" / "tables"
+    tables.mkdir(parents=True)
+    entries = dict([_table(tables, "H", np.ones((3, 3), np.float32), tokens=(b"x", b"y"), oov=1)])
+    (tables / "tables_manifest.json").write_text(json.dumps({"tables": entries}))
+    row_files.write_row_files(str(tables), str(tmp_path / "r1"))
+    with pytest.raises(row_delta.NoDelta, match="table\\(s\\) H changed key type"):
+        row_delta.write_delta(str(tmp_path / "r0"), str(tmp_path / "r1"), str(tmp_path / "d"))

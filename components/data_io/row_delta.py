@@ -11,8 +11,8 @@ Applying the delta to the previous rows (`apply`: deletes removed, puts written 
 rows, row for row. A table new in this export is all puts; a table dropped is all deletes.
 
 Files: `<dir>/<table>/part-SSSSS-of-NNNNN.parquet` with the row files' columns (`vector`, `scale`
-zeros on a delete, to be ignored) and `op`, sharded by the new export's shard rule (SHARD_RULE, the new shard
-count), and `delta_manifest.json`: the base export (its manifest's SHA-256), per table the rows
+zeros on a delete, to be ignored) and `op`, sharded by the shard rule (SHARD_RULE) with the new
+export's shard count (a dropped table's: its previous one), and `delta_manifest.json`: the base export (its manifest's SHA-256), per table the rows
 put (changed, new), deleted and unchanged, and the delta's bytes against the full export's.
 
 Memory: one new shard at a time, against the previous export's rows of the same keys (shard counts
@@ -39,6 +39,10 @@ from components.data_io import row_files
 from components.data_io.checksums import file_sha256
 
 DELTA_MANIFEST_FILE = "delta_manifest.json"
+
+
+class NoDelta(row_files.RowFilesError):
+    """The two exports cannot be told apart row by row (a table's key type changed): load the full rows."""
 PUT, DELETE = "put", "delete"
 
 
@@ -202,6 +206,11 @@ def write_delta(old_dir: str, new_dir: str, out_dir: str, run: Optional[Callable
       RowFilesError: either side has no rows manifest; a table's counts do not add up.
     """
     old_m, new_m = row_files.read_manifest(old_dir), row_files.read_manifest(new_dir)
+    changed = sorted(n for n in set(old_m["tables"]) & set(new_m["tables"])
+                     if old_m["tables"][n]["key_type"] != new_m["tables"][n]["key_type"])
+    if changed:
+        raise NoDelta(f"table(s) {', '.join(changed)} changed key type (a vocabulary kind changed): no delta; "
+                      f"load the full rows")
     tf.io.gfile.makedirs(out_dir)
     by_table: Dict[str, List[Dict[str, Any]]] = {}
     for r in (run or run_here)(old_dir, new_dir, out_dir, jobs(old_m, new_m)):

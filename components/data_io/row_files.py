@@ -251,6 +251,9 @@ def chunk_batch(table: RowTable, start: int, stop: int, line_offset: Optional[in
             raise RowFilesError(f"table {table.name}: a vocabulary line between rows {start} and {stop} is not "
                                 f"UTF-8 ({err}); tokens are UTF-8 (rule T6)") from err
     values = read_npy_rows(table.values, start, stop)
+    if values.shape != (n, table.dim):
+        raise RowFilesError(f"table {table.name}: {table.values} holds {values.shape} from row {start}, the manifest "
+                            f"says {table.rows} rows of dim {table.dim}: export the model again")
     flat = values.astype(np.int8 if table.stored_dtype == "int8" else np.float32, copy=False).reshape(-1)
     columns = [keys, pa.array(oov), pa.FixedSizeListArray.from_arrays(pa.array(flat), table.dim)]
     if table.scale is not None:
@@ -391,6 +394,8 @@ def write_row_files(tables_dir: str, out_dir: str, max_file_bytes: int = DEFAULT
       The manifest.
     """
     tf.io.gfile.makedirs(out_dir)
+    if tf.io.gfile.exists(os.path.join(out_dir, ROWS_MANIFEST_FILE)):  # an earlier write's: not trusted while rewriting
+        tf.io.gfile.remove(os.path.join(out_dir, ROWS_MANIFEST_FILE))
     return write_manifest(out_dir, {t.name: write_table_rows(t, out_dir, max_file_bytes, every)
                                     for t in read_tables(tables_dir)})
 

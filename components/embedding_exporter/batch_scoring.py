@@ -23,6 +23,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -62,9 +63,14 @@ def gfile():
     return tf.io.gfile
 
 
-def source(path: str):
-    """What the readers open: a local path as it is, a remote file as a buffered stream."""
-    return io.BufferedReader(RawReader(gfile().GFile(path, "rb"), seekable=True), buffer_size=8 << 20) if is_remote(path) else path
+@contextlib.contextmanager
+def opened(path: str) -> Iterator[Any]:
+    """What the readers open: a local path as it is, a remote file as a buffered stream, closed after."""
+    if not is_remote(path):
+        yield path
+        return
+    with io.BufferedReader(RawReader(gfile().GFile(path, "rb"), seekable=True), buffer_size=8 << 20) as fh:
+        yield fh
 
 
 class ScoreError(ValueError):
@@ -139,8 +145,9 @@ def available_columns(path: str, delimiter: str = ",") -> List[str]:
     """The input file's column names (a CSV file's header, by ExampleGen's rule: a byte-order mark,
     quoted names; a Parquet file's schema)."""
     if input_format(path) == "parquet":
-        return list(pq.ParquetFile(source(path)).schema_arrow.names)
-    with (source(path) if is_remote(path) else open(path, "rb")) as fh:
+        with opened(path) as src:
+            return list(pq.ParquetFile(src).schema_arrow.names)
+    with opened(path) as src, (open(src, "rb") if isinstance(src, str) else contextlib.nullcontext(src)) as fh:
         return csv_header(fh, delimiter) or []
 
 
@@ -164,29 +171,31 @@ def _csv_batches(path: str, columns: List[str], report: ScoreReport, delimiter: 
         skipped.append(int(row.number) - 2)  # pyarrow numbers rows from 1, the header first
         return "skip"
 
-    reader = pcsv.open_csv(
-        source(path), read_options=pcsv.ReadOptions(block_size=8 << 20, use_threads=False),
-        parse_options=pcsv.ParseOptions(delimiter=delimiter, newlines_in_values=True, invalid_row_handler=malformed),
-        convert_options=pcsv.ConvertOptions(include_columns=columns, column_types={c: pa.string() for c in columns},
-                                            strings_can_be_null=False, quoted_strings_can_be_null=False))
-    position, seen = 0, 0  # the next data row number not yet given to a parsed row; skipped rows before it
-    for batch in reader:  # the rows pyarrow skipped in this block were reported while it parsed it
-        gaps = np.asarray(skipped[seen:], np.int64)  # skipped in row order: only the new ones lie ahead
-        candidates = np.arange(position, position + batch.num_rows + len(gaps), dtype=np.int64)
-        numbers = candidates[~np.isin(candidates, gaps)][:batch.num_rows]
-        position = int(numbers[-1]) + 1 if len(numbers) else position
-        seen += int(np.count_nonzero(gaps < position))
-        report.malformed = list(skipped)
-        for k in range(0, batch.num_rows, BATCH_ROWS):
-            yield batch.slice(k, BATCH_ROWS), numbers[k:k + BATCH_ROWS]
+    with opened(path) as src:  # closed when the rows are read, or the scorer stops
+        reader = pcsv.open_csv(
+            src, read_options=pcsv.ReadOptions(block_size=8 << 20, use_threads=False),
+            parse_options=pcsv.ParseOptions(delimiter=delimiter, newlines_in_values=True, invalid_row_handler=malformed),
+            convert_options=pcsv.ConvertOptions(include_columns=columns, column_types={c: pa.string() for c in columns},
+                                                strings_can_be_null=False, quoted_strings_can_be_null=False))
+        position, seen = 0, 0  # the next data row number not yet given to a parsed row; skipped rows before it
+        for batch in reader:  # the rows pyarrow skipped in this block were reported while it parsed it
+            gaps = np.asarray(skipped[seen:], np.int64)  # skipped in row order: only the new ones lie ahead
+            candidates = np.arange(position, position + batch.num_rows + len(gaps), dtype=np.int64)
+            numbers = candidates[~np.isin(candidates, gaps)][:batch.num_rows]
+            position = int(numbers[-1]) + 1 if len(numbers) else position
+            seen += int(np.count_nonzero(gaps < position))
+            report.malformed = list(skipped)
+            for k in range(0, batch.num_rows, BATCH_ROWS):
+                yield batch.slice(k, BATCH_ROWS), numbers[k:k + BATCH_ROWS]
     report.malformed = list(skipped)  # rows after the last parsed one too
 
 
 def _parquet_batches(path: str, columns: List[str]) -> Iterator[Tuple[pa.RecordBatch, np.ndarray]]:
     position = 0
-    for batch in pq.ParquetFile(source(path)).iter_batches(batch_size=BATCH_ROWS, columns=columns):
-        yield batch, np.arange(position, position + batch.num_rows, dtype=np.int64)
-        position += batch.num_rows
+    with opened(path) as src:
+        for batch in pq.ParquetFile(src).iter_batches(batch_size=BATCH_ROWS, columns=columns):
+            yield batch, np.arange(position, position + batch.num_rows, dtype=np.int64)
+            position += batch.num_rows
 
 
 def _as_float32(column: pa.Array) -> np.ndarray:

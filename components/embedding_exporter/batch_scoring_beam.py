@@ -6,7 +6,8 @@ pipeline whose unit of work is one Parquet row group: the driver reads the file'
 groups and their first row numbers) and refuses a missing column before anything runs; each worker
 loads the model once (`DoFn.setup`) and scores its row groups into part files beside the output;
 the driver then streams the parts, in row order, into the output at a temporary name and renames it
-(data_io/safe_files.py's rules), and removes the parts. With Beam's local runner (`beam` options
+(data_io/safe_files.py's rules), and removes the parts. Input, model, parts and output go through
+TensorFlow's file systems (`gs://` for Dataflow's workers, which share no disk). With Beam's local runner (`beam` options
 as the pipeline's, `--direct_num_workers`) the row groups spread over local processes; with
 `--runner=DataflowRunner` over Dataflow's workers (then input, model and output must be paths they
 all reach).
@@ -17,7 +18,6 @@ reading it (quoted fields may hold line breaks); convert it to Parquet, or score
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from typing import Iterator, List, Optional, Sequence, Tuple
 
@@ -38,7 +38,8 @@ LOCAL_BEAM_SCORING = ["--runner=DirectRunner", "--direct_running_mode=multi_proc
 
 def row_groups(path: str) -> List[Tuple[int, int, int]]:
     """(row group, its first row number, its rows) of a Parquet file, from its footer."""
-    meta = pq.ParquetFile(path).metadata
+    with batch_scoring.opened(path) as src:
+        meta = pq.ParquetFile(src).metadata
     out, first = [], 0
     for i in range(meta.num_row_groups):
         rows = meta.row_group(i).num_rows
@@ -48,7 +49,14 @@ def row_groups(path: str) -> List[Tuple[int, int, int]]:
 
 
 def part_path(parts_dir: str, group: int) -> str:
-    return os.path.join(parts_dir, f"part-{group:08d}.parquet")
+    return f"{parts_dir}/part-{group:08d}.parquet"
+
+
+def parts_folder(output_path: str) -> str:
+    """Where the workers put their parts: a hidden folder beside the output (a remote output's
+    too: every worker reaches it)."""
+    parent = os.path.dirname(output_path) if batch_scoring.is_remote(output_path) else os.path.dirname(os.path.abspath(output_path))
+    return f"{parent}/.{os.path.basename(output_path)}.parts-{os.getpid()}"
 
 
 class ScoreRowGroups(beam.DoFn):
@@ -64,7 +72,8 @@ class ScoreRowGroups(beam.DoFn):
     def process(self, item: Tuple[int, int, int]) -> Iterator[int]:
         group, first, rows = item
         columns = sorted({i.column for i in self.inputs} | set(self.carry))
-        table = pq.ParquetFile(self.input_path).read_row_group(group, columns=columns)
+        with batch_scoring.opened(self.input_path) as src:
+            table = pq.ParquetFile(src).read_row_group(group, columns=columns)
         parts = []
         for k in range(0, table.num_rows, BATCH_ROWS):
             batch = table.slice(k, BATCH_ROWS).combine_chunks().to_batches()[0] if table.num_rows else None
@@ -72,10 +81,13 @@ class ScoreRowGroups(beam.DoFn):
             numbers = np.arange(first + k, first + k + batch.num_rows, dtype=np.int64)
             parts.append(pa.table({"row": numbers, "score": pa.array(scores, pa.float32()),
                                    **{c: batch.column(batch.schema.get_field_index(c)) for c in self.carry}}))
-        if parts:
+        if parts:  # whole or not at all: a temporary name, then a rename (tf.io.gfile: local or remote)
+            sink = pa.BufferOutputStream()
+            pq.write_table(pa.concat_tables(parts), sink)
             tmp = part_path(self.parts_dir, group) + ".tmp"
-            pq.write_table(pa.concat_tables(parts), tmp)
-            os.replace(tmp, part_path(self.parts_dir, group))
+            with batch_scoring.gfile().GFile(tmp, "wb") as fh:
+                fh.write(sink.getvalue().to_pybytes())
+            batch_scoring.gfile().rename(tmp, part_path(self.parts_dir, group), overwrite=True)
         yield table.num_rows
 
 
@@ -97,18 +109,21 @@ def score_file_beam(model_dir: str, input_path: str, output_path: str, carry: Se
         beam_args = [a for a in beam_args if a not in LOCAL_BEAM_SCORING]
     beam_runtime.ensure_local_runner_safe(beam_args)
     groups = row_groups(input_path)
-    parts_dir = os.path.join(os.path.dirname(os.path.abspath(output_path)),
-                             f".{os.path.basename(output_path)}.parts-{os.getpid()}")
-    os.makedirs(parts_dir)
-    report, start, ok = ScoreReport(output=output_path), time.perf_counter(), False
-    writer = batch_scoring.OutputWriter(output_path, carry)
+    parts_dir, fs = parts_folder(output_path), batch_scoring.gfile()
+    report, start, ok, writer = ScoreReport(output=output_path), time.perf_counter(), False, None
     try:
+        fs.makedirs(parts_dir)
+        writer = batch_scoring.OutputWriter(output_path, carry)
         with beam.Pipeline(options=PipelineOptions(beam_args)) as p:
             _ = (p | "RowGroups" >> beam.Create(groups)
                  | "Score" >> beam.ParDo(ScoreRowGroups(model_dir, input_path, carry, parts_dir)))
         for group, _, rows in groups:  # in row order, one part in memory at a time
+            if rows and not fs.exists(part_path(parts_dir, group)):
+                raise ScoreError(f"the Beam job left no scores for row group {group} of {input_path} "
+                                 f"({part_path(parts_dir, group)} missing): nothing written")
             if rows:
-                part = pq.read_table(part_path(parts_dir, group))
+                with fs.GFile(part_path(parts_dir, group), "rb") as fh:
+                    part = pq.read_table(pa.BufferReader(fh.read()))
                 writer.write(part["row"].to_numpy(), part["score"].to_numpy(), part)
                 report.rows_scored += part.num_rows
         expected = sum(rows for _, _, rows in groups)
@@ -117,8 +132,10 @@ def score_file_beam(model_dir: str, input_path: str, output_path: str, carry: Se
                              f"parts missing under {parts_dir}")
         ok = True
     finally:
-        writer.close(ok)
-        shutil.rmtree(parts_dir, ignore_errors=True)
+        if writer is not None:
+            writer.close(ok)
+        if fs.exists(parts_dir):
+            fs.rmtree(parts_dir)
     report.rows_read = report.rows_scored
     report.seconds = time.perf_counter() - start
     return report

@@ -22,6 +22,7 @@ model applies them (components/rules/rulebook.py is the one statement of the rul
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -30,6 +31,7 @@ import pyarrow as pa
 
 from components.config.choices import VocabularyKind
 from components.data_io import row_delta, row_files
+from components.data_io.checksums import file_sha256
 from components.rules import rulebook
 
 Key = Tuple[Any, bool]
@@ -67,6 +69,7 @@ class SqliteStore:
                     n += len(shard)
                     self.db.executemany("INSERT INTO rows VALUES (?, ?, ?, ?, ?)", self._records(name, shard))
             self._set_tables(manifest["tables"])
+            self._set_meta("rows_sha256", _manifest_sha256(rows_dir))
         return n
 
     def apply_delta(self, delta_dir: str, rows_dir: str) -> Dict[str, int]:
@@ -80,6 +83,13 @@ class SqliteStore:
           {"put": rows written, "deleted": rows removed}.
         """
         delta = row_delta.read_delta_manifest(delta_dir)
+        held = self._meta("rows_sha256")
+        if delta["base"]["rows_manifest_sha256"] != held:
+            raise row_files.RowFilesError(
+                f"{delta_dir}: a delta against other rows than the store holds (base {delta['base']['rows_manifest_sha256'][:12]}, "
+                f"held {str(held)[:12]}): load the full rows of {rows_dir} instead")
+        if delta["target"]["rows_manifest_sha256"] != _manifest_sha256(rows_dir):
+            raise row_files.RowFilesError(f"{delta_dir}: not the delta that leads to {rows_dir}")
         counts = {"put": 0, "deleted": 0}
         with self.db:
             for name in delta["tables"]:
@@ -92,7 +102,15 @@ class SqliteStore:
                 counts["put"] += len(puts)
                 counts["deleted"] += len(gone)
             self._set_tables(row_files.read_manifest(rows_dir)["tables"])
+            self._set_meta("rows_sha256", delta["target"]["rows_manifest_sha256"])
         return counts
+
+    def _set_meta(self, name: str, value: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (name, value))
+
+    def _meta(self, name: str) -> Optional[str]:
+        got = self.db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+        return got[0] if got else None
 
     def _set_tables(self, tables: Dict[str, Any]) -> None:
         self.db.execute("INSERT OR REPLACE INTO meta VALUES ('tables', ?)", (json.dumps(tables),))
@@ -113,6 +131,10 @@ class SqliteStore:
                 v = np.frombuffer(got[0], dtype).astype(np.float32)
                 out[(key, oov)] = v * np.float32(got[1]) if got[1] is not None else v
         return out
+
+
+def _manifest_sha256(rows_dir: str) -> str:
+    return file_sha256(os.path.join(rows_dir, row_files.ROWS_MANIFEST_FILE), row_files.open_binary)
 
 
 def candidate_keys(table: Dict[str, Any], token: bytes) -> List[Key]:

@@ -28,6 +28,7 @@ from components.reporting import progress
 STORE_DIR = artifacts.STORE_DIR
 ROWS_SUBDIR = registry.STORE_ROWS
 UNKNOWN_TOKEN = b"__a token no vocabulary holds__"
+UNKNOWN_ID = b"987654321987"  # an int64 ID no vocabulary holds and no identity table reaches
 
 
 def example_requests(serialized: Sequence[bytes], inputs: Sequence[Any]) -> List[Dict[str, Any]]:
@@ -53,14 +54,18 @@ def example_requests(serialized: Sequence[bytes], inputs: Sequence[Any]) -> List
     return out
 
 
-def with_edge_rows(requests: List[Dict[str, Any]], string_columns: Sequence[str]) -> List[Dict[str, Any]]:
-    """The requests and, per string column, a copy of a request with that column unknown and the
-    next one emptied: an unknown token takes its OOV row, an empty feature pools nothing."""
+def with_edge_rows(requests: List[Dict[str, Any]], string_columns: Sequence[str],
+                   int_columns: Sequence[str] = ()) -> List[Dict[str, Any]]:
+    """The requests and, per string column, a copy of a request with that column unknown (an
+    unseen token; an unseen ID for an int64 column) and, when there is another, the next one
+    emptied: an unknown token takes its OOV row (an identity table's default row, or none), an
+    empty feature pools nothing."""
     extra = []
     for k, column in enumerate(string_columns):
         row = dict(requests[k % len(requests)])
-        row[column] = UNKNOWN_TOKEN
-        row[string_columns[(k + 1) % len(string_columns)]] = b""
+        row[column] = UNKNOWN_ID if column in int_columns else UNKNOWN_TOKEN
+        if len(string_columns) > 1:
+            row[string_columns[(k + 1) % len(string_columns)]] = b""
         extra.append(row)
     return requests + extra
 
@@ -81,7 +86,8 @@ def check_store_parity(serving_dir: str, store_dir: str, manifest, raw: Sequence
     inputs = RawFeatureTransform(manifest, manifest.vocabulary_dir).serving_inputs()
     strings = [i.column for i in inputs if i.dtype == "string"]
     base = example_requests(raw, inputs)
-    requests = with_edge_rows(base, strings) if strings else base
+    ints = [c for c in strings if manifest.raw_feature_kinds.get(c) == "int64"]
+    requests = with_edge_rows(base, strings, ints) if strings else base
     expected = serve(**_columns(requests, inputs))["probabilities"].numpy().reshape(-1)
     dense = tf.saved_model.load(os.path.join(store_dir, store_model.STORE_MODEL_DIR))
     record = store_model.read_inputs(os.path.join(store_dir, store_model.STORE_MODEL_DIR))

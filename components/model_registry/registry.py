@@ -17,7 +17,9 @@ Push order (`push`): a new version directory (after every version and entry ther
 file of the model except `saved_model.pb` (never overwriting a file), then the entry is
 written (whole: a temporary name, then a rename), then `saved_model.pb` (also under a temporary
 name, then renamed), the file TF Serving and TFX's own Pusher treat as "this version is complete".
-So a version TF Serving can load has its entry, unless something other than this pipeline's Pusher
+With an export's `store/` (export.store), it is copied into the version and its delta against the
+served version's row files written there (`store/delta/`) before the entry, so before
+`saved_model.pb` too. So a version TF Serving can load has its entry, unless something other than this pipeline's Pusher
 wrote it, and a push cut short leaves a version nothing loads. A push that fails with an error
 takes its entry and its version directory back out (`_withdraw`): only a process killed mid-push
 leaves such a version, which the lookup skips.
@@ -459,8 +461,11 @@ def _push_store(store_dir: str, vdir: str, previous: Optional[str], beam_args: O
     if base is None or not _fileio().exists(os.path.join(base, row_files.ROWS_MANIFEST_FILE)):
         return {"rows": rows["rows"], "row_file_bytes": rows["bytes"], "delta": None,
                 "delta_reason": "no row files in the served version: load the full rows"}
-    d = row_delta.write_delta(base, os.path.join(target, STORE_ROWS), os.path.join(target, STORE_DELTA),
-                              run=row_files_beam.delta_runner(beam_args) if beam_args is not None else None)
+    try:
+        d = row_delta.write_delta(base, os.path.join(target, STORE_ROWS), os.path.join(target, STORE_DELTA),
+                                  run=row_files_beam.delta_runner(beam_args) if beam_args is not None else None)
+    except row_delta.NoDelta as e:
+        return {"rows": rows["rows"], "row_file_bytes": rows["bytes"], "delta": None, "delta_reason": str(e)}
     return {"rows": rows["rows"], "row_file_bytes": rows["bytes"], "delta": {
         "base_version": os.path.basename(previous.rstrip("/")), "bytes": d["bytes"], "bytes_vs_full": d["bytes_vs_full"],
         "tables": {n: {k: t[k] for k in ("changed", "new", "deleted", "unchanged")} for n, t in d["tables"].items()}}}
