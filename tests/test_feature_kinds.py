@@ -142,13 +142,12 @@ def test_serving_model_maps_raw_ids_like_preprocessing(chain):
     assert np.isfinite(probs).all()
 
 
-def _store_scores(store, version_dir, manifest, requests):
+def _store_scores(store, version_dir, requests):
     """Scores through the store path: keys, rows from `store`, pooled, the pushed dense model."""
     from components.embedding_exporter import store_client, store_model
 
     model_dir = os.path.join(version_dir, "store", store_model.STORE_MODEL_DIR)
-    feed = store_client.dense_model_inputs(store, store_model.read_inputs(model_dir), dict(manifest.raw_feature_kinds),
-                                           requests)
+    feed = store_client.dense_model_inputs(store, store_model.read_inputs(model_dir), requests)
     dense = tf.saved_model.load(model_dir).signatures["serve_vectors"]
     return dense(**{k: tf.constant(v) for k, v in feed.items()})["probabilities"].numpy().reshape(-1)
 
@@ -212,7 +211,7 @@ def test_sqlite_store_serves_the_pushed_rows_and_a_second_push_delta_in_place(ch
                                            [c for c in strings if m.raw_feature_kinds.get(c) == "int64"])
     db = store_client.SqliteStore(str(tmp_path / "store.db"))
     assert db.load_full(os.path.join(first, "store", "rows")) == entry["store"]["rows"]
-    assert np.abs(_store_scores(db, first, m, requests) - _full_scores(first, m, requests)).max() <= 1e-5
+    assert np.abs(_store_scores(db, first, requests) - _full_scores(first, m, requests)).max() <= 1e-5
 
     out = tmp_path / "second"  # the next export keeps float16 tables: rows rounded, most of them changed
     exported = export_serving_model(dataclasses.replace(cfg, export=dataclasses.replace(cfg.export, table_dtype="float16")),
@@ -231,7 +230,7 @@ def test_sqlite_store_serves_the_pushed_rows_and_a_second_push_delta_in_place(ch
     assert "no delta: no row files in the served version" in store_line(entry["store"])
     line = store_line(second["store"])
     assert f"delta against version {os.path.basename(first)}: " in line and " changed, " in line and "% of the full rows" in line
-    assert np.abs(_store_scores(db, second["serving_model"], m, requests)
+    assert np.abs(_store_scores(db, second["serving_model"], requests)
                   - _full_scores(second["serving_model"], m, requests)).max() <= 1e-5
     # int8 tables: int8 row files with their scales, held to the int8 serving model by the export's own check
     report = export_serving_model(dataclasses.replace(cfg, export=dataclasses.replace(cfg.export, table_dtype="int8")),

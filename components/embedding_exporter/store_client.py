@@ -187,21 +187,20 @@ def _rows(candidates: List[List[Key]], found: Dict[Key, np.ndarray], spec: Dict[
     return rows[: spec["sequence_length"]] if spec["sequence_length"] else rows
 
 
-def dense_model_inputs(store, store_inputs: Dict[str, Any], raw_kinds: Dict[str, str],
-                       requests: Sequence[Dict[str, Any]]) -> Dict[str, np.ndarray]:
+def dense_model_inputs(store, store_inputs: Dict[str, Any], requests: Sequence[Dict[str, Any]]
+                       ) -> Dict[str, np.ndarray]:
     """The dense model's `serve_vectors` inputs for a batch of requests, the rows fetched once per table.
 
     Args:
       store: a `SqliteStore` or `RowFileStore` (anything with `tables` and `fetch(table, keys)`).
       store_inputs: the dense model's `store_inputs.json`.
-      raw_kinds: {column: rulebook kind} (the vocabulary manifest's raw_feature_kinds).
       requests: one dict per row, {column: value} as `serve_features` takes them: bytes for
         categorical columns (b"" = missing), float for dense and weight columns (NaN = missing).
     """
     out: Dict[str, np.ndarray] = {d["input"]: np.array([r.get(d["column"], np.nan) for r in requests], np.float32)
                                   for d in store_inputs["dense_inputs"]}
     specs = store_inputs["vector_inputs"]
-    candidates = [[_candidates(store, spec, r.get(spec["column"], b""), raw_kinds[spec["column"]]) for r in requests]
+    candidates = [[_candidates(store, spec, r.get(spec["column"], b""), spec["kind"]) for r in requests]
                   for spec in specs]
     needed: Dict[str, set] = {}
     for spec, per_row in zip(specs, candidates):

@@ -92,7 +92,7 @@ def check_store_parity(serving_dir: str, store_dir: str, manifest, raw: Sequence
     dense = tf.saved_model.load(os.path.join(store_dir, store_model.STORE_MODEL_DIR))
     record = store_model.read_inputs(os.path.join(store_dir, store_model.STORE_MODEL_DIR))
     feed = store_client.dense_model_inputs(store_client.RowFileStore(os.path.join(store_dir, ROWS_SUBDIR)), record,
-                                           dict(manifest.raw_feature_kinds), requests)
+                                           requests)
     got = dense.signatures["serve_vectors"](**{k: tf.constant(v) for k, v in feed.items()})["probabilities"]
     diff = np.abs(got.numpy().reshape(-1) - expected)
     worst = int(diff.argmax()) if len(diff) else 0

@@ -49,7 +49,7 @@ def vector_inputs(model, manifest: VocabularyManifest) -> List[Dict[str, Any]]:
 
     Returns:
       One record per categorical and wide feature: input, feature, table, dim, combiner, column,
-      separator, max_length, weight_column, sequence_length (0: pooled), wide_of (the feature whose
+      kind (the column's raw kind, how a request's string is read: rulebook J1-J3), separator, max_length, weight_column, sequence_length (0: pooled), wide_of (the feature whose
       tokens a wide feature reads).
     """
     f = model.model_features
@@ -64,7 +64,8 @@ def vector_inputs(model, manifest: VocabularyManifest) -> List[Dict[str, Any]]:
         out.append({
             "input": names[f"{n}__vector"], "feature": n, "table": table, "dim": int(f.feature_dim[n]),
             "combiner": (f.wide_combiner[n] if n in f.wide_features else manifest.vocabularies[c.table].combiner),
-            "column": c.column, "separator": c.separator, "max_length": c.max_length,
+            "column": c.column, "kind": manifest.raw_feature_kinds.get(c.column, "bytes"),
+            "separator": c.separator, "max_length": c.max_length,
             "weight_column": c.weight_column, "sequence_length": int(f.sequence_length.get(base, 0)),
             "wide_of": f.wide_features.get(n),
         })
