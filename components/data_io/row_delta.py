@@ -103,9 +103,10 @@ def shard_delta(old: Optional[pa.Table], new: Optional[pa.Table], table_schema: 
     new_oov = new["oov"].combine_chunks().to_numpy(zero_copy_only=False)
     old_oov = old["oov"].combine_chunks().to_numpy(zero_copy_only=False)
     in_old = match(new_keys, new_oov, old_keys, old_oov)  # each new row's previous row, or -1
-    in_new = match(old_keys, old_oov, new_keys, new_oov)
-    i_new = np.concatenate([np.arange(len(new)), np.full(int((in_new < 0).sum()), -1)])
-    i_old = np.concatenate([in_old, np.flatnonzero(in_new < 0)])
+    unmatched = np.ones(len(old), bool)  # previous rows no new row matched (keys are unique per flag)
+    unmatched[in_old[in_old >= 0]] = False
+    i_new = np.concatenate([np.arange(len(new)), np.full(int(unmatched.sum()), -1)])
+    i_old = np.concatenate([in_old, np.flatnonzero(unmatched)])
     both = (i_new >= 0) & (i_old >= 0)
     if old.schema.equals(new.schema) and both.any():
         differs = np.any(_row_bytes(new.take(i_new[both])) != _row_bytes(old.take(i_old[both])), axis=1)

@@ -32,6 +32,7 @@ import pyarrow as pa
 from components.config.choices import VocabularyKind
 from components.data_io import row_delta, row_files
 from components.data_io.checksums import file_sha256
+from components.embedding_exporter.tables import decompress
 from components.rules import rulebook
 
 Key = Tuple[Any, bool]
@@ -127,9 +128,9 @@ class SqliteStore:
         for key, oov in set(keys):
             got = self.db.execute("SELECT vector, scale FROM rows WHERE tbl = ? AND key = ? AND oov = ?",
                                   (table, key, int(oov))).fetchone()
-            if got is not None:
-                v = np.frombuffer(got[0], dtype).astype(np.float32)
-                out[(key, oov)] = v * np.float32(got[1]) if got[1] is not None else v
+            if got is not None:  # the exporter's own dequantizing rule (tables.py)
+                scale = np.array([got[1]], np.float32) if got[1] is not None else None
+                out[(key, oov)] = decompress(np.frombuffer(got[0], dtype)[None, :], scale)[0]
         return out
 
 
@@ -251,10 +252,9 @@ class RowFileStore:
             wanted = {k for k, sh in zip(keys, shard) if sh == s}
             rows = row_files.read_shard(self.rows_dir, table, t["files"][s]["file"])
             rows = rows.filter(pa.compute.is_in(rows["key"], value_set=pa.array([k for k, _ in wanted], key_type)))
-            vec = rows["vector"].combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(len(rows), -1)
-            scales = rows["scale"].to_pylist() if "scale" in rows.column_names else [None] * len(rows)
-            for key, oov, v, sc in zip(rows["key"].to_pylist(), rows["oov"].to_pylist(), vec, scales):
+            stored = rows["vector"].combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(len(rows), -1)
+            scale = rows["scale"].to_numpy() if "scale" in rows.column_names else None
+            for key, oov, v in zip(rows["key"].to_pylist(), rows["oov"].to_pylist(), decompress(stored, scale)):
                 if (key, oov) in wanted:
-                    v = v.astype(np.float32)
-                    out[(key, oov)] = v * np.float32(sc) if sc is not None else v
+                    out[(key, oov)] = v
         return out

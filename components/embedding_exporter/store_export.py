@@ -75,15 +75,18 @@ def _columns(requests: Sequence[Dict[str, Any]], inputs: Sequence[Any]) -> Dict[
             for i in inputs}
 
 
-def check_store_parity(serving_dir: str, store_dir: str, manifest, raw: Sequence[bytes], tolerance: float) -> Dict[str, Any]:
+def check_store_parity(serving_dir: str, store_dir: str, manifest, inputs: Sequence[Any], raw: Sequence[bytes],
+                       tolerance: float) -> Dict[str, Any]:
     """The store path's scores against the full model's on the same requests.
+
+    Args:
+      inputs: the serving model's inputs (`RawFeatureTransform.serving_inputs`).
 
     Returns:
       {"rows", "edge_rows", "max_abs_diff", "tolerance", "passed", "worst"}.
     """
     full = tf.saved_model.load(serving_dir)
     serve = full.signatures["serve_features"]
-    inputs = RawFeatureTransform(manifest, manifest.vocabulary_dir).serving_inputs()
     strings = [i.column for i in inputs if i.dtype == "string"]
     base = example_requests(raw, inputs)
     ints = [c for c in strings if manifest.raw_feature_kinds.get(c) == "int64"]
@@ -127,7 +130,7 @@ def write_store(ctx, staging: str) -> Dict[str, Any]:
                                       f"({rows['bytes']:,} bytes)")
     transform = RawFeatureTransform(ctx.manifest, ctx.manifest.vocabulary_dir)
     inputs = store_model.save_dense_model(ctx.model, transform, ctx.manifest, os.path.join(store_dir, store_model.STORE_MODEL_DIR))
-    parity = check_store_parity(os.path.join(staging, artifacts.SERVING_DIR), store_dir, ctx.manifest,
+    parity = check_store_parity(os.path.join(staging, artifacts.SERVING_DIR), store_dir, ctx.manifest, transform.serving_inputs(),
                                 ctx.sample.raw[: ctx.sample.parity_examples], ctx.cfg.export.parity_tolerance)
     progress.phase(progress.EXPORTER, f"store parity: max |full - store| {parity['max_abs_diff']:.2e} on "
                                       f"{parity['rows']} raw eval rows and {parity['edge_rows']} with an unknown or "

@@ -149,6 +149,11 @@ def is_servable(version_dir: str) -> bool:
     return any(fio.exists(os.path.join(version_dir, f)) for f in SAVED_MODEL_FILES)
 
 
+def servable_versions(serving_dir: str, on_disk: List[int]) -> List[int]:
+    """Of the version directories `on_disk` (`versions`), those TF Serving loads, oldest first."""
+    return [v for v in on_disk if is_servable(os.path.join(serving_dir, str(v)))]
+
+
 def entry_versions(serving_dir: str) -> List[int]:
     """Lists the versions that have an entry file, oldest first.
 
@@ -273,7 +278,7 @@ def lookup(serving_dir: str) -> Lookup:
     reg = registry_dir(serving_dir)
     _refuse_odd_names(serving_dir)
     on_disk = versions(serving_dir)
-    servable = [v for v in on_disk if is_servable(os.path.join(serving_dir, str(v)))]
+    servable = servable_versions(serving_dir, on_disk)
     newest = servable[-1] if servable else None
     skipped = _skipped_versions(serving_dir, on_disk, servable, newest)
     if newest is None:
@@ -437,12 +442,9 @@ STORE_ROWS, STORE_DELTA = "rows", "delta"  # under artifacts.STORE_DIR
 
 
 def _served_dir(serving_dir: str) -> Optional[str]:
-    """The newest servable version directory, or None."""
-    for v in sorted(versions(serving_dir), reverse=True):
-        vdir = os.path.join(serving_dir, str(v))
-        if is_servable(vdir):
-            return vdir
-    return None
+    """The newest servable version directory (what `lookup` serves), or None."""
+    servable = servable_versions(serving_dir, versions(serving_dir))
+    return os.path.join(serving_dir, str(servable[-1])) if servable else None
 
 
 def _push_store(store_dir: str, vdir: str, previous: Optional[str], beam_args: Optional[List[str]]) -> Dict[str, Any]:
