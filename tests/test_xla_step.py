@@ -146,9 +146,10 @@ STEP_CASES = {
 }
 
 
-def _step_model(data, embedding_optimizer, dense_optimizer, clipvalue, precision="float32"):
+def _step_model(data, embedding_optimizer, dense_optimizer, clipvalue, precision="float32", **dense_tower):
     """(model, batch): the Trainer's compiled training model (model_building.build_training_model)
-    with every optimizer's slots built, and one training batch as the trainer feeds it."""
+    with every optimizer's slots built, and one training batch as the trainer feeds it;
+    `dense_tower`: training fields that size the dense network (cross_layers, bottom_mlp, top_mlp)."""
     from components.config.loading import parse_config
     from components.contracts.manifest import VocabularyManifest
     from components.embedding_model.input import make_dataset
@@ -161,7 +162,7 @@ def _step_model(data, embedding_optimizer, dense_optimizer, clipvalue, precision
     emb = dict(embedding_optimizer, clipvalue=clipvalue)
     raw = trainer_raw_config(data, dropout=0.0, input_dropout=0.0, embedding={"size_threshold": None},
                              embedding_optimizer=emb, dense_optimizer=dense_optimizer, wide={"enabled": True},
-                             precision=precision)
+                             precision=precision, **dense_tower)
     own = [f for f in raw["categorical_features"] if "table" not in f]
     own[0]["optimizer"] = {"name": "sgd", "learning_rate": 0.3}
     own[1]["optimizer"] = {"name": "adagrad", "learning_rate": 0.2}
@@ -185,9 +186,10 @@ def _state(model):
     return {id(v): v for v in variables}
 
 
-def _check_step_compiles(data, case, precision="float32", rtol=2e-5, atol=2e-6):
-    """Two compiled steps of the Trainer's train_step equal two uncompiled ones from the same start."""
-    model, batch = _step_model(data, *STEP_CASES[case], precision=precision)
+def _check_step_compiles(data, case, precision="float32", rtol=2e-5, atol=2e-6, **dense_tower):
+    """Two compiled steps of the Trainer's train_step equal two uncompiled ones from the same start;
+    returns the model."""
+    model, batch = _step_model(data, *STEP_CASES[case], precision=precision, **dense_tower)
     state = _state(model)
     start = {k: v.numpy() for k, v in state.items()}
     compiled = tf.function(model.train_step, jit_compile=True)
@@ -207,10 +209,18 @@ def _check_step_compiles(data, case, precision="float32", rtol=2e-5, atol=2e-6):
     tables = [t.embeddings for t in model.tensor_core_tables.values()]
     assert all(not np.array_equal(after_xla[id(t)], start[id(t)]) for t in tables)  # every table trained
     assert moved > len(tables)
+    return model
 
 
-@pytest.mark.slow(reason="one model build and two XLA compilations per optimizer, ~10 s each")
-@pytest.mark.parametrize("case", list(STEP_CASES))
+def test_the_trainer_step_compiles_with_xla_at_a_small_size(trainer_data):
+    """The fast tier's guard of the compiled step: the Adagrad case (tables under SGD, Adagrad
+    and the wide part's lazy Adam, the dense network under Adagrad with clipnorm) with a small
+    dense network (one cross layer, MLPs of 8), about 3.5 s; the other cases at the defaults' size below."""
+    _check_step_compiles(trainer_data, "adagrad", cross_layers=1, bottom_mlp=[8], top_mlp=[8])
+
+
+@pytest.mark.slow(reason="one model build and two XLA compilations per optimizer, ~5 s each")
+@pytest.mark.parametrize("case", [c for c in STEP_CASES if c != "adagrad"])  # adagrad: above, and in bfloat16 below
 def test_trainer_step_compiles_with_xla(trainer_data, case):
     _check_step_compiles(trainer_data, case)
 
@@ -221,9 +231,8 @@ def test_the_mixed_bfloat16_step_compiles_with_xla(trainer_data):
     the uncompiled step agree within bfloat16's resolution (8 bits of mantissa: 2**-8 relative). With
     Adagrad: Adam's first steps are about lr x sign(gradient), which turns a rounding difference in a
     near-zero gradient into a whole step."""
-    model, _ = _step_model(trainer_data, *STEP_CASES["adagrad"], precision="mixed_bfloat16")
+    model = _check_step_compiles(trainer_data, "adagrad", precision="mixed_bfloat16", rtol=2**-7, atol=2**-10)
     assert model.dense_tower.cross[0].compute_dtype == "bfloat16"
-    _check_step_compiles(trainer_data, "adagrad", precision="mixed_bfloat16", rtol=2**-7, atol=2**-10)
 
 
 @pytest.mark.slow(reason="the Trainer's model built and its step traced for XLA")
