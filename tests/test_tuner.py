@@ -312,10 +312,10 @@ def test_parallel_trials_without_vertex_are_refused_at_compile(tmp_path, capsys)
 
 # ---- the search on the smallest data -------------------------------------------------------------
 
-def _tuning_config(root, **tuning):
+def _tuning_config(root, precision="auto", **tuning):
     from tests.stages import trainer_raw_config
 
-    raw = trainer_raw_config(root)
+    raw = trainer_raw_config(root, precision=precision)
     raw["tuning"] = dict({"trials": 2, "steps_per_trial": 4, "space": {"training.dropout": [0.0, 0.5],
                                                                         "training.cross_layers": [1, 3],
                                                                         "training.top_mlp": [[16], [32, 16]]}},
@@ -335,18 +335,23 @@ def _tuner_fn_args(root, cfg, working_dir):
 
 
 @pytest.mark.slow(reason="two 4-step trainings with the held-out selection (KerasTuner's search)")
-def test_the_search_trains_each_trial_and_writes_tfxs_best_hyperparameters(trainer_data, tmp_path):
+def test_the_search_trains_each_trial_and_writes_tfxs_best_hyperparameters(trainer_data, tmp_path, monkeypatch):
+    """Each trial trains in the run's precision (here the dense network in bfloat16)."""
     from tfx.components.tuner import executor as tuner_executor
     from tfx.types import standard_artifacts
 
+    from components.embedding_trainer import model_building
     from components.embedding_trainer.tuner import tuner_fn
     from tests.stages import artifact
 
-    cfg = _tuning_config(trainer_data)
+    built, build = [], model_building.build_model
+    monkeypatch.setattr(model_building, "build_model", lambda *a, **kw: built.append(kw.get("precision")) or build(*a, **kw))
+    cfg = _tuning_config(trainer_data, precision="mixed_bfloat16")
     result = tuner_fn(_tuner_fn_args(trainer_data, cfg, tmp_path / "work"))
     result.tuner.search(**result.fit_kwargs)
     done = result.tuner.results
     assert len(done) == 2 and all(0.0 <= r["auc"] <= 1.0 and r["steps"] == 4 for r in done)
+    assert built and set(built) == {"mixed_bfloat16"}, built  # every trial's model
     assert len({tuple(sorted(r["values"].items())) for r in done}) == 2  # two different trials
     out = {"best_hyperparameters": [artifact(standard_artifacts.HyperParameters, tmp_path / "best")],
            "tuner_results": [artifact(standard_artifacts.TunerResults, tmp_path / "results")]}
