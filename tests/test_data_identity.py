@@ -15,7 +15,8 @@ import pytest
 from components.config.loading import parse_config
 from components.contracts.plan import CheckpointLayout
 from components.embedding_model import sparsecore_state
-from components.data_io.data_identity import (FROM_EXAMPLES, FROM_INPUT, data_config, input_identity,
+from components.data_io.checksums import block_digests, content_fingerprint, sampled_fingerprint
+from components.data_io.data_identity import (FROM_EXAMPLES, FROM_INPUT, FROM_INPUT_BYTES, data_config, input_identity,
                                            training_data_identity)
 from tests.stages import BASE, run_example_gen
 
@@ -31,7 +32,32 @@ def _cfg(**over):
 
 
 def _identity(path):
-    return input_identity([(str(path), path.stat().st_size)], lambda p: open(p, "rb"))
+    """As ExampleGen records it: every block of the file hashed."""
+    blocks = [(str(path), k, h) for k, h in block_digests(str(path), 0, None)]
+    return input_identity([(str(path), path.stat().st_size)], lambda p: open(p, "rb"), blocks)
+
+
+def test_blocks_hashed_over_any_cut_give_one_fingerprint_and_see_every_byte(tmp_path):
+    """The blocks are the file's, not the ranges': any cut into ranges hashes the same blocks; a
+    range missing or read twice is refused; an edit between the sampled windows is seen."""
+    path = tmp_path / "f.bin"
+    data = bytes(range(256)) * 40  # 10,240 bytes, blocks of 1,024 in this test
+    path.write_bytes(data)
+    whole = content_fingerprint(len(data), block_digests(str(path), 0, None, block=1024), block=1024)
+    for cuts in ([0, 10240], [0, 3000, 5001, 10240], [0, 1, 1024, 1025, 10239, 10240]):
+        digests = [d for a, b in zip(cuts, cuts[1:]) for d in block_digests(str(path), a, b, block=1024)]
+        assert content_fingerprint(len(data), digests, block=1024) == whole, cuts
+    with pytest.raises(ValueError, match="were not hashed"):
+        content_fingerprint(len(data), block_digests(str(path), 0, 5000, block=1024), block=1024)
+    with pytest.raises(ValueError, match="hashed twice"):
+        content_fingerprint(len(data), block_digests(str(path), 0, None, block=1024) * 2, block=1024)
+    big = bytearray(bytes(range(256)) * 4096)  # 1 MiB: the sampled fingerprint reads half of it
+    (tmp_path / "big.bin").write_bytes(big)
+    big[70_000] ^= 1  # between the first two sampled windows
+    (tmp_path / "edited.bin").write_bytes(big)
+    a, b = tmp_path / "big.bin", tmp_path / "edited.bin"
+    assert sampled_fingerprint(str(a), len(big)) == sampled_fingerprint(str(b), len(big))  # the sample misses it
+    assert _identity(a)["fingerprint"] != _identity(b)["fingerprint"] and _identity(a)["rule"] == FROM_INPUT_BYTES
 
 
 def _no_fallback():
@@ -106,3 +132,30 @@ def test_example_gen_records_its_input_and_two_readings_of_one_file_are_one_data
     assert one["stages"][0]["byte_ranges"] == 1 and two["stages"][0]["byte_ranges"] > 1
     assert one["stages"][0]["input_identity"] == _identity(tmp_path / "in" / "day.csv")
     assert training_data_identity(one_cfg, one, _no_fallback) == training_data_identity(two_cfg, two, _no_fallback)
+    assert training_data_identity(one_cfg, one, _no_fallback)["from"] == FROM_INPUT_BYTES
+    assert not (tmp_path / "out-1" / "_input_blocks.json").exists()  # the workers' digests are not left behind
+
+
+
+def test_example_gen_hashes_every_block_across_its_ranges(tmp_path, monkeypatch):
+    """Blocks of 1 KiB (4 MiB in a run) over the ranges of 2 KiB of a 3.9 KB file: the workers hash
+    every block once, the same identity as one range, and one changed byte in the middle of the
+    file is other data."""
+    import functools
+
+    from components.data_io import data_identity
+    from components.example_gen import ranges
+
+    monkeypatch.setattr(ranges, "block_digests", functools.partial(block_digests, block=1024))
+    monkeypatch.setattr(data_identity, "content_fingerprint", functools.partial(content_fingerprint, block=1024))
+    for name, text in (("same", CSV), ("edited", CSV[:2000] + CSV[2000:].replace("a3,", "a4,", 1))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "day.csv").write_text(text)
+    cut = _cfg(input={"path": "unused.csv", "range_mb": 2048 / (1 << 20)})
+    found = {}
+    for name, cfg in (("same", _cfg()), ("same", cut), ("edited", cut)):
+        ledger, _, err = run_example_gen(cfg, tmp_path / name, tmp_path / f"out-{len(found)}")
+        assert err is None
+        found[len(found)] = training_data_identity(cfg, ledger, _no_fallback)
+    assert found[0] == found[1] and found[1]["from"] == FROM_INPUT_BYTES
+    assert found[0]["fingerprint"] != found[2]["fingerprint"]

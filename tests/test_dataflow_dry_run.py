@@ -201,13 +201,16 @@ def test_example_gen_and_preprocess_build_dataflow_jobs(offline, tmp_path):
         byte_ranges = ranges.plan_ranges([(str(csv), csv.stat().st_size)], int(cfg.input.range_mb * (1 << 20)))
         bounds = bucket_bounds([cfg.input.train_buckets, cfg.input.eval_buckets])
         _ = p | "WriteExamples" >> WriteExamples(cfg.to_json(), byte_ranges, splits, bounds,
-                                                 str(tmp_path / "examples" / "_tmp"), str(tmp_path / "counts.json"))
+                                                 str(tmp_path / "examples" / "_tmp"), str(tmp_path / "counts.json"),
+                                                 str(tmp_path / "blocks.json"))
 
     labels, job = dry_run(example_gen_executor.Executor, args, example_gen)
-    assert {"WriteExamples/ReadAndWrite", "WriteExamples/CountQuotes", "WriteExamples/SumCounts"} <= labels
+    assert {"WriteExamples/ReadAndWrite", "WriteExamples/CountQuotes", "WriteExamples/SumCounts",
+            "WriteExamples/HashBlocks"} <= labels
     check_job(job, labels, args, offline, [
         "components.example_gen.beam_io.ReadAndWriteRange", "components.example_gen.beam_io.SumCountsFn",
         "components.example_gen.ranges.count_quotes", "components.example_gen.beam_io.count_range",
+        "components.example_gen.ranges.range_blocks",
     ])
 
     # Preprocessing reads what ExampleGen writes, Parquet list columns (Beam's Parquet source checks

@@ -3,7 +3,9 @@
 A training state records it and a resume compares it (sparsecore_state.check_resumable): the same
 input resumes from any output directory, other input is refused. It is computed from what does not
 vary between runs: each input file's name (relative to the files' common directory), size and
-sampled content fingerprint (data_io/checksums.py `sampled_fingerprint`), and the config fields
+content fingerprint (data_io/checksums.py: every byte, hashed in blocks where ExampleGen's workers
+read them, `content_fingerprint`; a sample of the bytes for Parquet files, which no worker reads
+whole, `sampled_fingerprint`), and the config fields
 that decide which rows and values reach training (`data_config`). Not from the transformed
 examples' bytes: Beam's bundles decide which rows share a record, so two runs over the same input
 write other bytes. Not from the input's location or times: a copy elsewhere is the same data.
@@ -16,11 +18,12 @@ import os
 from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from components.config.schema import PipelineConfig
-from components.data_io.checksums import sampled_fingerprint
+from components.data_io.checksums import content_fingerprint, sampled_fingerprint
 
 # What the Trainer records where ExampleGen recorded no input identity (examples from a stock
 # ExampleGen): the transformed examples' own files (training_state.data_signature).
-FROM_INPUT = "input files"
+FROM_INPUT = "input files"  # sampled bytes (Parquet input; and every record written before blocks were hashed)
+FROM_INPUT_BYTES = "input files (every byte)"
 FROM_EXAMPLES = "transformed examples"
 
 # The fields of a categorical feature or table that shape the model, not the rows: a change of
@@ -28,23 +31,44 @@ FROM_EXAMPLES = "transformed examples"
 _MODEL_FIELDS = ("dim", "combiner", "initializer", "optimizer", "use_safe_embedding_lookup")
 
 
-def input_identity(files: Sequence[Tuple[str, int]], opener: Callable[[str], IO[bytes]]) -> Dict[str, Any]:
+def input_identity(files: Sequence[Tuple[str, int]], opener: Callable[[str], IO[bytes]],
+                   blocks: Optional[Sequence[Sequence[Any]]] = None) -> Dict[str, Any]:
     """What identifies the input files ExampleGen read.
 
     Args:
       files: (path, size in bytes) of every input file.
-      opener: opens a path for binary reading (Beam's `FileSystems.open` for any filesystem).
+      opener: opens a path for binary reading (Beam's `FileSystems.open` for any filesystem), for
+        the sampled fingerprint.
+      blocks: (path, block index, SHA-256 hex) of every block of every file, as ExampleGen's
+        workers hashed them (ranges.range_blocks); None (Parquet input): each file is known by a
+        sample of its bytes.
 
     Returns:
-      {"fingerprint", "files": [{"name", "bytes", "fingerprint"}], "bytes"}: names relative to the
-      files' common directory.
+      {"fingerprint", "files": [{"name", "bytes", "fingerprint"}], "bytes", "rule"}: names
+      relative to the files' common directory; `rule` FROM_INPUT_BYTES with blocks, else FROM_INPUT.
+
+    Raises:
+      ValueError: the blocks do not cover every file once (checksums.content_fingerprint).
     """
+    by_path: Dict[str, List[Tuple[int, str]]] = {}
+    for path, k, hexdigest in blocks or ():
+        by_path.setdefault(path, []).append((int(k), hexdigest))
+
+    def fingerprint(path: str, size: int) -> str:
+        if blocks is None:
+            return sampled_fingerprint(path, size, opener)
+        try:
+            return content_fingerprint(size, by_path.get(path, []))
+        except ValueError as e:
+            raise ValueError(f"input file {path}: {e}") from None
+
     paths = [p for p, _ in files]
     root = os.path.dirname(paths[0]) if len(paths) == 1 else os.path.commonpath(paths) if paths else ""
-    entries = [{"name": os.path.relpath(p, root) if root else p, "bytes": int(n),
-                "fingerprint": sampled_fingerprint(p, int(n), opener)} for p, n in sorted(files)]
+    entries = [{"name": os.path.relpath(p, root) if root else p, "bytes": int(n), "fingerprint": fingerprint(p, int(n))}
+               for p, n in sorted(files)]
     entries.sort(key=lambda e: e["name"])
-    return {"fingerprint": _digest(entries), "files": entries, "bytes": sum(e["bytes"] for e in entries)}
+    return {"fingerprint": _digest(entries), "files": entries, "bytes": sum(e["bytes"] for e in entries),
+            "rule": FROM_INPUT if blocks is None else FROM_INPUT_BYTES}
 
 
 def _without(entry: Dict[str, Any], fields: Sequence[str]) -> Dict[str, Any]:
@@ -101,4 +125,4 @@ def training_data_identity(cfg: PipelineConfig, ledger: Optional[Dict[str, Any]]
     names: List[str] = [f["name"] for f in found["files"]]
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     return {"fingerprint": _digest([found["fingerprint"], data_config(cfg)]), "examples": shown,
-            "files": len(names), "bytes": found["bytes"], "from": FROM_INPUT}
+            "files": len(names), "bytes": found["bytes"], "from": found.get("rule", FROM_INPUT)}

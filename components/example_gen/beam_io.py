@@ -337,12 +337,14 @@ def _tfrecord_payloads(path: str):
 
 
 class WriteExamples(beam.PTransform):
-    """PBegin -> nothing: reads `byte_ranges` (Parquet: row-group units), writes each split's Parquet files into `split_dirs`
-    and the merged counts (JSON) to `counts_path`."""
+    """PBegin -> nothing: reads `byte_ranges` (Parquet: row-group units), writes each split's Parquet files into `split_dirs`,
+    the merged counts (JSON) to `counts_path` and, but for Parquet, every file's block digests
+    (JSON [[path, block, sha256], ...]: ranges.range_blocks) to `blocks_path`."""
 
     def __init__(self, config_json: str, byte_ranges: List[Any], split_dirs: Dict[str, str],
-                 bounds: List[int], tmp_dir: str, counts_path: str):
+                 bounds: List[int], tmp_dir: str, counts_path: str, blocks_path: str):
         super().__init__()
+        self._blocks_path = blocks_path
         self._config_json = config_json
         self._ranges = byte_ranges
         self._split_dirs = split_dirs
@@ -363,6 +365,14 @@ class WriteExamples(beam.PTransform):
         else:
             before = pbegin | "NoQuotes" >> beam.Create([{}])
         side = beam.pvalue.AsSingleton(before)
+        if self._format != InputFormat.PARQUET:  # every byte hashed on the workers (the input's identity)
+            _ = (
+                rs
+                | "HashBlocks" >> beam.FlatMap(ranges.range_blocks)
+                | "AllBlocks" >> beam.combiners.ToList()
+                | "BlocksToJson" >> beam.Map(lambda blocks: json.dumps(sorted(blocks)))
+                | "WriteBlocks" >> beam.io.WriteToText(self._blocks_path, shard_name_template="")
+            )
         written = rs | "ReadAndWrite" >> beam.ParDo(
             ReadAndWriteRange(self._config_json, self._split_dirs, self._bounds, self._tmp_dir, len(self._ranges)), side
         )

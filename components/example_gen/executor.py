@@ -46,6 +46,7 @@ from components.tfx_wiring.component_keys import CONFIG_KEY
 from components.config.choices import InputFormat
 from components.config.schema import PipelineConfig
 COUNTS_FILE = "_input_counts.json"
+BLOCKS_FILE = "_input_blocks.json"  # every input file's block digests (the input's identity), removed after
 TMP_DIR = "_tmp"  # in the artifact, beside the splits: files being written; removed when done
 PAYLOAD_FORMAT = example_gen_pb2.FORMAT_PARQUET
 FILE_FORMAT = "FILE_FORMAT_PARQUET"  # tfxio_utils reads it as example_gen_pb2.FILE_FORMAT_PARQUET
@@ -156,17 +157,18 @@ class Executor(NoSdistOnLocalRunners, BaseExampleGenExecutor):
         tmp_dir = os.path.join(examples.uri, TMP_DIR)
         for d in list(split_dirs.values()) + [tmp_dir]:
             FileSystems.mkdirs(d) if not FileSystems.exists(d) else None
-        counts_path = os.path.join(examples.uri, COUNTS_FILE)
+        counts_path, blocks_path = os.path.join(examples.uri, COUNTS_FILE), os.path.join(examples.uri, BLOCKS_FILE)
         progress.phase(progress.EXAMPLE_GEN, f"reading {len(files)} file(s), {sum(n for _, n in files) / 1e6:,.1f} MB "
                                              f"in {len(byte_ranges)} {unit}")
         progress.count(progress.EXAMPLE_GEN, RANGES_DONE, 0, total=len(byte_ranges), unit="ranges")
         with self._make_beam_pipeline() as pipeline:
             add_worker_plugin(pipeline.options)  # a worker whose stderr is on the full disk still reports its failure
             _ = pipeline | "WriteExamples" >> WriteExamples(
-                exec_properties[CONFIG_KEY], byte_ranges, split_dirs, bounds, tmp_dir, counts_path
+                exec_properties[CONFIG_KEY], byte_ranges, split_dirs, bounds, tmp_dir, counts_path, blocks_path
             )
         counts = read_json(counts_path)
-        FileSystems.delete([counts_path] + ([tmp_dir] if FileSystems.exists(tmp_dir) else []))
+        blocks = None if cfg.input.format == InputFormat.PARQUET else read_json(blocks_path)  # Parquet: sampled
+        FileSystems.delete([counts_path] + [p for p in (blocks_path, tmp_dir) if FileSystems.exists(p)])
         fill_empty_splits(split_dirs)
         written = {s: row_counts.count_parquet_rows(d.rstrip("/") + "/*.parquet") for s, d in split_dirs.items()}
         stage = ledger.example_gen_stage(counts, written)
@@ -174,7 +176,7 @@ class Executor(NoSdistOnLocalRunners, BaseExampleGenExecutor):
         stage["files"] = [p for p, _ in files]
         stage["files_skipped"] = skipped[:MAX_LISTED]
         stage["files_skipped_count"] = len(skipped)
-        stage["input_identity"] = input_identity(files, FileSystems.open)  # what a resume compares
+        stage["input_identity"] = input_identity(files, FileSystems.open, blocks)  # what a resume compares
         stage["row_group_units" if cfg.input.format == InputFormat.PARQUET else "byte_ranges"] = len(byte_ranges)
         stage["span"] = int(exec_properties.get("span") or 0)
         write_text(os.path.join(examples.uri, ledger.LEDGER_FILE), ledger.to_json(ledger.ledger([stage])))

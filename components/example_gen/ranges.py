@@ -29,6 +29,7 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from components.data_io.checksums import block_digests
 from components.data_io.streams import RawReader
 from components.rows import row_counts
 
@@ -110,6 +111,14 @@ def count_quotes(r: ByteRange) -> Tuple[Tuple[str, int], Tuple[int, int]]:
             newlines += block.count(b"\n")
             left -= len(block)
     return r.key(), (quotes, newlines)
+
+
+def range_blocks(r: ByteRange) -> List[Tuple[str, int, str]]:
+    """(path, block index, SHA-256 hex) of the file's blocks that start in this range
+    (checksums.block_digests: every byte once over all ranges, whatever the cut); a whole
+    (compressed, or TFRecord) file's every block, of its raw bytes."""
+    start, end = (0, None) if r.whole_file else (r.start, r.end)
+    return [(r.path, k, h) for k, h in block_digests(r.path, start, end, _open)]
 
 
 def before_each_range(counts: Iterable[Tuple[Tuple[str, int], Tuple[int, int]]]) -> Dict[Tuple[str, int], Tuple[int, int]]:
