@@ -137,6 +137,7 @@ def test_example_gen_records_its_input_and_two_readings_of_one_file_are_one_data
 
 
 
+@pytest.mark.slow(reason="ExampleGen's executor three times (Beam in this process)")
 def test_example_gen_hashes_every_block_across_its_ranges(tmp_path, monkeypatch):
     """Blocks of 1 KiB (4 MiB in a run) over the ranges of 2 KiB of a 3.9 KB file: the workers hash
     every block once, the same identity as one range, and one changed byte in the middle of the
