@@ -54,6 +54,15 @@ def test_shapes_cardinality_and_skew():
         assert 0.05 < np.mean(vals == "") < 0.15
 
 
+def test_tokens_are_the_hashes_in_eight_lowercase_hex_digits():
+    """The demo dataset's tokens as printf's "%08x" of each rank's hash spelled them (the values
+    np.char.mod gave, pinned): leading zeros kept, one dtype for any number of ranks."""
+    ranks = np.array([0, 1, 2, 4095, 10**9, 4821, 7431])
+    assert list(sd.token_of(2, ranks)) == ["1b147dcc", "971e9964", "12925fb8", "915590a6", "edf6b804",
+                                          "000bfb3f", "0004f64f"]
+    assert sd.token_of(2, ranks[:0]).dtype == sd.token_of(2, ranks).dtype == np.dtype("<U8")
+
+
 def test_tokens_distinct_per_rank_and_large_cardinalities_cheap():
     ranks = np.arange(200000)
     assert len(set(sd.token_of(2, ranks))) == len(ranks)  # fmix32 is a bijection

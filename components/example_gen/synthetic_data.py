@@ -103,7 +103,14 @@ def token_of(feature: int, rank: np.ndarray) -> np.ndarray:
     """8-hex-digit token of each rank of a feature (distinct per rank within a feature)."""
     key = (rank.astype(np.uint64) + np.uint64(0x9E3779B9) * np.uint64(feature + 1)) & np.uint64(0xFFFFFFFF)
     h = _fmix32(key.astype(np.uint32))
-    return np.char.mod("%08x", h)
+    # "%08x" of each hash, spelled nibble by nibble in NumPy: np.char.mod("%08x", h) formats in a
+    # Python loop and took about half of the demo dataset's generation
+    chars = _HEX_DIGITS[(h[:, None] >> _NIBBLE_SHIFTS) & np.uint32(0xF)]
+    return chars.view("S8").ravel().astype("U8")
+
+
+_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", np.uint8)
+_NIBBLE_SHIFTS = np.arange(28, -1, -4, dtype=np.uint32)  # the most significant hex digit first
 
 
 def value_effect(feature: int, rank: np.ndarray, scale: float) -> np.ndarray:
