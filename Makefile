@@ -9,7 +9,7 @@ export PYTHONWARNINGS := ignore::FutureWarning
 export TF_CPP_MIN_LOG_LEVEL := 2
 # Python's default: compiled modules cached in __pycache__ (gitignored), pytest's rewritten test
 # modules among them. A machine that sets PYTHONDONTWRITEBYTECODE=1 makes every test worker rewrite
-# every test module' asserts again on each run (about 4 of its 9 s of start-up).
+# every test module's asserts again on each run (about 3.5 of its 9 s of start-up).
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: venv demo continuous test test-all coverage lock lock-tpu clean
