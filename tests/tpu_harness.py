@@ -216,6 +216,14 @@ def stacked_rows(mid: Any, table_name: str, ids: tf.Tensor) -> tf.Tensor:
 XLA_PAD_SIZE = 8
 
 
+def _refusal(ok: tf.Tensor, message: str, *values: tf.Tensor) -> tf.Operation:
+    """An op failing the step with InvalidArgumentError `message` (and `values`) where the boolean
+    `ok` is false, as a kernel's refusal fails it. TF's `Assert` with string and int32 data only, so
+    that it is one op: `tf.debugging.assert_*` guard theirs with a `cond` (two branch graphs traced
+    per check, per feature, per replica: about a tenth of a harness test's tracing)."""
+    return tf.debugging.Assert(ok, [message] + [tf.cast(v, tf.int32) for v in values])
+
+
 class CpuConvertToCoo:
     """TF's `xla_ops` module as TPUEmbeddingV2's COO preprocessing sees it while `CpuStepV2` runs
     that preprocessing (TF's own `_preprocess_inputs_and_weights_to_coo_tensor` and
@@ -246,31 +254,32 @@ class CpuConvertToCoo:
         if combiner not in ("sum", "mean", "sqrtn"):
             raise ValueError(f"Invalid combiner {combiner!r}: one of sum, mean, sqrtn")
         n = tf.size(values, out_type=tf.int64)
-        checks = [tf.debugging.assert_equal(
-            n, tf.size(weights, out_type=tf.int64),
-            message="Values and weights should have same elements (elements of values, of weights)")]
+        checks = [_refusal(tf.equal(n, tf.size(weights, out_type=tf.int64)),
+                           "Values and weights should have same elements (elements of values, of weights)",
+                           n, tf.size(weights, out_type=tf.int64))]
         rank = indices_or_row_splits.shape.rank
         if rank == 1 and indices_or_row_splits.shape[0] == 0:  # dense: TF passes zeros((0,))
-            checks.append(tf.debugging.assert_equal(
-                n, tf.constant(sample_count, tf.int64),
-                message=f"Dense tensor input should have values elements number the same as the sample count "
-                        f"{sample_count} (one ID per sample)"))
+            checks.append(_refusal(
+                tf.equal(n, sample_count),
+                f"Dense tensor input should have values elements number the same as the sample count "
+                f"{sample_count} (one ID per sample)", n))
             sample = tf.range(n)
         elif rank == 2:  # SparseTensor indices
             sample = tf.cast(indices_or_row_splits[:, 0], tf.int64)
-            checks.append(tf.debugging.assert_less(
-                sample, tf.constant(sample_count, tf.int64),
-                message=f"Invalid indices_or_row_splits input, indices of SparseTensor contained a row_id that was "
-                        f">= the sample count ({sample_count})"))
-            checks.append(tf.debugging.assert_greater_equal(
-                sample[1:], sample[:-1],
-                message="Invalid indices_or_row_splits input, indices of SparseTensor need to be sorted in "
-                        "ascending (non-decreasing) order"))
+            checks.append(_refusal(
+                tf.reduce_all(sample < sample_count),
+                f"Invalid indices_or_row_splits input, indices of SparseTensor contained a row_id that was "
+                f">= the sample count ({sample_count})", tf.reduce_max(sample)))
+            checks.append(_refusal(
+                tf.reduce_all(sample[1:] >= sample[:-1]),
+                "Invalid indices_or_row_splits input, indices of SparseTensor need to be sorted in "
+                "ascending (non-decreasing) order"))
         elif rank == 1:  # RaggedTensor row_splits
-            checks.append(tf.debugging.assert_equal(
-                tf.size(indices_or_row_splits, out_type=tf.int64), tf.constant(sample_count + 1, tf.int64),
-                message=f"Ragged tensor input should have row_splits elements number the same as the sample count "
-                        f"+ 1 ({sample_count + 1})"))
+            splits = tf.size(indices_or_row_splits, out_type=tf.int64)
+            checks.append(_refusal(
+                tf.equal(splits, sample_count + 1),
+                f"Ragged tensor input should have row_splits elements number the same as the sample count "
+                f"+ 1 ({sample_count + 1})", splits))
             sample = tf.ragged.row_splits_to_segment_ids(tf.cast(indices_or_row_splits, tf.int64), out_type=tf.int64)
         else:
             raise ValueError(f"Invalid indices_or_row_splits input, Got dimension of {rank}")
@@ -490,10 +499,11 @@ def cpu_step_v2_class(on_call=None, on_apply=None, mutation=None):
             counts = tf.math.unsorted_segment_sum(tf.ones_like(partition), partition, per_chip * n)
             padded = tf.reduce_sum((counts + XLA_PAD_SIZE - 1) // XLA_PAD_SIZE * XLA_PAD_SIZE)
             bound = self.max_ids_per_chip_per_sample * samples
-            check = tf.debugging.assert_less_equal(
-                padded, tf.constant(bound, tf.int64),
-                message=f"stack {stacked}: more IDs after padding in one replica step than max_ids_per_chip "
-                        f"{bound} (max_ids_per_chip_per_sample {self.max_ids_per_chip_per_sample} x {samples} samples)")
+            check = _refusal(
+                padded <= bound,
+                f"stack {stacked}: more IDs after padding in one replica step than max_ids_per_chip "
+                f"{bound} (max_ids_per_chip_per_sample {self.max_ids_per_chip_per_sample} x {samples} samples)",
+                padded)
             with tf.control_dependencies([check]):  # no row is looked up or updated past a refusal
                 return Coo(*(tf.identity(t) for t in coo))
 
