@@ -255,6 +255,8 @@ class ExportContext:
     `convert` sets `model`, `writer`, `table_report`, `convert_seconds` and `dense_restored`;
     `verify` sets `float32_dir`, `serving_variables`, `parity`, `p_float32` (float32 [n]) and the
     AUCs (None, with `auc_undefined`, when the sample's labels leave them undefined); `compress` adds its dtype to `compression` ({dtype: size and AUC figures}).
+    The step that writes the exported model (verify for float32 tables, else compress) keeps it as
+    loaded back in `served`: the serving check's record is scored on it, not on a second load.
     """
 
     cfg: PipelineConfig
@@ -284,6 +286,7 @@ class ExportContext:
     auc_undefined: Optional[str] = None  # why the sample's AUC is undefined (e.g. one label only)
     # compress: dtype -> size and AUC figures ("float32" set by verify)
     compression: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    served: Any = None  # the exported SavedModel, loaded back
 
     @property
     def table_dtype(self) -> str:
@@ -430,6 +433,8 @@ def verify(ctx: ExportContext) -> None:
     with reading(trained_dir, "the Trainer's SavedModel", RERUN_TRAINER, ExportRefused):
         trained = tf.saved_model.load(trained_dir)
     serving = tf.saved_model.load(ctx.float32_dir)
+    if ctx.table_dtype == TableDtype.FLOAT32:
+        ctx.served = serving
     p_trained = score(trained.signatures["serving_default"], s.transformed)
     p_float32 = score(serving.signatures["serving_default"], s.raw)
     ctx.clock.lap("load and score trained and serving models")
@@ -540,7 +545,8 @@ def compress(ctx: ExportContext, dtype: str) -> None:
         path = os.path.join(ctx.staging, artifacts.SERVING_DIR)
         save_serving_model(module, path)
         ctx.serving_variables = check_no_optimizer_state(path, variant)
-        fn = tf.saved_model.load(path).signatures["serving_default"]
+        ctx.served = tf.saved_model.load(path)
+        fn = ctx.served.signatures["serving_default"]
     else:
         fn = module.serve_examples
     p = score(fn, s.raw)
@@ -589,7 +595,7 @@ def build_report(ctx: ExportContext) -> Dict[str, Any]:
     tables_manifest = ctx.writer.finish() if ctx.writer is not None else None
     write_serving_inputs(os.path.join(ctx.staging, artifacts.SERVING_DIR), ctx.serving_inputs)
     # TF Serving's warm-up file of real eval rows and their scores: what check-serving compares against
-    write_expected(os.path.join(ctx.staging, artifacts.SERVING_DIR), ctx.sample.raw)
+    write_expected(os.path.join(ctx.staging, artifacts.SERVING_DIR), ctx.sample.raw, ctx.served)
     ctx.clock.lap("record the serving check's warm-up requests")
     trained_bytes = sum(t["trained_bytes"] for t in ctx.table_report.values())
     serving_bytes = sum(t["serving_bytes"] for t in ctx.table_report.values())
