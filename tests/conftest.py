@@ -12,8 +12,9 @@ The rule for each (docs/development.md, "Test tiers"):
   worker, and a module-scoped fixture once per module; tests that share none run wherever a worker
   is free. No hand-kept list of tests or seconds.
 - **State.** Before each test the random generators are seeded; after it, the environment and
-  TensorFlow's global state (Keras' dtype policy, eager mode) are put back. TensorFlow is configured
-  here only once a test module has imported it: a config or rulebook test never loads it.
+  TensorFlow's global state (Keras' dtype policy, eager mode, grappler's passes) are put back.
+  TensorFlow is configured here only once a test module has imported it: a config or rulebook test
+  never loads it.
 """
 import gc
 import os
@@ -111,7 +112,7 @@ def pipeline_run(tmp_path_factory):
 def _fresh_global_state():
     """Seeds Python's, NumPy's and (when loaded) TensorFlow's random state, so that what a test
     draws does not depend on what ran before it in the same worker; afterwards restores the
-    environment and TensorFlow's Keras dtype policy and eager mode."""
+    environment and TensorFlow's Keras dtype policy, eager mode and grappler's passes."""
     environ = dict(os.environ)
     random.seed(0)
     if "numpy" in sys.modules:
@@ -129,6 +130,8 @@ def _fresh_global_state():
         keras = sys.modules.get("tf_keras")
         if keras is not None and keras.mixed_precision.global_policy().name != "float32":
             keras.mixed_precision.set_global_policy("float32")
+        if tf.config.optimizer.get_experimental_options().get("disable_meta_optimizer"):  # the TPU harness's
+            tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": False})
 
 
 # ---- tiers and groups --------------------------------------------------------------------------
