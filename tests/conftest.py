@@ -34,13 +34,14 @@ LOGICAL_CPUS = 4
 GROUPED = {
     "chain": "ExampleGen -> Preprocess -> Trainer -> Exporter -> Pusher executors on 2,500 rows",
     "pipeline_run": "the whole pipeline on the demo's 375k rows",
+    "features_chain": "the executors' chain on configs/features.yaml (every feature kind), 3,000 rows",
 }
 # Session fixtures built in each worker that uses them: in the whole suite their many users spread
 # over both workers. The fast tier (`-m "not slow"`, `make test`) has few (21 of trainer_data's 82),
 # and there they share a worker instead: one build (about 4 s) instead of two.
 PER_WORKER = {"trainer_data": "3,000 + 600 generated rows preprocessed for the Trainer"}
 # Fixtures that make every test using them slow.
-SLOW_FIXTURES = {"chain", "pipeline_run", "kfp_runs"}
+SLOW_FIXTURES = {"chain", "features_chain", "pipeline_run", "kfp_runs"}
 
 
 def _logical_cpus(n: int) -> None:
@@ -95,6 +96,15 @@ def chain(tmp_path_factory):
     from tests.stages import make_chain
 
     return make_chain(tmp_path_factory.mktemp("executors"))
+
+
+@pytest.fixture(scope="session")
+def features_chain(tmp_path_factory):
+    """(config, {name: artifact}, root): the executors' chain on configs/features.yaml
+    (tests/stages.py, make_features_chain); the feature-kind and BulkInferrer tests'."""
+    from tests.stages import make_features_chain
+
+    return make_features_chain(tmp_path_factory.mktemp("features"))
 
 
 @pytest.fixture(scope="session")

@@ -440,6 +440,39 @@ def features_raw_config(csv_path) -> dict:
     return raw
 
 
+FEATURES_ROWS = 3000  # the eval split (about a fifth) holds every feature kind's values many times over
+
+
+def make_features_chain(root):
+    """(config, {name: artifact}, root): every executor's Do() in order (run_chain) on
+    configs/features.yaml (features_raw_config: every feature kind) and FEATURES_ROWS generated rows
+    with the extra columns, with what the feature-kind and BulkInferrer tests need of it: the items
+    table in TPU embedding too (size_threshold 100), per-table optimizers with the gradient
+    multiplier's warm-up, wide parts, the row files written by Beam, and bulk inference on the eval
+    split (whose executors those tests run themselves, under `root`)."""
+    from components.config.loading import parse_config
+    from components.example_gen.synthetic_data import GeneratorSpec, write_csv
+
+    data = root / "input"
+    data.mkdir()
+    write_csv(GeneratorSpec(rows=FEATURES_ROWS, seed=9, cardinalities=small_cardinalities(2000), extra_columns=True),
+              str(data / "data.csv"))
+    raw = features_raw_config(data / "data.csv")
+    raw["training"]["embedding"] = {"size_threshold": 100}
+    raw["training"].update({"batch_size": 64, "train_steps": 40, "eval_steps": 5, "checkpoint_every_steps": 20,
+                            "embedding_gradient_multiplier": {"value": 1.0, "schedule": {"warmup_steps": 10}}})
+    # row files (by a Beam pipeline), the dense model and their parity on every kind, wide parts (of
+    # sequences too) included
+    raw["export"].update(compare_compression=False, auc_sample_size=500, parity_sample_size=256,
+                         store={"enabled": True, "max_file_mib": 1, "beam": True})
+    raw["training"]["wide"] = {"enabled": True}
+    raw["beam"] = {"direct_running_mode": "in_memory", "direct_num_workers": 1}
+    raw["validation"] = dict(NO_GATE)
+    raw["bulk_inference"] = {"enabled": True, "splits": ["eval"]}
+    cfg = parse_config(raw)
+    return cfg, run_chain(root, cfg, data), root
+
+
 def read_prediction_logs(uri):
     """docs/tfx.md's snippet: every PredictionLog of a BulkInferrer's InferenceResult at `uri`."""
     import tensorflow as tf

@@ -9,7 +9,7 @@ import re
 import pytest
 import yaml
 
-from tests.stages import NO_GATE, demo_raw_config, features_raw_config, read_prediction_logs
+from tests.stages import demo_raw_config, read_prediction_logs
 
 from components.config.loading import parse_config
 from components.config.schema import ConfigError
@@ -161,33 +161,6 @@ def test_compiles_for_kubeflow_in_both_modes(tmp_path, output):
 
 
 # ---- its PredictionLogs equal serving_default's scores, on every feature kind ---------------------
-
-ROWS = 1200  # the eval split (about a fifth) holds every feature kind's values many times over
-
-
-@pytest.fixture(scope="module")
-def features_chain(tmp_path_factory):
-    """The executors' chain on configs/features.yaml (every feature kind) and its smallest data: a
-    blessed serving model and ExampleGen's Parquet examples."""
-    from components.example_gen.synthetic_data import GeneratorSpec
-    from components.example_gen.synthetic_data import write_csv
-    from tests.stages import run_chain, small_cardinalities
-
-    root = tmp_path_factory.mktemp("bulk_inferrer")
-    data = root / "input"
-    data.mkdir()
-    write_csv(GeneratorSpec(rows=ROWS, seed=9, cardinalities=small_cardinalities(2000), extra_columns=True),
-              str(data / "data.csv"))
-    raw = features_raw_config(data / "data.csv")
-    raw["training"]["embedding"] = {"size_threshold": 100}  # the items table in TPU embedding too
-    raw["training"].update({"batch_size": 64, "train_steps": 10, "eval_steps": 2, "checkpoint_every_steps": 10})
-    raw["export"].update(compare_compression=False, auc_sample_size=200, parity_sample_size=128)
-    raw["beam"] = {"direct_running_mode": "in_memory", "direct_num_workers": 1}
-    raw["validation"] = dict(NO_GATE)
-    raw["bulk_inference"] = {"enabled": True, "splits": ["eval"]}
-    cfg = parse_config(raw)
-    return cfg, run_chain(root, cfg, data), root
-
 
 def _infer(root, name, copy, serving, blessing, splits):
     """TFX's BulkInferrer executor with the exec properties our component gives it."""

@@ -14,51 +14,20 @@ import yaml
 import components  # noqa: F401
 import tensorflow as tf
 
-from components.config.loading import parse_config
 from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
 from components.contracts.statistics import EmbeddingStatistics
-from components.example_gen.synthetic_data import GeneratorSpec, token_of, write_csv
-from tests.stages import NO_GATE, features_raw_config, run_chain
+from components.example_gen.synthetic_data import token_of
+from tests.stages import NO_GATE
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ROWS = 3000
-
-
-def _config(csv_path):
-    raw = features_raw_config(csv_path)
-    # size_threshold 100: the items table (1000 rows, the attention sequence's) in TPU embedding
-    raw["training"]["embedding"] = {"size_threshold": 100}
-    raw["training"].update({"batch_size": 64, "train_steps": 40, "eval_steps": 5, "checkpoint_every_steps": 20,
-                            "embedding_gradient_multiplier": {"value": 1.0, "schedule": {"warmup_steps": 10}}})
-    # row files (by a Beam pipeline), the dense model and their parity on every kind, wide parts (of
-    # sequences too) included
-    raw["export"].update(compare_compression=False, auc_sample_size=500, parity_sample_size=256,
-                         store={"enabled": True, "max_file_mib": 1, "beam": True})
-    raw["training"]["wide"] = {"enabled": True}
-    raw["beam"] = {"direct_running_mode": "in_memory", "direct_num_workers": 1}
-    raw["validation"] = dict(NO_GATE)
-    return parse_config(raw)
-
-
-@pytest.fixture(scope="module")
-def chain(tmp_path_factory):
-    root = tmp_path_factory.mktemp("feature_kinds")
-    data = root / "input"
-    data.mkdir()
-    small = [min(c, 2000) for c in GeneratorSpec().cardinalities]
-    write_csv(GeneratorSpec(rows=ROWS, seed=9, cardinalities=small, extra_columns=True), str(data / "data.csv"))
-    cfg = _config(data / "data.csv")
-    return cfg, run_chain(root, cfg, data)
-
-
 def _manifest(a):
     return VocabularyManifest.from_json(open(os.path.join(a["vocabulary"].uri, "manifest.json")).read())
 
 
 @pytest.mark.slow(reason="the executors' chain on the feature showcase config")
-def test_manifest_and_vocabulary_files_follow_each_kind(chain):
-    cfg, a = chain
+def test_manifest_and_vocabulary_files_follow_each_kind(features_chain):
+    cfg, a, _ = features_chain
     m = _manifest(a)
     v = m.vocabularies
     assert (v["items"].kind, v["items"].size, v["items"].num_oov_buckets, v["items"].rows, v["items"].default_value) == (
@@ -76,8 +45,8 @@ def test_manifest_and_vocabulary_files_follow_each_kind(chain):
 
 
 @pytest.mark.slow(reason="the executors' chain on the feature showcase config")
-def test_statistics_count_each_kind(chain):
-    _, a = chain
+def test_statistics_count_each_kind(features_chain):
+    _, a, _ = features_chain
     stats = EmbeddingStatistics.from_json(open(os.path.join(a["statistics"].uri, "statistics.json")).read())
     d = stats.to_dict()
     item = d["features"]["item"]["splits"]["train"]
@@ -94,8 +63,8 @@ def test_statistics_count_each_kind(chain):
 
 
 @pytest.mark.slow(reason="the executors' chain on the feature showcase config")
-def test_plan_carries_table_optimizers_and_the_multiplier(chain):
-    _, a = chain
+def test_plan_carries_table_optimizers_and_the_multiplier(features_chain):
+    _, a, _ = features_chain
     plan = EmbeddingPlan.from_json(open(os.path.join(a["model"].uri, "embedding_plan.json")).read())
     assert plan.tables["items"].optimizer["name"] == "adagrad" and plan.tables["items"].rows == 1000
     assert plan.tables["C1"].optimizer["learning_rate"] == 0.2 and plan.tables["C1"].optimizer["name"] == "ftrl"
@@ -116,8 +85,8 @@ def test_plan_carries_table_optimizers_and_the_multiplier(chain):
 
 
 @pytest.mark.slow(reason="the executors' chain on the feature showcase config")
-def test_exporter_blesses_on_parity_with_every_kind(chain):
-    _, a = chain
+def test_exporter_blesses_on_parity_with_every_kind(features_chain):
+    _, a, _ = features_chain
     blessing, serving = a["blessing"], a["serving"]
     assert blessing.get_int_custom_property("blessed") == 1
     assert serving.get_float_custom_property("parity_max_abs_diff") <= 1e-5
@@ -125,10 +94,10 @@ def test_exporter_blesses_on_parity_with_every_kind(chain):
 
 
 @pytest.mark.slow(reason="the executors' chain on the feature showcase config")
-def test_serving_model_maps_raw_ids_like_preprocessing(chain):
+def test_serving_model_maps_raw_ids_like_preprocessing(features_chain):
     """The serving model on raw JSON columns: an in-range item ID, one beyond num_buckets (the
     default row) and a non-integer text score as the rulebook says (default row 0 = '0')."""
-    cfg, a = chain
+    cfg, a, _ = features_chain
     loaded = tf.saved_model.load(os.path.join(a["serving"].uri, "Format-Serving"))
     fn = loaded.signatures["serve_features"]
     m = _manifest(a)
@@ -163,10 +132,10 @@ def _full_scores(version_dir, manifest, requests):
 
 
 @pytest.mark.slow(reason="the executors' chain on the feature showcase config")
-def test_the_store_path_scores_as_the_serving_model_on_every_kind(chain):
+def test_the_store_path_scores_as_the_serving_model_on_every_kind(features_chain):
     """The export's own check (store_export.py): raw eval rows, and rows with an unknown and an
     empty feature, through keys, row files, pooling and the dense model, as the serving model."""
-    cfg, a = chain
+    cfg, a, _ = features_chain
     report = json.load(open(os.path.join(a["serving"].uri, "export_report.json")))
     store, p = report["store"], report["store"]["parity"]
     assert p["passed"] and p["rows"] > 100 and p["edge_rows"] > 10 and p["max_abs_diff"] <= cfg.export.parity_tolerance, p
@@ -188,7 +157,7 @@ def store_model_inputs(a):
 
 
 @pytest.mark.slow(reason="the executors' chain on the feature showcase config, a second export and push")
-def test_sqlite_store_serves_the_pushed_rows_and_a_second_push_delta_in_place(chain, tmp_path):
+def test_sqlite_store_serves_the_pushed_rows_and_a_second_push_delta_in_place(features_chain, tmp_path):
     """The pushed version's row files loaded into SQLite score eval rows as the pushed model does;
     an export with float16 tables pushed next carries a delta against them, which applied in place
     in SQLite gives that version's rows, and its scores."""
@@ -198,7 +167,7 @@ def test_sqlite_store_serves_the_pushed_rows_and_a_second_push_delta_in_place(ch
     from components.embedding_exporter.serving import RawFeatureTransform
     from components.model_registry import registry
 
-    cfg, a = chain
+    cfg, a, _ = features_chain
     m = _manifest(a)
     serving_dir = os.path.join(os.path.dirname(os.path.dirname(a["pushed"].uri)), "serving")
     found = registry.lookup(serving_dir)
