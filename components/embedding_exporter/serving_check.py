@@ -61,15 +61,15 @@ class ServingCheck:
         return dict(self.__dict__)
 
 
-def write_expected(model_dir: str, records: Sequence[bytes], loaded: Any = None) -> int:
+def write_expected(model_dir: str, records: Sequence[bytes], loaded: Any) -> int:
     """Records what the check compares against: the warm-up file of `records` (one TF Serving
     request of one row each through `serving_default`) and the model's scores for them.
 
     Args:
       model_dir: the serving SavedModel directory (the exporter's, before it is published).
       records: serialized eval tf.Examples (the first WARMUP_RECORDS are used).
-      loaded: that SavedModel as `tf.saved_model.load` returned it, where the caller holds it
-        (None: loaded here).
+      loaded: that SavedModel as `tf.saved_model.load` returned it (the exporter loads it back
+        to score it, and the record is scored on the same object).
 
     Returns:
       The number of rows recorded.
@@ -78,7 +78,7 @@ def write_expected(model_dir: str, records: Sequence[bytes], loaded: Any = None)
     from tensorflow_serving.apis import predict_pb2, prediction_log_pb2  # lazy: as above
 
     records = list(records)[:WARMUP_RECORDS]
-    fn = (loaded if loaded is not None else tf.saved_model.load(model_dir)).signatures["serving_default"]
+    fn = loaded.signatures["serving_default"]
     (key,) = fn.structured_input_signature[1]
     expected = []
     tf.io.gfile.makedirs(os.path.join(model_dir, "assets.extra"))
