@@ -147,7 +147,7 @@ def test_example_gen_hashes_every_block_across_its_ranges(tmp_path, monkeypatch)
     from components.data_io import data_identity
     from components.example_gen import ranges
 
-    monkeypatch.setattr(ranges, "block_digests", functools.partial(block_digests, block=1024))
+    monkeypatch.setattr(ranges, "BLOCK", 1024)  # what ExampleGen's ranges hash by
     monkeypatch.setattr(data_identity, "content_fingerprint", functools.partial(content_fingerprint, block=1024))
     for name, text in (("same", CSV), ("edited", CSV[:2000] + CSV[2000:].replace("a3,", "a4,", 1))):
         (tmp_path / name).mkdir()

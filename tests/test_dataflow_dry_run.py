@@ -205,12 +205,11 @@ def test_example_gen_and_preprocess_build_dataflow_jobs(offline, tmp_path):
                                                  str(tmp_path / "blocks.json"))
 
     labels, job = dry_run(example_gen_executor.Executor, args, example_gen)
-    assert {"WriteExamples/ReadAndWrite", "WriteExamples/CountQuotes", "WriteExamples/SumCounts",
-            "WriteExamples/HashBlocks"} <= labels
+    assert {"WriteExamples/ReadAndWrite", "WriteExamples/ScanRanges", "WriteExamples/SumCounts",
+            "WriteExamples/WriteBlocks"} <= labels
     check_job(job, labels, args, offline, [
         "components.example_gen.beam_io.ReadAndWriteRange", "components.example_gen.beam_io.SumCountsFn",
-        "components.example_gen.ranges.count_quotes", "components.example_gen.beam_io.count_range",
-        "components.example_gen.ranges.range_blocks",
+        "components.example_gen.beam_io.scan_outputs", "components.example_gen.beam_io.count_range",
     ])
 
     # Preprocessing reads what ExampleGen writes, Parquet list columns (Beam's Parquet source checks

@@ -78,6 +78,25 @@ def test_every_record_once_at_any_range_size(tmp_path, seed, range_bytes):
     assert pa.concat_tables(parts).equals(csv.open_csv(io.BytesIO(one.data), **opts).read_all())
 
 
+@pytest.mark.parametrize("range_bytes,block", [(97, 64), (64, 64), (500, 7), (3, 1000), (1000, 64)])
+def test_one_scan_counts_quotes_and_hashes_blocks_as_the_two_passes_do(tmp_path, range_bytes, block):
+    """ExampleGen's one read per range (`scan_range`) gives what `count_quotes` and `range_blocks`
+    give apart, at range sizes below, at and above the block size, the file's last short block and
+    a file that ends on a block boundary included."""
+    for n, rows in enumerate((40, 13)):
+        path = str(tmp_path / f"{n}.csv")
+        with open(path, "wb") as fh:
+            fh.write(_messy_csv(random.Random(n), rows))
+        if n:  # the second file: cut to end exactly on a block boundary
+            size = os.path.getsize(path) // block * block
+            os.truncate(path, size)
+        rs = ranges_lib.plan_ranges([(path, os.path.getsize(path))], range_bytes)
+        for r in rs:
+            assert ranges_lib.scan_range(r, block) == (ranges_lib.count_quotes(r), ranges_lib.range_blocks(r, block)), r
+        hashed = [k for r in rs for _, k, _ in ranges_lib.scan_range(r, block)[1]]
+        assert hashed == list(range(-(-os.path.getsize(path) // block)))  # every block once
+
+
 @pytest.mark.parametrize("range_bytes", [100_000, 333_333, 1 << 20])
 def test_records_longer_than_the_boundary_search_window(tmp_path, range_bytes):
     """A range's first record end and the one past its end are searched in windows that start at

@@ -40,7 +40,7 @@ def input_identity(files: Sequence[Tuple[str, int]], opener: Callable[[str], IO[
       opener: opens a path for binary reading (Beam's `FileSystems.open` for any filesystem), for
         the sampled fingerprint.
       blocks: (path, block index, SHA-256 hex) of every block of every file, as ExampleGen's
-        workers hashed them (ranges.range_blocks); None (Parquet input): each file is known by a
+        workers hashed them (ranges.scan_range, range_blocks); None (Parquet input): each file is known by a
         sample of its bytes.
 
     Returns:

@@ -5,8 +5,9 @@ counted on two sides, no row data crossing a stage boundary.
 - plans byte ranges (`ranges.plan_ranges`): an uncompressed CSV file is cut into ranges of
   `input.range_mb`, so one big file is read by every worker; a compressed file or a TFRecord file
   is one range. The ranges (small elements: path, start, end) are spread over the workers;
-- CSV ranges: a first pass counts each range's quotes and newlines (`ranges.count_quotes`), so each
-  range knows whether it starts inside a quoted field; each range then parses the whole records that
+- CSV ranges: a first pass counts each range's quotes and newlines, so each range knows whether it
+  starts inside a quoted field, and hashes the blocks that start in it (`ranges.scan_range`: one
+  read for both; the blocks' digests are the input's identity); each range then parses the whole records that
   start in it (`ranges.read_owned_records`) with pyarrow's CSV reader (`newlines_in_values`, so
   quoted separators and line breaks, CRLF and a byte-order mark are read as written; rows with too
   few or too many fields are skipped by pyarrow's invalid-row handler and counted by reason, with the
@@ -336,10 +337,19 @@ def _tfrecord_payloads(path: str):
             offset += 16 + length
 
 
+def scan_outputs(r):
+    """A CSV range's (range key, (quotes, newlines)), then each of its blocks' digests as the
+    "blocks" output (`ranges.scan_range`: one read for both)."""
+    counted, blocks = ranges.scan_range(r)
+    yield counted
+    for b in blocks:
+        yield beam.pvalue.TaggedOutput("blocks", b)
+
+
 class WriteExamples(beam.PTransform):
     """PBegin -> nothing: reads `byte_ranges` (Parquet: row-group units), writes each split's Parquet files into `split_dirs`,
     the merged counts (JSON) to `counts_path` and, but for Parquet, every file's block digests
-    (JSON [[path, block, sha256], ...]: ranges.range_blocks) to `blocks_path`."""
+    (JSON [[path, block, sha256], ...]: ranges.scan_range for CSV, range_blocks for TFRecord) to `blocks_path`."""
 
     def __init__(self, config_json: str, byte_ranges: List[Any], split_dirs: Dict[str, str],
                  bounds: List[int], tmp_dir: str, counts_path: str, blocks_path: str):
@@ -355,22 +365,27 @@ class WriteExamples(beam.PTransform):
 
     def expand(self, pbegin):
         rs = pbegin | "Ranges" >> beam.Create(self._ranges) | "SpreadRanges" >> beam.Reshuffle()
-        if self._format == InputFormat.CSV:  # where each range starts: quotes and newlines before it
+        # Every byte but Parquet's hashed on the workers (the input's identity): a CSV range in the
+        # same read as its quote count, where each range starts (quotes and newlines before it).
+        blocks = None
+        if self._format == InputFormat.CSV:
+            scanned = rs | "ScanRanges" >> beam.FlatMap(scan_outputs).with_outputs("blocks", main="quotes")
             before = (
-                rs
-                | "CountQuotes" >> beam.Map(ranges.count_quotes)
+                scanned.quotes
                 | "AllQuoteCounts" >> beam.combiners.ToList()
                 | "BeforeEachRange" >> beam.Map(ranges.before_each_range)
             )
+            blocks = scanned.blocks
         else:
             before = pbegin | "NoQuotes" >> beam.Create([{}])
+            if self._format != InputFormat.PARQUET:
+                blocks = rs | "HashBlocks" >> beam.FlatMap(ranges.range_blocks)
         side = beam.pvalue.AsSingleton(before)
-        if self._format != InputFormat.PARQUET:  # every byte hashed on the workers (the input's identity)
+        if blocks is not None:
             _ = (
-                rs
-                | "HashBlocks" >> beam.FlatMap(ranges.range_blocks)
+                blocks
                 | "AllBlocks" >> beam.combiners.ToList()
-                | "BlocksToJson" >> beam.Map(lambda blocks: json.dumps(sorted(blocks)))
+                | "BlocksToJson" >> beam.Map(lambda found: json.dumps(sorted(found)))
                 | "WriteBlocks" >> beam.io.WriteToText(self._blocks_path, shard_name_template="")
             )
         written = rs | "ReadAndWrite" >> beam.ParDo(

@@ -21,6 +21,7 @@ a file's ranges it does not depend on where the boundaries were drawn; it gives 
 """
 from __future__ import annotations
 
+import hashlib
 import io
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
@@ -29,7 +30,7 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from components.data_io.checksums import block_digests
+from components.data_io.checksums import BLOCK, block_digests
 from components.data_io.streams import RawReader
 from components.rows import row_counts
 
@@ -113,12 +114,49 @@ def count_quotes(r: ByteRange) -> Tuple[Tuple[str, int], Tuple[int, int]]:
     return r.key(), (quotes, newlines)
 
 
-def range_blocks(r: ByteRange) -> List[Tuple[str, int, str]]:
+def range_blocks(r: ByteRange, block: Optional[int] = None) -> List[Tuple[str, int, str]]:
     """(path, block index, SHA-256 hex) of the file's blocks that start in this range
     (checksums.block_digests: every byte once over all ranges, whatever the cut); a whole
-    (compressed, or TFRecord) file's every block, of its raw bytes."""
+    (compressed, or TFRecord) file's every block, of its raw bytes. `block`: None, BLOCK."""
     start, end = (0, None) if r.whole_file else (r.start, r.end)
-    return [(r.path, k, h) for k, h in block_digests(r.path, start, end, _open)]
+    return [(r.path, k, h) for k, h in block_digests(r.path, start, end, _open, block or BLOCK)]
+
+
+def scan_range(r: ByteRange, block: Optional[int] = None) -> Tuple[Tuple[Tuple[str, int], Tuple[int, int]], List[Tuple[str, int, str]]]:
+    """`count_quotes(r)` and `range_blocks(r)` in one read of the range's bytes: from its start to
+    its end (counted) and on to the end of the last block that starts inside it (hashed), instead
+    of a pass for each. `block`: None, BLOCK (checksums'; smaller in tests)."""
+    block = block or BLOCK
+    if r.whole_file:
+        return count_quotes(r), range_blocks(r, block)
+    quotes = newlines = 0
+    digests: List[Tuple[str, int, str]] = []
+    digest = None
+    with _open(r.path) as fh:
+        fh.seek(r.start)
+        pos = r.start
+        while True:
+            k = pos // block
+            hashed = r.start <= k * block < r.end  # the block this byte is in starts inside the range
+            if pos >= r.end and not hashed:
+                break
+            if hashed and pos == k * block:
+                digest = hashlib.sha256()
+            # each read lies in one block, and wholly before or after the range's end
+            cut = min((k + 1) * block, pos + SCAN_BLOCK, r.end if pos < r.end else (k + 1) * block)
+            piece = fh.read(cut - pos)
+            if pos < r.end:
+                quotes += piece.count(b'"')
+                newlines += piece.count(b"\n")
+            if hashed:
+                digest.update(piece)
+            short = len(piece) < cut - pos  # the file ends here
+            pos += len(piece)
+            if hashed and (pos == (k + 1) * block or short) and pos > k * block:
+                digests.append((r.path, k, digest.hexdigest()))
+            if short:
+                break
+    return (r.key(), (quotes, newlines)), digests
 
 
 def before_each_range(counts: Iterable[Tuple[Tuple[str, int], Tuple[int, int]]]) -> Dict[Tuple[str, int], Tuple[int, int]]:
