@@ -249,6 +249,18 @@ def test_a_slice_of_one_label_cannot_choose(tmp_path, monkeypatch):
     assert "one label" in sel.record["note"] and not sel.due(20) and sel.best_checkpoint() is None
 
 
+def test_an_empty_held_out_slice_cannot_choose(tmp_path):
+    """A slice that holds no row (a small split, a small fraction): no twin is built and nothing is
+    scored; the record says why, and the last step's model is kept."""
+    cfg = parse_config({**_minimal(), "training": {"early_stopping": {"evaluations": 10}}})
+    sel = SEL.HoldoutSelection(cfg, None, None, ["train/*"], str(tmp_path / "state"), 0.1, 100)
+    sel.dataset = tf.data.Dataset.range(0)  # the slice as read: empty
+    assert not sel.evaluate(_checkpoint(tmp_path, 10), 10)
+    assert sel.record["note"].startswith("the held-out slice of the train split is empty: no AUC to choose by, so the last")
+    assert sel.best_checkpoint() is None
+    assert not sel.due(20) and sel.record["evaluations"] == []
+
+
 def test_the_final_evaluation_is_reported_as_the_kept_models(tmp_path, monkeypatch):
     """The Trainer's own evaluation scores the kept checkpoint (step 400, the best on the held-out
     slice), not the last step's weights (700): its progress event and eval_metrics.json say step

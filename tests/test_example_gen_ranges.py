@@ -1,6 +1,7 @@
 """ExampleGen's byte ranges and split hash, without Beam: every record read exactly once whatever the
 range size (quoted line breaks across range boundaries included), the independent count equal to
 the whole-file count, and the split hash independent of batches and of the process."""
+import gzip
 import io
 import os
 import random
@@ -95,6 +96,13 @@ def test_one_scan_counts_quotes_and_hashes_blocks_as_the_two_passes_do(tmp_path,
             assert ranges_lib.scan_range(r, block) == (ranges_lib.count_quotes(r), ranges_lib.range_blocks(r, block)), r
         hashed = [k for r in rs for _, k, _ in ranges_lib.scan_range(r, block)[1]]
         assert hashed == list(range(-(-os.path.getsize(path) // block)))  # every block once
+    # a compressed file: one range, not cut; its raw (compressed) bytes hashed, no quotes counted
+    gz = str(tmp_path / "0.csv.gz")
+    with open(str(tmp_path / "0.csv"), "rb") as src, gzip.open(gz, "wb") as dst:
+        dst.write(src.read())
+    (r,) = ranges_lib.plan_ranges([(gz, os.path.getsize(gz))], range_bytes)
+    assert r.whole_file and ranges_lib.scan_range(r, block) == (ranges_lib.count_quotes(r), ranges_lib.range_blocks(r, block))
+    assert len(ranges_lib.scan_range(r, block)[1]) == -(-os.path.getsize(gz) // block)
 
 
 @pytest.mark.parametrize("range_bytes", [100_000, 333_333, 1 << 20])

@@ -39,6 +39,8 @@ SCAN_BLOCK = 8 << 20
 # named otherwise is read as it is (input_checks refuses compressed bytes behind a plain name).
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".zst", ".zstd", ".deflate", ".xz", ".lzma")
 TO_END = -1  # a range's end when it runs to the end of the file (compressed files)
+QuoteCount = Tuple[Tuple[str, int], Tuple[int, int]]  # ((path, start), (`"` bytes, newlines))
+BlockDigest = Tuple[str, int, str]  # (path, block index, SHA-256 hex)
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ def open_decompressed(path: str) -> io.BufferedReader:
     return io.BufferedReader(RawReader(FileSystems.open(path)), buffer_size=1 << 20)
 
 
-def count_quotes(r: ByteRange) -> Tuple[Tuple[str, int], Tuple[int, int]]:
+def count_quotes(r: ByteRange) -> QuoteCount:
     """((path, start), (`"` bytes, newlines)) in [start, end) of an uncompressed range."""
     if r.whole_file:
         return r.key(), (0, 0)
@@ -114,7 +116,7 @@ def count_quotes(r: ByteRange) -> Tuple[Tuple[str, int], Tuple[int, int]]:
     return r.key(), (quotes, newlines)
 
 
-def range_blocks(r: ByteRange, block: Optional[int] = None) -> List[Tuple[str, int, str]]:
+def range_blocks(r: ByteRange, block: Optional[int] = None) -> List[BlockDigest]:
     """(path, block index, SHA-256 hex) of the file's blocks that start in this range
     (checksums.block_digests: every byte once over all ranges, whatever the cut); a whole
     (compressed, or TFRecord) file's every block, of its raw bytes. `block`: None, BLOCK."""
@@ -122,7 +124,7 @@ def range_blocks(r: ByteRange, block: Optional[int] = None) -> List[Tuple[str, i
     return [(r.path, k, h) for k, h in block_digests(r.path, start, end, _open, block or BLOCK)]
 
 
-def scan_range(r: ByteRange, block: Optional[int] = None) -> Tuple[Tuple[Tuple[str, int], Tuple[int, int]], List[Tuple[str, int, str]]]:
+def scan_range(r: ByteRange, block: Optional[int] = None) -> Tuple[QuoteCount, List[BlockDigest]]:
     """`count_quotes(r)` and `range_blocks(r)` in one read of the range's bytes: from its start to
     its end (counted) and on to the end of the last block that starts inside it (hashed), instead
     of a pass for each. `block`: None, BLOCK (checksums'; smaller in tests)."""
@@ -130,7 +132,7 @@ def scan_range(r: ByteRange, block: Optional[int] = None) -> Tuple[Tuple[Tuple[s
     if r.whole_file:
         return count_quotes(r), range_blocks(r, block)
     quotes = newlines = 0
-    digests: List[Tuple[str, int, str]] = []
+    digests: List[BlockDigest] = []
     digest = None
     with _open(r.path) as fh:
         fh.seek(r.start)
