@@ -433,21 +433,16 @@ def verify(ctx: ExportContext) -> None:
     with reading(trained_dir, "the Trainer's SavedModel", RERUN_TRAINER, ExportRefused):
         trained = tf.saved_model.load(trained_dir)
     serving = tf.saved_model.load(ctx.float32_dir)
-    if ctx.table_dtype == TableDtype.FLOAT32:
-        ctx.served = serving
+    ctx.served = serving if ctx.table_dtype == TableDtype.FLOAT32 else None  # else compress writes the model
     p_trained = score(trained.signatures["serving_default"], s.transformed)
     p_float32 = score(serving.signatures["serving_default"], s.raw)
     ctx.clock.lap("load and score trained and serving models")
     n = s.parity_examples
     diff = np.abs(p_trained[:n] - p_float32[:n])
     max_diff = float(diff.max())
-    ctx.parity = {
-        "examples": int(n),
-        "max_abs_diff": max_diff,
-        "tolerance": e.parity_tolerance,
-        "passed": bool(max_diff <= e.parity_tolerance),
-        "compared": "trainer's SavedModel on preprocessed rows vs float32 serving model on the raw rows",
-    }
+    ctx.parity = {"examples": int(n), "max_abs_diff": max_diff, "tolerance": e.parity_tolerance,
+                  "passed": bool(max_diff <= e.parity_tolerance),
+                  "compared": "trainer's SavedModel on preprocessed rows vs float32 serving model on the raw rows"}
     progress.phase(progress.EXPORTER, f"parity: max |trained - serving| {max_diff:.2e} on {n} raw eval rows "
                                       f"({'passed' if ctx.parity['passed'] else 'FAILED'}, tolerance {e.parity_tolerance:g})")
     if not ctx.parity["passed"]:
