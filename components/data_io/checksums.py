@@ -77,7 +77,7 @@ BLOCK = 1 << 22
 
 
 def block_digests(path: str, start: int, end: Optional[int], opener: Callable[[str], IO[bytes]] = _local,
-                  block: int = BLOCK) -> List[Tuple[int, str]]:
+                  block: int = BLOCK, range_bytes: Optional[Callable[[bytes], None]] = None) -> List[Tuple[int, str]]:
     """(block index, SHA-256 hex) of every block of `path` that starts in [start, end).
 
     Args:
@@ -86,28 +86,40 @@ def block_digests(path: str, start: int, end: Optional[int], opener: Callable[[s
       end: the range's end (exclusive); None: the file's end.
       opener: opens a path for binary reading, the raw bytes (no decompression).
       block: the block size (BLOCK; smaller in tests).
+      range_bytes: None, or called with the range's own bytes [start, end) in order, in the same
+        read (which then starts at `start`, not at the first block): ExampleGen counts a CSV
+        range's quotes by it.
 
     Returns:
       The blocks in order; none for a range in which no block starts.
     """
     out: List[Tuple[int, str]] = []
-    k = -(-start // block)  # the first block starting at or after `start`
+    inside = lambda offset: end is None or offset < end  # noqa: E731
+    pos = start if range_bytes is not None else -(-start // block) * block  # or the first block
+    digest = hashlib.sha256()
     with opener(path) as fh:
-        while end is None or k * block < end:
-            fh.seek(k * block)
-            digest, left = hashlib.sha256(), block
-            while left:
-                piece = fh.read(min(PIECE, left))
-                if not piece:
-                    break
+        fh.seek(pos)
+        while True:
+            k = pos // block
+            hashed = start <= k * block and inside(k * block)  # this byte's block starts in the range
+            counted = range_bytes is not None and inside(pos)
+            if not (hashed or counted):
+                break
+            if hashed and pos == k * block:
+                digest = hashlib.sha256()
+            # each read lies in one block, and wholly inside or past the range
+            stop = min((k + 1) * block, pos + PIECE, end if counted and end is not None else (k + 1) * block)
+            piece = fh.read(stop - pos)
+            if counted:
+                range_bytes(piece)
+            if hashed:
                 digest.update(piece)
-                left -= len(piece)
-            if left == block:  # the file ends where this block would start
-                break
-            out.append((k, digest.hexdigest()))
-            if left:  # the file's last, short block
-                break
-            k += 1
+            short = len(piece) < stop - pos  # the file ends here
+            pos += len(piece)
+            if hashed and pos > k * block and (short or pos == (k + 1) * block):
+                out.append((k, digest.hexdigest()))
+            if short:
+                return out
     return out
 
 

@@ -21,7 +21,6 @@ a file's ranges it does not depend on where the boundaries were drawn; it gives 
 """
 from __future__ import annotations
 
-import hashlib
 import io
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
@@ -125,40 +124,19 @@ def range_blocks(r: ByteRange, block: Optional[int] = None) -> List[BlockDigest]
 
 
 def scan_range(r: ByteRange, block: Optional[int] = None) -> Tuple[QuoteCount, List[BlockDigest]]:
-    """`count_quotes(r)` and `range_blocks(r)` in one read of the range's bytes: from its start to
-    its end (counted) and on to the end of the last block that starts inside it (hashed), instead
-    of a pass for each. `block`: None, BLOCK (checksums'; smaller in tests)."""
-    block = block or BLOCK
+    """`count_quotes(r)` and `range_blocks(r)` in one read of the range's bytes
+    (checksums.block_digests, counting the range's own bytes as it hashes its blocks), instead of
+    a pass for each. `block`: None, BLOCK (checksums'; smaller in tests)."""
     if r.whole_file:
         return count_quotes(r), range_blocks(r, block)
-    quotes = newlines = 0
-    digests: List[BlockDigest] = []
-    digest = None
-    with _open(r.path) as fh:
-        fh.seek(r.start)
-        pos = r.start
-        while True:
-            k = pos // block
-            hashed = r.start <= k * block < r.end  # the block this byte is in starts inside the range
-            if pos >= r.end and not hashed:
-                break
-            if hashed and pos == k * block:
-                digest = hashlib.sha256()
-            # each read lies in one block, and wholly before or after the range's end
-            cut = min((k + 1) * block, pos + SCAN_BLOCK, r.end if pos < r.end else (k + 1) * block)
-            piece = fh.read(cut - pos)
-            if pos < r.end:
-                quotes += piece.count(b'"')
-                newlines += piece.count(b"\n")
-            if hashed:
-                digest.update(piece)
-            short = len(piece) < cut - pos  # the file ends here
-            pos += len(piece)
-            if hashed and (pos == (k + 1) * block or short) and pos > k * block:
-                digests.append((r.path, k, digest.hexdigest()))
-            if short:
-                break
-    return (r.key(), (quotes, newlines)), digests
+    counts = [0, 0]  # `"` bytes, newlines
+
+    def count(piece: bytes) -> None:
+        counts[0] += piece.count(b'"')
+        counts[1] += piece.count(b"\n")
+
+    digests = block_digests(r.path, r.start, r.end, _open, block or BLOCK, count)
+    return (r.key(), (counts[0], counts[1])), [(r.path, k, h) for k, h in digests]
 
 
 def before_each_range(counts: Iterable[Tuple[Tuple[str, int], Tuple[int, int]]]) -> Dict[Tuple[str, int], Tuple[int, int]]:
