@@ -145,6 +145,11 @@ class LinearBaseline(tf.Module):
         """The candidates' logits, float32 [batch, K] (`logits_and_penalty`)."""
         return self.logits_and_penalty(features)[0]
 
+    @tf.function
+    def probabilities(self, features: Dict[str, Any]) -> tf.Tensor:
+        """The candidates' probabilities, float32 [batch, K]: sigmoid(`logits`), one trace per input spec."""
+        return tf.sigmoid(self.logits(features))
+
     def reference_logits(self, features: Dict[str, Any]) -> tf.Tensor:
         """The same logits, one TF embedding lookup (combiner `sum`) per feature and candidate (the
         tests' reference).
@@ -393,9 +398,13 @@ def _start_from_batches(model: LinearBaseline, iterator, batches: int) -> None:
 
 
 def _score(model: LinearBaseline, dataset) -> Tuple[np.ndarray, np.ndarray]:
-    """(probabilities [examples, K], labels [examples]) of a dataset of (features, label)."""
+    """(probabilities [examples, K], labels [examples]) of a dataset of (features, label).
+
+    Traced once for the dataset's element spec (its batch dimension unknown), which the held-out
+    slice's and the eval split's datasets share: a function per call, retraced for the last
+    batch's shape, traced the logits three times per run (half the baseline's time on small data)."""
     scores, labels = [], []
-    score = tf.function(lambda f: tf.sigmoid(model.logits(f)), reduce_retracing=True)
+    score = model.probabilities.get_concrete_function(dataset.element_spec[0])
     for f, y in dataset:
         scores.append(score(f).numpy())
         labels.append(y.numpy())
