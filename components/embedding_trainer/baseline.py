@@ -370,6 +370,10 @@ def _fit_baseline(cfg: PipelineConfig, model: LinearBaseline, opt, variables, ma
                          part="train", holdout_fraction=fraction)
     iterator = iter(train)
     _start_from_batches(model, iterator, min(STANDARDIZE_BATCHES, length["steps"]))
+    # The optimizer's slots and step created here, not in the first chunk: a tf.function that
+    # creates variables is traced again for its later calls (two traces of the step, not one).
+    # Private, as RankingModel.create_optimizer_slots: legacy Keras optimizers have no public way.
+    opt._create_all_weights(variables)  # pylint: disable=protected-access
     losses, done = [], 0
     while done < length["steps"]:
         k = min(CHUNK, length["steps"] - done)
