@@ -145,7 +145,7 @@ class LinearBaseline(tf.Module):
         """The candidates' logits, float32 [batch, K] (`logits_and_penalty`)."""
         return self.logits_and_penalty(features)[0]
 
-    @tf.function
+    @tf.function(autograph=False)  # no tensor-dependent Python control flow in the logits
     def probabilities(self, features: Dict[str, Any]) -> tf.Tensor:
         """The candidates' probabilities, float32 [batch, K]: sigmoid(`logits`), one trace per input spec."""
         return tf.sigmoid(self.logits(features))
