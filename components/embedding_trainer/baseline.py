@@ -405,8 +405,8 @@ def _score(model: LinearBaseline, dataset) -> Tuple[np.ndarray, np.ndarray]:
     """(probabilities [examples, K], labels [examples]) of a dataset of (features, label).
 
     Traced once for the dataset's element spec (its batch dimension unknown), which the held-out
-    slice's and the eval split's datasets share: a function per call, retraced for the last
-    batch's shape, traced the logits three times per run (half the baseline's time on small data)."""
+    slice's and the eval split's datasets share: one trace of the logits per run, whatever the
+    batches' sizes (on small data the traces are most of the baseline's time)."""
     scores, labels = [], []
     score = model.probabilities.get_concrete_function(dataset.element_spec[0])
     for f, y in dataset:
