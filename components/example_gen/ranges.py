@@ -99,20 +99,32 @@ def open_decompressed(path: str) -> io.BufferedReader:
 
 def count_quotes(r: ByteRange) -> QuoteCount:
     """((path, start), (`"` bytes, newlines)) in [start, end) of an uncompressed range."""
-    if r.whole_file:
-        return r.key(), (0, 0)
-    quotes = newlines = 0
-    with _open(r.path) as fh:
-        fh.seek(r.start)
-        left = r.end - r.start
-        while left > 0:
-            block = fh.read(min(SCAN_BLOCK, left))
-            if not block:
-                break
-            quotes += block.count(b'"')
-            newlines += block.count(b"\n")
-            left -= len(block)
-    return r.key(), (quotes, newlines)
+    counted = _QuoteCounter()
+    if not r.whole_file:
+        with _open(r.path) as fh:
+            fh.seek(r.start)
+            left = r.end - r.start
+            while left > 0:
+                block = fh.read(min(SCAN_BLOCK, left))
+                if not block:
+                    break
+                counted(block)
+                left -= len(block)
+    return r.key(), counted.counts()
+
+
+class _QuoteCounter:
+    """The `"` bytes and newlines of the pieces it is called with (count_quotes and scan_range)."""
+
+    def __init__(self):
+        self.quotes = self.newlines = 0
+
+    def __call__(self, piece: bytes) -> None:
+        self.quotes += piece.count(b'"')
+        self.newlines += piece.count(b"\n")
+
+    def counts(self) -> Tuple[int, int]:
+        return self.quotes, self.newlines
 
 
 def range_blocks(r: ByteRange, block: Optional[int] = None) -> List[BlockDigest]:
@@ -129,14 +141,9 @@ def scan_range(r: ByteRange, block: Optional[int] = None) -> Tuple[QuoteCount, L
     a pass for each. `block`: None, BLOCK (checksums'; smaller in tests)."""
     if r.whole_file:
         return count_quotes(r), range_blocks(r, block)
-    counts = [0, 0]  # `"` bytes, newlines
-
-    def count(piece: bytes) -> None:
-        counts[0] += piece.count(b'"')
-        counts[1] += piece.count(b"\n")
-
-    digests = block_digests(r.path, r.start, r.end, _open, block or BLOCK, count)
-    return (r.key(), (counts[0], counts[1])), [(r.path, k, h) for k, h in digests]
+    counted = _QuoteCounter()
+    digests = block_digests(r.path, r.start, r.end, _open, block or BLOCK, counted)
+    return (r.key(), counted.counts()), [(r.path, k, h) for k, h in digests]
 
 
 def before_each_range(counts: Iterable[Tuple[Tuple[str, int], Tuple[int, int]]]) -> Dict[Tuple[str, int], Tuple[int, int]]:
