@@ -219,17 +219,16 @@ def test_int8_serving_model_and_compression_report(chain, tmp_path):
     assert values.dtype == np.int8 and scale.shape == (entry["rows"],) and entry["dtype"] == "int8"
     assert not os.path.exists(tmp_path / "_incomplete_export")
     # The serving check's record (warm-up requests and their scores) is the written int8 model's:
-    # loaded afresh, it answers each request with the recorded score.
-    from tensorflow_serving.apis import prediction_log_pb2
-    from components.embedding_exporter.serving_check import CHECK_FILE, TOLERANCE, WARMUP_FILE
+    # loaded afresh and its warm-up file replayed as the check's fresh process replays it, it
+    # answers each request with the recorded score.
+    from components.embedding_exporter.serving_check import CHECK_FILE, TOLERANCE
+    from components.embedding_exporter.serving_check_child import replay
 
     served = os.path.join(str(tmp_path), SERVING_DIR)
-    fn = tf.saved_model.load(served).signatures["serving_default"]
-    logs = [prediction_log_pb2.PredictionLog.FromString(r.numpy())
-            for r in tf.data.TFRecordDataset(os.path.join(served, WARMUP_FILE))]
-    requests = [{k: tf.make_ndarray(v) for k, v in log.predict_log.request.inputs.items()} for log in logs]
-    answered = [float(fn(**{k: tf.constant(v) for k, v in r.items()})["probabilities"].numpy().ravel()[0]) for r in requests]
-    recorded = json.loads(open(os.path.join(served, CHECK_FILE)).read())["expected"]
+    record = json.loads(open(os.path.join(served, CHECK_FILE)).read())
+    answers = replay(tf, tf.saved_model.load(served), served, [])
+    answered = [a["outputs"][record["output"]][0] for a in answers if a["signature"] == record["signature"]]
+    recorded = record["expected"]
     assert len(recorded) == len(answered) > 0 and np.abs(np.array(answered) - recorded).max() <= TOLERANCE
 
 
