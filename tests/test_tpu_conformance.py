@@ -538,8 +538,19 @@ def test_weighted_and_sequence_features_on_the_tpu_branch(feature, tpu_branch, d
     assert os.path.exists(os.path.join(model_uri, EVAL_METRICS_FILE))
 
 
-@pytest.mark.slow(reason="two Trainer runs: CPU, then a TPU-branch warm start")
-def test_sparsecore_warm_start_places_the_last_models_tables_in_tfs_stacks(tpu_branch, data, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def prev(data):
+    """The last blessed model the SparseCore warm-start tests start from (read-only): a 10-step
+    Trainer run (run_fn) on CPU, one variable per table."""
+    from components.embedding_trainer import warm_start
+
+    fn_args = _fn_args(data, _config(data, train_steps=10, checkpoint_every_steps=10), "prev-warm-start")
+    trainer_module.run_fn(fn_args)
+    return warm_start.previous_model(os.path.dirname(fn_args.serving_model_dir))
+
+
+@pytest.mark.slow(reason="a TPU-branch warm start from a CPU Trainer run")
+def test_sparsecore_warm_start_places_the_last_models_tables_in_tfs_stacks(tpu_branch, data, prev, tmp_path, monkeypatch):
     """D4: the last blessed model (trained on CPU: one variable per table) warm-starts a SparseCore
     run. TF's TPUEmbeddingV2 stacks the tables at 2 replicas x 4 SparseCores; every table and its
     FTRL slots come out of TF's stacks, through TF's index mapping, as the previous model had them
@@ -547,12 +558,6 @@ def test_sparsecore_warm_start_places_the_last_models_tables_in_tfs_stacks(tpu_b
     Restored by name, the stacks of several tables would start fresh and a lone one permuted."""
     from components.embedding_model.layouts import CheckpointTables
     from components.embedding_model.checkpoint_keys import VARIABLE_VALUE, table_checkpoint_key
-    from components.embedding_trainer import warm_start
-
-    cfg_cpu = _config(data, train_steps=10, checkpoint_every_steps=10)
-    fn_args = _fn_args(data, cfg_cpu, f"prev-{tmp_path.name}")
-    trainer_module.run_fn(fn_args)
-    prev = warm_start.previous_model(os.path.dirname(fn_args.serving_model_dir))
 
     rec = tpu_branch(Feature.V2)
     monkeypatch.setattr(EMB.TPUEmbeddingV2, "apply_updates", False)
@@ -685,8 +690,8 @@ def test_wide_tables_train_in_tpu_embedding_with_their_own_optimizer(feature, tp
         _assert_checkpoint_tables_are_the_trained_ones(mid, model_uri)
 
 
-@pytest.mark.slow(reason="a CPU Trainer run, then two TPU-branch warm starts refused")
-def test_a_sparsecore_warm_start_missing_a_dense_variable_is_refused(tpu_branch, data, tmp_path, monkeypatch):
+@pytest.mark.slow(reason="a CPU Trainer run (shared), then two TPU-branch warm starts refused")
+def test_a_sparsecore_warm_start_missing_a_dense_variable_is_refused(tpu_branch, data, prev, tmp_path, monkeypatch):
     """A warm-start checkpoint that lacks a dense variable (written here by a model with one cross
     layer fewer) is refused before training on SparseCore, naming the variable: the host twin
     must restore from it exactly (both directions). Past that check (switched off here), the
@@ -695,11 +700,6 @@ def test_a_sparsecore_warm_start_missing_a_dense_variable_is_refused(tpu_branch,
     from components.config.loading import parse_config
     from components.embedding_model.sparsecore_state import LayoutMismatch
     from components.embedding_trainer import warm_start
-
-    cfg_cpu = _config(data, train_steps=10, checkpoint_every_steps=10)
-    fn_args = _fn_args(data, cfg_cpu, f"prev-{tmp_path.name}")
-    trainer_module.run_fn(fn_args)
-    prev = warm_start.previous_model(os.path.dirname(fn_args.serving_model_dir))
 
     write = warm_start.warm_start_checkpoint
 
