@@ -93,10 +93,14 @@ class ForkServer:
     Args:
       preload: the modules to import once.
       env: the server's environment (the tasks' base environment).
+
+    Attributes:
+      commands: how many commands it has run.
     """
 
     def __init__(self, preload: List[str], env: Dict[str, str]):
         self.env = dict(env)
+        self.commands = 0
         self.proc = subprocess.Popen([sys.executable, "-m", "pipelines.fork_server", *preload], env=self.env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
@@ -111,6 +115,7 @@ class ForkServer:
     def run(self, cmd: List[str], env: Dict[str, str], cwd: str, log_path: str) -> int:
         """Runs `cmd` (`can_run`) in a forked child; its exit status."""
         request = {"module": cmd[2], "args": cmd[3:], "env": env, "cwd": cwd, "log": log_path}
+        self.commands += 1
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         answer = self.proc.stdout.readline()

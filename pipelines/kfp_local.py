@@ -46,7 +46,7 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
@@ -64,6 +64,16 @@ FORK_PRELOAD = ["tfx.orchestration.kubeflow.v2.container.kubeflow_v2_run_executo
                 "components.model_registry.executor", "tfx.components.evaluator.executor"]
 UNTYPED = {"instanceSchema": ""}  # what open-source KFP v2 passes as an input artifact's type
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def harness_env(env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """Every task's base environment: this process's, with legacy Keras, the project on PYTHONPATH
+    and `env` over them (a shared ForkServer is started with it)."""
+    out = dict(os.environ)
+    out.update({"TF_USE_LEGACY_KERAS": "1", "PYTHONPATH": os.pathsep.join(
+        p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p)})
+    out.update(env or {})
+    return out
 
 
 class HarnessError(RuntimeError):
@@ -307,7 +317,9 @@ class LocalKfpRun:
       parameter_values: pipeline parameter values over the compiled ones.
       fork_server: run each `python -m` command as a fork of one process that imported TensorFlow,
         TFX and this project once (pipelines/fork_server.py: about 4 s less per command); commands
-        whose import-steering environment differs run as subprocesses all the same.
+        whose import-steering environment differs run as subprocesses all the same. True: a server
+        of this run's own, closed when it ends; a ForkServer (`harness_env()`'s environment): one
+        the caller shares between runs and closes (each server's imports take about 4 s).
 
     Raises:
       HarnessError: an unknown mode, a spec open-source KFP refuses (oss mode), or a pipeline
@@ -317,7 +329,7 @@ class LocalKfpRun:
 
     def __init__(self, compiled_path: str, work_dir: str, mode: str = "oss", pipeline_root: Optional[str] = None,
                  env: Optional[Dict[str, str]] = None, parameter_values: Optional[Dict[str, Any]] = None,
-                 fork_server: bool = False):
+                 fork_server: Union[bool, ForkServer] = False):
         if mode not in MODES:
             raise HarnessError(f"mode {mode!r} is not one of {', '.join(MODES)}")
         loaded = load_compiled(compiled_path)
@@ -347,12 +359,10 @@ class LocalKfpRun:
         self.run_name = self.run_resource_name = self.job_id
         self.run_uuid = str(uuid.uuid4())
         self.run_create_time = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        self.env = dict(os.environ)
-        self.env.update({"TF_USE_LEGACY_KERAS": "1", "PYTHONPATH": os.pathsep.join(
-            p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p)})
-        self.env.update(env or {})
+        self.env = harness_env(env)
         self.outputs: Dict[str, Dict[str, List[Dict[str, Any]]]] = {}
-        self.fork_server = ForkServer(FORK_PRELOAD, self.env) if fork_server else None
+        self._own_server = fork_server is True
+        self.fork_server = ForkServer(FORK_PRELOAD, self.env) if fork_server is True else (fork_server or None)
 
     # --- ExecutorInput ---------------------------------------------------------------------
     def _parameter(self, task: str, name: str, binding: Dict[str, Any]) -> Any:
@@ -544,7 +554,7 @@ class LocalKfpRun:
                 log(f"[kfp-local {self.mode}] {task} done in {sum(rec['seconds'].values()):.0f} s")
                 records.append(rec)
         finally:
-            if self.fork_server is not None:
+            if self._own_server:
                 self.fork_server.close()
         with open(os.path.join(self.work_dir, "run.json"), "w", encoding="utf-8") as fh:
             json.dump({"mode": self.mode, "job_id": self.job_id, "tasks": records}, fh, indent=1, sort_keys=True)

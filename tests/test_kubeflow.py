@@ -30,8 +30,9 @@ from components.rules.chips import CHIPS, SPARSE_CORE
 from components.tfx_wiring.component_keys import CONFIG_KEY
 from pipelines.pipeline import KFP_RUN_ID, KFP_RUN_NAME, LAST_BLESSED, stock_data_components
 from pipelines import kfp_entrypoint
-from pipelines.kfp_local import (HarnessError, LocalKfpRun, _substitute, oss_backend_refusal, parse_pipeline_spec,
-                                 task_order)
+from pipelines.fork_server import ForkServer
+from pipelines.kfp_local import (FORK_PRELOAD, HarnessError, LocalKfpRun, _substitute, harness_env, oss_backend_refusal,
+                                 parse_pipeline_spec, task_order)
 from pipelines.kubeflow import load_compiled
 from pipelines.kubeflow_config import VERTEX_TPU_CHIPS, route_chips
 
@@ -285,6 +286,30 @@ def test_harness_substitutes_run_placeholders_as_the_driver_does(compiled, tmp_p
         run.executor_input("Pusher", "u1")
 
 
+def test_the_harness_closes_its_own_fork_server_and_leaves_a_shared_one_serving(compiled, tmp_path, monkeypatch):
+    """`fork_server=True`: the run's own server, closed when the run ends; a ForkServer passed in:
+    the caller's, still serving the next run (the Kubeflow runs below share one)."""
+    from pipelines import kfp_local
+
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"pipelineSpec": compiled[0]["pipeline_spec"],
+                                "runtimeConfig": {"gcsOutputDirectory": str(tmp_path / "root")}}))
+    monkeypatch.setattr(kfp_local, "FORK_PRELOAD", ["json.tool"])  # a light server: what a run does with it is under test
+    monkeypatch.setattr(kfp_local, "task_order", lambda spec: [])  # and no task
+    shared = ForkServer(["json.tool"], harness_env())
+    try:
+        runs = {name: LocalKfpRun(str(path), str(tmp_path / name), mode="oss", fork_server=server)
+                for name, server in (("own", True), ("shared", shared))}
+        for name, run in runs.items():
+            (tmp_path / name).mkdir()
+            assert run.run(log=lambda *_: None) == []
+        assert runs["own"].fork_server.proc.wait(timeout=30) == 0  # closed when its run ended
+        assert runs["shared"].fork_server is shared and shared.proc.poll() is None  # still serving
+    finally:
+        shared.close()
+    assert shared.proc.poll() == 0
+
+
 def _kubeflow_raw():
     with open(os.path.join(REPO, "configs", "kubeflow.yaml"), encoding="utf-8") as fh:
         return yaml.safe_load(fh)
@@ -440,10 +465,13 @@ def _local_run(cfg, out, stock=False):
             "pushed": summary["serving_model"] if summary["pushed_by_this_run"] else None}
 
 
-def _harness_run(spec, work, mode):
-    """One run of the compiled spec through the harness and the artifacts it made."""
-    harness = LocalKfpRun(str(spec), str(work), mode=mode, fork_server=True)
+def _harness_run(spec, work, mode, server):
+    """One run of the compiled spec through the harness, its commands forked from `server`, and
+    the artifacts it made."""
+    harness = LocalKfpRun(str(spec), str(work), mode=mode, fork_server=server)
+    forked = server.commands
     records = harness.run(log=lambda *_: None)
+    assert server.commands > forked and server.proc.poll() is None  # it ran the tasks and is not closed
     out = {r["task"]: r["outputs"] for r in records}
     model = out["Trainer"]["model"][0]["uri"]
     pushed = out["Pusher"]["pushed_model"][0]["metadata"]
@@ -490,7 +518,12 @@ def kfp_runs(tmp_path_factory):
     compile_pipeline(configs[EVALUATED["kubeflow"][0]], "local/tpu-embedding-tfx:test", str(spec),
                      pipeline_root=str(root / "kubeflow" / "root"))
     assert not (root / "kubeflow").exists()  # compiling wrote nothing under the pipeline root
-    runs["kubeflow"] = [_harness_run(spec, root / "kubeflow" / f"run-{i}", mode) for i, mode in enumerate(KFP_MODES, 1)]
+    server = ForkServer(FORK_PRELOAD, harness_env())  # both runs' (its imports once: about 4 s)
+    try:
+        runs["kubeflow"] = [_harness_run(spec, root / "kubeflow" / f"run-{i}", mode, server)
+                            for i, mode in enumerate(KFP_MODES, 1)]
+    finally:
+        server.close()
     return cfg, root, runs
 
 
