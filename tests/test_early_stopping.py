@@ -363,7 +363,8 @@ class _Killed(Exception):
 def test_a_killed_two_replica_run_resumes_with_the_same_selection(data, tmp_path, monkeypatch):
     """Two replicas (MirroredStrategy on logical CPUs), early stopping on: a run killed right after
     its evaluation at step 30 and started again carries on with the same record, evaluates each
-    checkpoint once, and ends with the evaluations and the best step of an uninterrupted run."""
+    checkpoint once, and ends with the evaluations, the best step and the weights of an
+    uninterrupted run."""
     from tests import tpu_harness
 
     monkeypatch.setattr(hardware, "distribution_strategy", lambda c: tpu_harness.mirrored_strategy(2))
@@ -375,7 +376,7 @@ def test_a_killed_two_replica_run_resumes_with_the_same_selection(data, tmp_path
 
     plan = with_run(derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(pattern))), vocabulary_dir=manifest.vocabulary_dir)
     evals = ["/nonexistent/eval/*"]  # never read while training
-    _, _, whole = training_loop.train(cfg, plan, manifest, pattern, evals, str(tmp_path / "whole"))
+    whole_ckpt, _, whole = training_loop.train(cfg, plan, manifest, pattern, evals, str(tmp_path / "whole"))
 
     real = SEL.HoldoutSelection.evaluate
 
@@ -396,3 +397,11 @@ def test_a_killed_two_replica_run_resumes_with_the_same_selection(data, tmp_path
     assert [e["step"] for e in got] == [e["step"] for e in want] == [10, 20, 30, 40, 50, 60]
     np.testing.assert_allclose([e["auc"] for e in got], [e["auc"] for e in want], atol=1e-4)
     assert run["model_step"] == whole["model_step"] and ckpt.endswith(f"ckpt-{run['model_step']}")
+    # every variable of the kept checkpoint (tables, slots, dense network; one written after the
+    # restart) as the uninterrupted run's
+    assert run["model_step"] > 30 and os.path.basename(whole_ckpt) == os.path.basename(ckpt)
+    again, once = tf.train.load_checkpoint(ckpt), tf.train.load_checkpoint(whole_ckpt)
+    keys = [k for k in once.get_variable_to_shape_map() if k.endswith("VARIABLE_VALUE") and "save_counter" not in k]
+    assert len(keys) > 20, keys
+    for key in keys:
+        np.testing.assert_allclose(again.get_tensor(key), once.get_tensor(key), rtol=1e-4, atol=1e-5, err_msg=key)
