@@ -28,7 +28,6 @@ SavedModel, checkpoint copy) runs from the checkpoint on CPU. What it cannot: th
 itself (embedding engine, HBM, SparseCore kernels and their update rules, XLA compilation of the
 step) - see bench/tpu_smoke.py.
 """
-import contextlib
 import inspect
 import json
 import os
@@ -485,16 +484,47 @@ def test_a_tpu_without_an_embedding_engine_is_refused_before_training(tpu_branch
     assert (layout.kind, layout.hardware_api) == ("A", "none") and layout.embedding_api.startswith("none (EmbeddingFeature.UNSUPPORTED")
 
 
-@pytest.mark.slow(reason="a preprocessing run and a TPU-branch Trainer run with weighted (V1: and sequence) features")
+def _assert_wide_tables_in_tpu_embedding(rec, cfg, model_uri, feature):
+    """training.wide on the TPU branch: the wide part's one-dimensional tables of TPU-embedding
+    tables are TPU-embedding tables themselves, each TableConfig carrying the wide optimizer (lazy Adam, a bag)
+    while the deep tables keep the embedding optimizer; on SparseCore, TensorFlow's own
+    TPUEmbeddingV2 stacks them (dim 1, padded, apart from the deep tables: another dim and
+    optimizer)."""
+    from components.contracts.plan import EmbeddingPlan
+
+    with open(os.path.join(model_uri, "embedding_plan.json")) as fh:
+        plan = EmbeddingPlan.from_json(fh.read())
+    wide_tpu = {n for n, t in plan.tables_placed("tpu_embedding").items() if t.wide_of}
+    assert wide_tpu and all(plan.tables[n].dim == 1 for n in wide_tpu)
+    name = "TPUEmbeddingV2" if feature == "V2" else "TPUEmbedding"
+    init = [c for c in rec.calls if c["call"] == f"{name}.__init__"][-1]
+    configs = {f.table.name: f.table for f in tf.nest.flatten(init["values"]["feature_config"])}
+    assert cfg.training.wide.optimizer.name == "adam"  # the wide part's default (lazy Adam 0.01)
+    for name in wide_tpu:
+        assert isinstance(configs[name].optimizer, tf.tpu.experimental.embedding.Adam), name
+        # Adam's rate is a function of the step (Keras' bias correction, optimizers.tpu_learning_rate)
+        assert callable(configs[name].optimizer.learning_rate)
+        assert plan.tables[name].optimizer["learning_rate"] == pytest.approx(cfg.training.wide.optimizer.learning_rate)
+        assert configs[name].optimizer.lazy_adam and configs[name].combiner == "sum"
+        deep = configs[plan.tables[name].wide_of]
+        assert deep.optimizer is None or not isinstance(deep.optimizer, tf.tpu.experimental.embedding.Adam)
+    if feature == "V2":
+        stacks = rec.mids[-1]._stacked_table_to_tables  # pylint: disable=protected-access
+        wide_stacks = [ts for ts in stacks.values() if {t.name for t in ts} & wide_tpu]
+        assert wide_stacks and all({t.name for t in ts} <= wide_tpu for ts in wide_stacks)  # never with a deep table
+
+
+@pytest.mark.slow(reason="a preprocessing run and a TPU-branch Trainer run with weighted (V1: and sequence) features and the wide part")
 @pytest.mark.parametrize("feature", ["V1", "V2"])
-def test_weighted_and_sequence_features_on_the_tpu_branch(feature, tpu_branch, data, tmp_path):
+def test_weighted_sequence_and_wide_features_on_the_tpu_branch(feature, tpu_branch, data, tmp_path):
     """A weighted feature of a TPU-embedding table (C12, weighed by the numeric column I2) gives
     the TPU layer its weights: the lookup is bound with a weights structure holding C12's per-ID
     weights beside its IDs (None for the unweighted features), and the whole run (TensorCore table
     C1 weighed too) completes through the CPU post-training path. V1 adds a sequence feature of a
     TPU-embedding table (C24, attending from C26); SparseCore refuses those (D1), so on V2 the run
     is weighted only, with TF's real TPUEmbeddingV2 stacking the tables and the checkpoint read
-    back row for row."""
+    back row for row. The wide part (training.wide) trains in TPU embedding with its own
+    optimizer (`_assert_wide_tables_in_tpu_embedding`)."""
     from components.config.loading import parse_config
     rec = tpu_branch(getattr(Feature, feature))
     mid = "TPUEmbeddingV2" if feature == "V2" else "TPUEmbedding"
@@ -536,6 +566,7 @@ def test_weighted_and_sequence_features_on_the_tpu_branch(feature, tpu_branch, d
     else:
         _assert_checkpoint_tables_are_the_trained_ones(rec.mids[-1], model_uri)
     assert os.path.exists(os.path.join(model_uri, EVAL_METRICS_FILE))
+    _assert_wide_tables_in_tpu_embedding(rec, cfg, model_uri, feature)
 
 
 @pytest.fixture(scope="module")
@@ -651,43 +682,6 @@ def test_sequence_features_on_sparsecore_are_refused_before_the_build(tpu_branch
     with pytest.raises(SparseCoreUnsupported, match=r"'C12' \(table 'C12', length 4\).*size_threshold"):
         training_loop.train(cfg, plan, manifest, *_files(data), str(tmp_path / "state"))
     assert not any(c["call"].startswith("TPUEmbeddingV2") for c in rec.calls)
-
-
-@pytest.mark.slow(reason="a TPU-branch Trainer run of the wide part")
-@pytest.mark.parametrize("feature", ["V1", "V2"])
-def test_wide_tables_train_in_tpu_embedding_with_their_own_optimizer(feature, tpu_branch, data, tmp_path):
-    """training.wide on the TPU branch: the wide part's one-dimensional tables of TPU-embedding
-    tables are TPU-embedding tables themselves, each TableConfig carrying the wide optimizer (lazy Adam, a bag)
-    while the deep tables keep the embedding optimizer; on SparseCore, TensorFlow's own
-    TPUEmbeddingV2 stacks them (dim 1, padded, apart from the deep tables: another dim and
-    optimizer), and the Trainer's CPU path reads every one of them from the stacked checkpoint
-    exactly as the step held it."""
-    rec = tpu_branch(getattr(Feature, feature))
-    cfg, model_uri = _run_tpu_branch(data, tmp_path, wide={"enabled": True})
-    from components.contracts.plan import EmbeddingPlan
-
-    with open(os.path.join(model_uri, "embedding_plan.json")) as fh:
-        plan = EmbeddingPlan.from_json(fh.read())
-    wide_tpu = {n for n, t in plan.tables_placed("tpu_embedding").items() if t.wide_of}
-    assert wide_tpu and all(plan.tables[n].dim == 1 for n in wide_tpu)
-    name = "TPUEmbeddingV2" if feature == "V2" else "TPUEmbedding"
-    init = [c for c in rec.calls if c["call"] == f"{name}.__init__"][-1]
-    configs = {f.table.name: f.table for f in tf.nest.flatten(init["values"]["feature_config"])}
-    assert cfg.training.wide.optimizer.name == "adam"  # the wide part's default (lazy Adam 0.01)
-    for name in wide_tpu:
-        assert isinstance(configs[name].optimizer, tf.tpu.experimental.embedding.Adam), name
-        # Adam's rate is a function of the step (Keras' bias correction, optimizers.tpu_learning_rate)
-        assert callable(configs[name].optimizer.learning_rate)
-        assert plan.tables[name].optimizer["learning_rate"] == pytest.approx(cfg.training.wide.optimizer.learning_rate)
-        assert configs[name].optimizer.lazy_adam and configs[name].combiner == "sum"
-        deep = configs[plan.tables[name].wide_of]
-        assert deep.optimizer is None or not isinstance(deep.optimizer, tf.tpu.experimental.embedding.Adam)
-    if feature == "V2":
-        mid = rec.mids[-1]
-        stacks = mid._stacked_table_to_tables  # pylint: disable=protected-access
-        wide_stacks = [ts for ts in stacks.values() if {t.name for t in ts} & wide_tpu]
-        assert wide_stacks and all({t.name for t in ts} <= wide_tpu for ts in wide_stacks)  # never with a deep table
-        _assert_checkpoint_tables_are_the_trained_ones(mid, model_uri)
 
 
 @pytest.mark.slow(reason="a CPU Trainer run (shared), then two TPU-branch warm starts refused")
