@@ -484,8 +484,8 @@ def test_a_tpu_without_an_embedding_engine_is_refused_before_training(tpu_branch
     assert (layout.kind, layout.hardware_api) == ("A", "none") and layout.embedding_api.startswith("none (EmbeddingFeature.UNSUPPORTED")
 
 
-def _assert_wide_tables_in_tpu_embedding(rec, cfg, model_uri, feature):
-    """training.wide on the TPU branch: the wide part's one-dimensional tables of TPU-embedding
+def _assert_wide_tables_in_tpu_embedding(rec, cfg, model_uri, mid):
+    """training.wide on the TPU branch (`mid`: the mid-level API the run built): the wide part's one-dimensional tables of TPU-embedding
     tables are TPU-embedding tables themselves, each TableConfig carrying the wide optimizer (lazy Adam, a bag)
     while the deep tables keep the embedding optimizer; on SparseCore, TensorFlow's own
     TPUEmbeddingV2 stacks them (dim 1, padded, apart from the deep tables: another dim and
@@ -496,19 +496,18 @@ def _assert_wide_tables_in_tpu_embedding(rec, cfg, model_uri, feature):
         plan = EmbeddingPlan.from_json(fh.read())
     wide_tpu = {n for n, t in plan.tables_placed("tpu_embedding").items() if t.wide_of}
     assert wide_tpu and all(plan.tables[n].dim == 1 for n in wide_tpu)
-    name = "TPUEmbeddingV2" if feature == "V2" else "TPUEmbedding"
-    init = [c for c in rec.calls if c["call"] == f"{name}.__init__"][-1]
+    init = [c for c in rec.calls if c["call"] == f"{mid}.__init__"][-1]
     configs = {f.table.name: f.table for f in tf.nest.flatten(init["values"]["feature_config"])}
     assert cfg.training.wide.optimizer.name == "adam"  # the wide part's default (lazy Adam 0.01)
-    for name in wide_tpu:
-        assert isinstance(configs[name].optimizer, tf.tpu.experimental.embedding.Adam), name
+    for table in wide_tpu:
+        assert isinstance(configs[table].optimizer, tf.tpu.experimental.embedding.Adam), table
         # Adam's rate is a function of the step (Keras' bias correction, optimizers.tpu_learning_rate)
-        assert callable(configs[name].optimizer.learning_rate)
-        assert plan.tables[name].optimizer["learning_rate"] == pytest.approx(cfg.training.wide.optimizer.learning_rate)
-        assert configs[name].optimizer.lazy_adam and configs[name].combiner == "sum"
-        deep = configs[plan.tables[name].wide_of]
+        assert callable(configs[table].optimizer.learning_rate)
+        assert plan.tables[table].optimizer["learning_rate"] == pytest.approx(cfg.training.wide.optimizer.learning_rate)
+        assert configs[table].optimizer.lazy_adam and configs[table].combiner == "sum"
+        deep = configs[plan.tables[table].wide_of]
         assert deep.optimizer is None or not isinstance(deep.optimizer, tf.tpu.experimental.embedding.Adam)
-    if feature == "V2":
+    if mid == "TPUEmbeddingV2":
         stacks = rec.mids[-1]._stacked_table_to_tables  # pylint: disable=protected-access
         wide_stacks = [ts for ts in stacks.values() if {t.name for t in ts} & wide_tpu]
         assert wide_stacks and all({t.name for t in ts} <= wide_tpu for ts in wide_stacks)  # never with a deep table
@@ -566,7 +565,7 @@ def test_weighted_sequence_and_wide_features_on_the_tpu_branch(feature, tpu_bran
     else:
         _assert_checkpoint_tables_are_the_trained_ones(rec.mids[-1], model_uri)
     assert os.path.exists(os.path.join(model_uri, EVAL_METRICS_FILE))
-    _assert_wide_tables_in_tpu_embedding(rec, cfg, model_uri, feature)
+    _assert_wide_tables_in_tpu_embedding(rec, cfg, model_uri, mid)
 
 
 @pytest.fixture(scope="module")
