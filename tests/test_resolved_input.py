@@ -82,3 +82,25 @@ def test_fn_args_without_the_examples_uri_are_refused_naming_the_key(trainer_dat
     with pytest.raises(ValueError, match=rf"custom_config has no '{EXAMPLES_URI_KEY}': run the Trainer and Tuner "
                                          r"with this project's executors"):
         resolve_training_input(args)
+
+
+def test_a_config_naming_other_features_than_the_examples_is_refused_naming_them(trainer_data, tmp_path):
+    """Fewer categorical features than preprocessing's failed in the model's build as
+    `KeyError: 'C24'`; the resolved input names both sides' features and the way out."""
+    from components.embedding_trainer.resolved_input import resolve_training_input
+    from components.reporting.errors import InputError
+    from tests.stages import FEW_CATEGORICAL
+
+    files = [str(trainer_data / "tx" / "Split-train" / "*")]
+    uri = {EXAMPLES_URI_KEY: str(trainer_data / "tx")}
+    fewer = _fn_args(trainer_config(trainer_data, categorical=FEW_CATEGORICAL), tmp_path, files, **uri)
+    with pytest.raises(InputError, match=r"^Trainer: the examples were preprocessed with other features than this "
+                                         r"config names: categorical features C24, C26 are in the examples but not in "
+                                         r"the config; run preprocessing with this config, or give the Trainer the config "
+                                         r"preprocessing ran with$"):
+        resolve_training_input(fewer)
+    every = _fn_args(trainer_config(trainer_data, categorical=None), tmp_path, files, **uri)  # the demo's 26 and 13
+    with pytest.raises(InputError, match=r"categorical features C10, C11, C13, .*, C9 are in the config but not in the "
+                                         r"examples; dense features I10, I11, .*, I9 are in the config but not in the "
+                                         r"examples; run preprocessing"):
+        resolve_training_input(every, stage="Tuner")

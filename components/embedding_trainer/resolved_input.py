@@ -5,8 +5,9 @@ smoke test work from, built once from TFX's `FnArgs` and then only read.
 best values applied, when the Trainer has them), the push destination (a `training.checkpoint_dir`
 inside it is refused), the transformed examples' manifest and statistics (found at the examples
 artifact's URI, which our Trainer and Tuner executors pass in `custom_config`: executors.py), the
-row ledger (it must add up), and the embedding plan (tuned values may not change a table). The
-data identity (data_io/data_identity.py) is computed on first use.
+row ledger (it must add up), the features (the config's must be the examples'), and the
+embedding plan (tuned values may not change a table). The data identity
+(data_io/data_identity.py) is computed on first use.
 """
 from __future__ import annotations
 
@@ -192,6 +193,37 @@ def check_rows_to_train(cfg: PipelineConfig, statistics: Optional[EmbeddingStati
                      "is a hash of its content: input.train_buckets and input.eval_buckets set the shares)")
 
 
+def check_features_match(cfg: PipelineConfig, manifest: VocabularyManifest, stage: str) -> None:
+    """Refuses a config whose features are not those the examples were preprocessed with.
+
+    A config with fewer categorical features than preprocessing's passed the plan and failed in
+    the model's build as `KeyError: 'C1'`; one with more, in the plan. The model reads the
+    manifest's features, so the config must name the same ones (in any order).
+
+    Args:
+      cfg: the config the stage runs with (tuned values cannot change features).
+      manifest: preprocessing's manifest.
+      stage: the stage named in the message.
+
+    Raises:
+      InputError: one line naming the features each side lacks and what to change.
+    """
+    differences = []
+    for kind, config_names, data_names in (
+            ("categorical", [f.name for f in cfg.categorical_features], manifest.categorical_names),
+            ("dense", [f.name for f in cfg.dense_features], manifest.dense_names)):
+        only_config = sorted(set(config_names) - set(data_names))
+        only_data = sorted(set(data_names) - set(config_names))
+        if only_config:
+            differences.append(f"{kind} features {', '.join(only_config)} are in the config but not in the examples")
+        if only_data:
+            differences.append(f"{kind} features {', '.join(only_data)} are in the examples but not in the config")
+    if differences:
+        raise InputError(f"{stage}: the examples were preprocessed with other features than this config names: "
+                         f"{'; '.join(differences)}; run preprocessing with this config, or give the {stage} the "
+                         "config preprocessing ran with")
+
+
 def resolve_training_input(fn_args, stage: str = "Trainer") -> TrainingInput:
     """The training input of TFX's FnArgs, read and checked once (module docstring).
 
@@ -209,6 +241,8 @@ def resolve_training_input(fn_args, stage: str = "Trainer") -> TrainingInput:
       ValueError: the examples' URI is missing (examples_uri_of).
       ConfigError: training.checkpoint_dir is inside the push destination (check_checkpoint_dir).
       LedgerError: the row ledger of the examples does not add up.
+      InputError: no rows to train or evaluate on, or the config names other features than the
+        examples hold.
       PlanError: the config gives no plan, or the tuned values changed a table.
     """
     untuned = config_of(fn_args.custom_config)
@@ -221,6 +255,7 @@ def resolve_training_input(fn_args, stage: str = "Trainer") -> TrainingInput:
     # No training on rows that were lost (or invented) on the way: the ledger must add up.
     check_ledger(statistics.ledger if statistics else None, stage)
     check_rows_to_train(cfg, statistics, stage)
+    check_features_match(cfg, manifest, stage)
     plan = with_run(derive_plan(cfg, manifest, statistics), vocabulary_dir=manifest.vocabulary_dir)
     if tuned:
         check_tables_unchanged(derive_plan(untuned, manifest, statistics), plan, tuned)
