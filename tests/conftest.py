@@ -43,6 +43,7 @@ GROUPED = {
     "chain": "ExampleGen -> Preprocess -> Trainer -> Exporter -> Pusher executors on 2,500 rows",
     "pipeline_run": "the whole pipeline on the demo's 375k rows",
     "features_chain": "the executors' chain on configs/features.yaml (every feature kind), 3,000 rows",
+    "parity_data": "trainer_data's rows preprocessed with the parity check's few features",
 }
 # Session fixtures built in each worker that uses them: in the whole suite their many users spread
 # over both workers. The fast tier (`-m "not slow"`, `make test`) has few (21 of trainer_data's 82),
@@ -95,6 +96,16 @@ def trainer_data(tmp_path_factory):
     from tests.stages import preprocess_trainer_data
 
     return preprocess_trainer_data(tmp_path_factory.mktemp("trainer"))
+
+
+@pytest.fixture(scope="session")
+def parity_data(tmp_path_factory):
+    """trainer_data's rows preprocessed with PARITY_CATEGORICAL only (tests/stages.py): the TPU smoke
+    test's parity check and the broken steps it must fail, on the smallest model that has every
+    table kind it compares."""
+    from tests.stages import PARITY_CATEGORICAL, preprocess_trainer_data
+
+    return preprocess_trainer_data(tmp_path_factory.mktemp("parity"), categorical=PARITY_CATEGORICAL)
 
 
 @pytest.fixture(scope="session")

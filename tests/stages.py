@@ -37,6 +37,12 @@ FEW_CATEGORICAL = ("C1", "C2", "C3", "C4", "C12", "C20")
 # (C24) with its query (C26).
 TRAINER_CATEGORICAL = FEW_CATEGORICAL + ("C24", "C26")
 FEW_DENSE = 3
+# The TPU smoke test's parity check under the SparseCore harness (tests/test_smoke_mutations.py,
+# test_sparsecore_training.py; `parity_data`): the fewest features that still give it every path
+# it compares (a stack of a shared table's two features, C3 multi-hot; a TPU table of its own for
+# Adagrad, C12 multi-hot; a TensorCore table, C20; each one's wide table). Its step's graph, traced
+# twice per run on two replicas, grows with the features: half of TRAINER_CATEGORICAL's.
+PARITY_CATEGORICAL = ("C3", "C4", "C12", "C20")
 
 
 def with_few_features(raw: dict, categorical=FEW_CATEGORICAL) -> dict:

@@ -1,7 +1,8 @@
 """The TPU smoke test's parity check catches broken TPU steps.
 
 The smoke test's core check (components/tpu_smoke/, `sparsecore_training`)
-is run as its CPU dry run does in tests/test_sparsecore_training.py: the Trainer's model under the
+is run as its CPU dry run does in tests/test_sparsecore_training.py: the Trainer's model (on
+`parity_data`: the fewest features that give every table kind the check compares) under the
 harness's 2-replica TPU strategy with TF's real `TPUEmbeddingV2`, whose TPU step is broken on
 purpose in each of the ways of `tpu_harness.MUTATIONS`. In the SparseCore step (`CpuStepV2`): slots
 never written back, each occurrence's g^2 accumulated, replicas averaged or only replica 0's
@@ -10,7 +11,7 @@ number of SparseCores, one stack's learning rate x1.02. In the TensorCore's part
 values still equal the CPU run's: a TensorCore table's slots not written back, and the dense
 network's optimizer step dropped. Each must FAIL the check at its default tolerances, with the
 dense network in bfloat16 (the looser tolerances) and, for the two near a tolerance, in float32;
-the correct step passes them (tests/test_sparsecore_training.py). A check that passed any of these would pass a
+the correct step passes them on the same model (tests/test_sparsecore_training.py). A check that passed any of these would pass a
 TPU step broken that way.
 """
 import pytest
@@ -43,15 +44,15 @@ CASES = [(m, p) for m in sorted(tpu_harness.MUTATIONS)
 
 @pytest.mark.slow(reason="the smoke test's parity check, 3 steps under the 2-replica SparseCore harness and on CPU, per mutation")
 @pytest.mark.parametrize("mutation,precision", CASES)
-def test_the_parity_check_fails_a_broken_tpu_step(mutation, precision, trainer_data, monkeypatch, tmp_path):
+def test_the_parity_check_fails_a_broken_tpu_step(mutation, precision, parity_data, monkeypatch, tmp_path):
     """In bfloat16 (what a TPU trains in under `training.precision: auto`) and, for the breaks near
     a tolerance, in float32 too, each at its default tolerances (parity.tolerances_for)."""
     from components.tpu_smoke import parity, scenario
-    from tests.stages import trainer_raw_config
+    from tests.stages import PARITY_CATEGORICAL, trainer_raw_config
 
     strategy = tpu_harness.install_sparsecore(monkeypatch, REPLICAS, PER_CHIP, mutation=mutation, mutation_step=STEPS - 1)
-    files = [str(trainer_data / "tx" / "Split-train" / "*")]
-    cfg, plan, manifest = scenario.parity_plan(trainer_raw_config(trainer_data), str(trainer_data))
+    files = [str(parity_data / "tx" / "Split-train" / "*")]
+    cfg, plan, manifest = scenario.parity_plan(trainer_raw_config(parity_data, PARITY_CATEGORICAL), str(parity_data))
     with pytest.raises(parity.ParityError) as err:
         parity.sparsecore_training(strategy, cfg, plan, manifest, files, STEPS, str(tmp_path), precision=precision,
                                    reference=REFERENCE)
@@ -61,10 +62,11 @@ def test_the_parity_check_fails_a_broken_tpu_step(mutation, precision, trainer_d
     if mutation == "tensor_core_slot":  # only slots fail, a TensorCore table's among them: no table's values
         assert all(" slot " in f or "/.OPTIMIZER_SLOT/" in f for f in failures), failures
         assert any(f.startswith(f"{t} slot ") for t in tensor_core for f in failures), failures
-    if mutation == "learning_rate_2pct":  # the wide tables' stack (the first by name), by their scale in bfloat16
-        assert any(f.split(":")[0].endswith("__wide") for f in failures), failures
+    if mutation == "learning_rate_2pct":  # a TPU-embedding table (the first stack's), by its scale in bfloat16
+        tpu = plan.tables_placed("tpu_embedding")
+        assert any(f.split(":")[0] in tpu for f in failures), failures
         if precision == "mixed_bfloat16":
-            assert any(f.split(":")[0].endswith("__wide") and "times the CPU run's" in f for f in failures), failures
+            assert any(f.split(":")[0] in tpu and "times the CPU run's" in f for f in failures), failures
     if mutation == "dense_step":  # only the dense network and its slots fail
         assert all(f.startswith("model/") for f in failures), failures
         assert any(f.startswith(("model/top_mlp/", "model/bottom_mlp/", "model/cross/")) for f in failures), failures

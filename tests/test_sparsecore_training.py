@@ -137,16 +137,16 @@ def test_cpu_step_updates_the_stacked_rows_by_hand(monkeypatch):
 
 @pytest.mark.slow(reason="the TPU smoke test's parity check: the Trainer's model trained 3 steps under the 2-replica "
                          "SparseCore harness and 3 on CPU")
-def test_sparsecore_training_matches_cpu_row_by_row(trainer_data, monkeypatch, tmp_path):
+def test_sparsecore_training_matches_cpu_row_by_row(parity_data, monkeypatch, tmp_path):
     from components.tpu_smoke import parity, scenario
-    from tests.stages import trainer_raw_config
+    from tests.stages import PARITY_CATEGORICAL, trainer_raw_config
 
     strategy = tpu_harness.install_sparsecore(monkeypatch, REPLICAS, PER_CHIP)
-    files = [str(trainer_data / "tx" / "Split-train" / "*")]
-    raw = trainer_raw_config(trainer_data)
-    cfg, plan, manifest = scenario.parity_plan(raw, str(trainer_data))
+    files = [str(parity_data / "tx" / "Split-train" / "*")]
+    raw = trainer_raw_config(parity_data, PARITY_CATEGORICAL)
+    cfg, plan, manifest = scenario.parity_plan(raw, str(parity_data))
     # FTRL and Adagrad, a stack of several, dim-1 wide, TensorCore tables, what the config's plan trains
-    covered = scenario.coverage(plan, REPLICAS, PER_CHIP, scenario.derived_plan(raw, str(trainer_data)))
+    covered = scenario.coverage(plan, REPLICAS, PER_CHIP, scenario.derived_plan(raw, str(parity_data)))
     result = parity.sparsecore_training(strategy, cfg, plan, manifest, files, 3, str(tmp_path), tolerance=1e-4)
     assert result["layout"] == "B", result
     tpu, tensor_core = plan.tables_placed("tpu_embedding"), plan.tables_placed("tensor_core")
@@ -166,19 +166,21 @@ def test_sparsecore_training_matches_cpu_row_by_row(trainer_data, monkeypatch, t
 
 
 @pytest.mark.slow(reason="3 steps under the 2-replica SparseCore harness and on CPU, the dense network in bfloat16")
-def test_sparsecore_training_in_bfloat16_passes_its_tolerances(trainer_data, monkeypatch, tmp_path):
+def test_sparsecore_training_in_bfloat16_passes_its_tolerances(parity_data, monkeypatch, tmp_path):
     """What a TPU trains under `training.precision: auto`: both runs' dense networks in bfloat16,
     judged by parity.tolerances_for("mixed_bfloat16"); every table's change within 2**-7 in scale
     of the CPU run's, every slot's within 2**-3 (its elements 2**-2) (test_smoke_mutations.py: every broken step still fails them)."""
     from components.tpu_smoke import parity, scenario
-    from tests.stages import trainer_raw_config
+    from tests.stages import PARITY_CATEGORICAL, trainer_raw_config
 
     strategy = tpu_harness.install_sparsecore(monkeypatch, REPLICAS, PER_CHIP)
-    files = [str(trainer_data / "tx" / "Split-train" / "*")]
-    cfg, plan, manifest = scenario.parity_plan(trainer_raw_config(trainer_data), str(trainer_data))
+    files = [str(parity_data / "tx" / "Split-train" / "*")]
+    cfg, plan, manifest = scenario.parity_plan(trainer_raw_config(parity_data, PARITY_CATEGORICAL), str(parity_data))
     result = parity.sparsecore_training(strategy, cfg, plan, manifest, files, 3, str(tmp_path), precision="mixed_bfloat16")
     scales = [e["scale"] for e in result["tables"].values()]
     slot_scales = [v for e in result["tables"].values() for v in e.get("slot_scales", {}).values()]
-    assert result["layout"] == "B" and len(scales) > 10 and max(abs(x - 1) for x in scales) <= 2**-7, scales
-    assert len(slot_scales) > 20 and max(abs(x - 1) for x in slot_scales) <= 2**-3, slot_scales
+    assert result["layout"] == "B" and len(scales) == len(plan.tables) and max(abs(x - 1) for x in scales) <= 2**-7, scales
+    slots = {"ftrl": 2, "adagrad": 1, "adam": 2}  # every table's slots judged, TPU embedding and TensorCore
+    assert len(slot_scales) == sum(slots[t.optimizer["name"]] for t in plan.tables.values()), slot_scales
+    assert max(abs(x - 1) for x in slot_scales) <= 2**-3, slot_scales
     assert result["variables"]["trained"] > 40 and result["variables"]["max_scale_off"] <= 2**-4, result["variables"]
