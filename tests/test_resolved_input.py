@@ -16,7 +16,7 @@ import pytest
 
 from components.config.loading import config_from_json
 from components.tfx_wiring.component_keys import CONFIG_KEY, EXAMPLES_URI_KEY, SERVING_DIR_KEY
-from tests.stages import trainer_config
+from tests.stages import trainer_config, trainer_raw_config
 
 
 def _examples(uri):
@@ -86,7 +86,9 @@ def test_fn_args_without_the_examples_uri_are_refused_naming_the_key(trainer_dat
 
 def test_a_config_naming_other_features_than_the_examples_is_refused_naming_them(trainer_data, tmp_path):
     """Fewer categorical features than preprocessing's failed in the model's build as
-    `KeyError: 'C24'`; the resolved input names both sides' features and the way out."""
+    `KeyError: 'C24'`; the resolved input names both sides' features, each feature read otherwise
+    (here another table, another max_length), and the way out."""
+    from components.config.loading import parse_config
     from components.embedding_trainer.resolved_input import resolve_training_input
     from components.reporting.errors import InputError
     from tests.stages import FEW_CATEGORICAL
@@ -104,3 +106,14 @@ def test_a_config_naming_other_features_than_the_examples_is_refused_naming_them
                                          r"examples; dense features I10, I11, .*, I9 are in the config but not in the "
                                          r"examples; run preprocessing"):
         resolve_training_input(every, stage="Tuner")
+    raw = trainer_raw_config(trainer_data)  # the same features, two read otherwise than preprocessing did
+    for f in raw["categorical_features"]:
+        if f["name"] == "C4":
+            del f["table"]  # a table of its own: its IDs were counted in shared_c3_c4's vocabulary
+        if f["name"] == "C12":
+            f["max_length"] = 3
+    moved = _fn_args(parse_config(raw), tmp_path, files, **uri)
+    with pytest.raises(InputError, match=r"^Trainer: the examples were preprocessed with other features than this "
+                                         r"config names: C12.max_length is 3 in the config, 5 in the examples; "
+                                         r"C4.table is 'C4' in the config, 'shared_c3_c4' in the examples; run "):
+        resolve_training_input(moved)

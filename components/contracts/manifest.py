@@ -96,6 +96,22 @@ class CategoricalFeatureEntry:
     weight_column: Optional[str] = None  # W1: the numeric column weighing each row's IDs
 
 
+
+def feature_entries(cfg) -> Tuple[Tuple[DenseFeatureEntry, ...], Tuple[CategoricalFeatureEntry, ...]]:
+    """How preprocessing reads `cfg`'s features, as its manifest records them.
+
+    Args:
+      cfg: a PipelineConfig.
+
+    Returns:
+      (dense entries, categorical entries), in the config's order: what build_manifest writes, and
+      what a training stage's config must equal (resolved_input.check_features_match).
+    """
+    dense = tuple(DenseFeatureEntry(d.name, d.source, d.fill_value) for d in cfg.dense_features)
+    categorical = tuple(CategoricalFeatureEntry(f.name, f.source, cfg.feature_table(f).name, f.separator, f.max_length,
+                                                f.weight_column) for f in cfg.categorical_features)
+    return dense, categorical
+
 @dataclass(frozen=True)
 class VocabularyManifest(StoredContract):
     """Features, their raw kinds (as ExampleGen stored them) and every table's vocabulary."""

@@ -24,8 +24,7 @@ from components.config.schema import CategoricalFeature, PipelineConfig
 from components.contracts import artifacts
 from components.data_io.checksums import file_sha256
 from components.config.choices import FORMAT_BLOCKS
-from components.contracts.manifest import (CategoricalFeatureEntry, DenseFeatureEntry, VocabularyEntry,
-                                           VocabularyManifest)
+from components.contracts.manifest import VocabularyEntry, VocabularyManifest, feature_entries
 from components.planning.sizing import table_layout, table_memory, table_rows
 from components.contracts.statistics import EmbeddingStatistics
 from components.embedding_preprocess import beam_pipeline
@@ -127,16 +126,13 @@ def build_manifest(cfg: PipelineConfig, raw: Dict[str, float], vocabulary_dir: s
             features=tuple(cfg.resolved.table(t.name).features),
             sha256=_vocabulary_sha256(vocabulary_dir, t.name),
         )
+    dense, categorical = feature_entries(cfg)
     return VocabularyManifest(
         vocabulary_dir=vocabulary_dir,
         label=cfg.label,
         raw_feature_kinds=_raw_kinds(cfg, raw),
-        dense_features=tuple(DenseFeatureEntry(d.name, d.source, d.fill_value) for d in cfg.dense_features),
-        categorical_features=tuple(
-            CategoricalFeatureEntry(f.name, f.source, cfg.feature_table(f).name, f.separator, f.max_length,
-                                    f.weight_column)
-            for f in cfg.categorical_features
-        ),
+        dense_features=dense,
+        categorical_features=categorical,
         vocabularies=vocabularies,
         transformed_format=cfg.transformed_examples.format,
         block_rows=cfg.transformed_examples.block_rows if cfg.transformed_examples.format == FORMAT_BLOCKS else 0,

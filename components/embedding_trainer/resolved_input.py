@@ -5,7 +5,7 @@ smoke test work from, built once from TFX's `FnArgs` and then only read.
 best values applied, when the Trainer has them), the push destination (a `training.checkpoint_dir`
 inside it is refused), the transformed examples' manifest and statistics (found at the examples
 artifact's URI, which our Trainer and Tuner executors pass in `custom_config`: executors.py), the
-row ledger (it must add up), the features (the config's must be the examples'), and the
+row ledger (it must add up), the features (the config's must read them as preprocessing did), and the
 embedding plan (tuned values may not change a table). The data identity
 (data_io/data_identity.py) is computed on first use.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -25,7 +26,7 @@ from components.config.loading import apply_values
 from components.config.schema import PipelineConfig
 from components.config.tuning import checked_values, values_of
 from components.contracts import artifacts
-from components.contracts.manifest import VocabularyManifest
+from components.contracts.manifest import VocabularyManifest, feature_entries
 from components.contracts.plan import EmbeddingPlan, PlanError
 from components.contracts.statistics import EmbeddingStatistics
 from components.embedding_trainer.base_model import serving_dir_of
@@ -193,31 +194,40 @@ def check_rows_to_train(cfg: PipelineConfig, statistics: Optional[EmbeddingStati
                      "is a hash of its content: input.train_buckets and input.eval_buckets set the shares)")
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Equal, a fill value of NaN equal to NaN."""
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
 def check_features_match(cfg: PipelineConfig, manifest: VocabularyManifest, stage: str) -> None:
-    """Refuses a config whose features are not those the examples were preprocessed with.
+    """Refuses a config whose features are not those the examples were preprocessed with, or that
+    reads one of them otherwise (its column, table, separator, max_length, weight column, fill value).
 
     A config with fewer categorical features than preprocessing's passed the plan and failed in
-    the model's build as `KeyError: 'C1'`; one with more, in the plan. The model reads the
-    manifest's features, so the config must name the same ones (in any order).
+    the model's build with a KeyError naming the first missing feature; one that moved a feature to
+    another table would train IDs counted in one vocabulary as rows of another.
 
     Args:
       cfg: the config the stage runs with (tuned values cannot change features).
       manifest: preprocessing's manifest.
-      stage: the stage named in the message.
+      stage: the stage named in the refusal.
 
     Raises:
-      InputError: one line naming the features each side lacks and what to change.
+      InputError: one line naming each difference and what to change.
     """
+    dense, categorical = feature_entries(cfg)
     differences = []
-    for kind, config_names, data_names in (
-            ("categorical", [f.name for f in cfg.categorical_features], manifest.categorical_names),
-            ("dense", [f.name for f in cfg.dense_features], manifest.dense_names)):
-        only_config = sorted(set(config_names) - set(data_names))
-        only_data = sorted(set(data_names) - set(config_names))
-        if only_config:
-            differences.append(f"{kind} features {', '.join(only_config)} are in the config but not in the examples")
-        if only_data:
-            differences.append(f"{kind} features {', '.join(only_data)} are in the examples but not in the config")
+    for kind, config_entries, data_entries in (("categorical", categorical, manifest.categorical_features),
+                                               ("dense", dense, manifest.dense_features)):
+        ours, theirs = {e.name: e for e in config_entries}, {e.name: e for e in data_entries}
+        for names, where in ((sorted(set(ours) - set(theirs)), "in the config but not in the examples"),
+                             (sorted(set(theirs) - set(ours)), "in the examples but not in the config")):
+            if names:
+                differences.append(f"{kind} features {', '.join(names)} are {where}")
+        for name in sorted(set(ours) & set(theirs)):
+            a, b = ours[name], theirs[name]
+            differences += [f"{name}.{f.name} is {getattr(a, f.name)!r} in the config, {getattr(b, f.name)!r} in the "
+                            "examples" for f in dataclasses.fields(a) if not _same(getattr(a, f.name), getattr(b, f.name))]
     if differences:
         raise InputError(f"{stage}: the examples were preprocessed with other features than this config names: "
                          f"{'; '.join(differences)}; run preprocessing with this config, or give the {stage} the "
@@ -232,7 +242,7 @@ def resolve_training_input(fn_args, stage: str = "Trainer") -> TrainingInput:
         EXAMPLES_URI_KEY, the push destination under SERVING_DIR_KEY), train_files, eval_files and,
         for the Trainer, serving_model_dir, model_run_dir, train_steps, hyperparameters, base_model;
         for the Tuner, working_dir.
-      stage: the stage named in a ledger that does not add up.
+      stage: the stage named in a refusal (a ledger that does not add up, no rows, other features).
 
     Returns:
       The TrainingInput.
@@ -241,8 +251,8 @@ def resolve_training_input(fn_args, stage: str = "Trainer") -> TrainingInput:
       ValueError: the examples' URI is missing (examples_uri_of).
       ConfigError: training.checkpoint_dir is inside the push destination (check_checkpoint_dir).
       LedgerError: the row ledger of the examples does not add up.
-      InputError: no rows to train or evaluate on, or the config names other features than the
-        examples hold.
+      InputError: no rows to train or evaluate on, or the config names or reads its features
+        otherwise than the examples were preprocessed with.
       PlanError: the config gives no plan, or the tuned values changed a table.
     """
     untuned = config_of(fn_args.custom_config)
