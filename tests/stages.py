@@ -38,10 +38,11 @@ FEW_CATEGORICAL = ("C1", "C2", "C3", "C4", "C12", "C20")
 TRAINER_CATEGORICAL = FEW_CATEGORICAL + ("C24", "C26")
 FEW_DENSE = 3
 # The TPU smoke test's parity check under the SparseCore harness (tests/test_smoke_mutations.py,
-# test_sparsecore_training.py; `parity_data`): the fewest features that still give it every path
-# it compares (a stack of a shared table's two features, C3 multi-hot; a TPU table of its own for
-# Adagrad, C12 multi-hot; a TensorCore table, C20; each one's wide table). Its step's graph, traced
-# twice per run on two replicas, grows with the features: half of TRAINER_CATEGORICAL's.
+# test_sparsecore_training.py; `parity_data`): the fewest features that still give it every kind
+# of table it compares (a table two features share, C3 multi-hot and C4; a TPU-embedding table of
+# its own for Adagrad, C12 multi-hot; a TensorCore table, C20; each one's wide table, and the
+# SparseCore stacks TF builds of them). Its step's graph, traced twice per run on two replicas,
+# grows with the features: half of TRAINER_CATEGORICAL's.
 PARITY_CATEGORICAL = ("C3", "C4", "C12", "C20")
 
 

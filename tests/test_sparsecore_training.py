@@ -59,6 +59,23 @@ def _sparse(rows):
                                   [len(rows), max(1, max(len(r) for r in rows))])
 
 
+def test_the_cpu_runs_batches_are_each_steps_replica_batches_in_order():
+    """parity.global_batches: the CPU run's input is each step's per-replica batches as one batch,
+    replica after replica, whatever the kind of tensor (dense, sparse, ragged)."""
+    from components.tpu_smoke.parity import global_batches
+
+    ids = [[1], [2, 3], [], [4], [5, 6, 7], [8], [9, 9], [10]]
+    rows = tf.data.Dataset.from_tensor_slices({"d": tf.range(8.0)[:, None], "r": tf.ragged.constant(ids, tf.int64)})
+    per_replica = rows.batch(2).map(lambda x: dict(x, s=x["r"].to_sparse()))  # 4 batches of 2 rows
+    steps = list(global_batches(per_replica, 2))  # 2 replicas: 2 steps of 4 rows
+    assert len(steps) == 2
+    for step, first in zip(steps, (0, 4)):
+        assert step["d"].numpy().ravel().tolist() == list(range(first, first + 4))
+        assert step["r"].to_list() == ids[first:first + 4]
+        sparse = tf.sparse.to_dense(step["s"]).numpy().tolist()
+        assert [[v for v in row if v] for row in sparse] == ids[first:first + 4] and step["s"].dense_shape[0] == 4
+
+
 @pytest.mark.slow(reason="TF's TPUEmbeddingV2 built and one step traced under the 2-replica harness strategy (~3 s)")
 def test_cpu_step_updates_the_stacked_rows_by_hand(monkeypatch):
     cls = tpu_harness.recording_strategy_class(REPLICAS, sparse_cores_per_chip=PER_CHIP)

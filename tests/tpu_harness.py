@@ -546,6 +546,8 @@ def cpu_step_v2_class(on_call=None, on_apply=None, mutation=None):
             if mutation == "averaged_replicas":
                 row_gradients = row_gradients / replicas
             first = stacked == min(self._stacked_table_to_tables)  # one stack, whatever the order of TF's dict
+            if mutation == "learning_rate_2pct" and first and strategy is not None:  # which tables it broke
+                strategy.broken_tables = sorted(t.name for t in self._stacked_table_to_tables[stacked])
             lr = local(lr)[0] * (2.0 if mutation == "learning_rate" else
                                  1.02 if mutation == "learning_rate_2pct" and first else 1.0)
             rows, index = tf.unique(positions)
