@@ -36,8 +36,8 @@ def _failures(err) -> list:
 # element, bfloat16 only in scale). Every other break fails element checks, and is judged in
 # bfloat16 alone, whose element tolerances are the looser (2**-3 for tables, 2**-2 for slots,
 # against float32's 1e-2): there each failed 3-59 variables on trainer_data's 8-feature model
-# (docs/tpu.md), so failing there is the
-# stronger proof; in float32 each failed too, when every case ran in both.
+# (docs/tpu.md), so failing there is the stronger proof; in float32 each failed too, when every
+# case ran in both.
 BOTH_PRECISIONS = ("learning_rate_2pct", "dense_step")
 CASES = [(m, p) for m in sorted(tpu_harness.MUTATIONS)
          for p in (("float32", "mixed_bfloat16") if m in BOTH_PRECISIONS else ("mixed_bfloat16",))]

@@ -96,7 +96,6 @@ class CategoricalFeatureEntry:
     weight_column: Optional[str] = None  # W1: the numeric column weighing each row's IDs
 
 
-
 def feature_entries(cfg) -> Tuple[Tuple[DenseFeatureEntry, ...], Tuple[CategoricalFeatureEntry, ...]]:
     """How preprocessing reads `cfg`'s features, as its manifest records them.
 
@@ -111,6 +110,7 @@ def feature_entries(cfg) -> Tuple[Tuple[DenseFeatureEntry, ...], Tuple[Categoric
     categorical = tuple(CategoricalFeatureEntry(f.name, f.source, cfg.feature_table(f).name, f.separator, f.max_length,
                                                 f.weight_column) for f in cfg.categorical_features)
     return dense, categorical
+
 
 @dataclass(frozen=True)
 class VocabularyManifest(StoredContract):
