@@ -329,7 +329,9 @@ def test_three_daily_spans_warm_start_gate_and_a_drift_stop(tmp_path):
 
     out, data = str(tmp_path / "out"), str(tmp_path / "data")
     small = {
-        "training": {"train_steps": 120, "checkpoint_every_steps": 60, "batch_size": 128},
+        # Fixed-length runs: the held-out selection has its own tests (test_early_stopping.py).
+        "training": {"train_steps": 120, "checkpoint_every_steps": 60, "batch_size": 128,
+                     "early_stopping": {"enabled": False}},
         "export": {"compare_compression": False, "auc_sample_size": 1500, "parity_sample_size": 64},
         # Beam in this process: the spans' warm start, drift and gate are under test, not Beam's workers.
         "beam": {"direct_running_mode": "in_memory", "direct_num_workers": 1},

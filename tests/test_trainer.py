@@ -585,3 +585,36 @@ def test_piecewise_linear_buckets_train_export_and_match_the_rule(data):
         np.testing.assert_allclose(wide.numpy(), encoded @ table.wide.numpy(), atol=1e-5)
     report = export_serving_model(cfg, model_uri, str(_raw_eval_records(data, manifest)), str(data / "ple_export"))
     assert report["parity"]["passed"] and report["parity"]["max_abs_diff"] <= 1e-5
+
+
+@pytest.mark.slow(reason="two 3-step fits of the Trainer's model, each traced")
+def test_variables_created_before_fit_trace_the_step_once_and_hold_the_first_steps_values(data, tmp_path):
+    """model_building.create_variables (called before fit off a TPU) makes Keras trace the training
+    step once, and after three steps, dropout and input dropout on, every checkpoint value equals
+    that of a fit whose first step created the variables: the run's figures do not move."""
+    from components.embedding_trainer import hardware as hardware_lib, training_data
+
+    cfg = _config(data, dropout=0.3, input_dropout=0.2, wide={"enabled": True}, precision="mixed_bfloat16")
+    files = [str(data / "tx" / "Split-train" / "*")]
+    manifest = resolved_input.read_manifest(examples_uri(files))
+    plan = derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(files)))
+    runs = {}
+    for before in (True, False):
+        tf.keras.utils.set_random_seed(cfg.training.seed)
+        hw = hardware_lib.place_training(cfg)
+        fitted_plan, model = model_building.build_training_model(cfg, plan, manifest, hw)
+        ds = training_data.training_dataset(cfg, fitted_plan, manifest, files, hw, 0, 0.0)
+        if before:
+            assert model_building.create_variables(model, ds.element_spec)
+        model.fit(ds, epochs=1, steps_per_epoch=3, verbose=0)
+        prefix = tf.train.Checkpoint(model=model).save(str(tmp_path / str(before) / "ckpt"))
+        reader = tf.train.load_checkpoint(prefix)
+        runs[before] = (model.train_function.experimental_get_tracing_count(),
+                        {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+                         if not k.startswith(("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter"))})
+    (traces, values), (traces_without, values_without) = runs[True], runs[False]
+    assert (traces, traces_without) == (1, 2)
+    assert sorted(values) == sorted(values_without) and len(values) > 50
+    assert any("OPTIMIZER_SLOT" in k for k in values)
+    for k in values:
+        np.testing.assert_array_equal(values[k], values_without[k], err_msg=k)

@@ -135,3 +135,41 @@ def build_training_model(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: Voc
             steps_per_execution=cfg.training.steps_per_execution,
         )
     return plan, model
+
+
+def create_variables(model: RankingModel, element_spec) -> bool:
+    """Creates the training model's variables and every optimizer's slots before training starts,
+    off a TPU, so that Keras traces its training step once instead of twice (TF traces a
+    tf.function whose first call creates variables a second time, without; on a small model
+    that second trace was about half of a short fit).
+
+    The values are the ones the first step would have created: the model is called once on zeros
+    of the step's input, in inference mode, which calls its layers in the step's order, and Keras'
+    initializers draw their seeds from Python's random generator in creation order, graph or eager
+    alike; the slots start from constants. tests/test_trainer.py holds every checkpoint value of
+    a short fit equal with and without this (and fails when the variables are created in another
+    order).
+
+    Args:
+      model: the compiled training model (model_building.build_training_model), not on a TPU
+        strategy: there the step's lookups need a replica context.
+      element_spec: the training dataset's (features, label) element spec.
+
+    Returns:
+      Whether the variables were created here (False: an input this cannot stand in for, e.g. a
+      ragged tensor; the first step creates them then, as before).
+    """
+    features, _ = element_spec
+    specs = tf.nest.flatten(features)
+    if not all(type(s) in (tf.TensorSpec, tf.SparseTensorSpec) for s in specs):
+        return False
+
+    def zeros(spec):
+        shape = [d if d is not None else 1 for d in spec.shape.as_list()]
+        if isinstance(spec, tf.SparseTensorSpec):
+            return tf.SparseTensor(tf.zeros([0, len(shape)], tf.int64), tf.zeros([0], spec.dtype), shape)
+        return tf.zeros(shape, spec.dtype)
+
+    model(tf.nest.map_structure(zeros, features), training=False)
+    model.create_optimizer_slots()
+    return True

@@ -21,7 +21,7 @@ from components.embedding_model import tf_objects
 from components.embedding_model.input import make_dataset
 from components.embedding_model.model import RankingModel
 from components.embedding_trainer.hardware import Hardware, place_training
-from components.embedding_trainer.model_building import build_model, build_training_model
+from components.embedding_trainer.model_building import build_model, build_training_model, create_variables
 from components.embedding_trainer.selection import HoldoutSelection
 from components.embedding_trainer.tpu_rules import check_tpu_rules
 from components.embedding_trainer.training_data import training_dataset
@@ -178,6 +178,8 @@ def _fit(cfg: PipelineConfig, model: RankingModel, train_ds, hardware: Hardware,
         # Batch-level loss about 100 times a run too (the run report's training curve), not only per epoch.
         callbacks.append(tf.keras.callbacks.TensorBoard(log_dir=log_dir, update_freq=max(1, steps // 100)))
     if start < steps and not (selection is not None and selection.stopped):
+        if not hardware.on_tpu and hardware.replicas == 1:
+            create_variables(model, train_ds.element_spec)  # one trace of the step, not two
         model.fit(
             train_ds,
             initial_epoch=start // every,
