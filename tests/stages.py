@@ -258,7 +258,9 @@ def executors_config(csv_path):
 
     raw = demo_raw_config()
     raw["input"]["path"] = str(csv_path)
-    raw["training"].update({"batch_size": 64, "train_steps": 30, "eval_steps": 5, "checkpoint_every_steps": 15})
+    # Fixed-length: the held-out selection has its own tests (test_early_stopping.py).
+    raw["training"].update({"batch_size": 64, "train_steps": 30, "eval_steps": 5, "checkpoint_every_steps": 15,
+                            "early_stopping": {"enabled": False}})
     # Tables of more than 110 rows in TPU embedding, the rest on the TensorCore: both placements in
     # the checkpoint (the exporter's layout tests re-lay the TPU-embedding ones out).
     raw["training"]["embedding"] = {"size_threshold": 110}
@@ -473,7 +475,8 @@ def make_features_chain(root):
     raw = features_raw_config(data / "data.csv")
     raw["training"]["embedding"] = {"size_threshold": 100}
     raw["training"].update({"batch_size": 64, "train_steps": 40, "eval_steps": 5, "checkpoint_every_steps": 20,
-                            "embedding_gradient_multiplier": {"value": 1.0, "schedule": {"warmup_steps": 10}}})
+                            "embedding_gradient_multiplier": {"value": 1.0, "schedule": {"warmup_steps": 10}},
+                            "early_stopping": {"enabled": False}})  # fixed-length (test_early_stopping.py)
     # row files (by a Beam pipeline), the dense model and their parity on every kind, wide parts (of
     # sequences too) included
     raw["export"].update(compare_compression=False, auc_sample_size=500, parity_sample_size=256,

@@ -159,8 +159,8 @@ def store_model_inputs(a):
 @pytest.mark.slow(reason="the executors' chain on the feature showcase config, a second export and push")
 def test_sqlite_store_serves_the_pushed_rows_and_a_second_push_delta_in_place(features_chain, tmp_path):
     """The pushed version's row files loaded into SQLite score eval rows as the pushed model does;
-    an export with float16 tables pushed next carries a delta against them, which applied in place
-    in SQLite gives that version's rows, and its scores."""
+    an export with int8 tables (int8 row files with their scales) pushed next carries a delta
+    against them, which applied in place in SQLite gives that version's rows, and its scores."""
     from components.data_io.examples_io import serialized_examples
     from components.embedding_exporter import store_client, store_export
     from components.embedding_exporter.export import export_serving_model
@@ -182,9 +182,13 @@ def test_sqlite_store_serves_the_pushed_rows_and_a_second_push_delta_in_place(fe
     assert db.load_full(os.path.join(first, "store", "rows")) == entry["store"]["rows"]
     assert np.abs(_store_scores(db, first, requests) - _full_scores(first, m, requests)).max() <= 1e-5
 
-    out = tmp_path / "second"  # the next export keeps float16 tables: rows rounded, most of them changed
-    exported = export_serving_model(dataclasses.replace(cfg, export=dataclasses.replace(cfg.export, table_dtype="float16")),
+    out = tmp_path / "second"  # the next export keeps int8 tables: rows quantized, most of them changed
+    exported = export_serving_model(dataclasses.replace(cfg, export=dataclasses.replace(cfg.export, table_dtype="int8")),
                                     a["model"].uri, os.path.join(a["examples"].uri, "Split-eval", "*"), str(out))
+    # int8 row files with their scales, held to the int8 serving model by the export's own check
+    assert exported["store"]["parity"]["passed"] and exported["store"]["parity"]["max_abs_diff"] <= 1e-5
+    stored = json.load(open(out / "store" / "rows" / "rows_manifest.json"))["tables"].values()
+    assert {t["dtype"] for t in stored if not t["wide_of"]} == {"int8"}  # the wide parts' dim-1 tables stay float32
     assert exported["store"]["beam_args"]  # export.store.beam: the Pusher writes the delta by Beam too
     second = registry.push(str(out / "Format-Serving"), serving_dir, dict(entry, run="second"),
                            store_dir=str(out / "store"), store_beam_args=exported["store"]["beam_args"])
@@ -201,12 +205,6 @@ def test_sqlite_store_serves_the_pushed_rows_and_a_second_push_delta_in_place(fe
     assert f"delta against version {os.path.basename(first)}: " in line and " changed, " in line and "% of the full rows" in line
     assert np.abs(_store_scores(db, second["serving_model"], requests)
                   - _full_scores(second["serving_model"], m, requests)).max() <= 1e-5
-    # int8 tables: int8 row files with their scales, held to the int8 serving model by the export's own check
-    report = export_serving_model(dataclasses.replace(cfg, export=dataclasses.replace(cfg.export, table_dtype="int8")),
-                                  a["model"].uri, os.path.join(a["examples"].uri, "Split-eval", "*"), str(tmp_path / "int8"))
-    assert report["store"]["parity"]["passed"] and report["store"]["parity"]["max_abs_diff"] <= 1e-5
-    stored = json.load(open(tmp_path / "int8" / "store" / "rows" / "rows_manifest.json"))["tables"].values()
-    assert {t["dtype"] for t in stored if not t["wide_of"]} == {"int8"}  # the wide parts' dim-1 tables stay float32
 
 
 @pytest.mark.slow(reason="a whole local pipeline run")

@@ -176,7 +176,10 @@ def served(chain, tmp_path_factory):
     # as InfraValidator's executor writes it with make_warmup (_CreateWarmupModel)
     io_utils.write_tfrecord_file(path_utils.warmup_file_path(model),
                                  *[iv_executor._convert_to_prediction_log(r) for r in requests])
-    result = run_fresh(root / "fresh", [{"model": model, "out": str(root / "fresh" / "predict_logs")}])
+    # the good model, then three broken copies, in one fresh process (test_a_broken_model_or_request_fails_the_check)
+    broken = _broken_copies(model, requests, root / "broken")
+    result = run_fresh(root / "fresh", [{"model": model, "out": str(root / "fresh" / "predict_logs")}]
+                       + [{"model": m, "out": str(root / "broken" / f"out{i}")} for i, m in enumerate(broken)])
     return source, model, requests, result, root
 
 
@@ -252,15 +255,12 @@ def test_the_fresh_process_answers_infra_validators_requests_with_the_models_sco
         np.testing.assert_allclose(got, value.numpy(), rtol=1e-5, atol=1e-6, err_msg=key)
 
 
-@pytest.mark.slow(reason=SLOW)
-def test_a_broken_model_or_request_fails_the_check(served):
-    """The same process on three broken copies: each job fails, saying why."""
+def _broken_copies(model, requests, broken):
+    """Three broken copies of the TF Serving layout's `model` under `broken`: a warm-up request
+    under another input name, no variables, a custom op. Returns their model directories."""
     from tensorflow.core.protobuf import saved_model_pb2
     from tensorflow_serving.apis import prediction_log_pb2
     from tfx.utils import io_utils, path_utils
-
-    _, model, requests, _, root = served
-    broken = root / "broken"
 
     wrong_input = str(broken / "wrong_input" / MODEL_NAME / str(VERSION))
     shutil.copytree(model, wrong_input)
@@ -288,9 +288,14 @@ def test_a_broken_model_or_request_fails_the_check(served):
     with open(pb, "wb") as f:
         f.write(sm.SerializeToString())
 
-    jobs = [{"model": m, "out": str(broken / f"out{i}")} for i, m in enumerate((wrong_input, no_variables, custom_op))]
-    result = run_fresh(broken / "fresh", jobs)
-    wrong, missing, custom = result["jobs"]
+    return [wrong_input, no_variables, custom_op]
+
+
+@pytest.mark.slow(reason=SLOW)
+def test_a_broken_model_or_request_fails_the_check(served):
+    """The same process, after the good model, on three broken copies: each job fails, saying why."""
+    *_, result, _ = served
+    wrong, missing, custom = result["jobs"][1:]
     assert not wrong["ok"] and "takes inputs ['examples']; the request has ['inputs']" in wrong["error"], wrong
     assert not missing["ok"] and "variables" in missing["error"], missing
     assert not custom["ok"] and custom["error"] == "RuntimeError: ops not in stock TensorFlow: ProjectParseExample", custom

@@ -195,3 +195,18 @@ def test_a_table_whose_key_type_changed_has_no_delta(tmp_path):
     row_files.write_row_files(str(tables), str(tmp_path / "r1"))
     with pytest.raises(row_delta.NoDelta, match="table\\(s\\) H changed key type"):
         row_delta.write_delta(str(tmp_path / "r0"), str(tmp_path / "r1"), str(tmp_path / "d"))
+
+
+def test_a_float16_table_is_stored_widened_to_float32_exactly(tmp_path):
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    half = (np.arange(5 * 3, dtype=np.float32).reshape(5, 3) / 7).astype(np.float16)  # sevenths, rounded to float16
+    entries = dict([_table(tables, "F", half, tokens=(b"a", b"b", b"c", b"d"), oov=1)])
+    (tables / "tables_manifest.json").write_text(json.dumps({"tables": entries}))
+    m = row_files.write_row_files(str(tables), str(tmp_path / "rows"), max_file_bytes=100)
+    rows = row_files.read_table_rows(str(tmp_path / "rows"), "F")
+    assert m["tables"]["F"]["dtype"] == "float32" and rows.schema.field("vector").type.value_type == pa.float32()
+    got = {(r["key"], r["oov"]): np.asarray(r["vector"], np.float32) for r in rows.to_pylist()}
+    for i, t in enumerate("abcd"):
+        assert np.array_equal(got[(t, False)], half[i].astype(np.float32)), t
+    assert np.array_equal(got[("0", True)], half[4].astype(np.float32))

@@ -206,12 +206,18 @@ def _one_hot(files, manifest, plan, **part):
     return sp.hstack([x, sp.csr_matrix(np.concatenate(dense))]).tocsr(), np.concatenate(labels)
 
 
-@pytest.mark.slow(reason="exports the executors' chain's model against a last blessed one")
-def test_baseline_auc_matches_an_independent_fit(chain):
+@pytest.mark.slow(reason="the baseline's fit (1,000 steps, five L2 candidates) and scikit-learn's")
+def test_baseline_auc_matches_an_independent_fit(trainer_data):
+    """On the Trainer tests' data (a few features of each kind: a shared table, multi-hot, dense)."""
     from sklearn.linear_model import LogisticRegression
 
-    cfg, a, _ = chain
-    train, evals = [os.path.join(a["transformed"].uri, f"Split-{s}", "*") for s in ("train", "eval")]
+    from components.config.loading import parse_config
+    from tests.stages import trainer_raw_config
+
+    raw = trainer_raw_config(trainer_data)
+    raw["validation"] = {"baseline_margin": None}  # the demo's baseline
+    cfg = parse_config(raw)
+    train, evals = [str(trainer_data / "tx" / f"Split-{s}" / "*") for s in ("train", "eval")]
     manifest, stats = resolved_input.read_manifest(examples_uri([train])), resolved_input.read_statistics(examples_uri([train]))
     plan = derive_plan(cfg, manifest, stats)
     rows = stats.splits["train"]["examples_written"]
@@ -221,8 +227,8 @@ def test_baseline_auc_matches_an_independent_fit(chain):
     xe, ye = _one_hot([evals], manifest, plan)
     theirs = max(roc_auc(LogisticRegression(C=c, max_iter=5000).fit(x, y).decision_function(xe), ye) for c in (1.0, 0.1))
     assert ours["examples"] == len(ye)
-    # Within 0.02 on these ~500 eval rows (an AUC's sampling error here is about 0.02; the chosen L2
-    # rests on a held-out slice of ~200 rows). bench/baseline_vs_sklearn.py holds 0.005 on the public
+    # Within 0.02 on these 600 eval rows (an AUC's sampling error here is about 0.02; the chosen L2
+    # rests on a held-out slice of ~300 rows; measured: 0.672 against scikit-learn's 0.655). bench/baseline_vs_sklearn.py holds 0.005 on the public
     # datasets, with thousands of rows.
     assert ours["auc"] >= theirs - 0.02, (ours["auc"], theirs, ours["candidates"], ours["train_steps"])
     # the regularization kept is the candidate best on the held-out slice
