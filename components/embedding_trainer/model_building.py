@@ -151,8 +151,9 @@ def create_variables(model: RankingModel, element_spec) -> bool:
     order).
 
     Args:
-      model: the compiled training model (model_building.build_training_model), not on a TPU
-        strategy: there the step's lookups need a replica context.
+      model: the compiled training model (model_building.build_training_model) of a run on one
+        replica: on a TPU the step's lookups need a replica context, and under MirroredStrategy's
+        replicas the variables created here took other values than the step's (measured).
       element_spec: the training dataset's (features, label) element spec.
 
     Returns:
