@@ -287,7 +287,8 @@ def test_the_final_evaluation_is_reported_as_the_kept_models(tmp_path, monkeypat
 @pytest.mark.slow(reason="a 60-step Trainer run with the held-out selection")
 def test_training_never_reads_the_eval_split_and_keeps_the_best_checkpoint(data, monkeypatch, tmp_path):
     """The whole run_fn with early stopping: every dataset the training, the selection and the
-    baseline open is recorded; none may name the eval split before training has ended."""
+    baseline open is recorded; none may name the eval split before training has ended. Its fit
+    traces the training step once."""
     opened = []
     real = input_lib.make_dataset
     training_done = []
@@ -309,6 +310,17 @@ def test_training_never_reads_the_eval_split_and_keeps_the_best_checkpoint(data,
     monkeypatch.setattr(SEL, "read_holdout", recording_holdout)
     real_finish = model_artifact.finish
     monkeypatch.setattr(model_artifact, "finish", lambda *a, **k: (training_done.append(True), real_finish(*a, **k))[1])
+    # and the training step traced once (model_building.create_variables, before fit)
+    from components.embedding_model.model import RankingModel
+
+    traces, real_fit = [], RankingModel.fit
+
+    def fit(self, *a, **k):
+        out = real_fit(self, *a, **k)
+        traces.append(self.train_function.experimental_get_tracing_count())
+        return out
+
+    monkeypatch.setattr(RankingModel, "fit", fit)
     cfg = _config(data, train_steps=60, checkpoint_every_steps=10,
                   early_stopping={"evaluations": 6, "patience": 2, "holdout_fraction": 0.2})
     fn_args = _fn_args(data, cfg, "selection")
@@ -316,6 +328,7 @@ def test_training_never_reads_the_eval_split_and_keeps_the_best_checkpoint(data,
     monkeypatch.setenv(progress.ENV, str(events))
     trainer_module.run_fn(fn_args)
     assert opened and all("Split-eval" not in p for ps in opened for p in ps), opened
+    assert traces == [1], traces
     model_uri = os.path.dirname(fn_args.serving_model_dir)
     run = json.load(open(os.path.join(model_uri, TRAINING_RUN_FILE)))
     sel = run["selection"]

@@ -148,7 +148,8 @@ def read_logs(path):
 @pytest.fixture(scope="module")
 def served(chain, tmp_path_factory):
     """The exporter's serving model in TF Serving's layout with InfraValidator's warmup requests
-    (made by TFX from TFExampleCopy's eval split), and the fresh process's answers:
+    (made by TFX from TFExampleCopy's eval split), and the fresh process's answers, its jobs the
+    good model's then three broken copies' (`_broken_copies`):
     (exporter's model dir, model copy dir, requests, child result, tmp root)."""
     from tfx.components.infra_validator import executor as iv_executor
     from tfx.components.infra_validator import request_builder

@@ -205,7 +205,8 @@ def test_a_float16_table_is_stored_widened_to_float32_exactly(tmp_path):
     (tables / "tables_manifest.json").write_text(json.dumps({"tables": entries}))
     m = row_files.write_row_files(str(tables), str(tmp_path / "rows"), max_file_bytes=100)
     rows = row_files.read_table_rows(str(tmp_path / "rows"), "F")
-    assert m["tables"]["F"]["dtype"] == "float32" and rows.schema.field("vector").type.value_type == pa.float32()
+    assert (m["tables"]["F"]["dtype"], m["tables"]["F"]["trained_dtype"]) == ("float32", "float16")
+    assert rows.schema.field("vector").type.value_type == pa.float32()
     got = {(r["key"], r["oov"]): np.asarray(r["vector"], np.float32) for r in rows.to_pylist()}
     for i, t in enumerate("abcd"):
         assert np.array_equal(got[(t, False)], half[i].astype(np.float32)), t

@@ -618,3 +618,11 @@ def test_variables_created_before_fit_trace_the_step_once_and_hold_the_first_ste
     assert any("OPTIMIZER_SLOT" in k for k in values)
     for k in values:
         np.testing.assert_array_equal(values[k], values_without[k], err_msg=k)
+
+
+def test_an_input_create_variables_cannot_stand_in_for_is_left_to_the_first_step():
+    """A ragged input, or one of unknown rank: nothing is built (the model is not even called), and
+    the first step creates the variables as it did before."""
+    label = tf.TensorSpec([4, 1], tf.float32)
+    for spec in (tf.RaggedTensorSpec([4, None], tf.int64), tf.TensorSpec(None, tf.float32)):
+        assert model_building.create_variables(None, ({"C1": tf.TensorSpec([4, 1], tf.int64), "x": spec}, label)) is False

@@ -590,7 +590,8 @@ def test_a_local_run_tunes_applies_the_best_values_and_a_rerun_takes_the_tuner_f
     text = " ".join(render(summary_report(scored)).split())
     assert "tuning: random search, 2 trial(s) of at most 2 (0 failed), 6 steps each" in text
     assert "the Trainer trained with them" in text
-    assert "held-out AUC" in (out / "run_report.html").read_text()
+    html = (out / "run_report.html").read_text()  # the report's tuning table: each trial's held-out AUC
+    assert "held-out AUC" in html and all(f"{t['score']:.4f}" in html for t in tuning["trials"])
     events = [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
     tuner = [e["event"] for e in events if e["stage"] == "Tuner"]
     assert tuner[0] == "start" and tuner[-1] == "done" and "step" in tuner  # the trials' steps, under the Tuner

@@ -147,8 +147,7 @@ def create_variables(model: RankingModel, element_spec) -> bool:
     of the step's input, in inference mode, which calls its layers in the step's order, and Keras'
     initializers draw their seeds from Python's random generator in creation order, graph or eager
     alike; the slots start from constants. tests/test_trainer.py holds every checkpoint value of
-    a short fit equal with and without this (and fails when the variables are created in another
-    order).
+    a short fit equal with and without this (creating them in another order failed it).
 
     Args:
       model: the compiled training model (model_building.build_training_model) of a run on one
@@ -157,12 +156,12 @@ def create_variables(model: RankingModel, element_spec) -> bool:
       element_spec: the training dataset's (features, label) element spec.
 
     Returns:
-      Whether the variables were created here (False: an input this cannot stand in for, e.g. a
-      ragged tensor; the first step creates them then, as before).
+      Whether the variables were created here (False: an input this cannot stand in for, a
+      ragged tensor or one of unknown rank; the first step creates them then, as before).
     """
     features, _ = element_spec
     specs = tf.nest.flatten(features)
-    if not all(type(s) in (tf.TensorSpec, tf.SparseTensorSpec) for s in specs):
+    if not all(type(s) in (tf.TensorSpec, tf.SparseTensorSpec) and s.shape.rank is not None for s in specs):
         return False
 
     def zeros(spec):
