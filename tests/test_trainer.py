@@ -606,6 +606,7 @@ def test_variables_created_before_fit_trace_the_step_once_and_hold_the_first_ste
         ds = training_data.training_dataset(cfg, fitted_plan, manifest, files, hw, 0, 0.0)
         if before:
             assert model_building.create_variables(model, ds.element_spec)
+            assert not model_building.create_variables(model, ds.element_spec)  # built: nothing again
         model.fit(ds, epochs=1, steps_per_epoch=3, verbose=0)
         prefix = tf.train.Checkpoint(model=model).save(str(tmp_path / str(before) / "ckpt"))
         reader = tf.train.load_checkpoint(prefix)
@@ -623,6 +624,6 @@ def test_variables_created_before_fit_trace_the_step_once_and_hold_the_first_ste
 def test_an_input_create_variables_cannot_stand_in_for_is_left_to_the_first_step():
     """A ragged input, or one of unknown rank: nothing is built (the model is not even called), and
     the first step creates the variables as it did before."""
-    label = tf.TensorSpec([4, 1], tf.float32)
+    label, unbuilt = tf.TensorSpec([4, 1], tf.float32), SimpleNamespace(built=False)  # not callable
     for spec in (tf.RaggedTensorSpec([4, None], tf.int64), tf.TensorSpec(None, tf.float32)):
-        assert model_building.create_variables(None, ({"C1": tf.TensorSpec([4, 1], tf.int64), "x": spec}, label)) is False
+        assert model_building.create_variables(unbuilt, ({"C1": tf.TensorSpec([4, 1], tf.int64), "x": spec}, label)) is False

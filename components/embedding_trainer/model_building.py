@@ -156,9 +156,12 @@ def create_variables(model: RankingModel, element_spec) -> bool:
       element_spec: the training dataset's (features, label) element spec.
 
     Returns:
-      Whether the variables were created here (False: an input this cannot stand in for, a
-      ragged tensor or one of unknown rank; the first step creates them then, as before).
+      Whether the variables were created here (False: the model is built already, as a resumed
+      or warm-started run's is to restore into (training_state.restore_built); or an input this
+      cannot stand in for, a ragged tensor or one of unknown rank, left to the first step as before).
     """
+    if model.built:
+        return False
     features, _ = element_spec
     specs = tf.nest.flatten(features)
     if not all(type(s) in (tf.TensorSpec, tf.SparseTensorSpec) and s.shape.rank is not None for s in specs):
