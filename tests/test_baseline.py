@@ -50,6 +50,32 @@ def test_a_feature_is_a_bag_of_its_ids_whatever_its_combiner():
     np.testing.assert_allclose(logits, model.reference_logits(batch).numpy(), rtol=1e-6)
 
 
+def test_negative_ids_and_zero_weights_take_no_part_in_logits_or_penalty():
+    """safe_embedding_lookup_sparse's pruning, which the reference logits use: an ID below 0 and
+    an ID of weight 0 add nothing, not another table's row (b's ID -1 at its offset 5 would read
+    a's row 4) nor a penalty term."""
+    import tensorflow as tf
+
+    from components.contracts.manifest import weights_key
+    from components.embedding_trainer.baseline import LinearBaseline
+
+    plan, manifest = _plan_and_manifest(combiner="sum")
+    manifest.weighted_names = ["b"]
+    model = LinearBaseline(plan, manifest, l2=[1.0], rows=2)
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(8, 1)).astype(np.float32)
+    model.weights.assign(w)
+    batch = _batch([[1], [2]], [[-1, 0], [1, 2]], [0.0, 0.0])
+    batch[weights_key("b")] = tf.sparse.SparseTensor(batch["b"].indices, tf.constant([2.0, 0.5, 0.0, 3.0]),
+                                                     batch["b"].dense_shape)
+    model.dense_mean.assign([0.0])
+    logits, penalty = model.logits_and_penalty(batch)
+    np.testing.assert_allclose(logits.numpy()[:, 0], [w[1, 0] + 0.5 * w[5, 0], w[2, 0] + 3.0 * w[7, 0]], rtol=1e-6)
+    np.testing.assert_allclose(logits.numpy(), model.reference_logits(batch).numpy(), rtol=1e-6)
+    kept = [1, 5, 2, 7]  # a's 1 and 2, b's 0 and 2 at b's offset
+    np.testing.assert_allclose(penalty.numpy(), [(w[kept, 0] ** 2).sum()], rtol=1e-5)
+
+
 def test_the_penalty_over_a_pass_is_l2_times_the_squared_weights():
     """An ID looked up `count` times adds l2 x w^2 / count each time: over a pass, l2 x |w|^2
     (scikit-learn's objective with C = 1 / (2 l2), times the rows)."""
