@@ -2,7 +2,6 @@
 the streamed L2 penalty sums to scikit-learn's over a pass, the regularization is chosen on the
 held-out slice, and its length. Its fit against scikit-learn on real transformed data is
 tests/test_validation_gate.py's (the executors' chain) and bench/baseline_vs_sklearn.py's."""
-import os
 from types import SimpleNamespace
 
 import numpy as np
