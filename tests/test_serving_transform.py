@@ -395,3 +395,20 @@ def test_the_typed_signature_exists_only_with_integer_columns(transforms, tmp_pa
     assert {c for c, spec in typed.items() if spec.dtype == tf.int64} == set(fused.integer_columns())
     assert {c: s.dtype for c, s in typed.items() if c not in fused.integer_columns()} == {
         c: s.dtype for c, s in plain.items() if c not in fused.integer_columns()}
+
+
+@pytest.mark.parametrize("column", [
+    [b"a", b"", b"c", b""], [1.5, float("nan"), float("nan"), -2.0], [b""] * 3, [float("nan")], []])
+def test_present_rows_equal_the_library_forms(column):
+    """ragged_rows.present_rows and keep_values give what TF's own boolean_mask forms give: a
+    column's present values as rows, and a ragged tensor's values kept by a mask, in order."""
+    import tensorflow as tf
+
+    from components.embedding_exporter.ragged_rows import keep_values, present_rows
+
+    values = tf.constant(column, tf.string if column and isinstance(column[0], bytes) else tf.float32)
+    present = tf.strings.length(values) > 0 if values.dtype == tf.string else tf.logical_not(tf.math.is_nan(values))
+    want = tf.RaggedTensor.from_row_lengths(tf.boolean_mask(values, present), tf.cast(present, tf.int64))
+    assert present_rows(values, present).to_list() == want.to_list()
+    rows = tf.RaggedTensor.from_row_lengths(values, [len(column)])
+    assert keep_values(rows, present).to_list() == tf.ragged.boolean_mask(rows, rows.with_flat_values(present)).to_list()
