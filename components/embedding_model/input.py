@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from components.embedding_model import keras_autograph  # noqa: F401  (tf_keras unconverted, before any trace)
+from components.embedding_model import autograph_rules  # noqa: F401  (rules before any trace)
 from components.config.choices import FORMAT_BLOCKS
 from components.contracts.manifest import TAIL_PREFIX, VocabularyManifest, row_lengths_key, weights_key
 from components.data_io.tfrecords import compression_type

@@ -44,7 +44,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
 
-from components.embedding_model import keras_autograph  # noqa: F401  (tf_keras unconverted, before any trace)
+from components.embedding_model import autograph_rules  # noqa: F401  (rules before any trace)
 from components.embedding_model import tf_objects, xla_updates
 
 # TPU embedding slot name -> Keras (legacy) slot name, per optimizer (as tensorflow-recommenders'
