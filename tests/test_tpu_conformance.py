@@ -314,6 +314,47 @@ def _assert_checkpoint_tables_are_the_trained_ones(mid, model_uri):
         np.testing.assert_array_equal(tables.read(name), tpu_harness.logical_table(mid, name, t.rows, t.dim).numpy(), err_msg=name)
 
 
+@pytest.mark.slow(reason="two 3-step TPU-branch fits per case, each traced")
+@pytest.mark.parametrize("feature", ["V1", "V2"])
+def test_variables_created_before_a_tpu_fit_trace_the_step_once_and_hold_the_first_steps_values(
+        feature, tpu_branch, parity_data, tmp_path):
+    """On the TPU branch, model_building.create_variables (a forward pass traced inside
+    strategy.run, never run) makes Keras trace the training step once, and after three steps every
+    checkpoint value (TPU-embedding tables, TensorCore tables, the dense network and every slot)
+    equals that of a fit whose first step created the variables (on parity_data's model: the
+    fewest features with both table placements)."""
+    from components.planning.run_plan import derive_plan
+    from tests.stages import PARITY_CATEGORICAL
+
+    tpu_branch(getattr(Feature, feature))
+    cfg = _config(parity_data, PARITY_CATEGORICAL, tpu="local", dropout=0.3, wide={"enabled": True})
+    files = [str(parity_data / "tx" / "Split-train" / "*")]
+    manifest = resolved_input.read_manifest(examples_uri(files))
+    plan = with_run(derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(files))),
+                    vocabulary_dir=manifest.vocabulary_dir)
+    runs = {}
+    for before in (True, False):
+        tf.keras.utils.set_random_seed(cfg.training.seed)
+        hw = hardware.place_training(cfg)
+        fitted_plan, model = model_building.build_training_model(cfg, plan, manifest, hw)
+        ds = training_data.training_dataset(cfg, fitted_plan, manifest, files, hw, 0, 0.0)
+        if before:
+            assert model_building.create_variables(model, ds.element_spec, hw.strategy)
+            assert not model_building.create_variables(model, ds.element_spec, hw.strategy)  # built: nothing again
+        model.fit(ds, epochs=1, steps_per_epoch=3, verbose=0)
+        prefix = tf.train.Checkpoint(model=model).save(str(tmp_path / str(before) / "ckpt"))
+        reader = tf.train.load_checkpoint(prefix)
+        runs[before] = (model.train_function.experimental_get_tracing_count(),
+                        {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+                         if not k.startswith(("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter"))})
+    (traces, values), (traces_without, values_without) = runs[True], runs[False]
+    assert (traces, traces_without) == (1, 2)
+    assert sorted(values) == sorted(values_without) and len(values) > 20
+    assert any("OPTIMIZER_SLOT" in k for k in values)
+    for k in values:
+        np.testing.assert_array_equal(values[k], values_without[k], err_msg=k)
+
+
 def test_calling_the_tpu_layer_outside_run_fails(tpu_branch, data):
     """The original bug, caught on CPU: the TPU-built model called after fit, outside strategy.run
     (TFRS's own check raises, as it does on a TPU)."""

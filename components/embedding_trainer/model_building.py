@@ -8,6 +8,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import components  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 import tensorflow as tf
+from tensorflow.python.distribute import values as distribute_values  # PerReplicaSpec: no public name
 
 from components.config.choices import LayoutKind, Placement, Precision
 from components.config.schema import PipelineConfig
@@ -137,23 +138,32 @@ def build_training_model(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: Voc
     return plan, model
 
 
-def create_variables(model: RankingModel, element_spec) -> bool:
+def create_variables(model: RankingModel, element_spec, strategy=None) -> bool:
     """Creates the training model's variables and every optimizer's slots before training starts,
-    off a TPU, so that Keras traces its training step once instead of twice (TF traces a
-    tf.function whose first call creates variables a second time, without; on a small model
-    that second trace was about half of a short fit).
+    so that Keras traces its training step once instead of twice (TF traces a tf.function whose
+    first call creates variables a second time, without; on a small model that second trace was
+    about half of a short fit, and about 40% of a 3-step TPU-harness fit).
 
-    The values are the ones the first step would have created: the model is called once on zeros
-    of the step's input, in inference mode, which calls its layers in the step's order, and Keras'
+    The values are the ones the first step would have created: the model is called once on the
+    step's input, in inference mode, which calls its layers in the step's order, and Keras'
     initializers draw their seeds from Python's random generator in creation order, graph or eager
-    alike; the slots start from constants. tests/test_trainer.py holds every checkpoint value of
-    a short fit equal with and without this (creating them in another order failed it).
+    alike; the slots start from constants. Off a TPU on one replica the call is eager, on zeros.
+    On a TPU (`strategy`) it is made inside `strategy.run`, as the step makes it (the TPU
+    embedding's lookups need a replica context), and only traced: the forward pass is traced twice
+    (as any first call that creates variables) and never run, so a TPU compiles nothing for it, and
+    its variables are created by the initializers lifted out of that trace, as the step's first
+    trace creates them; a checkpoint restore still pending (the smoke test's start) is applied then,
+    as it is at the first step. tests/test_trainer.py (one replica) and tests/test_tpu_conformance.py
+    (the TPU harness) hold every checkpoint value of a short fit equal with and without this
+    (creating them in another order failed the first).
 
     Args:
-      model: the compiled training model (model_building.build_training_model) of a run on one
-        replica: on a TPU the step's lookups need a replica context, and under MirroredStrategy's
-        replicas the variables created here took other values than the step's (measured).
-      element_spec: the training dataset's (features, label) element spec.
+      model: the compiled training model (model_building.build_training_model), of a run on one
+        replica or on a TPU: under MirroredStrategy's replicas the variables created eagerly took
+        other values than the step's (measured).
+      element_spec: the training dataset's (features, label) element spec; a distributed
+        dataset's per-replica specs stand for one replica's batch.
+      strategy: the TPU strategy of a run on a TPU; None off a TPU.
 
     Returns:
       Whether the variables were created here (False: the model is built already, as a resumed
@@ -162,17 +172,32 @@ def create_variables(model: RankingModel, element_spec) -> bool:
     """
     if model.built:
         return False
-    features, _ = element_spec
+    features = tf.nest.map_structure(_one_replica, element_spec[0])
     specs = tf.nest.flatten(features)
     if not all(type(s) in (tf.TensorSpec, tf.SparseTensorSpec) and s.shape.rank is not None for s in specs):
         return False
+    if strategy is None:
+        model(tf.nest.map_structure(_zeros, features), training=False)
+        model.create_optimizer_slots()
+        return True
 
-    def zeros(spec):
-        shape = [d if d is not None else 1 for d in spec.shape.as_list()]
-        if isinstance(spec, tf.SparseTensorSpec):
-            return tf.SparseTensor(tf.zeros([0, len(shape)], tf.int64), tf.zeros([0], spec.dtype), shape)
-        return tf.zeros(shape, spec.dtype)
+    @tf.function(autograph=False)
+    def forward(inputs):
+        strategy.run(lambda x: model(x, training=False), args=(inputs,))
 
-    model(tf.nest.map_structure(zeros, features), training=False)
-    model.create_optimizer_slots()
+    forward.get_concrete_function(features)
+    with strategy.scope():
+        model.create_optimizer_slots()
     return True
+
+
+def _one_replica(spec):
+    """One replica's spec of a distributed dataset's element (PerReplicaSpec holds one per replica, all alike)."""
+    return spec._value_specs[0] if isinstance(spec, distribute_values.PerReplicaSpec) else spec  # pylint: disable=protected-access
+
+
+def _zeros(spec):
+    shape = [d if d is not None else 1 for d in spec.shape.as_list()]
+    if isinstance(spec, tf.SparseTensorSpec):
+        return tf.SparseTensor(tf.zeros([0, len(shape)], tf.int64), tf.zeros([0], spec.dtype), shape)
+    return tf.zeros(shape, spec.dtype)

@@ -178,8 +178,10 @@ def _fit(cfg: PipelineConfig, model: RankingModel, train_ds, hardware: Hardware,
         # Batch-level loss about 100 times a run too (the run report's training curve), not only per epoch.
         callbacks.append(tf.keras.callbacks.TensorBoard(log_dir=log_dir, update_freq=max(1, steps // 100)))
     if start < steps and not (selection is not None and selection.stopped):
-        if not hardware.on_tpu and hardware.replicas == 1:
-            create_variables(model, train_ds.element_spec)  # one trace of the step, not two
+        if hardware.on_tpu and checkpoints.restored is None:  # (a restored TPU model is built by its first step)
+            create_variables(model, train_ds.element_spec, hardware.strategy)  # one trace of the step, not two
+        elif not hardware.on_tpu and hardware.replicas == 1:
+            create_variables(model, train_ds.element_spec)
         model.fit(
             train_ds,
             initial_epoch=start // every,

@@ -400,6 +400,8 @@ def _train_on_both(strategy, cfg, plan, manifest, train_files: List[str], steps:
             tf.train.Checkpoint(**{CHECKPOINT_ROOT: tpu}).restore(start_prefix).assert_existing_objects_matched()
         tpu_ds = strategy.distribute_datasets_from_function(
             train_input, tf.distribute.InputOptions(experimental_fetch_to_device=False))
+        # Built before the fit (the start's pending restore applied as the first step would): one trace of the step.
+        model_building.create_variables(tpu, tpu_ds.element_spec, strategy)
         _fit(tpu, tpu_ds, steps)
         tpu_prefix = tf.train.Checkpoint(**{CHECKPOINT_ROOT: tpu}).save(os.path.join(workdir, "tpu", "ckpt"))
         if cpu is not None:
