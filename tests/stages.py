@@ -529,3 +529,47 @@ def save_toy_serving_model(model_dir):
             {"input": "Class_Name", "column": "Class Name", "dtype": "string", "typed_dtype": None,
              "features": ["C1"]}]}, fh)
     return str(model_dir)
+
+
+# ---- the Trainer's variables created before the fit (model_building.create_variables) -------------
+
+def fits_with_variables_created_before_and_by_the_first_step(cfg, plan, manifest, files, root, steps=3):
+    """Two `steps`-step fits of the Trainer's model from the run's seed under `cfg`'s hardware
+    (place_training: the harness's TPU strategy where one is installed): the first with its
+    variables created before the fit (model_building.create_variables, checked to be a no-op
+    once built), the second by its first step. Returns, for each (True: created before), the
+    training step's trace count and every value of its checkpoint after the fit."""
+    import tensorflow as tf
+
+    from components.embedding_trainer import hardware, model_building, training_data
+
+    runs = {}
+    for before in (True, False):
+        tf.keras.utils.set_random_seed(cfg.training.seed)
+        hw = hardware.place_training(cfg)
+        fitted_plan, model = model_building.build_training_model(cfg, plan, manifest, hw)
+        ds = training_data.training_dataset(cfg, fitted_plan, manifest, files, hw, 0, 0.0)
+        strategy = hw.strategy if hw.on_tpu else None
+        if before:
+            assert model_building.create_variables(model, ds.element_spec, strategy)
+            assert not model_building.create_variables(model, ds.element_spec, strategy)  # built: nothing again
+        model.fit(ds, epochs=1, steps_per_epoch=steps, verbose=0)
+        reader = tf.train.load_checkpoint(tf.train.Checkpoint(model=model).save(str(root / str(before) / "ckpt")))
+        runs[before] = (model.train_function.experimental_get_tracing_count(),
+                        {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+                         if not k.startswith(("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter"))})
+    return runs
+
+
+def assert_traced_once_with_the_first_steps_values(runs, more_than: int) -> None:
+    """`runs` (fits_with_variables_created_before_and_by_the_first_step's): the step traced once
+    with the variables created before the fit, twice without, and every checkpoint value (more
+    than `more_than` of them, optimizer slots among them) the same in both."""
+    import numpy as np
+
+    (traces, values), (traces_without, values_without) = runs[True], runs[False]
+    assert (traces, traces_without) == (1, 2)
+    assert sorted(values) == sorted(values_without) and len(values) > more_than
+    assert any("OPTIMIZER_SLOT" in k for k in values)
+    for k in values:
+        np.testing.assert_array_equal(values[k], values_without[k], err_msg=k)

@@ -45,7 +45,8 @@ from components.embedding_trainer import (hardware, model_building, resolved_inp
                                           training_loop, training_state)
 from components.embedding_trainer.checkpoints import copy_checkpoint
 from tests import tpu_harness
-from tests.stages import Killed, kill_after
+from tests.stages import (Killed, assert_traced_once_with_the_first_steps_values,
+                          fits_with_variables_created_before_and_by_the_first_step, kill_after)
 from tests.stages import fn_args as _fn_args, trainer_config as _config, trainer_raw_config as _raw_config, examples_uri
 from components.contracts.artifacts import CHECKPOINT_DIR, EVAL_METRICS_FILE, TPU_RULES_FILE, TRAINING_RUN_FILE
 from components.planning.fitting import with_run
@@ -332,27 +333,8 @@ def test_variables_created_before_a_tpu_fit_trace_the_step_once_and_hold_the_fir
     manifest = resolved_input.read_manifest(examples_uri(files))
     plan = with_run(derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(files))),
                     vocabulary_dir=manifest.vocabulary_dir)
-    runs = {}
-    for before in (True, False):
-        tf.keras.utils.set_random_seed(cfg.training.seed)
-        hw = hardware.place_training(cfg)
-        fitted_plan, model = model_building.build_training_model(cfg, plan, manifest, hw)
-        ds = training_data.training_dataset(cfg, fitted_plan, manifest, files, hw, 0, 0.0)
-        if before:
-            assert model_building.create_variables(model, ds.element_spec, hw.strategy)
-            assert not model_building.create_variables(model, ds.element_spec, hw.strategy)  # built: nothing again
-        model.fit(ds, epochs=1, steps_per_epoch=3, verbose=0)
-        prefix = tf.train.Checkpoint(model=model).save(str(tmp_path / str(before) / "ckpt"))
-        reader = tf.train.load_checkpoint(prefix)
-        runs[before] = (model.train_function.experimental_get_tracing_count(),
-                        {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
-                         if not k.startswith(("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter"))})
-    (traces, values), (traces_without, values_without) = runs[True], runs[False]
-    assert (traces, traces_without) == (1, 2)
-    assert sorted(values) == sorted(values_without) and len(values) > 20
-    assert any("OPTIMIZER_SLOT" in k for k in values)
-    for k in values:
-        np.testing.assert_array_equal(values[k], values_without[k], err_msg=k)
+    runs = fits_with_variables_created_before_and_by_the_first_step(cfg, plan, manifest, files, tmp_path)
+    assert_traced_once_with_the_first_steps_values(runs, more_than=20)
 
 
 def test_calling_the_tpu_layer_outside_run_fails(tpu_branch, data):

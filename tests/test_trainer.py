@@ -26,7 +26,8 @@ from components.embedding_model.model import TensorCoreTable
 from components.embedding_trainer.tpu_rules import TPURulesError, check_tpu_rules
 
 from tests.stages import (REPO, fn_args as _fn_args, trainer_config as _config, trainer_raw_config as _raw_config,
-                          examples_uri)
+                          assert_traced_once_with_the_first_steps_values, examples_uri,
+                          fits_with_variables_created_before_and_by_the_first_step)
 from components.contracts.artifacts import (CHECKPOINT_DIR, EVAL_METRICS_FILE, TABLES_DIR, TABLES_MANIFEST_FILE,
                                             TPU_RULES_FILE, TRAINING_RUN_FILE)
 from components.tfx_wiring.component_keys import EXAMPLES_URI_KEY
@@ -592,33 +593,12 @@ def test_variables_created_before_fit_trace_the_step_once_and_hold_the_first_ste
     """model_building.create_variables (called before fit off a TPU) makes Keras trace the training
     step once, and after three steps, dropout and input dropout on, every checkpoint value equals
     that of a fit whose first step created the variables: the run's figures do not move."""
-    from components.embedding_trainer import hardware as hardware_lib, training_data
-
     cfg = _config(data, dropout=0.3, input_dropout=0.2, wide={"enabled": True}, precision="mixed_bfloat16")
     files = [str(data / "tx" / "Split-train" / "*")]
     manifest = resolved_input.read_manifest(examples_uri(files))
     plan = derive_plan(cfg, manifest, resolved_input.read_statistics(examples_uri(files)))
-    runs = {}
-    for before in (True, False):
-        tf.keras.utils.set_random_seed(cfg.training.seed)
-        hw = hardware_lib.place_training(cfg)
-        fitted_plan, model = model_building.build_training_model(cfg, plan, manifest, hw)
-        ds = training_data.training_dataset(cfg, fitted_plan, manifest, files, hw, 0, 0.0)
-        if before:
-            assert model_building.create_variables(model, ds.element_spec)
-            assert not model_building.create_variables(model, ds.element_spec)  # built: nothing again
-        model.fit(ds, epochs=1, steps_per_epoch=3, verbose=0)
-        prefix = tf.train.Checkpoint(model=model).save(str(tmp_path / str(before) / "ckpt"))
-        reader = tf.train.load_checkpoint(prefix)
-        runs[before] = (model.train_function.experimental_get_tracing_count(),
-                        {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
-                         if not k.startswith(("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter"))})
-    (traces, values), (traces_without, values_without) = runs[True], runs[False]
-    assert (traces, traces_without) == (1, 2)
-    assert sorted(values) == sorted(values_without) and len(values) > 50
-    assert any("OPTIMIZER_SLOT" in k for k in values)
-    for k in values:
-        np.testing.assert_array_equal(values[k], values_without[k], err_msg=k)
+    runs = fits_with_variables_created_before_and_by_the_first_step(cfg, plan, manifest, files, tmp_path)
+    assert_traced_once_with_the_first_steps_values(runs, more_than=50)
 
 
 def test_an_input_create_variables_cannot_stand_in_for_is_left_to_the_first_step():
