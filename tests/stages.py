@@ -541,6 +541,7 @@ def fits_with_variables_created_before_and_by_the_first_step(cfg, plan, manifest
     training step's trace count and every value of its checkpoint after the fit."""
     import tensorflow as tf
 
+    from components.embedding_model.checkpoint_keys import OBJECT_GRAPH_KEY
     from components.embedding_trainer import hardware, model_building, training_data
 
     runs = {}
@@ -557,7 +558,7 @@ def fits_with_variables_created_before_and_by_the_first_step(cfg, plan, manifest
         reader = tf.train.load_checkpoint(tf.train.Checkpoint(model=model).save(str(root / str(before) / "ckpt")))
         runs[before] = (model.train_function.experimental_get_tracing_count(),
                         {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
-                         if not k.startswith(("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter"))})
+                         if not k.startswith((OBJECT_GRAPH_KEY, "save_counter"))})
     return runs
 
 

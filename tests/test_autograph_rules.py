@@ -60,7 +60,6 @@ def test_a_project_function_is_traced_unconverted_and_tensor_control_flow_in_it_
         tf.data.Dataset.from_tensors(-2.0).map(branch)
     assert branch not in seen
 
-
     def outside(x):  # the same function outside the project: converted, as before
         if x > 0:
             return x

@@ -44,6 +44,7 @@ from components.data_io.sampling import sample_examples
 from components.embedding_exporter import gate
 from components.embedding_exporter.scoring import score
 from components.embedding_model import layouts
+from components.embedding_model.checkpoint_keys import OBJECT_GRAPH_KEY
 from components.embedding_exporter import tables as tables_lib
 from components.embedding_exporter import store_export
 from components.embedding_model.restore import (
@@ -138,7 +139,7 @@ def saved_variable_shapes(saved_model_dir: str) -> Dict[str, List[int]]:
     """
     reader = tf.train.load_checkpoint(os.path.join(saved_model_dir, "variables", "variables"))
     shapes = reader.get_variable_to_shape_map()
-    shapes.pop("_CHECKPOINTABLE_OBJECT_GRAPH", None)
+    shapes.pop(OBJECT_GRAPH_KEY, None)
     return shapes
 
 

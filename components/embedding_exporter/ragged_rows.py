@@ -1,6 +1,7 @@
 """Ragged [batch, None] rows of the serving graph, each operation in a handful of graph ops: a
-column's present values as rows (`present_rows`), values kept by a mask (`keep_values`), split at a separator (`split_values`), stacked part after part
-(`stack_rows`), each row's first value (`first_or_nan`) and a sorted search (`searchsorted`).
+column's present values as rows (`present_rows`), values kept by a mask (`keep_values`), split at
+a separator (`split_values`), stacked part after part (`stack_rows`), each row's first value
+(`first_or_nan`) and a sorted search (`searchsorted`).
 
 TensorFlow's own forms (ragged and dense boolean_mask, ragged split and merge, concat,
 searchsorted), general over ranks and shapes, add tens to hundreds of graph ops per call, and the

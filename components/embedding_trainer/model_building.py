@@ -138,7 +138,7 @@ def build_training_model(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: Voc
     return plan, model
 
 
-def create_variables(model: RankingModel, element_spec, strategy=None) -> bool:
+def create_variables(model: RankingModel, element_spec, strategy: Optional[tf.distribute.Strategy] = None) -> bool:
     """Creates the training model's variables and every optimizer's slots before training starts,
     so that Keras traces its training step once instead of twice (TF traces a tf.function whose
     first call creates variables a second time, without; on a small model that second trace was
