@@ -5,6 +5,7 @@ checked with `assert_that`; the CombineFns are also driven by hand through creat
 Expected values are counted by hand from `ROWS` (the module docstring of beam_pipeline.py says how
 the transforms chain; tests/test_preprocess.py runs the whole chain)."""
 import ast
+import io
 import json
 import os
 import struct
@@ -17,6 +18,7 @@ import pyarrow as pa
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
+from tfx_bsl.coders import example_coder
 
 from components.data_io import tfrecords
 from components.rows import row_counts
@@ -321,17 +323,59 @@ def test_read_record_batches_and_write_transformed_examples(cfg, tmp_path):
         assert_that(batches, check)
 
 
+def _examples(values, column="v"):
+    """One serialized tf.Example per value, `{column: [value]}` (tfx_bsl's encoder, as the transform's)."""
+    rb = pa.RecordBatch.from_arrays([pa.array([[v] for v in values], pa.list_(pa.int64()))], [column])
+    return example_coder.RecordBatchToExamplesEncoder().encode(rb)
+
+
+def _values(path):
+    payloads = list(row_counts.tfrecord_payloads(open(path, "rb")))
+    return example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(payloads).column(0).flatten().to_pylist()
+
+
 def test_transformed_files_roll_over_after_their_share_of_read_batches(tmp_path):
     """`elements_per_file` caps a file at that many elements (read batches), in the order they came:
     each file holds one short stretch of the input, the unit the trainer reads in a new order."""
-    elements = [tfrecords.frame([b"%02d" % i]) for i in range(7)]
+    elements = [tfrecords.frame(_examples([i])) for i in range(7)]
     with BeamTestPipeline() as p:
         _ = p | beam.Create(elements) | beam_pipeline.WriteTransformedExamples(str(tmp_path), "none", elements_per_file=2)
     names = sorted(os.listdir(tmp_path))
-    contents = [[int(r) for r in row_counts.tfrecord_payloads(open(tmp_path / n, "rb"))] for n in names]
+    contents = [_values(tmp_path / n) for n in names]
     assert len(names) == 4 and all(n.endswith("-of-00004") for n in names), names
     assert sorted(len(c) for c in contents) == [1, 2, 2, 2]
     assert sorted(v for c in contents for v in c) == list(range(7))
+
+
+def test_the_block_order_key_does_not_depend_on_the_order_of_an_examples_features():
+    """tfx_bsl's encoder writes an Example's feature map in an order that differs between processes:
+    one Example written two ways (a map's entries may come in any order) has one key."""
+    x, y = _examples([1], "x")[0], _examples([2], "y")[0]
+    assert x + y != y + x  # both parse as {x: [1], y: [2]}
+    assert beam_pipeline.block_order_key(tfrecords.frame([x + y])) == beam_pipeline.block_order_key(tfrecords.frame([y + x]))
+    assert beam_pipeline.block_order_key(tfrecords.frame([x + y])) != beam_pipeline.block_order_key(tfrecords.frame([x]))
+
+
+def test_transformed_files_are_numbered_by_their_first_block_not_by_the_writers_uid(tmp_path):
+    """Beam names each writer's temporary file by a uuid4 and numbers the shards in the sorted order
+    of those names: the same files took other numbers in every run. Here the writers' uids sort
+    opposite to the first blocks' keys, and the shards still follow the keys."""
+    blocks = sorted((tfrecords.frame(_examples([i, i + 10])) for i in range(4)), key=beam_pipeline.block_order_key)
+    sink = beam_pipeline.FramedTFRecordSink(str(tmp_path / "out" / "part"))
+    init = sink.initialize_write()
+    written = []
+    for uid, block in zip(["u3", "u2", "u1", "u0"], blocks):
+        writer = sink.open_writer(init, uid)
+        writer.write(block)
+        written.append(writer.close())
+    finals = list(sink.finalize_write(init, written, sink.pre_finalize(init, written)))
+    assert [os.path.basename(f) for f in finals] == [f"part-0000{i}-of-00004" for i in range(4)], finals
+    assert [_values(f) for f in finals] == [_values_of(b) for b in blocks]
+
+
+def _values_of(block: bytes) -> list:
+    return example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(
+        list(row_counts.tfrecord_payloads(io.BytesIO(block)))).column(0).flatten().to_pylist()
 
 
 @pytest.mark.parametrize("rows_per_file, expected", [(0, None), (1, 1), (16_384, 1), (65_536, 4), (100_000, 6)])

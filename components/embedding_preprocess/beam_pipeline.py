@@ -26,6 +26,8 @@ Nothing here is runner-specific: `beam_pipeline_args` alone pick DirectRunner, D
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import uuid
@@ -34,6 +36,7 @@ from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tu
 import apache_beam as beam
 from apache_beam import coders
 from apache_beam.io import filebasedsink
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
@@ -82,8 +85,9 @@ StatisticsPartial = Dict[str, Any]
 class FramedTFRecordSink(filebasedsink.FileBasedSink):
     """A TFRecord sink whose elements are blocks of already framed records (see `tfrecords.frame`).
 
-    Beam's FileBasedSink does the sharding, temporary files and the final rename, exactly as for
-    `WriteToTFRecord`; the compression follows the suffix (`.gz`: gzip)."""
+    Beam's FileBasedSink does the sharding, temporary files and the final rename, as for
+    `WriteToTFRecord`, but each temporary file is named by its first block (`FirstBlockNamedWriter`),
+    so that the final shard numbers follow the data; the compression follows the suffix (`.gz`: gzip)."""
 
     def __init__(self, file_path_prefix: str, file_name_suffix: str = "", max_elements_per_file: Optional[int] = None):
         super().__init__(
@@ -98,6 +102,61 @@ class FramedTFRecordSink(filebasedsink.FileBasedSink):
 
     def write_encoded_record(self, file_handle, value: bytes) -> None:
         file_handle.write(value)
+
+    def open_writer(self, init_result: str, uid: str) -> "FirstBlockNamedWriter":
+        # Beam's own writer names its file by `uid` (a uuid4) and finalize_write numbers the shards
+        # in the sorted order of those names: the same rows landed in other shard numbers in every
+        # run, and the trainer reads the files in name order. Here a file is named by its first
+        # block, and the run's shard numbers follow the data.
+        suffix = "." + os.path.basename(self.file_path_prefix.get()) + self.file_name_suffix.get()
+        return FirstBlockNamedWriter(self, init_result, uid, suffix)
+
+
+def block_order_key(block: bytes) -> str:
+    """A digest of the first record of a block of framed tf.Examples that does not depend on how
+    its encoder ordered the features: tfx_bsl's encoder writes an Example's feature map in an order
+    that differs between processes, so the record's bytes do; tfx_bsl's decoder gives the same
+    columns in the same order whatever the order of the map's entries.
+
+    Args:
+      block: framed TFRecords (`tfrecords.frame`), at least one.
+
+    Returns:
+      40 hex digits (SHA-1 of the first record's decoded columns in Arrow's IPC format)."""
+    rb = example_coder.ExamplesToRecordBatchDecoder().DecodeBatch([next(row_counts.tfrecord_payloads(io.BytesIO(block)))])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, rb.schema) as stream:
+        stream.write_batch(rb)
+    return hashlib.sha1(sink.getvalue().to_pybytes()).hexdigest()
+
+
+class FirstBlockNamedWriter(filebasedsink.FileBasedSinkWriter):
+    """`FileBasedSinkWriter` whose temporary file, opened at its first block, is named
+    `<block_order_key>-<uid>`: finalize_write's sorted names, hence the final shard numbers, follow
+    each file's first block, as reproducible as the blocks each bundle holds (the local runner's are,
+    with one worker or several processes; a runner that splits bundles dynamically, as Dataflow
+    does, may cut them elsewhere in another run). Two files whose first blocks are equal keep the
+    uids' order."""
+
+    def __init__(self, sink: FramedTFRecordSink, directory: str, uid: str, suffix: str):  # pylint: disable=super-init-not-called
+        self.sink = sink
+        self._directory, self._uid, self._suffix = directory, uid, suffix
+        self.temp_shard_path, self.temp_handle = None, None
+        self.num_records_written = 0
+
+    def _open(self, name: str) -> None:
+        self.temp_shard_path = FileSystems.join(self._directory, name) + self._suffix
+        self.temp_handle = self.sink.open(self.temp_shard_path)
+
+    def write(self, value: bytes) -> None:
+        if self.temp_handle is None:
+            self._open(f"{block_order_key(value)}-{self._uid}")
+        super().write(value)
+
+    def close(self) -> str:
+        if self.temp_handle is None:  # nothing written: an empty file, as Beam's writer leaves
+            self._open(self._uid)
+        return super().close()
 
 
 # ---- CombineFns --------------------------------------------------------------------------------
