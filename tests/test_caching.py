@@ -55,6 +55,17 @@ def test_edits_a_stage_reads_change_its_share(cfg, stage, edit):
     assert stage_json(_edited(cfg, edit), stage) != stage_json(cfg, stage)
 
 
+def test_the_exporters_share_keeps_the_beam_options_only_when_the_store_is_written_by_beam(cfg):
+    """`export.store.beam`: the store's row files (and the Pusher's delta) are written by Beam with
+    the `beam` section's options, e.g. Dataflow's in `extra_args`; without it the exporter runs no
+    Beam, and an edit to `beam` leaves its cache key as it was."""
+    dataflow = lambda c: setattr(c.beam, "extra_args", ["--runner=DataflowRunner", "--project=p"])  # noqa: E731
+    store = _edited(cfg, lambda c: setattr(c.export.store, "beam", True))
+    assert stage_config(_edited(store, dataflow), "exporter").beam_pipeline_args() == ["--runner=DataflowRunner", "--project=p"]
+    assert stage_json(_edited(store, dataflow), "exporter") != stage_json(store, "exporter")
+    assert stage_json(_edited(cfg, dataflow), "exporter") == stage_json(cfg, "exporter")
+
+
 def test_every_share_of_every_shipped_config_reads_back(cfg):
     import glob
 

@@ -60,7 +60,9 @@ def _preprocess(cfg: PipelineConfig) -> None:
 
 def _exporter(cfg: PipelineConfig) -> None:
     cfg.kubeflow, cfg.continuous, cfg.statistics = KubeflowConfig(), ContinuousConfig(), StatisticsConfig()
-    cfg.transformed_examples, cfg.beam, cfg.evaluator = TransformedExamplesConfig(), BeamConfig(), EvaluatorConfig()
+    cfg.transformed_examples, cfg.evaluator = TransformedExamplesConfig(), EvaluatorConfig()
+    if not cfg.export.store.beam:  # with it, the store's row files are written with the `beam` section's options
+        cfg.beam = BeamConfig()
     cfg.bulk_inference, cfg.serving_check = BulkInferenceConfig(), ServingCheckConfig()
     cfg.tuning = None  # the tuned values come with the model (training_run.json's `tuned`)
 
