@@ -7,8 +7,9 @@ content fingerprint (data_io/checksums.py: every byte, hashed in blocks where Ex
 read them, `content_fingerprint`; a sample of the bytes for Parquet files, which no worker reads
 whole, `sampled_fingerprint`), and the config fields
 that decide which rows and values reach training (`data_config`). Not from the transformed
-examples' bytes: Beam's bundles decide which rows share a record, so two runs over the same input
-write other bytes. Not from the input's location or times: a copy elsewhere is the same data.
+examples' bytes: two runs over the same input write other bytes (tfx_bsl's encoder orders each
+Example's feature map differently in each process, and a runner that splits bundles dynamically
+may group the rows into other records). Not from the input's location or times: a copy elsewhere is the same data.
 """
 from __future__ import annotations
 

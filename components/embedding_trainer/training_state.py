@@ -69,8 +69,8 @@ def data_signature(train_files) -> Dict[str, Any]:
     The fingerprint covers the train split's files by name, size and sampled bytes
     (checksums.sampled_fingerprint), not their location or times: the same examples resume
     wherever they are (a cached rerun, a copy), other examples of the same row count do not. Two
-    preprocessing runs over the same input may write other bytes (Beam's bundles decide which
-    rows share a record): such a rerun into a fresh output directory is refused.
+    preprocessing runs over the same input write other bytes (data_io/data_identity.py says why):
+    such a rerun into a fresh output directory is refused.
 
     Args:
       train_files: the train split's file patterns.
