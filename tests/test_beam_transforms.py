@@ -329,9 +329,15 @@ def _examples(values, column="v"):
     return example_coder.RecordBatchToExamplesEncoder().encode(rb)
 
 
-def _values(path):
-    payloads = list(row_counts.tfrecord_payloads(open(path, "rb")))
+def _values_of(framed: bytes) -> list:
+    """The values of framed one-column tf.Examples (`_examples`' records), in order."""
+    payloads = list(row_counts.tfrecord_payloads(io.BytesIO(framed)))
     return example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(payloads).column(0).flatten().to_pylist()
+
+
+def _values(path) -> list:
+    with open(path, "rb") as fh:
+        return _values_of(fh.read())
 
 
 def test_transformed_files_roll_over_after_their_share_of_read_batches(tmp_path):
@@ -371,11 +377,6 @@ def test_transformed_files_are_numbered_by_their_first_block_not_by_the_writers_
     finals = list(sink.finalize_write(init, written, sink.pre_finalize(init, written)))
     assert [os.path.basename(f) for f in finals] == [f"part-0000{i}-of-00004" for i in range(4)], finals
     assert [_values(f) for f in finals] == [_values_of(b) for b in blocks]
-
-
-def _values_of(block: bytes) -> list:
-    return example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(
-        list(row_counts.tfrecord_payloads(io.BytesIO(block)))).column(0).flatten().to_pylist()
 
 
 @pytest.mark.parametrize("rows_per_file, expected", [(0, None), (1, 1), (16_384, 1), (65_536, 4), (100_000, 6)])
