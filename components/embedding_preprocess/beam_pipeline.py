@@ -107,7 +107,7 @@ class FramedTFRecordSink(filebasedsink.FileBasedSink):
         # Beam's own writer names its file by `uid` (a uuid4) and finalize_write numbers the shards
         # in the sorted order of those names: the same rows landed in other shard numbers in every
         # run, and the trainer reads the files in name order. Here a file is named by its first
-        # block, and the run's shard numbers follow the data.
+        # block, and the run's shard numbers follow the data. The suffix is Beam's open_writer's.
         suffix = "." + os.path.basename(self.file_path_prefix.get()) + self.file_name_suffix.get()
         return FirstBlockNamedWriter(self, init_result, uid, suffix)
 
@@ -139,14 +139,12 @@ class FirstBlockNamedWriter(filebasedsink.FileBasedSinkWriter):
     uids' order."""
 
     def __init__(self, sink: FramedTFRecordSink, directory: str, uid: str, suffix: str):  # pylint: disable=super-init-not-called
-        self.sink = sink
+        # Beam's __init__ opens the file: it runs at the first block (`_open`), which names it
+        self.sink, self.temp_handle, self.num_records_written = sink, None, 0
         self._directory, self._uid, self._suffix = directory, uid, suffix
-        self.temp_shard_path, self.temp_handle = None, None
-        self.num_records_written = 0
 
     def _open(self, name: str) -> None:
-        self.temp_shard_path = FileSystems.join(self._directory, name) + self._suffix
-        self.temp_handle = self.sink.open(self.temp_shard_path)
+        super().__init__(self.sink, FileSystems.join(self._directory, name) + self._suffix)
 
     def write(self, value: bytes) -> None:
         if self.temp_handle is None:
