@@ -1,6 +1,7 @@
 """The real pipeline (LocalDagRunner, Beam multi-processing) on generated data, end to end.
 
-Runs `configs/demo.yaml` (the default config) on the demo's amount of data (DEMO_ROWS, another seed).
+Runs `configs/demo.yaml` (the default config) on the demo's amount of data (DEMO_ROWS, another seed),
+trained for half the demo's steps (tests/stages.py, DEMO_FIXTURE_STEPS).
 Asserts: vocabularies equal an independent count over ExampleGen's train split; eval AUC within
 0.02 of the generator's best achievable AUC (the AUC of the true click probability); the pushed serving model, loaded
 in a fresh process, scores the raw eval examples as the trained model scores the same examples
