@@ -120,20 +120,20 @@ def test_a_resume_compares_one_rule_and_refuses_other_input_in_one_line(tmp_path
 
 
 def test_example_gen_records_its_input_and_two_readings_of_one_file_are_one_data(tmp_path):
-    """Two ExampleGen runs over one file into two output directories, one range and one process
-    against ranges of 2 KiB: other output files, the same data for the Trainer."""
+    """ExampleGen over one file in ranges of 2 KiB records what the file hashed in one piece gives
+    (`_identity`: what a run reading it as one range records), and the range size is no part of the
+    data. One run: a second one reading a single range costs a Beam pipeline to compare the same
+    hashes (test_example_gen_hashes_every_block_across_its_ranges runs both, in test-all)."""
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "day.csv").write_text(CSV)
     one_cfg = _cfg()
     two_cfg = _cfg(input={"path": "unused.csv", "range_mb": 2048 / (1 << 20)})
-    one, _, err_one = run_example_gen(one_cfg, tmp_path / "in", tmp_path / "out-1")
-    two, _, err_two = run_example_gen(two_cfg, tmp_path / "in", tmp_path / "out-2")
-    assert err_one is None and err_two is None
-    assert one["stages"][0]["byte_ranges"] == 1 and two["stages"][0]["byte_ranges"] > 1
-    assert one["stages"][0]["input_identity"] == _identity(tmp_path / "in" / "day.csv")
-    assert training_data_identity(one_cfg, one, _no_fallback) == training_data_identity(two_cfg, two, _no_fallback)
-    assert training_data_identity(one_cfg, one, _no_fallback)["from"] == FROM_INPUT_BYTES
-    assert not (tmp_path / "out-1" / "_input_blocks.json").exists()  # the workers' digests are not left behind
+    two, _, err = run_example_gen(two_cfg, tmp_path / "in", tmp_path / "out")
+    assert err is None and two["stages"][0]["byte_ranges"] > 1
+    assert two["stages"][0]["input_identity"] == _identity(tmp_path / "in" / "day.csv")
+    found = training_data_identity(two_cfg, two, _no_fallback)
+    assert found["from"] == FROM_INPUT_BYTES and training_data_identity(one_cfg, two, _no_fallback) == found
+    assert not (tmp_path / "out" / "_input_blocks.json").exists()  # the workers' digests are not left behind
 
 
 
