@@ -18,6 +18,13 @@ def cfg():
     return load_config(os.path.join(REPO, "configs", "demo.yaml"))
 
 
+@pytest.fixture(scope="module")
+def shares(cfg):
+    """Every stage's share of the unedited configuration, as `stage_json` gives it: worked out once
+    for the edit cases below (each share costs two read-backs of the configuration)."""
+    return {stage: stage_json(cfg, stage) for stage in STAGES}
+
+
 def _edited(cfg, edit):
     c = copy.deepcopy(cfg)
     edit(c)
@@ -35,11 +42,11 @@ EDITS_NOT_READ_BY_DATA_STAGES = {
 
 
 @pytest.mark.parametrize("section", sorted(EDITS_NOT_READ_BY_DATA_STAGES))
-def test_edits_outside_a_stage_leave_its_share_as_it_was(cfg, section):
+def test_edits_outside_a_stage_leave_its_share_as_it_was(cfg, shares, section):
     edited = _edited(cfg, EDITS_NOT_READ_BY_DATA_STAGES[section])
     for stage in ("example_gen", "preprocess"):
-        assert stage_json(edited, stage) == stage_json(cfg, stage), (stage, section)
-    assert stage_json(edited, "trainer") != stage_json(cfg, "trainer")  # the trainer keys its state by all of it
+        assert stage_json(edited, stage) == shares[stage], (stage, section)
+    assert stage_json(edited, "trainer") != shares["trainer"]  # the trainer keys its state by all of it
 
 
 @pytest.mark.parametrize("stage,edit", [
@@ -51,8 +58,8 @@ def test_edits_outside_a_stage_leave_its_share_as_it_was(cfg, section):
     ("exporter", lambda c: setattr(c.export, "parity_sample_size", 7)),
     ("exporter", lambda c: setattr(c.validation, "regression_margin", 0.25)),
 ])
-def test_edits_a_stage_reads_change_its_share(cfg, stage, edit):
-    assert stage_json(_edited(cfg, edit), stage) != stage_json(cfg, stage)
+def test_edits_a_stage_reads_change_its_share(cfg, shares, stage, edit):
+    assert stage_json(_edited(cfg, edit), stage) != shares[stage]
 
 
 def test_the_exporters_share_keeps_the_beam_options_only_when_the_store_is_written_by_beam(cfg):
@@ -71,11 +78,13 @@ def test_every_share_of_every_shipped_config_reads_back(cfg):
 
     for path in sorted(glob.glob(os.path.join(REPO, "configs", "**", "*.yaml"), recursive=True)):
         full = load_config(path)
+        features = json.loads(full.to_json())["categorical_features"]
         for stage in STAGES:
-            share = stage_config(full, stage)
-            # what every stage reads in common is kept whole
+            share = stage_config(full, stage)  # read back and checked on its own
+            # what every stage reads in common is kept whole; share.to_json() is stage_json's value
+            # (each stage_json call reads the share back again: twice the cost for the same text)
             assert share.label == full.label and [t.name for t in share.tables] == [t.name for t in full.tables], (path, stage)
-            assert json.loads(stage_json(full, stage))["categorical_features"] == json.loads(full.to_json())["categorical_features"]
+            assert json.loads(share.to_json())["categorical_features"] == features, (path, stage)
     with pytest.raises(ValueError, match="unknown stage"):
         stage_json(cfg, "pusher")
 
