@@ -161,14 +161,16 @@ def test_feature_value_counter_drops_unlabelled_rows_and_flushes_the_same(cfg):
 # ---- CombineFns and PTransforms in a TestPipeline -----------------------------------------------
 
 
-@pytest.mark.parametrize("fanout, buckets", [(0, 16), (3, 1), (0, 3)])
-def test_count_values(fanout, buckets, tmp_path):
+# The default (no fan-out, 16 buckets) is test_count_values_spills_within_a_bundle_the_same_counts'
+# config, and the whole preprocessing runs of tests/test_preprocess_cli.py count with it too.
+@pytest.mark.parametrize("fanout, buckets, count_rows", [(3, 1, True), (0, 3, False)])
+def test_count_values(fanout, buckets, count_rows, tmp_path):
     config = json.loads(json.dumps(CONFIG))
     config["beam"] = {"hot_key_fanout": fanout, "value_count_buckets": buckets}
     with BeamTestPipeline() as p:
         counted = (
             p | beam.Create([record_batch(ROWS[:2]), record_batch(ROWS[2:])])
-            | beam_pipeline.CountValues(parse_config(config), str(tmp_path / "spill"), str(tmp_path), count_rows=True)
+            | beam_pipeline.CountValues(parse_config(config), str(tmp_path / "spill"), str(tmp_path), count_rows=count_rows)
         )
         # shared: a 3, b 2 (C1 + C2); C3: x 3, y 3, min_frequency 2; top_values 2
         assert_that(described(counted.tables), equal_to([
@@ -180,18 +182,14 @@ def test_count_values(fanout, buckets, tmp_path):
             ("C1", 2, 3, [(b"a", 2), (b"b", 1)], None),
             ("C2", 2, 2, [(b"a", 1), (b"b", 1)], None),
         ]), label="Features")
-        rows = counted.rows | beam.CombineGlobally(beam_pipeline.MergeStatsFn())
-        expected_rows = {"train/examples_read": 4, "train/dropped/missing_label": 1, "train/dropped/invalid_label": 0}
-        assert_that(rows, equal_to([expected_rows]), label="Rows")
+        if count_rows:
+            rows = counted.rows | beam.CombineGlobally(beam_pipeline.MergeStatsFn())
+            expected_rows = {"train/examples_read": 4, "train/dropped/missing_label": 1, "train/dropped/invalid_label": 0}
+            assert_that(rows, equal_to([expected_rows]), label="Rows")
+        else:  # rows are counted only when asked (analysis only: no transform pass counts them)
+            assert_that(counted.rows, equal_to([]), label="NoRows")
     spilled = os.listdir(tmp_path / "spill")  # the caller (run.py) deletes them
     assert spilled and all(f.endswith(spill.SUFFIX) for f in spilled)
-
-
-def test_count_values_counts_no_rows_unless_asked(cfg, tmp_path):
-    with BeamTestPipeline() as p:
-        counted = p | beam.Create([record_batch(ROWS)]) | beam_pipeline.CountValues(cfg, str(tmp_path / "spill"), str(tmp_path))
-        assert_that(counted.rows, equal_to([]), label="NoRows")
-        assert_that(counted.tables | beam.Keys(), equal_to(["shared", "C3"]), label="Tables")
 
 
 def test_spill_files_round_trip_and_refuse_a_wrong_reference(tmp_path):
@@ -285,17 +283,15 @@ def test_transform_split_refuses_vocabulary_files_of_another_size(cfg, tmp_path)
             _ = p | "Batches" >> beam.Create([record_batch(ROWS)]) | beam_pipeline.TransformSplit(cfg, "eval", str(tmp_path), sizes)
 
 
-def test_merge_statistics():
+def test_merge_statistics_and_of_nothing_is_empty():
+    # Both in one pipeline (a TestPipeline's start-up is most of either's time).
     partials = [{"n": 1, "vec/h": np.array([1, 0, 2])}, {"n": 2, "max/m": 4}, {"max/m": 9, "vec/h": np.array([1])}]
     with BeamTestPipeline() as p:
-        merged = p | beam.Create(partials) | beam_pipeline.MergeStatistics() | beam.Map(statistics.jsonable)
-        assert_that(merged, equal_to([{"n": 3, "max/m": 9, "vec/h": [2, 0, 2]}]))
-
-
-def test_merge_statistics_of_nothing_is_empty():
-    with BeamTestPipeline() as p:
-        merged = p | beam.Create([], reshuffle=False) | beam_pipeline.MergeStatistics()
-        assert_that(merged, equal_to([{}]))
+        merged = (p | "Partials" >> beam.Create(partials) | "Merge" >> beam_pipeline.MergeStatistics()
+                  | beam.Map(statistics.jsonable))
+        assert_that(merged, equal_to([{"n": 3, "max/m": 9, "vec/h": [2, 0, 2]}]), label="Merged")
+        nothing = p | "Nothing" >> beam.Create([], reshuffle=False) | "MergeNothing" >> beam_pipeline.MergeStatistics()
+        assert_that(nothing, equal_to([{}]), label="Empty")
 
 
 def test_write_statistics(tmp_path):
@@ -432,7 +428,8 @@ def test_transform_and_counting_do_not_import_beam():
 
 
 def test_count_values_spills_within_a_bundle_the_same_counts(cfg, tmp_path, monkeypatch):
-    # every record batch spilled on its own (the limit a worker's counts may reach within a bundle)
+    # every record batch spilled on its own (the limit a worker's counts may reach within a bundle),
+    # with the default fan-out and buckets
     monkeypatch.setattr(beam_pipeline._CountPerBundle, "SPILL_VALUES", 0)
     with BeamTestPipeline() as p:
         counted = (
@@ -443,9 +440,15 @@ def test_count_values_spills_within_a_bundle_the_same_counts(cfg, tmp_path, monk
             ("shared", 2, 5, [(b"a", 3), (b"b", 2)], {b"a": 3, b"b": 2}),
             ("C3", 2, 6, [(b"x", 3), (b"y", 3)], {b"x": 3, b"y": 3}),
         ]), label="Tables")
+        assert_that(described(counted.features, "DescribedFeatures"), equal_to([
+            ("C1", 2, 3, [(b"a", 2), (b"b", 1)], None),
+            ("C2", 2, 2, [(b"a", 1), (b"b", 1)], None),
+        ]), label="Features")
         rows = counted.rows | beam.CombineGlobally(beam_pipeline.MergeStatsFn())
         assert_that(rows, equal_to([{"train/examples_read": 4, "train/dropped/missing_label": 1,
                                      "train/dropped/invalid_label": 0}]), label="Rows")
+    spilled = os.listdir(tmp_path / "spill")  # the caller (run.py) deletes them
+    assert spilled and all(f.endswith(spill.SUFFIX) for f in spilled)
 
 
 def test_running_counts_sum_the_same_whatever_the_flush():
