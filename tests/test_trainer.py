@@ -139,9 +139,11 @@ def test_restore_in_fresh_process_predicts_identically(trained, data, tmp_path):
     np.testing.assert_allclose(p_ckpt, p_here, rtol=0, atol=1e-6)
 
 
-@pytest.mark.slow(reason="trains in killed and resumed subprocesses")
-def test_killed_run_resumes_and_ends_with_the_same_steps(data, tmp_path):
-    cfg = _config(data, train_steps=40, checkpoint_every_steps=10, seed=3)
+@pytest.mark.slow(reason="trains in a killed subprocess, then resumes")
+def test_killed_run_resumes_and_ends_with_the_same_steps(trained, data, tmp_path):
+    """The module's training (`trained`), killed after its step-20 checkpoint and started again,
+    ends with the weights of the module's uninterrupted run."""
+    cfg, straight_uri = trained
     cfg_path = tmp_path / "cfg.json"
     cfg_path.write_text(cfg.to_json())
     # The first execution is SIGKILLed (no cleanup) right after its step-20 checkpoint.
@@ -180,10 +182,8 @@ def test_killed_run_resumes_and_ends_with_the_same_steps(data, tmp_path):
     assert run["checkpoint_steps"] == [30, 40]
     assert not os.path.exists(states[0])  # the state of the finished run is removed
 
-    # An uninterrupted run of the same training sees the same batches and ends with the same model.
-    straight = _fn_args(data, cfg, 23)
-    trainer_module.run_fn(straight)
-    straight_uri = os.path.dirname(straight.serving_model_dir)
+    # The uninterrupted run of the same training (the module's) saw the same batches and ended
+    # with the same model.
     assert json.load(open(os.path.join(straight_uri, TRAINING_RUN_FILE)))["resumed_from_step"] == 0
     a = tf.train.load_checkpoint(os.path.join(resumed_uri, CHECKPOINT_DIR))
     b = tf.train.load_checkpoint(os.path.join(straight_uri, CHECKPOINT_DIR))
