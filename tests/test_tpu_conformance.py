@@ -448,19 +448,10 @@ def _plan(cfg, data):
     return plan, manifest
 
 
-@pytest.mark.slow(reason="a whole Trainer run for one option")
-def test_clipvalue_trains_on_cpu(data, tmp_path):
-    """`clipvalue` on the embedding optimizer (refused by TFRS's translation before) trains on
-    CPU with every table kind (TPU-embedding and TensorCore tables) and exports the artifact."""
-    cfg = _config(data, train_steps=10, checkpoint_every_steps=10,
-                  embedding_optimizer={"name": "adagrad", "learning_rate": 0.05, "clipvalue": 0.01})
-    fn_args = _fn_args(data, cfg, f"clip-{tmp_path.name}")
-    trainer_module.run_fn(fn_args)
-    model_uri = os.path.dirname(fn_args.serving_model_dir)
-    metrics = json.load(open(os.path.join(model_uri, EVAL_METRICS_FILE)))
-    assert metrics["examples"] > 0 and np.isfinite(metrics["log_loss"])
-    reader = tf.train.load_checkpoint(os.path.join(model_uri, CHECKPOINT_DIR))
-    assert any("OPTIMIZER_SLOT/model/embedding_optimizer/accumulator" in k for k in reader.get_variable_to_shape_map())
+# `clipvalue` on the embedding optimizer (refused by TFRS's translation before) trains on CPU with
+# both table placements: test_checkpoint_round_trip_tpu_to_cpu_and_back's CPU leg (lazy Adam, and
+# C12's Adagrad of its own, each clipped; their slots in the CPU checkpoint) and
+# tests/test_replicas.py (Adagrad, clipped, one replica against two, every table compared).
 
 
 def test_artifact_checkpoint_is_found_after_the_artifact_moves(tmp_path):
