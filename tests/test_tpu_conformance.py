@@ -527,9 +527,48 @@ def _assert_wide_tables_in_tpu_embedding(rec, cfg, model_uri, mid):
         assert wide_stacks and all({t.name for t in ts} <= wide_tpu for ts in wide_stacks)  # never with a deep table
 
 
-@pytest.mark.slow(reason="a preprocessing run and a TPU-branch Trainer run with weighted (V1: and sequence) features and the wide part")
+def _weighted_raw_config(data, feature, **training):
+    """The module's config with the wide part on, C12 (a TPU-embedding table) and C1 (a TensorCore
+    table) weighed by the numeric column I2 and, on V1 only, C24 (a TPU-embedding table) a
+    sequence feature attending from C26 (SparseCore refuses those, D1). With the wide part, a
+    weighted feature's wide feature takes its weights, a sequence feature's reads the same
+    positions."""
+    raw = _raw_config(data, wide={"enabled": True}, **training)
+    for f in raw["categorical_features"]:
+        if f["name"] in ("C12", "C1"):
+            f["weight_column"] = "I2"
+        if f["name"] == "C24" and feature == "V1":
+            f["sequence"] = {"length": 4, "pooling": "attention", "query": "C26"}
+    return raw
+
+
+@pytest.fixture(scope="module")
+def weighted_data(data, tmp_path_factory):
+    """The module's rows preprocessed again with C12 and C1 weighed by I2 (the session's
+    preprocessing has no weights); read-only. One run serves V1 and V2: preprocessing reads each
+    feature's column, table, separator, max_length and weight column (the manifest's entries, what
+    the Trainer holds the config to), not how the model pools it, so V1's sequence feature trains
+    on the same examples."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from components.config.loading import parse_config
+    from components.embedding_preprocess.run import run_preprocessing
+
+    root = tmp_path_factory.mktemp("weighted")
+    run_preprocessing(
+        beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"])),
+        parse_config(_weighted_raw_config(data, "V2")), {"train": str(data / "train.csv"), "eval": str(data / "eval.csv")},
+        str(root / "vocab"), {s: str(root / "tx" / f"Split-{s}") for s in ("train", "eval")}, str(root / "stats"),
+        input_format="csv",
+    )
+    return root
+
+
+@pytest.mark.slow(reason="a TPU-branch Trainer run with weighted (V1: and sequence) features and the wide part, "
+                         "on the module's weighted preprocessing")
 @pytest.mark.parametrize("feature", ["V1", "V2"])
-def test_weighted_sequence_and_wide_features_on_the_tpu_branch(feature, tpu_branch, data, tmp_path):
+def test_weighted_sequence_and_wide_features_on_the_tpu_branch(feature, tpu_branch, data, weighted_data):
     """A weighted feature of a TPU-embedding table (C12, weighed by the numeric column I2) gives
     the TPU layer its weights: the lookup is bound with a weights structure holding C12's per-ID
     weights beside its IDs (None for the unweighted features), and the whole run (TensorCore table
@@ -541,28 +580,8 @@ def test_weighted_sequence_and_wide_features_on_the_tpu_branch(feature, tpu_bran
     from components.config.loading import parse_config
     rec = tpu_branch(getattr(Feature, feature))
     mid = "TPUEmbeddingV2" if feature == "V2" else "TPUEmbedding"
-    # with the wide part: a weighted feature's wide feature takes its weights, a sequence
-    # feature's reads the same positions
-    raw = _raw_config(data, tpu="local", train_steps=10, checkpoint_every_steps=10, wide={"enabled": True})
-    for f in raw["categorical_features"]:
-        if f["name"] in ("C12", "C1"):
-            f["weight_column"] = "I2"
-        if f["name"] == "C24" and feature == "V1":  # and a sequence feature, attending from C26
-            f["sequence"] = {"length": 4, "pooling": "attention", "query": "C26"}
-    cfg = parse_config(raw)
-    # preprocessing output of the module's data has no weights: rerun it for this config
-    import apache_beam as beam
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    from components.embedding_preprocess.run import run_preprocessing
-
-    root = tmp_path / "weighted"
-    run_preprocessing(
-        beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"])),
-        cfg, {"train": str(data / "train.csv"), "eval": str(data / "eval.csv")}, str(root / "vocab"),
-        {s: str(root / "tx" / f"Split-{s}") for s in ("train", "eval")}, str(root / "stats"), input_format="csv",
-    )
-    fn_args = _fn_args(root, cfg, "weighted")
+    cfg = parse_config(_weighted_raw_config(data, feature, tpu="local", train_steps=10, checkpoint_every_steps=10))
+    fn_args = _fn_args(weighted_data, cfg, f"weighted-{feature}")
     trainer_module.run_fn(fn_args)
     model_uri = os.path.dirname(fn_args.serving_model_dir)
     enqueues = [c for c in rec.calls if c["call"] in (f"{mid}.enqueue", f"{mid}.__call__")]
