@@ -247,56 +247,6 @@ def tpu_branch(monkeypatch):
     return install
 
 
-def _run_tpu_branch(data, tmp_path, **training):
-    cfg = _config(data, tpu="local", train_steps=20, checkpoint_every_steps=10, **training)
-    fn_args = _fn_args(data, cfg, f"tpu-{tmp_path.name}")
-    trainer_module.run_fn(fn_args)
-    return cfg, os.path.dirname(fn_args.serving_model_dir)
-
-
-@pytest.mark.slow(reason="a TPU-branch Trainer run on four replicas (30-40 s a case)")
-@pytest.mark.parametrize("feature", ["V1", "V2"])
-def test_tpu_branch_calls_bind_and_stay_in_scope_and_run(feature, tpu_branch, data, tmp_path, monkeypatch):
-    rec = tpu_branch(getattr(Feature, feature))
-    # The artifact keeps the held-out selection's best checkpoint (step 10 or 20): the SparseCore
-    # stand-in keeps its tables as placed, so the step's last tables are the artifact's.
-    monkeypatch.setattr(EMB.TPUEmbeddingV2, "apply_updates", False)
-    # With the held-out selection on (run to the end): its CPU twin reads the TPU run's checkpoints.
-    cfg, model_uri = _run_tpu_branch(data, tmp_path, pipeline_execution_with_tensor_core=True,
-                                     early_stopping={"evaluations": 2, "patience": 100})
-    names = rec.names()
-    mid = "TPUEmbeddingV2" if feature == "V2" else "TPUEmbedding"
-    for expected in ("TPUClusterResolver", "experimental_connect_to_cluster", "initialize_tpu_system",
-                     "TPUStrategy", "TPUStrategy.scope", "TPUStrategy.distribute_datasets_from_function",
-                     "TPUStrategy.run", f"{mid}.__init__", f"{mid}.build", f"{mid}.apply_gradients"):
-        assert expected in names, (expected, sorted(set(names)))
-    lookups = [c for c in rec.calls if c["call"] in (f"{mid}.enqueue", f"{mid}.dequeue", f"{mid}.__call__")]
-    assert lookups and all(c["in_run"] for c in lookups)
-    init = next(c for c in rec.calls if c["call"] == f"{mid}.__init__")
-    assert init["in_scope"] and "pipeline_execution_with_tensor_core" in init["args"]
-    # Everything after training ran on CPU from the checkpoint: the artifact is complete.
-    for name in (EVAL_METRICS_FILE, TPU_RULES_FILE, TRAINING_RUN_FILE, "embedding_plan.json"):
-        assert os.path.exists(os.path.join(model_uri, name)), name
-    run = json.load(open(os.path.join(model_uri, TRAINING_RUN_FILE)))
-    assert run["final_step"] == 20 and run["strategy"] == "RecordingTPUStrategy"
-    assert [e["step"] for e in run["selection"]["evaluations"]] == [10, 20]
-    assert run["model_step"] == run["selection"]["best_step"] in (10, 20)
-    plan = json.load(open(os.path.join(model_uri, "embedding_plan.json")))
-    assert plan["checkpoint_layout"]["kind"] == ("B" if feature == "V2" else "A")
-    assert plan["checkpoint_layout"]["per_replica_batch_size"] == 64 // REPLICAS
-    assert plan["checkpoint_layout"]["num_replicas"] == REPLICAS
-    loaded = tf.saved_model.load(os.path.join(model_uri, "Format-Serving"))
-    from components.data_io.examples_io import transformed_rows
-
-    eval_pattern = str(data / "tx" / "Split-eval" / "*")
-    records = transformed_rows(eval_pattern, resolved_input.read_manifest(examples_uri([eval_pattern])), 8)
-    probs = loaded.signatures["serving_default"](examples=tf.constant(records))["probabilities"].numpy()
-    assert probs.shape == (8, 1) and np.isfinite(probs).all()
-    assert tf.train.latest_checkpoint(os.path.join(model_uri, CHECKPOINT_DIR))
-    if feature == "V2":
-        _assert_checkpoint_tables_are_the_trained_ones(rec.mids[-1], model_uri)
-
-
 def _assert_checkpoint_tables_are_the_trained_ones(mid, model_uri):
     """Every TPU-embedding table the Trainer's CPU path reads from the artifact's checkpoint
     (stacked by TF's TPUEmbeddingV2 over REPLICAS x 4 SparseCores, no layout record) equals the
@@ -565,39 +515,77 @@ def weighted_data(data, tmp_path_factory):
     return root
 
 
-@pytest.mark.slow(reason="a TPU-branch Trainer run with weighted (V1: and sequence) features and the wide part, "
-                         "on the module's weighted preprocessing")
+@pytest.mark.slow(reason="a TPU-branch Trainer run (20 steps, the held-out selection) with weighted (V1: and sequence) "
+                         "features and the wide part, on the module's weighted preprocessing")
 @pytest.mark.parametrize("feature", ["V1", "V2"])
-def test_weighted_sequence_and_wide_features_on_the_tpu_branch(feature, tpu_branch, data, weighted_data):
-    """A weighted feature of a TPU-embedding table (C12, weighed by the numeric column I2) gives
-    the TPU layer its weights: the lookup is bound with a weights structure holding C12's per-ID
-    weights beside its IDs (None for the unweighted features), and the whole run (TensorCore table
-    C1 weighed too) completes through the CPU post-training path. V1 adds a sequence feature of a
-    TPU-embedding table (C24, attending from C26); SparseCore refuses those (D1), so on V2 the run
-    is weighted only, with TF's real TPUEmbeddingV2 stacking the tables and the checkpoint read
-    back row for row. The wide part (training.wide) trains in TPU embedding with its own
-    optimizer (`_assert_wide_tables_in_tpu_embedding`)."""
+def test_tpu_branch_calls_bind_and_stay_in_scope_and_run(feature, tpu_branch, data, weighted_data, monkeypatch):
+    """run_fn on the TPU branch: every TPU entry point is called with arguments that bind to the
+    installed signatures, the mid-level API is created in strategy.scope() and every lookup runs in
+    strategy.run; everything after training (the held-out selection's CPU twin, the evaluation, the
+    SavedModel) runs on CPU from the TPU run's checkpoints.
+
+    The run has every input kind the TPU layer takes (one run checks both): a weighted feature of a
+    TPU-embedding table (C12, weighed by the numeric column I2) gives the TPU layer its weights:
+    the lookup is bound with a weights structure holding C12's per-ID weights beside its IDs (None
+    for the unweighted features), and the whole run (TensorCore table C1 weighed too) completes
+    through the CPU post-training path. V1 adds a sequence feature of a TPU-embedding table (C24,
+    attending from C26); SparseCore refuses those (D1), so on V2 the run is weighted only, with
+    TF's real TPUEmbeddingV2 stacking the tables and the checkpoint read back row for row. The
+    wide part (training.wide) trains in TPU embedding with its own optimizer
+    (`_assert_wide_tables_in_tpu_embedding`)."""
     from components.config.loading import parse_config
+    from components.data_io.examples_io import transformed_rows
+
     rec = tpu_branch(getattr(Feature, feature))
     mid = "TPUEmbeddingV2" if feature == "V2" else "TPUEmbedding"
-    cfg = parse_config(_weighted_raw_config(data, feature, tpu="local", train_steps=10, checkpoint_every_steps=10))
-    fn_args = _fn_args(weighted_data, cfg, f"weighted-{feature}")
+    # The artifact keeps the held-out selection's best checkpoint (step 10 or 20): the SparseCore
+    # stand-in keeps its tables as placed, so the step's last tables are the artifact's.
+    monkeypatch.setattr(EMB.TPUEmbeddingV2, "apply_updates", False)
+    # With the held-out selection on (run to the end): its CPU twin reads the TPU run's checkpoints.
+    cfg = parse_config(_weighted_raw_config(data, feature, tpu="local", train_steps=20, checkpoint_every_steps=10,
+                                            pipeline_execution_with_tensor_core=True,
+                                            early_stopping={"evaluations": 2, "patience": 100}))
+    fn_args = _fn_args(weighted_data, cfg, f"tpu-{feature}")
     trainer_module.run_fn(fn_args)
     model_uri = os.path.dirname(fn_args.serving_model_dir)
-    enqueues = [c for c in rec.calls if c["call"] in (f"{mid}.enqueue", f"{mid}.__call__")]
-    assert enqueues and all(c["in_run"] for c in enqueues)
-    weights = [c["values"].get("weights") for c in enqueues]
+    names = rec.names()
+    for expected in ("TPUClusterResolver", "experimental_connect_to_cluster", "initialize_tpu_system",
+                     "TPUStrategy", "TPUStrategy.scope", "TPUStrategy.distribute_datasets_from_function",
+                     "TPUStrategy.run", f"{mid}.__init__", f"{mid}.build", f"{mid}.apply_gradients"):
+        assert expected in names, (expected, sorted(set(names)))
+    lookups = [c for c in rec.calls if c["call"] in (f"{mid}.enqueue", f"{mid}.dequeue", f"{mid}.__call__")]
+    assert lookups and all(c["in_run"] for c in lookups)
+    init = next(c for c in rec.calls if c["call"] == f"{mid}.__init__")
+    assert init["in_scope"] and "pipeline_execution_with_tensor_core" in init["args"]
+    # the weights, bound beside the IDs (enqueue on V1, the call on V2)
+    weights = [c["values"].get("weights") for c in lookups if c["call"] != f"{mid}.dequeue"]
     assert any(w is not None and w.get("C12") is not None and w.get("C24") is None for w in weights), weights[:1]
     assert any(w is not None and w.get("C12__wide") is not None for w in weights)
-    init = next(c for c in rec.calls if c["call"] == f"{mid}.__init__")["values"]["feature_config"]
-    assert init["C12"].output_shape == init["C12__wide"].output_shape == [64 // REPLICAS]
+    features = init["values"]["feature_config"]
+    assert features["C12"].output_shape == features["C12__wide"].output_shape == [64 // REPLICAS]
     if feature == "V1":
         # the sequence keeps max_sequence_length; output_shape unset, or TF 2.16 would ignore the length
-        assert (init["C24"].max_sequence_length, init["C24"].output_shape) == (4, None)
-        assert (init["C24__wide"].max_sequence_length, init["C24__wide"].table.dim) == (4, 1)
-    else:
+        assert (features["C24"].max_sequence_length, features["C24"].output_shape) == (4, None)
+        assert (features["C24__wide"].max_sequence_length, features["C24__wide"].table.dim) == (4, 1)
+    # Everything after training ran on CPU from the checkpoint: the artifact is complete.
+    for name in (EVAL_METRICS_FILE, TPU_RULES_FILE, TRAINING_RUN_FILE, "embedding_plan.json"):
+        assert os.path.exists(os.path.join(model_uri, name)), name
+    run = json.load(open(os.path.join(model_uri, TRAINING_RUN_FILE)))
+    assert run["final_step"] == 20 and run["strategy"] == "RecordingTPUStrategy"
+    assert [e["step"] for e in run["selection"]["evaluations"]] == [10, 20]
+    assert run["model_step"] == run["selection"]["best_step"] in (10, 20)
+    plan = json.load(open(os.path.join(model_uri, "embedding_plan.json")))
+    assert plan["checkpoint_layout"]["kind"] == ("B" if feature == "V2" else "A")
+    assert plan["checkpoint_layout"]["per_replica_batch_size"] == 64 // REPLICAS
+    assert plan["checkpoint_layout"]["num_replicas"] == REPLICAS
+    loaded = tf.saved_model.load(os.path.join(model_uri, "Format-Serving"))
+    eval_pattern = str(weighted_data / "tx" / "Split-eval" / "*")
+    records = transformed_rows(eval_pattern, resolved_input.read_manifest(examples_uri([eval_pattern])), 8)
+    probs = loaded.signatures["serving_default"](examples=tf.constant(records))["probabilities"].numpy()
+    assert probs.shape == (8, 1) and np.isfinite(probs).all()
+    assert tf.train.latest_checkpoint(os.path.join(model_uri, CHECKPOINT_DIR))
+    if feature == "V2":
         _assert_checkpoint_tables_are_the_trained_ones(rec.mids[-1], model_uri)
-    assert os.path.exists(os.path.join(model_uri, EVAL_METRICS_FILE))
     _assert_wide_tables_in_tpu_embedding(rec, cfg, model_uri, mid)
 
 
