@@ -44,6 +44,11 @@ FEW_DENSE = 3
 # SparseCore stacks TF builds of them). Its step's graph, traced twice per run on two replicas,
 # grows with the features: half of TRAINER_CATEGORICAL's.
 PARITY_CATEGORICAL = ("C3", "C4", "C12", "C20")
+# The parity check's CPU reference runs on parity_data (parity.sparsecore_training's `reference`:
+# a CPU run does not depend on the TPU step), trained once per precision in a test process and
+# judged against by every TPU run of the same steps: the correct step's
+# (tests/test_sparsecore_training.py) and each broken one's (tests/test_smoke_mutations.py).
+PARITY_REFERENCE = {}
 
 
 def with_few_features(raw: dict, categorical=FEW_CATEGORICAL) -> dict:

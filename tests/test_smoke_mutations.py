@@ -19,10 +19,7 @@ import pytest
 import components  # noqa: F401
 from tests import tpu_harness
 
-REPLICAS, PER_CHIP, STEPS = 2, 4, 3
-# The CPU reference runs, one per precision, trained once and judged against by every broken TPU
-# step (parity.sparsecore_training's `reference`: a CPU run does not depend on the TPU step).
-REFERENCE = {}
+REPLICAS, PER_CHIP, STEPS = 2, 4, 3  # as tests/test_sparsecore_training.py's correct step: one CPU reference
 
 
 def _failures(err) -> list:
@@ -49,14 +46,14 @@ def test_the_parity_check_fails_a_broken_tpu_step(mutation, precision, parity_da
     """In bfloat16 (what a TPU trains in under `training.precision: auto`) and, for the breaks near
     a tolerance, in float32 too, each at its default tolerances (parity.tolerances_for)."""
     from components.tpu_smoke import parity, scenario
-    from tests.stages import PARITY_CATEGORICAL, trainer_raw_config
+    from tests.stages import PARITY_CATEGORICAL, PARITY_REFERENCE, trainer_raw_config
 
     strategy = tpu_harness.install_sparsecore(monkeypatch, REPLICAS, PER_CHIP, mutation=mutation, mutation_step=STEPS - 1)
     files = [str(parity_data / "tx" / "Split-train" / "*")]
     cfg, plan, manifest = scenario.parity_plan(trainer_raw_config(parity_data, PARITY_CATEGORICAL), str(parity_data))
     with pytest.raises(parity.ParityError) as err:
         parity.sparsecore_training(strategy, cfg, plan, manifest, files, STEPS, str(tmp_path), precision=precision,
-                                   reference=REFERENCE)
+                                   reference=PARITY_REFERENCE)
     print(f"MUTATION {mutation}: {err.value}")
     failures = _failures(err.value)
     tensor_core = sorted(plan.tables_placed("tensor_core"))
