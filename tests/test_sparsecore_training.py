@@ -26,6 +26,9 @@ from tests import tpu_harness
 
 EMB = tf.tpu.experimental.embedding
 REPLICAS, PER_CHIP, BATCH = 2, 4, 4  # BATCH: per replica
+# The parity runs' steps, as tests/test_smoke_mutations.py's: the CPU reference run of a precision
+# (tests/stages.py, PARITY_REFERENCE) is trained once for the correct step here and the broken ones.
+STEPS = 3
 
 
 def _init(scale: float):
@@ -156,7 +159,7 @@ def test_cpu_step_updates_the_stacked_rows_by_hand(monkeypatch):
                          "SparseCore harness and 3 on CPU")
 def test_sparsecore_training_matches_cpu_row_by_row(parity_data, monkeypatch, tmp_path):
     from components.tpu_smoke import parity, scenario
-    from tests.stages import PARITY_CATEGORICAL, trainer_raw_config
+    from tests.stages import PARITY_CATEGORICAL, PARITY_REFERENCE, trainer_raw_config
 
     strategy = tpu_harness.install_sparsecore(monkeypatch, REPLICAS, PER_CHIP)
     files = [str(parity_data / "tx" / "Split-train" / "*")]
@@ -164,7 +167,8 @@ def test_sparsecore_training_matches_cpu_row_by_row(parity_data, monkeypatch, tm
     cfg, plan, manifest = scenario.parity_plan(raw, str(parity_data))
     # FTRL and Adagrad, a stack of several, dim-1 wide, TensorCore tables, what the config's plan trains
     covered = scenario.coverage(plan, REPLICAS, PER_CHIP, scenario.derived_plan(raw, str(parity_data)))
-    result = parity.sparsecore_training(strategy, cfg, plan, manifest, files, 3, str(tmp_path), tolerance=1e-4)
+    result = parity.sparsecore_training(strategy, cfg, plan, manifest, files, STEPS, str(tmp_path), tolerance=1e-4,
+                                        reference=PARITY_REFERENCE)
     assert result["layout"] == "B", result
     tpu, tensor_core = plan.tables_placed("tpu_embedding"), plan.tables_placed("tensor_core")
     want = {"ftrl": {"accumulator", "linear"}, "adagrad": {"accumulator"}, "adam": {"m", "v"}}
@@ -188,12 +192,13 @@ def test_sparsecore_training_in_bfloat16_passes_its_tolerances(parity_data, monk
     judged by parity.tolerances_for("mixed_bfloat16"); every table's change within 2**-7 in scale
     of the CPU run's, every slot's within 2**-3 (its elements 2**-2) (test_smoke_mutations.py: every broken step still fails them)."""
     from components.tpu_smoke import parity, scenario
-    from tests.stages import PARITY_CATEGORICAL, trainer_raw_config
+    from tests.stages import PARITY_CATEGORICAL, PARITY_REFERENCE, trainer_raw_config
 
     strategy = tpu_harness.install_sparsecore(monkeypatch, REPLICAS, PER_CHIP)
     files = [str(parity_data / "tx" / "Split-train" / "*")]
     cfg, plan, manifest = scenario.parity_plan(trainer_raw_config(parity_data, PARITY_CATEGORICAL), str(parity_data))
-    result = parity.sparsecore_training(strategy, cfg, plan, manifest, files, 3, str(tmp_path), precision="mixed_bfloat16")
+    result = parity.sparsecore_training(strategy, cfg, plan, manifest, files, STEPS, str(tmp_path),
+                                        precision="mixed_bfloat16", reference=PARITY_REFERENCE)
     scales = [e["scale"] for e in result["tables"].values()]
     slot_scales = [v for e in result["tables"].values() for v in e.get("slot_scales", {}).values()]
     assert result["layout"] == "B" and len(scales) == len(plan.tables) and max(abs(x - 1) for x in scales) <= 2**-7, scales
