@@ -60,11 +60,15 @@ def test_unhealthy_feature_stops_the_run_with_one_line(tmp_path):
 
 
 @pytest.mark.slow(reason="runs the local pipeline")
-def test_a_half_written_registry_entry_stops_the_run_before_anything_is_pushed(tmp_path):
+def test_a_half_written_registry_entry_stops_the_run_before_anything_is_pushed(tmp_path, capfd):
     """The model served at the push destination has a half-written registry entry: the run stops at
-    LastBlessedModel with one line naming the entry and the way out; nothing is pushed on a guess."""
+    LastBlessedModel with one line naming the entry and the way out; nothing is pushed on a guess.
+    The command's entry point in this process: a fresh process's terminal (no traceback there, the
+    traceback in the log) is test_unhealthy_feature_stops_the_run_with_one_line's, whose failure
+    reaches the terminal by the same path; under capfd the run's log is captured too."""
     from components.model_registry import registry
     from components.example_gen.synthetic_data import GeneratorSpec, ensure_dataset
+    from pipelines.__main__ import main
 
     data = tmp_path / "data.csv"
     ensure_dataset(str(data), GeneratorSpec(rows=300, seed=5))
@@ -81,10 +85,13 @@ def test_a_half_written_registry_entry_stops_the_run_before_anything_is_pushed(t
     os.makedirs(os.path.dirname(entry))
     with open(entry, "w") as fh:
         fh.write('{"format": 1, "version": "1764000000", "serving_mo')  # the write was cut off
-    r, errors = _failed_run(cfg, tmp_path / "out")
+    status = main(["run", "--config", str(cfg), "--output-dir", str(tmp_path / "out")])
+    err = capfd.readouterr().err
+    errors = [l for l in err.splitlines() if l.startswith("error:")]
+    assert status == 1 and len(errors) == 1, err[-3000:]
     assert errors[0].startswith("error: LastBlessedModel failed: RegistryError: ")
     assert f"{entry}: not valid JSON" in errors[0] and f"delete {served}" in errors[0]
-    assert "Traceback" not in r.stderr
+    assert errors[0].endswith(f"(full log: {tmp_path / 'out' / 'pipeline.log'})")
     assert sorted(os.listdir(serving)) == ["1764000000", "_registry"]  # nothing pushed
     # LastBlessedModel runs first: no data was read, nothing trained
     assert not any(os.path.exists(tmp_path / "out" / "pipeline_root" / c) for c in ("EmbeddingExampleGen", "Trainer"))
