@@ -41,7 +41,7 @@ LOGICAL_CPUS = 4
 # Session fixtures whose users share one worker (the fixture is built once): name -> why it costs.
 GROUPED = {
     "chain": "ExampleGen -> Preprocess -> Trainer -> Exporter -> Pusher executors on 2,500 rows",
-    "pipeline_run": "the whole pipeline on the demo's 375k rows",
+    "pipeline_run": "the whole pipeline on the demo config and 150k rows",
     "features_chain": "the executors' chain on configs/features.yaml (every feature kind), 3,000 rows",
     "parity_data": "trainer_data's rows preprocessed with the parity check's few features",
 }
