@@ -171,30 +171,33 @@ def _executor_kinds(spec):
     return {label: sorted(ex) for label, ex in spec["deploymentSpec"]["executors"].items()}
 
 
-@pytest.mark.parametrize("config, argv", [
-    ("kubeflow.yaml", ["--tpu-image", TPU_IMAGE]),
-    ("demo.yaml", ["--pipeline-root", "gs://b/root"]),
-])
-def test_compiled_specs_hold_only_what_open_source_kfp_runs(tmp_path, config, argv):
-    """Only container (or importer) executors, and nothing else open-source KFP's backend refuses,
-    in the spec of the Kubeflow config and of the demo config (its input at a small CSV: compiling
-    checks that a local input exists)."""
-    path = os.path.join(REPO, "configs", config)
-    if config == "demo.yaml":
-        from components.example_gen.synthetic_data import GeneratorSpec, write_csv
-
-        d = yaml.safe_load(open(path, encoding="utf-8"))
-        d["input"]["path"] = str(tmp_path / "data.csv")
-        write_csv(GeneratorSpec(rows=10, seed=1), d["input"]["path"])
-        path = str(tmp_path / "demo.yaml")
-        with open(path, "w", encoding="utf-8") as fh:
-            yaml.safe_dump(d, fh)
-    assert _compile(["--config", path, "--image", IMAGE, "--output", "p.yaml", *argv], tmp_path) == 0
-    spec = load_compiled(str(tmp_path / "p.yaml"))["pipeline_spec"]
+def _holds_only_what_open_source_kfp_runs(spec):
+    """Only container (or importer) executors, and nothing else open-source KFP's backend refuses."""
     kinds = _executor_kinds(spec)
     assert set(kinds) == {f"{t}_executor" for t in spec["root"]["dag"]["tasks"]}
     assert all(k in (["container"], ["importer"]) for k in kinds.values()), kinds
     assert oss_backend_refusal(spec) is None
+
+
+def test_the_kubeflow_configs_spec_holds_only_what_open_source_kfp_runs(compiled):
+    """The module's compile of the Kubeflow config (the same command line this test compiled on its
+    own before: --image, --tpu-image, .yaml)."""
+    _holds_only_what_open_source_kfp_runs(compiled[0]["pipeline_spec"])
+
+
+def test_the_demo_configs_spec_holds_only_what_open_source_kfp_runs(tmp_path):
+    """The demo config's spec, its input at a small CSV (compiling checks that a local input exists)."""
+    from components.example_gen.synthetic_data import GeneratorSpec, write_csv
+
+    d = yaml.safe_load(open(os.path.join(REPO, "configs", "demo.yaml"), encoding="utf-8"))
+    d["input"]["path"] = str(tmp_path / "data.csv")
+    write_csv(GeneratorSpec(rows=10, seed=1), d["input"]["path"])
+    path = str(tmp_path / "demo.yaml")
+    with open(path, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(d, fh)
+    assert _compile(["--config", path, "--image", IMAGE, "--output", "p.yaml", "--pipeline-root", "gs://b/root"],
+                    tmp_path) == 0
+    _holds_only_what_open_source_kfp_runs(load_compiled(str(tmp_path / "p.yaml"))["pipeline_spec"])
 
 
 def _with_executor(spec, label, executor):
