@@ -333,25 +333,66 @@ def test_html_report_renders_every_table_and_feature(preprocessed):
     assert "not_utf8: 1" in text and "line_break: 1" in text
 
 
-def test_weighted_vocabulary(tmp_path):
-    """`weight_column`: a value counts by its rows' weights (tf.Transform's `weights`)."""
+# The weighted and the given (list) vocabularies: one preprocessing run that the two tests below
+# read (one Beam run, not one each). CONFIG with the shared table weighted by I1, and a feature
+# `color` with a list vocabulary that no train row holds, only the eval split's.
+WEIGHTED_ROWS = [(1, [2.0], [0], [b"a"], [b"x"], [1], [b"a"]), (0, [0.5], [0], [b"b"], [b"x"], [1], [b"b"]),
+                 (1, [0.5], [0], [b"b"], [b"y"], [1], [b"c"]), (1, None, [0], [b"c"], [b"y"], [1], [b"c"])]
+COLOR_EVAL_ROWS = [  # (row, its color)
+    ((0, [1.0], [0], [b"a"], [b"x"], [1], [b"a"]), b"blue"),
+    ((1, [1.0], [0], [b"b"], [b"y"], [1], [b"b"]), b"red"),
+    ((0, [1.0], [0], [b"c"], [b"x"], [1], [b"c"]), b"teal"),
+]
+
+
+def _with_color(row, color):
+    example = tf.train.Example.FromString(_example(row))
+    example.features.feature["color"].bytes_list.value.append(color)
+    return example.SerializeToString()
+
+
+@pytest.fixture(scope="module")
+def vocabulary_kinds(tmp_path_factory):
+    """The run's root (vocab/, tx/); read-only."""
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    rows = [(1, [2.0], [0], [b"a"], [b"x"], [1], [b"a"]), (0, [0.5], [0], [b"b"], [b"x"], [1], [b"b"]),
-            (1, [0.5], [0], [b"b"], [b"y"], [1], [b"c"]), (1, None, [0], [b"c"], [b"y"], [1], [b"c"])]
-    _write_tfrecord_gz(str(tmp_path / "raw/Split-train/d.gz"), [_example(r) for r in rows])
+    root = tmp_path_factory.mktemp("kinds")
+    _write_tfrecord_gz(str(root / "raw/Split-train/d.gz"), [_example(r) for r in WEIGHTED_ROWS])
+    _write_tfrecord_gz(str(root / "raw/Split-eval/d.gz"), [_with_color(r, c) for r, c in COLOR_EVAL_ROWS])
     config = json.loads(json.dumps(CONFIG))
     config["tables"][0]["vocabulary"] = {"weight_column": "I1", "min_frequency": 1}
-    cfg = parse_config(config)
-    pipeline = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"]))
-    run_preprocessing(pipeline, cfg, {"train": str(tmp_path / "raw/Split-train/*")}, str(tmp_path / "v"),
-                      None, str(tmp_path / "s"))
+    config["input"]["allow_invalid"] = ["color"]  # no train row holds it
+    config["categorical_features"].append(
+        {"name": "color", "vocabulary": {"kind": "list", "values": ["red", "green", "blue"], "num_oov_buckets": 1}})
+    run_preprocessing(
+        beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"])),
+        parse_config(config),
+        {s: str(root / f"raw/Split-{s}/*") for s in ("train", "eval")}, str(root / "vocab"),
+        {s: str(root / f"tx/Split-{s}") for s in ("train", "eval")}, str(root / "stats"),
+    )
+    return root
+
+
+def test_weighted_vocabulary(vocabulary_kinds):
+    """`weight_column`: a value counts by its rows' weights (tf.Transform's `weights`)."""
+    vocab = vocabulary_kinds / "vocab"
     # weights by row: 2.0, 0.5, 0.5, missing -> 0. C1 and C4 share the weighted table:
     # a: 2.0 + 2.0 = 4.0; b: 0.5 + 0.5 (row 1) + 0.5 (C1 of row 2) = 1.5;
     # c: 0.5 (C4 of row 2) + 0 + 0 (row 3 has no weight) = 0.5 -> below min_frequency 1
-    assert _read_counts_float(str(tmp_path / "v" / "shared.counts.txt")) == [(b"a", 4.0), (b"b", 1.5)]
-    assert vocabulary.read_vocabulary(str(tmp_path / "v"), "C2") == [b"x", b"y"]  # unweighted: 2 each, x first by bytes
+    assert _read_counts_float(str(vocab / "shared.counts.txt")) == [(b"a", 4.0), (b"b", 1.5)]
+    assert vocabulary.read_vocabulary(str(vocab), "C2") == [b"x", b"y"]  # unweighted: 2 each, x first by bytes
+
+
+def test_given_vocabulary_of_a_feature_the_train_split_never_feeds(vocabulary_kinds):
+    """Issue 18, item 4: a list vocabulary is the table's rows even when no train example holds
+    the feature: the eval split's values get their given rows (not OOV rows), and the vocabulary
+    artifact holds the given lines, which later readers (transform pass, exporter) use."""
+    assert (vocabulary_kinds / "vocab" / "color.txt").read_bytes() == b"red\ngreen\nblue\n"
+
+    ids = [tf.train.Example.FromString(r).features.feature["color"].int64_list.value[:]
+           for r in transformed_rows_of(vocabulary_kinds / "tx", "eval")]
+    assert sorted(ids) == [[0], [2], [3]]  # red, blue, and teal in the OOV row after the three
 
 
 def _read_counts_float(path):
@@ -372,35 +413,6 @@ def test_ledger_and_health_in_statistics(preprocessed):
     assert stage["dropped"]["train"] == {"missing_label": 1, "invalid_label": 0}
     health = stats["feature_health"]
     assert health["rows"] == 6 and health["features"]["C1"]["unusable_rows"] == 2  # [] and b"bad\xff"
-
-
-def test_given_vocabulary_of_a_feature_the_train_split_never_feeds(tmp_path):
-    """Issue 18, item 4: a list vocabulary is the table's rows even when no train example holds
-    the feature: the eval split's values get their given rows (not OOV rows), and the vocabulary
-    artifact holds the given lines, which later readers (transform pass, exporter) use."""
-    import apache_beam as beam
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    def example(label, color=None):
-        feats = {"label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))}
-        if color is not None:
-            feats["color"] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[color]))
-        return tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString()
-
-    _write_tfrecord_gz(str(tmp_path / "raw/Split-train/d.gz"), [example(i % 2) for i in range(6)])
-    _write_tfrecord_gz(str(tmp_path / "raw/Split-eval/d.gz"), [example(0, b"blue"), example(1, b"red"), example(0, b"teal")])
-    cfg = parse_config({"input": {"path": "unused", "allow_invalid": ["color"]}, "label": "label", "categorical_features": [
-        {"name": "color", "vocabulary": {"kind": "list", "values": ["red", "green", "blue"], "num_oov_buckets": 1}}]})
-    run_preprocessing(
-        beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"])), cfg,
-        {s: str(tmp_path / f"raw/Split-{s}/*") for s in ("train", "eval")}, str(tmp_path / "vocab"),
-        {s: str(tmp_path / f"tx/Split-{s}") for s in ("train", "eval")}, str(tmp_path / "stats"),
-    )
-    assert (tmp_path / "vocab" / "color.txt").read_bytes() == b"red\ngreen\nblue\n"
-
-    ids = [tf.train.Example.FromString(r).features.feature["color"].int64_list.value[:]
-           for r in transformed_rows_of(tmp_path / "tx", "eval")]
-    assert sorted(ids) == [[0], [2], [3]]  # red, blue, and teal in the OOV row after the three
 
 
 def _length_hash(values):
