@@ -1,8 +1,7 @@
 """A long multi-hot (text-like) feature through the whole pipeline on tiny data: the statistics
 choose its table's combiner (a bag) and the wide part beside it, the plan records why, and the
 model trains, exports with parity and is pushed. With the bad input the issue named: one row whose
-text holds thousands of words; and a column whose every row is empty, refused by the feature-health
-check unless allowed (the allowed one rides along in the same run)."""
+text holds thousands of words."""
 import csv
 import json
 import glob
@@ -20,28 +19,24 @@ GOOD = set(WORDS[:20])
 
 
 def _write(path, huge_row=7, huge_words=3000):
-    """ROWS rows: `review text` (row `huge_row` of `huge_words` words), `genre`, `notes` (empty in
-    every row) and the label."""
     rng = random.Random(3)
     with open(path, "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
-        w.writerow(["review text", "genre", "notes", "label"])
+        w.writerow(["review text", "genre", "label"])
         for i in range(ROWS):
             n = huge_words if i == huge_row else rng.randrange(8, 25)
             words = [rng.choice(WORDS) for _ in range(n)]
             p = 0.15 + 0.7 * min(1.0, sum(t in GOOD for t in words) / 3)
-            w.writerow([" ".join(words), "|".join(rng.sample("abc", rng.randrange(1, 3))), "", int(rng.random() < p)])
+            w.writerow([" ".join(words), "|".join(rng.sample("abc", rng.randrange(1, 3))), int(rng.random() < p)])
 
 
-def _config(data, allow_empty=True):
-    """The two text-like features and `notes`, the column every row leaves empty: allowed under
-    input.allow_invalid (`allow_empty`), or not."""
+def _config(data):
     return {
         "name": "long-multi-hot",
-        "input": {"path": str(data), "format": "csv", **({"allow_invalid": ["notes"]} if allow_empty else {})},
+        "input": {"path": str(data), "format": "csv"},
         "label": "label",
         "categorical_features": [{"name": "review", "column": "review text", "separator": " "},
-                                 {"name": "genre", "separator": "|"}, {"name": "notes"}],
+                                 {"name": "genre", "separator": "|"}],
         "categorical_defaults": {"dim": 4},
         "training": {"batch_size": 32, "train_steps": 6, "checkpoint_every_steps": 3, "eval_steps": 2,
                      "bottom_mlp": [8], "top_mlp": [8], "early_stopping": {"enabled": False}},
@@ -53,9 +48,6 @@ def _config(data, allow_empty=True):
 
 @pytest.mark.slow(reason="runs the local pipeline on 400 rows")
 def test_a_long_multi_hot_feature_gets_a_bag_and_the_wide_part_end_to_end(tmp_path):
-    """With `notes`, empty in every row, listed under input.allow_invalid: it trains as a feature
-    with no IDs (every row pools to zeros) and exports with the rest (its refusal when not listed:
-    test_a_column_whose_every_row_is_empty_is_refused_naming_it)."""
     from components.config.loading import load_config
     from components.contracts import artifacts
     from components.planning.derivation import LONG_MULTI_HOT_IDS
@@ -78,23 +70,34 @@ def test_a_long_multi_hot_feature_gets_a_bag_and_the_wide_part_end_to_end(tmp_pa
     review, genre = plan["tables"]["review"], plan["tables"]["genre"]
     assert review["combiner"] == "sum" and review["combiner_source"].startswith("statistics: review has")
     assert genre["combiner"] == "mean" and genre["combiner_source"].startswith("default")  # about 1.5 genres a row
-    assert set(plan["tables"]) == {"review", "genre", "notes", "review" + WIDE_SUFFIX}
+    assert set(plan["tables"]) == {"review", "genre", "review" + WIDE_SUFFIX}
     assert plan["wide_part"]["features"] == ["review"] and str(LONG_MULTI_HOT_IDS)[:1] in plan["wide_part"]["source"]
     assert plan["features"]["review"]["ids_per_example"]["max"] >= 3000 * 0.9  # the huge row was counted, not cut
 
 
-@pytest.mark.slow(reason="runs the local pipeline on 400 rows until the feature-health check stops it")
-def test_a_column_whose_every_row_is_empty_is_refused_naming_it(tmp_path):
-    """Refused by the feature-health check, naming the feature, its share and the fix. Listed under
-    input.allow_invalid, it trains and exports: the run of
-    test_a_long_multi_hot_feature_gets_a_bag_and_the_wide_part_end_to_end."""
+@pytest.mark.slow(reason="runs the local pipeline on 400 rows, twice")
+def test_a_column_whose_every_row_is_empty_is_refused_naming_it_or_allowed(tmp_path):
+    """Refused by the feature-health check, naming the feature, its share and the fix; listed under
+    input.allow_invalid, it trains as a feature with no IDs (every row pools to zeros) and exports."""
+    import pandas as pd
+
     from components.config.loading import load_config
     from components.reporting.errors import FeatureHealthError
     from pipelines.runner import run
+    from pipelines.summary import EXIT_PUSHED, exit_status
 
     data = tmp_path / "reviews.csv"
     _write(data, huge_row=-1)
+    df = pd.read_csv(data, dtype=str, keep_default_na=False)
+    df["notes"] = ""
+    df.to_csv(data, index=False)
+    raw = _config(data)
+    raw["categorical_features"].append({"name": "notes"})
     cfg_path = tmp_path / "empty.yaml"
-    cfg_path.write_text(yaml.safe_dump(_config(data, allow_empty=False)), encoding="utf-8")
+    cfg_path.write_text(yaml.safe_dump(raw), encoding="utf-8")
     with pytest.raises(FeatureHealthError, match=r"notes \(categorical\): 100.0% of \d+ train rows unusable.*input.allow_invalid"):
         run(load_config(str(cfg_path)), str(tmp_path / "out"))
+    raw["input"]["allow_invalid"] = ["notes"]
+    cfg_path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    summary = run(load_config(str(cfg_path)), str(tmp_path / "out2")).summary
+    assert exit_status(summary) == EXIT_PUSHED and summary["export_parity"]["passed"], summary
