@@ -168,16 +168,11 @@ def test_a_full_disk_in_example_gen_fails_the_run_in_one_line_and_a_rerun_recove
         left = [os.path.join(d, f) for d, _, fs in os.walk(out / "pipeline_root" / "EmbeddingExampleGen" / "examples")
                 for f in fs]
         assert left == []
-        disk.grow()  # space again: the same run into the same output directory goes through and
-        # pushes. In this process, Beam's stages too: the disk, not a fresh process or Beam's worker
-        # processes, is what the rerun needs (a process's exit and the workers' failure on a full
-        # disk are the first run's), and they start afresh in each of the rerun's Beam stages.
+        disk.grow()  # space again: the same command runs through and pushes (in this process: the
+        # disk, not a fresh process, is what the rerun needs; a process's exit is the first run's)
         from pipelines.__main__ import main
 
-        raw["beam"]["direct_running_mode"] = "in_memory"
-        rerun = tmp_path / "rerun.yaml"
-        rerun.write_text(yaml.safe_dump(raw), encoding="utf-8")
-        assert main(["run", "--config", str(rerun), "--output-dir", str(out)]) == 0
+        assert main(["run", "--config", str(cfg), "--output-dir", str(out)]) == 0
         summary = json.load(open(out / "summary.json", encoding="utf-8"))
         assert summary["pushed_by_this_run"] and summary["ledger"]["balanced"]
         assert sum(summary["rows_read"].values()) == 20000
