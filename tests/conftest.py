@@ -128,8 +128,8 @@ def features_chain(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def pipeline_run(tmp_path_factory):
-    """(config, output dir, summary, data metadata): the real pipeline on configs/demo.yaml and the
-    demo's amount of data (tests/stages.py, run_demo_pipeline)."""
+    """(config, output dir, summary, data metadata): the real pipeline on configs/demo.yaml, on 150k
+    generated rows for half the demo's steps (tests/stages.py, run_demo_pipeline)."""
     from tests.stages import run_demo_pipeline
 
     return run_demo_pipeline(tmp_path_factory.mktemp("e2e"))
