@@ -18,9 +18,8 @@ import tensorflow as tf
 from components.embedding_model.input import make_dataset
 from components.embedding_model.tf_objects import dense_id_widths, sequence_lengths
 from components.planning.run_plan import derive_plan
-from components.embedding_model.restore import model_from_checkpoint
-from components.embedding_trainer import hardware, model_building, resolved_input, training_data, training_loop
-from components.embedding_trainer.evaluation import evaluate, evaluation_batch
+from components.embedding_trainer import (hardware, model_artifact, model_building, resolved_input, training_data,
+                                          training_loop)
 from tests import tpu_harness
 from components.config.loading import parse_config
 from tests.stages import trainer_config as _config, trainer_raw_config as _raw_config, examples_uri
@@ -186,11 +185,7 @@ def test_two_replicas_reach_the_auc_of_one(data, tmp_path, monkeypatch):
         assert (exchanged is None) if replicas == 1 else (
             exchanged["replicas"] == replicas and set(exchanged["tables"]) == set(plan.tables_placed("tensor_core"))
             and {e["method"] for e in exchanged["tables"].values()} == {"all_gather", "all_reduce"}), exchanged
-        # the eval split scored as the Trainer's final evaluation scores it (model_artifact.finish),
-        # without the SavedModel finish then writes: nothing here reads it
-        eval_ds = make_dataset(evals, manifest, evaluation_batch(manifest), training=False)
-        with tf.device("/cpu:0"):
-            sample, _ = next(iter(eval_ds))
-            results[replicas] = evaluate(model_from_checkpoint(plan, manifest, cfg, ckpt, sample), eval_ds)["auc"]
+        metrics, _ = model_artifact.finish(cfg, plan, manifest, ckpt, evals, str(tmp_path / f"serving{replicas}"))
+        results[replicas] = metrics["auc"]
     print("eval AUC by replicas:", results)
     assert abs(results[REPLICAS] - results[1]) < 0.02, results  # 600 eval rows: AUC standard error ~0.02
