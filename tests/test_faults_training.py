@@ -112,7 +112,12 @@ def test_train_refuses_a_checkpoint_dir_from_other_data_resumes_its_own_and_name
             for r in records[::-1]:
                 w.write(r)
     b_train, b_eval = files(other)
-    with pytest.raises(sparsecore_state.LayoutMismatch, match=r"trained on other data") as e:
+
+    def rules_check(*_args, **_kwargs):
+        raise AssertionError("the TPU-rules check ran: a refused resume should stop at the state's record")
+
+    with monkeypatch.context() as patched, pytest.raises(sparsecore_state.LayoutMismatch, match=r"trained on other data") as e:
+        patched.setattr(training_loop, "check_tpu_rules", rules_check)  # refused before it builds a model or reads input
         training_loop.train(cfg, *plan_manifest(cfg, b_train), b_train, b_eval, state)
     assert type(e.value).__name__ == "DataMismatch"
     assert str(data / "tx") in str(e.value) and str(other / "tx") in str(e.value)

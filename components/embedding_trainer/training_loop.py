@@ -25,8 +25,8 @@ from components.embedding_trainer.model_building import build_model, build_train
 from components.embedding_trainer.selection import HoldoutSelection
 from components.embedding_trainer.tpu_rules import check_tpu_rules
 from components.embedding_trainer.training_data import training_dataset
-from components.embedding_trainer.training_state import (Checkpoints, require_consumed, resume_from_state,
-                                                          warm_start_into)
+from components.embedding_trainer.training_state import (Checkpoints, check_resume, data_signature, require_consumed,
+                                                          resume_from_state, warm_start_into)
 from components.reporting import progress
 from components.reporting.report import KEPT_BEST, KEPT_LAST
 from components.planning.fitting import with_run
@@ -57,10 +57,9 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
         `train_files` when None.
 
     Returns:
-      (checkpoint, rules, run): the model's checkpoint prefix (the best on the slice, else the
-      last), the TPU-rules report, and the training-run record, whose `checkpoint_layout` is how
-      the checkpoint holds the tables (`plan.with_run` takes it) and whose `warm_start` says what
-      carried over.
+      (checkpoint, rules, run): the model's checkpoint prefix (the best on the slice, else the last),
+      the TPU-rules report, and the training-run record, whose `checkpoint_layout` is how the
+      checkpoint holds the tables (`plan.with_run` takes it) and whose `warm_start` says what carried over.
 
     Raises:
       ValueError: no training length, a batch size the replicas do not divide, or a checkpoint
@@ -82,6 +81,8 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
     every = min(t.checkpoint_every_steps, t.evaluation_every(steps)) if holdout else t.checkpoint_every_steps
     hardware = place_training(cfg)
     plan, model = build_training_model(cfg, plan, manifest, hardware)
+    data = data or data_signature(train_files)
+    check_resume(cfg, plan, manifest, state, hardware, data)  # refused from the state's record, before the rules check
     rules = _check_rules_on_host(cfg, plan, manifest, train_files, hardware)
     checkpoints, warm_report = _start(cfg, plan, manifest, train_files, state, model, hardware, steps, data, warm_from)
     selection = _selection(cfg, plan, manifest, train_files, state, hardware, holdout, steps, checkpoints.start)
@@ -89,9 +90,8 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
     fit_start = time.perf_counter()
     checkpointer = _fit(cfg, model, train_ds, hardware, checkpoints, selection, steps, every, log_dir)
     fit_seconds = time.perf_counter() - fit_start
-    during_fit = selection.evaluation_seconds if selection is not None else 0.0
     checkpoint, run = _final_checkpoint(state, hardware, checkpoints, checkpointer, selection, steps, warm_report)
-    run["seconds"] = _seconds(fit_seconds, during_fit, selection)
+    run["seconds"] = _seconds(fit_seconds, selection)
     return checkpoint, rules, run
 
 
@@ -123,13 +123,14 @@ def _selection(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyMan
     return selection
 
 
-def _seconds(fit_seconds: float, during_fit: float, selection: Optional[HoldoutSelection]) -> Dict[str, Any]:
+def _seconds(fit_seconds: float, selection: Optional[HoldoutSelection]) -> Dict[str, Any]:
     """The run record's `seconds`: where this process's training time went. `training`: model.fit's
     wall time less the held-out evaluations run inside it (its checkpoint saves and first-step
     tracing included); `holdout_read`: the one pass that finds the held-out slice;
     `holdout_evaluations`: every held-out evaluation with the selection's copy of the best
     checkpoint. run_fn adds `final_evaluation`; their sum against the Trainer's whole time is the
     evaluation and selection share of the run."""
+    during_fit = selection.evaluation_seconds if selection is not None else 0.0
     out = {"training": round(fit_seconds - during_fit, 3), "holdout_read": 0.0, "holdout_evaluations": 0.0}
     if selection is not None:
         out.update(holdout_read=round(selection.read_seconds, 3), holdout_evaluations=round(selection.evaluation_seconds, 3))

@@ -182,6 +182,36 @@ class Checkpoints:
     restored: Optional[Tuple[Any, str, bool]] = None
 
 
+def check_resume(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, state: str,
+                 hardware: Hardware, data: Dict[str, Any], checkpoint: Optional[str] = None) -> List[str]:
+    """Refuses a state this run may not resume, from the state's record alone: only under the table
+    layout, the plan and on the data it was written with (TF cannot map SparseCore stacks; a table
+    added, removed or reshaped would start fresh; a state from other data would stand for this
+    run's training), and under a training config it may continue under (resume_rule.py).
+
+    `training_loop.train` calls it before anything is built, traced or read beyond the record (a
+    refused resume costs no model, no input pipeline and no TPU-rules check), and
+    `resume_from_state` again before it restores.
+
+    Args:
+      data: what identifies this run's training data (`data_signature`).
+      checkpoint: the checkpoint to resume; None: the state's latest, if any.
+
+    Returns:
+      The steering changes the resumed run continues under (empty when none, or nothing to resume).
+
+    Raises:
+      sparsecore_state.LayoutMismatch, PlanMismatch, DataMismatch; resume_rule.ConfigMismatch.
+    """
+    checkpoint = checkpoint or tf.train.latest_checkpoint(state)
+    if not checkpoint:
+        return []
+    sparsecore_state.check_resumable(state, checkpoint, hardware.layout,
+                                     sparsecore_state.plan_signature(plan, hardware.layout, cfg, manifest.dense_names), data)
+    return check_config(state, checkpoint, sparsecore_state.read_record(state), training_record(cfg, plan, hardware.precision),
+                        int(checkpoint.rsplit("-", 1)[-1]))
+
+
 def resume_from_state(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, train_files, state: str,
                       model: RankingModel, hardware: Hardware, steps: int,
                       data: Optional[Dict[str, Any]] = None) -> Checkpoints:
@@ -198,13 +228,7 @@ def resume_from_state(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: Vocabu
         training=training_record(cfg, plan, hardware.precision), resumed_from=manager.latest_checkpoint)
     resumed_from = checkpoints.resumed_from
     if resumed_from:
-        # Only under the table layout, the plan and on the data it was written with (TF cannot map
-        # SparseCore stacks; a table added, removed or reshaped would start fresh; a state from other
-        # data would stand for this run's training), and under a training config it may continue
-        # under (resume_rule.py), checked before anything is restored.
-        sparsecore_state.check_resumable(state, resumed_from, hardware.layout, checkpoints.signature, checkpoints.data)
-        checkpoints.steering = check_config(state, resumed_from, sparsecore_state.read_record(state), checkpoints.training,
-                                            int(resumed_from.rsplit("-", 1)[-1]))
+        checkpoints.steering = check_resume(cfg, plan, manifest, state, hardware, checkpoints.data, resumed_from)
         if checkpoints.steering:
             progress.phase(progress.TRAINER, f"resuming {resumed_from} under changed settings that steer the rest of "
                                              f"training: {'; '.join(checkpoints.steering)}")
