@@ -189,9 +189,9 @@ def check_resume(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyM
     added, removed or reshaped would start fresh; a state from other data would stand for this
     run's training), and under a training config it may continue under (resume_rule.py).
 
-    `training_loop.train` calls it before anything is built, traced or read beyond the record (a
-    refused resume costs no model, no input pipeline and no TPU-rules check), and
-    `resume_from_state` again before it restores.
+    `training_loop.train` calls it once the model object exists, before any variable, input
+    pipeline or traced step (a refused resume costs no TPU-rules check), and `resume_from_state`
+    again before it restores.
 
     Args:
       data: what identifies this run's training data (`data_signature`).
