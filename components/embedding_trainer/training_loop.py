@@ -96,7 +96,7 @@ def train(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest
 
 
 def _start(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, train_files, state: str,
-           model: RankingModel, hardware: Hardware, steps: int, data: Optional[Dict[str, Any]],
+           model: RankingModel, hardware: Hardware, steps: int, data: Dict[str, Any],
            warm_from) -> Tuple[Checkpoints, Optional[Dict[str, Any]]]:
     """Where training starts: the state's last checkpoint resumed, else the last blessed model's
     weights (training_state.py); the state records what its checkpoints hold and were trained on

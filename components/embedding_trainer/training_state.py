@@ -213,18 +213,17 @@ def check_resume(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyM
 
 
 def resume_from_state(cfg: PipelineConfig, plan: EmbeddingPlan, manifest: VocabularyManifest, train_files, state: str,
-                      model: RankingModel, hardware: Hardware, steps: int,
-                      data: Optional[Dict[str, Any]] = None) -> Checkpoints:
+                      model: RankingModel, hardware: Hardware, steps: int, data: Dict[str, Any]) -> Checkpoints:
     """The run's checkpoint manager over `state`, with the state's last checkpoint restored if any.
 
-    `data` identifies the training data (`data_signature`; computed from `train_files` when None):
-    a state trained on other data is refused (sparsecore_state.check_resumable).
+    `data` identifies the training data (`data_signature`, or the input identity ExampleGen
+    recorded): a state trained on other data is refused (`check_resume`).
     """
     step = model.dense_optimizer.iterations  # one dense update per training step
     ckpt = tf.train.Checkpoint(model=model)
     manager = tf.train.CheckpointManager(ckpt, state, max_to_keep=2)
     checkpoints = Checkpoints(ckpt, manager, step, signature=sparsecore_state.plan_signature(
-        plan, hardware.layout, cfg, manifest.dense_names), data=data or data_signature(train_files),
+        plan, hardware.layout, cfg, manifest.dense_names), data=data,
         training=training_record(cfg, plan, hardware.precision), resumed_from=manager.latest_checkpoint)
     resumed_from = checkpoints.resumed_from
     if resumed_from:
