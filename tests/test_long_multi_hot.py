@@ -5,7 +5,6 @@ text holds thousands of words."""
 import csv
 import json
 import glob
-import os
 import random
 
 import pytest
