@@ -14,7 +14,8 @@ The rule for each (docs/development.md, "Test tiers"):
 - **State.** Before each test the random generators are seeded; after it, the environment and
   TensorFlow's global state (Keras' dtype policy, eager mode, grappler's passes) are put back.
   TensorFlow is configured here only once a test module has imported it: a config or rulebook test
-  never loads it.
+  never loads it. Beam, once imported, works out DoFn specs once per DoFn as every entry point has
+  it do (components/data_io/beam_dofn_specs.py), in the pipelines tests build themselves too.
 """
 import gc
 import os
@@ -80,6 +81,10 @@ GC_THRESHOLDS = (50_000, 20, 100)
 def pytest_collection_finish(session):
     if "tensorflow" in sys.modules:  # some collected module imported it: before any test runs
         _logical_cpus(LOGICAL_CPUS)
+    if "apache_beam" in sys.modules:  # Beam as every entry point runs it, tests' own pipelines too
+        from components.data_io.beam_dofn_specs import cache_dofn_specs
+
+        cache_dofn_specs()
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)

@@ -140,3 +140,101 @@ def test_a_local_beam_executor_builds_no_tfx_sdist_and_a_remote_one_still_does(m
     assert _beam_executor(imaged)._beam_pipeline_args[:4] == imaged and built == [1]
     beam_runtime.skip_tfx_sdist_for_local_runners()  # idempotent: still wrapped once
     assert dependency_utils.make_beam_dependency_flags.tfx_original is tfx_flags
+
+
+# ---- DoFn specs worked out once per DoFn object (components/data_io/beam_dofn_specs.py) ----------
+
+def _counting_specs(monkeypatch):
+    """Beam's own get_dofn_specs, counting its calls per DoFn object (objects kept alive, so that
+    no id is reused), installed as the function `cache_dofn_specs` wraps."""
+    from apache_beam.transforms import userstate
+
+    beam = getattr(userstate.get_dofn_specs, "beam_original", userstate.get_dofn_specs)
+    calls, alive = {}, []
+
+    def counted(dofn):
+        alive.append(dofn)
+        calls[id(dofn)] = calls.get(id(dofn), 0) + 1
+        return beam(dofn)
+
+    monkeypatch.setattr(userstate, "get_dofn_specs", counted)
+    return calls
+
+
+def _stateful_run():
+    """A stateful DoFn (a bag and a timer per key) and a Map in an in-memory pipeline: the sums it
+    emits per key."""
+    import apache_beam as beam
+    from apache_beam.coders import VarIntCoder
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.testing.util import assert_that, equal_to
+    from apache_beam.transforms.timeutil import TimeDomain
+    from apache_beam.transforms.userstate import BagStateSpec, TimerSpec, on_timer
+
+    class SumPerKey(beam.DoFn):
+        BAG = BagStateSpec("bag", VarIntCoder())
+        FLUSH = TimerSpec("flush", TimeDomain.WATERMARK)
+
+        def process(self, kv, bag=beam.DoFn.StateParam(BAG), flush=beam.DoFn.TimerParam(FLUSH)):
+            bag.add(kv[1])
+            flush.set(0)
+
+        @on_timer(FLUSH)
+        def emit(self, key=beam.DoFn.KeyParam, bag=beam.DoFn.StateParam(BAG)):
+            yield key, sum(bag.read())
+
+    with beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory"])) as p:
+        sums = (p | beam.Create([("a", 1), ("b", 2), ("a", 3)]) | beam.ParDo(SumPerKey())
+                | beam.Map(lambda kv: (kv[0], kv[1] * 10)))
+        assert_that(sums, equal_to([("a", 40), ("b", 20)]))
+    return SumPerKey
+
+
+def test_beam_works_out_a_dofns_specs_at_every_look_and_the_cache_once_per_object(monkeypatch):
+    from apache_beam.transforms import userstate
+
+    from components.data_io.beam_dofn_specs import cache_dofn_specs
+
+    calls = _counting_specs(monkeypatch)
+    _stateful_run()
+    assert max(calls.values()) >= 3, calls  # why: Beam 2.59 asks again and again for one object
+    calls.clear()
+    cache_dofn_specs()  # wraps the counting function: each object's specs are worked out once
+    dofn = _stateful_run()
+    assert calls and set(calls.values()) == {1}, calls
+    state, timers = userstate.get_dofn_specs(dofn())  # the cached answer is Beam's own
+    assert state == {dofn.BAG} and timers == {dofn.FLUSH}
+    assert userstate.get_dofn_specs.beam_original(dofn()) == (state, timers)
+
+
+def test_the_cache_refuses_what_beam_refuses_and_forgets_a_dofn_that_is_gone(monkeypatch):
+    import gc
+
+    import apache_beam as beam
+    from apache_beam.coders import VarIntCoder
+    from apache_beam.transforms import userstate
+    from apache_beam.transforms.userstate import BagStateSpec
+
+    from components.data_io.beam_dofn_specs import cache_dofn_specs
+
+    # Beam's own function, unwrapped for this test, is what cache_dofn_specs wraps
+    monkeypatch.setattr(userstate, "get_dofn_specs", getattr(userstate.get_dofn_specs, "beam_original",
+                                                             userstate.get_dofn_specs))
+    cache_dofn_specs()
+    bag = BagStateSpec("bag", VarIntCoder())
+
+    class Twice(beam.DoFn):
+        def process(self, kv, a=beam.DoFn.StateParam(bag), b=beam.DoFn.StateParam(bag)):
+            yield kv
+
+    twice = Twice()
+    for _ in range(2):  # refused at every call, as Beam refuses it: never cached
+        with pytest.raises(ValueError, match="duplicate"):
+            userstate.get_dofn_specs(twice)
+    cached = userstate.get_dofn_specs.cached
+    plain = beam.DoFn()
+    assert userstate.get_dofn_specs(plain) == (set(), set()) and id(plain) in cached
+    key = id(plain)
+    del plain
+    gc.collect()
+    assert key not in cached  # gone with its DoFn: a new object at that address is looked at afresh

@@ -38,7 +38,9 @@ by `components/data_io/beam_worker.py`, which `add_worker_plugin` names to Beam'
 `--beam_plugins` option (a worker imports its plugins before it takes any work,
 `sdk_worker_main.py` line 151).
 
-`ensure_local_runner_safe()` is idempotent and is called by every entry point that runs Beam
+`ensure_local_runner_safe()` also has Beam work out each DoFn's state and timer specs once
+(`components/data_io/beam_dofn_specs.py`: a speed-up, not a fix). It is idempotent and is called
+by every entry point that runs Beam
 (ExampleGen and EmbeddingPreprocess executors, the preprocessing CLI, the pipeline CLI, the Kubeflow
 task entry point). It refuses to run on a Beam version this was not verified for: the lines above
 must be read again before the version pin moves.
@@ -52,6 +54,8 @@ import logging
 import threading
 import traceback
 from typing import List, Optional
+
+from components.data_io.beam_dofn_specs import cache_dofn_specs
 
 VERIFIED_BEAM_VERSIONS = ("2.59.0",)
 
@@ -192,6 +196,7 @@ def ensure_local_runner_safe(beam_args: Optional[List[str]] = None) -> None:
             cls.write = _locked_write(data_plane.ClosableOutputStream.write)
         _applied = True
     report_bundle_failures()
+    cache_dofn_specs()
 
 
 # TFX's BaseBeamExecutor.__init__ (tfx/dsl/components/base/base_beam_executor.py line 83) calls
