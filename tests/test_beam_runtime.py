@@ -238,3 +238,8 @@ def test_the_cache_refuses_what_beam_refuses_and_forgets_a_dofn_that_is_gone(mon
     del plain
     gc.collect()
     assert key not in cached  # gone with its DoFn: a new object at that address is looked at afresh
+
+    class NoWeakReferences:  # not a DoFn (every DoFn can be weakly referenced): answered, not kept
+        __slots__ = ()
+
+    assert userstate.get_dofn_specs(NoWeakReferences()) == (set(), set()) and not cached
