@@ -144,12 +144,19 @@ def test_a_local_beam_executor_builds_no_tfx_sdist_and_a_remote_one_still_does(m
 
 # ---- DoFn specs worked out once per DoFn object (components/data_io/beam_dofn_specs.py) ----------
 
+def _beams_own_specs():
+    """Beam's own get_dofn_specs, whether or not this process has wrapped it already."""
+    from apache_beam.transforms import userstate
+
+    return getattr(userstate.get_dofn_specs, "beam_original", userstate.get_dofn_specs)
+
+
 def _counting_specs(monkeypatch):
     """Beam's own get_dofn_specs, counting its calls per DoFn object (objects kept alive, so that
     no id is reused), installed as the function `cache_dofn_specs` wraps."""
     from apache_beam.transforms import userstate
 
-    beam = getattr(userstate.get_dofn_specs, "beam_original", userstate.get_dofn_specs)
+    beam = _beams_own_specs()
     calls, alive = {}, []
 
     def counted(dofn):
@@ -218,8 +225,7 @@ def test_the_cache_refuses_what_beam_refuses_and_forgets_a_dofn_that_is_gone(mon
     from components.data_io.beam_dofn_specs import cache_dofn_specs
 
     # Beam's own function, unwrapped for this test, is what cache_dofn_specs wraps
-    monkeypatch.setattr(userstate, "get_dofn_specs", getattr(userstate.get_dofn_specs, "beam_original",
-                                                             userstate.get_dofn_specs))
+    monkeypatch.setattr(userstate, "get_dofn_specs", _beams_own_specs())
     cache_dofn_specs()
     bag = BagStateSpec("bag", VarIntCoder())
 

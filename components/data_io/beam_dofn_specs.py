@@ -38,11 +38,11 @@ def _cached(beam_get_dofn_specs: Callable[[Any], Tuple[Any, Any]]) -> Callable[[
     seen: Dict[int, Tuple[weakref.ref, Tuple[Any, Any]]] = {}
 
     def get_dofn_specs(dofn):
-        hit = seen.get(id(dofn))
+        key = id(dofn)
+        hit = seen.get(key)
         if hit is not None and hit[0]() is dofn:
             return hit[1]
         specs = beam_get_dofn_specs(dofn)  # raises, uncached, for a DoFn Beam refuses
-        key = id(dofn)
         try:
             ref = weakref.ref(dofn, lambda _gone, key=key: seen.pop(key, None))
         except TypeError:  # no weak references to this object (__slots__ without __weakref__)
