@@ -463,17 +463,49 @@ def test_the_primary_replica_fails_when_its_chief_oracle_failed(status):
     assert chief.exitcode == status and not multiprocessing.active_children()
 
 
-# Runs one replica's container command, as Vertex would, but with TFX's hard-coded /tmp working
-# directory moved under the test's own, and KerasTuner's chief polling faster.
-REPLICA = """
-import runpy, sys, time
+# Runs each replica's container command, as Vertex would, but with TFX's hard-coded /tmp working
+# directory moved under the test's own, and KerasTuner's chief polling faster. Both replicas are
+# forks of one process that imported the command's modules once (as pipelines/fork_server.py does
+# for the Kubeflow harness's tasks): each child then sets its own CLUSTER_SPEC, writes its own log
+# and runs the command's module as `python -m` would. Nothing but imports happens before the fork.
+# argv: the working directory, then one JSON list of {"log", "cluster_spec", "command"}; prints
+# the replicas' exit statuses as a JSON list, in that order.
+REPLICAS = """
+import atexit, json, os, runpy, sys, time, traceback
 from keras_tuner.src.distribute import oracle_chief
 from tfx.extensions.google_cloud_ai_platform.tuner import executor
-executor._WORKING_DIRECTORY = sys.argv.pop(1)
+import tfx.scripts.run_executor  # the command's module and what it imports, once for both replicas
+executor._WORKING_DIRECTORY = sys.argv[1]
 # KerasTuner's chief polls its workers every 20 s once the search is over: every second here
 oracle_chief.time = type("Clock", (), {"sleep": staticmethod(lambda s: time.sleep(min(s, 1)))})
-sys.argv = sys.argv[:1] + sys.argv[4:]  # the command after `python -m tfx.scripts.run_executor`
-runpy.run_module("tfx.scripts.run_executor", run_name="__main__")
+
+def replica(r):
+    fd = os.open(r["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.environ["CLUSTER_SPEC"] = r["cluster_spec"]
+    sys.argv = ["run_executor"] + r["command"][3:]  # the command after `python -m tfx.scripts.run_executor`
+    sys.modules.pop("tfx.scripts.run_executor", None)  # run afresh as __main__, as `python -m` does
+    try:
+        runpy.run_module("tfx.scripts.run_executor", run_name="__main__", alter_sys=True)
+        return 0
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    finally:  # what an interpreter does at exit (os._exit skips it): multiprocessing joins the chief
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+pids = []
+for r in json.loads(sys.argv[2]):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(replica(r))
+    pids.append(pid)
+print(json.dumps([os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]))
 """
 
 
@@ -498,20 +530,21 @@ def test_the_vertex_jobs_two_replicas_share_the_trials_through_the_chief_oracle(
     job = _vertex_tuning_job(trainer_data, tmp_path, monkeypatch, parallel_trials=2)
     addresses = {"workerpool0": f"localhost:{_free_port()}", "workerpool1": f"localhost:{_free_port()}"}
     cluster = {pool: [address] for pool, address in addresses.items()}
-    procs = []
+    replicas = []
     for pool, spec in zip(addresses, job["job_spec"]["worker_pool_specs"]):
         command = spec["container_spec"]["command"]
         assert command[:3] == ["python", "-m", "tfx.scripts.run_executor"], command[:3]
-        env = dict(os.environ, CLUSTER_SPEC=json.dumps({"cluster": cluster, "task": {"type": pool, "index": 0}}))
-        log = open(tmp_path / f"{pool}.log", "w")
-        procs.append((pool, log, subprocess.Popen(
-            [sys.executable, "-c", REPLICA, str(tmp_path / "work"), *command], env=env,
-            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), stdout=log, stderr=subprocess.STDOUT)))
+        replicas.append({"log": str(tmp_path / f"{pool}.log"), "command": command,
+                         "cluster_spec": json.dumps({"cluster": cluster, "task": {"type": pool, "index": 0}})})
+    r = subprocess.run([sys.executable, "-c", REPLICAS, str(tmp_path / "work"), json.dumps(replicas)],
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True,
+                       text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    statuses = json.loads(r.stdout.strip().splitlines()[-1])
     trained = {}
-    for pool, log, proc in procs:
-        assert proc.wait(timeout=400) == 0, (tmp_path / f"{pool}.log").read_text()[-3000:]
-        log.close()
+    for pool, status in zip(addresses, statuses):
         text = (tmp_path / f"{pool}.log").read_text()
+        assert status == 0, text[-3000:]
         trained[pool] = re.findall(r"tuning trial (\d+) \{[^}]*\}: held-out AUC", text)
     # each trial trained once, and each replica trained trials of its own (3 trials: a replica that
     # starts a trial late still gets one)
