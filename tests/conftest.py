@@ -42,7 +42,7 @@ LOGICAL_CPUS = 4
 # Session fixtures whose users share one worker (the fixture is built once): name -> why it costs.
 GROUPED = {
     "chain": "ExampleGen -> Preprocess -> Trainer -> Exporter -> Pusher executors on 2,500 rows",
-    "pipeline_run": "the whole pipeline on the demo config and 150k rows",
+    "pipeline_run": "the whole pipeline on the demo config and 100k rows",
     "features_chain": "the executors' chain on configs/features.yaml (every feature kind), 3,000 rows",
     "parity_data": "trainer_data's rows preprocessed with the parity check's few features",
 }
@@ -133,8 +133,8 @@ def features_chain(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def pipeline_run(tmp_path_factory):
-    """(config, output dir, summary, data metadata): the real pipeline on configs/demo.yaml, on 150k
-    generated rows for half the demo's steps (tests/stages.py, run_demo_pipeline)."""
+    """(config, output dir, summary, data metadata): the real pipeline on configs/demo.yaml, on 100k
+    generated rows for a third of the demo's steps (tests/stages.py, run_demo_pipeline)."""
     from tests.stages import run_demo_pipeline
 
     return run_demo_pipeline(tmp_path_factory.mktemp("e2e"))

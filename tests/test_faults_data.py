@@ -144,7 +144,7 @@ def test_a_full_disk_in_example_gen_fails_the_run_in_one_line_and_a_rerun_recove
     raw = yaml.safe_load(open(os.path.join(REPO, "configs", "demo.yaml"), encoding="utf-8"))
     with_few_features(raw)  # the disk and the run's recovery are under test, not the model
     raw["input"]["path"] = str(data)
-    raw["beam"]["direct_running_mode"] = "multi_processing"
+    raw["beam"].update(direct_running_mode="multi_processing", direct_num_workers=1)  # a worker process fills the disk
     raw["training"].update(train_steps=10, checkpoint_every_steps=5, early_stopping={"enabled": False})
     raw["export"].update(auc_sample_size=200, parity_sample_size=32, compare_compression=False)
     raw["validation"] = dict(NO_GATE)

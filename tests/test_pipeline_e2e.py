@@ -1,7 +1,7 @@
 """The real pipeline (LocalDagRunner, Beam multi-processing) on generated data, end to end.
 
-Runs `configs/demo.yaml` (the default config) on 150k generated rows (another seed than the demo's)
-for half the demo's steps (tests/stages.py, PIPELINE_RUN_ROWS and PIPELINE_RUN_STEPS).
+Runs `configs/demo.yaml` (the default config) on 100k generated rows (another seed than the demo's)
+for a third of the demo's steps (tests/stages.py, PIPELINE_RUN_ROWS and PIPELINE_RUN_STEPS).
 Asserts: vocabularies equal an independent count over ExampleGen's train split; eval AUC within
 0.02 of the generator's best achievable AUC (the AUC of the true click probability); the pushed serving model, loaded
 in a fresh process, scores the raw eval examples as the trained model scores the same examples
@@ -55,7 +55,7 @@ def _tokens_counted(column, labelled, separator, max_length):
     return values.filter(pa.array(labelled[rows]))
 
 
-@pytest.mark.slow(reason="the whole pipeline on the demo config and 150k rows")
+@pytest.mark.slow(reason="the whole pipeline on the demo config and 100k rows")
 def test_vocabularies_equal_independent_count(pipeline_run):
     cfg, out, summary, _ = pipeline_run
     counts = {t.name: Counter() for t in cfg.tables}
@@ -100,7 +100,7 @@ def test_vocabularies_equal_independent_count(pipeline_run):
     assert pre["rows_in"] == gen["rows_out"] == pre["rows_out"]
 
 
-@pytest.mark.slow(reason="the whole pipeline on the demo config and 150k rows")
+@pytest.mark.slow(reason="the whole pipeline on the demo config and 100k rows")
 def test_eval_auc_within_0_02_of_best(pipeline_run):
     cfg, _, summary, meta = pipeline_run
     auc, best = summary["eval_auc"], meta["best_achievable_auc"]
@@ -123,7 +123,7 @@ np.save(sys.argv[3], probs)
 """
 
 
-@pytest.mark.slow(reason="the whole pipeline on the demo config and 150k rows")
+@pytest.mark.slow(reason="the whole pipeline on the demo config and 100k rows")
 def test_pushed_model_scores_raw_examples_like_trained_model(pipeline_run, tmp_path):
     from pipelines.summary import EXIT_PUSHED, exit_status
 
@@ -160,7 +160,7 @@ def test_pushed_model_scores_raw_examples_like_trained_model(pipeline_run, tmp_p
     np.testing.assert_allclose(serving, np.sort(scores), atol=1e-5, rtol=0)
 
 
-@pytest.mark.slow(reason="the whole pipeline on the demo config and 150k rows")
+@pytest.mark.slow(reason="the whole pipeline on the demo config and 100k rows")
 def test_serving_model_has_no_slots_and_json_signature_agrees(pipeline_run):
     from components.embedding_exporter.export import saved_variable_shapes
 
@@ -210,7 +210,7 @@ def test_serving_model_has_no_slots_and_json_signature_agrees(pipeline_run):
     np.testing.assert_allclose(by_feature, by_example, atol=1e-6, rtol=0)
 
 
-@pytest.mark.slow(reason="the whole pipeline on the demo config and 150k rows")
+@pytest.mark.slow(reason="the whole pipeline on the demo config and 100k rows")
 def test_export_refuses_a_serving_graph_that_differs(pipeline_run, tmp_path):
     """A serving graph that preprocesses differently (here: C3 truncated to 1 value instead of 5)
     is refused, and nothing is left where a pusher would look."""

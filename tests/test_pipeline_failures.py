@@ -112,6 +112,9 @@ def test_a_model_the_gate_keeps_back_exits_3_with_progress_and_no_noise(tmp_path
     ensure_dataset(str(data), GeneratorSpec(rows=3000, seed=5))
     raw = with_few_features(yaml.safe_load(open(os.path.join(REPO, "configs", "demo.yaml"))))  # what is under test is the terminal
     raw["input"]["path"] = str(data)
+    # The demo's Beam worker processes, one rather than one per core: 3,000 rows are one range, and
+    # several processes' events sharing the progress file are test_progress_and_reports.py's.
+    raw["beam"]["direct_num_workers"] = 1
     raw["training"].update(train_steps=40, checkpoint_every_steps=20)
     raw["export"].update(auc_sample_size=400, parity_sample_size=32, compare_compression=False)
     # model AUC >= baseline AUC + 0.6: no model on this data can pass against any baseline above
