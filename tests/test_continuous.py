@@ -319,15 +319,17 @@ def test_span_input_paths(tmp_path):
 # ---- the three-span demo, end to end (slow tier) -----------------------------------------------------
 
 
-@pytest.mark.slow(reason="four local pipeline runs")
-def test_three_daily_spans_warm_start_gate_and_a_drift_stop(tmp_path):
-    """`python -m pipelines continuous` on small spans: span 1 from scratch, spans 2-3 warm-started
-    from the last blessed model with drift measured and the gate comparing with it; then a fourth
-    day whose IDs jumped stops at the Trainer under a strict limit and pushes nothing."""
-    from pipelines.runner import RunFailed, run
+@pytest.fixture(scope="module")
+def daily_spans(tmp_path_factory):
+    """`python -m pipelines continuous` on small spans, into one output directory: span 1 from
+    scratch, spans 2-3 warm-started from the last blessed model with drift measured and the gate
+    comparing with it. Day 4's span (its IDs jumped: a broken upstream job) is written beside them
+    from the start: each day's run reads its own span all the same (pinned). Returns (the spans'
+    config, its overrides, output dir, data dir, the three runs' summaries)."""
     from pipelines.continuous import run_spans, span_config, write_span
 
-    out, data = str(tmp_path / "out"), str(tmp_path / "data")
+    root = tmp_path_factory.mktemp("spans")
+    out, data = str(root / "out"), str(root / "data")
     small = {
         # Fixed-length runs: the held-out selection has its own tests (test_early_stopping.py).
         "training": {"train_steps": 120, "checkpoint_every_steps": 60, "batch_size": 128,
@@ -343,10 +345,14 @@ def test_three_daily_spans_warm_start_gate_and_a_drift_stop(tmp_path):
     few = with_few_features(demo_raw_config())
     small.update(categorical_features=few["categorical_features"], dense_features=few["dense_features"])
     cfg = span_config(os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "demo.yaml"), data, out, small)
-    # Day 4's span (its IDs jumped: a broken upstream job) is there from the start: each day's run
-    # reads its own span all the same (pinned), and the last run below, unpinned, reads the latest.
     write_span(data, 4, 5000, id_shift=400, seed=7, max_cardinality=5000)
     spans = run_spans(cfg, data, out, spans=3, rows=5000, id_shift=20, max_cardinality=5000)
+    return cfg, small, out, data, spans
+
+
+@pytest.mark.slow(reason="three local pipeline runs (the module's)")
+def test_three_daily_spans_warm_start_from_the_last_blessed_model_and_the_gate_compares_with_it(daily_spans):
+    _, _, _, _, spans = daily_spans
     assert spans[0]["continuous"]["base_model"] is None
     for day, s in enumerate(spans, start=1):
         assert s["input"]["span"] == day  # pinned: later spans exist when a day is rerun
@@ -370,13 +376,51 @@ def test_three_daily_spans_warm_start_gate_and_a_drift_stop(tmp_path):
     with open(os.path.join(spans[-1]["serving_model_this_run"], "export_report.json")) as fh:
         assert json.load(fh)["continuous"]["base_model"] == blessed_trainer_models[-1]  # the report has it too
 
-    # Day 4 (the latest span): a strict limit stops the run at the Trainer.
+
+@pytest.mark.slow(reason="the module's three runs, then a fourth that stops at the Trainer")
+def test_a_day_whose_ids_jumped_stops_at_the_trainer_under_a_strict_limit_and_pushes_nothing(daily_spans):
+    """Day 4 (the latest span, read by an unpinned run) under a strict drift limit."""
+    from pipelines.continuous import span_config
+    from pipelines.runner import RunFailed, run
+
+    _, small, out, data, _ = daily_spans
     pushed_before = sorted(os.listdir(os.path.join(out, "serving")))
     strict = span_config(os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "demo.yaml"), data, out,
                          dict(small, continuous={"drift": {"max_new_token_share": 0.05}}))
     with pytest.raises(RunFailed, match=r"Trainer failed: DriftStop: .*max_new_token_share 0\.05"):
         run(strict, out, quiet=True)
     assert sorted(os.listdir(os.path.join(out, "serving"))) == pushed_before
+
+
+@pytest.mark.slow(reason="the module's three runs, then the first day again")
+def test_a_rerun_of_an_earlier_day_is_described_by_its_own_artifacts_not_the_newest_on_disk(daily_spans):
+    """Day 1 again into the same output directory: its ExampleGen and preprocessing executions
+    come from the cache, whose artifact directories are older (lower ids) than later days'. Its
+    summary, ledger and report must describe day 1, as ML Metadata records it."""
+    from pipelines.continuous import span_config
+    from pipelines.runner import run
+
+    _, small, out, data, spans = daily_spans
+    first, later = spans[0], spans[1:]
+    # Day 1's IDs against day 3's model drift past the default limit: lifted for this run, as the
+    # DriftStop's message says to when the change is real (the data stages' settings are the same).
+    cfg = span_config(os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "demo.yaml"), data, out,
+                      dict(small, continuous={"drift": {"max_new_token_share": None}}))
+    again = run(cfg, out, quiet=True, span=1).summary
+    assert again["input"]["span"] == 1
+    assert again["rows_read"] == first["rows_read"] and again["vocabulary_sizes"] == first["vocabulary_sizes"]
+    assert again["ledger"] == first["ledger"] and again["ledger"]["balanced"]
+    for step in ("EmbeddingExampleGen.examples", "EmbeddingPreprocess.statistics", "EmbeddingPreprocess.transformed_examples"):
+        assert again["artifacts"][step] == first["artifacts"][step], step
+        assert all(s["artifacts"][step] != first["artifacts"][step] for s in later), step
+    # the Trainer ran again (warm-started from the last blessed model), on day 1's transformed examples
+    assert again["artifacts"]["Trainer.model"] not in {s["artifacts"]["Trainer.model"] for s in spans}
+    report = open(os.path.join(out, "run_report.html"), encoding="utf-8").read()
+    assert os.path.relpath(first["artifacts"]["EmbeddingPreprocess.statistics"], out) in report
+    for s in later:
+        assert os.path.relpath(s["artifacts"]["EmbeddingPreprocess.statistics"], out) not in report
+    saved = json.load(open(os.path.join(out, "summary.json"), encoding="utf-8"))
+    assert saved["artifacts"] == again["artifacts"]
 
 
 @pytest.mark.slow(reason="reads the executors' chain and its warm start")

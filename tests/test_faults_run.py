@@ -1,6 +1,7 @@
 """Faults and hostile input around a run: the command line refuses, in one line and before any
 work, what would overwrite a user's data, write outside the run, or hold the machine; and a run
-reports only what its own executions did.
+reports only what its own executions did (a rerun whose data stages come from the cache is described
+by those cached artifacts, not the newest on disk: test_continuous.py, on the daily spans' runs).
 
 The data-side faults are in test_faults_data.py, the training- and export-side ones in
 test_faults_training.py.
@@ -391,53 +392,6 @@ def test_ml_metadatas_store_on_a_full_disk_is_named_as_out_of_space(tmp_path, ca
     assert code == 1 and len(lines) == 1, err
     assert (f"ML Metadata: no space left on device (errno 28) while writing under {out / 'metadata.sqlite'}: the disk "
             "is full; free space there or point the output at a larger disk, then rerun") in lines[0]
-
-
-def _tiny_config(tmp_path, data, name):
-    from tests.stages import NO_GATE, demo_raw_config, with_few_features
-
-    raw = with_few_features(demo_raw_config())
-    raw["input"]["path"] = str(data)
-    raw["categorical_defaults"]["dim"] = 4
-    raw["training"] = {"batch_size": 32, "train_steps": 4, "checkpoint_every_steps": 2, "eval_steps": 2,
-                       "bottom_mlp": [8], "top_mlp": [8], "early_stopping": {"enabled": False}}
-    raw["export"] = {"compare_compression": False, "auc_sample_size": 100, "parity_sample_size": 32}
-    raw["validation"] = dict(NO_GATE)
-    raw["beam"] = {"direct_running_mode": "in_memory", "direct_num_workers": 1}
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    return path
-
-
-@pytest.mark.slow(reason="three local pipeline runs (A, B, then A from the cache) into one output directory")
-def test_the_summary_describes_this_runs_artifacts_not_the_newest_on_disk(tmp_path):
-    """Data A, then B, then A again into one output directory: the third run takes A's ExampleGen
-    and preprocessing executions from the cache, whose artifact directories are older (lower
-    ids) than B's. Its summary, ledger and report must describe A, as ML Metadata records it."""
-    from components.config.loading import load_config
-    from components.example_gen.synthetic_data import GeneratorSpec, ensure_dataset
-    from pipelines.runner import run
-
-    runs = {}
-    for name, rows, seed in (("a", 500, 1), ("b", 700, 2)):
-        ensure_dataset(str(tmp_path / f"{name}.csv"), GeneratorSpec(rows=rows, seed=seed))
-        runs[name] = _tiny_config(tmp_path, tmp_path / f"{name}.csv", name)
-    out = str(tmp_path / "out")
-    first = run(load_config(str(runs["a"])), out).summary
-    second = run(load_config(str(runs["b"])), out).summary
-    third = run(load_config(str(runs["a"])), out).summary
-    assert sum(first["rows_read"].values()) == 500 and sum(second["rows_read"].values()) == 700
-    assert third["rows_read"] == first["rows_read"] and third["vocabulary_sizes"] == first["vocabulary_sizes"]
-    assert third["ledger"] == first["ledger"] and third["ledger"]["balanced"]
-    for step in ("EmbeddingExampleGen.examples", "EmbeddingPreprocess.statistics", "EmbeddingPreprocess.transformed_examples"):
-        assert third["artifacts"][step] == first["artifacts"][step] != second["artifacts"][step], step
-    # the Trainer ran again (warm-started from B's pushed model), on A's transformed examples
-    assert third["artifacts"]["Trainer.model"] not in (first["artifacts"]["Trainer.model"], second["artifacts"]["Trainer.model"])
-    report = open(os.path.join(out, "run_report.html"), encoding="utf-8").read()
-    stats_dir = os.path.relpath(first["artifacts"]["EmbeddingPreprocess.statistics"], out)
-    assert stats_dir in report and os.path.relpath(second["artifacts"]["EmbeddingPreprocess.statistics"], out) not in report
-    saved = json.load(open(os.path.join(out, "summary.json"), encoding="utf-8"))
-    assert saved["artifacts"] == third["artifacts"]
 
 
 def _raw_with_table(vocabulary, dim=16, batch_size=256, optimizer="adagrad", **training):
