@@ -72,17 +72,24 @@ def _child(request: Dict) -> int:
                 pass
 
 
+def fork(request: Dict) -> int:
+    """Forks a child of this process that runs `request` ({"module", "args", "env", "cwd", "log"})
+    as `python -m` would and exits with its status; the child's pid (`os.waitpid` it). Several may
+    run at once: each has its own environment, working directory and log. The forking process
+    should have done nothing but imports (no threads), as the server has."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(_child(request))
+    return pid
+
+
 def serve(preload: List[str]) -> None:
     """The server's loop: imports `preload`, then forks one child per request line."""
     for name in preload:
         importlib.import_module(name)
     out = sys.stdout
     for line in sys.stdin:
-        request = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            os._exit(_child(request))
-        _, status = os.waitpid(pid, 0)
+        _, status = os.waitpid(fork(json.loads(line)), 0)
         out.write(json.dumps({"rc": os.waitstatus_to_exitcode(status)}) + "\n")
         out.flush()
 

@@ -33,3 +33,34 @@ def test_commands_run_as_forks_with_their_own_status_log_and_environment(tmp_pat
     finally:
         server.close()
     assert server.proc.returncode == 0
+
+
+def test_forks_run_at_once_each_with_its_own_environment_log_and_status(tmp_path):
+    """`fork` without the server: two children running together (the Vertex job's two replicas in
+    tests/test_tuner.py), each seeing the other's start. Run from a small process of its own: a fork
+    of pytest's would run pytest's exit functions."""
+    import json
+    import subprocess
+
+    (tmp_path / "replica.py").write_text(
+        "import os, sys, time\n"
+        "open(os.environ['MINE'], 'w').close()\n"
+        "deadline = time.time() + 30\n"
+        "while not os.path.exists(os.environ['OTHER']) and time.time() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        "print(os.environ['NAME'], os.path.exists(os.environ['OTHER']), os.getcwd())\n"
+        "sys.exit(int(os.environ['CODE']))\n")
+    requests = [{"module": "replica", "args": [], "cwd": str(tmp_path), "log": str(tmp_path / f"{name}.log"),
+                 "env": dict(os.environ, NAME=name, CODE=code, MINE=str(tmp_path / name), OTHER=str(tmp_path / other))}
+                for name, code, other in (("a", "0", "b"), ("b", "5", "a"))]
+    driver = ("import json, os, sys\nfrom pipelines.fork_server import fork\n"
+              "pids = [fork(r) for r in json.loads(sys.argv[1])]\n"
+              "print(json.dumps([os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids]))\nprint(os.getcwd())\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", driver, json.dumps(requests)], cwd=root, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    statuses, cwd = r.stdout.splitlines()
+    assert json.loads(statuses) == [0, 5] and cwd == root  # the forking process stays where it was
+    assert [(tmp_path / f"{name}.log").read_text().split() for name in "ab"] == [
+        ["a", "True", str(tmp_path)], ["b", "True", str(tmp_path)]]

@@ -465,46 +465,21 @@ def test_the_primary_replica_fails_when_its_chief_oracle_failed(status):
 
 # Runs each replica's container command, as Vertex would, but with TFX's hard-coded /tmp working
 # directory moved under the test's own, and KerasTuner's chief polling faster. Both replicas are
-# forks of one process that imported the command's modules once (as pipelines/fork_server.py does
-# for the Kubeflow harness's tasks): each child then sets its own CLUSTER_SPEC, writes its own log
-# and runs the command's module as `python -m` would. Nothing but imports happens before the fork.
-# argv: the working directory, then one JSON list of {"log", "cluster_spec", "command"}; prints
-# the replicas' exit statuses as a JSON list, in that order.
+# forks of one process that imported the command's modules once (pipelines/fork_server.py's `fork`,
+# as the Kubeflow harness's tasks are): each child has its own CLUSTER_SPEC and log and runs the
+# command's module as `python -m` would. Nothing but imports happens before the forks.
+# argv: the working directory, then one JSON list of fork_server requests; prints the replicas'
+# exit statuses as a JSON list, in that order.
 REPLICAS = """
-import atexit, json, os, runpy, sys, time, traceback
+import json, os, sys, time
 from keras_tuner.src.distribute import oracle_chief
 from tfx.extensions.google_cloud_ai_platform.tuner import executor
 import tfx.scripts.run_executor  # the command's module and what it imports, once for both replicas
+from pipelines.fork_server import fork
 executor._WORKING_DIRECTORY = sys.argv[1]
 # KerasTuner's chief polls its workers every 20 s once the search is over: every second here
 oracle_chief.time = type("Clock", (), {"sleep": staticmethod(lambda s: time.sleep(min(s, 1)))})
-
-def replica(r):
-    fd = os.open(r["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.environ["CLUSTER_SPEC"] = r["cluster_spec"]
-    sys.argv = ["run_executor"] + r["command"][3:]  # the command after `python -m tfx.scripts.run_executor`
-    sys.modules.pop("tfx.scripts.run_executor", None)  # run afresh as __main__, as `python -m` does
-    try:
-        runpy.run_module("tfx.scripts.run_executor", run_name="__main__", alter_sys=True)
-        return 0
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:
-        traceback.print_exc()
-        return 1
-    finally:  # what an interpreter does at exit (os._exit skips it): multiprocessing joins the chief
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-
-pids = []
-for r in json.loads(sys.argv[2]):
-    pid = os.fork()
-    if pid == 0:
-        os._exit(replica(r))
-    pids.append(pid)
+pids = [fork(request) for request in json.loads(sys.argv[2])]
 print(json.dumps([os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]))
 """
 
@@ -530,15 +505,16 @@ def test_the_vertex_jobs_two_replicas_share_the_trials_through_the_chief_oracle(
     job = _vertex_tuning_job(trainer_data, tmp_path, monkeypatch, parallel_trials=2)
     addresses = {"workerpool0": f"localhost:{_free_port()}", "workerpool1": f"localhost:{_free_port()}"}
     cluster = {pool: [address] for pool, address in addresses.items()}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     replicas = []
     for pool, spec in zip(addresses, job["job_spec"]["worker_pool_specs"]):
         command = spec["container_spec"]["command"]
         assert command[:3] == ["python", "-m", "tfx.scripts.run_executor"], command[:3]
-        replicas.append({"log": str(tmp_path / f"{pool}.log"), "command": command,
-                         "cluster_spec": json.dumps({"cluster": cluster, "task": {"type": pool, "index": 0}})})
+        cluster_spec = json.dumps({"cluster": cluster, "task": {"type": pool, "index": 0}})
+        replicas.append({"module": command[2], "args": command[3:], "cwd": root, "log": str(tmp_path / f"{pool}.log"),
+                         "env": {**os.environ, "CLUSTER_SPEC": cluster_spec}})
     r = subprocess.run([sys.executable, "-c", REPLICAS, str(tmp_path / "work"), json.dumps(replicas)],
-                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True,
-                       text=True, timeout=400)
+                       cwd=root, capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
     statuses = json.loads(r.stdout.strip().splitlines()[-1])
     trained = {}
