@@ -43,7 +43,7 @@ LOGICAL_CPUS = 4
 GROUPED = {
     "chain": "ExampleGen -> Preprocess -> Trainer -> Exporter -> Pusher executors on 2,500 rows",
     "pipeline_run": "the whole pipeline on the demo config and 100k rows",
-    "features_chain": "the executors' chain on configs/features.yaml (every feature kind), 3,000 rows",
+    "features_run": "the whole pipeline on configs/features.yaml (every feature kind), 3,000 rows",
     "parity_data": "trainer_data's rows preprocessed with the parity check's few features",
 }
 # Session fixtures built in each worker that uses them: in the whole suite their many users spread
@@ -51,7 +51,7 @@ GROUPED = {
 # and there they share a worker instead: one build (about 4 s) instead of two.
 PER_WORKER = {"trainer_data": "3,000 + 600 generated rows preprocessed for the Trainer"}
 # Fixtures that make every test using them slow.
-SLOW_FIXTURES = {"chain", "features_chain", "pipeline_run", "kfp_runs"}
+SLOW_FIXTURES = {"chain", "features_run", "pipeline_run", "kfp_runs"}
 
 
 def _logical_cpus(n: int) -> None:
@@ -123,12 +123,12 @@ def chain(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def features_chain(tmp_path_factory):
-    """(config, {name: artifact}, root): the executors' chain on configs/features.yaml
-    (tests/stages.py, make_features_chain); the feature-kind and BulkInferrer tests'."""
-    from tests.stages import make_features_chain
+def features_run(tmp_path_factory):
+    """(config, {name: artifact}, root): the pipeline run on configs/features.yaml
+    (tests/stages.py, make_features_run); the feature-kind and BulkInferrer tests'."""
+    from tests.stages import make_features_run
 
-    return make_features_chain(tmp_path_factory.mktemp("features"))
+    return make_features_run(tmp_path_factory.mktemp("features"))
 
 
 @pytest.fixture(scope="session")

@@ -474,20 +474,23 @@ def features_raw_config(csv_path) -> dict:
 FEATURES_ROWS = 3000  # the eval split (about a fifth) holds every feature kind's values many times over
 
 
-def make_features_chain(root):
-    """(config, {name: artifact}, root): every executor's Do() in order (run_chain) on
-    configs/features.yaml (features_raw_config: every feature kind) and FEATURES_ROWS generated rows
-    with the extra columns, with what the feature-kind and BulkInferrer tests need of it: the items
-    table in TPU embedding too (size_threshold 100), per-table optimizers with the gradient
-    multiplier's warm-up, wide parts, the row files written by Beam, and bulk inference on the eval
-    split (whose executors those tests run themselves, under `root`)."""
+def make_features_run(root):
+    """(config, {name: artifact}, root): `python -m pipelines run`'s entry point (TFX's
+    LocalDagRunner, every component wired as in production) on configs/features.yaml
+    (features_raw_config: every feature kind) and FEATURES_ROWS rows written by the documented
+    command (docs/data.md) with the extra columns, with what the feature-kind and BulkInferrer
+    tests need of it: the items table in TPU embedding too (size_threshold 100), per-table
+    optimizers with the gradient multiplier's warm-up, wide parts, the row files written by Beam,
+    and bulk inference on the eval split. The run's output directory is `root / "out"`; its
+    artifacts are keyed as run_chain's are (pipeline_artifacts)."""
     from components.config.loading import parse_config
-    from components.example_gen.synthetic_data import GeneratorSpec, write_csv
+    from components.example_gen import synthetic_data
+    from pipelines.__main__ import main
 
     data = root / "input"
     data.mkdir()
-    write_csv(GeneratorSpec(rows=FEATURES_ROWS, seed=9, cardinalities=small_cardinalities(2000), extra_columns=True),
-              str(data / "data.csv"))
+    assert synthetic_data.main(["--rows", str(FEATURES_ROWS), "--seed", "9", "--max-cardinality", "2000",
+                                "--extra-columns", "--output", str(data / "data.csv")]) == 0
     raw = features_raw_config(data / "data.csv")
     raw["training"]["embedding"] = {"size_threshold": 100}
     raw["training"].update({"batch_size": 64, "train_steps": 40, "eval_steps": 5, "checkpoint_every_steps": 20,
@@ -501,8 +504,46 @@ def make_features_chain(root):
     raw["beam"] = {"direct_running_mode": "in_memory", "direct_num_workers": 1}
     raw["validation"] = dict(NO_GATE)
     raw["bulk_inference"] = {"enabled": True, "splits": ["eval"]}
-    cfg = parse_config(raw)
-    return cfg, run_chain(root, cfg, data), root
+    cfg_path = root / "features.yaml"
+    cfg_path.write_text(yaml.safe_dump(raw))
+    assert main(["run", "--config", str(cfg_path), "--output-dir", str(root / "out"), "--json"]) == 0
+    return parse_config(raw), pipeline_artifacts(root / "out"), root
+
+
+# A pipeline run's outputs under run_chain's names: {name: (node, output key)}
+PIPELINE_OUTPUTS = {
+    "last_blessed": ("LastBlessedModel", "model"), "examples": ("EmbeddingExampleGen", "examples"),
+    "transformed": ("EmbeddingPreprocess", "transformed_examples"), "vocabulary": ("EmbeddingPreprocess", "vocabulary"),
+    "statistics": ("EmbeddingPreprocess", "statistics"), "model": ("Trainer", "model"),
+    "model_run": ("Trainer", "model_run"), "serving": ("EmbeddingExporter", "serving_model"),
+    "blessing": ("EmbeddingExporter", "blessing"), "pushed": ("Pusher", "pushed_model"),
+    "copy": ("BulkInferrerExampleCopy", "tf_examples"), "inference": ("BulkInferrer", "inference_result"),
+}
+
+
+def pipeline_artifacts(output_dir):
+    """{name: artifact} (PIPELINE_OUTPUTS' names) of the last pipeline run into `output_dir`, read
+    from its ML Metadata with their properties (pipelines.summary.run_artifacts: the run's own)."""
+    from ml_metadata.metadata_store.metadata_store import MetadataStore
+    from ml_metadata.proto import metadata_store_pb2 as mlmd
+    from tfx.types import artifact_utils
+
+    from pipelines.pipeline import METADATA_FILE
+    from pipelines.summary import run_artifacts
+
+    path = os.path.join(str(output_dir), METADATA_FILE)
+    uris = run_artifacts(path, 0)
+    config = mlmd.ConnectionConfig()
+    config.sqlite.filename_uri = path
+    store = MetadataStore(config)
+    types = {t.id: t for t in store.get_artifact_types()}
+    by_uri = {a.uri: a for a in store.get_artifacts()}
+    out = {}
+    for name, (node, key) in PIPELINE_OUTPUTS.items():
+        uri = uris.get(f"{node}.{key}")
+        if uri is not None:
+            out[name] = artifact_utils.deserialize_artifact(types[by_uri[uri].type_id], by_uri[uri])
+    return out
 
 
 def read_prediction_logs(uri):

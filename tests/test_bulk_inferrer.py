@@ -14,7 +14,6 @@ from tests.stages import demo_raw_config, read_prediction_logs
 from components.config.loading import parse_config
 from components.config.schema import ConfigError
 from pipelines import bulk_inference  # noqa: F401  (registers the section's checks)
-from components.tfx_wiring import component_keys
 
 IMAGE = "REGISTRY/tpu-embedding-tfx:TAG"
 
@@ -181,26 +180,21 @@ def _infer(root, name, copy, serving, blessing, splits):
     return out
 
 
-@pytest.mark.slow(reason="the executors' chain on configs/features.yaml, TFExampleCopy and BulkInferrer's Beam pipelines")
-def test_prediction_logs_equal_serving_default_on_every_feature_kind(features_chain):
-    """Every eval row scored once; each PredictionLog's outputs are `serving_default`'s on the same
-    serialized record, which is the copy's record, within float32 rounding."""
+@pytest.mark.slow(reason="the pipeline on configs/features.yaml with its TFExampleCopy and stock BulkInferrer")
+def test_prediction_logs_equal_serving_default_on_every_feature_kind(features_run):
+    """The pipeline run's BulkInferrer (the stock component on the exporter's serving model and
+    blessing, after our TFExampleCopy): every eval row scored once; each PredictionLog's outputs are
+    `serving_default`'s on the same serialized record, which is the copy's record, within float32
+    rounding."""
     import numpy as np
     import tensorflow as tf
-    from tfx.types import standard_artifacts
 
-    from components.tf_example_copy import executor as copy_executor
-    from tests.stages import artifact, beam_context
-
-    cfg, a, root = features_chain
+    cfg, a, root = features_run
     assert a["blessing"].get_int_custom_property("blessed") == 1
-    splits = cfg.bulk_inference.splits
-    copy = artifact(standard_artifacts.Examples, root / "BulkInferrerExampleCopy")
-    copy_executor.Executor(beam_context()).Do({component_keys.EXAMPLES_KEY: [a["examples"]]},
-                                              {component_keys.TF_EXAMPLES_KEY: [copy]},
-                                              {component_keys.SPLITS_KEY: json.dumps(splits)})
+    assert cfg.bulk_inference.splits == ["eval"]
+    copy = a["copy"]
     rows = copy.get_int_custom_property("eval_rows")
-    logs = read_prediction_logs(_infer(root, "BulkInferrer", copy, a["serving"], a["blessing"], splits).uri)
+    logs = read_prediction_logs(a["inference"].uri)
     assert rows > 100 and len(logs) == rows
 
     files = tf.io.gfile.glob(os.path.join(copy.uri, "Split-eval", "*.gz"))

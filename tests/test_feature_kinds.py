@@ -1,15 +1,14 @@
 """Issue 18 end to end: configs/features.yaml (identity, hashed, list and file vocabularies, a
 shared identity table fed by a multi-hot history, per-table optimizers, the embedding gradient
-multiplier, a configured initializer) through every executor on generated data with the extra
-columns: ExampleGen -> Preprocess -> Trainer (run_fn) -> Exporter, which blesses only on parity
-of the serving model on raw examples with the trained model."""
+multiplier, a configured initializer) through the whole pipeline on generated data with the extra
+columns (`features_run`): ExampleGen -> Preprocess -> Trainer (run_fn) -> Exporter, which blesses
+only on parity of the serving model on raw examples with the trained model, -> Pusher."""
 import dataclasses
 import json
 import os
 
 import numpy as np
 import pytest
-import yaml
 
 import components  # noqa: F401
 import tensorflow as tf
@@ -18,16 +17,14 @@ from components.contracts.manifest import VocabularyManifest
 from components.contracts.plan import EmbeddingPlan
 from components.contracts.statistics import EmbeddingStatistics
 from components.example_gen.synthetic_data import token_of
-from tests.stages import NO_GATE
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _manifest(a):
     return VocabularyManifest.from_json(open(os.path.join(a["vocabulary"].uri, "manifest.json")).read())
 
 
-@pytest.mark.slow(reason="the executors' chain on the feature showcase config")
-def test_manifest_and_vocabulary_files_follow_each_kind(features_chain):
-    cfg, a, _ = features_chain
+@pytest.mark.slow(reason="the pipeline on the feature showcase config")
+def test_manifest_and_vocabulary_files_follow_each_kind(features_run):
+    cfg, a, _ = features_run
     m = _manifest(a)
     v = m.vocabularies
     assert (v["items"].kind, v["items"].size, v["items"].num_oov_buckets, v["items"].rows, v["items"].default_value) == (
@@ -44,9 +41,9 @@ def test_manifest_and_vocabulary_files_follow_each_kind(features_chain):
     assert v["C2"].kind == "counted" and v["C2"].size > 0
 
 
-@pytest.mark.slow(reason="the executors' chain on the feature showcase config")
-def test_statistics_count_each_kind(features_chain):
-    _, a, _ = features_chain
+@pytest.mark.slow(reason="the pipeline on the feature showcase config")
+def test_statistics_count_each_kind(features_run):
+    _, a, _ = features_run
     stats = EmbeddingStatistics.from_json(open(os.path.join(a["statistics"].uri, "statistics.json")).read())
     d = stats.to_dict()
     item = d["features"]["item"]["splits"]["train"]
@@ -62,9 +59,9 @@ def test_statistics_count_each_kind(features_chain):
     assert d["tables"]["C2"]["memory"]["optimizer"] == "ftrl"
 
 
-@pytest.mark.slow(reason="the executors' chain on the feature showcase config")
-def test_plan_carries_table_optimizers_and_the_multiplier(features_chain):
-    _, a, _ = features_chain
+@pytest.mark.slow(reason="the pipeline on the feature showcase config")
+def test_plan_carries_table_optimizers_and_the_multiplier(features_run):
+    _, a, _ = features_run
     plan = EmbeddingPlan.from_json(open(os.path.join(a["model"].uri, "embedding_plan.json")).read())
     assert plan.tables["items"].optimizer["name"] == "adagrad" and plan.tables["items"].rows == 1000
     assert plan.tables["C1"].optimizer["learning_rate"] == 0.2 and plan.tables["C1"].optimizer["name"] == "ftrl"
@@ -84,20 +81,20 @@ def test_plan_carries_table_optimizers_and_the_multiplier(features_chain):
     assert any("table_embedding_optimizers/items/accumulator" in k for k in keys)
 
 
-@pytest.mark.slow(reason="the executors' chain on the feature showcase config")
-def test_exporter_blesses_on_parity_with_every_kind(features_chain):
-    _, a, _ = features_chain
+@pytest.mark.slow(reason="the pipeline on the feature showcase config")
+def test_exporter_blesses_on_parity_with_every_kind(features_run):
+    _, a, _ = features_run
     blessing, serving = a["blessing"], a["serving"]
     assert blessing.get_int_custom_property("blessed") == 1
     assert serving.get_float_custom_property("parity_max_abs_diff") <= 1e-5
     assert blessing.get_int_custom_property("parity_examples") > 0
 
 
-@pytest.mark.slow(reason="the executors' chain on the feature showcase config")
-def test_serving_model_maps_raw_ids_like_preprocessing(features_chain):
+@pytest.mark.slow(reason="the pipeline on the feature showcase config")
+def test_serving_model_maps_raw_ids_like_preprocessing(features_run):
     """The serving model on raw JSON columns: an in-range item ID, one beyond num_buckets (the
     default row) and a non-integer text score as the rulebook says (default row 0 = '0')."""
-    cfg, a, _ = features_chain
+    cfg, a, _ = features_run
     loaded = tf.saved_model.load(os.path.join(a["serving"].uri, "Format-Serving"))
     fn = loaded.signatures["serve_features"]
     m = _manifest(a)
@@ -131,11 +128,11 @@ def _full_scores(version_dir, manifest, requests):
     return fn(**cols)["probabilities"].numpy().reshape(-1)
 
 
-@pytest.mark.slow(reason="the executors' chain on the feature showcase config")
-def test_the_store_path_scores_as_the_serving_model_on_every_kind(features_chain):
+@pytest.mark.slow(reason="the pipeline on the feature showcase config")
+def test_the_store_path_scores_as_the_serving_model_on_every_kind(features_run):
     """The export's own check (store_export.py): raw eval rows, and rows with an unknown and an
     empty feature, through keys, row files, pooling and the dense model, as the serving model."""
-    cfg, a, _ = features_chain
+    cfg, a, _ = features_run
     report = json.load(open(os.path.join(a["serving"].uri, "export_report.json")))
     store, p = report["store"], report["store"]["parity"]
     assert p["passed"] and p["rows"] > 100 and p["edge_rows"] > 10 and p["max_abs_diff"] <= cfg.export.parity_tolerance, p
@@ -156,8 +153,8 @@ def store_model_inputs(a):
     return store_model.read_inputs(os.path.join(a["serving"].uri, "store", store_model.STORE_MODEL_DIR))
 
 
-@pytest.mark.slow(reason="the executors' chain on the feature showcase config, a second export and push")
-def test_sqlite_store_serves_the_pushed_rows_and_a_second_push_delta_in_place(features_chain, tmp_path):
+@pytest.mark.slow(reason="the pipeline on the feature showcase config, a second export and push")
+def test_sqlite_store_serves_the_pushed_rows_and_a_second_push_delta_in_place(features_run, tmp_path):
     """The pushed version's row files loaded into SQLite score eval rows as the pushed model does;
     an export with int8 tables (int8 row files with their scales) pushed next carries a delta
     against them, which applied in place in SQLite gives that version's rows, and its scores."""
@@ -167,9 +164,9 @@ def test_sqlite_store_serves_the_pushed_rows_and_a_second_push_delta_in_place(fe
     from components.embedding_exporter.serving import RawFeatureTransform
     from components.model_registry import registry
 
-    cfg, a, _ = features_chain
+    cfg, a, root = features_run
     m = _manifest(a)
-    serving_dir = os.path.join(os.path.dirname(os.path.dirname(a["pushed"].uri)), "serving")
+    serving_dir = str(root / "out" / "serving")  # the run's push destination
     found = registry.lookup(serving_dir)
     first, entry = found.served_model, found.entry
     assert entry["store"]["delta"] is None and "load the full rows" in entry["store"]["delta_reason"]
@@ -207,33 +204,14 @@ def test_sqlite_store_serves_the_pushed_rows_and_a_second_push_delta_in_place(fe
                   - _full_scores(second["serving_model"], m, requests)).max() <= 1e-5
 
 
-@pytest.mark.slow(reason="a whole local pipeline run")
-def test_pipeline_runs_the_features_config_and_pushes(tmp_path):
+@pytest.mark.slow(reason="the pipeline on the feature showcase config")
+def test_pipeline_runs_the_features_config_and_pushes(features_run):
     """`python -m pipelines run`'s entry point (TFX's LocalDagRunner, every component wired as in
-    production) on configs/features.yaml with its data generated by the documented command: exit 0,
-    a pushed serving model, a balanced ledger. In this process: a fresh one (about 8 s of imports
-    and first traces) adds nothing here that the terminal tests of test_pipeline_failures.py lack."""
-    import subprocess
-    import sys
-
-    from pipelines.__main__ import main
-
-    data = tmp_path / "criteo_like_extra.csv"
-    env = dict(os.environ, PYTHONPATH=REPO, TF_USE_LEGACY_KERAS="1", PYTHONWARNINGS="ignore")
-    subprocess.run([sys.executable, "-m", "components.example_gen.synthetic_data", "--rows", "4000", "--max-cardinality", "2000",
-                    "--extra-columns", "--output", str(data)], check=True, env=env, cwd=REPO, timeout=300)
-    raw = yaml.safe_load(open(os.path.join(REPO, "configs", "features.yaml")))
-    raw["input"]["path"] = str(data)
-    for f in raw["categorical_features"]:
-        v = f.get("vocabulary") or {}
-        if v.get("kind") == "file":
-            v["file"] = os.path.join(REPO, "configs", v["file"])
-    raw["training"].update({"batch_size": 64, "train_steps": 40, "checkpoint_every_steps": 20, "eval_steps": 5})
-    raw["beam"] = {"direct_running_mode": "in_memory", "direct_num_workers": 1}
-    raw["validation"] = dict(NO_GATE)
-    raw["export"]["compare_compression"] = False  # the float16/int8 variants: exported in test_export.py
-    cfg = tmp_path / "features.yaml"
-    cfg.write_text(yaml.safe_dump(raw))
-    assert main(["run", "--config", str(cfg), "--output-dir", str(tmp_path / "out"), "--json"]) == 0
-    summary = json.load(open(tmp_path / "out" / "summary.json"))
-    assert summary["serving_model"] and all(stage["balanced"] for stage in summary["ledger"]["stages"])
+    production) on configs/features.yaml with its data generated by the documented command: exit 0
+    (make_features_run), a pushed serving model, a balanced ledger, the rows scored by BulkInferrer."""
+    _, a, root = features_run
+    summary = json.load(open(root / "out" / "summary.json"))
+    assert summary["serving_model"] and summary["pushed_by_this_run"]
+    assert summary["ledger"]["balanced"] and all(stage["balanced"] for stage in summary["ledger"]["stages"])
+    assert summary["bulk_inference"]["scored"] and summary["bulk_inference"]["output"] == a["inference"].uri
+    assert summary["bulk_inference"]["rows"] == {"eval": a["copy"].get_int_custom_property("eval_rows")}
