@@ -524,18 +524,14 @@ PIPELINE_OUTPUTS = {
 def pipeline_artifacts(output_dir):
     """{name: artifact} (PIPELINE_OUTPUTS' names) of the last pipeline run into `output_dir`, read
     from its ML Metadata with their properties (pipelines.summary.run_artifacts: the run's own)."""
-    from ml_metadata.metadata_store.metadata_store import MetadataStore
-    from ml_metadata.proto import metadata_store_pb2 as mlmd
     from tfx.types import artifact_utils
 
     from pipelines.pipeline import METADATA_FILE
-    from pipelines.summary import run_artifacts
+    from pipelines.summary import readonly_store, run_artifacts
 
     path = os.path.join(str(output_dir), METADATA_FILE)
     uris = run_artifacts(path, 0)
-    config = mlmd.ConnectionConfig()
-    config.sqlite.filename_uri = path
-    store = MetadataStore(config)
+    store = readonly_store(path)
     types = {t.id: t for t in store.get_artifact_types()}
     by_uri = {a.uri: a for a in store.get_artifacts()}
     out = {}
