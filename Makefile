@@ -27,11 +27,13 @@ continuous: venv
 	$(PY) -m pipelines continuous --config configs/demo.yaml --output-dir output/continuous --data-dir data/continuous
 
 # Tiers: a test marked @pytest.mark.slow(reason=...) runs only in test-all (tests/conftest.py says
-# the rule). Two worker processes (pytest-xdist's loadgroup: tests sharing an expensive fixture
-# share a worker; tests/conftest.py derives the groups); TEST_WORKERS=0 runs everything in this
-# process. PYTEST_ARGS adds options, e.g. PYTEST_ARGS=--random-order for a shuffled order.
+# the rule). Three worker processes (pytest-xdist's loadgroup: tests sharing an expensive fixture
+# share a worker; tests/conftest.py derives the groups): on two cores, two workers left a core idle
+# while a test waited on a subprocess, the disk or a single-threaded step, which a third worker
+# fills (docs/development.md, "Test timings"); TEST_WORKERS=0 runs everything in this process.
+# PYTEST_ARGS adds options, e.g. PYTEST_ARGS=--random-order for a shuffled order.
 # Both print the 15 slowest tests.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 PYTEST_ARGS ?=
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 PYTEST := $(PY) -m pytest -q --durations=15 $(XDIST) $(PYTEST_ARGS)
