@@ -48,7 +48,7 @@ GROUPED = {
     "parity_data": "trainer_data's rows preprocessed with the parity check's few features",
 }
 # Session fixtures built in each worker that uses them: in the whole suite their many users spread
-# over both workers. The fast tier (`-m "not slow"`, `make test`) has few (21 of trainer_data's 82),
+# over the workers. The fast tier (`-m "not slow"`, `make test`) has few (21 of trainer_data's 82),
 # and there they share a worker instead: one build (about 4 s) instead of two.
 PER_WORKER = {"trainer_data": "3,000 + 600 generated rows preprocessed for the Trainer"}
 # Fixtures that make every test using them slow.
