@@ -27,26 +27,28 @@ continuous: venv
 	$(PY) -m pipelines continuous --config configs/demo.yaml --output-dir output/continuous --data-dir data/continuous
 
 # Tiers: a test marked @pytest.mark.slow(reason=...) runs only in test-all (tests/conftest.py says
-# the rule). Three worker processes (pytest-xdist's loadgroup: tests sharing an expensive fixture
-# share a worker; tests/conftest.py derives the groups): on two cores, two workers left a core idle
-# while a test waited on a subprocess, the disk or a single-threaded step, which a third worker
-# fills (docs/development.md, "Test timings"); TEST_WORKERS=0 runs everything in this process.
-# PYTEST_ARGS adds options, e.g. PYTEST_ARGS=--random-order for a shuffled order.
+# the rule). Worker processes: pytest-xdist's loadgroup (tests sharing an expensive fixture share a
+# worker; tests/conftest.py derives the groups). The whole suite runs in three: on two cores, two
+# workers left a core idle while a test waited on a subprocess, the disk or a single-threaded
+# step, which a third worker fills; the fast tier gains nothing from a third and runs in two
+# (docs/development.md, "Test timings"). TEST_WORKERS=N sets both; TEST_WORKERS=0 runs everything
+# in this process. PYTEST_ARGS adds options, e.g. PYTEST_ARGS=--random-order for a shuffled order.
 # Both print the 15 slowest tests.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?=
 PYTEST_ARGS ?=
-XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
-PYTEST := $(PY) -m pytest -q --durations=15 $(XDIST) $(PYTEST_ARGS)
+# $(call pytest,default workers): pytest with TEST_WORKERS workers, else the default
+workers = $(if $(TEST_WORKERS),$(TEST_WORKERS),$(1))
+pytest = $(PY) -m pytest -q --durations=15 $(if $(filter 0,$(call workers,$(1))),,-n $(call workers,$(1)) --dist loadgroup --no-loadscope-reorder) $(PYTEST_ARGS)
 test: venv
-	$(PYTEST) -m "not slow" tests
+	$(call pytest,2) -m "not slow" tests
 
 test-all: venv
-	$(PYTEST) tests
+	$(call pytest,3) tests
 
 # Line coverage of components/ and pipelines/ over the whole suite (the main test processes; Beam's
 # and the harness's subprocesses are not traced): the table, and coverage.json.
 coverage: venv
-	$(PYTEST) --cov=components --cov=pipelines --cov-report=term --cov-report=json:coverage.json tests
+	$(call pytest,3) --cov=components --cov=pipelines --cov-report=term --cov-report=json:coverage.json tests
 
 # Re-resolve the lock (only when changing requirements.in; commit the result).
 lock: venv
