@@ -92,17 +92,18 @@ def pytest_collection_finish(session):
 
 
 def _leave_without_teardown():
-    """An xdist worker's last act: its results are reported and every exit handler registered
-    after this one has run (atexit runs them in reverse order: coverage's data, Beam's and
-    multiprocessing's joins); Python's own finalization, which frees a whole session's TensorFlow
-    graphs object by object while the controller waits, is skipped: about 10 s at the end of the
-    whole suite, 3 s after 40 TPU-harness and export tests."""
+    """An xdist worker's last act: its results are reported (pytest-cov saves a worker's coverage
+    data at the session's end, before this), and every exit handler registered after this one has
+    run (atexit runs them in reverse order: those of what the tests imported, Beam's and
+    multiprocessing's joins among them); Python's own finalization, which frees a whole session's
+    TensorFlow graphs object by object while the controller waits, is skipped: about 10 s at the
+    end of the whole suite, 3 s after 37 TPU-harness, export and Trainer tests."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
 
 
-if os.environ.get("PYTEST_XDIST_WORKER"):  # registered at import: the first, so it runs last
+if os.environ.get("PYTEST_XDIST_WORKER"):  # registered before the tests import anything: run after theirs
     atexit.register(_leave_without_teardown)
 
 
