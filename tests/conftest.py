@@ -69,6 +69,11 @@ def _logical_cpus(n: int) -> None:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow(reason): the full tier only (make test-all): runs a stage end to end")
+    # In an xdist worker (xdist's `workerinput`, not the PYTEST_XDIST_WORKER variable, which
+    # processes the tests start inherit): registered before the tests import anything, so their
+    # exit handlers run before it.
+    if hasattr(config, "workerinput"):
+        atexit.register(_leave_without_teardown)
 
 
 # Python's cyclic garbage collector, tuned for a test process: TensorFlow's graphs allocate
@@ -101,10 +106,6 @@ def _leave_without_teardown():
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-if os.environ.get("PYTEST_XDIST_WORKER"):  # registered before the tests import anything: run after theirs
-    atexit.register(_leave_without_teardown)
 
 
 # ---- session fixtures: stage outputs several files need (tests/stages.py builds them) ------------
