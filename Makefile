@@ -36,9 +36,10 @@ continuous: venv
 # Both print the 15 slowest tests.
 TEST_WORKERS ?=
 PYTEST_ARGS ?=
-# $(call pytest,default workers): pytest with TEST_WORKERS workers, else the default
-workers = $(if $(TEST_WORKERS),$(TEST_WORKERS),$(1))
-pytest = $(PY) -m pytest -q --durations=15 $(if $(filter 0,$(call workers,$(1))),,-n $(call workers,$(1)) --dist loadgroup --no-loadscope-reorder) $(PYTEST_ARGS)
+# $(call pytest,default workers): pytest with TEST_WORKERS workers, else the default;
+# $(call xdist,N): pytest-xdist's options for N workers (none for 0)
+xdist = $(if $(filter 0,$(1)),,-n $(1) --dist loadgroup --no-loadscope-reorder)
+pytest = $(PY) -m pytest -q --durations=15 $(call xdist,$(if $(TEST_WORKERS),$(TEST_WORKERS),$(1))) $(PYTEST_ARGS)
 test: venv
 	$(call pytest,2) -m "not slow" tests
 
